@@ -1,0 +1,258 @@
+"""MoEConfig: what one MoE layer is, validated on construction.
+
+Shape legend (used by every module in megamoe):
+    T tokens, E routed experts, K top-k, H hidden size, I expert width (intermediate size),
+    Is shared-expert width (all shared experts together), G GPUs (ranks), S SMs.
+
+The config says *what* the layer computes; the weights (``weights.MoEWeights``) hold the numbers.
+Every other part of megamoe (simulator, kernels, validation) reads this one class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Router families. Each is documented in ``routing.py``.
+ROUTERS = (
+    "softmax_topk",  # Mixtral, Qwen2/3-MoE: softmax over E, top-k, optional renormalization
+    "topk_softmax",  # gpt-oss: top-k of the logits, then softmax over those k
+    "sigmoid_grouped_topk",  # DeepSeek-V3/R1, Kimi K2: sigmoid, bias for selection, group top-k
+    "sigmoid_top1_input",  # Llama 4: top-k of logits, sigmoid of the chosen logit scales the INPUT
+)
+#: Expert activations. Each is documented in ``forward.py``.
+ACTIVATIONS = ("silu_gated", "clamped_swiglu")
+#: Value that masked groups get in the grouped top-k (HF transformers: 0.0; vLLM: -inf).
+GROUP_MASKS = ("zero", "neg_inf")
+#: Storage dtypes of the weights (the reference always computes in float64).
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
+#: Bytes per element of each weight dtype.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value; the message names the field and what was expected."""
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """One MoE layer.
+
+    Sizes: ``hidden_size`` H, ``intermediate_size`` I (one routed expert's width),
+    ``num_experts`` E, ``top_k`` K.
+
+    Router (see ``routing.route``):
+        ``router``: one of ``ROUTERS``.
+        ``norm_topk_prob``: renormalize the k selected weights to sum to one (softmax_topk,
+            sigmoid_grouped_topk).
+        ``n_group``, ``topk_group``: grouped top-k (sigmoid_grouped_topk): E experts in n_group
+            groups, keep the topk_group best groups.
+        ``routed_scaling_factor``: multiplies the routing weights (sigmoid_grouped_topk).
+        ``score_bias``: the router carries e_score_correction_bias [E] (selection only).
+        ``group_mask``: what masked groups' scores become before the final top-k.
+        ``router_bias``: the router linear layer has a bias [E] (gpt-oss).
+
+    Experts (see ``forward.expert_ffn``):
+        ``activation``: ``silu_gated``: silu(g) * u;  ``clamped_swiglu`` (gpt-oss):
+            g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g).
+        ``swiglu_alpha``, ``swiglu_limit``: the clamped swiglu's constants.
+        ``expert_bias``: gate/up and down projections have biases.
+
+    Shared experts (always on, every token):
+        ``num_shared_experts``: how many; ``shared_intermediate_size``: their width together
+            (DeepSeek-V3: 1 x 2048; Qwen2-MoE: shared_expert_intermediate_size).
+        ``shared_expert_gate``: output scaled by sigmoid(x . w_sg) (Qwen2-MoE).
+
+    ``weight_dtype``: how the weights are stored on the device (kernels, simulator bytes).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_experts: int
+    top_k: int
+    router: str = "softmax_topk"
+    norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    score_bias: bool = False
+    group_mask: str = "zero"
+    router_bias: bool = False
+    activation: str = "silu_gated"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    expert_bias: bool = False
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    weight_dtype: str = "bfloat16"
+    name: str = "custom"
+
+    # ------------------------------------------------------------------ validation
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"MoEConfig.{f} must be a positive integer, got {v!r}")
+        for f in ("num_shared_experts", "shared_intermediate_size"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"MoEConfig.{f} must be a non-negative integer, got {v!r}")
+        for f, allowed in (
+            ("router", ROUTERS),
+            ("activation", ACTIVATIONS),
+            ("group_mask", GROUP_MASKS),
+            ("weight_dtype", WEIGHT_DTYPES),
+        ):
+            v = getattr(self, f)
+            if v not in allowed:
+                raise ConfigError(f"MoEConfig.{f} must be one of {allowed}, got {v!r}")
+        for f in ("norm_topk_prob", "score_bias", "router_bias", "expert_bias", "shared_expert_gate"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"MoEConfig.{f} must be a bool, got {getattr(self, f)!r}")
+        for f in ("routed_scaling_factor", "swiglu_alpha", "swiglu_limit"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"MoEConfig.{f} must be a positive finite number, got {v!r}")
+        if self.top_k > self.num_experts:
+            raise ConfigError(
+                f"MoEConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}"
+            )
+        if self.num_experts % self.n_group:
+            raise ConfigError(
+                f"MoEConfig.n_group={self.n_group} must divide num_experts={self.num_experts}"
+            )
+        if self.topk_group > self.n_group:
+            raise ConfigError(
+                f"MoEConfig.topk_group={self.topk_group} must be <= n_group={self.n_group}"
+            )
+        if self.router == "sigmoid_grouped_topk":
+            per_group = self.num_experts // self.n_group
+            if self.n_group > 1 and per_group < 2:
+                raise ConfigError(
+                    f"MoEConfig.n_group={self.n_group}: grouped top-k scores a group by its top-2 "
+                    f"experts, so each group needs >= 2 experts (num_experts={self.num_experts})"
+                )
+            if self.top_k > self.topk_group * per_group:
+                raise ConfigError(
+                    f"MoEConfig.top_k={self.top_k} must be <= topk_group * experts per group "
+                    f"= {self.topk_group} * {per_group}"
+                )
+        elif self.n_group != 1 or self.topk_group != 1:
+            raise ConfigError(
+                f"MoEConfig.n_group/topk_group apply only to router='sigmoid_grouped_topk', "
+                f"got n_group={self.n_group}, topk_group={self.topk_group} with router={self.router!r}"
+            )
+        if self.score_bias and self.router != "sigmoid_grouped_topk":
+            raise ConfigError(
+                f"MoEConfig.score_bias applies only to router='sigmoid_grouped_topk', got router={self.router!r}"
+            )
+        if (self.num_shared_experts == 0) != (self.shared_intermediate_size == 0):
+            raise ConfigError(
+                "MoEConfig.num_shared_experts and shared_intermediate_size must both be 0 or both "
+                f"positive, got {self.num_shared_experts} and {self.shared_intermediate_size}"
+            )
+        if self.shared_expert_gate and self.num_shared_experts == 0:
+            raise ConfigError("MoEConfig.shared_expert_gate=True needs num_shared_experts > 0")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def weight_on_input(self) -> bool:
+        """True where the routing weight scales the expert's input (Llama 4), not its output."""
+        return self.router == "sigmoid_top1_input"
+
+    @property
+    def weight_bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert: gate+up [2I, H] and down [H, I] (+ biases)."""
+        p = 3 * self.hidden_size * self.intermediate_size
+        if self.expert_bias:
+            p += 2 * self.intermediate_size + self.hidden_size
+        return p
+
+    @property
+    def shared_params(self) -> int:
+        return 3 * self.hidden_size * self.shared_intermediate_size
+
+    def flops_per_token(self) -> int:
+        """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""
+        routed = self.top_k * 2 * 3 * self.hidden_size * self.intermediate_size
+        return routed + 2 * 3 * self.hidden_size * self.shared_intermediate_size
+
+    def replace(self, **changes: Any) -> "MoEConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MoEConfig":
+        """Inverse of ``to_dict``; unknown keys are an error naming them."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"MoEConfig.from_dict expects a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown MoEConfig field(s) {unknown}; known fields: {sorted(known)}")
+        try:
+            return cls(**d)
+        except TypeError as exc:  # missing required fields
+            raise ConfigError(f"MoEConfig.from_dict: {exc}") from None
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def preset(cls, name: str) -> "MoEConfig":
+        """A public model's MoE layer by name; ``presets.PRESETS`` lists them."""
+        from .presets import get_preset
+
+        return get_preset(name)
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any] | str | Path) -> "MoEConfig":
+        """From a transformers-style config dict or a path to a config.json (see ``hf.py``)."""
+        from .hf import config_from_hf
+
+        return config_from_hf(config)
+
+    @classmethod
+    def load(cls, spec: str | Path) -> "MoEConfig":
+        """A preset name, a megamoe config JSON (``to_dict`` output) or a HF config.json path."""
+        from .presets import PRESETS
+
+        if isinstance(spec, str) and spec in PRESETS:
+            return cls.preset(spec)
+        path = Path(spec)
+        if not path.exists():
+            raise ConfigError(
+                f"{str(spec)!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file"
+            )
+        from .hf import read_json
+
+        d = read_json(path)
+        if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:
+            return cls.from_dict(d)
+        return cls.from_hf(d)
+
+    def describe(self) -> str:
+        s = (
+            f"{self.name}: E={self.num_experts} K={self.top_k} H={self.hidden_size} "
+            f"I={self.intermediate_size} router={self.router}"
+        )
+        if self.num_shared_experts:
+            s += f" shared={self.num_shared_experts}x{self.shared_intermediate_size // self.num_shared_experts}"
+        return s
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.describe()
+
+
+def config_to_json(config: MoEConfig) -> str:
+    return json.dumps(config.to_dict(), indent=2, sort_keys=True)

@@ -1,0 +1,99 @@
+"""The one error metric and the one tolerance table of megamoe.
+
+Every comparison against the float64 reference, in every test and every validation run, goes
+through ``normalized_error`` and ``assert_close``:
+
+    max_err = max|out - ref| / max|ref|          rms_err = RMS(out - ref) / RMS(ref)
+
+Thresholds are per compute dtype (the dtype the kernel stores activations in). For low
+precision the reference is computed from the same rounded inputs (x and weights cast to the
+dtype and back), so what is measured is the kernel's arithmetic, not the input rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: dtype -> (max_err, rms_err) thresholds. bfloat16 has 8 mantissa bits (unit roundoff 2^-8 = 3.9e-3):
+#: the intermediate activation is rounded once and fp32 accumulators are rounded on store.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-12, 1e-13),
+    "float32": (1e-4, 1e-5),
+    "float16": (5e-3, 1e-3),
+    "bfloat16": (3e-2, 8e-3),
+}
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    max_err: float
+    rms_err: float
+
+    def within(self, dtype: str) -> bool:
+        tmax, trms = tolerance_for(dtype)
+        return self.max_err <= tmax and self.rms_err <= trms
+
+
+def tolerance_for(dtype) -> tuple[float, float]:
+    name = str(dtype).replace("torch.", "")
+    try:
+        return TOLERANCES[name]
+    except KeyError:
+        raise ValueError(f"no tolerance for dtype {name!r}; known: {sorted(TOLERANCES)}") from None
+
+
+def _as_f64(a) -> np.ndarray:
+    if hasattr(a, "detach"):
+        a = a.detach().cpu()
+        a = a.double().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def normalized_error(out, ref) -> ErrorReport:
+    """Normalized max and RMS error of ``out`` against ``ref`` (same shape). Empty arrays: 0."""
+    out, ref = _as_f64(out), _as_f64(ref)
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: out {list(out.shape)} vs ref {list(ref.shape)}")
+    if ref.size == 0:
+        return ErrorReport(0.0, 0.0)
+    if not np.isfinite(out).all():
+        return ErrorReport(float("inf"), float("inf"))
+    diff = out - ref
+    max_ref = float(np.abs(ref).max())
+    rms_ref = float(np.sqrt(np.mean(ref**2)))
+    max_abs, rms_abs = float(np.abs(diff).max()), float(np.sqrt(np.mean(diff**2)))
+    max_err = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
+    rms_err = rms_abs / rms_ref if rms_ref > 0 else (0.0 if rms_abs == 0 else float("inf"))
+    return ErrorReport(max_err, rms_err)
+
+
+def assert_close(out, ref, dtype, what: str = "output") -> ErrorReport:
+    """Raise AssertionError naming ``what`` when ``out`` is not within ``dtype``'s tolerance of ``ref``."""
+    rep = normalized_error(out, ref)
+    tmax, trms = tolerance_for(dtype)
+    if not (rep.max_err <= tmax and rep.rms_err <= trms):
+        raise AssertionError(
+            f"{what}: normalized error max={rep.max_err:.3e} (limit {tmax:.1e}), "
+            f"rms={rep.rms_err:.3e} (limit {trms:.1e}) for dtype {dtype}"
+        )
+    return rep
+
+
+def round_to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values rounded (to nearest, ties to even) to ``dtype`` and back to float64."""
+    a = np.asarray(a, dtype=np.float64)
+    if dtype in ("float64",):
+        return a.copy()
+    if dtype == "float32":
+        return a.astype(np.float32).astype(np.float64)
+    if dtype == "float16":
+        return a.astype(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        f = a.astype(np.float32)
+        u = f.view(np.uint32).astype(np.uint64)
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        out = rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+        return np.where(np.isfinite(f), out, f.astype(np.float64))
+    raise ValueError(f"cannot round to dtype {dtype!r}; known: float64, float32, float16, bfloat16")
