@@ -1,0 +1,30 @@
+"""Shared fixtures: fixed seeds, small configs, and the GPU marker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+HAS_CUDA = _has_cuda()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fixed-seed generator; each test draws its own fresh inputs from it."""
+    return np.random.default_rng(20261129)
