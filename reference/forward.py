@@ -83,7 +83,8 @@ def combine(expert_out, plan: DispatchPlan, topk_weights, config: MoEConfig) -> 
     the weights were applied to the inputs and the sum is unweighted.
     """
     T, K = plan.num_tokens, plan.top_k
-    per_pair = np.asarray(expert_out)[plan.pair_row].reshape(T, K, -1)
+    expert_out = np.asarray(expert_out)
+    per_pair = expert_out[plan.pair_row].reshape(T, K, expert_out.shape[-1])
     if config.weight_on_input:
         return per_pair.sum(axis=1)
     return np.einsum("tk,tkh->th", np.asarray(topk_weights, np.float64), per_pair)

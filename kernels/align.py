@@ -1,0 +1,129 @@
+"""Align: sort the (token, slot) pairs by expert and pad each expert to BLOCK_M rows, on the device.
+
+Shape legend: T tokens, E experts, K top-k, C token chunks (the router's blocks of BLOCK_T tokens),
+P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for a given T, so the
+whole layer has fixed shapes and can be captured in a CUDA graph: no host synchronization).
+
+Produces exactly ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
+    counts (E,) int32, padded_offsets (E+1,) int32,
+    padded_token (P_max,) int32 / padded_pair (P_max,) int32: token / pair t*K+k of each padded
+        row, -1 in padding rows (rows >= P are left as they are: no block reads them),
+    block_expert (B_max,) int32: expert of each block of BLOCK_M rows, -1 past the last block,
+    pair_dest (T*K,) int32: the padded row of each pair.
+
+Two launches after the router (which wrote hist (C, E), pairs per expert per chunk):
+    _scan_kernel (one program): per-chunk exclusive prefix per expert, counts, padded offsets,
+        block_expert, the -1 padding rows.
+    _scatter_kernel (one program per chunk): a pair's padded row = padded_offsets[e] + pairs of e
+        in earlier chunks + pairs of e of earlier tokens in this chunk. Since a token picks an
+        expert at most once, this is the (expert, token) order of the reference.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scan_kernel(
+    hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+    C, E, B_MAX,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+):
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E
+    running = tl.zeros((BLOCK_E,), tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        m = (offs_c < C)[:, None] & e_mask[None, :]
+        h = tl.load(hist_ptr + offs_c[:, None] * E + offs_e[None, :], mask=m, other=0)
+        excl = tl.cumsum(h, axis=0) - h + running[None, :]
+        tl.store(chunk_base_ptr + offs_c[:, None] * E + offs_e[None, :], excl, mask=m)
+        running += tl.sum(h, axis=0)
+    counts = running
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    incl = tl.cumsum(padded, axis=0)
+    start = incl - padded
+    tl.store(counts_ptr + offs_e, counts, mask=e_mask)
+    tl.store(padded_off_ptr + offs_e, start, mask=e_mask)
+    total = tl.sum(padded, axis=0)
+    tl.store(padded_off_ptr + E, total)
+    # block b belongs to the expert whose padded range holds row b*BLOCK_M: the number of experts
+    # ending at or before it (empty experts end where they start, so they are skipped)
+    end_masked = tl.where(e_mask, incl, 2147483647)
+    for b0 in range(0, B_MAX, BLOCK_B):
+        offs_b = b0 + tl.arange(0, BLOCK_B)
+        row = offs_b * BLOCK_M
+        be = tl.sum(tl.where(end_masked[None, :] <= row[:, None], 1, 0), axis=1)
+        be = tl.where(row < total, be, -1)
+        tl.store(block_expert_ptr + offs_b, be, mask=offs_b < B_MAX)
+    # padding rows of each expert: [start + count, start + padded)
+    offs_j = tl.arange(0, BLOCK_PAD)
+    pad_row = (start + counts)[:, None] + offs_j[None, :]
+    pm = e_mask[:, None] & (offs_j[None, :] < (padded - counts)[:, None])
+    neg = tl.full((BLOCK_E, BLOCK_PAD), -1, tl.int32)
+    tl.store(padded_token_ptr + pad_row, neg, mask=pm)
+    tl.store(padded_pair_ptr + pad_row, neg, mask=pm)
+
+
+@triton.jit
+def _scatter_kernel(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    c = tl.program_id(0)
+    offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    m = t_mask[:, None] & (offs_k[None, :] < K)
+    pair = offs_t[:, None] * K + offs_k[None, :]
+    idx = tl.load(topk_idx_ptr + pair, mask=m, other=-1)
+    # onehot[t, e]: token t picked e (at most once); exclusive cumsum over tokens = rank in chunk
+    onehot = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+        onehot += tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0)
+    rank = tl.cumsum(onehot, axis=0) - onehot
+    base = tl.load(chunk_base_ptr + c * E + offs_e, mask=offs_e < E, other=0) + \
+        tl.load(padded_off_ptr + offs_e, mask=offs_e < E, other=0)
+    dest_te = rank + base[None, :]
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+        dest = tl.sum(tl.where(offs_e[None, :] == ik[:, None], dest_te, 0), axis=1)
+        p = offs_t * K + k
+        tl.store(padded_token_ptr + dest, offs_t, mask=t_mask)
+        tl.store(padded_pair_ptr + dest, p, mask=t_mask)
+        tl.store(pair_dest_ptr + p, dest, mask=t_mask)
+
+
+def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """P_max: the most padded rows any routing of num_pairs pairs can need (a multiple of block_m)."""
+    touched = min(num_experts, num_pairs)
+    return triton.cdiv(num_pairs + touched * (block_m - 1), block_m) * block_m if num_pairs else 0
+
+
+def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict) -> None:
+    """Fill the metadata tensors in ``meta`` (see the module docstring) from topk_idx and hist."""
+    T, K = topk_idx.shape
+    E = num_experts
+    if T == 0:
+        return
+    C = hist.shape[0]
+    block_e = max(16, triton.next_power_of_2(E))
+    B_max = meta["block_expert"].shape[0]
+    _scan_kernel[(1,)](
+        hist, meta["chunk_base"], meta["counts"], meta["padded_offsets"], meta["block_expert"],
+        meta["padded_token"], meta["padded_pair"], C, E, B_max,
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
+        BLOCK_B=max(16, min(64 if block_e <= 128 else 32, triton.next_power_of_2(B_max))),
+        BLOCK_PAD=max(2, triton.next_power_of_2(block_m)), num_warps=4,
+    )
+    _scatter_kernel[(C,)](
+        topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],
+        meta["pair_dest"], T, E, K=K, BLOCK_T=block_t, BLOCK_E=block_e,
+        BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4,
+    )

@@ -1,0 +1,245 @@
+"""Grouped GEMMs of the MoE layer and the combine, as Triton kernels.
+
+Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the shared MLP),
+P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
+
+GEMM 1 (_gemm1_kernel), one program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
+    z_g = x[token rows] @ gate_up[e, n]^T, z_u = x[token rows] @ gate_up[e, I + n]^T   (fp32)
+    optional input scaling by the routing weight (Llama 4), biases, activation
+    (silu(g) * u, or gpt-oss's clamped swiglu), stored in the activation dtype: act (P_max, I).
+    Blocks whose expert is -1 (past the routed rows) return at once.
+GEMM 2 (_gemm2_kernel), one program per (BLOCK_M rows, BLOCK_N columns of H):
+    o = act[rows] @ down[e, n]^T (+ bias) times the routing weight (or the shared gate),
+    stored at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
+DENSE=True runs either GEMM over all T tokens with one weight matrix (the shared MLP): rows are
+tokens, and GEMM 2 writes slot K of each token.
+Combine (_combine_kernel): y[t] = sum over k < KS of pairs[t*KS + k], in that order, in fp32:
+bitwise deterministic. With ATOMIC the combine only casts y32.
+
+Program order: GROUP_M row blocks share a column band (L2 reuse of weights for prefill).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
+
+
+@triton.jit
+def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    width = GROUP_M * num_n
+    group = pid // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gemm1_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
+    T, N, KD, num_m, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DENSE:
+        e = 0
+        tok = rows
+        row_mask = rows < T
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+        tok = tl.load(padded_token_ptr + rows)
+        row_mask = tok >= 0
+    tok = tl.where(row_mask, tok, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
+    wu_ptrs = wg_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, tl.cdiv(KD, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            bg = tl.load(wg_ptrs)
+            bu = tl.load(wu_ptrs)
+        else:
+            k_mask = offs_k < KD - k0 * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
+            bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
+        if IEEE:
+            acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, bg, acc_g)
+            acc_u = tl.dot(a, bu, acc_u)
+        a_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    if SCALE_INPUT:
+        pair = tl.load(padded_pair_ptr + rows)
+        s = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
+        acc_g = acc_g * s[:, None]
+        acc_u = acc_u * s[:, None]
+    if HAS_BIAS:
+        bg_ = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
+        bu_ = tl.load(bias_ptr + e * stride_be + N + offs_bn).to(tl.float32)
+        acc_g += bg_[None, :]
+        acc_u += bu_[None, :]
+    if ACT == 0:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+    else:
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        h = (u + 1.0) * g * tl.sigmoid(alpha * g)
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _gemm2_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
+    T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DENSE:
+        e = 0
+        row_mask = rows < T
+        tok = tl.where(row_mask, rows, 0)
+        slot = K
+        srow = tok
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+        pair = tl.load(padded_pair_ptr + rows)
+        row_mask = pair >= 0
+        pair = tl.where(row_mask, pair, 0)
+        tok = pair // K
+        slot = pair % K
+        srow = pair
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_row = tl.where(row_mask, rows, 0)
+    a_ptrs = a_ptr + a_row.to(tl.int64)[:, None] * stride_at + offs_k[None, :]
+    w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, tl.cdiv(KD, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = offs_k < KD - k0 * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)[None, :]
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
+        acc = acc * s[:, None]
+    mask = row_mask[:, None] & (offs_n < N)[None, :]
+    if ATOMIC:
+        ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        orow = tok.to(tl.int64) * KS + slot
+        ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _combine_kernel(
+    src_ptr, y_ptr, T, H,
+    KS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = (offs_t < T)[:, None] & (offs_h < H)[None, :]
+    base = offs_t.to(tl.int64)[:, None] * (KS * H) + offs_h[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
+    for k in tl.static_range(KS):
+        acc += tl.load(src_ptr + base + k * H, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _ieee(t) -> bool:
+    return str(t.dtype) == "torch.float32"
+
+
+def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
+                 scale_input: bool, dense: bool, num_m: int) -> None:
+    """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring."""
+    T, KD = x.shape
+    N = w.shape[1] // 2
+    if num_m == 0:
+        return
+    BN = cfg["BLOCK_N"]
+    grid = (num_m * triton.cdiv(N, BN),)
+    _gemm1_kernel[grid](
+        x, w, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
+        T, N, KD, num_m, x.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
+        out.stride(0), float(alpha), float(limit),
+        ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
+        EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(x),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
+                 atomic: bool, num_m: int) -> None:
+    """out rows (pair buffer or y32) from act @ w[e]^T (+bias) * scale; w: (E, N, I)."""
+    KD = act.shape[1]
+    N = w.shape[1]
+    if num_m == 0:
+        return
+    BN = cfg["BLOCK_N"]
+    grid = (num_m * triton.cdiv(N, BN),)
+    _gemm2_kernel[grid](
+        act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
+        T, N, KD, num_m, act.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
+        out.stride(0), K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense,
+        ATOMIC=atomic, EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(act),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def launch_combine(src, y, KS: int) -> None:
+    """y (T, H) = sum over KS consecutive rows of src (T*KS, H), fp32 accumulation, fixed order."""
+    T, H = y.shape
+    if T == 0:
+        return
+    block_h = min(1024, triton.next_power_of_2(H))
+    block_t = 1 if T < 256 else 4
+    grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
+    _combine_kernel[grid](src, y, T, H, KS=KS, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4)

@@ -1,0 +1,178 @@
+"""Router: logits, every router kind's top-k, and the per-block expert histogram, in one Triton kernel.
+
+Shape legend: T tokens, E routed experts, K top-k, H hidden, C token blocks (chunks) of BLOCK_T tokens.
+
+One program routes BLOCK_T tokens:
+    logits = x @ router_weight^T (+ router_bias)               (BLOCK_T, E) fp32 accumulators
+    top-k by the router's selection score (see reference/routing.py), ties to the lower index
+    topk_idx (T, K) int32, topk_weights (T, K) fp32
+    hist (C, E) int32: pairs per expert in this program's tokens (the align kernels' input;
+        written for every block, so no zero-fill is needed)
+    shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config has a shared-expert gate
+
+Router kinds (ROUTER constexpr): 0 softmax_topk, 1 topk_softmax, 2 sigmoid_grouped_topk,
+3 sigmoid_top1_input. Selection is on the logits for 0, 1, 3 (softmax is monotonic) and on
+sigmoid(logits) + score_bias, group-masked, for 2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ROUTER_CODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped_topk": 2, "sigmoid_top1_input": 3}
+
+
+@triton.jit
+def _argmax_lowest(v, cols, BLOCK: tl.constexpr):
+    """Row max of v (R, BLOCK) and the lowest column holding it."""
+    m = tl.max(v, axis=1)
+    i = tl.min(tl.where(v == m[:, None], cols, BLOCK), axis=1)
+    return m, i
+
+
+@triton.jit
+def _router_kernel(
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr,
+    topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
+    T, H, E, stride_xt, stride_we,
+    scaling, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+    N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
+    HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E
+    cols = offs_e[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    sg_acc = tl.zeros((BLOCK_T,), tl.float32)
+    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_mask = offs_h < H
+        xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
+        wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
+                     mask=e_mask[None, :] & h_mask[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(xt, wt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, wt, acc)
+        if HAS_SG:
+            sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
+            sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+    logits = acc
+    if HAS_RB:
+        logits += tl.load(rb_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)[None, :]
+    neg_inf = float("-inf")
+
+    if ROUTER == 2:
+        src = tl.sigmoid(logits)  # the weights come from the unbiased sigmoid
+        b = src
+        if HAS_SB:
+            b = src + tl.load(sb_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)[None, :]
+        b = tl.where(e_mask[None, :], b, neg_inf)
+        if N_GROUP > 1:
+            grp = offs_e // PER_GROUP
+            offs_g = tl.arange(0, BLOCK_G)
+            gscore = tl.full((BLOCK_T, BLOCK_G), neg_inf, tl.float32)
+            for g in tl.static_range(N_GROUP):
+                v = tl.where((grp == g)[None, :], b, neg_inf)
+                m1, i1 = _argmax_lowest(v, cols, BLOCK_E)
+                m2 = tl.max(tl.where(cols == i1[:, None], neg_inf, v), axis=1)
+                gscore = tl.where(offs_g[None, :] == g, (m1 + m2)[:, None], gscore)
+            keep = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+            for _j in tl.static_range(TOPK_GROUP):
+                _gm, gi = _argmax_lowest(gscore, offs_g[None, :], BLOCK_G)
+                keep = tl.where(grp[None, :] == gi[:, None], 1, keep)
+                gscore = tl.where(offs_g[None, :] == gi[:, None], neg_inf, gscore)
+            if MASK_NEG_INF:
+                b = tl.where(keep != 0, b, neg_inf)
+            else:
+                b = tl.where(keep != 0, b, 0.0)
+            b = tl.where(e_mask[None, :], b, neg_inf)
+        sel = b
+    else:
+        src = logits
+        sel = tl.where(e_mask[None, :], logits, neg_inf)
+
+    offs_k = tl.arange(0, BLOCK_K)
+    kcols = offs_k[None, :]
+    top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
+    top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
+    counts = tl.zeros((BLOCK_E,), tl.int32)
+    for k in tl.static_range(K):
+        _m, i = _argmax_lowest(sel, cols, BLOCK_E)
+        chosen = cols == i[:, None]
+        val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
+        top_idx = tl.where(kcols == k, i[:, None], top_idx)
+        top_val = tl.where(kcols == k, val[:, None], top_val)
+        counts += tl.sum(tl.where(chosen & t_mask[:, None], 1, 0), axis=0)
+        sel = tl.where(chosen, neg_inf, sel)
+
+    k_mask = kcols < K
+    if ROUTER == 0 or ROUTER == 1:
+        m0 = tl.max(tl.where(k_mask, top_val, neg_inf), axis=1)
+        num = tl.where(k_mask, tl.exp(top_val - m0[:, None]), 0.0)
+        if ROUTER == 0 and not NORM:
+            den = tl.sum(tl.where(e_mask[None, :], tl.exp(logits - m0[:, None]), 0.0), axis=1)
+        else:
+            den = tl.sum(num, axis=1)
+        wts = num / den[:, None]
+    elif ROUTER == 2:
+        wts = tl.where(k_mask, top_val, 0.0)
+        if NORM:
+            wts = wts / (tl.sum(wts, axis=1)[:, None] + 1e-20)
+        wts = wts * scaling
+    else:
+        wts = tl.sigmoid(top_val)
+
+    out_mask = t_mask[:, None] & k_mask
+    out_off = offs_t[:, None] * K + kcols
+    tl.store(topk_idx_ptr + out_off, top_idx, mask=out_mask)
+    tl.store(topk_w_ptr + out_off, wts, mask=out_mask)
+    tl.store(hist_ptr + pid * E + offs_e, counts, mask=e_mask)
+    if HAS_SG:
+        tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
+
+
+def router_block_t(num_tokens: int, num_experts: int) -> int:
+    """Tokens per routing program (also the align kernels' chunk): small for decode, larger for prefill."""
+    if num_tokens <= 16:
+        return 16
+    if num_experts > 128:
+        return 32
+    return 64 if num_tokens >= 4096 else 32
+
+
+def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int) -> None:
+    """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
+
+    Inputs are checked by ``moe.py``; this launcher only picks block sizes and launches.
+    """
+    T, H = x.shape
+    E, K = config.num_experts, config.top_k
+    if T == 0:
+        return
+    block_e = max(16, triton.next_power_of_2(E))
+    block_h = 64 if block_e <= 128 else 32
+    if x.device.type == "cpu":  # the interpreter: fewer, larger steps are faster
+        block_h = max(16, min(128, triton.next_power_of_2(H)))
+    grid = (triton.cdiv(T, block_t),)
+    sgw = weights.shared_gate
+    _router_kernel[grid](
+        x, weights.router_weight, weights.router_bias, weights.score_bias, sgw,
+        topk_idx, topk_w, hist, sgate,
+        T, H, E, x.stride(0), weights.router_weight.stride(0),
+        float(config.routed_scaling_factor), ROUTER=ROUTER_CODES[config.router], K=K,
+        NORM=bool(config.norm_topk_prob), N_GROUP=config.n_group, TOPK_GROUP=config.topk_group,
+        PER_GROUP=E // config.n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
+        HAS_RB=weights.router_bias is not None, HAS_SB=weights.score_bias is not None,
+        HAS_SG=sgw is not None, IEEE=str(x.dtype) == "torch.float32",
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=max(2, triton.next_power_of_2(K)),
+        BLOCK_G=max(2, triton.next_power_of_2(config.n_group)),
+        num_warps=4 if block_e <= 128 else 8,
+    )

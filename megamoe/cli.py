@@ -1,0 +1,119 @@
+"""The front door: ``megamoe info | simulate | bench | validate | sweep``.
+
+Each subcommand imports its room lazily, so ``megamoe simulate`` never needs torch or a GPU and
+``megamoe info`` works with the reference alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+
+def make_console():
+    """A rich console; wide enough for our tables when the output is a file or a pipe."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from megamoe.reference import PRESETS, MoEConfig
+
+    console = make_console()
+    console.print(f"[bold]megamoe[/bold] {__version__}  (python {sys.version.split()[0]})")
+    versions = []
+    for mod in ("numpy", "simpy", "networkx", "numba", "torch", "triton"):
+        try:
+            versions.append(f"{mod} {importlib.import_module(mod).__version__}")
+        except Exception:  # noqa: BLE001 - any import failure means "not available"
+            versions.append(f"{mod} -")
+    console.print("  ".join(versions))
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            console.print(f"GPU: {p.name}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
+        else:
+            console.print("GPU: none (Triton kernels run only under TRITON_INTERPRET=1)")
+    except ImportError:
+        console.print("GPU: torch not installed")
+    table = Table(title="Model presets (one MoE layer)")
+    for col in ("preset", "E", "K", "H", "I", "shared", "router", "activation", "GFLOP/token"):
+        table.add_column(col, justify="right" if col not in ("preset", "router", "activation") else "left")
+    for name in PRESETS:
+        c = MoEConfig.preset(name)
+        shared = f"{c.num_shared_experts}x{c.shared_intermediate_size // c.num_shared_experts}" if c.num_shared_experts else "-"
+        table.add_row(name, str(c.num_experts), str(c.top_k), str(c.hidden_size), str(c.intermediate_size), shared,
+                      c.router, c.activation, f"{c.flops_per_token() / 1e9:.3f}")
+    console.print(table)
+    try:
+        from megamoe.simulator.hardware import list_profiles
+
+        console.print("Hardware profiles: " + ", ".join(list_profiles()))
+    except ImportError:
+        pass
+    return 0
+
+
+def _delegate(module: str, what: str):
+    """Load ``module`` (which has ``add_arguments(parser)`` and ``run(args)``), or explain why not."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        print(f"megamoe {what}: cannot load {module}: {exc}", file=sys.stderr)
+        return None
+
+
+SUBCOMMANDS = {
+    # name: (module with add_arguments/run, one-line help)
+    "simulate": ("megamoe.simulator.cli", "predict one MoE layer's time on a rack (SimPy model)"),
+    "bench": ("megamoe.kernels.bench", "time the Triton kernels against the floor and PyTorch (needs a GPU)"),
+    "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
+    "sweep": ("megamoe.sweep", "sweep simulator parameters and plot the trade-offs"),
+}
+
+
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; only the subcommand named ``load`` imports its room for its options."""
+    parser = argparse.ArgumentParser(
+        prog="megamoe", description="Design, predict and validate fused MoE megakernels for rack-scale GPU systems."
+    )
+    parser.add_argument("--version", action="version", version=f"megamoe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("info", help="versions, GPU, model presets and hardware profiles")
+    p.set_defaults(func=_info)
+    for name, (module, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(module=module, what=name)
+        if name == load:
+            mod = _delegate(module, name)
+            if mod is not None:
+                mod.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(load=argv[0] if argv and argv[0] in SUBCOMMANDS else None)
+    args = parser.parse_args(argv)
+    if getattr(args, "command", None) is None:
+        parser.print_help()
+        return 0
+    if hasattr(args, "func"):
+        return args.func(args)
+    mod = _delegate(args.module, args.what)
+    if mod is None:
+        return 2
+    return int(mod.run(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
