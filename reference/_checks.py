@@ -14,7 +14,7 @@ def as_float_array(name: str, a, shape: tuple, *, finite: bool = True) -> np.nda
     if hasattr(a, "detach"):  # a torch tensor
         a = a.detach().cpu().float().numpy() if str(a.dtype) == "torch.bfloat16" else a.detach().cpu().numpy()
     a = np.asarray(a)
-    if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+    if a.dtype.kind != "f":
         raise InputError(f"{name} must be a real floating-point array, got dtype {a.dtype}")
     check_shape(name, a, shape)
     a = a.astype(np.float64, copy=False)

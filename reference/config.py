@@ -186,7 +186,7 @@ class MoEConfig:
         routed = self.top_k * 2 * 3 * self.hidden_size * self.intermediate_size
         return routed + 2 * 3 * self.hidden_size * self.shared_intermediate_size
 
-    def replace(self, **changes: Any) -> "MoEConfig":
+    def replace(self, **changes: Any) -> MoEConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -194,7 +194,7 @@ class MoEConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "MoEConfig":
+    def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
         """Inverse of ``to_dict``; unknown keys are an error naming them."""
         if not isinstance(d, dict):
             raise ConfigError(f"MoEConfig.from_dict expects a dict, got {type(d).__name__}")
@@ -209,21 +209,21 @@ class MoEConfig:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def preset(cls, name: str) -> "MoEConfig":
+    def preset(cls, name: str) -> MoEConfig:
         """A public model's MoE layer by name; ``presets.PRESETS`` lists them."""
         from .presets import get_preset
 
         return get_preset(name)
 
     @classmethod
-    def from_hf(cls, config: dict[str, Any] | str | Path) -> "MoEConfig":
+    def from_hf(cls, config: dict[str, Any] | str | Path) -> MoEConfig:
         """From a transformers-style config dict or a path to a config.json (see ``hf.py``)."""
         from .hf import config_from_hf
 
         return config_from_hf(config)
 
     @classmethod
-    def load(cls, spec: str | Path) -> "MoEConfig":
+    def load(cls, spec: str | Path) -> MoEConfig:
         """A preset name, a megamoe config JSON (``to_dict`` output) or a HF config.json path."""
         from .presets import PRESETS
 

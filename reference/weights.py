@@ -69,7 +69,7 @@ class MoEWeights:
     shared_down: Any = None
     shared_gate: Any = None
 
-    def validate(self, config: MoEConfig) -> "MoEWeights":
+    def validate(self, config: MoEConfig) -> MoEWeights:
         """Check every field against ``config``; error names the field and the expected shape."""
         for name, shape in expected_shapes(config).items():
             a = getattr(self, name)
@@ -85,11 +85,11 @@ class MoEWeights:
     def arrays(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in FIELDS if getattr(self, f) is not None}
 
-    def map(self, fn) -> "MoEWeights":
+    def map(self, fn) -> MoEWeights:
         """Apply ``fn`` to every present tensor."""
         return dataclasses.replace(self, **{k: fn(v) for k, v in self.arrays().items()})
 
-    def to_numpy(self) -> "MoEWeights":
+    def to_numpy(self) -> MoEWeights:
         """float64 NumPy arrays (from torch tensors of any dtype, or arrays)."""
         def conv(a):
             if hasattr(a, "detach"):
@@ -98,7 +98,7 @@ class MoEWeights:
 
         return self.map(conv)
 
-    def to_torch(self, device=None, dtype=None) -> "MoEWeights":
+    def to_torch(self, device=None, dtype=None) -> MoEWeights:
         """The same weights as torch tensors on ``device`` in ``dtype`` (default float32), contiguous."""
         import torch
 
@@ -110,7 +110,7 @@ class MoEWeights:
 
         return self.map(conv)
 
-    def round_to(self, dtype: str) -> "MoEWeights":
+    def round_to(self, dtype: str) -> MoEWeights:
         """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype)."""
         from .tolerance import round_to_dtype
 
@@ -122,7 +122,7 @@ class MoEWeights:
                        for a in self.arrays().values()))
 
     @classmethod
-    def from_hf(cls, state_dict, config: MoEConfig, prefix: str | None = None) -> "MoEWeights":
+    def from_hf(cls, state_dict, config: MoEConfig, prefix: str | None = None) -> MoEWeights:
         """From a HF checkpoint's state dict for one MoE layer (see ``hf.weights_from_hf``)."""
         from .hf import weights_from_hf
 

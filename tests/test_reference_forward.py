@@ -8,8 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megamoe.reference import (
-    PRESETS, InputError, MoEConfig, MoEWeights, activation, assert_close, moe_forward, normalized_error,
-    random_weights, round_to_dtype,
+    PRESETS,
+    InputError,
+    MoEConfig,
+    MoEWeights,
+    activation,
+    assert_close,
+    moe_forward,
+    normalized_error,
+    random_weights,
+    round_to_dtype,
 )
 
 
@@ -29,12 +37,14 @@ def naive_layer(x, w: MoEWeights, c: MoEConfig):
     for t in range(x.shape[0]):
         logits = w.router_weight @ x[t] + (w.router_bias if w.router_bias is not None else 0)
         if c.router == "softmax_topk":
-            p = np.exp(logits - logits.max()); p /= p.sum()
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
             sel = np.argsort(-p, kind="stable")[: c.top_k]
             wt = p[sel] / p[sel].sum() if c.norm_topk_prob else p[sel]
         elif c.router == "topk_softmax":
             sel = np.argsort(-logits, kind="stable")[: c.top_k]
-            wt = np.exp(logits[sel] - logits[sel].max()); wt /= wt.sum()
+            wt = np.exp(logits[sel] - logits[sel].max())
+            wt /= wt.sum()
         elif c.router == "sigmoid_top1_input":
             sel = np.argsort(-logits, kind="stable")[: c.top_k]
             wt = sig(logits[sel])
@@ -59,7 +69,8 @@ def naive_layer(x, w: MoEWeights, c: MoEConfig):
             if c.activation == "silu_gated":
                 h = g * sig(g) * u
             else:
-                g = np.minimum(g, c.swiglu_limit); u = np.clip(u, -c.swiglu_limit, c.swiglu_limit)
+                g = np.minimum(g, c.swiglu_limit)
+                u = np.clip(u, -c.swiglu_limit, c.swiglu_limit)
                 h = (u + 1) * g * sig(c.swiglu_alpha * g)
             o = w.down[e] @ h + (w.down_bias[e] if w.down_bias is not None else 0)
             y[t] += o if c.weight_on_input else we * o
@@ -133,7 +144,8 @@ def test_expert_with_no_tokens_and_hot_expert(rng):
     c = MoEConfig(hidden_size=8, intermediate_size=5, num_experts=6, top_k=1)
     w = random_weights(c, seed=5)
     # a router that sends every token to expert 4 (and never to the others)
-    rw = np.zeros((6, 8)); rw[4] = 0; rw[:4] = -100; rw[5] = -100
+    rw = np.full((6, 8), -100.0)
+    rw[4] = 0.0  # x > 0, so expert 4's logit (0) beats every other (< -10)
     w = MoEWeights(router_weight=rw, gate_up=w.gate_up, down=w.down)
     x = np.abs(rng.standard_normal((10, 8))) + 0.1
     out = moe_forward(x, w, c, details=True)

@@ -139,3 +139,9 @@ def test_missing_biases_are_errors():
 def test_zero_tokens():
     r = route(np.zeros((0, 4)), np.eye(4), cfg())
     assert r.topk_idx.shape == (0, 2) and r.topk_weights.shape == (0, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_, np.complex128])
+def test_non_float_x_is_refused(dtype):
+    with pytest.raises(InputError, match=f"x must be a real floating-point array, got dtype {np.dtype(dtype)}"):
+        route(np.ones((2, 4), dtype=dtype), np.eye(4), cfg())
