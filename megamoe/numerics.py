@@ -1,0 +1,121 @@
+"""Check a kernel's output against the float64 reference, on a sample of tokens.
+
+Shape legend: T tokens, S sampled tokens, E experts, K top-k, H hidden, I expert width.
+
+Tokens are independent in an MoE layer, so the reference can be run on S sampled tokens of a
+batch of T; and it only needs the weights of the experts those tokens pick. For a full-size layer
+on a GPU (DeepSeek-V3: 256 experts, 22 GB of bf16 weights) that is the difference between copying
+a few hundred MB to the host and copying everything. The reference stages are the public ones of
+``megamoe.reference``; only the weight access is lazy here.
+
+Low-precision inputs are compared against the reference computed from the same rounded values
+(x and weights read back from the device exactly), so the error measured is the kernel's
+arithmetic; thresholds are ``reference.tolerance.TOLERANCES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from megamoe.reference import (
+    ErrorReport,
+    MoEConfig,
+    MoEWeights,
+    combine,
+    experts_forward,
+    normalized_error,
+    plan_dispatch,
+    route,
+    shared_forward,
+    tolerance_for,
+)
+
+
+def _to_f64(a) -> np.ndarray | None:
+    if a is None:
+        return None
+    if hasattr(a, "detach"):
+        return a.detach().double().cpu().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+class _LazyExperts:
+    """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use."""
+
+    def __init__(self, stacked):
+        self._stacked = stacked
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, e) -> np.ndarray:
+        e = int(e)
+        if e not in self._cache:
+            self._cache[e] = _to_f64(self._stacked[e])
+        return self._cache[e]
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    """Normalized error of a kernel's output on S sampled tokens, against the float64 reference."""
+
+    dtype: str
+    sampled_tokens: int
+    error: ErrorReport
+    limit_max: float
+    limit_rms: float
+    routing_agreement: float  # fraction of sampled (token, expert) choices the kernel made too, or nan
+
+    @property
+    def ok(self) -> bool:
+        return self.error.max_err <= self.limit_max and self.error.rms_err <= self.limit_rms
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype, "sampled_tokens": self.sampled_tokens, "max_err": self.error.max_err,
+            "rms_err": self.error.rms_err, "limit_max": self.limit_max, "limit_rms": self.limit_rms,
+            "routing_agreement": self.routing_agreement, "ok": self.ok,
+        }
+
+
+def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig):
+    """The reference layer on S rows.  x_rows: (S, H) -> (y (S, H) float64, topk_idx (S, K)).
+
+    ``weights`` may hold torch tensors on any device: only the experts the rows pick are copied.
+    """
+    x = _to_f64(x_rows)
+    router_weight = _to_f64(weights.router_weight)
+    r = route(x, router_weight, config, _to_f64(weights.router_bias), _to_f64(weights.score_bias))
+    plan = plan_dispatch(r.topk_idx, config.num_experts)
+    lazy = MoEWeights(
+        router_weight=router_weight,
+        gate_up=_LazyExperts(weights.gate_up), down=_LazyExperts(weights.down),
+        gate_up_bias=None if weights.gate_up_bias is None else _LazyExperts(weights.gate_up_bias),
+        down_bias=None if weights.down_bias is None else _LazyExperts(weights.down_bias),
+        shared_gate_up=_to_f64(weights.shared_gate_up), shared_down=_to_f64(weights.shared_down),
+        shared_gate=_to_f64(weights.shared_gate),
+    )
+    y = combine(experts_forward(x, r, plan, lazy, config), plan, r.topk_weights, config)
+    return y + shared_forward(x, lazy, config), r.topk_idx
+
+
+def check_numerics(x, y, weights: MoEWeights, config: MoEConfig, *, dtype: str, sample: int = 16,
+                   seed: int = 0, topk_idx=None) -> NumericsReport:
+    """Compare a kernel's y (T, H) with the reference on ``sample`` tokens drawn with ``seed``.
+
+    x, y: the kernel's input and output (torch or NumPy); ``topk_idx`` (T, K), if given, is the
+    kernel's routing, reported as the fraction of the reference's choices it agrees with.
+    """
+    T = int(x.shape[0])
+    if T == 0:
+        tmax, trms = tolerance_for(dtype)
+        return NumericsReport(dtype, 0, ErrorReport(0.0, 0.0), tmax, trms, float("nan"))
+    rows = np.sort(np.random.default_rng(seed).choice(T, size=min(sample, T), replace=False))
+    y_ref, ref_idx = reference_on_tokens(x[rows], weights, config)
+    err = normalized_error(_to_f64(y[rows]), y_ref)
+    agree = float("nan")
+    if topk_idx is not None:
+        k_idx = _to_f64(topk_idx[rows]).astype(np.int64)
+        agree = float(np.mean([len(set(a) & set(b)) / len(a) for a, b in zip(ref_idx.tolist(), k_idx.tolist())]))
+    tmax, trms = tolerance_for(dtype)
+    return NumericsReport(dtype, len(rows), err, tmax, trms, agree)

@@ -1,0 +1,48 @@
+"""megamoe.numerics: sampled-token checks against the reference catch wrong outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megamoe.numerics import check_numerics, reference_on_tokens
+from megamoe.reference import PRESETS, MoEConfig, moe_forward, random_weights
+
+
+def tiny(name):
+    c = MoEConfig.preset(name)
+    return c.replace(hidden_size=24, intermediate_size=10, shared_intermediate_size=12 * c.num_shared_experts)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_sampled_reference_equals_full_reference(name, rng):
+    c = tiny(name)
+    w = random_weights(c, seed=0)
+    x = rng.standard_normal((31, c.hidden_size))
+    rows = np.array([0, 5, 30])
+    y_rows, idx = reference_on_tokens(x[rows], w, c)
+    full = moe_forward(x, w, c, details=True)
+    np.testing.assert_allclose(y_rows, full.y[rows], rtol=1e-12, atol=1e-12)
+    assert (idx == full.routing.topk_idx[rows]).all()
+
+
+def test_check_numerics_passes_right_and_fails_wrong(rng):
+    torch = pytest.importorskip("torch")
+    c = tiny("deepseek-v3")
+    w = random_weights(c, seed=1)
+    x = rng.standard_normal((40, c.hidden_size))
+    out = moe_forward(x, w, c, details=True)
+    tw = w.to_torch(dtype=torch.float64)  # lazy access works on torch tensors
+    good = check_numerics(torch.from_numpy(x), torch.from_numpy(out.y), tw, c, dtype="float32",
+                          sample=40, topk_idx=torch.from_numpy(out.routing.topk_idx))
+    assert good.ok and good.routing_agreement == 1.0 and good.sampled_tokens == 40
+    bad_y = out.y.copy()
+    bad_y[7] += 0.1 * np.abs(out.y).max()  # one token wrong
+    bad = check_numerics(x, bad_y, w, c, dtype="bfloat16", sample=40)
+    assert not bad.ok and bad.error.max_err == pytest.approx(0.1, rel=1e-6)
+
+
+def test_check_numerics_zero_tokens():
+    c = tiny("mixtral-8x7b")
+    rep = check_numerics(np.zeros((0, 24)), np.zeros((0, 24)), random_weights(c, 0), c, dtype="float16")
+    assert rep.ok and rep.sampled_tokens == 0
