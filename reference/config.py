@@ -26,7 +26,8 @@ ROUTERS = (
 )
 #: Expert activations. Each is documented in ``forward.py``.
 ACTIVATIONS = ("silu_gated", "clamped_swiglu")
-#: Value that masked groups get in the grouped top-k (HF transformers: 0.0; vLLM: -inf).
+#: Value that masked groups get in the grouped top-k: -inf (transformers 5, DeepSeek's inference code, vLLM,
+#: SGLang; the default) or 0.0 (transformers 4.x and DeepSeek's first remote code).
 GROUP_MASKS = ("zero", "neg_inf")
 #: Storage dtypes of the weights (the reference always computes in float64).
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
@@ -80,7 +81,7 @@ class MoEConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     score_bias: bool = False
-    group_mask: str = "zero"
+    group_mask: str = "neg_inf"
     router_bias: bool = False
     activation: str = "silu_gated"
     swiglu_alpha: float = 1.702

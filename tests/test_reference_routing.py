@@ -80,13 +80,14 @@ def test_deepseek_group_mask_zero_vs_neg_inf():
     logits = np.array([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     bias = np.array([-0.9, -0.9, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0])  # group 0 best, all b < 0
     c = deepseek_cfg(n_group=4, topk_group=1, top_k=2)
-    idx_zero, _ = select_experts(logits, c, score_bias=bias)
-    idx_inf, _ = select_experts(logits, c.replace(group_mask="neg_inf"), score_bias=bias)
+    assert c.group_mask == "neg_inf"  # the default, as transformers 5, vLLM and DeepSeek's code
+    idx_zero, _ = select_experts(logits, c.replace(group_mask="zero"), score_bias=bias)
+    idx_inf, _ = select_experts(logits, c, score_bias=bias)
     assert idx_inf[0].tolist() == [0, 1]  # only the kept group can be chosen
-    assert idx_zero[0].tolist() == [2, 3]  # masked experts (0.0) beat kept ones (-0.4): HF's behaviour
+    assert idx_zero[0].tolist() == [2, 3]  # masked experts (0.0) beat kept ones (-0.4): transformers 4.x
     # when biased scores are positive the two agree
-    idx_a, _ = select_experts(logits, c, score_bias=np.abs(bias) * 0.1)
-    idx_b, _ = select_experts(logits, c.replace(group_mask="neg_inf"), score_bias=np.abs(bias) * 0.1)
+    idx_a, _ = select_experts(logits, c.replace(group_mask="zero"), score_bias=np.abs(bias) * 0.1)
+    idx_b, _ = select_experts(logits, c, score_bias=np.abs(bias) * 0.1)
     assert idx_a.tolist() == idx_b.tolist()
 
 

@@ -1,0 +1,85 @@
+"""Timing functions: bytes and FLOPs to seconds, worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from megamoe.simulator.hardware import load_profile, override
+from megamoe.simulator.timing import ffn_cost, ffn_roofline_s, gemm_efficiency, row_bytes, stage_cost, transfer_s
+
+
+def _flat_profile(**kw):
+    # 132 SMs at 1e12 FLOP/s each, efficiency 1, 128 x 128 tiles
+    return override(load_profile("h200"), bf16_flops=132e12, fp8_flops=264e12, gpu__gemm_efficiency=1.0, **kw)
+
+
+@pytest.mark.parametrize(
+    "width, dtype, want",
+    [(7168, "bf16", 14336), (7168, "fp8", 7168 + 56 * 4), (100, "fp8", 100 + 4)],  # fp8: a float32 per 128
+)
+def test_row_bytes(width, dtype, want):
+    assert row_bytes(width, dtype) == want
+
+
+def test_transfer_alpha_beta():
+    assert transfer_s(1e9, 1e9, 1e-6) == pytest.approx(1.000001)
+    assert transfer_s(0, 1e9, 1e-6) == 0.0
+
+
+def test_efficiency_curve_interpolates_in_log2():
+    curve = ((128.0, 0.4), (512.0, 0.6))
+    e = gemm_efficiency([1, 128, 256, 512, 4096], curve)
+    assert e == pytest.approx([0.4, 0.4, 0.5, 0.6, 0.6])
+
+
+def test_stage_cost_by_hand():
+    p = _flat_profile()
+    # 3 experts with 128, 1, 200 rows; N = 256, K = 128: tile heights 128, 16, 128, so tiles
+    # (1 + 1 + 2) * 2 = 8, one wave on 132 SMs; tiles take 2*128*128*128 FLOP at 1e12 = 4.194304 us
+    # (the 16-row tiles 0.524288 us); one wave lasts its longest tile
+    c = stage_cost([128, 1, 200, 0], 256, 128, profile=p, num_sms=132, peak_flops_per_s=132e12,
+                   weight_bytes_per_elem=2, in_row_bytes=256, out_row_bytes=256)
+    assert c.tiles == 8
+    assert c.compute_s == pytest.approx(4.194304e-6)
+    assert c.padded_flops == 2 * (6 * 128 + 2 * 16) * 128 * 128
+    assert c.flops == 2 * 329 * 256 * 128
+    assert c.hbm_bytes == 3 * 256 * 128 * 2 + 329 * 512
+    assert c.time_s == max(c.compute_s, c.hbm_s)
+
+
+def test_waves_quantize():
+    p = _flat_profile()
+    kw = dict(profile=p, peak_flops_per_s=132e12, weight_bytes_per_elem=2, in_row_bytes=0, out_row_bytes=0)
+    one = stage_cost([128], 128 * 4, 128, num_sms=4, **kw)  # 4 tiles on 4 SMs: one wave
+    two = stage_cost([128], 128 * 5, 128, num_sms=4, **kw)  # 5 tiles on 4 SMs: two waves
+    assert two.compute_s == pytest.approx(2 * one.compute_s)
+
+
+def test_small_batch_is_memory_bound():
+    p = load_profile("h200")
+    # DeepSeek-V3 expert, 8 rows: weights (3 * 7168 * 2048 * 2 B) dominate
+    c = ffn_cost([8], 7168, 2048, profile=p, num_sms=132, weight_dtype="bf16", act_dtype="bf16")
+    assert c.hbm_s > c.compute_s
+    assert c.hbm_bytes >= 3 * 7168 * 2048 * 2
+
+
+def test_fp8_halves_weight_bytes_and_doubles_peak():
+    p = load_profile("h200")
+    kw = dict(profile=p, num_sms=132)
+    b = ffn_cost([4096] * 4, 7168, 2048, weight_dtype="bf16", act_dtype="bf16", **kw)
+    f = ffn_cost([4096] * 4, 7168, 2048, weight_dtype="fp8", act_dtype="fp8", **kw)
+    assert f.compute_s == pytest.approx(b.compute_s / 2, rel=1e-3)  # 1979 vs 2 x 989
+    assert f.flops == b.flops
+
+
+@pytest.mark.parametrize("rows", [[1], [7, 300, 0, 4096], [128] * 32, [5000, 1]])  # decode, mixed, even, hot
+def test_roofline_is_below_tile_model(rows):
+    p = load_profile("gb200-nvl72")
+    for sms in (148, 100):
+        c = ffn_cost(rows, 7168, 2048, profile=p, num_sms=sms, weight_dtype="bf16", act_dtype="bf16")
+        assert ffn_roofline_s(rows, 7168, 2048, profile=p, weight_dtype="bf16", act_dtype="bf16") <= c.time_s
+        assert c.flops / p.tensor_flops_per_s["bf16"] <= c.time_s
+    assert math.isfinite(c.time_s) and np.all(np.asarray(rows) >= 0)
