@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,10 @@ def _has_cuda() -> bool:
 
 
 HAS_CUDA = _has_cuda()
+if not HAS_CUDA:
+    # Triton picks the interpreter when its kernels are defined, so this must precede any
+    # import of triton or of megamoe.kernels in the test process.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

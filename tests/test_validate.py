@@ -1,0 +1,89 @@
+"""Validation: the simulator's launch model by hand, and the kernel-vs-simulator run on the CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from megamoe.simulator import load_profile
+from megamoe.simulator.launch import predict_launch_plan, predict_stage
+
+
+def stage(**kw):
+    base = dict(name="gemm", kernel="_k", active_programs=264, tile=dict(BLOCK_M=128, num_warps=8),
+                bytes_per_tile=1e6, flops_per_tile=2 * 128 * 128 * 4096)
+    base.update(kw)
+    return base
+
+
+def test_stage_by_hand():
+    p = load_profile("h200")
+    s = predict_stage(stage(), p)
+    # 264 programs, 1 per SM (8 warps), 132 SMs: 2 waves of one tile each
+    eff = dict(p.gemm_efficiency)[128.0]
+    tile_s = 2 * 128 * 128 * 4096 / (p.tensor_flops_per_s["bf16"] / p.num_sms * eff)
+    assert s.compute_us == pytest.approx(2 * tile_s * 1e6)
+    assert s.memory_us == pytest.approx(264 * 1e6 / p.hbm_effective_bytes_per_s * 1e6)
+    assert s.time_us == pytest.approx(max(s.compute_us, s.memory_us) + p.kernel_launch_s * 1e6)
+
+
+def test_few_programs_cannot_pull_full_bandwidth():
+    p = load_profile("h200")
+    few = predict_stage(stage(active_programs=33, flops_per_tile=0.0), p)
+    # 33 programs x 2 per SM (4 warps) = 66 of 132 SMs: half the HBM rate
+    few = predict_stage(stage(active_programs=33, flops_per_tile=0.0, tile=dict(BLOCK_M=16, num_warps=4)), p)
+    assert few.memory_us == pytest.approx(33 * 1e6 / (p.hbm_effective_bytes_per_s * 0.5) * 1e6)
+    assert few.bound == "memory"
+
+
+def test_plan_is_the_sum_and_monotone():
+    a = predict_launch_plan([stage(), stage(name="g2", bytes_per_tile=2e6)])
+    assert a["time_us"] == pytest.approx(sum(s["time_us"] for s in a["stages"]))
+    faster = predict_launch_plan([stage(), stage(name="g2", bytes_per_tile=2e6)], overrides={"hbm_bandwidth": 9.6e12})
+    assert faster["time_us"] < a["time_us"]
+    empty = predict_launch_plan([stage(active_programs=0)])
+    assert empty["stages"][0]["bound"] == "launch"
+
+
+def test_bad_stage_is_named():
+    with pytest.raises(ValueError, match=r"stage 'gemm' lacks \['flops_per_tile'\]"):
+        predict_stage({k: v for k, v in stage().items() if k != "flops_per_tile"}, load_profile("h200"))
+
+
+def test_measured_overrides_reproduce_the_measured_rates():
+    from megamoe.simulator.timing import gemm_efficiency
+    from megamoe.validate import measured_overrides
+
+    ov = measured_overrides({"read_bytes_per_s": 4.4e12, "matmul_flops_per_s": 700e12})
+    p = load_profile("h200")
+    from megamoe.simulator import override
+
+    q = override(p, **ov)
+    assert q.hbm_effective_bytes_per_s == pytest.approx(4.4e12)
+    top = q.gemm_efficiency[-1][0]
+    assert q.tensor_flops_per_s["bf16"] * gemm_efficiency([top], q.gemm_efficiency)[0] == pytest.approx(700e12)
+
+
+@pytest.mark.interpret
+def test_validate_on_cpu_runs_kernel_and_prediction(tmp_path, capsys):
+    pytest.importorskip("triton")
+    from megamoe.cli import main
+
+    out = tmp_path / "v.jsonl"
+    rc = main(["validate", "--models", "deepseek-v3", "--tokens", "0,5", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["T"] for r in rows] == [0, 5]
+    r = rows[1]
+    assert r["numerics"]["ok"] and r["numerics"]["routing_agreement"] == 1.0
+    assert r["predicted_us"] > 0 and math.isfinite(r["predicted_us"])
+    assert "measured_us" not in r  # no GPU: nothing is timed
+
+
+def test_validate_rejects_unknown_model(capsys):
+    from megamoe.cli import main
+
+    assert main(["validate", "--models", "gpt-5"]) == 2
+    assert "unknown model(s) ['gpt-5']" in capsys.readouterr().err
