@@ -140,6 +140,44 @@ def validate_one(model: str, T: int, *, seed: int = 0, sample: int = 16, system:
     return row
 
 
+def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict:
+    """The simulator's prediction for a row that ``megamoe bench`` measured, without a GPU.
+
+    The bench routed random tokens with random router weights (logits ~ N(0, 1)); the same
+    distribution is drawn here with ``seed``, so the launch plan is statistically equivalent to the
+    measured one, not identical (decode rows, where few experts are touched, vary most). Returns
+    the measured time, the predictions with the profile and with the rates the bench measured in
+    its run, and whether the plan's GEMM tiles are the ones the bench ran.
+    """
+    import numpy as np
+
+    from megamoe.kernels.bench import bench_config
+    from megamoe.kernels.plan import launch_plan
+    from megamoe.reference import select_experts
+    from megamoe.simulator.launch import predict_launch_plan
+
+    cfg = bench_config(row["preset"])
+    T = int(row["T"])
+    rng = np.random.default_rng(seed)
+    bias = 0.05 * rng.standard_normal(cfg.num_experts) if cfg.score_bias else None
+    idx, _ = select_experts(rng.standard_normal((T, cfg.num_experts)), cfg, score_bias=bias)
+    plan = launch_plan(cfg, topk_idx=idx, dtype="bfloat16", device_name=row.get("gpu", "NVIDIA H200"),
+                       triton_version=row.get("triton"), deterministic=bool(row.get("deterministic", True)))
+    stages = [st.to_dict() for st in plan.stages]
+    g1 = plan.stage("gemm1").tile if any(st.name == "gemm1" for st in plan.stages) else {}
+    same_tiles = all(g1.get(k) == v for k, v in row.get("config", {}).get("gemm1", {}).items())
+    pred = predict_launch_plan(stages, system)["time_us"]
+    out = {"preset": row["preset"], "T": T, "measured_us": row["ours_us"], "predicted_us": pred,
+           "ratio": row["ours_us"] / pred, "same_tiles": same_tiles,
+           "gpu": row.get("gpu"), "triton": row.get("triton"), "date": row.get("date"), "commit": row.get("commit")}
+    if "ceiling_read_bytes_per_s" in row:
+        ov = measured_overrides({"read_bytes_per_s": row["ceiling_read_bytes_per_s"],
+                                 "matmul_flops_per_s": row["ceiling_matmul_flops_per_s"]}, system)
+        out["predicted_measured_rates_us"] = predict_launch_plan(stages, system, overrides=ov)["time_us"]
+        out["ratio_measured_rates"] = row["ours_us"] / out["predicted_measured_rates_us"]
+    return out
+
+
 def format_row(r: dict) -> str:
     n = r["numerics"]
     s = (f"{r['model']:<15} T={r['T']:<6} err max {n['max_err']:.2e} rms {n['rms_err']:.2e} "
@@ -161,10 +199,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="append rows as JSON lines to this file")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    parser.add_argument("--from-bench", metavar="JSONL", default=None,
+                        help="no kernel run: predict the rows a `megamoe bench` run measured and compare")
+
+
+def run_from_bench(path: Path, args: argparse.Namespace) -> int:
+    """Compare the simulator's launch model with measured bench rows (deterministic mode)."""
+    if not path.exists():
+        print(f"megamoe validate: --from-bench file {str(path)!r} does not exist", file=sys.stderr)
+        return 2
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as exc:
+            print(f"megamoe validate: {path}:{n}: not JSON ({exc.msg})", file=sys.stderr)
+            return 2
+        if "ours_us" in r and r.get("deterministic", True):
+            rows.append(r)
+    if not rows:
+        print(f"megamoe validate: {path} holds no bench rows with 'ours_us'", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else None
+    for r in rows:
+        c = predict_bench_row(r, system=args.system, seed=args.seed)
+        if args.json:
+            print(json.dumps(c))
+        else:
+            extra = (f"  with the run's rates: {c['predicted_measured_rates_us']:9.1f} us "
+                     f"(meas/pred {c['ratio_measured_rates']:.2f})" if "ratio_measured_rates" in c else "")
+            print(f"{c['preset']:<16} T={c['T']:<6} measured {c['measured_us']:9.1f} us  predicted "
+                  f"{c['predicted_us']:9.1f} us (meas/pred {c['ratio']:.2f}){extra}"
+                  f"{'' if c['same_tiles'] else '  [tiles differ from the run]'}")
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as f:
+                f.write(json.dumps(c) + "\n")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from megamoe.reference import PRESETS
+
+    if args.from_bench:
+        return run_from_bench(Path(args.from_bench), args)
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in PRESETS]

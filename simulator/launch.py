@@ -15,10 +15,21 @@ list of plain dicts. Per launch:
     launch_s    = the profile's per-kernel launch gap (CUDA-graph replay)
     time_s      = max(compute_s, memory_s) + launch_s
 
-eff(BLOCK_M) is the profile's GEMM efficiency curve read at the tile height. Bytes are the plan's
-per-program operand reads, so weights that several row blocks of one expert share are counted
-per block (L2 hits are not modelled): for prefill this overstates memory time, which there is
-rarely the bound. Launches run one after another, as they do in the kernels' stream.
+eff(BLOCK_M) is the profile's GEMM efficiency curve read at the tile height. Launches run one
+after another, as they do in the kernels' stream.
+
+DRAM bytes and L2. A plan stage that publishes ``operand_bytes_per_tile`` ({"a", "b", "out"}: the
+gathered activation rows, the weight tile, the output tile of one program) and
+``row_blocks_per_expert`` (E,) gets an L2 model of grouped tile order (GROUP_M row blocks sweep
+the N tiles together, Triton's L2-friendly order):
+
+    a (activations)  read once per row block: the row block stays in L2 while its N tiles run
+    b (weights)      read once per N tile per group of GROUP_M row blocks of the same expert
+    out              written once per program
+
+Without those keys the plan's ``bytes_per_tile`` is taken as DRAM traffic per program (no L2
+reuse): right for decode (one row block per expert), an overestimate for prefill.
+
 """
 
 from __future__ import annotations
@@ -60,6 +71,25 @@ def _occupancy(tile: dict) -> int:
     return 1 if int(tile.get("num_warps", 4)) >= 8 else 2
 
 
+def dram_bytes(stage: dict) -> float:
+    """DRAM bytes of one launch (see the module docstring for the L2 model)."""
+    P = int(stage["active_programs"])
+    ob, rb = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert")
+    tpe = stage.get("tiles_per_expert")
+    if not ob or rb is None or tpe is None:
+        return P * float(stage["bytes_per_tile"])
+    group = max(1, int(stage["tile"].get("GROUP_M", 1)))
+    total = 0.0
+    for tiles, blocks in zip(tpe, rb):
+        if tiles == 0 or blocks == 0:
+            continue
+        n_tiles = tiles / blocks  # N tiles (x split-K) per row block
+        total += blocks * float(ob["a"]) * (1 if n_tiles >= 1 else n_tiles)
+        total += n_tiles * math.ceil(blocks / group) * float(ob["b"])
+        total += tiles * float(ob["out"])
+    return total
+
+
 def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> StagePrediction:
     """One launch's time on one GPU of ``profile``."""
     missing = [k for k in STAGE_KEYS if k not in stage]
@@ -82,7 +112,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         sm_rate = profile.tensor_flops_per_s[dtype] / S
         compute_s = math.ceil(P / (S * occ)) * occ * flops / (sm_rate * eff)
     rate = profile.hbm_effective_bytes_per_s * min(1.0, P * occ / S)
-    memory_s = P * float(stage["bytes_per_tile"]) / rate
+    memory_s = dram_bytes(stage) / rate
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us)
 
 

@@ -87,3 +87,15 @@ def test_validate_rejects_unknown_model(capsys):
 
     assert main(["validate", "--models", "gpt-5"]) == 2
     assert "unknown model(s) ['gpt-5']" in capsys.readouterr().err
+
+
+def test_l2_model_reads_weights_once_per_group():
+    # one expert, 16 row blocks x 4 N tiles = 64 programs; GROUP_M = 8 -> weights read twice per N tile
+    st = stage(active_programs=64, tile=dict(BLOCK_M=128, num_warps=8, GROUP_M=8), bytes_per_tile=7.0,
+               operand_bytes_per_tile={"a": 1.0, "b": 2.0, "out": 4.0}, tiles_per_expert=[64, 0],
+               row_blocks_per_expert=[16, 0])
+    from megamoe.simulator.launch import dram_bytes
+
+    assert dram_bytes(st) == 16 * 1.0 + 4 * 2 * 2.0 + 64 * 4.0
+    # without the operand split, every program's bytes count
+    assert dram_bytes({k: v for k, v in st.items() if k != "operand_bytes_per_tile"}) == 64 * 7.0
