@@ -91,8 +91,8 @@ def plan_dispatch(topk_idx, num_experts: int, block_size: int = 1) -> DispatchPl
     flat = idx.reshape(-1)
     pairs = np.arange(T * K, dtype=np.int64)
     tokens = pairs // K if K else pairs
-    # lexsort: last key is primary -> sort by expert, then by token
-    order = np.lexsort((tokens, flat)).astype(np.int64)
+    # one stable sort of the key expert * T + token: by expert, then by token
+    order = np.argsort(flat * max(T, 1) + tokens, kind="stable").astype(np.int64)
     counts = np.bincount(flat, minlength=num_experts).astype(np.int64)
     offsets = np.zeros(num_experts + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -135,12 +135,12 @@ def rank_traffic(topk_idx, token_rank, expert_rank, num_ranks: int, *, dedup: bo
     T, K = idx.shape
     token_rank = as_index_array("token_rank", token_rank, (T,), num_ranks)
     dst = expert_rank[idx]  # (T, K)
-    src = np.broadcast_to(token_rank[:, None], dst.shape)
-    if dedup and T:
-        key = np.unique(np.stack([np.arange(T).repeat(K), dst.reshape(-1)], axis=1), axis=0)
-        src_d, dst_d = token_rank[key[:, 0]], key[:, 1]
+    if dedup:
+        # a token counts once per destination: keep the first of equal ranks in each sorted row
+        dst = np.sort(dst, axis=1)
+        keep = np.ones(dst.shape, dtype=bool)
+        keep[:, 1:] = dst[:, 1:] != dst[:, :-1]
     else:
-        src_d, dst_d = src.reshape(-1), dst.reshape(-1)
-    m = np.zeros((num_ranks, num_ranks), np.int64)
-    np.add.at(m, (src_d, dst_d), 1)
-    return m
+        keep = np.ones(dst.shape, dtype=bool)
+    cell = (token_rank[:, None] * num_ranks + dst)[keep]
+    return np.bincount(cell, minlength=num_ranks * num_ranks).astype(np.int64).reshape(num_ranks, num_ranks)

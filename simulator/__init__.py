@@ -1,0 +1,27 @@
+"""megamoe.simulator: predict one MoE layer's time on a rack of GPUs (SimPy + flow-level NVLink model).
+
+Shape legend: T tokens, E experts, P expert slots, K top-k, H hidden, I expert width, G GPUs,
+S SMs, B minibatches.
+
+Public names:
+    simulate, simulate_workload, simulate_single_gpu_kernel, SimResult   (simulate)
+    estimate_workload, Estimate                                           (analytic: the quick bound)
+    build_workload, Workload, parse_routing, calibrate_zipf               (workload)
+    load_profile, override, available_profiles, Profile, ProfileError     (hardware)
+    make_placement, Placement                                             (placement)
+    build_topology                                                        (topology)
+Nothing runs on import.
+"""
+
+from .analytic import Estimate, estimate_workload
+from .hardware import Profile, ProfileError, available_profiles, load_profile, override
+from .placement import Placement, make_placement
+from .simulate import SimResult, simulate, simulate_single_gpu_kernel, simulate_workload
+from .topology import build_topology
+from .workload import TraceError, Workload, build_workload, calibrate_zipf, parse_routing
+
+__all__ = [
+    "Estimate", "Placement", "Profile", "ProfileError", "SimResult", "TraceError", "Workload", "available_profiles",
+    "build_topology", "build_workload", "calibrate_zipf", "estimate_workload", "load_profile", "make_placement", "override",
+    "parse_routing", "simulate", "simulate_single_gpu_kernel", "simulate_workload",
+]

@@ -25,19 +25,22 @@ def _layer(name):
 
 
 @pytest.mark.parametrize("name", PRESETS)
-@pytest.mark.parametrize("T", [1, 97])
-def test_presets_bf16(name, T):
-    """Every preset at full size, odd T: within the bf16 tolerance on sampled tokens."""
+def test_presets_bf16(name):
+    """Every preset at full size, T = 1 and an odd T = 97: within the bf16 tolerance on sampled
+    tokens, and the kernels' routing equals the reference's on them."""
     from megamoe.kernels import moe_forward, moe_forward_details
     from megamoe.numerics import check_numerics
 
     cfg, w = _layer(name)
-    x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    y = moe_forward(x, w, cfg)
-    d = moe_forward_details(x, w, cfg)
-    rep = check_numerics(x, y, w, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
-    assert rep.routing_agreement == 1.0, rep.to_dict()
-    assert rep.ok, rep.to_dict()
+    for T in (1, 97):
+        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        y = moe_forward(x, w, cfg)
+        d = moe_forward_details(x, w, cfg)
+        rep = check_numerics(x, y, w, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
+        print(f"NUMERICS {name} T={T} max_err={rep.error.max_err:.3e} rms_err={rep.error.rms_err:.3e} "
+              f"routing_agreement={rep.routing_agreement}")
+        assert rep.routing_agreement == 1.0, (T, rep.to_dict())
+        assert rep.ok, (T, rep.to_dict())
     del w
     torch.cuda.empty_cache()
 

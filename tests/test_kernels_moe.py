@@ -164,6 +164,17 @@ def test_routing_metadata_matches_reference(T, rng):
     assert (d["block_expert"].numpy()[nb:] == -1).all()
 
 
+def test_torch_compile_fullgraph(rng):
+    """The layer is one opaque torch op: dynamo traces the wrapper (input checks included) without breaks."""
+    from megamoe.kernels import moe_forward
+
+    cfg = MoEConfig(**BASE)
+    w = random_weights(cfg, seed=9).to_torch("cpu", torch.float32)
+    x = torch.from_numpy(rng.standard_normal((5, cfg.hidden_size))).float()
+    f = torch.compile(lambda x: moe_forward(x, w, cfg), fullgraph=True, backend="eager")
+    assert torch.equal(f(x), moe_forward(x, w, cfg))
+
+
 def test_custom_op_registered():
     import megamoe.kernels.moe  # noqa: F401
 

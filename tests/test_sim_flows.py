@@ -111,3 +111,22 @@ def test_fabric_zero_bytes_is_instant():
     ev = fab.start(f)
     env.run()
     assert ev.triggered and env.now == 0.0
+
+
+def test_compute_job_shares_hbm_with_a_copy():
+    # HBM of 6 B/s; a compute job of 10 HBM bytes capped at 5 B/s (alone: 2 s, its tile-model
+    # time). A copy of 10 B through the same HBM (port 100 B/s) starts with it: max-min gives
+    # each 3 B/s, so both end at 10/3 s: the copy slows the GEMM, as on a real GPU.
+    def run(with_copy):
+        env = simpy.Environment()
+        fab = Fabric(env, np.array([6.0, 5.0, 100.0]))
+        job = fab.add([0, 1], [1.0, 1.0], 10.0, "job", latency_s=0.0)
+        copy = fab.add([0, 2], [1.0, 1.0], 10.0, "copy")
+        fab.start(job)
+        if with_copy:
+            fab.start(copy)
+        env.run()
+        return fab.end_s[job]
+
+    assert run(False) == pytest.approx(2.0)
+    assert run(True) == pytest.approx(10 / 3)

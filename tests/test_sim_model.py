@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from megamoe.reference import MoEConfig
 from megamoe.simulator import simulate, simulate_single_gpu_kernel, simulate_workload
@@ -32,16 +34,17 @@ def _tiny_workload(minibatch):
 
 
 # Hand-worked: a bf16 row of H = 128 is 256 B; GPU 0's 4 tokens = 1024 B at 1e9 B/s = 1.024 us each
-# way. GPU 1 computes 8 rows of expert 1: 16-row tiles; gate/up N = 256 -> 2 tiles, down N = 128 ->
-# 1 tile, each 2*16*128*128 FLOP at 1e12 = 0.524288 us, one wave each: 1.048576 us (HBM: 0.02 us).
+# way. GPU 1 computes 8 rows of expert 1: 16-row tiles, 64 wide (the tuned choice); gate/up N = 256
+# -> 4 tiles, down N = 128 -> 2 tiles, each 2*16*64*128 FLOP at 1e12 = 0.262144 us, one wave per
+# GEMM: 0.524288 us (HBM: 0.02 us).
 @pytest.mark.parametrize(
     "schedule, minibatch, want_us",
     [
-        ("bulk", None, 1.024 + 1.048576 + 1.024),  # dispatch, GEMMs, combine in a row
-        ("fused", None, 1.024 + 1.048576 + 1.024),  # one minibatch: nothing to overlap
+        ("bulk", None, 1.024 + 0.524288 + 1.024),  # dispatch, GEMMs, combine in a row
+        ("fused", None, 1.024 + 0.524288 + 1.024),  # one minibatch: nothing to overlap
         # two minibatches of 2 tokens: pull 0.512, 0.512; compute 4 rows each (still one 16-row tile
-        # per GEMM, 1.048576 us); mb0's push (0.512) hides under mb1's compute; the last push is exposed
-        ("fused", 2, 0.512 + 2 * 1.048576 + 0.512),
+        # per GEMM, 0.524288 us); mb0's push (0.512) hides under mb1's compute; the last push is exposed
+        ("fused", 2, 0.512 + 2 * 0.524288 + 0.512),
     ],
 )
 def test_two_gpus_by_hand(schedule, minibatch, want_us):
@@ -180,9 +183,21 @@ def test_cli_json(capsys):
     assert d["layer_time_us"] > 0 and "breakdown_us" in d
 
 
-def test_cli_table(capsys):
-    assert run(_args("--system", "hgx-h200", "--model", "qwen3-30b-a3b", "--tokens-per-gpu", "32")) == 0
-    assert "layer time" in capsys.readouterr().out
+def test_cli_table_and_timeline(capsys, tmp_path):
+    t = tmp_path / "layer.json"
+    assert run(_args("--system", "hgx-h200", "--model", "qwen3-30b-a3b", "--tokens-per-gpu", "32",
+                     "--trace", str(t), "--placement", "eplb", "--schedule", "bulk")) == 0
+    out = capsys.readouterr().out
+    assert "layer time" in out and "eplb" in out
+    assert json.loads(t.read_text())["traceEvents"]
+
+
+def test_cli_routing_trace(capsys, tmp_path):
+    f = tmp_path / "r.csv"
+    f.write_text("\n".join(",".join(str((i + j) % 128) for j in range(8)) for i in range(8 * 16)))
+    assert run(_args("--system", "hgx-h200", "--model", "qwen3-30b-a3b", "--tokens-per-gpu", "16",
+                     "--routing-trace", str(f), "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["routing"] == f"trace:{f}"
 
 
 def test_cli_errors_name_the_problem(tmp_path, capsys):
@@ -192,3 +207,38 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
     assert "sys.json" in capsys.readouterr().err
     assert run(_args("--system", "hgx-h200", "--model", "qwen3-30b-a3b", "--set", "link.colour_s=1")) == 2
     assert "link.colour_s" in capsys.readouterr().err
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    G=st.sampled_from([2, 4, 8]), Tg=st.integers(1, 48), E=st.sampled_from([4, 8, 16, 32]), K=st.integers(1, 4),
+    routing=st.sampled_from(["uniform", "zipf:1.2", "hot:0.7"]),
+    placement=st.sampled_from(["contiguous", "round_robin", "random", "eplb"]),
+    schedule=st.sampled_from(["bulk", "fused"]), mb=st.sampled_from([None, 1, 5, 16]), seed=st.integers(0, 99),
+)
+def test_bounds_and_conservation_on_random_small_cases(G, Tg, E, K, routing, placement, schedule, mb, seed):
+    # odd shapes: fewer experts than GPUs, one token, minibatches of one token, uneven last minibatch
+    cfg = MoEConfig(hidden_size=256, intermediate_size=128, num_experts=E, top_k=min(K, E - 1), name="rand")
+    p = override(load_profile("hgx-h200"), gpus=G)
+    w = build_workload(cfg, G, Tg, routing, placement, minibatch=mb, seed=seed)
+    r = simulate_workload(w, p, schedule=schedule, comm_sms=8)
+    assert r.layer_time_us >= r.analytic_us * (1 - 1e-9)
+    assert r.totals["pairs_computed"] == G * Tg * cfg.top_k
+    assert r.totals["nvlink_bytes_sent"] == pytest.approx(r.totals["nvlink_bytes_received"], rel=1e-9, abs=1e-3)
+    busiest = max(np.max(r.per_gpu["nvlink_sent_bytes"]), np.max(r.per_gpu["nvlink_recv_bytes"]))
+    assert r.layer_time_us * 1e-6 >= busiest / p.port_bytes_per_s * (1 - 1e-9)
+
+
+def test_analytic_only_matches_the_event_models_bound():
+    kw = dict(routing="skewed:2", placement="eplb", seed=3)
+    quick = simulate("qwen3-30b-a3b", "hgx-h200", 64, analytic_only=True, **kw)
+    full = simulate("qwen3-30b-a3b", "hgx-h200", 64, **kw)
+    assert quick.layer_time_us == quick.analytic_us == pytest.approx(full.analytic_us)
+    assert quick.imbalance == full.imbalance
+    add = sum(quick.breakdown_us[k] for k in ("expert_compute", "load_imbalance_wait", "exposed_communication"))
+    assert add == pytest.approx(quick.layer_time_us)
+
+
+def test_cli_analytic(capsys):
+    assert run(_args("--system", "hgx-h200", "--model", "qwen3-30b-a3b", "--tokens-per-gpu", "32", "--analytic")) == 0
+    assert "analytic bound" in capsys.readouterr().out

@@ -1,0 +1,7 @@
+"""``python -m megamoe.simulator``: the same as ``megamoe simulate``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""Analytic estimate: roofline compute plus busiest-endpoint bandwidth.  A lower bound of the event model.
+
+Shape legend: G GPUs, B minibatches, P slots.
+
+Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy =
+communication SMs x per-SM copy rate; compute_g = ``timing.ffn_roofline_s`` of g's rows per slot
+plus the shared expert, on all SMs, weights read once):
+
+    fused:  max over g of  launch + max(compute_g, max(sent_g / port, received_g / port,
+                                                  driven_g / copy) + latency if g moves anything)
+    bulk:   max over g of  launch + max(dsent_g / port, drecv_g / min(port, copy)) + latency
+                           + compute_g
+                           + launch + csent_g / min(port, copy) + latency
+
+The event model can only add to these (padding, waves, smaller minibatches, shared bandwidth,
+waiting on peers), and the tests check that it never falls below them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hardware import Profile
+from .schedules import normalize_schedule
+from .timing import ffn_roofline_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Analytic layer time and its parts, in seconds; per_gpu arrays are (G,)."""
+
+    schedule: str
+    time_s: float
+    compute_s: np.ndarray
+    comm_s: np.ndarray  # busiest endpoint of each GPU (dispatch + combine together)
+    busiest_gpu: int
+
+    @property
+    def time_us(self) -> float:
+        return self.time_s * 1e6
+
+
+def gpu_bytes(dispatch_bytes: np.ndarray, combine_bytes: np.ndarray) -> dict[str, np.ndarray]:
+    """(G,) per-GPU byte totals from (G, B, G) matrices, diagonals excluded."""
+    d = dispatch_bytes.sum(axis=1).astype(np.float64)
+    c = combine_bytes.sum(axis=1).astype(np.float64)
+    np.fill_diagonal(d, 0.0)
+    np.fill_diagonal(c, 0.0)
+    return {
+        "dispatch_sent": d.sum(axis=1), "dispatch_recv": d.sum(axis=0),  # d[src, dst]
+        "combine_sent": c.sum(axis=0), "combine_recv": c.sum(axis=1),  # c[owner, expert gpu]
+    }
+
+
+def compute_roofline_s(rows_slot: np.ndarray, slot_rank: np.ndarray, shared_rows: int, num_gpus: int, *,
+                       hidden: int, width: int, shared_width: int, profile: Profile, weight_dtype: str,
+                       act_dtype: str) -> np.ndarray:
+    """(G,) roofline seconds of each GPU's routed slots plus its shared expert."""
+    out = np.zeros(num_gpus)
+    for g in range(num_gpus):
+        out[g] = ffn_roofline_s(rows_slot[slot_rank == g], hidden, width, profile=profile,
+                                weight_dtype=weight_dtype, act_dtype=act_dtype)
+        if shared_width and shared_rows:
+            out[g] += ffn_roofline_s([shared_rows], hidden, shared_width, profile=profile,
+                                     weight_dtype=weight_dtype, act_dtype=act_dtype)
+    return out
+
+
+def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray,
+             profile: Profile, comm_sms: int) -> Estimate:
+    """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices."""
+    schedule = normalize_schedule(schedule)
+    b = gpu_bytes(dispatch_bytes, combine_bytes)
+    port = profile.port_bytes_per_s
+    copy = comm_sms * profile.sm_copy_bytes_per_s
+    lat = profile.link_latency_s
+    L = profile.kernel_launch_s
+    moves = (b["dispatch_recv"] + b["dispatch_sent"] + b["combine_sent"] + b["combine_recv"]) > 0
+    if schedule == "fused":
+        sent = b["dispatch_sent"] + b["combine_sent"]
+        recv = b["dispatch_recv"] + b["combine_recv"]
+        driven = b["dispatch_recv"] + b["combine_sent"]
+        comm = np.maximum.reduce([sent / port, recv / port, driven / copy])
+        per_gpu = L + np.maximum(compute_s, comm + lat * moves)
+    else:
+        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy))
+        com = b["combine_sent"] / min(port, copy)
+        comm = dis + com
+        per_gpu = (L + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
+                   + L + com + lat * (b["combine_sent"] > 0))
+    g = int(np.argmax(per_gpu))
+    return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
+
+
+def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
+                      dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
+                      include_shared: bool = True) -> Estimate:
+    """The analytic bound straight from a built ``workload.Workload``: no SimPy, a few ms on NVL72.
+
+    For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
+    """
+    from .hardware import load_profile
+    from .simulate import DEFAULT_COMM_SMS
+    from .timing import normalize_dtype, row_bytes
+
+    p = load_profile(system)
+    cfg = workload.config
+    wd, ad = normalize_dtype(weight_dtype or dtype), normalize_dtype(dispatch_dtype or dtype)
+    comp = compute_roofline_s(
+        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if include_shared else 0,
+        workload.num_gpus, hidden=cfg.hidden_size, width=cfg.intermediate_size,
+        shared_width=cfg.shared_intermediate_size, profile=p, weight_dtype=wd, act_dtype=ad)
+    t = workload.traffic_mb
+    return estimate(schedule, compute_s=comp, dispatch_bytes=t * row_bytes(cfg.hidden_size, ad),
+                    combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p,
+                    comm_sms=DEFAULT_COMM_SMS if comm_sms is None else comm_sms)

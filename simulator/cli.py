@@ -1,0 +1,150 @@
+"""``megamoe simulate``: the simulator's command line (``add_arguments`` + ``run``).
+
+With no arguments: DeepSeek-V3 on a GB200 NVL72, 4096 tokens per GPU, skewed routing, contiguous
+placement, fused schedule; prints a table (``--json`` prints JSON with ``layer_time_us`` and
+``breakdown_us``; ``--trace FILE`` writes a Perfetto timeline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .placement import POLICIES
+from .timing import DTYPES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--system", default="gb200-nvl72", help="profile name (gb200-nvl72, gb300-nvl72, hgx-h200, h200) or JSON file")
+    a("--model", default="deepseek-v3", help="MoEConfig preset or config.json path")
+    a("--tokens-per-gpu", type=int, default=4096, help="tokens each GPU starts with (default 4096)")
+    a("--routing", default="skewed",
+      help="uniform | skewed[:R] (R = by-expert (max-mean)/mean, default 10.9) | zipf:S | hot:F[:N] | "
+           "trace:FILE | router (default skewed)")
+    a("--routing-trace", metavar="FILE", help="shortcut for --routing trace:FILE (npz key topk_idx, or CSV)")
+    a("--placement", default="contiguous", choices=POLICIES, help="expert placement (default contiguous)")
+    a("--slots", type=int, help="physical expert slots for eplb (default E + E/8 rounded up to a multiple of G)")
+    a("--schedule", default="fused", choices=("fused", "bulk"), help="fused megakernel or bulk-synchronous")
+    a("--comm-sms", type=int, help="SMs given to communication (default 16)")
+    a("--minibatch", type=int, help="tokens per GPU per pipelined minibatch (default: all up to 512, else Tg/8)")
+    a("--dtype", default="bf16", choices=DTYPES, help="weights and dispatched activations (combine is bf16)")
+    a("--weight-dtype", choices=DTYPES, help="override --dtype for the weights")
+    a("--dispatch-dtype", choices=DTYPES, help="override --dtype for the dispatched activations")
+    a("--no-shared", action="store_true", help="leave the shared expert out")
+    a("--seed", type=int, default=0)
+    g = parser.add_argument_group("hardware overrides (units: bytes/s, s, counts)")
+    g.add_argument("--gpus", type=int, help="GPU count")
+    g.add_argument("--link-bandwidth", type=float, help="per link per direction, bytes/s")
+    g.add_argument("--link-latency", type=float, help="GPU-to-GPU message latency, s")
+    g.add_argument("--sms", type=int, help="SMs per GPU")
+    g.add_argument("--hbm-bandwidth", type=float, help="HBM bytes/s")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any profile number, e.g. --set link.payload_efficiency=0.9 (repeatable)")
+    a("--trace", metavar="FILE", help="write a Chrome-trace/Perfetto JSON timeline to FILE")
+    a("--analytic", action="store_true", help="the analytic bound only (no event model; milliseconds)")
+    a("--json", action="store_true", help="print JSON instead of a table")
+    a("--links", action="store_true", help="with --json: include every link's bytes and utilization")
+
+
+def _overrides(args) -> dict:
+    from .hardware import parse_assignment
+
+    o = {"gpus": args.gpus, "link_bandwidth": args.link_bandwidth, "link_latency": args.link_latency,
+         "sms": args.sms, "hbm_bandwidth": args.hbm_bandwidth}
+    for s in args.set:
+        k, v = parse_assignment(s)
+        o[k] = v
+    return {k: v for k, v in o.items() if v is not None}
+
+
+def run(args) -> int:
+    from .hardware import ProfileError
+    from .simulate import simulate
+    from .workload import TraceError
+
+    routing = f"trace:{args.routing_trace}" if args.routing_trace else args.routing
+    try:
+        r = simulate(args.model, args.system, args.tokens_per_gpu, routing=routing, placement=args.placement,
+                     schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
+                     weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
+                     num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
+                     analytic_only=args.analytic)
+    except (ProfileError, TraceError, ValueError) as exc:
+        print(f"megamoe simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.trace and not args.analytic:
+        r.write_trace(args.trace)
+    if args.json:
+        print(r.to_json(links=args.links))
+    else:
+        print_table(r, trace=args.trace)
+    return 0
+
+
+def print_table(r, trace: str | None = None) -> None:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    i = r.inputs
+    c.print(f"[bold]{i['model']}[/] on [bold]{i['system']}[/] ({i['num_gpus']} GPUs), {i['tokens_per_gpu']} tokens/GPU, "
+            f"routing {i['routing']}, placement {i['placement']} ({i['num_slots']} slots), schedule [bold]{i['schedule']}[/] "
+            f"({i['comm_sms']} comm SMs, {i['num_minibatches']} x {i['minibatch']}-token minibatches), "
+            f"weights {i['weight_dtype']}, dispatch {i['dispatch_dtype']}, seed {i['seed']}")
+    t = Table(title="Predicted MoE layer time")
+    t.add_column("quantity")
+    t.add_column("us", justify="right")
+    t.add_column("note")
+    analytic = bool(i.get("analytic_only"))
+    if analytic:
+        t.add_row("[bold]analytic bound", f"[bold]{r.analytic_us:,.1f}", "roofline + busiest endpoint (no event model run)")
+    else:
+        t.add_row("[bold]layer time (event model)", f"[bold]{r.layer_time_us:,.1f}", "")
+        t.add_row("analytic bound", f"{r.analytic_us:,.1f}", "roofline + busiest endpoint; never above the event model")
+    notes = {
+        "expert_compute": "mean compute-SM busy time per GPU (+)",
+        "load_imbalance_wait": "most loaded GPU's extra compute (+)",
+        "exposed_communication": "layer time not covered by the busiest GPU's compute (+)",
+        "dispatch": "first to last dispatch byte, longest GPU",
+        "combine": "first to last combine byte, longest GPU",
+    }
+    for k in ("expert_compute", "load_imbalance_wait", "exposed_communication", "dispatch", "combine"):
+        t.add_row(f"  {k.replace('_', ' ')}", f"{r.breakdown_us[k]:,.1f}", notes[k])
+    c.print(t)
+    if analytic:
+        c.print(f"imbalance (max-mean)/mean by GPU {r.imbalance['by_gpu']:.2f}, by expert {r.imbalance['by_expert']:.2f}, "
+                f"by slot {r.imbalance['by_slot']:.2f}")
+        return
+    pg = r.per_gpu
+    busiest = int(np.argmax(pg["compute_busy_us"]))
+    s = Table(title="Load and traffic")
+    s.add_column("quantity")
+    s.add_column("value", justify="right")
+    s.add_row("imbalance (max-mean)/mean by GPU", f"{r.imbalance['by_gpu']:.2f}")
+    s.add_row("imbalance by expert / by slot", f"{r.imbalance['by_expert']:.2f} / {r.imbalance['by_slot']:.2f}")
+    s.add_row("busiest GPU (compute)", f"GPU {busiest}: {pg['rows'][busiest]:,} rows, {pg['compute_busy_us'][busiest]:,.1f} us")
+    s.add_row("NVLink bytes sent = received", f"{r.totals['nvlink_bytes_sent'] / 1e9:,.3f} GB")
+    su, ru = np.asarray(pg["send_port_utilization"]), np.asarray(pg["recv_port_utilization"])
+    s.add_row("send port utilization max / mean", f"{su.max():.2f} / {su.mean():.2f}")
+    s.add_row("recv port utilization max / mean", f"{ru.max():.2f} / {ru.mean():.2f}")
+    if r.per_link:
+        lu = np.array([x["utilization"] for x in r.per_link])
+        s.add_row("link utilization max / mean", f"{lu.max():.2f} / {lu.mean():.2f} over {lu.size} links")
+    s.add_row("TFLOP/s per GPU (mean, over the layer)",
+              f"{np.mean(pg['flops']) / max(r.layer_time_us, 1e-9) / 1e6:,.0f}")
+    s.add_row("simulation wall time", f"{r.stats.get('workload_s', 0):.2f} s workload + {r.stats['total_s']:.2f} s model")
+    c.print(s)
+    if trace:
+        c.print(f"timeline written to {trace} (open in ui.perfetto.dev)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m megamoe.simulator", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

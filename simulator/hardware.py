@@ -1,0 +1,374 @@
+"""Hardware profiles: the one strict loader of the system JSON files beside this module.
+
+Shape legend: G GPUs, S SMs per GPU, C switch chips.
+
+A profile is nested data (``system``, ``switch``, ``link``, ``gpu``, ``sm``, ``hbm``). Every number
+is an object ``{"value": v, "unit": u, "source": "...", "assumption": true?, "note": "..."}``; the
+unit is also the suffix of the key (``_bytes_per_s``, ``_flops_per_s``, ``_bytes``, ``_s``), and the
+loader checks that the two agree. Efficiency curves are ``{"unit": "fraction", "over":
+"rows_per_expert", "points": [[x, y], ...], "source": ...}``.
+
+``load_profile(spec)`` takes a profile name (a file in ``profiles/``) or a path; ``override(profile,
+**fields)`` returns a copy with fields changed and their source marked as an override. Any bad
+key, unit, type or range raises ``ProfileError`` naming the key path.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+FORMAT = "megamoe.system/1"
+
+
+class ProfileError(ValueError):
+    """A hardware profile has a bad key, unit, type or value; the message names the key path."""
+
+
+@dataclass(frozen=True)
+class _Num:
+    unit: str
+    lo: float
+    hi: float
+    integer: bool = False
+    lo_open: bool = False  # value must be > lo rather than >= lo
+
+
+_COUNT = dict(unit="count", integer=True)
+#: The schema: section -> key -> what the key must hold. "curve" marks an efficiency curve.
+SCHEMA: dict[str, dict[str, Any]] = {
+    "system": {
+        "num_gpus": _Num(lo=1, hi=100_000, **_COUNT),
+        "num_switch_chips": _Num(lo=0, hi=10_000, **_COUNT),
+        "num_nodes": _Num(lo=1, hi=100_000, **_COUNT),
+    },
+    "switch": {"ports_per_chip": _Num(lo=1, hi=100_000, **_COUNT)},
+    "link": {
+        "links_per_gpu": _Num(lo=1, hi=1_000, **_COUNT),
+        "bandwidth_per_direction_bytes_per_s": _Num("bytes/s", 0, 1e15, lo_open=True),
+        "latency_s": _Num("s", 0, 1e-2),
+        "payload_efficiency": _Num("fraction", 0, 1, lo_open=True),
+    },
+    "gpu": {
+        "num_sms": _Num(lo=1, hi=100_000, **_COUNT),
+        "tensor_bf16_flops_per_s": _Num("flop/s", 0, 1e18, lo_open=True),
+        "tensor_fp8_flops_per_s": _Num("flop/s", 0, 1e18, lo_open=True),
+        "gemm_efficiency": "curve",
+        "gemm_tile_m_rows": _Num(lo=1, hi=4096, **_COUNT),
+        "gemm_min_tile_m_rows": _Num(lo=1, hi=4096, **_COUNT),
+        "gemm_tile_n_cols": _Num(lo=1, hi=4096, **_COUNT),
+        "kernel_launch_s": _Num("s", 0, 1e-2),
+        "grid_sync_s": _Num("s", 0, 1e-2),
+        "l2_bytes": _Num("bytes", 0, 1e12),
+    },
+    "sm": {"copy_bytes_per_s": _Num("bytes/s", 0, 1e15, lo_open=True)},
+    "hbm": {
+        "capacity_bytes": _Num("bytes", 0, 1e15, lo_open=True),
+        "bandwidth_bytes_per_s": _Num("bytes/s", 0, 1e16, lo_open=True),
+        "efficiency": _Num("fraction", 0, 1, lo_open=True),
+    },
+}
+_TOP = {"format", "name", "description", *SCHEMA}
+_NUM_KEYS = {"value", "unit", "source", "assumption", "note"}
+_CURVE_KEYS = {"unit", "over", "points", "source", "assumption", "note"}
+_SUFFIX_UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "flop/s"), ("_bytes", "bytes"), ("_s", "s"))
+
+#: Short names for ``override`` and the CLI, mapped to key paths.
+ALIASES = {
+    "gpus": "system.num_gpus",
+    "num_gpus": "system.num_gpus",
+    "switch_chips": "system.num_switch_chips",
+    "switch_ports": "switch.ports_per_chip",
+    "links_per_gpu": "link.links_per_gpu",
+    "link_bandwidth": "link.bandwidth_per_direction_bytes_per_s",
+    "link_latency": "link.latency_s",
+    "payload_efficiency": "link.payload_efficiency",
+    "sms": "gpu.num_sms",
+    "num_sms": "gpu.num_sms",
+    "bf16_flops": "gpu.tensor_bf16_flops_per_s",
+    "fp8_flops": "gpu.tensor_fp8_flops_per_s",
+    "tile_m": "gpu.gemm_tile_m_rows",
+    "tile_n": "gpu.gemm_tile_n_cols",
+    "sm_copy_bandwidth": "sm.copy_bytes_per_s",
+    "hbm_bandwidth": "hbm.bandwidth_bytes_per_s",
+    "hbm_efficiency": "hbm.efficiency",
+}
+
+
+def _expected_unit(key: str, spec: _Num) -> str:
+    for suffix, unit in _SUFFIX_UNITS:
+        if key.endswith(suffix):
+            assert unit == spec.unit, (key, spec.unit)  # the schema itself keeps the naming rule
+            break
+    return spec.unit
+
+
+def _check_num(path: str, entry: Any, spec: _Num) -> float | int:
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{path} must be an object {{value, unit, source}}, got {entry!r}")
+    unknown = sorted(set(entry) - _NUM_KEYS)
+    if unknown:
+        raise ProfileError(f"{path} has unknown key(s) {unknown}; allowed: {sorted(_NUM_KEYS)}")
+    for k in ("value", "unit", "source"):
+        if k not in entry:
+            raise ProfileError(f"{path} is missing {k!r}")
+    unit = _expected_unit(path.rsplit(".", 1)[-1], spec)
+    if entry["unit"] != unit:
+        raise ProfileError(f"{path}.unit must be {unit!r}, got {entry['unit']!r}")
+    if not isinstance(entry["source"], str) or not entry["source"].strip():
+        raise ProfileError(f"{path}.source must be a non-empty string saying where the number comes from")
+    if "assumption" in entry and not isinstance(entry["assumption"], bool):
+        raise ProfileError(f"{path}.assumption must be true or false, got {entry['assumption']!r}")
+    v = entry["value"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProfileError(f"{path}.value must be a finite number, got {v!r}")
+    if spec.integer:
+        if float(v) != int(v):
+            raise ProfileError(f"{path}.value must be an integer count, got {v!r}")
+        v = int(v)
+    if v < spec.lo or (spec.lo_open and v == spec.lo) or v > spec.hi:
+        lo = "(" if spec.lo_open else "["
+        raise ProfileError(f"{path}.value={v!r} is outside {lo}{spec.lo:g}, {spec.hi:g}] {unit}")
+    return v
+
+
+def _check_curve(path: str, entry: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{path} must be a curve object {{unit, over, points, source}}, got {entry!r}")
+    unknown = sorted(set(entry) - _CURVE_KEYS)
+    if unknown:
+        raise ProfileError(f"{path} has unknown key(s) {unknown}; allowed: {sorted(_CURVE_KEYS)}")
+    for k in ("unit", "over", "points", "source"):
+        if k not in entry:
+            raise ProfileError(f"{path} is missing {k!r}")
+    if entry["unit"] != "fraction":
+        raise ProfileError(f"{path}.unit must be 'fraction', got {entry['unit']!r}")
+    if entry["over"] != "rows_per_expert":
+        raise ProfileError(f"{path}.over must be 'rows_per_expert', got {entry['over']!r}")
+    if not isinstance(entry["source"], str) or not entry["source"].strip():
+        raise ProfileError(f"{path}.source must be a non-empty string")
+    pts = entry["points"]
+    if not isinstance(pts, list) or not pts:
+        raise ProfileError(f"{path}.points must be a non-empty list of [rows, fraction] pairs")
+    out = []
+    for i, p in enumerate(pts):
+        if (not isinstance(p, list) or len(p) != 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in p)):
+            raise ProfileError(f"{path}.points[{i}] must be [rows, fraction], got {p!r}")
+        x, y = float(p[0]), float(p[1])
+        if not x >= 1:
+            raise ProfileError(f"{path}.points[{i}] rows must be >= 1, got {p[0]!r}")
+        if not 0 < y <= 1:
+            raise ProfileError(f"{path}.points[{i}] fraction must be in (0, 1], got {p[1]!r}")
+        if out and x <= out[-1][0]:
+            raise ProfileError(f"{path}.points[{i}] rows must increase, got {p[0]!r} after {out[-1][0]!r}")
+        if out and y < out[-1][1]:
+            # the analytic bound takes the efficiency at the full per-expert row count: it must not
+            # fall as rows grow, or a smaller minibatch could beat the bound
+            raise ProfileError(f"{path}.points[{i}] fraction must not decrease, got {p[1]!r} after {out[-1][1]!r}")
+        out.append((x, y))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated system profile.  Attributes carry SI units (bytes, seconds, FLOP/s)."""
+
+    name: str
+    description: str
+    num_gpus: int
+    num_switch_chips: int
+    num_nodes: int
+    switch_ports_per_chip: int
+    links_per_gpu: int
+    link_bandwidth_bytes_per_s: float  # one link, one direction
+    link_latency_s: float
+    payload_efficiency: float
+    num_sms: int
+    tensor_flops_per_s: dict[str, float]  # "bf16" / "fp8" -> dense peak
+    gemm_efficiency: tuple[tuple[float, float], ...]  # (rows per expert, fraction of peak)
+    tile_m: int  # rows of a GEMM tile; experts with fewer rows use the next power of two down to min_tile_m
+    min_tile_m: int
+    tile_n: int
+    kernel_launch_s: float
+    grid_sync_s: float
+    l2_bytes: float
+    sm_copy_bytes_per_s: float
+    hbm_capacity_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    hbm_efficiency: float
+    data: dict = field(repr=False, compare=False, default_factory=dict)  # the validated JSON
+
+    @property
+    def port_bytes_per_s(self) -> float:
+        """Payload bandwidth of one GPU's NVLink ports in one direction (all links together)."""
+        return self.links_per_gpu * self.link_bandwidth_bytes_per_s * self.payload_efficiency
+
+    @property
+    def hbm_effective_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_bytes_per_s * self.hbm_efficiency
+
+    def source(self, path: str) -> str:
+        """The source string of a key path, e.g. ``"link.latency_s"``."""
+        sec, key = path.split(".")
+        return self.data[sec][key]["source"]
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self.data)
+
+
+def validate(data: Any, origin: str = "profile") -> Profile:
+    """Check a profile dict against ``SCHEMA``; error names ``origin`` and the key path."""
+    try:
+        return _validate(data)
+    except ProfileError as exc:
+        raise ProfileError(f"{origin}: {exc}") from None
+
+
+def _validate(data: Any) -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"a profile must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - _TOP)
+    if unknown:
+        raise ProfileError(f"unknown top-level key(s) {unknown}; allowed: {sorted(_TOP)}")
+    missing = sorted(_TOP - set(data))
+    if missing:
+        raise ProfileError(f"missing top-level key(s) {missing}")
+    if data["format"] != FORMAT:
+        raise ProfileError(f"format must be {FORMAT!r}, got {data['format']!r}")
+    for k in ("name", "description"):
+        if not isinstance(data[k], str) or not data[k]:
+            raise ProfileError(f"{k} must be a non-empty string, got {data[k]!r}")
+    v: dict[str, Any] = {}
+    for sec, keys in SCHEMA.items():
+        s = data[sec]
+        if not isinstance(s, dict):
+            raise ProfileError(f"{sec} must be an object, got {s!r}")
+        unknown = sorted(set(s) - set(keys))
+        if unknown:
+            raise ProfileError(f"{sec} has unknown key(s) {unknown}; allowed: {sorted(keys)}")
+        missing = sorted(set(keys) - set(s))
+        if missing:
+            raise ProfileError(f"{sec} is missing key(s) {missing}")
+        for key, spec in keys.items():
+            path = f"{sec}.{key}"
+            v[path] = _check_curve(path, s[key]) if spec == "curve" else _check_num(path, s[key], spec)
+    G, C = v["system.num_gpus"], v["system.num_switch_chips"]
+    if G > 1 and C == 0:
+        raise ProfileError(f"system.num_switch_chips=0 but system.num_gpus={G}: GPUs need switch chips to talk")
+    if C:
+        per_chip = G * -(-v["link.links_per_gpu"] // C)
+        if per_chip > v["switch.ports_per_chip"]:
+            raise ProfileError(
+                f"switch.ports_per_chip={v['switch.ports_per_chip']} is fewer than the {per_chip} ports that "
+                f"{G} GPUs x {v['link.links_per_gpu']} links over {C} chips need; raise it too"
+            )
+    if G % v["system.num_nodes"]:
+        raise ProfileError(f"system.num_nodes={v['system.num_nodes']} must divide system.num_gpus={G}")
+    if v["gpu.tensor_fp8_flops_per_s"] < v["gpu.tensor_bf16_flops_per_s"]:
+        raise ProfileError("gpu.tensor_fp8_flops_per_s must be >= gpu.tensor_bf16_flops_per_s")
+    return Profile(
+        name=data["name"], description=data["description"],
+        num_gpus=G, num_switch_chips=C, num_nodes=v["system.num_nodes"],
+        switch_ports_per_chip=v["switch.ports_per_chip"], links_per_gpu=v["link.links_per_gpu"],
+        link_bandwidth_bytes_per_s=float(v["link.bandwidth_per_direction_bytes_per_s"]),
+        link_latency_s=float(v["link.latency_s"]), payload_efficiency=float(v["link.payload_efficiency"]),
+        num_sms=v["gpu.num_sms"],
+        tensor_flops_per_s={"bf16": float(v["gpu.tensor_bf16_flops_per_s"]),
+                            "fp8": float(v["gpu.tensor_fp8_flops_per_s"])},
+        gemm_efficiency=v["gpu.gemm_efficiency"], tile_m=v["gpu.gemm_tile_m_rows"],
+        min_tile_m=min(v["gpu.gemm_min_tile_m_rows"], v["gpu.gemm_tile_m_rows"]),
+        tile_n=v["gpu.gemm_tile_n_cols"], kernel_launch_s=float(v["gpu.kernel_launch_s"]),
+        grid_sync_s=float(v["gpu.grid_sync_s"]), l2_bytes=float(v["gpu.l2_bytes"]),
+        sm_copy_bytes_per_s=float(v["sm.copy_bytes_per_s"]),
+        hbm_capacity_bytes=float(v["hbm.capacity_bytes"]),
+        hbm_bandwidth_bytes_per_s=float(v["hbm.bandwidth_bytes_per_s"]),
+        hbm_efficiency=float(v["hbm.efficiency"]),
+        data=copy.deepcopy(data),
+    )
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped beside this module."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+list_profiles = available_profiles  # the name ``megamoe info`` uses
+
+
+def load_profile(spec: str | Path | Profile) -> Profile:
+    """A shipped profile by name, or a profile JSON file by path."""
+    if isinstance(spec, Profile):
+        return spec
+    path = Path(spec)
+    if isinstance(spec, str) and (PROFILE_DIR / f"{spec}.json").exists() and not path.exists():
+        path = PROFILE_DIR / f"{spec}.json"
+    if not path.exists():
+        raise ProfileError(
+            f"{str(spec)!r} is neither a shipped profile ({', '.join(available_profiles())}) nor an existing file"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return validate(data, origin=str(path))
+
+
+def override(profile: Profile, **fields: Any) -> Profile:
+    """A copy of ``profile`` with fields changed: ``override(p, gpus=8, link_bandwidth=25e9)``.
+
+    Keys are ``ALIASES`` names or ``section__key`` (double underscore for the dot), values are in
+    the key's unit. The changed entries get ``source: "override"``; the result is validated again.
+    Changing the SM count scales the tensor peaks with it (same per-SM rate) unless they are
+    overridden in the same call.
+    """
+    data = copy.deepcopy(profile.data)
+    changed = []
+    for name, value in fields.items():
+        if value is None:
+            continue
+        path = ALIASES.get(name, name.replace("__", "."))
+        if "." not in path:
+            raise ProfileError(f"unknown override {name!r}; use one of {sorted(ALIASES)} or section__key")
+        sec, key = path.split(".", 1)
+        if sec not in SCHEMA or key not in SCHEMA[sec]:
+            raise ProfileError(f"unknown override {name!r} (key path {path!r} is not in the profile schema)")
+        if SCHEMA[sec][key] == "curve":
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ProfileError(f"override {path} takes a number (a flat efficiency), got {value!r}")
+            data[sec][key] = {**data[sec][key], "points": [[1, float(value)]], "source": "override"}
+        else:
+            data[sec][key] = {**data[sec][key], "value": value, "source": "override"}
+            data[sec][key].pop("assumption", None)
+        changed.append(path)
+    if "gpu.num_sms" in changed:
+        # a GPU with more SMs has more tensor cores: keep the per-SM rate unless a peak is given too
+        scale = data["gpu"]["num_sms"]["value"] / profile.num_sms
+        for key in ("tensor_bf16_flops_per_s", "tensor_fp8_flops_per_s"):
+            if f"gpu.{key}" not in changed:
+                e = data["gpu"][key]
+                data["gpu"][key] = {**e, "value": e["value"] * scale,
+                                    "source": f"scaled with gpu.num_sms override from: {e['source']}"}
+    if changed:
+        data["name"] = f"{profile.name} ({', '.join(changed)} overridden)"
+    return validate(data, origin=f"{profile.name} with overrides")
+
+
+def parse_assignment(text: str) -> tuple[str, float]:
+    """``"link.latency_s=2e-6"`` or ``"gpus=8"`` -> (override key, number); for the CLI's --set."""
+    if "=" not in text:
+        raise ProfileError(f"--set expects key=value, got {text!r}")
+    k, val = text.split("=", 1)
+    k = k.strip()
+    try:
+        num = float(val)
+    except ValueError:
+        raise ProfileError(f"--set {k}: value must be a number, got {val!r}") from None
+    if num.is_integer() and "." not in val and "e" not in val.lower():
+        num = int(num)
+    return (k if k in ALIASES else k.replace(".", "__")), num

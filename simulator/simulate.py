@@ -1,0 +1,349 @@
+"""The public entry: simulate one MoE layer on a system and say where the time goes.
+
+Shape legend: T tokens, E experts, P slots, K top-k, H hidden, I expert width, G GPUs, B minibatches.
+
+Scenario (defaults = ``megamoe simulate`` with no arguments): DeepSeek-V3's MoE layer on a GB200
+NVL72, 4096 tokens per GPU, skewed routing (by-expert imbalance 10.9), contiguous placement, the
+fused schedule with 16 communication SMs, bf16, seed 0.
+
+    r = simulate("deepseek-v3", "gb200-nvl72", 4096, routing="skewed", schedule="fused")
+    r.layer_time_us, r.breakdown_us, r.analytic_us, r.to_json(), r.write_trace("layer.json")
+
+``simulate_workload`` reuses one routed workload for several schedules; ``simulate_single_gpu_kernel``
+predicts one GPU's expert kernel from explicit rows per expert (the validation hook).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from megamoe.reference import MoEConfig
+
+from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
+from .hardware import Profile, load_profile, override
+from .schedules import Capacities, LayerWork, normalize_schedule, run_schedule
+from .timing import ffn_cost, normalize_dtype, row_bytes
+from .topology import build_topology, link_bytes
+from .workload import Workload, build_workload
+
+DEFAULT_COMM_SMS = 16  # ParallelKittens: TMA copies reach NVLink rate with about 15 of 148 SMs (B200)
+L2_WEIGHT_SHARE = 0.5  # assumption: weights stay in L2 across minibatches if they fit in half of it
+#: Keys of ``breakdown_us`` that add up to the layer time.
+ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
+
+
+def default_minibatch(tokens_per_gpu: int) -> int:
+    """Tokens per minibatch when none is given: all of them up to 512, else max(512, Tg / 8)."""
+    return tokens_per_gpu if tokens_per_gpu <= 512 else max(512, -(-tokens_per_gpu // 8))
+
+
+@dataclass
+class SimResult:
+    """What one simulated layer took.  Times in microseconds, bytes in bytes."""
+
+    inputs: dict
+    layer_time_us: float
+    breakdown_us: dict
+    analytic_us: float
+    imbalance: dict
+    per_gpu: dict  # name -> list of G numbers
+    per_link: list  # [{src, dst, bytes, utilization}]
+    totals: dict
+    stats: dict
+    _spans: list = field(default_factory=list, repr=False)
+    _samples: list = field(default_factory=list, repr=False)
+    _link_frac: dict = field(default_factory=dict, repr=False)
+
+    def to_dict(self, *, links: bool = True) -> dict:
+        d = {k: getattr(self, k) for k in ("inputs", "layer_time_us", "breakdown_us", "analytic_us",
+                                            "imbalance", "totals", "per_gpu", "stats")}
+        d["additive_breakdown_keys"] = list(ADDITIVE)
+        if links:
+            d["per_link"] = self.per_link
+        return d
+
+    def to_json(self, *, links: bool = True, indent: int | None = 2) -> str:
+        return json.dumps(_plain(self.to_dict(links=links)), indent=indent)
+
+    def write_trace(self, path: str | Path) -> Path:
+        """A Chrome-trace / Perfetto JSON timeline (open in ui.perfetto.dev)."""
+        from .trace import chrome_trace
+
+        path = Path(path)
+        path.write_text(json.dumps(chrome_trace(self)))
+        return path
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        return round(float(x), 6)
+    return x
+
+
+# ---------------------------------------------------------------------------- work from a workload
+@dataclass(frozen=True)
+class Options:
+    schedule: str
+    comm_sms: int
+    weight_dtype: str
+    dispatch_dtype: str
+    include_shared: bool = True
+
+
+def _layer_work(w: Workload, p: Profile, o: Options) -> tuple[LayerWork, dict]:
+    cfg = w.config
+    G, B, H, I = w.num_gpus, w.num_minibatches, cfg.hidden_size, cfg.intermediate_size
+    fused = o.schedule == "fused"
+    sms = p.num_sms - o.comm_sms if fused else p.num_sms
+    if sms < 1:
+        raise ValueError(f"comm_sms={o.comm_sms} leaves no compute SMs of {p.num_sms}")
+    wb = 1.0 if o.weight_dtype == "fp8" else 2.0
+    # jobs are timed alone on the GPU; the fabric shares HBM between them and the copies
+    kw = dict(profile=p, num_sms=sms, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
+    job_s, job_hbm = np.zeros((G, B)), np.zeros((G, B))
+    flops = np.zeros(G)
+    rows = np.zeros(G, np.int64)
+    for g in range(G):
+        slots = np.nonzero(w.placement.slot_rank == g)[0]
+        r = w.rows_slot_mb[slots]  # (n, B)
+        cached = fused and (np.count_nonzero(r.sum(axis=1)) * 3.0 * H * I * wb <= L2_WEIGHT_SHARE * p.l2_bytes)
+        rows[g] = r.sum()
+        parts = [r.sum(axis=1)] if not fused else [r[:, m] for m in range(B)]
+        for m, rm in enumerate(parts):
+            if not rm.any():
+                continue
+            c = ffn_cost(rm, H, I, read_weights=not (cached and m > 0), **kw)
+            job_s[g, m], job_hbm[g, m] = c.time_s, c.hbm_bytes
+            flops[g] += c.flops
+    shared_s, shared_hbm = np.zeros(G), np.zeros(G)
+    if o.include_shared and cfg.num_shared_experts:
+        c = ffn_cost([w.tokens_per_gpu], H, cfg.shared_intermediate_size, **kw)
+        shared_s[:], shared_hbm[:] = c.time_s, c.hbm_bytes
+        flops += c.flops
+    tm = w.traffic_mb.astype(np.float64)  # (G src/owner, B, G dst/expert gpu), tokens
+    work = LayerWork(job_s=job_s, job_hbm_bytes=job_hbm, shared_s=shared_s, shared_hbm_bytes=shared_hbm,
+                     launch_s=p.kernel_launch_s, sync_s=p.grid_sync_s if fused else 0.0, routed_launches=2,
+                     shared_launches=2, dispatch_bytes=tm * row_bytes(H, o.dispatch_dtype),
+                     combine_bytes=tm * row_bytes(H, "bf16"))
+    return work, {"flops": flops, "hbm_bytes": job_hbm.sum(axis=1) + shared_hbm, "rows": rows}
+
+
+def simulate_workload(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
+                      comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
+                      dispatch_dtype: str | None = None, include_shared: bool = True,
+                      seed: int | None = None) -> SimResult:
+    """Run the event model and the analytic bound on a built workload."""
+    t_start = time.perf_counter()
+    p = load_profile(system)
+    if p.num_gpus != workload.num_gpus:
+        raise ValueError(f"workload is for {workload.num_gpus} GPUs, system {p.name!r} has {p.num_gpus}")
+    cfg = workload.config
+    o = Options(
+        schedule=normalize_schedule(schedule),
+        comm_sms=DEFAULT_COMM_SMS if comm_sms is None else int(comm_sms),
+        weight_dtype=normalize_dtype(weight_dtype or dtype),
+        dispatch_dtype=normalize_dtype(dispatch_dtype or dtype),
+        include_shared=include_shared,
+    )
+    if not 1 <= o.comm_sms < p.num_sms:
+        raise ValueError(f"comm_sms must be in [1, {p.num_sms - 1}] for {p.name}, got {o.comm_sms}")
+    work, acc = _layer_work(workload, p, o)
+    G = p.num_gpus
+    caps = Capacities(p.port_bytes_per_s, o.comm_sms * p.sm_copy_bytes_per_s, p.hbm_effective_bytes_per_s)
+    t_sim = time.perf_counter()
+    log, fabric, _ = run_schedule(o.schedule, work, caps, p.link_latency_s)
+    cap = fabric.cap
+    t_sim = time.perf_counter() - t_sim
+
+    layer_s = float(log.end_s.max())
+    busy = log.compute_busy_s
+    # analytic bound
+    comp_lb = compute_roofline_s(
+        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if o.include_shared else 0, G,
+        hidden=cfg.hidden_size, width=cfg.intermediate_size, shared_width=cfg.shared_intermediate_size,
+        profile=p, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
+    est: Estimate = estimate(o.schedule, compute_s=comp_lb, dispatch_bytes=work.dispatch_bytes,
+                             combine_bytes=work.combine_bytes, profile=p, comm_sms=o.comm_sms)
+    b = gpu_bytes(work.dispatch_bytes, work.combine_bytes)
+
+    def phase_span(track: str) -> float:
+        spans = [s for s in log.spans if s.track == track]
+        if not spans:
+            return 0.0
+        per = {}
+        for s in spans:
+            lo, hi = per.get(s.gpu, (s.start_s, s.end_s))
+            per[s.gpu] = (min(lo, s.start_s), max(hi, s.end_s))
+        return max(hi - lo for lo, hi in per.values())
+
+    breakdown = {
+        "dispatch": phase_span("dispatch") * 1e6,
+        "expert_compute": float(busy.mean()) * 1e6,
+        "combine": phase_span("combine") * 1e6,
+        "exposed_communication": (layer_s - float(busy.max())) * 1e6,
+        "load_imbalance_wait": float(busy.max() - busy.mean()) * 1e6,
+    }
+    R = fabric.resource_bytes
+    span_s = max(layer_s, 1e-30)
+    per_gpu = {
+        "end_us": log.end_s * 1e6,
+        "compute_busy_us": busy * 1e6,
+        "rows": acc["rows"],
+        "flops": acc["flops"],
+        "hbm_bytes": acc["hbm_bytes"],
+        "dispatch_sent_bytes": b["dispatch_sent"], "dispatch_recv_bytes": b["dispatch_recv"],
+        "combine_sent_bytes": b["combine_sent"], "combine_recv_bytes": b["combine_recv"],
+        "nvlink_sent_bytes": R[:G], "nvlink_recv_bytes": R[G:2 * G],
+        "send_port_utilization": R[:G] / (cap[:G] * span_s),
+        "recv_port_utilization": R[G:2 * G] / (cap[G:2 * G] * span_s),
+        "copy_sm_utilization": R[2 * G:3 * G] / (cap[2 * G:3 * G] * span_s),
+        "hbm_utilization": R[3 * G:4 * G] / (cap[3 * G:4 * G] * span_s),
+    }
+    graph = build_topology(p)
+    total_bytes = (work.dispatch_bytes.sum(axis=1) + work.combine_bytes.sum(axis=1).T)  # [src, dst]
+    lb = link_bytes(graph, total_bytes)
+    per_link = []
+    for (u, v), nbytes in lb.items():
+        bw = graph[u][v]["bandwidth_bytes_per_s"] * p.payload_efficiency
+        per_link.append({"src": f"{u[0]}{u[1]}", "dst": f"{v[0]}{v[1]}", "bytes": nbytes,
+                         "utilization": nbytes / (bw * span_s)})
+    T = workload.tokens_per_gpu * G
+    inputs = {
+        "model": cfg.name, "system": p.name, "num_gpus": G, "tokens_per_gpu": workload.tokens_per_gpu,
+        "routing": workload.routing, "placement": workload.placement.policy,
+        "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": o.comm_sms,
+        "compute_sms": p.num_sms - o.comm_sms if o.schedule == "fused" else p.num_sms,
+        "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
+        "weight_dtype": o.weight_dtype, "dispatch_dtype": o.dispatch_dtype, "combine_dtype": "bf16",
+        "include_shared": o.include_shared, "seed": seed,
+    }
+    totals = {
+        "tokens": T, "pairs": int(workload.topk_idx.size), "pairs_computed": int(acc["rows"].sum()),
+        "nvlink_bytes_sent": float(R[:G].sum()), "nvlink_bytes_received": float(R[G:2 * G].sum()),
+        "flops": float(acc["flops"].sum()),
+        "busiest_gpu_flops": float(acc["flops"].max()),
+        "analytic_busiest_gpu": est.busiest_gpu,
+        "analytic_compute_us": float(est.compute_s.max() * 1e6), "analytic_comm_us": float(est.comm_s.max() * 1e6),
+    }
+    frac = {}
+    if G > 1:
+        from .topology import stripe
+
+        frac = {f"{c[0]}{c[1]}": f for (u, c, f) in stripe(graph, 0, 1) if u == ("gpu", 0)}
+    stats = {"flows": int(fabric.total.size) if hasattr(fabric, "total") else 0,
+             "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
+             "total_s": time.perf_counter() - t_start}
+    return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
+                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,
+                     _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+
+
+def resolve_system(system: str | Path | Profile, overrides: dict | None = None) -> Profile:
+    p = load_profile(system)
+    return override(p, **overrides) if overrides else p
+
+
+def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path | Profile = "gb200-nvl72",
+             tokens_per_gpu: int = 4096, *, routing: str = "skewed", placement: str = "contiguous",
+             schedule: str = "fused", comm_sms: int | None = None, minibatch: int | None = None,
+             dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
+             seed: int = 0, num_slots: int | None = None, include_shared: bool = True,
+             overrides: dict | None = None, analytic_only: bool = False) -> SimResult:
+    """Simulate one MoE layer.  ``config``: a preset name, config.json path or MoEConfig;
+    ``system``: a profile name, profile JSON path or Profile; ``overrides``: ``hardware.override`` fields.
+    ``analytic_only``: skip the event model; ``layer_time_us`` is then the analytic bound.
+    """
+    cfg = config if isinstance(config, MoEConfig) else MoEConfig.load(config)
+    p = resolve_system(system, overrides)
+    mb = default_minibatch(int(tokens_per_gpu)) if minibatch is None else minibatch
+    t0 = time.perf_counter()
+    w = build_workload(cfg, p.num_gpus, tokens_per_gpu, routing, placement, minibatch=mb, seed=seed,
+                       num_slots=num_slots, num_nodes=p.num_nodes)
+    t_work = time.perf_counter() - t0
+    if analytic_only:
+        return analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+                               dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
+                               workload_s=t_work)
+    r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed)
+    r.stats["workload_s"] = t_work
+    return r
+
+
+def analytic_result(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
+                    comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
+                    dispatch_dtype: str | None = None, include_shared: bool = True, seed: int | None = None,
+                    workload_s: float = 0.0) -> SimResult:
+    """A ``SimResult`` from the analytic bound alone (milliseconds on NVL72): for quick sweeps.
+
+    ``layer_time_us`` = ``analytic_us``; the breakdown splits it the same way as the event model's
+    (mean roofline compute + the busiest GPU's extra + the rest); per-link data are left empty.
+    """
+    from .analytic import estimate_workload
+
+    t0 = time.perf_counter()
+    p = load_profile(system)
+    e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared)
+    c = e.compute_s
+    b = gpu_bytes(workload.traffic_mb, workload.traffic_mb)
+    t = e.time_s
+    breakdown = {"dispatch": 0.0, "expert_compute": float(c.mean()) * 1e6, "combine": 0.0,
+                 "exposed_communication": (t - float(c.max())) * 1e6, "load_imbalance_wait": float(c.max() - c.mean()) * 1e6}
+    inputs = {"model": workload.config.name, "system": p.name, "num_gpus": p.num_gpus,
+              "tokens_per_gpu": workload.tokens_per_gpu, "routing": workload.routing,
+              "placement": workload.placement.policy, "num_slots": workload.placement.num_slots,
+              "schedule": normalize_schedule(schedule), "comm_sms": DEFAULT_COMM_SMS if comm_sms is None else comm_sms,
+              "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
+              "weight_dtype": normalize_dtype(weight_dtype or dtype), "dispatch_dtype": normalize_dtype(dispatch_dtype or dtype),
+              "combine_dtype": "bf16", "include_shared": include_shared, "seed": seed, "analytic_only": True}
+    per_gpu = {"compute_roofline_us": c * 1e6, "comm_bound_us": e.comm_s * 1e6, "rows": workload.gpu_load(),
+               "dispatch_sent_tokens": b["dispatch_sent"], "dispatch_recv_tokens": b["dispatch_recv"]}
+    return SimResult(inputs=inputs, layer_time_us=e.time_us, breakdown_us=breakdown, analytic_us=e.time_us,
+                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=[],
+                     totals={"tokens": workload.tokens_per_gpu * p.num_gpus, "pairs": int(workload.topk_idx.size)},
+                     stats={"workload_s": workload_s, "total_s": time.perf_counter() - t0, "analytic_only": True})
+
+
+def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system: str | Path | Profile = "h200", *,
+                               dtype: str = "bf16", num_tokens: int | None = None, include_shared: bool = False,
+                               launches: int = 2, num_sms: int | None = None) -> dict:
+    """Predict one GPU's expert kernel from explicit rows per expert (E,) -- the validation hook.
+
+    For comparing with a measured kernel (e.g. ``kernels.plan.launch_plan`` rows per expert): the
+    routed experts' gate/up and down grouped GEMMs on all SMs (or ``num_sms``), plus ``launches``
+    kernel launches and, if asked, the shared expert on ``num_tokens`` rows. Returns times in us and
+    the FLOPs and HBM bytes the model counted.
+    """
+    cfg = config if isinstance(config, MoEConfig) else MoEConfig.load(config)
+    p = load_profile(system)
+    rows = np.asarray(rows_per_expert, dtype=np.int64)
+    if rows.ndim != 1 or (rows < 0).any():
+        raise ValueError(f"rows_per_expert must be a 1-D array of counts >= 0, got shape {list(rows.shape)}")
+    dt = normalize_dtype(dtype)
+    kw = dict(profile=p, num_sms=num_sms or p.num_sms, weight_dtype=dt, act_dtype=dt)
+    c = ffn_cost(rows, cfg.hidden_size, cfg.intermediate_size, **kw)
+    if include_shared and cfg.num_shared_experts:
+        if not num_tokens:
+            raise ValueError("include_shared needs num_tokens")
+        c = c + ffn_cost([num_tokens], cfg.hidden_size, cfg.shared_intermediate_size, **kw)
+    from .timing import ffn_roofline_s
+
+    roof = ffn_roofline_s(rows, cfg.hidden_size, cfg.intermediate_size, profile=p, weight_dtype=dt, act_dtype=dt)
+    return {"time_us": (c.time_s + launches * p.kernel_launch_s) * 1e6, "compute_us": c.compute_s * 1e6,
+            "hbm_us": c.hbm_s * 1e6, "roofline_us": roof * 1e6, "flops": c.flops, "padded_flops": c.padded_flops,
+            "hbm_bytes": c.hbm_bytes, "tiles": c.tiles, "system": p.name}

@@ -1,0 +1,416 @@
+"""Workloads: routings of T tokens and what they mean per GPU, through the reference's dispatch plan.
+
+Shape legend: T = G * Tg tokens (Tg per GPU), E experts, P slots, K top-k, G GPUs, B minibatches
+per GPU (mb tokens each, the last may be shorter).
+
+Routings (``parse_routing`` reads the string form the CLI takes):
+    uniform            every token picks K distinct experts uniformly
+    skewed[:R]         Zipf popularity over a seeded permutation of the experts, exponent calibrated
+                       (``calibrate_zipf``) so that the expected by-expert imbalance (max-mean)/mean
+                       is R; R defaults to 10.9, TensorRT-LLM's DeepSeek-R1 figure without load
+                       balancing (moe-models.md)
+    zipf:S             the same with the exponent S given
+    hot:F[:N]          N hot experts (default 1), each in a fraction F of the tokens; the rest uniform
+    trace:FILE         expert ids per token from a file (``load_trace``: npz key ``topk_idx`` or CSV)
+    router             the reference router (``reference.route``) on random inputs and random router
+                       weights (slow for big T: it multiplies [T, H] by [H, E])
+Sampling K distinct experts from a popularity p is successive sampling without replacement
+(numba), which is the Plackett-Luce / Gumbel-top-k distribution.
+
+``build_workload`` places the experts, maps every (token, expert) pair to a slot, and takes the
+rows per slot and the token movement from ``reference.plan_dispatch`` and ``reference.rank_traffic``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from megamoe.reference import MoEConfig, plan_dispatch, rank_traffic
+
+from .placement import Placement, assign_slots, make_placement
+
+ROUTINGS = ("uniform", "skewed", "zipf", "hot", "trace", "router")
+DEFAULT_SKEW_IMBALANCE = 10.9  # TensorRT-LLM, DeepSeek-R1 EP32 on GB200, by expert, no load balancing
+MAX_MINIBATCHES = 64
+
+
+class TraceError(ValueError):
+    """A routing trace file has a bad key, line or value; the message names the file and where."""
+
+
+# ---------------------------------------------------------------------------- routing specs
+@dataclass(frozen=True)
+class RoutingSpec:
+    kind: str
+    value: float | None = None  # skewed: target imbalance; zipf: exponent; hot: fraction
+    count: int = 1  # hot: number of hot experts
+    path: str | None = None  # trace file
+
+    def describe(self) -> str:
+        if self.kind == "trace":
+            return f"trace:{self.path}"
+        if self.kind == "hot":
+            return f"hot:{self.value:g}:{self.count}"
+        return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
+
+
+def parse_routing(text: str | RoutingSpec) -> RoutingSpec:
+    """'uniform' | 'skewed[:R]' | 'zipf:S' | 'hot:F[:N]' | 'trace:FILE' | 'router'."""
+    if isinstance(text, RoutingSpec):
+        return text
+    kind, _, rest = str(text).partition(":")
+    if kind not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS} (e.g. skewed:10.9, hot:0.5:2), got {text!r}")
+    if kind == "trace":
+        if not rest:
+            raise ValueError("routing 'trace' needs a file: trace:PATH")
+        return RoutingSpec("trace", path=rest)
+    if kind in ("uniform", "router"):
+        if rest:
+            raise ValueError(f"routing {kind!r} takes no parameter, got {text!r}")
+        return RoutingSpec(kind)
+    parts = rest.split(":") if rest else []
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"routing {text!r}: parameters must be numbers") from None
+    if kind == "skewed":
+        r = nums[0] if nums else DEFAULT_SKEW_IMBALANCE
+        if len(nums) > 1 or r < 0:
+            raise ValueError(f"routing {text!r}: skewed[:R] takes one imbalance ratio R >= 0")
+        return RoutingSpec("skewed", r)
+    if kind == "zipf":
+        if len(nums) != 1 or nums[0] < 0:
+            raise ValueError(f"routing {text!r}: zipf:S takes one exponent S >= 0")
+        return RoutingSpec("zipf", nums[0])
+    # hot
+    if not 1 <= len(nums) <= 2 or not 0 <= nums[0] <= 1 or (len(nums) == 2 and (nums[1] < 1 or nums[1] % 1)):
+        raise ValueError(f"routing {text!r}: hot:F[:N] takes a fraction F in [0, 1] and a count N >= 1")
+    return RoutingSpec("hot", nums[0], int(nums[1]) if len(nums) == 2 else 1)
+
+
+# ---------------------------------------------------------------------------- popularity and sampling
+def zipf_popularity(num_experts: int, exponent: float, seed: int) -> np.ndarray:
+    """(E,) probabilities p_e proportional to rank^-exponent, ranks over a seeded permutation."""
+    ranks = np.random.default_rng(seed).permutation(num_experts) + 1.0
+    p = ranks ** (-float(exponent))
+    return p / p.sum()
+
+
+def expected_inclusion(p: np.ndarray, k: int) -> np.ndarray:
+    """(E,) probability that a token picks each expert when drawing k of E without replacement.
+
+    Hajek's approximation for successive sampling: pi_e = 1 - exp(-lam * p_e), lam such that
+    sum pi = k.
+    """
+    lo, hi = 0.0, 1.0
+    while (1 - np.exp(-hi * p)).sum() < k:
+        hi *= 2
+        if hi > 1e12:
+            break
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if (1 - np.exp(-mid * p)).sum() < k:
+            lo = mid
+        else:
+            hi = mid
+    return 1 - np.exp(-hi * p)
+
+
+def imbalance(loads) -> float:
+    """(max - mean) / mean of a load vector (0 for an all-zero one)."""
+    loads = np.asarray(loads, dtype=np.float64)
+    m = loads.mean() if loads.size else 0.0
+    return 0.0 if m <= 0 else float((loads.max() - m) / m)
+
+
+def calibrate_zipf(num_experts: int, top_k: int, target_imbalance: float) -> float:
+    """The Zipf exponent whose expected by-expert imbalance ratio is ``target_imbalance``.
+
+    The expected imbalance does not depend on the permutation, so no seed is needed.
+    """
+    limit = num_experts / top_k - 1  # every token picks the hottest expert
+    if not 0 <= target_imbalance < limit:
+        raise ValueError(
+            f"skewed routing: imbalance ratio {target_imbalance} must be in [0, {limit:g}) for "
+            f"E={num_experts}, K={top_k} (at {limit:g} the hottest expert is in every token)"
+        )
+    ranks = np.arange(1, num_experts + 1, dtype=np.float64)
+
+    def ratio(s: float) -> float:
+        p = ranks ** -s
+        return imbalance(expected_inclusion(p / p.sum(), top_k))
+
+    lo, hi = 0.0, 1.0
+    while ratio(hi) < target_imbalance:
+        hi *= 2
+        if hi > 64:
+            raise ValueError(f"skewed routing: cannot reach imbalance {target_imbalance}")
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if ratio(mid) < target_imbalance:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@njit(cache=True)
+def _sample_topk(cum_p, num_tokens, k, seed):
+    """(T, K) int64: K distinct experts per token, successive sampling by cumulative weights cum_p."""
+    np.random.seed(seed)
+    E = cum_p.size
+    out = np.empty((num_tokens, k), np.int64)
+    total = cum_p[E - 1]
+    for t in range(num_tokens):
+        for j in range(k):
+            while True:
+                e = np.searchsorted(cum_p, np.random.random() * total, side="right")
+                if e >= E:
+                    e = E - 1
+                dup = False
+                for i in range(j):
+                    if out[t, i] == e:
+                        dup = True
+                        break
+                if not dup:
+                    break
+            out[t, j] = e
+    return out
+
+
+def sample_topk(p: np.ndarray, num_tokens: int, top_k: int, seed: int) -> np.ndarray:
+    """(T, K) int64 distinct experts per token drawn without replacement with probabilities p (E,)."""
+    p = np.asarray(p, dtype=np.float64)
+    if np.count_nonzero(p > 0) < top_k:
+        raise ValueError(f"popularity has {np.count_nonzero(p > 0)} experts with weight > 0, fewer than top_k={top_k}")
+    return _sample_topk(np.cumsum(p), int(num_tokens), int(top_k), int(seed) & 0xFFFFFFFF)
+
+
+@njit(cache=True)
+def _sample_hot(num_tokens, k, num_experts, hot, frac, seed):
+    np.random.seed(seed)
+    out = np.empty((num_tokens, k), np.int64)
+    is_hot = np.zeros(num_experts, np.bool_)
+    for h in hot:
+        is_hot[h] = True
+    for t in range(num_tokens):
+        j = 0
+        for h in hot:
+            if j < k and np.random.random() < frac:
+                out[t, j] = h
+                j += 1
+        while j < k:
+            e = np.random.randint(0, num_experts)
+            if is_hot[e]:
+                continue
+            dup = False
+            for i in range(j):
+                if out[t, i] == e:
+                    dup = True
+                    break
+            if not dup:
+                out[t, j] = e
+                j += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- traces
+def load_trace(path: str | Path, num_experts: int, top_k: int) -> np.ndarray:
+    """(T, K) int64 expert ids from an npz (key ``topk_idx``) or a CSV (K ids per line, # comments)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"trace file {str(path)!r} does not exist")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            if "topk_idx" not in z.files:
+                raise TraceError(f"{path}: no array named 'topk_idx' (found {sorted(z.files)})")
+            a = z["topk_idx"]
+        if a.dtype.kind not in "iu":
+            raise TraceError(f"{path}: topk_idx must be integers, got dtype {a.dtype}")
+        if a.ndim != 2 or a.shape[1] != top_k:
+            raise TraceError(f"{path}: topk_idx must have shape [T, {top_k}], got {list(a.shape)}")
+        a = a.astype(np.int64)
+        bad = np.argwhere((a < 0) | (a >= num_experts))
+        if bad.size:
+            r, c = bad[0]
+            raise TraceError(f"{path}: topk_idx[{r}, {c}]={a[r, c]} is outside [0, {num_experts})")
+        s = np.sort(a, axis=1)
+        dup = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
+        if dup.size:
+            raise TraceError(f"{path}: topk_idx row {dup[0]} names an expert twice: {a[dup[0]].tolist()}")
+        return a
+    if path.suffix not in (".csv", ".txt"):
+        raise TraceError(f"{path}: trace files are .npz or .csv, got {path.suffix!r}")
+    rows = []
+    with path.open(newline="") as f:
+        for lineno, line in enumerate(csv.reader(f), start=1):
+            if not line or line[0].lstrip().startswith("#"):
+                continue
+            if len(line) != top_k:
+                raise TraceError(f"{path} line {lineno}: expected {top_k} expert ids, got {len(line)}: {line}")
+            try:
+                ids = [int(x) for x in line]
+            except ValueError:
+                raise TraceError(f"{path} line {lineno}: expert ids must be integers, got {line}") from None
+            for x in ids:
+                if not 0 <= x < num_experts:
+                    raise TraceError(f"{path} line {lineno}: expert id {x} is outside [0, {num_experts})")
+            if len(set(ids)) != len(ids):
+                raise TraceError(f"{path} line {lineno}: names an expert twice: {ids}")
+            rows.append(ids)
+    if not rows:
+        raise TraceError(f"{path}: no token lines")
+    return np.asarray(rows, dtype=np.int64)
+
+
+def _router_topk(config: MoEConfig, num_tokens: int, seed: int, chunk: int = 2048) -> np.ndarray:
+    from megamoe.reference import route
+
+    rng = np.random.default_rng(seed)
+    E, H = config.num_experts, config.hidden_size
+    w = rng.standard_normal((E, H)) / math.sqrt(H)
+    rb = rng.standard_normal(E) * 0.1 if config.router_bias else None
+    sb = rng.standard_normal(E) * 0.01 if config.score_bias else None
+    out = []
+    for s in range(0, num_tokens, chunk):
+        x = rng.standard_normal((min(chunk, num_tokens - s), H))
+        out.append(route(x, w, config, router_bias=rb, score_bias=sb).topk_idx)
+    return np.concatenate(out) if out else np.zeros((0, config.top_k), np.int64)
+
+
+def make_topk(config: MoEConfig, num_tokens: int, routing: str | RoutingSpec, seed: int) -> np.ndarray:
+    """(T, K) int64 expert ids for ``num_tokens`` tokens under ``routing``."""
+    spec = parse_routing(routing)
+    E, K = config.num_experts, config.top_k
+    if spec.kind == "uniform":
+        return sample_topk(np.full(E, 1.0 / E), num_tokens, K, seed)
+    if spec.kind in ("skewed", "zipf"):
+        s = calibrate_zipf(E, K, spec.value) if spec.kind == "skewed" else spec.value
+        return sample_topk(zipf_popularity(E, s, seed), num_tokens, K, seed + 1)
+    if spec.kind == "hot":
+        if spec.count > K or spec.count >= E:
+            raise ValueError(f"routing hot: N={spec.count} hot experts must be <= top_k={K} and < E={E}")
+        if E - spec.count < K:
+            raise ValueError(f"routing hot: too few cold experts ({E - spec.count}) to fill top_k={K}")
+        hot = np.random.default_rng(seed).choice(E, spec.count, replace=False).astype(np.int64)
+        return _sample_hot(int(num_tokens), K, E, hot, float(spec.value), int(seed) & 0xFFFFFFFF)
+    if spec.kind == "trace":
+        a = load_trace(spec.path, E, K)
+        if a.shape[0] < num_tokens:
+            raise TraceError(
+                f"{spec.path}: has {a.shape[0]} tokens but the run needs {num_tokens} "
+                f"(GPUs x tokens per GPU); lower --tokens-per-gpu"
+            )
+        return a[:num_tokens]
+    return _router_topk(config, num_tokens, seed)
+
+
+# ---------------------------------------------------------------------------- the workload
+@dataclass(frozen=True)
+class Workload:
+    """One MoE layer's work on G GPUs.
+
+    topk_idx: (T, K) expert ids; token_rank: (T,) GPU of each token (token t = g * Tg + i);
+    slot_topk_idx: (T, K) slot ids; rows_slot_mb: (P, B) rows (pairs) per slot per minibatch, from
+    the dispatch plan; traffic_mb: (G, B, G) tokens [src, minibatch, dst] (deduplicated per
+    destination GPU, diagonal = tokens staying local), from ``rank_traffic``.
+    """
+
+    config: MoEConfig
+    num_gpus: int
+    tokens_per_gpu: int
+    minibatch: int
+    routing: str
+    placement: Placement
+    topk_idx: np.ndarray
+    token_rank: np.ndarray
+    slot_topk_idx: np.ndarray
+    rows_slot_mb: np.ndarray
+    traffic_mb: np.ndarray
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.rows_slot_mb.shape[1]
+
+    @property
+    def traffic(self) -> np.ndarray:
+        """(G, G) tokens [src, dst] over the whole layer."""
+        return self.traffic_mb.sum(axis=1)
+
+    @property
+    def rows_slot(self) -> np.ndarray:
+        return self.rows_slot_mb.sum(axis=1)
+
+    def expert_load(self) -> np.ndarray:
+        """(E,) pairs per expert."""
+        return np.bincount(self.topk_idx.reshape(-1), minlength=self.config.num_experts)
+
+    def gpu_load(self) -> np.ndarray:
+        """(G,) pairs computed on each GPU."""
+        return np.bincount(self.placement.slot_rank, weights=self.rows_slot, minlength=self.num_gpus).astype(np.int64)
+
+    def imbalance(self) -> dict[str, float]:
+        """(max - mean) / mean of pairs by GPU, by expert and by slot."""
+        return {"by_gpu": imbalance(self.gpu_load()), "by_expert": imbalance(self.expert_load()),
+                "by_slot": imbalance(self.rows_slot)}
+
+
+def minibatch_count(tokens_per_gpu: int, minibatch: int | None) -> tuple[int, int]:
+    """(tokens per minibatch, minibatches per GPU) for a requested minibatch size (None: one)."""
+    mb = tokens_per_gpu if not minibatch else min(int(minibatch), tokens_per_gpu)
+    if mb < 1:
+        raise ValueError(f"minibatch must be >= 1 token, got {minibatch!r}")
+    nmb = -(-tokens_per_gpu // mb)
+    if nmb > MAX_MINIBATCHES:
+        raise ValueError(
+            f"minibatch={minibatch} makes {nmb} minibatches per GPU; at most {MAX_MINIBATCHES} "
+            f"(use minibatch >= {-(-tokens_per_gpu // MAX_MINIBATCHES)})"
+        )
+    return mb, nmb
+
+
+def build_workload(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routing: str | RoutingSpec = "skewed",
+                   placement: str | Placement = "contiguous", *, minibatch: int | None = None, seed: int = 0,
+                   num_slots: int | None = None, num_nodes: int = 1, topk_idx: np.ndarray | None = None) -> Workload:
+    """Route G * Tg tokens, place the experts, and read the per-GPU work off the dispatch plan."""
+    if isinstance(tokens_per_gpu, bool) or int(tokens_per_gpu) != tokens_per_gpu or tokens_per_gpu < 1:
+        raise ValueError(f"tokens_per_gpu must be a positive integer, got {tokens_per_gpu!r}")
+    G, Tg = int(num_gpus), int(tokens_per_gpu)
+    T, E = G * Tg, config.num_experts
+    spec = parse_routing(routing)
+    label = spec.describe()
+    if topk_idx is None:
+        topk_idx = make_topk(config, T, spec, seed)
+    else:
+        label = "explicit topk_idx"
+    topk_idx = np.asarray(topk_idx, dtype=np.int64)
+    if topk_idx.shape != (T, config.top_k):
+        raise ValueError(f"topk_idx must have shape [{T}, {config.top_k}], got {list(topk_idx.shape)}")
+    token_rank = np.repeat(np.arange(G, dtype=np.int64), Tg)
+    if isinstance(placement, Placement):
+        pl = placement
+    else:
+        load = np.bincount(topk_idx.reshape(-1), minlength=E)
+        pl = make_placement(placement, E, G, seed=seed, expert_load=load, num_slots=num_slots,
+                            num_nodes=num_nodes, num_groups=config.n_group)
+    slot_topk = assign_slots(topk_idx, token_rank, pl)
+    mb, nmb = minibatch_count(Tg, minibatch)
+    # rows per slot per minibatch: the reference's plan, its rows split by their token's minibatch
+    plan = plan_dispatch(slot_topk, pl.num_slots)
+    slot_of_row = np.repeat(np.arange(pl.num_slots, dtype=np.int64), plan.counts)
+    mb_of_row = (plan.sorted_token % Tg) // mb
+    rows_slot_mb = np.bincount(slot_of_row * nmb + mb_of_row, minlength=pl.num_slots * nmb).reshape(pl.num_slots, nmb)
+    # token movement: the reference's rank traffic with (GPU, minibatch) as the source rank
+    src_v = token_rank * nmb + (np.arange(T) % Tg) // mb
+    m = rank_traffic(slot_topk, src_v, pl.slot_rank, G * nmb, dedup=True)
+    traffic_mb = m[:, :G].reshape(G, nmb, G)
+    return Workload(config=config, num_gpus=G, tokens_per_gpu=Tg, minibatch=mb, routing=label,
+                    placement=pl, topk_idx=topk_idx, token_rank=token_rank, slot_topk_idx=slot_topk,
+                    rows_slot_mb=rows_slot_mb, traffic_mb=traffic_mb)

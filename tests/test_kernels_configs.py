@@ -1,0 +1,61 @@
+"""Tuned launch configs (megamoe.kernels.configs): the shipped JSON loads, bad files fail loudly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megamoe.kernels import configs as cfgs
+
+GOOD = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+
+
+def _write(tmp_path, entry, **top):
+    d = {"gpu": "X", "dtype": "bfloat16", "triton": "0", "configs": {"E8_H64_I32_K2": {"1": entry}}}
+    d.update(top)
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_shipped_files_load():
+    files = sorted(cfgs.CONFIG_DIR.glob("*.json"))
+    assert files, "no tuned configs shipped"
+    for f in files:
+        data = cfgs.load_file(f)
+        assert data, f
+
+
+def test_unknown_key_fails_loudly(tmp_path):
+    p = _write(tmp_path, {"gemm1": dict(GOOD, BLOCK_Q=3), "gemm2": GOOD})
+    with pytest.raises(cfgs.KernelConfigError, match=r"unknown keys \['BLOCK_Q'\]"):
+        cfgs.load_file(p)
+
+
+def test_block_m_must_agree(tmp_path):
+    p = _write(tmp_path, {"gemm1": GOOD, "gemm2": dict(GOOD, BLOCK_M=32)})
+    with pytest.raises(cfgs.KernelConfigError, match="share BLOCK_M"):
+        cfgs.load_file(p)
+
+
+def test_bad_bucket_and_top_level(tmp_path):
+    p = _write(tmp_path, {"gemm1": GOOD, "gemm2": GOOD}, extra=1)
+    with pytest.raises(cfgs.KernelConfigError, match="top-level keys"):
+        cfgs.load_file(p)
+
+
+def test_split_k_is_optional_and_defaults_to_one():
+    assert cfgs.check_gemm_config(GOOD, "x")["SPLIT_K"] == 1
+
+
+@pytest.mark.parametrize("T,bucket", [(0, 1), (1, 1), (2, 1), (3, 8), (13, 8), (100, 64), (700, 512), (9000, 16384)])
+def test_buckets(T, bucket):
+    assert cfgs.bucket_of(T) == bucket
+
+
+def test_max_padded_rows_bounds_any_routing():
+    # 3 pairs on 3 experts, block 16: at most 3 blocks
+    assert cfgs.max_padded_rows(3, 7, 16) == 48
+    assert cfgs.max_padded_rows(0, 7, 16) == 0
+    assert cfgs.max_padded_rows(100, 4, 16) == 16 * ((100 + 4 * 15 + 15) // 16)
