@@ -26,23 +26,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _scan_kernel(
-    hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
-    C, E, B_MAX,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_PAD: tl.constexpr,
-):
-    offs_e = tl.arange(0, BLOCK_E)
-    e_mask = offs_e < E
-    running = tl.zeros((BLOCK_E,), tl.int32)
-    for c0 in range(0, C, BLOCK_C):
-        offs_c = c0 + tl.arange(0, BLOCK_C)
-        m = (offs_c < C)[:, None] & e_mask[None, :]
-        h = tl.load(hist_ptr + offs_c[:, None] * E + offs_e[None, :], mask=m, other=0)
-        excl = tl.cumsum(h, axis=0) - h + running[None, :]
-        tl.store(chunk_base_ptr + offs_c[:, None] * E + offs_e[None, :], excl, mask=m)
-        running += tl.sum(h, axis=0)
-    counts = running
+def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+                    padded_token_ptr, padded_pair_ptr,
+                    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_PAD: tl.constexpr):
+    """From counts (BLOCK_E,): store counts, padded offsets, block_expert and the -1 padding rows;
+    return each expert's first padded row."""
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     incl = tl.cumsum(padded, axis=0)
     start = incl - padded
@@ -66,9 +54,53 @@ def _scan_kernel(
     neg = tl.full((BLOCK_E, BLOCK_PAD), -1, tl.int32)
     tl.store(padded_token_ptr + pad_row, neg, mask=pm)
     tl.store(padded_pair_ptr + pad_row, neg, mask=pm)
+    return start
 
 
 @triton.jit
+def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Write the padded rows of a block of tokens. idx (BLOCK_T, BLOCK_K) expert ids (-1 where
+    masked); base (BLOCK_E,): the first padded row of each expert free for this block."""
+    offs_k = tl.arange(0, BLOCK_K)
+    # onehot[t, e]: token t picked e (at most once); exclusive cumsum over tokens = rank in block
+    onehot = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+        onehot += tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0)
+    rank = tl.cumsum(onehot, axis=0) - onehot
+    dest_te = rank + base[None, :]
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+        dest = tl.sum(tl.where(offs_e[None, :] == ik[:, None], dest_te, 0), axis=1)
+        p = offs_t * K + k
+        tl.store(padded_token_ptr + dest, offs_t, mask=t_mask)
+        tl.store(padded_pair_ptr + dest, p, mask=t_mask)
+        tl.store(pair_dest_ptr + p, dest, mask=t_mask)
+
+
+@triton.jit(do_not_specialize=["C", "B_MAX"])
+def _scan_kernel(
+    hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+    C, E, B_MAX,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+):
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E
+    running = tl.zeros((BLOCK_E,), tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        m = (offs_c < C)[:, None] & e_mask[None, :]
+        h = tl.load(hist_ptr + offs_c[:, None] * E + offs_e[None, :], mask=m, other=0)
+        excl = tl.cumsum(h, axis=0) - h + running[None, :]
+        tl.store(chunk_base_ptr + offs_c[:, None] * E + offs_e[None, :], excl, mask=m)
+        running += tl.sum(h, axis=0)
+    _finish_offsets(running, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+                    padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
+
+
+@triton.jit(do_not_specialize=["T"])
 def _scatter_kernel(
     topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
     T, E,
@@ -80,30 +112,47 @@ def _scatter_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
     m = t_mask[:, None] & (offs_k[None, :] < K)
-    pair = offs_t[:, None] * K + offs_k[None, :]
-    idx = tl.load(topk_idx_ptr + pair, mask=m, other=-1)
-    # onehot[t, e]: token t picked e (at most once); exclusive cumsum over tokens = rank in chunk
-    onehot = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        onehot += tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0)
-    rank = tl.cumsum(onehot, axis=0) - onehot
+    idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=m, other=-1)
     base = tl.load(chunk_base_ptr + c * E + offs_e, mask=offs_e < E, other=0) + \
         tl.load(padded_off_ptr + offs_e, mask=offs_e < E, other=0)
-    dest_te = rank + base[None, :]
+    _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere
+    (the router kernel writes it itself)."""
+    c = tl.program_id(0)
+    offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :],
+                  mask=t_mask[:, None] & (offs_k[None, :] < K), other=-1)
+    counts = tl.zeros((BLOCK_E,), tl.int32)
     for k in tl.static_range(K):
         ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        dest = tl.sum(tl.where(offs_e[None, :] == ik[:, None], dest_te, 0), axis=1)
-        p = offs_t * K + k
-        tl.store(padded_token_ptr + dest, offs_t, mask=t_mask)
-        tl.store(padded_pair_ptr + dest, p, mask=t_mask)
-        tl.store(pair_dest_ptr + p, dest, mask=t_mask)
+        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
+    tl.store(hist_ptr + c * E + offs_e, counts, mask=offs_e < E)
 
 
-def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """P_max: the most padded rows any routing of num_pairs pairs can need (a multiple of block_m)."""
-    touched = min(num_experts, num_pairs)
-    return triton.cdiv(num_pairs + touched * (block_m - 1), block_m) * block_m if num_pairs else 0
+def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
+    """hist (C, E) int32 from topk_idx (T, K) int32 (see _hist_kernel)."""
+    T, K = topk_idx.shape
+    if T == 0:
+        return
+    _hist_kernel[(hist.shape[0],)](topk_idx, hist, T, num_experts, K=K, BLOCK_T=block_t,
+                                   BLOCK_E=max(16, triton.next_power_of_2(num_experts)),
+                                   BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4)
+
+
+def align_blocks(E: int, block_m: int, B_max: int) -> dict:
+    """Block sizes of the align code (shared by the router's fused single-chunk path)."""
+    block_e = max(16, triton.next_power_of_2(E))
+    return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, triton.next_power_of_2(max(B_max, 1)))),
+                BLOCK_PAD=max(2, triton.next_power_of_2(block_m)))
 
 
 def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict) -> None:
@@ -113,17 +162,16 @@ def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, m
     if T == 0:
         return
     C = hist.shape[0]
-    block_e = max(16, triton.next_power_of_2(E))
     B_max = meta["block_expert"].shape[0]
+    bl = align_blocks(E, block_m, B_max)
     _scan_kernel[(1,)](
         hist, meta["chunk_base"], meta["counts"], meta["padded_offsets"], meta["block_expert"],
         meta["padded_token"], meta["padded_pair"], C, E, B_max,
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
-        BLOCK_B=max(16, min(64 if block_e <= 128 else 32, triton.next_power_of_2(B_max))),
-        BLOCK_PAD=max(2, triton.next_power_of_2(block_m)), num_warps=4,
+        BLOCK_M=block_m, BLOCK_E=bl["BLOCK_E"], BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
+        BLOCK_B=bl["BLOCK_B"], BLOCK_PAD=bl["BLOCK_PAD"], num_warps=4,
     )
     _scatter_kernel[(C,)](
         topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],
-        meta["pair_dest"], T, E, K=K, BLOCK_T=block_t, BLOCK_E=block_e,
+        meta["pair_dest"], T, E, K=K, BLOCK_T=block_t, BLOCK_E=bl["BLOCK_E"],
         BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4,
     )

@@ -13,6 +13,9 @@ GEMM 2 (_gemm2_kernel), one program per (BLOCK_M rows, BLOCK_N columns of H):
     stored at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
 DENSE=True runs either GEMM over all T tokens with one weight matrix (the shared MLP): rows are
 tokens, and GEMM 2 writes slot K of each token.
+SPLIT_K > 1 (a config key; decode): GEMM 1 writes fp32 gate/up partial sums (S, P_max, 2I) and
+_act_kernel sums them in order and applies the epilogue; GEMM 2's split s writes its own fp32
+slab (S*T*KS, H), bias on split 0 only, and the combine sums slabs and slots in a fixed order.
 Combine (_combine_kernel): y[t] = sum over k < KS of pairs[t*KS + k], in that order, in fp32:
 bitwise deterministic. With ATOMIC the combine only casts y32.
 
@@ -39,20 +42,57 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
+                  topk_w_ptr, out_ptr, stride_ot, alpha, limit,
+                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr):
+    """Input scale, biases and activation of the gate/up sums (fp32), stored in the activation dtype."""
+    if SCALE_INPUT:
+        pair = tl.load(padded_pair_ptr + rows)
+        sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
+        acc_g = acc_g * sc[:, None]
+        acc_u = acc_u * sc[:, None]
+    if HAS_BIAS:
+        acc_g += tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)[None, :]
+        acc_u += tl.load(bias_ptr + e * stride_be + N + offs_bn).to(tl.float32)[None, :]
+    if ACT == 0:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+    else:
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        h = (u + 1.0) * g * tl.sigmoid(alpha * g)
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _k_range(pid, KD, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """(tile index, first K tile, end K tile) of this program; split s is the fastest pid digit."""
+    k_tiles = tl.cdiv(KD, BLOCK_K)
+    if SPLIT_K > 1:
+        s = pid % SPLIT_K
+        per = tl.cdiv(k_tiles, SPLIT_K)
+        k_lo = s * per
+        k_hi = tl.minimum(k_tiles, k_lo + per)
+        return pid // SPLIT_K, s, k_lo, k_hi
+    return pid, pid * 0, pid * 0, k_tiles
+
+
+@triton.jit(do_not_specialize=["T", "num_m", "P"])
 def _gemm1_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
-    T, N, KD, num_m, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
+    T, N, KD, num_m, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = 0
+        e = pid * 0
         tok = rows
         row_mask = rows < T
     else:
@@ -65,18 +105,18 @@ def _gemm1_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
-    wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + (k_lo * BLOCK_K + offs_k)[None, :]
+    wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     wu_ptrs = wg_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, tl.cdiv(KD, BLOCK_K)):
+    for kt in range(k_lo, k_hi):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             bg = tl.load(wg_ptrs)
             bu = tl.load(wu_ptrs)
         else:
-            k_mask = offs_k < KD - k0 * BLOCK_K
+            k_mask = offs_k < KD - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
             bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
@@ -89,41 +129,66 @@ def _gemm1_kernel(
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
-    if SCALE_INPUT:
-        pair = tl.load(padded_pair_ptr + rows)
-        s = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
-        acc_g = acc_g * s[:, None]
-        acc_u = acc_u * s[:, None]
-    if HAS_BIAS:
-        bg_ = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
-        bu_ = tl.load(bias_ptr + e * stride_be + N + offs_bn).to(tl.float32)
-        acc_g += bg_[None, :]
-        acc_u += bu_[None, :]
-    if ACT == 0:
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
+    if SPLIT_K > 1:  # fp32 partial sums (SPLIT_K, P, 2N); _act_kernel finishes them
+        m = row_mask[:, None] & (offs_n < N)[None, :]
+        pp = part_ptr + (s.to(tl.int64) * P + rows)[:, None] * (2 * N) + offs_n[None, :]
+        tl.store(pp, acc_g, mask=m)
+        tl.store(pp + N, acc_u, mask=m)
     else:
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = (u + 1.0) * g * tl.sigmoid(alpha * g)
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
-    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
+        _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
+                      topk_w_ptr, out_ptr, stride_ot, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "num_m", "P"])
+def _act_kernel(
+    part_ptr, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
+    T, N, num_m, P, stride_be, stride_ot, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """GEMM 1's epilogue after a split-K: sum the SPLIT_K partials in order, then _act_epilogue."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DENSE:
+        e = pid * 0
+        row_mask = rows < T
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+        row_mask = tl.load(padded_token_ptr + rows) >= 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    m = row_mask[:, None] & (offs_n < N)[None, :]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        pp = part_ptr + (s * P + rows.to(tl.int64))[:, None] * (2 * N) + offs_n[None, :]
+        acc_g += tl.load(pp, mask=m, other=0.0)
+        acc_u += tl.load(pp + N, mask=m, other=0.0)
+    _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
+                  topk_w_ptr, out_ptr, stride_ot, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
+
+
+@triton.jit(do_not_specialize=["T", "num_m"])
 def _gemm2_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
     T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = 0
+        e = pid * 0
         row_mask = rows < T
         tok = tl.where(row_mask, rows, 0)
         slot = K
@@ -142,15 +207,15 @@ def _gemm2_kernel(
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_row = tl.where(row_mask, rows, 0)
-    a_ptrs = a_ptr + a_row.to(tl.int64)[:, None] * stride_at + offs_k[None, :]
-    w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
+    a_ptrs = a_ptr + a_row.to(tl.int64)[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
+    w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, tl.cdiv(KD, BLOCK_K)):
+    for kt in range(k_lo, k_hi):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             b = tl.load(w_ptrs)
         else:
-            k_mask = offs_k < KD - k0 * BLOCK_K
+            k_mask = offs_k < KD - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         if IEEE:
@@ -160,24 +225,28 @@ def _gemm2_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)[None, :]
+        bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
+        if SPLIT_K > 1:
+            bias = tl.where(s == 0, bias, 0.0)  # added once, by the first split
+        acc += bias[None, :]
     if HAS_SCALE:
-        s = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
-        acc = acc * s[:, None]
+        sc = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
+        acc = acc * sc[:, None]
     mask = row_mask[:, None] & (offs_n < N)[None, :]
     if ATOMIC:
         ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
         tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
     else:
-        orow = tok.to(tl.int64) * KS + slot
+        # split s writes its own (T*KS, N) slab; the combine sums slabs and slots in a fixed order
+        orow = s.to(tl.int64) * T * KS + tok.to(tl.int64) * KS + slot
         ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _combine_kernel(
     src_ptr, y_ptr, T, H,
-    KS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -186,8 +255,9 @@ def _combine_kernel(
     m = (offs_t < T)[:, None] & (offs_h < H)[None, :]
     base = offs_t.to(tl.int64)[:, None] * (KS * H) + offs_h[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-    for k in tl.static_range(KS):
-        acc += tl.load(src_ptr + base + k * H, mask=m, other=0.0).to(tl.float32)
+    for s in tl.static_range(SPLIT):
+        for k in tl.static_range(KS):
+            acc += tl.load(src_ptr + base + (s * T * KS + k) * H, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -197,49 +267,63 @@ def _ieee(t) -> bool:
 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
                  scale_input: bool, dense: bool, num_m: int) -> None:
-    """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring."""
+    """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
+    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch)."""
+    import torch
+
     T, KD = x.shape
     N = w.shape[1] // 2
     if num_m == 0:
         return
     BN = cfg["BLOCK_N"]
-    grid = (num_m * triton.cdiv(N, BN),)
+    split = cfg.get("SPLIT_K", 1)
+    P = out.shape[0]
+    part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32) if split > 1 else None
+    grid = (num_m * triton.cdiv(N, BN) * split,)
+    common = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense)
     _gemm1_kernel[grid](
-        x, w, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
-        T, N, KD, num_m, x.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
-        out.stride(0), float(alpha), float(limit),
-        ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
-        EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(x),
+        x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
+        T, N, KD, num_m, P, x.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
+        out.stride(0), float(alpha), float(limit), **common,
+        EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(x), SPLIT_K=split,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if split > 1:
+        bn = min(128, triton.next_power_of_2(N))
+        _act_kernel[(num_m * triton.cdiv(N, bn),)](
+            part, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
+            T, N, num_m, P, 0 if bias is None else bias.stride(0), out.stride(0), float(alpha), float(limit),
+            **common, SPLIT_K=split, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, num_warps=4,
+        )
 
 
 def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
-                 atomic: bool, num_m: int) -> None:
-    """out rows (pair buffer or y32) from act @ w[e]^T (+bias) * scale; w: (E, N, I)."""
+                 atomic: bool, num_m: int, split: int = 1) -> None:
+    """out rows (pair buffer (split*T*KS, N) or y32 (T, N)) from act @ w[e]^T (+bias) * scale;
+    w: (E, N, I). ``split`` (the routed GEMM 2's SPLIT_K, which the buffer was sized for)."""
     KD = act.shape[1]
     N = w.shape[1]
     if num_m == 0:
         return
     BN = cfg["BLOCK_N"]
-    grid = (num_m * triton.cdiv(N, BN),)
+    grid = (num_m * triton.cdiv(N, BN) * split,)
     _gemm2_kernel[grid](
         act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
         T, N, KD, num_m, act.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
         out.stride(0), K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense,
-        ATOMIC=atomic, EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(act),
+        ATOMIC=atomic, EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(act), SPLIT_K=split,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
-def launch_combine(src, y, KS: int) -> None:
-    """y (T, H) = sum over KS consecutive rows of src (T*KS, H), fp32 accumulation, fixed order."""
+def launch_combine(src, y, KS: int, split: int = 1) -> None:
+    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order."""
     T, H = y.shape
     if T == 0:
         return
     block_h = min(1024, triton.next_power_of_2(H))
     block_t = 1 if T < 256 else 4
     grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
-    _combine_kernel[grid](src, y, T, H, KS=KS, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4)
+    _combine_kernel[grid](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4)

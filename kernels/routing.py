@@ -17,8 +17,11 @@ sigmoid(logits) + score_bias, group-masked, for 2.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from .align import _finish_offsets, _scatter_block, align_blocks
 
 ROUTER_CODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped_topk": 2, "sigmoid_top1_input": 3}
 
@@ -31,12 +34,53 @@ def _argmax_lowest(v, cols, BLOCK: tl.constexpr):
     return m, i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
+def _router_logits_kernel(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
+    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
+    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
+    pid = tl.program_id(0)
+    sp = tl.program_id(1)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E
+    acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    sg_acc = tl.zeros((BLOCK_T,), tl.float32)
+    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
+    h_lo = sp * H_PER_SPLIT
+    for h0 in range(h_lo, h_lo + H_PER_SPLIT, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_mask = offs_h < H
+        xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
+        wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
+                     mask=e_mask[None, :] & h_mask[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(xt, wt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, wt, acc)
+        if HAS_SG:
+            sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
+            sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+    base = sp.to(tl.int64) * T
+    tl.store(part_ptr + (base + offs_t)[:, None] * E + offs_e[None, :], acc,
+             mask=t_mask[:, None] & e_mask[None, :])
+    if HAS_SG:
+        tl.store(sg_part_ptr + base + offs_t, sg_acc, mask=t_mask)
+
+
+@triton.jit(do_not_specialize=["T", "B_MAX"])
 def _router_kernel(
-    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr,
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr,
     topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
+    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, B_MAX,
     T, H, E, stride_xt, stride_we,
-    scaling, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+    scaling, SPLIT: tl.constexpr, FUSE_ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -50,20 +94,27 @@ def _router_kernel(
     cols = offs_e[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
     sg_acc = tl.zeros((BLOCK_T,), tl.float32)
-    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
-    for h0 in range(0, H, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        h_mask = offs_h < H
-        xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
-        wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
-                     mask=e_mask[None, :] & h_mask[:, None], other=0.0)
-        if IEEE:
-            acc = tl.dot(xt, wt, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xt, wt, acc)
-        if HAS_SG:
-            sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
-            sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+    if SPLIT > 0:  # decode: the split-H partials of _router_logits_kernel, summed in a fixed order
+        for sp in tl.static_range(SPLIT):
+            acc += tl.load(part_ptr + (sp * T + offs_t)[:, None] * E + offs_e[None, :],
+                           mask=t_mask[:, None] & e_mask[None, :], other=0.0)
+            if HAS_SG:
+                sg_acc += tl.load(sg_part_ptr + sp * T + offs_t, mask=t_mask, other=0.0)
+    else:
+        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
+        for h0 in range(0, H, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            h_mask = offs_h < H
+            xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
+            wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
+                         mask=e_mask[None, :] & h_mask[:, None], other=0.0)
+            if IEEE:
+                acc = tl.dot(xt, wt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, wt, acc)
+            if HAS_SG:
+                sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
+                sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
     logits = acc
     if HAS_RB:
         logits += tl.load(rb_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)[None, :]
@@ -134,45 +185,68 @@ def _router_kernel(
     out_off = offs_t[:, None] * K + kcols
     tl.store(topk_idx_ptr + out_off, top_idx, mask=out_mask)
     tl.store(topk_w_ptr + out_off, wts, mask=out_mask)
-    tl.store(hist_ptr + pid * E + offs_e, counts, mask=e_mask)
+    if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
+        start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+                                padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
+        idx_v = tl.where(out_mask, top_idx, -1)
+        _scatter_block(idx_v, offs_t, t_mask, start, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                       K, BLOCK_T, BLOCK_E, BLOCK_K)
+    else:
+        tl.store(hist_ptr + pid * E + offs_e, counts, mask=e_mask)
     if HAS_SG:
         tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
 
 
-def router_block_t(num_tokens: int, num_experts: int) -> int:
-    """Tokens per routing program (also the align kernels' chunk): small for decode, larger for prefill."""
-    if num_tokens <= 16:
-        return 16
-    if num_experts > 128:
-        return 32
-    return 64 if num_tokens >= 4096 else 32
-
-
-def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int) -> None:
+def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int, split: int = 0,
+                  meta: dict | None = None, block_m: int = 16) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    Inputs are checked by ``moe.py``; this launcher only picks block sizes and launches.
+    ``split`` > 0 (decode): the logits are first summed in ``split`` H ranges by as many programs
+    per token block (configs.router_split), then reduced in a fixed order. Inputs are checked by
+    ``moe.py``; this launcher only picks block sizes and launches. With ``meta`` (align.py's
+    tensors) and a single token block, the router program also aligns: returns True if it did.
     """
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:
-        return
+        return False
     block_e = max(16, triton.next_power_of_2(E))
     block_h = 64 if block_e <= 128 else 32
     if x.device.type == "cpu":  # the interpreter: fewer, larger steps are faster
         block_h = max(16, min(128, triton.next_power_of_2(H)))
-    grid = (triton.cdiv(T, block_t),)
+    C = triton.cdiv(T, block_t)
     sgw = weights.shared_gate
-    _router_kernel[grid](
-        x, weights.router_weight, weights.router_bias, weights.score_bias, sgw,
+    ieee = str(x.dtype) == "torch.float32"
+    warps = 4 if block_e <= 128 else 8
+    part = sg_part = None
+    if split > 0:
+        h_per = triton.cdiv(triton.cdiv(H, split), block_h) * block_h
+        split = triton.cdiv(H, h_per)
+        part = torch.empty((split, T, E), device=x.device, dtype=torch.float32)
+        sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
+        _router_logits_kernel[(C, split)](
+            x, weights.router_weight, sgw, part, sg_part, T, H, E, x.stride(0), weights.router_weight.stride(0),
+            h_per, HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
+            num_warps=warps,
+        )
+    fuse = meta is not None and C == 1
+    m = meta if fuse else {}
+    B_max = m["block_expert"].shape[0] if fuse else 1
+    bl = align_blocks(E, block_m, B_max)
+    _router_kernel[(C,)](
+        x, weights.router_weight, weights.router_bias, weights.score_bias, sgw, part, sg_part,
         topk_idx, topk_w, hist, sgate,
+        m.get("counts"), m.get("padded_offsets"), m.get("block_expert"), m.get("padded_token"),
+        m.get("padded_pair"), m.get("pair_dest"), B_max,
         T, H, E, x.stride(0), weights.router_weight.stride(0),
-        float(config.routed_scaling_factor), ROUTER=ROUTER_CODES[config.router], K=K,
+        float(config.routed_scaling_factor), SPLIT=split, FUSE_ALIGN=fuse, BLOCK_M=block_m,
+        BLOCK_B=bl["BLOCK_B"], BLOCK_PAD=bl["BLOCK_PAD"], ROUTER=ROUTER_CODES[config.router], K=K,
         NORM=bool(config.norm_topk_prob), N_GROUP=config.n_group, TOPK_GROUP=config.topk_group,
         PER_GROUP=E // config.n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
         HAS_RB=weights.router_bias is not None, HAS_SB=weights.score_bias is not None,
-        HAS_SG=sgw is not None, IEEE=str(x.dtype) == "torch.float32",
+        HAS_SG=sgw is not None, IEEE=ieee,
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=max(2, triton.next_power_of_2(K)),
         BLOCK_G=max(2, triton.next_power_of_2(config.n_group)),
-        num_warps=4 if block_e <= 128 else 8,
+        num_warps=warps,
     )
+    return fuse

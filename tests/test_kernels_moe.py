@@ -173,6 +173,10 @@ def test_torch_compile_fullgraph(rng):
     x = torch.from_numpy(rng.standard_normal((5, cfg.hidden_size))).float()
     f = torch.compile(lambda x: moe_forward(x, w, cfg), fullgraph=True, backend="eager")
     assert torch.equal(f(x), moe_forward(x, w, cfg))
+    from megamoe.kernels import bind
+
+    g = torch.compile(bind(w, cfg), fullgraph=True, backend="eager")
+    assert torch.equal(g(x), moe_forward(x, w, cfg))
 
 
 def test_custom_op_registered():

@@ -1,0 +1,175 @@
+"""Launch configurations of the MoE kernels: tuned JSON beside this file, heuristics otherwise.
+
+Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
+
+Pure Python (no torch, no triton), so that ``plan.py`` and the simulator read the same choice the
+kernels launch with.
+
+A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+
+    {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
+     "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
+
+keyed by shape and by the token-count bucket (``T_BUCKETS``); a lookup takes the nearest bucket
+(in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS``; both GEMMs share BLOCK_M (the
+align kernels pad experts to it). Unknown keys or a disagreeing BLOCK_M are errors, loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import cache
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
+GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode)
+GEMM_OPTIONAL = {"SPLIT_K": 1}
+FILE_KEYS = ("gpu", "dtype", "triton", "configs")
+
+
+class KernelConfigError(ValueError):
+    """A tuned-config file or entry is malformed; the message names the file and key."""
+
+
+def shape_key(E: int, H: int, I: int, K: int) -> str:
+    return f"E{E}_H{H}_I{I}_K{K}"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
+
+
+def config_path(gpu: str, dtype: str, triton_version: str) -> Path:
+    return CONFIG_DIR / f"{slug(gpu)}__{dtype}__triton-{triton_version}.json"
+
+
+def bucket_of(T: int) -> int:
+    """The tuned bucket nearest T in log scale (T=0 and 1 give 1)."""
+    lt = math.log(max(T, 1))
+    return min(T_BUCKETS, key=lambda b: (abs(math.log(b) - lt), b))
+
+
+def check_gemm_config(cfg: dict, where: str) -> dict:
+    if not isinstance(cfg, dict):
+        raise KernelConfigError(f"{where}: a GEMM config must be an object, got {cfg!r}")
+    unknown = sorted(set(cfg) - set(GEMM_KEYS) - set(GEMM_OPTIONAL))
+    missing = sorted(set(GEMM_KEYS) - set(cfg))
+    if unknown or missing:
+        raise KernelConfigError(f"{where}: unknown keys {unknown}, missing keys {missing}; the kernel takes "
+                                f"{list(GEMM_KEYS)} and optionally {list(GEMM_OPTIONAL)}")
+    for k, v in cfg.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KernelConfigError(f"{where}: {k} must be a positive integer, got {v!r}")
+    for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        if cfg[k] & (cfg[k] - 1) or cfg[k] < 16:
+            raise KernelConfigError(f"{where}: {k}={cfg[k]} must be a power of two >= 16")
+    return {**GEMM_OPTIONAL, **cfg}
+
+
+def check_entry(entry: dict, where: str) -> dict:
+    if not isinstance(entry, dict) or set(entry) != {"gemm1", "gemm2"}:
+        raise KernelConfigError(f"{where}: an entry must have exactly the keys ['gemm1', 'gemm2'], got {entry!r}")
+    g1 = check_gemm_config(entry["gemm1"], where + ".gemm1")
+    g2 = check_gemm_config(entry["gemm2"], where + ".gemm2")
+    if g1["BLOCK_M"] != g2["BLOCK_M"]:
+        raise KernelConfigError(f"{where}: gemm1 and gemm2 must share BLOCK_M, got {g1['BLOCK_M']} and {g2['BLOCK_M']}")
+    return {"gemm1": g1, "gemm2": g2}
+
+
+def load_file(path: Path) -> dict:
+    """Read and check one tuned file; returns {shape_key: {bucket: entry}}."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise KernelConfigError(f"{path}: cannot read tuned configs: {exc}") from None
+    if not isinstance(d, dict) or set(d) != set(FILE_KEYS):
+        got = sorted(d) if isinstance(d, dict) else type(d).__name__
+        raise KernelConfigError(f"{path}: top-level keys must be {list(FILE_KEYS)}, got {got}")
+    out = {}
+    for sk, buckets in d["configs"].items():
+        if not re.fullmatch(r"E\d+_H\d+_I\d+_K\d+", sk):
+            raise KernelConfigError(f"{path}: bad shape key {sk!r} (want like 'E128_H2048_I768_K8')")
+        out[sk] = {}
+        for b, entry in buckets.items():
+            if not b.isdigit() or int(b) not in T_BUCKETS:
+                raise KernelConfigError(f"{path}: {sk}: bucket {b!r} is not one of {T_BUCKETS}")
+            out[sk][int(b)] = check_entry(entry, f"{path}: {sk}[{b}]")
+    return out
+
+
+@cache
+def _tuned(gpu: str, dtype: str, triton_version: str) -> dict:
+    p = config_path(gpu, dtype, triton_version)
+    return load_file(p) if p.exists() else {}
+
+
+def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = False) -> dict:
+    """A heuristic entry when nothing is tuned: small row blocks and narrow column tiles for decode
+    (weight streaming over many programs), 128-row tiles for prefill."""
+    if interpret:  # tiny tiles; split-K on odd T so that the tests run both paths
+        c = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, SPLIT_K=2 if T % 3 == 1 else 1)
+        return {"gemm1": dict(c), "gemm2": dict(c)}
+    rows = 1.5 * T * K / max(E, 1)  # a busy expert has more than the mean
+    if rows <= 16:
+        bm = 16
+    elif rows <= 32:
+        bm = 32
+    elif rows <= 96:
+        bm = 64
+    else:
+        bm = 128
+    if bm <= 32:
+        g1 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
+        g2 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
+    elif bm == 64:
+        g1 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+        g2 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+    else:
+        g1 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+        g2 = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    g1 = {**GEMM_OPTIONAL, **g1}
+    g2 = {**GEMM_OPTIONAL, **g2}
+    return {"gemm1": g1, "gemm2": g2}
+
+
+def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
+                  interpret: bool = False) -> dict:
+    """The entry the kernels launch with for this shape and T: tuned if present, else the heuristic."""
+    if not interpret:
+        tuned = _tuned(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
+        if tuned:
+            b = bucket_of(T)
+            if b in tuned:
+                return {k: dict(v) for k, v in tuned[b].items()}
+            near = min(tuned, key=lambda x: abs(math.log(x) - math.log(max(T, 1))))
+            return {k: dict(v) for k, v in tuned[near].items()}
+    return default_config(E, H, I, K, T, interpret=interpret)
+
+
+def router_block_t(T: int, E: int) -> int:
+    """Tokens per routing program, which is also the align kernels' chunk."""
+    return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)
+
+
+def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
+    """H ranges the router's logits are split into (0: none). Decode has one or two token blocks,
+    and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
+    C = -(-T // router_block_t(T, E)) if T else 0
+    if interpret:  # tests: split the one-block batches (T <= 16) in two, keep the rest whole
+        return 2 if C == 1 and H >= 32 else 0
+    if C >= 16 or H < 1024:
+        return 0
+    block_h = 64 if E <= 128 else 32
+    return max(2, min(64, -(-H // (8 * block_h))))  # 2 or 4 steps measured no better (run 6)
+
+
+def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """P_max: the most padded rows any routing of num_pairs pairs can need (a multiple of block_m)."""
+    if num_pairs == 0:
+        return 0
+    touched = min(num_experts, num_pairs)
+    return -(-(num_pairs + touched * (block_m - 1)) // block_m) * block_m

@@ -1,0 +1,436 @@
+"""The fused MoE layer forward on one GPU: router, align, grouped GEMMs, shared MLP, combine.
+
+Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
+C router chunks, P_max padded rows, KS = K (+1 with a shared MLP).
+
+``moe_forward(x, weights, config)`` -> y (T, H), x's dtype. Launches, in order (no host
+synchronization: every size comes from T and the config, so the layer can be captured in a CUDA
+graph):
+    router (routing.py)       topk_idx (T, K) int32, topk_weights (T, K) fp32, hist (C, E)
+    scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, BLOCK_M)
+    gemm1, gemm2 (grouped_gemm.py), routed experts -> pair buffer (T*KS, H)
+    gemm1, gemm2 dense, the shared MLP -> slot K of the pair buffer
+    combine                   y[t] = sum over the KS rows of token t, fixed order (deterministic)
+With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics and the combine
+only casts it. With KS = 1 (top-1, no shared MLP) GEMM 2 writes y directly.
+
+Registered as the torch op ``megamoe::moe_forward`` (works under torch.compile and CUDA graphs;
+``bind(weights, config)`` gives a closure over plain tensors for torch.compile on torch 2.11).
+``moe_experts`` (op ``megamoe::moe_experts``) runs the routed experts for a routing made elsewhere
+(transformers' MoE blocks, see hf_experts.py). Forward only: no autograd formula is registered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache, lru_cache
+
+import torch
+import triton
+
+from ..reference.config import MoEConfig
+from ..reference.weights import FIELDS, MoEWeights, expected_shapes
+from . import configs as cfgs
+from .align import launch_align, launch_hist
+from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
+from .routing import launch_router
+
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+INT32_MAX = 2**31 - 1
+
+
+class KernelInputError(ValueError):
+    """An input of the fused MoE layer is unusable; the message says which and why."""
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@cache
+def _gpu_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
+    return "cpu-interpreter"
+
+
+def kernel_config(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device, *, dense: bool = False) -> dict:
+    """The GEMM configs this call launches with (see configs.py)."""
+    E, H, K = config.num_experts, config.hidden_size, config.top_k
+    I = config.intermediate_size
+    if dense:
+        E, K, I = 1, 1, config.shared_intermediate_size
+    return cfgs.select_config(E, H, I, K, T, gpu=device_name(device), dtype=DTYPES[dtype],
+                              triton_version=triton.__version__, interpret=device.type == "cpu")
+
+
+def check_inputs(x, weights, config) -> None:
+    """Raise KernelInputError for anything the kernels cannot take (see the tests for the cases)."""
+    if not isinstance(config, MoEConfig):
+        raise KernelInputError(f"config must be a MoEConfig, got {type(config).__name__}")
+    if not isinstance(weights, MoEWeights):
+        raise KernelInputError(f"weights must be a MoEWeights (MoEWeights.to_torch(...)), got {type(weights).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != config.hidden_size:
+        raise KernelInputError(f"x must have shape [T, {config.hidden_size}] (hidden_size of {config.name!r}), got {list(x.shape)}")
+    if x.dtype not in DTYPES:
+        raise KernelInputError(f"x dtype must be one of bfloat16, float16, float32, got {x.dtype}")
+    T, H, I, E, K = x.shape[0], config.hidden_size, config.intermediate_size, config.num_experts, config.top_k
+    KS = K + (1 if config.num_shared_experts else 0)
+    bm = 128
+    sizes = {
+        "x (T*H)": T * H,
+        "pair buffer (T*KS*H)": T * KS * H,
+        "activation buffer (P_max*I)": cfgs.max_padded_rows(T * K, E, bm) * I,
+        "one expert's gate_up (2I*H)": 2 * I * H,
+        "shared activation (T*Is)": T * config.shared_intermediate_size,
+        "pairs (T*K)": T * K,
+    }
+    for what, n in sizes.items():
+        if n > INT32_MAX:
+            raise KernelInputError(f"{what} = {n} elements overflows 32-bit indexing (max {INT32_MAX}); split the batch")
+    if x.device.type == "cuda":
+        if x.dtype == torch.float32:
+            raise KernelInputError("float32 on CUDA is not supported: use bfloat16 or float16")
+    elif x.device.type == "cpu":
+        if not _interpret():
+            raise KernelInputError("x is on the CPU: the Triton kernels run there only with TRITON_INTERPRET=1 set before triton is imported")
+        if x.dtype == torch.bfloat16:
+            raise KernelInputError("bfloat16 on the CPU interpreter gives wrong dot products: use float32 or float16 there")
+    else:
+        raise KernelInputError(f"x must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {x.device}")
+    if not x.is_contiguous():
+        raise KernelInputError(f"x must be contiguous, got strides {list(x.stride())}")
+    for name, shape in expected_shapes(config).items():
+        t = getattr(weights, name)
+        if shape is None:
+            if t is not None:
+                raise KernelInputError(f"weights.{name} is given but config {config.name!r} has no such tensor")
+            continue
+        if t is None:
+            raise KernelInputError(f"weights.{name} is missing; expected shape {list(shape)}")
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise KernelInputError(f"weights.{name} must have shape {list(shape)} for config {config.name!r}, got {list(t.shape)}")
+        if t.device != x.device:
+            raise KernelInputError(f"weights.{name} is on {t.device}, x on {x.device}: both must be on one device")
+        if t.dtype != x.dtype:
+            raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {x.dtype}: they must agree")
+        if not t.is_contiguous():
+            raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
+def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None) -> torch.Tensor:
+    """The launches of the layer (module docstring). ``stop_after`` ("align", "gemm1", "gemm2") ends
+    early, for the benchmark's per-stage breakdown only (the output is then unfinished)."""
+    T, H = x.shape
+    E, K, I = config.num_experts, config.top_k, config.intermediate_size
+    shared = config.num_shared_experts > 0
+    KS = K + (1 if shared else 0)
+    dev = x.device
+    i32 = torch.int32
+    y = torch.empty((T, H), device=dev, dtype=x.dtype)
+    if T == 0:
+        return y
+    cfg = kernel_config(config, T, x.dtype, dev)
+    bm = cfg["gemm1"]["BLOCK_M"]
+    block_t = cfgs.router_block_t(T, E)
+    C = triton.cdiv(T, block_t)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    B_max = P_max // bm
+    meta = {
+        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
+        "counts": torch.empty((E,), device=dev, dtype=i32),
+        "padded_offsets": torch.empty((E + 1,), device=dev, dtype=i32),
+        "padded_token": torch.empty((P_max,), device=dev, dtype=i32),
+        "padded_pair": torch.empty((P_max,), device=dev, dtype=i32),
+        "block_expert": torch.empty((B_max,), device=dev, dtype=i32),
+        "pair_dest": torch.empty((T * K,), device=dev, dtype=i32),
+    }
+    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
+    topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
+    hist = torch.empty((C, E), device=dev, dtype=i32)
+    sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
+    split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
+    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
+        launch_align(topk_idx, hist, E, block_t, bm, meta)
+    if stop_after == "align":
+        return y
+
+    act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
+    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, cfg["gemm1"],
+                 activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
+                 scale_input=config.weight_on_input, dense=False, num_m=B_max)
+    if stop_after == "gemm1":
+        return y
+    split2 = cfg["gemm2"].get("SPLIT_K", 1)
+    atomic = not deterministic and (KS > 1 or split2 > 1)
+    if atomic:
+        out = torch.zeros((T, H), device=dev, dtype=torch.float32)
+    elif KS == 1 and split2 == 1:
+        out = y
+    else:  # split s, token t, slot k at row s*T*KS + t*KS + k; fp32 when partial sums are stored
+        out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
+    launch_gemm2(act, weights.down, weights.down_bias, out, meta,
+                 None if config.weight_on_input else topk_w, cfg["gemm2"],
+                 T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
+    if shared:
+        scfg = kernel_config(config, T, x.dtype, dev, dense=True)
+        Is = config.shared_intermediate_size
+        act_s = torch.empty((T, Is), device=dev, dtype=x.dtype)
+        num_m = triton.cdiv(T, scfg["gemm1"]["BLOCK_M"])
+        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, scfg["gemm1"],
+                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True, num_m=num_m)
+        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, scfg["gemm2"],
+                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=num_m, split=split2)
+    if stop_after == "gemm2":
+        return y
+    if atomic:
+        launch_combine(out, y, 1)
+    elif out is not y:
+        launch_combine(out, y, KS, split2)
+    return y
+
+
+def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
+             limit: float, deterministic: bool) -> torch.Tensor:
+    """The routed experts for a routing made elsewhere (align, GEMM 1, GEMM 2, combine):
+    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) int32, topk_w (T, K) fp32."""
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    E, I = gate_up.shape[0], gate_up.shape[1] // 2
+    dev = x.device
+    i32 = torch.int32
+    y = torch.empty((T, H), device=dev, dtype=x.dtype)
+    if T == 0:
+        return y
+    cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
+                             triton_version=triton.__version__, interpret=dev.type == "cpu")
+    bm = cfg["gemm1"]["BLOCK_M"]
+    block_t = cfgs.router_block_t(T, E)
+    C = triton.cdiv(T, block_t)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    B_max = P_max // bm
+    meta = {
+        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
+        "counts": torch.empty((E,), device=dev, dtype=i32),
+        "padded_offsets": torch.empty((E + 1,), device=dev, dtype=i32),
+        "padded_token": torch.empty((P_max,), device=dev, dtype=i32),
+        "padded_pair": torch.empty((P_max,), device=dev, dtype=i32),
+        "block_expert": torch.empty((B_max,), device=dev, dtype=i32),
+        "pair_dest": torch.empty((T * K,), device=dev, dtype=i32),
+    }
+    hist = torch.empty((C, E), device=dev, dtype=i32)
+    launch_hist(topk_idx, hist, E, block_t)
+    launch_align(topk_idx, hist, E, block_t, bm, meta)
+    act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
+    launch_gemm1(x, gate_up, gate_up_bias, act, meta, topk_w, cfg["gemm1"], activation=activation, alpha=alpha,
+                 limit=limit, scale_input=False, dense=False, num_m=B_max)
+    split2 = cfg["gemm2"].get("SPLIT_K", 1)
+    atomic = not deterministic and (K > 1 or split2 > 1)
+    if atomic:
+        out = torch.zeros((T, H), device=dev, dtype=torch.float32)
+    elif K == 1 and split2 == 1:
+        out = y
+    else:
+        out = torch.empty((split2 * T * K, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
+    launch_gemm2(act, down, down_bias, out, meta, topk_w, cfg["gemm2"], T=T, K=K, KS=K, dense=False,
+                 atomic=atomic, num_m=B_max, split=split2)
+    if atomic:
+        launch_combine(out, y, 1)
+    elif out is not y:
+        launch_combine(out, y, K, split2)
+    return y
+
+
+@torch.library.custom_op("megamoe::moe_experts", mutates_args=())
+def _experts_op(
+    x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+    gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str, alpha: float, limit: float,
+    deterministic: bool,
+) -> torch.Tensor:
+    return _experts(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit,
+                    deterministic)
+
+
+@_experts_op.register_fake
+def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit, deterministic):
+    return torch.empty_like(x)
+
+
+def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
+                down: torch.Tensor, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, *,
+                activation: str = "silu_gated", alpha: float = 1.702, limit: float = 7.0,
+                deterministic: bool = True) -> torch.Tensor:
+    """The routed experts alone, for a routing made elsewhere (e.g. a transformers MoE block's router).
+
+    x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
+    dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
+    (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
+    """
+    for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3:
+        raise KernelInputError(f"x must be [T, H], gate_up [E, 2I, H], down [E, H, I]; got {list(x.shape)}, "
+                               f"{list(gate_up.shape)}, {list(down.shape)}")
+    T, H = x.shape
+    E, I2, H2 = gate_up.shape
+    if H2 != H or I2 % 2 or tuple(down.shape) != (E, H, I2 // 2):
+        raise KernelInputError(f"shapes disagree: x {list(x.shape)}, gate_up {list(gate_up.shape)}, down {list(down.shape)}")
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or tuple(topk_weights.shape) != tuple(topk_idx.shape):
+        raise KernelInputError(f"topk_idx and topk_weights must both be [T={T}, K], got {list(topk_idx.shape)} "
+                               f"and {list(topk_weights.shape)}")
+    if activation not in ("silu_gated", "clamped_swiglu"):
+        raise KernelInputError(f"activation must be 'silu_gated' or 'clamped_swiglu', got {activation!r}")
+    for name, t in (("gate_up", gate_up), ("down", down), ("gate_up_bias", gate_up_bias), ("down_bias", down_bias)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            raise KernelInputError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}: they must agree")
+    if T * topk_idx.shape[1] * H > INT32_MAX or 2 * (I2 // 2) * H > INT32_MAX:
+        raise KernelInputError("sizes overflow 32-bit indexing; split the batch")
+    return torch.ops.megamoe.moe_experts(
+        x.contiguous(), topk_idx.to(torch.int32).contiguous(), topk_weights.to(torch.float32).contiguous(),
+        gate_up.contiguous(), down.contiguous(),
+        None if gate_up_bias is None else gate_up_bias.contiguous(),
+        None if down_bias is None else down_bias.contiguous(),
+        activation, float(alpha), float(limit), bool(deterministic),
+    )
+
+
+# --------------------------------------------------------------------------- torch op
+_WEIGHT_ARGS = FIELDS  # canonical order of the optional tensors
+
+
+@lru_cache(maxsize=64)
+def _config_from_json(s: str) -> MoEConfig:
+    return MoEConfig.from_dict(json.loads(s))
+
+
+@torch.library.custom_op("megamoe::moe_forward", mutates_args=())
+def _moe_op(
+    x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+    router_bias: torch.Tensor | None, score_bias: torch.Tensor | None, gate_up_bias: torch.Tensor | None,
+    down_bias: torch.Tensor | None, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
+    shared_gate: torch.Tensor | None, config_json: str, deterministic: bool,
+) -> torch.Tensor:
+    w = MoEWeights(router_weight=router_weight, gate_up=gate_up, down=down, router_bias=router_bias,
+                   score_bias=score_bias, gate_up_bias=gate_up_bias, down_bias=down_bias,
+                   shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=shared_gate)
+    return _forward(x, w, _config_from_json(config_json), deterministic)
+
+
+@_moe_op.register_fake
+def _(x, router_weight, gate_up, down, router_bias, score_bias, gate_up_bias, down_bias,
+      shared_gate_up, shared_down, shared_gate, config_json, deterministic):
+    return torch.empty_like(x)
+
+
+@torch.compiler.assume_constant_result
+def config_json(config: MoEConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True,
+                check: bool = True) -> torch.Tensor:
+    """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
+    weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
+
+    ``deterministic=True`` gives bitwise-identical output from run to run (fixed-order combine);
+    False lets GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the input checks
+    (for callers that checked once, e.g. inside a captured graph).
+    """
+    if check:
+        check_inputs(x, weights, config)
+    return torch.ops.megamoe.moe_forward(
+        x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
+        weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
+        weights.shared_gate, config_json(config), bool(deterministic),
+    )
+
+
+def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True):
+    """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
+
+    For torch.compile and CUDA graphs: the closure holds only tensors, a string and a bool, so
+    tracing never meets the config or weights dataclasses (torch 2.11's dynamo cannot rebuild
+    frozen dataclasses). Inputs are checked per call on their shape, dtype and device only.
+    """
+    cj = config_json(config)
+    ts = tuple(getattr(weights, f) for f in ("router_weight", "gate_up", "down", "router_bias", "score_bias",
+                                              "gate_up_bias", "down_bias", "shared_gate_up", "shared_down",
+                                              "shared_gate"))
+    H, dev, dt = config.hidden_size, weights.router_weight.device, weights.router_weight.dtype
+    det = bool(deterministic)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
+            raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {list(x.shape)} {x.dtype} on {x.device}")
+        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det)
+
+    return f
+
+
+def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> dict:
+    """Routing and alignment metadata as the kernels compute them (for tests and validation):
+    topk_idx, topk_weights, counts, padded_offsets, padded_token, padded_pair, block_expert,
+    pair_dest, block_m. Tensors on x's device; sizes as in the module docstring."""
+    check_inputs(x, weights, config)
+    T = x.shape[0]
+    E, K = config.num_experts, config.top_k
+    dev = x.device
+    i32 = torch.int32
+    cfg = kernel_config(config, T, x.dtype, dev)
+    bm = cfg["gemm1"]["BLOCK_M"]
+    block_t = cfgs.router_block_t(T, E)
+    C = triton.cdiv(T, block_t)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    meta = {
+        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
+        "counts": torch.zeros((E,), device=dev, dtype=i32),
+        "padded_offsets": torch.zeros((E + 1,), device=dev, dtype=i32),
+        "padded_token": torch.full((P_max,), -7, device=dev, dtype=i32),
+        "padded_pair": torch.full((P_max,), -7, device=dev, dtype=i32),
+        "block_expert": torch.full((P_max // bm,), -7, device=dev, dtype=i32),
+        "pair_dest": torch.full((T * K,), -7, device=dev, dtype=i32),
+    }
+    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
+    topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
+    hist = torch.empty((C, E), device=dev, dtype=i32)
+    sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
+    split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
+    if T and not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
+        launch_align(topk_idx, hist, E, block_t, bm, meta)
+    out = {k: v for k, v in meta.items() if k != "chunk_base"}
+    out.update(topk_idx=topk_idx, topk_weights=topk_w, shared_gate=sgate, block_m=bm)
+    return out
+
+
+def align_only(topk_idx: torch.Tensor, num_experts: int, block_m: int) -> dict:
+    """The align kernels on a given topk_idx (T, K) int32: the padded plan of plan_dispatch.
+    Needs the router's per-chunk histogram, which is computed here with torch (test helper)."""
+    T, K = topk_idx.shape
+    dev = topk_idx.device
+    i32 = torch.int32
+    block_t = cfgs.router_block_t(T, num_experts)
+    C = triton.cdiv(T, block_t) if T else 0
+    hist = torch.zeros((C, num_experts), device=dev, dtype=i32)
+    for c in range(C):
+        flat = topk_idx[c * block_t:(c + 1) * block_t].reshape(-1).long()
+        hist[c] = torch.bincount(flat, minlength=num_experts).to(i32)
+    P_max = cfgs.max_padded_rows(T * K, num_experts, block_m)
+    meta = {
+        "chunk_base": torch.empty((C, num_experts), device=dev, dtype=i32),
+        "counts": torch.zeros((num_experts,), device=dev, dtype=i32),
+        "padded_offsets": torch.zeros((num_experts + 1,), device=dev, dtype=i32),
+        "padded_token": torch.full((P_max,), -7, device=dev, dtype=i32),
+        "padded_pair": torch.full((P_max,), -7, device=dev, dtype=i32),
+        "block_expert": torch.full((P_max // block_m,), -7, device=dev, dtype=i32),
+        "pair_dest": torch.full((T * K,), -7, device=dev, dtype=i32),
+    }
+    launch_align(topk_idx.to(i32).contiguous(), hist, num_experts, block_t, block_m, meta)
+    return {k: v for k, v in meta.items() if k != "chunk_base"}

@@ -1,0 +1,83 @@
+"""The routed-experts entry (moe_experts) and the transformers 5 experts backend, under the interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from megamoe.reference import (  # noqa: E402
+    MoEConfig,
+    assert_close,
+    combine,
+    experts_forward,
+    plan_dispatch,
+    random_weights,
+    route,
+)
+
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                       reason="interpreter tests need TRITON_INTERPRET=1 (set automatically without a GPU)"),
+]
+
+
+@pytest.mark.parametrize("activation,bias", [("silu_gated", False), ("clamped_swiglu", True)])
+def test_moe_experts_matches_reference(activation, bias, rng):
+    """A routing made outside (the reference's), experts by the kernels: equal to the reference's experts."""
+    from megamoe.kernels import moe_experts
+
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3, activation=activation,
+                    expert_bias=bias, swiglu_limit=1.5)
+    w = random_weights(cfg, seed=3)
+    x = rng.standard_normal((19, 40))
+    r = route(x, w.router_weight, cfg)
+    plan = plan_dispatch(r.topk_idx, cfg.num_experts)
+    ref = combine(experts_forward(x, r, plan, w, cfg), plan, r.topk_weights, cfg)
+    tw = w.to_torch("cpu", torch.float32)
+    y = moe_experts(torch.from_numpy(x).float(), torch.from_numpy(r.topk_idx), torch.from_numpy(r.topk_weights),
+                    tw.gate_up, tw.down, tw.gate_up_bias, tw.down_bias, activation=activation, alpha=cfg.swiglu_alpha,
+                    limit=cfg.swiglu_limit)
+    assert_close(y, ref, "float32", f"moe_experts {activation}")
+
+
+def test_moe_experts_rejects_bad_shapes():
+    from megamoe.kernels import KernelInputError, moe_experts
+
+    x = torch.randn(3, 8)
+    with pytest.raises(KernelInputError, match="shapes disagree"):
+        moe_experts(x, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), torch.randn(2, 6, 8), torch.randn(2, 8, 4))
+
+
+def test_transformers_backend_qwen3_moe_block():
+    """A transformers Qwen3-MoE block with experts_implementation='megamoe' equals its eager experts."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as q
+
+    from megamoe.kernels import register_transformers
+
+    name = register_transformers()
+    conf = transformers.Qwen3MoeConfig(hidden_size=40, moe_intermediate_size=36, num_experts=7, num_experts_per_tok=3,
+                                       norm_topk_prob=True)
+    torch.manual_seed(0)
+    block = q.Qwen3MoeSparseMoeBlock(conf).float()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    from megamoe.kernels.hf_experts import _supported
+
+    assert _supported(block.experts), "the block should run on megamoe's kernels, not the fallback"
+    x = torch.randn(2, 9, 40)
+    with torch.no_grad():
+        conf._experts_implementation = "eager"
+        ref = block(x)
+        conf._experts_implementation = name
+        y = block(x)
+    assert_close(y, ref.double().numpy(), "float32", "transformers megamoe backend")
+    assert np.isfinite(y.numpy()).all()
