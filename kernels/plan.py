@@ -46,6 +46,10 @@ class Stage:
     flops_per_tile: float
     tiles_per_expert: tuple[int, ...] | None = None
     note: str = ""
+    #: expert GEMMs: bytes of one program's operands {"a": gathered rows, "b": weight tile, "out": output
+    #: tile} and row blocks (E,) per expert, so that the simulator can model L2 reuse across programs
+    operand_bytes_per_tile: dict | None = None
+    row_blocks_per_expert: tuple[int, ...] | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -227,11 +231,15 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     s1 = g1.get("SPLIT_K", 1)
     nt1 = -(-I // g1["BLOCK_N"])
     kh = H / s1
-    bytes1 = (bm * kh + 2 * g1["BLOCK_N"] * kh) * b + (2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * b)
+    ops1 = {"a": bm * kh * b, "b": 2 * g1["BLOCK_N"] * kh * b,
+            "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * b}
+    bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
+    row_blocks = tuple(int(x) for x in blocks_e)
     out.append(Stage(n1, "_gemm1_kernel", (num_m * nt1 * s1,), active_blocks * nt1 * s1, dict(g1),
                      bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
-                     note="gather x rows; gate and up; activation in the epilogue" if s1 == 1 else "split-K partials"))
+                     note="gather x rows; gate and up; activation in the epilogue" if s1 == 1 else "split-K partials",
+                     operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks))
     if s1 > 1:
         bn = min(128, _pow2(I))
         nta = -(-I // bn)
@@ -243,11 +251,13 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     nt2 = -(-H // g2["BLOCK_N"])
     ki = I / s2
     ob = 4 if (s2 > 1 or not deterministic) else b
-    bytes2 = (bm * ki + g2["BLOCK_N"] * ki) * b + bm * g2["BLOCK_N"] * ob
+    ops2 = {"a": bm * ki * b, "b": g2["BLOCK_N"] * ki * b, "out": bm * g2["BLOCK_N"] * ob}
+    bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
     out.append(Stage(n2, "_gemm2_kernel", (num_m * nt2 * s2,), active_blocks * nt2 * s2, dict(g2),
                      bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
-                     note="routing weight in the epilogue; rows to the pair buffer"))
+                     note="routing weight in the epilogue; rows to the pair buffer",
+                     operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks))
     return out
 
 

@@ -166,10 +166,18 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
     stages = [st.to_dict() for st in plan.stages]
     g1 = plan.stage("gemm1").tile if any(st.name == "gemm1" for st in plan.stages) else {}
     same_tiles = all(g1.get(k) == v for k, v in row.get("config", {}).get("gemm1", {}).items())
-    pred = predict_launch_plan(stages, system)["time_us"]
+    full = predict_launch_plan(stages, system)
+    pred = full["time_us"]
     out = {"preset": row["preset"], "T": T, "measured_us": row["ours_us"], "predicted_us": pred,
            "ratio": row["ours_us"] / pred, "same_tiles": same_tiles,
            "gpu": row.get("gpu"), "triton": row.get("triton"), "date": row.get("date"), "commit": row.get("commit")}
+    if "stage_us" in row:  # the bench's per-stage split: router+align, gemm1, gemm2, combine
+        groups: dict[str, float] = {}
+        for st in full["stages"]:
+            key = "router+align" if st["name"].startswith(("router", "align")) else st["name"].split("_")[0]
+            key = key.replace("shared", "gemm") if key not in row["stage_us"] else key
+            groups[key] = groups.get(key, 0.0) + st["time_us"]
+        out["stages"] = {k: {"measured_us": v, "predicted_us": groups.get(k)} for k, v in row["stage_us"].items()}
     if "ceiling_read_bytes_per_s" in row:
         ov = measured_overrides({"read_bytes_per_s": row["ceiling_read_bytes_per_s"],
                                  "matmul_flops_per_s": row["ceiling_matmul_flops_per_s"]}, system)
