@@ -1,6 +1,6 @@
 """The align kernels (sort and pad pairs by expert) against reference.plan_dispatch, exactly.
 
-Under the Triton interpreter on CPU tensors (TRITON_INTERPRET=1 is set here without a GPU).
+Under the Triton interpreter on CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from megamoe.reference import plan_dispatch  # noqa: E402
+from megamoe.reference import plan_dispatch
 
 pytestmark = [
     pytest.mark.interpret,

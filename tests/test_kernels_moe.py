@@ -1,7 +1,7 @@
 """The fused MoE layer (megamoe.kernels) against the float64 reference, under the Triton interpreter.
 
-Runs on CPU tensors with TRITON_INTERPRET=1 (set here when no GPU is present, before triton is
-imported), in float32 and float16 (the interpreter's bfloat16 dot is wrong; bf16 is checked on the
+Runs on CPU tensors with TRITON_INTERPRET=1 (tests/conftest.py sets it when no GPU is present, before
+triton is imported), in float32 and float16 (the interpreter's bfloat16 dot is wrong; bf16 is checked on the
 GPU in test_kernels_gpu.py). Shapes are tiny and odd: H, I not multiples of a tile, 7 experts, top-3.
 """
 
@@ -13,11 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype  # noqa: E402
-from megamoe.reference import moe_forward as ref_forward  # noqa: E402
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
+from megamoe.reference import moe_forward as ref_forward
 
 pytestmark = [
     pytest.mark.interpret,
