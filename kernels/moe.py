@@ -29,8 +29,9 @@ from functools import cache, lru_cache
 import torch
 import triton
 
+from ..reference import InputError
 from ..reference.config import MoEConfig
-from ..reference.weights import FIELDS, MoEWeights, expected_shapes
+from ..reference.weights import FIELDS, MoEWeights
 from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
@@ -67,6 +68,34 @@ def kernel_config(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.d
         E, K, I = 1, 1, config.shared_intermediate_size
     return cfgs.select_config(E, H, I, K, T, gpu=device_name(device), dtype=DTYPES[dtype],
                               triton_version=triton.__version__, interpret=device.type == "cpu")
+
+
+def align_buffers(T: int, K: int, E: int, block_m: int, device, *, poison: bool = False) -> tuple[dict, int]:
+    """The router/align metadata buffers (see align.py) and the router's chunk size block_t.
+
+    With ``poison`` the outputs start as -7 (counts and offsets as 0), so that tests see any entry
+    the kernels leave unwritten; otherwise they are left uninitialized (the kernels write them all).
+    """
+    i32 = torch.int32
+    block_t = cfgs.router_block_t(T, E)
+    C = triton.cdiv(T, block_t) if T else 0
+    P_max = cfgs.max_padded_rows(T * K, E, block_m)
+
+    def out(n, zero=False):
+        if not poison:
+            return torch.empty((n,), device=device, dtype=i32)
+        return torch.full((n,), 0 if zero else -7, device=device, dtype=i32)
+
+    meta = {
+        "chunk_base": torch.empty((C, E), device=device, dtype=i32),
+        "counts": out(E, zero=True),
+        "padded_offsets": out(E + 1, zero=True),
+        "padded_token": out(P_max),
+        "padded_pair": out(P_max),
+        "block_expert": out(P_max // block_m),
+        "pair_dest": out(T * K),
+    }
+    return meta, block_t
 
 
 def check_inputs(x, weights, config) -> None:
@@ -107,24 +136,21 @@ def check_inputs(x, weights, config) -> None:
         raise KernelInputError(f"x must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {x.device}")
     if not x.is_contiguous():
         raise KernelInputError(f"x must be contiguous, got strides {list(x.stride())}")
-    for name, shape in expected_shapes(config).items():
-        t = getattr(weights, name)
-        if shape is None:
-            if t is not None:
-                raise KernelInputError(f"weights.{name} is given but config {config.name!r} has no such tensor")
-            continue
-        if t is None:
-            raise KernelInputError(f"weights.{name} is missing; expected shape {list(shape)}")
+    try:  # presence and shapes: the reference's own check of the canonical layout
+        weights.validate(config)
+    except InputError as exc:
+        raise KernelInputError(str(exc)) from None
+    for name, t in weights.arrays().items():
         if not isinstance(t, torch.Tensor):
             raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
-        if tuple(t.shape) != tuple(shape):
-            raise KernelInputError(f"weights.{name} must have shape {list(shape)} for config {config.name!r}, got {list(t.shape)}")
         if t.device != x.device:
             raise KernelInputError(f"weights.{name} is on {t.device}, x on {x.device}: both must be on one device")
         if t.dtype != x.dtype:
             raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {x.dtype}: they must agree")
         if not t.is_contiguous():
             raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
+
+
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None) -> torch.Tensor:
     """The launches of the layer (module docstring). ``stop_after`` ("align", "gemm1", "gemm2") ends
     early, for the benchmark's per-stage breakdown only (the output is then unfinished)."""
@@ -139,19 +165,10 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         return y
     cfg = kernel_config(config, T, x.dtype, dev)
     bm = cfg["gemm1"]["BLOCK_M"]
-    block_t = cfgs.router_block_t(T, E)
-    C = triton.cdiv(T, block_t)
-    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    meta, block_t = align_buffers(T, K, E, bm, dev)
+    C = meta["chunk_base"].shape[0]
+    P_max = meta["padded_token"].shape[0]
     B_max = P_max // bm
-    meta = {
-        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
-        "counts": torch.empty((E,), device=dev, dtype=i32),
-        "padded_offsets": torch.empty((E + 1,), device=dev, dtype=i32),
-        "padded_token": torch.empty((P_max,), device=dev, dtype=i32),
-        "padded_pair": torch.empty((P_max,), device=dev, dtype=i32),
-        "block_expert": torch.empty((B_max,), device=dev, dtype=i32),
-        "pair_dest": torch.empty((T * K,), device=dev, dtype=i32),
-    }
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     hist = torch.empty((C, E), device=dev, dtype=i32)
@@ -212,19 +229,10 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
-    block_t = cfgs.router_block_t(T, E)
-    C = triton.cdiv(T, block_t)
-    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    meta, block_t = align_buffers(T, K, E, bm, dev)
+    C = meta["chunk_base"].shape[0]
+    P_max = meta["padded_token"].shape[0]
     B_max = P_max // bm
-    meta = {
-        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
-        "counts": torch.empty((E,), device=dev, dtype=i32),
-        "padded_offsets": torch.empty((E + 1,), device=dev, dtype=i32),
-        "padded_token": torch.empty((P_max,), device=dev, dtype=i32),
-        "padded_pair": torch.empty((P_max,), device=dev, dtype=i32),
-        "block_expert": torch.empty((B_max,), device=dev, dtype=i32),
-        "pair_dest": torch.empty((T * K,), device=dev, dtype=i32),
-    }
     hist = torch.empty((C, E), device=dev, dtype=i32)
     launch_hist(topk_idx, hist, E, block_t)
     launch_align(topk_idx, hist, E, block_t, bm, meta)
@@ -386,18 +394,8 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
     i32 = torch.int32
     cfg = kernel_config(config, T, x.dtype, dev)
     bm = cfg["gemm1"]["BLOCK_M"]
-    block_t = cfgs.router_block_t(T, E)
-    C = triton.cdiv(T, block_t)
-    P_max = cfgs.max_padded_rows(T * K, E, bm)
-    meta = {
-        "chunk_base": torch.empty((C, E), device=dev, dtype=i32),
-        "counts": torch.zeros((E,), device=dev, dtype=i32),
-        "padded_offsets": torch.zeros((E + 1,), device=dev, dtype=i32),
-        "padded_token": torch.full((P_max,), -7, device=dev, dtype=i32),
-        "padded_pair": torch.full((P_max,), -7, device=dev, dtype=i32),
-        "block_expert": torch.full((P_max // bm,), -7, device=dev, dtype=i32),
-        "pair_dest": torch.full((T * K,), -7, device=dev, dtype=i32),
-    }
+    meta, block_t = align_buffers(T, K, E, bm, dev, poison=True)
+    C = meta["chunk_base"].shape[0]
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     hist = torch.empty((C, E), device=dev, dtype=i32)
@@ -416,21 +414,11 @@ def align_only(topk_idx: torch.Tensor, num_experts: int, block_m: int) -> dict:
     T, K = topk_idx.shape
     dev = topk_idx.device
     i32 = torch.int32
-    block_t = cfgs.router_block_t(T, num_experts)
-    C = triton.cdiv(T, block_t) if T else 0
+    meta, block_t = align_buffers(T, K, num_experts, block_m, dev, poison=True)
+    C = meta["chunk_base"].shape[0]
     hist = torch.zeros((C, num_experts), device=dev, dtype=i32)
     for c in range(C):
         flat = topk_idx[c * block_t:(c + 1) * block_t].reshape(-1).long()
         hist[c] = torch.bincount(flat, minlength=num_experts).to(i32)
-    P_max = cfgs.max_padded_rows(T * K, num_experts, block_m)
-    meta = {
-        "chunk_base": torch.empty((C, num_experts), device=dev, dtype=i32),
-        "counts": torch.zeros((num_experts,), device=dev, dtype=i32),
-        "padded_offsets": torch.zeros((num_experts + 1,), device=dev, dtype=i32),
-        "padded_token": torch.full((P_max,), -7, device=dev, dtype=i32),
-        "padded_pair": torch.full((P_max,), -7, device=dev, dtype=i32),
-        "block_expert": torch.full((P_max // block_m,), -7, device=dev, dtype=i32),
-        "pair_dest": torch.full((T * K,), -7, device=dev, dtype=i32),
-    }
     launch_align(topk_idx.to(i32).contiguous(), hist, num_experts, block_t, block_m, meta)
     return {k: v for k, v in meta.items() if k != "chunk_base"}
