@@ -125,32 +125,29 @@ class Layout:
         return 4 * self.G + len(self.caps) - 1
 
 
-def _pull_flow(fabric: Fabric, lay: Layout, g: int, inbound: np.ndarray, label: str) -> int:
-    """GPU g's copy SMs pull ``inbound`` (G,) bytes from each peer: g's receive port, copy SMs and
-    HBM carry all of it; each peer's send port its share. (The peers' HBM reads are left out: each
-    is at most that peer's port rate, a tenth of its HBM, and they would double the solver's work.)"""
-    b = inbound.astype(np.float64).copy()
+def _copy_flow(fabric: Fabric, lay: Layout, g: int, per_peer: np.ndarray, label: str, *, pull: bool) -> int:
+    """GPU g's copy SMs move ``per_peer`` (G,) bytes: pulled from each peer (``pull``) or pushed to
+    it. g's own port (receive when pulling, send when pushing), copy SMs and HBM carry all of it;
+    each peer's opposite port its share. (The peers' HBM reads and writes are left out: each is at
+    most that peer's port rate, a tenth of its HBM, and they would double the solver's work.)"""
+    b = per_peer.astype(np.float64).copy()
     b[g] = 0.0
     total = b.sum()
     if total <= 0:
         return fabric.add([lay.copy(g)], [1.0], 0.0, label)
     peers = np.nonzero(b)[0]
     share = b[peers] / total
-    res = np.concatenate([[lay.recv(g), lay.copy(g), lay.hbm(g)], lay.send(peers)])
+    own, theirs = (lay.recv(g), lay.send(peers)) if pull else (lay.send(g), lay.recv(peers))
+    res = np.concatenate([[own, lay.copy(g), lay.hbm(g)], theirs])
     return fabric.add(res, np.concatenate([[1.0, 1.0, 1.0], share]), total, label)
+
+
+def _pull_flow(fabric: Fabric, lay: Layout, g: int, inbound: np.ndarray, label: str) -> int:
+    return _copy_flow(fabric, lay, g, inbound, label, pull=True)
 
 
 def _push_flow(fabric: Fabric, lay: Layout, g: int, outbound: np.ndarray, label: str) -> int:
-    """GPU g's copy SMs push ``outbound`` (G,) bytes to each peer (peers' HBM writes left out, as above)."""
-    b = outbound.astype(np.float64).copy()
-    b[g] = 0.0
-    total = b.sum()
-    if total <= 0:
-        return fabric.add([lay.copy(g)], [1.0], 0.0, label)
-    peers = np.nonzero(b)[0]
-    share = b[peers] / total
-    res = np.concatenate([[lay.send(g), lay.copy(g), lay.hbm(g)], lay.recv(peers)])
-    return fabric.add(res, np.concatenate([[1.0, 1.0, 1.0], share]), total, label)
+    return _copy_flow(fabric, lay, g, outbound, label, pull=False)
 
 
 def _job_flow(fabric: Fabric, lay: Layout, g: int, seconds: float, hbm_bytes: float, label: str) -> int | None:
