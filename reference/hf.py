@@ -179,10 +179,8 @@ def _qwen_moe(f: _Fields, *, shared: bool) -> dict[str, Any]:
     return out
 
 
-def _deepseek_v3(f: _Fields) -> dict[str, Any]:
-    """DeepSeek-V3/R1 and Kimi K2: sigmoid scores, e_score_correction_bias, grouped top-k (noaux_tc)."""
-    f.choice("scoring_func", ("sigmoid",), "sigmoid", "DeepSeek-V3-style routing")
-    f.choice("topk_method", ("noaux_tc",), "noaux_tc", "DeepSeek-V3-style routing")
+def _deepseek_sizes(f: _Fields) -> dict[str, Any]:
+    """The sizes and shared experts that DeepSeek-V2 and -V3 configs spell the same way."""
     I = f.int("moe_intermediate_size")
     n_shared = f.int("n_shared_experts", 0, required=False)
     return dict(
@@ -191,6 +189,17 @@ def _deepseek_v3(f: _Fields) -> dict[str, Any]:
         intermediate_size=I,
         num_experts=f.int(("n_routed_experts", "num_local_experts")),
         top_k=f.int("num_experts_per_tok"),
+        num_shared_experts=n_shared,
+        shared_intermediate_size=n_shared * I,
+    )
+
+
+def _deepseek_v3(f: _Fields) -> dict[str, Any]:
+    """DeepSeek-V3/R1 and Kimi K2: sigmoid scores, e_score_correction_bias, grouped top-k (noaux_tc)."""
+    f.choice("scoring_func", ("sigmoid",), "sigmoid", "DeepSeek-V3-style routing")
+    f.choice("topk_method", ("noaux_tc",), "noaux_tc", "DeepSeek-V3-style routing")
+    return dict(
+        _deepseek_sizes(f),
         router="sigmoid_grouped_topk",
         norm_topk_prob=f.bool("norm_topk_prob"),
         n_group=f.int("n_group", 1, required=False),
@@ -198,8 +207,6 @@ def _deepseek_v3(f: _Fields) -> dict[str, Any]:
         routed_scaling_factor=f.float("routed_scaling_factor"),
         score_bias=True,
         group_mask="neg_inf",
-        num_shared_experts=n_shared,
-        shared_intermediate_size=n_shared * I,
     )
 
 
@@ -218,18 +225,10 @@ def _deepseek_v2(f: _Fields) -> dict[str, Any]:
             "norm_topk_prob=true with topk_method 'greedy' is not supported: DeepSeek's own code "
             "renormalizes, transformers 5 does not, so the model is ambiguous"
         )
-    I = f.int("moe_intermediate_size")
-    n_shared = f.int("n_shared_experts", 0, required=False)
     return dict(
-        _silu(f),
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=I,
-        num_experts=f.int(("n_routed_experts", "num_local_experts")),
-        top_k=f.int("num_experts_per_tok"),
+        _deepseek_sizes(f),
         router="softmax_topk",
         norm_topk_prob=False,
-        num_shared_experts=n_shared,
-        shared_intermediate_size=n_shared * I,
     )
 
 
