@@ -322,9 +322,11 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
 def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system: str | Path | Profile = "h200", *,
                                dtype: str = "bf16", num_tokens: int | None = None, include_shared: bool = False,
                                launches: int = 2, num_sms: int | None = None) -> dict:
-    """Predict one GPU's expert kernel from explicit rows per expert (E,) -- the validation hook.
+    """Predict one GPU's expert work from explicit rows per expert (E,) with the simulator's own tile model.
 
-    For comparing with a measured kernel (e.g. ``kernels.plan.launch_plan`` rows per expert): the
+    This is the idealized megakernel GEMM the rack model uses; to predict the launches the Triton
+    kernels really make, give their launch plan to ``launch.predict_launch_plan`` (what
+    ``megamoe validate`` does). Here: the
     routed experts' gate/up and down grouped GEMMs on all SMs (or ``num_sms``), plus ``launches``
     kernel launches and, if asked, the shared expert on ``num_tokens`` rows. Returns times in us and
     the FLOPs and HBM bytes the model counted.
