@@ -162,6 +162,15 @@ def calibrate_zipf(num_experts: int, top_k: int, target_imbalance: float) -> flo
 
 
 @njit(cache=True)
+def _taken(out, t, j, e):
+    """Whether expert e is among the first j choices of token t."""
+    for i in range(j):
+        if out[t, i] == e:
+            return True
+    return False
+
+
+@njit(cache=True)
 def _sample_topk(cum_p, num_tokens, k, seed):
     """(T, K) int64: K distinct experts per token, successive sampling by cumulative weights cum_p."""
     np.random.seed(seed)
@@ -174,12 +183,7 @@ def _sample_topk(cum_p, num_tokens, k, seed):
                 e = np.searchsorted(cum_p, np.random.random() * total, side="right")
                 if e >= E:
                     e = E - 1
-                dup = False
-                for i in range(j):
-                    if out[t, i] == e:
-                        dup = True
-                        break
-                if not dup:
+                if not _taken(out, t, j, e):
                     break
             out[t, j] = e
     return out
@@ -210,12 +214,7 @@ def _sample_hot(num_tokens, k, num_experts, hot, frac, seed):
             e = np.random.randint(0, num_experts)
             if is_hot[e]:
                 continue
-            dup = False
-            for i in range(j):
-                if out[t, i] == e:
-                    dup = True
-                    break
-            if not dup:
+            if not _taken(out, t, j, e):
                 out[t, j] = e
                 j += 1
     return out
