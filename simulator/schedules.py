@@ -192,21 +192,21 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
                    f"GEMMs on GPU {g}") for g in range(G)]
     log = RunLog([], np.zeros(G), np.zeros(G))
 
+    def exchange(g: int, flows, matrix, phase: str, key: str):
+        """GPU g's copy of one all-to-all phase; done when its own flow and every flow feeding it end."""
+        t0 = env.now
+        fabric.start(flows[g])
+        feeds = [fabric.done(flows[h]) for h in range(G) if h != g and matrix[g, h] > 0]
+        yield when_all(env, [fabric.done(flows[g]), *feeds])
+        log.spans.append(Span(g, phase, phase, t0, env.now, {key: float(fabric.total[flows[g]])}))
+
     def gpu(g: int):
         yield env.timeout(L)
-        t0 = env.now
-        fabric.start(D[g])
-        feeds = [fabric.done(D[h]) for h in range(G) if h != g and disp[g, h] > 0]
-        yield when_all(env, [fabric.done(D[g]), *feeds])
-        log.spans.append(Span(g, "dispatch", "dispatch", t0, env.now, {"bytes_in": float(fabric.total[D[g]])}))
+        yield from exchange(g, D, disp, "dispatch", "bytes_in")
         yield from _run_job(env, fabric, J[g], log, g, "grouped GEMMs + shared expert", launches[g],
                             {"routed_us": routed_s[g] * 1e6, "shared_us": work.shared_s[g] * 1e6})
         yield env.timeout(L)
-        t2 = env.now
-        fabric.start(C[g])
-        feeds = [fabric.done(C[h]) for h in range(G) if h != g and comb[g, h] > 0]
-        yield when_all(env, [fabric.done(C[g]), *feeds])
-        log.spans.append(Span(g, "combine", "combine", t2, env.now, {"bytes_out": float(fabric.total[C[g]])}))
+        yield from exchange(g, C, comb, "combine", "bytes_out")
         log.end_s[g] = env.now
 
     for g in range(G):
