@@ -70,8 +70,10 @@ def kernel_config(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.d
                               triton_version=triton.__version__, interpret=device.type == "cpu")
 
 
-def align_buffers(T: int, K: int, E: int, block_m: int, device, *, poison: bool = False) -> tuple[dict, int]:
-    """The router/align metadata buffers (see align.py) and the router's chunk size block_t.
+def align_buffers(T: int, K: int, E: int, block_m: int, device, *,
+                  poison: bool = False) -> tuple[dict, torch.Tensor, int]:
+    """The router/align metadata buffers (see align.py), the per-chunk histogram hist (C, E) the
+    router fills, and the router's chunk size block_t.
 
     With ``poison`` the outputs start as -7 (counts and offsets as 0), so that tests see any entry
     the kernels leave unwritten; otherwise they are left uninitialized (the kernels write them all).
@@ -95,7 +97,8 @@ def align_buffers(T: int, K: int, E: int, block_m: int, device, *, poison: bool 
         "block_expert": out(P_max // block_m),
         "pair_dest": out(T * K),
     }
-    return meta, block_t
+    hist = torch.empty((C, E), device=device, dtype=i32)
+    return meta, hist, block_t
 
 
 def check_inputs(x, weights, config) -> None:
@@ -165,13 +168,10 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         return y
     cfg = kernel_config(config, T, x.dtype, dev)
     bm = cfg["gemm1"]["BLOCK_M"]
-    meta, block_t = align_buffers(T, K, E, bm, dev)
-    C = meta["chunk_base"].shape[0]
-    P_max = meta["padded_token"].shape[0]
-    B_max = P_max // bm
+    meta, hist, block_t = align_buffers(T, K, E, bm, dev)
+    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
-    hist = torch.empty((C, E), device=dev, dtype=i32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
     split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
     if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
@@ -222,18 +222,14 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
     dev = x.device
-    i32 = torch.int32
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
-    meta, block_t = align_buffers(T, K, E, bm, dev)
-    C = meta["chunk_base"].shape[0]
-    P_max = meta["padded_token"].shape[0]
-    B_max = P_max // bm
-    hist = torch.empty((C, E), device=dev, dtype=i32)
+    meta, hist, block_t = align_buffers(T, K, E, bm, dev)
+    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
     launch_hist(topk_idx, hist, E, block_t)
     launch_align(topk_idx, hist, E, block_t, bm, meta)
     act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
@@ -394,11 +390,9 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
     i32 = torch.int32
     cfg = kernel_config(config, T, x.dtype, dev)
     bm = cfg["gemm1"]["BLOCK_M"]
-    meta, block_t = align_buffers(T, K, E, bm, dev, poison=True)
-    C = meta["chunk_base"].shape[0]
+    meta, hist, block_t = align_buffers(T, K, E, bm, dev, poison=True)
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
-    hist = torch.empty((C, E), device=dev, dtype=i32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
     split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
     if T and not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
@@ -414,10 +408,8 @@ def align_only(topk_idx: torch.Tensor, num_experts: int, block_m: int) -> dict:
     T, K = topk_idx.shape
     dev = topk_idx.device
     i32 = torch.int32
-    meta, block_t = align_buffers(T, K, num_experts, block_m, dev, poison=True)
-    C = meta["chunk_base"].shape[0]
-    hist = torch.zeros((C, num_experts), device=dev, dtype=i32)
-    for c in range(C):
+    meta, hist, block_t = align_buffers(T, K, num_experts, block_m, dev, poison=True)
+    for c in range(hist.shape[0]):  # every row is written: the router's histogram, made with torch
         flat = topk_idx[c * block_t:(c + 1) * block_t].reshape(-1).long()
         hist[c] = torch.bincount(flat, minlength=num_experts).to(i32)
     launch_align(topk_idx.to(i32).contiguous(), hist, num_experts, block_t, block_m, meta)
