@@ -1,0 +1,435 @@
+"""The megakernel's task plan: the ordered tasks one persistent launch runs for one MoE layer.
+
+Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width,
+KS = K (+1 with a shared MLP) rows per token in the pair buffer, C router chunks of BLOCK_T
+tokens, B row blocks of BLOCK_M padded rows (plan_dispatch's blocks), N1 / N2 column tiles of
+GEMM 1 / GEMM 2, P programs.
+
+One persistent launch of P programs takes tasks from one global ticket counter, in ticket order,
+and a task waits only on counters that tasks with lower tickets signal. So a single program that
+takes every ticket in order finishes the layer (the Triton interpreter runs it that way), and no
+number of programs, resident or not, can deadlock. The kinds, in ticket order:
+
+    kind            one task                             waits on                 signals
+    router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
+    router_topk     chunk c: logits, top-k, hist          logits[c] = SPLIT       topk (+ scan, scatter if C = 1)
+    align_scan      counts, padded offsets (C > 1)        topk = C                 scan
+    align_scatter   chunk c's padded rows (C > 1)         scan = 1                 scatter
+    shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
+    gemm1           row block b, N tile (+activation)     scatter = C (topk if C=1) g1[b]
+    shared_gemm2    shared m block, H tile                shared1[m] = Ns1 (+topk) g2
+    gemm2           row block b, H tile                   g1[b] = N1               g2
+    combine         token block, H block                  g2 = all GEMM 2 tasks    -
+
+Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
+shared_gemm2, gemm2 and combine come after the routed row blocks, whose number the device learns
+from its own counts (``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks: B = sum_e ceil(c_e / BLOCK_M),
+empty experts get no task at all). GEMM tiles are numbered in grouped order (GROUP_M row blocks
+sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
+
+``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
+with each task's tile, real rows, bytes and FLOPs and what it waits on: the kernel executes this
+order (kernels/megakernel.py computes the same function on the device) and the simulator's cost
+model reads it. NumPy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._checks import InputError
+
+KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_gemm1", "gemm1",
+         "shared_gemm2", "gemm2", "combine")
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+#: the tile keys ``tiles`` must give, per part
+TILE_KEYS = {
+    "router": ("BLOCK_T", "BLOCK_H", "SPLIT"),
+    "gemm1": ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
+    "gemm2": ("BLOCK_N", "BLOCK_K"),
+    "shared": ("BLOCK_M", "BLOCK_N1", "BLOCK_N2", "BLOCK_K"),
+    "combine": ("BLOCK_T", "BLOCK_H"),
+    "order": ("GROUP_M",),
+}
+
+#: fixed words at the start of the sync buffer (then logits[C], g1[B_max], shared1[Ms])
+SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_tiles(tiles: dict) -> dict:
+    """``tiles`` with every key of TILE_KEYS as a positive int; an error names the first bad one."""
+    if not isinstance(tiles, dict):
+        raise InputError(f"tiles must be a dict of parts {sorted(TILE_KEYS)}, got {type(tiles).__name__}")
+    for part, keys in TILE_KEYS.items():
+        sub = tiles.get(part)
+        if not isinstance(sub, dict):
+            raise InputError(f"tiles[{part!r}] must be a dict with keys {list(keys)}, got {sub!r}")
+        for k in keys:
+            v = sub.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(f"tiles[{part!r}][{k!r}] must be a positive integer, got {v!r}")
+    return tiles
+
+
+def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
+    """(splits, H columns per split) of the decode router: ranges are whole BLOCK_H steps, so
+    fewer splits than asked may result (split <= 1: one range, all of H)."""
+    if split <= 1:
+        return 1, H
+    h_per = cdiv(cdiv(H, split), block_h) * block_h
+    return cdiv(H, h_per), h_per
+
+
+def tile_ids(j: np.ndarray, num_m: int, num_n: int, group_m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Grouped tile order: task j -> (row block, N tile); GROUP_M row blocks sweep the N tiles
+    together (the order the kernel's ``_tile_ids`` computes)."""
+    j = np.asarray(j, dtype=np.int64)
+    width = group_m * num_n
+    group = j // width
+    first = group * group_m
+    size = np.minimum(num_m - first, group_m)
+    return first + (j % width) % size, (j % width) // size
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """The fixed part of the plan for T tokens (what the launcher passes to the kernel).
+
+    first[kind] / count[kind] for the static kinds (router_logits .. shared_gemm1), S0 the first
+    ticket after them; num_chunks C, split / h_per of the router; shared_m_blocks Ms; the sync
+    buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
+    off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need.
+    """
+
+    T: int
+    num_chunks: int
+    split: int
+    h_per: int
+    first: dict
+    count: dict
+    s0: int
+    b_max: int
+    n1: int
+    n2: int
+    shared_m_blocks: int
+    ns1: int
+    ns2: int
+    combine_tasks: int
+    off_logits: int
+    off_g1: int
+    off_shared1: int
+    sync_words: int
+
+    def dynamic_bases(self, num_blocks: int) -> dict:
+        """First ticket of each kind after the static ones, for B = num_blocks routed row blocks."""
+        g1 = self.s0
+        sh2 = g1 + num_blocks * self.n1
+        g2 = sh2 + self.shared_m_blocks * self.ns2
+        comb = g2 + num_blocks * self.n2
+        return {"gemm1": g1, "shared_gemm2": sh2, "gemm2": g2, "combine": comb,
+                "end": comb + self.combine_tasks}
+
+    @property
+    def max_tasks(self) -> int:
+        return self.dynamic_bases(self.b_max)["end"]
+
+
+def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """The most row blocks of BLOCK_M any routing of num_pairs pairs over E experts can need."""
+    if num_pairs == 0:
+        return 0
+    touched = min(num_experts, num_pairs)
+    return cdiv(num_pairs + touched * (block_m - 1), block_m)
+
+
+def task_layout(config, T: int, tiles: dict) -> TaskLayout:
+    """The static part of the task plan for ``config`` (a MoEConfig) on T tokens."""
+    check_tiles(tiles)
+    if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < 0:
+        raise InputError(f"T must be a non-negative integer, got {T!r}")
+    T = int(T)
+    E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
+    r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
+    C = cdiv(T, r["BLOCK_T"])
+    split, h_per = router_ranges(H, r["SPLIT"], r["BLOCK_H"])
+    fused = C == 1
+    count = {
+        "router_logits": C * split if split > 1 else 0,
+        "router_topk": C,
+        "align_scan": 0 if fused else (1 if C else 0),
+        "align_scatter": 0 if fused else C,
+    }
+    Is = config.shared_intermediate_size
+    Ms = cdiv(T, sh["BLOCK_M"]) if Is else 0
+    ns1 = cdiv(Is, sh["BLOCK_N1"]) if Is else 0
+    ns2 = cdiv(H, sh["BLOCK_N2"]) if Is else 0
+    count["shared_gemm1"] = Ms * ns1
+    first, t = {}, 0
+    for k in KINDS[:5]:
+        first[k] = t
+        t += count[k]
+    b_max = max_row_blocks(T * K, E, g1["BLOCK_M"])
+    off_logits = len(SYNC_WORDS)
+    off_g1 = off_logits + C
+    off_shared1 = off_g1 + b_max
+    return TaskLayout(
+        T=T, num_chunks=C, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
+        n1=cdiv(I, g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
+        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
+        off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1, sync_words=off_shared1 + Ms,
+    )
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Every task of one launch, in ticket order (arrays of length n = num_tasks).
+
+    kind (n,) int8 codes into KINDS; expert (n,) int32 (-1 where none); block (n,) int32 (row
+    block, m block or chunk); n_tile (n,) int32; rows (n,) int32 real rows (tokens or pairs) the
+    task computes; tile_m / tile_n / depth (n,) int32: the tile it runs (padded rows x columns x
+    reduction length); weight_bytes, in_bytes, out_bytes, flops (n,) float64: weight slice read,
+    other operands read (gathered rows, partials, metadata), results written, tensor-core FLOPs
+    of the padded tile (2 per multiply-add); weight_id (n,) int64: the same id means the same
+    weight slice (for an L2 model), -1 for none; signal (n,) int32 counter it increments (-1 none);
+    wait_ptr (n+1,) / wait_counter / wait_target: CSR list of (counter, value) each task waits for.
+    counters: names of the counters (index = id), counter_target: the value each reaches.
+    """
+
+    config_name: str
+    num_tokens: int
+    tiles: dict
+    layout: TaskLayout
+    counts: np.ndarray
+    num_programs: int
+    kind: np.ndarray
+    expert: np.ndarray
+    block: np.ndarray
+    n_tile: np.ndarray
+    rows: np.ndarray
+    tile_m: np.ndarray
+    tile_n: np.ndarray
+    depth: np.ndarray
+    weight_bytes: np.ndarray
+    in_bytes: np.ndarray
+    out_bytes: np.ndarray
+    flops: np.ndarray
+    weight_id: np.ndarray
+    signal: np.ndarray
+    wait_ptr: np.ndarray
+    wait_counter: np.ndarray
+    wait_target: np.ndarray
+    counters: tuple = field(default_factory=tuple)
+    counter_target: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def num_tasks(self) -> int:
+        return int(self.kind.size)
+
+    def tasks_per_kind(self) -> dict:
+        """{kind: number of tasks} for every kind in KINDS (zeros included)."""
+        n = np.bincount(self.kind.astype(np.int64), minlength=len(KINDS))
+        return {k: int(n[i]) for i, k in enumerate(KINDS)}
+
+    def tasks_per_expert(self, kind: str) -> np.ndarray:
+        """(E,) number of tasks of ``kind`` (gemm1 or gemm2) per routed expert."""
+        m = self.kind == KIND_CODE[kind]
+        return np.bincount(self.expert[m].astype(np.int64), minlength=self.counts.size)
+
+    def waits(self, i: int) -> list[tuple[str, int]]:
+        lo, hi = int(self.wait_ptr[i]), int(self.wait_ptr[i + 1])
+        return [(self.counters[c], int(v)) for c, v in zip(self.wait_counter[lo:hi], self.wait_target[lo:hi])]
+
+    def totals(self) -> dict:
+        """Sums per kind: tasks, bytes read and written, FLOPs."""
+        out = {}
+        for i, k in enumerate(KINDS):
+            m = self.kind == i
+            out[k] = {"tasks": int(m.sum()), "weight_bytes": float(self.weight_bytes[m].sum()),
+                      "in_bytes": float(self.in_bytes[m].sum()), "out_bytes": float(self.out_bytes[m].sum()),
+                      "flops": float(self.flops[m].sum())}
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain lists (JSON-ready) of every field: what a process without NumPy objects reads."""
+        arrays = ("kind", "expert", "block", "n_tile", "rows", "tile_m", "tile_n", "depth", "weight_bytes",
+                  "in_bytes", "out_bytes", "flops", "weight_id", "signal", "wait_ptr", "wait_counter",
+                  "wait_target", "counter_target", "counts")
+        d = {a: getattr(self, a).tolist() for a in arrays}
+        d.update(config_name=self.config_name, num_tokens=self.num_tokens, tiles=self.tiles,
+                 num_programs=self.num_programs, kinds=list(KINDS), counters=list(self.counters))
+        return d
+
+
+class _Builder:
+    """Appends groups of tasks (arrays) in ticket order."""
+
+    COLS = ("kind", "expert", "block", "n_tile", "rows", "tile_m", "tile_n", "depth", "weight_bytes",
+            "in_bytes", "out_bytes", "flops", "weight_id", "signal")
+
+    def __init__(self):
+        self.parts = {c: [] for c in self.COLS}
+        self.waits: list[np.ndarray] = []  # per group: (n, w, 2) counter/target
+        self.counters: list[str] = []
+        self.targets: list[int] = []
+
+    def counter(self, name: str, target: int) -> int:
+        self.counters.append(name)
+        self.targets.append(int(target))
+        return len(self.counters) - 1
+
+    def add(self, kind: str, n: int, waits: np.ndarray | None = None, **cols) -> None:
+        if n == 0:
+            return
+        for c in self.COLS:
+            v = KIND_CODE[kind] if c == "kind" else cols.get(c, -1 if c in ("expert", "weight_id", "signal") else 0)
+            self.parts[c].append(np.broadcast_to(np.asarray(v), (n,)).copy())
+        self.waits.append(np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2))
+
+    def build(self) -> dict:
+        dtypes = {"kind": np.int8, "weight_bytes": np.float64, "in_bytes": np.float64, "out_bytes": np.float64,
+                  "flops": np.float64, "weight_id": np.int64}
+        out = {c: (np.concatenate(v) if v else np.zeros(0)).astype(dtypes.get(c, np.int32)) for c, v in self.parts.items()}
+        lens = [w.shape[1] for w in self.waits for _ in range(w.shape[0])]
+        ptr = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        flat = np.concatenate([w.reshape(-1, 2) for w in self.waits]) if self.waits else np.zeros((0, 2), np.int64)
+        out.update(wait_ptr=ptr, wait_counter=flat[:, 0].astype(np.int32), wait_target=flat[:, 1].astype(np.int64))
+        return out
+
+
+def _w(n: int, *pairs) -> np.ndarray:
+    """Waits for n tasks: each pair (counter ids (n,) or scalar, targets (n,) or scalar)."""
+    cols = [np.stack([np.broadcast_to(c, (n,)), np.broadcast_to(t, (n,))], axis=-1) for c, t in pairs]
+    return np.stack(cols, axis=1) if cols else np.zeros((n, 0, 2), np.int64)
+
+
+def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight_bytes: int | None = None,
+              num_programs: int = 1) -> TaskPlan:
+    """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
+    ``counts`` (E,) (``np.bincount(topk_idx.ravel(), minlength=E)``; they sum to T*K).
+
+    ``tiles``: {"router": {BLOCK_T, BLOCK_H, SPLIT}, "gemm1": {BLOCK_M, BLOCK_N, BLOCK_K},
+    "gemm2": {BLOCK_N, BLOCK_K}, "shared": {BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K},
+    "combine": {BLOCK_T, BLOCK_H}, "order": {GROUP_M}} (GEMM 2 shares GEMM 1's BLOCK_M: the row
+    blocks). ``act_bytes`` / ``weight_bytes``: bytes per element of activations and weights
+    (weights default to the activations'). ``num_programs``: the launch's P (recorded only).
+    """
+    lay = task_layout(config, T, tiles)
+    E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
+    counts = np.asarray(counts)
+    if counts.dtype.kind not in "iu" or counts.shape != (E,) or (counts.size and counts.min() < 0) \
+            or int(counts.sum()) != T * K:
+        raise InputError(f"counts must be (E,)=({E},) non-negative integers summing to T*K={T * K}, "
+                         f"got shape {list(counts.shape)} sum {int(counts.sum()) if counts.size else 0}")
+    counts = counts.astype(np.int64)
+    ab = int(act_bytes)
+    wb = ab if weight_bytes is None else int(weight_bytes)
+    r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
+    group_m = tiles["order"]["GROUP_M"]
+    shared = config.num_shared_experts > 0
+    KS = K + (1 if shared else 0)
+    Is = config.shared_intermediate_size
+    C, split = lay.num_chunks, lay.split
+    bt = r["BLOCK_T"]
+    bld = _Builder()
+    topk_c = bld.counter("topk", C)
+    scan_c = bld.counter("scan", 1 if C else 0)
+    scat_c = bld.counter("scatter", C)
+    chunk = np.arange(C)
+    chunk_rows = np.minimum(bt, T - chunk * bt)
+
+    # ---- router
+    if split > 1:
+        logit_c = np.array([bld.counter(f"logits[{c}]", split) for c in range(C)], np.int64)
+        cc, ss = np.divmod(np.arange(C * split), split)
+        hlen = np.minimum(lay.h_per, H - ss * lay.h_per)
+        bld.add("router_logits", C * split, block=cc, n_tile=ss, rows=chunk_rows[cc], tile_m=bt, tile_n=E,
+                depth=hlen, weight_bytes=E * hlen * wb, in_bytes=chunk_rows[cc] * hlen * ab,
+                out_bytes=chunk_rows[cc] * E * 4, flops=2.0 * bt * E * hlen, weight_id=10_000 + ss,
+                signal=logit_c[cc])
+        topk_in = split * chunk_rows * E * 4
+        topk_w, topk_flops, topk_wait = 0, 0.0, _w(C, (logit_c, split))
+    else:
+        topk_in = chunk_rows * H * ab
+        topk_w, topk_flops, topk_wait = E * H * wb, 2.0 * bt * E * H, None
+    topk_out = chunk_rows * K * 8 + E * 4
+    if C == 1:  # one program holds every token: it aligns too
+        topk_out = topk_out + T * K * 12 + 4 * (2 * E + 1)
+    bld.add("router_topk", C, topk_wait, block=chunk, rows=chunk_rows, tile_m=bt, tile_n=E,
+            depth=H if split == 1 else 0, weight_bytes=topk_w, in_bytes=topk_in, out_bytes=topk_out,
+            flops=topk_flops, weight_id=10_000 if split == 1 else -1, signal=topk_c)
+    if C > 1:
+        bld.add("align_scan", 1, _w(1, (topk_c, C)), rows=T * K, tile_n=E, in_bytes=4 * C * E,
+                out_bytes=4 * (C * E + 2 * E + 1 + lay.b_max), signal=scan_c)
+        bld.add("align_scatter", C, _w(C, (scan_c, 1)), block=chunk, rows=chunk_rows * K, tile_m=bt, tile_n=E,
+                in_bytes=chunk_rows * K * 4 + 8 * E, out_bytes=chunk_rows * K * 12, signal=scat_c)
+
+    # ---- shared MLP, GEMM 1 (static)
+    Ms, ns1, ns2 = lay.shared_m_blocks, lay.ns1, lay.ns2
+    if shared:
+        sh1_c = np.array([bld.counter(f"shared1[{m}]", ns1) for m in range(Ms)], np.int64)
+        mm, nn = tile_ids(np.arange(Ms * ns1), Ms, ns1, group_m)
+        srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
+        ncol = np.minimum(sh["BLOCK_N1"], Is - nn * sh["BLOCK_N1"])
+        bld.add("shared_gemm1", Ms * ns1, block=mm, n_tile=nn, rows=srows, tile_m=sh["BLOCK_M"],
+                tile_n=2 * sh["BLOCK_N1"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=srows * H * ab,
+                out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * 2 * sh["BLOCK_N1"] * H,
+                weight_id=20_000 + nn, signal=sh1_c[mm])
+
+    # ---- routed row blocks (dynamic: from the counts)
+    bm = g1["BLOCK_M"]
+    blocks_e = -(-counts // bm)
+    B = int(blocks_e.sum())
+    block_expert = np.repeat(np.arange(E), blocks_e)
+    first_block = np.concatenate([[0], np.cumsum(blocks_e)[:-1]]) if E else np.zeros(0, np.int64)
+    block_rows = np.minimum(bm, counts[block_expert] - (np.arange(B) - first_block[block_expert]) * bm)
+    n1, n2 = lay.n1, lay.n2
+    g2_total = B * n2 + Ms * ns2
+    g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
+    g2_c = bld.counter("g2", g2_total)
+    bb, nn = tile_ids(np.arange(B * n1), B, n1, group_m)
+    e = block_expert[bb]
+    rows = block_rows[bb]
+    ncol = np.minimum(g1["BLOCK_N"], I - nn * g1["BLOCK_N"])
+    rows_ready = (scat_c, C) if C > 1 else (topk_c, 1)  # one chunk: the top-k task aligned too
+    bld.add("gemm1", B * n1, _w(B * n1, rows_ready), expert=e, block=bb, n_tile=nn, rows=rows, tile_m=bm,
+            tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=rows * H * ab,
+            out_bytes=rows * ncol * ab, flops=2.0 * bm * 2 * g1["BLOCK_N"] * H, weight_id=e * n1 + nn,
+            signal=g1_c[bb] if B else -1)
+    if shared:
+        mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
+        srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
+        ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
+        pairs = [(sh1_c[mm], ns1)] + ([(topk_c, C)] if config.shared_expert_gate else [])
+        bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
+                tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
+                in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
+                weight_id=30_000 + nn, signal=g2_c)
+    bb, nn = tile_ids(np.arange(B * n2), B, n2, group_m)
+    e = block_expert[bb]
+    rows = block_rows[bb]
+    ncol = np.minimum(g2["BLOCK_N"], H - nn * g2["BLOCK_N"])
+    bld.add("gemm2", B * n2, _w(B * n2, (g1_c[bb] if B else 0, n1)), expert=e, block=bb, n_tile=nn, rows=rows,
+            tile_m=bm, tile_n=g2["BLOCK_N"], depth=I, weight_bytes=ncol * I * wb, in_bytes=rows * I * ab,
+            out_bytes=rows * ncol * ab, flops=2.0 * bm * g2["BLOCK_N"] * I, weight_id=E * n1 + e * n2 + nn,
+            signal=g2_c)
+
+    # ---- combine
+    nct = cdiv(H, cb["BLOCK_H"])
+    tt, hh = np.divmod(np.arange(lay.combine_tasks), nct)
+    trows = np.minimum(cb["BLOCK_T"], T - tt * cb["BLOCK_T"])
+    hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
+    bld.add("combine", lay.combine_tasks, _w(lay.combine_tasks, (g2_c, g2_total)), block=tt, n_tile=hh,
+            rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"], in_bytes=trows * KS * hcol * ab,
+            out_bytes=trows * hcol * ab)
+    arrays = bld.build()
+    return TaskPlan(config_name=config.name, num_tokens=int(T), tiles=tiles, layout=lay, counts=counts,
+                    num_programs=int(num_programs), counters=tuple(bld.counters),
+                    counter_target=np.asarray(bld.targets, np.int64), **arrays)
