@@ -23,10 +23,11 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
 Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
-shared_gemm2, gemm2 and combine come after the routed row blocks, whose number the device learns
-from its own counts after the scan (every task past the static ones waits for it first;
-with one chunk the top-k task aligns and signals in its place) (``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks: B = sum_e ceil(c_e / BLOCK_M),
-empty experts get no task at all). GEMM tiles are numbered in grouped order (GROUP_M row blocks
+shared_gemm2, gemm2 and combine come after the routed row blocks, whose number B the device learns
+from its own counts after the scan: ``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks, B = sum_e
+ceil(c_e / BLOCK_M), so an expert with no pair gets no task at all. Every task past the static
+ones waits for the scan first (with one chunk the top-k task aligns and stands in for the scan
+and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
 sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
@@ -342,8 +343,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     bt = r["BLOCK_T"]
     bld = _Builder()
     topk_c = bld.counter("topk", C)
-    scan_c = bld.counter("scan", 1 if C else 0)
-    scat_c = bld.counter("scatter", C)
+    scan_c = bld.counter("scan", 1 if C > 1 else 0)  # C = 1: the top-k task aligns; waits name topk instead
+    scat_c = bld.counter("scatter", C if C > 1 else 0)
     chunk = np.arange(C)
     chunk_rows = np.minimum(bt, T - chunk * bt)
 
