@@ -210,6 +210,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
                           "order": {"GROUP_M": 2}},
                 "num_warps": 4, "num_stages": 1, "occupancy": 1}
     P = num_sms
+    if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
+        split = max(split, min(64, H // (64 if block_e <= 128 else 32), -(-E * H * 2 // (48 << 10))))
     if T <= 16:
         bm = 16
     elif T <= 64 or 1.5 * T * K / E <= 64:

@@ -66,6 +66,16 @@ def _signal(ptr):
 
 
 @triton.jit
+def _now(TRACE: tl.constexpr):
+    """The GPU's global nanosecond timer (TRACE only: inline PTX, which the interpreter lacks)."""
+    if TRACE:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    else:
+        return 0
+
+
+@triton.jit
 def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
     """Tests only: count tasks per kind (and GEMM tasks per expert: gemm1 at 9+e, gemm2 at 9+E+e)."""
     if RECORD:
@@ -85,7 +95,7 @@ def _megakernel(
     part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, hist_ptr, chunk_base_ptr,
     counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
     # intermediates and output
-    act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr,
+    act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr,
     # sizes and strides
     T, H, E, I, Is, C, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
     stride_dnb, scaling, alpha, limit, H_PER,
@@ -104,11 +114,13 @@ def _megakernel(
     BN2: tl.constexpr, BK2: tl.constexpr, S_BM: tl.constexpr, S_BN1: tl.constexpr, S_BN2: tl.constexpr,
     S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
     S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
-    RECORD: tl.constexpr,
+    RECORD: tl.constexpr, TRACE: tl.constexpr,
 ):
+    pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + 0, 1, sem="relaxed")  # W_TICKET
     while t < MAX_TASKS:
         stop = 0
+        t_begin = _now(TRACE)
         if t < S0:  # ------------------------------------------------ the fixed part
             if t < F_TOPK:  # router_logits (c, s)
                 if SPLIT > 0:
@@ -201,6 +213,11 @@ def _megakernel(
                 _record(stats_ptr, 8, 0, E, RECORD)
             else:
                 stop = 1
+        if TRACE:  # (program, start ns, end ns) of every ticket run, for where-the-time-goes
+            if stop == 0:
+                tl.store(trace_ptr + 3 * t, pid.to(tl.int64))
+                tl.store(trace_ptr + 3 * t + 1, t_begin)
+                tl.store(trace_ptr + 3 * t + 2, _now(TRACE))
         if stop:
             t = MAX_TASKS
         else:
@@ -253,12 +270,14 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device) 
 
 
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
-                       out: torch.Tensor | None = None):
+                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None):
     """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
 
     ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
     ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
-    [E], "gemm2_per_expert": [E]} (tests). ``out``: write y there (T, H), e.g. a poisoned buffer."""
+    [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
+    memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
+    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     Is = config.shared_intermediate_size
@@ -301,12 +320,12 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     gu, dn = weights.gate_up, weights.down
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
-    _megakernel[(nprog,)](
+    kern = _megakernel[(nprog,)](
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
-        act, act_s, pairs, y, sync, stats,
+        act, act_s, pairs, y, sync, stats, trace,
         T, H, E, I, Is, C, lay.b_max, x.stride(0), rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
@@ -326,6 +345,7 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
         S_BK=sh["BLOCK_K"], EVEN_K1=H % g1["BLOCK_K"] == 0, EVEN_K2=I % g2["BLOCK_K"] == 0,
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
+        TRACE=trace is not None,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     if not record:
@@ -334,4 +354,8 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     ran = {k: int(s[i]) for i, k in enumerate(KINDS)}
     ran["gemm1_per_expert"] = s[9:9 + E].tolist()
     ran["gemm2_per_expert"] = s[9 + E:9 + 2 * E].tolist()
+    ran["programs"] = nprog
+    for a in ("n_regs", "n_spills"):
+        ran[a] = getattr(kern, a, None)
+    ran["shared_bytes"] = getattr(getattr(kern, "metadata", None), "shared", None)
     return y, ran
