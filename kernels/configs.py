@@ -239,8 +239,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             "num_warps": warps, "num_stages": stages, "occupancy": 1}
 
 
-#: where no measurement says otherwise: the megakernel up to this T (decode and small batches)
-MEGAKERNEL_MAX_T = 64
+#: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since
+#: the 2026-12-01 H200 runs measured the megakernel 1.05-1.45x slower than the multi-launch path on
+#: uniform routing at every T in 1..512 (benchmarks/NOTES-gpu-runs.md, runs 8-9)
+MEGAKERNEL_MAX_T = 0
 
 
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str) -> str:
