@@ -115,8 +115,9 @@ def flag_for(device, captured: bool) -> torch.Tensor:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     key = (str(dev), bool(captured))
-    if key not in _flags:
-        _flags[key] = new_flag(dev)
+    if key not in _flags:  # both at once, so that a warm-up call makes the captured one too
+        _flags[(str(dev), False)] = new_flag(dev)
+        _flags[(str(dev), True)] = new_flag(dev)
     return _flags[key]
 
 

@@ -24,7 +24,7 @@ from megamoe.reference import (
 
 pytestmark = pytest.mark.interpret
 
-CFG = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
+CFG = MoEConfig(hidden_size=16, intermediate_size=16, num_experts=7, top_k=3)  # small: one tile per GEMM
 T = 6
 
 
