@@ -300,6 +300,12 @@ def run(args: argparse.Namespace) -> int:
     if any(t < 0 for t in tokens):
         print(f"megamoe validate: --tokens must be >= 0, got {tokens}", file=sys.stderr)
         return 2
+    if args.sample < 1:
+        print(f"megamoe validate: --sample must be >= 1 token, got {args.sample}", file=sys.stderr)
+        return 2
+    if not 0 <= args.seed < 2**32:
+        print(f"megamoe validate: --seed must be in [0, 2^32), got {args.seed}", file=sys.stderr)
+        return 2
     gpu = _has_cuda()
     if not gpu:  # before triton is imported: the interpreter is chosen at import
         os.environ.setdefault("TRITON_INTERPRET", "1")

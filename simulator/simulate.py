@@ -70,6 +70,10 @@ def check_request(cfg: MoEConfig, p: Profile, tokens_per_gpu, *, routing, placem
     if num_slots is not None and placement != "eplb":
         raise ValueError(f"num_slots (--slots {num_slots}) applies to the eplb placement only; placement "
                          f"{placement!r} has one slot per expert")
+    E, G = cfg.num_experts, p.num_gpus
+    if num_slots is not None and (isinstance(num_slots, bool) or int(num_slots) != num_slots or num_slots < E
+                                  or num_slots % G):
+        raise ValueError(f"eplb: num_slots={num_slots} must be >= num_experts={E} and a multiple of num_gpus={G}")
     check_comm_sms(comm_sms, p)
     _, note = resolve_routing(routing, cfg)
     notes = [note] if note else []

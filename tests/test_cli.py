@@ -82,3 +82,12 @@ def test_bugs_still_show_a_traceback(monkeypatch):
     monkeypatch.setattr(scli, "run", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["simulate"])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--sample", "-1"], "--sample must be >= 1 token, got -1"),
+    (["--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
+])
+def test_validate_bad_options(argv, match, capsys):
+    assert main(["validate", "--models", "mixtral-8x7b", "--tokens", "1", *argv]) == 2
+    assert match in capsys.readouterr().err
