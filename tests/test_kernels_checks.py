@@ -174,3 +174,14 @@ def test_cuda_graph_capture_sanitizes_and_flags(layer, device):
     assert_close(ys.cpu(), _reference(device, x, w, idx, good_w), "bfloat16", "captured, sanitized")
     with pytest.raises(KernelInputError, match=r"topk_idx\[0, 1\] = -1"):
         checks.check_captured_routing("cuda", num_experts=CFG.num_experts, top_k=CFG.top_k)
+
+
+def test_check_keeps_torch_compile_fullgraph(layer, device):
+    """Under torch.compile the flag is not read (no graph break); the result is the eager one."""
+    from megamoe.kernels import moe_experts
+
+    x, w, idx, tw = layer
+    t = w.to_torch(device.name, device.torch_dtype())
+    args = (device.tensor(x), torch.as_tensor(idx).to(device.name), torch.as_tensor(tw).to(device.name, torch.float32))
+    f = torch.compile(lambda a, i, g: moe_experts(a, i, g, t.gate_up, t.down), fullgraph=True, backend="eager")
+    assert torch.equal(f(*args), moe_experts(*args, t.gate_up, t.down))
