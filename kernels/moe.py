@@ -32,6 +32,7 @@ import triton
 from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.weights import FIELDS, MoEWeights
+from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
@@ -216,8 +217,10 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
              limit: float, deterministic: bool) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere (align, GEMM 1, GEMM 2, combine):
-    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) int32, topk_w (T, K) fp32."""
+    """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
+    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
+    topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
+    recorded in the device's flag (the sticky one inside a CUDA-graph capture) and contribute 0."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -225,6 +228,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
+    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, checks.capturing(dev)))
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
@@ -270,12 +274,21 @@ def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activat
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, *,
                 activation: str = "silu_gated", alpha: float = 1.702, limit: float = 7.0,
-                deterministic: bool = True) -> torch.Tensor:
+                deterministic: bool = True, check: bool = True) -> torch.Tensor:
     """The routed experts alone, for a routing made elsewhere (e.g. a transformers MoE block's router).
 
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
+
+    The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
+    in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
+    -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
+    and, outside capture, one read of a 48-byte flag. Inside a CUDA-graph capture nothing is read:
+    at each replay bad slots get an unused expert and weight 0 (never an out-of-bounds access, the
+    output is the good slots' sum) and are recorded in a sticky flag; call
+    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` after replay to raise the
+    error. ``check=False`` skips the flag read (the routing is sanitized all the same).
     """
     for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
         if not isinstance(t, torch.Tensor):
@@ -297,13 +310,29 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
             raise KernelInputError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}: they must agree")
     if T * topk_idx.shape[1] * H > INT32_MAX or 2 * (I2 // 2) * H > INT32_MAX:
         raise KernelInputError("sizes overflow 32-bit indexing; split the batch")
-    return torch.ops.megamoe.moe_experts(
-        x.contiguous(), topk_idx.to(torch.int32).contiguous(), topk_weights.to(torch.float32).contiguous(),
+    K = topk_idx.shape[1]
+    if not 1 <= K <= E:
+        raise KernelInputError(f"topk_idx has K={K} slots per token; K must be in [1, E={E}] (distinct experts)")
+    if topk_idx.dtype.is_floating_point or topk_idx.dtype.is_complex or topk_idx.dtype == torch.bool:
+        raise KernelInputError(f"topk_idx must hold integer expert ids, got dtype {topk_idx.dtype}")
+    if not topk_weights.dtype.is_floating_point:
+        raise KernelInputError(f"topk_weights must be floating point, got dtype {topk_weights.dtype}")
+    for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise KernelInputError(f"{name} is on {t.device}, x on {x.device}: they must be on one device")
+    read = check and not torch.compiler.is_compiling() and not checks.capturing(x.device)
+    if read:
+        checks._init(checks.flag_for(x.device, captured=False))
+    y = torch.ops.megamoe.moe_experts(
+        x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(),
         gate_up.contiguous(), down.contiguous(),
         None if gate_up_bias is None else gate_up_bias.contiguous(),
         None if down_bias is None else down_bias.contiguous(),
         activation, float(alpha), float(limit), bool(deterministic),
     )
+    if read:
+        checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)
+    return y
 
 
 # --------------------------------------------------------------------------- torch op

@@ -211,6 +211,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no kernel run: predict the rows a `megamoe bench` run measured and compare")
 
 
+def bench_row_problem(r: dict) -> str | None:
+    """What makes a bench row unusable for ``--from-bench`` (None if nothing): checked for every row
+    before any prediction."""
+    import math
+
+    from megamoe.reference import PRESETS
+
+    if r.get("preset") not in PRESETS:
+        return f"preset {r.get('preset')!r} is not a preset ({', '.join(PRESETS)})"
+    T = r.get("T")
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        return f"T={T!r} must be a whole number of tokens >= 1"
+    us = r["ours_us"]
+    if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
+        return f"ours_us={us!r} must be a positive time in us"
+    for k in ("ceiling_read_bytes_per_s", "ceiling_matmul_flops_per_s"):
+        v = r.get(k, 1.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            return f"{k}={v!r} must be a positive rate"
+    return None
+
+
 def run_from_bench(path: Path, args: argparse.Namespace) -> int:
     """Compare the simulator's launch model with measured bench rows (deterministic mode)."""
     if not path.exists():
@@ -225,10 +247,21 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             print(f"megamoe validate: {path}:{n}: not JSON ({exc.msg})", file=sys.stderr)
             return 2
-        if "ours_us" in r and r.get("deterministic", True):
+        if isinstance(r, dict) and "ours_us" in r and r.get("deterministic", True):
+            bad = bench_row_problem(r)
+            if bad:
+                print(f"megamoe validate: {path}:{n}: {bad}", file=sys.stderr)
+                return 2
             rows.append(r)
     if not rows:
         print(f"megamoe validate: {path} holds no bench rows with 'ours_us'", file=sys.stderr)
+        return 2
+    from megamoe.simulator import ProfileError, load_profile
+
+    try:
+        load_profile(args.system)
+    except ProfileError as exc:
+        print(f"megamoe validate: --system: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else None
     for r in rows:
@@ -266,6 +299,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if any(t < 0 for t in tokens):
         print(f"megamoe validate: --tokens must be >= 0, got {tokens}", file=sys.stderr)
+        return 2
+    if args.sample < 1:
+        print(f"megamoe validate: --sample must be >= 1 token, got {args.sample}", file=sys.stderr)
+        return 2
+    if not 0 <= args.seed < 2**32:
+        print(f"megamoe validate: --seed must be in [0, 2^32), got {args.seed}", file=sys.stderr)
         return 2
     gpu = _has_cuda()
     if not gpu:  # before triton is imported: the interpreter is chosen at import

@@ -238,9 +238,12 @@ class MoEConfig:
         from .hf import read_json
 
         d = read_json(path)
-        if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:
-            return cls.from_dict(d)
-        return cls.from_hf(d)
+        try:
+            if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:
+                return cls.from_dict(d)
+            return cls.from_hf(d)
+        except ValueError as exc:  # ConfigError, InputError: say which file
+            raise ConfigError(f"{path}: {exc}") from None
 
     def describe(self) -> str:
         s = (

@@ -94,6 +94,20 @@ def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray
     return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
 
 
+def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray, profile: Profile,
+                   comm_sms: int) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) lower bounds of each GPU's dispatch and of its combine alone, in seconds: its bytes
+    off the diagonal at the port rate (sent, received) or the copy rate of the communication SMs
+    (the copies it drives: pulls in dispatch, pushes in combine), plus one latency if it moves any.
+    The same terms as ``estimate``, one phase at a time (the analytic table's dispatch and combine)."""
+    normalize_schedule(schedule)
+    b = gpu_bytes(dispatch_bytes, combine_bytes)
+    port, copy, lat = profile.port_bytes_per_s, comm_sms * profile.sm_copy_bytes_per_s, profile.link_latency_s
+    dis = np.maximum.reduce([b["dispatch_sent"] / port, b["dispatch_recv"] / port, b["dispatch_recv"] / copy])
+    com = np.maximum.reduce([b["combine_sent"] / port, b["combine_recv"] / port, b["combine_sent"] / copy])
+    return dis + lat * (dis > 0), com + lat * (com > 0)
+
+
 def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
                       include_shared: bool = True) -> Estimate:

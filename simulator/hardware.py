@@ -312,11 +312,49 @@ def load_profile(spec: str | Path | Profile) -> Profile:
         raise ProfileError(
             f"{str(spec)!r} is neither a shipped profile ({', '.join(available_profiles())}) nor an existing file"
         )
+    if path.is_dir():
+        raise ProfileError(f"{str(spec)!r} is a directory; --system takes a profile name "
+                           f"({', '.join(available_profiles())}) or a profile JSON file")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc}") from None
     return validate(data, origin=str(path))
+
+
+#: What real GPUs and fabrics have had, widened by about ten times each way (key path -> (lo, hi),
+#: in the key's unit). A number outside is legal but most likely a unit slip (GB/s for bytes/s):
+#: ``plausibility_warnings`` names it. Zero latencies and launch costs are idealizations, not slips.
+PLAUSIBLE = {
+    "link.bandwidth_per_direction_bytes_per_s": (1e9, 1e12),
+    "link.latency_s": (1e-8, 1e-4),
+    "gpu.num_sms": (8, 2_000),
+    "gpu.tensor_bf16_flops_per_s": (1e13, 1e17),
+    "gpu.tensor_fp8_flops_per_s": (1e13, 2e17),
+    "gpu.kernel_launch_s": (1e-8, 1e-4),
+    "gpu.grid_sync_s": (1e-8, 1e-4),
+    "gpu.l2_bytes": (1e6, 1e10),
+    "sm.copy_bytes_per_s": (1e9, 1e12),
+    "hbm.capacity_bytes": (1e9, 1e13),
+    "hbm.bandwidth_bytes_per_s": (1e11, 1e14),
+}
+
+
+def plausibility_warnings(profile: Profile) -> list[str]:
+    """One line per profile number far outside what real hardware has (see ``PLAUSIBLE``)."""
+    out = []
+    for path, (lo, hi) in PLAUSIBLE.items():
+        sec, key = path.split(".")
+        v = profile.data[sec][key]["value"]
+        if v == 0 and path.endswith("_s"):
+            continue
+        if not lo <= v <= hi:
+            unit = profile.data[sec][key]["unit"]
+            out.append(f"{path} = {v:g} {unit} is far outside what GPUs have ({lo:g} to {hi:g} {unit}); "
+                       f"check the number and its unit (source: {profile.data[sec][key]['source']})")
+    return out
 
 
 def override(profile: Profile, **fields: Any) -> Profile:
