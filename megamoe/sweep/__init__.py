@@ -10,7 +10,7 @@ A SPEC (``spec``) is a ``[fixed]`` table of simulate options and a ``[grid]`` ta
 point is one ``simulate`` (or analytic) call. Rows go to ``OUT/results.parquet`` (``store``), the
 trade-off plot to ``OUT/sweep.png`` (``plot``). The command line is ``megamoe sweep`` (``cli``).
 
-Modules: ``spec`` (the SPEC and its checks), ``worker`` (what runs on a Dask worker), ``run`` (the
+Modules: ``spec`` (the SPEC and its checks), ``worker`` (what runs on a Dask worker), ``runner`` (the
 cluster and the batches), ``store`` (atomic Parquet parts), ``progress``, ``plot``, ``cli``.
 Nothing heavy is imported until a sweep runs.
 """
@@ -64,7 +64,7 @@ def run_sweep(spec: Spec | dict | str | Path, out: str | Path = "sweep-out", *, 
     import os
 
     from .progress import Progress
-    from .run import execute
+    from .runner import execute
 
     spec = as_spec(spec)
     check_dependencies(tuple(n for n in DEPENDENCIES if plot or n != "matplotlib"))
