@@ -59,7 +59,7 @@ class Progress:
             self._bar.update(self._task, advance=ok + failed, failed=self.failed, rate=f"{self.rate:,.1f} points/s")
             return
         now = time.perf_counter()
-        if now - self._last >= self.every_s:
+        if now - self._last >= self.every_s and self.done + self.failed < self.total:
             self._last = now
             print(self.line(), file=self.stream, flush=True)
 
