@@ -16,11 +16,8 @@ MAX_AXES = 8
 
 def plot(df, spec, path: str | Path, objective: str = "layer_time_us") -> Path | None:
     """Write the figure to ``path``; None when nothing succeeded or nothing varies."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) stays as it is
 
     ok = df[df["error"].isna()] if "error" in df else df
     axes = [a for a, v in spec.grid.items() if len(v) > 1 and a in ok][:MAX_AXES]
@@ -29,7 +26,8 @@ def plot(df, spec, path: str | Path, objective: str = "layer_time_us") -> Path |
     n = len(axes) + 1
     cols = min(3, n)
     rows = -(-n // cols)
-    fig, grid = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), constrained_layout=True, squeeze=False)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False)
     flat = grid.ravel()
     label = objective.removesuffix("_us").replace("_", " ") + (" (us)" if objective.endswith("_us") else "")
     for ax, name in zip(flat, axes):
@@ -63,5 +61,4 @@ def plot(df, spec, path: str | Path, objective: str = "layer_time_us") -> Path |
     fig.suptitle("\n".join(textwrap.wrap(title, 40 * cols)), fontsize=10)
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
