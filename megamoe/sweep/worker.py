@@ -71,7 +71,11 @@ def _profile(options: dict):
 
     prof_opts = {k: v for k, v in options.items() if k not in OPTIONS or k == "system"}
     key = json.dumps(prof_opts, sort_keys=True)
-    return _profiles.get_or(key, lambda: resolve_profile(prof_opts))[0], key
+    def make():
+        prof = resolve_profile(prof_opts)
+        return prof, _compute_key(prof)
+
+    return _profiles.get_or(key, make)[0]
 
 
 def workload_key(point: Point) -> str:
@@ -132,7 +136,7 @@ def _analytic_point(c: dict, row: dict) -> None:
     from megamoe.simulator.timing import normalize_dtype, row_bytes
     from megamoe.simulator.workload import minibatch_count
 
-    p, prof_key = _profile(row["_options"])
+    p, compute_key = _profile(row["_options"])
     tg = c["tokens-per-gpu"]
     mb, nmb = minibatch_count(tg, default_minibatch(tg) if c.get("minibatch") is None else c["minibatch"])
     entry, row["workload_s"] = _workload(c, p, None)
@@ -151,7 +155,7 @@ def _analytic_point(c: dict, row: dict) -> None:
     def traffic_bytes(dtype):
         return lambda: w.traffic_mb.sum(axis=1, keepdims=True) * row_bytes(cfg.hidden_size, dtype)
 
-    comp = _pieces.get_or((pkey, prof_key, wd, ad, shared), roofline)[0]
+    comp = _pieces.get_or((pkey, compute_key, wd, ad, shared), roofline)[0]
     dis = _pieces.get_or((pkey, "bytes", ad), traffic_bytes(ad))[0]
     com = _pieces.get_or((pkey, "bytes", "bf16"), traffic_bytes("bf16"))[0]
     e = estimate(c["schedule"], compute_s=comp, dispatch_bytes=dis, combine_bytes=com, profile=p,
@@ -163,6 +167,18 @@ def _analytic_point(c: dict, row: dict) -> None:
                combine_us=0.0)
     _shape(row, _imbalance(entry), w)
     row["minibatch_tokens"], row["num_minibatches"] = mb, nmb
+
+
+def _compute_key(profile) -> str:
+    """The profile without its fabric (link, switch, switch chips): what a GPU's roofline compute reads.
+
+    Points that differ only in the fabric share the roofline; a test checks the rows against
+    ``simulate(..., analytic_only=True)`` with a link override, which would catch a roofline that
+    started to read the fabric.
+    """
+    d = {k: v for k, v in profile.data.items() if k not in ("link", "switch", "name", "description")}
+    d["system"] = {k: v for k, v in d["system"].items() if k != "num_switch_chips"}
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 def _shape(row: dict, imb: dict, w) -> None:
