@@ -77,7 +77,7 @@ SUBCOMMANDS = {
     "simulate": ("megamoe.simulator.cli", "predict one MoE layer's time on a rack (SimPy model)"),
     "bench": ("megamoe.kernels.bench", "time the Triton kernels against the floor and PyTorch (needs a GPU)"),
     "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
-    "sweep": ("megamoe.sweep", "sweep simulator parameters and plot the trade-offs"),
+    "sweep": ("megamoe.sweep", "sweep simulator options over a grid on Dask, into Parquet, resumable"),
 }
 
 
