@@ -114,15 +114,15 @@ def measure_sync(reps: int, S: int, quick: bool = False) -> dict:
     out = {"handoff": [], "barrier": [], "ticket": []}
     rounds = (256, 2048)
     for P in ((S,) if quick else (S, 4 * S)):
-        ts = [event_seconds(lambda r=r: mb.handoff(r, P, "cuda"), reps=reps) for r in rounds]
+        ts = [event_seconds(lambda r=r, P=P: mb.handoff(r, P, "cuda"), reps=reps) for r in rounds]
         out["handoff"].append({"programs": P, "s_per_handoff": _slope(rounds, ts)[1], "points": list(zip(rounds, ts))})
     rounds = (16, 128)
     for P in ((S,) if quick else (S, 2 * S)):
-        ts = [event_seconds(lambda r=r: mb.barrier(r, P, "cuda"), reps=reps) for r in rounds]
+        ts = [event_seconds(lambda r=r, P=P: mb.barrier(r, P, "cuda"), reps=reps) for r in rounds]
         out["barrier"].append({"programs": P, "s_per_barrier": _slope(rounds, ts)[1], "points": list(zip(rounds, ts))})
     nt = (1000, 8000)
     for P in (1, S):
-        ts = [event_seconds(lambda n=n: mb.tickets(n, P, "cuda"), reps=reps) for n in nt]
+        ts = [event_seconds(lambda n=n, P=P: mb.tickets(n, P, "cuda"), reps=reps) for n in nt]
         out["ticket"].append({"programs": P, "s_per_ticket": _slope(nt, ts)[1], "points": list(zip(nt, ts))})
     out["flag_handoff_s"] = statistics.median(h["s_per_handoff"] for h in out["handoff"])
     out["grid_barrier_s"] = out["barrier"][0]["s_per_barrier"]
@@ -194,7 +194,7 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
             a = torch.randn((bm, d), device="cuda", dtype=torch.bfloat16)
             b = torch.randn((d, bn), device="cuda", dtype=torch.bfloat16)
             _, k = mb.mma(a, b, P, block_k=bk, num_warps=w, out=c)
-            t = max(graph_seconds(lambda i, a=a, b=b: mb.mma(a, b, P, block_k=bk, num_warps=w, out=c),
+            t = max(graph_seconds(lambda i, a=a, b=b, bk=bk, w=w, c=c: mb.mma(a, b, P, block_k=bk, num_warps=w, out=c),
                                   inner=4, reps=reps) - gap_s, 1e-7)
             pts.append([bm, bn, w, d, P * 2.0 * bm * bn * d / t / S])
             o = _occupancy(k, w)
@@ -230,11 +230,11 @@ def measure_serial(reps: int) -> dict:
         w = torch.randn((max(steps) * bh, be), device="cuda", dtype=torch.bfloat16)
         x = torch.randn((16, max(steps) * bh), device="cuda", dtype=torch.bfloat16)
         xs = {s: x[:, :s * bh].contiguous() for s in steps}  # (16, s*BH): the kernel's row stride
-        ts = [graph_seconds(lambda i, s=s: mb.serial_load(xs[s], w[:s * bh], s, block_h=bh), inner=4, reps=reps)
+        ts = [graph_seconds(lambda i, s=s, xs=xs, w=w, bh=bh: mb.serial_load(xs[s], w[:s * bh], s, block_h=bh), inner=4, reps=reps)
               for s in steps]
         load.append(_slope(steps, ts)[1])
         v = torch.randn((16, be), device="cuda", dtype=torch.float32)
-        ts = [graph_seconds(lambda i, s=s: mb.serial_reduce(v, s), inner=4, reps=reps) for s in steps]
+        ts = [graph_seconds(lambda i, s=s, v=v: mb.serial_reduce(v, s), inner=4, reps=reps) for s in steps]
         red.append(_slope(steps, ts)[1])
     return {"serial_load_step_s": statistics.median(load), "serial_reduce_step_s": statistics.median(red),
             "load": load, "reduce": red}
@@ -313,7 +313,7 @@ def summary(m: dict, prof: dict) -> str:
     km = prof["kernel_model"]
     mma = m["mma"]["points"]
     best = {}
-    for bm, bn, w, d, r in mma:
+    for bm, bn, w, _d, r in mma:
         best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
     lines = ["what                                 figure",
              f"launch gap in a CUDA graph           {km['launch_gap_s']['value'] * 1e6:8.2f} us",
