@@ -9,7 +9,7 @@ number they use:
 
     o(warps)          = occupancy table of the profile (programs per SM by num_warps)
     mma(BM, BN, BK)   = per-SM tensor rate of that tile shape (calibrated table, nearest shape,
-                        log-interpolated in depth; without one: peak / S x gemm_efficiency(rows))
+                        log-interpolated in depth; without one: peak / S x gemm_efficiency(BM))
     hbm(n, b)         = aggregate streaming-read rate with n programs in flight reading b bytes
                         each (calibrated grid, bilinear in log n, log b; without one:
                         HBM rate x min(1, n / S))
@@ -110,12 +110,13 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
 
     Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
     rate interpolated in log2(depth), scaled by the fp8/bf16 peak ratio for fp8. Otherwise the
-    peak per SM x gemm_efficiency at ``rows`` rows per expert (default: BM)."""
+    peak per SM x gemm_efficiency read at the tile height BM (launch.py's reading, which matched
+    the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
+    is accepted for a future curve over it and unused today."""
     km = _km(profile)
     bm = np.asarray(block_m, dtype=np.float64)
-    if not km.mma:
-        r = bm if rows is None else np.asarray(rows, dtype=np.float64)
-        return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(r, profile.gemm_efficiency)
+    if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
+        return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
     bn = np.asarray(block_n, dtype=np.float64)
     dp = np.maximum(np.asarray(depth, dtype=np.float64), 1.0)
     w = np.asarray(num_warps, dtype=np.float64)
@@ -176,8 +177,8 @@ def sm_copy_rate(profile: Profile, copying_sms) -> float:
 def waves_s(programs, program_s, slots: int) -> float:
     """Time of groups of ``programs`` (g,) each lasting ``program_s`` (g,) on ``slots`` program
     slots: max(ceil(total / slots) x mean program time, longest program)."""
-    n = np.asarray(programs, dtype=np.float64)
-    t = np.asarray(program_s, dtype=np.float64)
+    n = np.atleast_1d(np.asarray(programs, dtype=np.float64))
+    t = np.broadcast_to(np.asarray(program_s, dtype=np.float64), n.shape)
     total = float(n.sum())
     if total <= 0:
         return 0.0
