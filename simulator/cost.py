@@ -30,7 +30,7 @@ A plan of launches is their sum plus the CUDA graph's fixed cost per call.
 A task plan of the persistent megakernel (``predict_task_plan``, ``reference.tiles.TaskPlan``): P
 programs take tickets in order (list scheduling over a heap of program-free times); a task starts
 when its program is free and every counter it waits on has reached its target (the time the
-target-th signalling task ended) plus one flag handoff. Its duration is the same roofline per
+target-th signalling task ended) plus one flag handoff (none when that task ran on the same program). Its duration is the same roofline per
 program: max(flops / (mma / share), DRAM bytes / (hbm(n, b) / n), serial) + task_overhead + ticket,
 with share = P / S programs per SM, n the programs busy when it starts, and DRAM bytes its weight
 slice and gathered rows unless the same weight_id (or row block) was read within the last
@@ -595,6 +595,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     start = [0.0] * n
     end = [0.0] * n
     pred = [-1] * n  # the task whose end decided this one's start (-1: the launch)
+    prog = [0] * n  # the program that ran each task
     by_wait = [False] * n
     heap = [(0.0, q, -1) for q in range(R)]  # (free time, program, last task)
     free_sorted = [0.0] * R
@@ -612,8 +613,9 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
                                      "tasks signal it: not a valid ticket order")
                 got = sorted(fs)[wt[j] - 1] if wt[j] > 0 else (0.0, -1)
                 reached[key] = got
-            if got[0] + handoff > ready:
-                ready, crit = got[0] + handoff, got[1]
+            hand = 0.0 if got[1] < 0 or prog[got[1]] == q else handoff  # own signal: no handoff
+            if got[0] + hand > ready:
+                ready, crit = got[0] + hand, got[1]
         if ready > t_free:
             s0, pred[i], by_wait[i] = ready, crit, True
         else:
@@ -621,7 +623,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
         dur = max(comp_l[i], memP_l[i] * h_l[min(busy, R - 1)], ser_l[i]) + fixed
         e = s0 + dur
-        start[i], end[i] = s0, e
+        start[i], end[i], prog[i] = s0, e, q
         s = sig[i]
         if s >= 0:
             finishes[s].append((e, i))

@@ -98,3 +98,31 @@ def test_l2_model_reads_weights_once_per_group():
     assert dram_bytes(st) == 16 * 1.0 + 4 * 2 * 2.0 + 64 * 4.0
     # without the operand split, every program's bytes count
     assert dram_bytes({k: v for k, v in st.items() if k != "operand_bytes_per_tile"}) == 64 * 7.0
+
+
+def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
+    """--report: statistics, the outliers with a cause, and the scatter plot, from a small jsonl."""
+    from megamoe.cli import main
+
+    rows = [
+        {"preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "backend": "multi", "phase": "prediction",
+         "predicted_us": 20.0, "measured_us": None},
+        {"preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "backend": "multi", "phase": "measurement",
+         "predicted_us": 20.0, "measured_us": 50.0, "dominant": "gemm1:memory"},
+        {"preset": "mixtral-8x7b", "T": 64, "routing": "zipf", "backend": "multi", "predicted_us": 600.0,
+         "measured_us": 620.0, "dominant": "gemm1:memory"},
+        {"preset": "mixtral-8x7b", "T": 64, "routing": "zipf", "backend": "megakernel", "predicted_us": 700.0,
+         "measured_us": 560.0, "dominant": "gemm1:memory"},
+    ]
+    src = tmp_path / "validation_2026-12-02.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "rep"
+    assert main(["validate", "--report", str(src), "--out", str(out)]) == 0
+    st = json.loads((out / "report.json").read_text())
+    assert st["configurations"] == 3  # the prediction-only row is not a configuration
+    assert st["median_abs_error"] == pytest.approx(0.25)
+    assert st["max_abs_error"] == pytest.approx(0.6)
+    assert [(o["preset"], o["backend"]) for o in st["outside_15pct"]] == [("qwen3-30b-a3b", "multi"),
+                                                                         ("mixtral-8x7b", "megakernel")]
+    assert "small layer" in st["outside_15pct"][0]["likely_cause"]
+    assert (out / "scatter.png").stat().st_size > 1000 and "| qwen3-30b-a3b | 1 |" in (out / "report.md").read_text()
