@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..reference.sizes import dtype_bytes
 from . import configs as cfgs
 
 
@@ -156,7 +157,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         raise ValueError("launch_plan needs topk_idx or counts")
     counts = counts.astype(np.int64)
     tv = triton_version or _triton_version()
-    b = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    b = dtype_bytes(dtype)
     sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic)
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
