@@ -81,13 +81,14 @@ def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_p
         tl.store(pair_dest_ptr + p, dest, mask=t_mask)
 
 
-@triton.jit(do_not_specialize=["C", "B_MAX"])
-def _scan_kernel(
+@triton.jit
+def _scan(
     hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
     C, E, B_MAX,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_PAD: tl.constexpr,
 ):
+    """The scan (one program): chunk bases, counts, padded offsets, block_expert, padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     running = tl.zeros((BLOCK_E,), tl.int32)
@@ -102,13 +103,24 @@ def _scan_kernel(
                     padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _scatter_kernel(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+@triton.jit(do_not_specialize=["C", "B_MAX"])
+def _scan_kernel(
+    hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+    C, E, B_MAX,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+):
+    _scan(hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+          C, E, B_MAX, BLOCK_M, BLOCK_E, BLOCK_C, BLOCK_B, BLOCK_PAD)
+
+
+@triton.jit
+def _scatter_chunk(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, c,
     T, E,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    """The padded rows of chunk c's pairs (after the scan)."""
     offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
@@ -119,6 +131,16 @@ def _scatter_kernel(
         tl.load(padded_off_ptr + offs_e, mask=offs_e < E, other=0)
     _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scatter_kernel(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["T"])

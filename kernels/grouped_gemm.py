@@ -79,28 +79,22 @@ def _k_range(pid, KD, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     return pid, pid * 0, pid * 0, k_tiles
 
 
-@triton.jit(do_not_specialize=["T", "num_m", "P"])
-def _gemm1_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
-    T, N, KD, num_m, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+@triton.jit
+def _gemm1_tile(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
+    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = pid * 0
         tok = rows
         row_mask = rows < T
     else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
         tok = tl.load(padded_token_ptr + rows)
         row_mask = tok >= 0
     tok = tl.where(row_mask, tok, 0)
@@ -142,6 +136,30 @@ def _gemm1_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "num_m", "P"])
+def _gemm1_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
+    T, N, KD, num_m, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    if DENSE:
+        e = pid * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+    _gemm1_tile(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+                alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T", "num_m", "P"])
 def _act_kernel(
     part_ptr, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
     T, N, num_m, P, stride_be, stride_ot, alpha, limit,
@@ -175,30 +193,24 @@ def _act_kernel(
                   topk_w_ptr, out_ptr, stride_ot, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
 
 
-@triton.jit(do_not_specialize=["T", "num_m"])
-def _gemm2_kernel(
-    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
-    T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+@triton.jit
+def _gemm2_tile(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = pid * 0
         row_mask = rows < T
         tok = tl.where(row_mask, rows, 0)
         slot = K
         srow = tok
     else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
         pair = tl.load(padded_pair_ptr + rows)
         row_mask = pair >= 0
         pair = tl.where(row_mask, pair, 0)
@@ -245,13 +257,34 @@ def _gemm2_kernel(
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _combine_kernel(
-    src_ptr, y_ptr, T, H,
-    KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "num_m"])
+def _gemm2_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
+    T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    if DENSE:
+        e = pid * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+    _gemm2_tile(a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+                K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _combine_tile(src_ptr, y_ptr, pid_t, pid_h, T, H,
+                  KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y rows of token block pid_t, columns of H block pid_h: the fixed-order sum of the slots."""
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     m = (offs_t < T)[:, None] & (offs_h < H)[None, :]
@@ -261,6 +294,14 @@ def _combine_kernel(
         for k in tl.static_range(KS):
             acc += tl.load(src_ptr + base + (s * T * KS + k) * H, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _combine_kernel(
+    src_ptr, y_ptr, T, H,
+    KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    _combine_tile(src_ptr, y_ptr, tl.program_id(0), tl.program_id(1), T, H, KS, SPLIT, BLOCK_T, BLOCK_H)
 
 
 def _ieee(t) -> bool:

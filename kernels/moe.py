@@ -321,22 +321,44 @@ def _config_from_json(s: str) -> MoEConfig:
     return MoEConfig.from_dict(json.loads(s))
 
 
+BACKENDS = ("auto", "megakernel", "multi")
+
+
+def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device) -> str:
+    """"megakernel" or "multi": ``backend`` itself, or for "auto" the faster one for this shape and
+    T bucket as the tuned configs record it (configs.select_backend)."""
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    return cfgs.select_backend(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k, T,
+                               gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__)
+
+
+def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str) -> torch.Tensor:
+    if resolve_backend(backend, config, x.shape[0], x.dtype, x.device) == "megakernel":
+        from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
+
+        return megakernel_forward(x, weights, config)
+    return _forward(x, weights, config, deterministic)
+
+
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
 def _moe_op(
     x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     router_bias: torch.Tensor | None, score_bias: torch.Tensor | None, gate_up_bias: torch.Tensor | None,
     down_bias: torch.Tensor | None, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
-    shared_gate: torch.Tensor | None, config_json: str, deterministic: bool,
+    shared_gate: torch.Tensor | None, config_json: str, deterministic: bool, backend: str,
 ) -> torch.Tensor:
     w = MoEWeights(router_weight=router_weight, gate_up=gate_up, down=down, router_bias=router_bias,
                    score_bias=score_bias, gate_up_bias=gate_up_bias, down_bias=down_bias,
                    shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=shared_gate)
-    return _forward(x, w, _config_from_json(config_json), deterministic)
+    return _layer(x, w, _config_from_json(config_json), deterministic, backend)
 
 
 @_moe_op.register_fake
 def _(x, router_weight, gate_up, down, router_bias, score_bias, gate_up_bias, down_bias,
-      shared_gate_up, shared_down, shared_gate, config_json, deterministic):
+      shared_gate_up, shared_down, shared_gate, config_json, deterministic, backend):
     return torch.empty_like(x)
 
 
@@ -346,24 +368,29 @@ def config_json(config: MoEConfig) -> str:
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True,
-                check: bool = True) -> torch.Tensor:
+                check: bool = True, backend: str = "auto") -> torch.Tensor:
     """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
     weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
 
-    ``deterministic=True`` gives bitwise-identical output from run to run (fixed-order combine);
-    False lets GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the input checks
-    (for callers that checked once, e.g. inside a captured graph).
+    ``backend``: "megakernel" (the whole layer in one persistent launch, megakernel.py), "multi"
+    (router, align, grouped GEMMs and combine as separate launches) or "auto" (the faster of the
+    two for this shape and T, from the tuned configs). ``deterministic=True`` gives
+    bitwise-identical output from run to run (fixed-order combine; the megakernel always is); False
+    lets the multi-launch GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the
+    input checks (for callers that checked once, e.g. inside a captured graph).
     """
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if check:
         check_inputs(x, weights, config)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
-        weights.shared_gate, config_json(config), bool(deterministic),
+        weights.shared_gate, config_json(config), bool(deterministic), backend,
     )
 
 
-def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True):
+def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto"):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
     For torch.compile and CUDA graphs: the closure holds only tensors, a string and a bool, so
@@ -376,11 +403,13 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True):
                                               "shared_gate"))
     H, dev, dt = config.hidden_size, weights.router_weight.device, weights.router_weight.dtype
     det = bool(deterministic)
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
             raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {list(x.shape)} {x.dtype} on {x.device}")
-        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det)
+        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend)
 
     return f
 

@@ -35,17 +35,14 @@ def _argmax_lowest(v, cols, BLOCK: tl.constexpr):
     return m, i
 
 
-@triton.jit(do_not_specialize=["T"])
-def _router_logits_kernel(
-    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+@triton.jit
+def _router_partial(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
     T, H, E, stride_xt, stride_we, H_PER_SPLIT,
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
-    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
-    pid = tl.program_id(0)
-    sp = tl.program_id(1)
+    """Split-H partial logits of token block pid over H range sp (one task of the decode router)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -74,20 +71,32 @@ def _router_logits_kernel(
         tl.store(sg_part_ptr + base + offs_t, sg_acc, mask=t_mask)
 
 
-@triton.jit(do_not_specialize=["T", "B_MAX"])
-def _router_kernel(
-    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr,
-    topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
-    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, B_MAX,
-    T, H, E, stride_xt, stride_we,
-    scaling, SPLIT: tl.constexpr, FUSE_ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_PAD: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+@triton.jit(do_not_specialize=["T"])
+def _router_logits_kernel(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
+    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
+    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
+    _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
+                    T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
+
+
+@triton.jit
+def _route_block(
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
+    T, H, E, stride_xt, stride_we, scaling,
+    SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
+    stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -186,6 +195,29 @@ def _router_kernel(
     out_off = offs_t[:, None] * K + kcols
     tl.store(topk_idx_ptr + out_off, top_idx, mask=out_mask)
     tl.store(topk_w_ptr + out_off, wts, mask=out_mask)
+    if HAS_SG:
+        tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
+    return top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask
+
+
+@triton.jit(do_not_specialize=["T", "B_MAX"])
+def _router_kernel(
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+    topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
+    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, B_MAX,
+    T, H, E, stride_xt, stride_we,
+    scaling, SPLIT: tl.constexpr, FUSE_ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+    N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
+    HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
+        x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
+        T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
@@ -194,8 +226,6 @@ def _router_kernel(
                        K, BLOCK_T, BLOCK_E, BLOCK_K)
     else:
         tl.store(hist_ptr + pid * E + offs_e, counts, mask=e_mask)
-    if HAS_SG:
-        tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
 
 
 def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int, split: int = 0,

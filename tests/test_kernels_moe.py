@@ -52,6 +52,12 @@ CASES = {
 }
 
 
+@pytest.fixture(params=["multi", "megakernel"])
+def backend(request):
+    """Both backends of moe_forward must compute the reference's layer."""
+    return request.param
+
+
 def _run(cfg: MoEConfig, x: np.ndarray, w, dtype: str, **kw):
     from megamoe.kernels import moe_forward
 
@@ -63,46 +69,46 @@ def _run(cfg: MoEConfig, x: np.ndarray, w, dtype: str, **kw):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_router_kinds_float32(case, rng):
+def test_router_kinds_float32(case, rng, backend):
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32")
+    y, ref = _run(cfg, x, w, "float32", backend=backend)
     assert_close(y, ref, "float32", f"{case} float32")
 
 
 @pytest.mark.parametrize("case", ["softmax_topk_nonorm_shared_gate", "topk_softmax_swiglu", "sigmoid_grouped",
                                   "sigmoid_top1_input"])
-def test_router_kinds_float16(case, rng):
+def test_router_kinds_float16(case, rng, backend):
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float16")
+    y, ref = _run(cfg, x, w, "float16", backend=backend)
     assert_close(y, ref, "float16", f"{case} float16")
 
 
 @pytest.mark.parametrize("T", [0, 1, 2])
-def test_tiny_batches(T, rng):
+def test_tiny_batches(T, rng, backend):
     """T=0 returns an empty tensor; T=1 leaves most of the 7 experts without tokens."""
     cfg = MoEConfig(**BASE, num_shared_experts=1, shared_intermediate_size=20)
     w = random_weights(cfg, seed=3)
     x = rng.standard_normal((T, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32")
+    y, ref = _run(cfg, x, w, "float32", backend=backend)
     assert y.shape == (T, cfg.hidden_size)
     assert_close(y, ref, "float32", f"T={T}")
 
 
-def test_every_token_on_the_same_experts(rng):
+def test_every_token_on_the_same_experts(rng, backend):
     """Zero router weights: all logits tie, every token goes to experts 0..K-1 (ties to the lower index)."""
     cfg = MoEConfig(**BASE)
     w = random_weights(cfg, seed=4)
     w = type(w)(**{**w.arrays(), "router_weight": np.zeros_like(w.router_weight)})
     x = rng.standard_normal((29, cfg.hidden_size))  # 29 rows: two BLOCK_M=16 blocks on each expert
-    y, ref = _run(cfg, x, w, "float32")
+    y, ref = _run(cfg, x, w, "float32", backend=backend)
     assert_close(y, ref, "float32", "all tokens on experts 0..2")
 
 
-def test_one_expert_takes_all_top1(rng):
+def test_one_expert_takes_all_top1(rng, backend):
     """top-1 with one expert always winning: one full expert, six empty."""
     cfg = MoEConfig(**{**BASE, "top_k": 1})
     w = random_weights(cfg, seed=5)
@@ -112,18 +118,18 @@ def test_one_expert_takes_all_top1(rng):
     rw[6] = -1.0
     x = np.abs(rng.standard_normal((21, cfg.hidden_size)))
     w = type(w)(**{**w.arrays(), "router_weight": rw})
-    y, ref = _run(cfg, x, w, "float32")
+    y, ref = _run(cfg, x, w, "float32", backend=backend)
     assert_close(y, ref, "float32", "every token on expert 5")
 
 
-def test_group_mask_zero_lets_masked_experts_win(rng):
+def test_group_mask_zero_lets_masked_experts_win(rng, backend):
     """score_bias so negative that kept scores are < 0: 'zero' masking then picks masked experts."""
     for mask in ("zero", "neg_inf"):
         cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0], "group_mask": mask})
         w = random_weights(cfg, seed=6)
         w = type(w)(**{**w.arrays(), "score_bias": np.full(8, -2.0) + 0.01 * np.arange(8)})
         x = rng.standard_normal((9, cfg.hidden_size))
-        y, ref = _run(cfg, x, w, "float32")
+        y, ref = _run(cfg, x, w, "float32", backend=backend)
         assert_close(y, ref, "float32", f"group_mask={mask}")
 
 
@@ -132,7 +138,7 @@ def test_atomic_combine_matches(rng):
     cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0]})
     w = random_weights(cfg, seed=7)
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32", deterministic=False)
+    y, ref = _run(cfg, x, w, "float32", deterministic=False, backend="multi")
     assert_close(y, ref, "float32", "atomic combine")
 
 
