@@ -387,36 +387,17 @@ def steer(x, router_weight, bias):
 
 
 def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
-    """The megakernel's task plan for this routing: the kernel module's own plan function where it
-    has one (``task_plan_for`` / ``plan_for``), else ``reference.tiles.task_plan`` with tiles taken
-    from the multi-launch static plan and P = SMs x occupancy (an assumption until it says)."""
-    import importlib
+    """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
+    launches with (``kernels.configs.megakernel_config``; P = SMs x occupancy, never more than the
+    tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference.tiles import task_layout, task_plan
 
-    from megamoe.kernels.plan import static_plan
-    from megamoe.reference.tiles import task_plan
-    from megamoe.simulator.cost import occupancy
-
-    mk = importlib.import_module("megamoe.kernels.megakernel")
-    for name in ("task_plan_for", "plan_for"):
-        f = getattr(mk, name, None)
-        if callable(f):
-            return f(cfg, counts, T)
-    sp = static_plan(cfg, T, device_name=device_name)
-    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
-    sh = sp.shared or sp.gemm
-    cb = sp.combine or {"BLOCK_T": 1, "BLOCK_H": 1024}
-    tiles = getattr(mk, "tiles_for", None)
-    tiles = tiles(cfg, T) if callable(tiles) else {
-        "router": {"BLOCK_T": sp.router["BLOCK_T"], "BLOCK_H": sp.router["BLOCK_H"], "SPLIT": max(1, sp.router["SPLIT"])},
-        "gemm1": {k: g1[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
-        "gemm2": {k: g2[k] for k in ("BLOCK_N", "BLOCK_K")},
-        "shared": {"BLOCK_M": sh["gemm1"]["BLOCK_M"], "BLOCK_N1": sh["gemm1"]["BLOCK_N"],
-                   "BLOCK_N2": sh["gemm2"]["BLOCK_N"], "BLOCK_K": sh["gemm1"]["BLOCK_K"]},
-        "combine": {"BLOCK_T": cb["BLOCK_T"], "BLOCK_H": cb["BLOCK_H"]},
-        "order": {"GROUP_M": g1["GROUP_M"]},
-    }
-    P = getattr(mk, "NUM_PROGRAMS", None) or profile.num_sms * occupancy(profile, 4)
-    return task_plan(cfg, counts, T, tiles, num_programs=int(P))
+    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                cfg.shared_intermediate_size, T, num_sms=profile.num_sms)
+    lay = task_layout(cfg, T, mk["tiles"])
+    P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
+    return task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4))
 
 
 def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int) -> dict:
@@ -434,8 +415,8 @@ def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name:
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
                 "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"]} for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}"}
-    tp = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
-    pred = predict_task_plan(tp, profile, calls_per_graph=calls_per_graph)
+    tp, warps = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
+    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph)
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}
     main = max(crit, key=crit.get) if crit else "-"
     kinds = pred["bound_tasks"].get(main, {})
