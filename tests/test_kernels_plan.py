@@ -62,7 +62,7 @@ def test_plan_matches_launches(T, shared, rng, monkeypatch):
     for name, mod in KERNEL_MODULES.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
         monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
-    moe_forward(x, w, cfg)
+    moe_forward(x, w, cfg, backend="multi")  # the multi-launch path is what the launch plan describes
     monkeypatch.undo()
     d = moe_forward_details(x, w, cfg)
     plan = launch_plan(cfg, topk_idx=d["topk_idx"].numpy(), dtype="float32", device_name="cpu-interpreter")
@@ -109,7 +109,7 @@ def test_launchers_take_their_sizes_from_the_plan(rng, monkeypatch):
         m = importlib.import_module(f"megamoe.kernels.{mod}")
         monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
     monkeypatch.setattr(kmoe, "static_plan", edited)
-    y = moe_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg)
+    y = moe_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, backend="multi")
     blocks = {n: (g, b) for n, g, b in reversed(log)}  # the first launch of each kernel (routed before shared)
     assert blocks["_router_kernel"][1]["BLOCK_H"] == 16
     assert blocks["_act_kernel"][1]["BLOCK_N"] == 16
