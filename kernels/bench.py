@@ -315,14 +315,11 @@ def random_device_weights(cfg, seed: int = 0):
 
 
 def floor_terms(cfg, T: int, experts_touched: float) -> tuple[float, float]:
-    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y, bf16."""
-    E, H, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    b = 2
-    expert_bytes = (3 * H * I + (2 * I + H if cfg.expert_bias else 0)) * b
-    shared_bytes = 3 * H * cfg.shared_intermediate_size * b
-    byt = experts_touched * expert_bytes + shared_bytes + E * H * b + 2 * T * H * b
-    flops = T * cfg.flops_per_token() + 2 * T * E * H
-    return flops, byt
+    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y, bf16
+    (``reference.sizes``: the one place expert bytes and FLOPs are counted)."""
+    from ..reference.sizes import layer_bytes, layer_flops
+
+    return layer_flops(cfg, T), layer_bytes(cfg, T, experts_touched, "bfloat16")
 
 
 # --------------------------------------------------------------------------- one row

@@ -157,6 +157,13 @@ def router_block_t(T: int, E: int) -> int:
     return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)
 
 
+def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
+    """H columns per step of the router's logit loop (the interpreter: fewer, larger steps)."""
+    if interpret:
+        return max(16, min(128, 1 << max(0, (H - 1).bit_length())))
+    return 64 if max(16, 1 << max(0, (E - 1).bit_length())) <= 128 else 32
+
+
 def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
     """H ranges the router's logits are split into (0: none). Decode has one or two token blocks,
     and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
@@ -165,7 +172,7 @@ def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
         return 2 if C == 1 and H >= 32 else 0
     if C >= 16 or H < 1024:
         return 0
-    block_h = 64 if E <= 128 else 32
+    block_h = router_block_h(E, H)
     return max(2, min(64, -(-H // (8 * block_h))))  # 2 or 4 steps measured no better (run 6)
 
 

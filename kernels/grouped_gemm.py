@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .plan import act_launch, combine_launch, gemm_grid
+
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
 
 
@@ -307,9 +309,10 @@ def _ieee(t) -> bool:
 
 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
-                 scale_input: bool, dense: bool, num_m: int) -> None:
+                 scale_input: bool, dense: bool, num_m: int, act: dict | None = None) -> None:
     """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
-    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch)."""
+    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch) with the sizes ``act``
+    of ``plan.act_launch`` (moe.py's static plan), else computed by it."""
     import torch
 
     T, KD = x.shape
@@ -320,7 +323,7 @@ def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, a
     split = cfg.get("SPLIT_K", 1)
     P = out.shape[0]
     part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32) if split > 1 else None
-    grid = (num_m * triton.cdiv(N, BN) * split,)
+    grid = gemm_grid(num_m, N, cfg)
     common = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense)
     _gemm1_kernel[grid](
         x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
@@ -331,11 +334,11 @@ def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, a
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split > 1:
-        bn = min(128, triton.next_power_of_2(N))
-        _act_kernel[(num_m * triton.cdiv(N, bn),)](
+        al = act or act_launch(N, cfg["BLOCK_M"], num_m)
+        _act_kernel[al["grid"]](
             part, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
             T, N, num_m, P, 0 if bias is None else bias.stride(0), out.stride(0), float(alpha), float(limit),
-            **common, SPLIT_K=split, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, num_warps=4,
+            **common, SPLIT_K=split, BLOCK_M=al["BLOCK_M"], BLOCK_N=al["BLOCK_N"], num_warps=al["num_warps"],
         )
 
 
@@ -348,7 +351,7 @@ def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
     if num_m == 0:
         return
     BN = cfg["BLOCK_N"]
-    grid = (num_m * triton.cdiv(N, BN) * split,)
+    grid = gemm_grid(num_m, N, cfg, split)
     _gemm2_kernel[grid](
         act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
         T, N, KD, num_m, act.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
@@ -359,12 +362,12 @@ def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
     )
 
 
-def launch_combine(src, y, KS: int, split: int = 1) -> None:
-    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order."""
+def launch_combine(src, y, KS: int, split: int = 1, *, launch: dict | None = None) -> None:
+    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order.
+    ``launch``: the sizes of ``plan.combine_launch`` (moe.py's static plan), else computed by it."""
     T, H = y.shape
     if T == 0:
         return
-    block_h = min(1024, triton.next_power_of_2(H))
-    block_t = 1 if T < 256 else 4
-    grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
-    _combine_kernel[grid](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4)
+    cl = launch or combine_launch(T, H)
+    _combine_kernel[cl["grid"]](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=cl["BLOCK_T"], BLOCK_H=cl["BLOCK_H"],
+                                num_warps=cl["num_warps"])

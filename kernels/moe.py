@@ -36,6 +36,7 @@ from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
+from .plan import static_plan
 from .routing import launch_router
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -155,39 +156,45 @@ def check_inputs(x, weights, config) -> None:
             raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
 
 
+def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
+                    deterministic: bool = True):
+    """The routing-independent launch plan (``plan.static_plan``) this call executes."""
+    return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
+                       triton_version=triton.__version__, deterministic=deterministic)
+
+
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None) -> torch.Tensor:
-    """The launches of the layer (module docstring). ``stop_after`` ("align", "gemm1", "gemm2") ends
-    early, for the benchmark's per-stage breakdown only (the output is then unfinished)."""
+    """The launches of the layer (module docstring), each with the sizes of the static plan
+    (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
+    publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
+    per-stage breakdown only (the output is then unfinished)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
-    shared = config.num_shared_experts > 0
-    KS = K + (1 if shared else 0)
     dev = x.device
-    i32 = torch.int32
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    cfg = kernel_config(config, T, x.dtype, dev)
-    bm = cfg["gemm1"]["BLOCK_M"]
+    sp = static_plan_for(config, T, x.dtype, dev, deterministic)
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    bm = g1["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev)
-    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
-    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
+    P_max, B_max = sp.P_max, sp.B_max
+    KS, split2, atomic = sp.KS, sp.split2, sp.atomic
+    topk_idx = torch.empty((T, K), device=dev, dtype=torch.int32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
-    split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
-    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
-        launch_align(topk_idx, hist, E, block_t, bm, meta)
+    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
+                         launch=sp.router):
+        launch_align(topk_idx, hist, E, block_t, bm, meta, launch=sp.align)
     if stop_after == "align":
         return y
 
     act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
-    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, cfg["gemm1"],
+    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                  activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                 scale_input=config.weight_on_input, dense=False, num_m=B_max)
+                 scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act)
     if stop_after == "gemm1":
         return y
-    split2 = cfg["gemm2"].get("SPLIT_K", 1)
-    atomic = not deterministic and (KS > 1 or split2 > 1)
     if atomic:
         out = torch.zeros((T, H), device=dev, dtype=torch.float32)
     elif KS == 1 and split2 == 1:
@@ -195,23 +202,22 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     else:  # split s, token t, slot k at row s*T*KS + t*KS + k; fp32 when partial sums are stored
         out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
     launch_gemm2(act, weights.down, weights.down_bias, out, meta,
-                 None if config.weight_on_input else topk_w, cfg["gemm2"],
+                 None if config.weight_on_input else topk_w, g2,
                  T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
-    if shared:
-        scfg = kernel_config(config, T, x.dtype, dev, dense=True)
+    if sp.shared:
         Is = config.shared_intermediate_size
         act_s = torch.empty((T, Is), device=dev, dtype=x.dtype)
-        num_m = triton.cdiv(T, scfg["gemm1"]["BLOCK_M"])
-        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, scfg["gemm1"],
-                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True, num_m=num_m)
-        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, scfg["gemm2"],
-                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=num_m, split=split2)
+        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, sp.shared["gemm1"],
+                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
+                     num_m=sp.shared_m, act=sp.shared_act)
+        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
+                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2)
     if stop_after == "gemm2":
         return y
     if atomic:
-        launch_combine(out, y, 1)
+        launch_combine(out, y, 1, launch=sp.combine)
     elif out is not y:
-        launch_combine(out, y, KS, split2)
+        launch_combine(out, y, KS, split2, launch=sp.combine)
     return y
 
 

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .align import _finish_offsets, _scatter_block, align_blocks
+from .align import _finish_offsets, _scatter_block
+from .plan import align_blocks, router_launch
 
 ROUTER_CODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped_topk": 2, "sigmoid_top1_input": 3}
 
@@ -228,42 +229,41 @@ def _router_kernel(
 
 
 def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int, split: int = 0,
-                  meta: dict | None = None, block_m: int = 16) -> bool:
+                  meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``split`` > 0 (decode): the logits are first summed in ``split`` H ranges by as many programs
-    per token block (configs.router_split), then reduced in a fixed order. Inputs are checked by
-    ``moe.py``; this launcher only picks block sizes and launches. With ``meta`` (align.py's
-    tensors) and a single token block, the router program also aligns: returns True if it did.
+    ``launch``: the sizes of ``plan.router_launch`` (grid, BLOCK_*, SPLIT, H_PER_SPLIT, warps), as
+    ``moe.py`` passes them from its static plan; without it they are computed here by the same
+    function from ``split`` (the requested H ranges, 0: none). With SPLIT > 0 (decode) the logits
+    are first summed in SPLIT H ranges by as many programs per token block, then reduced in a
+    fixed order. Inputs are checked by ``moe.py``. With ``meta`` (align.py's tensors) and a single
+    token block, the router program also aligns: returns True if it did.
     """
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:
         return False
-    block_e = max(16, triton.next_power_of_2(E))
-    block_h = 64 if block_e <= 128 else 32
-    if x.device.type == "cpu":  # the interpreter: fewer, larger steps are faster
-        block_h = max(16, min(128, triton.next_power_of_2(H)))
-    C = triton.cdiv(T, block_t)
+    rl = launch or router_launch(T, E, H, K, config.n_group, interpret=x.device.type == "cpu", split=split)
+    if rl["BLOCK_T"] != block_t:
+        raise ValueError(f"launch_router: block_t={block_t} disagrees with the plan's BLOCK_T={rl['BLOCK_T']}")
+    C = rl["C"]
+    split = rl["SPLIT"]
     sgw = weights.shared_gate
     ieee = str(x.dtype) == "torch.float32"
-    warps = 4 if block_e <= 128 else 8
     part = sg_part = None
     if split > 0:
-        h_per = triton.cdiv(triton.cdiv(H, split), block_h) * block_h
-        split = triton.cdiv(H, h_per)
         part = torch.empty((split, T, E), device=x.device, dtype=torch.float32)
         sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
-        _router_logits_kernel[(C, split)](
+        _router_logits_kernel[rl["logits_grid"]](
             x, weights.router_weight, sgw, part, sg_part, T, H, E, x.stride(0), weights.router_weight.stride(0),
-            h_per, HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-            num_warps=warps,
+            rl["H_PER_SPLIT"], HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"],
+            BLOCK_H=rl["BLOCK_H"], num_warps=rl["num_warps"],
         )
     fuse = meta is not None and C == 1
     m = meta if fuse else {}
     B_max = m["block_expert"].shape[0] if fuse else 1
     bl = align_blocks(E, block_m, B_max)
-    _router_kernel[(C,)](
+    _router_kernel[rl["grid"]](
         x, weights.router_weight, weights.router_bias, weights.score_bias, sgw, part, sg_part,
         topk_idx, topk_w, hist, sgate,
         m.get("counts"), m.get("padded_offsets"), m.get("block_expert"), m.get("padded_token"),
@@ -275,8 +275,7 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
         PER_GROUP=E // config.n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
         HAS_RB=weights.router_bias is not None, HAS_SB=weights.score_bias is not None,
         HAS_SG=sgw is not None, IEEE=ieee,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=max(2, triton.next_power_of_2(K)),
-        BLOCK_G=max(2, triton.next_power_of_2(config.n_group)),
-        num_warps=warps,
+        BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"], BLOCK_H=rl["BLOCK_H"], BLOCK_K=rl["BLOCK_K"],
+        BLOCK_G=rl["BLOCK_G"], num_warps=rl["num_warps"],
     )
     return fuse

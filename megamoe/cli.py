@@ -78,6 +78,7 @@ SUBCOMMANDS = {
     "bench": ("megamoe.kernels.bench", "time the Triton kernels against the floor and PyTorch (needs a GPU)"),
     "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
     "sweep": ("megamoe.sweep", "sweep simulator options over a grid on Dask, into Parquet, resumable"),
+    "calibrate": ("megamoe.calibrate", "measure the cost model's numbers with microbenchmarks (needs a GPU)"),
 }
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost import ffn_roofline_s
 from .hardware import Profile
 from .schedules import normalize_schedule
-from .timing import ffn_roofline_s
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,9 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
     """
+    from .cost import normalize_dtype, row_bytes
     from .hardware import load_profile
     from .simulate import DEFAULT_COMM_SMS
-    from .timing import normalize_dtype, row_bytes
 
     p = load_profile(system)
     cfg = workload.config

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cost import DTYPES
 from .placement import POLICIES
-from .timing import DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from megamoe.reference import MoEConfig
+from megamoe.reference.sizes import dtype_bytes
 
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
+from .cost import ffn_cost, normalize_dtype, row_bytes
 from .hardware import Profile, load_profile, override, plausibility_warnings
 from .schedules import Capacities, LayerWork, normalize_schedule, run_schedule
-from .timing import ffn_cost, normalize_dtype, row_bytes
 from .topology import build_topology, link_bytes
 from .workload import (
     BUILD_BYTES_PER_PAIR,
@@ -42,7 +43,6 @@ from .workload import (
 DEFAULT_COMM_SMS = 16  # ParallelKittens: TMA copies reach NVLink rate with about 15 of 148 SMs (B200)
 MEMORY_SHARE = 0.8  # the size guard refuses a workload needing more than this share of free memory
 LONG_RUN_S = 5.0  # estimated builds longer than this report progress
-L2_WEIGHT_SHARE = 0.5  # assumption: weights stay in L2 across minibatches if they fit in half of it
 #: Keys of ``breakdown_us`` that add up to the layer time.
 ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
 
@@ -166,7 +166,7 @@ def _layer_work(w: Workload, p: Profile, o: Options) -> tuple[LayerWork, dict]:
     sms = p.num_sms - o.comm_sms if fused else p.num_sms
     if sms < 1:
         raise ValueError(f"comm_sms={o.comm_sms} leaves no compute SMs of {p.num_sms}")
-    wb = 1.0 if o.weight_dtype == "fp8" else 2.0
+    wb = float(dtype_bytes(o.weight_dtype))
     # jobs are timed alone on the GPU; the fabric shares HBM between them and the copies
     kw = dict(profile=p, num_sms=sms, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
     job_s, job_hbm = np.zeros((G, B)), np.zeros((G, B))
@@ -175,7 +175,7 @@ def _layer_work(w: Workload, p: Profile, o: Options) -> tuple[LayerWork, dict]:
     for g in range(G):
         slots = np.nonzero(w.placement.slot_rank == g)[0]
         r = w.rows_slot_mb[slots]  # (n, B)
-        cached = fused and (np.count_nonzero(r.sum(axis=1)) * 3.0 * H * I * wb <= L2_WEIGHT_SHARE * p.l2_bytes)
+        cached = fused and (np.count_nonzero(r.sum(axis=1)) * 3.0 * H * I * wb <= p.kernel.l2_resident_fraction * p.l2_bytes)
         rows[g] = r.sum()
         parts = [r.sum(axis=1)] if not fused else [r[:, m] for m in range(B)]
         for m, rm in enumerate(parts):
@@ -402,7 +402,7 @@ def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system:
     """Predict one GPU's expert work from explicit rows per expert (E,) with the simulator's own tile model.
 
     This is the idealized megakernel GEMM the rack model uses; to predict the launches the Triton
-    kernels really make, give their launch plan to ``launch.predict_launch_plan`` (what
+    kernels really make, give their launch plan to ``cost.predict_launch_plan`` (what
     ``megamoe validate`` does). Here: the
     routed experts' gate/up and down grouped GEMMs on all SMs (or ``num_sms``), plus ``launches``
     kernel launches and, if asked, the shared expert on ``num_tokens`` rows. Returns times in us and
@@ -420,7 +420,7 @@ def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system:
         if not num_tokens:
             raise ValueError("include_shared needs num_tokens")
         c = c + ffn_cost([num_tokens], cfg.hidden_size, cfg.shared_intermediate_size, **kw)
-    from .timing import ffn_roofline_s
+    from .cost import ffn_roofline_s
 
     roof = ffn_roofline_s(rows, cfg.hidden_size, cfg.intermediate_size, profile=p, weight_dtype=dt, act_dtype=dt)
     return {"time_us": (c.time_s + launches * p.kernel_launch_s) * 1e6, "compute_us": c.compute_s * 1e6,
