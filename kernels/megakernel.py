@@ -269,15 +269,11 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device) 
                                   interpret=device.type == "cpu")
 
 
-def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
-                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None):
-    """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
-
-    ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
-    ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
-    [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
-    memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
-    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run."""
+def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
+                 trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None):
+    """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
+    device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
+    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     Is = config.shared_intermediate_size
@@ -286,9 +282,6 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     dev, dt = x.device, x.dtype
     f32, i32 = torch.float32, torch.int32
     y = torch.empty((T, H), device=dev, dtype=dt) if out is None else out
-    if T == 0:
-        return (y, {k: 0 for k in KINDS}) if record else y
-    mk = mk or megakernel_config(config, T, dt, dev)
     tiles = mk["tiles"]
     lay = task_layout(config, T, tiles)
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
@@ -311,16 +304,16 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     act = torch.empty((P_max, I), device=dev, dtype=dt)
     act_s = torch.empty((T, Is), device=dev, dtype=dt) if shared else None
     pairs = torch.empty((T * KS, H), device=dev, dtype=dt)
-    sync = sync_buffer(dev, lay.sync_words)
+    sync = sync_buffer(dev, lay.sync_words) if sync is None else sync
     stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
-    nprog = num_programs(dev, lay, mk["occupancy"])
+    nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
     al = align_blocks(E, bm, lay.b_max)
     block_e = max(16, triton.next_power_of_2(E))
     rw = weights.router_weight
     gu, dn = weights.gate_up, weights.down
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
-    kern = _megakernel[(nprog,)](
+    args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
@@ -331,6 +324,8 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
         nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"], f["shared_gemm1"],
         lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words,
+    )
+    kwargs = dict(
         N1=lay.n1, N2=lay.n2, NS1=max(lay.ns1, 1), NS2=max(lay.ns2, 1), NCH=triton.cdiv(H, cb["BLOCK_H"]),
         SPLIT=split if split > 1 else 0, ROUTER=ROUTER_CODES[config.router], K=K, NORM=bool(config.norm_topk_prob),
         N_GROUP=config.n_group, TOPK_GROUP=config.topk_group, PER_GROUP=E // config.n_group,
@@ -348,9 +343,30 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
         TRACE=trace is not None,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
+    return (nprog,), args, kwargs, y, stats
+
+
+def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
+                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None):
+    """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
+
+    ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
+    ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
+    [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
+    memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
+    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run."""
+    T = x.shape[0]
+    if T == 0:
+        y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
+        return (y, {k: 0 for k in KINDS}) if record else y
+    mk = mk or megakernel_config(config, T, x.dtype, x.device)
+    grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace)
+    kern = _megakernel[grid](*args, **kwargs)
     if not record:
         return y
     s = stats.cpu()
+    E = config.num_experts
+    nprog = grid[0]
     ran = {k: int(s[i]) for i, k in enumerate(KINDS)}
     ran["gemm1_per_expert"] = s[9:9 + E].tolist()
     ran["gemm2_per_expert"] = s[9 + E:9 + 2 * E].tolist()
