@@ -208,8 +208,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     bt = router_block_t(T, E)
     block_e = max(16, _pow2(E))
     split = router_split(T, E, H, interpret=interpret)
-    if interpret:  # tiny tiles, as the multi-launch path's interpreter configs
-        return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": max(16, min(128, _pow2(H))), "SPLIT": max(split, 1)},
+    if interpret:  # tiny tiles, as the multi-launch path's interpreter configs; top-k groups of 4 (1 at T = 1)
+        topk_t = (1 if T == 1 else 4) if split > 1 else bt
+        return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": max(16, min(128, _pow2(H))), "SPLIT": max(split, 1),
+                                     "TOPK_T": topk_t},
                           "gemm1": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32},
                           "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32},
                           "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
@@ -237,7 +239,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128
         bk, warps, stages = 64, 8, 3
-    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": 64 if block_e <= 128 else 32, "SPLIT": max(split, 1)},
+    # decode: the top-k task selects over as few rows as there are tokens (one at T = 1), not BLOCK_T
+    topk_t = min(bt, _pow2(T)) if split > 1 else bt
+    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": 64 if block_e <= 128 else 32, "SPLIT": max(split, 1),
+                                 "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                       "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.tiles import KINDS, SYNC_WORDS, TaskLayout, task_layout
+from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
@@ -50,10 +50,19 @@ K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = range(le
 
 
 @triton.jit
-def _wait(ptr, target):
+def _pause(BACKOFF: tl.constexpr):
+    """Sleep about BACKOFF ns between polls (GPU only: inline PTX; 0 = spin)."""
+    if BACKOFF > 0:
+        tl.inline_asm_elementwise(f"nanosleep.u32 {BACKOFF}; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait(ptr, target, BACKOFF: tl.constexpr):
     """Spin until the counter at ptr reaches target (acquire), then line the CTA up behind it."""
     v = tl.atomic_add(ptr, 0, sem="acquire")
     while v < target:
+        _pause(BACKOFF)
         v = tl.atomic_add(ptr, 0, sem="acquire")
     tl.debug_barrier()
 
@@ -86,7 +95,7 @@ def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
             tl.atomic_add(stats_ptr + 9 + E + e, 1)
 
 
-@triton.jit(do_not_specialize=["T", "C", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
+@triton.jit(do_not_specialize=["T", "G", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
                                "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N"])
 def _megakernel(
     # inputs and weights
@@ -97,7 +106,7 @@ def _megakernel(
     # intermediates and output
     act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr,
     # sizes and strides
-    T, H, E, I, Is, C, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
+    T, H, E, I, Is, G, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
     stride_dnb, scaling, alpha, limit, H_PER,
     # the task layout (reference.tiles.task_layout)
     NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N,
@@ -105,7 +114,8 @@ def _megakernel(
     # router
     SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr, HAS_RB: tl.constexpr,
-    HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr, R_BT: tl.constexpr, R_BE: tl.constexpr,
+    HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr, R_BT: tl.constexpr, R_TT: tl.constexpr,
+    R_BE: tl.constexpr,
     R_BH: tl.constexpr, R_BK: tl.constexpr, R_BG: tl.constexpr, FUSED: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
     # experts
@@ -114,10 +124,10 @@ def _megakernel(
     BN2: tl.constexpr, BK2: tl.constexpr, S_BM: tl.constexpr, S_BN1: tl.constexpr, S_BN2: tl.constexpr,
     S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
     S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
-    RECORD: tl.constexpr, TRACE: tl.constexpr,
+    RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    t = tl.atomic_add(sync_ptr + 0, 1, sem="relaxed")  # W_TICKET
+    t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
     while t < MAX_TASKS:
         stop = 0
         t_begin = _now(TRACE)
@@ -129,37 +139,37 @@ def _megakernel(
                                     stride_rw, H_PER, HAS_SG, IEEE, R_BT, R_BE, R_BH)
                     _signal(sync_ptr + OFF_LOGITS + c)
                     _record(stats_ptr, 0, 0, E, RECORD)
-            elif t < F_SCAN:  # router_topk (c)
-                c = t - F_TOPK
+            elif t < F_SCAN:  # router_topk (group g of R_TT tokens)
+                g = t - F_TOPK
                 if SPLIT > 0:
-                    _wait(sync_ptr + OFF_LOGITS + c, SPLIT)
+                    _wait(sync_ptr + OFF_LOGITS + (g * R_TT) // R_BT, SPLIT, BACKOFF)
                 top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
                     x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
-                    sgate_ptr, c, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
-                    TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_BT, R_BE, R_BH, R_BK, R_BG)
+                    sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
+                    TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK, R_BG)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
                                             block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
                                             BLOCK_PAD)
                     _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e, padded_token_ptr,
-                                   padded_pair_ptr, pair_dest_ptr, K, R_BT, R_BE, R_BK)
-                    _signal(sync_ptr + 2)  # W_TOPK
-                    tl.atomic_add(sync_ptr + 3, 1, sem="release")  # W_SCAN
+                                   padded_pair_ptr, pair_dest_ptr, K, R_TT, R_BE, R_BK)
+                    _signal(sync_ptr + SW * 2)  # W_TOPK
+                    tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # W_SCAN
                 else:
-                    tl.store(hist_ptr + c * E + offs_e, cnt, mask=e_mask)
-                    _signal(sync_ptr + 2)
+                    tl.store(hist_ptr + g * E + offs_e, cnt, mask=e_mask)
+                    _signal(sync_ptr + SW * 2)
                 _record(stats_ptr, 1, 0, E, RECORD)
             elif t < F_SCATTER:  # align_scan
-                _wait(sync_ptr + 2, C)
+                _wait(sync_ptr + SW * 2, G, BACKOFF)
                 _scan(hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
-                      padded_pair_ptr, C, E, B_MAX, BM, R_BE, BLOCK_C, BLOCK_B, BLOCK_PAD)
-                _signal(sync_ptr + 3)
+                      padded_pair_ptr, G, E, B_MAX, BM, R_BE, BLOCK_C, BLOCK_B, BLOCK_PAD)
+                _signal(sync_ptr + SW * 3)
                 _record(stats_ptr, 2, 0, E, RECORD)
             elif t < F_SH1:  # align_scatter (c)
-                _wait(sync_ptr + 3, 1)
+                _wait(sync_ptr + SW * 3, 1, BACKOFF)
                 _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr,
-                               pair_dest_ptr, t - F_SCATTER, T, E, K, R_BT, R_BE, R_BK)
-                _signal(sync_ptr + 4)  # W_SCATTER
+                               pair_dest_ptr, t - F_SCATTER, T, E, K, R_TT, R_BE, R_BK)
+                _signal(sync_ptr + SW * 4)  # W_SCATTER
                 _record(stats_ptr, 3, 0, E, RECORD)
             else:  # shared_gemm1 (m, n)
                 if SHARED:
@@ -170,7 +180,7 @@ def _megakernel(
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
-            _wait(sync_ptr + 3, 1)  # the layout (W_SCAN)
+            _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
             nb = tl.load(padded_off_ptr + E) // BM
             b_sh2 = S0 + nb * N1
             b_g2 = b_sh2 + MS * NS2
@@ -178,7 +188,7 @@ def _megakernel(
             if t < b_sh2:  # gemm1 (b, n)
                 b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
                 if not FUSED:
-                    _wait(sync_ptr + 4, C)  # every chunk's rows are in place (FUSED: the layout wait did it)
+                    _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
                 e = tl.load(block_expert_ptr + b)
                 _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                             b, n, e, t * 0, 0, tl.cdiv(H, BK1), T, I, H, 0, stride_xt, stride_gue, stride_gun,
@@ -189,25 +199,25 @@ def _megakernel(
             elif t < b_g2:  # shared_gemm2 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - b_sh2, MS, NS2, GROUP_M)
-                    _wait(sync_ptr + OFF_SH1 + m, NS1)
+                    _wait(sync_ptr + OFF_SH1 + m, NS1, BACKOFF)
                     if HAS_SG:
-                        _wait(sync_ptr + 2, C)  # the shared gate of every token
+                        _wait(sync_ptr + SW * 2, G, BACKOFF)  # the shared gate of every token
                     _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                 tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
                                 S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
-                    _signal(sync_ptr + 5)  # W_G2
+                    _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
             elif t < b_comb:  # gemm2 (b, n)
                 b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
-                _wait(sync_ptr + OFF_G1 + b, N1)
+                _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
                 e = tl.load(block_expert_ptr + b)
                 _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
                             tl.cdiv(I, BK2), T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
                             G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
-                _signal(sync_ptr + 5)
+                _signal(sync_ptr + SW * 5)
                 _record(stats_ptr, 7, e, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
-                _wait(sync_ptr + 5, nb * N2 + MS * NS2)
+                _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)
                 j = t - b_comb
                 _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, 1, C_BT, C_BH)
                 _record(stats_ptr, 8, 0, E, RECORD)
@@ -221,10 +231,10 @@ def _megakernel(
         if stop:
             t = MAX_TASKS
         else:
-            t = tl.atomic_add(sync_ptr + 0, 1, sem="relaxed")
+            t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")
     # the last program out leaves the sync words zeroed for the next call
     tl.debug_barrier()
-    gone = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel")  # W_EXITED
+    gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # W_EXITED
     if gone == NPROG - 1:
         offs = tl.arange(0, 1024)
         for i in range(0, SYNC_N, 1024):
@@ -285,7 +295,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     tiles = mk["tiles"]
     lay = task_layout(config, T, tiles)
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
-    C, split, bm = lay.num_chunks, lay.split, g1["BLOCK_M"]
+    G, split, bm = lay.topk_groups, lay.split, g1["BLOCK_M"]
     P_max = lay.b_max * bm
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=f32)
@@ -293,8 +303,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     sgate = torch.empty((T,), device=dev, dtype=f32) if sgw is not None else None
     part = torch.empty((split, T, E), device=dev, dtype=f32) if split > 1 else None
     sg_part = torch.empty((split, T), device=dev, dtype=f32) if split > 1 and sgw is not None else None
-    hist = torch.empty((C, E), device=dev, dtype=i32)
-    chunk_base = torch.empty((C, E), device=dev, dtype=i32)
+    hist = torch.empty((G, E), device=dev, dtype=i32)
+    chunk_base = torch.empty((G, E), device=dev, dtype=i32)
     counts = torch.empty((E,), device=dev, dtype=i32)
     padded_off = torch.empty((E + 1,), device=dev, dtype=i32)
     padded_token = torch.empty((P_max,), device=dev, dtype=i32)
@@ -319,7 +329,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
         act, act_s, pairs, y, sync, stats, trace,
-        T, H, E, I, Is, C, lay.b_max, x.stride(0), rw.stride(0), gu.stride(0), gu.stride(1),
+        T, H, E, I, Is, G, lay.b_max, x.stride(0), rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
         nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"], f["shared_gemm1"],
@@ -331,16 +341,16 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         N_GROUP=config.n_group, TOPK_GROUP=config.topk_group, PER_GROUP=E // config.n_group,
         MASK_NEG_INF=config.group_mask == "neg_inf", HAS_RB=weights.router_bias is not None,
         HAS_SB=weights.score_bias is not None, HAS_SG=sgw is not None, IEEE=dt == torch.float32,
-        R_BT=r["BLOCK_T"], R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
-        R_BG=max(2, triton.next_power_of_2(config.n_group)), FUSED=C == 1, BLOCK_B=al["BLOCK_B"],
-        BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
+        R_BT=r["BLOCK_T"], R_TT=topk_tokens(tiles) if split > 1 else r["BLOCK_T"], R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
+        R_BG=max(2, triton.next_power_of_2(config.n_group)), FUSED=G == 1, BLOCK_B=al["BLOCK_B"],
+        BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=max(2, min(16, triton.next_power_of_2(G))),
         ACT=ACT_CODES[config.activation], HAS_GUB=gub is not None, HAS_DNB=dnb is not None,
         SCALE_INPUT=config.weight_on_input, G2_SCALE=not config.weight_on_input, SHARED=shared, KS=KS, BM=bm, BN1=g1["BLOCK_N"], BK1=g1["BLOCK_K"],
         BN2=g2["BLOCK_N"], BK2=g2["BLOCK_K"], S_BM=sh["BLOCK_M"], S_BN1=sh["BLOCK_N1"], S_BN2=sh["BLOCK_N2"],
         S_BK=sh["BLOCK_K"], EVEN_K1=H % g1["BLOCK_K"] == 0, EVEN_K2=I % g2["BLOCK_K"] == 0,
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
-        TRACE=trace is not None,
+        TRACE=trace is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

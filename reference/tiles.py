@@ -12,21 +12,26 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
 
     kind            one task                             waits on                 signals
     router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
-    router_topk     chunk c: logits, top-k, hist          logits[c] = SPLIT       topk (+ scan, scatter if C = 1)
-    align_scan      counts, padded offsets (C > 1)        topk = C                 scan
-    align_scatter   chunk c's padded rows (C > 1)         scan = 1                 scatter
+    router_topk     group g: logits, top-k, hist row      logits[c of g] = SPLIT   topk (+ scan, scatter if G = 1)
+    align_scan      counts, padded offsets (G > 1)        topk = G                 scan
+    align_scatter   group g's padded rows (G > 1)         scan = 1                 scatter
     shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
-    gemm1           row block b, N tile (+activation)     scatter = C (topk if C=1) g1[b]
+    gemm1           row block b, N tile (+activation)     scatter = G (topk if G=1) g1[b]
     shared_gemm2    shared m block, H tile                shared1[m] = Ns1, scan   g2
-                                                          (+ topk = C if gated)
+                                                          (+ topk = G if gated)
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
+
+The logits chunks hold BLOCK_T tokens (tl.dot wants 16 rows or more); with SPLIT > 1 a top-k
+group holds TOPK_T tokens (a divisor of BLOCK_T: one token at decode, so the selection works on
+one row instead of sixteen), otherwise groups are the chunks (G = C) and the top-k task computes
+its chunk's logits itself.
 
 Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
 shared_gemm2, gemm2 and combine come after the routed row blocks, whose number B the device learns
 from its own counts after the scan: ``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks, B = sum_e
 ceil(c_e / BLOCK_M), so an expert with no pair gets no task at all. Every task past the static
-ones waits for the scan first (with one chunk the top-k task aligns and stands in for the scan
+ones waits for the scan first (with one group the top-k task aligns and stands in for the scan
 and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
 sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
 
@@ -58,8 +63,15 @@ TILE_KEYS = {
     "order": ("GROUP_M",),
 }
 
-#: fixed words at the start of the sync buffer (then logits[C], g1[B_max], shared1[Ms])
+#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (decode: fewer than the
+#: logits chunk's BLOCK_T, which tl.dot needs >= 16; only with SPLIT > 1, and dividing BLOCK_T)
+TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
+
+#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
+#: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
+#: shared1[Ms] packed
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
+SYNC_STRIDE = 32
 
 
 def cdiv(a: int, b: int) -> int:
@@ -74,11 +86,22 @@ def check_tiles(tiles: dict) -> dict:
         sub = tiles.get(part)
         if not isinstance(sub, dict):
             raise InputError(f"tiles[{part!r}] must be a dict with keys {list(keys)}, got {sub!r}")
-        for k in keys:
-            v = sub.get(k)
+        for k in keys + tuple(TILE_OPTIONAL.get(part, {})):
+            v = sub.get(k, sub.get(TILE_OPTIONAL.get(part, {}).get(k)))
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"tiles[{part!r}][{k!r}] must be a positive integer, got {v!r}")
+    r = tiles["router"]
+    tt = r.get("TOPK_T", r["BLOCK_T"])
+    if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt):
+        raise InputError(f"tiles['router']['TOPK_T']={tt} must equal BLOCK_T={r['BLOCK_T']} unless SPLIT > 1 "
+                         "and it divides BLOCK_T (the top-k task then sums the logits chunk's partials)")
     return tiles
+
+
+def topk_tokens(tiles: dict) -> int:
+    """Tokens per top-k task (and per align chunk): TOPK_T, BLOCK_T where not given."""
+    r = tiles["router"]
+    return int(r.get("TOPK_T", r["BLOCK_T"]))
 
 
 def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
@@ -106,13 +129,15 @@ class TaskLayout:
     """The fixed part of the plan for T tokens (what the launcher passes to the kernel).
 
     first[kind] / count[kind] for the static kinds (router_logits .. shared_gemm1), S0 the first
-    ticket after them; num_chunks C, split / h_per of the router; shared_m_blocks Ms; the sync
+    ticket after them; num_chunks C (logits chunks of BLOCK_T tokens), topk_groups G (top-k tasks
+    and align chunks of TOPK_T tokens), split / h_per of the router; shared_m_blocks Ms; the sync
     buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
     off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need.
     """
 
     T: int
     num_chunks: int
+    topk_groups: int
     split: int
     h_per: int
     first: dict
@@ -162,12 +187,13 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     C = cdiv(T, r["BLOCK_T"])
     split, h_per = router_ranges(H, r["SPLIT"], r["BLOCK_H"])
-    fused = C == 1
+    G = cdiv(T, topk_tokens(tiles)) if split > 1 else C
+    fused = G == 1
     count = {
         "router_logits": C * split if split > 1 else 0,
-        "router_topk": C,
-        "align_scan": 0 if fused else (1 if C else 0),
-        "align_scatter": 0 if fused else C,
+        "router_topk": G,
+        "align_scan": 0 if fused else (1 if G else 0),
+        "align_scatter": 0 if fused else G,
     }
     Is = config.shared_intermediate_size
     Ms = cdiv(T, sh["BLOCK_M"]) if Is else 0
@@ -179,11 +205,11 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
         first[k] = t
         t += count[k]
     b_max = max_row_blocks(T * K, E, g1["BLOCK_M"])
-    off_logits = len(SYNC_WORDS)
+    off_logits = len(SYNC_WORDS) * SYNC_STRIDE
     off_g1 = off_logits + C
     off_shared1 = off_g1 + b_max
     return TaskLayout(
-        T=T, num_chunks=C, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
+        T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
         n1=cdiv(I, g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1, sync_words=off_shared1 + Ms,
@@ -339,14 +365,16 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
     Is = config.shared_intermediate_size
-    C, split = lay.num_chunks, lay.split
-    bt = r["BLOCK_T"]
+    C, G, split = lay.num_chunks, lay.topk_groups, lay.split
+    bt, tt = r["BLOCK_T"], topk_tokens(tiles) if lay.split > 1 else r["BLOCK_T"]
     bld = _Builder()
-    topk_c = bld.counter("topk", C)
-    scan_c = bld.counter("scan", 1 if C > 1 else 0)  # C = 1: the top-k task aligns; waits name topk instead
-    scat_c = bld.counter("scatter", C if C > 1 else 0)
+    topk_c = bld.counter("topk", G)
+    scan_c = bld.counter("scan", 1 if G > 1 else 0)  # G = 1: the top-k task aligns; waits name topk instead
+    scat_c = bld.counter("scatter", G if G > 1 else 0)
     chunk = np.arange(C)
     chunk_rows = np.minimum(bt, T - chunk * bt)
+    group = np.arange(G)
+    group_rows = np.minimum(tt, T - group * tt)
 
     # ---- router
     if split > 1:
@@ -357,22 +385,22 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 depth=hlen, weight_bytes=E * hlen * wb, in_bytes=chunk_rows[cc] * hlen * ab,
                 out_bytes=chunk_rows[cc] * E * 4, flops=2.0 * bt * E * hlen, weight_id=10_000 + ss,
                 signal=logit_c[cc])
-        topk_in = split * chunk_rows * E * 4
-        topk_w, topk_flops, topk_wait = 0, 0.0, _w(C, (logit_c, split))
+        topk_in = split * group_rows * E * 4
+        topk_w, topk_flops, topk_wait = 0, 0.0, _w(G, (logit_c[group * tt // bt], split))
     else:
-        topk_in = chunk_rows * H * ab
+        topk_in = group_rows * H * ab
         topk_w, topk_flops, topk_wait = E * H * wb, 2.0 * bt * E * H, None
-    topk_out = chunk_rows * K * 8 + E * 4
-    if C == 1:  # one program holds every token: it aligns too
+    topk_out = group_rows * K * 8 + E * 4
+    if G == 1:  # one program holds every token: it aligns too
         topk_out = topk_out + T * K * 12 + 4 * (2 * E + 1)
-    bld.add("router_topk", C, topk_wait, block=chunk, rows=chunk_rows, tile_m=bt, tile_n=E,
+    bld.add("router_topk", G, topk_wait, block=group, rows=group_rows, tile_m=tt, tile_n=E,
             depth=H if split == 1 else 0, weight_bytes=topk_w, in_bytes=topk_in, out_bytes=topk_out,
             flops=topk_flops, weight_id=10_000 if split == 1 else -1, signal=topk_c)
-    if C > 1:
-        bld.add("align_scan", 1, _w(1, (topk_c, C)), rows=T * K, tile_n=E, in_bytes=4 * C * E,
-                out_bytes=4 * (C * E + 2 * E + 1 + lay.b_max), signal=scan_c)
-        bld.add("align_scatter", C, _w(C, (scan_c, 1)), block=chunk, rows=chunk_rows * K, tile_m=bt, tile_n=E,
-                in_bytes=chunk_rows * K * 4 + 8 * E, out_bytes=chunk_rows * K * 12, signal=scat_c)
+    if G > 1:
+        bld.add("align_scan", 1, _w(1, (topk_c, G)), rows=T * K, tile_n=E, in_bytes=4 * G * E,
+                out_bytes=4 * (G * E + 2 * E + 1 + lay.b_max), signal=scan_c)
+        bld.add("align_scatter", G, _w(G, (scan_c, 1)), block=group, rows=group_rows * K, tile_m=tt, tile_n=E,
+                in_bytes=group_rows * K * 4 + 8 * E, out_bytes=group_rows * K * 12, signal=scat_c)
 
     # ---- shared MLP, GEMM 1 (static)
     Ms, ns1, ns2 = lay.shared_m_blocks, lay.ns1, lay.ns2
@@ -401,7 +429,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     e = block_expert[bb]
     rows = block_rows[bb]
     ncol = np.minimum(g1["BLOCK_N"], I - nn * g1["BLOCK_N"])
-    rows_ready = (scat_c, C) if C > 1 else (topk_c, 1)  # one chunk: the top-k task aligned too
+    rows_ready = (scat_c, G) if G > 1 else (topk_c, 1)  # one group: the top-k task aligned too
     bld.add("gemm1", B * n1, _w(B * n1, rows_ready), expert=e, block=bb, n_tile=nn, rows=rows, tile_m=bm,
             tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=rows * H * ab,
             out_bytes=rows * ncol * ab, flops=2.0 * bm * 2 * g1["BLOCK_N"] * H, weight_id=e * n1 + nn,
@@ -412,8 +440,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
         # every task after the static ones first waits for the block layout (scan; the top-k task
         # when it aligned too), which only this kind does not already wait for through its inputs
-        layout_ready = (scan_c, 1) if C > 1 else (topk_c, 1)
-        pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, C)] if config.shared_expert_gate else [])
+        layout_ready = (scan_c, 1) if G > 1 else (topk_c, 1)
+        pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
                 in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,

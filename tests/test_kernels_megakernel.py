@@ -26,7 +26,9 @@ BASE = dict(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
 #: name -> (config fields, T, why)
 CASES = {
     "one_chunk": (dict(num_shared_experts=1, shared_intermediate_size=20, shared_expert_gate=True), 5,
-                  "T <= 16: the top-k task aligns too; gated shared MLP"),
+                  "one logits chunk split over H, top-k groups of 4 tokens (G = 2: scan, scatter); gated shared MLP"),
+    "one_token": (dict(router="sigmoid_grouped_topk", num_experts=8, n_group=4, topk_group=2, score_bias=True), 1,
+                  "decode: a one-row top-k task that aligns too (G = 1)"),
     "two_chunks": (dict(router="sigmoid_grouped_topk", num_experts=8, n_group=4, topk_group=2, score_bias=True,
                         num_shared_experts=1, shared_intermediate_size=20), 37,
                    "C = 2: scan and scatter tasks; grouped router; shared MLP overlapping the router"),
@@ -106,14 +108,16 @@ TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 16, "SPLIT": 3}, "gemm1": {"BLOCK_
          "combine": {"BLOCK_T": 4, "BLOCK_H": 32}, "order": {"GROUP_M": 2}}
 
 
+@pytest.mark.parametrize("topk_t", [None, 1, 4])
 @pytest.mark.parametrize("T", [1, 16, 17, 200])
-def test_plan_waits_only_on_lower_tickets(T, rng):
+def test_plan_waits_only_on_lower_tickets(T, topk_t, rng):
     """Deadlock freedom by construction: every counter a task waits for is signalled only by lower
     tickets, reaches its target exactly, and the static part matches task_layout."""
     cfg = MoEConfig(**{**BASE, "num_shared_experts": 1, "shared_intermediate_size": 20, "shared_expert_gate": True})
     idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(T)])
-    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, TILES)
-    lay = task_layout(cfg, T, TILES)
+    tiles = TILES if topk_t is None else {**TILES, "router": {**TILES["router"], "TOPK_T": topk_t}}
+    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles)
+    lay = task_layout(cfg, T, tiles)
     assert plan.num_tasks <= lay.max_tasks
     assert np.all(np.diff(plan.kind) >= 0), "kinds come in ticket order"
     reached = np.bincount(plan.signal[plan.signal >= 0], minlength=len(plan.counters))
@@ -129,7 +133,7 @@ def test_plan_waits_only_on_lower_tickets(T, rng):
         assert plan.tasks_per_kind()[k] == lay.count[k]
 
 
-def test_plan_rejects_bad_counts():
+def test_plan_rejects_bad_counts_and_tiles():
     from megamoe.reference import InputError
 
     cfg = MoEConfig(**BASE)
@@ -137,3 +141,5 @@ def test_plan_rejects_bad_counts():
         task_plan(cfg, np.array([1, 1, 1, 0, 0, 0, 0]), 2, TILES)
     with pytest.raises(InputError, match="BLOCK_M"):
         task_plan(cfg, np.zeros(7, np.int64), 0, {**TILES, "gemm1": {"BLOCK_M": 0, "BLOCK_N": 16, "BLOCK_K": 32}})
+    with pytest.raises(InputError, match="TOPK_T"):  # groups must tile the logits chunk
+        task_layout(cfg, 5, {**TILES, "router": {**TILES["router"], "TOPK_T": 3}})
