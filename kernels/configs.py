@@ -188,13 +188,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _widest(n_cols: int, row_tiles: int, want: int, choices: tuple[int, ...]) -> int:
-    """The widest column tile in ``choices`` that still gives ``want`` tiles over row_tiles row
-    tiles (the narrowest one otherwise)."""
-    for bn in choices:
-        if row_tiles * -(-n_cols // bn) >= want:
-            return bn
-    return choices[-1]
+def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...]) -> int:
+    """The column tile in ``choices`` (widest first) whose tiles fill the programs' waves best:
+    the widest within 5% of the best wave efficiency tiles / (waves x programs)."""
+    def eff(bn):
+        tiles = max(1, round(row_tiles)) * -(-n_cols // bn)
+        return tiles / (-(-tiles // programs) * programs)
+
+    best = max(eff(bn) for bn in choices)
+    return next(bn for bn in choices if eff(bn) >= 0.95 * best)
 
 
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
@@ -203,7 +205,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
 
     Decode (T <= 64): row blocks that hold every row an expert can get (BLOCK_M 16 up to T = 16,
     64 up to T = 64), so each touched expert's weights stream once whatever the routing; column
-    tiles as wide as keeps every program busy (touched experts x N tiles >= programs). Prefill:
+    tiles that fill the programs' waves (touched experts x N tiles close to a multiple of P). Prefill:
     128-row tiles of 128 columns."""
     bt = router_block_t(T, E)
     block_e = max(16, _pow2(E))
@@ -227,20 +229,21 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
         bm = 64
     else:
         bm = 128
-    touched = min(E, T * K)
-    blocks = max(touched, -(-T * K // bm))
+    touched = E * (1 - (1 - K / E) ** T)  # experts a uniform routing of T tokens touches, expected
+    blocks = max(touched, T * K / bm)
     if bm <= 64:
-        bn1 = _widest(I, blocks, P, (128, 64, 32))
-        bn2 = _widest(H, blocks, P, (128, 64))
+        bn1 = _fit(I, blocks, P, (128, 64, 32, 16))
+        bn2 = _fit(H, blocks, P, (128, 64, 32))
         bk = 128 if bm == 16 else 64
-        sbn1 = _widest(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
-        sbn2 = _widest(H, -(-T // bm), P, (128, 64)) if Is else 64
+        sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32, 16)) if Is else 64
+        sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
         warps, stages = 4, 3
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128
         bk, warps, stages = 64, 8, 3
-    # decode: the top-k task selects over as few rows as there are tokens (one at T = 1), not BLOCK_T
-    topk_t = min(bt, _pow2(T)) if split > 1 else bt
+    # decode: top-k tasks select over as few rows as there are tokens (one at T = 1), not BLOCK_T;
+    # past 16 tokens, groups of 4 spread the selection over programs
+    topk_t = (_pow2(T) if T <= 16 else 4) if split > 1 else bt
     return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": 64 if block_e <= 128 else 32, "SPLIT": max(split, 1),
                                  "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
