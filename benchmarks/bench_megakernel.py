@@ -21,6 +21,44 @@ import time
 from pathlib import Path
 
 
+def _warm(name: str, tokens: list[int]) -> str:
+    """Compile (into Triton's on-disk cache) every kernel both backends launch for this preset at
+    these T, by running each once: one process per preset, so the compiles run side by side."""
+    import torch
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import moe as kmoe
+
+    cfg = kb.bench_config(name)
+    w = kb.random_device_weights(cfg)
+    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+    done = []
+    for T in tokens:
+        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        for backend in ("megakernel", "multi"):
+            for ww in (w, wz):
+                try:
+                    kmoe.moe_forward(x, ww, cfg, backend=backend)
+                except Exception as exc:  # noqa: BLE001 - the measuring process reports it again
+                    done.append(f"{T}/{backend}: {type(exc).__name__}")
+        torch.cuda.synchronize()
+        done.append(str(T))
+    return f"{name}: " + " ".join(done)
+
+
+def warm_all(presets: list[str], tokens: list[int], timeout_s: float) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(len(presets)) as pool:
+        jobs = [pool.apply_async(_warm, (n, tokens)) for n in presets]
+        for j in jobs:
+            try:
+                print(f"# warmed {j.get(timeout=timeout_s)}", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"# warm-up failed: {type(exc).__name__}: {exc}", flush=True)
+
+
 def _rows_out(path: Path, row: dict) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps(row) + "\n")
@@ -42,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--budget", type=float, default=520.0, help="stop starting new rows after this many seconds")
+    p.add_argument("--warm", action="store_true", help="compile every kernel first, one process per preset")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,6 +88,9 @@ def main(argv=None) -> int:
     prov = kb.provenance()
     print(f"# {prov}", flush=True)
     t0 = time.time()
+    if args.warm:
+        warm_all(args.presets.split(","), [int(t) for t in args.tokens.split(",")], args.budget)
+        print(f"# warm-up done in {time.time() - t0:.0f} s", flush=True)
     ceil = kb.measure_ceilings()
     print(f"# ceilings: read {ceil['read_bytes_per_s'] / 1e12:.2f} TB/s, matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} "
           f"TFLOP/s", flush=True)
