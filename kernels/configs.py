@@ -232,10 +232,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     touched = E * (1 - (1 - K / E) ** T)  # experts a uniform routing of T tokens touches, expected
     blocks = max(touched, T * K / bm)
     if bm <= 64:
-        bn1 = _fit(I, blocks, P, (128, 64, 32, 16))
+        bn1 = _fit(I, blocks, P, (128, 64, 32))  # 16 filled the waves but streamed slower (H200 traces, runs 2-3)
         bn2 = _fit(H, blocks, P, (128, 64, 32))
         bk = 128 if bm == 16 else 64
-        sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32, 16)) if Is else 64
+        sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
         warps, stages = 4, 3
     else:

@@ -292,19 +292,16 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
 
 
 def provenance() -> dict:
-    import subprocess
-
+    """GPU, versions, date and the code's commit (kernels.bench.git_state: HEAD and a dirty flag, or
+    MEGAMOE_COMMIT on a copied tree), as every results row records them."""
     import torch
     import triton
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent.parent, timeout=10).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001
-        commit = "unknown"
+    from megamoe.kernels.bench import git_state
+
     props = torch.cuda.get_device_properties(0)
     return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit, "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
+            **git_state(), "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
             "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "num_sms": int(props.multi_processor_count), "l2_bytes": int(getattr(props, "L2_cache_size", 0))}
 

@@ -59,3 +59,24 @@ def test_max_padded_rows_bounds_any_routing():
     assert cfgs.max_padded_rows(3, 7, 16) == 48
     assert cfgs.max_padded_rows(0, 7, 16) == 0
     assert cfgs.max_padded_rows(100, 4, 16) == 16 * ((100 + 4 * 15 + 15) // 16)
+
+
+def test_auto_backend_reads_the_measured_table(tmp_path, monkeypatch):
+    """backend="auto" follows the tuned file's backend table (written from same-run H200 rows by
+    benchmarks/pick_backend.py), nearest bucket where a T is not in it; elsewhere the multi-launch path."""
+    from megamoe.kernels import configs as cfgs
+
+    kw = dict(gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+    assert cfgs.select_backend(256, 7168, 2048, 8, 1, **kw) == "megakernel"   # DeepSeek-V3 routed, T = 1
+    assert cfgs.select_backend(256, 7168, 2048, 8, 4096, **kw) == "multi"     # nearest bucket 512
+    assert cfgs.select_backend(128, 2048, 768, 8, 1, **kw) == "multi"
+    assert cfgs.select_backend(7, 40, 36, 3, 1, gpu="cpu-interpreter", dtype="float32", triton_version="x") == "multi"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpu": "g", "dtype": "bfloat16", "triton": "t", "configs": {}, "backend": {"E1_H1_I1_K1": {"1": "fast"}}}')
+    monkeypatch.setattr(cfgs, "config_path", lambda *a: bad)
+    cfgs._backends.cache_clear()
+    try:
+        with pytest.raises(cfgs.KernelConfigError, match="'megakernel' or 'multi'"):
+            cfgs.select_backend(1, 1, 1, 1, 1, gpu="g", dtype="bfloat16", triton_version="t")
+    finally:
+        cfgs._backends.cache_clear()

@@ -1,0 +1,59 @@
+"""Write backend="auto"'s table from measured rows: per shape and T bucket, the faster backend.
+
+    python benchmarks/pick_backend.py benchmarks/results/megakernel_2026-12-01_run3.jsonl [--margin 0.03]
+
+Reads bench_megakernel.py rows (uniform routing only: the table is keyed by shape and T bucket,
+not by routing), and for each (shape, bucket) with both backends timed in the same run writes
+"megakernel" where it was faster by more than ``margin`` (default 3%, about the run-to-run spread
+of a CUDA-graph median here) and "multi" otherwise, into the tuned-config file of the rows' GPU,
+dtype bf16 and Triton version (its "backend" table; kernels/configs.py select_backend reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def pick(rows: list[dict], margin: float) -> dict:
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import configs as cfgs
+
+    table: dict = {}
+    for r in rows:
+        if r.get("routing", "uniform") != "uniform" or "megakernel_us" not in r or "multi_us" not in r:
+            continue
+        c = kb.bench_config(r["preset"])
+        key = cfgs.shape_key(c.num_experts, c.hidden_size, c.intermediate_size, c.top_k)
+        faster = r["megakernel_us"] * (1 + margin) < r["multi_us"]
+        table.setdefault(key, {})[str(cfgs.bucket_of(r["T"]))] = "megakernel" if faster else "multi"
+    return table
+
+
+def main(argv=None) -> int:
+    from megamoe.kernels import configs as cfgs
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("rows")
+    p.add_argument("--margin", type=float, default=0.03)
+    a = p.parse_args(argv)
+    rows = [json.loads(line) for line in Path(a.rows).read_text().splitlines() if line.strip()]
+    if not rows:
+        print(f"{a.rows}: no rows", file=sys.stderr)
+        return 2
+    path = cfgs.config_path(rows[0]["gpu"], "bfloat16", rows[0]["triton"])
+    data = json.loads(path.read_text())
+    data["backend"] = pick(rows, a.margin)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    cfgs.load_file(path)  # fail loudly now if what was written is malformed
+    cfgs._backends.cache_clear()
+    for k, v in data["backend"].items():
+        print(k, v)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
