@@ -69,40 +69,52 @@ def compute_roofline_s(rows_slot: np.ndarray, slot_rank: np.ndarray, shared_rows
 
 
 def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray,
-             profile: Profile, comm_sms: int) -> Estimate:
-    """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices."""
+             profile: Profile, copy_bytes_per_s: float, start_s: float | np.ndarray | None = None,
+             copy_coefs: tuple[float, float] = (1.0, 1.0), barrier_s: float = 0.0, work=None) -> Estimate:
+    """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices.
+
+    ``copy_bytes_per_s``: what the communication SMs move (``schedules.comm_model``);
+    ``start_s``: the fixed cost before anything moves (default: one launch); ``copy_coefs``: copy-SM
+    bytes per byte pulled and pushed; a ``schedules.LayerWork`` gives both, and the closing barrier.
+    """
     schedule = normalize_schedule(schedule)
     b = gpu_bytes(dispatch_bytes, combine_bytes)
     port = profile.port_bytes_per_s
-    copy = comm_sms * profile.sm_copy_bytes_per_s
+    copy = copy_bytes_per_s
     lat = profile.link_latency_s
     L = profile.kernel_launch_s
+    barrier = barrier_s
+    if work is not None:
+        start_s, copy_coefs, barrier = work.start_s, (work.pull_copy_coef, work.push_copy_coef), work.barrier_s
+    start = L if start_s is None else start_s
+    pc, qc = copy_coefs
     moves = (b["dispatch_recv"] + b["dispatch_sent"] + b["combine_sent"] + b["combine_recv"]) > 0
     if schedule == "fused":
         sent = b["dispatch_sent"] + b["combine_sent"]
         recv = b["dispatch_recv"] + b["combine_recv"]
-        driven = b["dispatch_recv"] + b["combine_sent"]
+        driven = b["dispatch_recv"] * pc + b["combine_sent"] * qc
         comm = np.maximum.reduce([sent / port, recv / port, driven / copy])
-        per_gpu = L + np.maximum(compute_s, comm + lat * moves)
+        per_gpu = start + np.maximum(compute_s, comm + lat * moves) + barrier
     else:
-        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy))
-        com = b["combine_sent"] / min(port, copy)
+        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy / pc))
+        com = np.maximum(b["combine_sent"] / min(port, copy / qc), b["combine_recv"] / port)
         comm = dis + com
-        per_gpu = (L + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
-                   + L + com + lat * (b["combine_sent"] > 0))
+        per_gpu = (start + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
+                   + L + com + lat * (b["combine_sent"] + b["combine_recv"] > 0) + barrier)
     g = int(np.argmax(per_gpu))
     return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
 
 
 def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
-                      include_shared: bool = True) -> Estimate:
+                      include_shared: bool = True, comm_work: tuple | None = None) -> Estimate:
     """The analytic bound straight from a built ``workload.Workload``: no SimPy, a few ms on NVL72.
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
     """
     from .hardware import load_profile
-    from .simulate import DEFAULT_COMM_SMS
+    from .schedules import comm_model, layer_start_s
+    from .simulate import default_comm_work
     from .timing import normalize_dtype, row_bytes
 
     p = load_profile(system)
@@ -113,6 +125,10 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
         workload.num_gpus, hidden=cfg.hidden_size, width=cfg.intermediate_size,
         shared_width=cfg.shared_intermediate_size, profile=p, weight_dtype=wd, act_dtype=ad)
     t = workload.traffic_mb
+    n = p.rack.comm_sms if comm_sms is None else comm_sms
+    cm = comm_model(p, n, ad, cfg.hidden_size, default_comm_work(ad) if comm_work is None else comm_work)
     return estimate(schedule, compute_s=comp, dispatch_bytes=t * row_bytes(cfg.hidden_size, ad),
                     combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p,
-                    comm_sms=DEFAULT_COMM_SMS if comm_sms is None else comm_sms)
+                    copy_bytes_per_s=cm.copy_bytes_per_s,
+                    start_s=layer_start_s(p, cfg, workload.tokens_per_gpu), copy_coefs=(1.0, cm.push_coef),
+                    barrier_s=p.rack.layer_barrier_s)

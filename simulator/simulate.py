@@ -27,20 +27,28 @@ from megamoe.reference import MoEConfig
 
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
 from .hardware import Profile, load_profile, override
-from .schedules import Capacities, LayerWork, normalize_schedule, run_schedule
-from .timing import ffn_cost, normalize_dtype, row_bytes
+from .schedules import RESOLUTION, Capacities, build_layer_work, normalize_schedule, run_schedule
+from .timing import ffn_cost, normalize_dtype
 from .topology import build_topology, link_bytes
 from .workload import Workload, build_workload
 
-DEFAULT_COMM_SMS = 16  # ParallelKittens: TMA copies reach NVLink rate with about 15 of 148 SMs (B200)
-L2_WEIGHT_SHARE = 0.5  # assumption: weights stay in L2 across minibatches if they fit in half of it
 #: Keys of ``breakdown_us`` that add up to the layer time.
 ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
 
 
-def default_minibatch(tokens_per_gpu: int) -> int:
-    """Tokens per minibatch when none is given: all of them up to 512, else max(512, Tg / 8)."""
-    return tokens_per_gpu if tokens_per_gpu <= 512 else max(512, -(-tokens_per_gpu // 8))
+def default_minibatch(tokens_per_gpu: int, system: str | Path | Profile = "gb200-nvl72") -> int:
+    """Tokens per minibatch when none is given: the profile's ``megakernel.minibatch_tokens`` (at most Tg)."""
+    return min(int(tokens_per_gpu), load_profile(system).rack.minibatch_tokens)
+
+
+def default_comm_sms(system: str | Path | Profile = "gb200-nvl72") -> int:
+    """Communication SMs when none are given: the profile's ``megakernel.comm_sms``."""
+    return load_profile(system).rack.comm_sms
+
+
+def default_comm_work(dispatch_dtype: str) -> tuple:
+    """What communication SMs do besides copying in a forward pass: quantize rows pulled as fp8."""
+    return ("quantize",) if normalize_dtype(dispatch_dtype) == "fp8" else ()
 
 
 @dataclass
@@ -102,51 +110,19 @@ class Options:
     weight_dtype: str
     dispatch_dtype: str
     include_shared: bool = True
-
-
-def _layer_work(w: Workload, p: Profile, o: Options) -> tuple[LayerWork, dict]:
-    cfg = w.config
-    G, B, H, I = w.num_gpus, w.num_minibatches, cfg.hidden_size, cfg.intermediate_size
-    fused = o.schedule == "fused"
-    sms = p.num_sms - o.comm_sms if fused else p.num_sms
-    if sms < 1:
-        raise ValueError(f"comm_sms={o.comm_sms} leaves no compute SMs of {p.num_sms}")
-    wb = 1.0 if o.weight_dtype == "fp8" else 2.0
-    # jobs are timed alone on the GPU; the fabric shares HBM between them and the copies
-    kw = dict(profile=p, num_sms=sms, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
-    job_s, job_hbm = np.zeros((G, B)), np.zeros((G, B))
-    flops = np.zeros(G)
-    rows = np.zeros(G, np.int64)
-    for g in range(G):
-        slots = np.nonzero(w.placement.slot_rank == g)[0]
-        r = w.rows_slot_mb[slots]  # (n, B)
-        cached = fused and (np.count_nonzero(r.sum(axis=1)) * 3.0 * H * I * wb <= L2_WEIGHT_SHARE * p.l2_bytes)
-        rows[g] = r.sum()
-        parts = [r.sum(axis=1)] if not fused else [r[:, m] for m in range(B)]
-        for m, rm in enumerate(parts):
-            if not rm.any():
-                continue
-            c = ffn_cost(rm, H, I, read_weights=not (cached and m > 0), **kw)
-            job_s[g, m], job_hbm[g, m] = c.time_s, c.hbm_bytes
-            flops[g] += c.flops
-    shared_s, shared_hbm = np.zeros(G), np.zeros(G)
-    if o.include_shared and cfg.num_shared_experts:
-        c = ffn_cost([w.tokens_per_gpu], H, cfg.shared_intermediate_size, **kw)
-        shared_s[:], shared_hbm[:] = c.time_s, c.hbm_bytes
-        flops += c.flops
-    tm = w.traffic_mb.astype(np.float64)  # (G src/owner, B, G dst/expert gpu), tokens
-    work = LayerWork(job_s=job_s, job_hbm_bytes=job_hbm, shared_s=shared_s, shared_hbm_bytes=shared_hbm,
-                     launch_s=p.kernel_launch_s, sync_s=p.grid_sync_s if fused else 0.0, routed_launches=2,
-                     shared_launches=2, dispatch_bytes=tm * row_bytes(H, o.dispatch_dtype),
-                     combine_bytes=tm * row_bytes(H, "bf16"))
-    return work, {"flops": flops, "hbm_bytes": job_hbm.sum(axis=1) + shared_hbm, "rows": rows}
+    comm_work: tuple = ()
 
 
 def simulate_workload(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                       comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                       dispatch_dtype: str | None = None, include_shared: bool = True,
-                      seed: int | None = None) -> SimResult:
-    """Run the event model and the analytic bound on a built workload."""
+                      seed: int | None = None, comm_work: tuple | None = None,
+                      resolution: float = RESOLUTION) -> SimResult:
+    """Run the event model and the analytic bound on a built workload.
+
+    ``comm_work``: what communication SMs do besides copying (``schedules.COMM_WORK``; default:
+    quantize when rows are pulled as fp8); ``resolution``: events closer than this fraction of the
+    analytic bound are handled together, up to that late (0: exact, slower on a full rack)."""
     t_start = time.perf_counter()
     p = load_profile(system)
     if p.num_gpus != workload.num_gpus:
@@ -154,31 +130,35 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     cfg = workload.config
     o = Options(
         schedule=normalize_schedule(schedule),
-        comm_sms=DEFAULT_COMM_SMS if comm_sms is None else int(comm_sms),
+        comm_sms=p.rack.comm_sms if comm_sms is None else int(comm_sms),
         weight_dtype=normalize_dtype(weight_dtype or dtype),
         dispatch_dtype=normalize_dtype(dispatch_dtype or dtype),
         include_shared=include_shared,
+        comm_work=default_comm_work(dispatch_dtype or dtype) if comm_work is None else tuple(comm_work),
     )
     if not 1 <= o.comm_sms < p.num_sms:
         raise ValueError(f"comm_sms must be in [1, {p.num_sms - 1}] for {p.name}, got {o.comm_sms}")
-    work, acc = _layer_work(workload, p, o)
+    work, acc = build_layer_work(workload, p, schedule=o.schedule, comm_sms=o.comm_sms, weight_dtype=o.weight_dtype,
+                                 dispatch_dtype=o.dispatch_dtype, include_shared=o.include_shared,
+                                 comm_work=o.comm_work)
     G = p.num_gpus
-    caps = Capacities(p.port_bytes_per_s, o.comm_sms * p.sm_copy_bytes_per_s, p.hbm_effective_bytes_per_s)
+    dispatch_bytes, combine_bytes = work.dispatch_bytes(), work.combine_bytes()
+    comp_lb = compute_roofline_s(
+        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if o.include_shared else 0, G,
+        hidden=cfg.hidden_size, width=cfg.intermediate_size, shared_width=cfg.shared_intermediate_size,
+        profile=p, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
+    est: Estimate = estimate(o.schedule, compute_s=comp_lb, dispatch_bytes=dispatch_bytes,
+                             combine_bytes=combine_bytes, profile=p, copy_bytes_per_s=acc["copy_bytes_per_s"],
+                             work=work)
+    caps = Capacities(p.port_bytes_per_s, acc["copy_bytes_per_s"], p.hbm_effective_bytes_per_s)
     t_sim = time.perf_counter()
-    log, fabric, _ = run_schedule(o.schedule, work, caps, p.link_latency_s)
+    log, fabric, _ = run_schedule(o.schedule, work, caps, p.link_latency_s, resolution * est.time_s)
     cap = fabric.cap
     t_sim = time.perf_counter() - t_sim
 
     layer_s = float(log.end_s.max())
     busy = log.compute_busy_s
-    # analytic bound
-    comp_lb = compute_roofline_s(
-        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if o.include_shared else 0, G,
-        hidden=cfg.hidden_size, width=cfg.intermediate_size, shared_width=cfg.shared_intermediate_size,
-        profile=p, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
-    est: Estimate = estimate(o.schedule, compute_s=comp_lb, dispatch_bytes=work.dispatch_bytes,
-                             combine_bytes=work.combine_bytes, profile=p, comm_sms=o.comm_sms)
-    b = gpu_bytes(work.dispatch_bytes, work.combine_bytes)
+    b = gpu_bytes(dispatch_bytes, combine_bytes)
 
     def phase_span(track: str) -> float:
         spans = [s for s in log.spans if s.track == track]
@@ -214,7 +194,7 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "hbm_utilization": R[3 * G:4 * G] / (cap[3 * G:4 * G] * span_s),
     }
     graph = build_topology(p)
-    total_bytes = (work.dispatch_bytes.sum(axis=1) + work.combine_bytes.sum(axis=1).T)  # [src, dst]
+    total_bytes = (dispatch_bytes.sum(axis=1) + combine_bytes.sum(axis=1).T)  # [src, dst]
     lb = link_bytes(graph, total_bytes)
     per_link = []
     for (u, v), nbytes in lb.items():
@@ -225,9 +205,10 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     inputs = {
         "model": cfg.name, "system": p.name, "num_gpus": G, "tokens_per_gpu": workload.tokens_per_gpu,
         "routing": workload.routing, "placement": workload.placement.policy,
-        "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": o.comm_sms,
-        "compute_sms": p.num_sms - o.comm_sms if o.schedule == "fused" else p.num_sms,
-        "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
+        "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": acc["comm_sms"],
+        "compute_sms": acc["compute_sms"], "comm_work": list(o.comm_work),
+        "minibatch": workload.minibatch if work.num_minibatches > 1 or G > 1 else workload.tokens_per_gpu,
+        "num_minibatches": work.num_minibatches,
         "weight_dtype": o.weight_dtype, "dispatch_dtype": o.dispatch_dtype, "combine_dtype": "bf16",
         "include_shared": o.include_shared, "seed": seed,
     }
@@ -262,14 +243,15 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
              schedule: str = "fused", comm_sms: int | None = None, minibatch: int | None = None,
              dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
              seed: int = 0, num_slots: int | None = None, include_shared: bool = True,
-             overrides: dict | None = None, analytic_only: bool = False) -> SimResult:
+             overrides: dict | None = None, analytic_only: bool = False,
+             comm_work: tuple | None = None) -> SimResult:
     """Simulate one MoE layer.  ``config``: a preset name, config.json path or MoEConfig;
     ``system``: a profile name, profile JSON path or Profile; ``overrides``: ``hardware.override`` fields.
     ``analytic_only``: skip the event model; ``layer_time_us`` is then the analytic bound.
     """
     cfg = config if isinstance(config, MoEConfig) else MoEConfig.load(config)
     p = resolve_system(system, overrides)
-    mb = default_minibatch(int(tokens_per_gpu)) if minibatch is None else minibatch
+    mb = default_minibatch(int(tokens_per_gpu), p) if minibatch is None else minibatch
     t0 = time.perf_counter()
     w = build_workload(cfg, p.num_gpus, tokens_per_gpu, routing, placement, minibatch=mb, seed=seed,
                        num_slots=num_slots, num_nodes=p.num_nodes)
@@ -279,7 +261,8 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
                                dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
                                workload_s=t_work)
     r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
-                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed)
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
+                          comm_work=comm_work)
     r.stats["workload_s"] = t_work
     return r
 
@@ -307,7 +290,7 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     inputs = {"model": workload.config.name, "system": p.name, "num_gpus": p.num_gpus,
               "tokens_per_gpu": workload.tokens_per_gpu, "routing": workload.routing,
               "placement": workload.placement.policy, "num_slots": workload.placement.num_slots,
-              "schedule": normalize_schedule(schedule), "comm_sms": DEFAULT_COMM_SMS if comm_sms is None else comm_sms,
+              "schedule": normalize_schedule(schedule), "comm_sms": p.rack.comm_sms if comm_sms is None else comm_sms,
               "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
               "weight_dtype": normalize_dtype(weight_dtype or dtype), "dispatch_dtype": normalize_dtype(dispatch_dtype or dtype),
               "combine_dtype": "bf16", "include_shared": include_shared, "seed": seed, "analytic_only": True}

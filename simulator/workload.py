@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from megamoe.reference import MoEConfig, plan_dispatch, rank_traffic
+from megamoe.reference import MoEConfig
 
 from .placement import Placement, assign_slots, make_placement
 
@@ -317,9 +317,14 @@ class Workload:
     """One MoE layer's work on G GPUs.
 
     topk_idx: (T, K) expert ids; token_rank: (T,) GPU of each token (token t = g * Tg + i);
-    slot_topk_idx: (T, K) slot ids; rows_slot_mb: (P, B) rows (pairs) per slot per minibatch, from
-    the dispatch plan; traffic_mb: (G, B, G) tokens [src, minibatch, dst] (deduplicated per
-    destination GPU, diagonal = tokens staying local), from ``rank_traffic``.
+    slot_topk_idx: (T, K) slot ids; rows_slot_mb: (P, B) rows (pairs) per slot per minibatch (the
+    dispatch plan's counts); traffic_mb: (G, B, G) tokens [src, minibatch, dst] (deduplicated per
+    destination GPU, diagonal = tokens staying local: ``rank_traffic`` with dedup).
+    pull_slot_mb: (P, B, G) tokens [slot, minibatch, src] that slot p's GPU pulls from src for p
+    first: a token crosses once to a GPU, with the first of its slots there in slot order;
+    push_slot_mb: (P, B, G) tokens [slot, minibatch, owner] whose partial sum on slot p's GPU is
+    complete once p (the last of the token's slots there) is done. Summed over the slots of GPU d,
+    both are ``traffic_mb[:, :, d]``.
     """
 
     config: MoEConfig
@@ -333,6 +338,8 @@ class Workload:
     slot_topk_idx: np.ndarray
     rows_slot_mb: np.ndarray
     traffic_mb: np.ndarray
+    pull_slot_mb: np.ndarray
+    push_slot_mb: np.ndarray
 
     @property
     def num_minibatches(self) -> int:
@@ -401,15 +408,39 @@ def build_workload(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routin
                             num_nodes=num_nodes, num_groups=config.n_group)
     slot_topk = assign_slots(topk_idx, token_rank, pl)
     mb, nmb = minibatch_count(Tg, minibatch)
-    # rows per slot per minibatch: the reference's plan, its rows split by their token's minibatch
-    plan = plan_dispatch(slot_topk, pl.num_slots)
-    slot_of_row = np.repeat(np.arange(pl.num_slots, dtype=np.int64), plan.counts)
-    mb_of_row = (plan.sorted_token % Tg) // mb
-    rows_slot_mb = np.bincount(slot_of_row * nmb + mb_of_row, minlength=pl.num_slots * nmb).reshape(pl.num_slots, nmb)
-    # token movement: the reference's rank traffic with (GPU, minibatch) as the source rank
-    src_v = token_rank * nmb + (np.arange(T) % Tg) // mb
-    m = rank_traffic(slot_topk, src_v, pl.slot_rank, G * nmb, dedup=True)
-    traffic_mb = m[:, :G].reshape(G, nmb, G)
+    rows_slot_mb, traffic_mb, pull, push = slot_traffic(slot_topk, pl.slot_rank, G, Tg, mb, nmb)
     return Workload(config=config, num_gpus=G, tokens_per_gpu=Tg, minibatch=mb, routing=label,
                     placement=pl, topk_idx=topk_idx, token_rank=token_rank, slot_topk_idx=slot_topk,
-                    rows_slot_mb=rows_slot_mb, traffic_mb=traffic_mb)
+                    rows_slot_mb=rows_slot_mb, traffic_mb=traffic_mb, pull_slot_mb=pull, push_slot_mb=push)
+
+
+def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, tokens_per_gpu: int,
+                 minibatch: int, num_minibatches: int):
+    """Counts of the dispatch plan without sorting the T x K pairs (token t lives on GPU t // Tg).
+
+    slot_topk: (T, K) slot ids; slot_rank: (P,) GPU of each slot. Returns rows_slot_mb (P, B) (the
+    counts of ``reference.plan_dispatch`` split by minibatch), traffic_mb (G, B, G) (``reference.
+    rank_traffic`` with dedup), and pull_slot_mb, push_slot_mb (P, B, G) (see ``Workload``). Only each
+    token's K entries are sorted, by (GPU, slot), so that a token's slots on one GPU sit together.
+    """
+    G, P, B = int(num_gpus), int(slot_rank.size), int(num_minibatches)
+    T, K = slot_topk.shape
+    t = np.arange(T, dtype=np.int64)
+    src = t // tokens_per_gpu
+    col = src * B + (t % tokens_per_gpu) // minibatch  # (T,) source GPU and minibatch
+    rows = np.bincount((slot_topk * B + col[:, None] % B).reshape(-1), minlength=P * B).reshape(P, B)
+    key = np.sort(slot_rank[slot_topk] * P + slot_topk, axis=1)  # (T, K) by GPU, then slot
+    gpu = key // P
+    first = np.ones((T, K), np.bool_)
+    first[:, 1:] = gpu[:, 1:] != gpu[:, :-1]
+    last = np.ones((T, K), np.bool_)
+    last[:, :-1] = first[:, 1:]
+    slot = key % P
+    colk = np.broadcast_to(col[:, None], (T, K))
+    pull = np.bincount(slot[first] * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
+    push = np.bincount(slot[last] * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
+    pull, push = pull.transpose(0, 2, 1), push.transpose(0, 2, 1)  # (P, B, G src / owner)
+    traffic = np.zeros((G, B, G), np.int64)  # [src, mb, dst]
+    for d in range(G):
+        traffic[:, :, d] = pull[slot_rank == d].sum(axis=0).T
+    return rows, traffic, np.ascontiguousarray(pull), np.ascontiguousarray(push)
