@@ -59,6 +59,8 @@ class Fabric:
         self._total: list[float] = []
         self._limit0: list[float] = []
         self.labels: list[str] = []
+        self._grp: list[np.ndarray] = []
+        self._grp_ev: list[simpy.Event] = []
         self._ms_flow: list[np.ndarray] = []
         self._ms_bytes: list[np.ndarray] = []
         self._frozen = False
@@ -84,6 +86,36 @@ class Fabric:
         self.labels.append(label)
         return len(self._total) - 1
 
+    def add_many(self, resources: np.ndarray, coefs: np.ndarray, totals: np.ndarray, labels: list[str],
+                 limited: bool = False) -> np.ndarray:
+        """Register F flows at once: resources, coefs (F, n); totals (F,). Returns their ids (F,)."""
+        if self._frozen:
+            raise RuntimeError("Fabric.add_many after the first start")
+        F0 = len(self._total)
+        res = np.asarray(resources, np.int64)
+        cf = np.asarray(coefs, np.float64)
+        self._res.extend(list(res))
+        self._coef.extend(list(cf))
+        tot = np.asarray(totals, np.float64).tolist()
+        self._total.extend(tot)
+        self._limit0.extend([0.0] * len(tot) if limited else tot)
+        self._lat.extend([self.latency_s] * len(tot))
+        self.labels.extend(labels)
+        return np.arange(F0, F0 + len(tot))
+
+    def all_done(self, fids) -> simpy.Event:
+        """An event that fires once every flow in ``fids`` has ended (register before the run)."""
+        if self._frozen:
+            raise RuntimeError("Fabric.all_done after the first start")
+        fids = np.asarray(list(fids), np.int64)
+        ev = self.env.event()
+        if fids.size == 0:
+            ev.succeed()
+            return ev
+        self._grp.append(fids)
+        self._grp_ev.append(ev)
+        return ev
+
     def milestone(self, fids, delivered_bytes) -> int:
         """Register a milestone: it fires once every flow ``fids[i]`` has delivered ``delivered_bytes[i]``."""
         if self._frozen:
@@ -100,6 +132,19 @@ class Fabric:
         self.coef = np.concatenate(self._coef) if F else np.zeros(0)
         self.total = np.asarray(self._total, dtype=np.float64)
         self.latency = np.asarray(self._lat)
+        self._nz_flow = np.repeat(np.arange(F), np.diff(self.ptr))
+        # groups: an event when every flow of a group has ended (flow -> groups as CSR)
+        ng = len(self._grp)
+        gsize = np.array([a.size for a in self._grp], np.int64)
+        gf = np.concatenate(self._grp) if ng else np.zeros(0, np.int64)
+        gid = np.repeat(np.arange(ng), gsize)
+        order = np.argsort(gf, kind="stable")
+        self._fg_ptr = np.zeros(F + 1, np.int64)
+        np.cumsum(np.bincount(gf, minlength=F), out=self._fg_ptr[1:])
+        self._fg = gid[order]
+        self._grp_left = gsize.copy()
+        self._grp_end = np.zeros(ng)
+        self._grp_events = self._grp_ev
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
         self.delivered = np.zeros(F)
         self.limit = np.asarray(self._limit0, dtype=np.float64)
@@ -132,8 +177,6 @@ class Fabric:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
         self.cap = np.asarray(capacity, dtype=np.float64)
         self.load = np.zeros(self.cap.size)
-        self.resource_bytes = np.zeros(self.cap.size)
-        self.resource_busy_s = np.zeros(self.cap.size)
 
     @property
     def remaining(self) -> np.ndarray:
@@ -176,6 +219,7 @@ class Fabric:
         moving = self.total[fids] > 0
         for f in fids[~moving]:
             self._end(f, 0.0)
+        self._groups_ended(fids[~moving])
         if moving.any():
             self.active[fids[moving]] = True
             self._schedule_recompute()
@@ -200,21 +244,14 @@ class Fabric:
 
     def _advance(self) -> None:
         dt = self.env.now - self._t
-        if dt > 0:
-            inc = self.rate * dt
-            room = np.minimum(self.limit, self.total) - self.delivered
-            over = inc > room
-            self.resource_bytes += self.load * dt
-            if over.any():  # flows that reached their end or limit inside the step stop there
-                f = np.nonzero(over)[0]
-                lost = inc[f] - np.maximum(room[f], 0.0)
-                for i, fl in enumerate(f):
-                    sl = slice(self.ptr[fl], self.ptr[fl + 1])
-                    np.subtract.at(self.resource_bytes, self.res[sl], self.coef[sl] * lost[i])
-                inc[f] = np.maximum(room[f], 0.0)
-            self.delivered += inc
-            self.resource_busy_s += (self.load > 0) * dt
+        if dt > 0:  # flows that reach their end or limit inside the step stop there
+            np.minimum(self.delivered + self.rate * dt, np.minimum(self.limit, self.total), out=self.delivered)
         self._t = self.env.now
+
+    @property
+    def resource_bytes(self) -> np.ndarray:
+        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
+        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
 
     def _end(self, f: int, latency: float) -> None:
         self.active[f] = False
@@ -229,11 +266,43 @@ class Fabric:
         else:
             ev.succeed()
 
+    def _groups_ended(self, flows: np.ndarray) -> None:
+        """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
+        if not self._fg.size or not flows.size:
+            return
+        lo, hi = self._fg_ptr[flows], self._fg_ptr[flows + 1]
+        n = hi - lo
+        if not n.sum():
+            return
+        idx = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
+        gids = self._fg[idx]
+        ends = np.repeat(self.end_s[flows], n)
+        np.maximum.at(self._grp_end, gids, ends)
+        np.subtract.at(self._grp_left, gids, 1)
+        for g in np.unique(gids[self._grp_left[gids] == 0]):
+            ev, delay = self._grp_events[g], self._grp_end[g] - self.env.now
+            if delay > 0:
+                self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
+            else:
+                ev.succeed()
+
     def _finish_done(self) -> None:
         done = np.nonzero(self.active & (self.delivered >= self.total - self._tol))[0]
-        for f in done:
-            self.delivered[f] = self.total[f]
-            self._end(f, self.latency[f])
+        if done.size:
+            self.delivered[done] = self.total[done]
+            self.active[done] = False
+            self._ended[done] = True
+            self.rate[done] = 0.0
+            self.end_s[done] = self.env.now + self.latency[done]
+            for f in done:
+                ev = self._done.get(f)
+                if ev is not None:
+                    lat = self.latency[f]
+                    if lat > 0:
+                        self.env.timeout(lat).callbacks.append(lambda _e, ev=ev: ev.succeed())
+                    else:
+                        ev.succeed()
+            self._groups_ended(done)
         if self._live.size:
             self._check_milestones()
 

@@ -13,8 +13,21 @@ flow's rate together until some resource is full, freeze the flows through it, r
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from numba import njit
+
+# numba's CPU target, on its first compile or cache load, imports numba.np.arraymath, whose BLAS probe
+# imports scipy.linalg (about 0.5 s of a 1.5 s ``megamoe simulate``) only to choose np.vdot's fallback,
+# which nothing here uses. Import arraymath once with the probe failing, then undo the block, so a
+# later ``import scipy.linalg`` (and numba's linear algebra, which checks again when it compiles) works.
+if "scipy.linalg.cython_blas" not in sys.modules:
+    sys.modules["scipy.linalg.cython_blas"] = None  # type: ignore[assignment]
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        del sys.modules["scipy.linalg.cython_blas"]
+from numba import njit  # noqa: E402
 
 _SAT = 1e-9  # a resource with less than this fraction of its capacity left is full
 

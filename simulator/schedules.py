@@ -311,15 +311,17 @@ def _peer_flows(fabric: Fabric, lay: Layout, g: int, per_peer: np.ndarray, label
     """GPU g's communication SMs move ``per_peer`` (G,) bytes from (``pull``) or to each peer: one
     flow per peer with bytes. Returns {peer: flow id}. A flow loads g's port (receive when pulling,
     send when pushing), copy SMs and HBM, and the peer's opposite port and HBM."""
-    out = {}
-    for h in np.nonzero(per_peer > 0)[0]:
-        if h == g:
-            continue
-        own, theirs = (lay.recv(g), lay.send(h)) if pull else (lay.send(g), lay.recv(h))
-        out[int(h)] = fabric.add((own, lay.copy(g), lay.hbm(g), theirs, lay.hbm(h)),
-                                 (1.0, copy_coef, hbm_coef, 1.0, 1.0), float(per_peer[h]),
-                                 f"{label} GPU {h}", limited=limited)
-    return out
+    peers = np.nonzero(per_peer > 0)[0]
+    peers = peers[peers != g]
+    if not peers.size:
+        return {}
+    n = peers.size
+    own = lay.recv(g) if pull else lay.send(g)
+    theirs = lay.send(peers) if pull else lay.recv(peers)
+    res = np.column_stack([np.full(n, own), np.full(n, lay.copy(g)), np.full(n, lay.hbm(g)), theirs, lay.hbm(peers)])
+    coef = np.tile([1.0, copy_coef, hbm_coef, 1.0, 1.0], (n, 1))
+    ids = fabric.add_many(res, coef, per_peer[peers], [f"{label} GPU {h}" for h in peers], limited=limited)
+    return dict(zip(peers.tolist(), ids.tolist()))
 
 
 def _job_flow(fabric: Fabric, lay: Layout, g: int, seconds: float, hbm_bytes: float, label: str) -> int | None:
@@ -336,6 +338,19 @@ class RunLog:
     spans: list
     end_s: np.ndarray  # (G,) when the layer is done on each GPU
     compute_busy_s: np.ndarray  # (G,) time the compute SMs spent in jobs
+    copies: list = None  # (gpu, track, name, flow ids, bytes key): spans of copies, read off the fabric after the run
+
+    def copy_spans(self, fabric: Fabric) -> None:
+        """Turn ``copies`` into spans: first start to last end of each group's flows."""
+        for g, track, name, fids, key in self.copies or []:
+            fids = np.asarray(fids, np.int64)
+            if not fids.size:
+                continue
+            st = fabric.start_s[fids]
+            if np.isnan(st).all():
+                continue
+            self.spans.append(Span(g, track, name, float(np.nanmin(st)), float(np.nanmax(fabric.end_s[fids])),
+                                   {key: float(fabric.total[fids].sum())}))
 
 
 def _run_job(env, fabric, fid, log, g, name, extra_s=0.0, args=None):
@@ -347,18 +362,6 @@ def _run_job(env, fabric, fid, log, g, name, extra_s=0.0, args=None):
         yield env.timeout(extra_s)
     log.compute_busy_s[g] += env.now - t0
     log.spans.append(Span(g, "compute", name, t0, env.now, args or {}))
-
-
-def _span_when_done(env, fabric, log, g, track, name, fids, key):
-    """Record one span from now to the end of the last of ``fids`` (bytes in ``args[key]``)."""
-    t0 = env.now
-    fids = list(fids)
-    nbytes = float(sum(fabric.total[f] for f in fids)) if fids else 0.0
-
-    def rec():
-        log.spans.append(Span(g, track, name, t0, env.now, {key: nbytes}))
-
-    _then(env, [fabric.done(f) for f in fids], rec)
 
 
 def _reduce_and_end(env, fabric, lay, work, log, g, wait: list, m_list, R):
@@ -406,27 +409,26 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
          for g in range(G)]
     R = [[_job_flow(fabric, lay, g, work.reduce_s[g].sum(), work.reduce_hbm_bytes[g].sum(), f"reduce on GPU {g}")]
          for g in range(G)]
-    log = RunLog([], np.zeros(G), np.zeros(G))
-    pushed = [env.event() for _ in range(G)]  # g's own combine copies are done
+    log = RunLog([], np.zeros(G), np.zeros(G), [])
+    d_in = [fabric.all_done(D[g].values()) for g in range(G)]
+    d_out = [fabric.all_done([D[h][g] for h in range(G) if g in D[h]]) for g in range(G)]
+    c_out = [fabric.all_done(C[g].values()) for g in range(G)]
+    c_in = [fabric.all_done([C[h][g] for h in range(G) if g in C[h]]) for g in range(G)]
 
     def gpu(g: int):
         yield env.timeout(work.start_s[g])
         fabric.start_many(list(D[g].values()))
-        _span_when_done(env, fabric, log, g, "dispatch", "dispatch", D[g].values(), "bytes_in")
-        outbound = [fabric.done(D[h][g]) for h in range(G) if g in D[h]]
-        yield when_all(env, [fabric.done(f) for f in D[g].values()] + outbound)
+        log.copies.append((g, "dispatch", "dispatch", list(D[g].values()), "bytes_in"))
+        yield when_all(env, [d_in[g], d_out[g]])
         yield from _run_job(env, fabric, J[g], log, g, "grouped GEMMs + shared expert", launches[g],
                             {"routed_us": routed_s[g] * 1e6, "shared_us": work.shared_s[g] * 1e6})
         yield env.timeout(L)
         fabric.start_many(list(C[g].values()))
-        _span_when_done(env, fabric, log, g, "combine", "combine", C[g].values(), "bytes_out")
-        yield when_all(env, [fabric.done(f) for f in C[g].values()])
-        pushed[g].succeed()
+        log.copies.append((g, "combine", "combine", list(C[g].values()), "bytes_out"))
 
     for g in range(G):
         env.process(gpu(g))
-        inbound = [fabric.done(C[h][g]) for h in range(G) if g in C[h]]
-        _reduce_and_end(env, fabric, lay, work, log, g, [inbound + [pushed[g]]], [0], R)
+        _reduce_and_end(env, fabric, lay, work, log, g, [[c_in[g], c_out[g]]], [0], R)
     return log
 
 
@@ -463,10 +465,12 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
          for g in range(G)]
     R = [[_job_flow(fabric, lay, g, work.reduce_s[g, m], work.reduce_hbm_bytes[g, m], f"reduce mb{m} GPU {g}")
           for m in range(B)] for g in range(G)]
-    log = RunLog([], np.zeros(G), np.zeros(G))
+    log = RunLog([], np.zeros(G), np.zeros(G), [])
     depth = max(1, int(work.buffer_minibatches))
     computed = [[env.event() for _ in range(B)] for _ in range(G)]  # g's compute of minibatch m is done
-    pushed = [[env.event() for _ in range(B)] for _ in range(G)]  # g's pushes of minibatch m are done
+    pushed = [[fabric.all_done(C[g][m].values()) for m in range(B)] for g in range(G)]  # g's pushes of m are done
+    landed = [[fabric.all_done([C[h][m][g] for h in range(G) if g in C[h][m]]) for m in range(B)]
+              for g in range(G)]  # every partial sum of g's minibatch m has arrived
 
     def start_pulls(g: int, m: int):
         def go(h):
@@ -475,15 +479,13 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
 
         # per peer, minibatch after minibatch; and at most ``depth`` minibatches ahead of the compute
         gate = [computed[g][m - depth]] if m >= depth else []
+        log.copies.append((g, "dispatch", f"pull mb{m}", list(D[g][m].values()), "bytes"))
         if not gate and not m:
             fabric.start_many(list(D[g][m].values()))
-            _span_when_done(env, fabric, log, g, "dispatch", f"pull mb{m}", D[g][m].values(), "bytes")
             return
         for h in D[g][m]:
             prev = [fabric.done(D[g][m - 1][h])] if m and h in D[g][m - 1] else []
             _then(env, gate + prev, lambda h=h: go(h))
-        _then(env, gate, lambda: _span_when_done(env, fabric, log, g, "dispatch", f"pull mb{m}",
-                                                 D[g][m].values(), "bytes"))
 
     def compute(g: int):
         yield env.timeout(work.start_s[g])
@@ -509,20 +511,18 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
                     fabric.raise_limit([C[g][m][h] for h in peers], work.push_bytes[p, m, peers])
                 if not started:
                     fabric.start_many(list(C[g][m].values()))
-                    _span_when_done(env, fabric, log, g, "combine", f"push mb{m}", C[g][m].values(), "bytes")
                     started = True
             if not started:
                 fabric.start_many(list(C[g][m].values()))
+            log.copies.append((g, "combine", f"push mb{m}", list(C[g][m].values()), "bytes"))
             if work.sync_s and env.now > t0:
                 yield env.timeout(work.sync_s)
             computed[g][m].succeed()
-            _then(env, [fabric.done(f) for f in C[g][m].values()], pushed[g][m].succeed)
 
     for g in range(G):
         env.process(compute(g))
     for g in range(G):
-        wait = [[fabric.done(C[h][m][g]) for h in range(G) if g in C[h][m]] + [computed[g][m]] for m in range(B)]
-        _reduce_and_end(env, fabric, lay, work, log, g, wait, range(B), R)
+        _reduce_and_end(env, fabric, lay, work, log, g, [[landed[g][m], computed[g][m]] for m in range(B)], range(B), R)
     return log
 
 
@@ -538,6 +538,7 @@ def run_schedule(schedule: str, work: LayerWork, caps: Capacities, latency_s: fl
                                         np.full(G, caps.hbm_bytes_per_s), np.asarray(lay.caps, dtype=np.float64)]))
     fabric.sample_width = 4 * G
     env.run()
+    log.copy_spans(fabric)
     if fabric.active.any():  # pragma: no cover - a bug, not an input error
         raise RuntimeError("simulation ended with flows still moving")
     return log, fabric, lay
