@@ -414,6 +414,7 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
     d_out = [fabric.all_done([D[h][g] for h in range(G) if g in D[h]]) for g in range(G)]
     c_out = [fabric.all_done(C[g].values()) for g in range(G)]
     c_in = [fabric.all_done([C[h][g] for h in range(G) if g in C[h]]) for g in range(G)]
+    computed = [env.event() for _ in range(G)]  # g's own partial sums exist
 
     def gpu(g: int):
         yield env.timeout(work.start_s[g])
@@ -422,13 +423,14 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
         yield when_all(env, [d_in[g], d_out[g]])
         yield from _run_job(env, fabric, J[g], log, g, "grouped GEMMs + shared expert", launches[g],
                             {"routed_us": routed_s[g] * 1e6, "shared_us": work.shared_s[g] * 1e6})
+        computed[g].succeed()
         yield env.timeout(L)
         fabric.start_many(list(C[g].values()))
         log.copies.append((g, "combine", "combine", list(C[g].values()), "bytes_out"))
 
     for g in range(G):
         env.process(gpu(g))
-        _reduce_and_end(env, fabric, lay, work, log, g, [[c_in[g], c_out[g]]], [0], R)
+        _reduce_and_end(env, fabric, lay, work, log, g, [[c_in[g], c_out[g], computed[g]]], [0], R)
     return log
 
 
