@@ -4,7 +4,7 @@ Shape legend: T tokens, E experts, P slots, K top-k, H hidden, I expert width, G
 
 Scenario (defaults = ``megamoe simulate`` with no arguments): DeepSeek-V3's MoE layer on a GB200
 NVL72, 4096 tokens per GPU, skewed routing (by-expert imbalance 10.9), contiguous placement, the
-fused schedule with 16 communication SMs, bf16, seed 0.
+fused schedule with the profile's 40 communication SMs and 4096-token minibatches, bf16, seed 0.
 
     r = simulate("deepseek-v3", "gb200-nvl72", 4096, routing="skewed", schedule="fused")
     r.layer_time_us, r.breakdown_us, r.analytic_us, r.to_json(), r.write_trace("layer.json")
@@ -259,7 +259,7 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
     if analytic_only:
         return analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
                                dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                               workload_s=t_work)
+                               workload_s=t_work, comm_work=comm_work)
     r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
                           dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
                           comm_work=comm_work)
@@ -270,7 +270,7 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
 def analytic_result(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                     comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                     dispatch_dtype: str | None = None, include_shared: bool = True, seed: int | None = None,
-                    workload_s: float = 0.0) -> SimResult:
+                    workload_s: float = 0.0, comm_work: tuple | None = None) -> SimResult:
     """A ``SimResult`` from the analytic bound alone (milliseconds on NVL72): for quick sweeps.
 
     ``layer_time_us`` = ``analytic_us``; the breakdown splits it the same way as the event model's
@@ -281,7 +281,7 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     t0 = time.perf_counter()
     p = load_profile(system)
     e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
-                          dispatch_dtype=dispatch_dtype, include_shared=include_shared)
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, comm_work=comm_work)
     c = e.compute_s
     b = gpu_bytes(workload.traffic_mb, workload.traffic_mb)
     t = e.time_s
