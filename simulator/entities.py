@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import maxmin_rates
+from .flows import incidence_by_resource, maxmin_rates_indexed
 
 
 @dataclass
@@ -177,6 +177,7 @@ class Fabric:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
         self.cap = np.asarray(capacity, dtype=np.float64)
         self.load = np.zeros(self.cap.size)
+        self._csc = None
 
     @property
     def remaining(self) -> np.ndarray:
@@ -310,8 +311,7 @@ class Fabric:
         if not self._live.size:
             return
         lv = self._live
-        f = self._ms_f[lv]
-        hit = self.delivered[f] >= self._ms_b[lv] - self._tol[f]
+        hit = self.delivered[self._live_f] >= self._live_b - self._live_tol
         if not hit.any():
             return
         idx = lv[hit]
@@ -336,10 +336,10 @@ class Fabric:
         stop = np.minimum(self.limit[moving], self.total[moving])
         dt = float(np.min((stop - self.delivered[moving]) / self.rate[moving]))
         if self._live.size:  # a milestone fires when the last of its open pairs is reached
-            f = self._ms_f[self._live]
+            f = self._live_f
             r = self.rate[f]
             with np.errstate(divide="ignore"):
-                t = np.where(r > 0, (self._ms_b[self._live] - self.delivered[f]) / r, np.inf)
+                t = np.where(r > 0, (self._live_b - self.delivered[f]) / r, np.inf)
             dt = min(dt, float(np.maximum.reduceat(t, self._live_starts).min()))
         return max(dt, 0.0)
 
@@ -347,6 +347,8 @@ class Fabric:
         """Index the open pairs of milestones not fired yet, grouped by milestone."""
         live = ~self._ms_reached & ~self._ms_fired[self._ms_mid]
         self._live = np.nonzero(live)[0]
+        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
+        self._live_tol = self._tol[self._live_f] if hasattr(self, "_tol") else None
         if self._live.size:
             mids = self._ms_mid[self._live]
             self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
@@ -363,7 +365,9 @@ class Fabric:
             self.load[:] = 0.0
             self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
             return
-        self.rate, self.load = maxmin_rates(self.cap, self.ptr, self.res, self.coef, run)
+        if self._csc is None:
+            self._csc = incidence_by_resource(self.cap.size, self.ptr, self.res, self.coef)
+        self.rate, self.load = maxmin_rates_indexed(self.cap, self.ptr, self.res, self.coef, run, *self._csc)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
         if not (run & (self.rate > 0)).any():
             raise RuntimeError("active flows but no rate: a flow touches no resource with capacity")

@@ -29,7 +29,7 @@ from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
 from .hardware import Profile, load_profile, override
 from .schedules import RESOLUTION, Capacities, build_layer_work, normalize_schedule, run_schedule
 from .timing import ffn_cost, normalize_dtype
-from .topology import build_topology, link_bytes
+from .topology import uniform_link_bytes
 from .workload import Workload, build_workload
 
 #: Keys of ``breakdown_us`` that add up to the layer time.
@@ -193,12 +193,11 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "copy_sm_utilization": R[2 * G:3 * G] / (cap[2 * G:3 * G] * span_s),
         "hbm_utilization": R[3 * G:4 * G] / (cap[3 * G:4 * G] * span_s),
     }
-    graph = build_topology(p)
     total_bytes = (dispatch_bytes.sum(axis=1) + combine_bytes.sum(axis=1).T)  # [src, dst]
-    lb = link_bytes(graph, total_bytes)
+    lb, link_bw, chip_frac = uniform_link_bytes(p, total_bytes)
     per_link = []
     for (u, v), nbytes in lb.items():
-        bw = graph[u][v]["bandwidth_bytes_per_s"] * p.payload_efficiency
+        bw = link_bw[(u, v)] * p.payload_efficiency
         per_link.append({"src": f"{u[0]}{u[1]}", "dst": f"{v[0]}{v[1]}", "bytes": nbytes,
                          "utilization": nbytes / (bw * span_s)})
     T = workload.tokens_per_gpu * G
@@ -220,11 +219,7 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "analytic_busiest_gpu": est.busiest_gpu,
         "analytic_compute_us": float(est.compute_s.max() * 1e6), "analytic_comm_us": float(est.comm_s.max() * 1e6),
     }
-    frac = {}
-    if G > 1:
-        from .topology import stripe
-
-        frac = {f"{c[0]}{c[1]}": f for (u, c, f) in stripe(graph, 0, 1) if u == ("gpu", 0)}
+    frac = {f"{c[0]}{c[1]}": f for c, f in chip_frac.items()}
     stats = {"flows": int(fabric.total.size) if hasattr(fabric, "total") else 0,
              "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
              "total_s": time.perf_counter() - t_start}

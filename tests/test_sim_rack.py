@@ -166,3 +166,18 @@ def test_the_profile_reproduces_its_calibration_points():
     assert np.allclose(shape["ratio_model_over_measured"], 1.0, atol=0.01)  # HybridEP's three points
     t = cal.mok_layer_s(p.sm_copy_bytes_per_s, p.rack.saturation_exponent)
     assert t == pytest.approx(cal.MOK["layer_s"], rel=0.01)  # Mixture-of-Kittens at 8 communication SMs
+
+
+@pytest.mark.parametrize("system", ["gb200-nvl72", "hgx-h200"])  # 18 links over 18 chips; over 4 chips, unevenly
+def test_link_bytes_without_the_graph_match_the_graph(system):
+    from megamoe.simulator.topology import build_topology, link_bytes, stripe, uniform_link_bytes
+
+    p = load_profile(system)
+    traffic = np.random.default_rng(0).random((p.num_gpus, p.num_gpus)) * 1e9
+    graph = build_topology(p)
+    want = link_bytes(graph, traffic)
+    got, bw, frac = uniform_link_bytes(p, traffic)
+    assert got.keys() == want.keys()
+    assert all(got[e] == pytest.approx(want[e], rel=1e-12) for e in want)
+    assert all(bw[(u, v)] == graph[u][v]["bandwidth_bytes_per_s"] for u, v in want)
+    assert frac == pytest.approx({c: f for (u, c, f) in stripe(graph, 0, 1) if u == ("gpu", 0)})
