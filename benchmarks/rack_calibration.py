@@ -140,6 +140,8 @@ def main(argv=None) -> dict:
     print("  fused layer, model (ms) by communication SMs: "
           + ", ".join(f"{n}: {t:.2f}" for n, t in curve.items()) + f"  (measured: 8: {MOK['layer_s'] * 1e3:.2f})")
     profile_now = {"sm.copy_bytes_per_s": prof.sm_copy_bytes_per_s, "comm.saturation_exponent": prof.rack.saturation_exponent}
+    t_prof = mok_layer_s(prof.sm_copy_bytes_per_s, prof.rack.saturation_exponent, workload=w)
+    profile_now["mok_layer_ms_with_these"] = t_prof * 1e3
     print(f"  profile {SYSTEM} holds: {profile_now}")
     row = {"benchmark": "rack_calibration", **_provenance(), "system": SYSTEM, "port_bytes_per_s": port,
            "message_s": prof.rack.message_s, "hybridep": {**HYBRIDEP, **shape},
