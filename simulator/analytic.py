@@ -2,15 +2,16 @@
 
 Shape legend: G GPUs, B minibatches, P slots.
 
-Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy =
-communication SMs x per-SM copy rate; compute_g = ``timing.ffn_roofline_s`` of g's rows per slot
-plus the shared expert, on all SMs, weights read once):
+Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy = what
+the communication SMs move, ``schedules.comm_model``, with pushed bytes weighted by their cost there;
+start = launch + router + top-k; compute_g = ``timing.ffn_roofline_s`` of g's rows per slot plus the
+shared expert, on all SMs, weights read once):
 
-    fused:  max over g of  launch + max(compute_g, max(sent_g / port, received_g / port,
-                                                  driven_g / copy) + latency if g moves anything)
-    bulk:   max over g of  launch + max(dsent_g / port, drecv_g / min(port, copy)) + latency
+    fused:  max over g of  start + max(compute_g, max(sent_g / port, received_g / port,
+                                                 driven_g / copy) + latency if g moves anything) + barrier
+    bulk:   max over g of  start + max(dsent_g / port, drecv_g / min(port, copy)) + latency
                            + compute_g
-                           + launch + csent_g / min(port, copy) + latency
+                           + launch + max(csent_g / min(port, copy), crecv_g / port) + latency + barrier
 
 The event model can only add to these (padding, waves, smaller minibatches, shared bandwidth,
 waiting on peers), and the tests check that it never falls below them.
