@@ -456,8 +456,9 @@ def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, to
     src = t // tokens_per_gpu
     col = src * B + (t % tokens_per_gpu) // minibatch  # (T,) source GPU and minibatch
     rows = np.bincount(slot_topk.reshape(-1) * B + np.repeat(col % B, K), minlength=P * B).reshape(P, B)
-    gpu = np.ascontiguousarray(slot_rank[slot_topk].T)  # (K, T)
-    sl = np.ascontiguousarray(slot_topk.T)
+    small = np.int16 if P < 2**15 and G < 2**15 else np.int64  # narrow ids: the K x K passes read less
+    gpu = np.ascontiguousarray(slot_rank.astype(small)[slot_topk].T)  # (K, T)
+    sl = np.ascontiguousarray(slot_topk.T.astype(small))
     first = np.ones((K, T), np.bool_)  # no other of the token's slots on that GPU comes before it
     last = np.ones((K, T), np.bool_)
     for j in range(K):
@@ -471,8 +472,8 @@ def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, to
             last[j] &= ~after
     slot = sl
     colk = np.broadcast_to(col[None, :], (K, T))
-    pull = np.bincount(slot[first] * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
-    push = np.bincount(slot[last] * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
+    pull = np.bincount(slot[first].astype(np.int64) * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
+    push = np.bincount(slot[last].astype(np.int64) * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
     pull, push = pull.transpose(0, 2, 1), push.transpose(0, 2, 1)  # (P, B, G src / owner)
     traffic = np.zeros((G, B, G), np.int64)  # [src, mb, dst]
     for d in range(G):
