@@ -8,7 +8,8 @@ line, imports included (issue 8), on this 2-core machine.
 Times are medians of ``--repeats`` runs after a warm-up that compiles the numba functions. The
 workload build (routing, placement, the reference's dispatch plan and rank traffic) is timed apart
 from the event model, stage by stage. Appends one JSON line per run to
-benchmarks/results/simulator_speed.jsonl with date, machine, versions and git commit.
+benchmarks/results/simulator_speed.jsonl with date, machine, versions and the code (HEAD commit, dirty
+flag, hash of git diff HEAD: ``megamoe.kernels.bench.git_state``).
 
     python benchmarks/bench_simulator.py [--repeats 3] [--out benchmarks/results/simulator_speed.jsonl]
 """
@@ -55,11 +56,9 @@ def _provenance() -> dict:
     import numba
     import simpy
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "simulator"], capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", None
+    from megamoe.kernels.bench import git_state
+
+    code = git_state()  # HEAD commit, dirty flag, hash of git diff HEAD
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -73,7 +72,7 @@ def _provenance() -> dict:
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()},
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "simpy": simpy.__version__,
                      "numba": numba.__version__, "networkx": networkx.__version__},
-        "git_commit": commit, "simulator_uncommitted_changes": dirty,
+        "git_commit": code["commit"], "dirty": code["dirty"], "diff_sha256": code["diff_sha256"],
     }
 
 

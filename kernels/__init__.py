@@ -6,7 +6,8 @@ Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch n
     moe_forward(x, weights, config, deterministic=True)   the layer (kernels.moe)
     launch_plan(config, T, ...)                           what the kernels run, as data (kernels.plan)
 Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
-configs.py + configs/*.json (tuned launch configs), plan.py, moe.py (the torch op), bench.py.
+configs.py + configs/*.json (tuned launch configs), plan.py, moe.py (the torch op), checks.py (the routing
+check of moe_experts), bench.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ _LAZY = {
     "moe_forward_details": ("moe", "moe_forward_details"),
     "bind": ("moe", "bind"),
     "moe_experts": ("moe", "moe_experts"),
+    "check_captured_routing": ("checks", "check_captured_routing"),
     "register_transformers": ("hf_experts", "register"),
     "check_inputs": ("moe", "check_inputs"),
     "KernelInputError": ("moe", "KernelInputError"),

@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .plan import align_blocks, align_launch  # noqa: F401 - align_blocks: kept importable from here
+
 
 @triton.jit
 def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
@@ -79,13 +81,14 @@ def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_p
         tl.store(pair_dest_ptr + p, dest, mask=t_mask)
 
 
-@triton.jit(do_not_specialize=["C", "B_MAX"])
-def _scan_kernel(
+@triton.jit
+def _scan(
     hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
     C, E, B_MAX,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_PAD: tl.constexpr,
 ):
+    """The scan (one program): chunk bases, counts, padded offsets, block_expert, padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     running = tl.zeros((BLOCK_E,), tl.int32)
@@ -100,13 +103,24 @@ def _scan_kernel(
                     padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _scatter_kernel(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+@triton.jit(do_not_specialize=["C", "B_MAX"])
+def _scan_kernel(
+    hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+    C, E, B_MAX,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+):
+    _scan(hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+          C, E, B_MAX, BLOCK_M, BLOCK_E, BLOCK_C, BLOCK_B, BLOCK_PAD)
+
+
+@triton.jit
+def _scatter_chunk(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, c,
     T, E,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    """The padded rows of chunk c's pairs (after the scan)."""
     offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
@@ -117,6 +131,16 @@ def _scatter_kernel(
         tl.load(padded_off_ptr + offs_e, mask=offs_e < E, other=0)
     _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scatter_kernel(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -143,35 +167,30 @@ def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
     T, K = topk_idx.shape
     if T == 0:
         return
-    _hist_kernel[(hist.shape[0],)](topk_idx, hist, T, num_experts, K=K, BLOCK_T=block_t,
-                                   BLOCK_E=max(16, triton.next_power_of_2(num_experts)),
-                                   BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4)
+    al = align_launch(hist.shape[0], K, num_experts, block_t, 16, 1)
+    _hist_kernel[al["hist_grid"]](topk_idx, hist, T, num_experts, K=K, BLOCK_T=block_t,
+                                  BLOCK_E=al["BLOCK_E"], BLOCK_K=al["BLOCK_K"], num_warps=al["num_warps"])
 
 
-def align_blocks(E: int, block_m: int, B_max: int) -> dict:
-    """Block sizes of the align code (shared by the router's fused single-chunk path)."""
-    block_e = max(16, triton.next_power_of_2(E))
-    return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, triton.next_power_of_2(max(B_max, 1)))),
-                BLOCK_PAD=max(2, triton.next_power_of_2(block_m)))
-
-
-def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict) -> None:
-    """Fill the metadata tensors in ``meta`` (see the module docstring) from topk_idx and hist."""
+def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict, *,
+                 launch: dict | None = None) -> None:
+    """Fill the metadata tensors in ``meta`` (see the module docstring) from topk_idx and hist.
+    ``launch``: the sizes of ``plan.align_launch`` (moe.py's static plan), else computed by it."""
     T, K = topk_idx.shape
     E = num_experts
     if T == 0:
         return
     C = hist.shape[0]
     B_max = meta["block_expert"].shape[0]
-    bl = align_blocks(E, block_m, B_max)
-    _scan_kernel[(1,)](
+    al = launch or align_launch(C, K, E, block_t, block_m, B_max)
+    _scan_kernel[al["scan_grid"]](
         hist, meta["chunk_base"], meta["counts"], meta["padded_offsets"], meta["block_expert"],
         meta["padded_token"], meta["padded_pair"], C, E, B_max,
-        BLOCK_M=block_m, BLOCK_E=bl["BLOCK_E"], BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
-        BLOCK_B=bl["BLOCK_B"], BLOCK_PAD=bl["BLOCK_PAD"], num_warps=4,
+        BLOCK_M=al["BLOCK_M"], BLOCK_E=al["BLOCK_E"], BLOCK_C=al["BLOCK_C"],
+        BLOCK_B=al["BLOCK_B"], BLOCK_PAD=al["BLOCK_PAD"], num_warps=al["num_warps"],
     )
-    _scatter_kernel[(C,)](
+    _scatter_kernel[al["scatter_grid"]](
         topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],
-        meta["pair_dest"], T, E, K=K, BLOCK_T=block_t, BLOCK_E=bl["BLOCK_E"],
-        BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4,
+        meta["pair_dest"], T, E, K=K, BLOCK_T=al["BLOCK_T"], BLOCK_E=al["BLOCK_E"],
+        BLOCK_K=al["BLOCK_K"], num_warps=al["num_warps"],
     )

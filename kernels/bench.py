@@ -12,7 +12,8 @@ Per (preset, T) row, all in one run on one GPU:
                  NI fresh random inputs, median over replays, per call
     torch        the plain PyTorch pipeline (router, sort, torch._grouped_mm, activation,
                  torch._grouped_mm, weighted index_add), captured and timed the same way
-Rows are printed and appended as JSON lines (with GPU, versions, commit, date) to
+Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
+a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
 benchmarks/results/kernels_<date>.jsonl (or --out). ``--tune`` searches the GEMM configs per
 shape and T bucket and writes kernels/configs/<gpu>__<dtype>__triton-<v>.json.
 """
@@ -55,20 +56,67 @@ def bench_config(name: str):
 
 
 # --------------------------------------------------------------------------- provenance
+class ProvenanceError(ValueError):
+    """The commit given for a results row is not one anybody could check out."""
+
+
+def _git(*argv: str, repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *argv], cwd=repo, capture_output=True, timeout=30)
+
+
+def git_state(repo: Path = REPO) -> dict:
+    """{"commit", "dirty", "diff_sha256"}: the code a results row was made with.
+
+    ``commit`` is the full HEAD commit (one that exists, so it can be checked out); ``dirty`` is
+    True when tracked files differ from it (untracked files are not counted), and then
+    ``diff_sha256`` is the SHA-256 of ``git diff HEAD`` (binary), so that a run from the same
+    uncommitted changes can be recognized; None when clean. Without git or outside a checkout (a
+    copied tree, as on the GPU machines) the three come from MEGAMOE_COMMIT (7 to 40 hex digits;
+    anything else, like ``bd5693b+final``, is refused), MEGAMOE_DIRTY (0 or 1) and
+    MEGAMOE_DIFF_SHA256, set from the checkout the tree was copied from::
+
+        MEGAMOE_COMMIT=$(git rev-parse HEAD) MEGAMOE_DIRTY=$(git diff HEAD --quiet; echo $?) \
+        MEGAMOE_DIFF_SHA256=$(git diff HEAD --binary | sha256sum | cut -c1-64)
+
+    and ``commit`` is "unknown" when neither is there.
+    """
+    import hashlib
+    import re
+
+    try:
+        head = _git("rev-parse", "--verify", "HEAD", repo=repo)
+        top = _git("rev-parse", "--show-toplevel", repo=repo)
+        inside = head.returncode == 0 and Path(top.stdout.decode().strip()).resolve() == Path(repo).resolve()
+    except (OSError, subprocess.SubprocessError):
+        inside = False
+    if inside:
+        diff = _git("diff", "HEAD", "--binary", repo=repo).stdout
+        return {"commit": head.stdout.decode().strip(), "dirty": bool(diff),
+                "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None}
+    commit = os.environ.get("MEGAMOE_COMMIT")
+    if commit is None:
+        return {"commit": "unknown", "dirty": None, "diff_sha256": None}
+    if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        raise ProvenanceError(f"MEGAMOE_COMMIT={commit!r} is not a commit id (7 to 40 hex digits); give "
+                              f"$(git rev-parse HEAD) and mark local changes with MEGAMOE_DIRTY=1 and "
+                              f"MEGAMOE_DIFF_SHA256")
+    dirty = os.environ.get("MEGAMOE_DIRTY")
+    if dirty not in (None, "0", "1"):
+        raise ProvenanceError(f"MEGAMOE_DIRTY={dirty!r} must be 0 or 1")
+    sha = os.environ.get("MEGAMOE_DIFF_SHA256") or None
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ProvenanceError(f"MEGAMOE_DIFF_SHA256={sha!r} must be 64 hex digits (sha256sum of git diff HEAD)")
+    return {"commit": commit, "dirty": None if dirty is None else dirty == "1", "diff_sha256": sha}
+
+
 def provenance() -> dict:
+    """GPU, versions, date and ``git_state()`` (commit, dirty, diff_sha256) for a results row."""
     import torch
     import triton
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001 - no git on the machine
-        commit = "unknown"
-    if commit == "unknown":
-        commit = os.environ.get("MEGAMOE_COMMIT", "unknown")
     return {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "commit": commit, "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **git_state(), "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -267,14 +315,11 @@ def random_device_weights(cfg, seed: int = 0):
 
 
 def floor_terms(cfg, T: int, experts_touched: float) -> tuple[float, float]:
-    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y, bf16."""
-    E, H, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    b = 2
-    expert_bytes = (3 * H * I + (2 * I + H if cfg.expert_bias else 0)) * b
-    shared_bytes = 3 * H * cfg.shared_intermediate_size * b
-    byt = experts_touched * expert_bytes + shared_bytes + E * H * b + 2 * T * H * b
-    flops = T * cfg.flops_per_token() + 2 * T * E * H
-    return flops, byt
+    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y, bf16
+    (``reference.sizes``: the one place expert bytes and FLOPs are counted)."""
+    from ..reference.sizes import layer_bytes, layer_flops
+
+    return layer_flops(cfg, T), layer_bytes(cfg, T, experts_touched, "bfloat16")
 
 
 # --------------------------------------------------------------------------- one row
@@ -490,9 +535,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="JSON-lines file to append rows to")
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options (None if nothing), checked before torch is imported."""
+    from ..reference import PRESETS as KNOWN
 
+    bad = [s for s in args.presets.split(",") if s and s not in KNOWN]
+    if bad:
+        return f"unknown preset(s) {bad}; presets: {', '.join(KNOWN)}"
+    for opt, text in (("--tokens", args.tokens), ("--tune-tokens", args.tune_tokens)):
+        if text is None:
+            continue
+        try:
+            ts = [int(v) for v in text.split(",") if v]
+        except ValueError:
+            return f"{opt} must be comma-separated whole numbers, got {text!r}"
+        if not ts or any(t < 1 for t in ts):
+            return f"{opt} must list token counts >= 1, got {text!r}"
+    if args.reps < 1:
+        return f"--reps must be >= 1, got {args.reps}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = check_args(args)
+    if bad:
+        print(f"megamoe bench: error: {bad}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError as exc:
+        print(f"megamoe bench: needs torch and triton on a CUDA GPU (pip install -e '.[gpu]'): {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("megamoe bench needs a CUDA GPU", file=sys.stderr)
         return 2

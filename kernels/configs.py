@@ -29,6 +29,8 @@ GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stage
 #: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode)
 GEMM_OPTIONAL = {"SPLIT_K": 1}
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
+#: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
+FILE_OPTIONAL = ("backend",)
 
 
 class KernelConfigError(ValueError):
@@ -86,7 +88,7 @@ def load_file(path: Path) -> dict:
         d = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise KernelConfigError(f"{path}: cannot read tuned configs: {exc}") from None
-    if not isinstance(d, dict) or set(d) != set(FILE_KEYS):
+    if not isinstance(d, dict) or not set(FILE_KEYS) <= set(d) <= set(FILE_KEYS) | set(FILE_OPTIONAL):
         got = sorted(d) if isinstance(d, dict) else type(d).__name__
         raise KernelConfigError(f"{path}: top-level keys must be {list(FILE_KEYS)}, got {got}")
     out = {}
@@ -155,6 +157,13 @@ def router_block_t(T: int, E: int) -> int:
     return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)
 
 
+def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
+    """H columns per step of the router's logit loop (the interpreter: fewer, larger steps)."""
+    if interpret:
+        return max(16, min(128, 1 << max(0, (H - 1).bit_length())))
+    return 64 if max(16, 1 << max(0, (E - 1).bit_length())) <= 128 else 32
+
+
 def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
     """H ranges the router's logits are split into (0: none). Decode has one or two token blocks,
     and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
@@ -163,7 +172,7 @@ def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
         return 2 if C == 1 and H >= 32 else 0
     if C >= 16 or H < 1024:
         return 0
-    block_h = 64 if E <= 128 else 32
+    block_h = router_block_h(E, H)
     return max(2, min(64, -(-H // (8 * block_h))))  # 2 or 4 steps measured no better (run 6)
 
 
@@ -173,3 +182,97 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
         return 0
     touched = min(num_experts, num_pairs)
     return -(-(num_pairs + touched * (block_m - 1)) // block_m) * block_m
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _widest(n_cols: int, row_tiles: int, want: int, choices: tuple[int, ...]) -> int:
+    """The widest column tile in ``choices`` that still gives ``want`` tiles over row_tiles row
+    tiles (the narrowest one otherwise)."""
+    for bn in choices:
+        if row_tiles * -(-n_cols // bn) >= want:
+            return bn
+    return choices[-1]
+
+
+def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
+                      interpret: bool = False) -> dict:
+    """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
+
+    Decode (T <= 64): row blocks that hold every row an expert can get (BLOCK_M 16 up to T = 16,
+    64 up to T = 64), so each touched expert's weights stream once whatever the routing; column
+    tiles as wide as keeps every program busy (touched experts x N tiles >= programs). Prefill:
+    128-row tiles of 128 columns."""
+    bt = router_block_t(T, E)
+    block_e = max(16, _pow2(E))
+    split = router_split(T, E, H, interpret=interpret)
+    if interpret:  # tiny tiles, as the multi-launch path's interpreter configs
+        return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": max(16, min(128, _pow2(H))), "SPLIT": max(split, 1)},
+                          "gemm1": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32},
+                          "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32},
+                          "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
+                          "combine": {"BLOCK_T": 1 if T < 256 else 4, "BLOCK_H": min(1024, _pow2(H))},
+                          "order": {"GROUP_M": 2}},
+                "num_warps": 4, "num_stages": 1, "occupancy": 1}
+    P = num_sms
+    if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
+        split = max(split, min(64, H // (64 if block_e <= 128 else 32), -(-E * H * 2 // (48 << 10))))
+    if T <= 16:
+        bm = 16
+    elif T <= 64 or 1.5 * T * K / E <= 64:
+        bm = 64
+    else:
+        bm = 128
+    touched = min(E, T * K)
+    blocks = max(touched, -(-T * K // bm))
+    if bm <= 64:
+        bn1 = _widest(I, blocks, P, (128, 64, 32))
+        bn2 = _widest(H, blocks, P, (128, 64))
+        bk = 128 if bm == 16 else 64
+        sbn1 = _widest(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
+        sbn2 = _widest(H, -(-T // bm), P, (128, 64)) if Is else 64
+        warps, stages = 4, 3
+    else:
+        bn1 = bn2 = sbn1 = sbn2 = 128
+        bk, warps, stages = 64, 8, 3
+    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": 64 if block_e <= 128 else 32, "SPLIT": max(split, 1)},
+                      "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
+                      "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
+                      "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},
+                      "combine": {"BLOCK_T": 1 if T < 256 else 4, "BLOCK_H": min(1024, _pow2(H))},
+                      "order": {"GROUP_M": 8}},
+            "num_warps": warps, "num_stages": stages, "occupancy": 1}
+
+
+#: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since
+#: the 2026-12-01 H200 runs measured the megakernel 1.05-1.45x slower than the multi-launch path on
+#: uniform routing at every T in 1..512 (benchmarks/NOTES-gpu-runs.md, runs 8-9)
+MEGAKERNEL_MAX_T = 0
+
+
+def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str) -> str:
+    """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
+    {bucket: name}, written from ``megamoe bench`` rows of both backends) where it has this shape,
+    else the megakernel for T <= MEGAKERNEL_MAX_T."""
+    table = _backends(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
+    if table:
+        return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]
+    return "megakernel" if T <= MEGAKERNEL_MAX_T else "multi"
+
+
+@cache
+def _backends(gpu: str, dtype: str, triton_version: str) -> dict:
+    p = config_path(gpu, dtype, triton_version)
+    if not p.exists():
+        return {}
+    d = json.loads(p.read_text()).get("backend", {})
+    out = {}
+    for sk, buckets in d.items():
+        for b, name in buckets.items():
+            if not b.isdigit() or int(b) not in T_BUCKETS or name not in ("megakernel", "multi"):
+                raise KernelConfigError(f"{p}: backend[{sk!r}][{b!r}] = {name!r}: want a bucket of {T_BUCKETS} "
+                                        "and 'megakernel' or 'multi'")
+            out.setdefault(sk, {})[int(b)] = name
+    return out

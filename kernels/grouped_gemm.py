@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .plan import act_launch, combine_launch, gemm_grid
+
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
 
 
@@ -77,28 +79,22 @@ def _k_range(pid, KD, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     return pid, pid * 0, pid * 0, k_tiles
 
 
-@triton.jit(do_not_specialize=["T", "num_m", "P"])
-def _gemm1_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
-    T, N, KD, num_m, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+@triton.jit
+def _gemm1_tile(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
+    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = pid * 0
         tok = rows
         row_mask = rows < T
     else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
         tok = tl.load(padded_token_ptr + rows)
         row_mask = tok >= 0
     tok = tl.where(row_mask, tok, 0)
@@ -140,6 +136,30 @@ def _gemm1_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "num_m", "P"])
+def _gemm1_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
+    T, N, KD, num_m, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    if DENSE:
+        e = pid * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+    _gemm1_tile(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+                alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T", "num_m", "P"])
 def _act_kernel(
     part_ptr, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, topk_w_ptr,
     T, N, num_m, P, stride_be, stride_ot, alpha, limit,
@@ -173,30 +193,24 @@ def _act_kernel(
                   topk_w_ptr, out_ptr, stride_ot, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
 
 
-@triton.jit(do_not_specialize=["T", "num_m"])
-def _gemm2_kernel(
-    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
-    T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+@triton.jit
+def _gemm2_tile(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
-        e = pid * 0
         row_mask = rows < T
         tok = tl.where(row_mask, rows, 0)
         slot = K
         srow = tok
     else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
         pair = tl.load(padded_pair_ptr + rows)
         row_mask = pair >= 0
         pair = tl.where(row_mask, pair, 0)
@@ -243,13 +257,34 @@ def _gemm2_kernel(
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _combine_kernel(
-    src_ptr, y_ptr, T, H,
-    KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "num_m"])
+def _gemm2_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
+    T, N, KD, num_m, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    pid0 = tl.program_id(0)
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
+    if DENSE:
+        e = pid * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+        if e < 0:
+            return
+    _gemm2_tile(a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+                K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _combine_tile(src_ptr, y_ptr, pid_t, pid_h, T, H,
+                  KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y rows of token block pid_t, columns of H block pid_h: the fixed-order sum of the slots."""
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     m = (offs_t < T)[:, None] & (offs_h < H)[None, :]
@@ -261,14 +296,23 @@ def _combine_kernel(
     tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit(do_not_specialize=["T"])
+def _combine_kernel(
+    src_ptr, y_ptr, T, H,
+    KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    _combine_tile(src_ptr, y_ptr, tl.program_id(0), tl.program_id(1), T, H, KS, SPLIT, BLOCK_T, BLOCK_H)
+
+
 def _ieee(t) -> bool:
     return str(t.dtype) == "torch.float32"
 
 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
-                 scale_input: bool, dense: bool, num_m: int) -> None:
+                 scale_input: bool, dense: bool, num_m: int, act: dict | None = None) -> None:
     """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
-    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch)."""
+    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch) with the sizes ``act``
+    of ``plan.act_launch`` (moe.py's static plan), else computed by it."""
     import torch
 
     T, KD = x.shape
@@ -279,7 +323,7 @@ def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, a
     split = cfg.get("SPLIT_K", 1)
     P = out.shape[0]
     part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32) if split > 1 else None
-    grid = (num_m * triton.cdiv(N, BN) * split,)
+    grid = gemm_grid(num_m, N, cfg)
     common = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense)
     _gemm1_kernel[grid](
         x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
@@ -290,11 +334,11 @@ def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, a
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split > 1:
-        bn = min(128, triton.next_power_of_2(N))
-        _act_kernel[(num_m * triton.cdiv(N, bn),)](
+        al = act or act_launch(N, cfg["BLOCK_M"], num_m)
+        _act_kernel[al["grid"]](
             part, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
             T, N, num_m, P, 0 if bias is None else bias.stride(0), out.stride(0), float(alpha), float(limit),
-            **common, SPLIT_K=split, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, num_warps=4,
+            **common, SPLIT_K=split, BLOCK_M=al["BLOCK_M"], BLOCK_N=al["BLOCK_N"], num_warps=al["num_warps"],
         )
 
 
@@ -307,7 +351,7 @@ def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
     if num_m == 0:
         return
     BN = cfg["BLOCK_N"]
-    grid = (num_m * triton.cdiv(N, BN) * split,)
+    grid = gemm_grid(num_m, N, cfg, split)
     _gemm2_kernel[grid](
         act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
         T, N, KD, num_m, act.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
@@ -318,12 +362,12 @@ def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
     )
 
 
-def launch_combine(src, y, KS: int, split: int = 1) -> None:
-    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order."""
+def launch_combine(src, y, KS: int, split: int = 1, *, launch: dict | None = None) -> None:
+    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order.
+    ``launch``: the sizes of ``plan.combine_launch`` (moe.py's static plan), else computed by it."""
     T, H = y.shape
     if T == 0:
         return
-    block_h = min(1024, triton.next_power_of_2(H))
-    block_t = 1 if T < 256 else 4
-    grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
-    _combine_kernel[grid](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4)
+    cl = launch or combine_launch(T, H)
+    _combine_kernel[cl["grid"]](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=cl["BLOCK_T"], BLOCK_H=cl["BLOCK_H"],
+                                num_warps=cl["num_warps"])

@@ -32,9 +32,11 @@ import triton
 from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.weights import FIELDS, MoEWeights
+from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
+from .plan import static_plan
 from .routing import launch_router
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -154,39 +156,45 @@ def check_inputs(x, weights, config) -> None:
             raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
 
 
+def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
+                    deterministic: bool = True):
+    """The routing-independent launch plan (``plan.static_plan``) this call executes."""
+    return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
+                       triton_version=triton.__version__, deterministic=deterministic)
+
+
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None) -> torch.Tensor:
-    """The launches of the layer (module docstring). ``stop_after`` ("align", "gemm1", "gemm2") ends
-    early, for the benchmark's per-stage breakdown only (the output is then unfinished)."""
+    """The launches of the layer (module docstring), each with the sizes of the static plan
+    (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
+    publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
+    per-stage breakdown only (the output is then unfinished)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
-    shared = config.num_shared_experts > 0
-    KS = K + (1 if shared else 0)
     dev = x.device
-    i32 = torch.int32
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    cfg = kernel_config(config, T, x.dtype, dev)
-    bm = cfg["gemm1"]["BLOCK_M"]
+    sp = static_plan_for(config, T, x.dtype, dev, deterministic)
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    bm = g1["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev)
-    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
-    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
+    P_max, B_max = sp.P_max, sp.B_max
+    KS, split2, atomic = sp.KS, sp.split2, sp.atomic
+    topk_idx = torch.empty((T, K), device=dev, dtype=torch.int32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
-    split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
-    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
-        launch_align(topk_idx, hist, E, block_t, bm, meta)
+    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
+                         launch=sp.router):
+        launch_align(topk_idx, hist, E, block_t, bm, meta, launch=sp.align)
     if stop_after == "align":
         return y
 
     act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
-    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, cfg["gemm1"],
+    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                  activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                 scale_input=config.weight_on_input, dense=False, num_m=B_max)
+                 scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act)
     if stop_after == "gemm1":
         return y
-    split2 = cfg["gemm2"].get("SPLIT_K", 1)
-    atomic = not deterministic and (KS > 1 or split2 > 1)
     if atomic:
         out = torch.zeros((T, H), device=dev, dtype=torch.float32)
     elif KS == 1 and split2 == 1:
@@ -194,30 +202,31 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     else:  # split s, token t, slot k at row s*T*KS + t*KS + k; fp32 when partial sums are stored
         out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
     launch_gemm2(act, weights.down, weights.down_bias, out, meta,
-                 None if config.weight_on_input else topk_w, cfg["gemm2"],
+                 None if config.weight_on_input else topk_w, g2,
                  T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
-    if shared:
-        scfg = kernel_config(config, T, x.dtype, dev, dense=True)
+    if sp.shared:
         Is = config.shared_intermediate_size
         act_s = torch.empty((T, Is), device=dev, dtype=x.dtype)
-        num_m = triton.cdiv(T, scfg["gemm1"]["BLOCK_M"])
-        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, scfg["gemm1"],
-                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True, num_m=num_m)
-        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, scfg["gemm2"],
-                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=num_m, split=split2)
+        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, sp.shared["gemm1"],
+                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
+                     num_m=sp.shared_m, act=sp.shared_act)
+        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
+                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2)
     if stop_after == "gemm2":
         return y
     if atomic:
-        launch_combine(out, y, 1)
+        launch_combine(out, y, 1, launch=sp.combine)
     elif out is not y:
-        launch_combine(out, y, KS, split2)
+        launch_combine(out, y, KS, split2, launch=sp.combine)
     return y
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
              limit: float, deterministic: bool) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere (align, GEMM 1, GEMM 2, combine):
-    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) int32, topk_w (T, K) fp32."""
+    """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
+    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
+    topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
+    recorded in the device's flag (the sticky one inside a CUDA-graph capture) and contribute 0."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -225,6 +234,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
+    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, checks.capturing(dev)))
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
@@ -270,12 +280,21 @@ def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activat
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, *,
                 activation: str = "silu_gated", alpha: float = 1.702, limit: float = 7.0,
-                deterministic: bool = True) -> torch.Tensor:
+                deterministic: bool = True, check: bool = True) -> torch.Tensor:
     """The routed experts alone, for a routing made elsewhere (e.g. a transformers MoE block's router).
 
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
+
+    The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
+    in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
+    -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
+    and, outside capture, one read of a 48-byte flag. Inside a CUDA-graph capture nothing is read:
+    at each replay bad slots get an unused expert and weight 0 (never an out-of-bounds access, the
+    output is the good slots' sum) and are recorded in a sticky flag; call
+    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` after replay to raise the
+    error. ``check=False`` skips the flag read (the routing is sanitized all the same).
     """
     for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
         if not isinstance(t, torch.Tensor):
@@ -297,13 +316,29 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
             raise KernelInputError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}: they must agree")
     if T * topk_idx.shape[1] * H > INT32_MAX or 2 * (I2 // 2) * H > INT32_MAX:
         raise KernelInputError("sizes overflow 32-bit indexing; split the batch")
-    return torch.ops.megamoe.moe_experts(
-        x.contiguous(), topk_idx.to(torch.int32).contiguous(), topk_weights.to(torch.float32).contiguous(),
+    K = topk_idx.shape[1]
+    if not 1 <= K <= E:
+        raise KernelInputError(f"topk_idx has K={K} slots per token; K must be in [1, E={E}] (distinct experts)")
+    if topk_idx.dtype.is_floating_point or topk_idx.dtype.is_complex or topk_idx.dtype == torch.bool:
+        raise KernelInputError(f"topk_idx must hold integer expert ids, got dtype {topk_idx.dtype}")
+    if not topk_weights.dtype.is_floating_point:
+        raise KernelInputError(f"topk_weights must be floating point, got dtype {topk_weights.dtype}")
+    for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise KernelInputError(f"{name} is on {t.device}, x on {x.device}: they must be on one device")
+    read = check and not torch.compiler.is_compiling() and not checks.capturing(x.device)
+    if read:
+        checks._init(checks.flag_for(x.device, captured=False))
+    y = torch.ops.megamoe.moe_experts(
+        x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(),
         gate_up.contiguous(), down.contiguous(),
         None if gate_up_bias is None else gate_up_bias.contiguous(),
         None if down_bias is None else down_bias.contiguous(),
         activation, float(alpha), float(limit), bool(deterministic),
     )
+    if read:
+        checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)
+    return y
 
 
 # --------------------------------------------------------------------------- torch op
@@ -315,22 +350,44 @@ def _config_from_json(s: str) -> MoEConfig:
     return MoEConfig.from_dict(json.loads(s))
 
 
+BACKENDS = ("auto", "megakernel", "multi")
+
+
+def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device) -> str:
+    """"megakernel" or "multi": ``backend`` itself, or for "auto" the faster one for this shape and
+    T bucket as the tuned configs record it (configs.select_backend)."""
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    return cfgs.select_backend(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k, T,
+                               gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__)
+
+
+def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str) -> torch.Tensor:
+    if resolve_backend(backend, config, x.shape[0], x.dtype, x.device) == "megakernel":
+        from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
+
+        return megakernel_forward(x, weights, config)
+    return _forward(x, weights, config, deterministic)
+
+
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
 def _moe_op(
     x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     router_bias: torch.Tensor | None, score_bias: torch.Tensor | None, gate_up_bias: torch.Tensor | None,
     down_bias: torch.Tensor | None, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
-    shared_gate: torch.Tensor | None, config_json: str, deterministic: bool,
+    shared_gate: torch.Tensor | None, config_json: str, deterministic: bool, backend: str,
 ) -> torch.Tensor:
     w = MoEWeights(router_weight=router_weight, gate_up=gate_up, down=down, router_bias=router_bias,
                    score_bias=score_bias, gate_up_bias=gate_up_bias, down_bias=down_bias,
                    shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=shared_gate)
-    return _forward(x, w, _config_from_json(config_json), deterministic)
+    return _layer(x, w, _config_from_json(config_json), deterministic, backend)
 
 
 @_moe_op.register_fake
 def _(x, router_weight, gate_up, down, router_bias, score_bias, gate_up_bias, down_bias,
-      shared_gate_up, shared_down, shared_gate, config_json, deterministic):
+      shared_gate_up, shared_down, shared_gate, config_json, deterministic, backend):
     return torch.empty_like(x)
 
 
@@ -340,24 +397,29 @@ def config_json(config: MoEConfig) -> str:
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True,
-                check: bool = True) -> torch.Tensor:
+                check: bool = True, backend: str = "auto") -> torch.Tensor:
     """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
     weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
 
-    ``deterministic=True`` gives bitwise-identical output from run to run (fixed-order combine);
-    False lets GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the input checks
-    (for callers that checked once, e.g. inside a captured graph).
+    ``backend``: "megakernel" (the whole layer in one persistent launch, megakernel.py), "multi"
+    (router, align, grouped GEMMs and combine as separate launches) or "auto" (the faster of the
+    two for this shape and T, from the tuned configs). ``deterministic=True`` gives
+    bitwise-identical output from run to run (fixed-order combine; the megakernel always is); False
+    lets the multi-launch GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the
+    input checks (for callers that checked once, e.g. inside a captured graph).
     """
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if check:
         check_inputs(x, weights, config)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
-        weights.shared_gate, config_json(config), bool(deterministic),
+        weights.shared_gate, config_json(config), bool(deterministic), backend,
     )
 
 
-def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True):
+def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto"):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
     For torch.compile and CUDA graphs: the closure holds only tensors, a string and a bool, so
@@ -370,11 +432,13 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True):
                                               "shared_gate"))
     H, dev, dt = config.hidden_size, weights.router_weight.device, weights.router_weight.dtype
     det = bool(deterministic)
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
             raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {list(x.shape)} {x.dtype} on {x.device}")
-        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det)
+        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend)
 
     return f
 

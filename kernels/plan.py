@@ -20,9 +20,11 @@ the padded rows the tensor cores really compute (2 per multiply-add).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
+from ..reference.sizes import dtype_bytes
 from . import configs as cfgs
 
 
@@ -50,6 +52,10 @@ class Stage:
     #: tile} and row blocks (E,) per expert, so that the simulator can model L2 reuse across programs
     operand_bytes_per_tile: dict | None = None
     row_blocks_per_expert: tuple[int, ...] | None = None
+    #: one program's MMA work {"m", "n", "depth"} and its serial steps {"load", "reduce"} (router,
+    #: align: dependent loop steps and row reductions), for the cost model
+    work_tile: dict | None = None
+    serial_steps: dict | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -151,80 +157,81 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         raise ValueError("launch_plan needs topk_idx or counts")
     counts = counts.astype(np.int64)
     tv = triton_version or _triton_version()
-    interpret = device_name == "cpu-interpreter"
-    b = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
-    cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
-    g1, g2 = cfg["gemm1"], cfg["gemm2"]
+    b = dtype_bytes(dtype)
+    sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic)
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
-    shared = config.num_shared_experts > 0
-    KS = K + (1 if shared else 0)
+    KS = sp.KS
     stages: list[Stage] = []
     if T == 0:
         return LaunchPlan(config.name, 0, dtype, device_name, tv, bm, tuple(int(c) for c in counts),
                           deterministic, ())
 
     # ---- router (routing.py)
-    bt = cfgs.router_block_t(T, E)
-    C = -(-T // bt)
-    block_e = max(16, _pow2(E))
-    block_h = max(16, min(128, _pow2(H))) if interpret else (64 if block_e <= 128 else 32)
-    split = cfgs.router_split(T, E, H, interpret=interpret)
-    rtile = dict(BLOCK_T=bt, BLOCK_E=block_e, BLOCK_H=block_h, num_warps=4 if block_e <= 128 else 8)
+    rl = sp.router
+    bt, C, split, h_per = rl["BLOCK_T"], rl["C"], rl["SPLIT"], rl["H_PER_SPLIT"]
+    rtile = {k: rl[k] for k in ("BLOCK_T", "BLOCK_E", "BLOCK_H", "num_warps")}
     if split:
-        h_per = _cdiv(_cdiv(H, split), block_h) * block_h
-        split = -(-H // h_per)
-        stages.append(Stage("router_logits", "_router_logits_kernel", (C, split), C * split, dict(rtile, SPLIT=split),
-                            bytes_per_tile=(bt * h_per + E * h_per) * b + bt * E * 4,
-                            flops_per_tile=2 * bt * E * h_per, note="split-H partial logits (decode)"))
+        stages.append(Stage("router_logits", "_router_logits_kernel", rl["logits_grid"], C * split,
+                            dict(rtile, SPLIT=split), bytes_per_tile=(bt * h_per + E * h_per) * b + bt * E * 4,
+                            flops_per_tile=2 * bt * E * h_per, note="split-H partial logits (decode)",
+                            work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": h_per},
+                            serial_steps={"load": _cdiv(h_per, rl["BLOCK_H"]), "reduce": 0}))
         rbytes = split * bt * E * 4 + bt * K * 8
-        rflops = 0.0
+        rflops, rload = 0.0, 0
     else:
         rbytes = (bt * H + E * H) * b + bt * K * 8
-        rflops = 2 * bt * E * H
+        rflops, rload = 2 * bt * E * H, _cdiv(H, rl["BLOCK_H"])
     fused = C == 1
-    P_max = cfgs.max_padded_rows(T * K, E, bm)
-    B_max = P_max // bm
-    stages.append(Stage("router", "_router_kernel", (C,), C, dict(rtile, FUSE_ALIGN=fused),
+    P_max, B_max = sp.P_max, sp.B_max
+    stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused),
                         bytes_per_tile=rbytes + (8 * P_max + 4 * T * K if fused else 4 * E),
-                        flops_per_tile=rflops, note="top-k; aligns too when one program holds every token"))
+                        flops_per_tile=rflops, note="top-k; aligns too when one program holds every token",
+                        work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": H if not split else 0},
+                        serial_steps={"load": rload, "reduce": K + (2 if fused else 0)}))
     if not fused:
-        stages.append(Stage("align_scan", "_scan_kernel", (1,), 1, dict(BLOCK_M=bm, BLOCK_E=block_e),
-                            bytes_per_tile=8 * C * E + 4 * (B_max + 2 * E), flops_per_tile=0.0))
-        stages.append(Stage("align_scatter", "_scatter_kernel", (C,), C, dict(BLOCK_T=bt, BLOCK_E=block_e),
-                            bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0))
+        al = sp.align
+        stages.append(Stage("align_scan", "_scan_kernel", al["scan_grid"], 1, dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"]),
+                            bytes_per_tile=8 * C * E + 4 * (B_max + 2 * E), flops_per_tile=0.0,
+                            serial_steps={"load": 0, "reduce": _cdiv(C, al["BLOCK_C"]) + 2}))
+        stages.append(Stage("align_scatter", "_scatter_kernel", al["scatter_grid"], C,
+                            dict(BLOCK_T=bt, BLOCK_E=al["BLOCK_E"]),
+                            bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0,
+                            serial_steps={"load": 0, "reduce": K}))
 
     # ---- routed experts (grouped_gemm.py)
     blocks_e = -(-counts // bm)  # row blocks per expert
     active_blocks = int(blocks_e.sum())
     stages += _gemm_stages("gemm1", "gemm2", g1, g2, blocks_e, active_blocks, B_max, H, I, b, T, KS,
-                           bias=config.expert_bias, deterministic=deterministic)
-    split2 = g2.get("SPLIT_K", 1)
+                           bias=config.expert_bias, deterministic=deterministic, act=sp.act)
+    split2 = sp.split2
 
     # ---- shared MLP (dense: every token)
-    if shared:
+    if sp.shared:
         Is = config.shared_intermediate_size
-        scfg = cfgs.select_config(1, H, Is, 1, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
-        nm = -(-T // scfg["gemm1"]["BLOCK_M"])
-        stages += _gemm_stages("shared_gemm1", "shared_gemm2", scfg["gemm1"], dict(scfg["gemm2"], SPLIT_K=split2),
-                               np.array([nm]), nm, nm, H, Is, b, T, KS, bias=False, deterministic=deterministic)
+        nm = sp.shared_m
+        stages += _gemm_stages("shared_gemm1", "shared_gemm2", sp.shared["gemm1"], sp.shared["gemm2"],
+                               np.array([nm]), nm, nm, H, Is, b, T, KS, bias=False, deterministic=deterministic,
+                               act=sp.shared_act)
 
     # ---- combine
-    atomic = not deterministic and (KS > 1 or split2 > 1)
-    if atomic or KS > 1 or split2 > 1:
+    atomic = sp.atomic
+    if sp.combine:
+        cl = sp.combine
         rows = 1 if atomic else KS * split2
-        block_h = min(1024, _pow2(H))
-        block_t = 1 if T < 256 else 4
-        grid = (-(-T // block_t), -(-H // block_h))
+        block_t, block_h = cl["BLOCK_T"], cl["BLOCK_H"]
+        grid = cl["grid"]
         src_b = 4 if (atomic or split2 > 1) else b
         stages.append(Stage("combine", "_combine_kernel", grid, grid[0] * grid[1],
-                            dict(BLOCK_T=block_t, BLOCK_H=block_h, KS=KS, SPLIT=1 if atomic else split2),
+                            dict(BLOCK_T=block_t, BLOCK_H=block_h, KS=KS, SPLIT=1 if atomic else split2,
+                                 num_warps=cl["num_warps"]),
                             bytes_per_tile=block_t * block_h * (rows * src_b + b), flops_per_tile=block_t * block_h * rows,
                             note="atomic: cast only" if atomic else "fixed-order sum: deterministic"))
     return LaunchPlan(config.name, T, dtype, device_name, tv, bm, tuple(int(c) for c in counts), deterministic,
                       tuple(stages))
 
 
-def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic):
+def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act):
     """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert."""
     out = []
     bm = g1["BLOCK_M"]
@@ -235,16 +242,17 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
             "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * b}
     bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
-    out.append(Stage(n1, "_gemm1_kernel", (num_m * nt1 * s1,), active_blocks * nt1 * s1, dict(g1),
+    out.append(Stage(n1, "_gemm1_kernel", gemm_grid(num_m, I, g1), active_blocks * nt1 * s1, dict(g1),
                      bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
                      note="gather x rows; gate and up; activation in the epilogue" if s1 == 1 else "split-K partials",
-                     operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks))
+                     operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
+                     work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}))
     if s1 > 1:
-        bn = min(128, _pow2(I))
+        bn = act["BLOCK_N"]
         nta = -(-I // bn)
-        out.append(Stage(n1 + "_act", "_act_kernel", (num_m * nta,), active_blocks * nta,
-                         dict(BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=s1),
+        out.append(Stage(n1 + "_act", "_act_kernel", act["grid"], active_blocks * nta,
+                         dict(BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=s1, num_warps=act["num_warps"]),
                          bytes_per_tile=bm * bn * (2 * 4 * s1 + b), flops_per_tile=8 * bm * bn * s1,
                          tiles_per_expert=tuple(int(x) for x in blocks_e * nta)))
     s2 = g2.get("SPLIT_K", 1)
@@ -253,11 +261,12 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     ob = 4 if (s2 > 1 or not deterministic) else b
     ops2 = {"a": bm * ki * b, "b": g2["BLOCK_N"] * ki * b, "out": bm * g2["BLOCK_N"] * ob}
     bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
-    out.append(Stage(n2, "_gemm2_kernel", (num_m * nt2 * s2,), active_blocks * nt2 * s2, dict(g2),
+    out.append(Stage(n2, "_gemm2_kernel", gemm_grid(num_m, H, g2), active_blocks * nt2 * s2, dict(g2),
                      bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
                      note="routing weight in the epilogue; rows to the pair buffer",
-                     operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks))
+                     operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
+                     work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}))
     return out
 
 
@@ -269,3 +278,122 @@ def describe(plan: LaunchPlan) -> str:
                      f"MB={s.total_bytes / 1e6:9.2f} GFLOP={s.total_flops / 1e9:9.3f}")
     lines.append(f"  total MB={plan.total_bytes / 1e6:.2f} GFLOP={plan.total_flops / 1e9:.3f} launches={plan.num_launches}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- launch sizes
+# What the launchers take: each function below is the one place a launch's grid, block sizes and
+# warps are derived; ``launch_plan`` above and the launchers in routing.py, align.py and
+# grouped_gemm.py both call them (the launchers receive them from ``static_plan`` in moe.py).
+
+
+def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
+                  split: int | None = None) -> dict:
+    """The router's launches for T tokens: chunks C of BLOCK_T, BLOCK_E/H/K/G, warps, and the
+    split-H logits launch (SPLIT ranges of H_PER_SPLIT columns; SPLIT = 0: none). ``split``
+    overrides configs.router_split (the requested ranges; whole BLOCK_H steps may give fewer)."""
+    bt = cfgs.router_block_t(T, E)
+    block_e = max(16, _pow2(E))
+    block_h = cfgs.router_block_h(E, H, interpret=interpret)
+    want = cfgs.router_split(T, E, H, interpret=interpret) if split is None else split
+    h_per, sp = H, 0
+    if want and want > 0:
+        h_per = _cdiv(_cdiv(H, want), block_h) * block_h
+        sp = _cdiv(H, h_per)
+    C = _cdiv(T, bt) if T else 0
+    return {"C": C, "grid": (C,), "logits_grid": (C, sp), "BLOCK_T": bt, "BLOCK_E": block_e, "BLOCK_H": block_h,
+            "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)), "SPLIT": sp, "H_PER_SPLIT": h_per,
+            "num_warps": 4 if block_e <= 128 else 8}
+
+
+def align_blocks(E: int, block_m: int, B_max: int) -> dict:
+    """Block sizes of the align code (shared by the router's fused single-chunk path)."""
+    block_e = max(16, _pow2(E))
+    return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, _pow2(max(B_max, 1)))),
+                BLOCK_PAD=max(2, _pow2(block_m)))
+
+
+def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
+    """The scan (one program) and scatter (C programs) launches, and the histogram kernel's sizes."""
+    bl = align_blocks(E, block_m, B_max)
+    return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": max(2, min(16, _pow2(max(C, 1)))),
+            "BLOCK_K": max(2, _pow2(K)), "scan_grid": (1,), "scatter_grid": (C,), "hist_grid": (C,), "num_warps": 4}
+
+
+def act_launch(I: int, block_m: int, num_m: int) -> dict:
+    """The split-K activation kernel after GEMM 1: BLOCK_N columns of I per program."""
+    bn = min(128, _pow2(I))
+    return {"BLOCK_M": block_m, "BLOCK_N": bn, "grid": (num_m * _cdiv(I, bn),), "num_warps": 4}
+
+
+def combine_launch(T: int, H: int) -> dict:
+    """The combine's blocks: BLOCK_T tokens x BLOCK_H columns per program."""
+    block_h = min(1024, _pow2(H))
+    block_t = 1 if T < 256 else 4
+    return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (_cdiv(T, block_t), _cdiv(H, block_h)), "num_warps": 4}
+
+
+def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None) -> tuple[int]:
+    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K."""
+    s = cfg.get("SPLIT_K", 1) if split is None else split
+    return (num_m * _cdiv(N, cfg["BLOCK_N"]) * s,)
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """Everything ``moe_forward`` launches for T tokens that does not depend on the routing: the
+    sizes the launchers receive (the CUDA graph replays them) and the buffers' sizes.
+
+    gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts
+    of the functions above (act / combine None where not launched); P_max, B_max padded rows and
+    row blocks; split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows per token.
+    """
+
+    T: int
+    gemm: dict
+    shared: dict | None
+    router: dict
+    align: dict
+    act: dict | None
+    shared_act: dict | None
+    combine: dict | None
+    P_max: int
+    B_max: int
+    shared_m: int
+    split2: int
+    atomic: bool
+    KS: int
+
+
+def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
+                triton_version: str | None = None, deterministic: bool = True) -> StaticPlan:
+    """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
+    interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes)."""
+    return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic))
+
+
+@lru_cache(maxsize=256)
+def _static_plan(config, T, dtype, device_name, tv, deterministic) -> StaticPlan:
+    E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
+    interpret = device_name == "cpu-interpreter"
+    g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+    bm = g["gemm1"]["BLOCK_M"]
+    shared = config.num_shared_experts > 0
+    KS = K + (1 if shared else 0)
+    rl = router_launch(T, E, H, K, config.n_group, interpret=interpret)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    B_max = P_max // bm
+    al = align_launch(rl["C"], K, E, rl["BLOCK_T"], bm, B_max)
+    act = act_launch(I, bm, B_max) if g["gemm1"].get("SPLIT_K", 1) > 1 else None
+    split2 = g["gemm2"].get("SPLIT_K", 1)
+    sg, shared_act, shared_m = None, None, 0
+    if shared:
+        Is = config.shared_intermediate_size
+        sg = cfgs.select_config(1, H, Is, 1, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+        sg = {"gemm1": sg["gemm1"], "gemm2": dict(sg["gemm2"], SPLIT_K=split2)}
+        shared_m = _cdiv(T, sg["gemm1"]["BLOCK_M"]) if T else 0
+        if sg["gemm1"].get("SPLIT_K", 1) > 1:
+            shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
+    atomic = not deterministic and (KS > 1 or split2 > 1)
+    combine = combine_launch(T, H) if (atomic or KS > 1 or split2 > 1) and T else None
+    return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
+                      P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS)

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .align import _finish_offsets, _scatter_block, align_blocks
+from .align import _finish_offsets, _scatter_block
+from .plan import align_blocks, router_launch
 
 ROUTER_CODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped_topk": 2, "sigmoid_top1_input": 3}
 
@@ -34,17 +35,14 @@ def _argmax_lowest(v, cols, BLOCK: tl.constexpr):
     return m, i
 
 
-@triton.jit(do_not_specialize=["T"])
-def _router_logits_kernel(
-    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+@triton.jit
+def _router_partial(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
     T, H, E, stride_xt, stride_we, H_PER_SPLIT,
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
-    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
-    pid = tl.program_id(0)
-    sp = tl.program_id(1)
+    """Split-H partial logits of token block pid over H range sp (one task of the decode router)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -73,20 +71,32 @@ def _router_logits_kernel(
         tl.store(sg_part_ptr + base + offs_t, sg_acc, mask=t_mask)
 
 
-@triton.jit(do_not_specialize=["T", "B_MAX"])
-def _router_kernel(
-    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr,
-    topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
-    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, B_MAX,
-    T, H, E, stride_xt, stride_we,
-    scaling, SPLIT: tl.constexpr, FUSE_ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_PAD: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+@triton.jit(do_not_specialize=["T"])
+def _router_logits_kernel(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
+    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
+    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
+    _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
+                    T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
+
+
+@triton.jit
+def _route_block(
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
+    T, H, E, stride_xt, stride_we, scaling,
+    SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
+    stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -185,6 +195,29 @@ def _router_kernel(
     out_off = offs_t[:, None] * K + kcols
     tl.store(topk_idx_ptr + out_off, top_idx, mask=out_mask)
     tl.store(topk_w_ptr + out_off, wts, mask=out_mask)
+    if HAS_SG:
+        tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
+    return top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask
+
+
+@triton.jit(do_not_specialize=["T", "B_MAX"])
+def _router_kernel(
+    x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr,
+    topk_idx_ptr, topk_w_ptr, hist_ptr, sgate_ptr,
+    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, B_MAX,
+    T, H, E, stride_xt, stride_we,
+    scaling, SPLIT: tl.constexpr, FUSE_ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+    N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
+    HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
+        x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
+        T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
@@ -193,47 +226,44 @@ def _router_kernel(
                        K, BLOCK_T, BLOCK_E, BLOCK_K)
     else:
         tl.store(hist_ptr + pid * E + offs_e, counts, mask=e_mask)
-    if HAS_SG:
-        tl.store(sgate_ptr + offs_t, tl.sigmoid(sg_acc), mask=t_mask)
 
 
 def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int, split: int = 0,
-                  meta: dict | None = None, block_m: int = 16) -> bool:
+                  meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``split`` > 0 (decode): the logits are first summed in ``split`` H ranges by as many programs
-    per token block (configs.router_split), then reduced in a fixed order. Inputs are checked by
-    ``moe.py``; this launcher only picks block sizes and launches. With ``meta`` (align.py's
-    tensors) and a single token block, the router program also aligns: returns True if it did.
+    ``launch``: the sizes of ``plan.router_launch`` (grid, BLOCK_*, SPLIT, H_PER_SPLIT, warps), as
+    ``moe.py`` passes them from its static plan; without it they are computed here by the same
+    function from ``split`` (the requested H ranges, 0: none). With SPLIT > 0 (decode) the logits
+    are first summed in SPLIT H ranges by as many programs per token block, then reduced in a
+    fixed order. Inputs are checked by ``moe.py``. With ``meta`` (align.py's tensors) and a single
+    token block, the router program also aligns: returns True if it did.
     """
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:
         return False
-    block_e = max(16, triton.next_power_of_2(E))
-    block_h = 64 if block_e <= 128 else 32
-    if x.device.type == "cpu":  # the interpreter: fewer, larger steps are faster
-        block_h = max(16, min(128, triton.next_power_of_2(H)))
-    C = triton.cdiv(T, block_t)
+    rl = launch or router_launch(T, E, H, K, config.n_group, interpret=x.device.type == "cpu", split=split)
+    if rl["BLOCK_T"] != block_t:
+        raise ValueError(f"launch_router: block_t={block_t} disagrees with the plan's BLOCK_T={rl['BLOCK_T']}")
+    C = rl["C"]
+    split = rl["SPLIT"]
     sgw = weights.shared_gate
     ieee = str(x.dtype) == "torch.float32"
-    warps = 4 if block_e <= 128 else 8
     part = sg_part = None
     if split > 0:
-        h_per = triton.cdiv(triton.cdiv(H, split), block_h) * block_h
-        split = triton.cdiv(H, h_per)
         part = torch.empty((split, T, E), device=x.device, dtype=torch.float32)
         sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
-        _router_logits_kernel[(C, split)](
+        _router_logits_kernel[rl["logits_grid"]](
             x, weights.router_weight, sgw, part, sg_part, T, H, E, x.stride(0), weights.router_weight.stride(0),
-            h_per, HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-            num_warps=warps,
+            rl["H_PER_SPLIT"], HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"],
+            BLOCK_H=rl["BLOCK_H"], num_warps=rl["num_warps"],
         )
     fuse = meta is not None and C == 1
     m = meta if fuse else {}
     B_max = m["block_expert"].shape[0] if fuse else 1
     bl = align_blocks(E, block_m, B_max)
-    _router_kernel[(C,)](
+    _router_kernel[rl["grid"]](
         x, weights.router_weight, weights.router_bias, weights.score_bias, sgw, part, sg_part,
         topk_idx, topk_w, hist, sgate,
         m.get("counts"), m.get("padded_offsets"), m.get("block_expert"), m.get("padded_token"),
@@ -245,8 +275,7 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
         PER_GROUP=E // config.n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
         HAS_RB=weights.router_bias is not None, HAS_SB=weights.score_bias is not None,
         HAS_SG=sgw is not None, IEEE=ieee,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_K=max(2, triton.next_power_of_2(K)),
-        BLOCK_G=max(2, triton.next_power_of_2(config.n_group)),
-        num_warps=warps,
+        BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"], BLOCK_H=rl["BLOCK_H"], BLOCK_K=rl["BLOCK_K"],
+        BLOCK_G=rl["BLOCK_G"], num_warps=rl["num_warps"],
     )
     return fuse

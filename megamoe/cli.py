@@ -77,7 +77,8 @@ SUBCOMMANDS = {
     "simulate": ("megamoe.simulator.cli", "predict one MoE layer's time on a rack (SimPy model)"),
     "bench": ("megamoe.kernels.bench", "time the Triton kernels against the floor and PyTorch (needs a GPU)"),
     "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
-    "sweep": ("megamoe.sweep", "sweep simulator parameters and plot the trade-offs"),
+    "sweep": ("megamoe.sweep", "sweep simulator options over a grid on Dask, into Parquet, resumable"),
+    "calibrate": ("megamoe.calibrate", "measure the cost model's numbers with microbenchmarks (needs a GPU)"),
 }
 
 
@@ -100,19 +101,42 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _ours(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the project's own input errors (ProfileError, TraceError,
+    ConfigError, InputError, KernelInputError, ...): a ValueError defined in a megamoe module."""
+    return isinstance(exc, ValueError) and any(
+        c.__module__.startswith("megamoe.") for c in type(exc).__mro__ if issubclass(c, ValueError))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand. The project's input errors, a failed allocation and Ctrl-C end in one line
+    on stderr (exit code 2, 2 and 130) instead of a traceback; anything else is a bug and shows one."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(load=argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) is None:
         parser.print_help()
         return 0
-    if hasattr(args, "func"):
-        return args.func(args)
-    mod = _delegate(args.module, args.what)
-    if mod is None:
+    what = getattr(args, "what", args.command)
+    try:
+        if hasattr(args, "func"):
+            return args.func(args)
+        mod = _delegate(args.module, args.what)
+        if mod is None:
+            return 2
+        return int(mod.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"megamoe {what}: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print(f"megamoe {what}: error: out of memory; try a smaller size (e.g. fewer --tokens-per-gpu)",
+              file=sys.stderr)
         return 2
-    return int(mod.run(args) or 0)
+    except Exception as exc:
+        if not _ours(exc):
+            raise
+        print(f"megamoe {what}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -173,10 +173,9 @@ class MoEConfig:
     @property
     def expert_params(self) -> int:
         """Parameters of one routed expert: gate+up [2I, H] and down [H, I] (+ biases)."""
-        p = 3 * self.hidden_size * self.intermediate_size
-        if self.expert_bias:
-            p += 2 * self.intermediate_size + self.hidden_size
-        return p
+        from .sizes import expert_params
+
+        return expert_params(self)
 
     @property
     def shared_params(self) -> int:
@@ -184,8 +183,9 @@ class MoEConfig:
 
     def flops_per_token(self) -> int:
         """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""
-        routed = self.top_k * 2 * 3 * self.hidden_size * self.intermediate_size
-        return routed + 2 * 3 * self.hidden_size * self.shared_intermediate_size
+        from .sizes import layer_flops
+
+        return int(layer_flops(self, 1, router=False))
 
     def replace(self, **changes: Any) -> MoEConfig:
         """A copy with some fields changed (validated again)."""
@@ -238,9 +238,12 @@ class MoEConfig:
         from .hf import read_json
 
         d = read_json(path)
-        if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:
-            return cls.from_dict(d)
-        return cls.from_hf(d)
+        try:
+            if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:
+                return cls.from_dict(d)
+            return cls.from_hf(d)
+        except ValueError as exc:  # ConfigError, InputError: say which file
+            raise ConfigError(f"{path}: {exc}") from None
 
     def describe(self) -> str:
         s = (

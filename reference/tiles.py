@@ -17,14 +17,17 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     align_scatter   chunk c's padded rows (C > 1)         scan = 1                 scatter
     shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
     gemm1           row block b, N tile (+activation)     scatter = C (topk if C=1) g1[b]
-    shared_gemm2    shared m block, H tile                shared1[m] = Ns1 (+topk) g2
+    shared_gemm2    shared m block, H tile                shared1[m] = Ns1, scan   g2
+                                                          (+ topk = C if gated)
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
 Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
-shared_gemm2, gemm2 and combine come after the routed row blocks, whose number the device learns
-from its own counts (``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks: B = sum_e ceil(c_e / BLOCK_M),
-empty experts get no task at all). GEMM tiles are numbered in grouped order (GROUP_M row blocks
+shared_gemm2, gemm2 and combine come after the routed row blocks, whose number B the device learns
+from its own counts after the scan: ``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks, B = sum_e
+ceil(c_e / BLOCK_M), so an expert with no pair gets no task at all. Every task past the static
+ones waits for the scan first (with one chunk the top-k task aligns and stands in for the scan
+and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
 sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
@@ -340,8 +343,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     bt = r["BLOCK_T"]
     bld = _Builder()
     topk_c = bld.counter("topk", C)
-    scan_c = bld.counter("scan", 1 if C else 0)
-    scat_c = bld.counter("scatter", C)
+    scan_c = bld.counter("scan", 1 if C > 1 else 0)  # C = 1: the top-k task aligns; waits name topk instead
+    scat_c = bld.counter("scatter", C if C > 1 else 0)
     chunk = np.arange(C)
     chunk_rows = np.minimum(bt, T - chunk * bt)
 
@@ -407,7 +410,10 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
         ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
-        pairs = [(sh1_c[mm], ns1)] + ([(topk_c, C)] if config.shared_expert_gate else [])
+        # every task after the static ones first waits for the block layout (scan; the top-k task
+        # when it aligned too), which only this kind does not already wait for through its inputs
+        layout_ready = (scan_c, 1) if C > 1 else (topk_c, 1)
+        pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, C)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
                 in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,

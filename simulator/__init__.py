@@ -10,13 +10,13 @@ Public names:
     load_profile, override, available_profiles, Profile, ProfileError     (hardware)
     make_placement, Placement                                             (placement)
     build_topology                                                        (topology)
-    predict_launch_plan                                                   (launch: a kernel's launch plan)
+    predict_launch_plan, predict_task_plan                                (cost: a kernel's launch or task plan)
 Nothing runs on import.
 """
 
 from .analytic import Estimate, estimate_workload
+from .cost import predict_launch_plan, predict_task_plan
 from .hardware import Profile, ProfileError, available_profiles, load_profile, override
-from .launch import predict_launch_plan
 from .placement import Placement, make_placement
 from .simulate import SimResult, simulate, simulate_single_gpu_kernel, simulate_workload
 from .topology import build_topology
@@ -25,5 +25,5 @@ from .workload import TraceError, Workload, build_workload, calibrate_zipf, pars
 __all__ = [
     "Estimate", "Placement", "Profile", "ProfileError", "SimResult", "TraceError", "Workload", "available_profiles",
     "build_topology", "build_workload", "calibrate_zipf", "estimate_workload", "load_profile", "make_placement", "override",
-    "parse_routing", "predict_launch_plan", "simulate", "simulate_single_gpu_kernel", "simulate_workload",
+    "parse_routing", "predict_launch_plan", "predict_task_plan", "simulate", "simulate_single_gpu_kernel", "simulate_workload",
 ]

@@ -4,7 +4,7 @@ Shape legend: G GPUs, B minibatches, P slots.
 
 Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy = what
 the communication SMs move, ``schedules.comm_model``, with pushed bytes weighted by their cost there;
-start = launch + router + top-k; compute_g = ``timing.ffn_roofline_s`` of g's rows per slot plus the
+start = launch + router + top-k; compute_g = ``cost.ffn_roofline_s`` of g's rows per slot plus the
 shared expert, on all SMs, weights read once):
 
     fused:  max over g of  start + max(compute_g, max(sent_g / port, received_g / port,
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost import ffn_roofline_s
 from .hardware import Profile
 from .schedules import normalize_schedule
-from .timing import ffn_roofline_s
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,41 @@ def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray
     return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
 
 
+def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray, profile: Profile,
+                   copy_bytes_per_s: float, copy_coefs: tuple[float, float] = (1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) lower bounds of each GPU's dispatch and of its combine alone, in seconds: its bytes
+    off the diagonal at the port rate (sent, received) or the copy rate of the communication SMs
+    (the copies it drives, weighted by ``copy_coefs``: pulls in dispatch, pushes in combine), plus
+    one latency if it moves any. The same terms as ``estimate``, one phase at a time (the analytic
+    table's dispatch and combine)."""
+    normalize_schedule(schedule)
+    b = gpu_bytes(dispatch_bytes, combine_bytes)
+    port, copy, lat = profile.port_bytes_per_s, copy_bytes_per_s, profile.link_latency_s
+    pc, qc = copy_coefs
+    dis = np.maximum.reduce([b["dispatch_sent"] / port, b["dispatch_recv"] / port, b["dispatch_recv"] * pc / copy])
+    com = np.maximum.reduce([b["combine_sent"] / port, b["combine_recv"] / port, b["combine_sent"] * qc / copy])
+    return dis + lat * (dis > 0), com + lat * (com > 0)
+
+
+def rack_terms(profile: Profile, config, tokens_per_gpu: int, *, comm_sms: int | None = None,
+               dispatch_dtype: str = "bf16", comm_work: tuple | None = None, start_s: float | None = None) -> dict:
+    """The rack model's keyword arguments of ``estimate`` for a workload of ``config`` at
+    ``tokens_per_gpu``: the communication SMs' copy rate (``schedules.comm_model``; default SMs from
+    the profile's ``megakernel.comm_sms``, default work ``simulate.default_comm_work``), the copy
+    cost per byte pulled and pushed, the fixed start (``schedules.layer_start_s``, unless given:
+    it reads only the GPU side of the profile, so sweeps cache it) and the barrier."""
+    from .cost import normalize_dtype
+    from .schedules import comm_model, layer_start_s
+    from .simulate import default_comm_work
+
+    ad = normalize_dtype(dispatch_dtype)
+    n = profile.rack.comm_sms if comm_sms is None else comm_sms
+    cm = comm_model(profile, n, ad, config.hidden_size, default_comm_work(ad) if comm_work is None else comm_work)
+    start = layer_start_s(profile, config, tokens_per_gpu) if start_s is None else start_s
+    return dict(copy_bytes_per_s=cm.copy_bytes_per_s, start_s=start,
+                copy_coefs=(1.0, cm.push_coef), barrier_s=profile.rack.layer_barrier_s)
+
+
 def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
                       include_shared: bool = True, comm_work: tuple | None = None) -> Estimate:
@@ -113,10 +148,8 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
     """
+    from .cost import normalize_dtype, row_bytes
     from .hardware import load_profile
-    from .schedules import comm_model, layer_start_s
-    from .simulate import default_comm_work
-    from .timing import normalize_dtype, row_bytes
 
     p = load_profile(system)
     cfg = workload.config
@@ -126,10 +159,7 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
         workload.num_gpus, hidden=cfg.hidden_size, width=cfg.intermediate_size,
         shared_width=cfg.shared_intermediate_size, profile=p, weight_dtype=wd, act_dtype=ad)
     t = workload.traffic_mb
-    n = p.rack.comm_sms if comm_sms is None else comm_sms
-    cm = comm_model(p, n, ad, cfg.hidden_size, default_comm_work(ad) if comm_work is None else comm_work)
     return estimate(schedule, compute_s=comp, dispatch_bytes=t * row_bytes(cfg.hidden_size, ad),
                     combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p,
-                    copy_bytes_per_s=cm.copy_bytes_per_s,
-                    start_s=layer_start_s(p, cfg, workload.tokens_per_gpu), copy_coefs=(1.0, cm.push_coef),
-                    barrier_s=p.rack.layer_barrier_s)
+                    **rack_terms(p, cfg, workload.tokens_per_gpu, comm_sms=comm_sms, dispatch_dtype=ad,
+                                 comm_work=comm_work))

@@ -1,8 +1,11 @@
 """``megamoe simulate``: the simulator's command line (``add_arguments`` + ``run``).
 
 With no arguments: DeepSeek-V3 on a GB200 NVL72, 4096 tokens per GPU, skewed routing, contiguous
-placement, fused schedule; prints a table (``--json`` prints JSON with ``layer_time_us`` and
-``breakdown_us``; ``--trace FILE`` writes a Perfetto timeline).
+placement, fused schedule; prints a table (``--json`` prints strict JSON with ``layer_time_us``
+and ``breakdown_us``; ``--trace FILE`` writes a Perfetto timeline).
+
+Bad input is refused before any work with one line on stderr and exit code 2; notes (a clamped
+default skew, implausible profile numbers, the size of a long run and its progress) go to stderr.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cost import DTYPES
 from .placement import POLICIES
-from .timing import DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model", default="deepseek-v3", help="MoEConfig preset or config.json path")
     a("--tokens-per-gpu", type=int, default=4096, help="tokens each GPU starts with (default 4096)")
     a("--routing", default="skewed",
-      help="uniform | skewed[:R] (R = by-expert (max-mean)/mean, default 10.9) | zipf:S | hot:F[:N] | "
-           "trace:FILE | router (default skewed)")
+      help="uniform | skewed[:R] (R = by-expert (max-mean)/mean, default 10.9, clamped where E/K leaves "
+           "no room) | zipf:S | hot:F[:N] | trace:FILE | router (default skewed)")
     a("--routing-trace", metavar="FILE", help="shortcut for --routing trace:FILE (npz key topk_idx, or CSV)")
     a("--placement", default="contiguous", choices=POLICIES, help="expert placement (default contiguous)")
     a("--slots", type=int, help="physical expert slots for eplb (default E + E/8 rounded up to a multiple of G)")
@@ -36,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--weight-dtype", choices=DTYPES, help="override --dtype for the weights")
     a("--dispatch-dtype", choices=DTYPES, help="override --dtype for the dispatched activations")
     a("--no-shared", action="store_true", help="leave the shared expert out")
-    a("--seed", type=int, default=0)
+    a("--seed", type=int, default=0, help="random seed, in [0, 2^32) (default 0)")
     g = parser.add_argument_group("hardware overrides (units: bytes/s, s, counts)")
     g.add_argument("--gpus", type=int, help="GPU count")
     g.add_argument("--link-bandwidth", type=float, help="per link per direction, bytes/s")
@@ -68,23 +71,50 @@ def _comm_work(text):
     return () if text.strip() == "none" else tuple(w.strip() for w in text.split(",") if w.strip())
 
 
+def check_options(args) -> str | None:
+    """What is wrong with a combination of options (None if nothing): checked before any work."""
+    if args.links and not args.json:
+        return "--links adds every link's bytes to the JSON output: use it with --json"
+    if args.trace and args.analytic:
+        return "--trace needs the event model's timeline; --analytic runs the bound only (drop one of them)"
+    if args.trace:
+        from pathlib import Path
+
+        t = Path(args.trace)
+        if t.is_dir():
+            return f"--trace {args.trace}: is a directory; give a file name, e.g. {t / 'layer.json'}"
+        if not t.parent.is_dir():
+            return f"--trace {args.trace}: the directory {str(t.parent)!r} does not exist"
+    if args.routing_trace and args.routing != "skewed":
+        return f"--routing-trace and --routing {args.routing} both give the routing: use one"
+    return None
+
+
+def _log(line: str) -> None:
+    print(f"megamoe simulate: {line}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     from .hardware import ProfileError
     from .simulate import simulate
     from .workload import TraceError
 
+    bad = check_options(args)
+    if bad:
+        print(f"megamoe simulate: error: {bad}", file=sys.stderr)
+        return 2
     routing = f"trace:{args.routing_trace}" if args.routing_trace else args.routing
     try:
         r = simulate(args.model, args.system, args.tokens_per_gpu, routing=routing, placement=args.placement,
                      schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
                      weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
                      num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
-                     analytic_only=args.analytic, comm_work=_comm_work(args.comm_work))
-    except (ProfileError, TraceError, ValueError) as exc:
+                     analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log)
+        if args.trace:
+            r.write_trace(args.trace)
+    except (ProfileError, TraceError, ValueError, OSError) as exc:
         print(f"megamoe simulate: error: {exc}", file=sys.stderr)
         return 2
-    if args.trace and not args.analytic:
-        r.write_trace(args.trace)
     if args.json:
         print(r.to_json(links=args.links))
     else:
@@ -120,6 +150,9 @@ def print_table(r, trace: str | None = None) -> None:
         "dispatch": "first to last dispatch byte, longest GPU",
         "combine": "first to last combine byte, longest GPU",
     }
+    if analytic:
+        notes.update(dispatch="bound of the phase alone: busiest GPU's bytes at port/copy rate",
+                     combine="bound of the phase alone: busiest GPU's bytes at port/copy rate")
     for k in ("expert_compute", "load_imbalance_wait", "exposed_communication", "dispatch", "combine"):
         t.add_row(f"  {k.replace('_', ' ')}", f"{r.breakdown_us[k]:,.1f}", notes[k])
     c.print(t)

@@ -132,6 +132,8 @@ def comm_sm_curve(num_sms, per_sm_bytes_per_s: float, port_bytes_per_s: float, e
 
 
 _TOP = {"format", "name", "description", *SCHEMA}
+#: optional top-level sections (single-GPU kernel model, see the end of this module)
+_OPTIONAL_TOP = {"kernel_model", "calibration"}
 _NUM_KEYS = {"value", "unit", "source", "assumption", "note"}
 _CURVE_KEYS = {"unit", "over", "points", "source", "assumption", "note"}
 _SUFFIX_UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "flop/s"), ("_bytes", "bytes"), ("_s", "s"))
@@ -267,6 +269,8 @@ class Profile:
     hbm_efficiency: float
     data: dict = field(repr=False, compare=False, default_factory=dict)  # the validated JSON
     rack: RackModel | None = None  # the comm and megakernel sections
+    #: the single-GPU kernel model's curves (calibrated, or derived from the fields above)
+    kernel: KernelModel | None = field(repr=False, compare=False, default=None)
 
     def comm_copy_bytes_per_s(self, num_sms) -> float:
         """Pure-copy throughput of ``num_sms`` communication SMs, bytes/s per GPU (``comm_sm_curve``)."""
@@ -302,9 +306,9 @@ def validate(data: Any, origin: str = "profile") -> Profile:
 def _validate(data: Any) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"a profile must be a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - _TOP)
+    unknown = sorted(set(data) - _TOP - _OPTIONAL_TOP)
     if unknown:
-        raise ProfileError(f"unknown top-level key(s) {unknown}; allowed: {sorted(_TOP)}")
+        raise ProfileError(f"unknown top-level key(s) {unknown}; allowed: {sorted(_TOP | _OPTIONAL_TOP)}")
     missing = sorted(_TOP - set(data))
     if missing:
         raise ProfileError(f"missing top-level key(s) {missing}")
@@ -360,6 +364,7 @@ def _validate(data: Any) -> Profile:
         hbm_efficiency=float(v["hbm.efficiency"]),
         data=copy.deepcopy(data),
         rack=_rack_model(v),
+        kernel=_kernel_model(data.get("kernel_model"), v),
     )
 
 
@@ -382,11 +387,49 @@ def load_profile(spec: str | Path | Profile) -> Profile:
         raise ProfileError(
             f"{str(spec)!r} is neither a shipped profile ({', '.join(available_profiles())}) nor an existing file"
         )
+    if path.is_dir():
+        raise ProfileError(f"{str(spec)!r} is a directory; --system takes a profile name "
+                           f"({', '.join(available_profiles())}) or a profile JSON file")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc}") from None
     return validate(data, origin=str(path))
+
+
+#: What real GPUs and fabrics have had, widened by about ten times each way (key path -> (lo, hi),
+#: in the key's unit). A number outside is legal but most likely a unit slip (GB/s for bytes/s):
+#: ``plausibility_warnings`` names it. Zero latencies and launch costs are idealizations, not slips.
+PLAUSIBLE = {
+    "link.bandwidth_per_direction_bytes_per_s": (1e9, 1e12),
+    "link.latency_s": (1e-8, 1e-4),
+    "gpu.num_sms": (8, 2_000),
+    "gpu.tensor_bf16_flops_per_s": (1e13, 1e17),
+    "gpu.tensor_fp8_flops_per_s": (1e13, 2e17),
+    "gpu.kernel_launch_s": (1e-8, 1e-4),
+    "gpu.grid_sync_s": (1e-8, 1e-4),
+    "gpu.l2_bytes": (1e6, 1e10),
+    "sm.copy_bytes_per_s": (1e9, 1e12),
+    "hbm.capacity_bytes": (1e9, 1e13),
+    "hbm.bandwidth_bytes_per_s": (1e11, 1e14),
+}
+
+
+def plausibility_warnings(profile: Profile) -> list[str]:
+    """One line per profile number far outside what real hardware has (see ``PLAUSIBLE``)."""
+    out = []
+    for path, (lo, hi) in PLAUSIBLE.items():
+        sec, key = path.split(".")
+        v = profile.data[sec][key]["value"]
+        if v == 0 and path.endswith("_s"):
+            continue
+        if not lo <= v <= hi:
+            unit = profile.data[sec][key]["unit"]
+            out.append(f"{path} = {v:g} {unit} is far outside what GPUs have ({lo:g} to {hi:g} {unit}); "
+                       f"check the number and its unit (source: {profile.data[sec][key]['source']})")
+    return out
 
 
 def override(profile: Profile, **fields: Any) -> Profile:
@@ -442,3 +485,137 @@ def parse_assignment(text: str) -> tuple[str, float]:
     if num.is_integer() and "." not in val and "e" not in val.lower():
         num = int(num)
     return (k if k in ALIASES else k.replace(".", "__")), num
+
+
+# --------------------------------------------------------------------------- single-GPU kernel model
+# The optional ``kernel_model`` section: what ``megamoe calibrate`` measures on one GPU with
+# microbenchmarks, read by ``cost.py``. Scalars are number objects as above; curves are tables
+# ``{"unit", "over": [axis names], "points": [[x..., value], ...], "source"}``. A profile without the
+# section (every rack profile) gets each entry derived from its ``gpu`` / ``hbm`` / ``sm`` fields,
+# with the source saying so; ``calibration`` is free-form provenance (gpu, versions, date).
+
+_KM_SCALARS = {
+    "launch_gap_s": _Num("s", 0, 1e-2),  # one more kernel in a CUDA graph
+    "graph_fixed_s": _Num("s", 0, 1e-2),  # one graph replay's fixed cost
+    "flag_handoff_s": _Num("s", 0, 1e-2),  # release -> acquire between two programs
+    "grid_barrier_s": _Num("s", 0, 1e-2),  # all programs of a persistent launch
+    "ticket_s": _Num("s", 0, 1e-3),  # one atomic ticket from a global counter, amortised
+    "task_overhead_s": _Num("s", 0, 1e-3),  # fixed cost of one task or program (prologue, epilogue)
+    "serial_load_step_s": _Num("s", 0, 1e-3),  # one step of one program's dependent load loop
+    "serial_reduce_step_s": _Num("s", 0, 1e-3),  # one dependent row reduction (top-k pass, scan)
+    "l2_bandwidth_bytes_per_s": _Num("bytes/s", 0, 1e17),  # 0: L2 hits cost nothing
+    "l2_resident_fraction": _Num("fraction", 0, 1),  # share of L2 that weights may stay in
+}
+_KM_TABLES = {
+    "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
+    "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    "occupancy": ("programs per SM", ("num_warps",)),
+    "sm_copy": ("bytes/s per SM", ("copying_sms",)),
+}
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """The single-GPU kernel model's data, SI units.
+
+    hbm_programs (n,), hbm_bytes (m,), hbm_rate (n, m): aggregate streaming-read bytes/s with n
+    programs in flight each reading m bytes; mma: ((BLOCK_M, BLOCK_N, num_warps, depth, flop/s per
+    SM), ...) or () (then the GPU's efficiency curve is used); occupancy: ((num_warps, programs per
+    SM), ...); sm_copy: ((copying SMs, bytes/s per SM), ...); scalars as in ``_KM_SCALARS``;
+    sources: key -> source string; calibrated: whether the section was in the file.
+    """
+
+    hbm_programs: tuple
+    hbm_bytes: tuple
+    hbm_rate: tuple
+    mma: tuple
+    occupancy: tuple
+    sm_copy: tuple
+    launch_gap_s: float
+    graph_fixed_s: float
+    flag_handoff_s: float
+    grid_barrier_s: float
+    ticket_s: float
+    task_overhead_s: float
+    serial_load_step_s: float
+    serial_reduce_step_s: float
+    l2_bandwidth_bytes_per_s: float
+    l2_resident_fraction: float
+    sources: dict = field(default_factory=dict, compare=False)
+    calibrated: bool = False
+
+
+def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{path} must be a table {{unit, over, points, source}}, got {entry!r}")
+    unknown = sorted(set(entry) - _CURVE_KEYS)
+    if unknown:
+        raise ProfileError(f"{path} has unknown key(s) {unknown}; allowed: {sorted(_CURVE_KEYS)}")
+    for k in ("unit", "over", "points", "source"):
+        if k not in entry:
+            raise ProfileError(f"{path} is missing {k!r}")
+    if entry["unit"] != unit:
+        raise ProfileError(f"{path}.unit must be {unit!r}, got {entry['unit']!r}")
+    if list(entry["over"]) != list(over):
+        raise ProfileError(f"{path}.over must be {list(over)}, got {entry['over']!r}")
+    if not isinstance(entry["source"], str) or not entry["source"].strip():
+        raise ProfileError(f"{path}.source must be a non-empty string")
+    pts = entry["points"]
+    if not isinstance(pts, list) or not pts:
+        raise ProfileError(f"{path}.points must be a non-empty list of {list(over) + ['value']} rows")
+    for i, p in enumerate(pts):
+        if (not isinstance(p, list) or len(p) != len(over) + 1
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0
+                       for x in p)):
+            raise ProfileError(f"{path}.points[{i}] must be {len(over) + 1} positive numbers "
+                               f"{list(over) + ['value']}, got {p!r}")
+    return [tuple(float(x) for x in p) for p in pts]
+
+
+def _kernel_model(section: Any, v: dict) -> KernelModel:
+    """The kernel model of a profile: ``section`` (the JSON, or None) over defaults from ``v``."""
+    S = v["gpu.num_sms"]
+    hbm = float(v["hbm.bandwidth_bytes_per_s"]) * float(v["hbm.efficiency"])
+    derived = "derived from the profile's gpu/hbm fields (no kernel_model section)"
+    d = dict(launch_gap_s=float(v["gpu.kernel_launch_s"]), graph_fixed_s=0.0,
+             flag_handoff_s=float(v["gpu.grid_sync_s"]), grid_barrier_s=float(v["gpu.grid_sync_s"]),
+             ticket_s=0.0, task_overhead_s=0.0, serial_load_step_s=0.0, serial_reduce_step_s=0.0,
+             l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=float(v["megakernel.l2_weight_fraction"]))
+    sources = {k: derived for k in d}
+    sources["l2_resident_fraction"] = "the profile's megakernel.l2_weight_fraction (no kernel_model entry)"
+    progs = (1.0, S / 4, S / 2, float(S), 2.0 * S, 8.0 * S)
+    tables = {
+        "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],
+        "mma": [],
+        "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
+        "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
+    }
+    sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
+                   occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
+    calibrated = section is not None
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ProfileError(f"kernel_model must be an object, got {section!r}")
+        unknown = sorted(set(section) - set(_KM_SCALARS) - set(_KM_TABLES))
+        if unknown:
+            raise ProfileError(f"kernel_model has unknown key(s) {unknown}; allowed: "
+                               f"{sorted(set(_KM_SCALARS) | set(_KM_TABLES))}")
+        for k, spec in _KM_SCALARS.items():
+            if k in section:
+                d[k] = float(_check_num(f"kernel_model.{k}", section[k], spec))
+                sources[k] = section[k]["source"]
+        for k, (unit, over) in _KM_TABLES.items():
+            if k in section:
+                tables[k] = _check_table(f"kernel_model.{k}", section[k], unit, over)
+                sources[k] = section[k]["source"]
+    pts = tables["hbm_read"]
+    ns = sorted({p[0] for p in pts})
+    bs = sorted({p[1] for p in pts})
+    grid = {(p[0], p[1]): p[2] for p in pts}
+    if len(grid) != len(ns) * len(bs):
+        raise ProfileError(f"kernel_model.hbm_read.points must fill a grid of programs x bytes "
+                           f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
+    rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
+    return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
+                       mma=tuple(sorted(tables["mma"])), occupancy=tuple(sorted(tables["occupancy"])),
+                       sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)

@@ -153,16 +153,24 @@ class CommModel:
     pull_hbm_coef: float
 
 
-def comm_model(profile, num_sms: int, dispatch_dtype: str, hidden: int, comm_work=()) -> CommModel:
-    """Per-SM rate on a row of m bytes: s(m) = m / (message_s + m / r + m * sum(1 / work rates)),
-    r = ``sm.copy_bytes_per_s``; GPU rate: ``hardware.comm_sm_curve(n, s(m_pull), port, p)``."""
-    from .hardware import comm_sm_curve
-    from .timing import row_bytes
-
-    rk, r = profile.rack, profile.sm_copy_bytes_per_s
+def check_comm_work(comm_work) -> tuple:
+    """``comm_work`` as a tuple; ValueError naming what is not in ``COMM_WORK``."""
+    if isinstance(comm_work, str):
+        comm_work = (comm_work,)
     bad = sorted(set(comm_work) - set(COMM_WORK))
     if bad:
         raise ValueError(f"comm_work must be among {COMM_WORK}, got {bad}")
+    return tuple(comm_work)
+
+
+def comm_model(profile, num_sms: int, dispatch_dtype: str, hidden: int, comm_work=()) -> CommModel:
+    """Per-SM rate on a row of m bytes: s(m) = m / (message_s + m / r + m * sum(1 / work rates)),
+    r = ``sm.copy_bytes_per_s``; GPU rate: ``hardware.comm_sm_curve(n, s(m_pull), port, p)``."""
+    from .cost import row_bytes
+    from .hardware import comm_sm_curve
+
+    rk, r = profile.rack, profile.sm_copy_bytes_per_s
+    comm_work = check_comm_work(comm_work)
     rates = {"quantize": rk.quantize_bytes_per_s, "transpose": rk.transpose_bytes_per_s,
              "stash": rk.stash_bytes_per_s}
     extra = sum(1.0 / rates[k] for k in set(comm_work))
@@ -176,12 +184,15 @@ def comm_model(profile, num_sms: int, dispatch_dtype: str, hidden: int, comm_wor
 def layer_start_s(profile, config, tokens_per_gpu: int) -> float:
     """Fixed cost before anything moves: one launch, the router GEMM [Tg, H] x [H, E] (tile model,
     bf16, all SMs) and the profile's top-k / bookkeeping time (``megakernel.router_topk_s``)."""
-    from .timing import stage_cost
+    from megamoe.reference.sizes import dtype_bytes, row_bytes
+
+    from .cost import stage_cost
 
     H, E = config.hidden_size, config.num_experts
     router = stage_cost([tokens_per_gpu], E, H, profile=profile, num_sms=profile.num_sms,
-                        peak_flops_per_s=profile.tensor_flops_per_s["bf16"], weight_bytes_per_elem=2.0,
-                        in_row_bytes=2.0 * H, out_row_bytes=4.0 * E).time_s
+                        peak_flops_per_s=profile.tensor_flops_per_s["bf16"],
+                        weight_bytes_per_elem=float(dtype_bytes("bf16")), in_row_bytes=float(row_bytes(H, "bf16")),
+                        out_row_bytes=float(row_bytes(E, "fp32"))).time_s
     return profile.kernel_launch_s + profile.rack.router_topk_s + router
 
 
@@ -189,13 +200,15 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
                      include_shared: bool = True, comm_work=()) -> tuple[LayerWork, dict]:
     """The ``LayerWork`` of a ``workload.Workload`` on a profile, and per-GPU totals (flops, HBM bytes, rows).
 
-    Compute per GPU and minibatch is one grouped GEMM over its slots (``timing.ffn_cost`` on the
+    Compute per GPU and minibatch is one grouped GEMM over its slots (``cost.ffn_cost`` on the
     compute SMs), shared among the slots by their FLOPs and bytes (tiles of ready slots fill the SMs
     together). Weights: a slot reads its weights in a minibatch unless they stay in L2 from an
     earlier one (all touched weights of the GPU fit in ``megakernel.l2_weight_fraction`` of L2).
     One GPU moves nothing: it runs one minibatch and gives its communication SMs to the compute.
     """
-    from .timing import compute_dtype, ffn_cost, row_bytes
+    from megamoe.reference.sizes import dtype_bytes
+
+    from .cost import compute_dtype, ffn_cost, row_bytes
 
     cfg, rk = w.config, p.rack
     G, H, I = w.num_gpus, cfg.hidden_size, cfg.intermediate_size
@@ -209,7 +222,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     sms = p.num_sms - comm_sms if fused else p.num_sms
     if sms < 1:
         raise ValueError(f"comm_sms={comm_sms} leaves no compute SMs of {p.num_sms}")
-    wb = 1.0 if weight_dtype == "fp8" else 2.0
+    wb = float(dtype_bytes(weight_dtype))
     hbm = p.hbm_effective_bytes_per_s
     peak = p.tensor_flops_per_s[compute_dtype(weight_dtype, dispatch_dtype)]
     kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)

@@ -26,12 +26,21 @@ import numpy as np
 from megamoe.reference import MoEConfig
 
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
-from .hardware import Profile, load_profile, override
-from .schedules import RESOLUTION, Capacities, build_layer_work, normalize_schedule, run_schedule
-from .timing import ffn_cost, normalize_dtype
+from .cost import ffn_cost, normalize_dtype, row_bytes
+from .hardware import Profile, load_profile, override, plausibility_warnings
+from .schedules import RESOLUTION, Capacities, build_layer_work, check_comm_work, normalize_schedule, run_schedule
 from .topology import uniform_link_bytes
-from .workload import Workload, build_workload
+from .workload import (
+    BUILD_BYTES_PER_PAIR,
+    Workload,
+    available_memory_bytes,
+    build_workload,
+    estimate_build,
+    resolve_routing,
+)
 
+MEMORY_SHARE = 0.8  # the size guard refuses a workload needing more than this share of free memory
+LONG_RUN_S = 5.0  # estimated builds longer than this report progress
 #: Keys of ``breakdown_us`` that add up to the layer time.
 ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
 
@@ -49,6 +58,54 @@ def default_comm_sms(system: str | Path | Profile = "gb200-nvl72") -> int:
 def default_comm_work(dispatch_dtype: str) -> tuple:
     """What communication SMs do besides copying in a forward pass: quantize rows pulled as fp8."""
     return ("quantize",) if normalize_dtype(dispatch_dtype) == "fp8" else ()
+
+
+def check_comm_sms(comm_sms: int | None, profile: Profile) -> int:
+    """The communication SM count to use (default: the profile's ``megakernel.comm_sms``); ValueError
+    unless it is in [1, S - 1]."""
+    c = profile.rack.comm_sms if comm_sms is None else comm_sms
+    if isinstance(c, bool) or int(c) != c or not 1 <= c < profile.num_sms:
+        raise ValueError(f"comm_sms must be a whole number in [1, {profile.num_sms - 1}] for {profile.name} "
+                         f"({profile.num_sms} SMs: at least one copies, one computes), got {comm_sms!r}")
+    return int(c)
+
+
+def check_request(cfg: MoEConfig, p: Profile, tokens_per_gpu, *, routing, placement, comm_sms, minibatch, seed,
+                  num_slots, comm_work=None) -> list[str]:
+    """Refuse an unusable request before any work (ValueError naming the value and what is allowed);
+    return notes for the user: a clamped default skew, implausible profile numbers, a long build."""
+    if isinstance(tokens_per_gpu, bool) or int(tokens_per_gpu) != tokens_per_gpu or tokens_per_gpu < 1:
+        raise ValueError(f"tokens_per_gpu must be a whole number >= 1, got {tokens_per_gpu!r}")
+    if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be a whole number in [0, 2^32), got {seed!r}")
+    if minibatch is not None and (isinstance(minibatch, bool) or int(minibatch) != minibatch or minibatch < 1):
+        raise ValueError(f"minibatch must be a whole number of tokens >= 1 (or left out for the default), "
+                         f"got {minibatch!r}")
+    if num_slots is not None and placement != "eplb":
+        raise ValueError(f"num_slots (--slots {num_slots}) applies to the eplb placement only; placement "
+                         f"{placement!r} has one slot per expert")
+    E, G = cfg.num_experts, p.num_gpus
+    if num_slots is not None and (isinstance(num_slots, bool) or int(num_slots) != num_slots or num_slots < E
+                                  or num_slots % G):
+        raise ValueError(f"eplb: num_slots={num_slots} must be >= num_experts={E} and a multiple of num_gpus={G}")
+    check_comm_sms(comm_sms, p)
+    if comm_work is not None:
+        check_comm_work(comm_work)
+    _, note = resolve_routing(routing, cfg)
+    notes = [note] if note else []
+    notes += [f"warning: {w}" for w in plausibility_warnings(p)]
+    est = estimate_build(cfg, p.num_gpus, int(tokens_per_gpu), routing)
+    avail = available_memory_bytes()
+    if est["bytes"] > MEMORY_SHARE * avail:
+        fit = int(MEMORY_SHARE * avail / (cfg.top_k * p.num_gpus * BUILD_BYTES_PER_PAIR))
+        raise ValueError(
+            f"tokens_per_gpu={tokens_per_gpu}: {p.num_gpus} GPUs x {tokens_per_gpu} tokens x top-{cfg.top_k} = "
+            f"{est['pairs']:.3g} token-expert pairs need about {est['bytes'] / 1e9:,.0f} GB to build and this "
+            f"machine has {avail / 1e9:,.0f} GB free; at most about {max(fit, 1):,} tokens per GPU fit")
+    if est["seconds"] > LONG_RUN_S:
+        notes.append(f"a large workload: {est['pairs']:,} token-expert pairs, about {est['seconds']:,.0f} s and "
+                     f"{est['bytes'] / 1e9:.2g} GB to build on a 2-core machine; progress follows")
+    return notes
 
 
 @dataclass
@@ -77,7 +134,8 @@ class SimResult:
         return d
 
     def to_json(self, *, links: bool = True, indent: int | None = 2) -> str:
-        return json.dumps(_plain(self.to_dict(links=links)), indent=indent)
+        """Strict JSON: a non-finite number is written as null, never as Infinity or NaN."""
+        return json.dumps(_plain(self.to_dict(links=links)), indent=indent, allow_nan=False)
 
     def write_trace(self, path: str | Path) -> Path:
         """A Chrome-trace / Perfetto JSON timeline (open in ui.perfetto.dev)."""
@@ -98,7 +156,7 @@ def _plain(x: Any) -> Any:
     if isinstance(x, (np.integer,)):
         return int(x)
     if isinstance(x, (np.floating, float)):
-        return round(float(x), 6)
+        return round(float(x), 6) if np.isfinite(x) else None
     return x
 
 
@@ -130,14 +188,12 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     cfg = workload.config
     o = Options(
         schedule=normalize_schedule(schedule),
-        comm_sms=p.rack.comm_sms if comm_sms is None else int(comm_sms),
+        comm_sms=check_comm_sms(comm_sms, p),
         weight_dtype=normalize_dtype(weight_dtype or dtype),
         dispatch_dtype=normalize_dtype(dispatch_dtype or dtype),
         include_shared=include_shared,
-        comm_work=default_comm_work(dispatch_dtype or dtype) if comm_work is None else tuple(comm_work),
+        comm_work=default_comm_work(dispatch_dtype or dtype) if comm_work is None else check_comm_work(comm_work),
     )
-    if not 1 <= o.comm_sms < p.num_sms:
-        raise ValueError(f"comm_sms must be in [1, {p.num_sms - 1}] for {p.name}, got {o.comm_sms}")
     work, acc = build_layer_work(workload, p, schedule=o.schedule, comm_sms=o.comm_sms, weight_dtype=o.weight_dtype,
                                  dispatch_dtype=o.dispatch_dtype, include_shared=o.include_shared,
                                  comm_work=o.comm_work)
@@ -239,26 +295,42 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
              dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
              seed: int = 0, num_slots: int | None = None, include_shared: bool = True,
              overrides: dict | None = None, analytic_only: bool = False,
-             comm_work: tuple | None = None) -> SimResult:
+             comm_work: tuple | None = None, log=None) -> SimResult:
     """Simulate one MoE layer.  ``config``: a preset name, config.json path or MoEConfig;
     ``system``: a profile name, profile JSON path or Profile; ``overrides``: ``hardware.override`` fields.
     ``analytic_only``: skip the event model; ``layer_time_us`` is then the analytic bound.
+
+    Every argument is checked before any work (``check_request``: ValueError naming the value).
+    ``log(line)``, if given, receives notes (a clamped default skew, implausible profile numbers,
+    the size of a long build) and, for long builds, progress; the notes also land in
+    ``inputs["notes"]``.
     """
     cfg = config if isinstance(config, MoEConfig) else MoEConfig.load(config)
     p = resolve_system(system, overrides)
+    notes = check_request(cfg, p, tokens_per_gpu, routing=routing, placement=placement, comm_sms=comm_sms,
+                          minibatch=minibatch, seed=seed, num_slots=num_slots, comm_work=comm_work)
+    long_run = any(n.startswith("a large workload") for n in notes)
+    for n in notes:
+        if log:
+            log(n)
     mb = default_minibatch(int(tokens_per_gpu), p) if minibatch is None else minibatch
     t0 = time.perf_counter()
     w = build_workload(cfg, p.num_gpus, tokens_per_gpu, routing, placement, minibatch=mb, seed=seed,
-                       num_slots=num_slots, num_nodes=p.num_nodes)
+                       num_slots=num_slots, num_nodes=p.num_nodes, progress=log if long_run else None)
     t_work = time.perf_counter() - t0
+    if long_run and log:
+        log(f"workload built in {t_work:,.1f} s; {'analytic bound' if analytic_only else 'event model'} next")
     if analytic_only:
-        return analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
-                               dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                               workload_s=t_work, comm_work=comm_work)
-    r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
-                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                          comm_work=comm_work)
-    r.stats["workload_s"] = t_work
+        r = analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+                            dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
+                            workload_s=t_work, comm_work=comm_work)
+    else:
+        r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+                              dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
+                              comm_work=comm_work)
+        r.stats["workload_s"] = t_work
+    if notes:
+        r.inputs["notes"] = notes
     return r
 
 
@@ -269,23 +341,34 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     """A ``SimResult`` from the analytic bound alone (milliseconds on NVL72): for quick sweeps.
 
     ``layer_time_us`` = ``analytic_us``; the breakdown splits it the same way as the event model's
-    (mean roofline compute + the busiest GPU's extra + the rest); per-link data are left empty.
+    (mean roofline compute + the busiest GPU's extra + the rest); ``dispatch`` and ``combine`` are
+    each phase's own bound (``analytic.phase_bounds_s``: the busiest GPU's bytes at its port or
+    copy rate, plus latency), not first-to-last spans; per-link data are left empty.
     """
-    from .analytic import estimate_workload
+    from .analytic import estimate_workload, phase_bounds_s, rack_terms
 
     t0 = time.perf_counter()
     p = load_profile(system)
-    e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
+    comm = check_comm_sms(comm_sms, p)
+    ad = normalize_dtype(dispatch_dtype or dtype)
+    terms = rack_terms(p, workload.config, workload.tokens_per_gpu, comm_sms=comm, dispatch_dtype=ad,
+                       comm_work=comm_work)
+    e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm, dtype=dtype, weight_dtype=weight_dtype,
                           dispatch_dtype=dispatch_dtype, include_shared=include_shared, comm_work=comm_work)
     c = e.compute_s
     b = gpu_bytes(workload.traffic_mb, workload.traffic_mb)
     t = e.time_s
-    breakdown = {"dispatch": 0.0, "expert_compute": float(c.mean()) * 1e6, "combine": 0.0,
+    H = workload.config.hidden_size
+    dis_s, com_s = phase_bounds_s(normalize_schedule(schedule), workload.traffic_mb * row_bytes(H, ad),
+                                  workload.traffic_mb * row_bytes(H, "bf16"), p, terms["copy_bytes_per_s"],
+                                  terms["copy_coefs"])
+    breakdown = {"dispatch": float(dis_s.max()) * 1e6, "expert_compute": float(c.mean()) * 1e6,
+                 "combine": float(com_s.max()) * 1e6,
                  "exposed_communication": (t - float(c.max())) * 1e6, "load_imbalance_wait": float(c.max() - c.mean()) * 1e6}
     inputs = {"model": workload.config.name, "system": p.name, "num_gpus": p.num_gpus,
               "tokens_per_gpu": workload.tokens_per_gpu, "routing": workload.routing,
               "placement": workload.placement.policy, "num_slots": workload.placement.num_slots,
-              "schedule": normalize_schedule(schedule), "comm_sms": p.rack.comm_sms if comm_sms is None else comm_sms,
+              "schedule": normalize_schedule(schedule), "comm_sms": comm,
               "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
               "weight_dtype": normalize_dtype(weight_dtype or dtype), "dispatch_dtype": normalize_dtype(dispatch_dtype or dtype),
               "combine_dtype": "bf16", "include_shared": include_shared, "seed": seed, "analytic_only": True}
@@ -303,7 +386,7 @@ def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system:
     """Predict one GPU's expert work from explicit rows per expert (E,) with the simulator's own tile model.
 
     This is the idealized megakernel GEMM the rack model uses; to predict the launches the Triton
-    kernels really make, give their launch plan to ``launch.predict_launch_plan`` (what
+    kernels really make, give their launch plan to ``cost.predict_launch_plan`` (what
     ``megamoe validate`` does). Here: the
     routed experts' gate/up and down grouped GEMMs on all SMs (or ``num_sms``), plus ``launches``
     kernel launches and, if asked, the shared expert on ``num_tokens`` rows. Returns times in us and
@@ -321,7 +404,7 @@ def simulate_single_gpu_kernel(rows_per_expert, config: str | MoEConfig, system:
         if not num_tokens:
             raise ValueError("include_shared needs num_tokens")
         c = c + ffn_cost([num_tokens], cfg.hidden_size, cfg.shared_intermediate_size, **kw)
-    from .timing import ffn_roofline_s
+    from .cost import ffn_roofline_s
 
     roof = ffn_roofline_s(rows, cfg.hidden_size, cfg.intermediate_size, profile=p, weight_dtype=dt, act_dtype=dt)
     return {"time_us": (c.time_s + launches * p.kernel_launch_s) * 1e6, "compute_us": c.compute_s * 1e6,

@@ -8,7 +8,9 @@ Routings (``parse_routing`` reads the string form the CLI takes):
     skewed[:R]         Zipf popularity over a seeded permutation of the experts, exponent calibrated
                        (``calibrate_zipf``) so that the expected by-expert imbalance (max-mean)/mean
                        is R; R defaults to 10.9, TensorRT-LLM's DeepSeek-R1 figure without load
-                       balancing (moe-models.md)
+                       balancing (moe-models.md). Where E/K - 1 (the imbalance of a hottest expert
+                       in every token) does not leave room for 10.9, the default is clamped to
+                       ``default_skew(E, K)`` and ``resolve_routing`` says so
     zipf:S             the same with the exponent S given
     hot:F[:N]          N hot experts (default 1), each in a fraction F of the tokens; the rest uniform
     trace:FILE         expert ids per token from a file (``load_trace``: npz key ``topk_idx`` or CSV)
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import csv
 import math
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +42,12 @@ from .placement import Placement, assign_slots, make_placement
 ROUTINGS = ("uniform", "skewed", "zipf", "hot", "trace", "router")
 DEFAULT_SKEW_IMBALANCE = 10.9  # TensorRT-LLM, DeepSeek-R1 EP32 on GB200, by expert, no load balancing
 MAX_MINIBATCHES = 64
+#: Measured on the 2-core CI machine (DeepSeek-V3 on NVL72, 1024 and 4096 tokens per GPU): the
+#: workload build's peak memory per token-expert pair and its time per pair, and the reference
+#: router's time per token x hidden x expert (float64 matmul and top-k). Used for the size guard.
+BUILD_BYTES_PER_PAIR = 110
+BUILD_S_PER_PAIR = 4.5e-7
+ROUTER_S_PER_THE = 1.1e-10
 
 
 class TraceError(ValueError):
@@ -51,6 +61,7 @@ class RoutingSpec:
     value: float | None = None  # skewed: target imbalance; zipf: exponent; hot: fraction
     count: int = 1  # hot: number of hot experts
     path: str | None = None  # trace file
+    default: bool = False  # skewed: R was not given (10.9, clamped per model by resolve_routing)
 
     def describe(self) -> str:
         if self.kind == "trace":
@@ -82,9 +93,9 @@ def parse_routing(text: str | RoutingSpec) -> RoutingSpec:
         raise ValueError(f"routing {text!r}: parameters must be numbers") from None
     if kind == "skewed":
         r = nums[0] if nums else DEFAULT_SKEW_IMBALANCE
-        if len(nums) > 1 or r < 0:
+        if len(nums) > 1 or not r >= 0 or not math.isfinite(r):
             raise ValueError(f"routing {text!r}: skewed[:R] takes one imbalance ratio R >= 0")
-        return RoutingSpec("skewed", r)
+        return RoutingSpec("skewed", r, default=not nums)
     if kind == "zipf":
         if len(nums) != 1 or nums[0] < 0:
             raise ValueError(f"routing {text!r}: zipf:S takes one exponent S >= 0")
@@ -93,6 +104,55 @@ def parse_routing(text: str | RoutingSpec) -> RoutingSpec:
     if not 1 <= len(nums) <= 2 or not 0 <= nums[0] <= 1 or (len(nums) == 2 and (nums[1] < 1 or nums[1] % 1)):
         raise ValueError(f"routing {text!r}: hot:F[:N] takes a fraction F in [0, 1] and a count N >= 1")
     return RoutingSpec("hot", nums[0], int(nums[1]) if len(nums) == 2 else 1)
+
+
+def default_skew(num_experts: int, top_k: int) -> float:
+    """The default skewed imbalance for E experts and top-K: 10.9, or where E/K - 1 (a hottest
+    expert in every token) is not above 11.9, max(limit - 1, limit / 2): as skewed as the model
+    allows with the hottest expert short of every token (Mixtral 8/2: 2.0; gpt-oss-20b 32/4: 6.0)."""
+    limit = num_experts / top_k - 1
+    return min(DEFAULT_SKEW_IMBALANCE, max(limit - 1, limit / 2))
+
+
+def resolve_routing(routing: str | RoutingSpec, config: MoEConfig) -> tuple[RoutingSpec, str | None]:
+    """The routing as it will run for ``config``, and a note when the default skew was clamped."""
+    spec = parse_routing(routing)
+    if spec.kind != "skewed" or not spec.default:
+        return spec, None
+    E, K = config.num_experts, config.top_k
+    r = default_skew(E, K)
+    if r == spec.value:
+        return spec, None
+    note = (f"skewed routing: the default imbalance {DEFAULT_SKEW_IMBALANCE:g} is out of reach for {config.name} "
+            f"(E={E}, K={K}: a hottest expert in every token gives {E / K - 1:g}); using skewed:{r:g} "
+            f"(give skewed:R to choose)")
+    return RoutingSpec("skewed", r), note
+
+
+def estimate_build(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routing: str | RoutingSpec) -> dict:
+    """What ``build_workload`` will take, roughly: {"pairs", "bytes", "seconds"} (see BUILD_*)."""
+    T = int(num_gpus) * int(tokens_per_gpu)
+    pairs = T * config.top_k
+    s = pairs * BUILD_S_PER_PAIR
+    if parse_routing(routing).kind == "router":
+        s += T * config.hidden_size * config.num_experts * ROUTER_S_PER_THE
+    return {"pairs": pairs, "bytes": pairs * BUILD_BYTES_PER_PAIR, "seconds": s}
+
+
+def available_memory_bytes() -> float:
+    """Memory this machine can give now (MemAvailable on Linux; else the physical size)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
 
 
 # ---------------------------------------------------------------------------- popularity and sampling
@@ -254,10 +314,20 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> np.ndarray:
     if not path.exists():
         raise TraceError(f"trace file {str(path)!r} does not exist")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            if "topk_idx" not in z.files:
-                raise TraceError(f"{path}: no array named 'topk_idx' (found {sorted(z.files)})")
-            a = z["topk_idx"]
+        try:
+            z = np.load(path, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise TraceError(f"{path}: is a single .npy array, not an .npz archive with a 'topk_idx' array")
+            with z:
+                if "topk_idx" not in z.files:
+                    raise TraceError(f"{path}: no array named 'topk_idx' (found {sorted(z.files)})")
+                a = z["topk_idx"]
+        except TraceError:
+            raise
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            why = f" ({exc})" if isinstance(exc, OSError) else ""
+            raise TraceError(f"{path}: not a readable .npz archive{why}; write one with "
+                             f"numpy.savez(path, topk_idx=ids) (ids: [T, K] integers)") from None
         if a.dtype.kind not in "iu":
             raise TraceError(f"{path}: topk_idx must be integers, got dtype {a.dtype}")
         if a.ndim != 2 or a.shape[1] != top_k:
@@ -296,7 +366,8 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
-def _router_topk(config: MoEConfig, num_tokens: int, seed: int, chunk: int = 2048) -> np.ndarray:
+def _router_topk(config: MoEConfig, num_tokens: int, seed: int, chunk: int = 2048,
+                 progress: Callable[[str], None] | None = None) -> np.ndarray:
     from megamoe.reference import route
 
     rng = np.random.default_rng(seed)
@@ -305,15 +376,20 @@ def _router_topk(config: MoEConfig, num_tokens: int, seed: int, chunk: int = 204
     rb = rng.standard_normal(E) * 0.1 if config.router_bias else None
     sb = rng.standard_normal(E) * 0.01 if config.score_bias else None
     out = []
+    step = max(chunk, -(-num_tokens // 10 // chunk) * chunk)  # about ten progress lines
     for s in range(0, num_tokens, chunk):
         x = rng.standard_normal((min(chunk, num_tokens - s), H))
         out.append(route(x, w, config, router_bias=rb, score_bias=sb).topk_idx)
+        if progress and (s + chunk) % step == 0 and s + chunk < num_tokens:
+            progress(f"routing with the reference router: {s + chunk:,} of {num_tokens:,} tokens")
     return np.concatenate(out) if out else np.zeros((0, config.top_k), np.int64)
 
 
-def make_topk(config: MoEConfig, num_tokens: int, routing: str | RoutingSpec, seed: int) -> np.ndarray:
-    """(T, K) int64 expert ids for ``num_tokens`` tokens under ``routing``."""
-    spec = parse_routing(routing)
+def make_topk(config: MoEConfig, num_tokens: int, routing: str | RoutingSpec, seed: int,
+              progress: Callable[[str], None] | None = None) -> np.ndarray:
+    """(T, K) int64 expert ids for ``num_tokens`` tokens under ``routing`` (the default skew
+    clamped per ``resolve_routing``)."""
+    spec, _ = resolve_routing(routing, config)
     E, K = config.num_experts, config.top_k
     if spec.kind == "uniform":
         return sample_topk(np.full(E, 1.0 / E), num_tokens, K, seed)
@@ -335,7 +411,7 @@ def make_topk(config: MoEConfig, num_tokens: int, routing: str | RoutingSpec, se
                 f"(GPUs x tokens per GPU); lower --tokens-per-gpu"
             )
         return a[:num_tokens]
-    return _router_topk(config, num_tokens, seed)
+    return _router_topk(config, num_tokens, seed, progress=progress)
 
 
 # ---------------------------------------------------------------------------- the workload
@@ -397,9 +473,9 @@ class Workload:
 
 def minibatch_count(tokens_per_gpu: int, minibatch: int | None) -> tuple[int, int]:
     """(tokens per minibatch, minibatches per GPU) for a requested minibatch size (None: one)."""
-    mb = tokens_per_gpu if not minibatch else min(int(minibatch), tokens_per_gpu)
-    if mb < 1:
-        raise ValueError(f"minibatch must be >= 1 token, got {minibatch!r}")
+    if minibatch is not None and (isinstance(minibatch, bool) or int(minibatch) != minibatch or minibatch < 1):
+        raise ValueError(f"minibatch must be a whole number of tokens >= 1, got {minibatch!r}")
+    mb = tokens_per_gpu if minibatch is None else min(int(minibatch), tokens_per_gpu)
     nmb = -(-tokens_per_gpu // mb)
     if nmb > MAX_MINIBATCHES:
         raise ValueError(
@@ -411,16 +487,24 @@ def minibatch_count(tokens_per_gpu: int, minibatch: int | None) -> tuple[int, in
 
 def build_workload(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routing: str | RoutingSpec = "skewed",
                    placement: str | Placement = "contiguous", *, minibatch: int | None = None, seed: int = 0,
-                   num_slots: int | None = None, num_nodes: int = 1, topk_idx: np.ndarray | None = None) -> Workload:
-    """Route G * Tg tokens, place the experts, and read the per-GPU work off the dispatch plan."""
+                   num_slots: int | None = None, num_nodes: int = 1, topk_idx: np.ndarray | None = None,
+                   progress: Callable[[str], None] | None = None) -> Workload:
+    """Route G * Tg tokens, place the experts, and read the per-GPU work off the dispatch plan.
+
+    ``progress``, if given, is called with a line per stage (for long builds; see ``estimate_build``)."""
+    def say(msg: str) -> None:
+        if progress:
+            progress(msg)
+
     if isinstance(tokens_per_gpu, bool) or int(tokens_per_gpu) != tokens_per_gpu or tokens_per_gpu < 1:
         raise ValueError(f"tokens_per_gpu must be a positive integer, got {tokens_per_gpu!r}")
     G, Tg = int(num_gpus), int(tokens_per_gpu)
     T, E = G * Tg, config.num_experts
-    spec = parse_routing(routing)
+    spec, _ = resolve_routing(routing, config)
     label = spec.describe()
     if topk_idx is None:
-        topk_idx = make_topk(config, T, spec, seed)
+        say(f"routing {T:,} tokens ({label})")
+        topk_idx = make_topk(config, T, spec, seed, progress=progress)
     else:
         label = "explicit topk_idx"
     topk_idx = np.asarray(topk_idx, dtype=np.int64)
@@ -433,8 +517,10 @@ def build_workload(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routin
         load = np.bincount(topk_idx.reshape(-1), minlength=E)
         pl = make_placement(placement, E, G, seed=seed, expert_load=load, num_slots=num_slots,
                             num_nodes=num_nodes, num_groups=config.n_group)
+    say(f"placing {E} experts ({pl.policy}) and assigning {topk_idx.size:,} token-expert pairs to slots")
     slot_topk = assign_slots(topk_idx, token_rank, pl)
     mb, nmb = minibatch_count(Tg, minibatch)
+    say("dispatch plan and GPU-to-GPU traffic")
     rows_slot_mb, traffic_mb, pull, push = slot_traffic(slot_topk, pl.slot_rank, G, Tg, mb, nmb)
     return Workload(config=config, num_gpus=G, tokens_per_gpu=Tg, minibatch=mb, routing=label,
                     placement=pl, topk_idx=topk_idx, token_rank=token_rank, slot_topk_idx=slot_topk,

@@ -1,8 +1,9 @@
-"""Shared fixtures: fixed seeds, small configs, and the GPU marker."""
+"""Shared fixtures: fixed seeds, the kernel device, and the GPU marker."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -34,3 +35,39 @@ def pytest_collection_modifyitems(config, items):
 def rng() -> np.random.Generator:
     """A fixed-seed generator; each test draws its own fresh inputs from it."""
     return np.random.default_rng(20261129)
+
+
+@dataclass(frozen=True)
+class KernelDevice:
+    """Where the Triton kernels run in this test process, and in which dtypes.
+
+    ``cpu``: the Triton interpreter (no GPU), float32 and float16 (its bfloat16 dot is wrong);
+    ``cuda``: the GPU, bfloat16 and float16 (float32 is refused there).
+    """
+
+    name: str  # "cpu" or "cuda"
+    dtype: str  # the main dtype: float32 under the interpreter, bfloat16 on CUDA
+    half: str = "float16"
+
+    def torch_dtype(self, dtype: str | None = None):
+        import torch
+
+        return getattr(torch, dtype or self.dtype)
+
+    def tensor(self, a, dtype: str | None = None):
+        """A NumPy array (or tensor) on this device in ``dtype`` (default: the main dtype)."""
+        import torch
+
+        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
+        return t.to(self.name).to(self.torch_dtype(dtype)) if t.is_floating_point() else t.to(self.name)
+
+
+#: One device per process: the interpreter is chosen when triton is imported, so a GPU machine
+#: runs the kernel tests on CUDA and a CPU machine under the interpreter, never both.
+KERNEL_DEVICES = [KernelDevice("cuda", "bfloat16")] if HAS_CUDA else [KernelDevice("cpu", "float32")]
+
+
+@pytest.fixture(params=KERNEL_DEVICES, ids=lambda d: "cuda" if d.name == "cuda" else "interpret")
+def device(request) -> KernelDevice:
+    """The kernel tests' device: CUDA where there is a GPU, else the CPU under TRITON_INTERPRET=1."""
+    return request.param

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -31,3 +32,62 @@ def test_unknown_command_is_an_error(capsys):
 def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "megamoe", "--version"], capture_output=True, text=True, check=True)
     assert r.stdout.startswith("megamoe ")
+
+
+def _bench_row(**kw):
+    row = {"preset": "qwen3-30b-a3b", "T": 64, "ours_us": 100.0, "deterministic": True}
+    row.update(kw)
+    return json.dumps(row)
+
+
+@pytest.mark.parametrize("row, match", [
+    (_bench_row(T=0), ":2: T=0 must be a whole number of tokens >= 1"),
+    (_bench_row(T=-5), ":2: T=-5 must be a whole number of tokens >= 1"),
+    (_bench_row(preset="gpt-5"), ":2: preset 'gpt-5' is not a preset"),
+    (_bench_row(ours_us=0), ":2: ours_us=0 must be a positive time in us"),
+])
+def test_validate_from_bench_bad_rows(row, match, tmp_path, capsys):
+    """Every row is checked before any prediction; the error names the file, line and value."""
+    f = tmp_path / "b.jsonl"
+    f.write_text(_bench_row() + "\n" + row + "\n")
+    assert main(["validate", "--from-bench", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}{match}" in err and "Traceback" not in err
+
+
+def test_validate_from_bench_unknown_system(tmp_path, capsys):
+    f = tmp_path / "b.jsonl"
+    f.write_text(_bench_row() + "\n")
+    assert main(["validate", "--from-bench", str(f), "--system", "tpu-v9"]) == 2
+    err = capsys.readouterr().err
+    assert "--system: 'tpu-v9' is neither a shipped profile" in err and "Traceback" not in err
+
+
+def test_project_errors_end_in_one_line(monkeypatch, capsys):
+    """The top-level handler: a project input error raised anywhere in a subcommand is one line, exit 2."""
+    import megamoe.simulator.cli as scli
+    from megamoe.reference import InputError
+
+    def boom(args):
+        raise InputError("x has a non-finite value nan at index (0, 1)")
+
+    monkeypatch.setattr(scli, "run", boom)
+    assert main(["simulate"]) == 2
+    assert capsys.readouterr().err == "megamoe simulate: error: x has a non-finite value nan at index (0, 1)\n"
+
+
+def test_bugs_still_show_a_traceback(monkeypatch):
+    import megamoe.simulator.cli as scli
+
+    monkeypatch.setattr(scli, "run", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["simulate"])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--sample", "-1"], "--sample must be >= 1 token, got -1"),
+    (["--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
+])
+def test_validate_bad_options(argv, match, capsys):
+    assert main(["validate", "--models", "mixtral-8x7b", "--tokens", "1", *argv]) == 2
+    assert match in capsys.readouterr().err

@@ -1,11 +1,10 @@
 """The align kernels (sort and pad pairs by expert) against reference.plan_dispatch, exactly.
 
-Under the Triton interpreter on CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU).
+On the ``device`` fixture: CUDA where there is a GPU, else CPU tensors under the Triton interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1 without a GPU).
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -13,11 +12,7 @@ import torch
 
 from megamoe.reference import plan_dispatch
 
-pytestmark = [
-    pytest.mark.interpret,
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
-                       reason="interpreter tests need TRITON_INTERPRET=1 (set automatically without a GPU)"),
-]
+pytestmark = pytest.mark.interpret
 
 
 def _random_topk(rng, T, E, K):
@@ -35,11 +30,11 @@ def _random_topk(rng, T, E, K):
         (37, 7, 7, 16),  # K = E: every token on every expert
     ],
 )
-def test_align_equals_plan_dispatch(T, E, K, block_m, rng):
+def test_align_equals_plan_dispatch(T, E, K, block_m, rng, device):
     from megamoe.kernels.moe import align_only
 
     idx = _random_topk(rng, T, E, K)
-    got = align_only(torch.from_numpy(idx).to(torch.int32), E, block_m)
+    got = {k: v.cpu() for k, v in align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), E, block_m).items()}
     plan = plan_dispatch(idx, E, block_m)
     P = plan.num_padded_rows
     np.testing.assert_array_equal(got["counts"].numpy(), plan.counts)
@@ -54,12 +49,12 @@ def test_align_equals_plan_dispatch(T, E, K, block_m, rng):
     np.testing.assert_array_equal(plan.padded_pair[pd], np.arange(T * K))
 
 
-def test_all_pairs_on_one_expert():
+def test_all_pairs_on_one_expert(device):
     """Every token's only expert is 3 (K=1): one expert holds every row, six are empty."""
     from megamoe.kernels.moe import align_only
 
     idx = np.full((45, 1), 3)
-    got = align_only(torch.from_numpy(idx).to(torch.int32), 7, 16)
+    got = {k: v.cpu() for k, v in align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), 7, 16).items()}
     plan = plan_dispatch(idx, 7, 16)
     np.testing.assert_array_equal(got["padded_token"].numpy()[: plan.num_padded_rows], plan.padded_token)
     np.testing.assert_array_equal(got["block_expert"].numpy()[:3], plan.block_expert)

@@ -1,13 +1,12 @@
-"""The fused MoE layer (megamoe.kernels) against the float64 reference, under the Triton interpreter.
+"""The fused MoE layer (megamoe.kernels) against the float64 reference, on the ``device`` fixture.
 
-Runs on CPU tensors with TRITON_INTERPRET=1 (tests/conftest.py sets it when no GPU is present, before
-triton is imported), in float32 and float16 (the interpreter's bfloat16 dot is wrong; bf16 is checked on the
-GPU in test_kernels_gpu.py). Shapes are tiny and odd: H, I not multiples of a tile, 7 experts, top-3.
+Without a GPU the kernels run on CPU tensors under TRITON_INTERPRET=1 (tests/conftest.py sets it before
+triton is imported) in float32 and float16 (the interpreter's bfloat16 dot is wrong); with one, the same
+tests run on CUDA in bfloat16 and float16. Shapes are tiny and odd: H, I not multiples of a tile,
+7 experts, top-3.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -16,11 +15,7 @@ import torch
 from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
 from megamoe.reference import moe_forward as ref_forward
 
-pytestmark = [
-    pytest.mark.interpret,
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
-                       reason="interpreter tests need TRITON_INTERPRET=1 (set automatically without a GPU)"),
-]
+pytestmark = pytest.mark.interpret
 
 BASE = dict(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
 
@@ -52,57 +47,65 @@ CASES = {
 }
 
 
-def _run(cfg: MoEConfig, x: np.ndarray, w, dtype: str, **kw):
+@pytest.fixture(params=["multi", "megakernel"])
+def backend(request):
+    """Both backends of moe_forward must compute the reference's layer."""
+    return request.param
+
+
+def _run(device, cfg: MoEConfig, x: np.ndarray, w, dtype: str | None = None, **kw):
     from megamoe.kernels import moe_forward
 
+    dtype = dtype or device.dtype
     tdt = getattr(torch, dtype)
-    y = moe_forward(torch.from_numpy(x).to(tdt), w.to_torch("cpu", tdt), cfg, **kw)
+    y = moe_forward(device.tensor(x, dtype), w.to_torch(device.name, tdt), cfg, **kw)
     ref = ref_forward(round_to_dtype(x, dtype), w.round_to(dtype), cfg)
     assert y.dtype == tdt and y.shape == ref.shape
-    return y, ref
+    return y.cpu(), ref
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_router_kinds_float32(case, rng):
+def test_router_kinds_main_dtype(case, rng, device, backend):
+    """float32 under the interpreter, bfloat16 on CUDA."""
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32")
-    assert_close(y, ref, "float32", f"{case} float32")
+    y, ref = _run(device, cfg, x, w, backend=backend)
+    assert_close(y, ref, device.dtype, f"{case} {device.dtype}")
 
 
 @pytest.mark.parametrize("case", ["softmax_topk_nonorm_shared_gate", "topk_softmax_swiglu", "sigmoid_grouped",
                                   "sigmoid_top1_input"])
-def test_router_kinds_float16(case, rng):
+def test_router_kinds_float16(case, rng, device, backend):
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float16")
+    y, ref = _run(device, cfg, x, w, "float16", backend=backend)
     assert_close(y, ref, "float16", f"{case} float16")
 
 
 @pytest.mark.parametrize("T", [0, 1, 2])
-def test_tiny_batches(T, rng):
+def test_tiny_batches(T, rng, device, backend):
     """T=0 returns an empty tensor; T=1 leaves most of the 7 experts without tokens."""
     cfg = MoEConfig(**BASE, num_shared_experts=1, shared_intermediate_size=20)
     w = random_weights(cfg, seed=3)
     x = rng.standard_normal((T, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32")
+    y, ref = _run(device, cfg, x, w, backend=backend)
     assert y.shape == (T, cfg.hidden_size)
-    assert_close(y, ref, "float32", f"T={T}")
+    assert_close(y, ref, device.dtype, f"T={T}")
 
 
-def test_every_token_on_the_same_experts(rng):
+def test_every_token_on_the_same_experts(rng, device, backend):
     """Zero router weights: all logits tie, every token goes to experts 0..K-1 (ties to the lower index)."""
     cfg = MoEConfig(**BASE)
     w = random_weights(cfg, seed=4)
     w = type(w)(**{**w.arrays(), "router_weight": np.zeros_like(w.router_weight)})
     x = rng.standard_normal((29, cfg.hidden_size))  # 29 rows: two BLOCK_M=16 blocks on each expert
-    y, ref = _run(cfg, x, w, "float32")
-    assert_close(y, ref, "float32", "all tokens on experts 0..2")
+    y, ref = _run(device, cfg, x, w, backend=backend)
+    assert_close(y, ref, device.dtype, "all tokens on experts 0..2")
 
 
-def test_one_expert_takes_all_top1(rng):
+def test_one_expert_takes_all_top1(rng, device, backend):
     """top-1 with one expert always winning: one full expert, six empty."""
     cfg = MoEConfig(**{**BASE, "top_k": 1})
     w = random_weights(cfg, seed=5)
@@ -112,42 +115,46 @@ def test_one_expert_takes_all_top1(rng):
     rw[6] = -1.0
     x = np.abs(rng.standard_normal((21, cfg.hidden_size)))
     w = type(w)(**{**w.arrays(), "router_weight": rw})
-    y, ref = _run(cfg, x, w, "float32")
-    assert_close(y, ref, "float32", "every token on expert 5")
+    y, ref = _run(device, cfg, x, w, backend=backend)
+    assert_close(y, ref, device.dtype, "every token on expert 5")
 
 
-def test_group_mask_zero_lets_masked_experts_win(rng):
+def test_group_mask_zero_lets_masked_experts_win(rng, device, backend):
     """score_bias so negative that kept scores are < 0: 'zero' masking then picks masked experts."""
     for mask in ("zero", "neg_inf"):
         cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0], "group_mask": mask})
         w = random_weights(cfg, seed=6)
         w = type(w)(**{**w.arrays(), "score_bias": np.full(8, -2.0) + 0.01 * np.arange(8)})
         x = rng.standard_normal((9, cfg.hidden_size))
-        y, ref = _run(cfg, x, w, "float32")
-        assert_close(y, ref, "float32", f"group_mask={mask}")
+        y, ref = _run(device, cfg, x, w, backend=backend)
+        assert_close(y, ref, device.dtype, f"group_mask={mask}")
 
 
-def test_atomic_combine_matches(rng):
+def test_atomic_combine_matches(rng, device):
     """deterministic=False (GEMM 2 adds with atomics) computes the same layer."""
     cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0]})
     w = random_weights(cfg, seed=7)
     x = rng.standard_normal((13, cfg.hidden_size))
-    y, ref = _run(cfg, x, w, "float32", deterministic=False)
-    assert_close(y, ref, "float32", "atomic combine")
+    y, ref = _run(device, cfg, x, w, deterministic=False)
+    assert_close(y, ref, device.dtype, "atomic combine")
 
 
 @pytest.mark.parametrize("T", [13, 37])  # 13: one token block, aligned inside the router; 37: scan + scatter
-def test_routing_metadata_matches_reference(T, rng):
-    """The kernels' topk_idx and padded plan equal the reference's route and plan_dispatch exactly."""
+def test_routing_metadata_matches_reference(T, rng, device):
+    """The kernels' topk_idx and padded plan equal the reference's route and plan_dispatch exactly
+    (float32 under the interpreter; float16 on CUDA, which refuses float32: the reference then
+    routes the same float16-rounded inputs, and only the fp32 accumulation order differs)."""
     from megamoe.kernels import moe_forward_details
     from megamoe.reference import plan_dispatch, route
 
+    dt = "float32" if device.name == "cpu" else "float16"
     cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0]})
     w = random_weights(cfg, seed=8)
     x = rng.standard_normal((T, cfg.hidden_size))
-    d = moe_forward_details(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg)
-    r = route(round_to_dtype(x, "float32"), w.router_weight.astype(np.float32).astype(np.float64), cfg,
-              score_bias=w.score_bias.astype(np.float32).astype(np.float64))
+    d = moe_forward_details(device.tensor(x, dt), w.to_torch(device.name, getattr(torch, dt)), cfg)
+    d = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+    wr = w.round_to(dt)
+    r = route(round_to_dtype(x, dt), wr.router_weight, cfg, score_bias=wr.score_bias)
     np.testing.assert_array_equal(d["topk_idx"].numpy(), r.topk_idx)
     np.testing.assert_allclose(d["topk_weights"].numpy(), r.topk_weights, rtol=1e-5, atol=1e-6)
     plan = plan_dispatch(r.topk_idx, cfg.num_experts, d["block_m"])
@@ -161,13 +168,13 @@ def test_routing_metadata_matches_reference(T, rng):
     assert (d["block_expert"].numpy()[nb:] == -1).all()
 
 
-def test_torch_compile_fullgraph(rng):
+def test_torch_compile_fullgraph(rng, device):
     """The layer is one opaque torch op: dynamo traces the wrapper (input checks included) without breaks."""
     from megamoe.kernels import moe_forward
 
     cfg = MoEConfig(**BASE)
-    w = random_weights(cfg, seed=9).to_torch("cpu", torch.float32)
-    x = torch.from_numpy(rng.standard_normal((5, cfg.hidden_size))).float()
+    w = random_weights(cfg, seed=9).to_torch(device.name, device.torch_dtype())
+    x = device.tensor(rng.standard_normal((5, cfg.hidden_size)))
     f = torch.compile(lambda x: moe_forward(x, w, cfg), fullgraph=True, backend="eager")
     assert torch.equal(f(x), moe_forward(x, w, cfg))
     from megamoe.kernels import bind

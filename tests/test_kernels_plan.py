@@ -62,7 +62,7 @@ def test_plan_matches_launches(T, shared, rng, monkeypatch):
     for name, mod in KERNEL_MODULES.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
         monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
-    moe_forward(x, w, cfg)
+    moe_forward(x, w, cfg, backend="multi")  # the multi-launch path is what the launch plan describes
     monkeypatch.undo()
     d = moe_forward_details(x, w, cfg)
     plan = launch_plan(cfg, topk_idx=d["topk_idx"].numpy(), dtype="float32", device_name="cpu-interpreter")
@@ -77,6 +77,45 @@ def test_plan_matches_launches(T, shared, rng, monkeypatch):
     assert g1.active_programs == routed_blocks * n_tiles * g1.tile["SPLIT_K"]
     assert sum(g1.tiles_per_expert) == g1.active_programs
     np.testing.assert_array_equal(plan.counts, d["counts"].numpy())
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="interpreter only")
+def test_launchers_take_their_sizes_from_the_plan(rng, monkeypatch):
+    """The plan is what runs: change the static plan's router, act and combine sizes and the
+    launches change with them (nothing in a launcher re-derives a size), and the output is still right."""
+    import dataclasses
+    import importlib
+
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels import moe_forward
+    from megamoe.kernels.plan import combine_launch, static_plan
+    from megamoe.reference import moe_forward as ref_forward
+
+    T = 13  # T % 3 == 1: the interpreter's configs split GEMM K, so the act kernel runs too
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3, num_shared_experts=1,
+                    shared_intermediate_size=20)
+    w = random_weights(cfg, seed=1)
+    x = rng.standard_normal((T, 40))
+
+    def edited(config, T, **kw):
+        sp = static_plan(config, T, **kw)
+        act = dict(sp.act, BLOCK_N=16, grid=(sp.B_max * -(-config.intermediate_size // 16),))
+        cb = combine_launch(T, config.hidden_size)
+        cb = dict(cb, BLOCK_H=16, grid=(cb["grid"][0], -(-config.hidden_size // 16)))
+        return dataclasses.replace(sp, router=dict(sp.router, BLOCK_H=16), act=act, combine=cb)
+
+    log: list = []
+    for name, mod in KERNEL_MODULES.items():
+        m = importlib.import_module(f"megamoe.kernels.{mod}")
+        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+    monkeypatch.setattr(kmoe, "static_plan", edited)
+    y = moe_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, backend="multi")
+    blocks = {n: (g, b) for n, g, b in reversed(log)}  # the first launch of each kernel (routed before shared)
+    assert blocks["_router_kernel"][1]["BLOCK_H"] == 16
+    assert blocks["_act_kernel"][1]["BLOCK_N"] == 16
+    assert blocks["_combine_kernel"] == ((T, 3), {"BLOCK_T": 1, "BLOCK_H": 16})
+    want = ref_forward(x, w, cfg)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-3, atol=1e-3)
 
 
 def test_plan_needs_a_routing():

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from megamoe.simulator.cost import ffn_cost, ffn_roofline_s, gemm_efficiency, row_bytes, stage_cost, transfer_s
 from megamoe.simulator.hardware import load_profile, override
-from megamoe.simulator.timing import ffn_cost, ffn_roofline_s, gemm_efficiency, row_bytes, stage_cost, transfer_s
 
 
 def _flat_profile(**kw):

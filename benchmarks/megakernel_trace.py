@@ -1,0 +1,114 @@
+"""Where the megakernel's time goes: per-task timestamps (%globaltimer) of one launch, by kind.
+
+    python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
+
+For each case (preset:T[:concentrated]) the layer runs once traced (kernels.megakernel's ``trace``:
+program, start and end of every ticket) after a warm-up, and is timed as a CUDA-graph replay
+(untraced) beside the multi-launch path. Per kind: tasks, mean task time (wait included), first
+start and last end relative to the launch's first start; the launch span and the programs' busy
+fraction. ``--variants`` times a few tile / occupancy variants of the megakernel too. Rows go to
+DIR/trace.jsonl with GPU, versions, commit and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
+    """trace (n, 3) int64 rows (program, start, end) in ticket order; kinds (n,) codes into names."""
+    t0 = trace[:, 1].min()
+    out = {"span_us": float(trace[:, 2].max() - t0) / 1e3, "programs": int(np.unique(trace[:, 0]).size)}
+    busy = float((trace[:, 2] - trace[:, 1]).sum())
+    out["busy_fraction"] = busy / (out["programs"] * (trace[:, 2].max() - t0))
+    per = {}
+    for i, k in enumerate(names):
+        m = kinds == i
+        if not m.any():
+            continue
+        d = (trace[m, 2] - trace[m, 1]) / 1e3
+        per[k] = {"tasks": int(m.sum()), "mean_us": float(d.mean()), "max_us": float(d.max()),
+                  "first_start_us": float(trace[m, 1].min() - t0) / 1e3,
+                  "last_end_us": float(trace[m, 2].max() - t0) / 1e3}
+    out["kinds"] = per
+    return out
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.reference.tiles import KINDS, task_plan
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
+    p.add_argument("--variants", action="store_true")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prov = kb.provenance()
+    weights = {}
+    for case in args.cases.split(","):
+        name, T, *rest = case.split(":")
+        T = int(T)
+        cfg = kb.bench_config(name)
+        if name not in weights:
+            weights.clear()
+            torch.cuda.empty_cache()
+            weights[name] = kb.random_device_weights(cfg)
+        w = weights[name]
+        if rest and rest[0] == "concentrated":
+            w = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+        gen = torch.Generator(device="cuda").manual_seed(7 + T)
+        xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
+        base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
+        variants = [("default", base)]
+        if args.variants:
+            v = json.loads(json.dumps(base))
+            v.update(occupancy=2, num_stages=2)
+            variants.append(("occ2_stages2", v))
+            v = json.loads(json.dumps(base))
+            v["tiles"]["gemm1"]["BLOCK_K"] = v["tiles"]["gemm2"]["BLOCK_K"] = 256
+            variants.append(("bk256", v))
+        row = {"case": case, "preset": name, "T": T, **prov}
+        row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg: kmoe.moe_forward(a, w, cfg, backend="multi",
+                                                                                     check=False), xs, args.reps)
+        counts = np.bincount(kmoe.moe_forward_details(xs[0], w, cfg)["topk_idx"].cpu().numpy().ravel(),
+                             minlength=cfg.num_experts)
+        for label, mk in variants:
+            try:
+                _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True)
+                plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
+                tr = torch.zeros((plan.layout.max_tasks, 3), device="cuda", dtype=torch.int64)
+                megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr)
+                torch.cuda.synchronize()
+                trn = tr[:plan.num_tasks].cpu().numpy()
+                summ = summarize(trn, plan.kind, KINDS)
+                us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk), xs, args.reps)
+                row[label] = {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"],
+                              "shared_bytes": ran["shared_bytes"], "programs": ran["programs"], "trace": summ}
+                print(f"{case:<34} {label:<13} mk {us:8.1f} us  multi {row['multi_us']:8.1f} us  span {summ['span_us']:8.1f}"
+                      f"  busy {summ['busy_fraction']:.2f}  regs {ran['n_regs']} spills {ran['n_spills']} "
+                      f"smem {ran['shared_bytes']} P {ran['programs']}", flush=True)
+                for k, d in summ["kinds"].items():
+                    print(f"      {k:<14} n {d['tasks']:6d}  mean {d['mean_us']:7.2f}  max {d['max_us']:7.2f}  "
+                          f"start {d['first_start_us']:8.1f}  end {d['last_end_us']:8.1f}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+                print(f"{case} {label} failed: {row[label]['error']}", flush=True)
+        with (out / "trace.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

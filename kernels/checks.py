@@ -1,0 +1,204 @@
+"""The routing check of ``moe_experts``: a routing made elsewhere, made safe on the device.
+
+Shape legend: T tokens, E experts, K top-k (slots per token).
+
+``moe_experts`` takes expert ids and weights from outside (a transformers MoE block's router). The
+align kernels trust them: an id outside [0, E) or an expert twice in one token's row makes them
+write or read outside their buffers. ``_check_kernel`` runs first, one program per BLOCK_T
+tokens, and writes
+    ids (T, K) int32       the ids, every bad slot replaced by the lowest expert not otherwise in
+                           the token's row (so each row stays K distinct ids in [0, E))
+    weights (T, K) fp32    the weights, 0 in every bad slot and where the weight is NaN or inf
+    flag (6,) int64        per kind (out of range, duplicate, non-finite weight): the first bad
+                           slot as (t * K + k) << 32 | its value's low 32 bits (atomic min, so the
+                           lowest slot wins), then the count of bad slots of each kind
+A duplicate is a slot whose id an earlier slot of the same token already holds: the earlier slot
+is kept. A -1 ("no expert", as some routers mask slots) is out of range: masked slots are not
+supported yet.
+
+Outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs the check and the
+layer, reads the flag (one small device-to-host copy) and raises ``KernelInputError`` naming the
+token, slot and value of the first bad slot. Inside a capture (``torch.cuda.is_current_stream_
+capturing()``) the host cannot read the flag: the check kernel is captured with the layer, so at
+every replay bad slots are sanitized as above (the layer is the good slots' sum; never an
+out-of-bounds access) and recorded in a second, sticky per-device flag. Read it after replay with
+``check_captured_routing(device)``, which raises the same error (and clears the flag). Under
+torch.compile the flag is not read either (no graph break); the routing is still sanitized.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+KINDS = ("out_of_range", "duplicate", "non_finite_weight")
+_NONE = 2**63 - 1  # no bad slot of this kind yet
+_OFFSET = 2**31  # values are stored as value + 2^31 in the low 32 bits
+_flags: dict[tuple[str, bool], torch.Tensor] = {}  # (device, captured) -> flag (6,) int64
+
+
+@triton.jit
+def _col(a, offs_k, k):
+    """Column k of a (BLOCK_T, BLOCK_K) tensor, as (BLOCK_T,)."""
+    return tl.sum(tl.where(offs_k[None, :] == k, a, 0), axis=1)
+
+
+@triton.jit
+def _record(flag_ptr, kind, bad, key, NONE: tl.constexpr):
+    """Atomic min of the keys of this program's bad slots into flag[kind], add their count."""
+    first = tl.min(tl.min(tl.where(bad, key, NONE), axis=1), axis=0)
+    n = tl.sum(tl.sum(bad.to(tl.int64), axis=1), axis=0)
+    tl.atomic_min(flag_ptr + kind, first, mask=n > 0)
+    tl.atomic_add(flag_ptr + 3 + kind, n, mask=n > 0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _check_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, T, E,
+                  K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                  NONE: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    m = (offs_t < T)[:, None] & (offs_k[None, :] < K)
+    pair = offs_t.to(tl.int64)[:, None] * K + offs_k[None, :]
+    ids = tl.load(idx_ptr + pair, mask=m, other=0).to(tl.int64)
+    w = tl.load(w_ptr + pair, mask=m, other=0.0).to(tl.float32)
+    in_range = (ids >= 0) & (ids < E)
+    dups = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
+    for j in tl.static_range(K):
+        dups += tl.where((ids == _col(ids, offs_k, j)[:, None]) & (offs_k[None, :] > j), 1, 0)
+    dup = dups > 0
+    good = in_range & ~dup & m
+    finite = tl.abs(w) <= 3.4028234663852886e38  # False for NaN and inf
+    # experts already held by a good slot, then the bad slots take the lowest free ones in order
+    used = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    for k in tl.static_range(K):
+        gk = _col(good.to(tl.int32), offs_k, k) > 0
+        used = used | tl.where((offs_e[None, :] == _col(ids, offs_k, k)[:, None]) & gk[:, None], 1, 0)
+    out = ids
+    for k in tl.static_range(K):
+        gk = _col(good.to(tl.int32), offs_k, k) > 0
+        free = tl.min(tl.where((used == 0) & (offs_e[None, :] < E), offs_e[None, :], BLOCK_E), axis=1)
+        out = tl.where((offs_k[None, :] == k) & ~gk[:, None], free.to(tl.int64)[:, None], out)
+        used = used | tl.where((offs_e[None, :] == free[:, None]) & ~gk[:, None], 1, 0)
+    tl.store(idx_out_ptr + pair, out.to(tl.int32), mask=m)
+    tl.store(w_out_ptr + pair, tl.where(good & finite, w, 0.0), mask=m)
+    # error record: (pair << 32) | (value + 2^31), the value clamped to int32 / the weight's bits
+    shift = tl.full((BLOCK_T, BLOCK_K), 4294967296, tl.int64)
+    off = tl.full((BLOCK_T, BLOCK_K), 2147483648, tl.int64)
+    v = tl.minimum(tl.maximum(ids, -2147483648), 2147483647)
+    _record(flag_ptr, 0, m & ~in_range, pair * shift + v + off, NONE)
+    _record(flag_ptr, 1, m & in_range & dup, pair * shift + v + off, NONE)
+    wbits = w.to(tl.int32, bitcast=True).to(tl.int64)
+    _record(flag_ptr, 2, m & ~finite, pair * shift + wbits + off, NONE)
+
+
+def _init(flag: torch.Tensor) -> torch.Tensor:
+    flag[:3].fill_(_NONE)
+    flag[3:].zero_()
+    return flag
+
+
+def new_flag(device) -> torch.Tensor:
+    """A cleared flag (6,) int64 on ``device``."""
+    return _init(torch.empty(6, dtype=torch.int64, device=device))
+
+
+def flag_for(device, captured: bool) -> torch.Tensor:
+    """The per-device flag: the eager one (reset per call) or the sticky one of captured graphs.
+
+    Made on first use; make the first call on a device outside capture (the usual warm-up), so
+    that the flag is an ordinary allocation and not part of a graph's memory pool."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (str(dev), bool(captured))
+    if key not in _flags:  # both at once, so that a warm-up call makes the captured one too
+        _flags[(str(dev), False)] = new_flag(dev)
+        _flags[(str(dev), True)] = new_flag(dev)
+    return _flags[key]
+
+
+def capturing(device) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (False off CUDA)."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                 flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (T, K) int32, weights (T, K) fp32), sanitized; bad slots recorded into ``flag``.
+
+    topk_idx: (T, K) any integer dtype, contiguous; topk_weights: (T, K) any float dtype, contiguous.
+    """
+    T, K = topk_idx.shape
+    ids = torch.empty((T, K), device=topk_idx.device, dtype=torch.int32)
+    w = torch.empty((T, K), device=topk_idx.device, dtype=torch.float32)
+    if T == 0:
+        return ids, w
+    block_t = 16
+    _check_kernel[(triton.cdiv(T, block_t),)](
+        topk_idx, topk_weights, ids, w, flag, T, num_experts, K=K, BLOCK_T=block_t,
+        BLOCK_K=max(2, triton.next_power_of_2(K)), BLOCK_E=max(16, triton.next_power_of_2(num_experts)),
+        NONE=_NONE, num_warps=4)
+    return ids, w
+
+
+def describe_flag(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tensor | None = None,
+                  topk_weights: torch.Tensor | None = None) -> str | None:
+    """The error message for a flag (None when it records nothing). Reads the flag to the host.
+
+    With the routing given, the message quotes the exact value and row from it; otherwise it uses
+    the value the kernel recorded (ids clamped to the int32 range)."""
+    f = flag.tolist()
+    counts = dict(zip(KINDS, f[3:]))
+    firsts = [(key >> 32, kind) for key, kind in zip(f[:3], KINDS) if key != _NONE]
+    if not firsts:
+        return None
+    pair, kind = min(firsts)
+    key = f[KINDS.index(kind)]
+    t, k = divmod(pair, top_k)
+    low = (key & 0xFFFFFFFF) - _OFFSET
+    if kind == "non_finite_weight":
+        value = topk_weights[t, k].item() if topk_weights is not None else \
+            torch.tensor([low], dtype=torch.int32).view(torch.float32).item()
+    else:
+        value = int(topk_idx[t, k].item()) if topk_idx is not None else low
+    if kind == "out_of_range" and value == -1:
+        what = (f"topk_idx[{t}, {k}] = -1 (token {t}, slot {k}): masked slots (-1) are not supported yet; "
+                f"give the slot an expert the token does not use, with weight 0")
+    elif kind == "out_of_range":
+        what = f"topk_idx[{t}, {k}] = {value} (token {t}, slot {k}) is outside [0, {num_experts})"
+    elif kind == "duplicate":
+        row = topk_idx[t].tolist() if topk_idx is not None else None
+        j = row.index(value) if row is not None else None
+        where = f" (slots {j} and {k})" if j is not None else f" (slot {k})"
+        what = (f"topk_idx[{t}, {k}] = {value}: token {t} names expert {value} twice{where}; "
+                f"each token's K ids must be distinct")
+    else:
+        what = f"topk_weights[{t}, {k}] = {value} (token {t}, slot {k}) is not finite"
+    n = sum(counts.values())
+    more = f" ({n} bad slots in all: " + ", ".join(f"{c} {kd.replace('_', ' ')}" for kd, c in counts.items() if c) + ")"
+    return what + (more if n > 1 else "")
+
+
+def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=None, topk_weights=None) -> None:
+    from .moe import KernelInputError  # moe imports this module
+
+    msg = describe_flag(flag, num_experts, top_k, topk_idx, topk_weights)
+    if msg:
+        raise KernelInputError(msg)
+
+
+def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:
+    """After replaying a graph that captured ``moe_experts``: raise ``KernelInputError`` for the
+    first bad slot any replay met since the last clear (the sticky flag; see the module docstring).
+    Call it outside capture; ``clear`` resets the flag afterwards (also when it raises)."""
+    key_dev = torch.device(device)
+    flag = flag_for(key_dev, captured=True)
+    try:
+        raise_if_flagged(flag, num_experts, top_k)
+    finally:
+        if clear:
+            _init(flag)

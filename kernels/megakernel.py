@@ -1,0 +1,361 @@
+"""The whole MoE layer in one persistent Triton launch: the megakernel.
+
+Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width, C router
+chunks, B routed row blocks (B_max their bound), KS = K (+1 with a shared MLP), P programs.
+
+One launch of P programs (P = SMs x occupancy on a GPU) runs every task of
+``reference.tiles.task_plan`` in ticket order: each program takes the next ticket from a global
+counter, runs that task, and takes another, until the tickets run out. The task kinds, what they
+wait for and what they signal are in reference/tiles.py; this kernel computes the same function
+on the device (the fixed part from ``task_layout``, passed in; the routed row blocks from the
+counts it computes itself), so the simulator's cost model reads exactly the order that runs.
+
+Synchronization: int32 counters in one sync buffer (``SYNC_WORDS`` then logits[C], g1[B_max],
+shared1[Ms]). A task that finishes runs a CTA barrier, then one release atomic add on its
+counter; a task that waits spins on an acquire atomic read of its counter, then a CTA barrier.
+A task only waits on counters signalled by lower tickets, and a program holding a ticket is
+running, so by induction every wait ends: any P works (resident or not), and one program taking
+every ticket in order finishes the layer, which is how the Triton interpreter runs it in CI.
+The last program to leave (an exit counter) zeroes the sync words, so the next call, a CUDA-graph
+replay included, starts clean with no host or memset op.
+
+The tile code is the multi-launch path's (grouped_gemm._gemm1_tile / _gemm2_tile / _combine_tile,
+routing._route_block / _router_partial, align._scan / _scatter_chunk / _finish_offsets), so both
+backends compute the same numbers; the combine sums the KS rows of a token in a fixed order, so
+the output is bitwise identical from run to run.
+
+Differences from the multi-launch path, by design:
+- no launch boundaries: shared-expert tiles run while the router and the align still work, GEMM 2
+  tiles of a row block start as soon as that block's GEMM 1 tiles are done;
+- tasks only for routed rows that exist (from the device's counts), and at T <= 64 one row block
+  per expert (BLOCK_M = 64 covers every row an expert can get), so concentrated routing reads each
+  expert's weights once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.tiles import KINDS, SYNC_WORDS, TaskLayout, task_layout
+from . import configs as cfgs
+from .align import _finish_offsets, _scan, _scatter_block, _scatter_chunk, align_blocks
+from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
+from .routing import ROUTER_CODES, _route_block, _router_partial
+
+W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
+                                                       ("ticket", "exited", "topk", "scan", "scatter", "g2"))
+K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = range(len(KINDS))
+
+
+@triton.jit
+def _wait(ptr, target):
+    """Spin until the counter at ptr reaches target (acquire), then line the CTA up behind it."""
+    v = tl.atomic_add(ptr, 0, sem="acquire")
+    while v < target:
+        v = tl.atomic_add(ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _signal(ptr):
+    """Every thread's stores of this task done (barrier), then one release increment."""
+    tl.debug_barrier()
+    tl.atomic_add(ptr, 1, sem="release")
+
+
+@triton.jit
+def _now(TRACE: tl.constexpr):
+    """The GPU's global nanosecond timer (TRACE only: inline PTX, which the interpreter lacks)."""
+    if TRACE:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    else:
+        return 0
+
+
+@triton.jit
+def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
+    """Tests only: count tasks per kind (and GEMM tasks per expert: gemm1 at 9+e, gemm2 at 9+E+e)."""
+    if RECORD:
+        tl.atomic_add(stats_ptr + KIND, 1)
+        if KIND == 5:
+            tl.atomic_add(stats_ptr + 9 + e, 1)
+        if KIND == 7:
+            tl.atomic_add(stats_ptr + 9 + E + e, 1)
+
+
+@triton.jit(do_not_specialize=["T", "C", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
+                               "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N"])
+def _megakernel(
+    # inputs and weights
+    x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, sgu_ptr, sdn_ptr,
+    # router and align metadata
+    part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, hist_ptr, chunk_base_ptr,
+    counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    # intermediates and output
+    act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr,
+    # sizes and strides
+    T, H, E, I, Is, C, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
+    stride_dnb, scaling, alpha, limit, H_PER,
+    # the task layout (reference.tiles.task_layout)
+    NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N,
+    N1: tl.constexpr, N2: tl.constexpr, NS1: tl.constexpr, NS2: tl.constexpr, NCH: tl.constexpr,
+    # router
+    SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, N_GROUP: tl.constexpr,
+    TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr, HAS_RB: tl.constexpr,
+    HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr, R_BT: tl.constexpr, R_BE: tl.constexpr,
+    R_BH: tl.constexpr, R_BK: tl.constexpr, R_BG: tl.constexpr, FUSED: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+    # experts
+    ACT: tl.constexpr, HAS_GUB: tl.constexpr, HAS_DNB: tl.constexpr, SCALE_INPUT: tl.constexpr, G2_SCALE: tl.constexpr,
+    SHARED: tl.constexpr, KS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr,
+    BN2: tl.constexpr, BK2: tl.constexpr, S_BM: tl.constexpr, S_BN1: tl.constexpr, S_BN2: tl.constexpr,
+    S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
+    S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
+    RECORD: tl.constexpr, TRACE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = tl.atomic_add(sync_ptr + 0, 1, sem="relaxed")  # W_TICKET
+    while t < MAX_TASKS:
+        stop = 0
+        t_begin = _now(TRACE)
+        if t < S0:  # ------------------------------------------------ the fixed part
+            if t < F_TOPK:  # router_logits (c, s)
+                if SPLIT > 0:
+                    c = t // SPLIT
+                    _router_partial(x_ptr, rw_ptr, sgw_ptr, part_ptr, sg_part_ptr, c, t % SPLIT, T, H, E, stride_xt,
+                                    stride_rw, H_PER, HAS_SG, IEEE, R_BT, R_BE, R_BH)
+                    _signal(sync_ptr + OFF_LOGITS + c)
+                    _record(stats_ptr, 0, 0, E, RECORD)
+            elif t < F_SCAN:  # router_topk (c)
+                c = t - F_TOPK
+                if SPLIT > 0:
+                    _wait(sync_ptr + OFF_LOGITS + c, SPLIT)
+                top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
+                    x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
+                    sgate_ptr, c, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
+                    TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_BT, R_BE, R_BH, R_BK, R_BG)
+                if FUSED:  # one chunk holds every token: align here, then the layout is known
+                    start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
+                                            block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
+                                            BLOCK_PAD)
+                    _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e, padded_token_ptr,
+                                   padded_pair_ptr, pair_dest_ptr, K, R_BT, R_BE, R_BK)
+                    _signal(sync_ptr + 2)  # W_TOPK
+                    tl.atomic_add(sync_ptr + 3, 1, sem="release")  # W_SCAN
+                else:
+                    tl.store(hist_ptr + c * E + offs_e, cnt, mask=e_mask)
+                    _signal(sync_ptr + 2)
+                _record(stats_ptr, 1, 0, E, RECORD)
+            elif t < F_SCATTER:  # align_scan
+                _wait(sync_ptr + 2, C)
+                _scan(hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
+                      padded_pair_ptr, C, E, B_MAX, BM, R_BE, BLOCK_C, BLOCK_B, BLOCK_PAD)
+                _signal(sync_ptr + 3)
+                _record(stats_ptr, 2, 0, E, RECORD)
+            elif t < F_SH1:  # align_scatter (c)
+                _wait(sync_ptr + 3, 1)
+                _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr,
+                               pair_dest_ptr, t - F_SCATTER, T, E, K, R_BT, R_BE, R_BK)
+                _signal(sync_ptr + 4)  # W_SCATTER
+                _record(stats_ptr, 3, 0, E, RECORD)
+            else:  # shared_gemm1 (m, n)
+                if SHARED:
+                    m, n = _tile_ids(t - F_SH1, MS, NS1, GROUP_M)
+                    _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
+                                tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
+                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
+                    _signal(sync_ptr + OFF_SH1 + m)
+                    _record(stats_ptr, 4, 0, E, RECORD)
+        else:  # ------------------------------------------------------- after the routed row blocks
+            _wait(sync_ptr + 3, 1)  # the layout (W_SCAN)
+            nb = tl.load(padded_off_ptr + E) // BM
+            b_sh2 = S0 + nb * N1
+            b_g2 = b_sh2 + MS * NS2
+            b_comb = b_g2 + nb * N2
+            if t < b_sh2:  # gemm1 (b, n)
+                b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
+                if not FUSED:
+                    _wait(sync_ptr + 4, C)  # every chunk's rows are in place (FUSED: the layout wait did it)
+                e = tl.load(block_expert_ptr + b)
+                _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                            b, n, e, t * 0, 0, tl.cdiv(H, BK1), T, I, H, 0, stride_xt, stride_gue, stride_gun,
+                            stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
+                            BM, BN1, BK1)
+                _signal(sync_ptr + OFF_G1 + b)
+                _record(stats_ptr, 5, e, E, RECORD)
+            elif t < b_g2:  # shared_gemm2 (m, n)
+                if SHARED:
+                    m, n = _tile_ids(t - b_sh2, MS, NS2, GROUP_M)
+                    _wait(sync_ptr + OFF_SH1 + m, NS1)
+                    if HAS_SG:
+                        _wait(sync_ptr + 2, C)  # the shared gate of every token
+                    _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
+                                tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
+                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
+                    _signal(sync_ptr + 5)  # W_G2
+                    _record(stats_ptr, 6, 0, E, RECORD)
+            elif t < b_comb:  # gemm2 (b, n)
+                b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
+                _wait(sync_ptr + OFF_G1 + b, N1)
+                e = tl.load(block_expert_ptr + b)
+                _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
+                            tl.cdiv(I, BK2), T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
+                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
+                _signal(sync_ptr + 5)
+                _record(stats_ptr, 7, e, E, RECORD)
+            elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
+                _wait(sync_ptr + 5, nb * N2 + MS * NS2)
+                j = t - b_comb
+                _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, 1, C_BT, C_BH)
+                _record(stats_ptr, 8, 0, E, RECORD)
+            else:
+                stop = 1
+        if TRACE:  # (program, start ns, end ns) of every ticket run, for where-the-time-goes
+            if stop == 0:
+                tl.store(trace_ptr + 3 * t, pid.to(tl.int64))
+                tl.store(trace_ptr + 3 * t + 1, t_begin)
+                tl.store(trace_ptr + 3 * t + 2, _now(TRACE))
+        if stop:
+            t = MAX_TASKS
+        else:
+            t = tl.atomic_add(sync_ptr + 0, 1, sem="relaxed")
+    # the last program out leaves the sync words zeroed for the next call
+    tl.debug_barrier()
+    gone = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel")  # W_EXITED
+    if gone == NPROG - 1:
+        offs = tl.arange(0, 1024)
+        for i in range(0, SYNC_N, 1024):
+            tl.store(sync_ptr + i + offs, 0, mask=i + offs < SYNC_N)
+
+
+# --------------------------------------------------------------------------- host side
+_SYNC: dict = {}
+
+
+def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
+    """The zeroed int32 sync words of the megakernel on this device and stream (kept between
+    calls: every launch leaves them zeroed). Inside a CUDA-graph capture a buffer too small is
+    allocated for the graph alone (its zero-fill is then part of the graph)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _SYNC.get(key)
+    if buf is None or buf.numel() < words:
+        fresh = torch.zeros(max(words, 1024), device=device, dtype=torch.int32)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return fresh
+        _SYNC[key] = buf = fresh
+    return buf
+
+
+def num_programs(device: torch.device, layout: TaskLayout, occupancy: int) -> int:
+    """P: SMs x occupancy on a GPU, 3 under the interpreter (program 0 takes every ticket, the
+    others see none left: the exit and reset path runs too); never more than there are tasks."""
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        p = sms * occupancy
+    else:
+        p = 3
+    return max(1, min(p, layout.max_tasks))
+
+
+def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Tiles, warps and stages of the megakernel for this call (configs.megakernel_config)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return cfgs.megakernel_config(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k,
+                                  config.shared_intermediate_size, T, num_sms=sms,
+                                  interpret=device.type == "cpu")
+
+
+def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
+                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None):
+    """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
+
+    ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
+    ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
+    [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
+    memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
+    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run."""
+    T, H = x.shape
+    E, K, I = config.num_experts, config.top_k, config.intermediate_size
+    Is = config.shared_intermediate_size
+    shared = config.num_shared_experts > 0
+    KS = K + (1 if shared else 0)
+    dev, dt = x.device, x.dtype
+    f32, i32 = torch.float32, torch.int32
+    y = torch.empty((T, H), device=dev, dtype=dt) if out is None else out
+    if T == 0:
+        return (y, {k: 0 for k in KINDS}) if record else y
+    mk = mk or megakernel_config(config, T, dt, dev)
+    tiles = mk["tiles"]
+    lay = task_layout(config, T, tiles)
+    r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
+    C, split, bm = lay.num_chunks, lay.split, g1["BLOCK_M"]
+    P_max = lay.b_max * bm
+    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
+    topk_w = torch.empty((T, K), device=dev, dtype=f32)
+    sgw = weights.shared_gate
+    sgate = torch.empty((T,), device=dev, dtype=f32) if sgw is not None else None
+    part = torch.empty((split, T, E), device=dev, dtype=f32) if split > 1 else None
+    sg_part = torch.empty((split, T), device=dev, dtype=f32) if split > 1 and sgw is not None else None
+    hist = torch.empty((C, E), device=dev, dtype=i32)
+    chunk_base = torch.empty((C, E), device=dev, dtype=i32)
+    counts = torch.empty((E,), device=dev, dtype=i32)
+    padded_off = torch.empty((E + 1,), device=dev, dtype=i32)
+    padded_token = torch.empty((P_max,), device=dev, dtype=i32)
+    padded_pair = torch.empty((P_max,), device=dev, dtype=i32)
+    block_expert = torch.empty((lay.b_max,), device=dev, dtype=i32)
+    pair_dest = torch.empty((T * K,), device=dev, dtype=i32)
+    act = torch.empty((P_max, I), device=dev, dtype=dt)
+    act_s = torch.empty((T, Is), device=dev, dtype=dt) if shared else None
+    pairs = torch.empty((T * KS, H), device=dev, dtype=dt)
+    sync = sync_buffer(dev, lay.sync_words)
+    stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
+    nprog = num_programs(dev, lay, mk["occupancy"])
+    al = align_blocks(E, bm, lay.b_max)
+    block_e = max(16, triton.next_power_of_2(E))
+    rw = weights.router_weight
+    gu, dn = weights.gate_up, weights.down
+    gub, dnb = weights.gate_up_bias, weights.down_bias
+    f = lay.first
+    kern = _megakernel[(nprog,)](
+        x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
+        weights.shared_down,
+        part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
+        counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
+        act, act_s, pairs, y, sync, stats, trace,
+        T, H, E, I, Is, C, lay.b_max, x.stride(0), rw.stride(0), gu.stride(0), gu.stride(1),
+        0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
+        float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
+        nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"], f["shared_gemm1"],
+        lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words,
+        N1=lay.n1, N2=lay.n2, NS1=max(lay.ns1, 1), NS2=max(lay.ns2, 1), NCH=triton.cdiv(H, cb["BLOCK_H"]),
+        SPLIT=split if split > 1 else 0, ROUTER=ROUTER_CODES[config.router], K=K, NORM=bool(config.norm_topk_prob),
+        N_GROUP=config.n_group, TOPK_GROUP=config.topk_group, PER_GROUP=E // config.n_group,
+        MASK_NEG_INF=config.group_mask == "neg_inf", HAS_RB=weights.router_bias is not None,
+        HAS_SB=weights.score_bias is not None, HAS_SG=sgw is not None, IEEE=dt == torch.float32,
+        R_BT=r["BLOCK_T"], R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
+        R_BG=max(2, triton.next_power_of_2(config.n_group)), FUSED=C == 1, BLOCK_B=al["BLOCK_B"],
+        BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=max(2, min(16, triton.next_power_of_2(C))),
+        ACT=ACT_CODES[config.activation], HAS_GUB=gub is not None, HAS_DNB=dnb is not None,
+        SCALE_INPUT=config.weight_on_input, G2_SCALE=not config.weight_on_input, SHARED=shared, KS=KS, BM=bm, BN1=g1["BLOCK_N"], BK1=g1["BLOCK_K"],
+        BN2=g2["BLOCK_N"], BK2=g2["BLOCK_K"], S_BM=sh["BLOCK_M"], S_BN1=sh["BLOCK_N1"], S_BN2=sh["BLOCK_N2"],
+        S_BK=sh["BLOCK_K"], EVEN_K1=H % g1["BLOCK_K"] == 0, EVEN_K2=I % g2["BLOCK_K"] == 0,
+        S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
+        C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
+        TRACE=trace is not None,
+        num_warps=mk["num_warps"], num_stages=mk["num_stages"],
+    )
+    if not record:
+        return y
+    s = stats.cpu()
+    ran = {k: int(s[i]) for i, k in enumerate(KINDS)}
+    ran["gemm1_per_expert"] = s[9:9 + E].tolist()
+    ran["gemm2_per_expert"] = s[9 + E:9 + 2 * E].tolist()
+    ran["programs"] = nprog
+    for a in ("n_regs", "n_spills"):
+        ran[a] = getattr(kern, a, None)
+    ran["shared_bytes"] = getattr(getattr(kern, "metadata", None), "shared", None)
+    return y, ran

@@ -1,0 +1,256 @@
+"""Microbenchmark kernels for ``megamoe calibrate``: the numbers of the cost model, never the MoE kernels.
+
+Shape legend: P programs, S SMs, R rounds, N rows, H row width, BM/BN/BK tile sizes.
+
+Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices:
+
+    _stream_read_kernel   P programs each read ``n_iters`` x BLOCK contiguous values (HBM read rate
+                          against bytes per program and programs in flight; L2 rate on a small buffer)
+    _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
+                          operands (tensor rate per SM by tile shape)
+    _empty_kernel         nothing (launch gap and graph cost inside a CUDA graph)
+    _handoff_kernel       a token passes from program to program through one global int32 counter
+                          (release add; acquire spin), R handoffs in all (flag handoff latency)
+    _barrier_kernel       every program arrives at one counter and spins until all have, R times
+                          (grid-wide barrier)
+    _ticket_kernel        programs take tickets from one global counter until N are taken
+    _gather_copy_kernel   P programs copy rows src[idx[r]] -> dst[r] of H values (SM-driven copy,
+                          dispatch-like gather)
+    _serial_load_kernel   one program: R dependent steps of load (BT x BH) + dot with (BH x BE)
+    _serial_reduce_kernel one program: R dependent row max / lowest-argmax reductions
+
+The launchers below check what the kernels computed against torch (``check=True``), so that under
+``TRITON_INTERPRET=1`` on tiny sizes CI tests their correctness; only ``megamoe calibrate`` times
+them. The spin kernels need every program resident: under the interpreter (one program at a time)
+they run with one program only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit(do_not_specialize=["n_iters", "offset"])
+def _stream_read_kernel(x_ptr, out_ptr, n_iters, offset, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    base = offset + pid.to(tl.int64) * n_iters * BLOCK
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in range(n_iters):
+        acc += tl.load(x_ptr + base + i * BLOCK + tl.arange(0, BLOCK), cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit(do_not_specialize=["depth"])
+def _mma_kernel(a_ptr, b_ptr, c_ptr, depth, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """c[pid] = a (BM, depth) @ b (depth, BN): every program reads the same operands (L2-resident)."""
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, depth, BLOCK_K):
+        a = tl.load(a_ptr + offs_m[:, None] * depth + (k0 + offs_k)[None, :])
+        b = tl.load(b_ptr + (k0 + offs_k)[:, None] * BLOCK_N + offs_n[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :],
+             acc.to(c_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+@triton.jit(do_not_specialize=["rounds", "num_programs"])
+def _handoff_kernel(counter_ptr, log_ptr, rounds, num_programs):
+    """Round r belongs to program r mod P: it waits until the counter reads r, logs r, adds 1."""
+    pid = tl.program_id(0)
+    for r in range(pid, rounds, num_programs):
+        v = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        while v < r:
+            v = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        tl.store(log_ptr + r, pid)
+        tl.debug_barrier()
+        tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit(do_not_specialize=["rounds", "num_programs"])
+def _barrier_kernel(counter_ptr, seen_ptr, rounds, num_programs):
+    """R grid-wide barriers on one counter; program p records what it read after each one."""
+    pid = tl.program_id(0)
+    for r in range(rounds):
+        tl.debug_barrier()
+        tl.atomic_add(counter_ptr, 1, sem="release")
+        target = (r + 1) * num_programs
+        v = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        while v < target:
+            v = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        tl.store(seen_ptr + pid * rounds + r, v)
+
+
+@triton.jit(do_not_specialize=["num_tickets"])
+def _ticket_kernel(ticket_ptr, owner_ptr, num_tickets):
+    pid = tl.program_id(0)
+    t = tl.atomic_add(ticket_ptr, 1)
+    while t < num_tickets:
+        tl.store(owner_ptr + t, pid)
+        t = tl.atomic_add(ticket_ptr, 1)
+
+
+@triton.jit(do_not_specialize=["num_rows", "H"])
+def _gather_copy_kernel(src_ptr, idx_ptr, dst_ptr, num_rows, H, BLOCK_H: tl.constexpr):
+    """Program p copies rows p, p + P, ...: dst[r] = src[idx[r]] (H values each)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for r in range(pid, num_rows, nprog):
+        s = tl.load(idx_ptr + r).to(tl.int64)
+        for h0 in range(0, H, BLOCK_H):
+            offs = h0 + tl.arange(0, BLOCK_H)
+            m = offs < H
+            v = tl.load(src_ptr + s * H + offs, mask=m)
+            tl.store(dst_ptr + tl.cast(r, tl.int64) * H + offs, v, mask=m)
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _serial_load_kernel(x_ptr, w_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                        BLOCK_E: tl.constexpr):
+    """One program: acc += x[:, step] (BT, BH) @ w[step] (BH, BE) for ``steps`` steps (the router's loop)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_e = tl.arange(0, BLOCK_E)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    width = steps * BLOCK_H
+    for s in range(steps):
+        xt = tl.load(x_ptr + offs_t[:, None] * width + (s * BLOCK_H + offs_h)[None, :])
+        wt = tl.load(w_ptr + (s * BLOCK_H + offs_h)[:, None] * BLOCK_E + offs_e[None, :])
+        acc = tl.dot(xt, wt, acc)
+    tl.store(out_ptr + offs_t[:, None] * BLOCK_E + offs_e[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _serial_reduce_kernel(v_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One program: ``steps`` dependent passes of (row max, lowest column holding it), each pass
+    masking the column it found (a top-k's passes)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)[None, :]
+    v = tl.load(v_ptr + offs_t[:, None] * BLOCK_E + cols)
+    picked = tl.zeros((BLOCK_T,), tl.int32)
+    for _ in range(steps):
+        m = tl.max(v, axis=1)
+        i = tl.min(tl.where(v == m[:, None], cols, BLOCK_E), axis=1)
+        picked += i
+        v = tl.where(cols == i[:, None], float("-inf"), v)
+    tl.store(out_ptr + offs_t, picked)
+
+
+# --------------------------------------------------------------------------- launchers (with checks)
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"microbench {what}: result disagrees with torch")
+
+
+def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block: int = 1024, offset: int = 0,
+                num_warps: int = 4, check: bool = False) -> torch.Tensor:
+    """Each of ``programs`` programs sums ``elems_per_program`` (a multiple of ``block``) values of x
+    from ``offset`` on -> (programs,) fp32 partial sums."""
+    n_iters = elems_per_program // block
+    if n_iters < 1 or n_iters * block != elems_per_program:
+        raise ValueError(f"elems_per_program={elems_per_program} must be a positive multiple of block={block}")
+    if offset + programs * elems_per_program > x.numel():
+        raise ValueError("stream_read reads past the end of x")
+    out = torch.empty(programs, device=x.device, dtype=torch.float32)
+    _stream_read_kernel[(programs,)](x, out, n_iters, offset, BLOCK=block, num_warps=num_warps)
+    if check:
+        want = x[offset:offset + programs * elems_per_program].view(programs, -1).float().sum(dim=1)
+        _check(torch.allclose(out, want, rtol=1e-4, atol=1e-2), "stream_read")
+    return out
+
+
+def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_warps: int = 4, num_stages: int = 3,
+        check: bool = False, out: torch.Tensor | None = None):
+    """``programs`` programs each compute a (BM, depth) @ b (depth, BN) -> (programs, BM, BN); returns
+    (out, compiled kernel) so the caller can read registers and shared memory."""
+    BM, depth = a.shape
+    BN = b.shape[1]
+    if depth % block_k:
+        raise ValueError(f"depth={depth} must be a multiple of block_k={block_k}")
+    c = out if out is not None else torch.empty((programs, BM, BN), device=a.device, dtype=a.dtype)
+    k = _mma_kernel[(programs,)](a, b, c, depth, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=block_k, num_warps=num_warps,
+                                 num_stages=num_stages)
+    if check:
+        want = (a.float() @ b.float()).to(a.dtype)
+        _check(all(torch.allclose(c[p].float(), want.float(), rtol=2e-2, atol=2e-2) for p in range(programs)), "mma")
+    return c, k
+
+
+def empty(x: torch.Tensor) -> None:
+    _empty_kernel[(1,)](x, num_warps=1)
+
+
+def handoff(rounds: int, programs: int, device, *, check: bool = False) -> torch.Tensor:
+    """A token passed ``rounds`` times over ``programs`` programs -> log (rounds,) int32 of the
+    program that held round r (r mod P)."""
+    counter = torch.zeros(1, device=device, dtype=torch.int32)
+    log = torch.full((rounds,), -1, device=device, dtype=torch.int32)
+    _handoff_kernel[(programs,)](counter, log, rounds, programs, num_warps=1)
+    if check:
+        want = torch.arange(rounds, device=device, dtype=torch.int32) % programs
+        _check(bool(torch.equal(log, want)) and int(counter.item()) == rounds, "handoff")
+    return log
+
+
+def barrier(rounds: int, programs: int, device, *, check: bool = False) -> torch.Tensor:
+    """``rounds`` grid barriers of ``programs`` programs -> seen (P, R) int32: the counter each read."""
+    counter = torch.zeros(1, device=device, dtype=torch.int32)
+    seen = torch.zeros((programs, rounds), device=device, dtype=torch.int32)
+    _barrier_kernel[(programs,)](counter, seen, rounds, programs, num_warps=1)
+    if check:
+        lo = (torch.arange(rounds, device=device, dtype=torch.int32) + 1) * programs
+        _check(bool((seen >= lo).all()) and int(counter.item()) == rounds * programs, "barrier")
+    return seen
+
+
+def tickets(num_tickets: int, programs: int, device, *, check: bool = False) -> torch.Tensor:
+    """``programs`` programs take ``num_tickets`` tickets -> owner (num_tickets,) int32."""
+    ticket = torch.zeros(1, device=device, dtype=torch.int32)
+    owner = torch.full((num_tickets,), -1, device=device, dtype=torch.int32)
+    _ticket_kernel[(programs,)](ticket, owner, num_tickets, num_warps=1)
+    if check:
+        _check(bool((owner >= 0).all() and (owner < programs).all()), "tickets")
+    return owner
+
+
+def gather_copy(src: torch.Tensor, idx: torch.Tensor, programs: int, *, block_h: int = 1024, num_warps: int = 4,
+                out: torch.Tensor | None = None, check: bool = False) -> torch.Tensor:
+    """dst (N, H) = src[idx] copied by ``programs`` programs (one per copying SM)."""
+    N, H = idx.numel(), src.shape[1]
+    dst = out if out is not None else torch.empty((N, H), device=src.device, dtype=src.dtype)
+    _gather_copy_kernel[(programs,)](src, idx, dst, N, H, BLOCK_H=block_h, num_warps=num_warps)
+    if check:
+        _check(bool(torch.equal(dst, src[idx.long()])), "gather_copy")
+    return dst
+
+
+def serial_load(x: torch.Tensor, w: torch.Tensor, steps: int, *, block_h: int, check: bool = False) -> torch.Tensor:
+    """One program: x (BT, steps*BH) @ w (steps*BH, BE) in ``steps`` dependent steps -> (BT, BE) fp32."""
+    BT, BE = x.shape[0], w.shape[1]
+    out = torch.empty((BT, BE), device=x.device, dtype=torch.float32)
+    _serial_load_kernel[(1,)](x, w, out, steps, BLOCK_T=BT, BLOCK_H=block_h, BLOCK_E=BE, num_warps=4)
+    if check:
+        _check(torch.allclose(out, x.float() @ w.float(), rtol=2e-2, atol=2e-2), "serial_load")
+    return out
+
+
+def serial_reduce(v: torch.Tensor, steps: int, *, check: bool = False) -> torch.Tensor:
+    """One program: ``steps`` top-1 passes over the rows of v (BT, BE) fp32 -> (BT,) sum of the picked columns."""
+    BT, BE = v.shape
+    out = torch.empty(BT, device=v.device, dtype=torch.int32)
+    _serial_reduce_kernel[(1,)](v, out, steps, BLOCK_T=BT, BLOCK_E=BE, num_warps=4)
+    if check:
+        k = min(steps, BE)
+        want = torch.topk(v, k, dim=1).indices.sum(dim=1).to(torch.int32)
+        _check(bool(torch.equal(out, want)) if steps <= BE else True, "serial_reduce")
+    return out

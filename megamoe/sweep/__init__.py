@@ -1,0 +1,140 @@
+"""Design-space sweeps of the simulator on Dask, into Parquet, resumable.
+
+    from megamoe.sweep import run_sweep, load_results, best
+    df = run_sweep({"fixed": {"model": "deepseek-v3", "analytic": True},
+                    "grid": {"tokens-per-gpu": [128, 4096], "placement": ["contiguous", "eplb"]}},
+                   out="sweep-out", workers=2)           # a pandas DataFrame, one row per point
+    best("sweep-out", objective="exposed_comm_us", top=5)
+
+A SPEC (``spec``) is a ``[fixed]`` table of simulate options and a ``[grid]`` table of lists; every
+point is one ``simulate`` (or analytic) call. Rows go to ``OUT/results.parquet`` (``store``), the
+trade-off plot to ``OUT/sweep.png`` (``plot``). The command line is ``megamoe sweep`` (``cli``).
+
+Modules: ``spec`` (the SPEC and its checks), ``worker`` (what runs on a Dask worker), ``runner`` (the
+cluster and the batches), ``store`` (atomic Parquet parts), ``progress``, ``plot``, ``cli``.
+Nothing heavy is imported until a sweep runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from .spec import OPTIONS, Spec, SpecError, load_spec, parse_spec
+
+#: What a sweep needs beyond the simulator: module -> the pip requirement that provides it.
+DEPENDENCIES = {"dask": "dask[distributed]", "distributed": "dask[distributed]", "pyarrow": "pyarrow",
+                "pandas": "pandas", "matplotlib": "matplotlib"}
+OBJECTIVES = ("layer_time_us", "exposed_comm_us")
+
+
+class SweepError(ValueError):
+    """A sweep cannot start: bad output folder, missing dependency, no results; the message says which."""
+
+
+def check_dependencies(names=tuple(DEPENDENCIES)) -> None:
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise SweepError(f"missing dependency {name!r}: pip install '{DEPENDENCIES[name]}'")
+
+
+def check_out(out: str | Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SweepError(f"--out {str(out)!r} is a file; give a folder (results.parquet goes inside)")
+    return out
+
+
+def as_spec(spec: Spec | dict | str | Path) -> Spec:
+    if isinstance(spec, Spec):
+        return spec
+    if isinstance(spec, dict):
+        return parse_spec(spec)
+    return load_spec(spec)
+
+
+def run_sweep(spec: Spec | dict | str | Path, out: str | Path = "sweep-out", *, workers: int | None = None,
+              scheduler: str | None = None, retry_failed: bool = False, progress: bool = True,
+              plot: bool = True):
+    """Run the points of ``spec`` not yet in ``out`` and return this spec's rows as a DataFrame.
+
+    ``workers``: LocalCluster processes (default: the CPU count; 0 runs in this process without Dask);
+    ``scheduler``: address of an existing Dask scheduler instead. Checks everything before it runs.
+    """
+    import os
+
+    from .progress import Progress
+    from .runner import execute
+
+    spec = as_spec(spec)
+    check_dependencies(tuple(n for n in DEPENDENCIES if plot or n != "matplotlib"))
+    out = check_out(out)
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 0:
+        raise SweepError(f"workers must be >= 0, got {workers}")
+    out.mkdir(parents=True, exist_ok=True)
+    bar = Progress(len(spec), enabled=progress)
+    counts = execute(spec, out, workers=workers, scheduler=scheduler, retry_failed=retry_failed, progress=bar)
+    df = rows_of(spec, load_results(out))
+    df.attrs["counts"] = counts
+    if plot and not df.empty:
+        from .plot import plot as draw
+
+        draw(df, spec, out / "sweep.png")
+    return df
+
+
+def load_results(out: str | Path):
+    """Every row in ``out`` (results.parquet and any parts an interrupted run left) as a DataFrame."""
+    from .store import Store
+
+    return Store(out).read()
+
+
+def rows_of(spec: Spec, df):
+    """The rows of ``df`` that are points of ``spec``, in grid order."""
+    if df.empty:
+        return df
+    order = {p.point_id: i for i, p in enumerate(spec.points())}
+    sel = df[df["point_id"].isin(order)].copy()
+    sel["_order"] = sel["point_id"].map(order)
+    return sel.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def best(results, objective: str = "layer_time_us", top: int = 10):
+    """The ``top`` points with the smallest ``objective`` (failed points left out), as a DataFrame.
+
+    ``results``: a DataFrame from ``run_sweep`` / ``load_results``, or an output folder.
+    """
+    df = results if hasattr(results, "columns") else load_results(results)
+    if df.empty:
+        raise SweepError("no results to rank")
+    if objective not in df.columns:
+        raise SweepError(f"objective {objective!r} is not a column; try {', '.join(OBJECTIVES)}")
+    ok = df[df["error"].isna()] if "error" in df else df
+    return ok.sort_values(objective, kind="stable").head(top).reset_index(drop=True)
+
+
+def input_columns(df) -> list[str]:
+    """The columns of ``df`` that are SPEC options (inputs), in order."""
+    from .spec import profile_key_path
+    from .worker import OUTPUTS
+
+    return [c for c in df.columns if c != "point_id" and c not in OUTPUTS
+            and (c in OPTIONS or profile_key_path(c) is not None)]
+
+
+def add_arguments(parser):  # the CLI's hooks, for ``megamoe.cli``
+    from .cli import add_arguments as add
+
+    add(parser)
+
+
+def run(args) -> int:
+    from .cli import run as run_cli
+
+    return run_cli(args)
+
+
+__all__ = ["OBJECTIVES", "OPTIONS", "Spec", "SpecError", "SweepError", "best", "check_dependencies", "check_out",
+           "load_results", "load_spec", "parse_spec", "run_sweep"]

@@ -1,0 +1,349 @@
+"""The sweep SPEC: a ``[fixed]`` table of simulate options and a ``[grid]`` table of lists.
+
+Options are spelled as on the ``megamoe simulate`` command line (``tokens-per-gpu``, ``comm-sms``,
+``link-bandwidth``, ...) plus any ``--set`` profile field (``link_bandwidth``,
+``link.payload_efficiency``, ``gpu.l2_bytes``). Everything is checked here, value by value, before
+anything runs; a bad table, option or value raises ``SpecError`` naming it. Combinations that
+cannot run (``comm-sms`` above a system's SM count, too many minibatches) are left to the points,
+which record the simulator's error and let the sweep go on.
+
+    spec = load_spec("grid.toml")          # or parse_spec({"fixed": {...}, "grid": {...}})
+    points = spec.points()                 # [Point(point_id, options)], in grid order
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A sweep SPEC has an unknown table, an unknown option or a bad value; the message names it."""
+
+
+def _positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError("must be an integer >= 1")
+    return v
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("must be an integer")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _number(v: Any) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError("must be a number")
+    return v
+
+
+def _minibatch(v: Any) -> int | None:
+    if v == "auto":
+        return None  # the simulator's default: all tokens up to 512, else Tg / 8
+    return _positive_int(v)
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return v
+    return check
+
+
+def _model(v: Any) -> str:
+    from megamoe.reference import MoEConfig
+
+    if not isinstance(v, str):
+        raise ValueError("must be a preset name or a config JSON path")
+    MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+    return v
+
+
+def _system(v: Any) -> str:
+    from megamoe.simulator import load_profile
+
+    if not isinstance(v, str):
+        raise ValueError("must be a profile name or a profile JSON path")
+    load_profile(v)
+    return v
+
+
+def _routing(v: Any) -> str:
+    from megamoe.simulator import parse_routing
+
+    if not isinstance(v, str):
+        raise ValueError("must be a routing string such as skewed:10.9")
+    spec = parse_routing(v)
+    if spec.kind == "trace" and not Path(spec.path).exists():
+        raise ValueError(f"trace file {spec.path!r} does not exist")
+    return v
+
+
+def _placement(v: Any) -> str:
+    from megamoe.simulator.placement import POLICIES
+
+    return _choice(*POLICIES)(v)
+
+
+_SCHEDULES = ("fused", "bulk", "megakernel", "bulk_synchronous", "bulk-synchronous")
+_DTYPES = ("bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One simulate option: how a value is checked, its default (None: the simulator's), help."""
+
+    check: Callable[[Any], Any]
+    default: Any
+    help: str
+
+
+#: Options spelled as on ``megamoe simulate``'s command line. Profile fields are handled apart.
+OPTIONS: dict[str, Option] = {
+    "model": Option(_model, "deepseek-v3", "MoEConfig preset or config JSON path"),
+    "system": Option(_system, "gb200-nvl72", "hardware profile name or JSON path"),
+    "tokens-per-gpu": Option(_positive_int, 4096, "tokens each GPU starts with"),
+    "routing": Option(_routing, "skewed", "uniform | skewed[:R] | zipf:S | hot:F[:N] | trace:FILE | router"),
+    "placement": Option(_placement, "contiguous", "contiguous | round_robin | random | eplb"),
+    "slots": Option(_positive_int, None, "physical expert slots for eplb"),
+    "schedule": Option(_choice(*_SCHEDULES), "fused", "fused | bulk"),
+    "comm-sms": Option(_positive_int, None, "SMs given to communication (default: the profile's megakernel.comm_sms)"),
+    "minibatch": Option(_minibatch, None, "tokens per GPU per minibatch, or \"auto\""),
+    "dtype": Option(_choice(*_DTYPES), "bf16", "weights and dispatched activations"),
+    "weight-dtype": Option(_choice(*_DTYPES), None, "override dtype for the weights"),
+    "dispatch-dtype": Option(_choice(*_DTYPES), None, "override dtype for the dispatch"),
+    "no-shared": Option(_bool, False, "leave the shared expert out"),
+    "seed": Option(_int, 0, "routing and placement seed"),
+    "analytic": Option(_bool, False, "the analytic bound only (no event model)"),
+}
+#: simulate's hardware flags and the profile override they set.
+PROFILE_FLAGS = {"gpus": "gpus", "sms": "sms", "link-bandwidth": "link_bandwidth", "link-latency": "link_latency",
+                 "hbm-bandwidth": "hbm_bandwidth"}
+TABLES = ("fixed", "grid")
+#: Options that decide the workload (routing, placement, per-GPU work): points that agree on them
+#: share one built workload.
+WORKLOAD_OPTIONS = ("model", "tokens-per-gpu", "routing", "placement", "slots", "minibatch", "seed")
+WORKLOAD_PROFILE_KEYS = ("system.num_gpus", "system.num_nodes")
+
+
+def profile_key_path(name: str) -> str | None:
+    """The profile key path an option name sets (``link-bandwidth`` -> ``link.bandwidth_...``), or None."""
+    from megamoe.simulator.hardware import ALIASES, SCHEMA
+
+    name = PROFILE_FLAGS.get(name, name)
+    alias = name.replace("-", "_")
+    if alias in ALIASES:
+        return ALIASES[alias]
+    path = name.replace("__", ".")
+    sec, _, key = path.partition(".")
+    if sec in SCHEMA and key in SCHEMA[sec]:
+        return path
+    return None
+
+
+def _check_value(table: str, name: str, value: Any) -> Any:
+    try:
+        if name in OPTIONS:
+            return OPTIONS[name].check(value)
+        return _number(value)  # a profile field; its range is checked with the whole profile
+    except ValueError as exc:
+        raise SpecError(f"[{table}] {name} = {value!r}: {exc}") from None
+
+
+def _flatten(table: str, d: dict) -> dict[str, Any]:
+    """TOML reads ``link.payload_efficiency = 0.9`` as a nested table; give back the dotted name."""
+    out = {}
+    for name, v in d.items():
+        if isinstance(v, dict):
+            if not _is_section(name):
+                raise SpecError(f"[{table}] {name}: unknown option (only a profile section may be a table)")
+            for key, sub in v.items():
+                if isinstance(sub, dict):
+                    raise SpecError(f"[{table}] {name}.{key}: unknown option")
+                out[f"{name}.{key}"] = sub
+        else:
+            out[name] = v
+    return out
+
+
+def _is_section(name: str) -> bool:
+    from megamoe.simulator.hardware import SCHEMA
+
+    return name in SCHEMA
+
+
+def _known(table: str, name: str) -> None:
+    if name in OPTIONS or profile_key_path(name) is not None:
+        return
+    from megamoe.simulator.hardware import ALIASES
+
+    raise SpecError(f"[{table}] {name}: unknown option; options are {', '.join(OPTIONS)}, "
+                    f"{', '.join(PROFILE_FLAGS)}, or a profile field ({', '.join(sorted(ALIASES))} or section.key)")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration: ``options`` as written in the SPEC (fixed and grid), ``point_id`` its hash."""
+
+    point_id: str
+    options: dict
+
+    def canonical(self) -> dict:
+        return canonical(self.options)
+
+
+def canonical(options: dict) -> dict:
+    """Defaults filled in, profile fields under their key path: two spellings of a point agree."""
+    out: dict[str, Any] = {}
+    for name, opt in OPTIONS.items():
+        v = options.get(name, opt.default)
+        if name == "schedule":
+            v = {"megakernel": "fused"}.get(v, v)
+            v = "bulk" if v.startswith("bulk") else v
+        if v is not None:
+            out[name] = v
+    for name, v in options.items():
+        if name not in OPTIONS:
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            out["profile:" + profile_key_path(name)] = v
+    return out
+
+
+def point_id(options: dict) -> str:
+    text = json.dumps(canonical(options), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A checked SPEC: ``fixed`` {option: value}, ``grid`` {option: [values]} (in SPEC order)."""
+
+    fixed: dict
+    grid: dict
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.fixed, *self.grid]
+
+    def __len__(self) -> int:
+        n = 1
+        for v in self.grid.values():
+            n *= len(v)
+        return n
+
+    def points(self) -> list[Point]:
+        names = list(self.grid)
+        out = []
+        for combo in itertools.product(*(self.grid[n] for n in names)):
+            opts = {**self.fixed, **dict(zip(names, combo))}
+            out.append(Point(point_id(opts), opts))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"fixed": dict(self.fixed), "grid": {k: list(v) for k, v in self.grid.items()}}
+
+
+def parse_spec(data: dict) -> Spec:
+    """Check a SPEC given as a dict ``{"fixed": {...}, "grid": {...}}``."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a SPEC is a table with [fixed] and [grid], got {type(data).__name__}")
+    unknown = [k for k in data if k not in TABLES]
+    if unknown:
+        raise SpecError(f"unknown table [{unknown[0]}]; a SPEC has only {', '.join(f'[{t}]' for t in TABLES)}")
+    for t in TABLES:
+        if not isinstance(data.get(t, {}), dict):
+            raise SpecError(f"[{t}] must be a table of options, got {data[t]!r}")
+    fixed_in = _flatten("fixed", data.get("fixed", {}))
+    grid_in = _flatten("grid", data.get("grid", {}))
+    fixed, grid = {}, {}
+    for name, v in fixed_in.items():
+        _known("fixed", name)
+        if isinstance(v, list):
+            raise SpecError(f"[fixed] {name} = {v!r}: a list belongs in [grid]")
+        fixed[name] = _check_value("fixed", name, v)
+    for name, values in grid_in.items():
+        _known("grid", name)
+        if name in fixed:
+            raise SpecError(f"[grid] {name}: also in [fixed]; give it in one table")
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"[grid] {name} = {values!r}: must be a non-empty list")
+        checked = [_check_value("grid", name, v) for v in values]
+        if len({json.dumps(v) for v in checked}) != len(checked):
+            raise SpecError(f"[grid] {name} = {values!r}: a value is repeated")
+        grid[name] = checked
+    paths: dict[str, str] = {}
+    for name in [*fixed, *grid]:
+        p = profile_key_path(name) if name not in OPTIONS else None
+        if p and p in paths:
+            raise SpecError(f"{name} and {paths[p]} set the same profile field {p}")
+        if p:
+            paths[p] = name
+    spec = Spec(fixed, grid)
+    _check_profiles(spec)
+    return spec
+
+
+def _check_profiles(spec: Spec) -> None:
+    """Every system x profile-override combination of the grid must make a valid profile."""
+    from megamoe.simulator.hardware import ProfileError
+
+    names = ["system", *(n for n in [*spec.fixed, *spec.grid] if n not in OPTIONS)]
+    axes = [spec.grid[n] if n in spec.grid else [spec.fixed.get(n, OPTIONS["system"].default if n == "system" else None)]
+            for n in names]
+    for combo in itertools.product(*axes):
+        opts = dict(zip(names, combo))
+        try:
+            resolve_profile(opts)
+        except ProfileError as exc:
+            shown = ", ".join(f"{k} = {v!r}" for k, v in opts.items())
+            raise SpecError(f"bad profile ({shown}): {exc}") from None
+
+
+def profile_overrides(options: dict) -> dict:
+    """{override name: value} for ``hardware.override`` from a point's profile options."""
+    out = {}
+    for name, v in options.items():
+        if name in OPTIONS:
+            continue
+        path = profile_key_path(name)
+        out[path.replace(".", "__")] = v
+    return out
+
+
+def resolve_profile(options: dict):
+    from megamoe.simulator import load_profile, override
+
+    p = load_profile(options.get("system") or OPTIONS["system"].default)
+    o = profile_overrides(options)
+    return override(p, **o) if o else p
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and check a SPEC TOML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"SPEC {str(path)!r} is not a file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None

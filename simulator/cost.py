@@ -1,0 +1,656 @@
+"""One cost model: from a launch plan, a task plan or rows per expert to seconds on one GPU.
+
+Shape legend: P programs of a launch (or of the persistent kernel), S SMs, o programs resident per
+SM, n programs in flight, BM/BN/BK tile rows/columns/depth, E experts.
+
+Everything that computes a GEMM's (or any kernel's) time in megamoe calls the primitives here; the
+profile (``hardware.Profile``, its ``kernel`` section calibrated by ``megamoe calibrate``) holds every
+number they use:
+
+    o(warps)          = occupancy table of the profile (programs per SM by num_warps)
+    mma(BM, BN, BK)   = per-SM tensor rate of that tile shape (calibrated table, nearest shape,
+                        log-interpolated in depth; without one: peak / S x gemm_efficiency(BM))
+    hbm(n, b)         = aggregate streaming-read rate with n programs in flight reading b bytes
+                        each (calibrated grid, bilinear in log n, log b; without one:
+                        HBM rate x min(1, n / S))
+
+A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
+
+    slots     = S x o                         waves = ceil(P / slots)
+    share     = min(o, ceil(min(P, slots) / S))        (programs sharing one SM's tensor cores)
+    program_g = flops / (mma(tile, rows_g) / share)
+    compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
+    memory    = DRAM bytes / hbm(min(P, slots), DRAM bytes / P)     (DRAM bytes: L2 model of
+                grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated
+    serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
+    time      = launch_gap + max(compute, memory, serial) + waves x task_overhead
+
+A plan of launches is their sum plus the CUDA graph's fixed cost per call.
+
+A task plan of the persistent megakernel (``predict_task_plan``, ``reference.tiles.TaskPlan``): P
+programs take tickets in order (list scheduling over a heap of program-free times); a task starts
+when its program is free and every counter it waits on has reached its target (the time the
+target-th signalling task ended) plus one flag handoff (none when that task ran on the same program). Its duration is the same roofline per
+program: max(flops / (mma / share), DRAM bytes / (hbm(n, b) / n), serial) + task_overhead + ticket,
+with share = P / S programs per SM, n the programs busy when it starts, and DRAM bytes its weight
+slice and gathered rows unless the same weight_id (or row block) was read within the last
+``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
+
+The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
+per expert (tile height adapted to small row counts, a tuned tile width) and call the same
+primitives; ``ffn_roofline_s`` is their lower bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..reference.sizes import dtype_bytes, row_bytes  # noqa: F401 - row_bytes is re-exported
+from .hardware import KernelModel, Profile, load_profile
+
+#: Activation / weight element formats the rack model takes.
+DTYPES = ("bf16", "fp8")
+_CONFIG_DTYPE = {"bfloat16": "bf16", "float16": "bf16", "float32": "bf16", "fp8_e4m3": "fp8"}
+#: tile order of the grouped GEMMs when a plan does not say (Triton's GROUP_M of our configs)
+DEFAULT_GROUP_M = 8
+
+
+def normalize_dtype(name: str) -> str:
+    """'bf16' | 'fp8' from a short or a MoEConfig.weight_dtype name."""
+    if name in DTYPES:
+        return name
+    if name in _CONFIG_DTYPE:
+        return _CONFIG_DTYPE[name]
+    raise ValueError(f"dtype must be one of {DTYPES} (or {sorted(_CONFIG_DTYPE)}), got {name!r}")
+
+
+def compute_dtype(weight_dtype: str, act_dtype: str) -> str:
+    """Tensor-core format: fp8 only when both operands are fp8."""
+    return "fp8" if weight_dtype == "fp8" and act_dtype == "fp8" else "bf16"
+
+
+def transfer_s(num_bytes: float, bandwidth_bytes_per_s: float, latency_s: float = 0.0) -> float:
+    """alpha-beta time of one message: latency + bytes / bandwidth (0 bytes: 0 s)."""
+    return 0.0 if num_bytes <= 0 else latency_s + num_bytes / bandwidth_bytes_per_s
+
+
+# --------------------------------------------------------------------------- primitives
+def _km(profile: Profile) -> KernelModel:
+    if profile.kernel is None:
+        raise ValueError(f"profile {profile.name!r} has no kernel model (load it with hardware.load_profile)")
+    return profile.kernel
+
+
+def gemm_efficiency(rows, curve: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """Fraction of tensor peak at ``rows`` rows per expert: (n,) -> (n,) (piecewise linear in log2)."""
+    xs = np.log2([p[0] for p in curve])
+    ys = np.array([p[1] for p in curve])
+    r = np.log2(np.maximum(np.asarray(rows, dtype=np.float64), 1.0))
+    return np.interp(r, xs, ys)
+
+
+def occupancy(profile: Profile, num_warps: int) -> int:
+    """Programs resident per SM for tiles of ``num_warps`` warps (the profile's table, the entry at
+    the largest warp count <= num_warps)."""
+    occ = _km(profile).occupancy
+    best = occ[0][1]
+    for w, o in occ:
+        if w <= num_warps:
+            best = o
+    return max(1, int(best))
+
+
+def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16"):
+    """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy.
+
+    Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
+    rate interpolated in log2(depth), scaled by the fp8/bf16 peak ratio for fp8. Otherwise the
+    peak per SM x gemm_efficiency read at the tile height BM (launch.py's reading, which matched
+    the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
+    is accepted for a future curve over it and unused today."""
+    km = _km(profile)
+    bm = np.asarray(block_m, dtype=np.float64)
+    if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
+        return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
+    bn = np.asarray(block_n, dtype=np.float64)
+    dp = np.maximum(np.asarray(depth, dtype=np.float64), 1.0)
+    w = np.asarray(num_warps, dtype=np.float64)
+    bm, bn, dp, w = np.broadcast_arrays(bm, bn, dp, w)
+    tab = np.asarray(km.mma)  # (m, 5)
+    shapes = np.unique(tab[:, :3], axis=0)
+    dist = (np.log2(bm[..., None] / shapes[:, 0]) ** 2 + np.log2(bn[..., None] / shapes[:, 1]) ** 2
+            + 0.25 * np.log2(w[..., None] / shapes[:, 2]) ** 2)
+    pick = np.argmin(dist, axis=-1)
+    out = np.empty(bm.shape)
+    for j, sh in enumerate(shapes):
+        m = pick == j
+        if not m.any():
+            continue
+        rows_j = tab[np.all(tab[:, :3] == sh, axis=1)]
+        rows_j = rows_j[np.argsort(rows_j[:, 3])]
+        out[m] = np.interp(np.log2(dp[m]), np.log2(rows_j[:, 3]), rows_j[:, 4])
+    scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
+    return out * scale if out.ndim else float(out) * scale
+
+
+def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
+    """Aggregate streaming-read bytes/s with ``programs_in_flight`` programs each reading
+    ``bytes_per_program`` (arrays broadcast; bilinear in log-log, clamped at the grid's edges)."""
+    km = _km(profile)
+    ns = np.log2(np.asarray(km.hbm_programs))
+    bs = np.log2(np.asarray(km.hbm_bytes))
+    rate = np.asarray(km.hbm_rate)  # (n, m)
+    n = np.log2(np.maximum(np.asarray(programs_in_flight, dtype=np.float64), 1.0))
+    b = np.log2(np.maximum(np.asarray(bytes_per_program, dtype=np.float64), 1.0))
+    n, b = np.broadcast_arrays(n, b)
+    # interpolate along bytes for each programs row, then along programs
+    along_b = np.stack([np.interp(b, bs, rate[i]) for i in range(rate.shape[0])], axis=-1)  # (..., n)
+    if ns.size == 1:
+        out = along_b[..., 0]
+    else:
+        i = np.clip(np.searchsorted(ns, n) - 1, 0, ns.size - 2)
+        f = np.clip((n - ns[i]) / (ns[i + 1] - ns[i]), 0.0, 1.0)
+        lo = np.take_along_axis(along_b, i[..., None], -1)[..., 0]
+        hi = np.take_along_axis(along_b, (i + 1)[..., None], -1)[..., 0]
+        out = lo + f * (hi - lo)
+    return out if out.ndim else float(out)
+
+
+def hbm_peak(profile: Profile) -> float:
+    """The highest streaming-read rate in the profile's table (the floor's rate)."""
+    return float(np.max(_km(profile).hbm_rate))
+
+
+def sm_copy_rate(profile: Profile, copying_sms) -> float:
+    """Bytes/s ONE SM copies when ``copying_sms`` SMs copy together (linear in log2 SMs)."""
+    pts = _km(profile).sm_copy
+    xs = np.log2([p[0] for p in pts])
+    ys = np.array([p[1] for p in pts])
+    return float(np.interp(math.log2(max(copying_sms, 1)), xs, ys))
+
+
+def waves_s(programs, program_s, slots: int) -> float:
+    """Time of groups of ``programs`` (g,) each lasting ``program_s`` (g,) on ``slots`` program
+    slots: max(ceil(total / slots) x mean program time, longest program)."""
+    n = np.atleast_1d(np.asarray(programs, dtype=np.float64))
+    t = np.broadcast_to(np.asarray(program_s, dtype=np.float64), n.shape)
+    total = float(n.sum())
+    if total <= 0:
+        return 0.0
+    mean = float((n * t).sum()) / total
+    return max(math.ceil(total / max(slots, 1)) * mean, float(t[n > 0].max()))
+
+
+def grouped_dram_bytes(blocks_e, tiles_e, a: float, b: float, out: float, group_m: int) -> float:
+    """DRAM bytes of a grouped GEMM in grouped tile order (GROUP_M row blocks sweep the N tiles):
+    the rows a of a row block read once, the weight tile b once per N tile per group, out written
+    once per program. blocks_e (E,) row blocks, tiles_e (E,) programs per expert."""
+    be = np.asarray(blocks_e, dtype=np.float64)
+    te = np.asarray(tiles_e, dtype=np.float64)
+    m = (be > 0) & (te > 0)
+    be, te = be[m], te[m]
+    if be.size == 0:
+        return 0.0
+    n_tiles = te / be
+    total = (be * a * np.minimum(n_tiles, 1.0)).sum()
+    total += (n_tiles * np.ceil(be / max(1, group_m)) * b).sum()
+    total += (te * out).sum()
+    return float(total)
+
+
+# --------------------------------------------------------------------------- launches
+STAGE_KEYS = ("name", "active_programs", "tile", "bytes_per_tile", "flops_per_tile")
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    name: str
+    programs: int
+    compute_us: float
+    memory_us: float
+    launch_us: float
+    serial_us: float = 0.0
+    overhead_us: float = 0.0
+    waves: int = 0
+    occupancy: int = 1
+
+    @property
+    def time_us(self) -> float:
+        return max(self.compute_us, self.memory_us, self.serial_us) + self.launch_us + self.overhead_us
+
+    @property
+    def bound(self) -> str:
+        if self.programs == 0:
+            return "launch"
+        terms = {"compute": self.compute_us, "memory": self.memory_us, "serial": self.serial_us}
+        return max(terms, key=terms.get)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "programs": self.programs, "compute_us": self.compute_us,
+                "memory_us": self.memory_us, "serial_us": self.serial_us, "launch_us": self.launch_us,
+                "overhead_us": self.overhead_us, "waves": self.waves, "occupancy": self.occupancy,
+                "time_us": self.time_us, "bound": self.bound}
+
+
+def dram_bytes(stage: dict) -> float:
+    """DRAM bytes of one launch: the L2 model of grouped tile order where the stage publishes
+    ``operand_bytes_per_tile`` and ``row_blocks_per_expert``, else bytes_per_tile x programs."""
+    P = int(stage["active_programs"])
+    ob, rb = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert")
+    tpe = stage.get("tiles_per_expert")
+    if not ob or rb is None or tpe is None:
+        return P * float(stage["bytes_per_tile"])
+    group = max(1, int(stage["tile"].get("GROUP_M", 1)))
+    return grouped_dram_bytes(rb, tpe, float(ob["a"]), float(ob["b"]), float(ob["out"]), group)
+
+
+def _work_tile(stage: dict) -> tuple[int, int, float]:
+    """(rows, columns, depth) of one program's MMA work."""
+    tile = stage["tile"]
+    wt = stage.get("work_tile")
+    if wt:
+        return int(wt["m"]), int(wt["n"]), float(wt["depth"])
+    bm = int(tile.get("BLOCK_M", tile.get("BLOCK_T", 1)))
+    bn = int(tile.get("BLOCK_N", tile.get("BLOCK_E", 1)))
+    flops = float(stage["flops_per_tile"])
+    return bm, bn, flops / max(2.0 * bm * bn, 1.0)
+
+
+def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> StagePrediction:
+    """One launch's time on one GPU of ``profile`` (module docstring)."""
+    missing = [k for k in STAGE_KEYS if k not in stage]
+    if missing:
+        raise ValueError(f"launch-plan stage {stage.get('name', '?')!r} lacks {missing}; expected keys {STAGE_KEYS}")
+    P = int(stage["active_programs"])
+    if P < 0:
+        raise ValueError(f"stage {stage['name']!r}: active_programs must be >= 0, got {P}")
+    km = _km(profile)
+    S = profile.num_sms
+    launch_us = km.launch_gap_s * 1e6
+    if P == 0:
+        return StagePrediction(stage["name"], 0, 0.0, 0.0, launch_us)
+    tile = stage["tile"]
+    warps = int(tile.get("num_warps", 4))
+    occ = occupancy(profile, warps)
+    slots = S * occ
+    waves = math.ceil(P / slots)
+    flops = float(stage["flops_per_tile"])
+    compute_s = 0.0
+    if flops > 0:
+        bm, bn, depth = _work_tile(stage)
+        tpe, rb = stage.get("tiles_per_expert"), stage.get("row_blocks_per_expert")
+        if tpe is not None and rb is not None and sum(tpe):
+            n_g = np.asarray(tpe, dtype=np.float64)
+            rows_g = np.maximum(np.asarray(rb, dtype=np.float64) * bm, 1.0)
+            keep = n_g > 0
+            n_g, rows_g = n_g[keep], rows_g[keep]
+        else:
+            n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
+        share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=dtype) / share
+        compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
+    dram = dram_bytes(stage)
+    inflight = min(P, slots)
+    memory_s = dram / hbm_rate(profile, inflight, dram / P) if dram > 0 else 0.0
+    if km.l2_bandwidth_bytes_per_s > 0:
+        hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
+        memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
+    steps = stage.get("serial_steps") or {}
+    serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
+                        + float(steps.get("reduce", 0)) * km.serial_reduce_step_s)
+    return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
+                           waves * km.task_overhead_s * 1e6, waves, occ)
+
+
+def resolve_profile(system: str | Profile, overrides: dict | None = None) -> Profile:
+    from .hardware import override
+
+    p = load_profile(system) if not isinstance(system, Profile) else system
+    return override(p, **overrides) if overrides else p
+
+
+def predict_launch_plan(stages: list[dict], system: str | Profile = "h200", *, dtype: str = "bf16",
+                        overrides: dict | None = None, calls_per_graph: int = 1) -> dict:
+    """Every launch of a plan, in order.  -> {"time_us", "stages": [...], "fixed_us", "system"}.
+
+    ``overrides``: ``hardware.override`` fields (e.g. the rates measured in the same run).
+    ``calls_per_graph``: layers per CUDA-graph replay the measurement divides by (the graph's fixed
+    cost is shared among them).
+    """
+    p = resolve_profile(system, overrides)
+    preds = [predict_stage(s, p, dtype=dtype) for s in stages]
+    fixed_us = _km(p).graph_fixed_s * 1e6 / max(1, calls_per_graph) if stages else 0.0
+    return {"time_us": sum(s.time_us for s in preds) + fixed_us, "fixed_us": fixed_us,
+            "stages": [s.to_dict() for s in preds], "system": p.name}
+
+
+# --------------------------------------------------------------------------- grouped GEMMs of the rack model
+def tile_widths(profile: Profile) -> tuple[int, ...]:
+    """Tile widths a tuned kernel may pick: the profile's, and half of it if that is >= 64."""
+    return (profile.tile_n, profile.tile_n // 2) if profile.tile_n // 2 >= 64 else (profile.tile_n,)
+
+
+def tile_rows(rows, profile: Profile) -> np.ndarray:
+    """(n,) tile height per expert: the next power of two >= rows, within [min_tile_m, tile_m]."""
+    r = np.maximum(np.asarray(rows, dtype=np.int64), 1)
+    p2 = 1 << np.ceil(np.log2(r)).astype(np.int64)
+    return np.clip(p2, profile.min_tile_m, profile.tile_m)
+
+
+def _warps(tm) -> np.ndarray:
+    """num_warps the rack model assumes for a tile height (8 for 128-row tiles, 4 below)."""
+    return np.where(np.asarray(tm) >= 128, 8, 4)
+
+
+@dataclass(frozen=True)
+class GemmCost:
+    """Cost of GEMM work on one GPU.  Times in s, FLOPs useful (no padding), bytes of HBM traffic."""
+
+    time_s: float
+    compute_s: float
+    hbm_s: float
+    flops: float
+    padded_flops: float
+    hbm_bytes: float
+    tiles: int
+
+    def __add__(self, other: GemmCost) -> GemmCost:
+        return GemmCost(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple:
+        return (self.time_s, self.compute_s, self.hbm_s, self.flops, self.padded_flops, self.hbm_bytes, self.tiles)
+
+
+ZERO_COST = GemmCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+
+
+def stage_cost(rows, n_cols: int, k_dim: int, *, profile: Profile, num_sms: int, peak_flops_per_s: float,
+               weight_bytes_per_elem: float, in_row_bytes: float, out_row_bytes: float,
+               read_weights: bool = True, hbm_bytes_per_s: float | None = None) -> GemmCost:
+    """One grouped-GEMM stage on ``num_sms`` SMs: rows (n,) per expert, [M_e, k_dim] x [k_dim, n_cols].
+
+    The launch the rack model assumes: tiles of tile_rows(M_e) x tn (tn the faster of the tuned
+    widths), occupancy by warps, waves over the slots, the per-SM rate ``mma_rate_per_sm`` (scaled
+    to ``peak_flops_per_s``), DRAM bytes of grouped tile order, and the HBM rate of the programs in
+    flight (``hbm_bytes_per_s`` caps it, for jobs sharing HBM with copies)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[rows > 0]
+    if rows.size == 0:
+        return ZERO_COST
+    tm = tile_rows(rows, profile)  # (n,)
+    warps = _warps(tm)
+    occ = np.array([occupancy(profile, int(w)) for w in warps])
+    bf16 = profile.tensor_flops_per_s["bf16"]
+    best = None
+    for tn in tile_widths(profile):  # a tuned kernel picks the tile width that finishes first
+        blocks = -(-rows // tm)
+        tiles = blocks * (-(-n_cols // tn))  # (n,)
+        slots = num_sms * int(occ.min())
+        share = np.minimum(occ, math.ceil(min(int(tiles.sum()), slots) / num_sms))
+        rate = mma_rate_per_sm(profile, tm, tn, k_dim, warps, rows) * (peak_flops_per_s / bf16) / share
+        tile_s = 2.0 * tm * tn * k_dim / rate  # (n,)
+        compute_s = waves_s(tiles, tile_s, slots)
+        if best is None or compute_s < best[0]:
+            best = (compute_s, tn, blocks, tiles, slots)
+    compute_s, tn, blocks, tiles, slots = best
+    total_tiles = int(tiles.sum())
+    padded = 2.0 * float((tiles * tm).sum()) * tn * k_dim
+    acts = float(rows.sum()) * (in_row_bytes + out_row_bytes)
+    weights = float(rows.size) * n_cols * k_dim * weight_bytes_per_elem if read_weights else 0.0
+    regroup = 0.0
+    if read_weights:  # grouped tile order re-reads a weight tile once per group of row blocks
+        w_tile = tn * k_dim * weight_bytes_per_elem
+        regroup = grouped_dram_bytes(blocks, tiles, 0.0, w_tile, 0.0, DEFAULT_GROUP_M) - weights
+        regroup = max(0.0, regroup)
+    hbm_bytes = weights + regroup + acts
+    inflight = min(total_tiles, slots)
+    rate = hbm_rate(profile, inflight, hbm_bytes / total_tiles)
+    if hbm_bytes_per_s is not None:
+        rate = hbm_bytes_per_s * rate / hbm_peak(profile)
+    hbm_s = hbm_bytes / rate
+    flops = 2.0 * float(rows.sum()) * n_cols * k_dim
+    return GemmCost(max(compute_s, hbm_s), compute_s, hbm_s, flops, padded, hbm_bytes, total_tiles)
+
+
+def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, weight_dtype: str,
+             act_dtype: str, read_weights: bool = True, hbm_bytes_per_s: float | None = None,
+             stage_sync_s: float = 0.0) -> GemmCost:
+    """Gated expert FFN on one GPU: gate/up [H -> 2I], SiLU*up fused, down [I -> H].
+
+    rows: (n,) rows per expert (0 = untouched, no weights read). The input rows are in
+    ``act_dtype``, the intermediate too (fp8 re-quantized, as DeepSeek does), the output bf16.
+    ``stage_sync_s`` is paid once between the two stages if any row exists.
+    """
+    wb = float(dtype_bytes(weight_dtype))
+    peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
+    kw = dict(profile=profile, num_sms=num_sms, peak_flops_per_s=peak, weight_bytes_per_elem=wb,
+              read_weights=read_weights, hbm_bytes_per_s=hbm_bytes_per_s)
+    s1 = stage_cost(rows, 2 * width, hidden, in_row_bytes=row_bytes(hidden, act_dtype),
+                    out_row_bytes=row_bytes(width, act_dtype), **kw)
+    s2 = stage_cost(rows, hidden, width, in_row_bytes=row_bytes(width, act_dtype),
+                    out_row_bytes=row_bytes(hidden, "bf16"), **kw)
+    total = s1 + s2
+    if total.tiles and stage_sync_s:
+        total = GemmCost(total.time_s + stage_sync_s, *total.astuple()[1:])
+    return total
+
+
+def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str, act_dtype: str) -> float:
+    """Lower bound of ``ffn_cost`` on the whole GPU: useful FLOPs at the best per-SM rate any of the
+    rack model's tiles gets, weights read once, at the highest HBM rate of the profile."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[rows > 0]
+    if rows.size == 0:
+        return 0.0
+    wb = float(dtype_bytes(weight_dtype))
+    peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
+    scale = peak / profile.tensor_flops_per_s["bf16"]
+    tm = tile_rows(rows, profile)
+    rate = np.zeros(rows.size)
+    for tn in tile_widths(profile):
+        for k in (hidden, width):
+            rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows) * scale)
+    flops_e = 2.0 * rows * 3.0 * hidden * width
+    compute_s = float((flops_e / (profile.num_sms * rate)).sum())
+    weights = rows.size * 3.0 * hidden * width * wb
+    acts = float(rows.sum()) * (row_bytes(hidden, act_dtype) + 2 * row_bytes(width, act_dtype) + row_bytes(hidden, "bf16"))
+    return max(compute_s, (weights + acts) / hbm_peak(profile))
+
+
+# --------------------------------------------------------------------------- the megakernel's task plan
+_PLAN_ARRAYS = ("kind", "expert", "block", "rows", "tile_m", "tile_n", "depth", "weight_bytes", "in_bytes",
+                "out_bytes", "flops", "weight_id", "signal", "wait_ptr", "wait_counter", "wait_target",
+                "counter_target", "counts")
+#: serial per-task work of the router and align kinds (assumption: one dependent load step per
+#: BLOCK_H of the reduction, one row reduction per top-k pass / scanned chunk / scattered slot)
+SERIAL_KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter")
+
+
+def _plan_arrays(plan) -> dict:
+    if isinstance(plan, dict):
+        d = {k: np.asarray(plan[k]) for k in _PLAN_ARRAYS}
+        d.update(kinds=list(plan["kinds"]), tiles=plan["tiles"], num_programs=int(plan["num_programs"]),
+                 num_tokens=int(plan["num_tokens"]))
+        return d
+    from ..reference.tiles import KINDS
+
+    d = {k: np.asarray(getattr(plan, k)) for k in _PLAN_ARRAYS}
+    d.update(kinds=list(KINDS), tiles=plan.tiles, num_programs=int(plan.num_programs),
+             num_tokens=int(plan.num_tokens))
+    return d
+
+
+def _l2_hits(keys: np.ndarray, stream_bytes: np.ndarray, window: float) -> np.ndarray:
+    """(n,) bool: task i's operand with key keys[i] (-1: none) was read by an earlier ticket with
+    the same key, fewer than ``window`` bytes of ``stream_bytes`` (in ticket order) ago."""
+    n = keys.size
+    hit = np.zeros(n, bool)
+    valid = keys >= 0
+    if not valid.any() or window <= 0:
+        return hit
+    cum = np.cumsum(stream_bytes)
+    idx = np.nonzero(valid)[0]
+    order = idx[np.lexsort((idx, keys[idx]))]  # by key, then ticket
+    same = keys[order][1:] == keys[order][:-1]
+    cur, prev = order[1:][same], order[:-1][same]
+    hit[cur] = (cum[cur] - stream_bytes[cur] - cum[prev]) < window
+    return hit
+
+
+def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
+               dtype: str = "bf16") -> dict:
+    """Per-task cost terms of a task plan (vectorized): compute_s, dram bytes, the HBM rate at P
+    programs in flight, serial_s, fixed_s, and the L2 hits. See ``predict_task_plan``."""
+    p = load_profile(profile) if not isinstance(profile, Profile) else profile
+    km = _km(p)
+    a = _plan_arrays(plan)
+    kinds = a["kinds"]
+    P = int(num_programs or a["num_programs"])
+    if P < 1:
+        raise ValueError(f"num_programs must be >= 1, got {P}")
+    S = p.num_sms
+    resident = min(P, S * occupancy(p, num_warps))
+    share = max(1.0, resident / S)
+    kind = a["kind"].astype(np.int64)
+    n = kind.size
+    counts = a["counts"].astype(np.int64)
+    expert = a["expert"].astype(np.int64)
+    rows_e = np.where(expert >= 0, counts[np.clip(expert, 0, max(counts.size - 1, 0))] if counts.size else 1,
+                      np.maximum(a["num_tokens"], 1))
+    flops = a["flops"].astype(np.float64)
+    rate = mma_rate_per_sm(p, np.maximum(a["tile_m"], 1), np.maximum(a["tile_n"], 1), np.maximum(a["depth"], 1),
+                           num_warps, np.maximum(rows_e, 1), dtype=dtype) / share
+    compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
+    window = km.l2_resident_fraction * p.l2_bytes
+    wb = a["weight_bytes"].astype(np.float64)
+    ib = a["in_bytes"].astype(np.float64)
+    w_hit = _l2_hits(a["weight_id"].astype(np.int64), wb, window)
+    gemm = np.isin(kind, [kinds.index(k) for k in ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2")])
+    row_key = np.where(gemm, kind * (1 << 40) + a["block"].astype(np.int64), -1)
+    i_hit = _l2_hits(row_key, ib, window)
+    dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)
+    l2 = np.where(w_hit, wb, 0.0) + np.where(i_hit, ib, 0.0)
+    rate_P = np.asarray(hbm_rate(p, resident, np.maximum(dram, 1.0)), dtype=np.float64)
+    mem_P = dram * resident / rate_P  # one task's memory time with `resident` programs streaming
+    if km.l2_bandwidth_bytes_per_s > 0:
+        mem_P = np.maximum(mem_P, l2 * resident / km.l2_bandwidth_bytes_per_s)
+    serial_s = np.zeros(n)
+    r = a["tiles"]["router"]
+    K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
+    for k in SERIAL_KINDS:
+        m = kind == kinds.index(k)
+        if not m.any():
+            continue
+        if k in ("router_logits", "router_topk"):
+            steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
+            serial_s[m] = steps * km.serial_load_step_s + (K if k == "router_topk" else 0) * km.serial_reduce_step_s
+        elif k == "align_scan":
+            serial_s[m] = (math.ceil(max(1, a["num_tokens"]) / r["BLOCK_T"]) + 2) * km.serial_reduce_step_s
+        else:
+            serial_s[m] = K * km.serial_reduce_step_s
+    # the busy-programs correction of the memory term: mem(n) = mem_P x h[n]
+    b_med = float(np.median(dram[dram > 0])) if (dram > 0).any() else 1.0
+    nn = np.arange(1, resident + 1, dtype=np.float64)
+    h = (nn / resident) * hbm_rate(p, resident, b_med) / np.asarray(hbm_rate(p, nn, b_med), dtype=np.float64)
+    return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
+            "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
+            "programs": P, "resident": resident, "arrays": a}
+
+
+def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
+                      num_warps: int = 4, dtype: str = "bf16", calls_per_graph: int = 1,
+                      overrides: dict | None = None) -> dict:
+    """The persistent megakernel's time for a task plan (``reference.tiles.TaskPlan`` or its
+    ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
+
+    Returns {"time_us", "makespan_us", "launch_us", "fixed_us", "programs", "resident_programs",
+    "tasks", "busy_us": {kind: program-us}, "critical_path_us": {kind or "handoff": us},
+    "bound_tasks": {kind: {"compute", "memory", "serial": tasks}}, "dram_bytes", "l2_hit_bytes",
+    "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
+    tasks (and handoffs) that ends last, so its terms sum to the makespan.
+    """
+    p = resolve_profile(profile, overrides)
+    km = _km(p)
+    c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype)
+    a = c["arrays"]
+    kind, kinds = c["kind"], c["kinds"]
+    n = kind.size
+    R = c["resident"]
+    comp, memP, ser, h = c["compute_s"], c["memory_P_s"], c["serial_s"], c["h"]
+    fixed = c["fixed_s"]
+    handoff = km.flag_handoff_s
+    wptr = a["wait_ptr"].astype(np.int64).tolist()
+    wc = a["wait_counter"].astype(np.int64).tolist()
+    wt = a["wait_target"].astype(np.int64).tolist()
+    sig = a["signal"].astype(np.int64).tolist()
+    ncount = int(a["counter_target"].size)
+    finishes: list[list] = [[] for _ in range(ncount)]
+    reached: dict = {}
+    comp_l, memP_l, ser_l, h_l = comp.tolist(), memP.tolist(), ser.tolist(), h.tolist()
+    start = [0.0] * n
+    end = [0.0] * n
+    pred = [-1] * n  # the task whose end decided this one's start (-1: the launch)
+    prog = [0] * n  # the program that ran each task
+    by_wait = [False] * n
+    heap = [(0.0, q, -1) for q in range(R)]  # (free time, program, last task)
+    free_sorted = [0.0] * R
+    for i in range(n):
+        t_free, q, last = heapq.heappop(heap)
+        del free_sorted[bisect.bisect_left(free_sorted, t_free)]
+        ready, crit = 0.0, -1
+        for j in range(wptr[i], wptr[i + 1]):
+            key = (wc[j], wt[j])
+            got = reached.get(key)
+            if got is None:
+                fs = finishes[wc[j]]
+                if len(fs) < wt[j]:
+                    raise ValueError(f"task {i} waits for counter {wc[j]} = {wt[j]} but only {len(fs)} earlier "
+                                     "tasks signal it: not a valid ticket order")
+                got = sorted(fs)[wt[j] - 1] if wt[j] > 0 else (0.0, -1)
+                reached[key] = got
+            hand = 0.0 if got[1] < 0 or prog[got[1]] == q else handoff  # own signal: no handoff
+            if got[0] + hand > ready:
+                ready, crit = got[0] + hand, got[1]
+        if ready > t_free:
+            s0, pred[i], by_wait[i] = ready, crit, True
+        else:
+            s0, pred[i] = t_free, last
+        busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
+        dur = max(comp_l[i], memP_l[i] * h_l[min(busy, R - 1)], ser_l[i]) + fixed
+        e = s0 + dur
+        start[i], end[i], prog[i] = s0, e, q
+        s = sig[i]
+        if s >= 0:
+            finishes[s].append((e, i))
+        heapq.heappush(heap, (e, q, i))
+        bisect.insort(free_sorted, e)
+    start_a, end_a = np.asarray(start), np.asarray(end)
+    dur_a = end_a - start_a
+    busy_us = {k: float(dur_a[kind == j].sum() * 1e6) for j, k in enumerate(kinds)}
+    crit_us = {k: 0.0 for k in kinds}
+    crit_us["handoff"] = 0.0
+    makespan = float(end_a.max()) if n else 0.0
+    i = int(np.argmax(end_a)) if n else -1
+    while i >= 0:
+        crit_us[kinds[kind[i]]] += float(dur_a[i]) * 1e6
+        j = pred[i]
+        gap = start_a[i] - (end_a[j] if j >= 0 else 0.0)
+        if gap > 0:
+            crit_us["handoff" if by_wait[i] else kinds[kind[i]]] += float(gap) * 1e6
+        i = j
+    mem_eff = memP * h[-1] if n else memP
+    which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
+    bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
+             for j, k in enumerate(kinds) if (kind == j).any()}
+    launch_us = km.launch_gap_s * 1e6
+    fixed_us = km.graph_fixed_s * 1e6 / max(1, calls_per_graph)
+    return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6,
+            "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": R,
+            "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
+            "dram_bytes": float(c["dram_bytes"].sum()), "l2_hit_bytes": float(c["l2_bytes"].sum()),
+            "system": p.name}

@@ -1,0 +1,153 @@
+"""The one cost model (simulator/cost.py): properties of the launch and task-plan predictions.
+
+Expected values come from hand-worked cases and from properties any sane model has (monotone in
+bytes, never below its roofline, dependent tasks serialise), never from the code under test.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from megamoe.reference import MoEConfig
+from megamoe.reference.tiles import task_plan
+from megamoe.simulator import load_profile
+from megamoe.simulator.cost import (
+    ffn_cost,
+    ffn_roofline_s,
+    hbm_rate,
+    mma_rate_per_sm,
+    predict_stage,
+    predict_task_plan,
+    task_costs,
+)
+from megamoe.simulator.hardware import ProfileError, validate
+
+TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 64, "SPLIT": 2}, "gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64},
+         "gemm2": {"BLOCK_N": 64, "BLOCK_K": 64}, "shared": {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_N2": 64, "BLOCK_K": 64},
+         "combine": {"BLOCK_T": 4, "BLOCK_H": 256}, "order": {"GROUP_M": 4}}
+CFG = MoEConfig.preset("qwen3-30b-a3b").replace(hidden_size=512, intermediate_size=256, num_experts=16, top_k=4)
+
+
+def _plan(T=40, P=8, counts=None, cfg=CFG):
+    counts = np.bincount(np.arange(T * cfg.top_k) % cfg.num_experts, minlength=cfg.num_experts) if counts is None else counts
+    return task_plan(cfg, counts, T, TILES, num_programs=P)
+
+
+def _calibrated(**km):
+    """h200 with a tiny kernel_model section (as megamoe calibrate writes one)."""
+    d = copy.deepcopy(load_profile("h200").to_dict())
+    src = "test"
+    d["kernel_model"] = {
+        "hbm_read": {"unit": "bytes/s", "over": ["programs_in_flight", "bytes_per_program"], "source": src,
+                     "points": [[1, 1e4, 1e9], [1, 1e7, 2e10], [132, 1e4, 1e12], [132, 1e7, 4e12]]},
+        "mma": {"unit": "flop/s per SM", "over": ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], "source": src,
+                "points": [[16, 64, 4, 256, 1e12], [16, 64, 4, 4096, 2e12], [128, 128, 8, 4096, 5e12]]},
+        "flag_handoff_s": {"value": 6e-7, "unit": "s", "source": src},
+        **km,
+    }
+    return validate(d, "test profile")
+
+
+def test_calibrated_section_loads_and_bad_one_is_named():
+    p = _calibrated()
+    assert p.kernel.calibrated and p.kernel.flag_handoff_s == 6e-7
+    assert not load_profile("gb200-nvl72").kernel.calibrated  # rack profiles: derived defaults
+    d = copy.deepcopy(p.to_dict())
+    d["kernel_model"]["mma"]["points"][0] = [16, 64, 4]
+    with pytest.raises(ProfileError, match=r"kernel_model.mma.points\[0\] must be 5 positive numbers"):
+        validate(d)
+    d = copy.deepcopy(p.to_dict())
+    d["kernel_model"]["hbm_read"]["points"].pop()
+    with pytest.raises(ProfileError, match="must fill a grid"):
+        validate(d)
+
+
+def test_curves_interpolate_between_their_points():
+    p = _calibrated()
+    assert hbm_rate(p, 132, 1e7) == pytest.approx(4e12)
+    assert 1e12 < hbm_rate(p, 132, 1e5) < 4e12  # between the bytes points
+    assert hbm_rate(p, 5000, 1e9) == pytest.approx(4e12)  # clamped at the grid's edge
+    assert mma_rate_per_sm(p, 16, 64, 256, 4) == pytest.approx(1e12)
+    assert mma_rate_per_sm(p, 16, 64, 1024, 4) == pytest.approx(1.5e12)  # half way in log2(depth)
+    assert mma_rate_per_sm(p, 128, 256, 4096, 8) == pytest.approx(5e12)  # nearest shape
+
+
+@pytest.mark.parametrize("profile", ["h200", "calibrated"])
+def test_launch_is_monotone_in_bytes_and_flops(profile):
+    p = load_profile("h200") if profile == "h200" else _calibrated()
+    base = dict(name="g", active_programs=200, tile=dict(BLOCK_M=16, num_warps=4), bytes_per_tile=1e5,
+                flops_per_tile=2 * 16 * 64 * 1024)
+    t = [predict_stage(dict(base, bytes_per_tile=b), p).time_us for b in (1e4, 1e5, 1e6, 1e7)]
+    assert t == sorted(t) and t[-1] > t[0]
+    f = [predict_stage(dict(base, flops_per_tile=x), p).time_us for x in (1e6, 1e8, 1e10)]
+    assert f == sorted(f) and f[-1] > f[0]
+
+
+@pytest.mark.parametrize("rows", [[1], [8] * 8, [300, 5, 0, 9000], [4096] * 4])
+def test_rack_ffn_never_below_its_roofline(rows):
+    for p in (load_profile("h200"), _calibrated(), load_profile("gb200-nvl72")):
+        c = ffn_cost(rows, 2048, 768, profile=p, num_sms=p.num_sms, weight_dtype="bf16", act_dtype="bf16")
+        assert c.time_s >= ffn_roofline_s(rows, 2048, 768, profile=p, weight_dtype="bf16", act_dtype="bf16") * (1 - 1e-12)
+
+
+def test_one_program_takes_the_sum_of_task_times():
+    plan = _plan(P=1)
+    p = load_profile("h200")
+    r = predict_task_plan(plan, p, num_programs=1)
+    c = task_costs(plan, p, num_programs=1)
+    # one program: every task runs alone (h[0]: no other program streams) and never waits on another
+    dur = np.maximum.reduce([c["compute_s"], c["memory_P_s"] * c["h"][0], c["serial_s"]]) + c["fixed_s"]
+    assert r["makespan_us"] == pytest.approx(dur.sum() * 1e6)
+    assert sum(r["busy_us"].values()) == pytest.approx(r["makespan_us"])
+    assert r["critical_path_us"]["handoff"] == 0.0
+
+
+def test_more_programs_never_slower_than_one_and_critical_path_sums_to_makespan():
+    p = load_profile("h200")
+    one = predict_task_plan(_plan(P=1), p)
+    many = predict_task_plan(_plan(P=64), p)
+    assert many["makespan_us"] < one["makespan_us"]
+    assert sum(many["critical_path_us"].values()) == pytest.approx(many["makespan_us"])
+
+
+def test_dependent_chain_serialises():
+    """GEMM 2 of a row block waits for all its GEMM 1 tiles, the combine for every GEMM 2 tile: with
+    ample programs the makespan is at least the chain router -> gemm1 -> gemm2 -> combine, plus a
+    handoff at each wait."""
+    p = load_profile("h200")
+    plan = _plan(T=4, P=512)
+    r = predict_task_plan(plan, p)
+    c = task_costs(plan, p, num_programs=512)
+    kinds = c["kinds"]
+    dur = np.maximum.reduce([c["compute_s"], c["memory_P_s"] * c["h"].min(), c["serial_s"]]) + c["fixed_s"]
+    chain = sum(float(np.min(dur[c["kind"] == kinds.index(k)])) for k in ("router_topk", "gemm1", "gemm2", "combine"))
+    assert r["makespan_us"] >= (chain + 3 * p.kernel.flag_handoff_s) * 1e6 * (1 - 1e-9)
+    assert r["critical_path_us"]["handoff"] > 0
+
+
+def test_task_plan_monotone_in_bytes_and_l2_hits_help():
+    p = load_profile("h200")
+    plan = _plan(P=16)
+    d = plan.to_dict()
+    base = predict_task_plan(d, p)["time_us"]
+    d2 = dict(d, weight_bytes=[w * 4 for w in d["weight_bytes"]])
+    assert predict_task_plan(d2, p)["time_us"] > base
+    # no repeated weight ids: every weight read goes to DRAM
+    d3 = dict(d, weight_id=list(range(len(d["weight_id"]))))
+    r3 = predict_task_plan(d3, p)
+    assert r3["l2_hit_bytes"] <= predict_task_plan(d, p)["l2_hit_bytes"]
+    assert r3["time_us"] >= base * (1 - 1e-12)
+
+
+def test_task_plan_is_fast_enough_for_a_large_layer():
+    cfg = MoEConfig.preset("deepseek-v3")
+    T = 4096
+    counts = np.bincount(np.arange(T * cfg.top_k) % cfg.num_experts, minlength=cfg.num_experts)
+    tiles = dict(TILES, gemm1={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, gemm2={"BLOCK_N": 64, "BLOCK_K": 64})
+    plan = task_plan(cfg, counts, T, tiles, num_programs=264)
+    assert plan.num_tasks > 50_000  # a real-size plan; the run itself must just finish (no timing asserted)
+    r = predict_task_plan(plan, "h200")
+    assert r["tasks"] == plan.num_tasks and r["time_us"] > 0

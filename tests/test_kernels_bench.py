@@ -1,0 +1,122 @@
+"""kernels/bench.py without timing anything: the PyTorch baseline behind the "x PyTorch" column
+against the float64 reference, the provenance rows record, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
+from megamoe.reference import moe_forward as ref_forward
+
+BASE = dict(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)  # rows of 16-byte multiples
+#: name -> (config fields, why): every router family and both activations the baseline implements
+CASES = {
+    "softmax_topk": (dict(), "Mixtral/Qwen: softmax, top-k, renormalized"),
+    "softmax_topk_shared_gate": (
+        dict(norm_topk_prob=False, num_shared_experts=1, shared_intermediate_size=28, shared_expert_gate=True),
+        "Qwen2-MoE: unnormalized, gated shared MLP"),
+    "topk_softmax_swiglu": (
+        dict(router="topk_softmax", router_bias=True, activation="clamped_swiglu", expert_bias=True,
+             swiglu_limit=1.5), "gpt-oss: router bias, clamped swiglu that clamps, expert biases"),
+    "sigmoid_grouped": (
+        dict(num_experts=8, router="sigmoid_grouped_topk", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+             score_bias=True, num_shared_experts=1, shared_intermediate_size=20),
+        "DeepSeek-V3: sigmoid, bias, group mask, scaling, shared MLP"),
+    "sigmoid_top1_input": (
+        dict(router="sigmoid_top1_input", top_k=1, num_shared_experts=1, shared_intermediate_size=24),
+        "Llama 4: the weight scales the expert input"),
+}
+
+
+def _grouped_mm_works(device) -> bool:
+    try:
+        a = torch.zeros(4, 8, device=device.name, dtype=device.torch_dtype())
+        b = torch.zeros(2, 8, 8, device=device.name, dtype=device.torch_dtype()).transpose(1, 2)
+        torch._grouped_mm(a, b, offs=torch.tensor([2, 4], device=device.name, dtype=torch.int32))
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_baseline_matches_reference(case, rng, device):
+    """torch_route + torch_moe (the "x PyTorch" column's pipeline) compute the reference's layer."""
+    from megamoe.kernels.bench import torch_moe, torch_route
+    from megamoe.reference import route
+
+    if not _grouped_mm_works(device):
+        pytest.skip(f"torch._grouped_mm does not run on {device.name} in {device.dtype} here")
+    cfg = MoEConfig(**{**BASE, **CASES[case][0]})
+    w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
+    x = rng.standard_normal((13, cfg.hidden_size))
+    dt = device.dtype
+    wt = w.to_torch(device.name, device.torch_dtype())
+    xt = device.tensor(x)
+    tw, ti = torch_route(xt, wt, cfg)
+    wr = w.round_to(dt)
+    r = route(round_to_dtype(x, dt), wr.router_weight, cfg, router_bias=wr.router_bias, score_bias=wr.score_bias)
+    if device.name == "cpu":  # float32: the selection is the reference's exactly
+        np.testing.assert_array_equal(np.sort(ti.cpu().numpy(), axis=1), np.sort(r.topk_idx, axis=1))
+    y = torch_moe(xt, wt, cfg)
+    assert_close(y.cpu(), ref_forward(round_to_dtype(x, dt), wr, cfg), dt, f"torch baseline {case}")
+
+
+# --------------------------------------------------------------------------- provenance
+def test_git_state_is_a_commit_that_exists():
+    from megamoe.kernels.bench import REPO, git_state
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    s = git_state()
+    assert re.fullmatch(r"[0-9a-f]{40}", s["commit"])
+    assert subprocess.run(["git", "cat-file", "-e", f"{s['commit']}^{{commit}}"], cwd=REPO).returncode == 0
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=REPO, capture_output=True).stdout
+    assert s["dirty"] == bool(diff)
+    assert (s["diff_sha256"] is None) == (not diff)
+
+
+def test_git_state_outside_a_checkout(tmp_path, monkeypatch):
+    """A copied tree (the GPU machines): the commit comes from MEGAMOE_COMMIT, which must be a commit id."""
+    from megamoe.kernels.bench import ProvenanceError, git_state
+
+    monkeypatch.delenv("MEGAMOE_COMMIT", raising=False)
+    assert git_state(tmp_path) == {"commit": "unknown", "dirty": None, "diff_sha256": None}
+    monkeypatch.setenv("MEGAMOE_COMMIT", "bd5693b+final")
+    with pytest.raises(ProvenanceError, match=r"'bd5693b\+final' is not a commit id"):
+        git_state(tmp_path)
+    monkeypatch.setenv("MEGAMOE_COMMIT", "8e7f517")
+    monkeypatch.setenv("MEGAMOE_DIRTY", "1")
+    monkeypatch.setenv("MEGAMOE_DIFF_SHA256", "ab" * 32)
+    assert git_state(tmp_path) == {"commit": "8e7f517", "dirty": True, "diff_sha256": "ab" * 32}
+
+
+# --------------------------------------------------------------------------- CLI
+def test_bench_without_torch_says_so(monkeypatch, capsys):
+    import sys
+
+    from megamoe.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    assert main(["bench", "--presets", "mixtral-8x7b", "--tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "megamoe bench: needs torch and triton on a CUDA GPU" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--presets", "gpt-5"], "unknown preset(s) ['gpt-5']"),
+    (["--tokens", "1,x"], "--tokens must be comma-separated whole numbers"),
+    (["--tokens", "0"], "--tokens must list token counts >= 1"),
+    (["--reps", "0"], "--reps must be >= 1"),
+])
+def test_bench_bad_options(argv, match, capsys):
+    from megamoe.cli import main
+
+    assert main(["bench", *argv]) == 2
+    assert match in capsys.readouterr().err
+

@@ -1,0 +1,139 @@
+"""The megakernel (one persistent launch) against its task plan and the float64 reference.
+
+Under the interpreter the launch's programs run one after another: program 0 takes every ticket in
+plan order and the others find none left, so these tests also check that the plan's order alone
+finishes the layer (no task waits on a later one) and that the last program out resets the sync
+words. Numerics of every router family are in test_kernels_moe.py (both backends)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe.reference import MoEConfig, assert_close, moe_forward, random_weights, round_to_dtype
+from megamoe.reference.tiles import KINDS, task_layout, task_plan
+
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                       reason="interpreter tests need TRITON_INTERPRET=1 (set automatically without a GPU)"),
+]
+
+BASE = dict(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
+#: name -> (config fields, T, why)
+CASES = {
+    "one_chunk": (dict(num_shared_experts=1, shared_intermediate_size=20, shared_expert_gate=True), 5,
+                  "T <= 16: the top-k task aligns too; gated shared MLP"),
+    "two_chunks": (dict(router="sigmoid_grouped_topk", num_experts=8, n_group=4, topk_group=2, score_bias=True,
+                        num_shared_experts=1, shared_intermediate_size=20), 37,
+                   "C = 2: scan and scatter tasks; grouped router; shared MLP overlapping the router"),
+    "top1_input": (dict(router="sigmoid_top1_input", top_k=1), 23, "K = 1, routing weight on the input"),
+}
+
+
+def _cpu(cfg, T, rng, *, router_zero=False):
+    w = random_weights(cfg, seed=int(rng.integers(1 << 30)))
+    if router_zero:  # every logit ties: every token picks experts 0..K-1
+        w = type(w)(**{**w.arrays(), "router_weight": np.zeros_like(w.router_weight)})
+    x = rng.standard_normal((T, cfg.hidden_size))
+    return x, w
+
+
+def _mk(cfg, x, w, **kw):
+    from megamoe.kernels.megakernel import megakernel_forward
+
+    return megakernel_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, **kw)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_runs_the_plan(case, rng):
+    """Tasks the kernel ran, per kind and per expert, equal reference.tiles.task_plan's."""
+    from megamoe.kernels.megakernel import megakernel_config
+
+    fields, T, _why = CASES[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    x, w = _cpu(cfg, T, rng)
+    y, ran = _mk(cfg, x, w, record=True)
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", case)
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    plan = task_plan(cfg, counts, T, megakernel_config(cfg, T, torch.float32, torch.device("cpu"))["tiles"])
+    assert {k: ran[k] for k in KINDS} == plan.tasks_per_kind()
+    np.testing.assert_array_equal(ran["gemm1_per_expert"], plan.tasks_per_expert("gemm1"))
+    np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tasks_per_expert("gemm2"))
+
+
+def test_every_token_on_the_same_experts(rng):
+    """All 29 tokens on experts 0..2: three experts with two row blocks each, four with no task."""
+    cfg = MoEConfig(**BASE)
+    x, w = _cpu(cfg, 29, rng, router_zero=True)
+    y, ran = _mk(cfg, x, w, record=True)
+    assert_close(y, moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg), "float32", "same experts")
+    assert ran["gemm1_per_expert"][3:] == [0, 0, 0, 0]
+    assert min(ran["gemm1_per_expert"][:3]) > 0
+
+
+def test_poisoned_output_is_overwritten_and_calls_repeat_bitwise(rng):
+    """Every element of y written (a NaN-filled buffer comes back finite); the sync words are zero after
+    each call, so calls repeat bitwise identically (what CUDA-graph replay relies on)."""
+    from megamoe.kernels.megakernel import _SYNC
+
+    fields, T, _ = CASES["two_chunks"]
+    cfg = MoEConfig(**{**BASE, **fields})
+    x, w = _cpu(cfg, T, rng)
+    outs = []
+    for _ in range(3):
+        y = torch.full((T, cfg.hidden_size), float("nan"))
+        _mk(cfg, x, w, out=y)
+        assert torch.isfinite(y).all()
+        assert all(int(b.abs().sum()) == 0 for b in _SYNC.values())
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
+def test_no_tokens(rng):
+    cfg = MoEConfig(**BASE)
+    x, w = _cpu(cfg, 0, rng)
+    y, ran = _mk(cfg, x, w, record=True)
+    assert y.shape == (0, cfg.hidden_size) and all(ran[k] == 0 for k in KINDS)
+
+
+TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 16, "SPLIT": 3}, "gemm1": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32},
+         "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32}, "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
+         "combine": {"BLOCK_T": 4, "BLOCK_H": 32}, "order": {"GROUP_M": 2}}
+
+
+@pytest.mark.parametrize("T", [1, 16, 17, 200])
+def test_plan_waits_only_on_lower_tickets(T, rng):
+    """Deadlock freedom by construction: every counter a task waits for is signalled only by lower
+    tickets, reaches its target exactly, and the static part matches task_layout."""
+    cfg = MoEConfig(**{**BASE, "num_shared_experts": 1, "shared_intermediate_size": 20, "shared_expert_gate": True})
+    idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(T)])
+    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, TILES)
+    lay = task_layout(cfg, T, TILES)
+    assert plan.num_tasks <= lay.max_tasks
+    assert np.all(np.diff(plan.kind) >= 0), "kinds come in ticket order"
+    reached = np.bincount(plan.signal[plan.signal >= 0], minlength=len(plan.counters))
+    np.testing.assert_array_equal(reached, plan.counter_target)
+    last_signal = np.full(len(plan.counters), -1)
+    for i in np.nonzero(plan.signal >= 0)[0]:
+        last_signal[plan.signal[i]] = i
+    for i in range(plan.num_tasks):
+        lo, hi = plan.wait_ptr[i], plan.wait_ptr[i + 1]
+        for c in plan.wait_counter[lo:hi]:
+            assert last_signal[c] < i, f"task {i} ({KINDS[plan.kind[i]]}) waits on {plan.counters[c]} signalled later"
+    for k in KINDS[:5]:
+        assert plan.tasks_per_kind()[k] == lay.count[k]
+
+
+def test_plan_rejects_bad_counts():
+    from megamoe.reference import InputError
+
+    cfg = MoEConfig(**BASE)
+    with pytest.raises(InputError, match=r"summing to T\*K=6"):
+        task_plan(cfg, np.array([1, 1, 1, 0, 0, 0, 0]), 2, TILES)
+    with pytest.raises(InputError, match="BLOCK_M"):
+        task_plan(cfg, np.zeros(7, np.int64), 0, {**TILES, "gemm1": {"BLOCK_M": 0, "BLOCK_N": 16, "BLOCK_K": 32}})
