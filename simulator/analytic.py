@@ -2,15 +2,16 @@
 
 Shape legend: G GPUs, B minibatches, P slots.
 
-Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy =
-communication SMs x per-SM copy rate; compute_g = ``timing.ffn_roofline_s`` of g's rows per slot
-plus the shared expert, on all SMs, weights read once):
+Per GPU g (bytes off the diagonal only; port = links x link rate x payload efficiency; copy = what
+the communication SMs move, ``schedules.comm_model``, with pushed bytes weighted by their cost there;
+start = launch + router + top-k; compute_g = ``cost.ffn_roofline_s`` of g's rows per slot plus the
+shared expert, on all SMs, weights read once):
 
-    fused:  max over g of  launch + max(compute_g, max(sent_g / port, received_g / port,
-                                                  driven_g / copy) + latency if g moves anything)
-    bulk:   max over g of  launch + max(dsent_g / port, drecv_g / min(port, copy)) + latency
+    fused:  max over g of  start + max(compute_g, max(sent_g / port, received_g / port,
+                                                 driven_g / copy) + latency if g moves anything) + barrier
+    bulk:   max over g of  start + max(dsent_g / port, drecv_g / min(port, copy)) + latency
                            + compute_g
-                           + launch + csent_g / min(port, copy) + latency
+                           + launch + max(csent_g / min(port, copy), crecv_g / port) + latency + barrier
 
 The event model can only add to these (padding, waves, smaller minibatches, shared bandwidth,
 waiting on peers), and the tests check that it never falls below them.
@@ -69,55 +70,86 @@ def compute_roofline_s(rows_slot: np.ndarray, slot_rank: np.ndarray, shared_rows
 
 
 def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray,
-             profile: Profile, comm_sms: int) -> Estimate:
-    """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices."""
+             profile: Profile, copy_bytes_per_s: float, start_s: float | np.ndarray | None = None,
+             copy_coefs: tuple[float, float] = (1.0, 1.0), barrier_s: float = 0.0, work=None) -> Estimate:
+    """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices.
+
+    ``copy_bytes_per_s``: what the communication SMs move (``schedules.comm_model``);
+    ``start_s``: the fixed cost before anything moves (default: one launch); ``copy_coefs``: copy-SM
+    bytes per byte pulled and pushed; a ``schedules.LayerWork`` gives both, and the closing barrier.
+    """
     schedule = normalize_schedule(schedule)
     b = gpu_bytes(dispatch_bytes, combine_bytes)
     port = profile.port_bytes_per_s
-    copy = comm_sms * profile.sm_copy_bytes_per_s
+    copy = copy_bytes_per_s
     lat = profile.link_latency_s
     L = profile.kernel_launch_s
+    barrier = barrier_s
+    if work is not None:
+        start_s, copy_coefs, barrier = work.start_s, (work.pull_copy_coef, work.push_copy_coef), work.barrier_s
+    start = L if start_s is None else start_s
+    pc, qc = copy_coefs
     moves = (b["dispatch_recv"] + b["dispatch_sent"] + b["combine_sent"] + b["combine_recv"]) > 0
     if schedule == "fused":
         sent = b["dispatch_sent"] + b["combine_sent"]
         recv = b["dispatch_recv"] + b["combine_recv"]
-        driven = b["dispatch_recv"] + b["combine_sent"]
+        driven = b["dispatch_recv"] * pc + b["combine_sent"] * qc
         comm = np.maximum.reduce([sent / port, recv / port, driven / copy])
-        per_gpu = L + np.maximum(compute_s, comm + lat * moves)
+        per_gpu = start + np.maximum(compute_s, comm + lat * moves) + barrier
     else:
-        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy))
-        com = b["combine_sent"] / min(port, copy)
+        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy / pc))
+        com = np.maximum(b["combine_sent"] / min(port, copy / qc), b["combine_recv"] / port)
         comm = dis + com
-        per_gpu = (L + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
-                   + L + com + lat * (b["combine_sent"] > 0))
+        per_gpu = (start + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
+                   + L + com + lat * (b["combine_sent"] + b["combine_recv"] > 0) + barrier)
     g = int(np.argmax(per_gpu))
     return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
 
 
 def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray, profile: Profile,
-                   comm_sms: int) -> tuple[np.ndarray, np.ndarray]:
+                   copy_bytes_per_s: float, copy_coefs: tuple[float, float] = (1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
     """(G,) lower bounds of each GPU's dispatch and of its combine alone, in seconds: its bytes
     off the diagonal at the port rate (sent, received) or the copy rate of the communication SMs
-    (the copies it drives: pulls in dispatch, pushes in combine), plus one latency if it moves any.
-    The same terms as ``estimate``, one phase at a time (the analytic table's dispatch and combine)."""
+    (the copies it drives, weighted by ``copy_coefs``: pulls in dispatch, pushes in combine), plus
+    one latency if it moves any. The same terms as ``estimate``, one phase at a time (the analytic
+    table's dispatch and combine)."""
     normalize_schedule(schedule)
     b = gpu_bytes(dispatch_bytes, combine_bytes)
-    port, copy, lat = profile.port_bytes_per_s, comm_sms * profile.sm_copy_bytes_per_s, profile.link_latency_s
-    dis = np.maximum.reduce([b["dispatch_sent"] / port, b["dispatch_recv"] / port, b["dispatch_recv"] / copy])
-    com = np.maximum.reduce([b["combine_sent"] / port, b["combine_recv"] / port, b["combine_sent"] / copy])
+    port, copy, lat = profile.port_bytes_per_s, copy_bytes_per_s, profile.link_latency_s
+    pc, qc = copy_coefs
+    dis = np.maximum.reduce([b["dispatch_sent"] / port, b["dispatch_recv"] / port, b["dispatch_recv"] * pc / copy])
+    com = np.maximum.reduce([b["combine_sent"] / port, b["combine_recv"] / port, b["combine_sent"] * qc / copy])
     return dis + lat * (dis > 0), com + lat * (com > 0)
+
+
+def rack_terms(profile: Profile, config, tokens_per_gpu: int, *, comm_sms: int | None = None,
+               dispatch_dtype: str = "bf16", comm_work: tuple | None = None, start_s: float | None = None) -> dict:
+    """The rack model's keyword arguments of ``estimate`` for a workload of ``config`` at
+    ``tokens_per_gpu``: the communication SMs' copy rate (``schedules.comm_model``; default SMs from
+    the profile's ``megakernel.comm_sms``, default work ``simulate.default_comm_work``), the copy
+    cost per byte pulled and pushed, the fixed start (``schedules.layer_start_s``, unless given:
+    it reads only the GPU side of the profile, so sweeps cache it) and the barrier."""
+    from .cost import normalize_dtype
+    from .schedules import comm_model, layer_start_s
+    from .simulate import default_comm_work
+
+    ad = normalize_dtype(dispatch_dtype)
+    n = profile.rack.comm_sms if comm_sms is None else comm_sms
+    cm = comm_model(profile, n, ad, config.hidden_size, default_comm_work(ad) if comm_work is None else comm_work)
+    start = layer_start_s(profile, config, tokens_per_gpu) if start_s is None else start_s
+    return dict(copy_bytes_per_s=cm.copy_bytes_per_s, start_s=start,
+                copy_coefs=(1.0, cm.push_coef), barrier_s=profile.rack.layer_barrier_s)
 
 
 def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
-                      include_shared: bool = True) -> Estimate:
+                      include_shared: bool = True, comm_work: tuple | None = None) -> Estimate:
     """The analytic bound straight from a built ``workload.Workload``: no SimPy, a few ms on NVL72.
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
     """
     from .cost import normalize_dtype, row_bytes
     from .hardware import load_profile
-    from .simulate import DEFAULT_COMM_SMS
 
     p = load_profile(system)
     cfg = workload.config
@@ -129,4 +161,5 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
     t = workload.traffic_mb
     return estimate(schedule, compute_s=comp, dispatch_bytes=t * row_bytes(cfg.hidden_size, ad),
                     combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p,
-                    comm_sms=DEFAULT_COMM_SMS if comm_sms is None else comm_sms)
+                    **rack_terms(p, cfg, workload.tokens_per_gpu, comm_sms=comm_sms, dispatch_dtype=ad,
+                                 comm_work=comm_work))

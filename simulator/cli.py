@@ -29,8 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--placement", default="contiguous", choices=POLICIES, help="expert placement (default contiguous)")
     a("--slots", type=int, help="physical expert slots for eplb (default E + E/8 rounded up to a multiple of G)")
     a("--schedule", default="fused", choices=("fused", "bulk"), help="fused megakernel or bulk-synchronous")
-    a("--comm-sms", type=int, help="SMs given to communication (default 16)")
-    a("--minibatch", type=int, help="tokens per GPU per pipelined minibatch (default: all up to 512, else Tg/8)")
+    a("--comm-sms", type=int, help="SMs given to communication (default: the profile's megakernel.comm_sms, 40)")
+    a("--minibatch", type=int,
+      help="tokens per GPU per pipelined minibatch (default: the profile's megakernel.minibatch_tokens, 4096)")
+    a("--comm-work", metavar="LIST",
+      help="what communication SMs do besides copying, comma-separated: quantize, transpose, stash "
+           "(default: quantize when rows are pulled as fp8; 'none' for nothing)")
     a("--dtype", default="bf16", choices=DTYPES, help="weights and dispatched activations (combine is bf16)")
     a("--weight-dtype", choices=DTYPES, help="override --dtype for the weights")
     a("--dispatch-dtype", choices=DTYPES, help="override --dtype for the dispatched activations")
@@ -59,6 +63,12 @@ def _overrides(args) -> dict:
         k, v = parse_assignment(s)
         o[k] = v
     return {k: v for k, v in o.items() if v is not None}
+
+
+def _comm_work(text):
+    if text is None:
+        return None
+    return () if text.strip() == "none" else tuple(w.strip() for w in text.split(",") if w.strip())
 
 
 def check_options(args) -> str | None:
@@ -99,7 +109,7 @@ def run(args) -> int:
                      schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
                      weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
                      num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
-                     analytic_only=args.analytic, log=_log)
+                     analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log)
         if args.trace:
             r.write_trace(args.trace)
     except (ProfileError, TraceError, ValueError, OSError) as exc:

@@ -1,20 +1,25 @@
 """Passive entities of the event model: the shared fabric (ports, copy SMs, HBM) and a span recorder.
 
-Shape legend: G GPUs, B minibatches, F registered flows.
+Shape legend: G GPUs, B minibatches, F registered flows, M milestone pairs.
 
-Resources of the fabric, each a capacity in bytes/s (``schedules.resource_layout`` numbers them):
+Resources of the fabric, each a capacity in bytes/s (``schedules.Layout`` numbers them):
     send port of GPU g      (links x link bandwidth x payload efficiency)
     receive port of GPU g
-    copy SMs of GPU g       (communication SMs x per-SM copy rate)
+    copy SMs of GPU g       (pure-copy throughput of its communication SMs, ``Profile.comm_copy_bytes_per_s``)
     HBM of GPU g            (HBM bandwidth x efficiency)
     one private cap per compute job (its HBM bytes / its time alone)
-A communication flow is a *coflow*: what one GPU's communication SMs move for one minibatch and one
-phase, e.g. GPU g pulling the minibatch-m rows of all other GPUs (dispatch). It loads its driver's
-port, copy SMs and HBM fully and each peer's port with that peer's share of its bytes; all
-its parts advance together, as a megakernel's copy loop interleaves peers. A compute job is a flow
-of its HBM bytes through its GPU's HBM and its private cap: alone it takes exactly its tile-model
-time; when copies use the same HBM it can take longer. Rates are max-min fair (``flows``),
-recomputed whenever a flow starts or ends; SimPy sees one event per flow end.
+A communication flow is what one GPU's communication SMs move from (or to) one peer for one
+minibatch and one phase. It loads its driver's port, copy SMs and HBM, and the peer's opposite port
+and HBM; a flow's coefficient on a resource is what one of its bytes costs there (on the copy SMs
+more than 1: per-message cost and the work besides copying). A compute job is a flow of its HBM
+bytes through its GPU's HBM and its private cap: alone it takes exactly its tile-model time.
+
+Rates are max-min fair (``flows``) over the flows that can move: started, not done, and not held at
+their *limit* (bytes they may have delivered so far: a push can only send what has been computed).
+Milestones are events that fire once some flows have each delivered given byte counts (an expert's
+rows have landed from every peer). The fabric steps from event to event; with ``resolution_s`` > 0
+it never steps by less than that, so events closer together are handled together, up to
+``resolution_s`` late (never early: the model can only get slower by it).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import maxmin_rates
+from .flows import incidence_by_resource, maxmin_rates_indexed
 
 
 @dataclass
@@ -42,15 +47,22 @@ class Span:
 class Fabric:
     """Flow-level max-min fair sharing of ``capacity`` (R,) bytes/s among registered flows."""
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, latency_s: float = 0.0):
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, latency_s: float = 0.0,
+                 resolution_s: float = 0.0):
         self.env = env
         self.latency_s = float(latency_s)  # default latency of a flow that moves bytes (alpha of alpha-beta)
+        self.resolution_s = float(resolution_s)
         self.cap = np.asarray(capacity, dtype=np.float64)
         self._lat: list[float] = []
         self._res: list[np.ndarray] = []
         self._coef: list[np.ndarray] = []
         self._total: list[float] = []
+        self._limit0: list[float] = []
         self.labels: list[str] = []
+        self._grp: list[np.ndarray] = []
+        self._grp_ev: list[simpy.Event] = []
+        self._ms_flow: list[np.ndarray] = []
+        self._ms_bytes: list[np.ndarray] = []
         self._frozen = False
         self._pending = False
         self._version = 0
@@ -59,18 +71,58 @@ class Fabric:
         self.recomputes = 0
 
     # ------------------------------------------------------------ registration (before the run)
-    def add(self, resources: np.ndarray, coefs: np.ndarray, total_bytes: float, label: str = "",
-            latency_s: float | None = None) -> int:
-        """Register a flow; returns its id.  resources: (n,) int, coefs: (n,) fractions of its bytes;
-        ``latency_s`` is added to its end (None: the fabric's)."""
+    def add(self, resources, coefs, total_bytes: float, label: str = "", latency_s: float | None = None,
+            limited: bool = False) -> int:
+        """Register a flow; returns its id.  resources: (n,) int, coefs: (n,) bytes charged per byte
+        moved; ``latency_s`` is added to its end (None: the fabric's); ``limited``: it may deliver
+        nothing until ``raise_limit`` allows it."""
         if self._frozen:
             raise RuntimeError("Fabric.add after the first start")
         self._lat.append(self.latency_s if latency_s is None else float(latency_s))
         self._res.append(np.asarray(resources, np.int64))
         self._coef.append(np.asarray(coefs, np.float64))
         self._total.append(float(total_bytes))
+        self._limit0.append(0.0 if limited else float(total_bytes))
         self.labels.append(label)
         return len(self._total) - 1
+
+    def add_many(self, resources: np.ndarray, coefs: np.ndarray, totals: np.ndarray, labels: list[str],
+                 limited: bool = False) -> np.ndarray:
+        """Register F flows at once: resources, coefs (F, n); totals (F,). Returns their ids (F,)."""
+        if self._frozen:
+            raise RuntimeError("Fabric.add_many after the first start")
+        F0 = len(self._total)
+        res = np.asarray(resources, np.int64)
+        cf = np.asarray(coefs, np.float64)
+        self._res.extend(list(res))
+        self._coef.extend(list(cf))
+        tot = np.asarray(totals, np.float64).tolist()
+        self._total.extend(tot)
+        self._limit0.extend([0.0] * len(tot) if limited else tot)
+        self._lat.extend([self.latency_s] * len(tot))
+        self.labels.extend(labels)
+        return np.arange(F0, F0 + len(tot))
+
+    def all_done(self, fids) -> simpy.Event:
+        """An event that fires once every flow in ``fids`` has ended (register before the run)."""
+        if self._frozen:
+            raise RuntimeError("Fabric.all_done after the first start")
+        fids = np.asarray(list(fids), np.int64)
+        ev = self.env.event()
+        if fids.size == 0:
+            ev.succeed()
+            return ev
+        self._grp.append(fids)
+        self._grp_ev.append(ev)
+        return ev
+
+    def milestone(self, fids, delivered_bytes) -> int:
+        """Register a milestone: it fires once every flow ``fids[i]`` has delivered ``delivered_bytes[i]``."""
+        if self._frozen:
+            raise RuntimeError("Fabric.milestone after the first start")
+        self._ms_flow.append(np.asarray(fids, np.int64))
+        self._ms_bytes.append(np.asarray(delivered_bytes, np.float64))
+        return len(self._ms_flow) - 1
 
     def _freeze(self) -> None:
         F = len(self._total)
@@ -78,20 +130,58 @@ class Fabric:
         np.cumsum([r.size for r in self._res], out=self.ptr[1:])
         self.res = np.concatenate(self._res) if F else np.zeros(0, np.int64)
         self.coef = np.concatenate(self._coef) if F else np.zeros(0)
-        self.total = np.asarray(self._total)
+        self.total = np.asarray(self._total, dtype=np.float64)
         self.latency = np.asarray(self._lat)
+        self._nz_flow = np.repeat(np.arange(F), np.diff(self.ptr))
+        # groups: an event when every flow of a group has ended (flow -> groups as CSR)
+        ng = len(self._grp)
+        gsize = np.array([a.size for a in self._grp], np.int64)
+        gf = np.concatenate(self._grp) if ng else np.zeros(0, np.int64)
+        gid = np.repeat(np.arange(ng), gsize)
+        order = np.argsort(gf, kind="stable")
+        self._fg_ptr = np.zeros(F + 1, np.int64)
+        np.cumsum(np.bincount(gf, minlength=F), out=self._fg_ptr[1:])
+        self._fg = gid[order]
+        self._grp_left = gsize.copy()
+        self._grp_end = np.zeros(ng)
+        self._grp_events = self._grp_ev
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
-        self.remaining = self.total.copy()
+        self.delivered = np.zeros(F)
+        self.limit = np.asarray(self._limit0, dtype=np.float64)
         self.rate = np.zeros(F)
-        self.load = np.zeros(self.cap.size)
-        self.resource_bytes = np.zeros(self.cap.size)
-        self.resource_busy_s = np.zeros(self.cap.size)
-        self.active = np.zeros(F, np.bool_)
+        self.set_capacity(self.cap)
+        self.active = np.zeros(F, np.bool_)  # started and not done
+        self._ended = np.zeros(F, np.bool_)
         self._done: dict[int, simpy.Event] = {}
         self.start_s = np.full(F, np.nan)
         self.end_s = np.full(F, np.nan)
+        # milestones: pairs grouped contiguously by milestone
+        n = len(self._ms_flow)
+        self._ms_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum([a.size for a in self._ms_flow], out=self._ms_ptr[1:])
+        self._ms_f = np.concatenate(self._ms_flow) if n else np.zeros(0, np.int64)
+        self._ms_b = np.concatenate(self._ms_bytes) if n else np.zeros(0)
+        self._ms_left = np.diff(self._ms_ptr)  # pairs not reached yet, per milestone
+        self._ms_reached = np.zeros(self._ms_f.size, np.bool_)
+        self._ms_events = [self.env.event() for _ in range(n)]
+        self._ms_fired = np.zeros(n, np.bool_)
+        self._ms_mid = np.repeat(np.arange(n), np.diff(self._ms_ptr))
+        self._compact_milestones()
         self._t = self.env.now
         self._frozen = True
+        self._frozen_ran = False
+        self._check_milestones()
+        self._frozen_ran = True  # milestones of zero bytes
+
+    def set_capacity(self, capacity) -> None:
+        """Set the resources' capacities (R,) bytes/s; before the run starts."""
+        self.cap = np.asarray(capacity, dtype=np.float64)
+        self.load = np.zeros(self.cap.size)
+        self._csc = None
+
+    @property
+    def remaining(self) -> np.ndarray:
+        return self.total - self.delivered
 
     # ------------------------------------------------------------ the run
     def done(self, fid: int) -> simpy.Event:
@@ -101,22 +191,50 @@ class Fabric:
         ev = self._done.get(fid)
         if ev is None:
             ev = self._done[fid] = self.env.event()
+            if self._ended[fid]:
+                ev.succeed()
         return ev
+
+    def milestone_event(self, mid: int) -> simpy.Event:
+        if not self._frozen:
+            self._freeze()
+        return self._ms_events[mid]
 
     def start(self, fid: int) -> simpy.Event:
         """Start flow ``fid`` now; returns ``done(fid)``."""
         ev = self.done(fid)
-        if not np.isnan(self.start_s[fid]):
-            raise RuntimeError(f"flow {fid} ({self.labels[fid]}) started twice")
-        self.start_s[fid] = self.env.now
-        if self.total[fid] <= 0:
-            self.end_s[fid] = self.env.now
-            ev.succeed()
-            return ev
-        self._advance()
-        self.active[fid] = True
-        self._schedule_recompute()
+        self.start_many([fid])
         return ev
+
+    def start_many(self, fids) -> None:
+        """Start several flows at this instant (rates change at the next recompute, this instant)."""
+        if not self._frozen:
+            self._freeze()
+        fids = np.asarray(fids, np.int64)
+        if fids.size == 0:
+            return
+        if not np.isnan(self.start_s[fids]).all():
+            f = fids[~np.isnan(self.start_s[fids])][0]
+            raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
+        self.start_s[fids] = self.env.now
+        moving = self.total[fids] > 0
+        for f in fids[~moving]:
+            self._end(f, 0.0)
+        self._groups_ended(fids[~moving])
+        if moving.any():
+            self.active[fids[moving]] = True
+            self._schedule_recompute()
+
+    def raise_limit(self, fids, extra_bytes) -> None:
+        """Let flows ``fids`` deliver ``extra_bytes`` more (capped at their totals)."""
+        if not self._frozen:
+            self._freeze()
+        self._advance()
+        fids = np.asarray(fids, np.int64)
+        np.add.at(self.limit, fids, np.asarray(extra_bytes, np.float64))
+        np.minimum(self.limit, self.total, out=self.limit)
+        if self.active[fids].any():
+            self._schedule_recompute()
 
     def _schedule_recompute(self) -> None:
         if not self._pending:  # one recompute per instant, after every start at this instant
@@ -127,24 +245,113 @@ class Fabric:
 
     def _advance(self) -> None:
         dt = self.env.now - self._t
-        if dt > 0:
-            self.remaining -= self.rate * dt  # rate is 0 for flows not moving
-            self.resource_bytes += self.load * dt
-            self.resource_busy_s += (self.load > 0) * dt
+        if dt > 0:  # flows that reach their end or limit inside the step stop there
+            np.minimum(self.delivered + self.rate * dt, np.minimum(self.limit, self.total), out=self.delivered)
         self._t = self.env.now
 
-    def _finish_done(self) -> None:
-        done = np.nonzero(self.active & (self.remaining <= self._tol))[0]
-        for f in done:
-            self.active[f] = False
-            self.remaining[f] = 0.0
-            self.rate[f] = 0.0
-            self.end_s[f] = self.env.now + self.latency[f]
-            ev = self.done(f)
-            if self.latency[f] > 0:
-                self.env.timeout(self.latency[f]).callbacks.append(lambda _e, ev=ev: ev.succeed())
+    @property
+    def resource_bytes(self) -> np.ndarray:
+        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
+        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
+
+    def _end(self, f: int, latency: float) -> None:
+        self.active[f] = False
+        self._ended[f] = True
+        self.rate[f] = 0.0
+        self.end_s[f] = self.env.now + latency
+        ev = self._done.get(f)
+        if ev is None:
+            return
+        if latency > 0:
+            self.env.timeout(latency).callbacks.append(lambda _e, ev=ev: ev.succeed())
+        else:
+            ev.succeed()
+
+    def _groups_ended(self, flows: np.ndarray) -> None:
+        """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
+        if not self._fg.size or not flows.size:
+            return
+        lo, hi = self._fg_ptr[flows], self._fg_ptr[flows + 1]
+        n = hi - lo
+        if not n.sum():
+            return
+        idx = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
+        gids = self._fg[idx]
+        ends = np.repeat(self.end_s[flows], n)
+        np.maximum.at(self._grp_end, gids, ends)
+        np.subtract.at(self._grp_left, gids, 1)
+        for g in np.unique(gids[self._grp_left[gids] == 0]):
+            ev, delay = self._grp_events[g], self._grp_end[g] - self.env.now
+            if delay > 0:
+                self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
             else:
                 ev.succeed()
+
+    def _finish_done(self) -> None:
+        done = np.nonzero(self.active & (self.delivered >= self.total - self._tol))[0]
+        if done.size:
+            self.delivered[done] = self.total[done]
+            self.active[done] = False
+            self._ended[done] = True
+            self.rate[done] = 0.0
+            self.end_s[done] = self.env.now + self.latency[done]
+            for f in done:
+                ev = self._done.get(f)
+                if ev is not None:
+                    lat = self.latency[f]
+                    if lat > 0:
+                        self.env.timeout(lat).callbacks.append(lambda _e, ev=ev: ev.succeed())
+                    else:
+                        ev.succeed()
+            self._groups_ended(done)
+        if self._live.size:
+            self._check_milestones()
+
+    def _check_milestones(self) -> None:
+        if not self._live.size:
+            return
+        lv = self._live
+        hit = self.delivered[self._live_f] >= self._live_b - self._live_tol
+        if not hit.any():
+            return
+        idx = lv[hit]
+        self._ms_reached[idx] = True
+        mids = self._ms_mid[idx]
+        np.subtract.at(self._ms_left, mids, 1)
+        for m in np.unique(mids):
+            if self._ms_left[m] == 0 and not self._ms_fired[m]:
+                self._ms_fired[m] = True
+                ev = self._ms_events[m]
+                if self.latency_s > 0 and self._frozen_ran:  # rows have landed one latency after the bytes left
+                    self.env.timeout(self.latency_s).callbacks.append(lambda _e, ev=ev: ev.succeed())
+                else:
+                    ev.succeed()
+        self._compact_milestones()
+
+    def _next_event_dt(self, run: np.ndarray) -> float:
+        """Time until the next flow end, limit or milestone at the current rates (inf: none)."""
+        moving = np.nonzero(run & (self.rate > 0))[0]
+        if not moving.size:
+            return np.inf
+        stop = np.minimum(self.limit[moving], self.total[moving])
+        dt = float(np.min((stop - self.delivered[moving]) / self.rate[moving]))
+        if self._live.size:  # a milestone fires when the last of its open pairs is reached
+            f = self._live_f
+            r = self.rate[f]
+            with np.errstate(divide="ignore"):
+                t = np.where(r > 0, (self._live_b - self.delivered[f]) / r, np.inf)
+            dt = min(dt, float(np.maximum.reduceat(t, self._live_starts).min()))
+        return max(dt, 0.0)
+
+    def _compact_milestones(self) -> None:
+        """Index the open pairs of milestones not fired yet, grouped by milestone."""
+        live = ~self._ms_reached & ~self._ms_fired[self._ms_mid]
+        self._live = np.nonzero(live)[0]
+        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
+        self._live_tol = self._tol[self._live_f] if hasattr(self, "_tol") else None
+        if self._live.size:
+            mids = self._ms_mid[self._live]
+            self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
 
     def _recompute(self, _event=None) -> None:
         self._pending = False
@@ -152,19 +359,21 @@ class Fabric:
         self._finish_done()
         self.recomputes += 1
         self._version += 1
-        if not self.active.any():
+        run = self.active & (self.delivered < self.limit - self._tol)
+        if not run.any():
             self.rate[:] = 0.0
             self.load[:] = 0.0
             self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
             return
-        self.rate, self.load = maxmin_rates(self.cap, self.ptr, self.res, self.coef, self.active)
+        if self._csc is None:
+            self._csc = incidence_by_resource(self.cap.size, self.ptr, self.res, self.coef)
+        self.rate, self.load = maxmin_rates_indexed(self.cap, self.ptr, self.res, self.coef, run, *self._csc)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
-        act = self.active & (self.rate > 0)
-        if not act.any():
+        if not (run & (self.rate > 0)).any():
             raise RuntimeError("active flows but no rate: a flow touches no resource with capacity")
-        dt = float(np.min(self.remaining[act] / self.rate[act]))
+        dt = max(self._next_event_dt(run), self.resolution_s)
         version = self._version
-        timer = self.env.timeout(max(dt, 0.0))
+        timer = self.env.timeout(dt)
         timer.callbacks.append(lambda _ev, v=version: self._on_timer(v))
 
     def _on_timer(self, version: int) -> None:

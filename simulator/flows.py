@@ -13,50 +13,63 @@ flow's rate together until some resource is full, freeze the flows through it, r
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from numba import njit
+
+# numba's CPU target, on its first compile or cache load, imports numba.np.arraymath, whose BLAS probe
+# imports scipy.linalg (about 0.5 s of a 1.5 s ``megamoe simulate``) only to choose np.vdot's fallback,
+# which nothing here uses. Import arraymath once with the probe failing, then undo the block, so a
+# later ``import scipy.linalg`` (and numba's linear algebra, which checks again when it compiles) works.
+if "scipy.linalg.cython_blas" not in sys.modules:
+    sys.modules["scipy.linalg.cython_blas"] = None  # type: ignore[assignment]
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        del sys.modules["scipy.linalg.cython_blas"]
+from numba import njit  # noqa: E402
 
 _SAT = 1e-9  # a resource with less than this fraction of its capacity left is full
 
 
 @njit(cache=True)
-def maxmin_rates(cap, ptr, res, coef, active):
-    """Max-min fair rates.  cap: (R,) bytes/s; ptr/res/coef: CSR incidence; active: (F,) bool.
-
-    Returns rate: (F,) bytes/s (0 for inactive flows) and load: (R,) bytes/s used.
-
-    Progressive filling with incremental bookkeeping: the fill level rises by the smallest
-    headroom rem_r / w_r over the open resources; resources that fill up freeze their flows
-    (found through a resource -> flow index), whose weights leave w, and leave the open list.
-    Each round fills at least one resource: O(nnz + rounds x open resources).
-    """
+def incidence_by_resource(num_resources, ptr, res, coef):
+    """The resource -> (flow, coef) index (CSC) of a CSR flow x resource incidence: cptr (R+1,), cflow, ccoef."""
     F = ptr.size - 1
-    R = cap.size
-    rate = np.zeros(F)
-    load = np.zeros(R)
-    act = np.nonzero(active)[0]
-    # resource -> (flow, coef) index over the active flows (CSC)
-    cptr = np.zeros(R + 1, np.int64)
-    for f in act:
-        for j in range(ptr[f], ptr[f + 1]):
-            cptr[res[j] + 1] += 1
-    for r in range(R):
+    cptr = np.zeros(num_resources + 1, np.int64)
+    for j in range(res.size):
+        cptr[res[j] + 1] += 1
+    for r in range(num_resources):
         cptr[r + 1] += cptr[r]
-    cflow = np.empty(cptr[R], np.int64)
-    ccoef = np.empty(cptr[R])
+    cflow = np.empty(res.size, np.int64)
+    ccoef = np.empty(res.size)
     fill = cptr[:-1].copy()
-    w = np.zeros(R)
-    for f in act:
+    for f in range(F):
         for j in range(ptr[f], ptr[f + 1]):
             r = res[j]
             cflow[fill[r]] = f
             ccoef[fill[r]] = coef[j]
             fill[r] += 1
-            w[r] += coef[j]
-    rl = np.nonzero(cptr[1:] > cptr[:-1])[0]  # open resources, compacted as they fill
+    return cptr, cflow, ccoef
+
+
+@njit(cache=True)
+def maxmin_rates_indexed(cap, ptr, res, coef, active, cptr, cflow, ccoef):
+    """``maxmin_rates`` with the resource -> flow index given (``incidence_by_resource`` of all flows,
+    active or not: the fabric builds it once per run)."""
+    F = ptr.size - 1
+    R = cap.size
+    rate = np.zeros(F)
+    load = np.zeros(R)
+    act = np.nonzero(active)[0]
+    w = np.zeros(R)
+    for f in act:
+        for j in range(ptr[f], ptr[f + 1]):
+            w[res[j]] += coef[j]
+    rl = np.nonzero(w > 1e-12)[0]  # open resources, compacted as they fill
     n_open = rl.size
     rem = cap.copy()
-    frozen = np.zeros(F, np.bool_)
+    frozen = ~active.copy()
     level = 0.0
     n_left = act.size
     while n_left > 0 and n_open > 0:
@@ -98,6 +111,21 @@ def maxmin_rates(cap, ptr, res, coef, active):
         for j in range(ptr[f], ptr[f + 1]):
             load[res[j]] += coef[j] * rate[f]
     return rate, load
+
+
+@njit(cache=True)
+def maxmin_rates(cap, ptr, res, coef, active):
+    """Max-min fair rates.  cap: (R,) bytes/s; ptr/res/coef: CSR incidence; active: (F,) bool.
+
+    Returns rate: (F,) bytes/s (0 for inactive flows) and load: (R,) bytes/s used.
+
+    Progressive filling with incremental bookkeeping: the fill level rises by the smallest
+    headroom rem_r / w_r over the open resources; resources that fill up freeze their flows
+    (found through a resource -> flow index), whose weights leave w, and leave the open list.
+    Each round fills at least one resource: O(nnz + rounds x open resources).
+    """
+    cptr, cflow, ccoef = incidence_by_resource(cap.size, ptr, res, coef)
+    return maxmin_rates_indexed(cap, ptr, res, coef, active, cptr, cflow, ccoef)
 
 
 def maxmin_rates_py(cap, flows: list[dict[int, float]]) -> np.ndarray:

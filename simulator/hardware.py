@@ -73,6 +73,64 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "efficiency": _Num("fraction", 0, 1, lo_open=True),
     },
 }
+
+# ---------------------------------------------------------------------------- rack model (issue 8, rack half)
+# Communication SMs as a throughput curve and the megakernel's plan: what the rack schedules read.
+#   comm.*        B(n) = r * n_eff(n),  n_eff(n) = (n^-p + n_sat^-p)^(-1/p),  n_sat = port / r
+#                 (r = sm.copy_bytes_per_s, p = comm.saturation_exponent); each message (one token
+#                 row) costs comm.message_s of an SM besides its bytes; quantize / transpose / stash
+#                 are per-SM rates of the work a communication SM does besides copying.
+#   megakernel.*  default communication SMs and minibatch, the L2 share that keeps weights resident
+#                 between minibatches, buffers in minibatches, and the fixed per-layer costs.
+_RATE = dict(unit="bytes/s", lo=0, hi=1e15, lo_open=True)
+SCHEMA["comm"] = {
+    "saturation_exponent": _Num("ratio", 0, 100, lo_open=True),
+    "message_s": _Num("s", 0, 1e-3),
+    "quantize_bytes_per_s": _Num(**_RATE),
+    "transpose_bytes_per_s": _Num(**_RATE),
+    "stash_bytes_per_s": _Num(**_RATE),
+}
+SCHEMA["megakernel"] = {
+    "comm_sms": _Num(lo=1, hi=100_000, **_COUNT),
+    "minibatch_tokens": _Num(lo=1, hi=10_000_000, **_COUNT),
+    "l2_weight_fraction": _Num("fraction", 0, 1),
+    "buffer_minibatches": _Num(lo=1, hi=64, **_COUNT),
+    "router_topk_s": _Num("s", 0, 1e-2),
+    "layer_barrier_s": _Num("s", 0, 1e-2),
+}
+
+
+@dataclass(frozen=True)
+class RackModel:
+    """The ``comm`` and ``megakernel`` sections, in SI units (see the comment above ``SCHEMA["comm"]``)."""
+
+    saturation_exponent: float
+    message_s: float
+    quantize_bytes_per_s: float
+    transpose_bytes_per_s: float
+    stash_bytes_per_s: float
+    comm_sms: int
+    minibatch_tokens: int
+    l2_weight_fraction: float
+    buffer_minibatches: int
+    router_topk_s: float
+    layer_barrier_s: float
+
+
+def _rack_model(v: dict) -> RackModel:
+    return RackModel(**{k: v[f"{sec}.{k}"] for sec in ("comm", "megakernel") for k in SCHEMA[sec]})
+
+
+def comm_sm_curve(num_sms, per_sm_bytes_per_s: float, port_bytes_per_s: float, exponent: float):
+    """Pure-copy throughput (bytes/s per GPU) of ``num_sms`` communication SMs: linear in the SMs at
+    ``per_sm_bytes_per_s`` while few, bending smoothly onto the port's rate (a p-norm soft minimum)."""
+    import numpy as np
+
+    n = np.maximum(np.asarray(num_sms, dtype=np.float64), 1e-12)
+    x = n * per_sm_bytes_per_s / port_bytes_per_s
+    return port_bytes_per_s * (x ** -exponent + 1.0) ** (-1.0 / exponent)
+
+
 _TOP = {"format", "name", "description", *SCHEMA}
 #: optional top-level sections (single-GPU kernel model, see the end of this module)
 _OPTIONAL_TOP = {"kernel_model", "calibration"}
@@ -99,6 +157,11 @@ ALIASES = {
     "sm_copy_bandwidth": "sm.copy_bytes_per_s",
     "hbm_bandwidth": "hbm.bandwidth_bytes_per_s",
     "hbm_efficiency": "hbm.efficiency",
+    # rack model
+    "comm_sm_exponent": "comm.saturation_exponent",
+    "message_cost": "comm.message_s",
+    "l2_weight_fraction": "megakernel.l2_weight_fraction",
+    "buffer_minibatches": "megakernel.buffer_minibatches",
 }
 
 
@@ -205,8 +268,14 @@ class Profile:
     hbm_bandwidth_bytes_per_s: float
     hbm_efficiency: float
     data: dict = field(repr=False, compare=False, default_factory=dict)  # the validated JSON
+    rack: RackModel | None = None  # the comm and megakernel sections
     #: the single-GPU kernel model's curves (calibrated, or derived from the fields above)
     kernel: KernelModel | None = field(repr=False, compare=False, default=None)
+
+    def comm_copy_bytes_per_s(self, num_sms) -> float:
+        """Pure-copy throughput of ``num_sms`` communication SMs, bytes/s per GPU (``comm_sm_curve``)."""
+        return comm_sm_curve(num_sms, self.sm_copy_bytes_per_s, self.port_bytes_per_s,
+                             self.rack.saturation_exponent)
 
     @property
     def port_bytes_per_s(self) -> float:
@@ -294,6 +363,7 @@ def _validate(data: Any) -> Profile:
         hbm_bandwidth_bytes_per_s=float(v["hbm.bandwidth_bytes_per_s"]),
         hbm_efficiency=float(v["hbm.efficiency"]),
         data=copy.deepcopy(data),
+        rack=_rack_model(v),
         kernel=_kernel_model(data.get("kernel_model"), v),
     )
 
@@ -510,9 +580,9 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     d = dict(launch_gap_s=float(v["gpu.kernel_launch_s"]), graph_fixed_s=0.0,
              flag_handoff_s=float(v["gpu.grid_sync_s"]), grid_barrier_s=float(v["gpu.grid_sync_s"]),
              ticket_s=0.0, task_overhead_s=0.0, serial_load_step_s=0.0, serial_reduce_step_s=0.0,
-             l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=0.5)
+             l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=float(v["megakernel.l2_weight_fraction"]))
     sources = {k: derived for k in d}
-    sources["l2_resident_fraction"] = "assumption: weights stay in L2 while they fit in half of it"
+    sources["l2_resident_fraction"] = "the profile's megakernel.l2_weight_fraction (no kernel_model entry)"
     progs = (1.0, S / 4, S / 2, float(S), 2.0 * S, 8.0 * S)
     tables = {
         "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],

@@ -4,7 +4,7 @@ Shape legend: T tokens, E experts, P slots, K top-k, H hidden, I expert width, G
 
 Scenario (defaults = ``megamoe simulate`` with no arguments): DeepSeek-V3's MoE layer on a GB200
 NVL72, 4096 tokens per GPU, skewed routing (by-expert imbalance 10.9), contiguous placement, the
-fused schedule with 16 communication SMs, bf16, seed 0.
+fused schedule with the profile's 40 communication SMs and 4096-token minibatches, bf16, seed 0.
 
     r = simulate("deepseek-v3", "gb200-nvl72", 4096, routing="skewed", schedule="fused")
     r.layer_time_us, r.breakdown_us, r.analytic_us, r.to_json(), r.write_trace("layer.json")
@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from megamoe.reference import MoEConfig
-from megamoe.reference.sizes import dtype_bytes
 
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
 from .cost import ffn_cost, normalize_dtype, row_bytes
 from .hardware import Profile, load_profile, override, plausibility_warnings
-from .schedules import Capacities, LayerWork, normalize_schedule, run_schedule
-from .topology import build_topology, link_bytes
+from .schedules import RESOLUTION, Capacities, build_layer_work, check_comm_work, normalize_schedule, run_schedule
+from .topology import uniform_link_bytes
 from .workload import (
     BUILD_BYTES_PER_PAIR,
     Workload,
@@ -40,16 +39,31 @@ from .workload import (
     resolve_routing,
 )
 
-DEFAULT_COMM_SMS = 16  # ParallelKittens: TMA copies reach NVLink rate with about 15 of 148 SMs (B200)
 MEMORY_SHARE = 0.8  # the size guard refuses a workload needing more than this share of free memory
 LONG_RUN_S = 5.0  # estimated builds longer than this report progress
 #: Keys of ``breakdown_us`` that add up to the layer time.
 ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
 
 
+def default_minibatch(tokens_per_gpu: int, system: str | Path | Profile = "gb200-nvl72") -> int:
+    """Tokens per minibatch when none is given: the profile's ``megakernel.minibatch_tokens`` (at most Tg)."""
+    return min(int(tokens_per_gpu), load_profile(system).rack.minibatch_tokens)
+
+
+def default_comm_sms(system: str | Path | Profile = "gb200-nvl72") -> int:
+    """Communication SMs when none are given: the profile's ``megakernel.comm_sms``."""
+    return load_profile(system).rack.comm_sms
+
+
+def default_comm_work(dispatch_dtype: str) -> tuple:
+    """What communication SMs do besides copying in a forward pass: quantize rows pulled as fp8."""
+    return ("quantize",) if normalize_dtype(dispatch_dtype) == "fp8" else ()
+
+
 def check_comm_sms(comm_sms: int | None, profile: Profile) -> int:
-    """The communication SM count to use (default 16); ValueError unless it is in [1, S - 1]."""
-    c = DEFAULT_COMM_SMS if comm_sms is None else comm_sms
+    """The communication SM count to use (default: the profile's ``megakernel.comm_sms``); ValueError
+    unless it is in [1, S - 1]."""
+    c = profile.rack.comm_sms if comm_sms is None else comm_sms
     if isinstance(c, bool) or int(c) != c or not 1 <= c < profile.num_sms:
         raise ValueError(f"comm_sms must be a whole number in [1, {profile.num_sms - 1}] for {profile.name} "
                          f"({profile.num_sms} SMs: at least one copies, one computes), got {comm_sms!r}")
@@ -57,7 +71,7 @@ def check_comm_sms(comm_sms: int | None, profile: Profile) -> int:
 
 
 def check_request(cfg: MoEConfig, p: Profile, tokens_per_gpu, *, routing, placement, comm_sms, minibatch, seed,
-                  num_slots) -> list[str]:
+                  num_slots, comm_work=None) -> list[str]:
     """Refuse an unusable request before any work (ValueError naming the value and what is allowed);
     return notes for the user: a clamped default skew, implausible profile numbers, a long build."""
     if isinstance(tokens_per_gpu, bool) or int(tokens_per_gpu) != tokens_per_gpu or tokens_per_gpu < 1:
@@ -75,6 +89,8 @@ def check_request(cfg: MoEConfig, p: Profile, tokens_per_gpu, *, routing, placem
                                   or num_slots % G):
         raise ValueError(f"eplb: num_slots={num_slots} must be >= num_experts={E} and a multiple of num_gpus={G}")
     check_comm_sms(comm_sms, p)
+    if comm_work is not None:
+        check_comm_work(comm_work)
     _, note = resolve_routing(routing, cfg)
     notes = [note] if note else []
     notes += [f"warning: {w}" for w in plausibility_warnings(p)]
@@ -90,11 +106,6 @@ def check_request(cfg: MoEConfig, p: Profile, tokens_per_gpu, *, routing, placem
         notes.append(f"a large workload: {est['pairs']:,} token-expert pairs, about {est['seconds']:,.0f} s and "
                      f"{est['bytes'] / 1e9:.2g} GB to build on a 2-core machine; progress follows")
     return notes
-
-
-def default_minibatch(tokens_per_gpu: int) -> int:
-    """Tokens per minibatch when none is given: all of them up to 512, else max(512, Tg / 8)."""
-    return tokens_per_gpu if tokens_per_gpu <= 512 else max(512, -(-tokens_per_gpu // 8))
 
 
 @dataclass
@@ -157,51 +168,19 @@ class Options:
     weight_dtype: str
     dispatch_dtype: str
     include_shared: bool = True
-
-
-def _layer_work(w: Workload, p: Profile, o: Options) -> tuple[LayerWork, dict]:
-    cfg = w.config
-    G, B, H, I = w.num_gpus, w.num_minibatches, cfg.hidden_size, cfg.intermediate_size
-    fused = o.schedule == "fused"
-    sms = p.num_sms - o.comm_sms if fused else p.num_sms
-    if sms < 1:
-        raise ValueError(f"comm_sms={o.comm_sms} leaves no compute SMs of {p.num_sms}")
-    wb = float(dtype_bytes(o.weight_dtype))
-    # jobs are timed alone on the GPU; the fabric shares HBM between them and the copies
-    kw = dict(profile=p, num_sms=sms, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
-    job_s, job_hbm = np.zeros((G, B)), np.zeros((G, B))
-    flops = np.zeros(G)
-    rows = np.zeros(G, np.int64)
-    for g in range(G):
-        slots = np.nonzero(w.placement.slot_rank == g)[0]
-        r = w.rows_slot_mb[slots]  # (n, B)
-        cached = fused and (np.count_nonzero(r.sum(axis=1)) * 3.0 * H * I * wb <= p.kernel.l2_resident_fraction * p.l2_bytes)
-        rows[g] = r.sum()
-        parts = [r.sum(axis=1)] if not fused else [r[:, m] for m in range(B)]
-        for m, rm in enumerate(parts):
-            if not rm.any():
-                continue
-            c = ffn_cost(rm, H, I, read_weights=not (cached and m > 0), **kw)
-            job_s[g, m], job_hbm[g, m] = c.time_s, c.hbm_bytes
-            flops[g] += c.flops
-    shared_s, shared_hbm = np.zeros(G), np.zeros(G)
-    if o.include_shared and cfg.num_shared_experts:
-        c = ffn_cost([w.tokens_per_gpu], H, cfg.shared_intermediate_size, **kw)
-        shared_s[:], shared_hbm[:] = c.time_s, c.hbm_bytes
-        flops += c.flops
-    tm = w.traffic_mb.astype(np.float64)  # (G src/owner, B, G dst/expert gpu), tokens
-    work = LayerWork(job_s=job_s, job_hbm_bytes=job_hbm, shared_s=shared_s, shared_hbm_bytes=shared_hbm,
-                     launch_s=p.kernel_launch_s, sync_s=p.grid_sync_s if fused else 0.0, routed_launches=2,
-                     shared_launches=2, dispatch_bytes=tm * row_bytes(H, o.dispatch_dtype),
-                     combine_bytes=tm * row_bytes(H, "bf16"))
-    return work, {"flops": flops, "hbm_bytes": job_hbm.sum(axis=1) + shared_hbm, "rows": rows}
+    comm_work: tuple = ()
 
 
 def simulate_workload(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                       comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                       dispatch_dtype: str | None = None, include_shared: bool = True,
-                      seed: int | None = None) -> SimResult:
-    """Run the event model and the analytic bound on a built workload."""
+                      seed: int | None = None, comm_work: tuple | None = None,
+                      resolution: float = RESOLUTION) -> SimResult:
+    """Run the event model and the analytic bound on a built workload.
+
+    ``comm_work``: what communication SMs do besides copying (``schedules.COMM_WORK``; default:
+    quantize when rows are pulled as fp8); ``resolution``: events closer than this fraction of the
+    analytic bound are handled together, up to that late (0: exact, slower on a full rack)."""
     t_start = time.perf_counter()
     p = load_profile(system)
     if p.num_gpus != workload.num_gpus:
@@ -209,30 +188,33 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     cfg = workload.config
     o = Options(
         schedule=normalize_schedule(schedule),
-        comm_sms=DEFAULT_COMM_SMS if comm_sms is None else int(comm_sms),
+        comm_sms=check_comm_sms(comm_sms, p),
         weight_dtype=normalize_dtype(weight_dtype or dtype),
         dispatch_dtype=normalize_dtype(dispatch_dtype or dtype),
         include_shared=include_shared,
+        comm_work=default_comm_work(dispatch_dtype or dtype) if comm_work is None else check_comm_work(comm_work),
     )
-    check_comm_sms(o.comm_sms, p)
-    work, acc = _layer_work(workload, p, o)
+    work, acc = build_layer_work(workload, p, schedule=o.schedule, comm_sms=o.comm_sms, weight_dtype=o.weight_dtype,
+                                 dispatch_dtype=o.dispatch_dtype, include_shared=o.include_shared,
+                                 comm_work=o.comm_work)
     G = p.num_gpus
-    caps = Capacities(p.port_bytes_per_s, o.comm_sms * p.sm_copy_bytes_per_s, p.hbm_effective_bytes_per_s)
+    dispatch_bytes, combine_bytes = work.dispatch_bytes(), work.combine_bytes()
+    comp_lb = compute_roofline_s(
+        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if o.include_shared else 0, G,
+        hidden=cfg.hidden_size, width=cfg.intermediate_size, shared_width=cfg.shared_intermediate_size,
+        profile=p, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
+    est: Estimate = estimate(o.schedule, compute_s=comp_lb, dispatch_bytes=dispatch_bytes,
+                             combine_bytes=combine_bytes, profile=p, copy_bytes_per_s=acc["copy_bytes_per_s"],
+                             work=work)
+    caps = Capacities(p.port_bytes_per_s, acc["copy_bytes_per_s"], p.hbm_effective_bytes_per_s)
     t_sim = time.perf_counter()
-    log, fabric, _ = run_schedule(o.schedule, work, caps, p.link_latency_s)
+    log, fabric, _ = run_schedule(o.schedule, work, caps, p.link_latency_s, resolution * est.time_s)
     cap = fabric.cap
     t_sim = time.perf_counter() - t_sim
 
     layer_s = float(log.end_s.max())
     busy = log.compute_busy_s
-    # analytic bound
-    comp_lb = compute_roofline_s(
-        workload.rows_slot, workload.placement.slot_rank, workload.tokens_per_gpu if o.include_shared else 0, G,
-        hidden=cfg.hidden_size, width=cfg.intermediate_size, shared_width=cfg.shared_intermediate_size,
-        profile=p, weight_dtype=o.weight_dtype, act_dtype=o.dispatch_dtype)
-    est: Estimate = estimate(o.schedule, compute_s=comp_lb, dispatch_bytes=work.dispatch_bytes,
-                             combine_bytes=work.combine_bytes, profile=p, comm_sms=o.comm_sms)
-    b = gpu_bytes(work.dispatch_bytes, work.combine_bytes)
+    b = gpu_bytes(dispatch_bytes, combine_bytes)
 
     def phase_span(track: str) -> float:
         spans = [s for s in log.spans if s.track == track]
@@ -267,21 +249,21 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "copy_sm_utilization": R[2 * G:3 * G] / (cap[2 * G:3 * G] * span_s),
         "hbm_utilization": R[3 * G:4 * G] / (cap[3 * G:4 * G] * span_s),
     }
-    graph = build_topology(p)
-    total_bytes = (work.dispatch_bytes.sum(axis=1) + work.combine_bytes.sum(axis=1).T)  # [src, dst]
-    lb = link_bytes(graph, total_bytes)
+    total_bytes = (dispatch_bytes.sum(axis=1) + combine_bytes.sum(axis=1).T)  # [src, dst]
+    lb, link_bw, chip_frac = uniform_link_bytes(p, total_bytes)
     per_link = []
     for (u, v), nbytes in lb.items():
-        bw = graph[u][v]["bandwidth_bytes_per_s"] * p.payload_efficiency
+        bw = link_bw[(u, v)] * p.payload_efficiency
         per_link.append({"src": f"{u[0]}{u[1]}", "dst": f"{v[0]}{v[1]}", "bytes": nbytes,
                          "utilization": nbytes / (bw * span_s)})
     T = workload.tokens_per_gpu * G
     inputs = {
         "model": cfg.name, "system": p.name, "num_gpus": G, "tokens_per_gpu": workload.tokens_per_gpu,
         "routing": workload.routing, "placement": workload.placement.policy,
-        "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": o.comm_sms,
-        "compute_sms": p.num_sms - o.comm_sms if o.schedule == "fused" else p.num_sms,
-        "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
+        "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": acc["comm_sms"],
+        "compute_sms": acc["compute_sms"], "comm_work": list(o.comm_work),
+        "minibatch": workload.minibatch if work.num_minibatches > 1 or G > 1 else workload.tokens_per_gpu,
+        "num_minibatches": work.num_minibatches,
         "weight_dtype": o.weight_dtype, "dispatch_dtype": o.dispatch_dtype, "combine_dtype": "bf16",
         "include_shared": o.include_shared, "seed": seed,
     }
@@ -293,11 +275,7 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "analytic_busiest_gpu": est.busiest_gpu,
         "analytic_compute_us": float(est.compute_s.max() * 1e6), "analytic_comm_us": float(est.comm_s.max() * 1e6),
     }
-    frac = {}
-    if G > 1:
-        from .topology import stripe
-
-        frac = {f"{c[0]}{c[1]}": f for (u, c, f) in stripe(graph, 0, 1) if u == ("gpu", 0)}
+    frac = {f"{c[0]}{c[1]}": f for c, f in chip_frac.items()}
     stats = {"flows": int(fabric.total.size) if hasattr(fabric, "total") else 0,
              "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
              "total_s": time.perf_counter() - t_start}
@@ -316,7 +294,8 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
              schedule: str = "fused", comm_sms: int | None = None, minibatch: int | None = None,
              dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
              seed: int = 0, num_slots: int | None = None, include_shared: bool = True,
-             overrides: dict | None = None, analytic_only: bool = False, log=None) -> SimResult:
+             overrides: dict | None = None, analytic_only: bool = False,
+             comm_work: tuple | None = None, log=None) -> SimResult:
     """Simulate one MoE layer.  ``config``: a preset name, config.json path or MoEConfig;
     ``system``: a profile name, profile JSON path or Profile; ``overrides``: ``hardware.override`` fields.
     ``analytic_only``: skip the event model; ``layer_time_us`` is then the analytic bound.
@@ -329,12 +308,12 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
     cfg = config if isinstance(config, MoEConfig) else MoEConfig.load(config)
     p = resolve_system(system, overrides)
     notes = check_request(cfg, p, tokens_per_gpu, routing=routing, placement=placement, comm_sms=comm_sms,
-                          minibatch=minibatch, seed=seed, num_slots=num_slots)
+                          minibatch=minibatch, seed=seed, num_slots=num_slots, comm_work=comm_work)
     long_run = any(n.startswith("a large workload") for n in notes)
     for n in notes:
         if log:
             log(n)
-    mb = default_minibatch(int(tokens_per_gpu)) if minibatch is None else minibatch
+    mb = default_minibatch(int(tokens_per_gpu), p) if minibatch is None else minibatch
     t0 = time.perf_counter()
     w = build_workload(cfg, p.num_gpus, tokens_per_gpu, routing, placement, minibatch=mb, seed=seed,
                        num_slots=num_slots, num_nodes=p.num_nodes, progress=log if long_run else None)
@@ -344,10 +323,11 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
     if analytic_only:
         r = analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
                             dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                            workload_s=t_work)
+                            workload_s=t_work, comm_work=comm_work)
     else:
         r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
-                              dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed)
+                              dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
+                              comm_work=comm_work)
         r.stats["workload_s"] = t_work
     if notes:
         r.inputs["notes"] = notes
@@ -357,7 +337,7 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
 def analytic_result(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                     comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                     dispatch_dtype: str | None = None, include_shared: bool = True, seed: int | None = None,
-                    workload_s: float = 0.0) -> SimResult:
+                    workload_s: float = 0.0, comm_work: tuple | None = None) -> SimResult:
     """A ``SimResult`` from the analytic bound alone (milliseconds on NVL72): for quick sweeps.
 
     ``layer_time_us`` = ``analytic_us``; the breakdown splits it the same way as the event model's
@@ -365,19 +345,23 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     each phase's own bound (``analytic.phase_bounds_s``: the busiest GPU's bytes at its port or
     copy rate, plus latency), not first-to-last spans; per-link data are left empty.
     """
-    from .analytic import estimate_workload, phase_bounds_s
+    from .analytic import estimate_workload, phase_bounds_s, rack_terms
 
     t0 = time.perf_counter()
     p = load_profile(system)
     comm = check_comm_sms(comm_sms, p)
+    ad = normalize_dtype(dispatch_dtype or dtype)
+    terms = rack_terms(p, workload.config, workload.tokens_per_gpu, comm_sms=comm, dispatch_dtype=ad,
+                       comm_work=comm_work)
     e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm, dtype=dtype, weight_dtype=weight_dtype,
-                          dispatch_dtype=dispatch_dtype, include_shared=include_shared)
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, comm_work=comm_work)
     c = e.compute_s
     b = gpu_bytes(workload.traffic_mb, workload.traffic_mb)
     t = e.time_s
     H = workload.config.hidden_size
-    dis_s, com_s = phase_bounds_s(normalize_schedule(schedule), workload.traffic_mb * row_bytes(
-        H, normalize_dtype(dispatch_dtype or dtype)), workload.traffic_mb * row_bytes(H, "bf16"), p, comm)
+    dis_s, com_s = phase_bounds_s(normalize_schedule(schedule), workload.traffic_mb * row_bytes(H, ad),
+                                  workload.traffic_mb * row_bytes(H, "bf16"), p, terms["copy_bytes_per_s"],
+                                  terms["copy_coefs"])
     breakdown = {"dispatch": float(dis_s.max()) * 1e6, "expert_compute": float(c.mean()) * 1e6,
                  "combine": float(com_s.max()) * 1e6,
                  "exposed_communication": (t - float(c.max())) * 1e6, "load_imbalance_wait": float(c.max() - c.mean()) * 1e6}

@@ -13,10 +13,14 @@ ports, which is what the flow model (``flows``) shares. The graph gives the per-
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .hardware import Profile
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def gpu(g: int) -> tuple[str, int]:
@@ -29,6 +33,8 @@ def switch(c: int) -> tuple[str, int]:
 
 def build_topology(profile: Profile) -> nx.DiGraph:
     """The directed fabric graph of ``profile`` (one GPU: a single node, no edges)."""
+    import networkx as nx  # here, not at import: ``megamoe simulate`` itself needs no graph (uniform_link_bytes)
+
     g_ = nx.DiGraph(name=profile.name)
     G, C, L = profile.num_gpus, profile.num_switch_chips, profile.links_per_gpu
     for g in range(G):
@@ -100,3 +106,28 @@ def link_bytes(graph: nx.DiGraph, traffic_bytes: np.ndarray) -> dict[tuple, floa
             out[(gpu(g), c)] += sent[g] * f
             out[(c, gpu(g))] += recv[g] * f
     return out
+
+
+def uniform_link_bytes(profile: Profile, traffic_bytes: np.ndarray) -> tuple[dict, dict, dict]:
+    """``link_bytes`` without the graph, for this module's fabric (every GPU has the same links to
+    every chip): (bytes per directed edge, bandwidth per directed edge, chip -> fraction of a transfer).
+
+    Edges and fractions are keyed as in ``build_topology`` / ``stripe``.
+    """
+    G, C = profile.num_gpus, profile.num_switch_chips
+    if G == 1 or C == 0:
+        return {}, {}, {}
+    links = links_to_chips(profile.links_per_gpu, C)
+    chips = [c for c in range(C) if links[c] > 0]
+    frac = {switch(c): float(links[c] / links[chips].sum()) for c in chips}
+    off = traffic_bytes.astype(np.float64).copy()
+    np.fill_diagonal(off, 0.0)
+    sent, recv = off.sum(axis=1), off.sum(axis=0)
+    out, bw = {}, {}
+    for g in range(G):
+        for c in chips:
+            up, down = (gpu(g), switch(c)), (switch(c), gpu(g))
+            out[up] = sent[g] * frac[switch(c)]
+            out[down] = recv[g] * frac[switch(c)]
+            bw[up] = bw[down] = int(links[c]) * profile.link_bandwidth_bytes_per_s
+    return out, bw, frac

@@ -17,7 +17,7 @@ Routings (``parse_routing`` reads the string form the CLI takes):
     router             the reference router (``reference.route``) on random inputs and random router
                        weights (slow for big T: it multiplies [T, H] by [H, E])
 Sampling K distinct experts from a popularity p is successive sampling without replacement
-(numba), which is the Plackett-Luce / Gumbel-top-k distribution.
+(vectorized rejection of repeats), which is the Plackett-Luce / Gumbel-top-k distribution.
 
 ``build_workload`` places the experts, maps every (token, expert) pair to a slot, and takes the
 rows per slot and the token movement from ``reference.plan_dispatch`` and ``reference.rank_traffic``.
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from megamoe.reference import MoEConfig, plan_dispatch, rank_traffic
+from megamoe.reference import MoEConfig
 
 from .placement import Placement, assign_slots, make_placement
 
@@ -230,31 +230,58 @@ def _taken(out, t, j, e):
     return False
 
 
-@njit(cache=True)
-def _sample_topk(cum_p, num_tokens, k, seed):
-    """(T, K) int64: K distinct experts per token, successive sampling by cumulative weights cum_p."""
-    np.random.seed(seed)
-    E = cum_p.size
-    out = np.empty((num_tokens, k), np.int64)
-    total = cum_p[E - 1]
-    for t in range(num_tokens):
-        for j in range(k):
-            while True:
-                e = np.searchsorted(cum_p, np.random.random() * total, side="right")
-                if e >= E:
-                    e = E - 1
-                if not _taken(out, t, j, e):
-                    break
-            out[t, j] = e
-    return out
-
-
 def sample_topk(p: np.ndarray, num_tokens: int, top_k: int, seed: int) -> np.ndarray:
     """(T, K) int64 distinct experts per token drawn without replacement with probabilities p (E,)."""
     p = np.asarray(p, dtype=np.float64)
     if np.count_nonzero(p > 0) < top_k:
         raise ValueError(f"popularity has {np.count_nonzero(p > 0)} experts with weight > 0, fewer than top_k={top_k}")
-    return _sample_topk(np.cumsum(p), int(num_tokens), int(top_k), int(seed) & 0xFFFFFFFF)
+    return _sample_topk(np.cumsum(p), int(num_tokens), int(top_k), int(seed))
+
+
+def _sample_topk(cum_p: np.ndarray, num_tokens: int, k: int, seed: int) -> np.ndarray:
+    """(T, K) int64: K distinct experts per token, successive sampling by cumulative weights cum_p.
+
+    Column by column, every token draws from p; the tokens whose draw repeats one of their earlier
+    choices draw again (rejection: the draw is then from p without those, as successive sampling
+    asks), vectorized over the tokens still drawing.
+    """
+    rng = np.random.default_rng(seed)
+    E, T = cum_p.size, int(num_tokens)
+    total = cum_p[E - 1]
+    # inverse CDF through a table of 2^16 bins: a bin inside one expert's interval answers directly,
+    # a bin across a boundary falls back to the binary search
+    edges = np.linspace(0.0, total, (1 << 16) + 1)
+    at = np.minimum(np.searchsorted(cum_p, edges, side="right"), E - 1)
+    lo_e, hi_e = at[:-1], at[1:]
+
+    def draw(n):
+        u = rng.random(n) * total
+        b = np.minimum((u * ((1 << 16) / total)).astype(np.int64), (1 << 16) - 1)
+        e = lo_e[b]
+        cross = np.nonzero(e != hi_e[b])[0]
+        if cross.size:
+            e[cross] = np.minimum(np.searchsorted(cum_p, u[cross], side="right"), E - 1)
+        return e
+
+    out = np.empty((k, T), np.int64)
+    for j in range(k):
+        todo = None  # all tokens
+        while True:
+            n = T if todo is None else todo.size
+            if not n:
+                break
+            e = draw(n)
+            dup = np.zeros(n, np.bool_)
+            for i in range(j):
+                dup |= (out[i] if todo is None else out[i, todo]) == e
+            keep = ~dup
+            if todo is None:
+                out[j, keep] = e[keep]
+                todo = np.nonzero(dup)[0]
+            else:
+                out[j, todo[keep]] = e[keep]
+                todo = todo[dup]
+    return np.ascontiguousarray(out.T)
 
 
 @njit(cache=True)
@@ -393,9 +420,14 @@ class Workload:
     """One MoE layer's work on G GPUs.
 
     topk_idx: (T, K) expert ids; token_rank: (T,) GPU of each token (token t = g * Tg + i);
-    slot_topk_idx: (T, K) slot ids; rows_slot_mb: (P, B) rows (pairs) per slot per minibatch, from
-    the dispatch plan; traffic_mb: (G, B, G) tokens [src, minibatch, dst] (deduplicated per
-    destination GPU, diagonal = tokens staying local), from ``rank_traffic``.
+    slot_topk_idx: (T, K) slot ids; rows_slot_mb: (P, B) rows (pairs) per slot per minibatch (the
+    dispatch plan's counts); traffic_mb: (G, B, G) tokens [src, minibatch, dst] (deduplicated per
+    destination GPU, diagonal = tokens staying local: ``rank_traffic`` with dedup).
+    pull_slot_mb: (P, B, G) tokens [slot, minibatch, src] that slot p's GPU pulls from src for p
+    first: a token crosses once to a GPU, with the first of its slots there in slot order;
+    push_slot_mb: (P, B, G) tokens [slot, minibatch, owner] whose partial sum on slot p's GPU is
+    complete once p (the last of the token's slots there) is done. Summed over the slots of GPU d,
+    both are ``traffic_mb[:, :, d]``.
     """
 
     config: MoEConfig
@@ -409,6 +441,8 @@ class Workload:
     slot_topk_idx: np.ndarray
     rows_slot_mb: np.ndarray
     traffic_mb: np.ndarray
+    pull_slot_mb: np.ndarray
+    push_slot_mb: np.ndarray
 
     @property
     def num_minibatches(self) -> int:
@@ -487,15 +521,47 @@ def build_workload(config: MoEConfig, num_gpus: int, tokens_per_gpu: int, routin
     slot_topk = assign_slots(topk_idx, token_rank, pl)
     mb, nmb = minibatch_count(Tg, minibatch)
     say("dispatch plan and GPU-to-GPU traffic")
-    # rows per slot per minibatch: the reference's plan, its rows split by their token's minibatch
-    plan = plan_dispatch(slot_topk, pl.num_slots)
-    slot_of_row = np.repeat(np.arange(pl.num_slots, dtype=np.int64), plan.counts)
-    mb_of_row = (plan.sorted_token % Tg) // mb
-    rows_slot_mb = np.bincount(slot_of_row * nmb + mb_of_row, minlength=pl.num_slots * nmb).reshape(pl.num_slots, nmb)
-    # token movement: the reference's rank traffic with (GPU, minibatch) as the source rank
-    src_v = token_rank * nmb + (np.arange(T) % Tg) // mb
-    m = rank_traffic(slot_topk, src_v, pl.slot_rank, G * nmb, dedup=True)
-    traffic_mb = m[:, :G].reshape(G, nmb, G)
+    rows_slot_mb, traffic_mb, pull, push = slot_traffic(slot_topk, pl.slot_rank, G, Tg, mb, nmb)
     return Workload(config=config, num_gpus=G, tokens_per_gpu=Tg, minibatch=mb, routing=label,
                     placement=pl, topk_idx=topk_idx, token_rank=token_rank, slot_topk_idx=slot_topk,
-                    rows_slot_mb=rows_slot_mb, traffic_mb=traffic_mb)
+                    rows_slot_mb=rows_slot_mb, traffic_mb=traffic_mb, pull_slot_mb=pull, push_slot_mb=push)
+
+
+def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, tokens_per_gpu: int,
+                 minibatch: int, num_minibatches: int):
+    """Counts of the dispatch plan without sorting the T x K pairs (token t lives on GPU t // Tg).
+
+    slot_topk: (T, K) slot ids; slot_rank: (P,) GPU of each slot. Returns rows_slot_mb (P, B) (the
+    counts of ``reference.plan_dispatch`` split by minibatch), traffic_mb (G, B, G) (``reference.
+    rank_traffic`` with dedup), and pull_slot_mb, push_slot_mb (P, B, G) (see ``Workload``): a
+    token's first and last slot on each GPU come from K x K comparisons of its own entries.
+    """
+    G, P, B = int(num_gpus), int(slot_rank.size), int(num_minibatches)
+    T, K = slot_topk.shape
+    t = np.arange(T, dtype=np.int64)
+    src = t // tokens_per_gpu
+    col = src * B + (t % tokens_per_gpu) // minibatch  # (T,) source GPU and minibatch
+    rows = np.bincount(slot_topk.reshape(-1) * B + np.repeat(col % B, K), minlength=P * B).reshape(P, B)
+    small = np.int16 if P < 2**15 and G < 2**15 else np.int64  # narrow ids: the K x K passes read less
+    gpu = np.ascontiguousarray(slot_rank.astype(small)[slot_topk].T)  # (K, T)
+    sl = np.ascontiguousarray(slot_topk.T.astype(small))
+    first = np.ones((K, T), np.bool_)  # no other of the token's slots on that GPU comes before it
+    last = np.ones((K, T), np.bool_)
+    for j in range(K):
+        for i in range(j):
+            same = gpu[i] == gpu[j]
+            before = same & (sl[i] < sl[j])
+            after = same & ~before
+            first[j] &= ~before
+            last[i] &= ~before
+            first[i] &= ~after
+            last[j] &= ~after
+    slot = sl
+    colk = np.broadcast_to(col[None, :], (K, T))
+    pull = np.bincount(slot[first].astype(np.int64) * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
+    push = np.bincount(slot[last].astype(np.int64) * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
+    pull, push = pull.transpose(0, 2, 1), push.transpose(0, 2, 1)  # (P, B, G src / owner)
+    traffic = np.zeros((G, B, G), np.int64)  # [src, mb, dst]
+    for d in range(G):
+        traffic[:, :, d] = pull[slot_rank == d].sum(axis=0).T
+    return rows, traffic, np.ascontiguousarray(pull), np.ascontiguousarray(push)

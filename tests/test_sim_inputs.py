@@ -49,6 +49,8 @@ REFUSED = {
     "seed_minus_1": (["--seed", "-1"], "seed must be a whole number in [0, 2^32), got -1"),
     "tokens_0": (["--tokens-per-gpu", "0"], "tokens_per_gpu must be a whole number >= 1, got 0"),
     "eplb_too_few_slots": (["--placement", "eplb", "--slots", "10"], "eplb: num_slots=10 must be >= num_experts=128"),
+    "comm_work_unknown": (["--comm-work", "quantize,bogus"], "comm_work must be among ('quantize', 'transpose', "
+                                                             "'stash'), got ['bogus']"),
 }
 
 

@@ -159,6 +159,8 @@ def test_analytic_points_match_simulate_analytic_only(tmp_path, point):
         assert row.layer_time_us == pytest.approx(ref.layer_time_us, rel=1e-12)
         assert row.exposed_comm_us == pytest.approx(ref.breakdown_us["exposed_communication"], rel=1e-9, abs=1e-9)
         assert row.load_imbalance_wait_us == pytest.approx(ref.breakdown_us["load_imbalance_wait"], rel=1e-9, abs=1e-9)
+        assert row.dispatch_us == pytest.approx(ref.breakdown_us["dispatch"], rel=1e-9, abs=1e-9)
+        assert row.combine_us == pytest.approx(ref.breakdown_us["combine"], rel=1e-9, abs=1e-9)
         assert row.imbalance_by_expert == pytest.approx(ref.imbalance["by_expert"])
 
 

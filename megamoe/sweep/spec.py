@@ -122,7 +122,7 @@ OPTIONS: dict[str, Option] = {
     "placement": Option(_placement, "contiguous", "contiguous | round_robin | random | eplb"),
     "slots": Option(_positive_int, None, "physical expert slots for eplb"),
     "schedule": Option(_choice(*_SCHEDULES), "fused", "fused | bulk"),
-    "comm-sms": Option(_positive_int, None, "SMs given to communication (default 16)"),
+    "comm-sms": Option(_positive_int, None, "SMs given to communication (default: the profile's megakernel.comm_sms)"),
     "minibatch": Option(_minibatch, None, "tokens per GPU per minibatch, or \"auto\""),
     "dtype": Option(_choice(*_DTYPES), "bf16", "weights and dispatched activations"),
     "weight-dtype": Option(_choice(*_DTYPES), None, "override dtype for the weights"),

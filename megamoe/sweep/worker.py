@@ -10,7 +10,9 @@ process, so a workload is built once per worker however many points use it.
 * Event model: ``simulate_workload`` on the cached workload, exactly what ``simulate`` runs.
 * Analytic: the bound of ``simulate(..., analytic_only=True)`` from the public pieces of
   ``simulator.analytic``: the per-GPU roofline compute is cached per (workload, profile, dtypes),
-  the byte matrices per (workload, dtype), so a point costs one ``estimate`` call (tens of us).
+  the byte matrices per (workload, dtype), the fixed start of the layer per (workload, profile
+  without its fabric), so a point costs the communication-SM model, one ``estimate`` and the
+  phases' bounds (tens of us).
   The bound sums over minibatches, so analytic points ignore the minibatch when sharing a workload
   (the minibatch is still checked as ``simulate`` checks it).
 
@@ -118,7 +120,7 @@ def _event_point(c: dict, row: dict) -> None:
     from megamoe.simulator.simulate import default_minibatch
 
     p, _ = _profile(row["_options"])
-    mb = default_minibatch(c["tokens-per-gpu"]) if c.get("minibatch") is None else c["minibatch"]
+    mb = default_minibatch(c["tokens-per-gpu"], p) if c.get("minibatch") is None else c["minibatch"]
     entry, row["workload_s"] = _workload(c, p, mb)
     w = entry["workload"]
     r = simulate_workload(w, p, schedule=c["schedule"], comm_sms=c.get("comm-sms"), dtype=c["dtype"],
@@ -131,14 +133,16 @@ def _event_point(c: dict, row: dict) -> None:
 
 
 def _analytic_point(c: dict, row: dict) -> None:
-    from megamoe.simulator.analytic import compute_roofline_s, estimate
-    from megamoe.simulator.simulate import DEFAULT_COMM_SMS, default_minibatch
-    from megamoe.simulator.timing import normalize_dtype, row_bytes
+    from megamoe.simulator.analytic import compute_roofline_s, estimate, phase_bounds_s, rack_terms
+    from megamoe.simulator.cost import normalize_dtype, row_bytes
+    from megamoe.simulator.schedules import layer_start_s
+    from megamoe.simulator.simulate import check_comm_sms, default_minibatch
     from megamoe.simulator.workload import minibatch_count
 
     p, compute_key = _profile(row["_options"])
     tg = c["tokens-per-gpu"]
-    mb, nmb = minibatch_count(tg, default_minibatch(tg) if c.get("minibatch") is None else c["minibatch"])
+    comm = check_comm_sms(c.get("comm-sms"), p)
+    mb, nmb = minibatch_count(tg, default_minibatch(tg, p) if c.get("minibatch") is None else c["minibatch"])
     entry, row["workload_s"] = _workload(c, p, None)
     w = entry["workload"]
     cfg = w.config
@@ -158,13 +162,15 @@ def _analytic_point(c: dict, row: dict) -> None:
     comp = _pieces.get_or((pkey, compute_key, wd, ad, shared), roofline)[0]
     dis = _pieces.get_or((pkey, "bytes", ad), traffic_bytes(ad))[0]
     com = _pieces.get_or((pkey, "bytes", "bf16"), traffic_bytes("bf16"))[0]
-    e = estimate(c["schedule"], compute_s=comp, dispatch_bytes=dis, combine_bytes=com, profile=p,
-                 comm_sms=DEFAULT_COMM_SMS if c.get("comm-sms") is None else c["comm-sms"])
+    start = _pieces.get_or((pkey, compute_key, "start"), lambda: layer_start_s(p, cfg, tg))[0]
+    terms = rack_terms(p, cfg, tg, comm_sms=comm, dispatch_dtype=ad, start_s=start)
+    e = estimate(c["schedule"], compute_s=comp, dispatch_bytes=dis, combine_bytes=com, profile=p, **terms)
+    dis_s, com_s = phase_bounds_s(c["schedule"], dis, com, p, terms["copy_bytes_per_s"], terms["copy_coefs"])
     # the same split as simulate.analytic_result
     t, cmax, cmean = e.time_s, float(comp.max()), float(comp.mean())
     row.update(mode="analytic", layer_time_us=e.time_us, analytic_us=e.time_us, expert_compute_us=cmean * 1e6,
-               load_imbalance_wait_us=(cmax - cmean) * 1e6, exposed_comm_us=(t - cmax) * 1e6, dispatch_us=0.0,
-               combine_us=0.0)
+               load_imbalance_wait_us=(cmax - cmean) * 1e6, exposed_comm_us=(t - cmax) * 1e6,
+               dispatch_us=float(dis_s.max()) * 1e6, combine_us=float(com_s.max()) * 1e6)
     _shape(row, _imbalance(entry), w)
     row["minibatch_tokens"], row["num_minibatches"] = mb, nmb
 
@@ -172,9 +178,9 @@ def _analytic_point(c: dict, row: dict) -> None:
 def _compute_key(profile) -> str:
     """The profile without its fabric (link, switch, switch chips): what a GPU's roofline compute reads.
 
-    Points that differ only in the fabric share the roofline; a test checks the rows against
-    ``simulate(..., analytic_only=True)`` with a link override, which would catch a roofline that
-    started to read the fabric.
+    Points that differ only in the fabric share the roofline and the layer's fixed start; a test
+    checks the rows against ``simulate(..., analytic_only=True)`` with a link override, which would
+    catch either of them starting to read the fabric.
     """
     d = {k: v for k, v in profile.data.items() if k not in ("link", "switch", "name", "description")}
     d["system"] = {k: v for k, v in d["system"].items() if k != "num_switch_chips"}
