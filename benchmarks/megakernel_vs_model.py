@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         ratios.append(ratio)
         out.append({"preset": r["preset"], "T": T, "routing": r["routing"], "measured_us": r["megakernel_us"],
                     "predicted_us": pred["time_us"], "measured_over_predicted": ratio, "profile": a.profile,
-                    "rows": a.rows, "measured_commit": r.get("commit"), "kind": "post-hoc look, not a validation"})
+                    "rows": a.rows, "measured_commit": r.get("commit"), "kind": "post-hoc look, not a validation", "backend": "megakernel"})
         print(f"{r['preset']:<16}{T:>6} {r['routing']:<13} measured {r['megakernel_us']:9.1f}  predicted "
               f"{pred['time_us']:9.1f}  ratio {ratio:5.2f}", flush=True)
     if ratios:
