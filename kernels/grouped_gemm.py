@@ -80,6 +80,20 @@ def _k_range(pid, KD, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(pid0, num_m, N, KD, block_expert_ptr, DENSE: tl.constexpr, SPLIT_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """A launched GEMM program's (row block, N tile, expert, split, K tiles): expert 0 when DENSE,
+    block_expert's entry otherwise (-1 past the routed rows: the program has nothing to do)."""
+    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
+    pid_m, pid_n = _tile_ids(pid, num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
+    if DENSE:
+        e = pid * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+    return pid_m, pid_n, e, s, k_lo, k_hi
+
+
+@triton.jit
 def _gemm1_tile(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
@@ -144,16 +158,10 @@ def _gemm1_kernel(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
-    if DENSE:
-        e = pid * 0
-    else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
+    pid_m, pid_n, e, s, k_lo, k_hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE,
+                                                   SPLIT_K, BLOCK_N, BLOCK_K, GROUP_M)
+    if e < 0:
+        return
     _gemm1_tile(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                 pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
                 alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -266,16 +274,10 @@ def _gemm2_kernel(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid0 = tl.program_id(0)
-    pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(pid, num_m, num_n, GROUP_M)
-    if DENSE:
-        e = pid * 0
-    else:
-        e = tl.load(block_expert_ptr + pid_m)
-        if e < 0:
-            return
+    pid_m, pid_n, e, s, k_lo, k_hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE,
+                                                   SPLIT_K, BLOCK_N, BLOCK_K, GROUP_M)
+    if e < 0:
+        return
     _gemm2_tile(a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                 pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
                 K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)

@@ -50,12 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..reference.sizes import dtype_bytes, row_bytes  # noqa: F401 - row_bytes is re-exported
+from ..reference.sizes import dtype_bytes, long_dtype, row_bytes  # noqa: F401 - row_bytes is re-exported
 from .hardware import KernelModel, Profile, load_profile
 
-#: Activation / weight element formats the rack model takes.
+#: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
 DTYPES = ("bf16", "fp8")
-_CONFIG_DTYPE = {"bfloat16": "bf16", "float16": "bf16", "float32": "bf16", "fp8_e4m3": "fp8"}
 #: tile order of the grouped GEMMs when a plan does not say (Triton's GROUP_M of our configs)
 DEFAULT_GROUP_M = 8
 
@@ -64,9 +63,10 @@ def normalize_dtype(name: str) -> str:
     """'bf16' | 'fp8' from a short or a MoEConfig.weight_dtype name."""
     if name in DTYPES:
         return name
-    if name in _CONFIG_DTYPE:
-        return _CONFIG_DTYPE[name]
-    raise ValueError(f"dtype must be one of {DTYPES} (or {sorted(_CONFIG_DTYPE)}), got {name!r}")
+    try:
+        return "fp8" if long_dtype(name) == "fp8_e4m3" else "bf16"
+    except ValueError:
+        raise ValueError(f"dtype must be one of {DTYPES} (or a MoEConfig weight_dtype), got {name!r}") from None
 
 
 def compute_dtype(weight_dtype: str, act_dtype: str) -> str:

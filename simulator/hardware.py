@@ -202,17 +202,22 @@ def _check_num(path: str, entry: Any, spec: _Num) -> float | int:
     return v
 
 
-def _check_curve(path: str, entry: Any) -> tuple[tuple[float, float], ...]:
+def _check_points_header(path: str, entry: Any, unit: str, what: str) -> None:
+    """A curve or table object: exactly the keys {unit, over, points, source}, with this unit."""
     if not isinstance(entry, dict):
-        raise ProfileError(f"{path} must be a curve object {{unit, over, points, source}}, got {entry!r}")
+        raise ProfileError(f"{path} must be a {what} {{unit, over, points, source}}, got {entry!r}")
     unknown = sorted(set(entry) - _CURVE_KEYS)
     if unknown:
         raise ProfileError(f"{path} has unknown key(s) {unknown}; allowed: {sorted(_CURVE_KEYS)}")
     for k in ("unit", "over", "points", "source"):
         if k not in entry:
             raise ProfileError(f"{path} is missing {k!r}")
-    if entry["unit"] != "fraction":
-        raise ProfileError(f"{path}.unit must be 'fraction', got {entry['unit']!r}")
+    if entry["unit"] != unit:
+        raise ProfileError(f"{path}.unit must be {unit!r}, got {entry['unit']!r}")
+
+
+def _check_curve(path: str, entry: Any) -> tuple[tuple[float, float], ...]:
+    _check_points_header(path, entry, "fraction", "curve object")
     if entry["over"] != "rows_per_expert":
         raise ProfileError(f"{path}.over must be 'rows_per_expert', got {entry['over']!r}")
     if not isinstance(entry["source"], str) or not entry["source"].strip():
@@ -546,16 +551,7 @@ class KernelModel:
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
-    if not isinstance(entry, dict):
-        raise ProfileError(f"{path} must be a table {{unit, over, points, source}}, got {entry!r}")
-    unknown = sorted(set(entry) - _CURVE_KEYS)
-    if unknown:
-        raise ProfileError(f"{path} has unknown key(s) {unknown}; allowed: {sorted(_CURVE_KEYS)}")
-    for k in ("unit", "over", "points", "source"):
-        if k not in entry:
-            raise ProfileError(f"{path} is missing {k!r}")
-    if entry["unit"] != unit:
-        raise ProfileError(f"{path}.unit must be {unit!r}, got {entry['unit']!r}")
+    _check_points_header(path, entry, unit, "table")
     if list(entry["over"]) != list(over):
         raise ProfileError(f"{path}.over must be {list(over)}, got {entry['over']!r}")
     if not isinstance(entry["source"], str) or not entry["source"].strip():
