@@ -324,7 +324,8 @@ def floor_terms(cfg, T: int, experts_touched: float) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
-              with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False) -> dict:
+              with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
+              backend: str = "auto") -> dict:
     import torch
 
     from . import moe as kmoe
@@ -339,13 +340,15 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         touched.append(int((d["counts"] > 0).sum().item()))
     et = sum(touched) / len(touched)
     kmoe.check_inputs(xs[0], w, cfg)
-    ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False), xs, reps)
+    ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
+    ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False,
+                                                    backend=ran), xs, reps)
     flops, byt = floor_terms(cfg, T, et)
     floor_us = max(flops / ceil["matmul_flops_per_s"], byt / ceil["read_bytes_per_s"]) * 1e6
     row = {
         "preset": name, "T": T, "experts_touched": et, "flops": flops, "bytes": byt,
         "floor_us": floor_us, "ours_us": ours, "ours_over_floor": ours / floor_us,
-        "ours_tflops": flops / (ours * 1e-6) / 1e12, "deterministic": deterministic,
+        "ours_tflops": flops / (ours * 1e-6) / 1e12, "deterministic": deterministic, "backend": ran,
         "config": kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device),
     }
     if with_torch:
@@ -359,7 +362,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         routed_flops = T * cfg.top_k * 6 * H * cfg.intermediate_size
         row.update(ideal_tflops=ideal / 1e12, ours_routed_tflops=routed_flops / (ours * 1e-6) / 1e12,
                    ours_over_ideal_rate=routed_flops / (ours * 1e-6) / ideal)
-    if breakdown:  # CUDA-graph times of the pipeline's prefixes; differences are the stages
+    if breakdown and ran == "multi":  # CUDA-graph times of the pipeline's prefixes; differences are the stages
         prefix = {}
         for stop in ("align", "gemm1", "gemm2"):
             prefix[stop] = graph_time_us(lambda x, stop=stop: kmoe._forward(x, w, cfg, deterministic, stop), xs, reps)
@@ -531,6 +534,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-tokens", default=None, help="token counts to tune (default: --tokens)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch pipeline")
     p.add_argument("--fast-combine", action="store_true", help="also time the atomic (non-deterministic) combine")
+    p.add_argument("--backend", default="auto", choices=("auto", "megakernel", "multi"),
+                   help="moe_forward's backend (rows record the one that ran; default auto)")
     p.add_argument("--breakdown", action="store_true", help="also time router+align, gemm1, gemm2, combine apart")
     p.add_argument("--out", default=None, help="JSON-lines file to append rows to")
 
@@ -595,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
             for det in modes:
                 try:
                     r = bench_row(name, cfg, w, T, ceil, reps=args.reps, with_torch=not args.no_torch and det,
-                                  deterministic=det, breakdown=args.breakdown)
+                                  deterministic=det, breakdown=args.breakdown, backend=args.backend)
                 except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
                     print(f"# {name} T={T} failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
                     continue
