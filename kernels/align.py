@@ -143,6 +143,24 @@ def _scatter_kernel(
                    tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
+@triton.jit
+def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Token block pid of a routing made elsewhere: (idx (BLOCK_T, BLOCK_K), in-range mask, pairs per
+    expert (BLOCK_E,), offs_t, t_mask, offs_e, e_mask), as routing._route_block returns them."""
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    out_mask = t_mask[:, None] & (offs_k[None, :] < K)
+    idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=out_mask, other=-1)
+    counts = tl.zeros((BLOCK_E,), tl.int32)
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
+    return idx, out_mask, counts, offs_t, t_mask, offs_e, offs_e < E
+
+
 @triton.jit(do_not_specialize=["T"])
 def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):

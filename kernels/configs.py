@@ -200,13 +200,21 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
 
 
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
-                      interpret: bool = False) -> dict:
+                      interpret: bool = False, routing_given: bool = False) -> dict:
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
 
     Decode (T <= 64): row blocks that hold every row an expert can get (BLOCK_M 16 up to T = 16,
     64 up to T = 64), so each touched expert's weights stream once whatever the routing; column
     tiles that fill the programs' waves (touched experts x N tiles close to a multiple of P). Prefill:
     128-row tiles of 128 columns."""
+    mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
+    if routing_given:  # no logits to compute: one task per token block reads the routing and counts
+        r = mk["tiles"]["router"]
+        r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
+    return mk
+
+
+def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
     bt = router_block_t(T, E)
     block_e = max(16, _pow2(E))
     split = router_split(T, E, H, interpret=interpret)

@@ -47,7 +47,7 @@ def _supported(module) -> bool:
     return gu.is_cuda or gu.device.type == "cpu"
 
 
-def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend: str = "multi"):
     """The ExpertsInterface entry: (T, H), (T, K), (T, K) -> (T, H) in hidden_states' dtype."""
     if not _supported(self) or hidden_states.dtype != self.gate_up_proj.dtype:
         from transformers.integrations.moe import grouped_mm_experts_forward
@@ -61,13 +61,22 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     y = moe_experts(
         x, top_k_index.reshape(x.shape[0], -1), top_k_weights.reshape(x.shape[0], -1), self.gate_up_proj,
         self.down_proj, self.gate_up_proj_bias if has_bias else None, self.down_proj_bias if has_bias else None,
+        backend=backend,
     )
     return y.reshape(shape)
 
 
-def register(name: str = NAME) -> str:
-    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name."""
+def register(name: str = NAME, *, backend: str = "multi") -> str:
+    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name.
+    ``backend``: moe_experts' backend ("multi" or "megakernel")."""
+    import functools
+
     from transformers.integrations.moe import ExpertsInterface
 
-    ExpertsInterface.register(name, experts_forward)
+    from .moe import KernelInputError
+
+    if backend not in ("multi", "megakernel"):
+        raise KernelInputError(f"backend must be 'multi' or 'megakernel', got {backend!r}")
+    fn = experts_forward if backend == "multi" else functools.partial(experts_forward, backend=backend)
+    ExpertsInterface.register(name, fn)
     return name

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
-from .align import _finish_offsets, _scan, _scatter_block, _scatter_chunk, align_blocks
+from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
 from .routing import ROUTER_CODES, _route_block, _router_partial
 
@@ -124,7 +124,7 @@ def _megakernel(
     BN2: tl.constexpr, BK2: tl.constexpr, S_BM: tl.constexpr, S_BN1: tl.constexpr, S_BN2: tl.constexpr,
     S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
     S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
-    RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr,
+    RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr, GIVEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -143,10 +143,15 @@ def _megakernel(
                 g = t - F_TOPK
                 if SPLIT > 0:
                     _wait(sync_ptr + OFF_LOGITS + (g * R_TT) // R_BT, SPLIT, BACKOFF)
-                top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
-                    x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
-                    sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
-                    TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK, R_BG)
+                if GIVEN:  # a routing made elsewhere (moe_experts): read it and count
+                    top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _given_block(
+                        topk_idx_ptr, g, T, E, K, R_TT, R_BE, R_BK)
+                else:
+                    top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
+                        x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
+                        sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
+                        TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
+                        R_BG)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
                                             block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
@@ -271,19 +276,21 @@ def num_programs(device: torch.device, layout: TaskLayout, occupancy: int) -> in
     return max(1, min(p, layout.max_tasks))
 
 
-def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device) -> dict:
+def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, *, routing_given: bool = False) -> dict:
     """Tiles, warps and stages of the megakernel for this call (configs.megakernel_config)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     return cfgs.megakernel_config(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k,
                                   config.shared_intermediate_size, T, num_sms=sms,
-                                  interpret=device.type == "cpu")
+                                  interpret=device.type == "cpu", routing_given=routing_given)
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
-                 trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None):
+                 trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
+                 routing: tuple | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
     device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
-    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device)."""
+    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device). ``routing``:
+    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     Is = config.shared_intermediate_size
@@ -297,8 +304,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     G, split, bm = lay.topk_groups, lay.split, g1["BLOCK_M"]
     P_max = lay.b_max * bm
-    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
-    topk_w = torch.empty((T, K), device=dev, dtype=f32)
+    topk_idx, topk_w = routing if routing is not None else (torch.empty((T, K), device=dev, dtype=i32),
+                                                              torch.empty((T, K), device=dev, dtype=f32))
     sgw = weights.shared_gate
     sgate = torch.empty((T,), device=dev, dtype=f32) if sgw is not None else None
     part = torch.empty((split, T, E), device=dev, dtype=f32) if split > 1 else None
@@ -329,7 +336,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
         act, act_s, pairs, y, sync, stats, trace,
-        T, H, E, I, Is, G, lay.b_max, x.stride(0), rw.stride(0), gu.stride(0), gu.stride(1),
+        T, H, E, I, Is, G, lay.b_max, x.stride(0), 0 if rw is None else rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
         nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"], f["shared_gemm1"],
@@ -350,27 +357,50 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         S_BK=sh["BLOCK_K"], EVEN_K1=H % g1["BLOCK_K"] == 0, EVEN_K2=I % g2["BLOCK_K"] == 0,
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
-        TRACE=trace is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
+        TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
 
 
+def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
+                       limit: float) -> torch.Tensor:
+    """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts with
+    backend="megakernel"; inputs checked and the routing sanitized there). topk_idx (T, K) int32,
+    topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
+    from types import SimpleNamespace
+
+    from ..reference.config import MoEConfig
+
+    T, H = x.shape
+    E, I = gate_up.shape[0], gate_up.shape[1] // 2
+    K = topk_idx.shape[1]
+    cfg = MoEConfig(hidden_size=H, intermediate_size=I, num_experts=E, top_k=K, activation=activation,
+                    swiglu_alpha=alpha, swiglu_limit=limit, name="moe_experts")
+    w = SimpleNamespace(router_weight=None, router_bias=None, score_bias=None, shared_gate=None, gate_up=gate_up,
+                        gate_up_bias=gate_up_bias, down=down, down_bias=down_bias, shared_gate_up=None,
+                        shared_down=None)
+    return megakernel_forward(x, w, cfg, routing=(topk_idx, topk_w))
+
+
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
-                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None):
+                       out: torch.Tensor | None = None, trace: torch.Tensor | None = None,
+                       routing: tuple | None = None):
     """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
 
     ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
     ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
     [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
-    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run."""
+    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run. ``routing``:
+    (topk_idx, topk_w) made elsewhere (see megakernel_experts)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
         return (y, {k: 0 for k in KINDS}) if record else y
-    mk = mk or megakernel_config(config, T, x.dtype, x.device)
-    grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace)
+    mk = mk or megakernel_config(config, T, x.dtype, x.device, routing_given=routing is not None)
+    grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace,
+                                                routing=routing)
     kern = _megakernel[grid](*args, **kwargs)
     if not record:
         return y

@@ -222,7 +222,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
-             limit: float, deterministic: bool) -> torch.Tensor:
+             limit: float, deterministic: bool, backend: str = "multi") -> torch.Tensor:
     """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
     y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
     topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
@@ -235,6 +235,11 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     if T == 0:
         return y
     topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, checks.capturing(dev)))
+    if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
+        from .megakernel import megakernel_experts
+
+        return megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation, alpha,
+                                  limit)
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
@@ -266,21 +271,22 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
 def _experts_op(
     x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str, alpha: float, limit: float,
-    deterministic: bool,
+    deterministic: bool, backend: str,
 ) -> torch.Tensor:
     return _experts(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit,
-                    deterministic)
+                    deterministic, backend)
 
 
 @_experts_op.register_fake
-def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit, deterministic):
+def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit, deterministic,
+      backend):
     return torch.empty_like(x)
 
 
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, *,
                 activation: str = "silu_gated", alpha: float = 1.702, limit: float = 7.0,
-                deterministic: bool = True, check: bool = True) -> torch.Tensor:
+                deterministic: bool = True, check: bool = True, backend: str = "multi") -> torch.Tensor:
     """The routed experts alone, for a routing made elsewhere (e.g. a transformers MoE block's router).
 
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
@@ -295,7 +301,13 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     output is the good slots' sum) and are recorded in a sticky flag; call
     ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` after replay to raise the
     error. ``check=False`` skips the flag read (the routing is sanitized all the same).
+
+    ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
+    "megakernel" (one persistent launch whose top-k tasks read this routing; checked under the
+    interpreter, not yet timed on a GPU, so it is not the default).
     """
+    if backend not in ("multi", "megakernel"):
+        raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
     for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
         if not isinstance(t, torch.Tensor):
             raise KernelInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -334,7 +346,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
         gate_up.contiguous(), down.contiguous(),
         None if gate_up_bias is None else gate_up_bias.contiguous(),
         None if down_bias is None else down_bias.contiguous(),
-        activation, float(alpha), float(limit), bool(deterministic),
+        activation, float(alpha), float(limit), bool(deterministic), backend,
     )
     if read:
         checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)

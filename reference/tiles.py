@@ -13,6 +13,7 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     kind            one task                             waits on                 signals
     router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
     router_topk     group g: logits, top-k, hist row      logits[c of g] = SPLIT   topk (+ scan, scatter if G = 1)
+                    (a routing given: read it, count)
     align_scan      counts, padded offsets (G > 1)        topk = G                 scan
     align_scatter   group g's padded rows (G > 1)         scan = 1                 scatter
     shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
@@ -340,7 +341,7 @@ def _w(n: int, *pairs) -> np.ndarray:
 
 
 def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight_bytes: int | None = None,
-              num_programs: int = 1) -> TaskPlan:
+              num_programs: int = 1, routing_given: bool = False) -> TaskPlan:
     """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
     ``counts`` (E,) (``np.bincount(topk_idx.ravel(), minlength=E)``; they sum to T*K).
 
@@ -349,6 +350,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     "combine": {BLOCK_T, BLOCK_H}, "order": {GROUP_M}} (GEMM 2 shares GEMM 1's BLOCK_M: the row
     blocks). ``act_bytes`` / ``weight_bytes``: bytes per element of activations and weights
     (weights default to the activations'). ``num_programs``: the launch's P (recorded only).
+    ``routing_given``: topk_idx and topk_weights come in (``moe_experts``): the top-k tasks only
+    read them and count (no router weights, no logits; tiles["router"]["SPLIT"] must be 1).
     """
     lay = task_layout(config, T, tiles)
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
@@ -377,6 +380,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     group_rows = np.minimum(tt, T - group * tt)
 
     # ---- router
+    if routing_given and split > 1:
+        raise InputError(f"routing_given takes no router logits: tiles['router']['SPLIT'] must be 1, got {split}")
     if split > 1:
         logit_c = np.array([bld.counter(f"logits[{c}]", split) for c in range(C)], np.int64)
         cc, ss = np.divmod(np.arange(C * split), split)
@@ -387,15 +392,18 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 signal=logit_c[cc])
         topk_in = split * group_rows * E * 4
         topk_w, topk_flops, topk_wait = 0, 0.0, _w(G, (logit_c[group * tt // bt], split))
+    elif routing_given:
+        topk_in = group_rows * K * 8
+        topk_w, topk_flops, topk_wait = 0, 0.0, None
     else:
         topk_in = group_rows * H * ab
         topk_w, topk_flops, topk_wait = E * H * wb, 2.0 * bt * E * H, None
-    topk_out = group_rows * K * 8 + E * 4
+    topk_out = (0 if routing_given else group_rows * K * 8) + E * 4
     if G == 1:  # one program holds every token: it aligns too
         topk_out = topk_out + T * K * 12 + 4 * (2 * E + 1)
     bld.add("router_topk", G, topk_wait, block=group, rows=group_rows, tile_m=tt, tile_n=E,
-            depth=H if split == 1 else 0, weight_bytes=topk_w, in_bytes=topk_in, out_bytes=topk_out,
-            flops=topk_flops, weight_id=10_000 if split == 1 else -1, signal=topk_c)
+            depth=H if split == 1 and not routing_given else 0, weight_bytes=topk_w, in_bytes=topk_in,
+            out_bytes=topk_out, flops=topk_flops, weight_id=10_000 if topk_w else -1, signal=topk_c)
     if G > 1:
         bld.add("align_scan", 1, _w(1, (topk_c, G)), rows=T * K, tile_n=E, in_bytes=4 * G * E,
                 out_bytes=4 * (G * E + 2 * E + 1 + lay.b_max), signal=scan_c)

@@ -21,9 +21,11 @@ from megamoe.reference import (
 pytestmark = pytest.mark.interpret
 
 
+@pytest.mark.parametrize("backend", ["multi", "megakernel"])
 @pytest.mark.parametrize("activation,bias", [("silu_gated", False), ("clamped_swiglu", True)])
-def test_moe_experts_matches_reference(activation, bias, rng, device):
-    """A routing made outside (the reference's), experts by the kernels: equal to the reference's experts."""
+def test_moe_experts_matches_reference(activation, bias, backend, rng, device):
+    """A routing made outside (the reference's), experts by the kernels: equal to the reference's experts
+    on both backends (the megakernel's top-k tasks then only read the routing and count)."""
     from megamoe.kernels import moe_experts
 
     cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3, activation=activation,
@@ -40,8 +42,39 @@ def test_moe_experts_matches_reference(activation, bias, rng, device):
     tw = w.to_torch(device.name, device.torch_dtype())
     y = moe_experts(device.tensor(x), device.tensor(r.topk_idx), device.tensor(r.topk_weights, "float32"),
                     tw.gate_up, tw.down, tw.gate_up_bias, tw.down_bias, activation=activation, alpha=cfg.swiglu_alpha,
-                    limit=cfg.swiglu_limit)
-    assert_close(y.cpu(), ref, dt, f"moe_experts {activation}")
+                    limit=cfg.swiglu_limit, backend=backend)
+    assert_close(y.cpu(), ref, dt, f"moe_experts {activation} {backend}")
+
+
+def test_moe_experts_megakernel_runs_the_given_routing_plan(rng):
+    """With a routing given, the megakernel runs the plan of reference.tiles with routing_given: no
+    logits tasks, one top-k task per token block, and GEMM tasks only for the experts the routing uses."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("the task record runs under the interpreter")
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.reference.tiles import KINDS, task_plan
+
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=2)
+    w = random_weights(cfg, seed=5).to_torch("cpu", torch.float32)
+    T = 37
+    idx = torch.from_numpy(np.stack([rng.choice([1, 4, 6], 2, replace=False) for _ in range(T)])).int()
+    tw = torch.rand(T, 2)
+    x = torch.from_numpy(rng.standard_normal((T, 40))).float()
+    _, ran = megakernel_forward(x, w, cfg, routing=(idx, tw), record=True)
+    mk = megakernel_config(cfg, T, torch.float32, x.device, routing_given=True)
+    plan = task_plan(cfg, np.bincount(idx.numpy().ravel(), minlength=7), T, mk["tiles"], routing_given=True)
+    assert {k: ran[k] for k in KINDS} == plan.tasks_per_kind() and ran["router_logits"] == 0
+    assert [ran["gemm1_per_expert"][e] > 0 for e in range(7)] == [e in (1, 4, 6) for e in range(7)]
+
+
+def test_moe_experts_rejects_a_bad_backend():
+    from megamoe.kernels import KernelInputError, moe_experts
+
+    with pytest.raises(KernelInputError, match="backend must be 'multi' or 'megakernel', got 'fast'"):
+        moe_experts(torch.randn(3, 8), torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), torch.randn(2, 8, 8),
+                    torch.randn(2, 8, 4), backend="fast")
 
 
 def test_moe_experts_rejects_bad_shapes():
@@ -52,14 +85,16 @@ def test_moe_experts_rejects_bad_shapes():
         moe_experts(x, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), torch.randn(2, 6, 8), torch.randn(2, 8, 4))
 
 
-def test_transformers_backend_qwen3_moe_block(device):
-    """A transformers Qwen3-MoE block with experts_implementation='megamoe' equals its eager experts."""
+@pytest.mark.parametrize("backend", ["multi", "megakernel"])
+def test_transformers_backend_qwen3_moe_block(backend, device):
+    """A transformers Qwen3-MoE block with experts_implementation='megamoe' equals its eager experts
+    (registered with either backend of moe_experts)."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3_moe import modeling_qwen3_moe as q
 
     from megamoe.kernels import register_transformers
 
-    name = register_transformers()
+    name = register_transformers("megamoe" if backend == "multi" else "megamoe-megakernel", backend=backend)
     conf = transformers.Qwen3MoeConfig(hidden_size=40, moe_intermediate_size=36, num_experts=7, num_experts_per_tok=3,
                                        norm_topk_prob=True)
     torch.manual_seed(0)
