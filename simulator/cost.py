@@ -110,8 +110,8 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
 
     Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
     rate interpolated in log2(depth), scaled by the fp8/bf16 peak ratio for fp8. Otherwise the
-    peak per SM x gemm_efficiency read at the tile height BM (launch.py's reading, which matched
-    the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
+    peak per SM x gemm_efficiency read at the tile height BM (the launch model's reading, which
+    matched the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
     is accepted for a future curve over it and unused today."""
     km = _km(profile)
     bm = np.asarray(block_m, dtype=np.float64)
