@@ -206,9 +206,9 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     earlier one (all touched weights of the GPU fit in ``megakernel.l2_weight_fraction`` of L2).
     One GPU moves nothing: it runs one minibatch and gives its communication SMs to the compute.
     """
-    from megamoe.reference.sizes import dtype_bytes
+    from megamoe.reference.sizes import dtype_bytes, ffn_flops, ffn_params
 
-    from .cost import compute_dtype, ffn_cost, row_bytes
+    from .cost import compute_dtype, ffn_cost, ffn_row_bytes, row_bytes
 
     cfg, rk = w.config, p.rack
     G, H, I = w.num_gpus, cfg.hidden_size, cfg.intermediate_size
@@ -226,8 +226,8 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     hbm = p.hbm_effective_bytes_per_s
     peak = p.tensor_flops_per_s[compute_dtype(weight_dtype, dispatch_dtype)]
     kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)
-    wbytes = 3.0 * H * I * wb
-    act_row = row_bytes(H, dispatch_dtype) + 2 * row_bytes(I, dispatch_dtype) + row_bytes(H, "bf16")
+    wbytes = ffn_params(H, I) * wb
+    act_row = ffn_row_bytes(H, I, dispatch_dtype)
     job_s, job_hbm = np.zeros((P, B)), np.zeros((P, B))
     flops, hbm_g, rows = np.zeros(G), np.zeros(G), np.zeros(G, np.int64)
     for g in range(G):
@@ -253,7 +253,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
             flops[g] += c.flops
             hbm_g[g] += hb
             b_j = rm * act_row + rd * (rm > 0) * wbytes  # (n,) each slot's bytes
-            share = np.maximum(6.0 * H * I * rm / peak, b_j / hbm)
+            share = np.maximum(ffn_flops(rm, H, I) / peak, b_j / hbm)
             mm = 0 if m is None else m
             job_s[sl, mm] = t * share / share.sum()
             job_hbm[sl, mm] = hb * b_j / b_j.sum()
