@@ -35,8 +35,9 @@ import simpy
 from .entities import Fabric, Span
 
 SCHEDULES = ("bulk", "fused")
-_ALIASES = {"bulk": "bulk", "bulk_synchronous": "bulk", "bulk-synchronous": "bulk", "fused": "fused",
-            "megakernel": "fused"}
+#: every name a schedule may be given by -> its canonical name (``normalize_schedule``)
+SCHEDULE_ALIASES = {"fused": "fused", "bulk": "bulk", "megakernel": "fused", "bulk_synchronous": "bulk",
+                    "bulk-synchronous": "bulk"}
 #: Events closer together than this fraction of the analytic bound are handled together (``Fabric``).
 RESOLUTION = 1e-3
 COMM_WORK = ("quantize", "transpose", "stash")
@@ -44,9 +45,9 @@ COMM_WORK = ("quantize", "transpose", "stash")
 
 def normalize_schedule(name: str) -> str:
     try:
-        return _ALIASES[name]
+        return SCHEDULE_ALIASES[name]
     except KeyError:
-        raise ValueError(f"schedule must be one of {sorted(_ALIASES)}, got {name!r}") from None
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULE_ALIASES)}, got {name!r}") from None
 
 
 def when_all(env: simpy.Environment, events: list) -> simpy.Event:
