@@ -160,8 +160,8 @@ def router_block_t(T: int, E: int) -> int:
 def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
     """H columns per step of the router's logit loop (the interpreter: fewer, larger steps)."""
     if interpret:
-        return max(16, min(128, 1 << max(0, (H - 1).bit_length())))
-    return 64 if max(16, 1 << max(0, (E - 1).bit_length())) <= 128 else 32
+        return max(16, min(128, _pow2(H)))
+    return 64 if max(16, _pow2(E)) <= 128 else 32
 
 
 def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
@@ -215,22 +215,25 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
 
 
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
+    from .plan import combine_launch
+
     bt = router_block_t(T, E)
-    block_e = max(16, _pow2(E))
+    block_h = router_block_h(E, H, interpret=interpret)
     split = router_split(T, E, H, interpret=interpret)
+    cl = combine_launch(T, H)
+    combine = {"BLOCK_T": cl["BLOCK_T"], "BLOCK_H": cl["BLOCK_H"]}
     if interpret:  # tiny tiles, as the multi-launch path's interpreter configs; top-k groups of 4 (1 at T = 1)
         topk_t = (1 if T == 1 else 4) if split > 1 else bt
-        return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": max(16, min(128, _pow2(H))), "SPLIT": max(split, 1),
-                                     "TOPK_T": topk_t},
+        return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                           "gemm1": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32},
                           "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32},
                           "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
-                          "combine": {"BLOCK_T": 1 if T < 256 else 4, "BLOCK_H": min(1024, _pow2(H))},
+                          "combine": combine,
                           "order": {"GROUP_M": 2}},
                 "num_warps": 4, "num_stages": 1, "occupancy": 1}
     P = num_sms
     if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
-        split = max(split, min(64, H // (64 if block_e <= 128 else 32), -(-E * H * 2 // (48 << 10))))
+        split = max(split, min(64, H // block_h, -(-E * H * 2 // (48 << 10))))
     if T <= 16:
         bm = 16
     elif T <= 64 or 1.5 * T * K / E <= 64:
@@ -252,12 +255,11 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # decode: top-k tasks select over as few rows as there are tokens (one at T = 1), not BLOCK_T;
     # past 16 tokens, groups of 4 spread the selection over programs
     topk_t = (_pow2(T) if T <= 16 else 4) if split > 1 else bt
-    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": 64 if block_e <= 128 else 32, "SPLIT": max(split, 1),
-                                 "TOPK_T": topk_t},
+    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                       "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},
-                      "combine": {"BLOCK_T": 1 if T < 256 else 4, "BLOCK_H": min(1024, _pow2(H))},
+                      "combine": combine,
                       "order": {"GROUP_M": 8}},
             "num_warps": warps, "num_stages": stages, "occupancy": 1}
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..reference.sizes import dtype_bytes
 from . import configs as cfgs
+from .configs import _pow2
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,6 @@ def _triton_version() -> str:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",

@@ -8,7 +8,7 @@ This is the one place that reads both the kernels and the simulator. Per (model,
 2. numerics: its output against the float64 reference on S sampled tokens (``megamoe.numerics``);
 3. the kernels' launch plan for that routing (``megamoe.kernels.launch_plan``: grid, tiles, bytes
    and FLOPs per program) goes, as plain data, to the simulator's launch model
-   (``megamoe.simulator.launch.predict_launch_plan``), which predicts each launch's time;
+   (``megamoe.simulator.cost.predict_launch_plan``), which predicts each launch's time;
 4. on a GPU the layer is timed as a CUDA-graph replay, and each kernel's own time is read from
    the torch profiler, so prediction and measurement are compared launch by launch.
 

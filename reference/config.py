@@ -179,7 +179,9 @@ class MoEConfig:
 
     @property
     def shared_params(self) -> int:
-        return 3 * self.hidden_size * self.shared_intermediate_size
+        from .sizes import ffn_params
+
+        return ffn_params(self.hidden_size, self.shared_intermediate_size)
 
     def flops_per_token(self) -> int:
         """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""

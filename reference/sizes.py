@@ -43,9 +43,14 @@ def row_bytes(width: int, dtype: str) -> int:
     return DTYPE_BYTES[d] * width
 
 
+def ffn_params(hidden: int, width: int) -> int:
+    """Weights of a gated FFN of width ``width``: gate/up [2 width, H] and down [H, width], no biases."""
+    return 3 * hidden * width
+
+
 def expert_params(config) -> int:
     """Parameters of one routed expert (gate/up, down, biases)."""
-    p = 3 * config.hidden_size * config.intermediate_size
+    p = ffn_params(config.hidden_size, config.intermediate_size)
     if config.expert_bias:
         p += 2 * config.intermediate_size + config.hidden_size
     return p
@@ -58,7 +63,7 @@ def expert_bytes(config, dtype: str | None = None) -> int:
 
 def shared_bytes(config, dtype: str | None = None) -> int:
     """Bytes of the shared MLP's weights (all shared experts together)."""
-    return 3 * config.hidden_size * config.shared_intermediate_size * dtype_bytes(dtype or config.weight_dtype)
+    return ffn_params(config.hidden_size, config.shared_intermediate_size) * dtype_bytes(dtype or config.weight_dtype)
 
 
 def router_bytes(config, dtype: str | None = None) -> int:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..reference.sizes import dtype_bytes, long_dtype, row_bytes  # noqa: F401 - row_bytes is re-exported
+from ..reference.sizes import dtype_bytes, ffn_flops, ffn_params, long_dtype, row_bytes
 from .hardware import KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -110,8 +110,8 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
 
     Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
     rate interpolated in log2(depth), scaled by the fp8/bf16 peak ratio for fp8. Otherwise the
-    peak per SM x gemm_efficiency read at the tile height BM (launch.py's reading, which matched
-    the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
+    peak per SM x gemm_efficiency read at the tile height BM (the launch model's reading, which
+    matched the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
     is accepted for a future curve over it and unused today."""
     km = _km(profile)
     bm = np.asarray(block_m, dtype=np.float64)
@@ -417,6 +417,12 @@ def stage_cost(rows, n_cols: int, k_dim: int, *, profile: Profile, num_sms: int,
     return GemmCost(max(compute_s, hbm_s), compute_s, hbm_s, flops, padded, hbm_bytes, total_tiles)
 
 
+def ffn_row_bytes(hidden: int, width: int, act_dtype: str) -> int:
+    """HBM bytes one row moves through ``ffn_cost``'s two stages: its input (``act_dtype``), the
+    intermediate written and read back (``act_dtype``) and its bf16 output."""
+    return row_bytes(hidden, act_dtype) + 2 * row_bytes(width, act_dtype) + row_bytes(hidden, "bf16")
+
+
 def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, weight_dtype: str,
              act_dtype: str, read_weights: bool = True, hbm_bytes_per_s: float | None = None,
              stage_sync_s: float = 0.0) -> GemmCost:
@@ -455,10 +461,9 @@ def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dt
     for tn in tile_widths(profile):
         for k in (hidden, width):
             rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows) * scale)
-    flops_e = 2.0 * rows * 3.0 * hidden * width
-    compute_s = float((flops_e / (profile.num_sms * rate)).sum())
-    weights = rows.size * 3.0 * hidden * width * wb
-    acts = float(rows.sum()) * (row_bytes(hidden, act_dtype) + 2 * row_bytes(width, act_dtype) + row_bytes(hidden, "bf16"))
+    compute_s = float((ffn_flops(rows, hidden, width) / (profile.num_sms * rate)).sum())
+    weights = rows.size * ffn_params(hidden, width) * wb
+    acts = float(rows.sum()) * ffn_row_bytes(hidden, width, act_dtype)
     return max(compute_s, (weights + acts) / hbm_peak(profile))
 
 

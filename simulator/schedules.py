@@ -35,8 +35,9 @@ import simpy
 from .entities import Fabric, Span
 
 SCHEDULES = ("bulk", "fused")
-_ALIASES = {"bulk": "bulk", "bulk_synchronous": "bulk", "bulk-synchronous": "bulk", "fused": "fused",
-            "megakernel": "fused"}
+#: every name a schedule may be given by -> its canonical name (``normalize_schedule``)
+SCHEDULE_ALIASES = {"fused": "fused", "bulk": "bulk", "megakernel": "fused", "bulk_synchronous": "bulk",
+                    "bulk-synchronous": "bulk"}
 #: Events closer together than this fraction of the analytic bound are handled together (``Fabric``).
 RESOLUTION = 1e-3
 COMM_WORK = ("quantize", "transpose", "stash")
@@ -44,9 +45,9 @@ COMM_WORK = ("quantize", "transpose", "stash")
 
 def normalize_schedule(name: str) -> str:
     try:
-        return _ALIASES[name]
+        return SCHEDULE_ALIASES[name]
     except KeyError:
-        raise ValueError(f"schedule must be one of {sorted(_ALIASES)}, got {name!r}") from None
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULE_ALIASES)}, got {name!r}") from None
 
 
 def when_all(env: simpy.Environment, events: list) -> simpy.Event:
@@ -206,9 +207,9 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     earlier one (all touched weights of the GPU fit in ``megakernel.l2_weight_fraction`` of L2).
     One GPU moves nothing: it runs one minibatch and gives its communication SMs to the compute.
     """
-    from megamoe.reference.sizes import dtype_bytes
+    from megamoe.reference.sizes import dtype_bytes, ffn_flops, ffn_params
 
-    from .cost import compute_dtype, ffn_cost, row_bytes
+    from .cost import compute_dtype, ffn_cost, ffn_row_bytes, row_bytes
 
     cfg, rk = w.config, p.rack
     G, H, I = w.num_gpus, cfg.hidden_size, cfg.intermediate_size
@@ -226,8 +227,8 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     hbm = p.hbm_effective_bytes_per_s
     peak = p.tensor_flops_per_s[compute_dtype(weight_dtype, dispatch_dtype)]
     kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)
-    wbytes = 3.0 * H * I * wb
-    act_row = row_bytes(H, dispatch_dtype) + 2 * row_bytes(I, dispatch_dtype) + row_bytes(H, "bf16")
+    wbytes = ffn_params(H, I) * wb
+    act_row = ffn_row_bytes(H, I, dispatch_dtype)
     job_s, job_hbm = np.zeros((P, B)), np.zeros((P, B))
     flops, hbm_g, rows = np.zeros(G), np.zeros(G), np.zeros(G, np.int64)
     for g in range(G):
@@ -253,7 +254,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
             flops[g] += c.flops
             hbm_g[g] += hb
             b_j = rm * act_row + rd * (rm > 0) * wbytes  # (n,) each slot's bytes
-            share = np.maximum(6.0 * H * I * rm / peak, b_j / hbm)
+            share = np.maximum(ffn_flops(rm, H, I) / peak, b_j / hbm)
             mm = 0 if m is None else m
             job_s[sl, mm] = t * share / share.sum()
             job_hbm[sl, mm] = hb * b_j / b_j.sum()

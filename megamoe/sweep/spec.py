@@ -100,8 +100,16 @@ def _placement(v: Any) -> str:
     return _choice(*POLICIES)(v)
 
 
-_SCHEDULES = ("fused", "bulk", "megakernel", "bulk_synchronous", "bulk-synchronous")
-_DTYPES = ("bf16", "fp8")
+def _schedule(v: Any) -> str:
+    from megamoe.simulator.schedules import SCHEDULE_ALIASES
+
+    return _choice(*SCHEDULE_ALIASES)(v)
+
+
+def _dtype(v: Any) -> str:
+    from megamoe.simulator.cost import DTYPES
+
+    return _choice(*DTYPES)(v)
 
 
 @dataclass(frozen=True)
@@ -121,12 +129,12 @@ OPTIONS: dict[str, Option] = {
     "routing": Option(_routing, "skewed", "uniform | skewed[:R] | zipf:S | hot:F[:N] | trace:FILE | router"),
     "placement": Option(_placement, "contiguous", "contiguous | round_robin | random | eplb"),
     "slots": Option(_positive_int, None, "physical expert slots for eplb"),
-    "schedule": Option(_choice(*_SCHEDULES), "fused", "fused | bulk"),
+    "schedule": Option(_schedule, "fused", "fused | bulk"),
     "comm-sms": Option(_positive_int, None, "SMs given to communication (default: the profile's megakernel.comm_sms)"),
     "minibatch": Option(_minibatch, None, "tokens per GPU per minibatch, or \"auto\""),
-    "dtype": Option(_choice(*_DTYPES), "bf16", "weights and dispatched activations"),
-    "weight-dtype": Option(_choice(*_DTYPES), None, "override dtype for the weights"),
-    "dispatch-dtype": Option(_choice(*_DTYPES), None, "override dtype for the dispatch"),
+    "dtype": Option(_dtype, "bf16", "weights and dispatched activations"),
+    "weight-dtype": Option(_dtype, None, "override dtype for the weights"),
+    "dispatch-dtype": Option(_dtype, None, "override dtype for the dispatch"),
     "no-shared": Option(_bool, False, "leave the shared expert out"),
     "seed": Option(_int, 0, "routing and placement seed"),
     "analytic": Option(_bool, False, "the analytic bound only (no event model)"),
@@ -209,12 +217,13 @@ class Point:
 
 def canonical(options: dict) -> dict:
     """Defaults filled in, profile fields under their key path: two spellings of a point agree."""
+    from megamoe.simulator.schedules import normalize_schedule
+
     out: dict[str, Any] = {}
     for name, opt in OPTIONS.items():
         v = options.get(name, opt.default)
         if name == "schedule":
-            v = {"megakernel": "fused"}.get(v, v)
-            v = "bulk" if v.startswith("bulk") else v
+            v = normalize_schedule(v)
         if v is not None:
             out[name] = v
     for name, v in options.items():
