@@ -1,4 +1,4 @@
-"""FP8 (OCP float8 e4m3fn) with block scales, in float64: what an FP8 MoE layer must compute.
+"""FP8 (OCP float8 e4m3fn) with block scales: what an FP8 MoE layer must compute, bit for bit.
 
 Shape legend: T tokens, H hidden, I expert width; R, C the rows and columns of one weight matrix
 (torch ``nn.Linear`` layout [out, in]); Rb = ceil(R / 128), Cb = ceil(C / 128) its scale blocks.
@@ -19,12 +19,19 @@ stays NaN.
 Scales follow DeepSeek-V3's convention (their checkpoints' ``weight_scale_inv``): a block of
 values ``a`` is stored as codes q and one float32 ``scale_inv`` s with
 
-    s = float32(max(amax(|a|), AMAX_FLOOR) / 448)        q = e4m3(a / s)        a ~= e4m3(q) * s
+    s = max(amax(|a|), AMAX_FLOOR) / 448        q = e4m3(a / s)        a ~= value(q) * s
 
-so the largest value of a block lands at 448. The quotient a / s uses the float32 s that is
-stored, so dequantization is exactly the product; where float32 rounding leaves a / s a hair above
-448 it saturates. ``AMAX_FLOOR`` (1e-4, as DeepGEMM's casts) keeps all-zero blocks finite: they
-encode to zeros. Weights use 128 x 128 blocks over a matrix's last two dimensions; activations use
+so the largest value of a block lands at 448. The arithmetic of quantizing is float32's, as a GPU
+does it: ``a`` is rounded to float32, and both divisions are IEEE float32 ones (correctly rounded),
+then the quotient is rounded to e4m3. This is part of the definition, not a detail: e4m3 rounding
+is ill-conditioned at ties, and bf16 inputs land exactly on e4m3 ties often (few mantissa bits on
+both sides of the division), so a float64 quotient and a float32 one give different codes for
+~0.1% of the values; those flips then move the next GEMM's input by ~3e-3 and flip ~1% of its
+codes in turn. A kernel that divides with correct rounding (Triton ``tl.math.div_rn``, CUDA
+``__fdiv_rn``) reproduces these codes bit for bit from the same input values. Dequantization is
+the exact product value(q) * s in float64. Where float32 rounding leaves a / s a hair above 448 it
+saturates. ``AMAX_FLOOR`` (1e-4, as DeepGEMM's casts) keeps all-zero blocks finite: they encode
+to zeros. Weights use 128 x 128 blocks over a matrix's last two dimensions; activations use
 1 x 128 groups (per token, per 128 columns). A size that is not a multiple of the block has a
 partial last block with a scale of its own.
 
@@ -155,16 +162,22 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ..
 
 
 def _real(name: str, a, min_ndim: int) -> np.ndarray:
+    """``a`` as float32 (the quantization's arithmetic), finite."""
     a = np.asarray(a)
     if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
         raise InputError(f"{name} must be a real array, got dtype {a.dtype}")
     if a.ndim < min_ndim:
         raise InputError(f"{name} must have at least {min_ndim} dimensions, got shape {list(a.shape)}")
-    a = a.astype(np.float64, copy=False)
-    if a.size and not np.isfinite(a).all():
-        i = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-        raise InputError(f"{name} has a non-finite value {a[i]} at index {i}")
-    return a
+    a64 = a.astype(np.float64, copy=False)
+    if a64.size and not np.isfinite(a64).all():
+        i = tuple(int(j) for j in np.argwhere(~np.isfinite(a64))[0])
+        raise InputError(f"{name} has a non-finite value {a64[i]} at index {i}")
+    with np.errstate(over="ignore"):
+        a32 = a64.astype(np.float32)
+    if a32.size and not np.isfinite(a32).all():
+        i = tuple(int(j) for j in np.argwhere(~np.isfinite(a32))[0])
+        raise InputError(f"{name} has a value {a64[i]} at index {i} beyond float32's range")
+    return a32
 
 
 def _block_amax(a: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -172,7 +185,7 @@ def _block_amax(a: np.ndarray, block: tuple[int, int]) -> np.ndarray:
     *lead, R, C = a.shape
     br, bc = block
     nr, nc = num_blocks(R, br), num_blocks(C, bc)
-    padded = np.zeros((*lead, nr * br, nc * bc))
+    padded = np.zeros((*lead, nr * br, nc * bc), a.dtype)
     padded[..., :R, :C] = np.abs(a)
     return padded.reshape(*lead, nr, br, nc, bc).max(axis=(-3, -1), initial=0.0)
 
@@ -180,11 +193,12 @@ def _block_amax(a: np.ndarray, block: tuple[int, int]) -> np.ndarray:
 def _expand(s: np.ndarray, shape: tuple[int, ...], block: tuple[int, int]) -> np.ndarray:
     """Per-block scales (..., Rb, Cb) repeated over their blocks and cut to (..., R, C)."""
     R, C = shape[-2:]
-    return np.repeat(np.repeat(s.astype(np.float64), block[0], axis=-2), block[1], axis=-1)[..., :R, :C]
+    return np.repeat(np.repeat(s, block[0], axis=-2), block[1], axis=-1)[..., :R, :C]
 
 
 def _quantize(a: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    scale = (np.maximum(_block_amax(a, block), AMAX_FLOOR) / E4M3_MAX).astype(np.float32)
+    """a: float32 -> (codes, float32 scales), every operation in float32 (see the module docstring)."""
+    scale = np.maximum(_block_amax(a, block), np.float32(AMAX_FLOOR)) / np.float32(E4M3_MAX)
     return e4m3_encode(a / _expand(scale, a.shape, block)), scale
 
 
@@ -238,7 +252,7 @@ def dequantize_weight_blocks(q, scale_inv, block=WEIGHT_BLOCK) -> np.ndarray:
     block = _check_block(block)
     v = _values("q", q, 2)
     s = _scales("scale_inv", scale_inv, scale_shape(v.shape, block))
-    return v * _expand(s, v.shape, block)
+    return v * _expand(s, v.shape, block)  # exact: 4 significant bits times float32's 24
 
 
 def quantize_activations(x, group: int = ACT_GROUP) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,8 @@
 
 Expected codes are worked by hand from the OCP E4M3 definition (sign, 4 exponent bits of bias 7,
 3 mantissa bits; E=15 M=7 is NaN); torch's float8_e4m3fn cast, where installed, is a second,
-independent oracle. Block scales are re-derived here block by block with plain loops.
+independent oracle. Block scales are re-derived here block by block with plain loops, in float32
+arithmetic as the module defines them.
 """
 
 from __future__ import annotations
@@ -113,6 +114,14 @@ def _within_half_step(dq, a, s, block):
     assert np.all(np.abs(dq - a) <= 2.0**-4 * np.abs(a) + 2.0**-10 * s)
 
 
+def _scale_and_codes(blk):
+    """One block by the definition: float32 values, float32 divisions, then e4m3."""
+    b32 = np.asarray(blk, np.float32)
+    s = max(np.abs(b32).max(), np.float32(AMAX_FLOOR)) / np.float32(448)
+    assert s.dtype == np.float32
+    return s, e4m3_encode(b32 / s)
+
+
 def _blocks(R, C, br, bc):
     for i in range(math.ceil(R / br)):
         for j in range(math.ceil(C / bc)):
@@ -134,10 +143,9 @@ def test_weight_blocks_match_a_loop_over_blocks(shape, rng):
     w3, q3, s3 = w.reshape(-1, R, C), q.reshape(-1, R, C), s.reshape(-1, *s.shape[-2:])
     for e in range(w3.shape[0]):
         for i, j, rs, cs in _blocks(R, C, 128, 128):
-            blk = w3[e, rs, cs]
-            want_s = np.float32(max(np.abs(blk).max(), AMAX_FLOOR) / 448.0)
+            want_s, want_q = _scale_and_codes(w3[e, rs, cs])
             assert s3[e, i, j] == want_s
-            np.testing.assert_array_equal(q3[e, rs, cs], e4m3_encode(blk / np.float64(want_s)))
+            np.testing.assert_array_equal(q3[e, rs, cs], want_q)
     _within_half_step(dequantize_weight_blocks(q, s), w, s, (128, 128))
 
 
@@ -174,14 +182,27 @@ def test_activation_groups_per_token(T, C, group, rng):
     q, s = quantize_activations(x, group)
     assert q.dtype == np.uint8 and s.dtype == np.float32 and s.shape == (T, math.ceil(C / group))
     for t in range(T):
-        for j, _, cs in ((j, None, slice(j * group, (j + 1) * group)) for j in range(s.shape[1])):
-            want = np.float32(max(np.abs(x[t, cs]).max(), AMAX_FLOOR) / 448.0)
-            assert s[t, j] == want
-            np.testing.assert_array_equal(q[t, cs], e4m3_encode(x[t, cs] / np.float64(want)))
+        for j in range(s.shape[1]):
+            cs = slice(j * group, (j + 1) * group)
+            want_s, want_q = _scale_and_codes(x[t, cs])
+            assert s[t, j] == want_s
+            np.testing.assert_array_equal(q[t, cs], want_q)
     dq = dequantize_activations(q, s, group)
     np.testing.assert_array_equal(dq, fake_quantize_activations(x, group))
     _within_half_step(dq, x, s, (1, group))
     assert np.all(dq[0, :group] == 0.0)
+
+
+def test_float32_quotient_decides_ties():
+    """bf16 inputs land on e4m3 ties; the float32 quotient (as a GPU divides) is the one that counts.
+
+    amax = 1.375 and a = 1.03125: exactly, 448 * a / amax = 336, halfway between 320 (M=2) and 352
+    (M=3), so 320. In float32, s = 1.375 / 448 rounds and a / s rounds back to exactly 336.0: 320. A
+    float64 quotient by the same s is 336.0000073: it would give 352."""
+    q, s = quantize_activations(np.array([[1.375, 1.03125]]))
+    assert s[0, 0] == np.float32(1.375) / np.float32(448)
+    assert int(q[0, 1]) == 0x7A  # 320 = 1.25 * 2^8
+    assert int(e4m3_encode(1.03125 / np.float64(s[0, 0]))) == 0x7B  # what float64 arithmetic would give
 
 
 def test_quantization_is_idempotent(rng):
