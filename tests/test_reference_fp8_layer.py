@@ -13,7 +13,16 @@ import math
 import numpy as np
 import pytest
 
-from megamoe.reference import InputError, MoEConfig, activation, moe_forward, random_weights
+from megamoe.reference import (
+    PRESETS,
+    InputError,
+    MoEConfig,
+    activation,
+    assert_close,
+    moe_forward,
+    random_weights,
+    round_to_dtype,
+)
 from megamoe.reference.fp8 import e4m3_round
 from megamoe.reference.weights import expected_scale_shapes
 
@@ -34,12 +43,12 @@ CONFIGS = {  # the families whose FP8 path differs: grouped sigmoid + shared MLP
 
 
 def fq(v: np.ndarray) -> np.ndarray:
-    """One row quantized per 128 columns (scale = float32(amax / 448)) and dequantized."""
+    """One row quantized per 128 columns (float32: scale = amax / 448, code = e4m3(v / scale)) and dequantized."""
     out = np.empty_like(v)
     for j in range(math.ceil(v.size / 128)):
-        g = v[j * 128:(j + 1) * 128]
-        s = float(np.float32(max(np.abs(g).max(), 1e-4) / 448))
-        out[j * 128:(j + 1) * 128] = e4m3_round(g / s) * s
+        g = v[j * 128:(j + 1) * 128].astype(np.float32)
+        s = max(np.abs(g).max(), np.float32(1e-4)) / np.float32(448)
+        out[j * 128:(j + 1) * 128] = e4m3_round(g / s) * np.float64(s)
     return out
 
 
@@ -145,3 +154,81 @@ def test_to_torch_keeps_fp8(rng):
     x = rng.standard_normal((3, c.hidden_size))
     # the float8 tensors read back as the same values: the same layer
     np.testing.assert_array_equal(moe_forward(x, w8.to_torch(dtype=torch.float64), c), moe_forward(x, w8, c))
+
+
+# ---------------------------------------------------------------------- what FP8 costs, and the kernel row
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_fp8_layer_is_within_its_documented_distance_of_float64(name, rng):
+    """tolerance.py's fp8_e4m3_vs_float64 row: what a user gives up by running the FP8 layer."""
+    c0 = MoEConfig.preset(name)
+    c = c0.replace(hidden_size=256, intermediate_size=128, num_experts=min(c0.num_experts, 16),
+                   num_shared_experts=min(c0.num_shared_experts, 1),
+                   shared_intermediate_size=128 if c0.num_shared_experts else 0,
+                   **({"n_group": 4, "topk_group": 2, "top_k": 4} if c0.n_group > 1 else {}))
+    w = random_weights(c, seed=1)
+    x = rng.standard_normal((32, c.hidden_size))
+    rep = assert_close(moe_forward(x, w.to_fp8(), c), moe_forward(x, w, c), "fp8_e4m3_vs_float64", name)
+    assert rep.rms_err > 3e-2  # and the FP8 layer really is quantized: e4m3's ~6% is there
+
+
+def _q32(a):
+    """A GPU's per-row, per-128 quantization: float32 amax, scale and quotient (IEEE division)."""
+    a = a.astype(np.float32)
+    out = np.empty_like(a)
+    s = np.empty((a.shape[0], math.ceil(a.shape[1] / 128)), np.float32)
+    for j in range(s.shape[1]):
+        g = a[:, j * 128:(j + 1) * 128]
+        s[:, j] = np.maximum(np.abs(g).max(axis=1), np.float32(1e-4)) / np.float32(448)
+        out[:, j * 128:(j + 1) * 128] = e4m3_round(g / s[:, j:j + 1])
+    return out, s
+
+
+def _gemm32(q, s, wq, ws):
+    """[N, K] x [M, K]^T on FP8 operands: fp32 per 128-wide K block, both scales applied as it is added in."""
+    acc = np.zeros((q.shape[0], wq.shape[0]), np.float32)
+    ws_rows = np.repeat(ws.astype(np.float32), 128, axis=0)[:wq.shape[0]]  # (M, Kb)
+    for kb in range(s.shape[1]):
+        k = slice(kb * 128, (kb + 1) * 128)
+        acc += (q[:, k] @ wq[:, k].astype(np.float32).T) * s[:, kb:kb + 1] * ws_rows[None, :, kb]
+    return acc
+
+
+def _kernel_like(xb, w8, c, routing, mistake=None):
+    """An FP8 MoE kernel written in float32 NumPy; ``mistake`` adds one of two real-world departures."""
+    def b16(a):
+        return round_to_dtype(a, "bfloat16").astype(np.float32)
+
+    y = np.zeros(xb.shape, np.float32)
+    for e in range(c.num_experts):
+        t, k = np.nonzero(routing.topk_idx == e)
+        if t.size == 0:
+            continue
+        q, s = _q32(xb[t])
+        h = activation(_gemm32(q, s, w8.gate_up[e], w8.gate_up_scale_inv[e]).astype(np.float64), c).astype(np.float32)
+        if mistake == "h_from_bf16":
+            h = b16(h)
+        if mistake == "no_activation_quantization":
+            q, s = h, np.ones((h.shape[0], math.ceil(h.shape[1] / 128)), np.float32)
+        else:
+            q, s = _q32(h)
+        out = b16(_gemm32(q, s, w8.down[e], w8.down_scale_inv[e]))
+        np.add.at(y, t, out * routing.topk_weights[t, k, None].astype(np.float32))
+    return b16(y)
+
+
+@pytest.mark.parametrize("mistake", [None, "h_from_bf16", "no_activation_quantization"])
+def test_fp8_kernel_row_passes_fp8_arithmetic_and_fails_departures(mistake, rng):
+    """tolerance.py's fp8_e4m3 row: met by FP8 GEMMs done as the row says, missed by the two easy departures."""
+    c = MoEConfig.preset("mixtral-8x7b").replace(hidden_size=384, intermediate_size=256, num_experts=4)
+    w8 = random_weights(c, seed=2, fp8=True)
+    xb = round_to_dtype(rng.standard_normal((48, c.hidden_size)), "bfloat16")  # the kernel's bf16 x
+    ref = moe_forward(xb, w8, c, details=True)
+    got = _kernel_like(xb.astype(np.float32), w8, c, ref.routing, mistake)
+    if mistake is None:
+        rep = assert_close(got, ref.y, "fp8_e4m3", "FP8 kernel emulation")
+        assert rep.rms_err > 1e-4  # bf16 outputs: not trivially equal
+    else:
+        with pytest.raises(AssertionError, match="dtype fp8_e4m3"):
+            assert_close(got, ref.y, "fp8_e4m3", mistake)
