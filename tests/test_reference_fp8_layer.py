@@ -123,7 +123,7 @@ def test_random_fp8_weights():
     d = w8.dequantize()
     assert not d.is_fp8 and d.gate_up_scale_inv is None
     np.testing.assert_allclose(d.gate_up, w.gate_up, rtol=2**-4, atol=2**-10 * float(w8.gate_up_scale_inv.max()))
-    assert w8.nbytes > w.nbytes  # the scales are counted (both in float64 here)
+    assert w8.nbytes > w.nbytes  # nbytes counts the scales too
     with pytest.raises(InputError, match="FP8 already"):
         w8.to_fp8()
 
