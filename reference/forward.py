@@ -16,6 +16,19 @@ Activations on the gate/up projection z = [g | u] (each (N, I)):
 
 Routing weights scale each expert's output, except for Llama 4 (``config.weight_on_input``),
 where they scale the expert's input and the outputs are summed unweighted.
+
+The FP8 layer (DeepSeek-V3's inference scheme; ``fp8.py`` defines the format and the scales):
+weights that carry 128 x 128 block scales (``MoEWeights.is_fp8``) are dequantized, and the input of
+every expert GEMM is quantized per token (row) per 128 columns to e4m3 and dequantized again:
+
+    GEMM 1 input   the expert's input row (x[t], times the routing weight for Llama 4), 128 of H
+    GEMM 2 input   the activation's output h (silu(g) * u), 128 of I
+    shared MLP     the same two places, on x and on its own h
+
+Everything else is float64: the products and sums of the GEMMs, biases, the activation, the
+routing weights and combine. The router stays in the reference's float64 on the unquantized x and
+router weight (DeepSeek's gate is a bf16 GEMM with float32 scores; FP8 checkpoints do not quantize
+it), as does Qwen2-MoE's shared-expert gate.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import numpy as np
 from ._checks import InputError, as_float_array
 from .config import MoEConfig
 from .dispatch import DispatchPlan, plan_dispatch
+from .fp8 import check_e4m3_values, fake_quantize_activations
 from .routing import Routing, _sigmoid, route
 from .weights import MoEWeights
 
@@ -44,21 +58,27 @@ def activation(z, config: MoEConfig) -> np.ndarray:
     return (u + 1.0) * g * _sigmoid(config.swiglu_alpha * g)
 
 
-def expert_ffn(x, gate_up, down, config: MoEConfig, gate_up_bias=None, down_bias=None) -> np.ndarray:
-    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H)."""
-    z = x @ np.asarray(gate_up).T
+def expert_ffn(x, gate_up, down, config: MoEConfig, gate_up_bias=None, down_bias=None, *,
+               fp8_activations: bool = False) -> np.ndarray:
+    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H).
+
+    ``fp8_activations``: x and h are quantized per row per 128 columns before their GEMM."""
+    qdq = fake_quantize_activations if fp8_activations else np.asarray
+    z = qdq(x) @ np.asarray(gate_up).T
     if gate_up_bias is not None:
         z = z + gate_up_bias
-    y = activation(z, config) @ np.asarray(down).T
+    y = qdq(activation(z, config)) @ np.asarray(down).T
     if down_bias is not None:
         y = y + down_bias
     return y
 
 
-def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights, config: MoEConfig) -> np.ndarray:
+def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights, config: MoEConfig, *,
+                    fp8_activations: bool = False) -> np.ndarray:
     """Every (token, expert) pair through its expert.  -> (T*K, H), row r is plan.sorted_pair[r].
 
     For ``config.weight_on_input`` the expert's input row is x[t] * topk_weights[t, k].
+    ``weights``: float weights (FP8 ones dequantized first, as ``moe_forward`` does).
     """
     H = config.hidden_size
     out = np.zeros((plan.num_pairs, H), np.float64)
@@ -72,6 +92,7 @@ def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights
             rows, weights.gate_up[e], weights.down[e], config,
             None if weights.gate_up_bias is None else weights.gate_up_bias[e],
             None if weights.down_bias is None else weights.down_bias[e],
+            fp8_activations=fp8_activations,
         )
     return out
 
@@ -90,13 +111,13 @@ def combine(expert_out, plan: DispatchPlan, topk_weights, config: MoEConfig) -> 
     return np.einsum("tk,tkh->th", np.asarray(topk_weights, np.float64), per_pair)
 
 
-def shared_forward(x, weights: MoEWeights, config: MoEConfig) -> np.ndarray:
+def shared_forward(x, weights: MoEWeights, config: MoEConfig, *, fp8_activations: bool = False) -> np.ndarray:
     """The shared experts (one fused MLP of width Is), optionally sigmoid-gated.  x: (T, H) -> (T, H)."""
     if config.num_shared_experts == 0:
         return np.zeros_like(x)
     shared_cfg = config.replace(intermediate_size=config.shared_intermediate_size, activation="silu_gated",
                                 expert_bias=False)
-    y = expert_ffn(x, weights.shared_gate_up, weights.shared_down, shared_cfg)
+    y = expert_ffn(x, weights.shared_gate_up, weights.shared_down, shared_cfg, fp8_activations=fp8_activations)
     if weights.shared_gate is not None:
         y = y * _sigmoid(x @ weights.shared_gate)[:, None]
     return y
@@ -113,10 +134,25 @@ class MoEOutput:
     shared_out: np.ndarray  # (T, H)
 
 
-def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, details: bool = False):
+def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, fp8_activations: bool | None = None,
+                details: bool = False):
     """The MoE layer.  x: (T, H) real array (any float dtype; computed in float64) -> y: (T, H) float64.
 
-    With ``details=True`` returns an ``MoEOutput`` holding every stage's result.
+    FP8 weights (``weights.is_fp8``: e4m3 values with 128 x 128 block scales, from an FP8 checkpoint,
+    ``random_weights(..., fp8=True)`` or ``weights.to_fp8()``) give the FP8 layer of the module
+    docstring. ``fp8_activations`` chooses whether the GEMM inputs are quantized too; the default
+    (None) follows the weights, which is DeepSeek-V3's scheme (weights and activations in FP8).
+    False with FP8 weights is weight-only FP8; True with float weights quantizes only the activations.
+
+    Why an option here and not a ``MoEConfig`` field: the config says what the model computes
+    (routing, activation, shapes), the same for every precision it is served in; how the weights
+    are stored travels with the weights, as it does in a checkpoint; and whether activations are
+    quantized is a choice of the run, as ``dispatch_dtype`` is one of the simulator's. The same
+    weights can then be run both ways: ``moe_forward(x, w8, c)`` against
+    ``moe_forward(x, w8.dequantize(), c)`` is what FP8 activations cost.
+
+    With ``details=True`` returns an ``MoEOutput`` holding every stage's result (``expert_out`` and
+    ``shared_out`` as the FP8 layer computed them).
     """
     if not isinstance(config, MoEConfig):
         raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -124,11 +160,20 @@ def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, details: bool = Fa
         raise InputError(f"weights must be a MoEWeights, got {type(weights).__name__}")
     x = as_float_array("x", x, (None, config.hidden_size))
     weights = weights.to_numpy().validate(config)
+    if fp8_activations is None:
+        fp8_activations = weights.is_fp8
+    elif not isinstance(fp8_activations, bool):
+        raise InputError(f"fp8_activations must be True, False or None, got {fp8_activations!r}")
+    if weights.is_fp8:
+        for k in ("gate_up", "down", "shared_gate_up", "shared_down"):
+            if getattr(weights, k) is not None:
+                check_e4m3_values(f"MoEWeights.{k}", getattr(weights, k))
+        weights = weights.dequantize()
     routing = route(x, weights.router_weight, config, weights.router_bias, weights.score_bias)
     plan = plan_dispatch(routing.topk_idx, config.num_experts)
-    expert_out = experts_forward(x, routing, plan, weights, config)
+    expert_out = experts_forward(x, routing, plan, weights, config, fp8_activations=fp8_activations)
     y = combine(expert_out, plan, routing.topk_weights, config)
-    shared = shared_forward(x, weights, config)
+    shared = shared_forward(x, weights, config, fp8_activations=fp8_activations)
     y = y + shared
     if details:
         return MoEOutput(y=y, routing=routing, plan=plan, expert_out=expert_out, shared_out=shared)

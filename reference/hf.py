@@ -42,8 +42,24 @@ Checkpoint tensors accepted by ``weights_from_hf`` (keys relative to the MoE mod
 
 Which fused layout applies follows from the config, never from shapes (they are ambiguous when
 H = 2I): ``activation="clamped_swiglu"`` means gpt-oss's, ``router="sigmoid_top1_input"`` Llama 4's,
-anything else the standard one. Quantized tensors (gpt-oss MXFP4 ``*_blocks``/``*_scales``,
-DeepSeek FP8 ``weight_scale_inv``) are refused: dequantize first.
+anything else the standard one.
+
+FP8 checkpoints (DeepSeek-V3/R1, Kimi K2: ``quantization_config`` fp8, e4m3, weight_block_size
+[128, 128]) store each expert and shared-expert weight as float8_e4m3fn with a float32
+``weight_scale_inv`` per 128 x 128 block (weight ~= value * scale_inv, see ``fp8.py``):
+
+    per expert      experts.{e}.gate_proj / up_proj / down_proj .weight_scale_inv [ceil(I/128), ceil(H/128)] /
+                    [ceil(H/128), ceil(I/128)]; the shared experts' the same under shared_experts.*
+    fused (3-D)     transformers 5: experts.gate_up_proj_scale_inv [E, ceil(2I/128), ceil(H/128)],
+                    experts.down_proj_scale_inv [E, ceil(H/128), ceil(I/128)] (standard layout only)
+
+They load as FP8 ``MoEWeights`` (``is_fp8``: e4m3 values and ``*_scale_inv``; ``moe_forward`` then
+computes the FP8 layer; ``.dequantize()`` gives plain weights). A checkpoint is FP8 when any expert
+weight is float8 or has a scale; then every expert and shared weight needs its scale. Per-expert
+gate and up scales are stacked into the fused gate_up's, which needs I (and Is) to be a multiple of
+128 (it is in every FP8 model shipped). The router stays unquantized (DeepSeek ships it in bf16).
+Other quantized tensors (gpt-oss MXFP4 ``*_blocks``/``*_scales``, per-tensor ``weight_scale`` /
+``input_scale``, a scaled router) are refused: dequantize first.
 """
 
 from __future__ import annotations
@@ -58,6 +74,7 @@ import numpy as np
 
 from ._checks import InputError
 from .config import WEIGHT_DTYPES, ConfigError, MoEConfig
+from .fp8 import WEIGHT_BLOCK, check_e4m3_values, scale_shape
 from .weights import MoEWeights
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "config_from_hf", "read_json", "weights_from_hf"]
@@ -339,12 +356,12 @@ def config_from_hf(config: Mapping[str, Any] | str | Path) -> MoEConfig:
 # Keys relative to the MoE module. Every key of a checkpoint that belongs to an MoE layer matches one.
 _KEY_RE = re.compile(
     r"(?P<router>gate|router)\.(?P<rparam>weight|bias|e_score_correction_bias)"
-    r"|experts\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.(?P<eparam>weight|bias)"
-    r"|experts\.(?P<fused>gate_up_proj|down_proj)(?P<fbias>_bias)?"
-    r"|(?P<shared>shared_experts?)\.(?P<sproj>gate_proj|up_proj|down_proj)\.weight"
+    r"|experts\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.(?P<eparam>weight|bias|weight_scale_inv)"
+    r"|experts\.(?P<fused>gate_up_proj|down_proj)(?P<fsuffix>_bias|_scale_inv)?"
+    r"|(?P<shared>shared_experts?)\.(?P<sproj>gate_proj|up_proj|down_proj)\.(?P<sparam>weight|weight_scale_inv)"
     r"|(?P<sgate>shared_expert_gate)\.weight"
-    r"|(?P<quant>experts\.(?:\d+\.)?\w+?(?:_blocks|_scales|\.weight_scale_inv|\.weight_scale|\.input_scale)"
-    r"|(?:gate|router|shared_experts?\.\w+)\.weight_scale_inv)"
+    r"|(?P<quant>experts\.(?:\d+\.)?\w+?(?:_blocks|_scales|_scale|\.weight_scale|\.input_scale)"
+    r"|(?:shared_experts?\.\w+)\.(?:weight_scale|input_scale)|(?:gate|router|shared_expert_gate)\.weight_scale_inv)"
 )
 
 
@@ -411,11 +428,40 @@ def _to_float64(key: str, a: Any) -> np.ndarray:
         raise InputError(f"state_dict[{key!r}] (dtype {arr.dtype}) cannot be read as float64: {exc}") from None
 
 
+def _is_float8(a: Any) -> bool:
+    return "float8" in str(getattr(a, "dtype", ""))
+
+
 class _Reader:
-    """Takes tensors out of one MoE module's keys, checking shapes; remembers which were used."""
+    """Takes tensors out of one MoE module's keys, checking shapes; remembers which were used.
+
+    ``fp8``: the checkpoint stores expert weights as float8 with block scales (``weight``).
+    """
 
     def __init__(self, P: str, local: dict[str, Any], config: MoEConfig):
         self.P, self.local, self.config, self.used = P, local, config, set()
+        expert_w = [k for k in local if (m := _KEY_RE.fullmatch(k)) and (m["e"] or m["fused"] or m["shared"])]
+        scaled = [k for k in expert_w if k.endswith("scale_inv")]
+        float8 = [k for k in expert_w if _is_float8(local[k])]
+        self.fp8_evidence = (scaled or float8 or [None])[0]
+        self.fp8 = self.fp8_evidence is not None
+
+    def weight(self, k: str, shape: tuple[int, ...], scale_key: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(values, scale_inv or None): a weight, and in an FP8 checkpoint its block scales."""
+        w = self.take(k, shape)
+        if not self.fp8:
+            return w, None
+        want = scale_shape(shape, WEIGHT_BLOCK)
+        if scale_key not in self.local:
+            raise InputError(f"missing key {self.full(scale_key)!r} (expected shape {list(want)}): the checkpoint "
+                             f"is FP8 ({self.full(self.fp8_evidence)!r}), so every expert weight needs its "
+                             "128 x 128 block scales")
+        s = self.take(scale_key, want)
+        bad = ~np.isfinite(s) | (s < 0)
+        if bad.any():
+            i = tuple(int(j) for j in np.argwhere(bad)[0])
+            raise InputError(f"state_dict[{self.full(scale_key)!r}] must be finite and >= 0, got {s[i]} at index {i}")
+        return check_e4m3_values(f"state_dict[{self.full(k)!r}] (it has {scale_key.rsplit('.', 1)[-1]})", w), s
 
     def full(self, k: str) -> str:
         return self.P + k
@@ -464,13 +510,23 @@ def _experts(r: _Reader, config: MoEConfig) -> dict[str, np.ndarray]:
                              "checkpoint layout; gpt-oss uses the fused 'experts.gate_up_proj' tensors")
         mixtral = any(m["proj"] in ("w1", "w2", "w3") for m in matches)
         g, u, d = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-        gate_up = np.empty((E, 2 * I, H))
-        down = np.empty((E, H, I))
+        if r.fp8:
+            _stackable(r, I, "intermediate_size I")
+        gate_up, down, gate_up_s, down_s = [], [], [], []
         for e in range(E):
-            gate_up[e, :I] = r.take(f"experts.{e}.{g}.weight", (I, H))
-            gate_up[e, I:] = r.take(f"experts.{e}.{u}.weight", (I, H))
-            down[e] = r.take(f"experts.{e}.{d}.weight", (H, I))
-        return {"gate_up": gate_up, "down": down}
+            pg, pu, pd = (f"experts.{e}.{p}." for p in (g, u, d))
+            wg, sg = r.weight(pg + "weight", (I, H), pg + "weight_scale_inv")
+            wu, su = r.weight(pu + "weight", (I, H), pu + "weight_scale_inv")
+            wd, sd = r.weight(pd + "weight", (H, I), pd + "weight_scale_inv")
+            gate_up.append(np.concatenate([wg, wu]))
+            down.append(wd)
+            if r.fp8:
+                gate_up_s.append(np.concatenate([sg, su]))
+                down_s.append(sd)
+        out = {"gate_up": np.stack(gate_up), "down": np.stack(down)}
+        if r.fp8:
+            out |= {"gate_up_scale_inv": np.stack(gate_up_s), "down_scale_inv": np.stack(down_s)}
+        return out
     if not fused:
         raise InputError(
             f"missing expert weights for config {config.name!r}: expected {r.full('experts.gate_up_proj')!r} and "
@@ -478,8 +534,15 @@ def _experts(r: _Reader, config: MoEConfig) -> dict[str, np.ndarray]:
         )
     layout = _fused_layout(config)
     if layout == "standard":  # [E, 2I, H] gate rows first, [E, H, I]: already canonical
-        return {"gate_up": r.take("experts.gate_up_proj", (E, 2 * I, H)),
-                "down": r.take("experts.down_proj", (E, H, I))}
+        gu, gu_s = r.weight("experts.gate_up_proj", (E, 2 * I, H), "experts.gate_up_proj_scale_inv")
+        dn, dn_s = r.weight("experts.down_proj", (E, H, I), "experts.down_proj_scale_inv")
+        out = {"gate_up": gu, "down": dn}
+        if r.fp8:
+            out |= {"gate_up_scale_inv": gu_s, "down_scale_inv": dn_s}
+        return out
+    if r.fp8:
+        raise InputError(f"FP8 expert weights ({r.full(r.fp8_evidence)!r}) are read only in the per-expert and "
+                         f"the standard fused layout, not in {layout}'s [E, H, 2I] one; dequantize first")
     w = r.take("experts.gate_up_proj", (E, H, 2 * I)).transpose(0, 2, 1)  # (E, 2I, H)
     out = {"down": r.take("experts.down_proj", (E, I, H)).transpose(0, 2, 1).copy()}
     if layout == "llama4":  # gate columns first
@@ -493,6 +556,14 @@ def _experts(r: _Reader, config: MoEConfig) -> dict[str, np.ndarray]:
     return out
 
 
+def _stackable(r: _Reader, size: int, what: str) -> None:
+    """Stacked gate and up scales are the fused gate_up's only when 128 divides their row count."""
+    if size % WEIGHT_BLOCK[0]:
+        raise InputError(f"FP8 checkpoint ({r.full(r.fp8_evidence)!r}) with {what}={size}, not a multiple of "
+                         f"{WEIGHT_BLOCK[0]}: the gate and up scale blocks do not tile megamoe's fused gate_up; "
+                         "dequantize first")
+
+
 def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: str | None = None) -> MoEWeights:
     """One MoE layer's weights in megamoe's canonical layout (float64 NumPy), from a HF state dict.
 
@@ -503,8 +574,12 @@ def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: st
     outside it are ignored. With ``prefix=None`` the one MoE module in the dict is found; a dict
     holding several layers is an error asking for ``prefix``.
 
-    Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized tensor.
-    The result passes ``MoEWeights.validate(config)``.
+    FP8 checkpoints (float8_e4m3fn weights with ``weight_scale_inv``, see the module docstring) give
+    FP8 weights (``is_fp8``), the scales as stored.
+
+    Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized tensor,
+    and for a missing or misshaped scale of an FP8 checkpoint. The result passes
+    ``MoEWeights.validate(config)``.
     """
     if not isinstance(config, MoEConfig):
         raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -516,8 +591,8 @@ def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: st
     P, local = _select_module(state_dict, prefix)
     quantized = [k for k in local if (m := _KEY_RE.fullmatch(k)) and m["quant"]]
     if quantized:
-        raise InputError(f"quantized tensor {P + quantized[0]!r}: megamoe reads float checkpoints only; "
-                         "dequantize to bf16/fp32 first")
+        raise InputError(f"quantized tensor {P + quantized[0]!r}: megamoe reads float checkpoints and FP8 ones "
+                         "with 128 x 128 weight_scale_inv only; dequantize to bf16/fp32 first")
     E, H = config.num_experts, config.hidden_size
     r = _Reader(P, local, config)
     rn = r.one_of(("gate", "router"), "router")
@@ -530,10 +605,16 @@ def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: st
     if config.num_shared_experts:
         Is = config.shared_intermediate_size
         sn = r.one_of(("shared_experts", "shared_expert"), "shared experts")
-        out["shared_gate_up"] = np.concatenate(
-            [r.take(f"{sn}.gate_proj.weight", (Is, H)), r.take(f"{sn}.up_proj.weight", (Is, H))], axis=0
-        )
-        out["shared_down"] = r.take(f"{sn}.down_proj.weight", (H, Is))
+        if r.fp8:
+            _stackable(r, Is, "shared_intermediate_size Is")
+        (wg, sg), (wu, su), (wd, sd) = (r.weight(f"{sn}.{p}.weight", shape, f"{sn}.{p}.weight_scale_inv")
+                                        for p, shape in (("gate_proj", (Is, H)), ("up_proj", (Is, H)),
+                                                         ("down_proj", (H, Is))))
+        out["shared_gate_up"] = np.concatenate([wg, wu], axis=0)
+        out["shared_down"] = wd
+        if r.fp8:
+            out["shared_gate_up_scale_inv"] = np.concatenate([sg, su], axis=0)
+            out["shared_down_scale_inv"] = sd
         if config.shared_expert_gate:
             out["shared_gate"] = r.take("shared_expert_gate.weight", (1, H))[0]
     extra = sorted(set(local) - r.used)

@@ -3,9 +3,12 @@
 Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width.
 
 Dtype names: the long names of ``config.WEIGHT_DTYPES`` ("bfloat16", "float16", "float32",
-"fp8_e4m3") or the short ones the simulator uses ("bf16", "fp16", "fp32", "fp8"). fp8 rows carry one
-float32 scale per ``FP8_BLOCK`` values (the DeepEP / DeepSeek format); weights in fp8 are counted
-at one byte per element (their block scales are 1/16384 of the bytes and not counted).
+"fp8_e4m3") or the short ones the simulator uses ("bf16", "fp16", "fp32", "fp8"). fp8 activation rows
+carry one float32 scale per ``FP8_BLOCK`` values (the DeepEP / DeepSeek format); fp8 weight matrices
+one float32 ``scale_inv`` per ``FP8_BLOCK`` x ``FP8_BLOCK`` block, partial blocks included
+(``matrix_bytes``; per element on average ``weight_bytes_per_element``: 1 + 4 / 16384). The router
+of an fp8 layer is counted in bf16: DeepSeek ships it unquantized and the reference's FP8 layer
+does not quantize it.
 
 FLOPs count 2 per multiply-add. An expert is gate/up [H -> 2I] and down [I -> H]: 6 H I FLOPs
 per row it computes.
@@ -18,6 +21,7 @@ import math
 from .config import DTYPE_BYTES
 
 FP8_BLOCK = 128
+SCALE_BYTES = 4  # one float32 scale
 SHORT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "fp8_e4m3"}
 
 
@@ -35,11 +39,29 @@ def dtype_bytes(name: str) -> int:
     return DTYPE_BYTES[long_dtype(name)]
 
 
+def weight_bytes_per_element(dtype: str) -> float:
+    """Bytes per weight element with its share of the block scales (fp8: a float32 per 128 x 128),
+    for matrices whose sizes are multiples of the block; ``matrix_bytes`` is exact for any size."""
+    d = long_dtype(dtype)
+    if d == "fp8_e4m3":
+        return DTYPE_BYTES[d] + SCALE_BYTES / FP8_BLOCK**2
+    return float(DTYPE_BYTES[d])
+
+
+def matrix_bytes(rows: int, cols: int, dtype: str) -> int:
+    """Bytes of a [rows, cols] weight matrix: fp8 adds a float32 scale per 128 x 128 block (ceil each way)."""
+    d = long_dtype(dtype)
+    b = DTYPE_BYTES[d] * rows * cols
+    if d == "fp8_e4m3":
+        b += SCALE_BYTES * math.ceil(rows / FP8_BLOCK) * math.ceil(cols / FP8_BLOCK)
+    return b
+
+
 def row_bytes(width: int, dtype: str) -> int:
     """Bytes of one activation row of ``width`` elements: fp8 adds a float32 scale per 128 values."""
     d = long_dtype(dtype)
     if d == "fp8_e4m3":
-        return width + 4 * math.ceil(width / FP8_BLOCK)
+        return width + SCALE_BYTES * math.ceil(width / FP8_BLOCK)
     return DTYPE_BYTES[d] * width
 
 
@@ -57,18 +79,25 @@ def expert_params(config) -> int:
 
 
 def expert_bytes(config, dtype: str | None = None) -> int:
-    """Bytes of one routed expert's weights in ``dtype`` (default: the config's weight_dtype)."""
-    return expert_params(config) * dtype_bytes(dtype or config.weight_dtype)
+    """Bytes of one routed expert's weights in ``dtype`` (default: the config's weight_dtype), fp8 block
+    scales included; biases at the same bytes per element."""
+    d = dtype or config.weight_dtype
+    H, I = config.hidden_size, config.intermediate_size
+    biases = expert_params(config) - 3 * H * I
+    return matrix_bytes(2 * I, H, d) + matrix_bytes(H, I, d) + biases * dtype_bytes(d)
 
 
 def shared_bytes(config, dtype: str | None = None) -> int:
-    """Bytes of the shared MLP's weights (all shared experts together)."""
-    return ffn_params(config.hidden_size, config.shared_intermediate_size) * dtype_bytes(dtype or config.weight_dtype)
+    """Bytes of the shared MLP's weights (all shared experts together), fp8 block scales included."""
+    d = dtype or config.weight_dtype
+    H, Is = config.hidden_size, config.shared_intermediate_size
+    return matrix_bytes(2 * Is, H, d) + matrix_bytes(H, Is, d)
 
 
 def router_bytes(config, dtype: str | None = None) -> int:
-    """Bytes of the router's weight (E, H)."""
-    return config.num_experts * config.hidden_size * dtype_bytes(dtype or config.weight_dtype)
+    """Bytes of the router's weight (E, H); an fp8 layer's router is bf16 (see the module docstring)."""
+    d = long_dtype(dtype or config.weight_dtype)
+    return config.num_experts * config.hidden_size * dtype_bytes("bfloat16" if d == "fp8_e4m3" else d)
 
 
 def ffn_flops(rows, hidden: int, width: int):

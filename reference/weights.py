@@ -16,6 +16,19 @@ Canonical layout (torch ``nn.Linear`` convention: weight [out_features, in_featu
     shared_down     (H, Is) | None
     shared_gate     (H,) | None   Qwen2-MoE: shared output scaled by sigmoid(x . shared_gate)
 
+FP8 weights (DeepSeek-V3 / Kimi K2 checkpoints; see ``fp8.py``): gate_up, down, shared_gate_up and
+shared_down hold float8 e4m3 values, each with one float32 ``scale_inv`` per 128 x 128 block of its
+last two dimensions (weight ~= value * scale_inv; a partial last block where 128 does not divide):
+
+    gate_up_scale_inv         (E, ceil(2I/128), ceil(H/128)) | None   blocks of the fused [2I, H]
+    down_scale_inv            (E, ceil(H/128), ceil(I/128))  | None
+    shared_gate_up_scale_inv  (ceil(2Is/128), ceil(H/128))   | None
+    shared_down_scale_inv     (ceil(H/128), ceil(Is/128))    | None
+
+All of them or none (``is_fp8``). The router, the biases and the shared gate are never quantized
+(DeepSeek ships its gate in bf16). ``to_fp8()`` quantizes float weights, ``dequantize()`` gives the
+same weights back as plain float64 (``moe_forward`` then computes the unquantized layer on them).
+
 Arrays are float64 NumPy in the reference; ``to_torch`` gives the same class holding torch tensors,
 which is what ``megamoe.kernels.moe_forward`` takes.
 """
@@ -31,11 +44,16 @@ import numpy as np
 from ._checks import InputError, check_shape
 from .config import MoEConfig
 
-#: Field names in canonical order.
+#: Field names in canonical order (the tensors of the float layer; the torch op takes them in this order).
 FIELDS = (
     "router_weight", "router_bias", "score_bias", "gate_up", "gate_up_bias", "down", "down_bias",
     "shared_gate_up", "shared_down", "shared_gate",
 )
+#: FP8 block scales: scale field -> the weight field it scales.
+SCALE_FIELDS = {
+    "gate_up_scale_inv": "gate_up", "down_scale_inv": "down",
+    "shared_gate_up_scale_inv": "shared_gate_up", "shared_down_scale_inv": "shared_down",
+}
 
 
 def expected_shapes(config: MoEConfig) -> dict[str, tuple[int, ...] | None]:
@@ -56,6 +74,14 @@ def expected_shapes(config: MoEConfig) -> dict[str, tuple[int, ...] | None]:
     }
 
 
+def expected_scale_shapes(config: MoEConfig) -> dict[str, tuple[int, ...] | None]:
+    """Shape of every FP8 scale field for ``config`` (128 x 128 blocks); None where it must be absent."""
+    from .fp8 import WEIGHT_BLOCK, scale_shape
+
+    shapes = expected_shapes(config)
+    return {k: None if shapes[w] is None else scale_shape(shapes[w], WEIGHT_BLOCK) for k, w in SCALE_FIELDS.items()}
+
+
 @dataclass(frozen=True)
 class MoEWeights:
     router_weight: Any
@@ -68,10 +94,30 @@ class MoEWeights:
     shared_gate_up: Any = None
     shared_down: Any = None
     shared_gate: Any = None
+    gate_up_scale_inv: Any = None
+    down_scale_inv: Any = None
+    shared_gate_up_scale_inv: Any = None
+    shared_down_scale_inv: Any = None
+
+    @property
+    def is_fp8(self) -> bool:
+        """True when the expert weights are float8 e4m3 values with block scales."""
+        return any(getattr(self, k) is not None for k in SCALE_FIELDS)
 
     def validate(self, config: MoEConfig) -> MoEWeights:
-        """Check every field against ``config``; error names the field and the expected shape."""
-        for name, shape in expected_shapes(config).items():
+        """Check every field against ``config``; error names the field and the expected shape.
+
+        FP8 scales: all present (for the tensors the config has) or none.
+        """
+        shapes = expected_shapes(config)
+        if self.is_fp8:
+            for name, shape in expected_scale_shapes(config).items():
+                if shape is not None and getattr(self, name) is None:
+                    given = next(k for k in SCALE_FIELDS if getattr(self, k) is not None)
+                    raise InputError(f"MoEWeights.{name} is missing (expected shape {list(shape)}): FP8 weights "
+                                     f"({given} is given) need the scales of every expert weight")
+            shapes = {**shapes, **expected_scale_shapes(config)}
+        for name, shape in shapes.items():
             a = getattr(self, name)
             if shape is None:
                 if a is not None:
@@ -83,7 +129,8 @@ class MoEWeights:
         return self
 
     def arrays(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in FIELDS if getattr(self, f) is not None}
+        """Every present tensor, FP8 scales last."""
+        return {f: getattr(self, f) for f in (*FIELDS, *SCALE_FIELDS) if getattr(self, f) is not None}
 
     def map(self, fn) -> MoEWeights:
         """Apply ``fn`` to every present tensor."""
@@ -99,22 +146,63 @@ class MoEWeights:
         return self.map(conv)
 
     def to_torch(self, device=None, dtype=None) -> MoEWeights:
-        """The same weights as torch tensors on ``device`` in ``dtype`` (default float32), contiguous."""
+        """The same weights as torch tensors on ``device`` in ``dtype`` (default float32), contiguous.
+
+        FP8 weights stay ``torch.float8_e4m3fn`` and their scales float32, whatever ``dtype`` says:
+        casting the scales would change the weights, and a kernel that ignored them would be wrong
+        silently (``dequantize().to_torch(...)`` gives plain weights instead).
+        """
         import torch
 
         dtype = dtype or torch.float32
+        quantized = {SCALE_FIELDS[k] for k in SCALE_FIELDS if getattr(self, k) is not None}
 
-        def conv(a):
-            t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
-            return t.to(device=device, dtype=dtype).contiguous()
+        def tensor(a):
+            return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
 
-        return self.map(conv)
+        out = {}
+        for k, a in self.arrays().items():
+            to = torch.float32 if k in SCALE_FIELDS else torch.float8_e4m3fn if k in quantized else dtype
+            out[k] = tensor(a).to(device=device, dtype=to).contiguous()
+        return dataclasses.replace(self, **out)
 
     def round_to(self, dtype: str) -> MoEWeights:
-        """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype)."""
+        """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype).
+
+        FP8 scales are left as they are (e4m3 values are exact in every dtype rounded to here)."""
         from .tolerance import round_to_dtype
 
-        return self.map(lambda a: round_to_dtype(np.asarray(a, np.float64), dtype))
+        return dataclasses.replace(self, **{k: round_to_dtype(np.asarray(a, np.float64), dtype)
+                                            for k, a in self.arrays().items() if k not in SCALE_FIELDS})
+
+    def to_fp8(self) -> MoEWeights:
+        """The expert weights (routed and shared) quantized to e4m3 in 128 x 128 blocks (``fp8.py``),
+        held as float64 e4m3 values with float32 ``*_scale_inv``; the router and biases unchanged."""
+        from .fp8 import e4m3_decode, quantize_weight_blocks
+
+        if self.is_fp8:
+            raise InputError("MoEWeights.to_fp8: the weights are FP8 already")
+        out = {}
+        for k, w in SCALE_FIELDS.items():
+            a = getattr(self, w)
+            if a is not None:
+                q, out[k] = quantize_weight_blocks(np.asarray(a, np.float64))
+                out[w] = e4m3_decode(q)
+        return dataclasses.replace(self, **out)
+
+    def dequantize(self) -> MoEWeights:
+        """FP8 weights as plain float64 weights (value * scale_inv per block), scales dropped;
+        float weights unchanged."""
+        from .fp8 import dequantize_weight_blocks
+
+        if not self.is_fp8:
+            return self
+        out = {}
+        for k, w in SCALE_FIELDS.items():
+            if getattr(self, k) is not None:
+                out[w] = dequantize_weight_blocks(getattr(self, w), getattr(self, k))
+                out[k] = None
+        return dataclasses.replace(self, **out)
 
     @property
     def nbytes(self) -> int:
@@ -129,10 +217,13 @@ class MoEWeights:
         return weights_from_hf(state_dict, config, prefix=prefix)
 
 
-def random_weights(config: MoEConfig, seed: int = 0, *, max_bytes: int = 2 << 30) -> MoEWeights:
+def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_bytes: int = 2 << 30) -> MoEWeights:
     """Random float64 weights scaled so that logits and outputs are O(1) for x ~ N(0, 1).
 
     Weights are N(0, 1/fan_in); biases N(0, 0.1^2); the DeepSeek score bias N(0, 0.05^2).
+    ``fp8=True``: the same draw quantized (``MoEWeights.to_fp8``): expert weights in e4m3 with
+    128 x 128 block scales, so ``random_weights(c, s, fp8=True).dequantize()`` approximates
+    ``random_weights(c, s)``.
     Raises if the layer would need more than ``max_bytes`` of float64 (a full DeepSeek-V3 layer
     is ~90 GB): use a smaller config (``config.replace(num_experts=..., hidden_size=...)``).
     """
@@ -157,4 +248,5 @@ def random_weights(config: MoEConfig, seed: int = 0, *, max_bytes: int = 2 << 30
             out[name] = 0.05 * rng.standard_normal(shape)
         else:
             out[name] = 0.1 * rng.standard_normal(shape)
-    return MoEWeights(**out)
+    w = MoEWeights(**out)
+    return w.to_fp8() if fp8 else w

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..reference.sizes import dtype_bytes, ffn_flops, ffn_params, long_dtype, row_bytes
+from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
 from .hardware import KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -432,7 +432,7 @@ def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, w
     ``act_dtype``, the intermediate too (fp8 re-quantized, as DeepSeek does), the output bf16.
     ``stage_sync_s`` is paid once between the two stages if any row exists.
     """
-    wb = float(dtype_bytes(weight_dtype))
+    wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
     peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
     kw = dict(profile=profile, num_sms=num_sms, peak_flops_per_s=peak, weight_bytes_per_elem=wb,
               read_weights=read_weights, hbm_bytes_per_s=hbm_bytes_per_s)
@@ -453,7 +453,7 @@ def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dt
     rows = rows[rows > 0]
     if rows.size == 0:
         return 0.0
-    wb = float(dtype_bytes(weight_dtype))
+    wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
     peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
     scale = peak / profile.tensor_flops_per_s["bf16"]
     tm = tile_rows(rows, profile)

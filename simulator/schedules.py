@@ -207,7 +207,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     earlier one (all touched weights of the GPU fit in ``megakernel.l2_weight_fraction`` of L2).
     One GPU moves nothing: it runs one minibatch and gives its communication SMs to the compute.
     """
-    from megamoe.reference.sizes import dtype_bytes, ffn_flops, ffn_params
+    from megamoe.reference.sizes import ffn_flops, ffn_params, weight_bytes_per_element
 
     from .cost import compute_dtype, ffn_cost, ffn_row_bytes, row_bytes
 
@@ -223,7 +223,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     sms = p.num_sms - comm_sms if fused else p.num_sms
     if sms < 1:
         raise ValueError(f"comm_sms={comm_sms} leaves no compute SMs of {p.num_sms}")
-    wb = float(dtype_bytes(weight_dtype))
+    wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
     hbm = p.hbm_effective_bytes_per_s
     peak = p.tensor_flops_per_s[compute_dtype(weight_dtype, dispatch_dtype)]
     kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)

@@ -9,13 +9,14 @@ against transformers' own modules.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from megamoe.reference import ConfigError, InputError, MoEConfig, MoEWeights, random_weights
+from megamoe.reference import ConfigError, InputError, MoEConfig, MoEWeights, moe_forward, random_weights
 from megamoe.reference.hf import SUPPORTED_MODEL_TYPES, config_from_hf, read_json, weights_from_hf
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
@@ -426,3 +427,164 @@ def test_config_must_be_a_moeconfig():
     _, sd = sd_for("mixtral")
     with pytest.raises(InputError, match="config must be a MoEConfig"):
         weights_from_hf(sd, hf_json("mixtral-8x7b"))
+
+
+# ====================================================================== FP8 checkpoints
+
+# Sizes with a partial 128-block (H = 200 = 128 + 72) and whole ones where gate and up scales are
+# stacked (I = 256, Is = 128): DeepSeek-V3's layout; Qwen2-MoE's for the shared_expert naming and its gate.
+FP8 = {
+    "deepseek_v3": MoEConfig.preset("deepseek-v3").replace(hidden_size=200, intermediate_size=256, num_experts=4,
+                                                           n_group=2, topk_group=1, top_k=2, shared_intermediate_size=128),
+    "qwen2_moe": MoEConfig.preset("qwen1.5-moe-a2.7b").replace(hidden_size=200, intermediate_size=128, num_experts=3,
+                                                               top_k=2, shared_intermediate_size=128),
+}
+
+
+def fp8_state_dict(w8: MoEWeights, cfg: MoEConfig, layout: str, prefix: str = "") -> dict:
+    """FP8 weights ``w8`` written as DeepSeek's checkpoints store them: float8_e4m3fn ``weight`` with float32
+    ``weight_scale_inv`` per expert, or transformers 5's fused ``experts.*_proj`` with ``*_scale_inv``; the
+    router and biases in bf16 / float32."""
+    torch = pytest.importorskip("torch")
+
+    def f8(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float8_e4m3fn)  # exact: a holds e4m3 values
+
+    def f32(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32)
+
+    I, Ib = cfg.intermediate_size, cfg.intermediate_size // 128  # scale rows of the gate half
+    sd = {"gate.weight": torch.from_numpy(w8.router_weight).to(torch.bfloat16)}
+    if w8.score_bias is not None:
+        sd["gate.e_score_correction_bias"] = f32(w8.score_bias)
+    if layout == "per_expert":
+        for e in range(cfg.num_experts):
+            for p, v, s in (("gate_proj", w8.gate_up[e, :I], w8.gate_up_scale_inv[e, :Ib]),
+                            ("up_proj", w8.gate_up[e, I:], w8.gate_up_scale_inv[e, Ib:]),
+                            ("down_proj", w8.down[e], w8.down_scale_inv[e])):
+                sd |= {f"experts.{e}.{p}.weight": f8(v), f"experts.{e}.{p}.weight_scale_inv": f32(s)}
+    else:
+        sd |= {"experts.gate_up_proj": f8(w8.gate_up), "experts.gate_up_proj_scale_inv": f32(w8.gate_up_scale_inv),
+               "experts.down_proj": f8(w8.down), "experts.down_proj_scale_inv": f32(w8.down_scale_inv)}
+    Is, Isb = cfg.shared_intermediate_size, cfg.shared_intermediate_size // 128
+    s = "shared_experts" if cfg.router == "sigmoid_grouped_topk" else "shared_expert"
+    for p, v, sc in (("gate_proj", w8.shared_gate_up[:Is], w8.shared_gate_up_scale_inv[:Isb]),
+                     ("up_proj", w8.shared_gate_up[Is:], w8.shared_gate_up_scale_inv[Isb:]),
+                     ("down_proj", w8.shared_down, w8.shared_down_scale_inv)):
+        sd |= {f"{s}.{p}.weight": f8(v), f"{s}.{p}.weight_scale_inv": f32(sc)}
+    if cfg.shared_expert_gate:
+        sd["shared_expert_gate.weight"] = torch.from_numpy(w8.shared_gate[None, :]).to(torch.bfloat16)
+    return {prefix + k: v for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("family, layout", [("deepseek_v3", "per_expert"), ("deepseek_v3", "fused"),
+                                            ("qwen2_moe", "per_expert")])
+def test_fp8_round_trip(family, layout, rng):
+    cfg = FP8[family]
+    w8 = random_weights(cfg, seed=11, fp8=True)
+    b16, f32 = w8.round_to("bfloat16"), w8.round_to("float32")  # the router, its bias and the gate as stored
+    w8 = dataclasses.replace(w8, router_weight=b16.router_weight, score_bias=f32.score_bias,
+                             shared_gate=b16.shared_gate)
+    got = MoEWeights.from_hf(fp8_state_dict(w8, cfg, layout, "model.layers.3.mlp."), cfg)
+    assert got.is_fp8
+    assert_same(got, w8)
+    x = rng.standard_normal((5, cfg.hidden_size))
+    np.testing.assert_array_equal(moe_forward(x, got, cfg), moe_forward(x, w8, cfg))
+
+
+def test_fp8_checkpoint_quantized_by_torch():
+    """A checkpoint written with torch's own ops (float32 amax / 448, float32 division, torch's e4m3 cast)
+    reads back as the reference's quantization of the same float weights, bit for bit."""
+    torch = pytest.importorskip("torch")
+
+    cfg = FP8["deepseek_v3"]
+    w = random_weights(cfg, seed=12).round_to("bfloat16")  # a bf16 model, as DeepSeek's are before the cast
+    w8 = w.to_fp8()
+
+    def torch_quantize(a):  # [R, C] -> (float8, float32 scales), torch ops only
+        t = torch.from_numpy(a).float()
+        R, C = t.shape
+        pad = torch.zeros(-(-R // 128) * 128, -(-C // 128) * 128)
+        pad[:R, :C] = t.abs()
+        amax = pad.reshape(pad.shape[0] // 128, 128, pad.shape[1] // 128, 128).amax(dim=(1, 3))
+        s = amax.clamp(min=1e-4) / 448.0
+        full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:R, :C]
+        return (t / full).to(torch.float8_e4m3fn), s
+
+    sd = fp8_state_dict(w8, cfg, "per_expert")
+    I = cfg.intermediate_size
+    for e in range(cfg.num_experts):
+        for p, a in (("gate_proj", w.gate_up[e, :I]), ("up_proj", w.gate_up[e, I:]), ("down_proj", w.down[e])):
+            sd[f"experts.{e}.{p}.weight"], sd[f"experts.{e}.{p}.weight_scale_inv"] = torch_quantize(a)
+    got = weights_from_hf(sd, cfg)
+    for name in ("gate_up", "down", "gate_up_scale_inv", "down_scale_inv"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(w8, name), err_msg=name)
+
+
+def fp8_sd(family="deepseek_v3", layout="per_expert"):
+    cfg = FP8[family]
+    return cfg, fp8_state_dict(random_weights(cfg, seed=13, fp8=True), cfg, layout)
+
+
+@pytest.mark.parametrize("layout, drop, match", [
+    ("per_expert", "experts.2.down_proj.weight_scale_inv",
+     r"missing key 'experts.2.down_proj.weight_scale_inv' \(expected shape \[2, 2\]\): the checkpoint is FP8"),
+    ("per_expert", "shared_experts.up_proj.weight_scale_inv",
+     r"missing key 'shared_experts.up_proj.weight_scale_inv' \(expected shape \[1, 2\]\)"),
+    ("fused", "experts.gate_up_proj_scale_inv",
+     r"missing key 'experts.gate_up_proj_scale_inv' \(expected shape \[4, 4, 2\]\).*'experts.down_proj_scale_inv'"),
+])
+def test_fp8_missing_scale_is_named(layout, drop, match):
+    cfg, sd = fp8_sd(layout=layout)
+    del sd[drop]
+    with pytest.raises(InputError, match=match):
+        weights_from_hf(sd, cfg)
+
+
+def test_float8_weights_without_any_scale_are_refused():
+    cfg, sd = fp8_sd()
+    sd = {k: v for k, v in sd.items() if not k.endswith("scale_inv")}
+    with pytest.raises(InputError, match=r"missing key 'experts.0.gate_proj.weight_scale_inv'.*is FP8 "
+                                         r"\('experts.0.gate_proj.weight'\)"):
+        weights_from_hf(sd, cfg)
+
+
+def test_fp8_misshaped_scale_is_named():
+    torch = pytest.importorskip("torch")
+    cfg, sd = fp8_sd(layout="fused")
+    sd["experts.down_proj_scale_inv"] = torch.ones(4, 1, 1)  # a per-tensor scale per expert: not DeepSeek's blocks
+    with pytest.raises(InputError, match=r"state_dict\['experts.down_proj_scale_inv'\] must have shape \[4, 2, 2\], "
+                                         r"got \[4, 1, 1\]"):
+        weights_from_hf(sd, cfg)
+
+
+def test_fp8_bad_values_and_scales_are_named():
+    torch = pytest.importorskip("torch")
+    cfg, sd = fp8_sd()
+    bad = dict(sd, **{"experts.1.up_proj.weight": torch.full((256, 200), 0.3, dtype=torch.bfloat16)})
+    with pytest.raises(InputError, match=r"state_dict\['experts.1.up_proj.weight'\] \(it has weight_scale_inv\) must "
+                                         r"hold float8 e4m3 values"):
+        weights_from_hf(bad, cfg)
+    neg = dict(sd, **{"experts.0.down_proj.weight_scale_inv": -torch.ones(2, 2)})
+    with pytest.raises(InputError, match=r"'experts.0.down_proj.weight_scale_inv'\] must be finite and >= 0, got -1.0"):
+        weights_from_hf(neg, cfg)
+
+
+def test_fp8_layouts_megamoe_cannot_hold_are_refused():
+    torch = pytest.importorskip("torch")
+    # I = 200: gate and up scale blocks would not tile the fused [2I, H]
+    cfg = FP8["qwen2_moe"].replace(intermediate_size=200)
+    sd = fp8_state_dict(random_weights(cfg.replace(intermediate_size=256), seed=0, fp8=True),
+                        cfg.replace(intermediate_size=256), "per_expert")
+    with pytest.raises(InputError, match=r"intermediate_size I=200, not a multiple of 128.*dequantize first"):
+        weights_from_hf(sd, cfg)
+    # gpt-oss's interleaved [E, H, 2I] with block scales
+    g = TINY["gpt_oss"]
+    gsd = hf_state_dict(random_weights(g, seed=0), g, "fused")
+    gsd["experts.gate_up_proj_scale_inv"] = torch.ones(4, 1, 1)
+    with pytest.raises(InputError, match=r"FP8 expert weights \('experts.gate_up_proj_scale_inv'\) are read only in"):
+        weights_from_hf(gsd, g)
+    # a scaled router: DeepSeek ships its gate unquantized
+    cfg, sd = fp8_sd()
+    with pytest.raises(InputError, match=r"quantized tensor 'gate.weight_scale_inv'"):
+        weights_from_hf({**sd, "gate.weight_scale_inv": torch.ones(1, 2)}, cfg)

@@ -81,6 +81,18 @@ def test_fp8_halves_weight_bytes_and_doubles_peak():
     assert f.flops == b.flops
 
 
+def test_fp8_weights_are_read_with_their_block_scales():
+    """The weight bytes an FFN reads in fp8 are reference.sizes' expert bytes: 128 x 128 scales included."""
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.sizes import expert_bytes
+
+    p = load_profile("h200")
+    kw = dict(profile=p, num_sms=132, weight_dtype="fp8", act_dtype="fp8")
+    read = ffn_cost([8], 7168, 2048, **kw)
+    skip = ffn_cost([8], 7168, 2048, read_weights=False, **kw)
+    assert read.hbm_bytes - skip.hbm_bytes == pytest.approx(expert_bytes(MoEConfig.preset("deepseek-v3"), "fp8"))
+
+
 @pytest.mark.parametrize("rows", [[1], [7, 300, 0, 4096], [128] * 32, [5000, 1]])  # decode, mixed, even, hot
 def test_roofline_is_below_tile_model(rows):
     p = load_profile("gb200-nvl72")
