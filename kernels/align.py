@@ -115,35 +115,6 @@ def _scan_kernel(
 
 
 @triton.jit
-def _scatter_chunk(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, c,
-    T, E,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """The padded rows of chunk c's pairs (after the scan)."""
-    offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_e = tl.arange(0, BLOCK_E)
-    t_mask = offs_t < T
-    m = t_mask[:, None] & (offs_k[None, :] < K)
-    idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=m, other=-1)
-    base = tl.load(chunk_base_ptr + c * E + offs_e, mask=offs_e < E, other=0) + \
-        tl.load(padded_off_ptr + offs_e, mask=offs_e < E, other=0)
-    _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-                   K, BLOCK_T, BLOCK_E, BLOCK_K)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _scatter_kernel(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-    T, E,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
-
-
-@triton.jit
 def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """Token block pid of a routing made elsewhere: (idx (BLOCK_T, BLOCK_K), in-range mask, pairs per
@@ -161,23 +132,39 @@ def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr
     return idx, out_mask, counts, offs_t, t_mask, offs_e, offs_e < E
 
 
+@triton.jit
+def _scatter_chunk(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, c,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The padded rows of chunk c's pairs (after the scan)."""
+    idx, _m, _counts, offs_t, t_mask, offs_e, e_mask = _given_block(topk_idx_ptr, c, T, E, K, BLOCK_T, BLOCK_E,
+                                                                    BLOCK_K)
+    base = tl.load(chunk_base_ptr + c * E + offs_e, mask=e_mask, other=0) + \
+        tl.load(padded_off_ptr + offs_e, mask=e_mask, other=0)
+    _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scatter_kernel(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere
     (the router kernel writes it itself)."""
     c = tl.program_id(0)
-    offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_e = tl.arange(0, BLOCK_E)
-    t_mask = offs_t < T
-    idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :],
-                  mask=t_mask[:, None] & (offs_k[None, :] < K), other=-1)
-    counts = tl.zeros((BLOCK_E,), tl.int32)
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
-    tl.store(hist_ptr + c * E + offs_e, counts, mask=offs_e < E)
+    _idx, _m, counts, _t, _tm, offs_e, e_mask = _given_block(topk_idx_ptr, c, T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
+    tl.store(hist_ptr + c * E + offs_e, counts, mask=e_mask)
 
 
 def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
