@@ -328,6 +328,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
               backend: str = "auto") -> dict:
     import torch
 
+    from ..reference.sizes import ffn_flops
     from . import moe as kmoe
 
     H = cfg.hidden_size
@@ -359,7 +360,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
             row.update(torch_us=None, torch_error=f"{type(exc).__name__}: {exc}"[:300])
     if with_ideal and T >= 512:
         ideal = ideal_grouped_rate(cfg, T)
-        routed_flops = T * cfg.top_k * 6 * H * cfg.intermediate_size
+        routed_flops = ffn_flops(T * cfg.top_k, H, cfg.intermediate_size)
         row.update(ideal_tflops=ideal / 1e12, ours_routed_tflops=routed_flops / (ours * 1e-6) / 1e12,
                    ours_over_ideal_rate=routed_flops / (ours * 1e-6) / ideal)
     if breakdown and ran == "multi":  # CUDA-graph times of the pipeline's prefixes; differences are the stages
