@@ -3,11 +3,14 @@
 Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width.
 
 Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch nor triton):
-    moe_forward(x, weights, config, deterministic=True)   the layer (kernels.moe)
-    launch_plan(config, T, ...)                           what the kernels run, as data (kernels.plan)
+    moe_forward(x, weights, config, deterministic=True, backend="auto")   the layer (kernels.moe)
+    moe_experts(x, topk_idx, topk_weights, gate_up, down, backend="multi")  a routing made elsewhere
+    launch_plan(config, T, ...)                           what the multi-launch path runs, as data (kernels.plan)
 Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
-configs.py + configs/*.json (tuned launch configs), plan.py, moe.py (the torch op), checks.py (the routing
-check of moe_experts), bench.py.
+megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
+configs.py + configs/*.json (tuned launch configs, megakernel tiles, auto's backend table), plan.py,
+moe.py (the torch ops), checks.py (the routing check of moe_experts), hf_experts.py (transformers
+backend), microbench.py (calibration kernels), bench.py.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ _LAZY = {
     "moe_forward_details": ("moe", "moe_forward_details"),
     "bind": ("moe", "bind"),
     "moe_experts": ("moe", "moe_experts"),
+    "megakernel_forward": ("megakernel", "megakernel_forward"),
     "check_captured_routing": ("checks", "check_captured_routing"),
     "register_transformers": ("hf_experts", "register"),
     "check_inputs": ("moe", "check_inputs"),
