@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -57,19 +56,12 @@ def _provenance() -> dict:
     import simpy
 
     from megamoe.kernels.bench import git_state
+    from megamoe.results import machine
 
     code = git_state()  # HEAD commit, dirty flag, hash of git diff HEAD
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "simpy": simpy.__version__,
                      "numba": numba.__version__, "networkx": networkx.__version__},
         "git_commit": code["commit"], "dirty": code["dirty"], "diff_sha256": code["diff_sha256"],

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import subprocess
 import tempfile
@@ -58,22 +57,16 @@ def _provenance() -> dict:
     import pyarrow
     import simpy
 
+    from megamoe.results import machine
+
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "megamoe", "simulator"], capture_output=True,
                                     text=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", None
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()},
+            "machine": machine(),
             "versions": {"python": platform.python_version(), "numpy": numpy.__version__, "simpy": simpy.__version__,
                          "numba": numba.__version__, "dask": dask.__version__, "distributed": distributed.__version__,
                          "pyarrow": pyarrow.__version__, "pandas": pandas.__version__},

@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..reference.sizes import dtype_bytes
+from ..reference.tiles import cdiv
 from . import configs as cfgs
 from .configs import _pow2
 
@@ -125,10 +126,6 @@ def _triton_version() -> str:
         return "none"
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
                 deterministic: bool = True) -> LaunchPlan:
@@ -173,12 +170,12 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             dict(rtile, SPLIT=split), bytes_per_tile=(bt * h_per + E * h_per) * b + bt * E * 4,
                             flops_per_tile=2 * bt * E * h_per, note="split-H partial logits (decode)",
                             work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": h_per},
-                            serial_steps={"load": _cdiv(h_per, rl["BLOCK_H"]), "reduce": 0}))
+                            serial_steps={"load": cdiv(h_per, rl["BLOCK_H"]), "reduce": 0}))
         rbytes = split * bt * E * 4 + bt * K * 8
         rflops, rload = 0.0, 0
     else:
         rbytes = (bt * H + E * H) * b + bt * K * 8
-        rflops, rload = 2 * bt * E * H, _cdiv(H, rl["BLOCK_H"])
+        rflops, rload = 2 * bt * E * H, cdiv(H, rl["BLOCK_H"])
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
     stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused),
@@ -190,7 +187,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         al = sp.align
         stages.append(Stage("align_scan", "_scan_kernel", al["scan_grid"], 1, dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"]),
                             bytes_per_tile=8 * C * E + 4 * (B_max + 2 * E), flops_per_tile=0.0,
-                            serial_steps={"load": 0, "reduce": _cdiv(C, al["BLOCK_C"]) + 2}))
+                            serial_steps={"load": 0, "reduce": cdiv(C, al["BLOCK_C"]) + 2}))
         stages.append(Stage("align_scatter", "_scatter_kernel", al["scatter_grid"], C,
                             dict(BLOCK_T=bt, BLOCK_E=al["BLOCK_E"]),
                             bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0,
@@ -294,9 +291,9 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     want = cfgs.router_split(T, E, H, interpret=interpret) if split is None else split
     h_per, sp = H, 0
     if want and want > 0:
-        h_per = _cdiv(_cdiv(H, want), block_h) * block_h
-        sp = _cdiv(H, h_per)
-    C = _cdiv(T, bt) if T else 0
+        h_per = cdiv(cdiv(H, want), block_h) * block_h
+        sp = cdiv(H, h_per)
+    C = cdiv(T, bt) if T else 0
     return {"C": C, "grid": (C,), "logits_grid": (C, sp), "BLOCK_T": bt, "BLOCK_E": block_e, "BLOCK_H": block_h,
             "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)), "SPLIT": sp, "H_PER_SPLIT": h_per,
             "num_warps": 4 if block_e <= 128 else 8}
@@ -319,20 +316,20 @@ def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int)
 def act_launch(I: int, block_m: int, num_m: int) -> dict:
     """The split-K activation kernel after GEMM 1: BLOCK_N columns of I per program."""
     bn = min(128, _pow2(I))
-    return {"BLOCK_M": block_m, "BLOCK_N": bn, "grid": (num_m * _cdiv(I, bn),), "num_warps": 4}
+    return {"BLOCK_M": block_m, "BLOCK_N": bn, "grid": (num_m * cdiv(I, bn),), "num_warps": 4}
 
 
 def combine_launch(T: int, H: int) -> dict:
     """The combine's blocks: BLOCK_T tokens x BLOCK_H columns per program."""
     block_h = min(1024, _pow2(H))
     block_t = 1 if T < 256 else 4
-    return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (_cdiv(T, block_t), _cdiv(H, block_h)), "num_warps": 4}
+    return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (cdiv(T, block_t), cdiv(H, block_h)), "num_warps": 4}
 
 
 def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None) -> tuple[int]:
     """Programs of a grouped GEMM launch: row blocks x N tiles x split-K."""
     s = cfg.get("SPLIT_K", 1) if split is None else split
-    return (num_m * _cdiv(N, cfg["BLOCK_N"]) * s,)
+    return (num_m * cdiv(N, cfg["BLOCK_N"]) * s,)
 
 
 @dataclass(frozen=True)
@@ -387,7 +384,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic) -> StaticPlan
         Is = config.shared_intermediate_size
         sg = cfgs.select_config(1, H, Is, 1, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
         sg = {"gemm1": sg["gemm1"], "gemm2": dict(sg["gemm2"], SPLIT_K=split2)}
-        shared_m = _cdiv(T, sg["gemm1"]["BLOCK_M"]) if T else 0
+        shared_m = cdiv(T, sg["gemm1"]["BLOCK_M"]) if T else 0
         if sg["gemm1"].get("SPLIT_K", 1) > 1:
             shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
     atomic = not deterministic and (KS > 1 or split2 > 1)

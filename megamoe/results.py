@@ -40,3 +40,19 @@ def trace_phases(row: dict, variant: str = "default") -> list[dict]:
     kinds = row[variant]["trace"]["kinds"]
     return [{"kind": k, "tasks": d["tasks"], "start_us": d["first_start_us"], "end_us": d["last_end_us"],
              "mean_us": d["mean_us"]} for k, d in kinds.items()]
+
+
+def machine() -> dict:
+    """{"cpu", "cores", "platform"} of this machine, as CPU benchmark rows record it."""
+    import os
+    import platform
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()}
