@@ -7,8 +7,8 @@ reference on sampled tokens (megamoe.numerics), then timed as CUDA-graph replays
 graph_time_us: NI fresh inputs per graph, median over replays); the plain PyTorch pipeline the
 same way; the floor from the ceilings measured first (streaming read, bf16 matmul). Routing
 "uniform" is the preset's router on random inputs; "concentrated" zeroes the router weight, so
-every token picks the same K experts. ``--variants`` also times a few megakernel tile/stage
-variants at T <= 64 and records each. Rows go to DIR/megakernel.jsonl as they are made (with GPU,
+every token picks the same K experts. ``--variants`` also times the named megakernel variants of
+megakernel_variants.py at ``--variant-tokens`` (numerics checked) and records each. Rows go to DIR/megakernel.jsonl as they are made (with GPU,
 versions, commit, date); a table is printed last.
 """
 
@@ -20,43 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-
-def _warm(name: str, tokens: list[int]) -> str:
-    """Compile (into Triton's on-disk cache) every kernel both backends launch for this preset at
-    these T, by running each once: one process per preset, so the compiles run side by side."""
-    import torch
-
-    from megamoe.kernels import bench as kb
-    from megamoe.kernels import moe as kmoe
-
-    cfg = kb.bench_config(name)
-    w = kb.random_device_weights(cfg)
-    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
-    done = []
-    for T in tokens:
-        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        for backend in ("megakernel", "multi"):
-            for ww in (w, wz):
-                try:
-                    kmoe.moe_forward(x, ww, cfg, backend=backend)
-                except Exception as exc:  # noqa: BLE001 - the measuring process reports it again
-                    done.append(f"{T}/{backend}: {type(exc).__name__}")
-        torch.cuda.synchronize()
-        done.append(str(T))
-    return f"{name}: " + " ".join(done)
-
-
-def warm_all(presets: list[str], tokens: list[int], timeout_s: float) -> None:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(len(presets)) as pool:
-        jobs = [pool.apply_async(_warm, (n, tokens)) for n in presets]
-        for j in jobs:
-            try:
-                print(f"# warmed {j.get(timeout=timeout_s)}", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                print(f"# warm-up failed: {type(exc).__name__}: {exc}", flush=True)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megakernel_variants import VARIANTS, variant_configs, warm, warm_jobs  # noqa: E402
 
 
 def _rows_out(path: Path, row: dict) -> None:
@@ -80,7 +45,10 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--budget", type=float, default=520.0, help="stop starting new rows after this many seconds")
-    p.add_argument("--warm", action="store_true", help="compile every kernel first, one process per preset")
+    p.add_argument("--warm", action="store_true", help="compile every kernel first, in parallel processes")
+    p.add_argument("--variant-tokens", default="1", help="T at which --variants are timed (uniform routing)")
+    p.add_argument("--trace-cases", default="", help="preset:T cases whose traced kernel the warm-up compiles "
+                   "too (for megakernel_trace.py run next)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,8 +56,12 @@ def main(argv=None) -> int:
     prov = kb.provenance()
     print(f"# {prov}", flush=True)
     t0 = time.time()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    vtokens = {int(t) for t in args.variant_tokens.split(",")} if args.variants else set()
     if args.warm:
-        warm_all(args.presets.split(","), [int(t) for t in args.tokens.split(",")], args.budget)
+        traced = [(c.split(":")[0], int(c.split(":")[1])) for c in args.trace_cases.split(",") if c]
+        jobs = warm_jobs(args.presets.split(","), tokens, sorted(vtokens), traced)
+        warm(jobs, args.budget / 2, log=lambda m: print(m, flush=True))
         print(f"# warm-up done in {time.time() - t0:.0f} s", flush=True)
     ceil = kb.measure_ceilings()
     print(f"# ceilings: read {ceil['read_bytes_per_s'] / 1e12:.2f} TB/s, matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} "
@@ -99,7 +71,7 @@ def main(argv=None) -> int:
         cfg = kb.bench_config(name)
         w = kb.random_device_weights(cfg)
         wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
-        for T in [int(t) for t in args.tokens.split(",")]:
+        for T in tokens:
             for routing, ww in (("uniform", w), ("concentrated", wz)):
                 if routing == "concentrated" and T not in (8, 64, 512):
                     continue
@@ -141,24 +113,24 @@ def main(argv=None) -> int:
                                                            max(5, args.reps // 2))
                     except Exception as exc:  # noqa: BLE001
                         row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                if args.variants and backend_ok and T <= 64:
+                if backend_ok and T in vtokens and routing == "uniform":
                     row["variants"] = []
                     base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
-                    for stages in (2, 3, 4):
-                        for scale in (1, 2):
-                            mk = json.loads(json.dumps(base))
-                            mk["num_stages"] = stages
-                            mk["tiles"]["gemm1"]["BLOCK_N"] = max(32, mk["tiles"]["gemm1"]["BLOCK_N"] // scale)
-                            mk["tiles"]["gemm2"]["BLOCK_N"] = max(32, mk["tiles"]["gemm2"]["BLOCK_N"] // scale)
-                            try:
-                                us = kb.graph_time_us(lambda a, mk=mk, ww=ww, cfg=cfg: megakernel_forward(a, ww, cfg, mk=mk), xs,
-                                                      args.reps)
-                                row["variants"].append({"mk": mk, "us": us})
-                            except Exception as exc:  # noqa: BLE001
-                                row["variants"].append({"mk": mk, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    for vname, mk in variant_configs(base)[1:]:
+                        try:
+                            y = megakernel_forward(xs[0], ww, cfg, mk=mk)
+                            rep = check_numerics(xs[0], y, ww, cfg, dtype="bfloat16", sample=8, topk_idx=d["topk_idx"])
+                            us = kb.graph_time_us(lambda a, mk=mk, ww=ww, cfg=cfg: megakernel_forward(a, ww, cfg, mk=mk),
+                                                  xs, args.reps)
+                            row["variants"].append({"name": vname, "why": VARIANTS[vname][1], "mk": mk, "us": us,
+                                                    "ok": bool(rep.ok), "err_max": rep.error.max_err})
+                        except Exception as exc:  # noqa: BLE001
+                            row["variants"].append({"name": vname, "mk": mk, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    print("    variants: " + "  ".join(f"{v['name']} {v['us']:.1f}" if "us" in v else f"{v['name']} failed"
+                                                    for v in row["variants"]), flush=True)
                 _rows_out(rows_path, row)
                 table.append(row)
-                best_v = min((v["us"] for v in row.get("variants", []) if "us" in v), default=None)
+                best_v = min((v["us"] for v in row.get("variants", []) if "us" in v and v.get("ok")), default=None)
                 print(f"{name:<16}{T:>6} {routing:<13} floor {floor_us:9.1f}  mk {row.get('megakernel_us', float('nan')):9.1f}"
                       f"  multi {row.get('multi_us', float('nan')):9.1f}  torch {row.get('torch_us', float('nan')):9.1f}"
                       f"  mk/floor {row.get('megakernel_us', float('nan')) / floor_us:5.2f}"

@@ -19,7 +19,8 @@ import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "wgmma": r"wgmma\.mma_async",
+OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk\.(?!prefetch)",
+       "prefetch.L2": r"cp\.async\.bulk\.prefetch\.L2", "wgmma": r"wgmma\.mma_async",
        "mma.sync": r"mma\.sync", "ld.local": r"ld\.local", "st.local": r"st\.local"}
 
 
@@ -60,7 +61,7 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
-        sync=torch.zeros(lay.sync_words, dtype=torch.int32))
+        sync=torch.zeros(lay.sync_words, dtype=torch.int32), prefetch=True)
     fn = mkm._megakernel
     opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}
     vals = {**dict(zip(fn.arg_names, args)), **kwargs}

@@ -6,7 +6,8 @@ For each case (preset:T[:concentrated]) the layer runs once traced (kernels.mega
 program, start and end of every ticket) after a warm-up, and is timed as a CUDA-graph replay
 (untraced) beside the multi-launch path. Per kind: tasks, mean task time (wait included), first
 start and last end relative to the launch's first start; the launch span and the programs' busy
-fraction. ``--variants`` times a few tile / occupancy variants of the megakernel too. Rows go to
+fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
+"task_weight_bytes"). ``--variants a,b`` traces named variants of megakernel_variants.py too. Rows go to
 DIR/trace.jsonl with GPU, versions, commit and date.
 """
 
@@ -18,6 +19,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megakernel_variants import variant_configs  # noqa: E402
 
 
 def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
-    p.add_argument("--variants", action="store_true")
+    p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -71,14 +75,7 @@ def main(argv=None) -> int:
         gen = torch.Generator(device="cuda").manual_seed(7 + T)
         xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
         base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
-        variants = [("default", base)]
-        if args.variants:
-            v = json.loads(json.dumps(base))
-            v.update(occupancy=2, num_stages=2)
-            variants.append(("occ2_stages2", v))
-            v = json.loads(json.dumps(base))
-            v["tiles"]["gemm1"]["BLOCK_K"] = v["tiles"]["gemm2"]["BLOCK_K"] = 256
-            variants.append(("bk256", v))
+        variants = variant_configs(base, args.variants.split(",") if args.variants else [])
         row = {"case": case, "preset": name, "T": T, **prov}
         row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg: kmoe.moe_forward(a, w, cfg, backend="multi",
                                                                                      check=False), xs, args.reps)
@@ -94,8 +91,11 @@ def main(argv=None) -> int:
                 trn = tr[:plan.num_tasks].cpu().numpy()
                 summ = summarize(trn, plan.kind, KINDS)
                 us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk), xs, args.reps)
+                t0 = int(trn[:, 1].min())
+                tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
                 row[label] = {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"],
-                              "shared_bytes": ran["shared_bytes"], "programs": ran["programs"], "trace": summ}
+                              "shared_bytes": ran["shared_bytes"], "programs": ran["programs"], "trace": summ,
+                              "tasks": tasks, "task_weight_bytes": [int(v) for v in plan.weight_bytes]}
                 print(f"{case:<34} {label:<13} mk {us:8.1f} us  multi {row['multi_us']:8.1f} us  span {summ['span_us']:8.1f}"
                       f"  busy {summ['busy_fraction']:.2f}  regs {ran['n_regs']} spills {ran['n_spills']} "
                       f"smem {ran['shared_bytes']} P {ran['programs']}", flush=True)

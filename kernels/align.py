@@ -26,6 +26,10 @@ import triton.language as tl
 
 from .plan import align_blocks, align_launch  # noqa: F401 - align_blocks: kept importable from here
 
+#: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot
+#: tensors in two reductions (decode), larger ones slot by slot (bounded registers)
+ONE_SHOT = tl.constexpr(4096)
+
 
 @triton.jit
 def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
@@ -65,20 +69,31 @@ def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_p
     """Write the padded rows of a block of tokens. idx (BLOCK_T, BLOCK_K) expert ids (-1 where
     masked); base (BLOCK_E,): the first padded row of each expert free for this block."""
     offs_k = tl.arange(0, BLOCK_K)
-    # onehot[t, e]: token t picked e (at most once); exclusive cumsum over tokens = rank in block
-    onehot = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        onehot += tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0)
-    rank = tl.cumsum(onehot, axis=0) - onehot
-    dest_te = rank + base[None, :]
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        dest = tl.sum(tl.where(offs_e[None, :] == ik[:, None], dest_te, 0), axis=1)
-        p = offs_t * K + k
-        tl.store(padded_token_ptr + dest, offs_t, mask=t_mask)
-        tl.store(padded_pair_ptr + dest, p, mask=t_mask)
-        tl.store(pair_dest_ptr + p, dest, mask=t_mask)
+    if BLOCK_T * BLOCK_K * BLOCK_E <= ONE_SHOT:  # every slot at once: two reductions in all
+        hit = (idx[:, :, None] == offs_e[None, None, :]) & t_mask[:, None, None]  # (T, K, E)
+        onehot = tl.sum(hit.to(tl.int32), axis=1)
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        dest = tl.sum(tl.where(hit, (rank + base[None, :])[:, None, :], 0), axis=2)  # (T, K)
+        m = t_mask[:, None] & (offs_k < K)[None, :]
+        p = offs_t[:, None] * K + offs_k[None, :]
+        tl.store(padded_token_ptr + dest, offs_t[:, None] + offs_k[None, :] * 0, mask=m)
+        tl.store(padded_pair_ptr + dest, p, mask=m)
+        tl.store(pair_dest_ptr + p, dest, mask=m)
+    else:
+        # onehot[t, e]: token t picked e (at most once); exclusive cumsum over tokens = rank in block
+        onehot = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+        for k in tl.static_range(K):
+            ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+            onehot += tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0)
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        dest_te = rank + base[None, :]
+        for k in tl.static_range(K):
+            ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+            dest = tl.sum(tl.where(offs_e[None, :] == ik[:, None], dest_te, 0), axis=1)
+            p = offs_t * K + k
+            tl.store(padded_token_ptr + dest, offs_t, mask=t_mask)
+            tl.store(padded_pair_ptr + dest, p, mask=t_mask)
+            tl.store(pair_dest_ptr + p, dest, mask=t_mask)
 
 
 @triton.jit
@@ -125,10 +140,14 @@ def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr
     t_mask = offs_t < T
     out_mask = t_mask[:, None] & (offs_k[None, :] < K)
     idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=out_mask, other=-1)
-    counts = tl.zeros((BLOCK_E,), tl.int32)
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
-        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
+    if BLOCK_T * BLOCK_K * BLOCK_E <= ONE_SHOT:
+        hit = (idx[:, :, None] == offs_e[None, None, :]) & t_mask[:, None, None]
+        counts = tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0)
+    else:
+        counts = tl.zeros((BLOCK_E,), tl.int32)
+        for k in tl.static_range(K):
+            ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
+            counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
     return idx, out_mask, counts, offs_t, t_mask, offs_e, offs_e < E
 
 

@@ -35,6 +35,32 @@ def _argmax_lowest(v, cols, BLOCK: tl.constexpr):
     return m, i
 
 
+#: below every selection key (a picked or masked-out column)
+_NO_KEY = tl.constexpr(-0x7FFFFFFFFFFFFFFF)
+
+
+@triton.jit
+def _sel_key(v, cols, BLOCK: tl.constexpr):
+    """int64 keys whose max is the max of v (fp32) and, among equal values, the lowest column:
+    v's order-preserving int32 bits (signed zeros made one) above BLOCK - 1 - column."""
+    bits = tl.where(v == 0.0, 0.0, v).to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (BLOCK - 1 - cols).to(tl.int64)
+
+
+@triton.jit
+def _key_col(key, BLOCK: tl.constexpr):
+    """The column a key of _sel_key names."""
+    return (BLOCK - 1 - (key & 0xFFFFFFFF)).to(tl.int32)
+
+
+@triton.jit
+def _key_value(key):
+    """The fp32 value a key of _sel_key holds."""
+    ordered = (key >> 32).to(tl.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _router_partial(
     x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
@@ -139,17 +165,26 @@ def _route_block(
         if N_GROUP > 1:
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
-            gscore = tl.full((BLOCK_T, BLOCK_G), neg_inf, tl.float32)
-            for g in tl.static_range(N_GROUP):
-                v = tl.where((grp == g)[None, :], b, neg_inf)
-                m1, i1 = _argmax_lowest(v, cols, BLOCK_E)
-                m2 = tl.max(tl.where(cols == i1[:, None], neg_inf, v), axis=1)
-                gscore = tl.where(offs_g[None, :] == g, (m1 + m2)[:, None], gscore)
+            if BLOCK_E == E and BLOCK_G == N_GROUP and PER_GROUP * N_GROUP == E:
+                # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
+                k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))
+                k1 = tl.max(k3, axis=2)
+                k2 = tl.max(tl.where(k3 == k1[:, :, None], _NO_KEY, k3), axis=2)
+                gscore = _key_value(k1) + _key_value(k2)
+            else:
+                gscore = tl.full((BLOCK_T, BLOCK_G), neg_inf, tl.float32)
+                for g in tl.static_range(N_GROUP):
+                    v = tl.where((grp == g)[None, :], b, neg_inf)
+                    m1, i1 = _argmax_lowest(v, cols, BLOCK_E)
+                    m2 = tl.max(tl.where(cols == i1[:, None], neg_inf, v), axis=1)
+                    gscore = tl.where(offs_g[None, :] == g, (m1 + m2)[:, None], gscore)
+            gscore = tl.where(offs_g[None, :] < N_GROUP, gscore, neg_inf)
+            gkey = _sel_key(gscore, offs_g[None, :], BLOCK_G)
             keep = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
             for _j in tl.static_range(TOPK_GROUP):
-                _gm, gi = _argmax_lowest(gscore, offs_g[None, :], BLOCK_G)
+                gi = _key_col(tl.max(gkey, axis=1), BLOCK_G)
                 keep = tl.where(grp[None, :] == gi[:, None], 1, keep)
-                gscore = tl.where(offs_g[None, :] == gi[:, None], neg_inf, gscore)
+                gkey = tl.where(offs_g[None, :] == gi[:, None], _NO_KEY, gkey)
             if MASK_NEG_INF:
                 b = tl.where(keep != 0, b, neg_inf)
             else:
@@ -164,15 +199,21 @@ def _route_block(
     kcols = offs_k[None, :]
     top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
     top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
-    counts = tl.zeros((BLOCK_E,), tl.int32)
-    for k in tl.static_range(K):
-        _m, i = _argmax_lowest(sel, cols, BLOCK_E)
+    picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    key = _sel_key(sel, cols, BLOCK_E)
+    for k in tl.static_range(K):  # one max per pick: the best score, ties to the lowest column
+        best = tl.max(key, axis=1)
+        i = _key_col(best, BLOCK_E)
         chosen = cols == i[:, None]
-        val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
+        if ROUTER == 2:  # the weight is the unbiased score, not the selection score
+            val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
+        else:
+            val = _key_value(best)
         top_idx = tl.where(kcols == k, i[:, None], top_idx)
         top_val = tl.where(kcols == k, val[:, None], top_val)
-        counts += tl.sum(tl.where(chosen & t_mask[:, None], 1, 0), axis=0)
-        sel = tl.where(chosen, neg_inf, sel)
+        picked = tl.where(chosen, 1, picked)
+        key = tl.where(chosen, _NO_KEY, key)
+    counts = tl.sum(tl.where(t_mask[:, None], picked, 0), axis=0)
 
     k_mask = kcols < K
     if ROUTER == 0 or ROUTER == 1:

@@ -50,15 +50,18 @@ def _mk(cfg, x, w, **kw):
     return megakernel_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, **kw)
 
 
+@pytest.mark.parametrize("next_ticket", [True, False], ids=["next_ticket", "ticket_after_task"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel_runs_the_plan(case, rng):
-    """Tasks the kernel ran, per kind and per expert, equal reference.tiles.task_plan's."""
+def test_kernel_runs_the_plan(case, next_ticket, rng):
+    """Tasks the kernel ran, per kind and per expert, equal reference.tiles.task_plan's, whether a
+    program takes its next ticket as a task starts or after it ends."""
     from megamoe.kernels.megakernel import megakernel_config
 
     fields, T, _why = CASES[case]
     cfg = MoEConfig(**{**BASE, **fields})
     x, w = _cpu(cfg, T, rng)
-    y, ran = _mk(cfg, x, w, record=True)
+    mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "next_ticket": next_ticket}
+    y, ran = _mk(cfg, x, w, record=True, mk=mk)
     ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
     assert_close(y, ref.y, "float32", case)
     counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)

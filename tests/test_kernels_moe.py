@@ -139,8 +139,17 @@ def test_atomic_combine_matches(rng, device):
     assert_close(y, ref, device.dtype, "atomic combine")
 
 
-@pytest.mark.parametrize("T", [13, 37])  # 13: one token block, aligned inside the router; 37: scan + scatter
-def test_routing_metadata_matches_reference(T, rng, device):
+#: routings for the metadata test: which selection and align code paths each one takes
+META_CASES = {
+    "grouped8": (CASES["sigmoid_grouped"][0], "E = 8 < BLOCK_E: groups one by one"),
+    "grouped16": (dict(CASES["sigmoid_grouped"][0], num_experts=16), "E = BLOCK_E = 16: every group at once"),
+    "wide64": (dict(num_experts=64, top_k=8), "16 x 8 x 64 cells > align.ONE_SHOT: the slot-by-slot align"),
+}
+
+
+@pytest.mark.parametrize("case", list(META_CASES))
+@pytest.mark.parametrize("T", [1, 13, 37])  # 1, 13: one token block, aligned inside the router; 37: scan + scatter
+def test_routing_metadata_matches_reference(T, case, rng, device):
     """The kernels' topk_idx and padded plan equal the reference's route and plan_dispatch exactly
     (float32 under the interpreter; float16 on CUDA, which refuses float32: the reference then
     routes the same float16-rounded inputs, and only the fp32 accumulation order differs)."""
@@ -148,7 +157,7 @@ def test_routing_metadata_matches_reference(T, rng, device):
     from megamoe.reference import plan_dispatch, route
 
     dt = "float32" if device.name == "cpu" else "float16"
-    cfg = MoEConfig(**{**BASE, **CASES["sigmoid_grouped"][0]})
+    cfg = MoEConfig(**{**BASE, **META_CASES[case][0]})
     w = random_weights(cfg, seed=8)
     x = rng.standard_normal((T, cfg.hidden_size))
     d = moe_forward_details(device.tensor(x, dt), w.to_torch(device.name, getattr(torch, dt)), cfg)
