@@ -40,7 +40,7 @@ def _sig(v) -> str:
 
 
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
-                 mk: dict | None = None) -> dict:
+                 mk: dict | None = None, dist: int | None = None) -> dict:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -56,7 +56,8 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     w = MoEWeights(**{k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(cfg).items() if s is not None})
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms)
-    mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
+    mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"],
+          "prefetch_dist": mk.get("prefetch_dist", 0) if dist is None else dist}
     lay = task_layout(cfg, T, mk["tiles"])
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
@@ -114,10 +115,11 @@ def main(argv=None) -> int:
     p.add_argument("cases", nargs="+", help="preset:T")
     p.add_argument("--warps", type=int)
     p.add_argument("--stages", type=int)
+    p.add_argument("--dist", type=int, help="prefetch_dist (L2 prefetch distance of the GEMM loops)")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
-        print(compile_case(name, int(T), a.warps, a.stages), flush=True)
+        print(compile_case(name, int(T), a.warps, a.stages, dist=a.dist), flush=True)
     return 0
 
 

@@ -37,12 +37,17 @@ def _bn(scale: float):
 
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
-    "prefetch0": (_set(prefetch=0), "no L2 bulk prefetch of weight tiles"),
-    "prefetch2": (_set(prefetch=2), "also prefetch the next ticket's weight tile"),
-    "no_next": (_set(next_ticket=False), "take the next ticket after a task, not as it starts"),
-    "bn_half": (_bn(0.5), "column tiles half as wide (more tasks)"),
+    "dist2": (_set(prefetch_dist=2), "GEMM loops prefetch weight columns 2 K-steps ahead into L2"),
+    "dist4": (_set(prefetch_dist=4), "GEMM loops prefetch weight columns 4 K-steps ahead into L2"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
+    "stages5": (_set(num_stages=5), "5 pipeline stages"),
+    "stages6": (_set(num_stages=6), "6 pipeline stages"),
+    "dist2_stages4": (_set(prefetch_dist=2, num_stages=4), "both"),
+    "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
+    "bn_half": (_bn(0.5), "column tiles half as wide (more tasks)"),
 }
+#: the variants timed at T > 1 (fewer: each is a 15-30 s compile)
+MID_VARIANTS = ("dist2", "dist4", "stages4", "dist2_stages4")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
@@ -89,11 +94,12 @@ def _warm_job(name: str, T: int, what: str) -> str:
         return f"{name}:{T} {what} {type(exc).__name__}"
 
 
-def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=("prefetch0",)) -> list:
-    """(preset, T, what) jobs: both backends at every (preset, T); each variant at variant_tokens;
+def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=("dist2",)) -> list:
+    """(preset, T, what) jobs: both backends at every (preset, T); each variant (MID_VARIANTS past
+    T = 1) at variant_tokens;
     the traced default and trace_variants at the (preset, T) of trace_cases."""
     jobs = [(n, T, "backends") for n in presets for T in tokens]
-    jobs += [(n, T, v) for n in presets for T in variant_tokens for v in VARIANTS]
+    jobs += [(n, T, v) for n in presets for T in variant_tokens for v in (VARIANTS if T == 1 else MID_VARIANTS)]
     jobs += [(n, T, f"trace:{v}") for n, T in trace_cases for v in ("default", *trace_variants)]
     return jobs
 

@@ -230,7 +230,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                           "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
                           "combine": combine,
                           "order": {"GROUP_M": 2}},
-                "num_warps": 4, "num_stages": 1, "occupancy": 1, "prefetch": 0, "next_ticket": True}
+                "num_warps": 4, "num_stages": 1, "occupancy": 1, "prefetch_dist": 0, "next_ticket": True}
     P = num_sms
     if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
         split = max(split, min(64, H // block_h, -(-E * H * 2 // (48 << 10))))
@@ -262,9 +262,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                       "combine": combine,
                       "order": {"GROUP_M": 8}},
             "num_warps": warps, "num_stages": stages, "occupancy": 1,
-            # decode and mid batch stream each weight tile once: put the whole tile in flight in L2
-            # (megakernel.prefetch_flags), and take the next ticket while a task runs
-            "prefetch": 1 if bm <= 64 else 0, "next_ticket": True}
+            # no L2 prefetch in the GEMM loops and the next ticket after a task: the 2026-12-01 H200
+            # run D measured whole-tile prefetch and tickets taken early slower (NOTES-gpu-runs.md)
+            "prefetch_dist": 0, "next_ticket": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

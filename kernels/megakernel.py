@@ -43,7 +43,6 @@ from . import configs as cfgs
 from . import prefetch as pf
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
-from .prefetch import _prefetch_cols, _prefetch_rows
 from .routing import ROUTER_CODES, _route_block, _router_partial
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
@@ -97,25 +96,6 @@ def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
             tl.atomic_add(stats_ptr + 9 + E + e, 1)
 
 
-@triton.jit
-def _prefetch_routed(tt, S0, nb, b_sh2, b_g2, b_comb, block_expert_ptr, gu_ptr, dn_ptr, I, H, N1, N2,
-                     GROUP_M: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, ON: tl.constexpr,
-                     NCHUNK: tl.constexpr):
-    """L2 prefetch of the weight tile of routed ticket tt (a GEMM 1 or GEMM 2 tile; else nothing),
-    once the layout (nb row blocks) is known."""
-    if ON:
-        if tt >= S0 and tt < b_sh2:
-            b, n = _tile_ids(tt - S0, nb, N1, GROUP_M)
-            e = tl.load(block_expert_ptr + b)
-            nr = tl.minimum(BN1, I - n * BN1)
-            _prefetch_rows(gu_ptr, e, n * BN1, nr, 2 * I, H, ON, NCHUNK)
-            _prefetch_rows(gu_ptr, e, I + n * BN1, nr, 2 * I, H, ON, NCHUNK)
-        elif tt >= b_g2 and tt < b_comb:
-            b, n = _tile_ids(tt - b_g2, nb, N2, GROUP_M)
-            e = tl.load(block_expert_ptr + b)
-            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, ON, NCHUNK)
-
-
 @triton.jit(do_not_specialize=["T", "G", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
                                "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N"])
 def _megakernel(
@@ -146,8 +126,8 @@ def _megakernel(
     S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
     S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
     RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr, GIVEN: tl.constexpr,
-    # L2 prefetch (prefetch.py) of each task's weights as it starts: router, experts, shared MLP
-    PF_R: tl.constexpr, PF_E: tl.constexpr, PF_S: tl.constexpr, NCHUNK: tl.constexpr, NEXT: tl.constexpr,
+    # L2 prefetch distance of the expert GEMMs' K loops (prefetch.py; 0: none), next ticket at task start
+    PF_DIST: tl.constexpr, NEXT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -162,8 +142,6 @@ def _megakernel(
             if t < F_TOPK:  # router_logits (c, s)
                 if SPLIT > 0:
                     c = t // SPLIT
-                    h0 = (t % SPLIT) * H_PER
-                    _prefetch_cols(rw_ptr, E, stride_rw, h0, tl.minimum(H_PER, H - h0), PF_R, NCHUNK)
                     _router_partial(x_ptr, rw_ptr, sgw_ptr, part_ptr, sg_part_ptr, c, t % SPLIT, T, H, E, stride_xt,
                                     stride_rw, H_PER, HAS_SG, IEEE, R_BT, R_BE, R_BH)
                     _signal(sync_ptr + OFF_LOGITS + c)
@@ -208,12 +186,9 @@ def _megakernel(
             else:  # shared_gemm1 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - F_SH1, MS, NS1, GROUP_M)
-                    nr = tl.minimum(S_BN1, Is - n * S_BN1)
-                    _prefetch_rows(sgu_ptr, t * 0, n * S_BN1, nr, 2 * Is, H, PF_S, NCHUNK)
-                    _prefetch_rows(sgu_ptr, t * 0, Is + n * S_BN1, nr, 2 * Is, H, PF_S, NCHUNK)
                     _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                 tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
-                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
+                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK, PF_DIST)
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
@@ -222,12 +197,6 @@ def _megakernel(
             b_sh2 = S0 + nb * N1
             b_g2 = b_sh2 + MS * NS2
             b_comb = b_g2 + nb * N2
-            # this task's weight tile into L2 at once, and (PF_E = 2) the next ticket's behind it
-            _prefetch_routed(t, S0, nb, b_sh2, b_g2, b_comb, block_expert_ptr, gu_ptr, dn_ptr, I, H, N1, N2,
-                             GROUP_M, BN1, BN2, PF_E >= 1, NCHUNK)
-            if NEXT:
-                _prefetch_routed(t_next, S0, nb, b_sh2, b_g2, b_comb, block_expert_ptr, gu_ptr, dn_ptr, I, H, N1,
-                                 N2, GROUP_M, BN1, BN2, PF_E >= 2, NCHUNK)
             if t < b_sh2:  # gemm1 (b, n)
                 b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
                 e = tl.load(block_expert_ptr + b)
@@ -236,19 +205,18 @@ def _megakernel(
                 _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                             b, n, e, t * 0, 0, tl.cdiv(H, BK1), T, I, H, 0, stride_xt, stride_gue, stride_gun,
                             stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
-                            BM, BN1, BK1)
+                            BM, BN1, BK1, PF_DIST)
                 _signal(sync_ptr + OFF_G1 + b)
                 _record(stats_ptr, 5, e, E, RECORD)
             elif t < b_g2:  # shared_gemm2 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - b_sh2, MS, NS2, GROUP_M)
-                    _prefetch_rows(sdn_ptr, t * 0, n * S_BN2, tl.minimum(S_BN2, H - n * S_BN2), H, Is, PF_S, NCHUNK)
                     _wait(sync_ptr + OFF_SH1 + m, NS1, BACKOFF)
                     if HAS_SG:
                         _wait(sync_ptr + SW * 2, G, BACKOFF)  # the shared gate of every token
                     _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                 tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
-                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
+                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK, PF_DIST)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
             elif t < b_comb:  # gemm2 (b, n)
@@ -257,7 +225,7 @@ def _megakernel(
                 _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)  # (prefetched: the weights stream in meanwhile)
                 _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
                             tl.cdiv(I, BK2), T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
-                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
+                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2, PF_DIST)
                 _signal(sync_ptr + SW * 5)
                 _record(stats_ptr, 7, e, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
@@ -325,23 +293,18 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, 
                                   interpret=device.type == "cpu", routing_given=routing_given)
 
 
-def prefetch_flags(mk: dict, weights, device, H: int, h_per: int) -> dict:
-    """The kernel's PF_* and NEXT constexprs from mk's ``prefetch`` (0 off, the default; 1: each task's
-    own weight tile as it starts; 2: also the tile of the ticket taken next, which needs
-    ``next_ticket``) and ``next_ticket`` (take the next ticket as a task starts), on a device with
-    the bulk L2 prefetch (or ``device=True``: compile for one, as compile_report does), for each
-    weight group whose layout allows it; NCHUNK: one prefetch range per thread."""
-    level = int(mk.get("prefetch", 0))
-    on = level > 0 and (device is True or (device is not False and pf.available(device)))
-    rw = weights.router_weight
-    router = on and rw is not None and (h_per * rw.element_size()) % pf.GRANULE == 0 and \
-        (H * rw.element_size()) % pf.GRANULE == 0 and (rw.stride(0) * rw.element_size()) % pf.GRANULE == 0 and \
-        rw.stride(1) == 1
-    experts = level if on and pf.rows_ok(weights.gate_up) and pf.rows_ok(weights.down) else 0
+def prefetch_flags(mk: dict, weights, device) -> dict:
+    """The kernel's PF_DIST and NEXT constexprs. PF_DIST: mk's ``prefetch_dist`` (K steps that the
+    expert GEMMs' loops prefetch weight columns ahead into L2; 0, the default, for none), on a
+    device with the bulk L2 prefetch (or ``device=True``: compile for one, as compile_report does)
+    and weights whose rows allow it (prefetch.rows_ok); NEXT: mk's ``next_ticket`` (a program takes
+    its next ticket as a task starts, not after it ends)."""
+    dist = int(mk.get("prefetch_dist", 0))
+    on = dist > 0 and (device is True or (device is not False and pf.available(device)))
     sgu, sdn = weights.shared_gate_up, weights.shared_down
-    shared = on and sgu is not None and pf.rows_ok(sgu.unsqueeze(0)) and pf.rows_ok(sdn.unsqueeze(0))
-    return dict(PF_R=router, PF_E=experts, PF_S=shared, NCHUNK=32 * mk["num_warps"],
-                NEXT=bool(mk.get("next_ticket", False)))
+    ok = pf.rows_ok(weights.gate_up) and pf.rows_ok(weights.down) and (
+        sgu is None or (pf.rows_ok(sgu.unsqueeze(0)) and pf.rows_ok(sdn.unsqueeze(0))))
+    return dict(PF_DIST=dist if on and ok else 0, NEXT=bool(mk.get("next_ticket", False)))
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
@@ -418,7 +381,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
-        **prefetch_flags(mk, weights, dev if prefetch is None else prefetch, H, lay.h_per),
+        **prefetch_flags(mk, weights, dev if prefetch is None else prefetch),
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

@@ -1,14 +1,18 @@
 """L2 prefetch of weight tiles with Hopper's bulk prefetch (``cp.async.bulk.prefetch.L2.global``).
 
-At decode a GEMM tile is a few hundred KB of weights read once. Through the tile's own software
-pipeline only its num_stages K-steps are in flight, and the pipeline drains and refills at every
-tile, so a program streams well below its share of HBM. One bulk prefetch instruction per thread
-puts the whole tile in flight at once (the loads of the tile then hit L2), and a tile that must
-wait (GEMM 2 for its rows' GEMM 1) can have its weights on the way while it waits.
+At decode a GEMM tile is a few hundred KB of weights read once, and a program streams only as
+fast as the bytes it has in flight: through the tile's software pipeline that is num_stages - 1
+K-steps, bounded by shared memory (the H200 traces of 2026-12-01: about 20-30 GB/s per program,
+where 34 GB/s on each of 132 SMs is what HBM gives). A GEMM loop with a prefetch distance D
+issues, at K-step k, one bulk L2 prefetch per weight row of the tile for K-step k + D, so D more
+steps are in flight without shared memory (``_gemm1_tile`` / ``_gemm2_tile``'s PF_DIST).
 
-The helpers are no-ops unless ``ON`` (a constexpr the host sets on a CUDA device of compute
-capability 9.0 or newer, never under the interpreter, which has no inline PTX): they only move data
-into L2, so results are the same with and without them.
+Measured and dropped (benchmarks/NOTES-gpu-runs.md, run D): prefetching a whole tile as its task
+starts, which was slower everywhere (up to 470 MB requested at once against a 50 MB L2).
+
+Callers enable a prefetch only on a CUDA device of compute capability 9.0 or newer (``available``),
+never under the interpreter, which has no inline PTX; it only moves data into L2, so results are
+the same with and without it.
 """
 
 from __future__ import annotations
@@ -41,43 +45,11 @@ def rows_ok(t) -> bool:
 
 
 @triton.jit
-def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr):
-    """Prefetch [ptr, ptr + nbytes) into L2 (nbytes a multiple of 16, ptr 16-byte aligned), split
-    into NCHUNK pieces, one per thread (NCHUNK = the program's thread count)."""
-    if ON:
-        c = tl.arange(0, NCHUNK)
-        chunk = (nbytes + NCHUNK * 16 - 1) // (NCHUNK * 16) * 16
-        start = c.to(tl.int64) * chunk
-        size = tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32)
-        addr = ptr.to(tl.int64, bitcast=True) + start
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(w_ptr, e, row0, nrows, N, KD, ON: tl.constexpr, NCHUNK: tl.constexpr):
-    """Prefetch rows [row0, row0 + nrows) of expert e of a weight (E, N, KD) whose rows are back
-    to back (``rows_ok``); the caller clips nrows to the rows that exist (<= 0: nothing)."""
-    if ON:
-        if nrows > 0:
-            first = w_ptr + (e.to(tl.int64) * N + row0) * KD
-            _prefetch_bytes(first, nrows.to(tl.int64) * KD * (w_ptr.dtype.element_ty.primitive_bitwidth // 8), ON,
-                            NCHUNK)
-
-
-@triton.jit
-def _prefetch_cols(w_ptr, nrows, stride_row, col0, ncols, ON: tl.constexpr, NCHUNK: tl.constexpr):
-    """Prefetch columns [col0, col0 + ncols) of rows [0, nrows) of a row-major matrix (the router
-    weight's H slice of every expert): one range per row, NCHUNK rows at a time (col0 and ncols
-    times the element size multiples of 16)."""
-    if ON:
-        esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        size = tl.maximum(ncols, 0) * esize
-        for r0 in range(0, nrows, NCHUNK):
-            r = r0 + tl.arange(0, NCHUNK)
-            addr = (w_ptr + r.to(tl.int64) * stride_row + col0).to(tl.int64, bitcast=True)
-            sz = tl.where(r < nrows, size, 0).to(tl.int32)
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, sz], dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(w_ptr, offsets, nbytes):
+    """Prefetch nbytes (a multiple of 16; 0: nothing) from w_ptr + each element offset of
+    ``offsets`` into L2, one bulk prefetch per element (callers pass a 1-D tensor of row starts)."""
+    addr = (w_ptr + offsets).to(tl.int64, bitcast=True)
+    size = tl.zeros_like(offsets).to(tl.int32) + nbytes
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
