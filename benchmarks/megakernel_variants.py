@@ -43,11 +43,13 @@ VARIANTS = {
     "stages5": (_set(num_stages=5), "5 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
     "dist2_stages4": (_set(prefetch_dist=2, num_stages=4), "both"),
+    "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
+    "occ2_dist2": (_set(occupancy=2, prefetch_dist=2), "two programs per SM, prefetch distance 2"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
     "bn_half": (_bn(0.5), "column tiles half as wide (more tasks)"),
 }
 #: the variants timed at T > 1 (fewer: each is a 15-30 s compile)
-MID_VARIANTS = ("dist2", "dist4", "stages4", "dist2_stages4")
+MID_VARIANTS = ("dist2", "dist4", "stages4", "occ2", "occ2_dist2")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
