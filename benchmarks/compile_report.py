@@ -19,8 +19,7 @@ import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk\.(?!prefetch)",
-       "prefetch.L2": r"cp\.async\.bulk\.prefetch\.L2", "wgmma": r"wgmma\.mma_async",
+OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "wgmma": r"wgmma\.mma_async",
        "mma.sync": r"mma\.sync", "ld.local": r"ld\.local", "st.local": r"st\.local"}
 
 
@@ -40,7 +39,7 @@ def _sig(v) -> str:
 
 
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
-                 mk: dict | None = None, dist: int | None = None) -> dict:
+                 mk: dict | None = None) -> dict:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -56,13 +55,12 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     w = MoEWeights(**{k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(cfg).items() if s is not None})
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms)
-    mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"],
-          "prefetch_dist": mk.get("prefetch_dist", 0) if dist is None else dist}
+    mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
     lay = task_layout(cfg, T, mk["tiles"])
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
-        sync=torch.zeros(lay.sync_words, dtype=torch.int32), prefetch=True)
+        sync=torch.zeros(lay.sync_words, dtype=torch.int32))
     fn = mkm._megakernel
     opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}
     vals = {**dict(zip(fn.arg_names, args)), **kwargs}
@@ -115,11 +113,10 @@ def main(argv=None) -> int:
     p.add_argument("cases", nargs="+", help="preset:T")
     p.add_argument("--warps", type=int)
     p.add_argument("--stages", type=int)
-    p.add_argument("--dist", type=int, help="prefetch_dist (L2 prefetch distance of the GEMM loops)")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
-        print(compile_case(name, int(T), a.warps, a.stages, dist=a.dist), flush=True)
+        print(compile_case(name, int(T), a.warps, a.stages), flush=True)
     return 0
 
 

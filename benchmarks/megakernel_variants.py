@@ -37,19 +37,14 @@ def _bn(scale: float):
 
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
-    "dist2": (_set(prefetch_dist=2), "GEMM loops prefetch weight columns 2 K-steps ahead into L2"),
-    "dist4": (_set(prefetch_dist=4), "GEMM loops prefetch weight columns 4 K-steps ahead into L2"),
+    "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
-    "stages5": (_set(num_stages=5), "5 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
-    "dist2_stages4": (_set(prefetch_dist=2, num_stages=4), "both"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
-    "occ2_dist2": (_set(occupancy=2, prefetch_dist=2), "two programs per SM, prefetch distance 2"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
-    "bn_half": (_bn(0.5), "column tiles half as wide (more tasks)"),
 }
 #: the variants timed at T > 1 (fewer: each is a 15-30 s compile)
-MID_VARIANTS = ("dist2", "dist4", "stages4", "occ2", "occ2_dist2")
+MID_VARIANTS = ("stages3", "stages4")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
@@ -96,7 +91,7 @@ def _warm_job(name: str, T: int, what: str) -> str:
         return f"{name}:{T} {what} {type(exc).__name__}"
 
 
-def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=("dist2",)) -> list:
+def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=()) -> list:
     """(preset, T, what) jobs: both backends at every (preset, T); each variant (MID_VARIANTS past
     T = 1) at variant_tokens;
     the traced default and trace_variants at the (preset, T) of trace_cases."""

@@ -214,6 +214,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     return mk
 
 
+#: shared memory the decode megakernel's pipeline stages may take, bytes (bf16 tiles)
+STAGE_BYTES = 160 << 10
+
+
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
     from .plan import combine_launch
 
@@ -230,7 +234,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                           "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
                           "combine": combine,
                           "order": {"GROUP_M": 2}},
-                "num_warps": 4, "num_stages": 1, "occupancy": 1, "prefetch_dist": 0, "next_ticket": True}
+                "num_warps": 4, "num_stages": 1, "occupancy": 1, "next_ticket": True}
     P = num_sms
     if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
         split = max(split, min(64, H // block_h, -(-E * H * 2 // (48 << 10))))
@@ -248,7 +252,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         bk = 128 if bm == 16 else 64
         sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
-        warps, stages = 4, 3
+        # a program streams about (stages - 1) pipeline stages ahead: as many as fit in
+        # STAGE_BYTES of shared memory, 3 to 6 (H200 run E: gpt-oss-120b T = 1 98.0 us at 3 stages,
+        # 78.6 at 6; Qwen3-30B 37.6 at 3, 37.2-40.2 at 4-6)
+        per_stage = max(bm * bk * 2 + 2 * bk * bn1 * 2, bm * bk * 2 + bk * bn2 * 2,
+                        (bm * bk * 2 + 2 * bk * sbn1 * 2) if Is else 0)
+        warps, stages = 4, max(3, min(6, 1 + STAGE_BYTES // per_stage))
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128
         bk, warps, stages = 64, 8, 3
@@ -262,9 +271,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                       "combine": combine,
                       "order": {"GROUP_M": 8}},
             "num_warps": warps, "num_stages": stages, "occupancy": 1,
-            # no L2 prefetch in the GEMM loops and the next ticket after a task: the 2026-12-01 H200
-            # run D measured whole-tile prefetch and tickets taken early slower (NOTES-gpu-runs.md)
-            "prefetch_dist": 0, "next_ticket": False}
+            # the next ticket after a task ends: H200 runs D and E measured tickets taken as a task
+            # starts slower (NOTES-gpu-runs.md)
+            "next_ticket": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from .plan import act_launch, combine_launch, gemm_grid
-from .prefetch import _prefetch_l2
 
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
 
@@ -101,12 +100,10 @@ def _gemm1_tile(
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PF_DIST: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
-    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel.
-    PF_DIST > 0 (GPU only, rows back to back: prefetch.py): at K tile kt, the gate and up rows'
-    K tile kt + PF_DIST go to L2 ahead of the pipelined loads."""
+    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         tok = rows
@@ -123,15 +120,7 @@ def _gemm1_tile(
     wu_ptrs = wg_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if PF_DIST > 0:  # the tile's 2 * BLOCK_N weight rows: gate rows, then the up rows N further
-        r = tl.arange(0, 2 * BLOCK_N)
-        prow = (pid_n * BLOCK_N + r % BLOCK_N) % N + tl.where(r < BLOCK_N, 0, N)
-        pf_row = e.to(tl.int64) * stride_we + prow.to(tl.int64) * stride_wn
     for kt in range(k_lo, k_hi):
-        if PF_DIST > 0:
-            kp = kt + PF_DIST
-            nb = tl.where(kp < k_hi, tl.minimum(BLOCK_K, KD - kp * BLOCK_K), 0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            _prefetch_l2(w_ptr, pf_row + kp * BLOCK_K, nb)
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             bg = tl.load(wg_ptrs)
@@ -219,11 +208,10 @@ def _gemm2_tile(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PF_DIST: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
-    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel. PF_DIST as
-    in _gemm1_tile."""
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         row_mask = rows < T
@@ -244,13 +232,7 @@ def _gemm2_tile(
     a_ptrs = a_ptr + a_row.to(tl.int64)[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if PF_DIST > 0:
-        pf_row = e.to(tl.int64) * stride_we + offs_bn.to(tl.int64) * stride_wn
     for kt in range(k_lo, k_hi):
-        if PF_DIST > 0:
-            kp = kt + PF_DIST
-            nb = tl.where(kp < k_hi, tl.minimum(BLOCK_K, KD - kp * BLOCK_K), 0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            _prefetch_l2(w_ptr, pf_row + kp * BLOCK_K, nb)
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             b = tl.load(w_ptrs)

@@ -40,7 +40,6 @@ import triton.language as tl
 
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
-from . import prefetch as pf
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
 from .routing import ROUTER_CODES, _route_block, _router_partial
@@ -126,8 +125,8 @@ def _megakernel(
     S_BK: tl.constexpr, EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, S_EVEN_K1: tl.constexpr,
     S_EVEN_K2: tl.constexpr, C_BT: tl.constexpr, C_BH: tl.constexpr, GROUP_M: tl.constexpr,
     RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr, GIVEN: tl.constexpr,
-    # L2 prefetch distance of the expert GEMMs' K loops (prefetch.py; 0: none), next ticket at task start
-    PF_DIST: tl.constexpr, NEXT: tl.constexpr,
+    # take the next ticket as a task starts (config "next_ticket"; off by default: run E measured it slower)
+    NEXT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -188,7 +187,7 @@ def _megakernel(
                     m, n = _tile_ids(t - F_SH1, MS, NS1, GROUP_M)
                     _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                 tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
-                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK, PF_DIST)
+                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
@@ -205,7 +204,7 @@ def _megakernel(
                 _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                             b, n, e, t * 0, 0, tl.cdiv(H, BK1), T, I, H, 0, stride_xt, stride_gue, stride_gun,
                             stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
-                            BM, BN1, BK1, PF_DIST)
+                            BM, BN1, BK1)
                 _signal(sync_ptr + OFF_G1 + b)
                 _record(stats_ptr, 5, e, E, RECORD)
             elif t < b_g2:  # shared_gemm2 (m, n)
@@ -216,16 +215,16 @@ def _megakernel(
                         _wait(sync_ptr + SW * 2, G, BACKOFF)  # the shared gate of every token
                     _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                 tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
-                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK, PF_DIST)
+                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
             elif t < b_comb:  # gemm2 (b, n)
                 b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
                 e = tl.load(block_expert_ptr + b)
-                _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)  # (prefetched: the weights stream in meanwhile)
+                _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
                 _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
                             tl.cdiv(I, BK2), T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
-                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2, PF_DIST)
+                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
                 _signal(sync_ptr + SW * 5)
                 _record(stats_ptr, 7, e, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
@@ -293,23 +292,9 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, 
                                   interpret=device.type == "cpu", routing_given=routing_given)
 
 
-def prefetch_flags(mk: dict, weights, device) -> dict:
-    """The kernel's PF_DIST and NEXT constexprs. PF_DIST: mk's ``prefetch_dist`` (K steps that the
-    expert GEMMs' loops prefetch weight columns ahead into L2; 0, the default, for none), on a
-    device with the bulk L2 prefetch (or ``device=True``: compile for one, as compile_report does)
-    and weights whose rows allow it (prefetch.rows_ok); NEXT: mk's ``next_ticket`` (a program takes
-    its next ticket as a task starts, not after it ends)."""
-    dist = int(mk.get("prefetch_dist", 0))
-    on = dist > 0 and (device is True or (device is not False and pf.available(device)))
-    sgu, sdn = weights.shared_gate_up, weights.shared_down
-    ok = pf.rows_ok(weights.gate_up) and pf.rows_ok(weights.down) and (
-        sgu is None or (pf.rows_ok(sgu.unsqueeze(0)) and pf.rows_ok(sdn.unsqueeze(0))))
-    return dict(PF_DIST=dist if on and ok else 0, NEXT=bool(mk.get("next_ticket", False)))
-
-
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
-                 routing: tuple | None = None, prefetch: bool | None = None):
+                 routing: tuple | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
     device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
     GPU, so ``nprog`` and ``sync`` can be given instead of read off the device). ``routing``:
@@ -381,7 +366,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
-        **prefetch_flags(mk, weights, dev if prefetch is None else prefetch),
+        NEXT=bool(mk.get("next_ticket", False)),
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
