@@ -94,6 +94,21 @@ def _program_tile(pid0, num_m, N, KD, block_expert_ptr, DENSE: tl.constexpr, SPL
 
 
 @triton.jit
+def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block pid_m of GEMM 1: (padded rows, token of each row (0 where masked), row mask).
+    DENSE: rows are tokens, masked past T; else padded_token's entries, -1 in padding rows."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DENSE:
+        tok = rows
+        row_mask = rows < T
+    else:
+        tok = tl.load(padded_token_ptr + rows)
+        row_mask = tok >= 0
+    tok = tl.where(row_mask, tok, 0)
+    return rows, tok, row_mask
+
+
+@triton.jit
 def _gemm1_tile(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
@@ -104,14 +119,7 @@ def _gemm1_tile(
 ):
     """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
     K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    if DENSE:
-        tok = rows
-        row_mask = rows < T
-    else:
-        tok = tl.load(padded_token_ptr + rows)
-        row_mask = tok >= 0
-    tok = tl.where(row_mask, tok, 0)
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
     offs_k = tl.arange(0, BLOCK_K)
@@ -202,16 +210,9 @@ def _act_kernel(
 
 
 @triton.jit
-def _gemm2_tile(
-    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
-    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
-    K: tl.constexpr, KS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
-    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+def _gemm2_rows(padded_pair_ptr, pid_m, T, K: tl.constexpr, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block pid_m of GEMM 2: (padded rows, row mask, token, slot, scale row) of each row.
+    DENSE: rows are tokens, written to slot K; else padded_pair's pairs t*K + k (-1: padding)."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         row_mask = rows < T
@@ -225,6 +226,46 @@ def _gemm2_tile(
         tok = pair // K
         slot = pair % K
         srow = pair
+    return rows, row_mask, tok, slot, srow
+
+
+@triton.jit
+def _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
+                    out_ptr, stride_ot, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                    ATOMIC: tl.constexpr, SPLIT_K: tl.constexpr):
+    """GEMM 2's sums (fp32): bias, routing weight (or shared gate), then stored at row
+    s*T*KS + t*KS + slot of the pair buffer, or (ATOMIC) added to y32 row t."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
+        if SPLIT_K > 1:
+            bias = tl.where(s == 0, bias, 0.0)  # added once, by the first split
+        acc += bias[None, :]
+    if HAS_SCALE:
+        sc = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
+        acc = acc * sc[:, None]
+    mask = row_mask[:, None] & (offs_n < N)[None, :]
+    if ATOMIC:
+        ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        # split s writes its own (T*KS, N) slab; the combine sums slabs and slots in a fixed order
+        orow = s.to(tl.int64) * T * KS + tok.to(tl.int64) * KS + slot
+        ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm2_tile(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
@@ -246,23 +287,8 @@ def _gemm2_tile(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
-        if SPLIT_K > 1:
-            bias = tl.where(s == 0, bias, 0.0)  # added once, by the first split
-        acc += bias[None, :]
-    if HAS_SCALE:
-        sc = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
-        acc = acc * sc[:, None]
-    mask = row_mask[:, None] & (offs_n < N)[None, :]
-    if ATOMIC:
-        ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
-        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        # split s writes its own (T*KS, N) slab; the combine sums slabs and slots in a fixed order
-        orow = s.to(tl.int64) * T * KS + tok.to(tl.int64) * KS + slot
-        ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
-        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
+                    out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["T", "num_m"])
