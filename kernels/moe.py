@@ -157,12 +157,13 @@ def check_inputs(x, weights, config) -> None:
 
 
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
-                    deterministic: bool = True, *, gemm: dict | None = None):
-    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``: a
-    {"gemm1", "gemm2"} entry instead of the tuned one (a benchmark's or a test's candidate)."""
+                    deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None):
+    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``
+    (``shared_gemm``): a {"gemm1", "gemm2"} entry for the routed experts (the shared MLP) instead
+    of the tuned one (a benchmark's or a test's candidate)."""
     return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
                        triton_version=triton.__version__, deterministic=deterministic,
-                       num_sms=device_sms(device), gemm=gemm)
+                       num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm)
 
 
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,

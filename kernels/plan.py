@@ -130,11 +130,12 @@ def _triton_version() -> str:
 
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
-                deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None) -> LaunchPlan:
+                deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None,
+                shared_gemm: dict | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
     torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
-    ``num_sms`` and ``gemm`` as for ``static_plan``."""
+    ``num_sms``, ``gemm`` and ``shared_gemm`` as for ``static_plan``."""
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     if topk_idx is not None:
         idx = np.asarray(topk_idx)
@@ -156,7 +157,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     tv = triton_version or _triton_version()
     b = dtype_bytes(dtype)
     sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic,
-                     num_sms=num_sms, gemm=gemm)
+                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm)
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
     KS = sp.KS
@@ -382,28 +383,33 @@ class StaticPlan:
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
                 triton_version: str | None = None, deterministic: bool = True, num_sms: int | None = None,
-                gemm: dict | None = None) -> StaticPlan:
+                gemm: dict | None = None, shared_gemm: dict | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
     interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
 
     ``num_sms``: the device's SMs, for persistent launches (default: configs.INTERPRETER_SMS in
-    the interpreter, configs.DEFAULT_SMS elsewhere). ``gemm``: a {"gemm1", "gemm2"} entry to run
-    instead of the tuned one (a benchmark's candidate; checked as a tuned entry is)."""
+    the interpreter, configs.DEFAULT_SMS elsewhere). ``gemm``: a {"gemm1", "gemm2"} entry for the
+    routed experts instead of the tuned one (a benchmark's or a test's candidate; checked as a
+    tuned entry is), ``shared_gemm`` the same for the shared MLP."""
     interpret = device_name == "cpu-interpreter"
     sms = int(num_sms or (cfgs.INTERPRETER_SMS if interpret else cfgs.DEFAULT_SMS))
-    key = None if gemm is None else json.dumps(cfgs.check_entry(gemm, "static_plan(gemm=...)"), sort_keys=True)
+    keys = [None if g is None else json.dumps(cfgs.check_entry(g, f"static_plan({what}=...)"), sort_keys=True)
+            for what, g in (("gemm", gemm), ("shared_gemm", shared_gemm))]
     return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic),
-                        sms, key)
+                        sms, *keys)
+
+
+def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json):
+    if given_json is None:
+        return cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+    return cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
 
 
 @lru_cache(maxsize=256)
-def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json) -> StaticPlan:
+def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
-    if gemm_json is None:
-        g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
-    else:
-        g = cfgs.resolve_variants(json.loads(gemm_json), H, I, dtype)
+    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
@@ -416,7 +422,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
-        sg = cfgs.select_config(1, H, Is, 1, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json)
         sg2 = dict(sg["gemm2"], SPLIT_K=split2)
         if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
             sg2["variant"] = "pointer"
