@@ -1,13 +1,13 @@
 """Compile the megakernel or the grouped GEMMs for Hopper (sm_90) on a machine without a GPU and report their resources.
 
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
-    python benchmarks/compile_report.py --gemm tuned,tma128 mixtral-8x7b:512 deepseek-v3:16384
+    python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
 
 Builds the launch as kernels.megakernel.megakernel_forward does for the preset at T (its
 ``build_launch``, on CPU tensors of the right dtypes), or with ``--gemm`` the routed GEMM 1 and
 GEMM 2 launches of the multi-launch path (grouped_gemm.gemm1_launch / gemm2_launch) for each named
-candidate ("tuned": the shipped config of that T bucket; "tmaNN": configs.tma_entry(NN), the
-"tma_persistent" variant at BLOCK_M NN), compiles it with Triton's own ptxas for sm_90, and prints
+candidate (configs.candidate_entry: "current", the shipped config of that T bucket; "tmaNN", the
+"tma_persistent" variant at BLOCK_M NN; "tma128:num_stages=3,g2.BLOCK_N=128" with overrides), compiles it with Triton's own ptxas for sm_90, and prints
 registers per thread, spilled registers, shared memory, and counts of the PTX instructions that
 tell whether the inner loops are pipelined (cp.async, TMA loads cp.async.bulk.tensor, wgmma,
 mma.sync) and whether registers went to local memory. Costs no device time; this machine's Triton
@@ -107,15 +107,15 @@ def compile_kernel(fn, args, kwargs) -> dict:
 
 
 def gemm_candidate(name: str, cfg, T: int) -> dict:
-    """The {"gemm1", "gemm2"} entry a candidate name stands for ("tuned" or "tmaNN")."""
+    """The {"gemm1", "gemm2"} entry a candidate name stands for (configs.candidate_entry; "current":
+    the shipped H200 table's for this T bucket)."""
     from megamoe.kernels import configs as cfgs
 
-    if name == "tuned":
+    entry = cfgs.candidate_entry(name)
+    if entry is None:
         return cfgs.select_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, T,
                                   gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
-    if name.startswith("tma") and name[3:].isdigit():
-        return cfgs.tma_entry(int(name[3:]))
-    raise ValueError(f"unknown GEMM candidate {name!r}: 'tuned' or 'tma64' / 'tma128' / 'tma256'")
+    return entry
 
 
 def compile_gemms(name: str, T: int, candidate: str, sms: int = 132) -> list[dict]:
@@ -176,13 +176,14 @@ def main(argv=None) -> int:
     p.add_argument("cases", nargs="+", help="preset:T")
     p.add_argument("--warps", type=int)
     p.add_argument("--stages", type=int)
-    p.add_argument("--gemm", default=None, help="comma-separated GEMM candidates (tuned, tma64, tma128, tma256): "
-                                                "compile the grouped GEMMs instead of the megakernel")
+    p.add_argument("--gemm", nargs="+", default=None,
+                   help="GEMM candidates (current tma64 tma128 tma256, or with overrides: configs.candidate_entry): "
+                        "compile the routed grouped GEMMs instead of the megakernel")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
         if a.gemm:
-            for cand in a.gemm.split(","):
+            for cand in a.gemm:
                 for r in compile_gemms(name, int(T), cand):
                     print(r, flush=True)
         else:

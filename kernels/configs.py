@@ -217,6 +217,33 @@ def tma_entry(block_m: int, *, interpret: bool = False) -> dict:
             "gemm2": tma_config("gemm2", block_m, interpret=interpret)}
 
 
+def candidate_entry(name: str, *, interpret: bool = False) -> dict | None:
+    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned
+    table's entry, what moe_forward runs today), "tmaNN" -> tma_entry(NN); after a colon,
+    comma-separated overrides, for both GEMMs (``num_stages=3``) or one (``g2.BLOCK_N=128``):
+    ``"tma128:num_stages=3,g1.BLOCK_N=64"``. The result is checked as a tuned entry is."""
+    base, _, extra = name.partition(":")
+    if base == "current":
+        if extra:
+            raise KernelConfigError(f"candidate {name!r}: 'current' takes no overrides")
+        return None
+    if not (base.startswith("tma") and base[3:].isdigit()):
+        raise KernelConfigError(f"candidate {name!r}: want 'current' or 'tmaNN' (NN = 64, 128, 256), "
+                                "with optional ':key=value,...' overrides")
+    try:
+        entry = tma_entry(int(base[3:]), interpret=interpret)
+    except ValueError as exc:
+        raise KernelConfigError(f"candidate {name!r}: {exc}") from None
+    for item in filter(None, extra.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq or not val.isdigit():
+            raise KernelConfigError(f"candidate {name!r}: override {item!r} is not key=integer")
+        gemms, key = ((["gemm" + key[1]], key[3:]) if key[:3] in ("g1.", "g2.") else (["gemm1", "gemm2"], key))
+        for g in gemms:
+            entry[g][key] = int(val)
+    return check_entry(entry, f"candidate {name!r}")
+
+
 def router_block_t(T: int, E: int) -> int:
     """Tokens per routing program, which is also the align kernels' chunk."""
     return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)

@@ -263,3 +263,40 @@ def test_variant_configs_are_checked():
             c = cfgs.tma_config(gemm, bm)
             per_stage = 2 * c["BLOCK_K"] * (c["BLOCK_M"] + b_tiles * c["BLOCK_N"])
             assert per_stage * c["num_stages"] <= 227 * 1024, (gemm, bm)
+
+
+def _bench_prefill():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_prefill.py"
+    spec = importlib.util.spec_from_file_location("bench_prefill", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_prefill_row_checks_every_candidate(monkeypatch, device):
+    """benchmarks/bench_prefill.py's row on a tiny layer under the interpreter (its CUDA-graph timer
+    and cuBLAS ideal replaced by constants): each candidate ran the layer and met the reference;
+    a candidate that cannot run is recorded, not fatal."""
+    if device.name != "cpu":
+        pytest.skip("the GPU run is the benchmark itself")
+    from megamoe.kernels import bench as kb
+
+    bp = _bench_prefill()
+    monkeypatch.setattr(kb, "graph_time_us", lambda fn, xs, reps: 100.0)
+    monkeypatch.setattr(kb, "ideal_grouped_rate", lambda cfg, T: 1e12)
+    cfg = MoEConfig(**BASE)
+    w = random_weights(cfg, seed=2).to_torch("cpu", torch.float32)
+    ceil = {"matmul_flops_per_s": 1e12, "read_bytes_per_s": 1e12}
+    r = bp.bench_row("tiny", cfg, w, 19, ceil, ["current", "tma16", "tma16:num_warps=0"], reps=1, sample=5,
+                     with_torch=False, with_ideal=True, device="cpu")
+    c = r["candidates"]
+    assert c["current"]["ok"] and c["tma16"]["ok"], r
+    assert c["tma16"]["config"]["gemm1"]["variant"] == "tma_persistent"
+    assert c["current"]["config"]["gemm1"]["variant"] == "pointer"
+    assert "positive integer" in c["tma16:num_warps=0"]["error"]
+    assert r["best"] in ("current", "tma16") and r["best_speedup_vs_current"] == 1.0
+    assert c["tma16"]["over_ideal_rate"] == pytest.approx(r["routed_flops"] / 100e-6 / 1e12)
+    assert bp.fmt_row(r)[0].startswith("tiny T=19")
