@@ -1,13 +1,17 @@
-"""Compile the megakernel for Hopper (sm_90) on a machine without a GPU and report its resources.
+"""Compile the megakernel or the grouped GEMMs for Hopper (sm_90) on a machine without a GPU and report their resources.
 
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
+    python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
 
 Builds the launch as kernels.megakernel.megakernel_forward does for the preset at T (its
-``build_launch``, on CPU tensors of the right dtypes), compiles it with Triton's own ptxas for
-sm_90, and prints registers per thread, spilled registers, shared memory, and counts of the PTX
-instructions that tell whether the inner loops are pipelined (cp.async, wgmma, mma.sync) and
-whether registers went to local memory. Costs no device time; this machine's Triton may differ
-from the GPU machine's, so the figures are a guide, not the GPU's report.
+``build_launch``, on CPU tensors of the right dtypes), or with ``--gemm`` the routed GEMM 1 and
+GEMM 2 launches of the multi-launch path (grouped_gemm.gemm1_launch / gemm2_launch) for each named
+candidate (configs.candidate_entry: "current", the shipped config of that T bucket; "tmaNN", the
+"tma_persistent" variant at BLOCK_M NN; "tma128:num_stages=3,g2.BLOCK_N=128" with overrides), compiles it with Triton's own ptxas for sm_90, and prints
+registers per thread, spilled registers, shared memory, and counts of the PTX instructions that
+tell whether the inner loops are pipelined (cp.async, TMA loads cp.async.bulk.tensor, wgmma,
+mma.sync) and whether registers went to local memory. Costs no device time; this machine's Triton
+may differ from the GPU machine's, so the figures are a guide, not the GPU's report.
 """
 
 from __future__ import annotations
@@ -19,16 +23,23 @@ import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "wgmma": r"wgmma\.mma_async",
+OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "tma.load": r"cp\.async\.bulk\.tensor",
+       "wgmma": r"wgmma\.mma_async",
        "mma.sync": r"mma\.sync", "ld.local": r"ld\.local", "st.local": r"st\.local"}
+
+
+_TY = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int32": "i32",
+       "torch.int64": "i64"}
 
 
 def _sig(v) -> str:
     import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     if isinstance(v, torch.Tensor):
-        return "*" + {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
-                      torch.int64: "i64"}[v.dtype]
+        return "*" + _TY[str(v.dtype)]
+    if isinstance(v, TensorDescriptor):  # as the JIT types a host-side descriptor
+        return f"tensordesc<{_TY[str(v.base.dtype)]}[{', '.join(str(b) for b in v.block_shape)}]>"
     if isinstance(v, bool):
         return "i1"
     if isinstance(v, int):
@@ -41,9 +52,6 @@ def _sig(v) -> str:
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
                  mk: dict | None = None) -> dict:
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
@@ -61,10 +69,21 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
         sync=torch.zeros(lay.sync_words, dtype=torch.int32))
-    fn = mkm._megakernel
+    return {"case": f"{name}:{T}", **compile_kernel(mkm._megakernel, args, kwargs)}
+
+
+def compile_kernel(fn, args, kwargs) -> dict:
+    """Compile one launch (a @triton.jit function, its positional args and keyword constexprs,
+    warps and stages) for sm_90 as the JIT would specialize it; -> warps, stages, resources, PTX counts."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+
+    kwargs = dict(kwargs)
     opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}
     vals = {**dict(zip(fn.arg_names, args)), **kwargs}
-    from triton.backends.nvidia.compiler import CUDABackend
 
     target = GPUTarget("cuda", 90, 32)
     backend = CUDABackend(target)
@@ -77,14 +96,58 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
             continue
         signature[n] = _sig(v)
         # what the JIT infers at a launch: 16-byte aligned pointers, integers divisible by 16
-        if n not in nospec and i not in nospec and not isinstance(v, (bool, float)) and (
+        if n not in nospec and i not in nospec and isinstance(v, (int, torch.Tensor)) and not isinstance(v, bool) and (
                 isinstance(v, torch.Tensor) or v % 16 == 0):
             attrs[(i,)] = backend.parse_attr("D")
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=opts)
     ptx = k.asm.get("ptx", "")
-    return {"case": f"{name}:{T}", "warps": opts["num_warps"], "stages": opts["num_stages"],
+    return {"warps": opts["num_warps"], "stages": opts["num_stages"],
             **resource_usage(k.asm["cubin"]), "shared": k.metadata.shared,
             **{op: len(re.findall(rx, ptx)) for op, rx in OPS.items()}}
+
+
+def gemm_candidate(name: str, cfg, T: int) -> dict:
+    """The {"gemm1", "gemm2"} entry a candidate name stands for (configs.candidate_entry; "current":
+    the shipped H200 table's for this T bucket)."""
+    from megamoe.kernels import configs as cfgs
+
+    entry = cfgs.candidate_entry(name)
+    if entry is None:
+        return cfgs.select_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, T,
+                                  gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+    return entry
+
+
+def compile_gemms(name: str, T: int, candidate: str, sms: int = 132) -> list[dict]:
+    """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90."""
+    import torch
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import grouped_gemm as gg
+    from megamoe.kernels.plan import static_plan
+
+    cfg = kb.bench_config(name)
+    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    entry = gemm_candidate(candidate, cfg, T)
+    sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry)
+    bf, i32 = torch.bfloat16, torch.int32
+    meta = {k: torch.empty(n, dtype=i32) for k, n in (("padded_token", sp.P_max), ("padded_pair", sp.P_max),
+                                                      ("block_expert", sp.B_max), ("padded_offsets", E + 1))}
+    x, act = torch.empty((T, H), dtype=bf), torch.empty((sp.P_max, I), dtype=bf)
+    gu, dn = torch.empty((E, 2 * I, H), dtype=bf), torch.empty((E, H, I), dtype=bf)
+    topk_w, pairs = torch.empty((T, K), dtype=torch.float32), torch.empty((T * K, H), dtype=bf)
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    l1 = gg.gemm1_launch(x, gu, None, act, None, meta, topk_w, g1, activation=cfg.activation, alpha=cfg.swiglu_alpha,
+                         limit=cfg.swiglu_limit, scale_input=cfg.weight_on_input, dense=False, num_m=sp.B_max,
+                         num_sms=sms)
+    l2 = gg.gemm2_launch(act, dn, None, pairs, meta, topk_w, g2, T=T, K=K, KS=K, dense=False, atomic=False,
+                         num_m=sp.B_max, num_sms=sms)
+    out = []
+    for gemm, (fn, grid, args, kwargs), c in (("gemm1", l1, g1), ("gemm2", l2, g2)):
+        tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        out.append({"case": f"{name}:{T}", "candidate": candidate, "gemm": gemm, "kernel": fn.__name__,
+                    "variant": c["variant"], "tile": tile, "grid": grid[0], **compile_kernel(fn, args, kwargs)})
+    return out
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -113,10 +176,18 @@ def main(argv=None) -> int:
     p.add_argument("cases", nargs="+", help="preset:T")
     p.add_argument("--warps", type=int)
     p.add_argument("--stages", type=int)
+    p.add_argument("--gemm", nargs="+", default=None,
+                   help="GEMM candidates (current tma64 tma128 tma256, or with overrides: configs.candidate_entry): "
+                        "compile the routed grouped GEMMs instead of the megakernel")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
-        print(compile_case(name, int(T), a.warps, a.stages), flush=True)
+        if a.gemm:
+            for cand in a.gemm:
+                for r in compile_gemms(name, int(T), cand):
+                    print(r, flush=True)
+        else:
+            print(compile_case(name, int(T), a.warps, a.stages), flush=True)
     return 0
 
 

@@ -11,8 +11,15 @@ A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
 
 keyed by shape and by the token-count bucket (``T_BUCKETS``); a lookup takes the nearest bucket
-(in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS``; both GEMMs share BLOCK_M (the
-align kernels pad experts to it). Unknown keys or a disagreeing BLOCK_M are errors, loudly.
+(in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS`` (and optionally those of
+``GEMM_OPTIONAL``); both GEMMs share BLOCK_M (the align kernels pad experts to it). Unknown keys or
+a disagreeing BLOCK_M are errors, loudly.
+
+A GEMM config's ``"variant"`` picks the kernel family (grouped_gemm.py): ``"pointer"`` (the
+default: one program per tile, weights through pointer loads) or ``"tma_persistent"`` (weights
+through TMA tensor descriptors, one program per SM walking the routed tiles; prefill, no split-K).
+TMA needs 16-byte row strides: where a GEMM's reduction length times the element size is not a
+multiple of 16 bytes, ``select_config`` falls back to "pointer" for that GEMM (``resolve_variants``).
 """
 
 from __future__ import annotations
@@ -26,8 +33,14 @@ from pathlib import Path
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode)
-GEMM_OPTIONAL = {"SPLIT_K": 1}
+#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode);
+#: variant: the kernel family (module docstring)
+GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer"}
+VARIANTS = ("pointer", "tma_persistent")
+#: persistent programs where the SM count is not read from a device: the interpreter (a few, so
+#: that tests see programs walking several tiles) and an H200 (launch_plan without a device)
+INTERPRETER_SMS = 3
+DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
 #: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
 FILE_OPTIONAL = ("backend",)
@@ -64,8 +77,14 @@ def check_gemm_config(cfg: dict, where: str) -> dict:
         raise KernelConfigError(f"{where}: unknown keys {unknown}, missing keys {missing}; the kernel takes "
                                 f"{list(GEMM_KEYS)} and optionally {list(GEMM_OPTIONAL)}")
     for k, v in cfg.items():
+        if k == "variant":
+            if v not in VARIANTS:
+                raise KernelConfigError(f"{where}: variant must be one of {list(VARIANTS)}, got {v!r}")
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KernelConfigError(f"{where}: {k} must be a positive integer, got {v!r}")
+    if cfg.get("variant") == "tma_persistent" and cfg.get("SPLIT_K", 1) != 1:
+        raise KernelConfigError(f"{where}: variant 'tma_persistent' has no split-K, got SPLIT_K={cfg['SPLIT_K']}")
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         if cfg[k] & (cfg[k] - 1) or cfg[k] < 16:
             raise KernelConfigError(f"{where}: {k}={cfg[k]} must be a power of two >= 16")
@@ -140,16 +159,89 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
 
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> dict:
-    """The entry the kernels launch with for this shape and T: tuned if present, else the heuristic."""
+    """The entry the kernels launch with for this shape and T: tuned if present, else the heuristic
+    (each GEMM's variant resolved for this H, I and dtype: ``resolve_variants``)."""
     if not interpret:
         tuned = _tuned(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
         if tuned:
             b = bucket_of(T)
-            if b in tuned:
-                return {k: dict(v) for k, v in tuned[b].items()}
-            near = min(tuned, key=lambda x: abs(math.log(x) - math.log(max(T, 1))))
-            return {k: dict(v) for k, v in tuned[near].items()}
-    return default_config(E, H, I, K, T, interpret=interpret)
+            if b not in tuned:
+                b = min(tuned, key=lambda x: abs(math.log(x) - math.log(max(T, 1))))
+            return resolve_variants({k: dict(v) for k, v in tuned[b].items()}, H, I, dtype)
+    return resolve_variants(default_config(E, H, I, K, T, interpret=interpret), H, I, dtype)
+
+
+_ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def tma_ok(depth: int, dtype: str) -> bool:
+    """Whether rows of ``depth`` elements of ``dtype`` can be read through a TMA descriptor (16-byte strides)."""
+    return depth * _ELEMENT_BYTES.get(dtype, 2) % 16 == 0
+
+
+def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
+    """``entry`` with every GEMM's variant key set: "tma_persistent" only where TMA can read its
+    operands (GEMM 1 reduces over H, GEMM 2 over I), "pointer" otherwise."""
+    out = {}
+    for name, depth in (("gemm1", H), ("gemm2", I)):
+        g = {**GEMM_OPTIONAL, **entry[name]}
+        if g["variant"] == "tma_persistent" and not tma_ok(depth, dtype):
+            g["variant"] = "pointer"
+        out[name] = g
+    return out
+
+
+def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256).
+
+    Sized so that both accumulators fit the registers (GEMM 1 keeps gate and up: 2 x BM x BN fp32
+    over the warps, about 128 per thread) and the stages fit Hopper's 227 KB of shared memory (per
+    stage: A BM x BK plus B (2 x) BN x BK, bf16): 40-48 KB a stage, 3-4 stages. The interpreter's
+    tiles are tiny, as its other configs."""
+    if block_m not in (16, 64, 128, 256):
+        raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
+    if interpret:
+        c = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
+    elif gemm == "gemm1":  # (BLOCK_N, warps, stages); the gate and up tiles make it 2 x BLOCK_N wide
+        bn, nw, ns = {64: (128, 4, 4), 128: (128, 8, 4), 256: (64, 8, 4)}[block_m]
+        c = dict(BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8, num_warps=nw, num_stages=ns)
+    else:
+        bn, nw, ns = {64: (128, 4, 4), 128: (256, 8, 3), 256: (128, 8, 4)}[block_m]
+        c = dict(BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8, num_warps=nw, num_stages=ns)
+    return {**GEMM_OPTIONAL, **c, "variant": "tma_persistent"}
+
+
+def tma_entry(block_m: int, *, interpret: bool = False) -> dict:
+    """Both GEMMs of the "tma_persistent" variant at BLOCK_M ``block_m`` (a candidate for a T bucket)."""
+    return {"gemm1": tma_config("gemm1", block_m, interpret=interpret),
+            "gemm2": tma_config("gemm2", block_m, interpret=interpret)}
+
+
+def candidate_entry(name: str, *, interpret: bool = False) -> dict | None:
+    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned
+    table's entry, what moe_forward runs today), "tmaNN" -> tma_entry(NN); after a colon,
+    comma-separated overrides, for both GEMMs (``num_stages=3``) or one (``g2.BLOCK_N=128``):
+    ``"tma128:num_stages=3,g1.BLOCK_N=64"``. The result is checked as a tuned entry is."""
+    base, _, extra = name.partition(":")
+    if base == "current":
+        if extra:
+            raise KernelConfigError(f"candidate {name!r}: 'current' takes no overrides")
+        return None
+    if not (base.startswith("tma") and base[3:].isdigit()):
+        raise KernelConfigError(f"candidate {name!r}: want 'current' or 'tmaNN' (NN = 64, 128, 256), "
+                                "with optional ':key=value,...' overrides")
+    try:
+        entry = tma_entry(int(base[3:]), interpret=interpret)
+    except ValueError as exc:
+        raise KernelConfigError(f"candidate {name!r}: {exc}") from None
+    for item in filter(None, extra.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq or not val.isdigit():
+            raise KernelConfigError(f"candidate {name!r}: override {item!r} is not key=integer")
+        gemms, key = ((["gemm" + key[1]], key[3:]) if key[:3] in ("g1.", "g2.") else (["gemm1", "gemm2"], key))
+        for g in gemms:
+            entry[g][key] = int(val)
+    return check_entry(entry, f"candidate {name!r}")
 
 
 def router_block_t(T: int, E: int) -> int:

@@ -20,13 +20,27 @@ Combine (_combine_kernel): y[t] = sum over k < KS of pairs[t*KS + k], in that or
 bitwise deterministic. With ATOMIC the combine only casts y32.
 
 Program order: GROUP_M row blocks share a column band (L2 reuse of weights for prefill).
+
+Variant "tma_persistent" (a GEMM config's ``variant`` key, configs.py; prefill, no split-K):
+_gemm1_tma_kernel / _gemm2_tma_kernel launch one program per SM (plan.gemm_grid); each walks
+tiles p, p + programs, ... of (routed row blocks x N tiles) in the same grouped order, the routed
+row blocks read on the device (padded_offsets[E] / BLOCK_M: no host sync, so a CUDA graph replays
+it for any routing). Weight tiles come through TMA tensor descriptors (host-side
+triton.tools.tensor_descriptor.TensorDescriptor, zero-filled out of bounds), GEMM 1's x rows are
+gathered by pointer loads (Hopper has no TMA gather) and GEMM 2's activation rows, contiguous in
+padded order, through a descriptor too; the software pipeline (num_stages) overlaps the loads
+with the MMAs. Same arithmetic and epilogues as the pointer kernels (shared helpers).
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import configs as cfgs
 from .plan import act_launch, combine_launch, gemm_grid
 
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
@@ -94,6 +108,21 @@ def _program_tile(pid0, num_m, N, KD, block_expert_ptr, DENSE: tl.constexpr, SPL
 
 
 @triton.jit
+def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block pid_m of GEMM 1: (padded rows, token of each row (0 where masked), row mask).
+    DENSE: rows are tokens, masked past T; else padded_token's entries, -1 in padding rows."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DENSE:
+        tok = rows
+        row_mask = rows < T
+    else:
+        tok = tl.load(padded_token_ptr + rows)
+        row_mask = tok >= 0
+    tok = tl.where(row_mask, tok, 0)
+    return rows, tok, row_mask
+
+
+@triton.jit
 def _gemm1_tile(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
@@ -104,14 +133,7 @@ def _gemm1_tile(
 ):
     """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
     K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    if DENSE:
-        tok = rows
-        row_mask = rows < T
-    else:
-        tok = tl.load(padded_token_ptr + rows)
-        row_mask = tok >= 0
-    tok = tl.where(row_mask, tok, 0)
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
     offs_k = tl.arange(0, BLOCK_K)
@@ -202,16 +224,9 @@ def _act_kernel(
 
 
 @triton.jit
-def _gemm2_tile(
-    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
-    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
-    K: tl.constexpr, KS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
-    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+def _gemm2_rows(padded_pair_ptr, pid_m, T, K: tl.constexpr, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block pid_m of GEMM 2: (padded rows, row mask, token, slot, scale row) of each row.
+    DENSE: rows are tokens, written to slot K; else padded_pair's pairs t*K + k (-1: padding)."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         row_mask = rows < T
@@ -225,6 +240,46 @@ def _gemm2_tile(
         tok = pair // K
         slot = pair % K
         srow = pair
+    return rows, row_mask, tok, slot, srow
+
+
+@triton.jit
+def _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
+                    out_ptr, stride_ot, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                    ATOMIC: tl.constexpr, SPLIT_K: tl.constexpr):
+    """GEMM 2's sums (fp32): bias, routing weight (or shared gate), then stored at row
+    s*T*KS + t*KS + slot of the pair buffer, or (ATOMIC) added to y32 row t."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
+        if SPLIT_K > 1:
+            bias = tl.where(s == 0, bias, 0.0)  # added once, by the first split
+        acc += bias[None, :]
+    if HAS_SCALE:
+        sc = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
+        acc = acc * sc[:, None]
+    mask = row_mask[:, None] & (offs_n < N)[None, :]
+    if ATOMIC:
+        ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        # split s writes its own (T*KS, N) slab; the combine sums slabs and slots in a fixed order
+        orow = s.to(tl.int64) * T * KS + tok.to(tl.int64) * KS + slot
+        ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm2_tile(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
@@ -246,23 +301,8 @@ def _gemm2_tile(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
-        if SPLIT_K > 1:
-            bias = tl.where(s == 0, bias, 0.0)  # added once, by the first split
-        acc += bias[None, :]
-    if HAS_SCALE:
-        sc = tl.load(scale_ptr + srow, mask=row_mask, other=0.0)
-        acc = acc * sc[:, None]
-    mask = row_mask[:, None] & (offs_n < N)[None, :]
-    if ATOMIC:
-        ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
-        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        # split s writes its own (T*KS, N) slab; the combine sums slabs and slots in a fixed order
-        orow = s.to(tl.int64) * T * KS + tok.to(tl.int64) * KS + slot
-        ptrs = out_ptr + orow[:, None] * stride_ot + offs_n[None, :]
-        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
+                    out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["T", "num_m"])
@@ -281,6 +321,129 @@ def _gemm2_kernel(
     _gemm2_tile(a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                 pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
                 K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+# --------------------------------------------------------------------------- variant "tma_persistent"
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b (fp32; IEEE: exact float32 products, the interpreter's float32 tests)."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
+    wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
+    if DENSE:
+        return tl.cdiv(T, BLOCK_M)
+    return tl.load(padded_off_ptr + E) // BLOCK_M
+
+
+@triton.jit
+def _gemm1_tma_tile(
+    x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 1 tile as _gemm1_tile computes it (no split-K), the gate and up weight tiles
+    (BLOCK_N, BLOCK_K) read through the TMA descriptor w_desc over gate_up as (E*2N, KD) (zero past
+    KD; columns past N read the next rows, and the store masks them); x rows gathered by pointers."""
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    row_g = e * (2 * N) + pid_n * BLOCK_N
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
+        bg = w_desc.load([row_g, kt * BLOCK_K])
+        bu = w_desc.load([row_g + N, kt * BLOCK_K])
+        acc_g = _mma(a, bg.T, acc_g, IEEE)
+        acc_u = _mma(a, bu.T, acc_u, IEEE)
+        a_ptrs += BLOCK_K
+    _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
+                  topk_w_ptr, out_ptr, stride_ot, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
+
+
+@triton.jit(do_not_specialize=["T", "E"])
+def _gemm1_tma_kernel(
+    x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr,
+    topk_w_ptr, T, N, KD, E, stride_xt, stride_be, stride_ot, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Persistent GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x N
+    tiles in grouped order (GROUP_M row blocks share a column band)."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
+        if DENSE:
+            e = t * 0
+        else:
+            e = tl.load(block_expert_ptr + pid_m)
+        _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                        pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
+                        ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemm2_tma_tile(
+    a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile as _gemm2_tile computes it (no split-K). GEMM 2's rows are contiguous (the
+    activation is in padded order), so both operands come through TMA descriptors: a_desc over the
+    activation (rows, KD), w_desc over down as (E*N, KD); zero past KD and past the last row.
+    Padding rows read whatever GEMM 1 left there; they only reach masked output rows."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    row_a = pid_m * BLOCK_M
+    row_w = e * N + pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        a = a_desc.load([row_a, kt * BLOCK_K])
+        b = w_desc.load([row_w, kt * BLOCK_K])
+        acc = _mma(a, b.T, acc, IEEE)
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
+                    scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
+
+
+@triton.jit(do_not_specialize=["T", "E"])
+def _gemm2_tma_kernel(
+    a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr, scale_ptr,
+    T, N, KD, E, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Persistent GEMM 2, walking its tiles as _gemm1_tma_kernel does."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
+        if DENSE:
+            e = t * 0
+        else:
+            e = tl.load(block_expert_ptr + pid_m)
+        _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                        pid_m, pid_n, e, T, N, KD, stride_be, stride_ot, K, KS,
+                        HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -310,58 +473,113 @@ def _ieee(t) -> bool:
     return str(t.dtype) == "torch.float32"
 
 
+def device_sms(device) -> int:
+    """SMs of ``device`` (the persistent launches' programs); configs.INTERPRETER_SMS on the CPU."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return cfgs.INTERPRETER_SMS
+    return _cuda_sms(device.index)
+
+
+@cache
+def _cuda_sms(index) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).multi_processor_count
+
+
+def _descriptor(t, rows: int, block_rows: int, block_k: int):
+    """A TMA descriptor over contiguous ``t`` seen as (rows, last dim), blocks (block_rows, block_k)."""
+    return TensorDescriptor.from_tensor(t.view(rows, t.shape[-1]), [block_rows, block_k])
+
+
+def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
+                 scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None):
+    """(kernel, grid, args, kwargs) of GEMM 1's main launch, for cfg's variant (configs.VARIANTS)."""
+    T, KD = x.shape
+    N = w.shape[1] // 2
+    BN, BK = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    common = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
+                  EVEN_K=KD % BK == 0, IEEE=_ieee(x), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK,
+                  GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    bstride = 0 if bias is None else bias.stride(0)
+    if cfg["variant"] == "tma_persistent":
+        grid = gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(x.device))
+        args = (x, _descriptor(w, w.shape[0] * 2 * N, BN, BK), bias, out, meta.get("padded_token"),
+                meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), topk_w,
+                T, N, KD, w.shape[0], x.stride(0), bstride, out.stride(0), float(alpha), float(limit))
+        return _gemm1_tma_kernel, grid, args, common
+    args = (x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
+            topk_w, T, N, KD, num_m, out.shape[0], x.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0),
+            float(alpha), float(limit))
+    return _gemm1_kernel, gemm_grid(num_m, N, cfg), args, dict(common, SPLIT_K=cfg.get("SPLIT_K", 1))
+
+
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
-                 scale_input: bool, dense: bool, num_m: int, act: dict | None = None) -> None:
+                 scale_input: bool, dense: bool, num_m: int, act: dict | None = None,
+                 num_sms: int | None = None) -> None:
     """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
     With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch) with the sizes ``act``
-    of ``plan.act_launch`` (moe.py's static plan), else computed by it."""
+    of ``plan.act_launch`` (moe.py's static plan), else computed by it. ``num_sms``: the programs
+    of a persistent launch (the static plan's; default: the device's SMs)."""
     import torch
 
     T, KD = x.shape
     N = w.shape[1] // 2
     if num_m == 0:
         return
-    BN = cfg["BLOCK_N"]
-    split = cfg.get("SPLIT_K", 1)
+    cfg = {**cfgs.GEMM_OPTIONAL, **cfg}
+    split = cfg["SPLIT_K"]
     P = out.shape[0]
     part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32) if split > 1 else None
-    grid = gemm_grid(num_m, N, cfg)
-    common = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense)
-    _gemm1_kernel[grid](
-        x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
-        T, N, KD, num_m, P, x.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
-        out.stride(0), float(alpha), float(limit), **common,
-        EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(x), SPLIT_K=split,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    kernel, grid, args, kwargs = gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg, activation=activation,
+                                              alpha=alpha, limit=limit, scale_input=scale_input, dense=dense,
+                                              num_m=num_m, num_sms=num_sms)
+    kernel[grid](*args, **kwargs)
     if split > 1:
         al = act or act_launch(N, cfg["BLOCK_M"], num_m)
         _act_kernel[al["grid"]](
             part, bias, out, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"), topk_w,
             T, N, num_m, P, 0 if bias is None else bias.stride(0), out.stride(0), float(alpha), float(limit),
-            **common, SPLIT_K=split, BLOCK_M=al["BLOCK_M"], BLOCK_N=al["BLOCK_N"], num_warps=al["num_warps"],
+            ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
+            SPLIT_K=split, BLOCK_M=al["BLOCK_M"], BLOCK_N=al["BLOCK_N"], num_warps=al["num_warps"],
         )
 
 
-def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
-                 atomic: bool, num_m: int, split: int = 1) -> None:
-    """out rows (pair buffer (split*T*KS, N) or y32 (T, N)) from act @ w[e]^T (+bias) * scale;
-    w: (E, N, I). ``split`` (the routed GEMM 2's SPLIT_K, which the buffer was sized for)."""
+def gemm2_launch(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool, atomic: bool,
+                 num_m: int, split: int = 1, num_sms: int | None = None):
+    """(kernel, grid, args, kwargs) of GEMM 2's launch, for cfg's variant (configs.VARIANTS)."""
     KD = act.shape[1]
     N = w.shape[1]
+    BN, BK = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    common = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
+                  IEEE=_ieee(act), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg["GROUP_M"],
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    bstride = 0 if bias is None else bias.stride(0)
+    if cfg["variant"] == "tma_persistent":
+        if split != 1:
+            raise ValueError(f"the tma_persistent GEMM 2 has no split-K, got split={split}")
+        grid = gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(act.device))
+        args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), _descriptor(w, w.shape[0] * N, BN, BK), bias,
+                out, meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), scale,
+                T, N, KD, w.shape[0], bstride, out.stride(0))
+        return _gemm2_tma_kernel, grid, args, common
+    args = (act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale, T, N, KD, num_m,
+            act.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0))
+    return _gemm2_kernel, gemm_grid(num_m, N, cfg, split), args, dict(common, EVEN_K=KD % BK == 0, SPLIT_K=split)
+
+
+def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
+                 atomic: bool, num_m: int, split: int = 1, num_sms: int | None = None) -> None:
+    """out rows (pair buffer (split*T*KS, N) or y32 (T, N)) from act @ w[e]^T (+bias) * scale;
+    w: (E, N, I). ``split`` (the routed GEMM 2's SPLIT_K, which the buffer was sized for);
+    ``num_sms`` as for launch_gemm1."""
     if num_m == 0:
         return
-    BN = cfg["BLOCK_N"]
-    grid = gemm_grid(num_m, N, cfg, split)
-    _gemm2_kernel[grid](
-        act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
-        T, N, KD, num_m, act.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
-        out.stride(0), K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense,
-        ATOMIC=atomic, EVEN_K=KD % cfg["BLOCK_K"] == 0, IEEE=_ieee(act), SPLIT_K=split,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    kernel, grid, args, kwargs = gemm2_launch(act, w, bias, out, meta, scale, {**cfgs.GEMM_OPTIONAL, **cfg}, T=T,
+                                              K=K, KS=KS, dense=dense, atomic=atomic, num_m=num_m, split=split,
+                                              num_sms=num_sms)
+    kernel[grid](*args, **kwargs)
 
 
 def launch_combine(src, y, KS: int, split: int = 1, *, launch: dict | None = None) -> None:

@@ -35,7 +35,7 @@ from ..reference.weights import FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
-from .grouped_gemm import launch_combine, launch_gemm1, launch_gemm2
+from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
 from .plan import static_plan
 from .routing import launch_router
 
@@ -157,24 +157,32 @@ def check_inputs(x, weights, config) -> None:
 
 
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
-                    deterministic: bool = True):
-    """The routing-independent launch plan (``plan.static_plan``) this call executes."""
+                    deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None):
+    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``
+    (``shared_gemm``): a {"gemm1", "gemm2"} entry for the routed experts (the shared MLP) instead
+    of the tuned one (a benchmark's or a test's candidate)."""
     return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
-                       triton_version=triton.__version__, deterministic=deterministic)
+                       triton_version=triton.__version__, deterministic=deterministic,
+                       num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm)
 
 
-def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None) -> torch.Tensor:
+def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,
+             plan=None) -> torch.Tensor:
     """The launches of the layer (module docstring), each with the sizes of the static plan
     (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
     publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
-    per-stage breakdown only (the output is then unfinished)."""
+    per-stage breakdown only (the output is then unfinished). ``plan``: a static plan for this T
+    to run instead of the tuned one (``static_plan_for(..., gemm=entry)``: benchmarks, tests)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     dev = x.device
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    sp = static_plan_for(config, T, x.dtype, dev, deterministic)
+    sp = plan or static_plan_for(config, T, x.dtype, dev, deterministic)
+    if sp.T != T or sp.atomic != (not deterministic and (sp.KS > 1 or sp.split2 > 1)):
+        raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}: this call has T={T}, "
+                               f"deterministic={deterministic}")
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev)
@@ -192,7 +200,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
     launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                  activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                 scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act)
+                 scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms)
     if stop_after == "gemm1":
         return y
     if atomic:
@@ -203,15 +211,15 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
     launch_gemm2(act, weights.down, weights.down_bias, out, meta,
                  None if config.weight_on_input else topk_w, g2,
-                 T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
+                 T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2, num_sms=sp.num_sms)
     if sp.shared:
         Is = config.shared_intermediate_size
         act_s = torch.empty((T, Is), device=dev, dtype=x.dtype)
         launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, sp.shared["gemm1"],
                      activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
-                     num_m=sp.shared_m, act=sp.shared_act)
+                     num_m=sp.shared_m, act=sp.shared_act, num_sms=sp.num_sms)
         launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
-                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2)
+                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2, num_sms=sp.num_sms)
     if stop_after == "gemm2":
         return y
     if atomic:

@@ -19,6 +19,7 @@ the padded rows the tensor cores really compute (2 per multiply-add).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -35,7 +36,8 @@ class Stage:
     """One kernel launch.
 
     grid: the launched grid (fixed for T: the CUDA graph replays it); active_programs: programs
-    that work for this routing (the rest see block_expert = -1 and exit at once);
+    that work for this routing (the rest see block_expert = -1 and exit at once), or for a
+    persistent launch (variant "tma_persistent": one program per SM) the tiles its programs walk;
     tile: BLOCK_* sizes, num_warps, num_stages, SPLIT_K; tiles_per_expert: (E,) working programs
     per expert for the expert GEMMs, None elsewhere; bytes_per_tile / flops_per_tile: per working
     program; totals over the working programs.
@@ -128,10 +130,12 @@ def _triton_version() -> str:
 
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
-                deterministic: bool = True) -> LaunchPlan:
+                deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None,
+                shared_gemm: dict | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
-    torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs)."""
+    torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
+    ``num_sms``, ``gemm`` and ``shared_gemm`` as for ``static_plan``."""
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     if topk_idx is not None:
         idx = np.asarray(topk_idx)
@@ -152,7 +156,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     counts = counts.astype(np.int64)
     tv = triton_version or _triton_version()
     b = dtype_bytes(dtype)
-    sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic)
+    sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic,
+                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm)
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
     KS = sp.KS
@@ -197,7 +202,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     blocks_e = -(-counts // bm)  # row blocks per expert
     active_blocks = int(blocks_e.sum())
     stages += _gemm_stages("gemm1", "gemm2", g1, g2, blocks_e, active_blocks, B_max, H, I, b, T, KS,
-                           bias=config.expert_bias, deterministic=deterministic, act=sp.act)
+                           bias=config.expert_bias, deterministic=deterministic, act=sp.act, num_sms=sp.num_sms)
     split2 = sp.split2
 
     # ---- shared MLP (dense: every token)
@@ -206,7 +211,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         nm = sp.shared_m
         stages += _gemm_stages("shared_gemm1", "shared_gemm2", sp.shared["gemm1"], sp.shared["gemm2"],
                                np.array([nm]), nm, nm, H, Is, b, T, KS, bias=False, deterministic=deterministic,
-                               act=sp.shared_act)
+                               act=sp.shared_act, num_sms=sp.num_sms)
 
     # ---- combine
     atomic = sp.atomic
@@ -225,7 +230,12 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                       tuple(stages))
 
 
-def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act):
+GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_gemm2_kernel",
+                ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel"}
+
+
+def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
+                 num_sms):
     """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert."""
     out = []
     bm = g1["BLOCK_M"]
@@ -236,10 +246,12 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
             "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * b}
     bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
-    out.append(Stage(n1, "_gemm1_kernel", gemm_grid(num_m, I, g1), active_blocks * nt1 * s1, dict(g1),
+    out.append(Stage(n1, GEMM_KERNELS["gemm1", g1["variant"]], gemm_grid(num_m, I, g1, num_sms=num_sms),
+                     active_blocks * nt1 * s1, dict(g1),
                      bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
-                     note="gather x rows; gate and up; activation in the epilogue" if s1 == 1 else "split-K partials",
+                     note=("split-K partials" if s1 > 1 else "gather x rows; gate and up; activation in the epilogue"
+                           + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}))
     if s1 > 1:
@@ -255,10 +267,12 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     ob = 4 if (s2 > 1 or not deterministic) else b
     ops2 = {"a": bm * ki * b, "b": g2["BLOCK_N"] * ki * b, "out": bm * g2["BLOCK_N"] * ob}
     bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
-    out.append(Stage(n2, "_gemm2_kernel", gemm_grid(num_m, H, g2), active_blocks * nt2 * s2, dict(g2),
+    out.append(Stage(n2, GEMM_KERNELS["gemm2", g2["variant"]], gemm_grid(num_m, H, g2, num_sms=num_sms),
+                     active_blocks * nt2 * s2, dict(g2),
                      bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
-                     note="routing weight in the epilogue; rows to the pair buffer",
+                     note="routing weight in the epilogue; rows to the pair buffer"
+                          + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}))
     return out
@@ -326,10 +340,17 @@ def combine_launch(T: int, H: int) -> dict:
     return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (cdiv(T, block_t), cdiv(H, block_h)), "num_warps": 4}
 
 
-def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None) -> tuple[int]:
-    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K."""
+def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sms: int | None = None) -> tuple[int]:
+    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; for the persistent
+    variant ("tma_persistent") one program per SM, fewer where there are fewer tiles (each
+    program walks tiles pid, pid + programs, ... of the routed ones; num_m bounds them)."""
+    tiles = num_m * cdiv(N, cfg["BLOCK_N"])
+    if cfg.get("variant", "pointer") == "tma_persistent":
+        if not num_sms:
+            raise ValueError("gemm_grid: a persistent launch needs num_sms")
+        return (max(1, min(num_sms, tiles)),)
     s = cfg.get("SPLIT_K", 1) if split is None else split
-    return (num_m * cdiv(N, cfg["BLOCK_N"]) * s,)
+    return (tiles * s,)
 
 
 @dataclass(frozen=True)
@@ -339,7 +360,8 @@ class StaticPlan:
 
     gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts
     of the functions above (act / combine None where not launched); P_max, B_max padded rows and
-    row blocks; split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows per token.
+    row blocks; split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows per token;
+    num_sms: the SMs persistent GEMM launches are sized for (one program each).
     """
 
     T: int
@@ -356,20 +378,38 @@ class StaticPlan:
     split2: int
     atomic: bool
     KS: int
+    num_sms: int
 
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
-                triton_version: str | None = None, deterministic: bool = True) -> StaticPlan:
+                triton_version: str | None = None, deterministic: bool = True, num_sms: int | None = None,
+                gemm: dict | None = None, shared_gemm: dict | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
-    interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes)."""
-    return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic))
+    interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
+
+    ``num_sms``: the device's SMs, for persistent launches (default: configs.INTERPRETER_SMS in
+    the interpreter, configs.DEFAULT_SMS elsewhere). ``gemm``: a {"gemm1", "gemm2"} entry for the
+    routed experts instead of the tuned one (a benchmark's or a test's candidate; checked as a
+    tuned entry is), ``shared_gemm`` the same for the shared MLP."""
+    interpret = device_name == "cpu-interpreter"
+    sms = int(num_sms or (cfgs.INTERPRETER_SMS if interpret else cfgs.DEFAULT_SMS))
+    keys = [None if g is None else json.dumps(cfgs.check_entry(g, f"static_plan({what}=...)"), sort_keys=True)
+            for what, g in (("gemm", gemm), ("shared_gemm", shared_gemm))]
+    return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic),
+                        sms, *keys)
+
+
+def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json):
+    if given_json is None:
+        return cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+    return cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
 
 
 @lru_cache(maxsize=256)
-def _static_plan(config, T, dtype, device_name, tv, deterministic) -> StaticPlan:
+def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
-    g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
@@ -382,12 +422,16 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic) -> StaticPlan
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
-        sg = cfgs.select_config(1, H, Is, 1, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
-        sg = {"gemm1": sg["gemm1"], "gemm2": dict(sg["gemm2"], SPLIT_K=split2)}
+        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json)
+        sg2 = dict(sg["gemm2"], SPLIT_K=split2)
+        if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
+            sg2["variant"] = "pointer"
+        sg = {"gemm1": sg["gemm1"], "gemm2": sg2}
         shared_m = cdiv(T, sg["gemm1"]["BLOCK_M"]) if T else 0
         if sg["gemm1"].get("SPLIT_K", 1) > 1:
             shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
     atomic = not deterministic and (KS > 1 or split2 > 1)
     combine = combine_launch(T, H) if (atomic or KS > 1 or split2 > 1) and T else None
     return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
-                      P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS)
+                      P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS,
+                      num_sms=num_sms)
