@@ -25,6 +25,24 @@ from collections.abc import Callable
 WATCHDOG_EXIT = 4
 
 
+_COMMAND_START: list[float] = []
+
+
+def mark_command_start() -> None:
+    """Record that a command starts now (``megamoe.cli.main`` does, before any import of torch)."""
+    _COMMAND_START[:] = [time.monotonic()]
+
+
+def clear_command_start() -> None:
+    _COMMAND_START.clear()
+
+
+def command_start() -> float:
+    """When the running command started (``mark_command_start``), else now: a budget counts the
+    seconds spent importing torch and triton too."""
+    return _COMMAND_START[0] if _COMMAND_START else time.monotonic()
+
+
 class Budget:
     """Seconds since ``start`` (default: now) against ``seconds`` (None: no limit)."""
 
