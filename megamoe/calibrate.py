@@ -437,7 +437,7 @@ def _cuda_alive() -> bool:
 def run(args: argparse.Namespace) -> int:
     """Measure every step that the budget allows; profile.json and microbench.json are rewritten
     after each step, so a run cut short (budget, watchdog, kill) leaves the steps it finished."""
-    from .deadline import Budget, Watchdog
+    from .deadline import Budget, Watchdog, command_start
 
     if args.budget is not None and not args.budget > 0:
         print(f"megamoe calibrate: --budget must be a positive number of seconds, got {args.budget}", file=sys.stderr)
@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from megamoe.simulator.hardware import ProfileError, load_profile, validate
 
-    budget = Budget(args.budget)
+    budget = Budget(args.budget, start=command_start())  # the seconds spent importing count too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = load_profile(args.base).to_dict()

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -561,6 +562,7 @@ def run_scale(args, layer: CudaLayer | None = None) -> int:
         finish()
 
     watchdog = Watchdog(on_fire, name="megamoe validate")
+    old_term = _exit_on_sigterm()
     try:
         if args.warm and todo:
             t = time.monotonic()
@@ -577,13 +579,28 @@ def run_scale(args, layer: CudaLayer | None = None) -> int:
                 f"{state.warm_s:.0f} s (statuses in {out / 'warm' / 'warm_status.json'})")
         code = _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, prov, reps)
     except BaseException as exc:  # Ctrl-C or a bug: still the report from what was measured
-        state.stop_reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"error: {exc!r}"[:300]
+        state.stop_reason = {KeyboardInterrupt: "interrupted (Ctrl-C)", SystemExit: "terminated (SIGTERM)"}.get(
+            type(exc), f"error: {exc!r}"[:300])
         finish()
         raise
     finally:
         watchdog.close()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     finish()
     return code
+
+
+def _exit_on_sigterm():
+    """SIGTERM (the driver's timeout) raises SystemExit(143) in the main thread, so that the
+    compile-ahead's processes are killed and the report is written on the way out; returns the
+    handler it replaced (None off the main thread, where signals cannot be set)."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, prov, reps) -> int:

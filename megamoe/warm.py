@@ -100,30 +100,72 @@ def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs
              memory_bytes: float, deadline: float, config_timeout_s: float, log: Callable[[str], None] = print,
              argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25) -> dict[str, str]:
     """Run the jobs (module docstring) until all end or ``deadline`` (time.monotonic) passes;
-    returns {configuration key: status}."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    procs = max(1, procs or os.cpu_count() or 1)
-    status = {k: "not reached" for j in jobs for k in j.keys()}
-    queue = list(jobs)
-    running: dict[str, _Running] = {}
+    returns {configuration key: status}, also written to ``folder/warm_status.json``."""
     t0 = time.monotonic()
-    log(f"{len(jobs)} jobs ({len(status)} configurations) on up to {procs} processes and "
+    s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
+                   config_timeout_s, log, argv)
+    log(f"{len(jobs)} jobs ({len(s.status)} configurations) on up to {s.procs} processes and "
         f"{memory_bytes / 1e9:.0f} GB of GPU memory")
+    try:
+        while s.queue or s.running:
+            now = time.monotonic()
+            s.watch(now, deadline)
+            if now > deadline:
+                if s.queue:
+                    log(f"deadline: {len(s.queue)} job(s) not started")
+                break
+            s.fill()
+            time.sleep(poll_s)
+    finally:  # an exception or a signal (SIGTERM) in the loop: no job process outlives it
+        for r in list(s.running.values()):
+            _kill(r.proc)
+            s.end(r, "killed: the compile-ahead ended")
+    counts: dict[str, int] = {}
+    for v in s.status.values():
+        kind = v.split(":")[0].split(" (")[0]  # "ok", "error", "crashed", "hung", "timeout", "not reached"
+        counts[kind] = counts.get(kind, 0) + 1
+    (s.folder / "warm_status.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
+                                                            "counts": counts, "status": s.status}, indent=1))
+    return s.status
 
-    def start(job: Job) -> None:
-        status_path = folder / f"{job.name}.status.jsonl"
+
+class _Scheduler:
+    """run_jobs' state: the queue, the running processes, each configuration's status."""
+
+    def __init__(self, jobs, folder: Path, layer_kind: str, seed: int, procs: int, memory_bytes: float,
+                 config_timeout_s: float, log, argv):
+        self.folder, self.layer_kind, self.seed, self.procs = folder, layer_kind, seed, procs
+        self.memory, self.timeout, self.log, self.argv = memory_bytes, config_timeout_s, log, argv
+        folder.mkdir(parents=True, exist_ok=True)
+        self.status = {k: "not reached" for j in jobs for k in j.keys()}
+        self.queue = list(jobs)
+        self.running: dict[str, _Running] = {}
+
+    def start(self, job: Job) -> None:
+        status_path = self.folder / f"{job.name}.status.jsonl"
         status_path.write_text("")
-        job_path = folder / f"{job.name}.json"
+        job_path = self.folder / f"{job.name}.json"
         job_path.write_text(json.dumps({"preset": job.preset, "T": job.T, "pairs": [list(p) for p in job.pairs],
-                                        "seed": seed, "layer": layer_kind, "status": str(status_path)}))
-        fh = (folder / f"{job.name}.log").open("w")
-        proc = subprocess.Popen(argv(job_path), stdout=fh, stderr=subprocess.STDOUT, cwd=os.getcwd(),
+                                        "seed": self.seed, "layer": self.layer_kind, "status": str(status_path)}))
+        fh = (self.folder / f"{job.name}.log").open("w")
+        proc = subprocess.Popen(self.argv(job_path), stdout=fh, stderr=subprocess.STDOUT, cwd=os.getcwd(),
                                 start_new_session=True)
-        running[job.name] = _Running(job, proc, status_path, fh, time.monotonic())
-        log(f"start {job.name}: {len(job.pairs)} configurations, ~{job.bytes / 1e9:.0f} GB")
+        self.running[job.name] = _Running(job, proc, status_path, fh, time.monotonic())
+        self.log(f"start {job.name}: {len(job.pairs)} configurations, ~{job.bytes / 1e9:.0f} GB")
 
-    def read(r: _Running) -> None:
+    def fill(self) -> None:
+        """Start queued jobs, in order, while a core is free and the memory holds them (at least one)."""
+        while self.queue and len(self.running) < self.procs:
+            used = sum(r.job.bytes for r in self.running.values())
+            pick = next((j for j in self.queue if used + j.bytes <= self.memory), None)
+            if pick is None and not self.running:
+                pick = self.queue[0]  # one job alone even if the estimate says it does not fit
+            if pick is None:
+                return
+            self.queue.remove(pick)
+            self.start(pick)
+
+    def read(self, r: _Running) -> None:
         lines = r.status_path.read_text().splitlines()
         for line in lines[r.seen:]:
             try:
@@ -134,72 +176,63 @@ def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs
             key, what = ev.get("key"), ev.get("event")
             if what == "start":
                 r.current, r.current_since = key, time.monotonic()
-            elif what in ("ok", "error") and key in status:
-                status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
+            elif what in ("ok", "error") and key in self.status:
+                self.status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
                 r.done.append(key)
                 r.current = None
 
-    def end(r: _Running, why: str) -> None:
-        r.log.close()
-        del running[r.job.name]
-        ok = sum(status[k] == "ok" for k in r.job.keys())
-        log(f"end {r.job.name} ({why}): {ok}/{len(r.job.pairs)} ok in {time.monotonic() - r.started:.0f} s")
-
-    def requeue(r: _Running) -> None:
-        """The configurations a killed or failed process did not reach, in a new process (twice at most)."""
-        rest = tuple(p for p, k in zip(r.job.pairs, r.job.keys()) if status[k] == "not reached")
-        if rest and r.job.part < MAX_PARTS:
-            queue.insert(0, Job(r.job.preset, r.job.T, rest, r.job.bytes, r.job.part + 1))
-
-    while queue or running:
-        now = time.monotonic()
-        for r in list(running.values()):
-            read(r)
+    def watch(self, now: float, deadline: float) -> None:
+        """Each running job: done, crashed, hung (killed, the rest requeued) or past the deadline (killed)."""
+        for r in list(self.running.values()):
+            self.read(r)
             rc = r.proc.poll()
             if rc is not None:
-                read(r)
+                self.read(r)
                 if r.current is not None:
-                    status[r.current] = f"crashed (exit {rc})"
-                end(r, f"exit {rc}")
+                    self.status[r.current] = f"crashed (exit {rc})"
+                self.end(r, f"exit {rc}")
                 if rc != 0:
-                    requeue(r)
-            elif r.current is not None and now - r.current_since > config_timeout_s:
+                    self.requeue(r)
+            elif r.current is not None and now - r.current_since > self.timeout:
                 _kill(r.proc)
-                status[r.current] = f"hung: no result after {config_timeout_s:.0f} s"
-                end(r, f"killed: {r.current} hung")
-                requeue(r)
+                self.status[r.current] = f"hung: no result after {self.timeout:.0f} s"
+                self.end(r, f"killed: {r.current} hung")
+                self.requeue(r)
             elif now > deadline:
                 _kill(r.proc)
                 if r.current is not None:
-                    status[r.current] = "timeout: the compile-ahead's deadline came during it"
-                end(r, "killed at the deadline")
-        if now > deadline:
-            if queue:
-                log(f"deadline: {len(queue)} job(s) not started")
-            break
-        while queue and len(running) < procs:
-            used = sum(r.job.bytes for r in running.values())
-            pick = next((j for j in queue if used + j.bytes <= memory_bytes), None)
-            if pick is None and not running:
-                pick = queue[0]  # one job alone even if the estimate says it does not fit
-            if pick is None:
-                break
-            queue.remove(pick)
-            start(pick)
-        time.sleep(poll_s)
-    counts: dict[str, int] = {}
-    for v in status.values():
-        kind = v.split(":")[0].split(" (")[0]  # "ok", "error", "crashed", "hung", "timeout", "not reached"
-        counts[kind] = counts.get(kind, 0) + 1
-    (folder / "warm_status.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
-                                                          "counts": counts, "status": status}, indent=1))
-    return status
+                    self.status[r.current] = "timeout: the compile-ahead's deadline came during it"
+                self.end(r, "killed at the deadline")
+
+    def end(self, r: _Running, why: str) -> None:
+        r.log.close()
+        del self.running[r.job.name]
+        ok = sum(self.status[k] == "ok" for k in r.job.keys())
+        self.log(f"end {r.job.name} ({why}): {ok}/{len(r.job.pairs)} ok in {time.monotonic() - r.started:.0f} s")
+
+    def requeue(self, r: _Running) -> None:
+        """The configurations a killed or failed process did not reach, in a new process (twice at most)."""
+        rest = tuple(p for p, k in zip(r.job.pairs, r.job.keys()) if self.status[k] == "not reached")
+        if rest and r.job.part < MAX_PARTS:
+            self.queue.insert(0, Job(r.job.preset, r.job.T, rest, r.job.bytes, r.job.part + 1))
 
 
 # --------------------------------------------------------------------------- the job's process
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it dies (a measuring process
+    killed by the driver's timeout leaves no compile job holding the GPU's memory)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one job file's configurations once each (``python -m megamoe.warm JOB.json``)."""
     argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
     job = json.loads(Path(argv[0]).read_text())
     status = Path(job["status"]).open("a")
 
