@@ -8,11 +8,20 @@ replaced and a ``kernel_model`` section holding the curves (``simulator/cost.py`
 with its unit and the source "measured by megamoe calibrate on <gpu> <date>", and
 ``DIR/microbench.json`` with the raw measurements. ``--system DIR/profile.json`` (simulate) and
 ``--profile DIR/profile.json`` (validate) use it. Timings are CUDA-graph replays (medians of a few
-replays) or CUDA events around one long launch; the whole run takes about a minute on an H200.
+replays) or CUDA events around one long launch; the whole run should take about a minute on an
+H200, mostly compiling the microbenchmark kernels (not yet run there).
+
+Steps, in this order (``sync`` last: its spin kernels need every program resident and are the ones
+that could hang); ``profile.json`` is rewritten after each, so a run cut short keeps what it
+measured. ``--budget SECONDS`` plans the steps: a step runs in full if it and the quick form of every
+later step fit (``STEP_COST_S``, rough figures), in its quick form if that fits, otherwise it is
+skipped and the base profile's numbers stay (``calibration.not_measured`` names it). A step that
+raises is recorded (``calibration.errors``) and the others go on; a step that does not end in
+``STEP_TIMEOUT_S`` is taken for a hang and the watchdog ends the process (exit code 4).
 
 Measured:
     launch gap, graph cost    graphs of 1, 16, 64 empty kernels: replay time = fixed + N x gap
-    hbm_read                  P in {1 .. 8S} programs x {16 KiB .. 4 MiB} each, fresh data per launch
+    hbm_read                  P in {1 .. 8S} programs x {16 KiB .. 4 MiB} each, one launch from a cold L2
     l2 bandwidth              8S programs re-reading 16 MiB (L2-resident)
     mma                       tile shapes (BM 16/64/128, BN, warps) x depth, L2-resident operands,
                               8S programs; occupancy from the compiled kernels' registers and
@@ -39,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for profile.json and microbench.json")
     parser.add_argument("--base", default="h200", help="profile whose non-measured fields are kept (default h200)")
     parser.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
-    parser.add_argument("--quick", action="store_true", help="fewer points (a smoke test of the run)")
+    parser.add_argument("--quick", action="store_true", help="fewer points in every step (about half the time)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="wall-time limit (default none): later steps run in their quick form, or are skipped "
+                             "(their base-profile numbers kept), when the budget is near")
 
 
 # --------------------------------------------------------------------------- timing helpers
@@ -77,6 +89,34 @@ def event_seconds(fn, *, reps: int = 5) -> float:
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(reps):
+        st.record()
+        fn()
+        en.record()
+        en.synchronize()
+        ts.append(st.elapsed_time(en) * 1e-3)
+    return statistics.median(ts)
+
+
+def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float:
+    """Median seconds of one fn() with nothing of its data in L2.
+
+    Per repetition the GPU is first kept busy (``torch.cuda._sleep``, about 1 ms) while the host
+    queues a zero-fill of ``flush_bytes`` (which evicts L2), the start event, fn and the end event:
+    the events then time fn alone, from a cold L2 and without the host's launch latency. (Replaying
+    a graph of a few reads instead would serve the small ones from L2: their few MiB stay there
+    from one replay to the next.)"""
+    import torch
+
+    scratch = torch.empty(flush_bytes // 4, device="cuda", dtype=torch.int32)
+    sleep = getattr(torch.cuda, "_sleep", None)
+    fn()
+    torch.cuda.synchronize()
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        if sleep is not None:
+            sleep(2_000_000)
+        scratch.zero_()
         st.record()
         fn()
         en.record()
@@ -131,6 +171,8 @@ def measure_sync(reps: int, S: int, quick: bool = False) -> dict:
 
 
 def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
+    """Streaming-read rate over (programs, bytes per program), each point one launch timed from a
+    cold L2 (``flushed_seconds``); the L2 rate from a graph of launches re-reading 16 MiB."""
     import torch
 
     from megamoe.kernels import microbench as mb
@@ -138,21 +180,12 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     progs = [1, 16, S, 4 * S] if quick else [1, 4, 16, S // 4, S // 2, S, 2 * S, 4 * S, 8 * S]
     sizes = [64 << 10, 1 << 20] if quick else [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
     block = 1024  # bf16 values per load: 2 KiB
-    total_max = max(progs) * max(sizes)
-    span = 2 * total_max + (256 << 20)
-    x = torch.ones(span // 2, device="cuda", dtype=torch.bfloat16)
+    x = torch.ones(max(progs) * max(sizes) // 2, device="cuda", dtype=torch.bfloat16)
     pts = []
     for P in progs:
         for b in sizes:
             elems = b // 2
-            total = P * elems
-            step = max(total, (128 << 20) // 2)  # fresh data each launch: past L2
-
-            def run(i, P=P, elems=elems, total=total, step=step):
-                off = (i * step) % max(x.numel() - total, 1)
-                mb.stream_read(x, P, elems, block=block, offset=off - off % block)
-
-            t = max(graph_seconds(run, inner=4, reps=reps) - gap_s, 1e-7)
+            t = max(flushed_seconds(lambda P=P, elems=elems: mb.stream_read(x, P, elems, block=block), reps=reps), 1e-7)
             pts.append([P, b, P * b / t])
     # L2: 8S programs re-reading the same 16 MiB
     P, elems = 8 * S, (16 << 20) // (8 * S) // 2 // block * block
@@ -242,7 +275,11 @@ def measure_serial(reps: int) -> dict:
 
 # --------------------------------------------------------------------------- the profile
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
-    """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``."""
+    """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``.
+
+    ``m`` may lack steps (budget spent, or a step failed): their numbers stay the base profile's
+    (the loader derives the kernel model's defaults from them) and ``calibration.not_measured``
+    names them."""
     import copy
 
     src = f"measured by megamoe calibrate on {prov['gpu']} {prov['date']}"
@@ -257,37 +294,46 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
             t["note"] = note
         return t
 
-    read_peak = max(p[2] for p in m["hbm"]["points"])
+    missing = [k for k in STEPS if k not in m]
     d["name"] = f"{base['name']}-calibrated"
-    d["description"] = f"{base['description']}; single-GPU numbers measured by megamoe calibrate ({prov['date']})"
+    d["description"] = (f"{base['description']}; single-GPU numbers measured by megamoe calibrate ({prov['date']})"
+                        + (f"; not measured (base values kept): {', '.join(missing)}" if missing else ""))
     d["gpu"]["num_sms"] = {"value": prov["num_sms"], "unit": "count", "source": src}
-    d["gpu"]["kernel_launch_s"] = num(m["launch"]["launch_gap_s"], "s")
-    d["gpu"]["grid_sync_s"] = num(m["sync"]["grid_barrier_s"], "s")
     if prov.get("l2_bytes"):
         d["gpu"]["l2_bytes"] = num(prov["l2_bytes"], "bytes")
-    d["hbm"]["bandwidth_bytes_per_s"] = num(read_peak, "bytes/s")
-    d["hbm"]["efficiency"] = {"value": 1.0, "unit": "fraction", "source": src + " (the measured rate is the achievable one)"}
-    copy_pts = m["copy"]["points"]
-    near16 = min(copy_pts, key=lambda p: abs(p[0] - 16))
-    d["sm"]["copy_bytes_per_s"] = num(near16[1], "bytes/s")
-    occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
-    d["kernel_model"] = {
-        "launch_gap_s": num(m["launch"]["launch_gap_s"], "s"),
-        "graph_fixed_s": num(m["launch"]["graph_fixed_s"], "s"),
-        "flag_handoff_s": num(m["sync"]["flag_handoff_s"], "s"),
-        "grid_barrier_s": num(m["sync"]["grid_barrier_s"], "s"),
-        "ticket_s": num(max(m["sync"]["ticket_s"], 0.0), "s"),
-        "serial_load_step_s": num(max(m["serial"]["serial_load_step_s"], 0.0), "s"),
-        "serial_reduce_step_s": num(max(m["serial"]["serial_reduce_step_s"], 0.0), "s"),
-        "l2_bandwidth_bytes_per_s": num(m["hbm"]["l2_bytes_per_s"], "bytes/s"),
-        "hbm_read": table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"]),
-        "mma": table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma"]["points"],
-                     "bf16, L2-resident operands, 8 programs per SM launched"),
-        "occupancy": table("programs per SM", ["num_warps"], sorted([w, o] for w, o in occ.items()),
-                           "from the mma microbench kernels' registers and shared memory"),
-        "sm_copy": table("bytes/s per SM", ["copying_sms"], copy_pts, "gather of 7168-wide bf16 rows"),
-    }
-    d["calibration"] = prov
+    km = {}
+    if "launch" in m:
+        d["gpu"]["kernel_launch_s"] = num(m["launch"]["launch_gap_s"], "s")
+        km["launch_gap_s"] = num(m["launch"]["launch_gap_s"], "s")
+        km["graph_fixed_s"] = num(m["launch"]["graph_fixed_s"], "s")
+    if "sync" in m:
+        d["gpu"]["grid_sync_s"] = num(m["sync"]["grid_barrier_s"], "s")
+        km["flag_handoff_s"] = num(m["sync"]["flag_handoff_s"], "s")
+        km["grid_barrier_s"] = num(m["sync"]["grid_barrier_s"], "s")
+        km["ticket_s"] = num(max(m["sync"]["ticket_s"], 0.0), "s")
+    if "serial" in m:
+        km["serial_load_step_s"] = num(max(m["serial"]["serial_load_step_s"], 0.0), "s")
+        km["serial_reduce_step_s"] = num(max(m["serial"]["serial_reduce_step_s"], 0.0), "s")
+    if "hbm" in m:
+        read_peak = max(p[2] for p in m["hbm"]["points"])
+        d["hbm"]["bandwidth_bytes_per_s"] = num(read_peak, "bytes/s")
+        d["hbm"]["efficiency"] = {"value": 1.0, "unit": "fraction",
+                                  "source": src + " (the measured rate is the achievable one)"}
+        km["l2_bandwidth_bytes_per_s"] = num(m["hbm"]["l2_bytes_per_s"], "bytes/s")
+        km["hbm_read"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"])
+    if "mma" in m:
+        occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
+        km["mma"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma"]["points"],
+                          "bf16, L2-resident operands, 8 programs per SM launched")
+        km["occupancy"] = table("programs per SM", ["num_warps"], sorted([int(w), o] for w, o in occ.items()),
+                                "from the mma microbench kernels' registers and shared memory")
+    if "copy" in m:
+        copy_pts = m["copy"]["points"]
+        near16 = min(copy_pts, key=lambda p: abs(p[0] - 16))
+        d["sm"]["copy_bytes_per_s"] = num(near16[1], "bytes/s")
+        km["sm_copy"] = table("bytes/s per SM", ["copying_sms"], copy_pts, "gather of 7168-wide bf16 rows")
+    d["kernel_model"] = km
+    d["calibration"] = {**prov, "measured": [k for k in STEPS if k in m], "not_measured": missing}
     return d
 
 
@@ -307,30 +353,98 @@ def provenance() -> dict:
 
 
 def summary(m: dict, prof: dict) -> str:
+    """The measured figures as a small table (steps not measured are left out)."""
     km = prof["kernel_model"]
-    mma = m["mma"]["points"]
-    best = {}
-    for bm, bn, w, _d, r in mma:
-        best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
-    lines = ["what                                 figure",
-             f"launch gap in a CUDA graph           {km['launch_gap_s']['value'] * 1e6:8.2f} us",
-             f"graph replay fixed cost              {km['graph_fixed_s']['value'] * 1e6:8.2f} us",
-             f"streaming read, best                 {prof['hbm']['bandwidth_bytes_per_s']['value'] / 1e12:8.2f} TB/s",
-             f"L2 re-read                           {km['l2_bandwidth_bytes_per_s']['value'] / 1e12:8.2f} TB/s",
-             f"flag handoff                         {km['flag_handoff_s']['value'] * 1e6:8.2f} us",
-             f"grid barrier                         {km['grid_barrier_s']['value'] * 1e6:8.2f} us",
-             f"ticket (one program)                 {km['ticket_s']['value'] * 1e9:8.1f} ns",
-             f"serial load+dot step                 {km['serial_load_step_s']['value'] * 1e9:8.1f} ns",
-             f"serial top-1 pass                    {km['serial_reduce_step_s']['value'] * 1e9:8.1f} ns"]
+    lines = ["what                                 figure"]
+
+    def add(label, key, scale, unit, fmt="8.2f"):
+        if key in km:
+            lines.append(f"{label:<36} {km[key]['value'] * scale:{fmt}} {unit}")
+
+    add("launch gap in a CUDA graph", "launch_gap_s", 1e6, "us")
+    add("graph replay fixed cost", "graph_fixed_s", 1e6, "us")
+    if "hbm" in m:
+        lines.append(f"{'streaming read, best':<36} {prof['hbm']['bandwidth_bytes_per_s']['value'] / 1e12:8.2f} TB/s")
+    add("L2 re-read", "l2_bandwidth_bytes_per_s", 1e-12, "TB/s")
+    add("flag handoff", "flag_handoff_s", 1e6, "us")
+    add("grid barrier", "grid_barrier_s", 1e6, "us")
+    add("ticket (one program)", "ticket_s", 1e9, "ns", "8.1f")
+    add("serial load+dot step", "serial_load_step_s", 1e9, "ns", "8.1f")
+    add("serial top-1 pass", "serial_reduce_step_s", 1e9, "ns", "8.1f")
     S = prof["gpu"]["num_sms"]["value"]
+    best = {}
+    for bm, bn, w, _d, r in m.get("mma", {}).get("points", []):
+        best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
     for (bm, bn, w), r in sorted(best.items()):
         lines.append(f"mma {bm:>3}x{bn:<3} {w} warps, whole GPU      {r * S / 1e12:8.1f} TFLOP/s")
-    for n, r in m["copy"]["points"]:
+    for n, r in m.get("copy", {}).get("points", []):
         lines.append(f"gather copy, {int(n):>3} SMs, per SM          {r / 1e9:8.1f} GB/s")
+    missing = prof.get("calibration", {}).get("not_measured", [])
+    if missing:
+        lines.append(f"not measured (the base profile's numbers kept): {', '.join(missing)}")
     return "\n".join(lines)
 
 
+#: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
+STEPS = ("launch", "hbm", "mma", "copy", "serial", "sync")
+#: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
+#: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
+#: step fit, in its quick form if that fits, otherwise not at all
+STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "copy": (5.0, 4.0),
+               "serial": (10.0, 10.0), "sync": (12.0, 8.0)}
+STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
+RESERVE_S = 5.0  # kept back from the budget for writing the profile
+
+
+def plan_step(name: str, left_s: float, quick: bool) -> str | None:
+    """"full", "quick" or None (skip) for step ``name`` with ``left_s`` seconds of budget left."""
+    later = STEPS[STEPS.index(name) + 1:]
+    rest = sum(STEP_COST_S[k][1] for k in later)
+    full, fast = STEP_COST_S[name]
+    if not quick and left_s >= full + rest + RESERVE_S:
+        return "full"
+    if left_s >= fast + RESERVE_S:
+        return "quick"
+    return None
+
+
+def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
+    if name == "launch":
+        return measure_launch(reps)
+    if name == "sync":
+        return measure_sync(reps, S, quick)
+    if name == "hbm":
+        return measure_hbm(reps, S, gap_s, quick)
+    if name == "mma":
+        return measure_mma(reps, S, gap_s, quick)
+    if name == "copy":
+        return measure_copy(reps, S, quick)
+    if name == "serial":
+        return measure_serial(reps)
+    raise ValueError(f"unknown step {name!r}")
+
+
+def _cuda_alive() -> bool:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure: the context is gone
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
+    """Measure every step that the budget allows; profile.json and microbench.json are rewritten
+    after each step, so a run cut short (budget, watchdog, kill) leaves the steps it finished."""
+    from .deadline import Budget, Watchdog, command_start
+
+    if args.budget is not None and not args.budget > 0:
+        print(f"megamoe calibrate: --budget must be a positive number of seconds, got {args.budget}", file=sys.stderr)
+        return 2
+    if args.reps < 1:
+        print(f"megamoe calibrate: --reps must be >= 1, got {args.reps}", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError as exc:
@@ -339,30 +453,75 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("megamoe calibrate: needs a CUDA GPU (the microbenchmarks time the device)", file=sys.stderr)
         return 2
-    from megamoe.simulator.hardware import load_profile, validate
+    from megamoe.simulator.hardware import ProfileError, load_profile, validate
 
-    t0 = time.perf_counter()
+    budget = Budget(args.budget, start=command_start())  # the seconds spent importing count too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    base = load_profile(args.base).to_dict()
     prov = provenance()
     S = prov["num_sms"]
-    m = {}
-    steps = [("launch", lambda: measure_launch(args.reps)),
-             ("sync", lambda: measure_sync(args.reps, S, args.quick)),
-             ("hbm", lambda: measure_hbm(args.reps, S, m["launch"]["launch_gap_s"], args.quick)),
-             ("mma", lambda: measure_mma(args.reps, S, m["launch"]["launch_gap_s"], args.quick)),
-             ("copy", lambda: measure_copy(args.reps, S, args.quick)),
-             ("serial", lambda: measure_serial(args.reps))]
-    for name, fn in steps:
-        t = time.perf_counter()
-        m[name] = fn()
-        print(f"calibrate: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-    prov["wall_s"] = round(time.perf_counter() - t0, 1)
-    base = load_profile(args.base).to_dict()
-    prof = build_profile(base, m, prov)
-    validate(prof, origin="calibrated profile")  # the loader must accept what we write
-    (out / "microbench.json").write_text(json.dumps({"provenance": prov, "measurements": m}, indent=1, default=str))
-    (out / "profile.json").write_text(json.dumps(prof, indent=1))
+    m: dict = {}
+    errors: dict = {}
+    skipped: dict = {}
+
+    def log(msg: str) -> None:
+        print(f"calibrate {budget.stamp()} {msg}", file=sys.stderr, flush=True)
+
+    def write(step: str | None = None) -> dict:
+        prov["wall_s"] = round(budget.elapsed(), 1)
+        prof = build_profile(base, m, prov)
+        try:
+            validate(prof, origin="calibrated profile")  # the loader must accept what we write
+        except ProfileError as exc:
+            if step not in m:
+                raise
+            errors[step] = f"its numbers do not make a valid profile: {exc}"[:500]  # drop them, keep the rest
+            log(f"{step}: {errors[step]}")
+            del m[step]
+            prof = build_profile(base, m, prov)
+            validate(prof, origin="calibrated profile")
+        prof["calibration"]["errors"] = dict(errors)
+        prof["calibration"]["skipped"] = dict(skipped)
+        (out / "microbench.json").write_text(json.dumps({"provenance": prov, "measurements": m, "errors": errors,
+                                                          "skipped": skipped}, indent=1, default=str))
+        (out / "profile.json").write_text(json.dumps(prof, indent=1))
+        return prof
+
+    log(f"{prov['gpu']}, {S} SMs, torch {prov['torch']}, triton {prov['triton']}; budget "
+        f"{'none' if args.budget is None else f'{args.budget:.0f} s'}{', --quick' if args.quick else ''}; "
+        f"steps {', '.join(STEPS)}")
+    watchdog = Watchdog(lambda what: log(f"{what}: no result; profile.json holds the steps before it"),
+                        name="megamoe calibrate")
+    try:
+        for name in STEPS:
+            mode = plan_step(name, budget.left(), args.quick)
+            if mode is None:
+                skipped[name] = f"budget: {budget.left():.0f} s left"
+                log(f"{name}: skipped ({skipped[name]}); the base profile's numbers stay")
+                continue
+            gap_s = m["launch"]["launch_gap_s"] if "launch" in m else base["gpu"]["kernel_launch_s"]["value"]
+            log(f"{name}: start ({mode})")
+            t = time.perf_counter()
+            watchdog.arm(min(STEP_TIMEOUT_S, max(budget.left(), 0.0) + 15.0), f"calibrate step {name}")
+            try:
+                m[name] = _measure(name, args.reps, S, gap_s, mode == "quick")
+                if mode == "quick" and not args.quick:
+                    skipped[name] = "measured in its quick form (budget)"
+            except Exception as exc:  # noqa: BLE001 - the other steps are still worth having
+                errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+                log(f"{name}: FAILED: {errors[name]}")
+                if not _cuda_alive():
+                    log("the CUDA context was lost: no further steps")
+                    break
+            finally:
+                watchdog.disarm()
+            write(name)
+            log(f"{name}: done in {time.perf_counter() - t:.1f} s")
+    finally:
+        watchdog.close()
+    prof = write()
     print(summary(m, prof))
-    print(f"wrote {out / 'profile.json'} and {out / 'microbench.json'} ({prov['wall_s']} s)")
-    return 0
+    print(f"wrote {out / 'profile.json'} and {out / 'microbench.json'} ({prov['wall_s']} s; measured "
+          f"{', '.join(prof['calibration']['measured']) or 'nothing'})")
+    return 0 if m else 1

@@ -111,6 +111,16 @@ def _ours(exc: BaseException) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand. The project's input errors, a failed allocation and Ctrl-C end in one line
     on stderr (exit code 2, 2 and 130) instead of a traceback; anything else is a bug and shows one."""
+    from . import deadline
+
+    deadline.mark_command_start()  # a --budget counts from here
+    try:
+        return _main(argv)
+    finally:
+        deadline.clear_command_start()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(load=argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)

@@ -2,33 +2,43 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, S sampled tokens.
 
-This is the one place that reads both the kernels and the simulator. Per (model, T):
+This is the one place that reads both the kernels and the simulator. Three runs:
 
-1. the kernel runs the layer (``megamoe.kernels.moe_forward``) and reports its routing;
-2. numerics: its output against the float64 reference on S sampled tokens (``megamoe.numerics``);
-3. the kernels' launch plan for that routing (``megamoe.kernels.launch_plan``: grid, tiles, bytes
-   and FLOPs per program) goes, as plain data, to the simulator's launch model
-   (``megamoe.simulator.cost.predict_launch_plan``), which predicts each launch's time;
-4. on a GPU the layer is timed as a CUDA-graph replay, and each kernel's own time is read from
-   the torch profiler, so prediction and measurement are compared launch by launch.
-
-The prediction is made twice: from the ``h200`` profile as written (datasheet and earlier
-measurements) and with the HBM and matmul rates measured in this run. Without a GPU the kernels
-run under ``TRITON_INTERPRET=1`` on a shrunken layer in float32: numerics and predictions only.
+- on a GPU (``megamoe validate --profile DIR/profile.json --out DIR2``): presets x T x routing x
+  backend, each configuration predicted from the calibrated profile (and from ``h200`` as
+  written) before it is measured; compile-ahead, budget, watchdog and resume in
+  ``megamoe.scale``; the report (``write_report``: report.json, report.md, scatter.png) at the end;
+- ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows;
+- without a GPU, or with ``--numerics`` on one: per (model, T), the kernel runs the layer, its
+  output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
+  and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
+  simulator's launch model (``megamoe.simulator.cost.predict_launch_plan``). Without a GPU the
+  kernels run under ``TRITON_INTERPRET=1`` on a shrunken layer in float32: numerics and
+  predictions only. On a GPU the layer is also timed and each kernel's time read from the torch
+  profiler, with the prediction made twice: from the ``h200`` profile and with the HBM and
+  matmul rates measured in this run.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
+from .scale import (
+    BACKENDS,
+    COMPARE_PROFILES,
+    CONFIG_TIMEOUT_S,
+    ROUTINGS,
+    SCALE_PRESETS,
+    SCALE_TOKENS,
+    shrink_for_interpreter,
+)
+
 DEFAULT_MODELS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
 DEFAULT_TOKENS = "1,64,512,4096"
-CPU_SHAPE = dict(hidden_size=48, intermediate_size=40)  # interpreter: small, not tile multiples
 
 
 def _has_cuda() -> bool:
@@ -93,11 +103,7 @@ def validate_one(model: str, T: int, *, seed: int = 0, sample: int = 16, system:
         dev_name = torch.cuda.get_device_name(0)
     else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        cfg = cfg.replace(**CPU_SHAPE, shared_intermediate_size=56 * cfg.num_shared_experts,
-                          num_experts=min(cfg.num_experts, 16),
-                          **({"n_group": min(cfg.n_group, 4), "topk_group": min(cfg.topk_group, 2)}
-                             if cfg.n_group > 1 else {}),
-                          top_k=min(cfg.top_k, 4))
+        cfg = shrink_for_interpreter(cfg)
         dtype, tdtype, device = "float32", torch.float32, "cpu"
         w = random_weights(cfg, seed).to_torch(device="cpu", dtype=torch.float32)
         dev_name = "cpu-interpreter"
@@ -201,14 +207,53 @@ def format_row(r: dict) -> str:
     return s
 
 
+GPU_RUN_HELP = f"""\
+The GPU run (a CUDA GPU and no --numerics): every configuration preset x T x routing x backend,
+each predicted (row written) before it is measured (row written again), into
+DIR/validation_<date>.jsonl, then DIR/report.md, report.json and scatter.png.
+
+Default configuration set: presets {SCALE_PRESETS} x T {','.join(map(str, SCALE_TOKENS))}
+x routings {','.join(ROUTINGS)} x backends {','.join(BACKENDS)} = 108 configurations, T-major (all
+presets at T=1, then T=8, ...), so a budget that runs out still leaves every preset measured at the
+smaller T (T <= 4096 alone is 90). Three presets rather than five because a megakernel
+configuration compiles in 15-30 s: Qwen3-30B-A3B (small experts), Mixtral-8x7B (8 large experts)
+and DeepSeek-V3 (grouped sigmoid routing and a shared expert). On an H200 with a cold Triton cache:
+about 2 min of compile-ahead on 16 cores, then about 1-2 min of measuring.
+
+--budget S: no configuration starts unless its estimate ends 15 s before S (the report's share);
+the compile-ahead (--warm, on by default) takes at most half of S. A configuration that raises is a
+row with phase "failed" and its error; one that hangs is ended by the watchdog (--config-timeout,
+exit code 4); a lost CUDA context ends the run (exit code 3). Either way the report is written,
+and --resume in the same --out goes on with what is left in a fresh process.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default=None, help=f"comma-separated presets (default: GPU {SCALE_PRESETS}; "
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = GPU_RUN_HELP
+    parser.add_argument("--models", default=None, help=f"comma-separated presets (default: GPU run {SCALE_PRESETS}; "
                         f"CPU or --numerics {DEFAULT_MODELS})")
-    parser.add_argument("--tokens", default=None, help="comma-separated T (default: GPU "
+    parser.add_argument("--tokens", default=None, help="comma-separated T (default: GPU run "
                         f"{','.join(map(str, SCALE_TOKENS))}; CPU or --numerics {DEFAULT_TOKENS}, without a GPU capped at 64)")
     parser.add_argument("--routings", default=",".join(ROUTINGS), help=f"GPU run: routings (default {','.join(ROUTINGS)})")
-    parser.add_argument("--profile", default=None, help="calibrated profile JSON (megamoe calibrate); overrides --system")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"GPU run: backends (default {','.join(BACKENDS)})")
+    parser.add_argument("--profile", default=None, help="calibrated profile JSON (megamoe calibrate); overrides --system "
+                        "as the profile whose predictions the report judges")
+    parser.add_argument("--compare-profiles", default=COMPARE_PROFILES, help="GPU run: comma-separated profiles that "
+                        f"also predict every configuration, recorded beside it (default {COMPARE_PROFILES}; '' for none)")
     parser.add_argument("--reps", type=int, default=5, help="GPU run: CUDA-graph replays per configuration (median)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="GPU run: wall-time limit from the start (default none); see below")
+    parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU run: compile every configuration's kernels first, in parallel processes (default on)")
+    parser.add_argument("--warm-procs", type=int, default=None,
+                        help="GPU run: compile-ahead processes at once (default: the CPU count)")
+    parser.add_argument("--config-timeout", type=float, default=CONFIG_TIMEOUT_S, metavar="SECONDS",
+                        help=f"GPU run: a configuration running longer is taken for a hang (default {CONFIG_TIMEOUT_S:.0f})")
+    parser.add_argument("--resume", action="store_true", help="GPU run: skip the configurations --out already has an "
+                        "outcome for")
+    parser.add_argument("--scale", action="store_true", help="run the GPU run's loop even without a GPU (interpreter, "
+                        "shrunken layers, meaningless times): a smoke test of its machinery")
     parser.add_argument("--numerics", action="store_true", help="on a GPU: the per-(model, T) numerics-and-timing "
                         "rows instead of the predicted-vs-measured run")
     parser.add_argument("--report", metavar="DIR_OR_JSONL", default=None,
@@ -221,6 +266,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
     parser.add_argument("--from-bench", metavar="JSONL", default=None,
                         help="no kernel run: predict the rows a `megamoe bench` run measured and compare")
+
+
+def scale_args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the GPU run's options (None if nothing), before any GPU work."""
+    from megamoe.reference import PRESETS
+    from megamoe.simulator import ProfileError, load_profile
+
+    bad = [m.strip() for m in args.models.split(",") if m.strip() and m.strip() not in PRESETS]
+    if bad:
+        return f"unknown model(s) {bad}; presets: {', '.join(PRESETS)}"
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        return f"--tokens must be comma-separated integers, got {args.tokens!r}"
+    if not tokens or any(t < 1 for t in tokens):
+        return f"--tokens must list token counts >= 1 for the GPU run, got {args.tokens!r}"
+    for opt, given, allowed in (("--routings", args.routings, ROUTINGS), ("--backends", args.backends, BACKENDS)):
+        names = [r.strip() for r in given.split(",") if r.strip()]
+        if not names or any(r not in allowed for r in names):
+            return f"{opt} must be a comma-separated subset of {','.join(allowed)}, got {given!r}"
+    if args.reps < 1:
+        return f"--reps must be >= 1, got {args.reps}"
+    if args.budget is not None and not args.budget > 0:
+        return f"--budget must be a positive number of seconds, got {args.budget}"
+    if not args.config_timeout > 0:
+        return f"--config-timeout must be positive, got {args.config_timeout}"
+    if args.warm_procs is not None and args.warm_procs < 1:
+        return f"--warm-procs must be >= 1, got {args.warm_procs}"
+    for spec in [args.profile or args.system, *(s.strip() for s in (args.compare_profiles or "").split(","))]:
+        if spec:
+            try:
+                load_profile(spec)
+            except ProfileError as exc:
+                return f"profile: {exc}"
+    return None
 
 
 def bench_row_problem(r: dict) -> str | None:
@@ -301,24 +381,26 @@ def run(args: argparse.Namespace) -> int:
         if not src.exists():
             print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
             return 2
-        rows = load_rows(src)
+        rows, failed = load_outcomes(src)
         if not rows:
             print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
             return 2
-        write_report(rows, Path(args.out) if args.out else (src if src.is_dir() else src.parent))
+        write_report(rows, Path(args.out) if args.out else (src if src.is_dir() else src.parent), failures=failed)
         return 0
     if args.from_bench:
         return run_from_bench(Path(args.from_bench), args)
-    scale = _has_cuda() and not args.numerics
+    scale = (_has_cuda() or args.scale) and not args.numerics
     args.models = args.models or (SCALE_PRESETS if scale else DEFAULT_MODELS)
     args.tokens = args.tokens or (",".join(map(str, SCALE_TOKENS)) if scale else DEFAULT_TOKENS)
     if scale:
-        from megamoe.reference import PRESETS
-
-        bad = [m for m in args.models.split(",") if m.strip() and m.strip() not in PRESETS]
+        bad = scale_args_problem(args)
         if bad:
-            print(f"megamoe validate: unknown model(s) {bad}; presets: {', '.join(PRESETS)}", file=sys.stderr)
+            print(f"megamoe validate: {bad}", file=sys.stderr)
             return 2
+        if not _has_cuda():  # --scale on the CPU: before triton is imported
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from .scale import run_scale
+
         args.out = args.out or "validate-out"
         return run_scale(args)
 
@@ -382,190 +464,60 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-# --------------------------------------------------------------------------- validation at scale
-# ``megamoe validate --out DIR`` on a GPU: presets x T x routing x backend, the prediction written
-# before the measurement; ``megamoe validate --report DIR_or_jsonl`` rebuilds the report anywhere.
-SCALE_PRESETS = "mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b"
-SCALE_TOKENS = (1, 8, 64, 512, 4096, 16384)
-ROUTINGS = ("uniform", "zipf", "concentrated")
-BACKENDS = ("multi", "megakernel")
-OUTLIER = 0.15
-
-
-def routing_bias(cfg, routing: str, seed: int = 0):
-    """(E,) logit bias that steers the layer's own router: 0 (uniform), Zipf(1.2)-like preferences
-    (zipf), or +30 on the K experts 0..K-1 (concentrated: every token on the same K experts; they
-    share one expert group, so grouped top-k keeps them)."""
-    import numpy as np
-
-    E, K = cfg.num_experts, cfg.top_k
-    if routing == "uniform":
-        return np.zeros(E)
-    if routing == "zipf":
-        rank = np.random.default_rng(seed).permutation(E) + 1
-        return -1.2 * np.log(rank) * 2.0
-    if routing == "concentrated":
-        b = np.zeros(E)
-        b[:K] = 30.0
-        return b
-    raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
-
-
-def steer(x, router_weight, bias):
-    """x (T, H) and a copy of router_weight (E, H) with column 0 carrying ``bias`` into the logits:
-    x[:, 0] = 1, W[:, 0] = bias (+ the original column's share of noise)."""
-    import torch
-
-    w = router_weight.clone()
-    if not bias.any():
-        return x, w
-    x = x.clone()
-    x[:, 0] = 1.0
-    w[:, 0] = torch.as_tensor(bias, device=w.device, dtype=torch.float32).to(w.dtype)
-    return x, w
-
-
-def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
-    """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
-    launches with (``kernels.configs.megakernel_config``; P = SMs x occupancy, never more than the
-    tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps)."""
-    from megamoe.kernels import configs as cfgs
-    from megamoe.reference.tiles import task_layout, task_plan
-
-    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                cfg.shared_intermediate_size, T, num_sms=profile.num_sms)
-    lay = task_layout(cfg, T, mk["tiles"])
-    P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
-    return task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4))
-
-
-def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int) -> dict:
-    """The prediction for one configuration: total and per-stage (multi) or per-kind (megakernel) us."""
-    import numpy as np
-
-    from megamoe.kernels.plan import launch_plan
-    from megamoe.simulator.cost import predict_launch_plan, predict_task_plan
-
-    counts = np.bincount(np.asarray(topk_idx).reshape(-1).astype(np.int64), minlength=cfg.num_experts)
-    if backend == "multi":
-        plan = launch_plan(cfg, topk_idx=topk_idx, device_name=device_name)
-        pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph)
-        main = max(pred["stages"], key=lambda s: s["time_us"]) if pred["stages"] else {"name": "-", "bound": "launch"}
-        return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
-                "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"]} for s in pred["stages"]},
-                "dominant": f"{main['name']}:{main['bound']}"}
-    tp, warps = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
-    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph)
-    crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}
-    main = max(crit, key=crit.get) if crit else "-"
-    kinds = pred["bound_tasks"].get(main, {})
-    return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"] + pred["launch_us"],
-            "predicted_stages": {k: {"us": v} for k, v in crit.items()}, "busy_us": pred["busy_us"],
-            "tasks": pred["tasks"], "programs": pred["programs"],
-            "dominant": f"{main}:{max(kinds, key=kinds.get) if kinds else 'wait'}"}
-
-
-def _has_backend() -> bool:
-    import inspect
-
-    from megamoe import kernels
-
-    try:
-        return "backend" in inspect.signature(kernels.moe_forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def run_scale(args: argparse.Namespace) -> int:
-    """The GPU run: every configuration predicted (row written), then measured (row written)."""
-    import datetime as dt
-    import time
-
-    import numpy as np
-    import torch
-
-    from megamoe import kernels
-    from megamoe.kernels.bench import graph_time_us, provenance, random_device_weights
-    from megamoe.reference import MoEConfig
-    from megamoe.simulator import load_profile
-
-    t0 = time.perf_counter()
-    profile = load_profile(args.profile or args.system)
-    prov = provenance()
-    dev_name = prov["gpu"]
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    tokens = [int(t) for t in args.tokens.split(",")]
-    routings = [r.strip() for r in args.routings.split(",") if r.strip()]
-    backends = ["multi"] + (["megakernel"] if _has_backend() else [])
-    notes = [] if "megakernel" in backends else ["moe_forward has no backend= argument: megakernel rows skipped"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"validation_{dt.date.today().isoformat()}.jsonl"
-    for n in notes:
-        print(f"megamoe validate: {n}", file=sys.stderr)
-    rows = []
-    with path.open("a") as f:
-        for m in models:
-            cfg = MoEConfig.preset(m)
-            w = random_device_weights(cfg, args.seed)
-            for T in tokens:
-                ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
-                gen = torch.Generator(device="cuda").manual_seed(args.seed + T)
-                base = [torch.randn((T, cfg.hidden_size), generator=gen, device="cuda", dtype=torch.bfloat16)
-                        for _ in range(ni)]
-                for routing in routings:
-                    bias = routing_bias(cfg, routing, args.seed)
-                    xs, rw = zip(*[steer(x, w.router_weight, bias) for x in base])
-                    ws = dataclasses.replace(w, router_weight=rw[0])
-                    idx = kernels.moe_forward_details(xs[0], ws, cfg)["topk_idx"].cpu().numpy()
-                    counts = np.bincount(idx.reshape(-1), minlength=cfg.num_experts)
-                    for backend in backends:
-                        row = {"preset": m, "T": T, "routing": routing, "backend": backend,
-                               "experts_touched": int((counts > 0).sum()),
-                               "max_over_mean_load": float(counts.max() / max(counts.mean(), 1e-9)),
-                               "profile": profile.name, **prov}
-                        row.update(predict_config(cfg, idx, T, backend, profile, device_name=dev_name,
-                                                  calls_per_graph=ni))
-                        f.write(json.dumps({**row, "phase": "prediction"}) + "\n")
-                        f.flush()
-                        kw = {} if backend == "multi" and "megakernel" not in backends else {"backend": backend}
-                        def fn(a, ws=ws, kw=kw, cfg=cfg):
-                            return kernels.moe_forward(a, ws, cfg, check=False, **kw)
-
-                        row["measured_us"] = graph_time_us(fn, list(xs), args.reps)
-                        row["error"] = (row["predicted_us"] - row["measured_us"]) / row["measured_us"]
-                        row["phase"] = "measurement"
-                        f.write(json.dumps(row) + "\n")
-                        f.flush()
-                        rows.append(row)
-                        print(f"{m:<16} T={T:<6} {routing:<12} {backend:<10} predicted {row['predicted_us']:10.1f} us "
-                              f"measured {row['measured_us']:10.1f} us  err {row['error']:+.1%}", flush=True)
-            del w
-            torch.cuda.empty_cache()
-    print(f"megamoe validate: {len(rows)} configurations in {time.perf_counter() - t0:.0f} s -> {path}")
-    write_report(rows, out, notes=notes)
-    return 0
+OUTLIER = 0.15  # |pred - meas| / meas beyond which the report lists a configuration
 
 
 # --------------------------------------------------------------------------- the report
-def load_rows(src: str | Path) -> list[dict]:
-    """Measured rows from a jsonl file or every validation_*.jsonl / *.jsonl in a folder: the last
-    row per (preset, T, routing, backend) that has both predicted_us and measured_us."""
-    src = Path(src)
-    files = sorted(src.glob("validation_*.jsonl")) or sorted(src.glob("*.jsonl")) if src.is_dir() else [src]
-    rows: dict = {}
-    for p in files:
+def _row_files(src: Path) -> list[Path]:
+    if not src.is_dir():
+        return [src]
+    return sorted(src.glob("validation_*.jsonl")) or sorted(src.glob("*.jsonl"))
+
+
+def _last_rows(src: str | Path) -> tuple[dict, dict]:
+    """({key: last row with predicted_us and measured_us}, {key: last row}) of a jsonl file or of
+    every validation_*.jsonl (else *.jsonl) in a folder. Lines that are not JSON objects (one cut
+    short when a run was killed) are skipped."""
+    measured: dict = {}
+    last: dict = {}
+    for p in _row_files(Path(src)):
         for line in p.read_text().splitlines():
             if not line.strip():
                 continue
-            r = json.loads(line)
-            if r.get("predicted_us") is None or r.get("measured_us") is None:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(r, dict) or "T" not in r:
                 continue
             r.setdefault("routing", "uniform")
             r.setdefault("backend", "multi")
             r.setdefault("preset", r.get("model"))
-            rows[(r["preset"], r["T"], r["routing"], r["backend"])] = r
-    return list(rows.values())
+            key = (r["preset"], r["T"], r["routing"], r["backend"])
+            last[key] = r
+            if r.get("predicted_us") is not None and r.get("measured_us") is not None:
+                measured[key] = r
+    return measured, last
+
+
+def load_rows(src: str | Path) -> list[dict]:
+    """Measured rows from a jsonl file or every validation_*.jsonl / *.jsonl in a folder: the last
+    row per (preset, T, routing, backend) that has both predicted_us and measured_us."""
+    return list(_last_rows(src)[0].values())
+
+
+def load_outcomes(src: str | Path) -> tuple[list[dict], list[dict]]:
+    """(measured rows as ``load_rows``, failed rows): a configuration failed when it has no
+    measured row and its last row is a failure, or only its prediction (the run ended during it)."""
+    measured, last = _last_rows(src)
+    failed = []
+    for key, r in last.items():
+        if key in measured or r.get("phase") not in ("failed", "prediction"):
+            continue
+        if r.get("phase") == "prediction":
+            r = {**r, "phase": "failed", "failure": "no measurement row: the run ended during this configuration"}
+        failed.append(r)
+    return list(measured.values()), failed
 
 
 def likely_cause(r: dict) -> str:
@@ -588,16 +540,33 @@ def likely_cause(r: dict) -> str:
     return f"over-predicted ({dom or 'unknown term'})"
 
 
+def _abs_err(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas
+
+
 def report_stats(rows: list[dict]) -> dict:
+    """Errors of the rows' own predictions (``predicted_us``: the profile the run was given) overall
+    and by backend, of every profile the rows also hold (``predictions``), and the outliers."""
     import numpy as np
 
-    err = np.array([abs(r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in rows])
+    err = np.array([_abs_err(r["predicted_us"], r["measured_us"]) for r in rows])
     out = {"configurations": len(rows), "median_abs_error": float(np.median(err)) if err.size else None,
-           "max_abs_error": float(err.max()) if err.size else None, "by_backend": {}}
+           "max_abs_error": float(err.max()) if err.size else None, "by_backend": {},
+           "profiles": sorted({r["profile"] for r in rows if r.get("profile")}), "by_profile": {}}
     for b in sorted({r["backend"] for r in rows}):
-        e = np.array([abs(r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in rows if r["backend"] == b])
+        e = np.array([_abs_err(r["predicted_us"], r["measured_us"]) for r in rows if r["backend"] == b])
         out["by_backend"][b] = {"configurations": int(e.size), "median_abs_error": float(np.median(e)),
                                 "max_abs_error": float(e.max())}
+    per: dict[str, dict[str, list]] = {}
+    for r in rows:
+        for name, p in (r.get("predictions") or {}).items():
+            if isinstance(p.get("predicted_us"), (int, float)):
+                per.setdefault(name, {}).setdefault(r["backend"], []).append(_abs_err(p["predicted_us"], r["measured_us"]))
+    for name, by in sorted(per.items()):
+        e = np.array([v for vs in by.values() for v in vs])
+        out["by_profile"][name] = {"configurations": int(e.size), "median_abs_error": float(np.median(e)),
+                                   "max_abs_error": float(e.max()),
+                                   "by_backend": {b: float(np.median(v)) for b, v in sorted(by.items())}}
     out["outside_15pct"] = sorted(
         ({"preset": r["preset"], "T": r["T"], "routing": r["routing"], "backend": r["backend"],
           "predicted_us": r["predicted_us"], "measured_us": r["measured_us"],
@@ -607,29 +576,46 @@ def report_stats(rows: list[dict]) -> dict:
     return out
 
 
-def write_report(rows: list[dict], out: Path, *, notes=()) -> dict:
-    """report.json, report.md and scatter.png in ``out``; returns the statistics."""
+def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dict | None = None) -> dict:
+    """report.json, report.md and scatter.png in ``out`` from measured ``rows``; ``failures``
+    (rows with phase "failed") are listed with their errors, ``run`` (the GPU run's summary) is
+    kept in report.json. Returns the statistics."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     st = report_stats(rows)
     st["notes"] = list(notes)
-    (out / "report.json").write_text(json.dumps(st, indent=1))
-    lines = [f"# Predicted vs measured: {st['configurations']} configurations", ""]
+    st["failed"] = [{"preset": f.get("preset"), "T": f.get("T"), "routing": f.get("routing"), "backend": f.get("backend"),
+                     "failure": f.get("failure")} for f in failures]
+    if run is not None:
+        st["run"] = {k: v for k, v in run.items() if k != "lines"}
+    (out / "report.json").write_text(json.dumps(st, indent=1, default=str))
+    head = [f"# Predicted vs measured: {st['configurations']} configurations"
+            + (f" ({len(failures)} more failed)" if failures else ""), ""]
     if rows:
-        lines.append(f"median |pred - meas| / meas = {st['median_abs_error']:.1%}, max = {st['max_abs_error']:.1%}")
+        own = ", ".join(st["profiles"]) or "the run's profile"
+        head.append(f"median |pred - meas| / meas = {st['median_abs_error']:.1%}, max = {st['max_abs_error']:.1%} ({own})")
         for b, s in st["by_backend"].items():
-            lines.append(f"- {b}: {s['configurations']} configurations, median {s['median_abs_error']:.1%}, "
-                         f"max {s['max_abs_error']:.1%}")
-    lines += [f"- note: {n}" for n in notes]
-    lines += ["", f"## Outside {OUTLIER:.0%}", "", "| preset | T | routing | backend | predicted us | measured us | error | likely cause |",
-              "|---|---|---|---|---|---|---|---|"]
+            head.append(f"- {b}: {s['configurations']} configurations, median {s['median_abs_error']:.1%}, "
+                        f"max {s['max_abs_error']:.1%}")
+        for name, s in st["by_profile"].items():
+            head.append(f"- profile {name}: median {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
+                        f"{s['configurations']} (" + ", ".join(f"{b} {v:.1%}" for b, v in s["by_backend"].items()) + ")")
+    head += [f"- note: {n}" for n in notes]
+    lines = head + ["", f"## Outside {OUTLIER:.0%}", "",
+                    "| preset | T | routing | backend | predicted us | measured us | error | likely cause |",
+                    "|---|---|---|---|---|---|---|---|"]
     for o in st["outside_15pct"]:
         lines.append(f"| {o['preset']} | {o['T']} | {o['routing']} | {o['backend']} | {o['predicted_us']:.1f} | "
                      f"{o['measured_us']:.1f} | {o['error']:+.1%} | {o['likely_cause']} |")
+    if failures:
+        lines += ["", "## Failed", "", "| preset | T | routing | backend | error |", "|---|---|---|---|---|"]
+        for f in st["failed"]:
+            msg = str(f["failure"]).replace("|", "/").replace("\n", " ")[:300]
+            lines.append(f"| {f['preset']} | {f['T']} | {f['routing']} | {f['backend']} | {msg} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     if rows:
         _scatter(rows, out / "scatter.png")
-    print("\n".join(lines[:3 + len(st["by_backend"]) + len(notes)]))
+    print("\n".join(head))
     print(f"{len(st['outside_15pct'])} configuration(s) outside {OUTLIER:.0%}; see {out / 'report.md'}, {out / 'scatter.png'}")
     return st
 
@@ -642,12 +628,25 @@ def _scatter(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 6))
     colours = {"multi": "tab:blue", "megakernel": "tab:orange"}
+    values = []
     for b in sorted({r["backend"] for r in rows}):
         sel = [r for r in rows if r["backend"] == b]
+        own = sorted({r["profile"] for r in sel if r.get("profile")})
         ax.scatter([r["measured_us"] for r in sel], [r["predicted_us"] for r in sel], s=14,
-                   c=colours.get(b, "tab:gray"), label=f"{b} ({len(sel)})", alpha=0.8)
-    lo = min(min(r["measured_us"], r["predicted_us"]) for r in rows) * 0.7
-    hi = max(max(r["measured_us"], r["predicted_us"]) for r in rows) * 1.4
+                   c=colours.get(b, "tab:gray"), label=f"{b} ({len(sel)})" + (f", {', '.join(own)}" if own else ""),
+                   alpha=0.8)
+        values += [v for r in sel for v in (r["measured_us"], r["predicted_us"])]
+        # the other profiles' predictions of the same measurements: hollow markers
+        others = sorted({n for r in sel for n in (r.get("predictions") or {}) if n != r.get("profile")})
+        for name, marker in zip(others, "^sDv"):
+            pts = [(r["measured_us"], r["predictions"][name]["predicted_us"]) for r in sel
+                   if isinstance(r["predictions"].get(name, {}).get("predicted_us"), (int, float))]
+            if pts:
+                ax.scatter(*zip(*pts), s=16, marker=marker, facecolors="none", edgecolors=colours.get(b, "tab:gray"),
+                           alpha=0.7, label=f"{b}, {name}")
+                values += [v for pt in pts for v in pt]
+    lo = min(v for v in values if v > 0) * 0.7
+    hi = max(values) * 1.4
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
     ax.plot([lo, hi], [lo * (1 + OUTLIER), hi * (1 + OUTLIER)], "k:", lw=0.6)
     ax.plot([lo, hi], [lo * (1 - OUTLIER), hi * (1 - OUTLIER)], "k:", lw=0.6, label=f"+-{OUTLIER:.0%}")

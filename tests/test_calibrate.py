@@ -85,3 +85,64 @@ def test_calibrate_without_a_gpu_says_so(capsys):
 
     assert main(["calibrate", "--out", "unused"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_budget_plans_full_quick_or_no_step():
+    from megamoe.calibrate import STEP_COST_S, STEPS, plan_step
+
+    assert plan_step("launch", 1e9, quick=False) == "full"
+    assert plan_step("launch", 1e9, quick=True) == "quick"
+    rest_quick = sum(STEP_COST_S[k][1] for k in STEPS[STEPS.index("mma") + 1:])
+    assert plan_step("mma", STEP_COST_S["mma"][0] + rest_quick - 1, quick=False) == "quick"  # full would crowd out the rest
+    assert plan_step("sync", 1.0, quick=False) is None
+
+
+def test_profile_from_some_steps_keeps_the_base_numbers_of_the_others():
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.hardware import validate
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = {k: v for k, v in _fake_measurements().items() if k not in ("mma", "sync")}
+    base = load_profile("h200")
+    prof = build_profile(base.to_dict(), m, prov)
+    p = validate(prof)  # the loader takes it
+    assert prof["calibration"]["not_measured"] == ["mma", "sync"]
+    assert p.kernel.mma == () and p.kernel.flag_handoff_s == base.grid_sync_s  # derived from the base profile
+    assert p.kernel.launch_gap_s == 7e-7 and p.hbm_effective_bytes_per_s == pytest.approx(4.4e12)
+    text = summary(m, prof)
+    assert "flag handoff" not in text and "not measured (the base profile's numbers kept): mma, sync" in text
+
+
+def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, monkeypatch, capsys):
+    """The run loop with the GPU parts replaced: a step that raises is recorded, the others go on,
+    and the profile written loads."""
+    from megamoe import calibrate
+    from megamoe.cli import main
+
+    fake = _fake_measurements()
+    seen = []
+
+    def measure(name, reps, S, gap_s, quick):
+        seen.append((name, quick, (tmp_path / "cal" / "profile.json").exists()))
+        if name == "copy":
+            raise RuntimeError("out of resources")
+        return fake[name]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(calibrate, "provenance", lambda: {"gpu": "NVIDIA H200", "torch": "x", "triton": "y",
+                                                          "date": "2026-12-02", "num_sms": 132, "l2_bytes": 0})
+    monkeypatch.setattr(calibrate, "_measure", measure)
+    monkeypatch.setattr(calibrate, "_cuda_alive", lambda: True)
+    assert main(["calibrate", "--out", str(tmp_path / "cal"), "--budget", "1000"]) == 0
+    assert [s[0] for s in seen] == list(calibrate.STEPS) and not any(q for _, q, _ in seen)
+    assert [w for *_, w in seen] == [False] + [True] * 5  # profile.json rewritten after every step
+    prof = json.loads((tmp_path / "cal" / "profile.json").read_text())
+    assert prof["calibration"]["errors"] == {"copy": "RuntimeError: out of resources"}
+    assert prof["calibration"]["not_measured"] == ["copy"]
+    assert load_profile(str(tmp_path / "cal" / "profile.json")).kernel.calibrated
+    assert "copy: FAILED" in capsys.readouterr().err
+    # a small budget: later steps in their quick form or skipped, and still a profile
+    seen.clear()
+    assert main(["calibrate", "--out", str(tmp_path / "cal2"), "--budget", "40"]) == 0
+    prof = json.loads((tmp_path / "cal2" / "profile.json").read_text())
+    assert any(q for _, q, _ in seen) and prof["calibration"]["skipped"]

@@ -114,8 +114,14 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
         {"preset": "mixtral-8x7b", "T": 64, "routing": "zipf", "backend": "megakernel", "predicted_us": 700.0,
          "measured_us": 560.0, "dominant": "gemm1:memory"},
     ]
+    rows += [  # a failure, the prediction of a run killed during a configuration, and a line cut short
+        {"preset": "deepseek-v3", "T": 1, "routing": "uniform", "backend": "megakernel", "phase": "failed",
+         "failure": "RuntimeError: CUDA error"},
+        {"preset": "deepseek-v3", "T": 8, "routing": "uniform", "backend": "multi", "phase": "prediction",
+         "predicted_us": 300.0},
+    ]
     src = tmp_path / "validation_2026-12-02.jsonl"
-    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    src.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"preset": "qwen')
     out = tmp_path / "rep"
     assert main(["validate", "--report", str(src), "--out", str(out)]) == 0
     st = json.loads((out / "report.json").read_text())
@@ -126,3 +132,5 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
                                                                          ("mixtral-8x7b", "megakernel")]
     assert "small layer" in st["outside_15pct"][0]["likely_cause"]
     assert (out / "scatter.png").stat().st_size > 1000 and "| qwen3-30b-a3b | 1 |" in (out / "report.md").read_text()
+    assert [(f["preset"], f["T"]) for f in st["failed"]] == [("deepseek-v3", 1), ("deepseek-v3", 8)]
+    assert "RuntimeError: CUDA error" in (out / "report.md").read_text()

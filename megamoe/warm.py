@@ -1,0 +1,275 @@
+"""Compile ahead for ``megamoe validate``: run every configuration's kernels once, side by side, so
+that Triton's on-disk cache holds them before anything is timed.
+
+A job is one (preset, T) and the (routing, backend) pairs to run there; each job is its own
+process (``python -m megamoe.warm JOB.json``), because Triton compiles on one core per process.
+Up to ``procs`` jobs run at once, and only as many as the GPU's free memory holds: each process
+makes its preset's weights (DeepSeek-V3's are 22 GB), so the largest jobs start first and smaller
+ones fill the memory and cores left. A job runs exactly what the measuring process will (the
+same ``megamoe.scale`` layer: steered inputs, the kernels' routing, ``moe_forward`` per backend),
+so every specialization it compiles is the one that will be launched; it writes a status line
+before and after each configuration:
+
+    {"key": "deepseek-v3/T=64/zipf/megakernel", "event": "start" | "ok" | "error", ...}
+
+From those, each configuration ends as one of:
+    "ok"                 it ran: its kernels are in the cache
+    "error: ..."         it raised (the measuring process tries again and records the error)
+    "crashed (exit N)"   its process died during it (not measured: it could take the measuring
+                         process down)
+    "hung: ..."          it ran longer than ``config_timeout_s`` (not measured; the job is killed
+                         and its remaining configurations go on in a new process)
+    "timeout: ..."       the compile-ahead's deadline came during it (measured, compiling then)
+    "not reached"        its job never got to it (measured, compiling then)
+Job logs, job files and ``warm_status.json`` are written to ``folder``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_PARTS = 2  # a job's configurations go to a new process at most this many times
+
+
+@dataclass(frozen=True)
+class Job:
+    preset: str
+    T: int
+    pairs: tuple  # ((routing, backend), ...) in run order
+    bytes: float  # GPU memory its process needs, estimated
+    part: int = 0  # > 0: the rest of a job whose process was killed
+
+    @property
+    def name(self) -> str:
+        return f"{self.preset}_T{self.T}" + (f"_part{self.part}" if self.part else "")
+
+    def keys(self) -> list[str]:
+        from .scale import Configuration
+
+        return [Configuration(self.preset, self.T, r, b).key for r, b in self.pairs]
+
+
+def plan_jobs(configs, bytes_of: Callable[[str, int], float]) -> list[Job]:
+    """One job per (preset, T) of ``configs`` (scale.Configuration), largest memory first, then
+    largest T (the slowest compiles); ``bytes_of(preset, T)`` estimates a job's GPU memory."""
+    pairs: dict[tuple, list] = {}
+    for c in configs:
+        pairs.setdefault((c.preset, c.T), []).append((c.routing, c.backend))
+    jobs = [Job(p, T, tuple(v), float(bytes_of(p, T))) for (p, T), v in pairs.items()]
+    return sorted(jobs, key=lambda j: (-j.bytes, -j.T))
+
+
+@dataclass
+class _Running:
+    job: Job
+    proc: subprocess.Popen
+    status_path: Path
+    log: object
+    started: float
+    seen: int = 0  # status lines read so far
+    current: str | None = None  # the configuration started and not ended
+    current_since: float = 0.0
+    done: list = field(default_factory=list)
+
+
+def worker_argv(job_path: Path) -> list[str]:
+    return [sys.executable, "-m", "megamoe.warm", str(job_path)]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the job's process group (it was started in a session of its own) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs: int | None,
+             memory_bytes: float, deadline: float, config_timeout_s: float, log: Callable[[str], None] = print,
+             argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25) -> dict[str, str]:
+    """Run the jobs (module docstring) until all end or ``deadline`` (time.monotonic) passes;
+    returns {configuration key: status}, also written to ``folder/warm_status.json``."""
+    t0 = time.monotonic()
+    s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
+                   config_timeout_s, log, argv)
+    log(f"{len(jobs)} jobs ({len(s.status)} configurations) on up to {s.procs} processes and "
+        f"{memory_bytes / 1e9:.0f} GB of GPU memory")
+    try:
+        while s.queue or s.running:
+            now = time.monotonic()
+            s.watch(now, deadline)
+            if now > deadline:
+                if s.queue:
+                    log(f"deadline: {len(s.queue)} job(s) not started")
+                break
+            s.fill()
+            time.sleep(poll_s)
+    finally:  # an exception or a signal (SIGTERM) in the loop: no job process outlives it
+        for r in list(s.running.values()):
+            _kill(r.proc)
+            s.end(r, "killed: the compile-ahead ended")
+    counts: dict[str, int] = {}
+    for v in s.status.values():
+        kind = v.split(":")[0].split(" (")[0]  # "ok", "error", "crashed", "hung", "timeout", "not reached"
+        counts[kind] = counts.get(kind, 0) + 1
+    (s.folder / "warm_status.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
+                                                            "counts": counts, "status": s.status}, indent=1))
+    return s.status
+
+
+class _Scheduler:
+    """run_jobs' state: the queue, the running processes, each configuration's status."""
+
+    def __init__(self, jobs, folder: Path, layer_kind: str, seed: int, procs: int, memory_bytes: float,
+                 config_timeout_s: float, log, argv):
+        self.folder, self.layer_kind, self.seed, self.procs = folder, layer_kind, seed, procs
+        self.memory, self.timeout, self.log, self.argv = memory_bytes, config_timeout_s, log, argv
+        folder.mkdir(parents=True, exist_ok=True)
+        self.status = {k: "not reached" for j in jobs for k in j.keys()}
+        self.queue = list(jobs)
+        self.running: dict[str, _Running] = {}
+
+    def start(self, job: Job) -> None:
+        status_path = self.folder / f"{job.name}.status.jsonl"
+        status_path.write_text("")
+        job_path = self.folder / f"{job.name}.json"
+        job_path.write_text(json.dumps({"preset": job.preset, "T": job.T, "pairs": [list(p) for p in job.pairs],
+                                        "seed": self.seed, "layer": self.layer_kind, "status": str(status_path)}))
+        fh = (self.folder / f"{job.name}.log").open("w")
+        proc = subprocess.Popen(self.argv(job_path), stdout=fh, stderr=subprocess.STDOUT, cwd=os.getcwd(),
+                                start_new_session=True)
+        self.running[job.name] = _Running(job, proc, status_path, fh, time.monotonic())
+        self.log(f"start {job.name}: {len(job.pairs)} configurations, ~{job.bytes / 1e9:.0f} GB")
+
+    def fill(self) -> None:
+        """Start queued jobs, in order, while a core is free and the memory holds them (at least one)."""
+        while self.queue and len(self.running) < self.procs:
+            used = sum(r.job.bytes for r in self.running.values())
+            pick = next((j for j in self.queue if used + j.bytes <= self.memory), None)
+            if pick is None and not self.running:
+                pick = self.queue[0]  # one job alone even if the estimate says it does not fit
+            if pick is None:
+                return
+            self.queue.remove(pick)
+            self.start(pick)
+
+    def read(self, r: _Running) -> None:
+        lines = r.status_path.read_text().splitlines()
+        for line in lines[r.seen:]:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:  # a line being written: read it next time
+                break
+            r.seen += 1
+            key, what = ev.get("key"), ev.get("event")
+            if what == "start":
+                r.current, r.current_since = key, time.monotonic()
+            elif what in ("ok", "error") and key in self.status:
+                self.status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
+                r.done.append(key)
+                r.current = None
+
+    def watch(self, now: float, deadline: float) -> None:
+        """Each running job: done, crashed, hung (killed, the rest requeued) or past the deadline (killed)."""
+        for r in list(self.running.values()):
+            self.read(r)
+            rc = r.proc.poll()
+            if rc is not None:
+                self.read(r)
+                if r.current is not None:
+                    self.status[r.current] = f"crashed (exit {rc})"
+                self.end(r, f"exit {rc}")
+                if rc != 0:
+                    self.requeue(r)
+            elif r.current is not None and now - r.current_since > self.timeout:
+                _kill(r.proc)
+                self.status[r.current] = f"hung: no result after {self.timeout:.0f} s"
+                self.end(r, f"killed: {r.current} hung")
+                self.requeue(r)
+            elif now > deadline:
+                _kill(r.proc)
+                if r.current is not None:
+                    self.status[r.current] = "timeout: the compile-ahead's deadline came during it"
+                self.end(r, "killed at the deadline")
+
+    def end(self, r: _Running, why: str) -> None:
+        r.log.close()
+        del self.running[r.job.name]
+        ok = sum(self.status[k] == "ok" for k in r.job.keys())
+        self.log(f"end {r.job.name} ({why}): {ok}/{len(r.job.pairs)} ok in {time.monotonic() - r.started:.0f} s")
+
+    def requeue(self, r: _Running) -> None:
+        """The configurations a killed or failed process did not reach, in a new process (twice at most)."""
+        rest = tuple(p for p, k in zip(r.job.pairs, r.job.keys()) if self.status[k] == "not reached")
+        if rest and r.job.part < MAX_PARTS:
+            self.queue.insert(0, Job(r.job.preset, r.job.T, rest, r.job.bytes, r.job.part + 1))
+
+
+# --------------------------------------------------------------------------- the job's process
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it dies (a measuring process
+    killed by the driver's timeout leaves no compile job holding the GPU's memory)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one job file's configurations once each (``python -m megamoe.warm JOB.json``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
+    job = json.loads(Path(argv[0]).read_text())
+    status = Path(job["status"]).open("a")
+
+    def emit(**ev) -> None:
+        status.write(json.dumps(ev) + "\n")
+        status.flush()
+
+    from .scale import Configuration, make_layer
+
+    layer = make_layer(job["layer"])
+    T, seed = int(job["T"]), int(job["seed"])
+    cfg = layer.config(job["preset"])
+    w = None
+    inputs: dict = {}
+    for routing, backend in job["pairs"]:
+        key = Configuration(job["preset"], T, routing, backend).key
+        emit(key=key, event="start")
+        t = time.monotonic()
+        try:
+            if w is None:
+                w = layer.weights(cfg, seed)
+            if routing not in inputs:
+                xs, ws = layer.inputs(cfg, w, T, routing, seed, 1)
+                layer.routing(xs[0], ws, cfg)  # the measuring process routes first: the same kernels
+                inputs[routing] = (xs, ws)
+            xs, ws = inputs[routing]
+            layer.forward(xs[0], ws, cfg, backend)
+            layer.sync()
+            emit(key=key, event="ok", s=round(time.monotonic() - t, 2))
+        except Exception as exc:  # noqa: BLE001 - recorded; the measuring process tries again
+            emit(key=key, event="error", error=f"{type(exc).__name__}: {exc}"[:300], s=round(time.monotonic() - t, 2))
+            if not layer.alive():
+                print(f"warm: the CUDA context was lost at {key}; ending this job", file=sys.stderr, flush=True)
+                return 3
+    status.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a process by run_jobs
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The GPU run's machinery without a GPU: budget and watchdog, the compile-ahead scheduler (with a
+fake job process), the measuring loop on a fake layer (failures, lost context, budget, resume)
+and, under the interpreter, the real loop end to end. Nothing here times anything that matters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from megamoe.deadline import Budget, Watchdog
+from megamoe.scale import CONTEXT_LOST_EXIT, Configuration, configurations, run_scale
+from megamoe.warm import Job, plan_jobs, run_jobs
+
+
+# --------------------------------------------------------------------------- budget and watchdog
+def test_budget_counts_from_its_start():
+    now = [100.0]
+    b = Budget(10.0, clock=lambda: now[0])
+    now[0] = 104.0
+    assert b.elapsed() == 4.0 and b.left() == 6.0
+    assert b.allows(5.0) and not b.allows(5.0, reserve_s=2.0)
+    assert Budget(None).left() == float("inf")
+    with pytest.raises(ValueError, match="positive"):
+        Budget(0)
+
+
+def test_watchdog_fires_once_past_the_deadline_and_not_when_disarmed():
+    fired, exits = [], []
+    wd = Watchdog(fired.append, exit=exits.append, poll_s=0.01)
+    wd.arm(5.0, "slow")
+    wd.disarm()  # disarmed in time: nothing happens
+    wd.arm(0.05, "stuck step")
+    for _ in range(200):
+        if exits:
+            break
+        time.sleep(0.01)
+    wd.close()
+    assert fired == ["stuck step"] and exits == [4]
+
+
+# --------------------------------------------------------------------------- configurations and jobs
+def test_configurations_are_t_major():
+    cs = configurations(["a", "b"], [1, 8], ["uniform", "zipf"], ["multi", "megakernel"])
+    assert len(cs) == 16 and [c.T for c in cs[:8]] == [1] * 8  # every preset at T = 1 first
+    assert cs[0].key == "a/T=1/uniform/multi" and cs[4].preset == "b"
+
+
+def test_jobs_group_by_preset_and_t_largest_first():
+    cs = configurations(["small", "big"], [1, 64], ["uniform"], ["multi", "megakernel"])
+    jobs = plan_jobs(cs, lambda p, T: (100.0 if p == "big" else 1.0) + T)
+    assert [(j.preset, j.T) for j in jobs] == [("big", 64), ("big", 1), ("small", 64), ("small", 1)]
+    assert jobs[0].pairs == (("uniform", "multi"), ("uniform", "megakernel"))
+
+
+# A job process that does what each configuration's routing name says.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    job = json.load(open(sys.argv[1]))
+    st = open(job["status"], "a")
+    def emit(**e):
+        st.write(json.dumps(e) + "\\n"); st.flush()
+    for routing, backend in job["pairs"]:
+        key = f"{job['preset']}/T={job['T']}/{routing}/{backend}"
+        emit(key=key, event="start")
+        if routing == "crash":
+            os._exit(9)
+        if routing == "hang":
+            time.sleep(60)
+        if routing == "err":
+            emit(key=key, event="error", error="ValueError: no")
+        else:
+            emit(key=key, event="ok")
+""")
+
+
+def test_warm_scheduler_names_every_outcome(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAKE_WORKER)
+    jobs = [Job("p", 1, (("ok", "m"), ("err", "m"), ("crash", "m"), ("after", "m")), 10.0),
+            Job("q", 1, (("ok", "m"), ("hang", "m"), ("ok2", "m")), 10.0),
+            Job("huge", 1, (("ok", "m"),), 1e6)]  # more than the memory: runs alone
+    logs = []
+    st = run_jobs(jobs, folder=tmp_path / "warm", layer_kind="fake", seed=0, procs=2, memory_bytes=100.0,
+                  deadline=time.monotonic() + 30, config_timeout_s=1.0, log=logs.append,
+                  argv=lambda p: [sys.executable, str(worker), str(p)], poll_s=0.02)
+    assert st["p/T=1/ok/m"] == "ok" and st["p/T=1/err/m"].startswith("error: ValueError")
+    assert st["p/T=1/crash/m"] == "crashed (exit 9)"
+    assert st["p/T=1/after/m"] == "ok"  # the rest of a crashed process's job ran in a new one
+    assert st["q/T=1/hang/m"].startswith("hung") and st["q/T=1/ok2/m"] == "ok"
+    assert st["huge/T=1/ok/m"] == "ok"
+    saved = json.loads((tmp_path / "warm" / "warm_status.json").read_text())
+    assert saved["status"] == st and saved["counts"]["ok"] == 5
+    assert any("part1" in line for line in logs)
+
+
+def test_warm_scheduler_stops_at_its_deadline(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAKE_WORKER)
+    jobs = [Job("p", 1, (("hang", "m"),), 1.0), Job("q", 1, (("ok", "m"),), 1.0)]
+    t = time.monotonic()
+    st = run_jobs(jobs, folder=tmp_path / "w", layer_kind="fake", seed=0, procs=1, memory_bytes=10.0,
+                  deadline=t + 1.0, config_timeout_s=60.0, log=lambda s: None,
+                  argv=lambda p: [sys.executable, str(worker), str(p)], poll_s=0.02)
+    assert time.monotonic() - t < 15
+    assert st["p/T=1/hang/m"].startswith("timeout") and st["q/T=1/ok/m"] == "not reached"
+
+
+# --------------------------------------------------------------------------- the loop on a fake layer
+class FakeLayer:
+    """The layer interface with NumPy stand-ins: full-size preset configs (the predictions are
+    real), routing drawn by the reference's router, a time per call, chosen failures."""
+
+    kind = "fake"
+
+    def __init__(self, fail=(), lose_context_at=None, seconds=0.0):
+        self.fail, self.lose_at, self.seconds = set(fail), lose_context_at, seconds
+        self.lost = False
+        self.calls = []
+
+    def config(self, preset):
+        from megamoe.reference import MoEConfig
+
+        return MoEConfig.preset(preset)
+
+    def weights(self, cfg, seed):
+        return {"seed": seed}
+
+    def provenance(self):
+        return {"gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "c", "date": "d", "num_sms": 132}
+
+    def inputs(self, cfg, w, T, routing, seed, n):
+        return [np.full(3, float(T))] * n, {"routing": routing}
+
+    def routing(self, x, ws, cfg):
+        from megamoe.reference import select_experts
+        from megamoe.scale import routing_bias
+
+        T = int(x[0])
+        logits = np.random.default_rng(T).standard_normal((T, cfg.num_experts)) + routing_bias(cfg, ws["routing"])
+        return select_experts(logits, cfg)[0].astype(np.int32)
+
+    def forward(self, x, ws, cfg, backend):
+        return x + (1e-3 if backend == "megakernel" else 0.0)
+
+    def time_us(self, cfg, ws, xs, backend, reps):
+        key = Configuration(cfg.name, int(xs[0][0]), ws["routing"], backend).key
+        self.calls.append(key)
+        time.sleep(self.seconds)
+        if key == self.lose_at:
+            self.lost = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if key in self.fail:
+            raise ValueError("boom")
+        return 100.0 + int(xs[0][0])
+
+    def rel_diff(self, y, ref):
+        return float(np.abs(y - ref).max())
+
+    def sync(self):
+        pass
+
+    def alive(self):
+        return not self.lost
+
+    def free(self):
+        pass
+
+    def free_memory(self):
+        return 1e12
+
+    def weight_bytes(self, cfg):
+        return 1.0
+
+    def job_bytes(self, cfg, T):
+        return 1.0
+
+
+def _args(out, **kw):
+    a = dict(models="qwen3-30b-a3b,mixtral-8x7b", tokens="1,8", routings="uniform,concentrated",
+             backends="multi,megakernel", profile=None, system="h200", compare_profiles="h200,gb200-nvl72", reps=3,
+             budget=None, warm=False, warm_procs=None, config_timeout=60.0, resume=False, seed=0, out=str(out))
+    a.update(kw)
+    return argparse.Namespace(**a)
+
+
+def _rows(out):
+    return [json.loads(line) for p in sorted(out.glob("validation_*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def test_each_configuration_is_predicted_then_measured_and_a_failure_is_a_row(tmp_path, capsys):
+    out = tmp_path / "v"
+    bad = "mixtral-8x7b/T=8/concentrated/megakernel"
+    assert run_scale(_args(out), layer=FakeLayer(fail=[bad])) == 0
+    rows = _rows(out)
+    assert len(rows) == 2 * 16  # a prediction row, then a measurement or failure row, per configuration
+    for pred, meas in zip(rows[::2], rows[1::2]):
+        assert pred["phase"] == "prediction" and "measured_us" not in pred
+        assert meas["predicted_us"] == pred["predicted_us"]
+    failed = [r for r in rows if r["phase"] == "failed"]
+    assert [Configuration(r["preset"], r["T"], r["routing"], r["backend"]).key for r in failed] == [bad]
+    assert failed[0]["failure"] == "ValueError: boom" and "predicted_us" in failed[0]
+    m = [r for r in rows if r["phase"] == "measurement"]
+    assert len(m) == 15 and all(set(r["predictions"]) == {"h200", "gb200-nvl72"} for r in m)
+    assert all(r["predictions"]["h200"]["predicted_us"] == r["predicted_us"] for r in m)  # h200 is the primary here
+    assert all(r["rel_diff_vs_multi"] == pytest.approx(1e-3) for r in m if r["backend"] == "megakernel")
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["configurations"] == 15 and rep["failed"][0]["failure"] == "ValueError: boom"
+    assert set(rep["by_profile"]) == {"h200", "gb200-nvl72"} and rep["run"]["measured"] == 15
+    assert "## Failed" in (out / "report.md").read_text()
+    assert "15 measured, 1 failed, 0 not reached of 16" in capsys.readouterr().out
+
+
+def test_a_lost_context_ends_the_run_and_resume_goes_on(tmp_path):
+    out = tmp_path / "v"
+    lost = "mixtral-8x7b/T=1/uniform/megakernel"
+    assert run_scale(_args(out), layer=FakeLayer(lose_context_at=lost)) == CONTEXT_LOST_EXIT
+    rows = _rows(out)
+    assert rows[-1]["phase"] == "failed" and "illegal memory access" in rows[-1]["failure"]
+    done = {Configuration(r["preset"], r["T"], r["routing"], r["backend"]).key for r in rows if r["phase"] != "prediction"}
+    assert len(done) == 6  # qwen3 at T=1 (4), then mixtral uniform multi, then the lost one
+    # a run killed during a configuration leaves its prediction alone: resume records it as failed
+    hung = {**rows[0], "preset": "mixtral-8x7b", "routing": "concentrated", "backend": "multi", "phase": "prediction"}
+    with (out / "validation_2000-01-01.jsonl").open("w") as f:
+        f.write(json.dumps(hung) + "\n" + '{"preset": "cut sho')  # and a line cut short
+    layer = FakeLayer()
+    assert run_scale(_args(out, resume=True), layer=layer) == 0
+    assert "mixtral-8x7b/T=1/concentrated/multi" not in layer.calls and len(layer.calls) == 16 - 6 - 1
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["configurations"] == 14 and len(rep["failed"]) == 2
+    assert any("interrupted" in f["failure"] for f in rep["failed"])
+
+
+def test_the_budget_stops_new_configurations_and_the_report_is_still_written(tmp_path, capsys):
+    out = tmp_path / "v"
+    layer = FakeLayer(seconds=0.3)
+    assert run_scale(_args(out, budget=19.0), layer=layer) == 0  # 15 of them kept for the report
+    rows = _rows(out)
+    measured = [r for r in rows if r["phase"] == "measurement"]
+    assert 1 <= len(measured) < 16
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["run"]["stop_reason"].startswith("budget") and len(rep["run"]["not_reached"]) == 16 - len(measured)
+    assert rep["configurations"] == len(measured)
+    assert "not reached" in capsys.readouterr().out
+
+
+def test_a_crash_in_the_compile_ahead_is_not_measured(tmp_path, monkeypatch):
+    import megamoe.warm as warm
+
+    crashed = "qwen3-30b-a3b/T=1/uniform/megakernel"
+    monkeypatch.setattr(warm, "run_jobs", lambda jobs, **kw: {"qwen3-30b-a3b/T=1/uniform/multi": "ok",
+                                                              crashed: "crashed (exit -11)"})
+    out = tmp_path / "v"
+    layer = FakeLayer()
+    assert run_scale(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", warm=True), layer=layer) == 0
+    assert layer.calls == ["qwen3-30b-a3b/T=1/uniform/multi"]
+    last = _rows(out)[-1]
+    assert last["phase"] == "failed" and "crashed (exit -11)" in last["failure"]
+
+
+# --------------------------------------------------------------------------- the real loop, interpreted
+@pytest.mark.interpret
+@pytest.mark.slow
+def test_scale_run_under_the_interpreter_end_to_end(tmp_path):
+    """``--scale`` on the CPU: compile-ahead processes, the kernels' routing, both backends, the
+    report. The interpreter's times mean nothing; the machinery is what is checked."""
+    pytest.importorskip("triton")
+    from megamoe.cli import main
+
+    out = tmp_path / "v"
+    rc = main(["validate", "--scale", "--models", "mixtral-8x7b", "--tokens", "3", "--routings", "uniform,concentrated",
+               "--out", str(out), "--budget", "300", "--warm-procs", "2"])
+    assert rc == 0
+    rows = [r for r in _rows(out) if r["phase"] == "measurement"]
+    assert len(rows) == 4
+    conc = [r for r in rows if r["routing"] == "concentrated"]
+    assert all(r["experts_touched"] == 2 for r in conc)  # the steered router: every token on experts 0..K-1
+    assert all(r["rel_diff_vs_multi"] < 1e-5 for r in rows if r["backend"] == "megakernel")  # float32
+    status = json.loads((out / "warm" / "warm_status.json").read_text())["status"]
+    assert set(status.values()) == {"ok"} and len(status) == 4
+    assert (out / "scatter.png").stat().st_size > 1000
+
+
+def test_the_watchdog_records_a_hung_configuration_and_writes_the_report(tmp_path, monkeypatch):
+    import functools
+
+    from megamoe import scale
+
+    exits = []
+    monkeypatch.setattr(scale, "Watchdog", functools.partial(Watchdog, exit=exits.append, poll_s=0.01))
+    out = tmp_path / "v"
+    layer = FakeLayer(seconds=0.5)  # every call "hangs" past the 0.2 s timeout; the fake exit lets it go on
+    run_scale(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", config_timeout=0.2), layer=layer)
+    assert exits and exits[0] == 4
+    rows = _rows(out)
+    assert rows[1]["phase"] == "failed" and "watchdog ended the run" in rows[1]["failure"]
+    assert (out / "report.json").exists()
