@@ -4,10 +4,13 @@ Shape legend: P programs, S SMs, R rounds, N rows, H row width, BM/BN/BK tile si
 
 Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices:
 
-    _stream_read_kernel   P programs each read ``n_iters`` x BLOCK contiguous values (HBM read rate
-                          against bytes per program and programs in flight; L2 rate on a small buffer)
+    _stream_read_kernel   P programs each read ``n_iters`` x BLOCK contiguous values (plain loads;
+                          the L2 rate on a small buffer)
+    _stream_tile_kernel   P programs each stream their own weight rows through the GEMM tiles'
+                          pipelined load + dot loop (HBM read rate against bytes per program and
+                          programs in flight, as the decode GEMMs read weights)
     _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
-                          operands (tensor rate per SM by tile shape)
+                          operands spread over Q copies (tensor rate per SM by tile shape)
     _empty_kernel         nothing (launch gap and graph cost inside a CUDA graph)
     _handoff_kernel       a token passes from program to program through one global int32 counter
                           (release add; acquire spin), R handoffs in all (flag handoff latency)
@@ -43,13 +46,37 @@ def _stream_read_kernel(x_ptr, out_ptr, n_iters, offset, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-@triton.jit(do_not_specialize=["depth"])
-def _mma_kernel(a_ptr, b_ptr, c_ptr, depth, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """c[pid] = a (BM, depth) @ b (depth, BN): every program reads the same operands (L2-resident)."""
+@triton.jit(do_not_specialize=["k_tiles"])
+def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program p streams its own BLOCK_N weight rows of k_tiles x BLOCK_K values (K-contiguous, as
+    the experts' weights) through the GEMM tiles' load + dot loop against a small L1-resident A:
+    the HBM read rate of weight streaming as the decode GEMMs do it (pipelined by num_stages)."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    kd = k_tiles * BLOCK_K
+    w = w_ptr + pid.to(tl.int64) * BLOCK_N * kd + offs_n[None, :].to(tl.int64) * kd + offs_k[:, None]
+    a = tl.load(a_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(k_tiles):
+        acc = tl.dot(a, tl.load(w + kt * BLOCK_K), acc)
+    tl.store(out_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["depth", "pairs"])
+def _mma_kernel(a_ptr, b_ptr, c_ptr, depth, pairs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """c[pid] = a[q] (BM, depth) @ b[q] (depth, BN), q = pid mod pairs: L2-resident operands, spread
+    over ``pairs`` copies so that the programs do not all read the same lines."""
+    pid = tl.program_id(0)
+    q = (pid % pairs).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptr += q * BLOCK_M * depth
+    b_ptr += q * BLOCK_N * depth
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, depth, BLOCK_K):
         a = tl.load(a_ptr + offs_m[:, None] * depth + (k0 + offs_k)[None, :])
@@ -169,20 +196,45 @@ def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block
     return out
 
 
+def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block_n: int = 64, block_k: int = 128,
+                block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False) -> torch.Tensor:
+    """Each of ``programs`` programs streams ``bytes_per_program`` of w (bf16, flat) as block_n
+    K-contiguous rows through load + dot (``_stream_tile_kernel``) -> (programs, BM, BN) fp32."""
+    tile = block_n * block_k * w.element_size()
+    k_tiles = bytes_per_program // tile
+    if k_tiles < 1 or k_tiles * tile != bytes_per_program:
+        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
+                         f"(block_n x block_k x {w.element_size()} bytes)")
+    if programs * bytes_per_program > w.numel() * w.element_size():
+        raise ValueError("stream_tile reads past the end of w")
+    a = torch.ones((block_m, block_k), device=w.device, dtype=w.dtype)
+    out = torch.empty((programs, block_m, block_n), device=w.device, dtype=torch.float32)
+    _stream_tile_kernel[(programs,)](w, a, out, k_tiles, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                     num_warps=num_warps, num_stages=num_stages)
+    if check:
+        kd = k_tiles * block_k
+        rows = w.reshape(-1)[:programs * block_n * kd].view(programs, block_n, kd).float().sum(dim=2)
+        _check(torch.allclose(out, rows[:, None, :].expand_as(out), rtol=1e-3, atol=1e-2), "stream_tile")
+    return out
+
+
 def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_warps: int = 4, num_stages: int = 3,
         check: bool = False, out: torch.Tensor | None = None):
-    """``programs`` programs each compute a (BM, depth) @ b (depth, BN) -> (programs, BM, BN); returns
-    (out, compiled kernel) so the caller can read registers and shared memory."""
-    BM, depth = a.shape
-    BN = b.shape[1]
+    """``programs`` programs each compute a[q] (BM, depth) @ b[q] (depth, BN), q = program mod Q, for
+    a (Q, BM, depth) and b (Q, depth, BN) (or 2-D: Q = 1) -> ((programs, BM, BN), compiled kernel)
+    so the caller can read registers and shared memory."""
+    a3, b3 = (a[None], b[None]) if a.dim() == 2 else (a, b)
+    pairs, BM, depth = a3.shape
+    BN = b3.shape[2]
     if depth % block_k:
         raise ValueError(f"depth={depth} must be a multiple of block_k={block_k}")
     c = out if out is not None else torch.empty((programs, BM, BN), device=a.device, dtype=a.dtype)
-    k = _mma_kernel[(programs,)](a, b, c, depth, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=block_k, num_warps=num_warps,
-                                 num_stages=num_stages)
+    k = _mma_kernel[(programs,)](a3.contiguous(), b3.contiguous(), c, depth, pairs, BLOCK_M=BM, BLOCK_N=BN,
+                                 BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     if check:
-        want = (a.float() @ b.float()).to(a.dtype)
-        _check(all(torch.allclose(c[p].float(), want.float(), rtol=2e-2, atol=2e-2) for p in range(programs)), "mma")
+        want = (a3.float() @ b3.float()).to(a.dtype)
+        _check(all(torch.allclose(c[p].float(), want[p % pairs].float(), rtol=2e-2, atol=2e-2)
+                   for p in range(programs)), "mma")
     return c, k
 
 

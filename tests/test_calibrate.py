@@ -21,6 +21,11 @@ def test_microbench_kernels_compute_what_they_claim():
     mb.stream_read(x, 4, 512, block=128, offset=0, check=True)  # 4 programs x 1 KiB-ish each
     mb.stream_read(x, 2, 256, block=128, offset=512, check=True)  # an offset start
     mb.mma(torch.randn(16, 64), torch.randn(64, 32), 3, block_k=32, check=True)
+    mb.mma(torch.randn(2, 16, 64), torch.randn(2, 64, 32), 3, block_k=32, check=True)  # programs over 2 copies
+    w = torch.randn(4 * 16 * 32)
+    mb.stream_tile(w, 3, 16 * 32 * 4, block_n=16, block_k=16, block_m=16, num_stages=1, check=True)  # 2 K tiles
+    with pytest.raises(ValueError, match="positive multiple"):
+        mb.stream_tile(w, 1, 1000, block_n=16, block_k=16)
     mb.empty(x)
     mb.handoff(7, 1, "cpu", check=True)  # the interpreter runs programs one by one: one program
     mb.barrier(5, 1, "cpu", check=True)
