@@ -1,9 +1,11 @@
 """Write backend="auto"'s table from measured rows: per shape and T bucket, the faster backend.
 
-    python benchmarks/pick_backend.py benchmarks/results/megakernel_2026-12-01_run3.jsonl [--margin 0.03]
+    python benchmarks/pick_backend.py ROWS.jsonl [ROWS.jsonl ...] [--margin 0.03]
 
-Reads bench_megakernel.py rows (uniform routing only: the table is keyed by shape and T bucket,
-not by routing), and for each (shape, bucket) with both backends timed in the same run writes
+Reads bench_megakernel.py rows and ``megamoe validate`` rows (phase "measurement", one per
+backend; paired by preset, T and routing), uniform routing only (the table is keyed by shape and
+T bucket, not by routing); a later file's row replaces an earlier one's for the same (shape,
+bucket). For each (shape, bucket) with both backends timed in the same run it writes
 "megakernel" where it was faster by more than ``margin`` (default 3%, about the run-to-run spread
 of a CUDA-graph median here) and "multi" otherwise, into the tuned-config file of the rows' GPU,
 dtype bf16 and Triton version (its "backend" table; kernels/configs.py select_backend reads it).
@@ -17,12 +19,26 @@ import sys
 from pathlib import Path
 
 
+def paired(rows: list[dict]) -> list[dict]:
+    """bench_megakernel rows as they are; validate rows paired into {preset, T, routing,
+    megakernel_us, multi_us} (their measurement rows, by preset, T and routing)."""
+    out, pairs = [], {}
+    for r in rows:
+        if "megakernel_us" in r or "multi_us" in r:
+            out.append(r)
+        elif r.get("phase") == "measurement" and r.get("backend") in ("megakernel", "multi"):
+            key = (r["preset"], r["T"], r.get("routing", "uniform"))
+            d = pairs.setdefault(key, {"preset": key[0], "T": key[1], "routing": key[2]})
+            d[f"{r['backend']}_us"] = r["measured_us"]
+    return out + list(pairs.values())
+
+
 def pick(rows: list[dict], margin: float) -> dict:
     from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
 
     table: dict = {}
-    for r in rows:
+    for r in paired(rows):
         if r.get("routing", "uniform") != "uniform" or "megakernel_us" not in r or "multi_us" not in r:
             continue
         c = kb.bench_config(r["preset"])
@@ -36,12 +52,12 @@ def main(argv=None) -> int:
     from megamoe.kernels import configs as cfgs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("rows")
+    p.add_argument("rows", nargs="+")
     p.add_argument("--margin", type=float, default=0.03)
     a = p.parse_args(argv)
-    rows = [json.loads(line) for line in Path(a.rows).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for f in a.rows for line in Path(f).read_text().splitlines() if line.strip()]
     if not rows:
-        print(f"{a.rows}: no rows", file=sys.stderr)
+        print(f"{' '.join(a.rows)}: no rows", file=sys.stderr)
         return 2
     path = cfgs.config_path(rows[0]["gpu"], "bfloat16", rows[0]["triton"])
     data = json.loads(path.read_text())

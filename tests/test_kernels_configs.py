@@ -66,11 +66,19 @@ def test_auto_backend_reads_the_measured_table(tmp_path, monkeypatch):
     benchmarks/pick_backend.py), nearest bucket where a T is not in it; elsewhere the multi-launch path."""
     from megamoe.kernels import configs as cfgs
 
-    kw = dict(gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
-    assert cfgs.select_backend(256, 7168, 2048, 8, 1, **kw) == "megakernel"   # DeepSeek-V3 routed, T = 1
-    assert cfgs.select_backend(256, 7168, 2048, 8, 4096, **kw) == "multi"     # nearest bucket 512
-    assert cfgs.select_backend(128, 2048, 768, 8, 1, **kw) == "multi"
     assert cfgs.select_backend(7, 40, 36, 3, 1, gpu="cpu-interpreter", dtype="float32", triton_version="x") == "multi"
+    table = tmp_path / "table.json"
+    table.write_text('{"gpu": "g", "dtype": "bfloat16", "triton": "t", "configs": {}, '
+                     '"backend": {"E256_H7168_I2048_K8": {"1": "megakernel", "512": "multi"}}}')
+    monkeypatch.setattr(cfgs, "config_path", lambda *a: table)
+    cfgs._backends.cache_clear()
+    kw = dict(gpu="g", dtype="bfloat16", triton_version="t")
+    try:
+        assert cfgs.select_backend(256, 7168, 2048, 8, 1, **kw) == "megakernel"
+        assert cfgs.select_backend(256, 7168, 2048, 8, 4096, **kw) == "multi"     # nearest bucket 512
+        assert cfgs.select_backend(128, 2048, 768, 8, 1, **kw) == "multi"         # shape not in the table
+    finally:
+        cfgs._backends.cache_clear()
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpu": "g", "dtype": "bfloat16", "triton": "t", "configs": {}, "backend": {"E1_H1_I1_K1": {"1": "fast"}}}')
     monkeypatch.setattr(cfgs, "config_path", lambda *a: bad)

@@ -242,7 +242,8 @@ def test_moe_experts_with_a_tuned_variant(rng, device, monkeypatch):
 
 def test_variant_configs_are_checked():
     """A variant the kernels lack, or split-K with the persistent variant, fail loudly; the shipped
-    tables keep the pointer path (the default until the H200 measures the variant)."""
+    table names the persistent variant only where bench_prefill measured it faster (prefill
+    buckets, benchmarks/adopt_prefill.py) and keeps the pointer path at decode."""
     from megamoe.kernels import configs as cfgs
 
     good = cfgs.tma_config("gemm1", 128)
@@ -256,7 +257,9 @@ def test_variant_configs_are_checked():
     for E, H, I, K in ((8, 4096, 14336, 2), (128, 2048, 768, 8), (256, 7168, 2048, 8)):
         for T in cfgs.T_BUCKETS:
             e = cfgs.select_config(E, H, I, K, T, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
-            assert e["gemm1"]["variant"] == e["gemm2"]["variant"] == "pointer"
+            assert {e["gemm1"]["variant"], e["gemm2"]["variant"]} <= {"pointer", "tma_persistent"}
+            if T <= 64:
+                assert e["gemm1"]["variant"] == e["gemm2"]["variant"] == "pointer"
     # both GEMMs of every candidate fit Hopper's shared memory with their stages (bf16)
     for bm in (64, 128, 256):
         for gemm, b_tiles in (("gemm1", 2), ("gemm2", 1)):
