@@ -10,7 +10,9 @@ Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices
                           pipelined load + dot loop (HBM read rate against bytes per program and
                           programs in flight, as the decode GEMMs read weights)
     _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
-                          operands spread over Q copies (tensor rate per SM by tile shape)
+                          operands spread over Q copies (tensor rate with the operand loads)
+    _mma_resident_kernel  P programs multiply one on-chip BM x BK by BK x BN pair ``steps`` times
+                          (the tensor cores' rate by tile shape, no memory traffic)
     _empty_kernel         nothing (launch gap and graph cost inside a CUDA graph)
     _handoff_kernel       a token passes from program to program through one global int32 counter
                           (release add; acquire spin), R handoffs in all (flag handoff latency)
@@ -63,6 +65,24 @@ def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles,
     for kt in range(k_tiles):
         acc = tl.dot(a, tl.load(w + kt * BLOCK_K), acc)
     tl.store(out_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _mma_resident_kernel(a_ptr, b_ptr, c_ptr, steps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """c[pid] = steps x (a (BM, BK) @ b (BK, BN)): the operands are loaded once and the loop only
+    multiplies, so the time is the tensor cores' (no L2 or HBM traffic in the loop)."""
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :])
+    b = tl.load(b_ptr + offs_k[:, None] * BLOCK_N + offs_n[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(steps):
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :],
+             acc.to(c_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["depth", "pairs"])
@@ -235,6 +255,21 @@ def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_wa
         want = (a3.float() @ b3.float()).to(a.dtype)
         _check(all(torch.allclose(c[p].float(), want[p % pairs].float(), rtol=2e-2, atol=2e-2)
                    for p in range(programs)), "mma")
+    return c, k
+
+
+def mma_resident(a: torch.Tensor, b: torch.Tensor, programs: int, steps: int, *, num_warps: int = 4,
+                 check: bool = False, out: torch.Tensor | None = None):
+    """``programs`` programs each add a (BM, BK) @ b (BK, BN) ``steps`` times, operands held
+    on chip -> ((programs, BM, BN), compiled kernel): the tensor rate of the tile shape alone."""
+    BM, BK = a.shape
+    BN = b.shape[1]
+    c = out if out is not None else torch.empty((programs, BM, BN), device=a.device, dtype=a.dtype)
+    k = _mma_resident_kernel[(programs,)](a, b, c, steps, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=num_warps)
+    if check:
+        want = (steps * (a.float() @ b.float())).to(a.dtype)
+        _check(all(torch.allclose(c[p].float(), want.float(), rtol=2e-2, atol=2e-2) for p in range(programs)),
+               "mma_resident")
     return c, k
 
 

@@ -185,6 +185,9 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     stages = (4,) if quick else (3, 4)
     block = 1024  # bf16 values per load: 2 KiB
     x = torch.ones(max(progs) * max(sizes) // 2, device="cuda", dtype=torch.bfloat16)
+    # a single launch timed between events carries its own overhead (run G: 5.8 us for one
+    # program reading 16 KiB): measured on an empty kernel the same way and taken off each point
+    t_empty = flushed_seconds(lambda: mb.empty(x), reps=reps)
     pts, best = [], []
     for P in progs:
         for b in sizes:
@@ -195,13 +198,13 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
                 ts[f"tile_s{st}"] = flushed_seconds(lambda P=P, b=b, st=st: mb.stream_tile(x, P, b, num_stages=st),
                                                     reps=reps)
             name = min(ts, key=ts.get)
-            t = max(ts[name], 1e-7)
+            t = max(ts[name] - t_empty, 0.5 * ts[name], 1e-7)
             pts.append([P, b, P * b / t])
             best.append({"programs": P, "bytes": b, "best": name, **{k: P * b / v for k, v in ts.items()}})
     # L2: 8S programs re-reading the same 16 MiB
     P, elems = 8 * S, (16 << 20) // (8 * S) // 2 // block * block
     t = max(graph_seconds(lambda i: mb.stream_read(x, P, elems, block=block, offset=0), inner=8, reps=reps) - gap_s, 1e-7)
-    return {"points": pts, "readers": best, "l2_bytes_per_s": P * elems * 2 / t}
+    return {"points": pts, "readers": best, "launch_overhead_s": t_empty, "l2_bytes_per_s": P * elems * 2 / t}
 
 
 MMA_SHAPES = ((16, 64, 4, 128), (16, 128, 4, 128), (32, 64, 4, 128), (64, 64, 4, 64), (64, 128, 4, 64),
@@ -224,9 +227,10 @@ def _occupancy(kernel, warps: int) -> int | None:
 
 
 def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Tensor rate per SM by tile shape and depth: P = 8S programs over Q = 16 L2-resident operand
-    copies (one shared copy made every program read the same lines: H200 run F measured 275 TFLOP/s
-    at 128x128 where the MoE GEMM 1 runs at 557), the best of 3 and 4 pipeline stages."""
+    """Tensor rate per SM by tile shape and depth: the best of the operands held on chip
+    (``mma_resident``: the tensor cores alone) and P = 8S programs over Q = 16 L2-resident operand
+    copies at 3 and 4 pipeline stages. (Runs F and G, H200: the L2-fed kernel alone reached
+    243-275 TFLOP/s at 128x128, where the MoE GEMM 1 runs at 557: it measured L2, not MMA.)"""
     import torch
 
     from megamoe.kernels import microbench as mb
@@ -241,6 +245,13 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
             a = torch.randn((Q, bm, d), device="cuda", dtype=torch.bfloat16)
             b = torch.randn((Q, d, bn), device="cuda", dtype=torch.bfloat16)
             rate = 0.0
+            # the tensor cores alone (operands on chip), at the same depth
+            ar, br = a[0, :, :bk].contiguous(), b[0, :bk, :].contiguous()
+            _, k = mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c)
+            t = max(graph_seconds(lambda i, ar=ar, br=br, w=w, c=c, d=d, bk=bk:
+                                  mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c), inner=4, reps=reps) - gap_s,
+                    1e-7)
+            rate = max(rate, P * 2.0 * bm * bn * d / t / S)
             for st in ((3,) if quick else (3, 4)):
                 _, k = mb.mma(a, b, P, block_k=bk, num_warps=w, num_stages=st, out=c)
                 t = max(graph_seconds(lambda i, a=a, b=b, bk=bk, w=w, c=c, st=st:

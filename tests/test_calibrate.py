@@ -22,6 +22,7 @@ def test_microbench_kernels_compute_what_they_claim():
     mb.stream_read(x, 2, 256, block=128, offset=512, check=True)  # an offset start
     mb.mma(torch.randn(16, 64), torch.randn(64, 32), 3, block_k=32, check=True)
     mb.mma(torch.randn(2, 16, 64), torch.randn(2, 64, 32), 3, block_k=32, check=True)  # programs over 2 copies
+    mb.mma_resident(torch.randn(16, 32), torch.randn(32, 16), 2, 3, check=True)  # 3 steps on chip
     w = torch.randn(4 * 16 * 32)
     mb.stream_tile(w, 3, 16 * 32 * 4, block_n=16, block_k=16, block_m=16, num_stages=1, check=True)  # 2 K tiles
     with pytest.raises(ValueError, match="positive multiple"):
