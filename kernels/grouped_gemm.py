@@ -342,6 +342,18 @@ def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.conste
 
 
 @triton.jit
+def _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile t of a persistent GEMM's queue: (row block, N tile, expert) in grouped order; expert 0
+    when DENSE."""
+    pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
+    if DENSE:
+        e = t * 0
+    else:
+        e = tl.load(block_expert_ptr + pid_m)
+    return pid_m, pid_n, e
+
+
+@triton.jit
 def _gemm1_tma_tile(
     x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
@@ -387,11 +399,7 @@ def _gemm1_tma_kernel(
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
-        if DENSE:
-            e = t * 0
-        else:
-            e = tl.load(block_expert_ptr + pid_m)
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                         pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
                         ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -436,11 +444,7 @@ def _gemm2_tma_kernel(
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
-        if DENSE:
-            e = t * 0
-        else:
-            e = tl.load(block_expert_ptr + pid_m)
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                         pid_m, pid_n, e, T, N, KD, stride_be, stride_ot, K, KS,
                         HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)

@@ -82,6 +82,12 @@ def graph_seconds(fn, *, inner: int = 4, reps: int = 5) -> float:
 
 def event_seconds(fn, *, reps: int = 5) -> float:
     """Median seconds of fn() between CUDA events (for single long launches that reset themselves)."""
+    return _event_median(fn, reps)
+
+
+def _event_median(fn, reps: int, before=None) -> float:
+    """Median seconds of fn() between two CUDA events over ``reps`` runs after one warm-up;
+    ``before()`` (if given) is queued ahead of each start event."""
     import torch
 
     fn()
@@ -89,6 +95,8 @@ def event_seconds(fn, *, reps: int = 5) -> float:
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(reps):
+        if before is not None:
+            before()
         st.record()
         fn()
         en.record()
@@ -109,20 +117,13 @@ def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float
 
     scratch = torch.empty(flush_bytes // 4, device="cuda", dtype=torch.int32)
     sleep = getattr(torch.cuda, "_sleep", None)
-    fn()
-    torch.cuda.synchronize()
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(reps):
+
+    def flush():
         if sleep is not None:
             sleep(2_000_000)
         scratch.zero_()
-        st.record()
-        fn()
-        en.record()
-        en.synchronize()
-        ts.append(st.elapsed_time(en) * 1e-3)
-    return statistics.median(ts)
+
+    return _event_median(fn, reps, flush)
 
 
 def _slope(xs, ts) -> tuple[float, float]:
