@@ -116,3 +116,33 @@ def test_symmetric_variant_is_a_clear_stub():
 
     with pytest.raises(NotImplementedError, match="symmetric memory"):
         ep_moe_experts_symmetric()
+
+
+def _worker_kernels(rank: int, R: int, out_dir: str) -> None:
+    """The contiguous scenario with the single-GPU kernels (moe_experts) as the local expert path."""
+    from megamoe.ep import ep_layer, placement_arrays
+    from megamoe.kernels.ep import shard_weights
+    from megamoe.reference import MoEWeights
+
+    w, xs, placement = _inputs("contiguous", R)
+    wt = MoEWeights(**{k: None if v is None else torch.from_numpy(v).float() for k, v in vars(w).items()})
+    shard = shard_weights(w, CFG, *placement_arrays(placement), rank, R, dtype=torch.float32, device="cpu")
+    y = ep_layer(torch.from_numpy(xs[rank]).float(), wt, CFG, shard, placement, backend="kernels")
+    np.save(f"{out_dir}/kernels_{rank}.npy", y.numpy())
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the kernels need the interpreter")
+def test_ep_layer_with_the_kernels_under_the_interpreter(tmp_path):
+    """The GPU's local path (moe_experts, top-1 per pair) run by Triton's interpreter in each rank."""
+    import os
+
+    from megamoe.ep import launch
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest; the spawned ranks inherit it
+    R = 2
+    launch(_worker_kernels, R, (str(tmp_path),), backend="gloo", timeout_s=120)
+    w, xs, _ = _inputs("contiguous", R)
+    for r in range(R):
+        assert_close(np.load(tmp_path / f"kernels_{r}.npy"), moe_forward(xs[r], w, CFG), "float32",
+                     what=f"kernels backend rank {r}")
