@@ -35,7 +35,7 @@ def _brute_send(idx, slot_rank, R):
 CASES = [
     # (T, K, P, R, why)
     (13, 2, 8, 2, "odd T, two ranks"),
-    (32, 4, 16, 4, "four ranks, K > R would not fit: K = R here"),
+    (32, 4, 16, 4, "four ranks, K = R: a token may reach every rank"),
     (7, 1, 4, 4, "top-1: at most one destination per token"),
     (0, 2, 8, 2, "T = 0: every buffer empty"),
     (20, 3, 6, 3, "ranks hold different numbers of slots"),
@@ -75,11 +75,12 @@ def test_plan_send_empty_sends_and_one_rank_takes_all(rng):
 
 
 def test_traffic_equals_rank_traffic(rng):
-    """The schedule's (src, dst) counts are dispatch.rank_traffic's deduplicated token movement."""
+    """The schedule's (src, dst) counts are dispatch.rank_traffic's deduplicated token movement (skewed routing)."""
     R, P, K = 4, 16, 4
     slot_rank = rng.integers(0, R, P)
     T = [10, 0, 7, 25]
-    idx = [_distinct_topk(rng, t, K, P) for t in T]
+    p = 1.0 / np.arange(1, P + 1) ** 1.5
+    idx = [_distinct_topk(rng, t, K, P, p / p.sum()) for t in T]
     got = plan_ep(idx, slot_rank, R).traffic()
     want = rank_traffic(np.concatenate(idx), np.repeat(np.arange(R), T), slot_rank, R, dedup=True)
     np.testing.assert_array_equal(got, want)
