@@ -126,8 +126,8 @@ def all_to_all_p2p(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], 
     out_off = np.concatenate([[0], np.cumsum(out_splits)]).astype(int)
     out[out_off[rank]:out_off[rank + 1]].copy_(inp[in_off[rank]:in_off[rank + 1]])
     ops = []
-    for i in range(1, R):
-        to, frm = (rank + i) % R, (rank - i) % R
+    for i, to in enumerate(peer_order(rank, R)[1:].tolist(), start=1):
+        frm = (rank - i) % R  # the peer whose step i sends to this rank
         if in_splits[to]:
             ops.append(dist.P2POp(dist.isend, inp[in_off[to]:in_off[to + 1]].contiguous(),
                                   dist.get_global_rank(group, to) if group is not None else to, group))
