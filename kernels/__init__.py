@@ -6,11 +6,12 @@ Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch n
     moe_forward(x, weights, config, deterministic=True, backend="auto")   the layer (kernels.moe)
     moe_experts(x, topk_idx, topk_weights, gate_up, down, backend="multi")  a routing made elsewhere
     launch_plan(config, T, ...)                           what the multi-launch path runs, as data (kernels.plan)
+    ep_moe_experts(x, topk_idx, topk_weights, shard)      the routed experts expert-parallel (kernels.ep)
 Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
 megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
 configs.py + configs/*.json (tuned launch configs, megakernel tiles, auto's backend table), plan.py,
 moe.py (the torch ops), checks.py (the routing check of moe_experts), hf_experts.py (transformers
-backend), microbench.py (calibration kernels), bench.py.
+backend), microbench.py (calibration kernels), bench.py, ep.py (expert parallelism over torch.distributed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ _LAZY = {
     "launch_plan": ("plan", "launch_plan"),
     "LaunchPlan": ("plan", "LaunchPlan"),
     "Stage": ("plan", "Stage"),
+    "ep_moe_experts": ("ep", "ep_moe_experts"),
+    "shard_weights": ("ep", "shard_weights"),
 }
 
 __all__ = sorted(_LAZY)

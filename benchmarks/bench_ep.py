@@ -1,0 +1,296 @@
+"""Expert parallelism on one multi-GPU host: dispatch/combine bandwidth and layer time, against the model.
+
+    source benchmarks/device_env.sh   # on the GPU machine (MEGAMOE_COMMIT set first)
+    python benchmarks/bench_ep.py --ranks 2,4,8 --tokens 128,512,2048,8192 --routing uniform,skewed \
+        --placement contiguous,eplb --out benchmarks/results/ep_<run>.jsonl
+
+Shape legend: R ranks (GPUs), T tokens per rank, E experts, P slots, K top-k, H hidden.
+
+For each R (one spawn of R processes over NCCL, one per visible GPU; ``megamoe.ep.launch`` sets
+NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) and each case
+(preset, T, routing, placement):
+
+    workload     the simulator's ``build_workload`` (routing drawn by the simulator, slot ids from its
+                 placement, EPLB included): the same tokens are predicted and measured
+    prediction   ``simulate_workload`` on the ``hgx-h200`` profile with num_gpus = R, bulk-synchronous
+                 schedule (what an all-to-all baseline is), routed experts only; written as a
+                 ``"kind": "prediction"`` row before anything is measured
+    check        reference.ep's schedule traffic equals the workload's (the simulator's) traffic
+    measured     per rank: dispatch = all_to_all_single of the x rows (bf16, N x H), combine = the
+                 partial rows back; layer = ``kernels.ep.ep_moe_experts`` whole (host planning,
+                 counts, three dispatch exchanges, local experts with moe_experts, combine); each the
+                 median over reps of the slowest rank's time (barrier, then host timers around
+                 synchronized CUDA work); bandwidth = bytes leaving the busiest rank / its time;
+                 bitwise determinism of two layer calls
+With ``--nccl-channels a,b`` each R runs once per NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS value
+(NCCL's SMs per collective: the baseline's stand-in for communication SMs).
+
+Rows are JSON lines with provenance (``kernels.bench.provenance``: GPU, versions, commit, dirty, date).
+``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+ROUTINGS = ("uniform", "skewed", "zipf:1.2", "hot:2:0.5")
+PLACEMENTS = ("contiguous", "round_robin", "eplb")
+SYSTEM = "hgx-h200"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        v = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return v
+
+
+def _names(allowed):
+    def parse(text: str) -> list[str]:
+        v = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [s for s in v if s not in allowed and s.split(":")[0] not in {a.split(":")[0] for a in allowed}]
+        if not v or bad:
+            raise argparse.ArgumentTypeError(f"{bad or text!r}: choose from {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="qwen3-30b-a3b", help="model preset (kernels.bench.bench_config)")
+    p.add_argument("--ranks", type=_ints, default=None, help="world sizes, e.g. 2,4,8 (default: all visible GPUs)")
+    p.add_argument("--tokens", type=_ints, default=[128, 512, 2048, 8192], help="tokens per rank")
+    p.add_argument("--routing", type=_names(ROUTINGS), default=["uniform", "skewed"],
+                   help="simulator routings (workload.parse_routing)")
+    p.add_argument("--placement", type=_names(PLACEMENTS), default=["contiguous", "eplb"])
+    p.add_argument("--nccl-channels", type=_ints, default=None, help="NCCL channel counts to sweep (default: NCCL's)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system", default=SYSTEM, help="simulator profile for the prediction")
+    p.add_argument("--out", default=None, help="JSON-lines file (default benchmarks/results/ep_<date>.jsonl)")
+    p.add_argument("--timeout-s", type=float, default=540.0, help="per spawn of R processes")
+    p.add_argument("--dry-run", action="store_true", help="print the cases, run nothing")
+    p.add_argument("--predict-only", action="store_true", help="write the prediction rows only (no GPU)")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="run the measuring code on the CPU (gloo, torch experts, a layer shrunk to H=64, I=32): "
+                        "a check of this script, not a measurement")
+    return p
+
+
+def cases(args, R: int) -> list[dict]:
+    extra = {"shrunk": True} if args.cpu_smoke else {}
+    return [{"preset": args.preset, "ranks": R, "tokens_per_rank": T, "routing": r, "placement": pl, "seed": args.seed,
+             **extra} for T in args.tokens for r in args.routing for pl in args.placement]
+
+
+def workload(case: dict):
+    from megamoe.kernels.bench import bench_config
+    from megamoe.simulator.workload import build_workload
+
+    cfg = bench_config(case["preset"])
+    if case.get("shrunk"):
+        cfg = cfg.replace(hidden_size=64, intermediate_size=32)
+    T = case["tokens_per_rank"]
+    return cfg, build_workload(cfg, case["ranks"], T, case["routing"], case["placement"], minibatch=T,
+                               seed=case["seed"])
+
+
+def schedule(wl):
+    """reference.ep's plans for the workload, and whether their traffic is the simulator's."""
+    import numpy as np
+
+    from megamoe.reference.ep import plan_ep
+
+    R, T = wl.num_gpus, wl.tokens_per_gpu
+    sched = plan_ep([wl.slot_topk_idx[r * T:(r + 1) * T] for r in range(R)], wl.placement.slot_rank, R)
+    return sched, bool(np.array_equal(sched.traffic(), wl.traffic_mb.sum(axis=1)))
+
+
+def predict(case: dict, system: str = SYSTEM) -> dict:
+    """The prediction row for one case (simulator, bulk-synchronous, routed experts only)."""
+    from megamoe.simulator.hardware import load_profile, override
+    from megamoe.simulator.simulate import simulate_workload
+
+    cfg, wl = workload(case)
+    _, same = schedule(wl)
+    r = simulate_workload(wl, override(load_profile(system), gpus=case["ranks"]), schedule="bulk",
+                          include_shared=False, dtype="bf16", seed=case["seed"])
+    b = r.breakdown_us
+    return {"kind": "prediction", **case, "system": system, "schedule": "bulk",
+            "predicted_layer_us": r.layer_time_us, "predicted_dispatch_us": b.get("dispatch"),
+            "predicted_combine_us": b.get("combine"), "predicted_expert_us": b.get("expert_compute"),
+            "analytic_us": r.analytic_us, "imbalance": r.imbalance, "schedule_matches_simulator": same,
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+
+
+def _shard(cfg, wl, rank: int, R: int, device, seed: int):
+    """Random bf16 weights of this rank's slots only, made on its GPU (a whole layer need not fit)."""
+    import torch
+
+    from megamoe.kernels.ep import EPShard
+    from megamoe.reference.ep import local_slots
+
+    slots = local_slots(wl.placement.slot_rank, rank)
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    g = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    gu = torch.randn((slots.size, 2 * I, H), device=device, dtype=torch.bfloat16, generator=g).mul_(H ** -0.5)
+    dn = torch.randn((slots.size, H, I), device=device, dtype=torch.bfloat16, generator=g).mul_(I ** -0.5)
+    return EPShard(rank=rank, num_ranks=R, slot_rank=wl.placement.slot_rank.astype("int64"), slots=slots,
+                   gate_up=gu, down=dn, gate_up_bias=None, down_bias=None, activation=cfg.activation,
+                   alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+
+
+def _slowest_median_s(fn, reps: int, device) -> float:
+    """Median over reps of the slowest rank's seconds for fn() (barrier before, CUDA synchronized)."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()  # warm
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        t = torch.tensor([time.perf_counter() - t0], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(float(t))
+    return statistics.median(times)
+
+
+def _worker(rank: int, R: int, job: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from megamoe.kernels.bench import git_state, provenance
+    from megamoe.kernels.ep import TRANSPORT_ENV, ep_moe_experts, exchange
+
+    cuda = job["device"] == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    prov = None
+    if rank == 0:
+        prov = provenance() if cuda else {"gpu": None, "torch": torch.__version__, **git_state(),
+                                          "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    for case, pred in zip(job["cases"], job["predictions"]):
+        cfg, wl = workload(case)
+        sched, same = schedule(wl)
+        T, H, K = case["tokens_per_rank"], cfg.hidden_size, cfg.top_k
+        shard = _shard(cfg, wl, rank, R, dev, case["seed"])
+        g = torch.Generator(device=dev).manual_seed(case["seed"] * 7919 + rank)
+        x = torch.randn((T, H), device=dev, dtype=torch.bfloat16, generator=g)
+        tw = torch.softmax(torch.randn((T, K), device=dev, generator=g), dim=-1)
+        topk = wl.slot_topk_idx[rank * T:(rank + 1) * T]
+        y1 = ep_moe_experts(x, topk, tw, shard, transport="all_to_all")
+        y2 = ep_moe_experts(x, topk, tw, shard, transport="all_to_all")
+        det = torch.tensor([int(torch.equal(y1, y2))], device=dev)
+        dist.all_reduce(det, op=dist.ReduceOp.MIN)
+        sp, rp = sched.send[rank], sched.recv[rank]
+        send_splits, recv_splits = sp.send_counts.tolist(), rp.recv_counts.tolist()
+        rows = x[torch.from_numpy(sp.send_token).to(dev)]
+        back = torch.empty((rp.num_recv, H), device=dev, dtype=torch.bfloat16)  # combine's partial rows
+        reps = job["reps"]
+        dispatch_s = _slowest_median_s(partial(exchange, rows, send_splits, recv_splits, "all_to_all"), reps, dev)
+        combine_s = _slowest_median_s(partial(exchange, back, recv_splits, send_splits, "all_to_all"), reps, dev)
+        layer_s = _slowest_median_s(partial(ep_moe_experts, x, topk, tw, shard, transport="all_to_all"), reps, dev)
+        traffic = sched.traffic()
+        off = traffic.copy()
+        off[range(R), range(R)] = 0
+        busiest_bytes = int(max(off.sum(axis=1).max(), off.sum(axis=0).max())) * H * 2
+        if rank == 0:
+            row = {"kind": "measured", **case, **prov, "num_gpus_visible": torch.cuda.device_count(),
+                   "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                   "backend": "nccl" if cuda else "gloo", "nccl_channels": job["channels"],
+                   "transport_env": {k: os.environ.get(k) for k in TRANSPORT_ENV}, "dtype": "bfloat16",
+                   "dispatch_us": dispatch_s * 1e6, "combine_us": combine_s * 1e6, "layer_us": layer_s * 1e6,
+                   "busiest_rank_offrank_bytes": busiest_bytes,
+                   "dispatch_bytes_per_s": busiest_bytes / dispatch_s if dispatch_s else None,
+                   "combine_bytes_per_s": busiest_bytes / combine_s if combine_s else None,
+                   "traffic_rows": traffic.tolist(), "bitwise_deterministic": bool(det.item()),
+                   "schedule_matches_simulator": same, "reps": job["reps"],
+                   "prediction": {k: pred.get(k) for k in ("system", "predicted_layer_us", "predicted_dispatch_us",
+                                                           "predicted_combine_us", "predicted_expert_us")}}
+            if pred.get("predicted_layer_us"):
+                row["layer_ratio"] = row["layer_us"] / pred["predicted_layer_us"]
+            with open(job["out"], "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"R={R} T={T} {case['routing']}/{case['placement']}: dispatch {row['dispatch_us']:.1f} us, "
+                  f"combine {row['combine_us']:.1f} us, layer {row['layer_us']:.1f} us "
+                  f"(predicted {pred.get('predicted_layer_us') or float('nan'):.1f}), det {row['bitwise_deterministic']}",
+                  flush=True)
+
+
+def _write(out: Path, row: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.reps < 1:
+        print("bench_ep: --reps must be >= 1", file=sys.stderr)
+        return 2
+    ranks = args.ranks
+    if ranks is None and (args.dry_run or args.predict_only):
+        ranks = [2, 4, 8]
+    out = Path(args.out) if args.out else (Path(__file__).resolve().parent / "results"
+                                           / f"ep_{_dt.date.today().isoformat()}.jsonl")
+    if args.dry_run:
+        for R in ranks:
+            for c in cases(args, R):
+                print(json.dumps(c))
+        print(f"bench_ep: would write {out}", file=sys.stderr)
+        return 0
+    if args.predict_only:
+        for R in ranks:
+            for c in cases(args, R):
+                _write(out, predict(c, args.system))
+        return 0
+    import torch
+
+    n = torch.cuda.device_count()
+    if args.cpu_smoke:
+        n = max(ranks or [2])
+    elif n < 2:
+        print(f"bench_ep: needs at least 2 visible GPUs, found {n}", file=sys.stderr)
+        return 2
+    ranks = ranks or [n]
+    if max(ranks) > n:
+        print(f"bench_ep: --ranks {ranks} asks for more than the {n} visible GPUs", file=sys.stderr)
+        return 2
+    from megamoe.ep import launch
+
+    for R in ranks:
+        cs = cases(args, R)
+        preds = []
+        for c in cs:  # every prediction of this R is written before its first measurement
+            try:
+                preds.append(predict(c, args.system))
+            except ImportError as e:  # simpy missing: measure anyway, say why there is no prediction
+                preds.append({"kind": "prediction", **c, "error": f"{type(e).__name__}: {e}"})
+            _write(out, preds[-1])
+        for ch in args.nccl_channels or [None]:
+            if ch is not None:
+                os.environ["NCCL_MIN_NCHANNELS"] = os.environ["NCCL_MAX_NCHANNELS"] = str(ch)
+            job = {"cases": cs, "predictions": preds, "reps": args.reps, "out": str(out), "channels": ch,
+                   "device": "cpu" if args.cpu_smoke else "cuda"}
+            launch(_worker, R, (job,), backend="gloo" if args.cpu_smoke else "nccl", timeout_s=args.timeout_s)
+    print(f"bench_ep: rows in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Expert parallelism over torch.distributed: dispatch, the local experts, combine.
+
+Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, I expert width, P expert slots,
+P_r slots on this rank, N rows sent (or received) by this rank, Np (row, slot) pairs it computes.
+
+Each rank holds the weights of its slots (``shard_weights``, from a placement's plain arrays
+``slot_expert`` and ``slot_rank``) and a routing of its own tokens to slot ids. ``ep_moe_experts``:
+
+    1. plan_send (reference/ep.py, on the host): rows per destination, grouped by peer id
+    2. all-to-all of the counts, then of x rows (N, H), topk_idx (N, K) int64, topk_weights (N, K) fp32
+    3. plan_receive: the received rows' local pairs, by local slot; the local experts on those pairs
+       (``megamoe.kernels.moe_experts`` with top-1 per pair on CUDA, a torch loop on the CPU), each
+       pair scaled by its routing weight; one partial row per received row, k ascending
+    4. all-to-all of the partial rows back, in the dispatch's layout; y[t] = sum over ranks
+       ascending (fp32), cast to x's dtype
+
+Every order is fixed (reference/ep.py), and nothing accumulates with atomics, so the output is
+bitwise the same run to run for a given placement and routing.
+
+The transport is ``all_to_all_single`` (NCCL on GPUs, gloo on CPU). Where a backend lacks it,
+``all_to_all_p2p`` builds the same exchange from isend/irecv, visiting peers in the schedule's
+peer order (each rank starts with a different peer); ``transport="p2p"`` forces it.
+
+The one-sided variant (symmetric memory, communication programs in the megakernel pulling rows
+from peers by the schedule) is not built: ``ep_moe_experts_symmetric`` raises NotImplementedError.
+
+Every process must run with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+NVSHMEM_DISABLE_NVLS=1 (``TRANSPORT_ENV``; the launcher in megamoe/ep.py sets them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..reference.config import MoEConfig
+from ..reference.ep import local_slots, peer_order, plan_receive, plan_send
+
+#: Set in every process before any communicator is made (NVLink multicast is left off on these hosts).
+TRANSPORT_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TRANSPORTS = ("auto", "all_to_all", "p2p")
+BACKENDS = ("auto", "kernels", "torch")
+
+
+class EPInputError(ValueError):
+    """An input of the expert-parallel layer is unusable; the message says which and why."""
+
+
+def check_transport_env() -> None:
+    """Raise unless every variable of ``TRANSPORT_ENV`` has its value in this process."""
+    bad = {k: os.environ.get(k) for k, v in TRANSPORT_ENV.items() if os.environ.get(k) != v}
+    if bad:
+        raise RuntimeError(f"expert parallelism needs {TRANSPORT_ENV} in every process; here {bad}. "
+                           f"Launch through megamoe.ep.launch (or set them before torch.distributed starts).")
+
+
+@dataclass(frozen=True)
+class EPShard:
+    """One rank's share of the routed experts.
+
+    slot_rank: (P,) int64 rank of every slot; slots: (P_r,) int64 this rank's slots, ascending;
+    gate_up: (P_r, 2I, H); down: (P_r, H, I); biases (P_r, 2I), (P_r, H) or None; x's dtype and device.
+    """
+
+    rank: int
+    num_ranks: int
+    slot_rank: np.ndarray
+    slots: np.ndarray
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    activation: str
+    alpha: float
+    limit: float
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.slot_rank.size)
+
+
+def shard_weights(weights, config: MoEConfig, slot_expert, slot_rank, rank: int, num_ranks: int, *,
+                  dtype: torch.dtype, device) -> EPShard:
+    """The slots of ``rank`` cut from full weights (a MoEWeights of NumPy arrays or tensors).
+
+    slot_expert: (P,) expert of each slot; slot_rank: (P,) rank of each slot (a placement's arrays).
+    """
+    if config.weight_on_input:
+        raise NotImplementedError("expert parallelism with weights on the expert input (Llama 4) is not built")
+    slot_expert = np.asarray(slot_expert, np.int64)
+    slot_rank = np.asarray(slot_rank, np.int64)
+    if slot_expert.shape != slot_rank.shape or slot_expert.ndim != 1:
+        raise EPInputError(f"slot_expert {list(slot_expert.shape)} and slot_rank {list(slot_rank.shape)} must be "
+                           f"equal 1-D shapes")
+    if slot_rank.size and (slot_rank.min() < 0 or slot_rank.max() >= num_ranks):
+        raise EPInputError(f"slot_rank must lie in [0, {num_ranks}), got {slot_rank.min()}..{slot_rank.max()}")
+    slots = local_slots(slot_rank, rank)
+    experts = torch.from_numpy(slot_expert[slots])
+
+    def cut(a):
+        if a is None:
+            return None
+        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
+        return t[experts.to(t.device)].to(device=device, dtype=dtype).contiguous()
+
+    return EPShard(rank=rank, num_ranks=num_ranks, slot_rank=slot_rank, slots=slots, gate_up=cut(weights.gate_up),
+                   down=cut(weights.down), gate_up_bias=cut(weights.gate_up_bias), down_bias=cut(weights.down_bias),
+                   activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
+
+
+# --------------------------------------------------------------------------- transport
+def all_to_all_p2p(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                   group=None) -> None:
+    """``all_to_all_single`` built from isend/irecv, for backends without it. Rows (dim 0) grouped by peer.
+
+    Peers in the schedule's order ((rank + i) % R), so at each step every rank talks to a different one.
+    """
+    rank, R = dist.get_rank(group), dist.get_world_size(group)
+    in_off = np.concatenate([[0], np.cumsum(in_splits)]).astype(int)
+    out_off = np.concatenate([[0], np.cumsum(out_splits)]).astype(int)
+    out[out_off[rank]:out_off[rank + 1]].copy_(inp[in_off[rank]:in_off[rank + 1]])
+    ops = []
+    for i, to in enumerate(peer_order(rank, R)[1:].tolist(), start=1):
+        frm = (rank - i) % R  # the peer whose step i sends to this rank
+        if in_splits[to]:
+            ops.append(dist.P2POp(dist.isend, inp[in_off[to]:in_off[to + 1]].contiguous(),
+                                  dist.get_global_rank(group, to) if group is not None else to, group))
+        if out_splits[frm]:
+            ops.append(dist.P2POp(dist.irecv, out[out_off[frm]:out_off[frm + 1]],
+                                  dist.get_global_rank(group, frm) if group is not None else frm, group))
+    if ops:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+
+@cache
+def _has_all_to_all(backend: str) -> bool:
+    """Whether the process group's backend implements all_to_all_single (probed once per backend)."""
+    t = torch.zeros(dist.get_world_size(), device="cuda" if backend == "nccl" else "cpu")
+    try:
+        dist.all_to_all_single(torch.empty_like(t), t)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def resolve_transport(transport: str, group=None) -> str:
+    if transport not in TRANSPORTS:
+        raise EPInputError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if transport != "auto":
+        return transport
+    return "all_to_all" if _has_all_to_all(str(dist.get_backend(group))) else "p2p"
+
+
+def exchange(inp: torch.Tensor, in_splits: list[int], out_splits: list[int], transport: str, group=None) -> torch.Tensor:
+    """Rows of ``inp`` grouped by destination -> rows received, grouped by source (both ascending)."""
+    out = inp.new_empty((sum(out_splits), *inp.shape[1:]))
+    if transport == "p2p":
+        all_to_all_p2p(out, inp, out_splits, in_splits, group)
+    else:
+        dist.all_to_all_single(out, inp.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+# --------------------------------------------------------------------------- local experts
+def _torch_experts(xp: torch.Tensor, wp: torch.Tensor, shard: EPShard, counts: np.ndarray) -> torch.Tensor:
+    """Pairs sorted by local slot, counts[j] of slot j: w * expert_j(x) in x's dtype (the CPU path)."""
+    out = torch.empty_like(xp)
+    I = shard.down.shape[2]
+    lo = 0
+    for j, n in enumerate(counts.tolist()):
+        if n == 0:
+            continue
+        h = xp[lo:lo + n] @ shard.gate_up[j].t()
+        if shard.gate_up_bias is not None:
+            h = h + shard.gate_up_bias[j]
+        g, u = h[:, :I], h[:, I:]
+        if shard.activation == "silu_gated":
+            a = F.silu(g) * u
+        else:
+            g = g.clamp(max=shard.limit)
+            u = u.clamp(-shard.limit, shard.limit)
+            a = (u + 1) * g * torch.sigmoid(shard.alpha * g)
+        o = a @ shard.down[j].t()
+        if shard.down_bias is not None:
+            o = o + shard.down_bias[j]
+        out[lo:lo + n] = (o.float() * wp[lo:lo + n, None]).to(xp.dtype)
+        lo += n
+    return out
+
+
+def _local_experts(xp, wp, local, shard: EPShard, counts: np.ndarray, backend: str) -> torch.Tensor:
+    """(Np, H) rows, (Np,) fp32 weights, (Np,) local slot ids -> (Np, H) weighted expert outputs."""
+    if xp.shape[0] == 0:
+        return xp.clone()
+    if backend == "torch":
+        return _torch_experts(xp, wp, shard, counts)
+    from .moe import moe_experts  # the single-GPU path, one slot per pair
+
+    return moe_experts(xp, local[:, None], wp[:, None], shard.gate_up, shard.down, shard.gate_up_bias,
+                       shard.down_bias, activation=shard.activation, alpha=shard.alpha, limit=shard.limit,
+                       deterministic=True)
+
+
+def _sum_rows(rows: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """out[i] = sum_{j asc, index[i, j] >= 0} rows[index[i, j]] in fp32, a fixed order.  index (M, J)."""
+    M, J = index.shape
+    padded = torch.cat([rows.float(), rows.new_zeros((1, rows.shape[1]), dtype=torch.float32)])
+    idx = torch.from_numpy(np.where(index >= 0, index, rows.shape[0])).to(rows.device)
+    acc = padded.new_zeros((M, rows.shape[1]))
+    for j in range(J):
+        acc = acc + padded[idx[:, j]]
+    return acc
+
+
+def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard, group=None, *,
+                   transport: str = "auto", backend: str = "auto") -> torch.Tensor:
+    """The routed experts, expert-parallel.  x: (T, H) this rank's tokens; topk_idx: (T, K) slot ids
+    (tensor or array, distinct per row); topk_weights: (T, K) float -> y (T, H) in x's dtype.
+
+    Collective: every rank of ``group`` calls it, each with its own T (0 allowed).
+    ``backend``: "kernels" (moe_experts), "torch" (a loop of torch GEMMs), "auto" (kernels on CUDA).
+    """
+    if backend not in BACKENDS:
+        raise EPInputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "kernels" if x.is_cuda else "torch"
+    transport = resolve_transport(transport, group)
+    rank, R = dist.get_rank(group), dist.get_world_size(group)
+    if (rank, R) != (shard.rank, shard.num_ranks):
+        raise EPInputError(f"shard is for rank {shard.rank} of {shard.num_ranks}, this is rank {rank} of {R}")
+    T, H = x.shape
+    idx_np = (topk_idx.detach().cpu().numpy() if isinstance(topk_idx, torch.Tensor) else np.asarray(topk_idx))
+    if idx_np.ndim != 2 or idx_np.shape[0] != T or tuple(topk_weights.shape) != idx_np.shape:
+        raise EPInputError(f"topk_idx and topk_weights must both be [T={T}, K], got {list(idx_np.shape)} and "
+                           f"{list(topk_weights.shape)}")
+    idx_np = idx_np.astype(np.int64)
+    K = idx_np.shape[1]
+    dev = x.device
+    sp = plan_send(idx_np, shard.slot_rank, R, rank)
+    # 1. counts: what each peer sends me
+    counts = torch.from_numpy(sp.send_counts).to(dev)
+    recv_counts_t = torch.empty_like(counts)
+    if transport == "p2p":
+        all_to_all_p2p(recv_counts_t, counts, [1] * R, [1] * R, group)
+    else:
+        dist.all_to_all_single(recv_counts_t, counts, group=group)
+    recv_counts = recv_counts_t.cpu().numpy()
+    send_splits, recv_splits = sp.send_counts.tolist(), recv_counts.tolist()
+    # 2. dispatch: the rows, their slot ids and their weights
+    send_tok = torch.from_numpy(sp.send_token).to(dev)
+    w32 = topk_weights.to(torch.float32).reshape(T, K)
+    idx_t = torch.from_numpy(idx_np).to(dev)
+    rx = exchange(x[send_tok], send_splits, recv_splits, transport, group)
+    ridx = exchange(idx_t[send_tok], send_splits, recv_splits, transport, group)
+    rw = exchange(w32[send_tok], send_splits, recv_splits, transport, group)
+    # 3. the local pairs, by local slot; one partial row per received row
+    rp = plan_receive(ridx.cpu().numpy(), recv_counts, shard.slot_rank, rank)
+    pr = torch.from_numpy(rp.pair_row).to(dev)
+    pk = torch.from_numpy(rp.pair_k).to(dev)
+    out = _local_experts(rx[pr].contiguous(), rw[pr, pk].contiguous(), torch.from_numpy(rp.pair_local).to(dev),
+                         shard, rp.counts, backend)
+    partial = _sum_rows(out, rp.row_pair).to(x.dtype)
+    # 4. combine: partial rows back where they came from, summed over ranks ascending
+    back = exchange(partial, recv_splits, send_splits, transport, group)
+    return _sum_rows(back, sp.combine_row).to(x.dtype)
+
+
+def ep_moe_experts_symmetric(*args, **kwargs):
+    """The one-sided variant: not built yet (see the module docstring and issue 13, part 1b)."""
+    raise NotImplementedError(
+        "one-sided expert parallelism through torch symmetric memory is not built yet: it needs the megakernel's "
+        "communication programs to pull dispatched rows from peers by reference.ep's schedule (peer_order, "
+        "send_offsets) and push partial rows back; use ep_moe_experts (all_to_all over NCCL) meanwhile")
+
+
+__all__ = ["BACKENDS", "TRANSPORTS", "TRANSPORT_ENV", "EPInputError", "EPShard", "all_to_all_p2p",
+           "check_transport_env", "ep_moe_experts", "ep_moe_experts_symmetric", "exchange", "peer_order",
+           "resolve_transport", "shard_weights"]

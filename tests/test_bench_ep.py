@@ -1,0 +1,66 @@
+"""benchmarks/bench_ep.py without GPUs: its arguments, its cases and its prediction rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _bench_ep():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ep.py"
+    spec = importlib.util.spec_from_file_location("bench_ep", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_lists_every_case(capsys, tmp_path):
+    """ranks x tokens x routing x placement cases, nothing run, nothing written."""
+    out = tmp_path / "ep.jsonl"
+    rc = _bench_ep().main(["--dry-run", "--ranks", "2,4", "--tokens", "64,512", "--routing", "uniform,skewed",
+                           "--placement", "contiguous,eplb", "--nccl-channels", "4,16", "--out", str(out)])
+    assert rc == 0 and not out.exists()
+    rows = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 * 2 * 2 * 2
+    assert {(r["ranks"], r["tokens_per_rank"], r["routing"], r["placement"]) for r in rows} >= {(4, 512, "skewed", "eplb")}
+
+
+@pytest.mark.parametrize("argv", [["--ranks", "0"], ["--tokens", "a,b"], ["--routing", "bogus"],
+                                  ["--placement", "everywhere"]], ids=["zero-ranks", "tokens", "routing", "placement"])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit) as e:
+        _bench_ep().main(["--dry-run", *argv])
+    assert e.value.code == 2
+
+
+def test_prediction_rows_before_any_gpu(tmp_path):
+    """The hgx-h200 prediction for a small case, and the EP schedule's traffic equals the simulator's."""
+    out = tmp_path / "pred.jsonl"
+    rc = _bench_ep().main(["--predict-only", "--ranks", "2", "--tokens", "64", "--routing", "skewed",
+                           "--placement", "eplb", "--out", str(out)])
+    assert rc == 0
+    (row,) = [json.loads(s) for s in out.read_text().splitlines()]
+    assert row["kind"] == "prediction" and row["system"] == "hgx-h200" and row["ranks"] == 2
+    assert row["schedule_matches_simulator"] is True
+    assert row["predicted_layer_us"] > 0 and row["predicted_dispatch_us"] > 0
+
+
+def test_cpu_smoke_runs_the_measuring_code(tmp_path, monkeypatch):
+    """The GPU path's worker on 2 gloo processes, a shrunk layer: rows come out, deterministic and consistent.
+
+    Imported by name (not from a file spec) so that the spawned ranks can unpickle its worker."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_ep
+
+    out = tmp_path / "smoke.jsonl"
+    rc = bench_ep.main(["--cpu-smoke", "--ranks", "2", "--tokens", "16", "--routing", "skewed", "--placement", "eplb",
+                        "--reps", "2", "--timeout-s", "90", "--out", str(out)])
+    assert rc == 0
+    pred, meas = [json.loads(s) for s in out.read_text().splitlines()]
+    assert pred["kind"] == "prediction" and meas["kind"] == "measured"
+    assert meas["bitwise_deterministic"] is True and meas["schedule_matches_simulator"] is True
+    assert meas["backend"] == "gloo" and meas["layer_us"] > 0 and meas["prediction"]["predicted_layer_us"] > 0
+    assert sum(map(sum, meas["traffic_rows"])) > 0
