@@ -27,6 +27,12 @@ Without FP8 activations the activation is stored in x's dtype as the bf16 path d
 
 Program order, row blocks, padding, epilogues and the pair buffer are grouped_gemm.py's (shared
 helpers); no split-K in GEMM 1 (its epilogue quantizes whole rows), GEMM 2 splits on K tiles.
+The tiles come from plan.fp8_entry (the one place they are sized); the launchers refuse others.
+
+On the GPU (benchmarks/compile_report.py --gemm ... --fp8 ...; figures of Triton 3.9 for sm_90):
+with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); at 16-row
+(decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
+weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 """
 
 from __future__ import annotations

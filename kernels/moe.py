@@ -153,12 +153,14 @@ def check_inputs(x, weights, config) -> None:
             raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
         if t.device != x.device:
             raise KernelInputError(f"weights.{name} is on {t.device}, x on {x.device}: both must be on one device")
-        want = torch.float32 if name in SCALE_FIELDS else torch.float8_e4m3fn if name in fp8 else x.dtype
-        if t.dtype != want:
-            why = ("FP8 block scales are float32" if name in SCALE_FIELDS else
-                   "FP8 expert weights are float8_e4m3fn (MoEWeights.to_torch keeps them so)" if name in fp8 else
-                   f"x has {x.dtype}: they must agree")
-            raise KernelInputError(f"weights.{name} has dtype {t.dtype}, expected {want}: {why}")
+        if name in SCALE_FIELDS or name in fp8:
+            want = torch.float32 if name in SCALE_FIELDS else torch.float8_e4m3fn
+            if t.dtype != want:
+                why = ("FP8 block scales are float32" if name in SCALE_FIELDS else
+                       "FP8 expert weights are float8_e4m3fn (MoEWeights.to_torch keeps them so)")
+                raise KernelInputError(f"weights.{name} has dtype {t.dtype}, expected {want}: {why}")
+        elif t.dtype != x.dtype:
+            raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {x.dtype}: they must agree")
         if not t.is_contiguous():
             raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
 

@@ -407,17 +407,35 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
 FP8_MODES = (None, "weights", "weights+act")
 
 
-def fp8_entry(entry: dict, fp8: str | None) -> dict:
+#: Shared memory the FP8 GEMMs' pipeline stages may take (bytes): what the bf16 TMA GEMM 1 runs with on
+#: the H200 (196,640 B at 4 stages, compile_report), below Hopper's 227 KB with room for the epilogue.
+FP8_SMEM_BUDGET_BYTES = 196 * 1024
+#: Row tiles of the FP8 GEMMs at most: each K tile's product is kept apart from the accumulator until
+#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill.
+FP8_MAX_BLOCK_M = 64
+
+
+def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16") -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
     K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
     whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
-    groups). GEMM 2 keeps its split-K (splits fall on K tiles, hence on scale blocks)."""
+    groups); BLOCK_M at most FP8_MAX_BLOCK_M (both GEMMs: the align pads to it) and num_stages cut
+    to FP8_SMEM_BUDGET_BYTES. GEMM 2 keeps its split-K (splits fall on K tiles, hence on scale
+    blocks). ``dtype``: x's (GEMM 1's A tiles, and the activation's without FP8 activations)."""
     if fp8 is None:
         return entry
-    g1 = dict(entry["gemm1"], BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant="pointer")
+    xb = dtype_bytes(dtype)
+    bm = min(entry["gemm1"]["BLOCK_M"], FP8_MAX_BLOCK_M)
+    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant="pointer")
     if fp8 == "weights+act":
         g1["BLOCK_N"] = FP8_BLOCK
-    g2 = dict(entry["gemm2"], BLOCK_K=FP8_BLOCK, variant="pointer")
+    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, variant="pointer")
+    # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
+    # tiles (GEMM 1: gate and up); weight-only GEMMs convert the weights in registers
+    a2 = 1 if fp8 == "weights+act" else xb
+    for g, a_bytes, n_w in ((g1, xb, 2), (g2, a2, 1)):
+        stage = g["BLOCK_M"] * FP8_BLOCK * a_bytes + n_w * g["BLOCK_N"] * FP8_BLOCK
+        g["num_stages"] = max(1, min(g["num_stages"], FP8_SMEM_BUDGET_BYTES // stage))
     return {"gemm1": g1, "gemm2": g2}
 
 
@@ -426,7 +444,7 @@ def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp
         g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
     else:
         g = cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
-    return fp8_entry(g, fp8)
+    return fp8_entry(g, fp8, dtype)
 
 
 @lru_cache(maxsize=256)

@@ -216,5 +216,15 @@ def test_fp8_entry_sizes_the_tiles():
         assert sp.gemm["gemm1"]["BLOCK_K"] == sp.gemm["gemm2"]["BLOCK_K"] == 128
         assert sp.gemm["gemm1"]["SPLIT_K"] == 1 and sp.split2 == 2
         assert bn is None or sp.gemm["gemm1"]["BLOCK_N"] == bn
+    # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
+    from megamoe.kernels.plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
+
+    big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
+    for fp8, a2 in (("weights", 2), ("weights+act", 1)):
+        sp = static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8=fp8)
+        g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+        assert g1["BLOCK_M"] == g2["BLOCK_M"] <= FP8_MAX_BLOCK_M and sp.P_max % g1["BLOCK_M"] == 0
+        assert g1["num_stages"] * (g1["BLOCK_M"] * 128 * 2 + 2 * g1["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
+        assert g2["num_stages"] * (g2["BLOCK_M"] * 128 * a2 + g2["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
     with pytest.raises(ValueError, match=r"fp8 must be one of"):
         static_plan(cfg, 13, dtype="float32", device_name="cpu-interpreter", fp8="act")
