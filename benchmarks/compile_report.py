@@ -2,6 +2,7 @@
 
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
     python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
+    python benchmarks/compile_report.py deepseek-v3:1 deepseek-v3:4096 --gemm current --fp8 weights+act
 
 Builds the launch as kernels.megakernel.megakernel_forward does for the preset at T (its
 ``build_launch``, on CPU tensors of the right dtypes), or with ``--gemm`` the routed GEMM 1 and
@@ -12,6 +13,9 @@ registers per thread, spilled registers, shared memory, and counts of the PTX in
 tell whether the inner loops are pipelined (cp.async, TMA loads cp.async.bulk.tensor, wgmma,
 mma.sync) and whether registers went to local memory. Costs no device time; this machine's Triton
 may differ from the GPU machine's, so the figures are a guide, not the GPU's report.
+``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
+candidate's entry through plan.fp8_entry (BLOCK_K 128 ...); the PTX count "fp8.mma" tells whether
+the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "tma.load": r"cp\.async\.bulk\.tensor",
        "wgmma": r"wgmma\.mma_async",
-       "mma.sync": r"mma\.sync", "ld.local": r"ld\.local", "st.local": r"st\.local"}
+       "mma.sync": r"mma\.sync", "ld.local": r"ld\.local", "st.local": r"st\.local",
+       "fp8.mma": r"mma\S*\.e4m3"}
 
 
 _TY = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int32": "i32",
-       "torch.int64": "i64"}
+       "torch.int64": "i64", "torch.float8_e4m3fn": "fp8e4nv"}
 
 
 def _sig(v) -> str:
@@ -118,18 +123,18 @@ def gemm_candidate(name: str, cfg, T: int) -> dict:
     return entry
 
 
-def compile_gemms(name: str, T: int, candidate: str, sms: int = 132) -> list[dict]:
-    """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90."""
+def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | None = None) -> list[dict]:
+    """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90
+    (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act")."""
     import torch
 
     from megamoe.kernels import bench as kb
-    from megamoe.kernels import grouped_gemm as gg
     from megamoe.kernels.plan import static_plan
 
     cfg = kb.bench_config(name)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     entry = gemm_candidate(candidate, cfg, T)
-    sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry)
+    sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
     bf, i32 = torch.bfloat16, torch.int32
     meta = {k: torch.empty(n, dtype=i32) for k, n in (("padded_token", sp.P_max), ("padded_pair", sp.P_max),
                                                       ("block_expert", sp.B_max), ("padded_offsets", E + 1))}
@@ -137,17 +142,57 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132) -> list[dic
     gu, dn = torch.empty((E, 2 * I, H), dtype=bf), torch.empty((E, H, I), dtype=bf)
     topk_w, pairs = torch.empty((T, K), dtype=torch.float32), torch.empty((T * K, H), dtype=bf)
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    if fp8:
+        l1, l2 = _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8)
+    else:
+        l1, l2 = _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms)
+    out = []
+    for gemm, (fn, grid, args, kwargs), c in (("gemm1", l1, g1), ("gemm2", l2, g2)):
+        tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        out.append({"case": f"{name}:{T}", "candidate": candidate + (f"+fp8:{fp8}" if fp8 else ""), "gemm": gemm,
+                    "kernel": fn.__name__, "variant": c["variant"], "tile": tile, "grid": grid[0],
+                    **compile_kernel(fn, args, kwargs)})
+    return out
+
+
+def _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms):
+    from megamoe.kernels import grouped_gemm as gg
+
+    K = cfg.top_k
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     l1 = gg.gemm1_launch(x, gu, None, act, None, meta, topk_w, g1, activation=cfg.activation, alpha=cfg.swiglu_alpha,
                          limit=cfg.swiglu_limit, scale_input=cfg.weight_on_input, dense=False, num_m=sp.B_max,
                          num_sms=sms)
     l2 = gg.gemm2_launch(act, dn, None, pairs, meta, topk_w, g2, T=T, K=K, KS=K, dense=False, atomic=False,
                          num_m=sp.B_max, num_sms=sms)
-    out = []
-    for gemm, (fn, grid, args, kwargs), c in (("gemm1", l1, g1), ("gemm2", l2, g2)):
-        tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        out.append({"case": f"{name}:{T}", "candidate": candidate, "gemm": gemm, "kernel": fn.__name__,
-                    "variant": c["variant"], "tile": tile, "grid": grid[0], **compile_kernel(fn, args, kwargs)})
-    return out
+    return l1, l2
+
+
+def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8):
+    """The FP8 GEMMs' launches: e4m3 weights with their fp32 block scales; with FP8 activations the
+    activation buffer as e4m3 codes and per-128-column scales."""
+    import torch
+
+    from megamoe.kernels import fp8_gemm as fg
+    from megamoe.reference import expected_scale_shapes
+
+    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    ss = expected_scale_shapes(cfg)
+    gu, dn = torch.empty((E, 2 * I, H), dtype=f8), torch.empty((E, H, I), dtype=f8)
+    gus, dns = torch.empty(ss["gate_up_scale_inv"], dtype=f32), torch.empty(ss["down_scale_inv"], dtype=f32)
+    if fp8 == "weights+act":
+        act, act_s = torch.empty((sp.P_max, I), dtype=f8), torch.empty((sp.P_max, -(-I // 128)), dtype=f32)
+    else:
+        act, act_s = torch.empty((sp.P_max, I), dtype=x.dtype), None
+    g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    l1 = fg.gemm1_fp8_launch(x, gu, gus, None, act, act_s, meta, topk_w, g1, activation=cfg.activation,
+                             alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, scale_input=cfg.weight_on_input,
+                             dense=False, num_m=sp.B_max)
+    out = pairs if sp.split2 == 1 else torch.empty((sp.split2 * T * K, H), dtype=f32)
+    l2 = fg.gemm2_fp8_launch(act, act_s, dn, dns, None, out, meta, topk_w, g2, T=T, K=K, KS=K, dense=False,
+                             atomic=False, num_m=sp.B_max, split=sp.split2)
+    return l1, l2
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -179,12 +224,14 @@ def main(argv=None) -> int:
     p.add_argument("--gemm", nargs="+", default=None,
                    help="GEMM candidates (current tma64 tma128 tma256, or with overrides: configs.candidate_entry): "
                         "compile the routed grouped GEMMs instead of the megakernel")
+    p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
+                   help="with --gemm: the FP8 GEMMs (e4m3 weights with block scales; activations too)")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
         if a.gemm:
             for cand in a.gemm:
-                for r in compile_gemms(name, int(T), cand):
+                for r in compile_gemms(name, int(T), cand, fp8=a.fp8):
                     print(r, flush=True)
         else:
             print(compile_case(name, int(T), a.warps, a.stages), flush=True)

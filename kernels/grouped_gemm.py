@@ -58,10 +58,9 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
-                  topk_w_ptr, out_ptr, stride_ot, alpha, limit,
-                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr):
-    """Input scale, biases and activation of the gate/up sums (fp32), stored in the activation dtype."""
+def _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
+                alpha, limit, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr):
+    """Input scale, biases and activation of the gate/up sums (fp32) -> h (fp32)."""
     if SCALE_INPUT:
         pair = tl.load(padded_pair_ptr + rows)
         sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
@@ -76,6 +75,16 @@ def _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr,
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = (u + 1.0) * g * tl.sigmoid(alpha * g)
+    return h
+
+
+@triton.jit
+def _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr,
+                  topk_w_ptr, out_ptr, stride_ot, alpha, limit,
+                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr):
+    """Input scale, biases and activation of the gate/up sums (fp32), stored in the activation dtype."""
+    h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
+                    alpha, limit, ACT, HAS_BIAS, SCALE_INPUT)
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
 

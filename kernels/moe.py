@@ -31,10 +31,12 @@ import triton
 
 from ..reference import InputError
 from ..reference.config import MoEConfig
-from ..reference.weights import FIELDS, MoEWeights
+from ..reference.sizes import FP8_BLOCK
+from ..reference.weights import FIELDS, SCALE_FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
+from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
 from .plan import static_plan
 from .routing import launch_router
@@ -145,44 +147,74 @@ def check_inputs(x, weights, config) -> None:
         weights.validate(config)
     except InputError as exc:
         raise KernelInputError(str(exc)) from None
+    fp8 = set(SCALE_FIELDS.values()) if weights.is_fp8 else set()
     for name, t in weights.arrays().items():
         if not isinstance(t, torch.Tensor):
             raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
         if t.device != x.device:
             raise KernelInputError(f"weights.{name} is on {t.device}, x on {x.device}: both must be on one device")
-        if t.dtype != x.dtype:
+        if name in SCALE_FIELDS or name in fp8:
+            want = torch.float32 if name in SCALE_FIELDS else torch.float8_e4m3fn
+            if t.dtype != want:
+                why = ("FP8 block scales are float32" if name in SCALE_FIELDS else
+                       "FP8 expert weights are float8_e4m3fn (MoEWeights.to_torch keeps them so)")
+                raise KernelInputError(f"weights.{name} has dtype {t.dtype}, expected {want}: {why}")
+        elif t.dtype != x.dtype:
             raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {x.dtype}: they must agree")
         if not t.is_contiguous():
             raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
 
 
+def fp8_mode(weights: MoEWeights, fp8_activations: bool) -> str | None:
+    """The static plan's ``fp8`` for these weights: None (float weights), "weights" or "weights+act"."""
+    if not weights.is_fp8:
+        if fp8_activations:
+            raise KernelInputError("fp8_activations=True with float weights (activation-only FP8) is not supported "
+                                   "by the kernels: give FP8 weights (MoEWeights.to_fp8) or fp8_activations=False")
+        return None
+    return "weights+act" if fp8_activations else "weights"
+
+
+def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
+    """GEMM 1's output: (rows, width) in x's dtype and no scales, or with FP8 activations e4m3 codes
+    (rows, width) float8_e4m3fn and their scales (rows, ceil(width / 128)) fp32."""
+    if fp8 != "weights+act":
+        return torch.empty((rows, width), device=x.device, dtype=x.dtype), None
+    return (torch.empty((rows, width), device=x.device, dtype=torch.float8_e4m3fn),
+            torch.empty((rows, triton.cdiv(width, FP8_BLOCK)), device=x.device, dtype=torch.float32))
+
+
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
-                    deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None):
+                    deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None,
+                    fp8: str | None = None):
     """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``
     (``shared_gemm``): a {"gemm1", "gemm2"} entry for the routed experts (the shared MLP) instead
     of the tuned one (a benchmark's or a test's candidate)."""
     return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
                        triton_version=triton.__version__, deterministic=deterministic,
-                       num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm)
+                       num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm, fp8=fp8)
 
 
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,
-             plan=None) -> torch.Tensor:
+             plan=None, fp8_activations: bool = False) -> torch.Tensor:
     """The launches of the layer (module docstring), each with the sizes of the static plan
     (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
     publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
     per-stage breakdown only (the output is then unfinished). ``plan``: a static plan for this T
-    to run instead of the tuned one (``static_plan_for(..., gemm=entry)``: benchmarks, tests)."""
+    to run instead of the tuned one (``static_plan_for(..., gemm=entry)``: benchmarks, tests).
+    FP8 weights (``weights.is_fp8``) run fp8_gemm.py's GEMMs, with ``fp8_activations`` the GEMM
+    inputs quantized too (the activation buffer then holds e4m3 codes and per-128-column scales)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     dev = x.device
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    sp = plan or static_plan_for(config, T, x.dtype, dev, deterministic)
-    if sp.T != T or sp.atomic != (not deterministic and (sp.KS > 1 or sp.split2 > 1)):
-        raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}: this call has T={T}, "
-                               f"deterministic={deterministic}")
+    fp8 = fp8_mode(weights, fp8_activations)
+    sp = plan or static_plan_for(config, T, x.dtype, dev, deterministic, fp8=fp8)
+    if sp.T != T or sp.atomic != (not deterministic and (sp.KS > 1 or sp.split2 > 1)) or sp.fp8 != fp8:
+        raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}, fp8={sp.fp8}: this call "
+                               f"has T={T}, deterministic={deterministic}, fp8={fp8}")
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev)
@@ -197,10 +229,15 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     if stop_after == "align":
         return y
 
-    act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
-    launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
-                 activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                 scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms)
+    act, act_s = _act_buffers(P_max, I, fp8, x)
+    if fp8:
+        launch_gemm1_fp8(x, weights.gate_up, weights.gate_up_scale_inv, weights.gate_up_bias, act, act_s, meta, topk_w,
+                         g1, activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
+                         scale_input=config.weight_on_input, dense=False, num_m=B_max)
+    else:
+        launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
+                     activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
+                     scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms)
     if stop_after == "gemm1":
         return y
     if atomic:
@@ -209,17 +246,32 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         out = y
     else:  # split s, token t, slot k at row s*T*KS + t*KS + k; fp32 when partial sums are stored
         out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
-    launch_gemm2(act, weights.down, weights.down_bias, out, meta,
-                 None if config.weight_on_input else topk_w, g2,
-                 T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2, num_sms=sp.num_sms)
+    if fp8:
+        launch_gemm2_fp8(act, act_s, weights.down, weights.down_scale_inv, weights.down_bias, out, meta,
+                         None if config.weight_on_input else topk_w, g2,
+                         T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
+    else:
+        launch_gemm2(act, weights.down, weights.down_bias, out, meta,
+                     None if config.weight_on_input else topk_w, g2,
+                     T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2, num_sms=sp.num_sms)
     if sp.shared:
         Is = config.shared_intermediate_size
-        act_s = torch.empty((T, Is), device=dev, dtype=x.dtype)
-        launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, act_s, {}, None, sp.shared["gemm1"],
-                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
-                     num_m=sp.shared_m, act=sp.shared_act, num_sms=sp.num_sms)
-        launch_gemm2(act_s, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
-                     T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2, num_sms=sp.num_sms)
+        sh, sh_s = _act_buffers(T, Is, fp8, x)
+        if fp8:
+            launch_gemm1_fp8(x, weights.shared_gate_up.view(1, 2 * Is, H),
+                             weights.shared_gate_up_scale_inv.unsqueeze(0), None, sh, sh_s, {}, None,
+                             sp.shared["gemm1"], activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False,
+                             dense=True, num_m=sp.shared_m)
+            launch_gemm2_fp8(sh, sh_s, weights.shared_down.view(1, H, Is), weights.shared_down_scale_inv.unsqueeze(0),
+                             None, out, {}, sgate, sp.shared["gemm2"], T=T, K=K, KS=KS, dense=True, atomic=atomic,
+                             num_m=sp.shared_m, split=split2)
+        else:
+            launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, sh, {}, None, sp.shared["gemm1"],
+                         activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
+                         num_m=sp.shared_m, act=sp.shared_act, num_sms=sp.num_sms)
+            launch_gemm2(sh, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
+                         T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2,
+                         num_sms=sp.num_sms)
     if stop_after == "gemm2":
         return y
     if atomic:
@@ -384,12 +436,23 @@ def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype,
                                gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__)
 
 
-def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str) -> torch.Tensor:
+def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
+           fp8_activations: bool = False) -> torch.Tensor:
+    if weights.is_fp8 or fp8_activations:  # only the multi-launch path has FP8 GEMMs so far
+        check_fp8_backend(backend)
+        return _forward(x, weights, config, deterministic, fp8_activations=fp8_activations)
     if resolve_backend(backend, config, x.shape[0], x.dtype, x.device) == "megakernel":
         from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
 
         return megakernel_forward(x, weights, config)
     return _forward(x, weights, config, deterministic)
+
+
+def check_fp8_backend(backend: str) -> None:
+    """FP8 runs on the multi-launch backend ("auto" picks it); the megakernel has no FP8 GEMMs yet."""
+    if backend == "megakernel":
+        raise KernelInputError("FP8 (float8_e4m3fn weights with block scales, or fp8_activations) is not supported "
+                               "by backend='megakernel' yet: use backend='multi' or 'auto'")
 
 
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
@@ -398,16 +461,22 @@ def _moe_op(
     router_bias: torch.Tensor | None, score_bias: torch.Tensor | None, gate_up_bias: torch.Tensor | None,
     down_bias: torch.Tensor | None, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
     shared_gate: torch.Tensor | None, config_json: str, deterministic: bool, backend: str,
+    gate_up_scale_inv: torch.Tensor | None = None, down_scale_inv: torch.Tensor | None = None,
+    shared_gate_up_scale_inv: torch.Tensor | None = None, shared_down_scale_inv: torch.Tensor | None = None,
+    fp8_activations: bool = False,
 ) -> torch.Tensor:
     w = MoEWeights(router_weight=router_weight, gate_up=gate_up, down=down, router_bias=router_bias,
                    score_bias=score_bias, gate_up_bias=gate_up_bias, down_bias=down_bias,
-                   shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=shared_gate)
-    return _layer(x, w, _config_from_json(config_json), deterministic, backend)
+                   shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=shared_gate,
+                   gate_up_scale_inv=gate_up_scale_inv, down_scale_inv=down_scale_inv,
+                   shared_gate_up_scale_inv=shared_gate_up_scale_inv, shared_down_scale_inv=shared_down_scale_inv)
+    return _layer(x, w, _config_from_json(config_json), deterministic, backend, fp8_activations)
 
 
 @_moe_op.register_fake
 def _(x, router_weight, gate_up, down, router_bias, score_bias, gate_up_bias, down_bias,
-      shared_gate_up, shared_down, shared_gate, config_json, deterministic, backend):
+      shared_gate_up, shared_down, shared_gate, config_json, deterministic, backend, gate_up_scale_inv=None,
+      down_scale_inv=None, shared_gate_up_scale_inv=None, shared_down_scale_inv=None, fp8_activations=False):
     return torch.empty_like(x)
 
 
@@ -417,7 +486,7 @@ def config_json(config: MoEConfig) -> str:
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True,
-                check: bool = True, backend: str = "auto") -> torch.Tensor:
+                check: bool = True, backend: str = "auto", fp8_activations: bool | None = None) -> torch.Tensor:
     """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
     weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
 
@@ -427,19 +496,39 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     bitwise-identical output from run to run (fixed-order combine; the megakernel always is); False
     lets the multi-launch GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the
     input checks (for callers that checked once, e.g. inside a captured graph).
+
+    FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
+    float32 128 x 128 block scales) run the FP8 GEMMs of fp8_gemm.py on the multi-launch backend
+    ("auto" picks it; "megakernel" raises). ``fp8_activations`` as the reference's: None follows the
+    weights (DeepSeek-V3's scheme, GEMM inputs quantized per token per 128 columns), False is
+    weight-only FP8; True with float weights is refused.
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    fp8_act = _fp8_activations(weights, fp8_activations)
     if check:
         check_inputs(x, weights, config)
+    if weights.is_fp8 or fp8_act:
+        check_fp8_backend(backend)
+        fp8_mode(weights, fp8_act)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
         weights.shared_gate, config_json(config), bool(deterministic), backend,
+        *(getattr(weights, k) for k in SCALE_FIELDS), fp8_act,
     )
 
 
-def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto"):
+def _fp8_activations(weights: MoEWeights, fp8_activations) -> bool:
+    if fp8_activations is None:
+        return bool(getattr(weights, "is_fp8", False))
+    if not isinstance(fp8_activations, bool):
+        raise KernelInputError(f"fp8_activations must be True, False or None, got {fp8_activations!r}")
+    return fp8_activations
+
+
+def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto",
+         fp8_activations: bool | None = None):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
     For torch.compile and CUDA graphs: the closure holds only tensors, a string and a bool, so
@@ -454,11 +543,16 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     det = bool(deterministic)
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    fp8_act = _fp8_activations(weights, fp8_activations)
+    if weights.is_fp8 or fp8_act:
+        check_fp8_backend(backend)
+        fp8_mode(weights, fp8_act)
+    scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
             raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {list(x.shape)} {x.dtype} on {x.device}")
-        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend)
+        return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend, *scales, fp8_act)
 
     return f
 

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..reference.sizes import dtype_bytes
+from ..reference.sizes import FP8_BLOCK, dtype_bytes
 from ..reference.tiles import cdiv
 from . import configs as cfgs
 from .configs import _pow2
@@ -379,37 +379,80 @@ class StaticPlan:
     atomic: bool
     KS: int
     num_sms: int
+    fp8: str | None = None  # None, "weights" (e4m3 weights, activations in x's dtype) or "weights+act"
 
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
                 triton_version: str | None = None, deterministic: bool = True, num_sms: int | None = None,
-                gemm: dict | None = None, shared_gemm: dict | None = None) -> StaticPlan:
+                gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
     interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
 
     ``num_sms``: the device's SMs, for persistent launches (default: configs.INTERPRETER_SMS in
     the interpreter, configs.DEFAULT_SMS elsewhere). ``gemm``: a {"gemm1", "gemm2"} entry for the
     routed experts instead of the tuned one (a benchmark's or a test's candidate; checked as a
-    tuned entry is), ``shared_gemm`` the same for the shared MLP."""
+    tuned entry is), ``shared_gemm`` the same for the shared MLP. ``fp8``: None, "weights" or
+    "weights+act" (FP8 expert weights, and activations quantized too): every GEMM entry through
+    ``fp8_entry``."""
+    if fp8 not in FP8_MODES:
+        raise ValueError(f"fp8 must be one of {list(FP8_MODES)}, got {fp8!r}")
     interpret = device_name == "cpu-interpreter"
     sms = int(num_sms or (cfgs.INTERPRETER_SMS if interpret else cfgs.DEFAULT_SMS))
     keys = [None if g is None else json.dumps(cfgs.check_entry(g, f"static_plan({what}=...)"), sort_keys=True)
             for what, g in (("gemm", gemm), ("shared_gemm", shared_gemm))]
     return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic),
-                        sms, *keys)
+                        sms, *keys, fp8)
 
 
-def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json):
+FP8_MODES = (None, "weights", "weights+act")
+
+
+#: Shared memory the FP8 GEMMs' pipeline stages may take (bytes): what the bf16 TMA GEMM 1 runs with on
+#: the H200 (196,640 B at 4 stages, compile_report), below Hopper's 227 KB with room for the epilogue.
+FP8_SMEM_BUDGET_BYTES = 196 * 1024
+#: Row tiles of the FP8 GEMMs at most: each K tile's product is kept apart from the accumulator until
+#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill.
+FP8_MAX_BLOCK_M = 64
+
+
+def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16") -> dict:
+    """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
+    K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
+    whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
+    groups); BLOCK_M at most FP8_MAX_BLOCK_M (both GEMMs: the align pads to it) and num_stages cut
+    to FP8_SMEM_BUDGET_BYTES. GEMM 2 keeps its split-K (splits fall on K tiles, hence on scale
+    blocks). ``dtype``: x's (GEMM 1's A tiles, and the activation's without FP8 activations)."""
+    if fp8 is None:
+        return entry
+    xb = dtype_bytes(dtype)
+    bm = min(entry["gemm1"]["BLOCK_M"], FP8_MAX_BLOCK_M)
+    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant="pointer")
+    if fp8 == "weights+act":
+        g1["BLOCK_N"] = FP8_BLOCK
+    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, variant="pointer")
+    # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
+    # tiles (GEMM 1: gate and up); weight-only GEMMs convert the weights in registers
+    a2 = 1 if fp8 == "weights+act" else xb
+    for g, a_bytes, n_w in ((g1, xb, 2), (g2, a2, 1)):
+        stage = g["BLOCK_M"] * FP8_BLOCK * a_bytes + n_w * g["BLOCK_N"] * FP8_BLOCK
+        g["num_stages"] = max(1, min(g["num_stages"], FP8_SMEM_BUDGET_BYTES // stage))
+    return {"gemm1": g1, "gemm2": g2}
+
+
+def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp8=None):
     if given_json is None:
-        return cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
-    return cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
+        g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
+    else:
+        g = cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
+    return fp8_entry(g, fp8, dtype)
 
 
 @lru_cache(maxsize=256)
-def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json) -> StaticPlan:
+def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json,
+                 fp8=None) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
-    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json)
+    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
@@ -422,7 +465,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
-        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json)
+        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8)
         sg2 = dict(sg["gemm2"], SPLIT_K=split2)
         if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
             sg2["variant"] = "pointer"
@@ -434,4 +477,4 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     combine = combine_launch(T, H) if (atomic or KS > 1 or split2 > 1) and T else None
     return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
                       P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS,
-                      num_sms=num_sms)
+                      num_sms=num_sms, fp8=fp8)

@@ -1,0 +1,284 @@
+"""The grouped GEMMs of the MoE layer with FP8 (e4m3) weights carrying 128 x 128 block scales.
+
+Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, P_max padded rows,
+KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP), Rb, Cb a weight's scale blocks (ceil(R / KB), ceil(C / KB)).
+
+What they compute is reference.forward's FP8 layer. The block scales are applied in the fp32
+accumulation, once per K tile: BLOCK_K == KB (plan.py's fp8_entry), so each K tile of a weight's
+column lies in one scale block and
+
+    weight-only (FP8_A=False):  acc += dot(a, w8.to(a's dtype)) * s_w[n]                 (a: x's dtype)
+    FP8 activations (FP8_A):    acc += dot(a8, w8) * s_a[m] * s_w[n]                      (e4m3 x e4m3)
+
+s_w[n] = scale_inv[e, n // KB, kt] per output column n (a column's own row block: GEMM 1's up rows
+start at I, mid-block when KB does not divide I), s_a[m] the scale of row m's 128-column group kt.
+The dot of e4m3 values is exact in fp32 under the interpreter and a tensor-core FP8 MMA on Hopper.
+
+FP8 activations follow DeepSeek-V3's scheme (per token, per 128 columns), as the reference's
+fake quantization does it: s = max(amax, 1e-4) / 448 and q = e4m3(a / s), both IEEE float32
+divisions (tl.math.div_rn), q rounded to nearest-even with integer operations (``_e4m3_rne``: the
+interpreter's float8 cast does not round ties to even; the exact value then casts exactly anywhere).
+    GEMM 1 quantizes its x rows (times the routing weight for Llama 4, before quantizing, as the
+    reference) in each K tile as it loads them, and quantizes h in its epilogue from the fp32
+    values (BLOCK_N == KB: a tile holds whole 128-column groups of h): act codes (P_max, I) e4m3
+    and act scales (P_max, ceil(I / KB)) fp32.
+    GEMM 2 reads those codes and scales.
+Without FP8 activations the activation is stored in x's dtype as the bf16 path does.
+
+Program order, row blocks, padding, epilogues and the pair buffer are grouped_gemm.py's (shared
+helpers); no split-K in GEMM 1 (its epilogue quantizes whole rows), GEMM 2 splits on K tiles.
+The tiles come from plan.fp8_entry (the one place they are sized); the launchers refuse others.
+
+On the GPU (benchmarks/compile_report.py --gemm ... --fp8 ...; figures of Triton 3.9 for sm_90):
+with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); at 16-row
+(decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
+weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..reference.sizes import FP8_BLOCK
+from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_epilogue, _gemm2_rows, _ieee, _program_tile
+from .plan import gemm_grid
+
+E4M3_MAX = tl.constexpr(448.0)  # reference.fp8's constants
+AMAX_FLOOR = tl.constexpr(1e-4)
+
+
+@triton.jit
+def _e4m3_rne(v):
+    """fp32 -> the nearest e4m3 value (ties to even, saturating at +-448), still fp32, exactly
+    representable in float8e4nv. Normals keep 3 of float32's 23 mantissa bits (integer round half
+    to even on the bits); below 2^-6 the quantum is 2^-9, rounded by adding and removing 1.5 * 2^14."""
+    v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
+    bits = v.to(tl.uint32, bitcast=True)
+    sign = bits & 0x80000000
+    mag = bits & 0x7FFFFFFF
+    normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & 0xFFF00000
+    a = mag.to(tl.float32, bitcast=True)
+    sub = ((a + 24576.0) - 24576.0).to(tl.uint32, bitcast=True)
+    r = tl.where(a < 0.015625, sub, normal) | sign
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_groups(a):
+    """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32): one group per row,
+    scale = max(amax, 1e-4) / 448, codes = e4m3(a / scale) (reference.fp8's arithmetic)."""
+    amax = tl.max(tl.abs(a), axis=1)
+    s = tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), tl.full(amax.shape, E4M3_MAX, tl.float32))
+    q = _e4m3_rne(tl.math.div_rn(a, s[:, None]))
+    return q.to(tl.float8e4nv), s
+
+
+@triton.jit
+def _gemm1_fp8_tile(
+    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be, stride_ot,
+    stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
+    and their scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized
+    per K tile, h quantized into out (codes) and outs (scales, column pid_n); BLOCK_N == KB."""
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
+    wu_ptrs = wg_ptrs + N * stride_wn
+    sg_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
+    su_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + ((offs_bn + N) // KB) * stride_wsn
+    if FP8_A and SCALE_INPUT:  # Llama 4: the routing weight scales the row before it is quantized
+        pair = tl.load(padded_pair_ptr + rows)
+        in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        k_mask = offs_k < KD - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
+        bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
+        sg = tl.load(sg_ptrs + kt)
+        su = tl.load(su_ptrs + kt)
+        if FP8_A:
+            a32 = a.to(tl.float32)
+            if SCALE_INPUT:
+                a32 = a32 * in_sc[:, None]
+            aq, sa = _quantize_groups(a32)
+            acc_g += tl.dot(aq, bg) * sa[:, None] * sg[None, :]
+            acc_u += tl.dot(aq, bu) * sa[:, None] * su[None, :]
+        elif IEEE:
+            acc_g += tl.dot(a, bg.to(a.dtype), input_precision="ieee") * sg[None, :]
+            acc_u += tl.dot(a, bu.to(a.dtype), input_precision="ieee") * su[None, :]
+        else:
+            acc_g += tl.dot(a, bg.to(a.dtype)) * sg[None, :]
+            acc_u += tl.dot(a, bu.to(a.dtype)) * su[None, :]
+        a_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
+                    alpha, limit, ACT, HAS_BIAS, SCALE_INPUT and not FP8_A)
+    col_mask = offs_n < N
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+    if FP8_A:
+        hq, hs = _quantize_groups(tl.where(col_mask[None, :], h, 0.0))
+        tl.store(out_ptrs, hq, mask=row_mask[:, None] & col_mask[None, :])
+        tl.store(outs_ptr + rows.to(tl.int64) * stride_os + pid_n, hs, mask=row_mask)
+    else:
+        tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "num_m"])
+def _gemm1_fp8_kernel(
+    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
+    topk_w_ptr, T, N, KD, num_m, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be, stride_ot,
+    stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n, e, _s, _lo, _hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE, 1,
+                                                  BLOCK_N, BLOCK_K, GROUP_M)
+    if e < 0:
+        return
+    _gemm1_fp8_tile(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                    pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
+                    stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, FP8_A, IEEE, KB,
+                    BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemm2_fp8_tile(
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse, stride_wsn,
+    stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB));
+    K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_row = tl.where(row_mask, rows, 0).to(tl.int64)
+    a_ptrs = a_ptr + a_row[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
+    w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
+    sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(k_lo, k_hi):
+        k_mask = offs_k < KD - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        sw = tl.load(sw_ptrs + kt)
+        if FP8_A:
+            sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
+            acc += tl.dot(a, b) * sa[:, None] * sw[None, :]
+        elif IEEE:
+            acc += tl.dot(a, b.to(a.dtype), input_precision="ieee") * sw[None, :]
+        else:
+            acc += tl.dot(a, b.to(a.dtype)) * sw[None, :]
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
+                    out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, SPLIT_K)
+
+
+@triton.jit(do_not_specialize=["T", "num_m"])
+def _gemm2_fp8_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, scale_ptr,
+    T, N, KD, num_m, stride_at, stride_as, stride_we, stride_wn, stride_wse, stride_wsn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n, e, s, k_lo, k_hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE,
+                                                   SPLIT_K, BLOCK_N, BLOCK_K, GROUP_M)
+    if e < 0:
+        return
+    _gemm2_fp8_tile(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse,
+                    stride_wsn, stride_be, stride_ot, K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, FP8_A, IEEE,
+                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+# --------------------------------------------------------------------------- launchers
+def _check_fp8_tiles(cfg: dict, gemm: str, fp8_act: bool) -> None:
+    if cfg["BLOCK_K"] != FP8_BLOCK or (gemm == "gemm1" and (cfg.get("SPLIT_K", 1) != 1 or
+                                                           (fp8_act and cfg["BLOCK_N"] != FP8_BLOCK))):
+        raise ValueError(f"FP8 {gemm} needs BLOCK_K={FP8_BLOCK} (one scale block per K tile)"
+                         f"{', no split-K' if gemm == 'gemm1' else ''}"
+                         f"{f' and BLOCK_N={FP8_BLOCK} (whole activation groups)' if gemm == 'gemm1' and fp8_act else ''}"
+                         f", got {cfg} (plan.fp8_entry makes such an entry)")
+
+
+def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
+                     limit: float, scale_input: bool, dense: bool, num_m: int):
+    """(kernel, grid, args, kwargs) of the FP8 GEMM 1. x (T, H) its dtype; w (E, 2N, H) float8_e4m3fn;
+    w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes with out_scale (P, ceil(N/128))
+    fp32 when FP8 activations (out_scale given), else out in x's dtype."""
+    from .grouped_gemm import ACT_CODES
+
+    fp8_act = out_scale is not None
+    _check_fp8_tiles(cfg, "gemm1", fp8_act)
+    T, KD = x.shape
+    N = w.shape[1] // 2
+    kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
+                  FP8_A=fp8_act, IEEE=_ieee(x), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                  BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
+    args = (x, w, w_scale, bias, out, out_scale, meta.get("padded_token"), meta.get("padded_pair"),
+            meta.get("block_expert"), topk_w, T, N, KD, num_m, x.stride(0), w.stride(0), w.stride(1),
+            w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0),
+            0 if out_scale is None else out_scale.stride(0), float(alpha), float(limit))
+    return _gemm1_fp8_kernel, gemm_grid(num_m, N, cfg), args, kwargs
+
+
+def launch_gemm1_fp8(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
+                     limit: float, scale_input: bool, dense: bool, num_m: int) -> None:
+    """GEMM 1 with FP8 weights (see gemm1_fp8_launch)."""
+    if num_m == 0:
+        return
+    kernel, grid, args, kwargs = gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg,
+                                                  activation=activation, alpha=alpha, limit=limit,
+                                                  scale_input=scale_input, dense=dense, num_m=num_m)
+    kernel[grid](*args, **kwargs)
+
+
+def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
+                     dense: bool, atomic: bool, num_m: int, split: int = 1):
+    """(kernel, grid, args, kwargs) of the FP8 GEMM 2. act (P, I): e4m3 codes with act_scale
+    (P, ceil(I/128)) fp32, or (act_scale None) x's dtype; w (E, N, I) float8_e4m3fn; w_scale
+    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's."""
+    _check_fp8_tiles(cfg, "gemm2", act_scale is not None)
+    KD = act.shape[1]
+    N = w.shape[1]
+    kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
+                  FP8_A=act_scale is not None, IEEE=_ieee(act),
+                  SPLIT_K=split, KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                  GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    args = (act, act_scale, w, w_scale, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
+            T, N, KD, num_m, act.stride(0), 0 if act_scale is None else act_scale.stride(0), w.stride(0), w.stride(1),
+            w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0))
+    return _gemm2_fp8_kernel, gemm_grid(num_m, N, cfg, split), args, kwargs
+
+
+def launch_gemm2_fp8(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
+                     dense: bool, atomic: bool, num_m: int, split: int = 1) -> None:
+    """GEMM 2 with FP8 weights (see gemm2_fp8_launch)."""
+    if num_m == 0:
+        return
+    kernel, grid, args, kwargs = gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg, T=T, K=K,
+                                                  KS=KS, dense=dense, atomic=atomic, num_m=num_m, split=split)
+    kernel[grid](*args, **kwargs)
+

@@ -1,0 +1,230 @@
+"""The FP8 path of the multi-launch layer (kernels/fp8_gemm.py) against the reference's FP8 layer.
+
+Under the interpreter x is float32: the interpreter loads float8_e4m3fn tensors and converts every
+finite code exactly, and its e4m3 dot is exact in fp32, so these tests check the kernels' scale
+indexing and quantization at float32 precision (the ``fp8_e4m3`` row is the contract; weight-only
+FP8 is also held to ``float32``'s). On CUDA the same tests run in bfloat16.
+
+Sizes are odd on purpose: H = 200 and I = 136 are not multiples of 128, so the last scale block of
+every matrix is partial, and GEMM 1's up rows start at row 136 of the fused [2I, H] weight, in the
+middle of a scale block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
+from megamoe.reference import moe_forward as ref_forward
+from megamoe.reference.fp8 import e4m3_decode, quantize_activations
+
+pytestmark = pytest.mark.interpret
+
+import triton  # noqa: E402  (after conftest.py chose the interpreter)
+import triton.language as tl  # noqa: E402
+
+from megamoe.kernels.fp8_gemm import _quantize_groups  # noqa: E402
+
+BASE = dict(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
+
+#: name -> (config fields, why)
+CASES = {
+    "deepseek": (dict(num_experts=8, router="sigmoid_grouped_topk", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                      score_bias=True, num_shared_experts=1, shared_intermediate_size=72),
+                 "DeepSeek-V3's layer: grouped sigmoid router, a shared MLP with its own FP8 weights (Is=72 < 128)"),
+    "swiglu_bias": (dict(router="topk_softmax", router_bias=True, activation="clamped_swiglu", expert_bias=True,
+                         swiglu_limit=1.5), "gpt-oss epilogue: biases and the clamp act before h is quantized"),
+    "input_scaled": (dict(router="sigmoid_top1_input", top_k=1, num_shared_experts=1, shared_intermediate_size=24),
+                     "Llama 4: the routing weight scales x before it is quantized; top-1 writes y directly"),
+}
+
+
+@triton.jit
+def _quant(src, dst, dst_s, M: tl.constexpr, N: tl.constexpr):
+    """The quantizer alone on an (M, N) fp32 block: codes and one scale per row."""
+    m = tl.arange(0, M)
+    n = tl.arange(0, N)
+    q, s = _quantize_groups(tl.load(src + m[:, None] * N + n[None, :]))
+    tl.store(dst + m[:, None] * N + n[None, :], q)
+    tl.store(dst_s + m, s)
+
+
+def _run(device, cfg, x, w8, fp8_activations, **kw):
+    from megamoe.kernels import moe_forward
+
+    y = moe_forward(device.tensor(x), w8.to_torch(device.name, device.torch_dtype()), cfg,
+                    fp8_activations=fp8_activations, **kw)
+    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=fp8_activations)
+    assert y.dtype == device.torch_dtype() and y.shape == ref.shape
+    return y.cpu(), ref
+
+
+def _check(device, y, ref, fp8_activations, what):
+    rep = assert_close(y, ref, "fp8_e4m3", what)
+    if device.dtype == "float32" and not fp8_activations:  # nothing quantized in the kernel: float32's arithmetic
+        assert_close(y, ref, "float32", what)
+    return rep
+
+
+@pytest.mark.parametrize("fp8_activations", [True, False], ids=["w8a8", "w8"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_layer_matches_fp8_reference(case, fp8_activations, rng, device):
+    cfg = MoEConfig(**{**BASE, **CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    x = rng.standard_normal((13, cfg.hidden_size))  # T % 3 == 1: the interpreter's GEMM 2 splits K in two
+    y, ref = _run(device, cfg, x, w8, fp8_activations)
+    _check(device, y, ref, fp8_activations, f"{case} fp8_activations={fp8_activations}")
+
+
+def test_default_follows_the_weights_and_atomic_combine(rng, device):
+    """fp8_activations=None is the reference's default (quantize when the weights are FP8); the
+    atomic GEMM 2 (deterministic=False) and T=12 (no split-K) go through the same FP8 GEMMs."""
+    cfg = MoEConfig(**BASE, num_shared_experts=1, shared_intermediate_size=40)
+    w8 = random_weights(cfg, seed=11, fp8=True)
+    x = rng.standard_normal((12, cfg.hidden_size))
+    y, ref = _run(device, cfg, x, w8, None, deterministic=False)
+    _check(device, y, ref, True, "default fp8_activations, atomic GEMM 2")
+
+
+def test_empty_experts_and_one_expert_takes_every_token(rng, device):
+    """Router weights that send every token to expert 3 first (then one other): most experts get
+    no rows, expert 3 gets 29 rows (two row blocks under the interpreter)."""
+    cfg = MoEConfig(**{**BASE, "num_experts": 7})
+    w8 = random_weights(cfg, seed=12, fp8=True)
+    rw = np.full_like(w8.router_weight, -1.0)
+    rw[3], rw[5] = 1.0, 0.5
+    w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    x = np.abs(rng.standard_normal((29, cfg.hidden_size)))
+    for fp8_act in (True, False):
+        y, ref = _run(device, cfg, x, w8, fp8_act)
+        _check(device, y, ref, fp8_act, f"every token on expert 3, fp8_activations={fp8_act}")
+
+
+@pytest.mark.parametrize("T", [0, 1])
+def test_tiny_batches(T, rng, device):
+    cfg = MoEConfig(**BASE, num_shared_experts=1, shared_intermediate_size=72)
+    w8 = random_weights(cfg, seed=13, fp8=True)
+    y, ref = _run(device, cfg, rng.standard_normal((T, cfg.hidden_size)), w8, True)
+    assert y.shape == (T, cfg.hidden_size)
+    _check(device, y, ref, True, f"T={T}")
+
+
+def test_poisoned_buffers(rng, device):
+    """The FP8 GEMMs alone on a given routing, the activation codes, their scales and the pair
+    buffer poisoned with NaN: every pair row is written from the reference's quantized FFN, and
+    the padding rows of the activation are never written."""
+    from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
+    from megamoe.kernels.moe import align_only
+    from megamoe.kernels.plan import static_plan
+    from megamoe.reference import expert_ffn
+
+    cfg = MoEConfig(**BASE)
+    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    T = 18  # T % 3 != 1: no split-K in GEMM 2, so it writes the (T*K, H) pair buffer itself
+    idx = np.stack([rng.permutation(E)[:K] for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    w8 = random_weights(cfg, seed=14, fp8=True)
+    name = "cpu-interpreter" if device.name == "cpu" else "NVIDIA H200"
+    g = static_plan(cfg, T, dtype=device.dtype, device_name=name, fp8="weights+act").gemm
+    meta = align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), E, g["gemm1"]["BLOCK_M"])
+    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    nan = float("nan")
+    act = torch.full((P_max, I), nan, device=device.name, dtype=torch.float8_e4m3fn)
+    act_s = torch.full((P_max, 2), nan, device=device.name, dtype=torch.float32)
+    pairs = torch.full((T * K, H), nan, device=device.name, dtype=device.torch_dtype())
+    topk_w = device.tensor(tw, "float32")
+    launch_gemm1_fp8(device.tensor(x), wt.gate_up, wt.gate_up_scale_inv, None, act, act_s, meta, topk_w, g["gemm1"],
+                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=False, num_m=B_max)
+    launch_gemm2_fp8(act, act_s, wt.down, wt.down_scale_inv, None, pairs, meta, topk_w, g["gemm2"], T=T, K=K, KS=K,
+                     dense=False, atomic=False, num_m=B_max, split=g["gemm2"]["SPLIT_K"])
+    got = pairs.cpu().double().numpy()
+    assert np.isfinite(got).all(), "a pair row was left unwritten or took NaN from a padding row"
+    xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
+    want = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
+                     for t in range(T) for k, e in enumerate(idx[t])])
+    assert_close(got, want, "fp8_e4m3", "pair rows")
+    n_rows = int(meta["padded_offsets"][E])
+    pad = (meta["padded_token"][:n_rows] < 0).cpu()
+    assert pad.any()
+    assert torch.isnan(act.cpu()[:n_rows][pad].float()).all() and torch.isnan(act_s.cpu()[:n_rows][pad]).all(), \
+        "padding rows were written"
+
+
+def test_quantizer_codes_equal_the_reference(rng, device):
+    """The in-kernel quantizer (GEMM 1's for x and h) gives reference.fp8's codes and scales bit
+    for bit: every e4m3 value, every tie between two of them (subnormals included) and values just
+    past the ties, at scale 1 (a 448 in each row) and scaled down; an all-zero row (AMAX_FLOOR);
+    tiny random rows."""
+    codes = np.arange(256, dtype=np.uint8)
+    v = np.unique(e4m3_decode(codes[np.isfinite(e4m3_decode(codes))]))
+    mids = (v[1:] + v[:-1]) / 2
+    a = np.concatenate([v, mids, mids * (1 + 2**-20)])
+    a = np.pad(a, (0, -len(a) % 127)).reshape(-1, 127)
+    a = np.concatenate([np.full((len(a), 1), 448.0), a], axis=1)  # amax 448: scale 1
+    a = np.concatenate([a, a * 3e-3, np.zeros((1, 128)), rng.standard_normal((4, 128)) * 1e-3]).astype(np.float32)
+    M = triton.next_power_of_2(len(a))
+    a = np.pad(a, ((0, M - len(a)), (0, 0)))
+    q = torch.empty((M, 128), dtype=torch.float8_e4m3fn, device=device.name)
+    s = torch.empty((M,), dtype=torch.float32, device=device.name)
+    _quant[(1,)](torch.from_numpy(a).to(device.name), q, s, M=M, N=128)
+    qr, sr = quantize_activations(a)
+    np.testing.assert_array_equal(e4m3_decode(q.cpu().view(torch.uint8).numpy()), e4m3_decode(qr))  # -0 == +0
+    np.testing.assert_array_equal(s.cpu().numpy(), sr[:, 0])
+
+
+def test_unsupported_combinations_are_named(rng, device):
+    from megamoe.kernels import moe_forward
+    from megamoe.kernels.moe import KernelInputError, bind
+
+    cfg = MoEConfig(**BASE)
+    w8 = random_weights(cfg, seed=15, fp8=True)
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    x = device.tensor(rng.standard_normal((3, cfg.hidden_size)))
+    with pytest.raises(ValueError, match=r"FP8 .* not supported by backend='megakernel'"):
+        moe_forward(x, wt, cfg, backend="megakernel")
+    with pytest.raises(ValueError, match=r"FP8 .* not supported by backend='megakernel'"):
+        bind(wt, cfg, backend="megakernel")
+    with pytest.raises(KernelInputError, match=r"\(activation-only FP8\) is not supported"):
+        moe_forward(x, random_weights(cfg, seed=15).to_torch(device.name, device.torch_dtype()), cfg,
+                    fp8_activations=True)
+    with pytest.raises(KernelInputError, match=r"fp8_activations must be True, False or None, got 'yes'"):
+        moe_forward(x, wt, cfg, fp8_activations="yes")
+    bad = type(wt)(**{**wt.arrays(), "down_scale_inv": wt.down_scale_inv.to(torch.float16)})
+    with pytest.raises(KernelInputError, match=r"weights.down_scale_inv has dtype torch.float16, expected "
+                                               r"torch.float32: FP8 block scales are float32"):
+        moe_forward(x, bad, cfg)
+    bad = type(wt)(**{**wt.arrays(), "gate_up": wt.gate_up.to(device.torch_dtype())})
+    with pytest.raises(KernelInputError, match=r"weights.gate_up has dtype .*, expected torch.float8_e4m3fn"):
+        moe_forward(x, bad, cfg)
+    # bind runs the same FP8 layer as moe_forward
+    y = bind(wt, cfg)(x)
+    torch.testing.assert_close(y, moe_forward(x, wt, cfg), rtol=0, atol=0)
+
+
+def test_fp8_entry_sizes_the_tiles():
+    """Block sizes come from plan.fp8_entry: K tiles of one scale block, GEMM 1 whole groups of h."""
+    from megamoe.kernels.plan import static_plan
+
+    cfg = MoEConfig(**BASE)
+    for fp8, bn in (("weights", None), ("weights+act", 128)):
+        sp = static_plan(cfg, 13, dtype="float32", device_name="cpu-interpreter", fp8=fp8)
+        assert sp.fp8 == fp8 and sp.act is None
+        assert sp.gemm["gemm1"]["BLOCK_K"] == sp.gemm["gemm2"]["BLOCK_K"] == 128
+        assert sp.gemm["gemm1"]["SPLIT_K"] == 1 and sp.split2 == 2
+        assert bn is None or sp.gemm["gemm1"]["BLOCK_N"] == bn
+    # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
+    from megamoe.kernels.plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
+
+    big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
+    for fp8, a2 in (("weights", 2), ("weights+act", 1)):
+        sp = static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8=fp8)
+        g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+        assert g1["BLOCK_M"] == g2["BLOCK_M"] <= FP8_MAX_BLOCK_M and sp.P_max % g1["BLOCK_M"] == 0
+        assert g1["num_stages"] * (g1["BLOCK_M"] * 128 * 2 + 2 * g1["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
+        assert g2["num_stages"] * (g2["BLOCK_M"] * 128 * a2 + g2["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
+    with pytest.raises(ValueError, match=r"fp8 must be one of"):
+        static_plan(cfg, 13, dtype="float32", device_name="cpu-interpreter", fp8="act")
