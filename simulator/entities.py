@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import incidence_by_resource, maxmin_rates_indexed
+from .flows import advance, step_rates
 
 
 @dataclass
@@ -148,9 +148,11 @@ class Fabric:
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
         self.delivered = np.zeros(F)
         self.limit = np.asarray(self._limit0, dtype=np.float64)
-        self.rate = np.zeros(F)
+        self.rate = np.zeros(F)  # 0 for every flow outside ``_act``
         self.set_capacity(self.cap)
         self.active = np.zeros(F, np.bool_)  # started and not done
+        self._act = np.zeros(0, np.int64)  # the same, as ascending ids: every per-step pass runs over these
+        self._act_new: list[np.ndarray] = []  # started since the last step, merged into ``_act`` there
         self._ended = np.zeros(F, np.bool_)
         self._done: dict[int, simpy.Event] = {}
         self.start_s = np.full(F, np.nan)
@@ -162,22 +164,32 @@ class Fabric:
         self._ms_f = np.concatenate(self._ms_flow) if n else np.zeros(0, np.int64)
         self._ms_b = np.concatenate(self._ms_bytes) if n else np.zeros(0)
         self._ms_left = np.diff(self._ms_ptr)  # pairs not reached yet, per milestone
-        self._ms_reached = np.zeros(self._ms_f.size, np.bool_)
         self._ms_events = [self.env.event() for _ in range(n)]
         self._ms_fired = np.zeros(n, np.bool_)
         self._ms_mid = np.repeat(np.arange(n), np.diff(self._ms_ptr))
-        self._compact_milestones()
         self._t = self.env.now
         self._frozen = True
         self._frozen_ran = False
+        # pairs of zero bytes are reached now; a milestone is *armed* once every flow of its other
+        # pairs has started (before that it can neither fire nor be next: an idle flow delivers
+        # nothing), and only armed milestones are checked and timed
+        self._ms_reached = self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f]
+        self._live = np.nonzero(self._ms_reached)[0]  # checked once, below
+        self._index_live()
         self._check_milestones()
-        self._frozen_ran = True  # milestones of zero bytes
+        self._frozen_ran = True
+        wait = np.nonzero(~self._ms_reached)[0]  # flow -> its pairs not reached yet (CSR)
+        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n)  # per milestone: pairs whose flow is idle
+        self._fp_ptr = np.zeros(F + 1, np.int64)
+        np.cumsum(np.bincount(self._ms_f[wait], minlength=F), out=self._fp_ptr[1:])
+        self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
+        self._live = np.zeros(0, np.int64)
+        self._arm(np.nonzero((self._ms_wait == 0) & ~self._ms_fired)[0])
 
     def set_capacity(self, capacity) -> None:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
         self.cap = np.asarray(capacity, dtype=np.float64)
         self.load = np.zeros(self.cap.size)
-        self._csc = None
 
     @property
     def remaining(self) -> np.ndarray:
@@ -218,11 +230,14 @@ class Fabric:
             raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
         self.start_s[fids] = self.env.now
         moving = self.total[fids] > 0
-        for f in fids[~moving]:
-            self._end(f, 0.0)
-        self._groups_ended(fids[~moving])
+        if not moving.all():
+            for f in fids[~moving]:
+                self._end(f, 0.0)
+            self._groups_ended(fids[~moving])
+        self._started_pairs(fids)
         if moving.any():
             self.active[fids[moving]] = True
+            self._act_new.append(fids[moving])
             self._schedule_recompute()
 
     def raise_limit(self, fids, extra_bytes) -> None:
@@ -232,7 +247,7 @@ class Fabric:
         self._advance()
         fids = np.asarray(fids, np.int64)
         np.add.at(self.limit, fids, np.asarray(extra_bytes, np.float64))
-        np.minimum(self.limit, self.total, out=self.limit)
+        self.limit[fids] = np.minimum(self.limit[fids], self.total[fids])
         if self.active[fids].any():
             self._schedule_recompute()
 
@@ -243,11 +258,12 @@ class Fabric:
             ev.callbacks.append(self._recompute)
             ev.succeed()
 
-    def _advance(self) -> None:
+    def _advance(self) -> np.ndarray:
+        """Move the flows on at their rates to now (only ``_act`` has rates; flows that reach their
+        end or limit inside the step stop there). Returns which of ``_act`` are done, (A,) bool."""
         dt = self.env.now - self._t
-        if dt > 0:  # flows that reach their end or limit inside the step stop there
-            np.minimum(self.delivered + self.rate * dt, np.minimum(self.limit, self.total), out=self.delivered)
         self._t = self.env.now
+        return advance(self._act, dt, self.delivered, self.rate, self.limit, self.total, self._tol)
 
     @property
     def resource_bytes(self) -> np.ndarray:
@@ -271,13 +287,10 @@ class Fabric:
         """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
         if not self._fg.size or not flows.size:
             return
-        lo, hi = self._fg_ptr[flows], self._fg_ptr[flows + 1]
-        n = hi - lo
-        if not n.sum():
+        gids = self._fg[_csr_rows(self._fg_ptr, flows)]
+        if not gids.size:
             return
-        idx = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
-        gids = self._fg[idx]
-        ends = np.repeat(self.end_s[flows], n)
+        ends = np.repeat(self.end_s[flows], self._fg_ptr[flows + 1] - self._fg_ptr[flows])
         np.maximum.at(self._grp_end, gids, ends)
         np.subtract.at(self._grp_left, gids, 1)
         for g in np.unique(gids[self._grp_left[gids] == 0]):
@@ -287,9 +300,12 @@ class Fabric:
             else:
                 ev.succeed()
 
-    def _finish_done(self) -> None:
-        done = np.nonzero(self.active & (self.delivered >= self.total - self._tol))[0]
-        if done.size:
+    def _finish_done(self, is_done: np.ndarray) -> None:
+        """End the flows of ``_act`` marked in ``is_done`` (A,) bool, now; then check the milestones."""
+        if is_done.any():
+            a = self._act
+            done = a[is_done]
+            self._act = a[~is_done]
             self.delivered[done] = self.total[done]
             self.active[done] = False
             self._ended[done] = True
@@ -307,14 +323,42 @@ class Fabric:
         if self._live.size:
             self._check_milestones()
 
+    # ------------------------------------------------------------ milestones
+    def _started_pairs(self, fids: np.ndarray) -> None:
+        """Count down the idle flows of the milestones of flows ``fids`` (just started); arm those at zero."""
+        if not self._fp_mid.size:
+            return
+        mids = self._fp_mid[_csr_rows(self._fp_ptr, fids)]
+        if mids.size:
+            np.subtract.at(self._ms_wait, mids, 1)
+            self._arm(np.unique(mids[self._ms_wait[mids] == 0]))
+
+    def _arm(self, mids: np.ndarray) -> None:
+        """Add the open pairs of milestones ``mids`` to the live index (each milestone's pairs together)."""
+        mids = mids[~self._ms_fired[mids]]
+        if not mids.size:
+            return
+        pairs = _csr_rows(self._ms_ptr, mids)
+        pairs = pairs[~self._ms_reached[pairs]]
+        self._live = np.concatenate([self._live, pairs])
+        self._index_live()
+
+    def _index_live(self) -> None:
+        """The flows, bytes and tolerances of the live pairs, and where each milestone's pairs begin."""
+        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
+        self._live_tol = self._tol[self._live_f]
+        if self._live.size:
+            mids = self._ms_mid[self._live]
+            self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
+
     def _check_milestones(self) -> None:
+        """Mark the live pairs whose flow has delivered its bytes; fire the milestones with none left."""
         if not self._live.size:
             return
-        lv = self._live
         hit = self.delivered[self._live_f] >= self._live_b - self._live_tol
         if not hit.any():
             return
-        idx = lv[hit]
+        idx = self._live[hit]
         self._ms_reached[idx] = True
         mids = self._ms_mid[idx]
         np.subtract.at(self._ms_left, mids, 1)
@@ -326,57 +370,44 @@ class Fabric:
                     self.env.timeout(self.latency_s).callbacks.append(lambda _e, ev=ev: ev.succeed())
                 else:
                     ev.succeed()
-        self._compact_milestones()
+        lv = self._live
+        self._live = lv[~self._ms_reached[lv] & ~self._ms_fired[self._ms_mid[lv]]]
+        self._index_live()
 
-    def _next_event_dt(self, run: np.ndarray) -> float:
-        """Time until the next flow end, limit or milestone at the current rates (inf: none)."""
-        moving = np.nonzero(run & (self.rate > 0))[0]
-        if not moving.size:
-            return np.inf
-        stop = np.minimum(self.limit[moving], self.total[moving])
-        dt = float(np.min((stop - self.delivered[moving]) / self.rate[moving]))
-        if self._live.size:  # a milestone fires when the last of its open pairs is reached
-            f = self._live_f
-            r = self.rate[f]
-            with np.errstate(divide="ignore"):
-                t = np.where(r > 0, (self._live_b - self.delivered[f]) / r, np.inf)
-            dt = min(dt, float(np.maximum.reduceat(t, self._live_starts).min()))
-        return max(dt, 0.0)
-
-    def _compact_milestones(self) -> None:
-        """Index the open pairs of milestones not fired yet, grouped by milestone."""
-        live = ~self._ms_reached & ~self._ms_fired[self._ms_mid]
-        self._live = np.nonzero(live)[0]
-        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
-        self._live_tol = self._tol[self._live_f] if hasattr(self, "_tol") else None
-        if self._live.size:
-            mids = self._ms_mid[self._live]
-            self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
-
+    # ------------------------------------------------------------ the step
     def _recompute(self, _event=None) -> None:
         self._pending = False
-        self._advance()
-        self._finish_done()
+        if self._act_new:  # flows started since the last step (rate 0 so far: nothing to advance)
+            self._act = np.sort(np.concatenate([self._act, *self._act_new]))
+            self._act_new = []
+        self._finish_done(self._advance())
         self.recomputes += 1
         self._version += 1
-        run = self.active & (self.delivered < self.limit - self._tol)
-        if not run.any():
-            self.rate[:] = 0.0
-            self.load[:] = 0.0
-            self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
-            return
-        if self._csc is None:
-            self._csc = incidence_by_resource(self.cap.size, self.ptr, self.res, self.coef)
-        self.rate, self.load = maxmin_rates_indexed(self.cap, self.ptr, self.res, self.coef, run, *self._csc)
+        ms = (self._live_f, self._live_b, self._live_starts) if self._live.size else _NO_MILESTONES
+        self.load, n_run, n_moving, dt = step_rates(self._act, self.delivered, self.limit, self.total, self._tol,
+                                                    self.rate, self.cap, self.ptr, self.res, self.coef, *ms)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
-        if not (run & (self.rate > 0)).any():
+        if not n_run:
+            return
+        if not n_moving:
             raise RuntimeError("active flows but no rate: a flow touches no resource with capacity")
-        dt = max(self._next_event_dt(run), self.resolution_s)
         version = self._version
-        timer = self.env.timeout(dt)
+        timer = self.env.timeout(max(dt, self.resolution_s))
         timer.callbacks.append(lambda _ev, v=version: self._on_timer(v))
 
     def _on_timer(self, version: int) -> None:
         if version != self._version or self._pending:
             return  # a start or end since then recomputed the rates
         self._recompute()
+
+
+_NO_MILESTONES = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+
+
+def _csr_rows(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions of the entries of CSR rows ``rows`` (in that order): concatenated ranges ptr[r]:ptr[r + 1]."""
+    lo, hi = ptr[rows], ptr[rows + 1]
+    n = hi - lo
+    if rows.size == 1:
+        return np.arange(lo[0], hi[0])
+    return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
