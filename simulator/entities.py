@@ -20,6 +20,10 @@ Milestones are events that fire once some flows have each delivered given byte c
 rows have landed from every peer). The fabric steps from event to event; with ``resolution_s`` > 0
 it never steps by less than that, so events closer together are handled together, up to
 ``resolution_s`` late (never early: the model can only get slower by it).
+
+A step costs what the flows *started and not done* cost (``_act``; the numba kernels of ``flows``
+run over those, and the resource -> flow index holds only those), not what every registered flow
+would: a layer of many minibatches registers all its flows up front but runs a few at a time.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import advance, step_rates
+from .flows import FlowIndex, advance, dense_rows, step_rates
 
 
 @dataclass
@@ -142,22 +146,24 @@ class Fabric:
         self._fg_ptr = np.zeros(F + 1, np.int64)
         np.cumsum(np.bincount(gf, minlength=F), out=self._fg_ptr[1:])
         self._fg = gid[order]
-        self._grp_left = gsize.copy()
-        self._grp_end = np.zeros(ng)
+        self._grp_left = gsize.tolist()
+        self._grp_end = [0.0] * ng
         self._grp_events = self._grp_ev
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
         self.delivered = np.zeros(F)
         self.limit = np.asarray(self._limit0, dtype=np.float64)
         self.rate = np.zeros(F)  # 0 for every flow outside ``_act``
+        self._frozen = True
         self.set_capacity(self.cap)
         self.active = np.zeros(F, np.bool_)  # started and not done
-        self._act = np.zeros(0, np.int64)  # the same, as ascending ids: every per-step pass runs over these
-        self._act_new: list[np.ndarray] = []  # started since the last step, merged into ``_act`` there
+        self._act = np.zeros(0, np.int64)  # the same, as ascending ids: every step runs over these
+        self._act_new: list[int] = []  # started since the last step, merged into ``_act`` there
+        self._ended_new: list[np.ndarray] = []  # ended since the last step, out of the index there
         self._ended = np.zeros(F, np.bool_)
         self._done: dict[int, simpy.Event] = {}
         self.start_s = np.full(F, np.nan)
         self.end_s = np.full(F, np.nan)
-        # milestones: pairs grouped contiguously by milestone
+        # milestones: pairs (flow, bytes) grouped contiguously by milestone
         n = len(self._ms_flow)
         self._ms_ptr = np.zeros(n + 1, np.int64)
         np.cumsum([a.size for a in self._ms_flow], out=self._ms_ptr[1:])
@@ -168,32 +174,36 @@ class Fabric:
         self._ms_fired = np.zeros(n, np.bool_)
         self._ms_mid = np.repeat(np.arange(n), np.diff(self._ms_ptr))
         self._t = self.env.now
-        self._frozen = True
-        self._frozen_ran = False
-        # pairs of zero bytes are reached now; a milestone is *armed* once every flow of its other
-        # pairs has started (before that it can neither fire nor be next: an idle flow delivers
-        # nothing), and only armed milestones are checked and timed
-        self._ms_reached = self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f]
-        self._live = np.nonzero(self._ms_reached)[0]  # checked once, below
+        # Pairs of zero bytes are reached now. A milestone is *armed* once every flow of its other
+        # pairs has started: before that it can neither fire nor be next (an idle flow delivers
+        # nothing), so only the open pairs of armed milestones (``_live``) are checked and timed.
+        self._ms_reached = np.zeros(self._ms_f.size, np.bool_)
+        self._live = np.zeros(0, np.int64)
         self._index_live()
-        self._check_milestones()
-        self._frozen_ran = True
-        wait = np.nonzero(~self._ms_reached)[0]  # flow -> its pairs not reached yet (CSR)
-        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n)  # per milestone: pairs whose flow is idle
+        self._reach(np.nonzero(self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f])[0], delay=False)
+        wait = np.nonzero(~self._ms_reached)[0]  # flow -> milestones of its pairs not reached yet (CSR)
+        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n).tolist()  # per milestone: pairs whose flow is idle
         self._fp_ptr = np.zeros(F + 1, np.int64)
         np.cumsum(np.bincount(self._ms_f[wait], minlength=F), out=self._fp_ptr[1:])
         self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
-        self._live = np.zeros(0, np.int64)
-        self._arm(np.nonzero((self._ms_wait == 0) & ~self._ms_fired)[0])
+        self._arm_new = [m for m in range(n) if not self._ms_wait[m] and not self._ms_fired[m]]
 
     def set_capacity(self, capacity) -> None:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
         self.cap = np.asarray(capacity, dtype=np.float64)
         self.load = np.zeros(self.cap.size)
+        if self._frozen:  # the flows' rows (F, W) (resources, coefficients) and the index of started flows
+            self._rows = dense_rows(self.ptr, self.res, self.coef, self.cap.size)
+            self._index = FlowIndex(*self._rows, self.cap.size)
 
     @property
     def remaining(self) -> np.ndarray:
         return self.total - self.delivered
+
+    @property
+    def resource_bytes(self) -> np.ndarray:
+        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
+        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
 
     # ------------------------------------------------------------ the run
     def done(self, fid: int) -> simpy.Event:
@@ -222,22 +232,25 @@ class Fabric:
         """Start several flows at this instant (rates change at the next recompute, this instant)."""
         if not self._frozen:
             self._freeze()
-        fids = np.asarray(fids, np.int64)
-        if fids.size == 0:
-            return
-        if not np.isnan(self.start_s[fids]).all():
-            f = fids[~np.isnan(self.start_s[fids])][0]
-            raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
-        self.start_s[fids] = self.env.now
-        moving = self.total[fids] > 0
-        if not moving.all():
-            for f in fids[~moving]:
-                self._end(f, 0.0)
-            self._groups_ended(fids[~moving])
-        self._started_pairs(fids)
-        if moving.any():
-            self.active[fids[moving]] = True
-            self._act_new.append(fids[moving])
+        fids = np.asarray(fids, np.int64).tolist()  # one flow at a time: most calls start one or a few
+        for f in fids:
+            if self.start_s[f] == self.start_s[f]:  # not NaN
+                raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
+            self.start_s[f] = self.env.now
+        moving, empty = [], []
+        for f in fids:
+            (moving if self.total[f] > 0 else empty).append(f)
+            lo, hi = self._fp_ptr[f], self._fp_ptr[f + 1]
+            for m in self._fp_mid[lo:hi].tolist():  # its milestones have one idle flow fewer
+                self._ms_wait[m] -= 1
+                if not self._ms_wait[m]:
+                    self._arm_new.append(m)
+        for f in empty:
+            self._end(f, 0.0)
+        self._groups_ended(empty)
+        if moving:
+            self.active[moving] = True
+            self._act_new.extend(moving)
             self._schedule_recompute()
 
     def raise_limit(self, fids, extra_bytes) -> None:
@@ -265,10 +278,11 @@ class Fabric:
         self._t = self.env.now
         return advance(self._act, dt, self.delivered, self.rate, self.limit, self.total, self._tol)
 
-    @property
-    def resource_bytes(self) -> np.ndarray:
-        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
-        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
+    def _succeed(self, ev: simpy.Event, delay: float) -> None:
+        if delay > 0:
+            self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
+        else:
+            ev.succeed()
 
     def _end(self, f: int, latency: float) -> None:
         self.active[f] = False
@@ -276,116 +290,102 @@ class Fabric:
         self.rate[f] = 0.0
         self.end_s[f] = self.env.now + latency
         ev = self._done.get(f)
-        if ev is None:
-            return
-        if latency > 0:
-            self.env.timeout(latency).callbacks.append(lambda _e, ev=ev: ev.succeed())
-        else:
-            ev.succeed()
+        if ev is not None:
+            self._succeed(ev, latency)
 
-    def _groups_ended(self, flows: np.ndarray) -> None:
+    def _groups_ended(self, flows) -> None:
         """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
-        if not self._fg.size or not flows.size:
+        if not self._fg.size:
             return
-        gids = self._fg[_csr_rows(self._fg_ptr, flows)]
-        if not gids.size:
-            return
-        ends = np.repeat(self.end_s[flows], self._fg_ptr[flows + 1] - self._fg_ptr[flows])
-        np.maximum.at(self._grp_end, gids, ends)
-        np.subtract.at(self._grp_left, gids, 1)
-        for g in np.unique(gids[self._grp_left[gids] == 0]):
-            ev, delay = self._grp_events[g], self._grp_end[g] - self.env.now
-            if delay > 0:
-                self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
-            else:
-                ev.succeed()
+        full = []
+        for f in flows:
+            end = self.end_s[f]
+            for g in self._fg[self._fg_ptr[f]:self._fg_ptr[f + 1]].tolist():
+                if end > self._grp_end[g]:
+                    self._grp_end[g] = end
+                self._grp_left[g] -= 1
+                if not self._grp_left[g]:
+                    full.append(g)
+        for g in sorted(full):
+            self._succeed(self._grp_events[g], self._grp_end[g] - self.env.now)
 
     def _finish_done(self, is_done: np.ndarray) -> None:
-        """End the flows of ``_act`` marked in ``is_done`` (A,) bool, now; then check the milestones."""
-        if is_done.any():
-            a = self._act
-            done = a[is_done]
-            self._act = a[~is_done]
-            self.delivered[done] = self.total[done]
-            self.active[done] = False
-            self._ended[done] = True
-            self.rate[done] = 0.0
-            self.end_s[done] = self.env.now + self.latency[done]
-            for f in done:
-                ev = self._done.get(f)
-                if ev is not None:
-                    lat = self.latency[f]
-                    if lat > 0:
-                        self.env.timeout(lat).callbacks.append(lambda _e, ev=ev: ev.succeed())
-                    else:
-                        ev.succeed()
-            self._groups_ended(done)
-        if self._live.size:
-            self._check_milestones()
+        """End the flows of ``_act`` marked in ``is_done`` (A,) bool, now."""
+        if not is_done.any():
+            return
+        a = self._act
+        done = a[is_done]
+        self._act = a[~is_done]
+        self._ended_new.append(done)
+        self.delivered[done] = self.total[done]
+        self.active[done] = False
+        self._ended[done] = True
+        self.rate[done] = 0.0
+        self.end_s[done] = self.env.now + self.latency[done]
+        done = done.tolist()
+        for f in done:
+            ev = self._done.get(f)
+            if ev is not None:
+                self._succeed(ev, self.latency[f])
+        self._groups_ended(done)
 
     # ------------------------------------------------------------ milestones
-    def _started_pairs(self, fids: np.ndarray) -> None:
-        """Count down the idle flows of the milestones of flows ``fids`` (just started); arm those at zero."""
-        if not self._fp_mid.size:
-            return
-        mids = self._fp_mid[_csr_rows(self._fp_ptr, fids)]
-        if mids.size:
-            np.subtract.at(self._ms_wait, mids, 1)
-            self._arm(np.unique(mids[self._ms_wait[mids] == 0]))
-
-    def _arm(self, mids: np.ndarray) -> None:
-        """Add the open pairs of milestones ``mids`` to the live index (each milestone's pairs together)."""
+    def _arm(self) -> None:
+        """Add the open pairs of the milestones armed since the last step to ``_live`` (each milestone's
+        pairs together)."""
+        mids = np.asarray(self._arm_new, np.int64)
+        self._arm_new = []
         mids = mids[~self._ms_fired[mids]]
         if not mids.size:
             return
         pairs = _csr_rows(self._ms_ptr, mids)
-        pairs = pairs[~self._ms_reached[pairs]]
-        self._live = np.concatenate([self._live, pairs])
+        self._live = np.concatenate([self._live, pairs[~self._ms_reached[pairs]]])
         self._index_live()
 
     def _index_live(self) -> None:
-        """The flows, bytes and tolerances of the live pairs, and where each milestone's pairs begin."""
+        """The flows and bytes of the live pairs, and where each milestone's pairs begin."""
         self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
         self._live_tol = self._tol[self._live_f]
-        if self._live.size:
-            mids = self._ms_mid[self._live]
-            self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
+        mids = self._ms_mid[self._live]
+        self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1]) if mids.size else _NONE
 
-    def _check_milestones(self) -> None:
-        """Mark the live pairs whose flow has delivered its bytes; fire the milestones with none left."""
-        if not self._live.size:
+    def _reach(self, pairs: np.ndarray, delay: bool = True) -> None:
+        """Mark milestone pairs ``pairs`` reached; fire the milestones with none left (one link latency
+        later, rows having landed one latency after their bytes left, unless ``delay`` is False)."""
+        if not pairs.size:
             return
-        hit = self.delivered[self._live_f] >= self._live_b - self._live_tol
-        if not hit.any():
-            return
-        idx = self._live[hit]
-        self._ms_reached[idx] = True
-        mids = self._ms_mid[idx]
+        self._ms_reached[pairs] = True
+        mids = self._ms_mid[pairs]
         np.subtract.at(self._ms_left, mids, 1)
-        for m in np.unique(mids):
+        for m in np.unique(mids).tolist():
             if self._ms_left[m] == 0 and not self._ms_fired[m]:
                 self._ms_fired[m] = True
-                ev = self._ms_events[m]
-                if self.latency_s > 0 and self._frozen_ran:  # rows have landed one latency after the bytes left
-                    self.env.timeout(self.latency_s).callbacks.append(lambda _e, ev=ev: ev.succeed())
-                else:
-                    ev.succeed()
+                self._succeed(self._ms_events[m], self.latency_s if delay else 0.0)
         lv = self._live
-        self._live = lv[~self._ms_reached[lv] & ~self._ms_fired[self._ms_mid[lv]]]
-        self._index_live()
+        if lv.size:
+            self._live = lv[~self._ms_reached[lv] & ~self._ms_fired[self._ms_mid[lv]]]
+            self._index_live()
 
     # ------------------------------------------------------------ the step
     def _recompute(self, _event=None) -> None:
         self._pending = False
+        started = _NONE
         if self._act_new:  # flows started since the last step (rate 0 so far: nothing to advance)
-            self._act = np.sort(np.concatenate([self._act, *self._act_new]))
+            started = np.asarray(self._act_new, np.int64)
+            self._act = np.sort(np.concatenate([self._act, started]))
             self._act_new = []
         self._finish_done(self._advance())
+        ended = np.concatenate(self._ended_new) if self._ended_new else _NONE
+        self._ended_new = []
+        if self._arm_new:
+            self._arm()
         self.recomputes += 1
         self._version += 1
-        ms = (self._live_f, self._live_b, self._live_starts) if self._live.size else _NO_MILESTONES
-        self.load, n_run, n_moving, dt = step_rates(self._act, self.delivered, self.limit, self.total, self._tol,
-                                                    self.rate, self.cap, self.ptr, self.res, self.coef, *ms)
+        self.load, hit, n_run, n_moving, dt = step_rates(
+            self._act, started, ended, self.delivered, self.limit, self.total, self._tol, self.rate, self.cap,
+            *self._rows, *self._index.arrays, self._live_f, self._live_b, self._live_tol, self._live_starts)
+        if hit.any():
+            self._reach(self._live[hit])
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
         if not n_run:
             return
@@ -401,13 +401,11 @@ class Fabric:
         self._recompute()
 
 
-_NO_MILESTONES = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+_NONE = np.zeros(0, np.int64)
 
 
 def _csr_rows(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Positions of the entries of CSR rows ``rows`` (in that order): concatenated ranges ptr[r]:ptr[r + 1]."""
     lo, hi = ptr[rows], ptr[rows + 1]
     n = hi - lo
-    if rows.size == 1:
-        return np.arange(lo[0], hi[0])
     return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())

@@ -1,15 +1,20 @@
 """Max-min fair bandwidth sharing between concurrent transfers (progressive filling, numba).
 
-Shape legend: F flows (here: coflows, see below), R shared resources, N nonzeros of the flow x
-resource incidence (CSR: ``ptr`` (F+1,), ``res`` (N,), ``coef`` (N,)).
+Shape legend: F flows, R shared resources, W resources of a flow at most, N nonzeros of the flow x
+resource incidence. The incidence is held two ways:
+    rows   ``res`` (F, W) int64, ``coef`` (F, W) float64: flow f's resources in the order given,
+           padded with resource R (a scratch slot past the real ones) and coefficient 0
+    index  the resource -> flow lists of the *started* flows, ascending ids (``FlowIndex``,
+           updated as flows start and end, so a step never rebuilds it)
 
 A flow f moves at a rate x_f (bytes/s of its own total). It loads resource r with ``coef`` x_f,
 where coef is the fraction of the flow's bytes that cross r (1 for the flow's own port; b_s/total
 for each remote port of a many-to-one coflow). The allocation is max-min fair: raise every unfrozen
 flow's rate together until some resource is full, freeze the flows through it, repeat
-(progressive filling). ``Fabric`` in ``entities`` calls ``maxmin_rates_of`` on the flows that can
-move whenever a flow starts or ends; its cost grows with those flows, not with all registered ones.
-``maxmin_rates_py`` is the plain round-by-round algorithm that the tests hold it to.
+(progressive filling). ``Fabric`` in ``entities`` calls ``step_rates`` on the flows that can move
+whenever a flow starts or ends; its cost grows with those flows, not with all registered ones.
+``maxmin_rates`` is the same filling on a CSR incidence and an active mask, and ``maxmin_rates_py``
+the plain round-by-round algorithm that the tests hold it to.
 """
 
 from __future__ import annotations
@@ -33,47 +38,104 @@ from numba import njit  # noqa: E402
 _SAT = 1e-9  # a resource with less than this fraction of its capacity left is full
 
 
+def dense_rows(ptr: np.ndarray, res: np.ndarray, coef: np.ndarray, num_resources: int):
+    """The CSR incidence (ptr (F+1,), res (N,), coef (N,)) as padded rows (F, W): res, coef."""
+    nnz = np.diff(ptr)
+    F, W = nnz.size, int(nnz.max()) if nnz.size else 0
+    rows = np.repeat(np.arange(F), nnz)
+    cols = np.arange(res.size) - ptr[rows]
+    res_w = np.full((F, W), num_resources, np.int64)
+    coef_w = np.zeros((F, W))
+    res_w[rows, cols], coef_w[rows, cols] = res, coef
+    return res_w, coef_w
+
+
+class FlowIndex:
+    """Resource -> flow lists of the started flows: resource r's list is ``flow[ptr[r]:ptr[r] + count[r]]``
+    (ascending ids) with the coefficients beside it in ``coef``; ``ptr`` leaves room for every
+    registered flow of r. ``mark`` (F,) int8 is the fill's scratch (0 outside a step)."""
+
+    def __init__(self, res_w: np.ndarray, coef_w: np.ndarray, num_resources: int):
+        R = num_resources
+        real = res_w[res_w < R]
+        self.ptr = np.zeros(R + 1, np.int64)
+        np.cumsum(np.bincount(real, minlength=R), out=self.ptr[1:])
+        self.count = np.zeros(R, np.int64)
+        self.flow = np.zeros(real.size, np.int64)
+        self.coef = np.zeros(real.size)
+        self.mark = np.zeros(res_w.shape[0], np.int8)
+
+    @property
+    def arrays(self) -> tuple:
+        return self.ptr, self.count, self.flow, self.coef, self.mark
+
+
 @njit(cache=True)
-def maxmin_rates_of(cap, ptr, res, coef, flows):
-    """Max-min fair rates of the flows ``flows`` (K,) int64, ascending ids; every other flow is idle.
+def index_add(flows, res_w, coef_w, iptr, icount, iflow, icoef):
+    """Put ``flows`` (K,) into the lists of their resources (kept ascending)."""
+    R = icount.size
+    for i in range(flows.size):
+        f = flows[i]
+        for k in range(res_w.shape[1]):
+            r = res_w[f, k]
+            if r >= R:
+                continue
+            lo = iptr[r]
+            p = lo + icount[r]
+            while p > lo and iflow[p - 1] > f:
+                iflow[p] = iflow[p - 1]
+                icoef[p] = icoef[p - 1]
+                p -= 1
+            iflow[p] = f
+            icoef[p] = coef_w[f, k]
+            icount[r] += 1
 
-    cap: (R,) bytes/s; ptr/res/coef: CSR incidence of all F flows. Returns rate: (K,) bytes/s, the
-    rate of each flow in ``flows``, and load: (R,) bytes/s used.
 
-    Progressive filling with incremental bookkeeping: the fill level rises by the smallest
-    headroom rem_r / w_r over the open resources; resources that fill up freeze their flows
-    (found through a resource -> flow index of ``flows`` alone, built here), whose weights leave w,
-    and leave the open list. Each round fills at least one resource: O(nnz of ``flows`` + R +
-    rounds x open resources), whatever the number of idle flows. Sums run in the order of
-    ``flows``, so a flow's rate does not depend on which idle flows exist.
+@njit(cache=True)
+def index_remove(flows, res_w, iptr, icount, iflow, icoef):
+    """Take ``flows`` (K,) out of the lists of their resources."""
+    R = icount.size
+    for i in range(flows.size):
+        f = flows[i]
+        for k in range(res_w.shape[1]):
+            r = res_w[f, k]
+            if r >= R:
+                continue
+            lo = iptr[r]
+            hi = lo + icount[r]
+            p = lo
+            while iflow[p] != f:
+                p += 1
+            for q in range(p, hi - 1):
+                iflow[q] = iflow[q + 1]
+                icoef[q] = icoef[q + 1]
+            icount[r] -= 1
+
+
+@njit(cache=True)
+def fill(cap, res_w, coef_w, run, iptr, icount, iflow, icoef, mark, rate):
+    """Max-min fair rates of the flows ``run`` (K,) (ascending ids, all in the index), written into
+    ``rate`` (F,) bytes/s; returns load (R,) bytes/s. cap: (R,) bytes/s.
+
+    Progressive filling with incremental bookkeeping: the fill level rises by the smallest headroom
+    rem_r / w_r over the open resources; resources that fill up freeze their flows (through the
+    index: flows of the list not in ``run`` are passed over), whose weights leave w, and leave the
+    open list. Each round fills at least one resource: O(nnz of ``run`` + R + rounds x open
+    resources + the lists of the resources that fill). Sums run in the order of ``run``, so a flow's
+    rate does not depend on which idle flows exist.
     """
-    K = flows.size
+    K = run.size
     R = cap.size
-    w = np.zeros(R)
-    cptr = np.zeros(R + 1, np.int64)
+    W = res_w.shape[1]
+    w = np.zeros(R + 1)
     for i in range(K):
-        f = flows[i]
-        for j in range(ptr[f], ptr[f + 1]):
-            w[res[j]] += coef[j]
-            cptr[res[j] + 1] += 1
-    for r in range(R):
-        cptr[r + 1] += cptr[r]
-    cflow = np.empty(cptr[R], np.int64)  # resource -> positions in ``flows``
-    ccoef = np.empty(cptr[R])
-    fill = cptr[:-1].copy()
-    for i in range(K):
-        f = flows[i]
-        for j in range(ptr[f], ptr[f + 1]):
-            r = res[j]
-            cflow[fill[r]] = i
-            ccoef[fill[r]] = coef[j]
-            fill[r] += 1
-    rate = np.zeros(K)
-    load = np.zeros(R)
-    rl = np.nonzero(w > 1e-12)[0]  # open resources, compacted as they fill
+        f = run[i]
+        mark[f] = 1  # running, not frozen
+        for k in range(W):
+            w[res_w[f, k]] += coef_w[f, k]
+    rl = np.nonzero(w[:R] > 1e-12)[0]  # open resources, compacted as they fill
     n_open = rl.size
     rem = cap.copy()
-    frozen = np.zeros(K, np.bool_)
     level = 0.0
     n_left = K
     while n_left > 0 and n_open > 0:
@@ -92,31 +154,32 @@ def maxmin_rates_of(cap, ptr, res, coef, flows):
         for i in range(n_open):
             r = rl[i]
             rem[r] -= inc * w[r]
-        k = 0
+        n = 0
         for i in range(n_open):
             r = rl[i]
             if w[r] > 1e-12 and rem[r] <= _SAT * cap[r]:
-                for c in range(cptr[r], cptr[r + 1]):
-                    i_f = cflow[c]
-                    if frozen[i_f] or ccoef[c] <= 0.0:
+                for c in range(iptr[r], iptr[r] + icount[r]):
+                    f = iflow[c]
+                    if mark[f] != 1 or icoef[c] <= 0.0:
                         continue
-                    frozen[i_f] = True
-                    rate[i_f] = level
+                    mark[f] = 2  # frozen
+                    rate[f] = level
                     n_left -= 1
-                    f = flows[i_f]
-                    for j in range(ptr[f], ptr[f + 1]):
-                        w[res[j]] -= coef[j]
+                    for k in range(W):
+                        w[res_w[f, k]] -= coef_w[f, k]
             elif w[r] > 1e-12:
-                rl[k] = r
-                k += 1
-        n_open = k
+                rl[n] = r
+                n += 1
+        n_open = n
+    load = np.zeros(R + 1)
     for i in range(K):
-        if not frozen[i]:  # pragma: no cover - only flows that touch no resource
-            rate[i] = level
-        f = flows[i]
-        for j in range(ptr[f], ptr[f + 1]):
-            load[res[j]] += coef[j] * rate[i]
-    return rate, load
+        f = run[i]
+        if mark[f] != 2:  # pragma: no cover - only flows that touch no resource
+            rate[f] = level
+        mark[f] = 0
+        for k in range(W):
+            load[res_w[f, k]] += coef_w[f, k] * rate[f]
+    return load[:R]
 
 
 @njit(cache=True)
@@ -135,16 +198,25 @@ def advance(flows, dt, delivered, rate, limit, total, tol):
 
 
 @njit(cache=True)
-def step_rates(flows, delivered, limit, total, tol, rate, cap, ptr, res, coef, ms_flow, ms_bytes, ms_starts):
-    """Max-min fair rates of ``flows`` (K,) (started, not done, ascending ids): those more than ``tol``
-    below their limit share the resources, the rest wait (rate 0). Writes them into ``rate`` (F,).
+def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, res_w, coef_w,
+               iptr, icount, iflow, icoef, mark, ms_flow, ms_bytes, ms_tol, ms_starts):
+    """One step of the fabric. The index takes in the flows ``started`` and lets go of those ``ended``
+    since the last step; then the max-min fair rates of ``flows`` (K,) (started, not done, ascending
+    ids): those more than ``tol`` below their limit share the resources (``fill``), the rest wait
+    (rate 0). Writes them into ``rate`` (F,).
 
-    ms_flow, ms_bytes: (M,) open milestone pairs (flow, bytes it must have delivered), grouped by
-    milestone, each group starting at ``ms_starts``; a milestone is due when its last pair is.
-    Returns load (R,) bytes/s, the number of flows that may move, the number that do (rate > 0),
-    and the time in s until the next flow reaches its limit or total, or the next milestone is due
-    (inf: none; never below 0).
+    ms_flow, ms_bytes, ms_tol: (M,) open milestone pairs (flow, bytes it must have delivered, within
+    tol), grouped by milestone, each group starting at ``ms_starts``. A pair is reached once its
+    flow has delivered its bytes; a milestone is due when its last open pair is.
+    Returns load (R,) bytes/s, (M,) bool which pairs are reached now, the number of flows that may
+    move, the number that do (rate > 0), and the time in s until the next flow reaches its limit or
+    total, or the next milestone not reached now is due (inf: none; never below 0).
     """
+    index_add(started, res_w, coef_w, iptr, icount, iflow, icoef)
+    index_remove(ended, res_w, iptr, icount, iflow, icoef)
+    hit = np.empty(ms_flow.size, np.bool_)
+    for j in range(ms_flow.size):
+        hit[j] = delivered[ms_flow[j]] >= ms_bytes[j] - ms_tol[j]
     n = 0
     run = np.empty(flows.size, np.int64)
     for i in range(flows.size):
@@ -155,41 +227,48 @@ def step_rates(flows, delivered, limit, total, tol, rate, cap, ptr, res, coef, m
             n += 1
     run = run[:n]
     if n == 0:
-        return np.zeros(cap.size), 0, 0, np.inf
-    r, load = maxmin_rates_of(cap, ptr, res, coef, run)
+        return np.zeros(cap.size), hit, 0, 0, np.inf
+    load = fill(cap, res_w, coef_w, run, iptr, icount, iflow, icoef, mark, rate)
     moving = 0
     dt = np.inf
     for i in range(n):
         f = run[i]
-        rate[f] = r[i]
-        if r[i] > 0:
+        if rate[f] > 0:
             moving += 1
-            t = (min(limit[f], total[f]) - delivered[f]) / r[i]
+            t = (min(limit[f], total[f]) - delivered[f]) / rate[f]
             if t < dt:
                 dt = t
-    for s in range(ms_starts.size):  # a milestone is due when the last of its open pairs is reached
+    for s in range(ms_starts.size):
         hi = ms_starts[s + 1] if s + 1 < ms_starts.size else ms_flow.size
         due = -np.inf
+        left = False
         for j in range(ms_starts[s], hi):
+            if hit[j]:
+                continue
+            left = True
             f = ms_flow[j]
             t = (ms_bytes[j] - delivered[f]) / rate[f] if rate[f] > 0 else np.inf
             if t > due:
                 due = t
-        if due < dt:
+        if left and due < dt:  # a milestone with every pair reached fires now
             dt = due
-    return load, n, moving, max(dt, 0.0)
+    return load, hit, n, moving, max(dt, 0.0)
 
 
 def maxmin_rates(cap, ptr, res, coef, active):
     """Max-min fair rates.  cap: (R,) bytes/s; ptr/res/coef: CSR incidence; active: (F,) bool.
 
-    Returns rate: (F,) bytes/s (0 for inactive flows) and load: (R,) bytes/s used
-    (``maxmin_rates_of`` on the active flows).
+    Returns rate: (F,) bytes/s (0 for inactive flows) and load: (R,) bytes/s used (``fill`` on the
+    active flows).
     """
-    flows = np.nonzero(np.asarray(active, np.bool_))[0].astype(np.int64)
-    rate = np.zeros(np.asarray(ptr).size - 1)
-    rate[flows], load = maxmin_rates_of(np.asarray(cap, np.float64), np.asarray(ptr, np.int64),
-                                        np.asarray(res, np.int64), np.asarray(coef, np.float64), flows)
+    cap = np.asarray(cap, np.float64)
+    ptr, res, coef = np.asarray(ptr, np.int64), np.asarray(res, np.int64), np.asarray(coef, np.float64)
+    res_w, coef_w = dense_rows(ptr, res, coef, cap.size)
+    idx = FlowIndex(res_w, coef_w, cap.size)
+    run = np.nonzero(np.asarray(active, np.bool_))[0].astype(np.int64)
+    index_add(run, res_w, coef_w, *idx.arrays[:4])
+    rate = np.zeros(res_w.shape[0])
+    load = fill(cap, res_w, coef_w, run, *idx.arrays, rate)
     return rate, load
 
 
