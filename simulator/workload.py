@@ -534,34 +534,46 @@ def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, to
     slot_topk: (T, K) slot ids; slot_rank: (P,) GPU of each slot. Returns rows_slot_mb (P, B) (the
     counts of ``reference.plan_dispatch`` split by minibatch), traffic_mb (G, B, G) (``reference.
     rank_traffic`` with dedup), and pull_slot_mb, push_slot_mb (P, B, G) (see ``Workload``): a
-    token's first and last slot on each GPU come from K x K comparisons of its own entries.
+    token's first and last slot on each GPU come from K x K comparisons of its own entries, in one
+    pass over the tokens (``_slot_counts``).
     """
-    G, P, B = int(num_gpus), int(slot_rank.size), int(num_minibatches)
+    return _slot_counts(np.ascontiguousarray(slot_topk, np.int64), np.ascontiguousarray(slot_rank, np.int64),
+                        int(num_gpus), int(tokens_per_gpu), int(minibatch), int(num_minibatches))
+
+
+@njit(cache=True)
+def _slot_counts(slot_topk, slot_rank, num_gpus, tokens_per_gpu, minibatch, num_minibatches):
     T, K = slot_topk.shape
-    t = np.arange(T, dtype=np.int64)
-    src = t // tokens_per_gpu
-    col = src * B + (t % tokens_per_gpu) // minibatch  # (T,) source GPU and minibatch
-    rows = np.bincount(slot_topk.reshape(-1) * B + np.repeat(col % B, K), minlength=P * B).reshape(P, B)
-    small = np.int16 if P < 2**15 and G < 2**15 else np.int64  # narrow ids: the K x K passes read less
-    gpu = np.ascontiguousarray(slot_rank.astype(small)[slot_topk].T)  # (K, T)
-    sl = np.ascontiguousarray(slot_topk.T.astype(small))
-    first = np.ones((K, T), np.bool_)  # no other of the token's slots on that GPU comes before it
-    last = np.ones((K, T), np.bool_)
-    for j in range(K):
-        for i in range(j):
-            same = gpu[i] == gpu[j]
-            before = same & (sl[i] < sl[j])
-            after = same & ~before
-            first[j] &= ~before
-            last[i] &= ~before
-            first[i] &= ~after
-            last[j] &= ~after
-    slot = sl
-    colk = np.broadcast_to(col[None, :], (K, T))
-    pull = np.bincount(slot[first].astype(np.int64) * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
-    push = np.bincount(slot[last].astype(np.int64) * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
-    pull, push = pull.transpose(0, 2, 1), push.transpose(0, 2, 1)  # (P, B, G src / owner)
+    P, G, B = slot_rank.size, num_gpus, num_minibatches
+    rows = np.zeros((P, B), np.int64)
+    pull = np.zeros((P, B, G), np.int64)
+    push = np.zeros((P, B, G), np.int64)
+    gpu = np.empty(K, np.int64)
+    for t in range(T):
+        src = t // tokens_per_gpu
+        m = (t % tokens_per_gpu) // minibatch
+        for j in range(K):
+            gpu[j] = slot_rank[slot_topk[t, j]]
+        for j in range(K):
+            s = slot_topk[t, j]
+            first = True  # no other of the token's slots on that GPU comes before it (ties: the later one is first)
+            last = True  # none comes after it (ties: the earlier one is last)
+            for i in range(K):
+                if i == j or gpu[i] != gpu[j]:
+                    continue
+                o = slot_topk[t, i]
+                if o < s or (o == s and i > j):
+                    first = False
+                if o > s or (o == s and i < j):
+                    last = False
+            rows[s, m] += 1
+            if first:
+                pull[s, m, src] += 1
+            if last:
+                push[s, m, src] += 1
     traffic = np.zeros((G, B, G), np.int64)  # [src, mb, dst]
-    for d in range(G):
-        traffic[:, :, d] = pull[slot_rank == d].sum(axis=0).T
-    return rows, traffic, np.ascontiguousarray(pull), np.ascontiguousarray(push)
+    for s in range(P):
+        for m in range(B):
+            for g in range(G):
+                traffic[g, m, slot_rank[s]] += pull[s, m, g]
+    return rows, traffic, pull, push
