@@ -169,23 +169,24 @@ class Fabric:
         np.cumsum([a.size for a in self._ms_flow], out=self._ms_ptr[1:])
         self._ms_f = np.concatenate(self._ms_flow) if n else np.zeros(0, np.int64)
         self._ms_b = np.concatenate(self._ms_bytes) if n else np.zeros(0)
-        self._ms_left = np.diff(self._ms_ptr)  # pairs not reached yet, per milestone
         self._ms_events = [self.env.event() for _ in range(n)]
-        self._ms_fired = np.zeros(n, np.bool_)
         self._ms_mid = np.repeat(np.arange(n), np.diff(self._ms_ptr))
         self._t = self.env.now
-        # Pairs of zero bytes are reached now. A milestone is *armed* once every flow of its other
-        # pairs has started: before that it can neither fire nor be next (an idle flow delivers
-        # nothing), so only the open pairs of armed milestones (``_live``) are checked and timed.
-        self._ms_reached = np.zeros(self._ms_f.size, np.bool_)
-        self._live = np.zeros(0, np.int64)
-        self._index_live()
-        self._reach(np.nonzero(self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f])[0], delay=False)
-        wait = np.nonzero(~self._ms_reached)[0]  # flow -> milestones of its pairs not reached yet (CSR)
+        # Pairs of zero bytes are reached now: a milestone of such pairs alone fires now. A milestone
+        # is *armed* once every flow of its other pairs has started: before that it can neither fire
+        # nor be next (an idle flow delivers nothing), so only the open pairs of armed milestones
+        # (``_live``) are checked and timed.
+        self._ms_zero = self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f]
+        wait = np.nonzero(~self._ms_zero)[0]  # flow -> milestones of its pairs not reached yet (CSR)
         self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n).tolist()  # per milestone: pairs whose flow is idle
+        self._ms_fired = (np.diff(self._ms_ptr) > 0) & (np.array(self._ms_wait, np.int64) == 0)
+        for m in np.nonzero(self._ms_fired)[0].tolist():
+            self._ms_events[m].succeed()
         self._fp_ptr = np.zeros(F + 1, np.int64)
         np.cumsum(np.bincount(self._ms_f[wait], minlength=F), out=self._fp_ptr[1:])
         self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
+        self._live = np.zeros(0, np.int64)
+        self._index_live()
         self._arm_new = [m for m in range(n) if not self._ms_wait[m] and not self._ms_fired[m]]
 
     def set_capacity(self, capacity) -> None:
@@ -249,7 +250,8 @@ class Fabric:
             self._end(f, 0.0)
         self._groups_ended(empty)
         if moving:
-            self.active[moving] = True
+            for f in moving:
+                self.active[f] = True
             self._act_new.extend(moving)
             self._schedule_recompute()
 
@@ -339,40 +341,36 @@ class Fabric:
         if not mids.size:
             return
         pairs = _csr_rows(self._ms_ptr, mids)
-        self._live = np.concatenate([self._live, pairs[~self._ms_reached[pairs]]])
+        self._live = np.concatenate([self._live, pairs[~self._ms_zero[pairs]]])
         self._index_live()
 
     def _index_live(self) -> None:
-        """The flows and bytes of the live pairs, and where each milestone's pairs begin."""
-        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
+        """The flows, bytes, tolerances and milestones of the live pairs, and where each milestone's pairs begin."""
+        lv = self._live
+        self._live_f, self._live_b, self._live_mid = self._ms_f[lv], self._ms_b[lv], self._ms_mid[lv]
         self._live_tol = self._tol[self._live_f]
-        mids = self._ms_mid[self._live]
+        mids = self._live_mid
         self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1]) if mids.size else _NONE
 
-    def _reach(self, pairs: np.ndarray, delay: bool = True) -> None:
-        """Mark milestone pairs ``pairs`` reached; fire the milestones with none left (one link latency
-        later, rows having landed one latency after their bytes left, unless ``delay`` is False)."""
-        if not pairs.size:
+    def _reach(self, hit: np.ndarray) -> None:
+        """The live pairs marked in ``hit`` are reached: fire the milestones with all their pairs reached
+        (one link latency later: rows have landed one latency after their bytes left), drop the pairs."""
+        if not hit.any():
             return
-        self._ms_reached[pairs] = True
-        mids = self._ms_mid[pairs]
-        np.subtract.at(self._ms_left, mids, 1)
-        for m in np.unique(mids).tolist():
-            if self._ms_left[m] == 0 and not self._ms_fired[m]:
-                self._ms_fired[m] = True
-                self._succeed(self._ms_events[m], self.latency_s if delay else 0.0)
-        lv = self._live
-        if lv.size:
-            self._live = lv[~self._ms_reached[lv] & ~self._ms_fired[self._ms_mid[lv]]]
-            self._index_live()
+        all_hit = np.logical_and.reduceat(hit, self._live_starts)
+        for m in sorted(self._live_mid[self._live_starts[all_hit]].tolist()):
+            self._ms_fired[m] = True
+            self._succeed(self._ms_events[m], self.latency_s)
+        self._live = self._live[~hit]
+        self._index_live()
 
     # ------------------------------------------------------------ the step
     def _recompute(self, _event=None) -> None:
         self._pending = False
         started = _NONE
         if self._act_new:  # flows started since the last step (rate 0 so far: nothing to advance)
-            started = np.asarray(self._act_new, np.int64)
-            self._act = np.sort(np.concatenate([self._act, started]))
+            started = np.sort(np.asarray(self._act_new, np.int64))
+            self._act = np.insert(self._act, np.searchsorted(self._act, started), started)
             self._act_new = []
         self._finish_done(self._advance())
         ended = np.concatenate(self._ended_new) if self._ended_new else _NONE
@@ -384,8 +382,7 @@ class Fabric:
         self.load, hit, n_run, n_moving, dt = step_rates(
             self._act, started, ended, self.delivered, self.limit, self.total, self._tol, self.rate, self.cap,
             *self._rows, *self._index.arrays, self._live_f, self._live_b, self._live_tol, self._live_starts)
-        if hit.any():
-            self._reach(self._live[hit])
+        self._reach(hit)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
         if not n_run:
             return
