@@ -544,7 +544,21 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
 
 
 def run_schedule(schedule: str, work: LayerWork, caps: Capacities, latency_s: float, resolution_s: float = 0.0):
-    """Run one layer; returns (RunLog, Fabric, Layout)."""
+    """Run one layer; returns (RunLog, Fabric, Layout).
+
+    The cyclic GC is off meanwhile: the layer makes next to no cyclic garbage, but enough objects to
+    start collections that walk everything alive (numba's and numpy's objects too), about a tenth of
+    a run."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_schedule(schedule, work, caps, latency_s, resolution_s)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run_schedule(schedule: str, work: LayerWork, caps: Capacities, latency_s: float, resolution_s: float):
     env = simpy.Environment()
     G = work.num_gpus
     lay = Layout(G)
@@ -554,13 +568,7 @@ def run_schedule(schedule: str, work: LayerWork, caps: Capacities, latency_s: fl
     fabric.set_capacity(np.concatenate([np.full(2 * G, caps.port_bytes_per_s), np.full(G, caps.copy_bytes_per_s),
                                         np.full(G, caps.hbm_bytes_per_s), np.asarray(lay.caps, dtype=np.float64)]))
     fabric.sample_width = 4 * G
-    collecting = gc.isenabled()
-    gc.disable()  # the run makes next to no cyclic garbage, but enough objects to start collections
-    try:  # that walk everything alive (numba's and numpy's objects too): about 8% of a run
-        env.run()
-    finally:
-        if collecting:
-            gc.enable()
+    env.run()
     log.copy_spans(fabric)
     if fabric.active.any():  # pragma: no cover - a bug, not an input error
         raise RuntimeError("simulation ended with flows still moving")
