@@ -243,7 +243,7 @@ def _sample_topk(cum_p: np.ndarray, num_tokens: int, k: int, seed: int) -> np.nd
 
     Column by column, every token draws from p; the tokens whose draw repeats one of their earlier
     choices draw again (rejection: the draw is then from p without those, as successive sampling
-    asks), vectorized over the tokens still drawing.
+    asks), in rounds over the tokens still drawing (``_place`` maps a round's draws to experts).
     """
     rng = np.random.default_rng(seed)
     E, T = cum_p.size, int(num_tokens)
@@ -252,36 +252,34 @@ def _sample_topk(cum_p: np.ndarray, num_tokens: int, k: int, seed: int) -> np.nd
     # a bin across a boundary falls back to the binary search
     edges = np.linspace(0.0, total, (1 << 16) + 1)
     at = np.minimum(np.searchsorted(cum_p, edges, side="right"), E - 1)
-    lo_e, hi_e = at[:-1], at[1:]
-
-    def draw(n):
-        u = rng.random(n) * total
-        b = np.minimum((u * ((1 << 16) / total)).astype(np.int64), (1 << 16) - 1)
-        e = lo_e[b]
-        cross = np.nonzero(e != hi_e[b])[0]
-        if cross.size:
-            e[cross] = np.minimum(np.searchsorted(cum_p, u[cross], side="right"), E - 1)
-        return e
-
-    out = np.empty((k, T), np.int64)
+    out = np.empty((T, k), np.int64)
     for j in range(k):
-        todo = None  # all tokens
-        while True:
-            n = T if todo is None else todo.size
-            if not n:
-                break
-            e = draw(n)
-            dup = np.zeros(n, np.bool_)
-            for i in range(j):
-                dup |= (out[i] if todo is None else out[i, todo]) == e
-            keep = ~dup
-            if todo is None:
-                out[j, keep] = e[keep]
-                todo = np.nonzero(dup)[0]
-            else:
-                out[j, todo[keep]] = e[keep]
-                todo = todo[dup]
-    return np.ascontiguousarray(out.T)
+        todo = np.arange(T)  # tokens still drawing their choice j
+        while todo.size:
+            todo = _place(out, j, todo, rng.random(todo.size) * total, cum_p, at, (1 << 16) / total)
+    return out
+
+
+@njit(cache=True)
+def _place(out, j, tokens, u, cum_p, at, scale):
+    """Map the draws u (n,) of ``tokens`` (n,) to experts through the bin table ``at`` (bins + 1,)
+    (u x scale is the bin) and make each the token's choice j unless it has that expert already;
+    returns the tokens that draw again."""
+    E, bins = cum_p.size, at.size - 1
+    again = np.empty(tokens.size, np.int64)
+    n = 0
+    for i in range(tokens.size):
+        t = tokens[i]
+        b = min(np.int64(u[i] * scale), bins - 1)
+        e = at[b]
+        if e != at[b + 1]:  # the bin spans a boundary between experts
+            e = min(np.searchsorted(cum_p, u[i], side="right"), E - 1)
+        if _taken(out, t, j, e):
+            again[n] = t
+            n += 1
+        else:
+            out[t, j] = e
+    return again[:n]
 
 
 @njit(cache=True)
