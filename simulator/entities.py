@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import FlowIndex, advance, dense_rows, step_rates
+from .flows import FlowIndex, advance, dense_rows, start_flows, step_rates
 
 
 @dataclass
@@ -157,7 +157,7 @@ class Fabric:
         self.set_capacity(self.cap)
         self.active = np.zeros(F, np.bool_)  # started and not done
         self._act = np.zeros(0, np.int64)  # the same, as ascending ids: every step runs over these
-        self._act_new: list[int] = []  # started since the last step, merged into ``_act`` there
+        self._act_new: list[np.ndarray] = []  # started since the last step, merged into ``_act`` there
         self._ended_new: list[np.ndarray] = []  # ended since the last step, out of the index there
         self._ended = np.zeros(F, np.bool_)
         self._done: dict[int, simpy.Event] = {}
@@ -178,8 +178,8 @@ class Fabric:
         # (``_live``) are checked and timed.
         self._ms_zero = self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f]
         wait = np.nonzero(~self._ms_zero)[0]  # flow -> milestones of its pairs not reached yet (CSR)
-        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n).tolist()  # per milestone: pairs whose flow is idle
-        self._ms_fired = (np.diff(self._ms_ptr) > 0) & (np.array(self._ms_wait, np.int64) == 0)
+        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n)  # per milestone: pairs whose flow is idle
+        self._ms_fired = (np.diff(self._ms_ptr) > 0) & (self._ms_wait == 0)
         for m in np.nonzero(self._ms_fired)[0].tolist():
             self._ms_events[m].succeed()
         self._fp_ptr = np.zeros(F + 1, np.int64)
@@ -187,7 +187,7 @@ class Fabric:
         self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
         self._live = np.zeros(0, np.int64)
         self._index_live()
-        self._arm_new = [m for m in range(n) if not self._ms_wait[m] and not self._ms_fired[m]]
+        self._arm_new = np.nonzero((self._ms_wait == 0) & ~self._ms_fired)[0].tolist()
 
     def set_capacity(self, capacity) -> None:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
@@ -233,26 +233,19 @@ class Fabric:
         """Start several flows at this instant (rates change at the next recompute, this instant)."""
         if not self._frozen:
             self._freeze()
-        fids = np.asarray(fids, np.int64).tolist()  # one flow at a time: most calls start one or a few
-        for f in fids:
-            if self.start_s[f] == self.start_s[f]:  # not NaN
-                raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
-            self.start_s[f] = self.env.now
-        moving, empty = [], []
-        for f in fids:
-            (moving if self.total[f] > 0 else empty).append(f)
-            lo, hi = self._fp_ptr[f], self._fp_ptr[f + 1]
-            for m in self._fp_mid[lo:hi].tolist():  # its milestones have one idle flow fewer
-                self._ms_wait[m] -= 1
-                if not self._ms_wait[m]:
-                    self._arm_new.append(m)
-        for f in empty:
-            self._end(f, 0.0)
-        self._groups_ended(empty)
-        if moving:
-            for f in moving:
-                self.active[f] = True
-            self._act_new.extend(moving)
+        moving, empty, armed, twice = start_flows(np.asarray(fids, np.int64), self.env.now, self.start_s, self.total,
+                                                  self.active, self._fp_ptr, self._fp_mid, self._ms_wait)
+        if twice >= 0:
+            raise RuntimeError(f"flow {twice} ({self.labels[twice]}) started twice")
+        if empty.size:
+            empty = empty.tolist()
+            for f in empty:
+                self._end(f, 0.0)
+            self._groups_ended(empty)
+        if armed.size:
+            self._arm_new.extend(armed.tolist())
+        if moving.size:
+            self._act_new.append(moving)
             self._schedule_recompute()
 
     def raise_limit(self, fids, extra_bytes) -> None:
@@ -369,7 +362,7 @@ class Fabric:
         self._pending = False
         started = _NONE
         if self._act_new:  # flows started since the last step (rate 0 so far: nothing to advance)
-            started = np.sort(np.asarray(self._act_new, np.int64))
+            started = np.sort(np.concatenate(self._act_new))
             self._act = np.insert(self._act, np.searchsorted(self._act, started), started)
             self._act_new = []
         self._finish_done(self._advance())

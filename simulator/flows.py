@@ -183,6 +183,41 @@ def fill(cap, res_w, coef_w, run, iptr, icount, iflow, icoef, mark, rate):
 
 
 @njit(cache=True)
+def start_flows(fids, now, start_s, total, active, fp_ptr, fp_mid, ms_wait):
+    """Start flows ``fids`` (K,) at ``now``: their ``start_s``, and ``active`` for those with bytes;
+    count down ``ms_wait`` (M,), the idle flows of each milestone, through the flow -> milestone
+    CSR (fp_ptr, fp_mid). Returns the flows with bytes, those without, the milestones whose last
+    idle flow this was, and the first flow started before or twice (-1: none; else a caller's bug)."""
+    pairs = 0
+    for i in range(fids.size):
+        f = fids[i]
+        if start_s[f] == start_s[f]:  # not NaN
+            return fids[:0], fids[:0], fids[:0], f
+        start_s[f] = now
+        pairs += fp_ptr[f + 1] - fp_ptr[f]
+    moving = np.empty(fids.size, np.int64)
+    empty = np.empty(fids.size, np.int64)
+    armed = np.empty(pairs, np.int64)
+    n_m = n_e = n_a = 0
+    for i in range(fids.size):
+        f = fids[i]
+        if total[f] > 0:
+            active[f] = True
+            moving[n_m] = f
+            n_m += 1
+        else:
+            empty[n_e] = f
+            n_e += 1
+        for j in range(fp_ptr[f], fp_ptr[f + 1]):
+            m = fp_mid[j]
+            ms_wait[m] -= 1
+            if ms_wait[m] == 0:
+                armed[n_a] = m
+                n_a += 1
+    return moving[:n_m], empty[:n_e], armed[:n_a], -1
+
+
+@njit(cache=True)
 def advance(flows, dt, delivered, rate, limit, total, tol):
     """Move ``flows`` (K,) on by ``dt`` s at their rates, in place: delivered += rate x dt, stopping at
     each flow's limit or total. Returns (K,) bool: which of them are within ``tol`` bytes of their total."""
