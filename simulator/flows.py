@@ -11,10 +11,14 @@ A flow f moves at a rate x_f (bytes/s of its own total). It loads resource r wit
 where coef is the fraction of the flow's bytes that cross r (1 for the flow's own port; b_s/total
 for each remote port of a many-to-one coflow). The allocation is max-min fair: raise every unfrozen
 flow's rate together until some resource is full, freeze the flows through it, repeat
-(progressive filling). ``Fabric`` in ``entities`` calls ``step_rates`` on the flows that can move
-whenever a flow starts or ends; its cost grows with those flows, not with all registered ones.
-``maxmin_rates`` is the same filling on a CSR incidence and an active mask, and ``maxmin_rates_py``
-the plain round-by-round algorithm that the tests hold it to.
+(progressive filling, ``fill``). ``maxmin_rates`` is the same filling on a CSR incidence and an
+active mask, and ``maxmin_rates_py`` the plain round-by-round algorithm that the tests hold it to.
+
+The kernels ``Fabric`` (``entities``) steps with are here too: ``start_flows`` (flows start),
+``advance`` (deliveries over a step) and ``step_rates`` (the index takes in and lets go of flows,
+the rates of those that can move, the milestone pairs reached, the time to the next event). They
+run over the started flows only, so a step costs what is moving, not what is registered; sums run
+in ascending flow order, so the rates do not depend on how many flows are registered or idle.
 """
 
 from __future__ import annotations
