@@ -185,8 +185,7 @@ class Fabric:
         self._fp_ptr = np.zeros(F + 1, np.int64)
         np.cumsum(np.bincount(self._ms_f[wait], minlength=F), out=self._fp_ptr[1:])
         self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
-        self._live = np.zeros(0, np.int64)
-        self._index_live()
+        self._index_live(np.zeros(0, np.int64))
         self._arm_new = np.nonzero((self._ms_wait == 0) & ~self._ms_fired)[0].tolist()
 
     def set_capacity(self, capacity) -> None:
@@ -334,28 +333,32 @@ class Fabric:
         if not mids.size:
             return
         pairs = _csr_rows(self._ms_ptr, mids)
-        self._live = np.concatenate([self._live, pairs[~self._ms_zero[pairs]]])
-        self._index_live()
+        self._index_live(np.concatenate([self._live[~self._live_done], pairs[~self._ms_zero[pairs]]]))
 
-    def _index_live(self) -> None:
-        """The flows, bytes, tolerances and milestones of the live pairs, and where each milestone's pairs begin."""
-        lv = self._live
-        self._live_f, self._live_b, self._live_mid = self._ms_f[lv], self._ms_b[lv], self._ms_mid[lv]
+    def _index_live(self, live: np.ndarray) -> None:
+        """Make ``live`` the live pairs: their flows, bytes, tolerances and milestones, where each
+        milestone's pairs begin, and which are reached (none yet)."""
+        self._live = live
+        self._live_f, self._live_b, self._live_mid = self._ms_f[live], self._ms_b[live], self._ms_mid[live]
         self._live_tol = self._tol[self._live_f]
         mids = self._live_mid
         self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1]) if mids.size else _NONE
+        self._live_done = np.zeros(live.size, np.bool_)
+        self._live_reached = 0
 
-    def _reach(self, hit: np.ndarray) -> None:
-        """The live pairs marked in ``hit`` are reached: fire the milestones with all their pairs reached
-        (one link latency later: rows have landed one latency after their bytes left), drop the pairs."""
-        if not hit.any():
-            return
-        all_hit = np.logical_and.reduceat(hit, self._live_starts)
-        for m in sorted(self._live_mid[self._live_starts[all_hit]].tolist()):
+    def _reach(self, hit: np.ndarray, fired: np.ndarray) -> None:
+        """The live pairs marked in ``hit`` are reached, and with them every pair of the milestones
+        ``fired`` (positions in ``_live_starts``): fire those (one link latency later: rows have landed
+        one latency after their bytes left). Reached pairs stay in ``_live`` until they are half of it."""
+        for m in sorted(self._live_mid[self._live_starts[fired]].tolist()):
             self._ms_fired[m] = True
             self._succeed(self._ms_events[m], self.latency_s)
-        self._live = self._live[~hit]
-        self._index_live()
+        n = int(np.count_nonzero(hit))
+        if n:
+            self._live_done |= hit
+            self._live_reached += n
+            if 2 * self._live_reached > self._live.size:
+                self._index_live(self._live[~self._live_done])
 
     # ------------------------------------------------------------ the step
     def _recompute(self, _event=None) -> None:
@@ -372,10 +375,11 @@ class Fabric:
             self._arm()
         self.recomputes += 1
         self._version += 1
-        self.load, hit, n_run, n_moving, dt = step_rates(
+        self.load, hit, fired, n_run, n_moving, dt = step_rates(
             self._act, started, ended, self.delivered, self.limit, self.total, self._tol, self.rate, self.cap,
-            *self._rows, *self._index.arrays, self._live_f, self._live_b, self._live_tol, self._live_starts)
-        self._reach(hit)
+            *self._rows, *self._index.arrays, self._live_f, self._live_b, self._live_tol, self._live_starts,
+            self._live_done)
+        self._reach(hit, fired)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
         if not n_run:
             return

@@ -238,24 +238,27 @@ def advance(flows, dt, delivered, rate, limit, total, tol):
 
 @njit(cache=True)
 def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, res_w, coef_w,
-               iptr, icount, iflow, icoef, mark, ms_flow, ms_bytes, ms_tol, ms_starts):
+               iptr, icount, iflow, icoef, mark, ms_flow, ms_bytes, ms_tol, ms_starts, ms_done):
     """One step of the fabric. The index takes in the flows ``started`` and lets go of those ``ended``
     since the last step; then the max-min fair rates of ``flows`` (K,) (started, not done, ascending
     ids): those more than ``tol`` below their limit share the resources (``fill``), the rest wait
     (rate 0). Writes them into ``rate`` (F,).
 
-    ms_flow, ms_bytes, ms_tol: (M,) open milestone pairs (flow, bytes it must have delivered, within
-    tol), grouped by milestone, each group starting at ``ms_starts``. A pair is reached once its
-    flow has delivered its bytes; a milestone is due when its last open pair is.
-    Returns load (R,) bytes/s, (M,) bool which pairs are reached now, the number of flows that may
-    move, the number that do (rate > 0), and the time in s until the next flow reaches its limit or
-    total, or the next milestone not reached now is due (inf: none; never below 0).
+    ms_flow, ms_bytes, ms_tol: (M,) milestone pairs (flow, bytes it must have delivered, within
+    tol), grouped by milestone, each group starting at ``ms_starts``; ``ms_done`` (M,) bool: the
+    pairs reached before. A pair is reached once its flow has delivered its bytes; a milestone fires
+    when its last pair is reached, and is due when its last open pair would be at the new rates.
+    Returns load (R,) bytes/s, (M,) bool the pairs reached now, the groups (positions in ms_starts)
+    whose milestone fires now, the number of flows that may move, the number that do (rate > 0),
+    and the time in s until the next flow reaches its limit or total, or the next milestone that is
+    not firing is due (inf: none; never below 0).
     """
     index_add(started, res_w, coef_w, iptr, icount, iflow, icoef)
     index_remove(ended, res_w, iptr, icount, iflow, icoef)
-    hit = np.empty(ms_flow.size, np.bool_)
+    hit = np.zeros(ms_flow.size, np.bool_)
     for j in range(ms_flow.size):
-        hit[j] = delivered[ms_flow[j]] >= ms_bytes[j] - ms_tol[j]
+        if not ms_done[j]:
+            hit[j] = delivered[ms_flow[j]] >= ms_bytes[j] - ms_tol[j]
     n = 0
     run = np.empty(flows.size, np.int64)
     for i in range(flows.size):
@@ -265,9 +268,7 @@ def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, r
             run[n] = f
             n += 1
     run = run[:n]
-    if n == 0:
-        return np.zeros(cap.size), hit, 0, 0, np.inf
-    load = fill(cap, res_w, coef_w, run, iptr, icount, iflow, icoef, mark, rate)
+    load = fill(cap, res_w, coef_w, run, iptr, icount, iflow, icoef, mark, rate) if n else np.zeros(cap.size)
     moving = 0
     dt = np.inf
     for i in range(n):
@@ -277,21 +278,29 @@ def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, r
             t = (min(limit[f], total[f]) - delivered[f]) / rate[f]
             if t < dt:
                 dt = t
+    fired = np.empty(ms_starts.size, np.int64)
+    n_fired = 0
     for s in range(ms_starts.size):
         hi = ms_starts[s + 1] if s + 1 < ms_starts.size else ms_flow.size
         due = -np.inf
         left = False
+        now = False
         for j in range(ms_starts[s], hi):
             if hit[j]:
+                now = True
+            if hit[j] or ms_done[j]:
                 continue
             left = True
             f = ms_flow[j]
             t = (ms_bytes[j] - delivered[f]) / rate[f] if rate[f] > 0 else np.inf
             if t > due:
                 due = t
-        if left and due < dt:  # a milestone with every pair reached fires now
+        if left and due < dt:
             dt = due
-    return load, hit, n, moving, max(dt, 0.0)
+        if now and not left:
+            fired[n_fired] = s
+            n_fired += 1
+    return load, hit, fired[:n_fired], n, moving, max(dt, 0.0) if n else np.inf
 
 
 def maxmin_rates(cap, ptr, res, coef, active):
