@@ -456,8 +456,9 @@ class Workload:
         return self.rows_slot_mb.sum(axis=1)
 
     def expert_load(self) -> np.ndarray:
-        """(E,) pairs per expert."""
-        return np.bincount(self.topk_idx.reshape(-1), minlength=self.config.num_experts)
+        """(E,) pairs per expert: the rows of its slots (every pair has one slot), without a pass over T x K."""
+        return np.bincount(self.placement.slot_expert, weights=self.rows_slot,
+                           minlength=self.config.num_experts).astype(np.int64)
 
     def gpu_load(self) -> np.ndarray:
         """(G,) pairs computed on each GPU."""
