@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import FlowIndex, advance, dense_rows, start_flows, step_rates
+from .flows import FlowIndex, advance, dense_rows, end_flows, start_flows, step_rates
 
 
 @dataclass
@@ -146,8 +146,8 @@ class Fabric:
         self._fg_ptr = np.zeros(F + 1, np.int64)
         np.cumsum(np.bincount(gf, minlength=F), out=self._fg_ptr[1:])
         self._fg = gid[order]
-        self._grp_left = gsize.tolist()
-        self._grp_end = [0.0] * ng
+        self._grp_left = gsize.copy()
+        self._grp_end = np.zeros(ng)
         self._grp_events = self._grp_ev
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
         self.delivered = np.zeros(F)
@@ -236,11 +236,8 @@ class Fabric:
                                                   self.active, self._fp_ptr, self._fp_mid, self._ms_wait)
         if twice >= 0:
             raise RuntimeError(f"flow {twice} ({self.labels[twice]}) started twice")
-        if empty.size:
-            empty = empty.tolist()
-            for f in empty:
-                self._end(f, 0.0)
-            self._groups_ended(empty)
+        if empty.size:  # nothing to move: done at once
+            self._end(empty, delayed=False)
         if armed.size:
             self._arm_new.extend(armed.tolist())
         if moving.size:
@@ -278,29 +275,17 @@ class Fabric:
         else:
             ev.succeed()
 
-    def _end(self, f: int, latency: float) -> None:
-        self.active[f] = False
-        self._ended[f] = True
-        self.rate[f] = 0.0
-        self.end_s[f] = self.env.now + latency
-        ev = self._done.get(f)
-        if ev is not None:
-            self._succeed(ev, latency)
-
-    def _groups_ended(self, flows) -> None:
-        """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
-        if not self._fg.size:
-            return
-        full = []
-        for f in flows:
-            end = self.end_s[f]
-            for g in self._fg[self._fg_ptr[f]:self._fg_ptr[f + 1]].tolist():
-                if end > self._grp_end[g]:
-                    self._grp_end[g] = end
-                self._grp_left[g] -= 1
-                if not self._grp_left[g]:
-                    full.append(g)
-        for g in sorted(full):
+    def _end(self, flows: np.ndarray, delayed: bool) -> None:
+        """End ``flows`` now, one latency later where ``delayed``: their done events, then those of the
+        groups they complete (at the group's last end)."""
+        full = end_flows(flows, self.env.now, self.latency, delayed, self.delivered, self.total,
+                         self.active, self._ended, self.rate, self.end_s, self._fg_ptr, self._fg, self._grp_left,
+                         self._grp_end)
+        for f in flows.tolist():
+            ev = self._done.get(f)
+            if ev is not None:
+                self._succeed(ev, self.latency[f] if delayed else 0.0)
+        for g in full.tolist():
             self._succeed(self._grp_events[g], self._grp_end[g] - self.env.now)
 
     def _finish_done(self, is_done: np.ndarray) -> None:
@@ -311,17 +296,7 @@ class Fabric:
         done = a[is_done]
         self._act = a[~is_done]
         self._ended_new.append(done)
-        self.delivered[done] = self.total[done]
-        self.active[done] = False
-        self._ended[done] = True
-        self.rate[done] = 0.0
-        self.end_s[done] = self.env.now + self.latency[done]
-        done = done.tolist()
-        for f in done:
-            ev = self._done.get(f)
-            if ev is not None:
-                self._succeed(ev, self.latency[f])
-        self._groups_ended(done)
+        self._end(done, delayed=True)
 
     # ------------------------------------------------------------ milestones
     def _arm(self) -> None:

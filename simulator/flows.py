@@ -14,8 +14,8 @@ flow's rate together until some resource is full, freeze the flows through it, r
 (progressive filling, ``fill``). ``maxmin_rates`` is the same filling on a CSR incidence and an
 active mask, and ``maxmin_rates_py`` the plain round-by-round algorithm that the tests hold it to.
 
-The kernels ``Fabric`` (``entities``) steps with are here too: ``start_flows`` (flows start),
-``advance`` (deliveries over a step) and ``step_rates`` (the index takes in and lets go of flows,
+The kernels ``Fabric`` (``entities``) steps with are here too: ``start_flows`` and ``end_flows``
+(flows start and end), ``advance`` (deliveries over a step) and ``step_rates`` (the index takes in and lets go of flows,
 the rates of those that can move, the milestone pairs reached, the time to the next event). They
 run over the started flows only, so a step costs what is moving, not what is registered; sums run
 in ascending flow order, so the rates do not depend on how many flows are registered or idle.
@@ -219,6 +219,35 @@ def start_flows(fids, now, start_s, total, active, fp_ptr, fp_mid, ms_wait):
                 armed[n_a] = m
                 n_a += 1
     return moving[:n_m], empty[:n_e], armed[:n_a], -1
+
+
+@njit(cache=True)
+def end_flows(flows, now, latency, delayed, delivered, total, active, ended, rate, end_s, fg_ptr, fg, grp_left,
+              grp_end):
+    """End ``flows`` (K,) at ``now``, plus their ``latency`` (F,) if ``delayed``: delivered = total, not
+    active, ended, rate 0, end_s; count down their groups (fg_ptr, fg: flow -> group CSR;
+    grp_left, grp_end: each group's flows not ended and last end). Returns the groups that have no
+    flow left now, ascending."""
+    full = np.empty(fg.size, np.int64)
+    n = 0
+    for i in range(flows.size):
+        f = flows[i]
+        delivered[f] = total[f]
+        active[f] = False
+        ended[f] = True
+        rate[f] = 0.0
+        end_s[f] = now + latency[f] if delayed else now
+    for i in range(flows.size):
+        f = flows[i]
+        for j in range(fg_ptr[f], fg_ptr[f + 1]):
+            g = fg[j]
+            if end_s[f] > grp_end[g]:
+                grp_end[g] = end_s[f]
+            grp_left[g] -= 1
+            if grp_left[g] == 0:
+                full[n] = g
+                n += 1
+    return np.sort(full[:n])
 
 
 @njit(cache=True)
