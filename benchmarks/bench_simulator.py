@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/simulator_speed.jsonl")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]  # other jobs on the 2 cores slow every figure below
 
     from megamoe.reference import MoEConfig, plan_dispatch, rank_traffic
     from megamoe.simulator import build_workload, estimate_workload, load_profile, simulate, simulate_workload
@@ -148,6 +149,7 @@ def main() -> None:
         "sweep_point": sweep,
         "targets": {"event_model_s": 2.0, "analytic_s": 0.010, "cli_wall_s": 1.5},
         "repeats": args.repeats,
+        "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]},
         **_provenance(),
     }
     out = Path(args.out)
