@@ -523,7 +523,7 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
                     yield fabric.milestone_event(ready[g][m][p])
                 yield from _run_job(env, fabric, J[(p, m)], log, g, f"slot {p} mb{m}",
                                     args={"alone_us": work.job_s[p, m] * 1e6})
-                peers = [h for h in C[g][m] if work.push_bytes[p, m, h] > 0]
+                peers = [h for h in np.nonzero(work.push_bytes[p, m] > 0)[0].tolist() if h != g]  # all in C[g][m]
                 if peers:
                     fabric.raise_limit([C[g][m][h] for h in peers], work.push_bytes[p, m, peers])
                 if not started:
