@@ -322,8 +322,8 @@ class Fabric:
         self._live_reached = 0
 
     def _reach(self, hit: np.ndarray, fired: np.ndarray) -> None:
-        """The live pairs marked in ``hit`` are reached, and with them every pair of the milestones
-        ``fired`` (positions in ``_live_starts``): fire those (one link latency later: rows have landed
+        """The live pairs marked in ``hit`` are reached; the milestones ``fired`` (positions in
+        ``_live_starts``) have no pair left open: fire those, one link latency later (rows have landed
         one latency after their bytes left). Reached pairs stay in ``_live`` until they are half of it."""
         for m in sorted(self._live_mid[self._live_starts[fired]].tolist()):
             self._ms_fired[m] = True

@@ -312,11 +312,11 @@ def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, r
     for s in range(ms_starts.size):
         hi = ms_starts[s + 1] if s + 1 < ms_starts.size else ms_flow.size
         due = -np.inf
-        left = False
-        now = False
+        left = False  # an open pair not reached now
+        reached = False  # a pair reached now
         for j in range(ms_starts[s], hi):
             if hit[j]:
-                now = True
+                reached = True
             if hit[j] or ms_done[j]:
                 continue
             left = True
@@ -326,7 +326,7 @@ def step_rates(flows, started, ended, delivered, limit, total, tol, rate, cap, r
                 due = t
         if left and due < dt:
             dt = due
-        if now and not left:
+        if reached and not left:
             fired[n_fired] = s
             n_fired += 1
     return load, hit, fired[:n_fired], n, moving, max(dt, 0.0) if n else np.inf
