@@ -60,12 +60,13 @@ def compute_roofline_s(rows_slot: np.ndarray, slot_rank: np.ndarray, shared_rows
                        act_dtype: str) -> np.ndarray:
     """(G,) roofline seconds of each GPU's routed slots plus its shared expert."""
     out = np.zeros(num_gpus)
+    shared = ffn_roofline_s([shared_rows], hidden, shared_width, profile=profile, weight_dtype=weight_dtype,
+                            act_dtype=act_dtype) if shared_width and shared_rows else None  # the same on every GPU
     for g in range(num_gpus):
         out[g] = ffn_roofline_s(rows_slot[slot_rank == g], hidden, width, profile=profile,
                                 weight_dtype=weight_dtype, act_dtype=act_dtype)
-        if shared_width and shared_rows:
-            out[g] += ffn_roofline_s([shared_rows], hidden, shared_width, profile=profile,
-                                     weight_dtype=weight_dtype, act_dtype=act_dtype)
+        if shared is not None:
+            out[g] += shared
     return out
 
 

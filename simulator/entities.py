@@ -20,6 +20,10 @@ Milestones are events that fire once some flows have each delivered given byte c
 rows have landed from every peer). The fabric steps from event to event; with ``resolution_s`` > 0
 it never steps by less than that, so events closer together are handled together, up to
 ``resolution_s`` late (never early: the model can only get slower by it).
+
+A step costs what the flows *started and not done* cost (``_act``; the numba kernels of ``flows``
+run over those, and the resource -> flow index holds only those), not what every registered flow
+would: a layer of many minibatches registers all its flows up front but runs a few at a time.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .flows import incidence_by_resource, maxmin_rates_indexed
+from .flows import FlowIndex, advance, dense_rows, end_flows, start_flows, step_rates
 
 
 @dataclass
@@ -148,40 +152,58 @@ class Fabric:
         self._tol = 1e-9 * self.total + 1e-6  # bytes left that count as done (rounding of rate x time)
         self.delivered = np.zeros(F)
         self.limit = np.asarray(self._limit0, dtype=np.float64)
-        self.rate = np.zeros(F)
+        self.rate = np.zeros(F)  # 0 for every flow outside ``_act``
+        self._frozen = True
         self.set_capacity(self.cap)
         self.active = np.zeros(F, np.bool_)  # started and not done
+        self._act = np.zeros(0, np.int64)  # the same, as ascending ids: every step runs over these
+        self._act_new: list[np.ndarray] = []  # started since the last step, merged into ``_act`` there
+        self._ended_new: list[np.ndarray] = []  # ended since the last step, out of the index there
         self._ended = np.zeros(F, np.bool_)
         self._done: dict[int, simpy.Event] = {}
         self.start_s = np.full(F, np.nan)
         self.end_s = np.full(F, np.nan)
-        # milestones: pairs grouped contiguously by milestone
+        # milestones: pairs (flow, bytes) grouped contiguously by milestone
         n = len(self._ms_flow)
         self._ms_ptr = np.zeros(n + 1, np.int64)
         np.cumsum([a.size for a in self._ms_flow], out=self._ms_ptr[1:])
         self._ms_f = np.concatenate(self._ms_flow) if n else np.zeros(0, np.int64)
         self._ms_b = np.concatenate(self._ms_bytes) if n else np.zeros(0)
-        self._ms_left = np.diff(self._ms_ptr)  # pairs not reached yet, per milestone
-        self._ms_reached = np.zeros(self._ms_f.size, np.bool_)
         self._ms_events = [self.env.event() for _ in range(n)]
-        self._ms_fired = np.zeros(n, np.bool_)
         self._ms_mid = np.repeat(np.arange(n), np.diff(self._ms_ptr))
-        self._compact_milestones()
         self._t = self.env.now
-        self._frozen = True
-        self._frozen_ran = False
-        self._check_milestones()
-        self._frozen_ran = True  # milestones of zero bytes
+        # Pairs of zero bytes are reached now: a milestone of such pairs alone fires now. A milestone
+        # is *armed* once every flow of its other pairs has started: before that it can neither fire
+        # nor be next (an idle flow delivers nothing), so only the open pairs of armed milestones
+        # (``_live``) are checked and timed.
+        self._ms_zero = self.delivered[self._ms_f] >= self._ms_b - self._tol[self._ms_f]
+        wait = np.nonzero(~self._ms_zero)[0]  # flow -> milestones of its pairs not reached yet (CSR)
+        self._ms_wait = np.bincount(self._ms_mid[wait], minlength=n)  # per milestone: pairs whose flow is idle
+        self._ms_fired = (np.diff(self._ms_ptr) > 0) & (self._ms_wait == 0)
+        for m in np.nonzero(self._ms_fired)[0].tolist():
+            self._ms_events[m].succeed()
+        self._fp_ptr = np.zeros(F + 1, np.int64)
+        np.cumsum(np.bincount(self._ms_f[wait], minlength=F), out=self._fp_ptr[1:])
+        self._fp_mid = self._ms_mid[wait[np.argsort(self._ms_f[wait], kind="stable")]]
+        self._index_live(np.zeros(0, np.int64))
+        self._arm_new = np.nonzero((self._ms_wait == 0) & ~self._ms_fired)[0].tolist()
 
     def set_capacity(self, capacity) -> None:
         """Set the resources' capacities (R,) bytes/s; before the run starts."""
         self.cap = np.asarray(capacity, dtype=np.float64)
         self.load = np.zeros(self.cap.size)
-        self._csc = None
+        if self._frozen:  # the flows' rows (F, W) (resources, coefficients) and the index of started flows
+            self._rows = dense_rows(self.ptr, self.res, self.coef, self.cap.size)
+            self._index = FlowIndex(*self._rows, self.cap.size)
 
     @property
     def remaining(self) -> np.ndarray:
         return self.total - self.delivered
+
+    @property
+    def resource_bytes(self) -> np.ndarray:
+        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
+        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
 
     # ------------------------------------------------------------ the run
     def done(self, fid: int) -> simpy.Event:
@@ -210,19 +232,16 @@ class Fabric:
         """Start several flows at this instant (rates change at the next recompute, this instant)."""
         if not self._frozen:
             self._freeze()
-        fids = np.asarray(fids, np.int64)
-        if fids.size == 0:
-            return
-        if not np.isnan(self.start_s[fids]).all():
-            f = fids[~np.isnan(self.start_s[fids])][0]
-            raise RuntimeError(f"flow {f} ({self.labels[f]}) started twice")
-        self.start_s[fids] = self.env.now
-        moving = self.total[fids] > 0
-        for f in fids[~moving]:
-            self._end(f, 0.0)
-        self._groups_ended(fids[~moving])
-        if moving.any():
-            self.active[fids[moving]] = True
+        moving, empty, armed, twice = start_flows(np.asarray(fids, np.int64), self.env.now, self.start_s, self.total,
+                                                  self.active, self._fp_ptr, self._fp_mid, self._ms_wait)
+        if twice >= 0:
+            raise RuntimeError(f"flow {twice} ({self.labels[twice]}) started twice")
+        if empty.size:  # nothing to move: done at once
+            self._end(empty, delayed=False)
+        if armed.size:
+            self._arm_new.extend(armed.tolist())
+        if moving.size:
+            self._act_new.append(moving)
             self._schedule_recompute()
 
     def raise_limit(self, fids, extra_bytes) -> None:
@@ -232,7 +251,7 @@ class Fabric:
         self._advance()
         fids = np.asarray(fids, np.int64)
         np.add.at(self.limit, fids, np.asarray(extra_bytes, np.float64))
-        np.minimum(self.limit, self.total, out=self.limit)
+        self.limit[fids] = np.minimum(self.limit[fids], self.total[fids])
         if self.active[fids].any():
             self._schedule_recompute()
 
@@ -243,140 +262,119 @@ class Fabric:
             ev.callbacks.append(self._recompute)
             ev.succeed()
 
-    def _advance(self) -> None:
+    def _advance(self) -> np.ndarray:
+        """Move the flows on at their rates to now (only ``_act`` has rates; flows that reach their
+        end or limit inside the step stop there). Returns which of ``_act`` are done, (A,) bool."""
         dt = self.env.now - self._t
-        if dt > 0:  # flows that reach their end or limit inside the step stop there
-            np.minimum(self.delivered + self.rate * dt, np.minimum(self.limit, self.total), out=self.delivered)
         self._t = self.env.now
+        return advance(self._act, dt, self.delivered, self.rate, self.limit, self.total, self._tol)
 
-    @property
-    def resource_bytes(self) -> np.ndarray:
-        """(R,) bytes that have crossed each resource so far (coefficient x bytes delivered)."""
-        return np.bincount(self.res, weights=self.coef * self.delivered[self._nz_flow], minlength=self.cap.size)
-
-    def _end(self, f: int, latency: float) -> None:
-        self.active[f] = False
-        self._ended[f] = True
-        self.rate[f] = 0.0
-        self.end_s[f] = self.env.now + latency
-        ev = self._done.get(f)
-        if ev is None:
-            return
-        if latency > 0:
-            self.env.timeout(latency).callbacks.append(lambda _e, ev=ev: ev.succeed())
+    def _succeed(self, ev: simpy.Event, delay: float) -> None:
+        if delay > 0:
+            self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
         else:
             ev.succeed()
 
-    def _groups_ended(self, flows: np.ndarray) -> None:
-        """Count down the groups of ended ``flows``; fire those that reach zero, at their last end."""
-        if not self._fg.size or not flows.size:
+    def _end(self, flows: np.ndarray, delayed: bool) -> None:
+        """End ``flows`` now, one latency later where ``delayed``: their done events, then those of the
+        groups they complete (at the group's last end)."""
+        full = end_flows(flows, self.env.now, self.latency, delayed, self.delivered, self.total,
+                         self.active, self._ended, self.rate, self.end_s, self._fg_ptr, self._fg, self._grp_left,
+                         self._grp_end)
+        for f in flows.tolist():
+            ev = self._done.get(f)
+            if ev is not None:
+                self._succeed(ev, self.latency[f] if delayed else 0.0)
+        for g in full.tolist():
+            self._succeed(self._grp_events[g], self._grp_end[g] - self.env.now)
+
+    def _finish_done(self, is_done: np.ndarray) -> None:
+        """End the flows of ``_act`` marked in ``is_done`` (A,) bool, now."""
+        if not is_done.any():
             return
-        lo, hi = self._fg_ptr[flows], self._fg_ptr[flows + 1]
-        n = hi - lo
-        if not n.sum():
+        a = self._act
+        done = a[is_done]
+        self._act = a[~is_done]
+        self._ended_new.append(done)
+        self._end(done, delayed=True)
+
+    # ------------------------------------------------------------ milestones
+    def _arm(self) -> None:
+        """Add the open pairs of the milestones armed since the last step to ``_live`` (each milestone's
+        pairs together)."""
+        mids = np.asarray(self._arm_new, np.int64)
+        self._arm_new = []
+        mids = mids[~self._ms_fired[mids]]
+        if not mids.size:
             return
-        idx = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
-        gids = self._fg[idx]
-        ends = np.repeat(self.end_s[flows], n)
-        np.maximum.at(self._grp_end, gids, ends)
-        np.subtract.at(self._grp_left, gids, 1)
-        for g in np.unique(gids[self._grp_left[gids] == 0]):
-            ev, delay = self._grp_events[g], self._grp_end[g] - self.env.now
-            if delay > 0:
-                self.env.timeout(delay).callbacks.append(lambda _e, ev=ev: ev.succeed())
-            else:
-                ev.succeed()
+        pairs = _csr_rows(self._ms_ptr, mids)
+        self._index_live(np.concatenate([self._live[~self._live_done], pairs[~self._ms_zero[pairs]]]))
 
-    def _finish_done(self) -> None:
-        done = np.nonzero(self.active & (self.delivered >= self.total - self._tol))[0]
-        if done.size:
-            self.delivered[done] = self.total[done]
-            self.active[done] = False
-            self._ended[done] = True
-            self.rate[done] = 0.0
-            self.end_s[done] = self.env.now + self.latency[done]
-            for f in done:
-                ev = self._done.get(f)
-                if ev is not None:
-                    lat = self.latency[f]
-                    if lat > 0:
-                        self.env.timeout(lat).callbacks.append(lambda _e, ev=ev: ev.succeed())
-                    else:
-                        ev.succeed()
-            self._groups_ended(done)
-        if self._live.size:
-            self._check_milestones()
+    def _index_live(self, live: np.ndarray) -> None:
+        """Make ``live`` the live pairs: their flows, bytes, tolerances and milestones, where each
+        milestone's pairs begin, and which are reached (none yet)."""
+        self._live = live
+        self._live_f, self._live_b, self._live_mid = self._ms_f[live], self._ms_b[live], self._ms_mid[live]
+        self._live_tol = self._tol[self._live_f]
+        mids = self._live_mid
+        self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1]) if mids.size else _NONE
+        self._live_done = np.zeros(live.size, np.bool_)
+        self._live_reached = 0
 
-    def _check_milestones(self) -> None:
-        if not self._live.size:
-            return
-        lv = self._live
-        hit = self.delivered[self._live_f] >= self._live_b - self._live_tol
-        if not hit.any():
-            return
-        idx = lv[hit]
-        self._ms_reached[idx] = True
-        mids = self._ms_mid[idx]
-        np.subtract.at(self._ms_left, mids, 1)
-        for m in np.unique(mids):
-            if self._ms_left[m] == 0 and not self._ms_fired[m]:
-                self._ms_fired[m] = True
-                ev = self._ms_events[m]
-                if self.latency_s > 0 and self._frozen_ran:  # rows have landed one latency after the bytes left
-                    self.env.timeout(self.latency_s).callbacks.append(lambda _e, ev=ev: ev.succeed())
-                else:
-                    ev.succeed()
-        self._compact_milestones()
+    def _reach(self, hit: np.ndarray, fired: np.ndarray) -> None:
+        """The live pairs marked in ``hit`` are reached; the milestones ``fired`` (positions in
+        ``_live_starts``) have no pair left open: fire those, one link latency later (rows have landed
+        one latency after their bytes left). Reached pairs stay in ``_live`` until they are half of it."""
+        for m in sorted(self._live_mid[self._live_starts[fired]].tolist()):
+            self._ms_fired[m] = True
+            self._succeed(self._ms_events[m], self.latency_s)
+        n = int(np.count_nonzero(hit))
+        if n:
+            self._live_done |= hit
+            self._live_reached += n
+            if 2 * self._live_reached > self._live.size:
+                self._index_live(self._live[~self._live_done])
 
-    def _next_event_dt(self, run: np.ndarray) -> float:
-        """Time until the next flow end, limit or milestone at the current rates (inf: none)."""
-        moving = np.nonzero(run & (self.rate > 0))[0]
-        if not moving.size:
-            return np.inf
-        stop = np.minimum(self.limit[moving], self.total[moving])
-        dt = float(np.min((stop - self.delivered[moving]) / self.rate[moving]))
-        if self._live.size:  # a milestone fires when the last of its open pairs is reached
-            f = self._live_f
-            r = self.rate[f]
-            with np.errstate(divide="ignore"):
-                t = np.where(r > 0, (self._live_b - self.delivered[f]) / r, np.inf)
-            dt = min(dt, float(np.maximum.reduceat(t, self._live_starts).min()))
-        return max(dt, 0.0)
-
-    def _compact_milestones(self) -> None:
-        """Index the open pairs of milestones not fired yet, grouped by milestone."""
-        live = ~self._ms_reached & ~self._ms_fired[self._ms_mid]
-        self._live = np.nonzero(live)[0]
-        self._live_f, self._live_b = self._ms_f[self._live], self._ms_b[self._live]
-        self._live_tol = self._tol[self._live_f] if hasattr(self, "_tol") else None
-        if self._live.size:
-            mids = self._ms_mid[self._live]
-            self._live_starts = np.concatenate([[0], np.nonzero(mids[1:] != mids[:-1])[0] + 1])
-
+    # ------------------------------------------------------------ the step
     def _recompute(self, _event=None) -> None:
         self._pending = False
-        self._advance()
-        self._finish_done()
+        started = _NONE
+        if self._act_new:  # flows started since the last step (rate 0 so far: nothing to advance)
+            started = np.sort(np.concatenate(self._act_new))
+            self._act = np.insert(self._act, np.searchsorted(self._act, started), started)
+            self._act_new = []
+        self._finish_done(self._advance())
+        ended = np.concatenate(self._ended_new) if self._ended_new else _NONE
+        self._ended_new = []
+        if self._arm_new:
+            self._arm()
         self.recomputes += 1
         self._version += 1
-        run = self.active & (self.delivered < self.limit - self._tol)
-        if not run.any():
-            self.rate[:] = 0.0
-            self.load[:] = 0.0
-            self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
-            return
-        if self._csc is None:
-            self._csc = incidence_by_resource(self.cap.size, self.ptr, self.res, self.coef)
-        self.rate, self.load = maxmin_rates_indexed(self.cap, self.ptr, self.res, self.coef, run, *self._csc)
+        self.load, hit, fired, n_run, n_moving, dt = step_rates(
+            self._act, started, ended, self.delivered, self.limit, self.total, self._tol, self.rate, self.cap,
+            *self._rows, *self._index.arrays, self._live_f, self._live_b, self._live_tol, self._live_starts,
+            self._live_done)
+        self._reach(hit, fired)
         self.samples.append((self.env.now, self.load[: self.sample_width].copy()))
-        if not (run & (self.rate > 0)).any():
+        if not n_run:
+            return
+        if not n_moving:
             raise RuntimeError("active flows but no rate: a flow touches no resource with capacity")
-        dt = max(self._next_event_dt(run), self.resolution_s)
         version = self._version
-        timer = self.env.timeout(dt)
+        timer = self.env.timeout(max(dt, self.resolution_s))
         timer.callbacks.append(lambda _ev, v=version: self._on_timer(v))
 
     def _on_timer(self, version: int) -> None:
         if version != self._version or self._pending:
             return  # a start or end since then recomputed the rates
         self._recompute()
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _csr_rows(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions of the entries of CSR rows ``rows`` (in that order): concatenated ranges ptr[r]:ptr[r + 1]."""
+    lo, hi = ptr[rows], ptr[rows + 1]
+    n = hi - lo
+    return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())

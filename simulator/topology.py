@@ -122,12 +122,14 @@ def uniform_link_bytes(profile: Profile, traffic_bytes: np.ndarray) -> tuple[dic
     frac = {switch(c): float(links[c] / links[chips].sum()) for c in chips}
     off = traffic_bytes.astype(np.float64).copy()
     np.fill_diagonal(off, 0.0)
-    sent, recv = off.sum(axis=1), off.sum(axis=0)
+    sent, recv = off.sum(axis=1).tolist(), off.sum(axis=0).tolist()  # floats: G x C products below
+    chip = [(switch(c), frac[switch(c)], int(links[c]) * profile.link_bandwidth_bytes_per_s) for c in chips]
     out, bw = {}, {}
     for g in range(G):
-        for c in chips:
-            up, down = (gpu(g), switch(c)), (switch(c), gpu(g))
-            out[up] = sent[g] * frac[switch(c)]
-            out[down] = recv[g] * frac[switch(c)]
-            bw[up] = bw[down] = int(links[c]) * profile.link_bandwidth_bytes_per_s
+        node = gpu(g)
+        for sw, f, b in chip:
+            up, down = (node, sw), (sw, node)
+            out[up] = sent[g] * f
+            out[down] = recv[g] * f
+            bw[up] = bw[down] = b
     return out, bw, frac

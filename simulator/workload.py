@@ -243,7 +243,7 @@ def _sample_topk(cum_p: np.ndarray, num_tokens: int, k: int, seed: int) -> np.nd
 
     Column by column, every token draws from p; the tokens whose draw repeats one of their earlier
     choices draw again (rejection: the draw is then from p without those, as successive sampling
-    asks), vectorized over the tokens still drawing.
+    asks), in rounds over the tokens still drawing (``_place`` maps a round's draws to experts).
     """
     rng = np.random.default_rng(seed)
     E, T = cum_p.size, int(num_tokens)
@@ -252,36 +252,34 @@ def _sample_topk(cum_p: np.ndarray, num_tokens: int, k: int, seed: int) -> np.nd
     # a bin across a boundary falls back to the binary search
     edges = np.linspace(0.0, total, (1 << 16) + 1)
     at = np.minimum(np.searchsorted(cum_p, edges, side="right"), E - 1)
-    lo_e, hi_e = at[:-1], at[1:]
-
-    def draw(n):
-        u = rng.random(n) * total
-        b = np.minimum((u * ((1 << 16) / total)).astype(np.int64), (1 << 16) - 1)
-        e = lo_e[b]
-        cross = np.nonzero(e != hi_e[b])[0]
-        if cross.size:
-            e[cross] = np.minimum(np.searchsorted(cum_p, u[cross], side="right"), E - 1)
-        return e
-
-    out = np.empty((k, T), np.int64)
+    out = np.empty((T, k), np.int64)
     for j in range(k):
-        todo = None  # all tokens
-        while True:
-            n = T if todo is None else todo.size
-            if not n:
-                break
-            e = draw(n)
-            dup = np.zeros(n, np.bool_)
-            for i in range(j):
-                dup |= (out[i] if todo is None else out[i, todo]) == e
-            keep = ~dup
-            if todo is None:
-                out[j, keep] = e[keep]
-                todo = np.nonzero(dup)[0]
-            else:
-                out[j, todo[keep]] = e[keep]
-                todo = todo[dup]
-    return np.ascontiguousarray(out.T)
+        todo = np.arange(T)  # tokens still drawing their choice j
+        while todo.size:
+            todo = _place(out, j, todo, rng.random(todo.size) * total, cum_p, at, (1 << 16) / total)
+    return out
+
+
+@njit(cache=True)
+def _place(out, j, tokens, u, cum_p, at, scale):
+    """Map the draws u (n,) of ``tokens`` (n,) to experts through the bin table ``at`` (bins + 1,)
+    (u x scale is the bin) and make each the token's choice j unless it has that expert already;
+    returns the tokens that draw again."""
+    E, bins = cum_p.size, at.size - 1
+    again = np.empty(tokens.size, np.int64)
+    n = 0
+    for i in range(tokens.size):
+        t = tokens[i]
+        b = min(np.int64(u[i] * scale), bins - 1)
+        e = at[b]
+        if e != at[b + 1]:  # the bin spans a boundary between experts
+            e = min(np.searchsorted(cum_p, u[i], side="right"), E - 1)
+        if _taken(out, t, j, e):
+            again[n] = t
+            n += 1
+        else:
+            out[t, j] = e
+    return again[:n]
 
 
 @njit(cache=True)
@@ -458,8 +456,9 @@ class Workload:
         return self.rows_slot_mb.sum(axis=1)
 
     def expert_load(self) -> np.ndarray:
-        """(E,) pairs per expert."""
-        return np.bincount(self.topk_idx.reshape(-1), minlength=self.config.num_experts)
+        """(E,) pairs per expert: the rows of its slots (every pair has one slot), without a pass over T x K."""
+        return np.bincount(self.placement.slot_expert, weights=self.rows_slot,
+                           minlength=self.config.num_experts).astype(np.int64)
 
     def gpu_load(self) -> np.ndarray:
         """(G,) pairs computed on each GPU."""
@@ -534,34 +533,46 @@ def slot_traffic(slot_topk: np.ndarray, slot_rank: np.ndarray, num_gpus: int, to
     slot_topk: (T, K) slot ids; slot_rank: (P,) GPU of each slot. Returns rows_slot_mb (P, B) (the
     counts of ``reference.plan_dispatch`` split by minibatch), traffic_mb (G, B, G) (``reference.
     rank_traffic`` with dedup), and pull_slot_mb, push_slot_mb (P, B, G) (see ``Workload``): a
-    token's first and last slot on each GPU come from K x K comparisons of its own entries.
+    token's first and last slot on each GPU come from K x K comparisons of its own entries, in one
+    pass over the tokens (``_slot_counts``).
     """
-    G, P, B = int(num_gpus), int(slot_rank.size), int(num_minibatches)
+    return _slot_counts(np.ascontiguousarray(slot_topk, np.int64), np.ascontiguousarray(slot_rank, np.int64),
+                        int(num_gpus), int(tokens_per_gpu), int(minibatch), int(num_minibatches))
+
+
+@njit(cache=True)
+def _slot_counts(slot_topk, slot_rank, num_gpus, tokens_per_gpu, minibatch, num_minibatches):
     T, K = slot_topk.shape
-    t = np.arange(T, dtype=np.int64)
-    src = t // tokens_per_gpu
-    col = src * B + (t % tokens_per_gpu) // minibatch  # (T,) source GPU and minibatch
-    rows = np.bincount(slot_topk.reshape(-1) * B + np.repeat(col % B, K), minlength=P * B).reshape(P, B)
-    small = np.int16 if P < 2**15 and G < 2**15 else np.int64  # narrow ids: the K x K passes read less
-    gpu = np.ascontiguousarray(slot_rank.astype(small)[slot_topk].T)  # (K, T)
-    sl = np.ascontiguousarray(slot_topk.T.astype(small))
-    first = np.ones((K, T), np.bool_)  # no other of the token's slots on that GPU comes before it
-    last = np.ones((K, T), np.bool_)
-    for j in range(K):
-        for i in range(j):
-            same = gpu[i] == gpu[j]
-            before = same & (sl[i] < sl[j])
-            after = same & ~before
-            first[j] &= ~before
-            last[i] &= ~before
-            first[i] &= ~after
-            last[j] &= ~after
-    slot = sl
-    colk = np.broadcast_to(col[None, :], (K, T))
-    pull = np.bincount(slot[first].astype(np.int64) * (G * B) + colk[first], minlength=P * G * B).reshape(P, G, B)
-    push = np.bincount(slot[last].astype(np.int64) * (G * B) + colk[last], minlength=P * G * B).reshape(P, G, B)
-    pull, push = pull.transpose(0, 2, 1), push.transpose(0, 2, 1)  # (P, B, G src / owner)
+    P, G, B = slot_rank.size, num_gpus, num_minibatches
+    rows = np.zeros((P, B), np.int64)
+    pull = np.zeros((P, B, G), np.int64)
+    push = np.zeros((P, B, G), np.int64)
+    gpu = np.empty(K, np.int64)
+    for t in range(T):
+        src = t // tokens_per_gpu
+        m = (t % tokens_per_gpu) // minibatch
+        for j in range(K):
+            gpu[j] = slot_rank[slot_topk[t, j]]
+        for j in range(K):
+            s = slot_topk[t, j]
+            first = True  # no other of the token's slots on that GPU comes before it (ties: the later one is first)
+            last = True  # none comes after it (ties: the earlier one is last)
+            for i in range(K):
+                if i == j or gpu[i] != gpu[j]:
+                    continue
+                o = slot_topk[t, i]
+                if o < s or (o == s and i > j):
+                    first = False
+                if o > s or (o == s and i < j):
+                    last = False
+            rows[s, m] += 1
+            if first:
+                pull[s, m, src] += 1
+            if last:
+                push[s, m, src] += 1
     traffic = np.zeros((G, B, G), np.int64)  # [src, mb, dst]
-    for d in range(G):
-        traffic[:, :, d] = pull[slot_rank == d].sum(axis=0).T
-    return rows, traffic, np.ascontiguousarray(pull), np.ascontiguousarray(push)
+    for s in range(P):
+        for m in range(B):
+            for g in range(G):
+                traffic[g, m, slot_rank[s]] += pull[s, m, g]
+    return rows, traffic, pull, push

@@ -130,3 +130,15 @@ def test_compute_job_shares_hbm_with_a_copy():
 
     assert run(False) == pytest.approx(2.0)
     assert run(True) == pytest.approx(10 / 3)
+
+
+def test_fabric_refuses_to_start_a_flow_twice():
+    env = simpy.Environment()
+    fab = Fabric(env, np.array([1.0]))
+    a = fab.add([0], [1.0], 1.0, "A")
+    b = fab.add([0], [1.0], 1.0, "B")
+    fab.start(a)
+    with pytest.raises(RuntimeError, match=r"flow 0 \(A\) started twice"):
+        fab.start(a)
+    with pytest.raises(RuntimeError, match=r"flow 1 \(B\) started twice"):  # twice in one call
+        fab.start_many([b, b])
