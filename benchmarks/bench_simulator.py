@@ -90,11 +90,16 @@ def main() -> None:
     # with bytecode written (a first run writes it), as after ``pip install -e .``
     exe = Path(sys.executable).with_name("megamoe")
     cmd = [str(exe), "simulate"] if exe.exists() else [sys.executable, "-m", "megamoe.cli", "simulate"]
+    # (the two alternate run by run: this machine's speed drifts by a third over minutes)
     runs = max(args.repeats, 5)
-    t_cli, _ = _median_time(lambda: subprocess.run(cmd, capture_output=True, check=True), runs)
     env_bc = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run(cmd, capture_output=True, check=True, env=env_bc)
-    t_cli_bc, _ = _median_time(lambda: subprocess.run(cmd, capture_output=True, check=True, env=env_bc), runs)
+    t_cli, t_cli_bc = [], []
+    for _ in range(runs):
+        for env, times in ((None, t_cli), (env_bc, t_cli_bc)):
+            t = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True, env=env)
+            times.append(time.perf_counter() - t)
 
     simulate(MODEL, "hgx-h200", 64)  # warm-up: numba compile or cache load
     cfg = MoEConfig.preset(MODEL)
@@ -141,10 +146,11 @@ def main() -> None:
         "workload_s": {"total": t_workload, "routing": t_route, "assign_slots": t_slots,
                        "reference_plan_dispatch": t_plan, "reference_rank_traffic": t_traffic,
                        "vectorized_rank_traffic_candidate": t_fast, "slot_traffic_used": t_counts},
-        "cli_wall_s": {"median": t_cli, "command": "megamoe simulate", "runs": runs,
+        "cli_wall_s": {"median": statistics.median(t_cli), "min": min(t_cli), "runs_s": t_cli,
+                       "command": "megamoe simulate", "runs": runs,
                        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")},
-        "cli_wall_s_bytecode": {"median": t_cli_bc, "command": "megamoe simulate", "runs": runs,
-                                "PYTHONDONTWRITEBYTECODE": None},
+        "cli_wall_s_bytecode": {"median": statistics.median(t_cli_bc), "min": min(t_cli_bc), "runs_s": t_cli_bc,
+                                "command": "megamoe simulate", "runs": runs, "PYTHONDONTWRITEBYTECODE": None},
         "results": rows,
         "sweep_point": sweep,
         "targets": {"event_model_s": 2.0, "analytic_s": 0.010, "cli_wall_s": 1.5},
