@@ -257,6 +257,8 @@ def torch_moe(x, w, cfg):
     import torch
     import torch.nn.functional as F
 
+    from .torch_ffn import gated_activation
+
     T, H = x.shape
     E, K, I = cfg.num_experts, cfg.top_k, cfg.intermediate_size
     tw, ti = torch_route(x, w, cfg)
@@ -274,13 +276,7 @@ def torch_moe(x, w, cfg):
     h = torch._grouped_mm(xs, w.gate_up.transpose(1, 2), offs=offs)
     if w.gate_up_bias is not None:
         h = h + w.gate_up_bias[sorted_e]
-    g, u = h[:, :I], h[:, I:]
-    if cfg.activation == "silu_gated":
-        a = F.silu(g) * u
-    else:
-        g = g.clamp(max=cfg.swiglu_limit)
-        u = u.clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
-        a = (u + 1) * g * torch.sigmoid(cfg.swiglu_alpha * g)
+    a = gated_activation(h, I, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
     o = torch._grouped_mm(a.contiguous(), w.down.transpose(1, 2), offs=offs)
     if w.down_bias is not None:
         o = o + w.down_bias[sorted_e]

@@ -37,10 +37,10 @@ from functools import cache
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..reference.config import MoEConfig
 from ..reference.ep import local_slots, peer_order, plan_receive, plan_send
+from .torch_ffn import gated_activation
 
 #: Set in every process before any communicator is made (NVLink multicast is left off on these hosts).
 TRANSPORT_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -180,13 +180,7 @@ def _torch_experts(xp: torch.Tensor, wp: torch.Tensor, shard: EPShard, counts: n
         h = xp[lo:lo + n] @ shard.gate_up[j].t()
         if shard.gate_up_bias is not None:
             h = h + shard.gate_up_bias[j]
-        g, u = h[:, :I], h[:, I:]
-        if shard.activation == "silu_gated":
-            a = F.silu(g) * u
-        else:
-            g = g.clamp(max=shard.limit)
-            u = u.clamp(-shard.limit, shard.limit)
-            a = (u + 1) * g * torch.sigmoid(shard.alpha * g)
+        a = gated_activation(h, I, shard.activation, shard.alpha, shard.limit)
         o = a @ shard.down[j].t()
         if shard.down_bias is not None:
             o = o + shard.down_bias[j]
