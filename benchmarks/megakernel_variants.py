@@ -35,8 +35,31 @@ def _bn(scale: float):
     return f
 
 
+def _order(**kw):
+    def f(mk):
+        mk = copy.deepcopy(mk)
+        mk["tiles"]["order"].update(kw)
+        return mk
+    return f
+
+
+def _wide(mk):
+    """stream-K with 128-column GEMM tiles (segments balance the programs, not the tile count)."""
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["order"]["STREAM_K"] = 1
+    for g in ("gemm1", "gemm2"):
+        mk["tiles"][g]["BLOCK_N"] = 128
+    per_stage = max(mk["tiles"]["gemm1"]["BLOCK_M"] * mk["tiles"]["gemm1"]["BLOCK_K"] * 2
+                    + 2 * mk["tiles"]["gemm1"]["BLOCK_K"] * 128 * 2, 1)
+    mk["num_stages"] = max(2, min(mk["num_stages"], (200 << 10) // per_stage))
+    return mk
+
+
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
+    "tiles": (_order(STREAM_K=0), "GEMM tasks as whole tiles (no stream-K segments)"),
+    "sk": (_order(STREAM_K=1), "stream-K GEMM segments, one per program"),
+    "sk_wide": (_wide, "stream-K with 128-column GEMM tiles"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
@@ -44,7 +67,7 @@ VARIANTS = {
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
 #: the variants timed at T > 1 (fewer: each is a 15-30 s compile)
-MID_VARIANTS = ("stages3", "stages4")
+MID_VARIANTS = ("tiles", "sk", "sk_wide")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:

@@ -132,16 +132,13 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
-def _gemm1_tile(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
-    alpha, limit,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+def _gemm1_acc(
+    x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
+    DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
-    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
+    """GEMM 1's fp32 gate and up sums of one tile over K tiles [k_lo, k_hi):
+    -> (acc_g, acc_u, rows, row_mask, offs_n, offs_bn). Shared by every GEMM 1 path."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
@@ -170,6 +167,23 @@ def _gemm1_tile(
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
+    return acc_g, acc_u, rows, row_mask, offs_n, offs_bn
+
+
+@triton.jit
+def _gemm1_tile(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
+    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
+    acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
+        x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
+        DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
     if SPLIT_K > 1:  # fp32 partial sums (SPLIT_K, P, 2N); _act_kernel finishes them
         m = row_mask[:, None] & (offs_n < N)[None, :]
         pp = part_ptr + (s.to(tl.int64) * P + rows)[:, None] * (2 * N) + offs_n[None, :]
@@ -278,16 +292,13 @@ def _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N,
 
 
 @triton.jit
-def _gemm2_tile(
-    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
-    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
-    K: tl.constexpr, KS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+def _gemm2_acc(
+    a_ptr, w_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn,
+    K: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
-    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+    """GEMM 2's fp32 sums of one tile over K tiles [k_lo, k_hi):
+    -> (acc, row_mask, tok, slot, srow, offs_n, offs_bn). Shared by every GEMM 2 path."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -310,6 +321,23 @@ def _gemm2_tile(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    return acc, row_mask, tok, slot, srow, offs_n, offs_bn
+
+
+@triton.jit
+def _gemm2_tile(
+    a_ptr, w_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
+    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+    acc, row_mask, tok, slot, srow, offs_n, offs_bn = _gemm2_acc(
+        a_ptr, w_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn,
+        K, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
                     out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, SPLIT_K)
 

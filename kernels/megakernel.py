@@ -41,8 +41,19 @@ import triton.language as tl
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
-from .grouped_gemm import ACT_CODES, _combine_tile, _gemm1_tile, _gemm2_tile, _tile_ids
+from .grouped_gemm import (
+    ACT_CODES,
+    _act_epilogue,
+    _combine_tile,
+    _gemm1_acc,
+    _gemm1_tile,
+    _gemm2_acc,
+    _gemm2_epilogue,
+    _gemm2_tile,
+    _tile_ids,
+)
 from .routing import ROUTER_CODES, _route_block, _router_partial
+from .stream_k import _arrive, _seg_bounds, _slot, _store_piece, _sum_pieces
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
                                                        ("ticket", "exited", "topk", "scan", "scatter", "g2"))
@@ -86,17 +97,19 @@ def _now(TRACE: tl.constexpr):
 
 @triton.jit
 def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
-    """Tests only: count tasks per kind (and GEMM tasks per expert: gemm1 at 9+e, gemm2 at 9+E+e)."""
+    """Tests only: KIND < 9 counts a task of that kind; 9 / 10 a GEMM 1 / GEMM 2 tile of expert e
+    finished (at 9 + e / 9 + E + e)."""
     if RECORD:
-        tl.atomic_add(stats_ptr + KIND, 1)
-        if KIND == 5:
+        if KIND < 9:
+            tl.atomic_add(stats_ptr + KIND, 1)
+        if KIND == 9:
             tl.atomic_add(stats_ptr + 9 + e, 1)
-        if KIND == 7:
+        if KIND == 10:
             tl.atomic_add(stats_ptr + 9 + E + e, 1)
 
 
 @triton.jit(do_not_specialize=["T", "G", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
-                               "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N"])
+                               "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N", "OFF_T1", "OFF_T2"])
 def _megakernel(
     # inputs and weights
     x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, sgu_ptr, sdn_ptr,
@@ -104,12 +117,12 @@ def _megakernel(
     part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, hist_ptr, chunk_base_ptr,
     counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
     # intermediates and output
-    act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr,
+    act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr, ws1_ptr, ws2_ptr,
     # sizes and strides
     T, H, E, I, Is, G, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
     stride_dnb, scaling, alpha, limit, H_PER,
     # the task layout (reference.tiles.task_layout)
-    NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N,
+    NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N, OFF_T1, OFF_T2,
     N1: tl.constexpr, N2: tl.constexpr, NS1: tl.constexpr, NS2: tl.constexpr, NCH: tl.constexpr,
     # router
     SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, N_GROUP: tl.constexpr,
@@ -127,6 +140,8 @@ def _megakernel(
     RECORD: tl.constexpr, TRACE: tl.constexpr, SW: tl.constexpr, BACKOFF: tl.constexpr, GIVEN: tl.constexpr,
     # take the next ticket as a task starts (config "next_ticket"; off by default: run E measured it slower)
     NEXT: tl.constexpr,
+    # stream-K GEMM segments, one per program (tiles["order"]["STREAM_K"]; kernels/stream_k.py)
+    SK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -193,20 +208,48 @@ def _megakernel(
         else:  # ------------------------------------------------------- after the routed row blocks
             _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
             nb = tl.load(padded_off_ptr + E) // BM
-            b_sh2 = S0 + nb * N1
+            kt1 = tl.cdiv(H, BK1)
+            kt2 = tl.cdiv(I, BK2)
+            u1_all = (nb * N1 * kt1).to(tl.int64)
+            u2_all = (nb * N2 * kt2).to(tl.int64)
+            if SK:  # stream-K: one segment per program (reference.tiles.num_segments)
+                q1 = tl.maximum(1, tl.minimum(NPROG, u1_all))
+                q2 = tl.maximum(1, tl.minimum(NPROG, u2_all))
+            else:
+                q1 = (nb * N1).to(tl.int64)
+                q2 = (nb * N2).to(tl.int64)
+            b_sh2 = S0 + q1
             b_g2 = b_sh2 + MS * NS2
-            b_comb = b_g2 + nb * N2
-            if t < b_sh2:  # gemm1 (b, n)
-                b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
-                e = tl.load(block_expert_ptr + b)
+            b_comb = b_g2 + q2
+            if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n)
                 if not FUSED:
                     _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
-                _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-                            b, n, e, t * 0, 0, tl.cdiv(H, BK1), T, I, H, 0, stride_xt, stride_gue, stride_gun,
-                            stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
-                            BM, BN1, BK1)
-                _signal(sync_ptr + OFF_G1 + b)
-                _record(stats_ptr, 5, e, E, RECORD)
+                q = t - S0
+                u0, u1 = _seg_bounds(q, q1, u1_all)
+                for j in range(u0 // kt1, (u1 + kt1 - 1) // kt1):
+                    b, n = _tile_ids(j, nb, N1, GROUP_M)
+                    e = tl.load(block_expert_ptr + b)
+                    k_lo = tl.maximum(u0 - j * kt1, 0)
+                    k_hi = tl.minimum(u1 - j * kt1, kt1)
+                    acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
+                        x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
+                        stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
+                    done = (k_lo == 0) & (k_hi == kt1)
+                    if not done:  # a piece: store it; the piece that completes the tile sums them all
+                        slot = _slot(q, j, q1, u1_all, kt1)
+                        _store_piece(ws1_ptr, slot, acc_g, BM, BN1, 2, 0)
+                        _store_piece(ws1_ptr, slot, acc_u, BM, BN1, 2, 1)
+                        done = _arrive(sync_ptr + OFF_T1, j, q1, u1_all, kt1)
+                        if done:
+                            acc_g = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 0, BM, BN1, 2)
+                            acc_u = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 1, BM, BN1, 2)
+                    if done:
+                        _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, I, gub_ptr, stride_gub,
+                                      padded_pair_ptr, topk_w_ptr, act_ptr, I, alpha, limit, ACT, HAS_GUB,
+                                      SCALE_INPUT)
+                        _signal(sync_ptr + OFF_G1 + b)
+                        _record(stats_ptr, 9, e, E, RECORD)
+                _record(stats_ptr, 5, 0, E, RECORD)
             elif t < b_g2:  # shared_gemm2 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - b_sh2, MS, NS2, GROUP_M)
@@ -218,15 +261,30 @@ def _megakernel(
                                 S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
-            elif t < b_comb:  # gemm2 (b, n)
-                b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
-                e = tl.load(block_expert_ptr + b)
-                _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
-                            tl.cdiv(I, BK2), T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
-                            G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
-                _signal(sync_ptr + SW * 5)
-                _record(stats_ptr, 7, e, E, RECORD)
+            elif t < b_comb:  # gemm2 segment q: its pieces of tiles (b, n)
+                q = t - b_g2
+                u0, u1 = _seg_bounds(q, q2, u2_all)
+                for j in range(u0 // kt2, (u1 + kt2 - 1) // kt2):
+                    b, n = _tile_ids(j, nb, N2, GROUP_M)
+                    e = tl.load(block_expert_ptr + b)
+                    _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
+                    k_lo = tl.maximum(u0 - j * kt2, 0)
+                    k_hi = tl.minimum(u1 - j * kt2, kt2)
+                    acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
+                        act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
+                        K, False, EVEN_K2, IEEE, BM, BN2, BK2)
+                    done = (k_lo == 0) & (k_hi == kt2)
+                    if not done:
+                        _store_piece(ws2_ptr, _slot(q, j, q2, u2_all, kt2), acc, BM, BN2, 1, 0)
+                        done = _arrive(sync_ptr + OFF_T2, j, q2, u2_all, kt2)
+                        if done:
+                            acc = _sum_pieces(ws2_ptr, j, q2, u2_all, kt2, 0, BM, BN2, 1)
+                    if done:
+                        _gemm2_epilogue(acc, row_mask, tok, slot2, srow, e, q * 0, offs_n, offs_bn, T, H, dnb_ptr,
+                                        stride_dnb, topk_w_ptr, pairs_ptr, H, KS, HAS_DNB, G2_SCALE, False, 1)
+                        _signal(sync_ptr + SW * 5)
+                        _record(stats_ptr, 10, e, E, RECORD)
+                _record(stats_ptr, 7, 0, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
                 _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)
                 j = t - b_comb
@@ -329,9 +387,17 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     act = torch.empty((P_max, I), device=dev, dtype=dt)
     act_s = torch.empty((T, Is), device=dev, dtype=dt) if shared else None
     pairs = torch.empty((T * KS, H), device=dev, dtype=dt)
-    sync = sync_buffer(dev, lay.sync_words) if sync is None else sync
-    stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
     nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
+    # the tiles' piece counters (stream-K) follow the sync words: each is reset by the piece that
+    # completes its tile, so the exit reset covers only the sync words
+    off_t1 = lay.sync_words
+    off_t2 = off_t1 + lay.b_max * lay.n1
+    words = off_t2 + lay.b_max * lay.n2 if lay.streamed else lay.sync_words
+    sync = sync_buffer(dev, words) if sync is None else sync
+    stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
+    slots = 2 * nprog if lay.streamed else 1  # two workspace tiles per segment (its first and last piece)
+    ws1 = torch.empty((slots, 2, bm, g1["BLOCK_N"]), device=dev, dtype=f32)
+    ws2 = torch.empty((slots, bm, g2["BLOCK_N"]), device=dev, dtype=f32)
     al = align_blocks(E, bm, lay.b_max)
     block_e = max(16, triton.next_power_of_2(E))
     rw = weights.router_weight
@@ -343,12 +409,13 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         weights.shared_down,
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
-        act, act_s, pairs, y, sync, stats, trace,
+        act, act_s, pairs, y, sync, stats, trace, ws1, ws2,
         T, H, E, I, Is, G, lay.b_max, x.stride(0), 0 if rw is None else rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
-        nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"], f["shared_gemm1"],
-        lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words,
+        nprog, lay.max_tasks_for(nprog), lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
+        f["shared_gemm1"], lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words, off_t1,
+        off_t2,
     )
     kwargs = dict(
         N1=lay.n1, N2=lay.n2, NS1=max(lay.ns1, 1), NS2=max(lay.ns2, 1), NCH=triton.cdiv(H, cb["BLOCK_H"]),
@@ -366,7 +433,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
-        NEXT=bool(mk.get("next_ticket", False)),
+        NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
@@ -394,7 +461,7 @@ def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bi
 
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
                        out: torch.Tensor | None = None, trace: torch.Tensor | None = None,
-                       routing: tuple | None = None):
+                       routing: tuple | None = None, nprog: int | None = None):
     """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
 
     ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
@@ -402,14 +469,15 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
     (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run. ``routing``:
-    (topk_idx, topk_w) made elsewhere (see megakernel_experts)."""
+    (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
+    instead of SMs x occupancy (tests: the stream-K segments follow the programs)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
         return (y, {k: 0 for k in KINDS}) if record else y
     mk = mk or megakernel_config(config, T, x.dtype, x.device, routing_given=routing is not None)
     grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace,
-                                                routing=routing)
+                                                routing=routing, nprog=nprog)
     kern = _megakernel[grid](*args, **kwargs)
     if not record:
         return y

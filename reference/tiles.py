@@ -36,6 +36,14 @@ ones waits for the scan first (with one group the top-k task aligns and stands i
 and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
 sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
 
+GEMM tasks are *segments* (``segment_bounds``): a phase's J tiles x KT K tiles laid end to end as
+U units, segment q taking units [q U // Q, (q + 1) U // Q). Q = J (the default) makes each segment
+one whole tile; ``tiles["order"]["STREAM_K"] = 1`` makes Q the launch's programs (stream-K: each
+program the same K steps, however many tiles there are), and a tile split between segments is
+finished by whichever of its pieces comes last (kernels/stream_k.py). A segment signals the
+counter of every tile it finishes: in the plan, a tile split over segments is finished by its
+last segment.
+
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
 with each task's tile, real rows, bytes and FLOPs and what it waits on: the kernel executes this
 order (kernels/megakernel.py computes the same function on the device) and the simulator's cost
@@ -67,6 +75,8 @@ TILE_KEYS = {
 #: optional tile keys and their defaults: TOPK_T, tokens per top-k task (decode: fewer than the
 #: logits chunk's BLOCK_T, which tl.dot needs >= 16; only with SPLIT > 1, and dividing BLOCK_T)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
+#: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs
+TILE_SWITCHES = {"order": {"STREAM_K": 0}}
 
 #: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
 #: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
@@ -91,6 +101,11 @@ def check_tiles(tiles: dict) -> dict:
             v = sub.get(k, sub.get(TILE_OPTIONAL.get(part, {}).get(k)))
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"tiles[{part!r}][{k!r}] must be a positive integer, got {v!r}")
+    for part, keys in TILE_SWITCHES.items():
+        for k in keys:
+            v = tiles[part].get(k, 0)
+            if isinstance(v, bool) or v not in (0, 1):
+                raise InputError(f"tiles[{part!r}][{k!r}] must be 0 or 1, got {v!r}")
     r = tiles["router"]
     tt = r.get("TOPK_T", r["BLOCK_T"])
     if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt):
@@ -103,6 +118,25 @@ def topk_tokens(tiles: dict) -> int:
     """Tokens per top-k task (and per align chunk): TOPK_T, BLOCK_T where not given."""
     r = tiles["router"]
     return int(r.get("TOPK_T", r["BLOCK_T"]))
+
+
+def stream_k(tiles: dict) -> bool:
+    """Whether the GEMM phases run stream-K segments (tiles["order"]["STREAM_K"])."""
+    return bool(tiles["order"].get("STREAM_K", 0))
+
+
+def num_segments(num_tiles: int, k_tiles: int, num_programs: int, streamed: bool) -> int:
+    """Q of a GEMM phase: one segment per tile, or (stream-K) one per program but never more than
+    the units (the kernel computes the same integers)."""
+    if not streamed or num_tiles == 0:
+        return int(num_tiles)
+    return max(1, min(int(num_programs), int(num_tiles) * int(k_tiles)))
+
+
+def segment_bounds(q, num_segments_: int, units: int):
+    """Units [u0, u1) of segment(s) q of Q over U units: (q U // Q, (q + 1) U // Q)."""
+    q = np.asarray(q, dtype=np.int64)
+    return q * units // num_segments_, (q + 1) * units // num_segments_
 
 
 def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
@@ -147,6 +181,9 @@ class TaskLayout:
     b_max: int
     n1: int
     n2: int
+    k1: int
+    k2: int
+    streamed: bool
     shared_m_blocks: int
     ns1: int
     ns2: int
@@ -156,18 +193,33 @@ class TaskLayout:
     off_shared1: int
     sync_words: int
 
-    def dynamic_bases(self, num_blocks: int) -> dict:
+    def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
+        """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
+        programs (None, stream-K: the most any number of programs can get, the units)."""
+        if not self.streamed:
+            return num_blocks * self.n1, num_blocks * self.n2
+        p = num_blocks * self.n1 * self.k1 + num_blocks * self.n2 * self.k2 if num_programs is None else num_programs
+        return (num_segments(num_blocks * self.n1, self.k1, p, True),
+                num_segments(num_blocks * self.n2, self.k2, p, True))
+
+    def dynamic_bases(self, num_blocks: int, num_programs: int | None = None) -> dict:
         """First ticket of each kind after the static ones, for B = num_blocks routed row blocks."""
+        q1, q2 = self.segments(num_blocks, num_programs)
         g1 = self.s0
-        sh2 = g1 + num_blocks * self.n1
+        sh2 = g1 + q1
         g2 = sh2 + self.shared_m_blocks * self.ns2
-        comb = g2 + num_blocks * self.n2
+        comb = g2 + q2
         return {"gemm1": g1, "shared_gemm2": sh2, "gemm2": g2, "combine": comb,
                 "end": comb + self.combine_tasks}
 
     @property
     def max_tasks(self) -> int:
+        """The most tickets any routing and number of programs can need."""
         return self.dynamic_bases(self.b_max)["end"]
+
+    def max_tasks_for(self, num_programs: int) -> int:
+        """The most tickets any routing can need on num_programs programs (the kernel's MAX_TASKS)."""
+        return self.dynamic_bases(self.b_max, num_programs)["end"]
 
 
 def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -211,7 +263,8 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_shared1 = off_g1 + b_max
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
-        n1=cdiv(I, g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
+        n1=cdiv(I, g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), k1=cdiv(H, g1["BLOCK_K"]), k2=cdiv(I, g2["BLOCK_K"]),
+        streamed=stream_k(tiles), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1, sync_words=off_shared1 + Ms,
     )
@@ -227,7 +280,8 @@ class TaskPlan:
     reduction length); weight_bytes, in_bytes, out_bytes, flops (n,) float64: weight slice read,
     other operands read (gathered rows, partials, metadata), results written, tensor-core FLOPs
     of the padded tile (2 per multiply-add); weight_id (n,) int64: the same id means the same
-    weight slice (for an L2 model), -1 for none; signal (n,) int32 counter it increments (-1 none);
+    weight slice (for an L2 model), -1 for none; signal_ptr (n+1,) / signal_counter: CSR list of the
+    counters each task increments (once per entry; a stream-K segment finishes several tiles);
     wait_ptr (n+1,) / wait_counter / wait_target: CSR list of (counter, value) each task waits for.
     counters: names of the counters (index = id), counter_target: the value each reaches.
     """
@@ -251,7 +305,8 @@ class TaskPlan:
     out_bytes: np.ndarray
     flops: np.ndarray
     weight_id: np.ndarray
-    signal: np.ndarray
+    signal_ptr: np.ndarray
+    signal_counter: np.ndarray
     wait_ptr: np.ndarray
     wait_counter: np.ndarray
     wait_target: np.ndarray
@@ -268,9 +323,20 @@ class TaskPlan:
         return {k: int(n[i]) for i, k in enumerate(KINDS)}
 
     def tasks_per_expert(self, kind: str) -> np.ndarray:
-        """(E,) number of tasks of ``kind`` (gemm1 or gemm2) per routed expert."""
+        """(E,) number of tasks of ``kind`` (gemm1 or gemm2) per routed expert (a segment counts
+        for the expert of its first tile)."""
         m = self.kind == KIND_CODE[kind]
         return np.bincount(self.expert[m].astype(np.int64), minlength=self.counts.size)
+
+    def tiles_per_expert(self, kind: str) -> np.ndarray:
+        """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
+        (what the kernel's ``record`` counts, segments or not)."""
+        n = self.layout.n1 if kind == "gemm1" else self.layout.n2
+        return -(-self.counts // self.tiles["gemm1"]["BLOCK_M"]) * n
+
+    def signals(self, i: int) -> list[str]:
+        lo, hi = int(self.signal_ptr[i]), int(self.signal_ptr[i + 1])
+        return [self.counters[c] for c in self.signal_counter[lo:hi]]
 
     def waits(self, i: int) -> list[tuple[str, int]]:
         lo, hi = int(self.wait_ptr[i]), int(self.wait_ptr[i + 1])
@@ -289,8 +355,8 @@ class TaskPlan:
     def to_dict(self) -> dict:
         """Plain lists (JSON-ready) of every field: what a process without NumPy objects reads."""
         arrays = ("kind", "expert", "block", "n_tile", "rows", "tile_m", "tile_n", "depth", "weight_bytes",
-                  "in_bytes", "out_bytes", "flops", "weight_id", "signal", "wait_ptr", "wait_counter",
-                  "wait_target", "counter_target", "counts")
+                  "in_bytes", "out_bytes", "flops", "weight_id", "signal_ptr", "signal_counter", "wait_ptr",
+                  "wait_counter", "wait_target", "counter_target", "counts")
         d = {a: getattr(self, a).tolist() for a in arrays}
         d.update(config_name=self.config_name, num_tokens=self.num_tokens, tiles=self.tiles,
                  num_programs=self.num_programs, kinds=list(KINDS), counters=list(self.counters))
@@ -298,14 +364,17 @@ class TaskPlan:
 
 
 class _Builder:
-    """Appends groups of tasks (arrays) in ticket order."""
+    """Appends groups of tasks (arrays) in ticket order; waits and signals as CSR lists."""
 
     COLS = ("kind", "expert", "block", "n_tile", "rows", "tile_m", "tile_n", "depth", "weight_bytes",
-            "in_bytes", "out_bytes", "flops", "weight_id", "signal")
+            "in_bytes", "out_bytes", "flops", "weight_id")
 
     def __init__(self):
         self.parts = {c: [] for c in self.COLS}
-        self.waits: list[np.ndarray] = []  # per group: (n, w, 2) counter/target
+        self.wait_len: list[np.ndarray] = []
+        self.wait_pairs: list[np.ndarray] = []  # (m, 2) counter, target
+        self.sig_len: list[np.ndarray] = []
+        self.sig_ids: list[np.ndarray] = []
         self.counters: list[str] = []
         self.targets: list[int] = []
 
@@ -314,24 +383,114 @@ class _Builder:
         self.targets.append(int(target))
         return len(self.counters) - 1
 
-    def add(self, kind: str, n: int, waits: np.ndarray | None = None, **cols) -> None:
+    def add(self, kind: str, n: int, waits: np.ndarray | None = None, signal=-1, **cols) -> None:
+        """n tasks, each with the same number of waits ((n, w, 2) counter/target) and one signal
+        (a counter id per task or for all; -1: none)."""
+        if n == 0:
+            return
+        w = np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2)
+        sig = np.broadcast_to(np.asarray(signal, np.int64), (n,))
+        self.add_csr(kind, n, np.full(n, w.shape[1]), w.reshape(-1, 2), (sig >= 0).astype(np.int64), sig[sig >= 0],
+                     **cols)
+
+    def add_csr(self, kind: str, n: int, wait_len, wait_pairs, sig_len, sig_ids, **cols) -> None:
+        """n tasks with ragged waits (wait_len (n,), wait_pairs (sum, 2)) and signals (sig_len (n,),
+        sig_ids (sum,))."""
         if n == 0:
             return
         for c in self.COLS:
-            v = KIND_CODE[kind] if c == "kind" else cols.get(c, -1 if c in ("expert", "weight_id", "signal") else 0)
+            v = KIND_CODE[kind] if c == "kind" else cols.get(c, -1 if c in ("expert", "weight_id") else 0)
             self.parts[c].append(np.broadcast_to(np.asarray(v), (n,)).copy())
-        self.waits.append(np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2))
+        self.wait_len.append(np.asarray(wait_len, np.int64))
+        self.wait_pairs.append(np.asarray(wait_pairs, np.int64).reshape(-1, 2))
+        self.sig_len.append(np.asarray(sig_len, np.int64))
+        self.sig_ids.append(np.asarray(sig_ids, np.int64))
 
     def build(self) -> dict:
         dtypes = {"kind": np.int8, "weight_bytes": np.float64, "in_bytes": np.float64, "out_bytes": np.float64,
                   "flops": np.float64, "weight_id": np.int64}
         out = {c: (np.concatenate(v) if v else np.zeros(0)).astype(dtypes.get(c, np.int32)) for c, v in self.parts.items()}
-        lens = [w.shape[1] for w in self.waits for _ in range(w.shape[0])]
-        ptr = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        flat = np.concatenate([w.reshape(-1, 2) for w in self.waits]) if self.waits else np.zeros((0, 2), np.int64)
-        out.update(wait_ptr=ptr, wait_counter=flat[:, 0].astype(np.int32), wait_target=flat[:, 1].astype(np.int64))
+
+        def csr(lens):
+            ln = np.concatenate(lens) if lens else np.zeros(0, np.int64)
+            ptr = np.zeros(ln.size + 1, np.int64)
+            np.cumsum(ln, out=ptr[1:])
+            return ptr
+
+        flat = np.concatenate(self.wait_pairs) if self.wait_pairs else np.zeros((0, 2), np.int64)
+        sig = np.concatenate(self.sig_ids) if self.sig_ids else np.zeros(0, np.int64)
+        out.update(wait_ptr=csr(self.wait_len), wait_counter=flat[:, 0].astype(np.int32),
+                   wait_target=flat[:, 1].astype(np.int64), signal_ptr=csr(self.sig_len),
+                   signal_counter=sig.astype(np.int32))
         return out
+
+
+def segment_pieces(num_tiles: int, k_tiles: int, num_segments_: int) -> dict:
+    """Every (segment, tile) piece of a GEMM phase, in ticket order: {"seg", "tile", "k_lo",
+    "k_hi" (K tiles of the tile), "first" (the segment's first tile), "completes" (the piece
+    reaches the tile's last K tile: the plan's finisher), "ptr" (Q + 1) where each segment's
+    pieces start}."""
+    J, KT, Q = int(num_tiles), int(k_tiles), int(num_segments_)
+    U = J * KT
+    if Q == 0 or U == 0:
+        z = np.zeros(0, np.int64)
+        return {"seg": z, "tile": z, "k_lo": z, "k_hi": z, "first": np.zeros(0, bool), "completes": np.zeros(0, bool),
+                "ptr": np.zeros(Q + 1, np.int64)}
+    u0, u1 = segment_bounds(np.arange(Q), Q, U)
+    j0 = u0 // KT
+    j1 = np.where(u1 > u0, (u1 - 1) // KT, j0 - 1)  # last tile (none for an empty segment)
+    n = j1 - j0 + 1
+    ptr = np.zeros(Q + 1, np.int64)
+    np.cumsum(n, out=ptr[1:])
+    seg = np.repeat(np.arange(Q), n)
+    tile = j0[seg] + np.arange(ptr[-1]) - ptr[seg]
+    k_lo = np.maximum(u0[seg] - tile * KT, 0)
+    k_hi = np.minimum(u1[seg] - tile * KT, KT)
+    return {"seg": seg, "tile": tile, "k_lo": k_lo, "k_hi": k_hi, "first": tile == j0[seg], "completes": k_hi == KT,
+            "ptr": ptr}
+
+
+def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, Q: int, BK: int, D: int, BN: int,
+                       N: int, mats: int, bm: int, group_m: int, block_expert, block_rows, ab: int, wb: int,
+                       signal_c, wait_c, wait_all, wait_target: int = 0) -> None:
+    """A GEMM phase's Q segments (``segment_pieces``) as tasks: per segment the sums of its pieces'
+    K depth, weight and operand bytes and FLOPs, the expert / block / N tile of its first piece;
+    it waits for ``wait_all`` (a (counter, target) every segment waits for) or for wait_c[block]
+    = wait_target of each piece's row block, and signals signal_c (an id per row block, or one id)
+    once for each tile it finishes. D the reduction length, N the output width, mats 2 for GEMM 1's
+    gate and up. A tile split over segments: its pieces store fp32 sums, its finisher reads them."""
+    pc = segment_pieces(B * n_tiles, k_tiles, Q)
+    if not pc["seg"].size:
+        return
+    bb, nn = tile_ids(pc["tile"], B, n_tiles, group_m)
+    e = block_expert[bb]
+    rows = block_rows[bb]
+    ncol = np.minimum(BN, N - nn * BN)
+    klen = np.minimum(pc["k_hi"] * BK, D) - pc["k_lo"] * BK
+    pieces = np.bincount(pc["tile"], minlength=B * n_tiles)[pc["tile"]]
+    split = pieces > 1
+    part = rows * mats * ncol * 4  # one piece's fp32 sums
+    out = np.where(split, part, 0) + np.where(pc["completes"], rows * ncol * ab, 0)
+    inb = rows * klen * ab + np.where(split & pc["completes"], pieces * part, 0)
+    first = pc["ptr"][:-1]
+    seg_sum = lambda v: np.add.reduceat(np.asarray(v, np.float64), first)  # noqa: E731 - one line each
+    base = (1 << 40) * (1 if kind == "gemm1" else 2)
+    wid = base + ((e.astype(np.int64) * n_tiles + nn) * k_tiles + pc["k_lo"])
+    per_block = np.ndim(signal_c) > 0
+    done = pc["completes"]
+    sig_len = np.bincount(pc["seg"][done], minlength=Q)
+    sig_ids = (np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c)))
+    if wait_c is None:
+        wait_len, wait_pairs = np.ones(Q, np.int64), np.tile(np.asarray(wait_all, np.int64), (Q, 1))
+    else:  # each piece's row block, once per run of equal blocks
+        new = np.ones(pc["seg"].size, bool)
+        new[1:] = (pc["seg"][1:] != pc["seg"][:-1]) | (bb[1:] != bb[:-1])
+        wait_len = np.bincount(pc["seg"][new], minlength=Q)
+        wait_pairs = np.stack([np.asarray(wait_c)[bb[new]], np.full(int(new.sum()), wait_target)], axis=1)
+    bld.add_csr(kind, Q, wait_len, wait_pairs, sig_len, sig_ids, expert=e[first], block=bb[first],
+                n_tile=nn[first], rows=rows[first], tile_m=bm, tile_n=mats * BN, depth=seg_sum(klen).astype(np.int64),
+                weight_bytes=seg_sum(mats * ncol * klen * wb), in_bytes=seg_sum(inb), out_bytes=seg_sum(out),
+                flops=seg_sum(2.0 * bm * mats * BN * klen), weight_id=wid[first])
 
 
 def _w(n: int, *pairs) -> np.ndarray:
@@ -433,15 +592,10 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     g2_total = B * n2 + Ms * ns2
     g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
-    bb, nn = tile_ids(np.arange(B * n1), B, n1, group_m)
-    e = block_expert[bb]
-    rows = block_rows[bb]
-    ncol = np.minimum(g1["BLOCK_N"], I - nn * g1["BLOCK_N"])
     rows_ready = (scat_c, G) if G > 1 else (topk_c, 1)  # one group: the top-k task aligned too
-    bld.add("gemm1", B * n1, _w(B * n1, rows_ready), expert=e, block=bb, n_tile=nn, rows=rows, tile_m=bm,
-            tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=rows * H * ab,
-            out_bytes=rows * ncol * ab, flops=2.0 * bm * 2 * g1["BLOCK_N"] * H, weight_id=e * n1 + nn,
-            signal=g1_c[bb] if B else -1)
+    q1, q2 = lay.segments(B, num_programs)
+    _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
+                       block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
     if shared:
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
@@ -454,14 +608,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
                 in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
-    bb, nn = tile_ids(np.arange(B * n2), B, n2, group_m)
-    e = block_expert[bb]
-    rows = block_rows[bb]
-    ncol = np.minimum(g2["BLOCK_N"], H - nn * g2["BLOCK_N"])
-    bld.add("gemm2", B * n2, _w(B * n2, (g1_c[bb] if B else 0, n1)), expert=e, block=bb, n_tile=nn, rows=rows,
-            tile_m=bm, tile_n=g2["BLOCK_N"], depth=I, weight_bytes=ncol * I * wb, in_bytes=rows * I * ab,
-            out_bytes=rows * ncol * ab, flops=2.0 * bm * g2["BLOCK_N"] * I, weight_id=E * n1 + e * n2 + nn,
-            signal=g2_c)
+    _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
+                       block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 
     # ---- combine
     nct = cdiv(H, cb["BLOCK_H"])

@@ -469,7 +469,7 @@ def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dt
 
 # --------------------------------------------------------------------------- the megakernel's task plan
 _PLAN_ARRAYS = ("kind", "expert", "block", "rows", "tile_m", "tile_n", "depth", "weight_bytes", "in_bytes",
-                "out_bytes", "flops", "weight_id", "signal", "wait_ptr", "wait_counter", "wait_target",
+                "out_bytes", "flops", "weight_id", "signal_ptr", "signal_counter", "wait_ptr", "wait_counter", "wait_target",
                 "counter_target", "counts")
 #: serial per-task work of the router and align kinds (assumption: one dependent load step per
 #: BLOCK_H of the reduction, one row reduction per top-k pass / scanned chunk / scattered slot)
@@ -592,7 +592,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     wptr = a["wait_ptr"].astype(np.int64).tolist()
     wc = a["wait_counter"].astype(np.int64).tolist()
     wt = a["wait_target"].astype(np.int64).tolist()
-    sig = a["signal"].astype(np.int64).tolist()
+    sptr = a["signal_ptr"].astype(np.int64).tolist()
+    sig = a["signal_counter"].astype(np.int64).tolist()
     ncount = int(a["counter_target"].size)
     finishes: list[list] = [[] for _ in range(ncount)]
     reached: dict = {}
@@ -629,9 +630,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
         dur = max(comp_l[i], memP_l[i] * h_l[min(busy, R - 1)], ser_l[i]) + fixed
         e = s0 + dur
         start[i], end[i], prog[i] = s0, e, q
-        s = sig[i]
-        if s >= 0:
-            finishes[s].append((e, i))
+        for j in range(sptr[i], sptr[i + 1]):
+            finishes[sig[j]].append((e, i))
         heapq.heappush(heap, (e, q, i))
         bisect.insort(free_sorted, e)
     start_a, end_a = np.asarray(start), np.asarray(end)

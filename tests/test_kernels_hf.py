@@ -64,7 +64,8 @@ def test_moe_experts_megakernel_runs_the_given_routing_plan(rng):
     x = torch.from_numpy(rng.standard_normal((T, 40))).float()
     _, ran = megakernel_forward(x, w, cfg, routing=(idx, tw), record=True)
     mk = megakernel_config(cfg, T, torch.float32, x.device, routing_given=True)
-    plan = task_plan(cfg, np.bincount(idx.numpy().ravel(), minlength=7), T, mk["tiles"], routing_given=True)
+    plan = task_plan(cfg, np.bincount(idx.numpy().ravel(), minlength=7), T, mk["tiles"], routing_given=True,
+                     num_programs=ran["programs"])
     assert {k: ran[k] for k in KINDS} == plan.tasks_per_kind() and ran["router_logits"] == 0
     assert [ran["gemm1_per_expert"][e] > 0 for e in range(7)] == [e in (1, 4, 6) for e in range(7)]
 

@@ -50,25 +50,40 @@ def _mk(cfg, x, w, **kw):
     return megakernel_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, **kw)
 
 
-@pytest.mark.parametrize("next_ticket", [True, False], ids=["next_ticket", "ticket_after_task"])
+def _with_stream_k(mk: dict, on: bool) -> dict:
+    return {**mk, "tiles": {**mk["tiles"], "order": {**mk["tiles"]["order"], "STREAM_K": int(on)}}}
+
+
+#: (next_ticket, STREAM_K, programs): tickets taken as a task starts or after it ends; GEMM tasks
+#: as whole tiles or stream-K segments over 3, 5 or 7 programs (pieces of tiles, finished by the last)
+RUNS = {"next_ticket": (True, False, 3), "ticket_after_task": (False, False, 3), "stream_k_3": (False, True, 3),
+        "stream_k_5": (True, True, 5), "stream_k_7": (False, True, 7)}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel_runs_the_plan(case, next_ticket, rng):
-    """Tasks the kernel ran, per kind and per expert, equal reference.tiles.task_plan's, whether a
-    program takes its next ticket as a task starts or after it ends."""
+def test_kernel_runs_the_plan(case, run, rng):
+    """Tasks the kernel ran per kind, and tiles finished per expert, equal reference.tiles.task_plan's
+    for every way of taking tickets and splitting the GEMMs."""
     from megamoe.kernels.megakernel import megakernel_config
 
     fields, T, _why = CASES[case]
+    next_ticket, sk, programs = RUNS[run]
     cfg = MoEConfig(**{**BASE, **fields})
     x, w = _cpu(cfg, T, rng)
-    mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "next_ticket": next_ticket}
-    y, ran = _mk(cfg, x, w, record=True, mk=mk)
+    mk = _with_stream_k({**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "next_ticket": next_ticket},
+                        sk)
+    y, ran = _mk(cfg, x, w, record=True, mk=mk, nprog=programs)
     ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
-    assert_close(y, ref.y, "float32", case)
+    assert_close(y, ref.y, "float32", f"{case} {run}")
     counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
-    plan = task_plan(cfg, counts, T, megakernel_config(cfg, T, torch.float32, torch.device("cpu"))["tiles"])
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
+    assert ran["programs"] == programs
     assert {k: ran[k] for k in KINDS} == plan.tasks_per_kind()
-    np.testing.assert_array_equal(ran["gemm1_per_expert"], plan.tasks_per_expert("gemm1"))
-    np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tasks_per_expert("gemm2"))
+    np.testing.assert_array_equal(ran["gemm1_per_expert"], plan.tiles_per_expert("gemm1"))
+    np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tiles_per_expert("gemm2"))
+    if sk:  # the GEMMs ran as one segment per program
+        assert ran["gemm1"] == min(programs, plan.layout.k1 * int(plan.tiles_per_expert("gemm1").sum()))
 
 
 def test_every_token_on_the_same_experts(rng):
@@ -111,23 +126,43 @@ TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 16, "SPLIT": 3}, "gemm1": {"BLOCK_
          "combine": {"BLOCK_T": 4, "BLOCK_H": 32}, "order": {"GROUP_M": 2}}
 
 
+@pytest.mark.parametrize("segments", [(0, 1), (1, 5), (1, 132)], ids=["tiles", "stream_k_5", "stream_k_132"])
 @pytest.mark.parametrize("topk_t", [None, 1, 4])
 @pytest.mark.parametrize("T", [1, 16, 17, 200])
-def test_plan_waits_only_on_lower_tickets(T, topk_t, rng):
+def test_plan_waits_only_on_lower_tickets(T, topk_t, segments, rng):
     """Deadlock freedom by construction: every counter a task waits for is signalled only by lower
-    tickets, reaches its target exactly, and the static part matches task_layout."""
+    tickets, reaches its target exactly, and the static part matches task_layout; stream-K
+    segments cover every K step of every tile exactly once."""
+    from megamoe.reference.tiles import segment_pieces
+
+    sk, programs = segments
     cfg = MoEConfig(**{**BASE, "num_shared_experts": 1, "shared_intermediate_size": 20, "shared_expert_gate": True})
     idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(T)])
     tiles = TILES if topk_t is None else {**TILES, "router": {**TILES["router"], "TOPK_T": topk_t}}
-    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles)
+    tiles = {**tiles, "order": {**tiles["order"], "STREAM_K": sk}}
+    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles, num_programs=programs)
     lay = task_layout(cfg, T, tiles)
-    assert plan.num_tasks <= lay.max_tasks
+    assert plan.num_tasks <= lay.max_tasks_for(programs) <= lay.max_tasks
+    J = int(plan.tiles_per_expert("gemm1").sum())
+    q1 = plan.tasks_per_kind()["gemm1"]
+    assert q1 == (min(programs, J * lay.k1) if sk else J)
+    pc = segment_pieces(J, lay.k1, q1)
+    covered = np.zeros((J, lay.k1), int)
+    for j, lo, hi in zip(pc["tile"], pc["k_lo"], pc["k_hi"]):
+        covered[j, lo:hi] += 1
+    assert (covered == 1).all()
+    tiled = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, {**tiles, "order": {**tiles["order"], "STREAM_K": 0}})
+    for k in ("gemm1", "gemm2"):  # the same bytes and FLOPs, however the tiles are cut
+        a, b = (p.kind == KINDS.index(k) for p in (plan, tiled))
+        for col in ("weight_bytes", "flops"):
+            assert getattr(plan, col)[a].sum() == pytest.approx(getattr(tiled, col)[b].sum())
     assert np.all(np.diff(plan.kind) >= 0), "kinds come in ticket order"
-    reached = np.bincount(plan.signal[plan.signal >= 0], minlength=len(plan.counters))
+    reached = np.bincount(plan.signal_counter, minlength=len(plan.counters))
     np.testing.assert_array_equal(reached, plan.counter_target)
     last_signal = np.full(len(plan.counters), -1)
-    for i in np.nonzero(plan.signal >= 0)[0]:
-        last_signal[plan.signal[i]] = i
+    for i in range(plan.num_tasks):
+        for c in plan.signal_counter[plan.signal_ptr[i]:plan.signal_ptr[i + 1]]:
+            last_signal[c] = i
     for i in range(plan.num_tasks):
         lo, hi = plan.wait_ptr[i], plan.wait_ptr[i + 1]
         for c in plan.wait_counter[lo:hi]:
