@@ -12,7 +12,9 @@ number they use:
                         log-interpolated in depth; without one: peak / S x gemm_efficiency(BM))
     hbm(n, b)         = aggregate streaming-read rate with n programs in flight reading b bytes
                         each (calibrated grid, bilinear in log n, log b; without one:
-                        HBM rate x min(1, n / S))
+                        HBM rate x min(1, n / S)): a launch, its programs starting together
+    hbm_stream(n)     = the same grid's marginal rate between its two largest b: programs that
+                        keep streaming (the persistent megakernel's tasks, back to back)
 
 A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
@@ -31,7 +33,7 @@ A task plan of the persistent megakernel (``predict_task_plan``, ``reference.til
 programs take tickets in order (list scheduling over a heap of program-free times); a task starts
 when its program is free and every counter it waits on has reached its target (the time the
 target-th signalling task ended) plus one flag handoff (none when that task ran on the same program). Its duration is the same roofline per
-program: max(flops / (mma / share), DRAM bytes / (hbm(n, b) / n), serial) + task_overhead + ticket,
+program: max(flops / (mma / share), DRAM bytes / (hbm_stream(n) / n), serial) + task_overhead + ticket,
 with share = P / S programs per SM, n the programs busy when it starts, and DRAM bytes its weight
 slice and gathered rows unless the same weight_id (or row block) was read within the last
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
@@ -159,6 +161,27 @@ def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
         hi = np.take_along_axis(along_b, (i + 1)[..., None], -1)[..., 0]
         out = lo + f * (hi - lo)
     return out if out.ndim else float(out)
+
+
+def hbm_stream_rate(profile: Profile, programs_in_flight):
+    """Aggregate bytes/s of programs that keep streaming (a persistent kernel's tasks, back to back):
+    the marginal rate of the calibrated grid between its two largest bytes per program,
+    n (b2 - b1) / (t2 - t1) with t = n b / hbm_rate(n, b), so the one-shot launch's ramp (programs
+    starting together, first loads in flight) is not charged to every task (linear in log2 n).
+    A grid with one bytes column: its rates."""
+    km = _km(profile)
+    bs = np.asarray(km.hbm_bytes, dtype=np.float64)
+    ns = np.asarray(km.hbm_programs, dtype=np.float64)
+    rate = np.asarray(km.hbm_rate, dtype=np.float64)
+    if bs.size < 2:
+        col = rate[:, 0]
+    else:
+        t1, t2 = ns * bs[-2] / rate[:, -2], ns * bs[-1] / rate[:, -1]
+        col = np.where(t2 > t1, ns * (bs[-1] - bs[-2]) / np.maximum(t2 - t1, 1e-30), rate[:, -1])
+        col = np.maximum(col, rate[:, -1])  # never below the one-shot rate of the same programs
+    n = np.log2(np.maximum(np.asarray(programs_in_flight, dtype=np.float64), 1.0))
+    out = np.interp(n, np.log2(ns), col)
+    return out if np.ndim(out) else float(out)
 
 
 def hbm_peak(profile: Profile) -> float:
@@ -540,7 +563,9 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     i_hit = _l2_hits(row_key, ib, window)
     dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)
     l2 = np.where(w_hit, wb, 0.0) + np.where(i_hit, ib, 0.0)
-    rate_P = np.asarray(hbm_rate(p, resident, np.maximum(dram, 1.0)), dtype=np.float64)
+    # tasks stream back to back inside one launch: the marginal (streaming) rate, not a cold
+    # one-shot launch's (hbm_stream_rate)
+    rate_P = float(hbm_stream_rate(p, resident))
     mem_P = dram * resident / rate_P  # one task's memory time with `resident` programs streaming
     if km.l2_bandwidth_bytes_per_s > 0:
         mem_P = np.maximum(mem_P, l2 * resident / km.l2_bandwidth_bytes_per_s)
@@ -559,9 +584,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         else:
             serial_s[m] = K * km.serial_reduce_step_s
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n]
-    b_med = float(np.median(dram[dram > 0])) if (dram > 0).any() else 1.0
     nn = np.arange(1, resident + 1, dtype=np.float64)
-    h = (nn / resident) * hbm_rate(p, resident, b_med) / np.asarray(hbm_rate(p, nn, b_med), dtype=np.float64)
+    h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
             "programs": P, "resident": resident, "arrays": a}
