@@ -276,7 +276,8 @@ def _work_tile(stage: dict) -> tuple[int, int, float]:
 
 
 def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> StagePrediction:
-    """One launch's time on one GPU of ``profile`` (module docstring)."""
+    """One launch's time on one GPU of ``profile`` (module docstring). The tensor rate is that of
+    the stage's ``mma_dtype`` where the plan states one (FP8 launch plans do), else of ``dtype``."""
     missing = [k for k in STAGE_KEYS if k not in stage]
     if missing:
         raise ValueError(f"launch-plan stage {stage.get('name', '?')!r} lacks {missing}; expected keys {STAGE_KEYS}")
@@ -306,7 +307,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=dtype) / share
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     inflight = min(P, slots)
