@@ -208,3 +208,27 @@ def test_fp8_rows_print_under_their_columns():
     assert line.index("fp8-act") + len("fp8-act") == HEADER.index("dtype") + len("dtype")
     assert line.index("1.70") + len("1.70") == HEADER.index("xbf16") + len("xbf16")
     assert line.split()[3] == "-"
+
+
+@pytest.mark.gpu
+def test_fp8_rows_on_the_gpu():
+    """bench_row for every dtype on a small layer (one run, same inputs): fp8 rows run multi, carry
+    their floor and a speedup over the bf16 row; the FP8 matmul ceiling measures (small n)."""
+    from megamoe.kernels.bench import DTYPES, dtype_rows, fp8_matmul_rate, random_device_weights
+    from megamoe.kernels.bench import bench_row as run_row
+    from megamoe.kernels.fp8_weights import to_fp8
+
+    cfg = MoEConfig(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2, num_shared_experts=1,
+                    shared_intermediate_size=256)
+    w = random_device_weights(cfg)
+    ws = {"bf16": w, "fp8": to_fp8(w)}
+    ceil = {"read_bytes_per_s": 4e12, "matmul_flops_per_s": 7e14, "fp8_matmul_flops_per_s": fp8_matmul_rate(1024)}
+    assert ceil["fp8_matmul_flops_per_s"] > 0
+    rows = []
+    dtype_rows(lambda dt: run_row("small", cfg, ws["bf16" if DTYPES[dt] is None else "fp8"], 64, ceil, reps=2,
+                                  with_torch=False, backend="multi", dtype=dt), list(DTYPES), "multi", rows.append, {})
+    assert [r["dtype"] for r in rows] == list(DTYPES)
+    for r in rows[1:]:
+        assert r["backend"] == "multi" and r["speedup_vs_bf16"] > 0 and r["floor_us"] > 0
+        assert r["config"]["gemm1"]["BLOCK_K"] == 128  # the FP8 entry (plan.fp8_entry)
+    assert rows[2]["floor_matmul"] == "fp8" and rows[1]["floor_matmul"] == "bf16"

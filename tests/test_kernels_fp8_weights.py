@@ -99,3 +99,14 @@ def test_fp8_weights_are_refused_by_to_fp8(rng):
     w = to_fp8(random_weights(cfg, seed=1).to_torch("cpu", torch.bfloat16))
     with pytest.raises(ValueError, match="FP8 already"):
         to_fp8(w)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_too(rng):
+    """CUDA's division must be the correctly rounded one (not a multiply by the reciprocal): the same
+    codes and scales as the reference from a bf16 tensor on the GPU."""
+    w = torch.from_numpy(rng.standard_normal((3, 200, 136))).to(torch.bfloat16)
+    q, s = quantize_weight_blocks(w.cuda())
+    rq, rs = ref_quantize(w.double().numpy())
+    np.testing.assert_array_equal(s.cpu().numpy(), rs)
+    np.testing.assert_array_equal(_codes(q.cpu()), rq)
