@@ -11,7 +11,8 @@ Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py
 megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
 configs.py + configs/*.json (tuned launch configs, megakernel tiles, auto's backend table), plan.py,
 moe.py (the torch ops), checks.py (the routing check of moe_experts), hf_experts.py (transformers
-backend), microbench.py (calibration kernels), bench.py, ep.py (expert parallelism over torch.distributed).
+backend), microbench.py (calibration kernels), bench.py, fp8_weights.py (FP8 block quantization on the
+device, for bench), ep.py (expert parallelism over torch.distributed).
 """
 
 from __future__ import annotations

@@ -2,16 +2,24 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, m rows per expert.
 
-Per (preset, T) row, all in one run on one GPU:
+Per (preset, T, dtype) row, all in one run on one GPU:
     ceilings     streaming-read bandwidth (Triton read kernel over 4 GiB), bf16 matmul rate
-                 (8192^3), and the ideal grouped GEMM: torch.bmm over E experts of m = ceil(T*K/E)
-                 rows each (gate/up and down), its FLOP rate
+                 (8192^3), FP8 matmul rate (torch._scaled_mm, e4m3 x e4m3 8192^3, per-tensor
+                 scales; None and the error recorded where it fails), and the ideal grouped GEMM:
+                 torch.bmm over E experts of m = ceil(T*K/E) rows each (gate/up and down), its FLOP rate
     floor        max(FLOPs / matmul rate, bytes / bandwidth); bytes = weights of the experts touched
-                 (as routed) + router weight + x read + y written
+                 (as routed) + router weight + x read + y written (``reference.sizes.layer_bytes``);
+                 fp8 rows count e4m3 weights with their block scales, and the FP8 matmul rate where
+                 the activations are FP8 too (weight-only FP8 multiplies in bf16)
     ours         megamoe.kernels.moe_forward, whole layer with routing, CUDA graph of NI calls on
                  NI fresh random inputs, median over replays, per call
     torch        the plain PyTorch pipeline (router, sort, torch._grouped_mm, activation,
                  torch._grouped_mm, weighted index_add), captured and timed the same way
+``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales,
+quantized on the GPU from the same bf16 weights (fp8_weights.py); the same with FP8 activations.
+FP8 runs on the multi-launch backend (``--backend megakernel`` gives a skip row naming why); the
+rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
+``speedup_vs_bf16`` (the bf16 row's time on the same backend over theirs).
 Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
 a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
 benchmarks/results/kernels_<date>.jsonl (or --out). ``--tune`` searches the GEMM configs per
@@ -43,6 +51,10 @@ VLLM_US = {
     ("deepseek-v3", 512): 5524.3, ("deepseek-v3", 4096): 9692.2, ("deepseek-v3", 16384): 29554.7,
 }
 REPO = Path(__file__).resolve().parent.parent
+#: --dtype names -> the layer's FP8 mode (kernels.plan.FP8_MODES): None, "weights", "weights+act"
+DTYPES = {"bf16": None, "fp8": "weights", "fp8-act": "weights+act"}
+#: side of the square FP8 and bf16 matmuls of the ceilings
+MATMUL_N = 8192
 
 
 def bench_config(name: str):
@@ -171,8 +183,23 @@ def _read_kernel():
     return _stream_read
 
 
+def fp8_matmul_rate(n: int = MATMUL_N) -> float:
+    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, fp32 accumulate: A row-major,
+    B column-major (as _scaled_mm requires), per-tensor float32 scales of 1."""
+    import torch
+    import triton
+
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    ms = triton.testing.do_bench(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                                 warmup=50, rep=300, return_mode="median")
+    return 2 * n**3 / (ms * 1e-3)
+
+
 def measure_ceilings() -> dict:
-    """Streaming-read bytes/s (best of a few grids) and bf16 matmul FLOP/s, measured now."""
+    """Streaming-read bytes/s (best of a few grids), bf16 matmul FLOP/s and FP8 matmul FLOP/s
+    (``fp8_matmul_flops_per_s``; None with ``fp8_matmul_error`` where _scaled_mm fails), measured now."""
     import torch
     import triton
 
@@ -187,12 +214,17 @@ def measure_ceilings() -> dict:
                                          x, out, n, BLOCK=block, ITERS=iters, num_warps=8),
                                      warmup=25, rep=200, return_mode="median")
         best_bw = max(best_bw, n * 2 / (ms * 1e-3))
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    m = MATMUL_N
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    mm = 2 * 8192**3 / (ms * 1e-3)
+    ceil = {"read_bytes_per_s": best_bw, "matmul_flops_per_s": 2 * m**3 / (ms * 1e-3)}
+    try:
+        ceil["fp8_matmul_flops_per_s"] = fp8_matmul_rate(m)
+    except Exception as exc:  # noqa: BLE001 - no FP8 matmul here: fp8 rows get no FP8 floor
+        ceil.update(fp8_matmul_flops_per_s=None, fp8_matmul_error=f"{type(exc).__name__}: {exc}"[:300])
     torch.cuda.empty_cache()
-    return {"read_bytes_per_s": best_bw, "matmul_flops_per_s": mm}
+    return ceil
 
 
 def ideal_grouped_rate(cfg, T: int, reps: int = 20) -> float:
@@ -314,24 +346,49 @@ def random_device_weights(cfg, seed: int = 0):
     return MoEWeights(**out)
 
 
-def floor_terms(cfg, T: int, experts_touched: float) -> tuple[float, float]:
-    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y, bf16
-    (``reference.sizes``: the one place expert bytes and FLOPs are counted)."""
+def floor_terms(cfg, T: int, experts_touched: float, dtype: str = "bf16") -> tuple[float, float]:
+    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y
+    (``reference.sizes``: the one place expert bytes and FLOPs are counted); ``dtype`` a ``DTYPES``
+    name: fp8 rows count e4m3 weights with their block scales, x and y in bf16 all the same."""
     from ..reference.sizes import layer_bytes, layer_flops
 
-    return layer_flops(cfg, T), layer_bytes(cfg, T, experts_touched, "bfloat16")
+    wd = "bfloat16" if DTYPES[dtype] is None else "fp8_e4m3"
+    return layer_flops(cfg, T), layer_bytes(cfg, T, experts_touched, wd, io_dtype="bfloat16")
+
+
+def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
+    """(which, FLOP/s) of the floor's compute term: the FP8 matmul rate when the activations are FP8
+    too, the bf16 one otherwise (weight-only FP8 converts the weights and multiplies in bf16);
+    None where the FP8 rate was not measured."""
+    if DTYPES[dtype] == "weights+act":
+        return "fp8", ceil.get("fp8_matmul_flops_per_s")
+    return "bf16", ceil["matmul_flops_per_s"]
+
+
+def skip_reason(dtype: str, backend: str) -> str | None:
+    """Why rows of ``dtype`` are not run on ``backend`` (None: they run)."""
+    if DTYPES[dtype] is not None and backend == "megakernel":
+        return f"dtype {dtype}: the megakernel has no FP8 GEMMs yet (FP8 runs on --backend multi or auto)"
+    return None
 
 
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
-              backend: str = "auto") -> dict:
+              backend: str = "auto", dtype: str = "bf16") -> dict:
+    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name; FP8 ones from fp8_weights.to_fp8).
+    FP8 rows run on the multi-launch backend and leave out the PyTorch pipeline, the ideal grouped
+    GEMM and vLLM (bf16 figures: the bf16 row of the same run has them)."""
     import torch
 
     from ..reference.sizes import ffn_flops
     from . import moe as kmoe
 
     H = cfg.hidden_size
+    fp8 = DTYPES[dtype]
+    if fp8 is not None and not w.is_fp8:
+        raise ValueError(f"dtype {dtype} needs FP8 weights (fp8_weights.to_fp8), got float ones")
+    fp8_act = fp8 == "weights+act"
     ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
     gen = torch.Generator(device="cuda").manual_seed(1000 + T)
     xs = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(ni)]
@@ -341,17 +398,29 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         touched.append(int((d["counts"] > 0).sum().item()))
     et = sum(touched) / len(touched)
     kmoe.check_inputs(xs[0], w, cfg)
-    ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
+    if fp8 is None:
+        ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
+        config = kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device)
+    else:
+        kmoe.check_fp8_backend(backend)
+        ran = "multi"
+        config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
     ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False,
-                                                    backend=ran), xs, reps)
-    flops, byt = floor_terms(cfg, T, et)
-    floor_us = max(flops / ceil["matmul_flops_per_s"], byt / ceil["read_bytes_per_s"]) * 1e6
+                                                    backend=ran, fp8_activations=fp8_act), xs, reps)
+    flops, byt = floor_terms(cfg, T, et, dtype)
+    mm_kind, mm_rate = floor_matmul_rate(ceil, dtype)
+    floor_us = max(flops / mm_rate, byt / ceil["read_bytes_per_s"]) * 1e6 if mm_rate else None
     row = {
-        "preset": name, "T": T, "experts_touched": et, "flops": flops, "bytes": byt,
-        "floor_us": floor_us, "ours_us": ours, "ours_over_floor": ours / floor_us,
+        "preset": name, "T": T, "dtype": dtype, "experts_touched": et, "flops": flops, "bytes": byt,
+        "floor_us": floor_us, "floor_matmul": mm_kind, "ours_us": ours,
+        "ours_over_floor": ours / floor_us if floor_us else None,
         "ours_tflops": flops / (ours * 1e-6) / 1e12, "deterministic": deterministic, "backend": ran,
-        "config": kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device),
+        "config": config,
     }
+    if floor_us is None:
+        row["floor_error"] = f"no {mm_kind} matmul rate: {ceil.get('fp8_matmul_error', 'not measured')}"[:300]
+    if fp8 is not None:
+        with_torch = with_ideal = False
     if with_torch:
         try:
             tt = graph_time_us(lambda x: torch_moe(x, w, cfg), xs, max(5, reps // 2))
@@ -366,10 +435,11 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
     if breakdown and ran == "multi":  # CUDA-graph times of the pipeline's prefixes; differences are the stages
         prefix = {}
         for stop in ("align", "gemm1", "gemm2"):
-            prefix[stop] = graph_time_us(lambda x, stop=stop: kmoe._forward(x, w, cfg, deterministic, stop), xs, reps)
+            prefix[stop] = graph_time_us(lambda x, stop=stop: kmoe._forward(x, w, cfg, deterministic, stop,
+                                                                             fp8_activations=fp8_act), xs, reps)
         row.update(stage_us={"router+align": prefix["align"], "gemm1": prefix["gemm1"] - prefix["align"],
                              "gemm2": prefix["gemm2"] - prefix["gemm1"], "combine": ours - prefix["gemm2"]})
-    v = VLLM_US.get((name, T))
+    v = VLLM_US.get((name, T)) if fp8 is None else None
     if v:
         row.update(vllm_us=v, speedup_vs_vllm=v / ours)
     del xs
@@ -381,14 +451,42 @@ def fmt_row(r: dict) -> str:
         v = r.get(k)
         return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
 
-    return (f"{r['preset']:<16}{r['T']:>6} {f('floor_us', '10.1f')} {f('ours_us', '10.1f')} "
-            f"{f('ours_over_floor', '6.2f')} {f('torch_us', '10.1f')} {f('speedup_vs_torch', '6.2f')} "
+    return (f"{r['preset']:<16}{r['T']:>6} {r.get('dtype', 'bf16'):>7} {f('floor_us', '10.1f')} {f('ours_us', '10.1f')} "
+            f"{f('ours_over_floor', '6.2f')} {f('speedup_vs_bf16', '6.2f')} {f('torch_us', '10.1f')} "
+            f"{f('speedup_vs_torch', '6.2f')} "
             f"{f('vllm_us', '9.1f')} {f('speedup_vs_vllm', '6.2f')} {f('ours_over_ideal_rate', '6.2f')} "
             f"{f('ours_tflops', '7.1f')}")
 
 
-HEADER = (f"{'preset':<16}{'T':>6} {'floor us':>10} {'ours us':>10} {'o/fl':>6} {'torch us':>10} "
+HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10} {'o/fl':>6} {'xbf16':>6} {'torch us':>10} "
           f"{'xtorch':>6} {'vllm us':>9} {'xvllm':>6} {'o/idl':>6} {'TFLOP/s':>7}")
+
+
+def dtype_rows(run_one, dtypes, backend: str, emit, key: dict, log=print) -> None:
+    """The rows of one (preset, T, combine mode), in ``dtypes`` order: ``run_one(dtype)`` -> row,
+    each handed to ``emit`` as it is made. A dtype the backend cannot run gives a skip row (``key``,
+    dtype, backend and ``skipped``: why); one that raises is logged and left out, the others go on.
+    fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and, where both ran on the same
+    backend, ``speedup_vs_bf16`` = bf16 time / their time."""
+    bf16 = None
+    for dt in dtypes:
+        why = skip_reason(dt, backend)
+        if why:
+            log(f"{dt}: skipped: {why}")
+            emit({**key, "dtype": dt, "backend": backend, "skipped": why})
+            continue
+        try:
+            r = run_one(dt)
+        except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
+            log(f"{dt} failed: {type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        if DTYPES[dt] is None:
+            bf16 = r
+        elif bf16 is not None:
+            r.update(bf16_us=bf16["ours_us"], bf16_backend=bf16["backend"])
+            if bf16["backend"] == r["backend"]:
+                r["speedup_vs_bf16"] = bf16["ours_us"] / r["ours_us"]
+        emit(r)
 
 
 # --------------------------------------------------------------------------- tuning
@@ -537,6 +635,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast-combine", action="store_true", help="also time the atomic (non-deterministic) combine")
     p.add_argument("--backend", default="auto", choices=("auto", "megakernel", "multi"),
                    help="moe_forward's backend (rows record the one that ran; default auto)")
+    p.add_argument("--dtype", default="bf16",
+                   help=f"comma-separated weight formats, of {', '.join(DTYPES)} (default bf16): fp8 = e4m3 weights "
+                        f"with 128 x 128 block scales, fp8-act = the same with FP8 activations")
     p.add_argument("--breakdown", action="store_true", help="also time router+align, gemm1, gemm2, combine apart")
     p.add_argument("--out", default=None, help="JSON-lines file to append rows to")
 
@@ -559,6 +660,12 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"{opt} must list token counts >= 1, got {text!r}"
     if args.reps < 1:
         return f"--reps must be >= 1, got {args.reps}"
+    dts = [d for d in args.dtype.split(",") if d]
+    bad = [d for d in dts if d not in DTYPES]
+    if bad or not dts:
+        return f"--dtype: unknown dtype(s) {bad or [args.dtype]}; choices: {', '.join(DTYPES)}"
+    if len(set(dts)) != len(dts):
+        return f"--dtype lists a dtype twice: {args.dtype!r}"
     return None
 
 
@@ -587,35 +694,53 @@ def run(args: argparse.Namespace) -> int:
         tt = [int(v) for v in args.tune_tokens.split(",")] if args.tune_tokens else tokens
         path = tune(presets, tt, budget_s=args.tune_budget)
         print(f"# tuned configs written to {path}", flush=True)
+    dtypes = [d for d in DTYPES if d in args.dtype.split(",")]  # bf16 first: the fp8 rows' speedup needs it
     ceil = measure_ceilings()
+    fp8_mm = ceil.get("fp8_matmul_flops_per_s")
     print(f"# ceilings: read {ceil['read_bytes_per_s']/1e12:.2f} TB/s, bf16 matmul "
-          f"{ceil['matmul_flops_per_s']/1e12:.0f} TFLOP/s", flush=True)
+          f"{ceil['matmul_flops_per_s']/1e12:.0f} TFLOP/s, fp8 matmul "
+          + (f"{fp8_mm/1e12:.0f} TFLOP/s" if fp8_mm else f"not measured ({ceil.get('fp8_matmul_error')})"), flush=True)
     print(HEADER, flush=True)
     rows = []
     n_total, n_done, t0 = len(presets) * len(tokens), 0, time.time()
+    from .fp8_weights import to_fp8
+
+    def emit(r: dict) -> None:
+        r.update(prov)
+        r.update({f"ceiling_{k}": v for k, v in ceil.items()})
+        rows.append(r)
+        with out.open("a") as fh:
+            fh.write(json.dumps(r) + "\n")
+
     for name in presets:
         cfg = bench_config(name)
-        w = random_device_weights(cfg)
+        ws = {"bf16": random_device_weights(cfg)}
+        if any(DTYPES[d] and not skip_reason(d, args.backend) for d in dtypes):
+            ws["fp8"] = to_fp8(ws["bf16"])  # on the GPU, from the same bf16 weights
+        if "bf16" not in dtypes:
+            del ws["bf16"]
         for T in tokens:
             modes = [True, False] if args.fast_combine else [True]
             for det in modes:
-                try:
-                    r = bench_row(name, cfg, w, T, ceil, reps=args.reps, with_torch=not args.no_torch and det,
-                                  deterministic=det, breakdown=args.breakdown, backend=args.backend)
-                except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
-                    print(f"# {name} T={T} failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
-                    continue
-                r.update(prov)
-                r.update({f"ceiling_{k}": v for k, v in ceil.items()})
-                rows.append(r)
-                with out.open("a") as fh:
-                    fh.write(json.dumps(r) + "\n")
-                print(fmt_row(r) + ("" if det else "  (atomic)"), flush=True)
-                if "stage_us" in r:
-                    print("    stages us: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_us"].items()), flush=True)
+                def one(dt, det=det, T=T, name=name, cfg=cfg, ws=ws):
+                    return bench_row(name, cfg, ws["bf16" if DTYPES[dt] is None else "fp8"], T, ceil, reps=args.reps,
+                                     with_torch=not args.no_torch and det, deterministic=det,
+                                     breakdown=args.breakdown, backend=args.backend, dtype=dt)
+
+                def show(r, det=det):
+                    emit(r)
+                    if "skipped" in r:
+                        return
+                    print(fmt_row(r) + ("" if det else "  (atomic)"), flush=True)
+                    if "stage_us" in r:
+                        print("    stages us: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_us"].items()),
+                              flush=True)
+
+                dtype_rows(one, dtypes, args.backend, show, {"preset": name, "T": T, "deterministic": det},
+                           log=lambda msg, name=name, T=T: print(f"# {name} T={T} {msg}", flush=True))
             n_done += 1
             print(f"#   progress {n_done}/{n_total}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        del w
+        ws.clear()
         torch.cuda.empty_cache()
     print(f"# rows appended to {out}")
     return 0

@@ -12,7 +12,8 @@ Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices
     _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
                           operands spread over Q copies (tensor rate with the operand loads)
     _mma_resident_kernel  P programs multiply one on-chip BM x BK by BK x BN pair ``steps`` times
-                          (the tensor cores' rate by tile shape, no memory traffic)
+                          (the tensor cores' rate by tile shape, no memory traffic); bf16, or
+                          float8_e4m3fn operands (e4m3 x e4m3, fp32 accumulate)
     _empty_kernel         nothing (launch gap and graph cost inside a CUDA graph)
     _handoff_kernel       a token passes from program to program through one global int32 counter
                           (release add; acquire spin), R handoffs in all (flag handoff latency)
@@ -261,13 +262,19 @@ def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_wa
 def mma_resident(a: torch.Tensor, b: torch.Tensor, programs: int, steps: int, *, num_warps: int = 4,
                  check: bool = False, out: torch.Tensor | None = None):
     """``programs`` programs each add a (BM, BK) @ b (BK, BN) ``steps`` times, operands held
-    on chip -> ((programs, BM, BN), compiled kernel): the tensor rate of the tile shape alone."""
+    on chip -> ((programs, BM, BN), compiled kernel): the tensor rate of the tile shape alone.
+    float8_e4m3fn a and b (both) multiply e4m3 x e4m3 into fp32, and c is fp32 unless ``out`` says
+    otherwise; other dtypes give c in a's dtype."""
     BM, BK = a.shape
     BN = b.shape[1]
-    c = out if out is not None else torch.empty((programs, BM, BN), device=a.device, dtype=a.dtype)
+    fp8 = a.dtype == torch.float8_e4m3fn
+    if fp8 != (b.dtype == torch.float8_e4m3fn):
+        raise ValueError(f"mma_resident takes two float8_e4m3fn operands or none, got {a.dtype} and {b.dtype}")
+    c = out if out is not None else torch.empty((programs, BM, BN), device=a.device,
+                                                dtype=torch.float32 if fp8 else a.dtype)
     k = _mma_resident_kernel[(programs,)](a, b, c, steps, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=num_warps)
     if check:
-        want = (steps * (a.float() @ b.float())).to(a.dtype)
+        want = (steps * (a.float() @ b.float())).to(c.dtype)
         _check(all(torch.allclose(c[p].float(), want.float(), rtol=2e-2, atol=2e-2) for p in range(programs)),
                "mma_resident")
     return c, k

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..reference.sizes import FP8_BLOCK, dtype_bytes
+from ..reference.sizes import FP8_BLOCK, dtype_bytes, row_bytes, weight_bytes_per_element
 from ..reference.tiles import cdiv
 from . import configs as cfgs
 from .configs import _pow2
@@ -60,6 +60,9 @@ class Stage:
     #: align: dependent loop steps and row reductions), for the cost model
     work_tile: dict | None = None
     serial_steps: dict | None = None
+    #: the tensor cores' format: "bf16" (16-bit operands, weight-only FP8 included: it converts the
+    #: weights in registers) or "fp8" (e4m3 x e4m3, the GEMMs with FP8 activations); None: no MMA
+    mma_dtype: str | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -90,6 +93,7 @@ class LaunchPlan:
     counts: tuple[int, ...]
     deterministic: bool
     stages: tuple[Stage, ...] = field(default_factory=tuple)
+    fp8: str | None = None  # static_plan's: None, "weights" or "weights+act"
 
     @property
     def total_bytes(self) -> float:
@@ -113,7 +117,7 @@ class LaunchPlan:
         return {
             "config_name": self.config_name, "num_tokens": self.num_tokens, "dtype": self.dtype,
             "device_name": self.device_name, "triton_version": self.triton_version, "block_m": self.block_m,
-            "counts": list(self.counts), "deterministic": self.deterministic,
+            "counts": list(self.counts), "deterministic": self.deterministic, "fp8": self.fp8,
             "total_bytes": self.total_bytes, "total_flops": self.total_flops,
             "stages": [s.to_dict() for s in self.stages],
         }
@@ -131,11 +135,14 @@ def _triton_version() -> str:
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
                 deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None,
-                shared_gemm: dict | None = None) -> LaunchPlan:
+                shared_gemm: dict | None = None, fp8: str | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
     torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
-    ``num_sms``, ``gemm`` and ``shared_gemm`` as for ``static_plan``."""
+    ``num_sms``, ``gemm``, ``shared_gemm`` and ``fp8`` as for ``static_plan``. ``dtype`` is x's (and
+    y's); with ``fp8`` the expert GEMMs read e4m3 weights with their block scales
+    (``reference.sizes.weight_bytes_per_element``) and, for "weights+act", write and read e4m3
+    activations with a float32 scale per 128 (``reference.sizes.row_bytes``) and multiply in fp8."""
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     if topk_idx is not None:
         idx = np.asarray(topk_idx)
@@ -157,14 +164,19 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     tv = triton_version or _triton_version()
     b = dtype_bytes(dtype)
     sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic,
-                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm)
+                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm, fp8=fp8)
+    # bytes per element of the expert weights and of the activation between the GEMMs, and the MMA format
+    wb = weight_bytes_per_element("fp8_e4m3") if fp8 else float(b)
+    fp8_act = fp8 == "weights+act"
+    ab = row_bytes(I, "fp8_e4m3") / I if fp8_act else float(b)
+    mma = "fp8" if fp8_act else "bf16"
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
     KS = sp.KS
     stages: list[Stage] = []
     if T == 0:
         return LaunchPlan(config.name, 0, dtype, device_name, tv, bm, tuple(int(c) for c in counts),
-                          deterministic, ())
+                          deterministic, (), fp8)
 
     # ---- router (routing.py)
     rl = sp.router
@@ -202,7 +214,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     blocks_e = -(-counts // bm)  # row blocks per expert
     active_blocks = int(blocks_e.sum())
     stages += _gemm_stages("gemm1", "gemm2", g1, g2, blocks_e, active_blocks, B_max, H, I, b, T, KS,
-                           bias=config.expert_bias, deterministic=deterministic, act=sp.act, num_sms=sp.num_sms)
+                           bias=config.expert_bias, deterministic=deterministic, act=sp.act, num_sms=sp.num_sms,
+                           wb=wb, ab=ab, mma=mma, fp8=fp8)
     split2 = sp.split2
 
     # ---- shared MLP (dense: every token)
@@ -211,7 +224,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         nm = sp.shared_m
         stages += _gemm_stages("shared_gemm1", "shared_gemm2", sp.shared["gemm1"], sp.shared["gemm2"],
                                np.array([nm]), nm, nm, H, Is, b, T, KS, bias=False, deterministic=deterministic,
-                               act=sp.shared_act, num_sms=sp.num_sms)
+                               act=sp.shared_act, num_sms=sp.num_sms, wb=wb,
+                               ab=row_bytes(Is, "fp8_e4m3") / Is if fp8_act else float(b), mma=mma, fp8=fp8)
 
     # ---- combine
     atomic = sp.atomic
@@ -227,33 +241,39 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             bytes_per_tile=block_t * block_h * (rows * src_b + b), flops_per_tile=block_t * block_h * rows,
                             note="atomic: cast only" if atomic else "fixed-order sum: deterministic"))
     return LaunchPlan(config.name, T, dtype, device_name, tv, bm, tuple(int(c) for c in counts), deterministic,
-                      tuple(stages))
+                      tuple(stages), fp8)
 
 
 GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_gemm2_kernel",
-                ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel"}
+                ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel",
+                ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel"}
 
 
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
-                 num_sms):
-    """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert."""
+                 num_sms, wb=None, ab=None, mma="bf16", fp8=None):
+    """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert.
+    b: bytes per element of x and of the output rows; wb of the weights, ab of the activation
+    between the GEMMs (default b: the 16-bit layer); mma: the tensor cores' format; fp8: the FP8
+    mode (fp8_gemm.py's kernels)."""
+    wb = float(b) if wb is None else wb
+    ab = float(b) if ab is None else ab
     out = []
     bm = g1["BLOCK_M"]
     s1 = g1.get("SPLIT_K", 1)
     nt1 = -(-I // g1["BLOCK_N"])
     kh = H / s1
-    ops1 = {"a": bm * kh * b, "b": 2 * g1["BLOCK_N"] * kh * b,
-            "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * b}
+    ops1 = {"a": bm * kh * b, "b": 2 * g1["BLOCK_N"] * kh * wb,
+            "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * ab}
     bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
-    out.append(Stage(n1, GEMM_KERNELS["gemm1", g1["variant"]], gemm_grid(num_m, I, g1, num_sms=num_sms),
+    out.append(Stage(n1, GEMM_KERNELS["gemm1", "fp8" if fp8 else g1["variant"]], gemm_grid(num_m, I, g1, num_sms=num_sms),
                      active_blocks * nt1 * s1, dict(g1),
                      bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
                      note=("split-K partials" if s1 > 1 else "gather x rows; gate and up; activation in the epilogue"
                            + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
-                     work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}))
+                     work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)
@@ -265,16 +285,16 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     nt2 = -(-H // g2["BLOCK_N"])
     ki = I / s2
     ob = 4 if (s2 > 1 or not deterministic) else b
-    ops2 = {"a": bm * ki * b, "b": g2["BLOCK_N"] * ki * b, "out": bm * g2["BLOCK_N"] * ob}
+    ops2 = {"a": bm * ki * ab, "b": g2["BLOCK_N"] * ki * wb, "out": bm * g2["BLOCK_N"] * ob}
     bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
-    out.append(Stage(n2, GEMM_KERNELS["gemm2", g2["variant"]], gemm_grid(num_m, H, g2, num_sms=num_sms),
+    out.append(Stage(n2, GEMM_KERNELS["gemm2", "fp8" if fp8 else g2["variant"]], gemm_grid(num_m, H, g2, num_sms=num_sms),
                      active_blocks * nt2 * s2, dict(g2),
                      bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
                      note="routing weight in the epilogue; rows to the pair buffer"
                           + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
-                     work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}))
+                     work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma))
     return out
 
 

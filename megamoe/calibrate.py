@@ -26,6 +26,9 @@ Measured:
     mma                       tile shapes (BM 16/64/128, BN, warps) x depth, L2-resident operands,
                               8S programs; occupancy from the compiled kernels' registers and
                               shared memory
+    mma_fp8                   the same tile shapes x depth, e4m3 x e4m3 with fp32 accumulation,
+                              operands held on chip (``mma_resident``), 8S programs: the cost
+                              model's fp8 rates (without it, the bf16 ones x the fp8/bf16 peak ratio)
     flag handoff              a token passed R times round-robin over P programs (slope in R)
     grid barrier              R barriers of P programs (slope in R)
     ticket                    one program taking N tickets (slope in N): the atomic round trip
@@ -266,6 +269,32 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     return {"points": pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()}}
 
 
+def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
+    """FP8 tensor rate per SM (e4m3 x e4m3, fp32 accumulate) by tile shape and depth, at the bf16
+    step's shapes and depths: operands held on chip (``mma_resident``: the tensor cores alone), 8S
+    programs. The L2-fed variant is left out: its B tile is N-contiguous, which FP8 wgmma cannot
+    take without a transpose the MoE GEMMs do not do."""
+    import torch
+
+    from megamoe.kernels import microbench as mb
+
+    depths = (1024,) if quick else (256, 1024, 4096)
+    shapes = MMA_SHAPES[::3] if quick else MMA_SHAPES
+    P = 8 * S
+    pts = []
+    for bm, bn, w, bk in shapes:
+        c = torch.empty((P, bm, bn), device="cuda", dtype=torch.float32)
+        a = torch.randn((bm, bk), device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn((bk, bn), device="cuda").to(torch.float8_e4m3fn)
+        for d in depths:
+            mb.mma_resident(a, b, P, d // bk, num_warps=w, out=c)
+            t = max(graph_seconds(lambda i, w=w, c=c, d=d, bk=bk, a=a, b=b:
+                                  mb.mma_resident(a, b, P, d // bk, num_warps=w, out=c), inner=4, reps=reps) - gap_s,
+                    1e-7)
+            pts.append([bm, bn, w, d, P * 2.0 * bm * bn * d / t / S])
+    return {"points": pts}
+
+
 def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     import torch
 
@@ -357,6 +386,9 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                           "bf16, L2-resident operands, 8 programs per SM launched")
         km["occupancy"] = table("programs per SM", ["num_warps"], sorted([int(w), o] for w, o in occ.items()),
                                 "from the mma microbench kernels' registers and shared memory")
+    if "mma_fp8" in m:
+        km["mma_fp8"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma_fp8"]["points"],
+                              "e4m3 x e4m3, fp32 accumulate, operands on chip, 8 programs per SM launched")
     if "copy" in m:
         copy_pts = m["copy"]["points"]
         near16 = min(copy_pts, key=lambda p: abs(p[0] - 16))
@@ -407,6 +439,11 @@ def summary(m: dict, prof: dict) -> str:
         best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
     for (bm, bn, w), r in sorted(best.items()):
         lines.append(f"mma {bm:>3}x{bn:<3} {w} warps, whole GPU      {r * S / 1e12:8.1f} TFLOP/s")
+    best8 = {}
+    for bm, bn, w, _d, r in m.get("mma_fp8", {}).get("points", []):
+        best8[(bm, bn, w)] = max(best8.get((bm, bn, w), 0.0), r)
+    for (bm, bn, w), r in sorted(best8.items()):
+        lines.append(f"mma fp8 {bm:>3}x{bn:<3} {w} warps, whole GPU  {r * S / 1e12:8.1f} TFLOP/s")
     for n, r in m.get("copy", {}).get("points", []):
         lines.append(f"gather copy, {int(n):>3} SMs, per SM          {r / 1e9:8.1f} GB/s")
     missing = prof.get("calibration", {}).get("not_measured", [])
@@ -416,11 +453,11 @@ def summary(m: dict, prof: dict) -> str:
 
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
-STEPS = ("launch", "hbm", "mma", "copy", "serial", "sync")
+STEPS = ("launch", "hbm", "mma", "mma_fp8", "copy", "serial", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
-STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "copy": (5.0, 4.0),
+STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
                "serial": (10.0, 10.0), "sync": (12.0, 8.0)}
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
@@ -447,6 +484,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_hbm(reps, S, gap_s, quick)
     if name == "mma":
         return measure_mma(reps, S, gap_s, quick)
+    if name == "mma_fp8":
+        return measure_mma_fp8(reps, S, gap_s, quick)
     if name == "copy":
         return measure_copy(reps, S, quick)
     if name == "serial":

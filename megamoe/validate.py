@@ -51,15 +51,19 @@ def _has_cuda() -> bool:
 
 def measured_overrides(ceilings: dict, system: str = "h200") -> dict:
     """Profile overrides from rates measured in this run: HBM = the streaming-read rate; the bf16
-    peak rescaled so that the profile's efficiency at the largest tile gives the measured matmul rate."""
+    peak rescaled so that the profile's efficiency at the largest tile gives the measured matmul
+    rate, and the fp8 peak the same way from the FP8 matmul rate where the run measured one."""
     from megamoe.simulator import load_profile
     from megamoe.simulator.cost import gemm_efficiency
 
     p = load_profile(system)
     top = p.gemm_efficiency[-1][0]
     eff_top = float(gemm_efficiency([top], p.gemm_efficiency)[0])
-    return {"hbm_bandwidth": ceilings["read_bytes_per_s"], "hbm_efficiency": 1.0,
-            "bf16_flops": ceilings["matmul_flops_per_s"] / eff_top}
+    out = {"hbm_bandwidth": ceilings["read_bytes_per_s"], "hbm_efficiency": 1.0,
+           "bf16_flops": ceilings["matmul_flops_per_s"] / eff_top}
+    if ceilings.get("fp8_matmul_flops_per_s"):
+        out["fp8_flops"] = max(ceilings["fp8_matmul_flops_per_s"] / eff_top, out["bf16_flops"])
+    return out
 
 
 def profile_kernels(fn, x, reps: int = 5) -> dict[str, float]:
@@ -154,11 +158,12 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
     distribution is drawn here with ``seed``, so the launch plan is statistically equivalent to the
     measured one, not identical (decode rows, where few experts are touched, vary most). Returns
     the measured time, the predictions with the profile and with the rates the bench measured in
-    its run, and whether the plan's GEMM tiles are the ones the bench ran.
+    its run, and whether the plan's GEMM tiles are the ones the bench ran. Rows of ``--dtype fp8``
+    or ``fp8-act`` (``row["dtype"]``; bf16 without it) get the FP8 launch plan.
     """
     import numpy as np
 
-    from megamoe.kernels.bench import bench_config
+    from megamoe.kernels.bench import DTYPES, bench_config
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference import select_experts
     from megamoe.simulator.cost import predict_launch_plan
@@ -168,15 +173,17 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
     rng = np.random.default_rng(seed)
     bias = 0.05 * rng.standard_normal(cfg.num_experts) if cfg.score_bias else None
     idx, _ = select_experts(rng.standard_normal((T, cfg.num_experts)), cfg, score_bias=bias)
+    fp8 = DTYPES[row.get("dtype", "bf16")]
     plan = launch_plan(cfg, topk_idx=idx, dtype="bfloat16", device_name=row.get("gpu", "NVIDIA H200"),
-                       triton_version=row.get("triton"), deterministic=bool(row.get("deterministic", True)))
+                       triton_version=row.get("triton"), deterministic=bool(row.get("deterministic", True)), fp8=fp8)
     stages = [st.to_dict() for st in plan.stages]
     g1 = plan.stage("gemm1").tile if any(st.name == "gemm1" for st in plan.stages) else {}
     same_tiles = all(g1.get(k) == v for k, v in row.get("config", {}).get("gemm1", {}).items())
     full = predict_launch_plan(stages, system)
     pred = full["time_us"]
     main = max(full["stages"], key=lambda s: s["time_us"]) if full["stages"] else {"name": "-", "bound": "launch"}
-    out = {"preset": row["preset"], "T": T, "measured_us": row["ours_us"], "predicted_us": pred,
+    out = {"preset": row["preset"], "T": T, "dtype": row.get("dtype", "bf16"), "measured_us": row["ours_us"],
+           "predicted_us": pred,
            "dominant": f"{main['name']}:{main['bound']}", "predicted_fixed_us": full["fixed_us"],
            "ratio": row["ours_us"] / pred, "same_tiles": same_tiles,
            "gpu": row.get("gpu"), "triton": row.get("triton"), "date": row.get("date"), "commit": row.get("commit")}
@@ -189,7 +196,8 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
         out["stages"] = {k: {"measured_us": v, "predicted_us": groups.get(k)} for k, v in row["stage_us"].items()}
     if "ceiling_read_bytes_per_s" in row:
         ov = measured_overrides({"read_bytes_per_s": row["ceiling_read_bytes_per_s"],
-                                 "matmul_flops_per_s": row["ceiling_matmul_flops_per_s"]}, system)
+                                 "matmul_flops_per_s": row["ceiling_matmul_flops_per_s"],
+                                 "fp8_matmul_flops_per_s": row.get("ceiling_fp8_matmul_flops_per_s")}, system)
         out["predicted_measured_rates_us"] = predict_launch_plan(stages, system, overrides=ov)["time_us"]
         out["ratio_measured_rates"] = row["ours_us"] / out["predicted_measured_rates_us"]
     return out
@@ -308,10 +316,13 @@ def bench_row_problem(r: dict) -> str | None:
     before any prediction."""
     import math
 
+    from megamoe.kernels.bench import DTYPES
     from megamoe.reference import PRESETS
 
     if r.get("preset") not in PRESETS:
         return f"preset {r.get('preset')!r} is not a preset ({', '.join(PRESETS)})"
+    if r.get("dtype", "bf16") not in DTYPES:
+        return f"dtype={r.get('dtype')!r} is not one of megamoe bench's ({', '.join(DTYPES)})"
     T = r.get("T")
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
         return f"T={T!r} must be a whole number of tokens >= 1"
@@ -363,7 +374,7 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
         else:
             extra = (f"  with the run's rates: {c['predicted_measured_rates_us']:9.1f} us "
                      f"(meas/pred {c['ratio_measured_rates']:.2f})" if "ratio_measured_rates" in c else "")
-            print(f"{c['preset']:<16} T={c['T']:<6} measured {c['measured_us']:9.1f} us  predicted "
+            print(f"{c['preset']:<16} T={c['T']:<6} {c['dtype']:<7} measured {c['measured_us']:9.1f} us  predicted "
                   f"{c['predicted_us']:9.1f} us (meas/pred {c['ratio']:.2f}){extra}"
                   f"{'' if c['same_tiles'] else '  [tiles differ from the run]'}")
         if out:

@@ -112,9 +112,11 @@ def layer_flops(config, T: int, *, router: bool = True) -> float:
     return float(f + (2.0 * T * config.num_experts * config.hidden_size if router else 0.0))
 
 
-def layer_bytes(config, T: int, experts_touched: float, dtype: str | None = None) -> float:
+def layer_bytes(config, T: int, experts_touched: float, dtype: str | None = None,
+                io_dtype: str | None = None) -> float:
     """The fewest HBM bytes a layer on T tokens can move: the weights of the experts touched, the
-    shared MLP and the router, read once; x read and y written once."""
+    shared MLP and the router, read once, in ``dtype``; x read and y written once, in ``io_dtype``
+    (default ``dtype``; the kernels' FP8 layer takes bf16 x and writes bf16 y around e4m3 weights)."""
     d = dtype or config.weight_dtype
     return float(experts_touched * expert_bytes(config, d) + shared_bytes(config, d) + router_bytes(config, d)
-                 + 2 * T * row_bytes(config.hidden_size, d))
+                 + 2 * T * row_bytes(config.hidden_size, io_dtype or d))

@@ -9,7 +9,8 @@ number they use:
 
     o(warps)          = occupancy table of the profile (programs per SM by num_warps)
     mma(BM, BN, BK)   = per-SM tensor rate of that tile shape (calibrated table, nearest shape,
-                        log-interpolated in depth; without one: peak / S x gemm_efficiency(BM))
+                        log-interpolated in depth; without one: peak / S x gemm_efficiency(BM));
+                        fp8: the calibrated fp8 table, else the bf16 one x the fp8/bf16 peak ratio
     hbm(n, b)         = aggregate streaming-read rate with n programs in flight reading b bytes
                         each (calibrated grid, bilinear in log n, log b; without one:
                         HBM rate x min(1, n / S)): a launch, its programs starting together
@@ -108,22 +109,36 @@ def occupancy(profile: Profile, num_warps: int) -> int:
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16"):
-    """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy.
+    """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy, for
+    ``dtype`` "bf16" or "fp8" (e4m3 x e4m3, fp32 accumulate).
 
     Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
-    rate interpolated in log2(depth), scaled by the fp8/bf16 peak ratio for fp8. Otherwise the
-    peak per SM x gemm_efficiency read at the tile height BM (the launch model's reading, which
-    matched the H200 runs; the rack model used to read it at rows per expert). ``rows`` (rows per expert)
-    is accepted for a future curve over it and unused today."""
+    rate interpolated in log2(depth); fp8 reads the measured fp8 table (``kernel_model.mma_fp8``)
+    where the profile has one, otherwise the bf16 table scaled by the fp8/bf16 peak ratio. Without
+    a bf16 table: the peak per SM x gemm_efficiency read at the tile height BM (the launch model's
+    reading, which matched the H200 runs; the rack model used to read it at rows per expert).
+    ``rows`` (rows per expert) is accepted for a future curve over it and unused today."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     km = _km(profile)
     bm = np.asarray(block_m, dtype=np.float64)
+    if dtype == "fp8" and km.mma_fp8:
+        return _table_rate(km.mma_fp8, bm, block_n, depth, num_warps)
     if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
         return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
+    scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
+    return _table_rate(km.mma, bm, block_n, depth, num_warps) * scale
+
+
+def _table_rate(table: tuple, block_m, block_n, depth, num_warps):
+    """A calibrated mma table ((BM, BN, warps, depth, flop/s per SM), ...) read at the nearest
+    (BM, BN, warps) shape in log distance, interpolated in log2(depth); a float for scalar inputs."""
+    bm = np.asarray(block_m, dtype=np.float64)
     bn = np.asarray(block_n, dtype=np.float64)
     dp = np.maximum(np.asarray(depth, dtype=np.float64), 1.0)
     w = np.asarray(num_warps, dtype=np.float64)
     bm, bn, dp, w = np.broadcast_arrays(bm, bn, dp, w)
-    tab = np.asarray(km.mma)  # (m, 5)
+    tab = np.asarray(table)  # (m, 5)
     shapes = np.unique(tab[:, :3], axis=0)
     dist = (np.log2(bm[..., None] / shapes[:, 0]) ** 2 + np.log2(bn[..., None] / shapes[:, 1]) ** 2
             + 0.25 * np.log2(w[..., None] / shapes[:, 2]) ** 2)
@@ -136,8 +151,7 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
         rows_j = tab[np.all(tab[:, :3] == sh, axis=1)]
         rows_j = rows_j[np.argsort(rows_j[:, 3])]
         out[m] = np.interp(np.log2(dp[m]), np.log2(rows_j[:, 3]), rows_j[:, 4])
-    scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
-    return out * scale if out.ndim else float(out) * scale
+    return out if out.ndim else float(out)
 
 
 def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
@@ -285,7 +299,8 @@ def _work_tile(stage: dict) -> tuple[int, int, float]:
 
 
 def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> StagePrediction:
-    """One launch's time on one GPU of ``profile`` (module docstring)."""
+    """One launch's time on one GPU of ``profile`` (module docstring). The tensor rate is that of
+    the stage's ``mma_dtype`` where the plan states one (FP8 launch plans do), else of ``dtype``."""
     missing = [k for k in STAGE_KEYS if k not in stage]
     if missing:
         raise ValueError(f"launch-plan stage {stage.get('name', '?')!r} lacks {missing}; expected keys {STAGE_KEYS}")
@@ -315,7 +330,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=dtype) / share
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     inflight = min(P, slots)
@@ -394,13 +409,15 @@ ZERO_COST = GemmCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
 
 def stage_cost(rows, n_cols: int, k_dim: int, *, profile: Profile, num_sms: int, peak_flops_per_s: float,
                weight_bytes_per_elem: float, in_row_bytes: float, out_row_bytes: float,
-               read_weights: bool = True, hbm_bytes_per_s: float | None = None) -> GemmCost:
+               read_weights: bool = True, hbm_bytes_per_s: float | None = None,
+               mma_dtype: str = "bf16") -> GemmCost:
     """One grouped-GEMM stage on ``num_sms`` SMs: rows (n,) per expert, [M_e, k_dim] x [k_dim, n_cols].
 
     The launch the rack model assumes: tiles of tile_rows(M_e) x tn (tn the faster of the tuned
-    widths), occupancy by warps, waves over the slots, the per-SM rate ``mma_rate_per_sm`` (scaled
-    to ``peak_flops_per_s``), DRAM bytes of grouped tile order, and the HBM rate of the programs in
-    flight (``hbm_bytes_per_s`` caps it, for jobs sharing HBM with copies)."""
+    widths), occupancy by warps, waves over the slots, the per-SM rate ``mma_rate_per_sm`` of
+    ``mma_dtype`` (scaled to ``peak_flops_per_s`` over that dtype's peak), DRAM bytes of grouped
+    tile order, and the HBM rate of the programs in flight (``hbm_bytes_per_s`` caps it, for jobs
+    sharing HBM with copies)."""
     rows = np.asarray(rows, dtype=np.int64)
     rows = rows[rows > 0]
     if rows.size == 0:
@@ -408,14 +425,15 @@ def stage_cost(rows, n_cols: int, k_dim: int, *, profile: Profile, num_sms: int,
     tm = tile_rows(rows, profile)  # (n,)
     warps = _warps(tm)
     occ = np.array([occupancy(profile, int(w)) for w in warps])
-    bf16 = profile.tensor_flops_per_s["bf16"]
+    base_peak = profile.tensor_flops_per_s[mma_dtype]
     best = None
     for tn in tile_widths(profile):  # a tuned kernel picks the tile width that finishes first
         blocks = -(-rows // tm)
         tiles = blocks * (-(-n_cols // tn))  # (n,)
         slots = num_sms * int(occ.min())
         share = np.minimum(occ, math.ceil(min(int(tiles.sum()), slots) / num_sms))
-        rate = mma_rate_per_sm(profile, tm, tn, k_dim, warps, rows) * (peak_flops_per_s / bf16) / share
+        rate = (mma_rate_per_sm(profile, tm, tn, k_dim, warps, rows, dtype=mma_dtype)
+                * (peak_flops_per_s / base_peak) / share)
         tile_s = 2.0 * tm * tn * k_dim / rate  # (n,)
         compute_s = waves_s(tiles, tile_s, slots)
         if best is None or compute_s < best[0]:
@@ -456,9 +474,9 @@ def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, w
     ``stage_sync_s`` is paid once between the two stages if any row exists.
     """
     wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
-    peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
-    kw = dict(profile=profile, num_sms=num_sms, peak_flops_per_s=peak, weight_bytes_per_elem=wb,
-              read_weights=read_weights, hbm_bytes_per_s=hbm_bytes_per_s)
+    cd = compute_dtype(weight_dtype, act_dtype)
+    kw = dict(profile=profile, num_sms=num_sms, peak_flops_per_s=profile.tensor_flops_per_s[cd],
+              weight_bytes_per_elem=wb, read_weights=read_weights, hbm_bytes_per_s=hbm_bytes_per_s, mma_dtype=cd)
     s1 = stage_cost(rows, 2 * width, hidden, in_row_bytes=row_bytes(hidden, act_dtype),
                     out_row_bytes=row_bytes(width, act_dtype), **kw)
     s2 = stage_cost(rows, hidden, width, in_row_bytes=row_bytes(width, act_dtype),
@@ -477,13 +495,12 @@ def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dt
     if rows.size == 0:
         return 0.0
     wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
-    peak = profile.tensor_flops_per_s[compute_dtype(weight_dtype, act_dtype)]
-    scale = peak / profile.tensor_flops_per_s["bf16"]
+    cd = compute_dtype(weight_dtype, act_dtype)
     tm = tile_rows(rows, profile)
     rate = np.zeros(rows.size)
     for tn in tile_widths(profile):
         for k in (hidden, width):
-            rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows) * scale)
+            rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows, dtype=cd))
     compute_s = float((ffn_flops(rows, hidden, width) / (profile.num_sms * rate)).sum())
     weights = rows.size * ffn_params(hidden, width) * wb
     acts = float(rows.sum()) * ffn_row_bytes(hidden, width, act_dtype)

@@ -514,6 +514,7 @@ _KM_SCALARS = {
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
 }
@@ -525,7 +526,8 @@ class KernelModel:
 
     hbm_programs (n,), hbm_bytes (m,), hbm_rate (n, m): aggregate streaming-read bytes/s with n
     programs in flight each reading m bytes; mma: ((BLOCK_M, BLOCK_N, num_warps, depth, flop/s per
-    SM), ...) or () (then the GPU's efficiency curve is used); occupancy: ((num_warps, programs per
+    SM), ...) or () (then the GPU's efficiency curve is used), bf16; mma_fp8: the same for e4m3 x e4m3
+    with fp32 accumulation, or () (then fp8 rates are the bf16 ones scaled by the peaks' ratio); occupancy: ((num_warps, programs per
     SM), ...); sm_copy: ((copying SMs, bytes/s per SM), ...); scalars as in ``_KM_SCALARS``;
     sources: key -> source string; calibrated: whether the section was in the file.
     """
@@ -548,6 +550,7 @@ class KernelModel:
     l2_resident_fraction: float
     sources: dict = field(default_factory=dict, compare=False)
     calibrated: bool = False
+    mma_fp8: tuple = ()
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
@@ -583,10 +586,12 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     tables = {
         "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],
         "mma": [],
+        "mma_fp8": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
+                   mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
     calibrated = section is not None
     if section is not None:
@@ -613,5 +618,5 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                            f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
     rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
     return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
-                       mma=tuple(sorted(tables["mma"])), occupancy=tuple(sorted(tables["occupancy"])),
+                       mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])), occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)

@@ -23,6 +23,11 @@ def test_microbench_kernels_compute_what_they_claim():
     mb.mma(torch.randn(16, 64), torch.randn(64, 32), 3, block_k=32, check=True)
     mb.mma(torch.randn(2, 16, 64), torch.randn(2, 64, 32), 3, block_k=32, check=True)  # programs over 2 copies
     mb.mma_resident(torch.randn(16, 32), torch.randn(32, 16), 2, 3, check=True)  # 3 steps on chip
+    e4m3 = torch.float8_e4m3fn  # the FP8 step's operands: e4m3 x e4m3 into fp32
+    c, _ = mb.mma_resident(torch.randn(16, 32).to(e4m3), torch.randn(32, 16).to(e4m3), 2, 3, check=True)
+    assert c.dtype == torch.float32
+    with pytest.raises(ValueError, match="two float8_e4m3fn operands or none"):
+        mb.mma_resident(torch.randn(16, 32).to(e4m3), torch.randn(32, 16), 1, 1)
     w = torch.randn(4 * 16 * 32)
     mb.stream_tile(w, 3, 16 * 32 * 4, block_n=16, block_k=16, block_m=16, num_stages=1, check=True)  # 2 K tiles
     with pytest.raises(ValueError, match="positive multiple"):
@@ -49,6 +54,8 @@ def _fake_measurements(S=132):
                 "l2_bytes_per_s": 9e12},
         "mma": {"points": [[16, 64, 4, d, 1.5e12 + d * 1e8] for d in (256, 4096)]
                 + [[128, 128, 8, d, 4e12 + d * 1e8] for d in (256, 4096)], "occupancy": {4: 3, 8: 1}},
+        "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
+                    + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
         "serial": {"serial_load_step_s": 5e-8, "serial_reduce_step_s": 3e-8},
     }
@@ -141,7 +148,7 @@ def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, mon
     monkeypatch.setattr(calibrate, "_cuda_alive", lambda: True)
     assert main(["calibrate", "--out", str(tmp_path / "cal"), "--budget", "1000"]) == 0
     assert [s[0] for s in seen] == list(calibrate.STEPS) and not any(q for _, q, _ in seen)
-    assert [w for *_, w in seen] == [False] + [True] * 5  # profile.json rewritten after every step
+    assert [w for *_, w in seen] == [False] + [True] * (len(calibrate.STEPS) - 1)  # rewritten after every step
     prof = json.loads((tmp_path / "cal" / "profile.json").read_text())
     assert prof["calibration"]["errors"] == {"copy": "RuntimeError: out of resources"}
     assert prof["calibration"]["not_measured"] == ["copy"]
@@ -152,3 +159,28 @@ def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, mon
     assert main(["calibrate", "--out", str(tmp_path / "cal2"), "--budget", "40"]) == 0
     prof = json.loads((tmp_path / "cal2" / "profile.json").read_text())
     assert any(q for _, q, _ in seen) and prof["calibration"]["skipped"]
+
+
+def test_fp8_mma_points_travel_to_the_profile_and_drive_fp8_rates():
+    """microbench.json's mma_fp8 points -> kernel_model.mma_fp8 -> mma_rate_per_sm(dtype="fp8"),
+    unscaled; without them fp8 is the bf16 table x the fp8/bf16 peak ratio (the profile's peaks)."""
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.hardware import validate
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    p = validate(prof)
+    assert p.kernel.sources["mma_fp8"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    assert mma_rate_per_sm(p, 16, 64, 256, 4, dtype="fp8") == pytest.approx(1.2e12 + 256 * 1e8)
+    assert mma_rate_per_sm(p, 128, 128, 4096, 8, dtype="fp8") == pytest.approx(7e12 + 4096 * 1e8)
+    assert mma_rate_per_sm(p, 16, 64, 256, 4) == pytest.approx(1.5e12 + 256 * 1e8)  # bf16 keeps its own
+    assert "mma fp8 128x128 8 warps" in summary(m, prof)
+
+    m.pop("mma_fp8")  # not measured: the ratio of the profile's peaks
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    p = validate(prof)
+    assert "mma_fp8" not in prof["kernel_model"] and "mma_fp8" in prof["calibration"]["not_measured"]
+    ratio = p.tensor_flops_per_s["fp8"] / p.tensor_flops_per_s["bf16"]
+    assert p.kernel.mma_fp8 == () and ratio > 1
+    assert mma_rate_per_sm(p, 16, 64, 256, 4, dtype="fp8") == pytest.approx((1.5e12 + 256 * 1e8) * ratio)

@@ -45,6 +45,7 @@ def _bench_row(**kw):
     (_bench_row(T=-5), ":2: T=-5 must be a whole number of tokens >= 1"),
     (_bench_row(preset="gpt-5"), ":2: preset 'gpt-5' is not a preset"),
     (_bench_row(ours_us=0), ":2: ours_us=0 must be a positive time in us"),
+    (_bench_row(dtype="int4"), ":2: dtype='int4' is not one of megamoe bench's (bf16, fp8, fp8-act)"),
 ])
 def test_validate_from_bench_bad_rows(row, match, tmp_path, capsys):
     """Every row is checked before any prediction; the error names the file, line and value."""

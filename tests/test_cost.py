@@ -151,3 +151,52 @@ def test_task_plan_is_fast_enough_for_a_large_layer():
     assert plan.num_tasks > 50_000  # a real-size plan; the run itself must just finish (no timing asserted)
     r = predict_task_plan(plan, "h200")
     assert r["tasks"] == plan.num_tasks and r["time_us"] > 0
+
+
+FP8_TABLE = {"unit": "flop/s per SM", "over": ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], "source": "test",
+             "points": [[16, 64, 4, 256, 3e12], [128, 128, 8, 4096, 1.6e13]]}
+
+
+def test_fp8_table_is_validated_like_the_bf16_one():
+    p = _calibrated(mma_fp8=copy.deepcopy(FP8_TABLE))
+    assert p.kernel.mma_fp8 == ((16.0, 64.0, 4.0, 256.0, 3e12), (128.0, 128.0, 8.0, 4096.0, 1.6e13))
+    d = copy.deepcopy(p.to_dict())
+    d["kernel_model"]["mma_fp8"]["points"][1] = [128, 128, 8, 4096, -1.0]
+    with pytest.raises(ProfileError, match=r"kernel_model.mma_fp8.points\[1\] must be 5 positive numbers"):
+        validate(d)
+    d = copy.deepcopy(p.to_dict())
+    d["kernel_model"]["mma_fp8"]["over"] = ["BLOCK_M", "BLOCK_N", "depth"]
+    with pytest.raises(ProfileError, match=r"kernel_model.mma_fp8.over must be"):
+        validate(d)
+    d = copy.deepcopy(p.to_dict())
+    d["kernel_model"]["mma_fp8"]["unit"] = "flop/s"
+    with pytest.raises(ProfileError, match="mma_fp8"):
+        validate(d)
+
+
+def test_fp8_rates_use_the_measured_table_or_the_peak_ratio():
+    """Measured fp8 points are read as they are; without them fp8 = bf16 x (fp8 peak / bf16 peak),
+    in the launch model and the rack model's grouped GEMMs alike."""
+    bare = _calibrated()
+    ratio = bare.tensor_flops_per_s["fp8"] / bare.tensor_flops_per_s["bf16"]
+    assert mma_rate_per_sm(bare, 16, 64, 256, 4, dtype="fp8") == pytest.approx(1e12 * ratio)
+    p = _calibrated(mma_fp8=copy.deepcopy(FP8_TABLE))
+    assert mma_rate_per_sm(p, 16, 64, 256, 4, dtype="fp8") == pytest.approx(3e12)
+    assert mma_rate_per_sm(p, 128, 256, 4096, 8, dtype="fp8") == pytest.approx(1.6e13)  # nearest shape
+    assert mma_rate_per_sm(p, 16, 64, 256, 4) == pytest.approx(1e12)  # bf16 unchanged
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        mma_rate_per_sm(p, 16, 64, 256, 4, dtype="fp16")
+    # the rack model's grouped GEMMs: an fp8 table 3x the bf16 one (every shape and depth) against
+    # the peak ratio's 2x: compute time in the ratio of the rates, tile choices unchanged
+    triple = dict(FP8_TABLE, points=[[*r[:4], 3 * r[4]] for r in bare.to_dict()["kernel_model"]["mma"]["points"]])
+    p3 = _calibrated(mma_fp8=triple)
+    kw = dict(num_sms=132, weight_dtype="fp8", act_dtype="fp8")
+    rows = [16] * 64 + [300] * 8
+    slow, fast = (ffn_cost(rows, 7168, 2048, profile=q, **kw).compute_s for q in (bare, p3))
+    assert fast == pytest.approx(slow * ratio / 3, rel=1e-9)
+    assert ffn_roofline_s(rows, 7168, 2048, profile=p3, weight_dtype="fp8", act_dtype="fp8") <= \
+        ffn_cost(rows, 7168, 2048, profile=p3, **kw).time_s
+    # weight-only FP8 multiplies in bf16: the fp8 table does not apply
+    w8 = dict(num_sms=132, weight_dtype="fp8", act_dtype="bf16")
+    assert ffn_cost(rows, 7168, 2048, profile=p, **w8).compute_s == pytest.approx(
+        ffn_cost(rows, 7168, 2048, profile=bare, **w8).compute_s)

@@ -120,3 +120,115 @@ def test_bench_bad_options(argv, match, capsys):
     assert main(["bench", *argv]) == 2
     assert match in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--dtype", "fp16"], "--dtype: unknown dtype(s) ['fp16']; choices: bf16, fp8, fp8-act"),
+    (["--dtype", "bf16,fp4"], "unknown dtype(s) ['fp4']"),
+    (["--dtype", ","], "--dtype: unknown dtype(s) [',']"),
+    (["--dtype", "fp8,fp8"], "--dtype lists a dtype twice"),
+])
+def test_bench_bad_dtype(argv, match, capsys, monkeypatch):
+    """Refused before torch is imported: the error lists the choices."""
+    import sys
+
+    from megamoe.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # the check must not need torch
+    assert main(["bench", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- fp8 rows, without a GPU
+def test_fp8_floor_counts_fp8_weights_and_bf16_io():
+    """fp8 rows: e4m3 weights with their block scales (reference.sizes), x and y still bf16; the FP8
+    matmul rate only where the activations are FP8 too, none where it was not measured."""
+    from megamoe.kernels.bench import bench_config, floor_matmul_rate, floor_terms
+    from megamoe.reference.sizes import expert_bytes, layer_bytes, row_bytes, shared_bytes
+
+    cfg = bench_config("deepseek-v3")
+    f16, b16 = floor_terms(cfg, 8, 60.0)
+    f8, b8 = floor_terms(cfg, 8, 60.0, "fp8")
+    assert f8 == f16 and floor_terms(cfg, 8, 60.0, "fp8-act") == (f8, b8)
+    assert b16 == layer_bytes(cfg, 8, 60.0, "bfloat16")
+    E, H = cfg.num_experts, cfg.hidden_size
+    want = 60.0 * expert_bytes(cfg, "fp8") + shared_bytes(cfg, "fp8") + 2 * E * H + 2 * 8 * row_bytes(H, "bf16")
+    assert b8 == pytest.approx(want, rel=1e-12) and b8 < 0.51 * b16
+    ceil = {"matmul_flops_per_s": 7e14, "fp8_matmul_flops_per_s": 1.3e15}
+    assert floor_matmul_rate(ceil, "bf16") == ("bf16", 7e14)
+    assert floor_matmul_rate(ceil, "fp8") == ("bf16", 7e14)  # weight-only FP8 multiplies in bf16
+    assert floor_matmul_rate(ceil, "fp8-act") == ("fp8", 1.3e15)
+    assert floor_matmul_rate({"matmul_flops_per_s": 7e14, "fp8_matmul_flops_per_s": None}, "fp8-act") == ("fp8", None)
+
+
+def test_dtype_rows_pair_fp8_with_bf16_and_skip_the_megakernel():
+    """speedup_vs_bf16 = bf16 time / fp8 time on the same backend; a failing dtype does not lose the
+    others; FP8 on the megakernel is a skip row naming why, not a crash."""
+    from megamoe.kernels.bench import dtype_rows
+
+    times = {"bf16": 30.0, "fp8": 20.0, "fp8-act": 15.0}
+
+    def one(dt, backend="multi"):
+        if dt == "fp8-act" and backend == "broken":
+            raise RuntimeError("no")
+        return {"dtype": dt, "ours_us": times[dt], "backend": backend}
+
+    rows, logs = [], []
+    dtype_rows(one, ["bf16", "fp8", "fp8-act"], "multi", rows.append, {"T": 8}, log=logs.append)
+    assert [r["dtype"] for r in rows] == ["bf16", "fp8", "fp8-act"]
+    assert "speedup_vs_bf16" not in rows[0]
+    assert rows[1]["speedup_vs_bf16"] == pytest.approx(1.5) and rows[2]["speedup_vs_bf16"] == pytest.approx(2.0)
+    assert rows[2]["bf16_us"] == 30.0 and rows[2]["bf16_backend"] == "multi"
+
+    rows.clear()
+    dtype_rows(lambda dt: one(dt, "megakernel"), ["bf16", "fp8"], "megakernel", rows.append, {"T": 8},
+               log=logs.append)
+    assert rows[0]["dtype"] == "bf16" and "skipped" not in rows[0]
+    assert rows[1] == {"T": 8, "dtype": "fp8", "backend": "megakernel", "skipped": rows[1]["skipped"]}
+    assert "megakernel has no FP8 GEMMs" in rows[1]["skipped"] and "skipped" in logs[-1]
+
+    rows.clear()  # auto ran the megakernel for bf16, fp8 ran multi: times kept, no same-backend speedup
+    dtype_rows(lambda dt: one(dt, "megakernel" if dt == "bf16" else "multi"), ["bf16", "fp8"], "auto",
+               rows.append, {}, log=logs.append)
+    assert rows[1]["bf16_backend"] == "megakernel" and "speedup_vs_bf16" not in rows[1]
+
+    rows.clear()
+    dtype_rows(lambda dt: one(dt, "broken" if dt == "fp8-act" else "multi"), ["bf16", "fp8-act", "fp8"], "multi",
+               rows.append, {}, log=logs.append)
+    assert [r["dtype"] for r in rows] == ["bf16", "fp8"] and "fp8-act failed: RuntimeError: no" in logs[-1]
+
+
+def test_fp8_rows_print_under_their_columns():
+    """dtype and x-bf16 columns right-aligned under the header; a missing floor prints as '-'."""
+    from megamoe.kernels.bench import HEADER, fmt_row
+
+    r = {"preset": "deepseek-v3", "T": 8, "dtype": "fp8-act", "floor_us": None, "ours_us": 100.0,
+         "speedup_vs_bf16": 1.7}
+    line = fmt_row(r)
+    assert line.index("fp8-act") + len("fp8-act") == HEADER.index("dtype") + len("dtype")
+    assert line.index("1.70") + len("1.70") == HEADER.index("xbf16") + len("xbf16")
+    assert line.split()[3] == "-"
+
+
+@pytest.mark.gpu
+def test_fp8_rows_on_the_gpu():
+    """bench_row for every dtype on a small layer (one run, same inputs): fp8 rows run multi, carry
+    their floor and a speedup over the bf16 row; the FP8 matmul ceiling measures (small n)."""
+    from megamoe.kernels.bench import DTYPES, dtype_rows, fp8_matmul_rate, random_device_weights
+    from megamoe.kernels.bench import bench_row as run_row
+    from megamoe.kernels.fp8_weights import to_fp8
+
+    cfg = MoEConfig(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2, num_shared_experts=1,
+                    shared_intermediate_size=256)
+    w = random_device_weights(cfg)
+    ws = {"bf16": w, "fp8": to_fp8(w)}
+    ceil = {"read_bytes_per_s": 4e12, "matmul_flops_per_s": 7e14, "fp8_matmul_flops_per_s": fp8_matmul_rate(1024)}
+    assert ceil["fp8_matmul_flops_per_s"] > 0
+    rows = []
+    dtype_rows(lambda dt: run_row("small", cfg, ws["bf16" if DTYPES[dt] is None else "fp8"], 64, ceil, reps=2,
+                                  with_torch=False, backend="multi", dtype=dt), list(DTYPES), "multi", rows.append, {})
+    assert [r["dtype"] for r in rows] == list(DTYPES)
+    for r in rows[1:]:
+        assert r["backend"] == "multi" and r["speedup_vs_bf16"] > 0 and r["floor_us"] > 0
+        assert r["config"]["gemm1"]["BLOCK_K"] == 128  # the FP8 entry (plan.fp8_entry)
+    assert rows[2]["floor_matmul"] == "fp8" and rows[1]["floor_matmul"] == "bf16"

@@ -126,3 +126,58 @@ def test_plan_needs_a_routing():
         launch_plan(cfg, 5)
     with pytest.raises(ValueError, match="sum to T"):
         launch_plan(cfg, 5, counts=[1] * 7)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="interpreter only")
+@pytest.mark.parametrize("fp8", ["weights", "weights+act"])
+def test_fp8_plan_matches_launches(fp8, rng, monkeypatch):
+    """The FP8 layer (fp8_gemm.py's GEMMs, routed and shared) launches what launch_plan(fp8=...) lists."""
+    import importlib
+
+    from megamoe.kernels import launch_plan, moe_forward, moe_forward_details
+
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3, num_shared_experts=1,
+                    shared_intermediate_size=20)
+    w = random_weights(cfg, seed=1, fp8=True).to_torch("cpu", torch.float32)
+    x = torch.from_numpy(rng.standard_normal((13, 40))).float()
+    log: list = []
+    kernels = {**KERNEL_MODULES, "_gemm1_fp8_kernel": "fp8_gemm", "_gemm2_fp8_kernel": "fp8_gemm"}
+    for name, mod in kernels.items():
+        m = importlib.import_module(f"megamoe.kernels.{mod}")
+        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+    moe_forward(x, w, cfg, backend="multi", fp8_activations=fp8 == "weights+act")
+    monkeypatch.undo()
+    d = moe_forward_details(x, w, cfg)
+    plan = launch_plan(cfg, topk_idx=d["topk_idx"].numpy(), dtype="float32", device_name="cpu-interpreter", fp8=fp8)
+    assert [(s.kernel, s.grid) for s in plan.stages] == [(n, g) for n, g, _ in log]
+    for st, (_, _, blocks) in zip(plan.stages, log):
+        for k, v in blocks.items():
+            if k in st.tile:
+                assert st.tile[k] == v, (st.name, k)
+    assert plan.fp8 == fp8 and plan.to_dict()["fp8"] == fp8
+
+
+def test_fp8_plan_reads_fp8_bytes_and_multiplies_in_fp8_with_fp8_activations():
+    """Hand-worked bytes (H, I multiples of 128): e4m3 weights 1 + 4 / 128^2 bytes per element, FP8
+    activations 1 + 4 / 128; x and y stay bf16; FLOPs as the bf16 plan's for the same tiles."""
+    from megamoe.kernels import launch_plan
+
+    cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2)
+    counts = [4, 0, 12, 1, 3, 0, 8, 4]
+    H, I = 512, 256
+    w8, a8 = 1 + 4 / 128**2, 1 + 4 / 128
+    for fp8, ab, mma in ((None, 2, "bf16"), ("weights", 2, "bf16"), ("weights+act", a8, "fp8")):
+        plan = launch_plan(cfg, counts=counts, T=16, dtype="bfloat16", fp8=fp8)
+        g1, g2 = plan.stage("gemm1"), plan.stage("gemm2")
+        wb = 2 if fp8 is None else w8
+        bm, bn1, bn2 = g1.tile["BLOCK_M"], g1.tile["BLOCK_N"], g2.tile["BLOCK_N"]
+        assert g1.tile["SPLIT_K"] == 1 or fp8 is None
+        if g1.tile["SPLIT_K"] == 1:
+            assert g1.operand_bytes_per_tile == pytest.approx({"a": bm * H * 2, "b": 2 * bn1 * H * wb,
+                                                               "out": bm * bn1 * ab})
+        s2 = g2.tile.get("SPLIT_K", 1)
+        assert g2.operand_bytes_per_tile["a"] == pytest.approx(bm * I / s2 * ab)
+        assert g2.operand_bytes_per_tile["b"] == pytest.approx(bn2 * I / s2 * wb)
+        assert g1.mma_dtype == g2.mma_dtype == mma and plan.stage("router").mma_dtype is None
+        assert fp8 is None or (g1.kernel, g2.kernel) == ("_gemm1_fp8_kernel", "_gemm2_fp8_kernel")
+        assert g1.flops_per_tile == 2 * bm * 2 * bn1 * H / g1.tile["SPLIT_K"]

@@ -43,3 +43,14 @@ def test_weight_bytes_per_element():
 def test_fp8_router_stays_bf16_and_rows_carry_group_scales():
     assert router_bytes(DSV3, "fp8") == 256 * 7168 * 2
     assert row_bytes(7168, "fp8") == 7168 + 4 * 56
+
+
+def test_layer_bytes_with_bf16_io_around_fp8_weights():
+    """The kernels' FP8 layer reads bf16 x and writes bf16 y: io_dtype counts them apart from the weights."""
+    from megamoe.reference.sizes import layer_bytes
+
+    H, T = DSV3.hidden_size, 8
+    fp8 = layer_bytes(DSV3, T, 60.0, "fp8")
+    io16 = layer_bytes(DSV3, T, 60.0, "fp8", io_dtype="bf16")
+    assert fp8 - io16 == 2 * T * ((H + 4 * 56) - 2 * H)  # x and y: e4m3 rows with 56 scales vs bf16 rows
+    assert layer_bytes(DSV3, T, 60.0, "bf16", io_dtype="bf16") == layer_bytes(DSV3, T, 60.0, "bf16")

@@ -134,3 +134,26 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
     assert (out / "scatter.png").stat().st_size > 1000 and "| qwen3-30b-a3b | 1 |" in (out / "report.md").read_text()
     assert [(f["preset"], f["T"]) for f in st["failed"]] == [("deepseek-v3", 1), ("deepseek-v3", 8)]
     assert "RuntimeError: CUDA error" in (out / "report.md").read_text()
+
+
+def test_bench_rows_of_each_dtype_get_their_launch_plan():
+    """``validate --from-bench`` on fp8 rows: the FP8 plan (e4m3 weight bytes; fp8 MMA with FP8
+    activations). Decode reads weights: about half the bf16 time; the run's FP8 matmul rate is used."""
+    from megamoe.validate import measured_overrides, predict_bench_row
+
+    base = {"preset": "deepseek-v3", "T": 8, "ours_us": 100.0, "deterministic": True,
+            "ceiling_read_bytes_per_s": 4.4e12, "ceiling_matmul_flops_per_s": 7e14}
+    pred = {dt: predict_bench_row({**base, "dtype": dt}) for dt in ("bf16", "fp8", "fp8-act")}
+    assert predict_bench_row(base)["predicted_us"] == pred["bf16"]["predicted_us"]  # rows before --dtype
+    assert pred["fp8"]["dtype"] == "fp8"
+    assert 0.4 < pred["fp8"]["predicted_us"] / pred["bf16"]["predicted_us"] < 0.75
+    assert 0.4 < pred["fp8-act"]["predicted_us"] / pred["bf16"]["predicted_us"] < 0.75
+    ov = measured_overrides({"read_bytes_per_s": 4.4e12, "matmul_flops_per_s": 7e14,
+                             "fp8_matmul_flops_per_s": 1.3e15})
+    assert ov["fp8_flops"] / ov["bf16_flops"] == pytest.approx(1.3e15 / 7e14)
+    assert "fp8_flops" not in measured_overrides({"read_bytes_per_s": 4.4e12, "matmul_flops_per_s": 7e14,
+                                                  "fp8_matmul_flops_per_s": None})
+    # prefill: FP8 activations multiply at the fp8 rate, weight-only FP8 at the bf16 one
+    big = {**base, "T": 4096}
+    t = {dt: predict_bench_row({**big, "dtype": dt})["predicted_us"] for dt in ("bf16", "fp8", "fp8-act")}
+    assert t["fp8-act"] < 0.8 * t["fp8"] and t["fp8"] <= 1.02 * t["bf16"]
