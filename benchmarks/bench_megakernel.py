@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megakernel_variants import MID_VARIANTS, VARIANTS, variant_configs, warm, warm_jobs  # noqa: E402
+from megakernel_variants import MID_VARIANTS, T1_VARIANTS, VARIANTS, variant_configs, warm, warm_jobs  # noqa: E402
 
 
 def _rows_out(path: Path, row: dict) -> None:
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                 if backend_ok and T in vtokens and routing == "uniform":
                     row["variants"] = []
                     base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
-                    for vname, mk in variant_configs(base, None if T == 1 else MID_VARIANTS)[1:]:
+                    for vname, mk in variant_configs(base, T1_VARIANTS if T == 1 else MID_VARIANTS)[1:]:
                         try:
                             y = megakernel_forward(xs[0], ww, cfg, mk=mk)
                             rep = check_numerics(xs[0], y, ww, cfg, dtype="bfloat16", sample=8, topk_idx=d["topk_idx"])

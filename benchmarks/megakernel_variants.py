@@ -66,7 +66,8 @@ VARIANTS = {
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
-#: the variants timed at T > 1 (fewer: each is a 15-30 s compile)
+#: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
+T1_VARIANTS = ("tiles", "sk", "sk_wide", "stages4", "stages6")
 MID_VARIANTS = ("tiles", "sk", "sk_wide")
 
 
@@ -119,7 +120,7 @@ def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants
     T = 1) at variant_tokens;
     the traced default and trace_variants at the (preset, T) of trace_cases."""
     jobs = [(n, T, "backends") for n in presets for T in tokens]
-    jobs += [(n, T, v) for n in presets for T in variant_tokens for v in (VARIANTS if T == 1 else MID_VARIANTS)]
+    jobs += [(n, T, v) for n in presets for T in variant_tokens for v in (T1_VARIANTS if T == 1 else MID_VARIANTS)]
     jobs += [(n, T, f"trace:{v}") for n, T in trace_cases for v in ("default", *trace_variants)]
     return jobs
 

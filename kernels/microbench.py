@@ -50,21 +50,23 @@ def _stream_read_kernel(x_ptr, out_ptr, n_iters, offset, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["k_tiles"])
-def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles,
+def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles, k_wrap, p_wrap,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program p streams its own BLOCK_N weight rows of k_tiles x BLOCK_K values (K-contiguous, as
-    the experts' weights) through the GEMM tiles' load + dot loop against a small L1-resident A:
-    the HBM read rate of weight streaming as the decode GEMMs do it (pipelined by num_stages)."""
+    """Program p streams BLOCK_N weight rows of k_wrap x BLOCK_K values (K-contiguous, as the
+    experts' weights; the rows of program p mod p_wrap) through the GEMM tiles' load + dot loop
+    against a small L1-resident A, k_tiles K steps in all (cycling its k_wrap when k_tiles >
+    k_wrap): with no wrap, the HBM read rate of weight streaming as the decode GEMMs do it
+    (pipelined by num_stages); with a wrap that fits in L2, the L2 rate of the same loads."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    kd = k_tiles * BLOCK_K
-    w = w_ptr + pid.to(tl.int64) * BLOCK_N * kd + offs_n[None, :].to(tl.int64) * kd + offs_k[:, None]
+    kd = k_wrap * BLOCK_K
+    w = w_ptr + (pid % p_wrap).to(tl.int64) * BLOCK_N * kd + offs_n[None, :].to(tl.int64) * kd + offs_k[:, None]
     a = tl.load(a_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :])
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(k_tiles):
-        acc = tl.dot(a, tl.load(w + kt * BLOCK_K), acc)
+        acc = tl.dot(a, tl.load(w + (kt % k_wrap) * BLOCK_K), acc)
     tl.store(out_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
 
 
@@ -218,23 +220,34 @@ def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block
 
 
 def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block_n: int = 64, block_k: int = 128,
-                block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False) -> torch.Tensor:
+                block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False,
+                wrap_bytes: int | None = None, wrap_programs: int | None = None) -> torch.Tensor:
     """Each of ``programs`` programs streams ``bytes_per_program`` of w (bf16, flat) as block_n
-    K-contiguous rows through load + dot (``_stream_tile_kernel``) -> (programs, BM, BN) fp32."""
+    K-contiguous rows through load + dot (``_stream_tile_kernel``) -> (programs, BM, BN) fp32.
+    ``wrap_bytes`` / ``wrap_programs``: program p reads the wrap_bytes region of program
+    p mod wrap_programs over and over (an L2-resident footprint of wrap_bytes x wrap_programs)."""
     tile = block_n * block_k * w.element_size()
     k_tiles = bytes_per_program // tile
     if k_tiles < 1 or k_tiles * tile != bytes_per_program:
         raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
                          f"(block_n x block_k x {w.element_size()} bytes)")
-    if programs * bytes_per_program > w.numel() * w.element_size():
+    k_wrap = k_tiles if wrap_bytes is None else wrap_bytes // tile
+    if k_wrap < 1 or k_wrap * tile != (bytes_per_program if wrap_bytes is None else wrap_bytes):
+        raise ValueError(f"wrap_bytes={wrap_bytes} must be a positive multiple of {tile}")
+    p_wrap = programs if wrap_programs is None else int(wrap_programs)
+    if p_wrap < 1:
+        raise ValueError(f"wrap_programs must be >= 1, got {wrap_programs}")
+    if min(programs, p_wrap) * k_wrap * tile > w.numel() * w.element_size():
         raise ValueError("stream_tile reads past the end of w")
     a = torch.ones((block_m, block_k), device=w.device, dtype=w.dtype)
     out = torch.empty((programs, block_m, block_n), device=w.device, dtype=torch.float32)
-    _stream_tile_kernel[(programs,)](w, a, out, k_tiles, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                     num_warps=num_warps, num_stages=num_stages)
-    if check:
-        kd = k_tiles * block_k
-        rows = w.reshape(-1)[:programs * block_n * kd].view(programs, block_n, kd).float().sum(dim=2)
+    _stream_tile_kernel[(programs,)](w, a, out, k_tiles, k_wrap, p_wrap, BLOCK_M=block_m, BLOCK_N=block_n,
+                                     BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    if check:  # program p's row sums: its region's K tiles kt mod k_wrap for kt < k_tiles
+        kd = k_wrap * block_k
+        reg = w.reshape(-1)[:min(programs, p_wrap) * block_n * kd].view(-1, block_n, k_wrap, block_k).float()
+        times = torch.tensor([(k_tiles - i + k_wrap - 1) // k_wrap for i in range(k_wrap)], device=w.device)
+        rows = (reg.sum(dim=3) * times).sum(dim=2)[torch.arange(programs, device=w.device) % min(programs, p_wrap)]
         _check(torch.allclose(out, rows[:, None, :].expand_as(out), rtol=1e-3, atol=1e-2), "stream_tile")
     return out
 

@@ -30,6 +30,9 @@ def test_microbench_kernels_compute_what_they_claim():
         mb.mma_resident(torch.randn(16, 32).to(e4m3), torch.randn(32, 16), 1, 1)
     w = torch.randn(4 * 16 * 32)
     mb.stream_tile(w, 3, 16 * 32 * 4, block_n=16, block_k=16, block_m=16, num_stages=1, check=True)  # 2 K tiles
+    # the L2 form: 5 programs over the regions of 2, each cycling 2 of its K tiles 3.5 times
+    mb.stream_tile(w, 5, 16 * 16 * 4 * 7, block_n=16, block_k=16, block_m=16, num_stages=1, check=True,
+                   wrap_bytes=16 * 16 * 4 * 2, wrap_programs=2)
     with pytest.raises(ValueError, match="positive multiple"):
         mb.stream_tile(w, 1, 1000, block_n=16, block_k=16)
     mb.empty(x)
