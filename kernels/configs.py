@@ -325,7 +325,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                           "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32},
                           "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
                           "combine": combine,
-                          "order": {"GROUP_M": 2, "STREAM_K": int(T <= 64)}},
+                          "order": {"GROUP_M": 2, "STREAM_K": 0}},
                 "num_warps": 4, "num_stages": 1, "occupancy": 1, "next_ticket": True}
     P = num_sms
     if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
@@ -361,8 +361,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                       "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},
                       "combine": combine,
-                      # decode: stream-K segments, the same K steps for every program (kernels/stream_k.py)
-                      "order": {"GROUP_M": 8, "STREAM_K": int(bm <= 64)}},
+                      # whole tiles: stream-K segments (kernels/stream_k.py, variant "sk") measured
+                      # slower on the H200 (run I: Qwen3-30B-A3B T = 1 50.6 us against 38.9)
+                      "order": {"GROUP_M": 8, "STREAM_K": 0}},
             "num_warps": warps, "num_stages": stages, "occupancy": 1,
             # the next ticket after a task ends: H200 runs D and E measured tickets taken as a task
             # starts slower (NOTES-gpu-runs.md)
