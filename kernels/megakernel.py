@@ -210,45 +210,57 @@ def _megakernel(
             nb = tl.load(padded_off_ptr + E) // BM
             kt1 = tl.cdiv(H, BK1)
             kt2 = tl.cdiv(I, BK2)
-            u1_all = (nb * N1 * kt1).to(tl.int64)
-            u2_all = (nb * N2 * kt2).to(tl.int64)
             if SK:  # stream-K: one segment per program (reference.tiles.num_segments)
+                u1_all = (nb * N1 * kt1).to(tl.int64)
+                u2_all = (nb * N2 * kt2).to(tl.int64)
                 q1 = tl.maximum(1, tl.minimum(NPROG, u1_all))
                 q2 = tl.maximum(1, tl.minimum(NPROG, u2_all))
-            else:
-                q1 = (nb * N1).to(tl.int64)
-                q2 = (nb * N2).to(tl.int64)
+            else:  # one task per tile: the tile code alone (no segment loop: H200 run J measured the
+                # segment loop over single tiles 4-17% slower than this)
+                q1 = nb * N1
+                q2 = nb * N2
             b_sh2 = S0 + q1
             b_g2 = b_sh2 + MS * NS2
             b_comb = b_g2 + q2
             if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n)
                 if not FUSED:
                     _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
-                q = t - S0
-                u0, u1 = _seg_bounds(q, q1, u1_all)
-                for j in range(u0 // kt1, (u1 + kt1 - 1) // kt1):
-                    b, n = _tile_ids(j, nb, N1, GROUP_M)
-                    e = tl.load(block_expert_ptr + b)
-                    k_lo = tl.maximum(u0 - j * kt1, 0)
-                    k_hi = tl.minimum(u1 - j * kt1, kt1)
-                    acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
-                        x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
-                        stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
-                    done = (k_lo == 0) & (k_hi == kt1)
-                    if not done:  # a piece: store it; the piece that completes the tile sums them all
-                        slot = _slot(q, j, q1, u1_all, kt1)
-                        _store_piece(ws1_ptr, slot, acc_g, BM, BN1, 2, 0)
-                        _store_piece(ws1_ptr, slot, acc_u, BM, BN1, 2, 1)
-                        done = _arrive(sync_ptr + OFF_T1, j, q1, u1_all, kt1)
+                if SK:
+                    q = t - S0
+                    u0, u1 = _seg_bounds(q, q1, u1_all)
+                    # int32 tile and K-step indices: the K loop's bounds (int64 ones measured slower, run J)
+                    for j in range((u0 // kt1).to(tl.int32), ((u1 + kt1 - 1) // kt1).to(tl.int32)):
+                        b, n = _tile_ids(j, nb, N1, GROUP_M)
+                        e = tl.load(block_expert_ptr + b)
+                        k_lo = tl.maximum(u0 - j * kt1, 0).to(tl.int32)
+                        k_hi = tl.minimum(u1 - j * kt1, kt1).to(tl.int32)
+                        acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
+                            x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
+                            stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
+                        done = (k_lo == 0) & (k_hi == kt1)
+                        if not done:  # a piece: store it; the piece that completes the tile sums them all
+                            slot = _slot(q, j, q1, u1_all, kt1)
+                            _store_piece(ws1_ptr, slot, acc_g, BM, BN1, 2, 0)
+                            _store_piece(ws1_ptr, slot, acc_u, BM, BN1, 2, 1)
+                            done = _arrive(sync_ptr + OFF_T1, j, q1, u1_all, kt1)
+                            if done:
+                                acc_g = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 0, BM, BN1, 2)
+                                acc_u = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 1, BM, BN1, 2)
                         if done:
-                            acc_g = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 0, BM, BN1, 2)
-                            acc_u = _sum_pieces(ws1_ptr, j, q1, u1_all, kt1, 1, BM, BN1, 2)
-                    if done:
-                        _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, I, gub_ptr, stride_gub,
-                                      padded_pair_ptr, topk_w_ptr, act_ptr, I, alpha, limit, ACT, HAS_GUB,
-                                      SCALE_INPUT)
-                        _signal(sync_ptr + OFF_G1 + b)
-                        _record(stats_ptr, 9, e, E, RECORD)
+                            _act_epilogue(acc_g, acc_u, rows, row_mask, e, offs_n, offs_bn, I, gub_ptr, stride_gub,
+                                          padded_pair_ptr, topk_w_ptr, act_ptr, I, alpha, limit, ACT, HAS_GUB,
+                                          SCALE_INPUT)
+                            _signal(sync_ptr + OFF_G1 + b)
+                            _record(stats_ptr, 9, e, E, RECORD)
+                else:
+                    b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
+                    e = tl.load(block_expert_ptr + b)
+                    _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                                b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
+                                stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
+                                BM, BN1, BK1)
+                    _signal(sync_ptr + OFF_G1 + b)
+                    _record(stats_ptr, 9, e, E, RECORD)
                 _record(stats_ptr, 5, 0, E, RECORD)
             elif t < b_g2:  # shared_gemm2 (m, n)
                 if SHARED:
@@ -262,28 +274,39 @@ def _megakernel(
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
             elif t < b_comb:  # gemm2 segment q: its pieces of tiles (b, n)
-                q = t - b_g2
-                u0, u1 = _seg_bounds(q, q2, u2_all)
-                for j in range(u0 // kt2, (u1 + kt2 - 1) // kt2):
-                    b, n = _tile_ids(j, nb, N2, GROUP_M)
+                if SK:
+                    q = t - b_g2
+                    u0, u1 = _seg_bounds(q, q2, u2_all)
+                    # int32 tile and K-step indices: the K loop's bounds (int64 ones measured slower, run J)
+                    for j in range((u0 // kt2).to(tl.int32), ((u1 + kt2 - 1) // kt2).to(tl.int32)):
+                        b, n = _tile_ids(j, nb, N2, GROUP_M)
+                        e = tl.load(block_expert_ptr + b)
+                        _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
+                        k_lo = tl.maximum(u0 - j * kt2, 0).to(tl.int32)
+                        k_hi = tl.minimum(u1 - j * kt2, kt2).to(tl.int32)
+                        acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
+                            act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
+                            K, False, EVEN_K2, IEEE, BM, BN2, BK2)
+                        done = (k_lo == 0) & (k_hi == kt2)
+                        if not done:
+                            _store_piece(ws2_ptr, _slot(q, j, q2, u2_all, kt2), acc, BM, BN2, 1, 0)
+                            done = _arrive(sync_ptr + OFF_T2, j, q2, u2_all, kt2)
+                            if done:
+                                acc = _sum_pieces(ws2_ptr, j, q2, u2_all, kt2, 0, BM, BN2, 1)
+                        if done:
+                            _gemm2_epilogue(acc, row_mask, tok, slot2, srow, e, q * 0, offs_n, offs_bn, T, H, dnb_ptr,
+                                            stride_dnb, topk_w_ptr, pairs_ptr, H, KS, HAS_DNB, G2_SCALE, False, 1)
+                            _signal(sync_ptr + SW * 5)
+                            _record(stats_ptr, 10, e, E, RECORD)
+                else:
+                    b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
                     e = tl.load(block_expert_ptr + b)
                     _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                    k_lo = tl.maximum(u0 - j * kt2, 0)
-                    k_hi = tl.minimum(u1 - j * kt2, kt2)
-                    acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
-                        act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
-                        K, False, EVEN_K2, IEEE, BM, BN2, BK2)
-                    done = (k_lo == 0) & (k_hi == kt2)
-                    if not done:
-                        _store_piece(ws2_ptr, _slot(q, j, q2, u2_all, kt2), acc, BM, BN2, 1, 0)
-                        done = _arrive(sync_ptr + OFF_T2, j, q2, u2_all, kt2)
-                        if done:
-                            acc = _sum_pieces(ws2_ptr, j, q2, u2_all, kt2, 0, BM, BN2, 1)
-                    if done:
-                        _gemm2_epilogue(acc, row_mask, tok, slot2, srow, e, q * 0, offs_n, offs_bn, T, H, dnb_ptr,
-                                        stride_dnb, topk_w_ptr, pairs_ptr, H, KS, HAS_DNB, G2_SCALE, False, 1)
-                        _signal(sync_ptr + SW * 5)
-                        _record(stats_ptr, 10, e, E, RECORD)
+                    _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
+                                kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
+                                G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
+                    _signal(sync_ptr + SW * 5)
+                    _record(stats_ptr, 10, e, E, RECORD)
                 _record(stats_ptr, 7, 0, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
                 _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)

@@ -367,7 +367,11 @@ def predict_all(cfg, topk_idx, T: int, backend: str, profiles: list, *, device_n
     """The row's prediction fields: the first profile's at the top level (``predicted_us``,
     ``dominant``, ...) and every profile's total under ``predictions[name]``. A profile whose
     prediction raises gets ``{"failure": ...}`` there (and, if it is the first, no predicted_us)."""
-    out: dict = {"predictions": {}}
+    import numpy as np
+
+    # pairs per expert: with them a stored row can be predicted again offline (another profile)
+    out: dict = {"predictions": {}, "counts": np.bincount(np.asarray(topk_idx).reshape(-1).astype(np.int64),
+                                                           minlength=cfg.num_experts).tolist()}
     for i, p in enumerate(profiles):
         try:
             pr = predict_config(cfg, topk_idx, T, backend, p, device_name=device_name, calls_per_graph=calls)
