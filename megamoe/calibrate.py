@@ -112,19 +112,22 @@ def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float
     """Median seconds of one fn() with nothing of its data in L2.
 
     Per repetition the GPU is first kept busy (``torch.cuda._sleep``, about 1 ms) while the host
-    queues a zero-fill of ``flush_bytes`` (which evicts L2), the start event, fn and the end event:
+    queues a read of ``flush_bytes`` (which evicts L2), the start event, fn and the end event:
     the events then time fn alone, from a cold L2 and without the host's launch latency. (Replaying
     a graph of a few reads instead would serve the small ones from L2: their few MiB stay there
-    from one replay to the next.)"""
+    from one replay to the next.) The flush reads (a max over the buffer), so the lines it leaves
+    are clean: a zero-fill (runs up to J) left L2 full of dirty lines whose write-back then
+    slowed the timed kernel's first reads."""
     import torch
 
-    scratch = torch.empty(flush_bytes // 4, device="cuda", dtype=torch.int32)
+    scratch = torch.ones(flush_bytes // 4, device="cuda", dtype=torch.int32)
+    sink = torch.empty((), device="cuda", dtype=torch.int32)
     sleep = getattr(torch.cuda, "_sleep", None)
 
     def flush():
         if sleep is not None:
             sleep(2_000_000)
-        scratch.zero_()
+        torch.amax(scratch, dim=0, out=sink)
 
     return _event_median(fn, reps, flush)
 
@@ -276,7 +279,12 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
                 if o is not None:
                     occ.setdefault(w, []).append(o)
             pts.append([bm, bn, w, d, rate])
-    return {"points": pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()}}
+    # the rate a large dense bf16 GEMM sustains (cuBLAS, 8192^3: a microbenchmark, not our kernels)
+    n = 4096 if quick else 8192
+    a, b = (torch.randn((n, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    t = graph_seconds(lambda i: torch.matmul(a, b), inner=2, reps=reps)
+    return {"points": pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()},
+            "dense_flops_per_s": 2.0 * n ** 3 / t}
 
 
 def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
@@ -392,6 +400,8 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
         km["hbm_read"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"])
     if "mma" in m:
         occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
+        if m["mma"].get("dense_flops_per_s"):
+            km["mma_sustained_flops_per_s"] = num(m["mma"]["dense_flops_per_s"], "flop/s")
         km["mma"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma"]["points"],
                           "bf16, L2-resident operands, 8 programs per SM launched")
         km["occupancy"] = table("programs per SM", ["num_warps"], sorted([int(w), o] for w, o in occ.items()),
@@ -438,6 +448,7 @@ def summary(m: dict, prof: dict) -> str:
     if "hbm" in m:
         lines.append(f"{'streaming read, best':<36} {prof['hbm']['bandwidth_bytes_per_s']['value'] / 1e12:8.2f} TB/s")
     add("L2 re-read", "l2_bandwidth_bytes_per_s", 1e-12, "TB/s")
+    add("dense bf16 GEMM, sustained", "mma_sustained_flops_per_s", 1e-12, "TFLOP/s")
     add("flag handoff", "flag_handoff_s", 1e6, "us")
     add("grid barrier", "grid_barrier_s", 1e6, "us")
     add("ticket (one program)", "ticket_s", 1e9, "ns", "8.1f")

@@ -113,7 +113,8 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     ``dtype`` "bf16" or "fp8" (e4m3 x e4m3, fp32 accumulate).
 
     Arrays broadcast. Calibrated: the table's nearest (BM, BN, warps) shape in log distance, its
-    rate interpolated in log2(depth); fp8 reads the measured fp8 table (``kernel_model.mma_fp8``)
+    rate interpolated in log2(depth), at most ``mma_sustained_flops_per_s`` / SMs (a large dense
+    GEMM's measured rate: the table's on-chip bursts run at clocks a real GEMM does not keep); fp8 reads the measured fp8 table (``kernel_model.mma_fp8``)
     where the profile has one, otherwise the bf16 table scaled by the fp8/bf16 peak ratio. Without
     a bf16 table: the peak per SM x gemm_efficiency read at the tile height BM (the launch model's
     reading, which matched the H200 runs; the rack model used to read it at rows per expert).
@@ -127,7 +128,11 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
         return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
     scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
-    return _table_rate(km.mma, bm, block_n, depth, num_warps) * scale
+    rate = _table_rate(km.mma, bm, block_n, depth, num_warps)
+    if km.mma_sustained_flops_per_s > 0:  # on-chip bursts capped at what a large dense GEMM sustains
+        rate = np.minimum(rate, km.mma_sustained_flops_per_s / profile.num_sms)
+        rate = rate if np.ndim(rate) else float(rate)
+    return rate * scale
 
 
 def _table_rate(table: tuple, block_m, block_n, depth, num_warps):

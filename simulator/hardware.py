@@ -510,6 +510,9 @@ _KM_SCALARS = {
     "serial_reduce_step_s": _Num("s", 0, 1e-3),  # one dependent row reduction (top-k pass, scan)
     "l2_bandwidth_bytes_per_s": _Num("bytes/s", 0, 1e17),  # 0: L2 hits cost nothing
     "l2_resident_fraction": _Num("fraction", 0, 1),  # share of L2 that weights may stay in
+    # the bf16 tensor rate a whole GPU sustains on a large dense GEMM (0: none), a cap on the tile
+    # table's on-chip bursts (clocks and power under a GEMM's data movement)
+    "mma_sustained_flops_per_s": _Num("flop/s", 0, 1e18),
 }
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
@@ -551,6 +554,7 @@ class KernelModel:
     sources: dict = field(default_factory=dict, compare=False)
     calibrated: bool = False
     mma_fp8: tuple = ()
+    mma_sustained_flops_per_s: float = 0.0
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
@@ -579,7 +583,8 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     d = dict(launch_gap_s=float(v["gpu.kernel_launch_s"]), graph_fixed_s=0.0,
              flag_handoff_s=float(v["gpu.grid_sync_s"]), grid_barrier_s=float(v["gpu.grid_sync_s"]),
              ticket_s=0.0, task_overhead_s=0.0, serial_load_step_s=0.0, serial_reduce_step_s=0.0,
-             l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=float(v["megakernel.l2_weight_fraction"]))
+             l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=float(v["megakernel.l2_weight_fraction"]),
+             mma_sustained_flops_per_s=0.0)
     sources = {k: derived for k in d}
     sources["l2_resident_fraction"] = "the profile's megakernel.l2_weight_fraction (no kernel_model entry)"
     progs = (1.0, S / 4, S / 2, float(S), 2.0 * S, 8.0 * S)

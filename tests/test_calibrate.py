@@ -187,3 +187,31 @@ def test_fp8_mma_points_travel_to_the_profile_and_drive_fp8_rates():
     ratio = p.tensor_flops_per_s["fp8"] / p.tensor_flops_per_s["bf16"]
     assert p.kernel.mma_fp8 == () and ratio > 1
     assert mma_rate_per_sm(p, 16, 64, 256, 4, dtype="fp8") == pytest.approx((1.5e12 + 256 * 1e8) * ratio)
+
+
+def test_sustained_dense_rate_caps_the_tile_table_and_stream_rate_is_marginal(tmp_path):
+    """The dense GEMM's measured rate caps the on-chip tile table (per SM); without it the table
+    stands. The persistent tasks' HBM rate is the grid's marginal rate between its two largest
+    reads, never below their one-shot rate."""
+    from megamoe.calibrate import build_profile
+    from megamoe.simulator.cost import hbm_stream_rate
+
+    prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132}
+    def profile(m, name):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
+        return load_profile(str(path))
+
+    m = _fake_measurements()
+    p0 = profile(m, "table")
+    m["mma"]["dense_flops_per_s"] = 132 * 3e12
+    p1 = profile(m, "capped")
+    assert p0.kernel.mma_sustained_flops_per_s == 0 and p1.kernel.mma_sustained_flops_per_s == 132 * 3e12
+    assert mma_rate_per_sm(p0, 128, 128, 4096, 8) == pytest.approx(4e12 + 4096 * 1e8)
+    assert mma_rate_per_sm(p1, 128, 128, 4096, 8) == pytest.approx(3e12)  # capped
+    assert mma_rate_per_sm(p1, 16, 64, 256, 4) == pytest.approx(1.5e12 + 256 * 1e8)  # below the cap
+    # fake grid: t = n b / min(4.4e12, n b / 2 us): at 132 programs both reads take 2 us or are
+    # HBM-bound, so the marginal rate is the HBM rate wherever the larger read is bandwidth-bound
+    t1, t2 = 132 * 16384 / hbm_rate(p1, 132, 16384), 132 * (1 << 20) / hbm_rate(p1, 132, 1 << 20)
+    assert hbm_stream_rate(p1, 132) == pytest.approx(max(132 * ((1 << 20) - 16384) / (t2 - t1),
+                                                         hbm_rate(p1, 132, 1 << 20)))
