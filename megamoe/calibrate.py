@@ -246,8 +246,10 @@ def _occupancy(kernel, warps: int) -> int | None:
 def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     """Tensor rate per SM by tile shape and depth: the best of the operands held on chip
     (``mma_resident``: the tensor cores alone) and P = 8S programs over Q = 16 L2-resident operand
-    copies at 3 and 4 pipeline stages. (Runs F and G, H200: the L2-fed kernel alone reached
-    243-275 TFLOP/s at 128x128, where the MoE GEMM 1 runs at 557: it measured L2, not MMA.)"""
+    copies at 3 and 4 pipeline stages ("points"), and the L2-fed pointer-load kernel alone
+    ("points_pointer": the rate of tiles without TMA; runs F and G, H200: 243-275 TFLOP/s at
+    128x128, where the TMA GEMM 1 runs at 557 and the megakernel's pointer tiles at about 270 in
+    run L); the dense bf16 GEMM's sustained rate (cuBLAS), which caps the table."""
     import torch
 
     from megamoe.kernels import microbench as mb
@@ -255,7 +257,7 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     depths = (1024,) if quick else (256, 1024, 4096)
     shapes = MMA_SHAPES[::3] if quick else MMA_SHAPES
     P, Q = 8 * S, 16
-    pts, occ = [], {}
+    pts, ptr_pts, occ = [], [], {}
     for bm, bn, w, bk in shapes:
         c = torch.empty((P, bm, bn), device="cuda", dtype=torch.bfloat16)
         for d in depths:
@@ -269,21 +271,24 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
                                   mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c), inner=4, reps=reps) - gap_s,
                     1e-7)
             rate = max(rate, P * 2.0 * bm * bn * d / t / S)
+            fed = 0.0  # operands by pointer loads (cp.async) from L2, as kernels without TMA get them
             for st in ((3,) if quick else (3, 4)):
                 _, k = mb.mma(a, b, P, block_k=bk, num_warps=w, num_stages=st, out=c)
                 t = max(graph_seconds(lambda i, a=a, b=b, bk=bk, w=w, c=c, st=st:
                                       mb.mma(a, b, P, block_k=bk, num_warps=w, num_stages=st, out=c),
                                       inner=4, reps=reps) - gap_s, 1e-7)
-                rate = max(rate, P * 2.0 * bm * bn * d / t / S)
+                fed = max(fed, P * 2.0 * bm * bn * d / t / S)
+                rate = max(rate, fed)
                 o = _occupancy(k, w)
                 if o is not None:
                     occ.setdefault(w, []).append(o)
             pts.append([bm, bn, w, d, rate])
+            ptr_pts.append([bm, bn, w, d, fed])
     # the rate a large dense bf16 GEMM sustains (cuBLAS, 8192^3: a microbenchmark, not our kernels)
     n = 4096 if quick else 8192
     a, b = (torch.randn((n, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
     t = graph_seconds(lambda i: torch.matmul(a, b), inner=2, reps=reps)
-    return {"points": pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()},
+    return {"points": pts, "points_pointer": ptr_pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()},
             "dense_flops_per_s": 2.0 * n ** 3 / t}
 
 
@@ -400,6 +405,9 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
         km["hbm_read"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"])
     if "mma" in m:
         occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
+        if m["mma"].get("points_pointer"):
+            km["mma_pointer"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"],
+                                      m["mma"]["points_pointer"], "L2-fed tiles by pointer loads (cp.async), 3 and 4 stages")
         if m["mma"].get("dense_flops_per_s"):
             km["mma_sustained_flops_per_s"] = num(m["mma"]["dense_flops_per_s"], "flop/s")
         km["mma"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma"]["points"],
