@@ -336,8 +336,11 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
     return task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4))
 
 
-def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int) -> dict:
-    """The prediction for one configuration: total and per-stage (multi) or per-kind (megakernel) us."""
+def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
+                   triton_version: str | None = None) -> dict:
+    """The prediction for one configuration: total and per-stage (multi) or per-kind (megakernel) us.
+    ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
+    passes the stored row's, whose run picked its configs by it)."""
     import numpy as np
 
     from megamoe.kernels.plan import launch_plan
@@ -346,7 +349,7 @@ def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name:
     counts = np.bincount(np.asarray(topk_idx).reshape(-1).astype(np.int64), minlength=cfg.num_experts)
     if backend == "multi":
         dtype = "float32" if device_name == "cpu-interpreter" else "bfloat16"
-        plan = launch_plan(cfg, topk_idx=topk_idx, device_name=device_name, dtype=dtype)
+        plan = launch_plan(cfg, topk_idx=topk_idx, device_name=device_name, dtype=dtype, triton_version=triton_version)
         pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph)
         main = max(pred["stages"], key=lambda s: s["time_us"]) if pred["stages"] else {"name": "-", "bound": "launch"}
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],

@@ -8,7 +8,8 @@ This is the one place that reads both the kernels and the simulator. Three runs:
   backend, each configuration predicted from the calibrated profile (and from ``h200`` as
   written) before it is measured; compile-ahead, budget, watchdog and resume in
   ``megamoe.scale``; the report (``write_report``: report.json, report.md, scatter.png) at the end;
-- ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows;
+- ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows; with ``--repredict PROFILE``
+  the stored measurements predicted again with another profile (megamoe/repredict.py);
 - without a GPU, or with ``--numerics`` on one: per (model, T), the kernel runs the layer, its
   output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
   and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
@@ -267,6 +268,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="DIR_OR_JSONL", default=None,
                         help="no GPU: rebuild report.md, report.json and scatter.png from stored rows (into --out or beside them)")
     parser.add_argument("--system", default="h200", help="simulator profile of the GPU the kernel runs on")
+    parser.add_argument("--repredict", metavar="PROFILE", default=None,
+                        help="with --report: predict the stored rows again with this profile (name or profile.json), "
+                             "offline, from the counts the rows carry; the report says so (megamoe/repredict.py)")
     parser.add_argument("--sample", type=int, default=16, help="tokens checked against the float64 reference")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="GPU run / --report: output folder; otherwise append rows as "
@@ -387,6 +391,9 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from megamoe.reference import PRESETS
 
+    if args.repredict and not args.report:
+        print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
+        return 2
     if args.report:
         src = Path(args.report)
         if not src.exists():
@@ -396,7 +403,24 @@ def run(args: argparse.Namespace) -> int:
         if not rows:
             print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
             return 2
-        write_report(rows, Path(args.out) if args.out else (src if src.is_dir() else src.parent), failures=failed)
+        out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
+        notes = ()
+        if args.repredict:
+            from megamoe.simulator.hardware import load_profile
+
+            from .repredict import repredict_rows
+
+            profile = load_profile(args.repredict)
+            rows, skipped = repredict_rows(rows, profile)
+            if not rows:
+                print(f"megamoe validate: no row of {src} carries counts (rows written since run K do): nothing "
+                      "to predict again", file=sys.stderr)
+                return 2
+            out = Path(args.out) if args.out else out / f"repredicted-{profile.name}"
+            notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
+                     f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
+                     "measurements.",)
+        write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:
         return run_from_bench(Path(args.from_bench), args)

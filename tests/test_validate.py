@@ -157,3 +157,39 @@ def test_bench_rows_of_each_dtype_get_their_launch_plan():
     big = {**base, "T": 4096}
     t = {dt: predict_bench_row({**big, "dtype": dt})["predicted_us"] for dt in ("bf16", "fp8", "fp8-act")}
     assert t["fp8-act"] < 0.8 * t["fp8"] and t["fp8"] <= 1.02 * t["bf16"]
+
+
+def test_stored_rows_predicted_again_from_their_counts():
+    """megamoe.repredict: a row that carries counts is predicted again with another profile, the
+    same as a prediction from a routing with those counts; rows without counts are left out."""
+    import numpy as np
+
+    from megamoe.reference import MoEConfig
+    from megamoe.repredict import repredict_rows, topk_from_counts
+    from megamoe.scale import predict_config
+    from megamoe.simulator.hardware import load_profile
+
+    counts = np.zeros(128, np.int64)
+    counts[[3, 9, 40, 41, 77, 100, 101, 127]] = [3, 3, 3, 3, 3, 3, 3, 3]
+    idx = topk_from_counts(counts, 3, 8)
+    assert idx.shape == (3, 8) and all(len(set(r)) == 8 for r in idx.tolist())
+    np.testing.assert_array_equal(np.bincount(idx.ravel(), minlength=128), counts)
+    with pytest.raises(ValueError, match="expected T\\*K"):
+        topk_from_counts(counts, 2, 8)
+    p = load_profile("h200")
+    rows = [{"preset": "qwen3-30b-a3b", "T": 3, "backend": b, "counts": counts.tolist(), "measured_us": 50.0,
+             "predicted_us": 1.0, "profile": "old", "gpu": "NVIDIA H200", "calls_per_graph": 8} for b in ("multi", "megakernel")]
+    rows.append({k: v for k, v in rows[0].items() if k != "counts"})
+    new, skipped = repredict_rows(rows, p)
+    assert skipped == 1 and len(new) == 2 and all(r["profile"] == "h200" for r in new)
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    for r in new:
+        want = predict_config(cfg, idx, 3, r["backend"], p, device_name="NVIDIA H200", calls_per_graph=8)
+        assert r["predicted_us"] == pytest.approx(want["predicted_us"]) and r["measured_us"] == 50.0
+
+
+def test_repredict_needs_stored_rows(capsys):
+    from megamoe.cli import main
+
+    assert main(["validate", "--repredict", "h200"]) == 2
+    assert "--repredict needs --report" in capsys.readouterr().err
