@@ -55,26 +55,32 @@ def _sig(v) -> str:
 
 
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
-                 mk: dict | None = None) -> dict:
+                 mk: dict | None = None, fp8: str | None = None) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import megakernel as mkm
-    from megamoe.reference import MoEWeights, expected_shapes
+    from megamoe.reference import MoEWeights, expected_scale_shapes, expected_shapes
     from megamoe.reference.tiles import task_layout
+    from megamoe.reference.weights import SCALE_FIELDS
 
     cfg = kb.bench_config(name)
-    w = MoEWeights(**{k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(cfg).items() if s is not None})
+    fp8_fields = set(SCALE_FIELDS.values()) if fp8 else set()
+    w = {k: torch.empty(s, dtype=torch.float8_e4m3fn if k in fp8_fields else torch.bfloat16)
+         for k, s in expected_shapes(cfg).items() if s is not None}
+    if fp8:
+        w.update({k: torch.empty(s, dtype=torch.float32) for k, s in expected_scale_shapes(cfg).items() if s is not None})
+    w = MoEWeights(**w)
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                      cfg.shared_intermediate_size, T, num_sms=sms)
+                                      cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
     mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
     lay = task_layout(cfg, T, mk["tiles"])
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
-        sync=torch.zeros(lay.sync_words, dtype=torch.int32))
-    return {"case": f"{name}:{T}", **compile_kernel(mkm._megakernel, args, kwargs)}
+        sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8)
+    return {"case": f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else ""), **compile_kernel(mkm._megakernel, args, kwargs)}
 
 
 def compile_kernel(fn, args, kwargs) -> dict:
@@ -225,7 +231,8 @@ def main(argv=None) -> int:
                    help="GEMM candidates (current tma64 tma128 tma256, or with overrides: configs.candidate_entry): "
                         "compile the routed grouped GEMMs instead of the megakernel")
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
-                   help="with --gemm: the FP8 GEMMs (e4m3 weights with block scales; activations too)")
+                   help="the FP8 GEMMs (e4m3 weights with block scales; activations too): with --gemm the "
+                        "multi-launch GEMMs, else the megakernel's FP8 tiles")
     a = p.parse_args(argv)
     for c in a.cases:
         name, T = c.split(":")
@@ -234,7 +241,7 @@ def main(argv=None) -> int:
                 for r in compile_gemms(name, int(T), cand, fp8=a.fp8):
                     print(r, flush=True)
         else:
-            print(compile_case(name, int(T), a.warps, a.stages), flush=True)
+            print(compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8), flush=True)
     return 0
 
 

@@ -17,8 +17,8 @@ Per (preset, T, dtype) row, all in one run on one GPU:
                  torch._grouped_mm, weighted index_add), captured and timed the same way
 ``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales,
 quantized on the GPU from the same bf16 weights (fp8_weights.py); the same with FP8 activations.
-FP8 runs on the multi-launch backend (``--backend megakernel`` gives a skip row naming why); the
-rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
+FP8 runs on the multi-launch backend under ``--backend auto`` and on the megakernel with
+``--backend megakernel`` (its FP8 tiles, fp8_gemm.py's); the rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
 ``speedup_vs_bf16`` (the bf16 row's time on the same backend over theirs).
 Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
 a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
@@ -366,9 +366,10 @@ def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
 
 
 def skip_reason(dtype: str, backend: str) -> str | None:
-    """Why rows of ``dtype`` are not run on ``backend`` (None: they run)."""
-    if DTYPES[dtype] is not None and backend == "megakernel":
-        return f"dtype {dtype}: the megakernel has no FP8 GEMMs yet (FP8 runs on --backend multi or auto)"
+    """Why rows of ``dtype`` are not run on ``backend`` (None: they run; every dtype runs on every
+    backend since the megakernel has FP8 tiles: "auto" runs FP8 on the multi-launch path)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype!r} is not one of {list(DTYPES)}"
     return None
 
 
@@ -402,9 +403,13 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
         config = kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device)
     else:
-        kmoe.check_fp8_backend(backend)
-        ran = "multi"
-        config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
+        ran = "megakernel" if backend == "megakernel" else "multi"  # auto: the multi path (FP8 megakernel untimed)
+        if ran == "multi":
+            config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
+        else:
+            from .megakernel import megakernel_config
+
+            config = megakernel_config(cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)
     ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False,
                                                     backend=ran, fp8_activations=fp8_act), xs, reps)
     flops, byt = floor_terms(cfg, T, et, dtype)

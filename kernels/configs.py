@@ -292,14 +292,27 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
 
 
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
-                      interpret: bool = False, routing_given: bool = False) -> dict:
+                      interpret: bool = False, routing_given: bool = False, fp8: str | None = None) -> dict:
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
 
-    Decode (T <= 64): row blocks that hold every row an expert can get (BLOCK_M 16 up to T = 16,
+    ``fp8`` ("weights" / "weights+act"): the FP8 tiles' constraints (BLOCK_K 128; BLOCK_N 128 in
+    GEMM 1 with FP8 activations; no stream-K). Decode (T <= 64): row blocks that hold every row an expert can get (BLOCK_M 16 up to T = 16,
     64 up to T = 64), so each touched expert's weights stream once whatever the routing; column
     tiles that fill the programs' waves (touched experts x N tiles close to a multiple of P). Prefill:
     128-row tiles of 128 columns."""
     mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
+    if fp8 is not None:  # FP8 GEMM tiles: a weight scale block per K step; FP8 activations: whole 128-column groups
+        t = mk["tiles"]
+        for part in ("gemm1", "gemm2", "shared"):
+            t[part]["BLOCK_K"] = 128
+        t["order"]["STREAM_K"] = 0
+        if fp8 == "weights+act":
+            t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = 128
+        if not interpret:  # the pipeline stages still within STAGE_BYTES (e4m3 weight tiles: 1 byte a value)
+            g1, sh = t["gemm1"], t["shared"]
+            per_stage = max(g1["BLOCK_M"] * 128 * 2 + 2 * 128 * g1["BLOCK_N"], g1["BLOCK_M"] * 128 * 2
+                            + 128 * t["gemm2"]["BLOCK_N"], (sh["BLOCK_M"] * 128 * 2 + 2 * 128 * sh["BLOCK_N1"]) if Is else 0)
+            mk["num_stages"] = max(2, min(6, 1 + STAGE_BYTES // per_stage)) if g1["BLOCK_M"] <= 64 else mk["num_stages"]
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])

@@ -24,6 +24,11 @@ routing._route_block / _router_partial, align._scan / _scatter_chunk / _finish_o
 backends compute the same numbers; the combine sums the KS rows of a token in a fixed order, so
 the output is bitwise identical from run to run.
 
+FP8 (``fp8="weights"`` / ``"weights+act"``): the GEMM tasks run fp8_gemm.py's tiles (e4m3 weights,
+block scales in the fp32 accumulation; with FP8 activations GEMM 1 quantizes x and h per 128
+columns and GEMM 2 reads the codes), so the FP8 megakernel computes what the FP8 multi-launch
+path computes; its tiles take BLOCK_K = 128 (and 128-column GEMM 1 tiles with FP8 activations).
+
 Differences from the multi-launch path, by design:
 - no launch boundaries: shared-expert tiles run while the router and the align still work, GEMM 2
   tiles of a row block start as soon as that block's GEMM 1 tiles are done;
@@ -41,6 +46,7 @@ import triton.language as tl
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
+from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile
 from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
@@ -118,6 +124,9 @@ def _megakernel(
     counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
     # intermediates and output
     act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr, ws1_ptr, ws2_ptr,
+    # FP8 (FP8: e4m3 weights): block scales of the weights, scales of the e4m3 activations (FP8_A)
+    gus_ptr, dns_ptr, sgus_ptr, sdns_ptr, act_sc_ptr, act_s_sc_ptr, stride_guse, stride_gusn, stride_dnse,
+    stride_dnsn, stride_sgusn, stride_sdnsn, stride_acs, stride_assc,
     # sizes and strides
     T, H, E, I, Is, G, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
     stride_dnb, scaling, alpha, limit, H_PER,
@@ -142,6 +151,8 @@ def _megakernel(
     NEXT: tl.constexpr,
     # stream-K GEMM segments, one per program (tiles["order"]["STREAM_K"]; kernels/stream_k.py)
     SK: tl.constexpr,
+    # FP8 weights (fp8_gemm.py's tiles; BLOCK_K = 128), FP8_A: activations too
+    FP8: tl.constexpr, FP8_A: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -200,9 +211,14 @@ def _megakernel(
             else:  # shared_gemm1 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - F_SH1, MS, NS1, GROUP_M)
-                    _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
-                                tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
-                                0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
+                    if FP8:
+                        _gemm1_fp8_tile(x_ptr, sgu_ptr, sgus_ptr, None, act_s_ptr, act_s_sc_ptr, None, None, None, m,
+                                        n, t * 0, T, Is, H, stride_xt, 0, H, 0, stride_sgusn, 0, Is, stride_assc,
+                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, 128, S_BM, S_BN1, S_BK)
+                    else:
+                        _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
+                                    tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
+                                    0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
@@ -255,10 +271,16 @@ def _megakernel(
                 else:
                     b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
                     e = tl.load(block_expert_ptr + b)
-                    _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-                                b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
-                                stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
-                                BM, BN1, BK1)
+                    if FP8:
+                        _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
+                                        padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
+                                        stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
+                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, 128, BM, BN1, BK1)
+                    else:
+                        _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr,
+                                    topk_w_ptr, b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
+                                    stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
+                                    BM, BN1, BK1)
                     _signal(sync_ptr + OFF_G1 + b)
                     _record(stats_ptr, 9, e, E, RECORD)
                 _record(stats_ptr, 5, 0, E, RECORD)
@@ -268,9 +290,15 @@ def _megakernel(
                     _wait(sync_ptr + OFF_SH1 + m, NS1, BACKOFF)
                     if HAS_SG:
                         _wait(sync_ptr + SW * 2, G, BACKOFF)  # the shared gate of every token
-                    _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
-                                tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
-                                S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
+                    if FP8:
+                        _gemm2_fp8_tile(act_s_ptr, act_s_sc_ptr, sdn_ptr, sdns_ptr, None, pairs_ptr, None, sgate_ptr,
+                                        m, n, t * 0, t * 0, 0, tl.cdiv(Is, S_BK), T, H, Is, Is, stride_assc, 0, Is, 0,
+                                        stride_sdnsn, 0, H, K, KS, False, HAS_SG, True, False, FP8_A, IEEE, 1, 128,
+                                        S_BM, S_BN2, S_BK)
+                    else:
+                        _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
+                                    tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
+                                    S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, 6, 0, E, RECORD)
             elif t < b_comb:  # gemm2 segment q: its pieces of tiles (b, n)
@@ -302,9 +330,15 @@ def _megakernel(
                     b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
                     e = tl.load(block_expert_ptr + b)
                     _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                    _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0, 0,
-                                kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
-                                G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
+                    if FP8:
+                        _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
+                                        topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
+                                        stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
+                                        False, False, FP8_A, IEEE, 1, 128, BM, BN2, BK2)
+                    else:
+                        _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
+                                    0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
+                                    G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
                     _signal(sync_ptr + SW * 5)
                     _record(stats_ptr, 10, e, E, RECORD)
                 _record(stats_ptr, 7, 0, E, RECORD)
@@ -365,21 +399,39 @@ def num_programs(device: torch.device, layout: TaskLayout, occupancy: int) -> in
     return max(1, min(p, layout.max_tasks))
 
 
-def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, *, routing_given: bool = False) -> dict:
+def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, *, routing_given: bool = False,
+                      fp8: str | None = None) -> dict:
     """Tiles, warps and stages of the megakernel for this call (configs.megakernel_config)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     return cfgs.megakernel_config(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k,
                                   config.shared_intermediate_size, T, num_sms=sms,
-                                  interpret=device.type == "cpu", routing_given=routing_given)
+                                  interpret=device.type == "cpu", routing_given=routing_given, fp8=fp8)
+
+
+def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
+    """FP8 GEMM tiles take BLOCK_K = 128 (one weight scale block per K step), FP8 activations whole
+    128-column groups in GEMM 1 (BLOCK_N1 = 128), and no stream-K segments (their pieces would split
+    a row's quantization); an error names the key."""
+    if fp8 is None:
+        return
+    t = mk["tiles"]
+    want = [("gemm1", "BLOCK_K", 128), ("gemm2", "BLOCK_K", 128), ("shared", "BLOCK_K", 128), ("order", "STREAM_K", 0)]
+    if fp8 == "weights+act":
+        want += [("gemm1", "BLOCK_N", 128), ("shared", "BLOCK_N1", 128)]
+    for part, key, v in want:
+        if t[part].get(key, 0) != v:
+            raise ValueError(f"FP8 ({fp8}) megakernel tiles need tiles[{part!r}][{key!r}] = {v}, got {t[part].get(key)!r}")
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
-                 routing: tuple | None = None):
+                 routing: tuple | None = None, fp8: str | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
     device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
     GPU, so ``nprog`` and ``sync`` can be given instead of read off the device). ``routing``:
-    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count."""
+    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count.
+    ``fp8``: None, "weights" (e4m3 weights with block scales, activations in x's dtype) or
+    "weights+act" (GEMM 1 quantizes x and h per 128 columns; GEMM 2 reads e4m3 activations)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     Is = config.shared_intermediate_size
@@ -407,8 +459,16 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     padded_pair = torch.empty((P_max,), device=dev, dtype=i32)
     block_expert = torch.empty((lay.b_max,), device=dev, dtype=i32)
     pair_dest = torch.empty((T * K,), device=dev, dtype=i32)
-    act = torch.empty((P_max, I), device=dev, dtype=dt)
-    act_s = torch.empty((T, Is), device=dev, dtype=dt) if shared else None
+    check_fp8_tiles(mk, fp8)
+    fp8_a = fp8 == "weights+act"
+    adt = torch.float8_e4m3fn if fp8_a else dt
+    act = torch.empty((P_max, I), device=dev, dtype=adt)
+    act_s = torch.empty((T, Is), device=dev, dtype=adt) if shared else None
+    act_sc = torch.empty((P_max, triton.cdiv(I, 128)), device=dev, dtype=f32) if fp8_a else None
+    act_s_sc = torch.empty((T, triton.cdiv(Is, 128)), device=dev, dtype=f32) if fp8_a and shared else None
+    gus, dns = weights.gate_up_scale_inv if fp8 else None, weights.down_scale_inv if fp8 else None
+    sgus = weights.shared_gate_up_scale_inv if fp8 and shared else None
+    sdns = weights.shared_down_scale_inv if fp8 and shared else None
     pairs = torch.empty((T * KS, H), device=dev, dtype=dt)
     nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
     # the tiles' piece counters (stream-K) follow the sync words: each is reset by the piece that
@@ -433,6 +493,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
         act, act_s, pairs, y, sync, stats, trace, ws1, ws2,
+        gus, dns, sgus, sdns, act_sc, act_s_sc, 0 if gus is None else gus.stride(0), 0 if gus is None else gus.stride(1), 0 if dns is None else dns.stride(0), 0 if dns is None else dns.stride(1),
+        0 if sgus is None else sgus.stride(0), 0 if sdns is None else sdns.stride(0),
+        0 if act_sc is None else act_sc.stride(0), 0 if act_s_sc is None else act_s_sc.stride(0),
         T, H, E, I, Is, G, lay.b_max, x.stride(0), 0 if rw is None else rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
@@ -456,7 +519,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         S_EVEN_K1=H % sh["BLOCK_K"] == 0, S_EVEN_K2=(Is % sh["BLOCK_K"] == 0) if shared else True,
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
-        NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed,
+        NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
@@ -484,7 +547,7 @@ def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bi
 
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
                        out: torch.Tensor | None = None, trace: torch.Tensor | None = None,
-                       routing: tuple | None = None, nprog: int | None = None):
+                       routing: tuple | None = None, nprog: int | None = None, fp8: str | None = None):
     """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
 
     ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
@@ -493,14 +556,15 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
     (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run. ``routing``:
     (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
-    instead of SMs x occupancy (tests: the stream-K segments follow the programs)."""
+    instead of SMs x occupancy (tests: the stream-K segments follow the programs). ``fp8``: None,
+    "weights" or "weights+act" (see build_launch; moe.py checks the FP8 weights and picks it)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
         return (y, {k: 0 for k in KINDS}) if record else y
-    mk = mk or megakernel_config(config, T, x.dtype, x.device, routing_given=routing is not None)
+    mk = mk or megakernel_config(config, T, x.dtype, x.device, routing_given=routing is not None, fp8=fp8)
     grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace,
-                                                routing=routing, nprog=nprog)
+                                                routing=routing, nprog=nprog, fp8=fp8)
     kern = _megakernel[grid](*args, **kwargs)
     if not record:
         return y

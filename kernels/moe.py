@@ -438,21 +438,18 @@ def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype,
 
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
            fp8_activations: bool = False) -> torch.Tensor:
-    if weights.is_fp8 or fp8_activations:  # only the multi-launch path has FP8 GEMMs so far
-        check_fp8_backend(backend)
+    if weights.is_fp8 or fp8_activations:
+        fp8 = fp8_mode(weights, fp8_activations)
+        if backend == "megakernel":  # "auto" keeps FP8 on the multi-launch path: the FP8 megakernel is untimed
+            from .megakernel import megakernel_forward
+
+            return megakernel_forward(x, weights, config, fp8=fp8)
         return _forward(x, weights, config, deterministic, fp8_activations=fp8_activations)
     if resolve_backend(backend, config, x.shape[0], x.dtype, x.device) == "megakernel":
         from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
 
         return megakernel_forward(x, weights, config)
     return _forward(x, weights, config, deterministic)
-
-
-def check_fp8_backend(backend: str) -> None:
-    """FP8 runs on the multi-launch backend ("auto" picks it); the megakernel has no FP8 GEMMs yet."""
-    if backend == "megakernel":
-        raise KernelInputError("FP8 (float8_e4m3fn weights with block scales, or fp8_activations) is not supported "
-                               "by backend='megakernel' yet: use backend='multi' or 'auto'")
 
 
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
@@ -509,7 +506,6 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if check:
         check_inputs(x, weights, config)
     if weights.is_fp8 or fp8_act:
-        check_fp8_backend(backend)
         fp8_mode(weights, fp8_act)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
@@ -545,7 +541,6 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     fp8_act = _fp8_activations(weights, fp8_activations)
     if weights.is_fp8 or fp8_act:
-        check_fp8_backend(backend)
         fp8_mode(weights, fp8_act)
     scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
 

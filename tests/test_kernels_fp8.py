@@ -1,4 +1,5 @@
-"""The FP8 path of the multi-launch layer (kernels/fp8_gemm.py) against the reference's FP8 layer.
+"""The FP8 paths of both backends (kernels/fp8_gemm.py's tiles, launched one GEMM at a time or run
+by the megakernel) against the reference's FP8 layer.
 
 Under the interpreter x is float32: the interpreter loads float8_e4m3fn tensors and converts every
 finite code exactly, and its e4m3 dot is exact in fp32, so these tests check the kernels' scale
@@ -68,14 +69,48 @@ def _check(device, y, ref, fp8_activations, what):
     return rep
 
 
+@pytest.mark.parametrize("backend", ["multi", "megakernel"])
 @pytest.mark.parametrize("fp8_activations", [True, False], ids=["w8a8", "w8"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_layer_matches_fp8_reference(case, fp8_activations, rng, device):
+def test_layer_matches_fp8_reference(case, fp8_activations, backend, rng, device):
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     x = rng.standard_normal((13, cfg.hidden_size))  # T % 3 == 1: the interpreter's GEMM 2 splits K in two
-    y, ref = _run(device, cfg, x, w8, fp8_activations)
-    _check(device, y, ref, fp8_activations, f"{case} fp8_activations={fp8_activations}")
+    y, ref = _run(device, cfg, x, w8, fp8_activations, backend=backend)
+    _check(device, y, ref, fp8_activations, f"{case} fp8_activations={fp8_activations} {backend}")
+
+
+@pytest.mark.parametrize("T", [0, 1, 29])
+def test_megakernel_fp8_edges_and_plan(T, rng, device):
+    """The FP8 megakernel: T = 0, one token, and every token on expert 3 (most experts empty); the
+    tasks it ran are the plan's; its output within the FP8 tolerance and repeated bitwise."""
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.reference.tiles import KINDS, task_plan
+
+    cfg = MoEConfig(**{**BASE, "num_experts": 7, "num_shared_experts": 1, "shared_intermediate_size": 72})
+    w8 = random_weights(cfg, seed=17, fp8=True)
+    rw = np.full_like(w8.router_weight, -1.0)
+    rw[3], rw[5] = 1.0, 0.5
+    w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    x = np.abs(rng.standard_normal((T, cfg.hidden_size)))
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    for fp8 in ("weights+act", "weights"):
+        out = torch.full((T, cfg.hidden_size), float("nan"), device=device.name, dtype=device.torch_dtype())
+        record = device.name == "cpu"  # the task record runs under the interpreter
+        res = megakernel_forward(device.tensor(x), wt, cfg, fp8=fp8, out=out, record=record)
+        y = res[0] if record else res
+        ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg,
+                          fp8_activations=fp8 == "weights+act")
+        _check(device, y.cpu(), ref, fp8 == "weights+act", f"megakernel {fp8} T={T}")
+        again = megakernel_forward(device.tensor(x), wt, cfg, fp8=fp8)
+        assert torch.equal(y, again)
+        if record and T:
+            mk = megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8=fp8)
+            counts = np.bincount(ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg,
+                                             details=True).routing.topk_idx.ravel(), minlength=7)
+            plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=res[1]["programs"])
+            assert {k: res[1][k] for k in KINDS} == plan.tasks_per_kind()
+            assert mk["tiles"]["gemm1"]["BLOCK_K"] == 128
 
 
 def test_default_follows_the_weights_and_atomic_combine(rng, device):
@@ -184,10 +219,13 @@ def test_unsupported_combinations_are_named(rng, device):
     w8 = random_weights(cfg, seed=15, fp8=True)
     wt = w8.to_torch(device.name, device.torch_dtype())
     x = device.tensor(rng.standard_normal((3, cfg.hidden_size)))
-    with pytest.raises(ValueError, match=r"FP8 .* not supported by backend='megakernel'"):
-        moe_forward(x, wt, cfg, backend="megakernel")
-    with pytest.raises(ValueError, match=r"FP8 .* not supported by backend='megakernel'"):
-        bind(wt, cfg, backend="megakernel")
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+
+    mk = megakernel_config(cfg, 3, device.torch_dtype(), torch.device(device.name), fp8="weights")
+    bad_mk = {**mk, "tiles": {**mk["tiles"], "gemm2": {**mk["tiles"]["gemm2"], "BLOCK_K": 64}}}
+    with pytest.raises(ValueError, match=r"FP8 \(weights\) megakernel tiles need tiles\['gemm2'\]\['BLOCK_K'\] = 128"):
+        megakernel_forward(x, wt, cfg, fp8="weights", mk=bad_mk)
+    bind(wt, cfg, backend="megakernel")  # FP8 on the megakernel binds (its FP8 tiles)
     with pytest.raises(KernelInputError, match=r"\(activation-only FP8\) is not supported"):
         moe_forward(x, random_weights(cfg, seed=15).to_torch(device.name, device.torch_dtype()), cfg,
                     fp8_activations=True)
