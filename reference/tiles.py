@@ -499,7 +499,7 @@ def _w(n: int, *pairs) -> np.ndarray:
     return np.stack(cols, axis=1) if cols else np.zeros((n, 0, 2), np.int64)
 
 
-def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight_bytes: int | None = None,
+def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight_bytes: float | None = None,
               num_programs: int = 1, routing_given: bool = False) -> TaskPlan:
     """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
     ``counts`` (E,) (``np.bincount(topk_idx.ravel(), minlength=E)``; they sum to T*K).
@@ -521,7 +521,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                          f"got shape {list(counts.shape)} sum {int(counts.sum()) if counts.size else 0}")
     counts = counts.astype(np.int64)
     ab = int(act_bytes)
-    wb = ab if weight_bytes is None else int(weight_bytes)
+    wb = ab if weight_bytes is None else float(weight_bytes)  # FP8: 1 byte plus its share of the block scales
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     group_m = tiles["order"]["GROUP_M"]
     shared = config.num_shared_experts > 0

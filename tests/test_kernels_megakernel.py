@@ -181,3 +181,17 @@ def test_plan_rejects_bad_counts_and_tiles():
         task_plan(cfg, np.zeros(7, np.int64), 0, {**TILES, "gemm1": {"BLOCK_M": 0, "BLOCK_N": 16, "BLOCK_K": 32}})
     with pytest.raises(InputError, match="TOPK_T"):  # groups must tile the logits chunk
         task_layout(cfg, 5, {**TILES, "router": {**TILES["router"], "TOPK_T": 3}})
+
+
+def test_plan_of_fp8_weights_counts_their_bytes():
+    """weight_bytes per element (FP8: 1 byte and its share of the 128 x 128 block scales,
+    reference.sizes) scales the GEMM tasks' weight bytes and nothing else."""
+    from megamoe.reference.sizes import weight_bytes_per_element
+
+    cfg = MoEConfig(**BASE)
+    counts = np.bincount(np.arange(15) % 7, minlength=7)
+    b16 = task_plan(cfg, counts, 5, TILES)
+    b8 = task_plan(cfg, counts, 5, TILES, weight_bytes=weight_bytes_per_element("fp8_e4m3"))
+    g = np.isin(b16.kind, [KINDS.index("gemm1"), KINDS.index("gemm2")])
+    np.testing.assert_allclose(b8.weight_bytes[g], b16.weight_bytes[g] * weight_bytes_per_element("fp8_e4m3") / 2)
+    np.testing.assert_array_equal(b8.in_bytes, b16.in_bytes)
