@@ -518,7 +518,8 @@ def _candidates(rows_per_expert: float) -> tuple[list[dict], list[dict]]:
 
 
 def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
-    """Best (gemm1, gemm2) for this shape at T: each GEMM timed alone on the real routing, per BLOCK_M."""
+    """Best (gemm1, gemm2) for this shape at T: each GEMM timed alone on the real routing, per BLOCK_M,
+    as CUDA-graph replays (graph_time_us), the way the layer runs, not eager launches."""
     import torch
     import triton
 
@@ -551,6 +552,10 @@ def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
         metas[bm] = (meta, act, P_max // bm)
     outs = {}
 
+    def in_graph_ms(f):
+        """ms per launch of f, as the layer runs it: 4 launches captured in a CUDA graph, median of replays."""
+        return graph_time_us(lambda _a: f(), [None] * 4, max(5, reps)) / 1e3
+
     def out_for(split):
         if split not in outs:
             outs[split] = torch.empty((split * T * K, H), device=dev,
@@ -562,7 +567,7 @@ def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
         f = lambda: launch_gemm1(x, w.gate_up, w.gate_up_bias, act, meta, topk_w, c,  # noqa: E731
                                  activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit,
                                  scale_input=cfg.weight_on_input, dense=False, num_m=nm)
-        return triton.testing.do_bench(f, warmup=5, rep=max(20, reps * 3), return_mode="median")
+        return in_graph_ms(f)
 
     def t2(c):
         meta, act, nm = metas[c["BLOCK_M"]]
@@ -570,7 +575,7 @@ def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
         out = out_for(sk)
         f = lambda: launch_gemm2(act, w.down, w.down_bias, out, meta, None if cfg.weight_on_input else topk_w, c,  # noqa: E731
                                  T=T, K=K, KS=K, dense=False, atomic=False, num_m=nm, split=sk)
-        return triton.testing.do_bench(f, warmup=5, rep=max(20, reps * 3), return_mode="median")
+        return in_graph_ms(f)
 
     res1, res2 = {}, {}
     for k, c in g1s.items():
