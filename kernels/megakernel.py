@@ -59,7 +59,7 @@ from .grouped_gemm import (
     _tile_ids,
 )
 from .routing import ROUTER_CODES, _route_block, _router_partial
-from .stream_k import _arrive, _seg_bounds, _slot, _store_piece, _sum_pieces
+from .stream_k import _arrive, _piece_k, _seg_bounds, _seg_tiles, _slot, _store_piece, _sum_pieces
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
                                                        ("ticket", "exited", "topk", "scan", "scatter", "g2"))
@@ -244,12 +244,11 @@ def _megakernel(
                 if SK:
                     q = t - S0
                     u0, u1 = _seg_bounds(q, q1, u1_all)
-                    # int32 tile and K-step indices: the K loop's bounds (int64 ones measured slower, run J)
-                    for j in range((u0 // kt1).to(tl.int32), ((u1 + kt1 - 1) // kt1).to(tl.int32)):
+                    j_lo, j_hi = _seg_tiles(u0, u1, kt1)
+                    for j in range(j_lo, j_hi):
                         b, n = _tile_ids(j, nb, N1, GROUP_M)
                         e = tl.load(block_expert_ptr + b)
-                        k_lo = tl.maximum(u0 - j * kt1, 0).to(tl.int32)
-                        k_hi = tl.minimum(u1 - j * kt1, kt1).to(tl.int32)
+                        k_lo, k_hi = _piece_k(u0, u1, j, kt1)
                         acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
                             x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
                             stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
@@ -305,13 +304,12 @@ def _megakernel(
                 if SK:
                     q = t - b_g2
                     u0, u1 = _seg_bounds(q, q2, u2_all)
-                    # int32 tile and K-step indices: the K loop's bounds (int64 ones measured slower, run J)
-                    for j in range((u0 // kt2).to(tl.int32), ((u1 + kt2 - 1) // kt2).to(tl.int32)):
+                    j_lo, j_hi = _seg_tiles(u0, u1, kt2)
+                    for j in range(j_lo, j_hi):
                         b, n = _tile_ids(j, nb, N2, GROUP_M)
                         e = tl.load(block_expert_ptr + b)
                         _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                        k_lo = tl.maximum(u0 - j * kt2, 0).to(tl.int32)
-                        k_hi = tl.minimum(u1 - j * kt2, kt2).to(tl.int32)
+                        k_lo, k_hi = _piece_k(u0, u1, j, kt2)
                         acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
                             act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
                             K, False, EVEN_K2, IEEE, BM, BN2, BK2)

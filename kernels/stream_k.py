@@ -32,6 +32,18 @@ def _seg_bounds(q, Q, U):
 
 
 @triton.jit
+def _seg_tiles(u0, u1, KT):
+    """int32 [first, end) of the tiles that units [u0, u1) touch (KT units a tile)."""
+    return (u0 // KT).to(tl.int32), ((u1 + KT - 1) // KT).to(tl.int32)
+
+
+@triton.jit
+def _piece_k(u0, u1, j, KT):
+    """int32 K tiles [k_lo, k_hi) of tile j inside units [u0, u1)."""
+    return tl.maximum(u0 - j * KT, 0).to(tl.int32), tl.minimum(u1 - j * KT, KT).to(tl.int32)
+
+
+@triton.jit
 def _seg_of(u, Q, U):
     """The segment that holds unit u (int64)."""
     return ((u + 1) * Q - 1) // U
