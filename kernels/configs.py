@@ -380,7 +380,10 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             "num_warps": warps, "num_stages": stages, "occupancy": 1,
             # the next ticket after a task ends: H200 runs D and E measured tickets taken as a task
             # starts slower (NOTES-gpu-runs.md)
-            "next_ticket": False}
+            "next_ticket": False,
+            # GEMM 2 tasks prefetch their weights into L2 while they wait for GEMM 1 (megakernel
+            # variant "pfwait", untimed: off)
+            "prefetch_wait": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

@@ -58,6 +58,9 @@ from .grouped_gemm import (
     _gemm2_tile,
     _tile_ids,
 )
+from .prefetch import _prefetch_rows
+from .prefetch import available as prefetch_available
+from .prefetch import rows_ok as prefetch_rows_ok
 from .routing import ROUTER_CODES, _route_block, _router_partial
 from .stream_k import _arrive, _piece_k, _seg_bounds, _seg_tiles, _slot, _store_piece, _sum_pieces
 
@@ -153,6 +156,9 @@ def _megakernel(
     SK: tl.constexpr,
     # FP8 weights (fp8_gemm.py's tiles; BLOCK_K = 128), FP8_A: activations too
     FP8: tl.constexpr, FP8_A: tl.constexpr,
+    # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
+    # "prefetch_wait"; prefetch.py), NCHUNK threads per program
+    PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -327,6 +333,9 @@ def _megakernel(
                 else:
                     b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
                     e = tl.load(block_expert_ptr + b)
+                    if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
+                        if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
+                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
                     _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
                     if FP8:
                         _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
@@ -518,6 +527,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
+        PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
+        and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
