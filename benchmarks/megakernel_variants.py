@@ -60,6 +60,7 @@ VARIANTS = {
     "tiles": (_order(STREAM_K=0), "GEMM tasks as whole tiles (no stream-K segments)"),
     "sk": (_order(STREAM_K=1), "stream-K GEMM segments, one per program"),
     "sk_wide": (_wide, "stream-K with 128-column GEMM tiles"),
+    "rank": (_set(topk_rank=True), "top-k tasks rank every expert at once (one reduction, not K maxima)"),
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
@@ -68,7 +69,7 @@ VARIANTS = {
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("pfwait", "sk", "stages4", "stages6")
+T1_VARIANTS = ("rank", "pfwait", "sk", "stages4")
 MID_VARIANTS = ("pfwait", "sk")
 
 

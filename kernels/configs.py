@@ -319,6 +319,16 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     return mk
 
 
+#: the rank top-k (routing._route_block's RANK: tokens x experts^2 compares at once) only where a
+#: task's block is this small (a (1, 128, 128) block at T = 1 is 16K; a 16-token block would be 256K)
+RANK_TOPK_MAX_COMPARES = 1 << 16
+
+
+def rank_topk_fits(tokens: int, block_e: int) -> bool:
+    """Whether a top-k task of ``tokens`` rows over BLOCK_E experts may rank them all at once."""
+    return tokens * block_e * block_e <= RANK_TOPK_MAX_COMPARES
+
+
 #: shared memory the decode megakernel's pipeline stages may take, bytes (bf16 tiles)
 STAGE_BYTES = 160 << 10
 
@@ -383,7 +393,10 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             "next_ticket": False,
             # GEMM 2 tasks prefetch their weights into L2 while they wait for GEMM 1 (megakernel
             # variant "pfwait", untimed: off)
-            "prefetch_wait": False}
+            "prefetch_wait": False,
+            # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank",
+            # untimed: off)
+            "topk_rank": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

@@ -159,6 +159,8 @@ def _megakernel(
     # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
     # "prefetch_wait"; prefetch.py), NCHUNK threads per program
     PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
+    # top-k by ranking every expert at once (config "topk_rank"; routing._route_block)
+    RANK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -189,7 +191,7 @@ def _megakernel(
                         x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
                         sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
-                        R_BG)
+                        R_BG, RANK)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
                                             block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
@@ -494,6 +496,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     gu, dn = weights.gate_up, weights.down
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
+    r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
     args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
@@ -516,7 +519,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         N_GROUP=config.n_group, TOPK_GROUP=config.topk_group, PER_GROUP=E // config.n_group,
         MASK_NEG_INF=config.group_mask == "neg_inf", HAS_RB=weights.router_bias is not None,
         HAS_SB=weights.score_bias is not None, HAS_SG=sgw is not None, IEEE=dt == torch.float32,
-        R_BT=r["BLOCK_T"], R_TT=topk_tokens(tiles) if split > 1 else r["BLOCK_T"], R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
+        R_BT=r["BLOCK_T"], R_TT=r_tt, R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
         R_BG=max(2, triton.next_power_of_2(config.n_group)), FUSED=G == 1, BLOCK_B=al["BLOCK_B"],
         BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=max(2, min(16, triton.next_power_of_2(G))),
         ACT=ACT_CODES[config.activation], HAS_GUB=gub is not None, HAS_DNB=dnb is not None,
@@ -529,6 +532,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
+        RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

@@ -118,11 +118,16 @@ def _route_block(
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_G: tl.constexpr, RANK: tl.constexpr = False,
 ):
     """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
     stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
-    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align."""
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align.
+
+    The top-k picks K times the best remaining key (K dependent row reductions), or with RANK
+    (the megakernel's config "topk_rank", small blocks: BLOCK_T x BLOCK_E^2 compares) ranks every
+    column at once, rank = how many keys beat it, and takes ranks 0..K-1: one reduction, the same
+    experts in the same order (the keys are distinct: their low bits are the column)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -199,22 +204,30 @@ def _route_block(
 
     offs_k = tl.arange(0, BLOCK_K)
     kcols = offs_k[None, :]
-    top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
-    top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
-    picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
     key = _sel_key(sel, cols, BLOCK_E)
-    for k in tl.static_range(K):  # one max per pick: the best score, ties to the lowest column
-        best = tl.max(key, axis=1)
-        i = _key_col(best, BLOCK_E)
-        chosen = cols == i[:, None]
-        if ROUTER == 2:  # the weight is the unbiased score, not the selection score
-            val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
-        else:
-            val = _key_value(best)
-        top_idx = tl.where(kcols == k, i[:, None], top_idx)
-        top_val = tl.where(kcols == k, val[:, None], top_val)
-        picked = tl.where(chosen, 1, picked)
-        key = tl.where(chosen, _NO_KEY, key)
+    if RANK:  # every column's rank at once: how many keys beat it
+        rank = tl.sum((key[:, None, :] > key[:, :, None]).to(tl.int32), axis=2)  # (BLOCK_T, BLOCK_E)
+        at = rank[:, :, None] == offs_k[None, None, :]  # (BLOCK_T, BLOCK_E, BLOCK_K): column of rank k
+        top_idx = tl.sum(tl.where(at, offs_e[None, :, None], 0), axis=1)
+        wval = src if ROUTER == 2 else _key_value(key)  # router 2: the weight is the unbiased score
+        top_val = tl.sum(tl.where(at, wval[:, :, None], 0.0), axis=1)
+        picked = (rank < K).to(tl.int32)
+    else:
+        top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
+        top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
+        picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+        for k in tl.static_range(K):  # one max per pick: the best score, ties to the lowest column
+            best = tl.max(key, axis=1)
+            i = _key_col(best, BLOCK_E)
+            chosen = cols == i[:, None]
+            if ROUTER == 2:  # the weight is the unbiased score, not the selection score
+                val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
+            else:
+                val = _key_value(best)
+            top_idx = tl.where(kcols == k, i[:, None], top_idx)
+            top_val = tl.where(kcols == k, val[:, None], top_val)
+            picked = tl.where(chosen, 1, picked)
+            key = tl.where(chosen, _NO_KEY, key)
     counts = tl.sum(tl.where(t_mask[:, None], picked, 0), axis=0)
 
     k_mask = kcols < K

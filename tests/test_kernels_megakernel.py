@@ -210,3 +210,31 @@ def test_prefetch_while_waiting_is_gated_to_gpus_that_have_it(rng):
     assert kwargs["PF_WAIT"] is False and kwargs["NCHUNK"] == 32 * mk["num_warps"]
     y = _mk(cfg, x, w, mk=mk)
     assert_close(y, moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg), "float32", "prefetch_wait")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rank_topk_picks_what_the_maxima_pick(case, rng):
+    """The megakernel's "topk_rank" (every expert ranked at once) selects the same experts in the
+    same order with the same weights as K dependent maxima: the layer comes out bitwise equal, ties
+    included (a zero router: every logit equal, the lowest experts win)."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    fields, T, _why = CASES[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    for router_zero in (False, True):
+        x, w = _cpu(cfg, T, rng, router_zero=router_zero)
+        base = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+        rank = {**base, "topk_rank": True}
+        _g, _a, kwargs, _y, _s = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, rank)
+        assert kwargs["RANK"] is True
+        y0, y1 = _mk(cfg, x, w, mk=base), _mk(cfg, x, w, mk=rank)
+        assert torch.equal(y0, y1), f"{case} router_zero={router_zero}"
+        ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg)
+        assert_close(y1, ref, "float32", f"{case} rank top-k")
+
+
+def test_rank_topk_only_for_small_blocks():
+    from megamoe.kernels.configs import rank_topk_fits
+
+    assert rank_topk_fits(1, 128) and rank_topk_fits(4, 128) and rank_topk_fits(1, 256)
+    assert not rank_topk_fits(16, 128) and not rank_topk_fits(2, 256)
