@@ -336,9 +336,10 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
     return task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4))
 
 
-def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
+def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
                    triton_version: str | None = None) -> dict:
-    """The prediction for one configuration: total and per-stage (multi) or per-kind (megakernel) us.
+    """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
+    read only those): total and per-stage (multi) or per-kind (megakernel) us.
     ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
     passes the stored row's, whose run picked its configs by it)."""
     import numpy as np
@@ -346,10 +347,10 @@ def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name:
     from megamoe.kernels.plan import launch_plan
     from megamoe.simulator.cost import predict_launch_plan, predict_task_plan
 
-    counts = np.bincount(np.asarray(topk_idx).reshape(-1).astype(np.int64), minlength=cfg.num_experts)
+    counts = np.asarray(counts, dtype=np.int64)
     if backend == "multi":
         dtype = "float32" if device_name == "cpu-interpreter" else "bfloat16"
-        plan = launch_plan(cfg, topk_idx=topk_idx, device_name=device_name, dtype=dtype, triton_version=triton_version)
+        plan = launch_plan(cfg, T, counts=counts, device_name=device_name, dtype=dtype, triton_version=triton_version)
         pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph)
         main = max(pred["stages"], key=lambda s: s["time_us"]) if pred["stages"] else {"name": "-", "bound": "launch"}
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
@@ -366,18 +367,15 @@ def predict_config(cfg, topk_idx, T: int, backend: str, profile, *, device_name:
             "dominant": f"{main}:{max(kinds, key=kinds.get) if kinds else 'wait'}"}
 
 
-def predict_all(cfg, topk_idx, T: int, backend: str, profiles: list, *, device_name: str, calls: int) -> dict:
+def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int) -> dict:
     """The row's prediction fields: the first profile's at the top level (``predicted_us``,
     ``dominant``, ...) and every profile's total under ``predictions[name]``. A profile whose
-    prediction raises gets ``{"failure": ...}`` there (and, if it is the first, no predicted_us)."""
-    import numpy as np
-
-    # pairs per expert: with them a stored row can be predicted again offline (another profile)
-    out: dict = {"predictions": {}, "counts": np.bincount(np.asarray(topk_idx).reshape(-1).astype(np.int64),
-                                                           minlength=cfg.num_experts).tolist()}
+    prediction raises gets ``{"failure": ...}`` there (and, if it is the first, no predicted_us).
+    ``counts`` (pairs per expert) go into the row too: with them it can be predicted again offline."""
+    out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
     for i, p in enumerate(profiles):
         try:
-            pr = predict_config(cfg, topk_idx, T, backend, p, device_name=device_name, calls_per_graph=calls)
+            pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls)
         except Exception as exc:  # noqa: BLE001 - the measurement is still worth having
             out["predictions"][p.name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
             continue
@@ -643,11 +641,11 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
                 xs, ws = layer.inputs(cfg, w, c.T, c.routing, args.seed, ni)
                 idx = layer.routing(xs[0], ws, cfg)
                 counts = np.bincount(idx.reshape(-1).astype(np.int64), minlength=cfg.num_experts)
-                group = {"cfg": cfg, "xs": xs, "ws": ws, "idx": idx, "counts": counts, "ni": ni, "y": {}}
+                group = {"cfg": cfg, "xs": xs, "ws": ws, "counts": counts, "ni": ni, "y": {}}
             cfg, xs, ws, counts = group["cfg"], group["xs"], group["ws"], group["counts"]
             row.update(calls_per_graph=group["ni"], experts_touched=int((counts > 0).sum()),
                        max_over_mean_load=float(counts.max() / max(counts.mean(), 1e-9)))
-            row.update(predict_all(cfg, group["idx"], c.T, c.backend, profiles, device_name=dev_name,
+            row.update(predict_all(cfg, counts, c.T, c.backend, profiles, device_name=dev_name,
                                    calls=group["ni"]))
             writer.write({**row, "phase": "prediction"})  # before anything is timed
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)

@@ -165,17 +165,12 @@ def test_stored_rows_predicted_again_from_their_counts():
     import numpy as np
 
     from megamoe.reference import MoEConfig
-    from megamoe.repredict import repredict_rows, topk_from_counts
+    from megamoe.repredict import repredict_rows
     from megamoe.scale import predict_config
     from megamoe.simulator.hardware import load_profile
 
     counts = np.zeros(128, np.int64)
     counts[[3, 9, 40, 41, 77, 100, 101, 127]] = [3, 3, 3, 3, 3, 3, 3, 3]
-    idx = topk_from_counts(counts, 3, 8)
-    assert idx.shape == (3, 8) and all(len(set(r)) == 8 for r in idx.tolist())
-    np.testing.assert_array_equal(np.bincount(idx.ravel(), minlength=128), counts)
-    with pytest.raises(ValueError, match="expected T\\*K"):
-        topk_from_counts(counts, 2, 8)
     p = load_profile("h200")
     rows = [{"preset": "qwen3-30b-a3b", "T": 3, "backend": b, "counts": counts.tolist(), "measured_us": 50.0,
              "predicted_us": 1.0, "profile": "old", "gpu": "NVIDIA H200", "calls_per_graph": 8} for b in ("multi", "megakernel")]
@@ -184,8 +179,11 @@ def test_stored_rows_predicted_again_from_their_counts():
     assert skipped == 1 and len(new) == 2 and all(r["profile"] == "h200" for r in new)
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     for r in new:
-        want = predict_config(cfg, idx, 3, r["backend"], p, device_name="NVIDIA H200", calls_per_graph=8)
+        want = predict_config(cfg, counts, 3, r["backend"], p, device_name="NVIDIA H200", calls_per_graph=8)
         assert r["predicted_us"] == pytest.approx(want["predicted_us"]) and r["measured_us"] == 50.0
+    for backend in ("multi", "megakernel"):  # counts that are not this T's pairs: a clear error
+        with pytest.raises(ValueError, match=r"T\*K=16"):
+            predict_config(cfg, counts, 2, backend, p, device_name="NVIDIA H200", calls_per_graph=8)
 
 
 def test_repredict_needs_stored_rows(capsys):
