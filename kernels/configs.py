@@ -30,6 +30,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from ..reference.sizes import FP8_BLOCK
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -304,15 +306,12 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     if fp8 is not None:  # FP8 GEMM tiles: a weight scale block per K step; FP8 activations: whole 128-column groups
         t = mk["tiles"]
         for part in ("gemm1", "gemm2", "shared"):
-            t[part]["BLOCK_K"] = 128
+            t[part]["BLOCK_K"] = FP8_BLOCK
         t["order"]["STREAM_K"] = 0
         if fp8 == "weights+act":
-            t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = 128
-        if not interpret:  # the pipeline stages still within STAGE_BYTES (e4m3 weight tiles: 1 byte a value)
-            g1, sh = t["gemm1"], t["shared"]
-            per_stage = max(g1["BLOCK_M"] * 128 * 2 + 2 * 128 * g1["BLOCK_N"], g1["BLOCK_M"] * 128 * 2
-                            + 128 * t["gemm2"]["BLOCK_N"], (sh["BLOCK_M"] * 128 * 2 + 2 * 128 * sh["BLOCK_N1"]) if Is else 0)
-            mk["num_stages"] = max(2, min(6, 1 + STAGE_BYTES // per_stage)) if g1["BLOCK_M"] <= 64 else mk["num_stages"]
+            t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = FP8_BLOCK
+        if not interpret and t["gemm1"]["BLOCK_M"] <= 64:  # decode: the stages within STAGE_BYTES, e4m3 weights
+            mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
@@ -329,8 +328,26 @@ def rank_topk_fits(tokens: int, block_e: int) -> bool:
     return tokens * block_e * block_e <= RANK_TOPK_MAX_COMPARES
 
 
-#: shared memory the decode megakernel's pipeline stages may take, bytes (bf16 tiles)
+#: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10
+
+
+def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
+    """Shared memory of one pipeline stage of the megakernel's largest GEMM task: the A tile and
+    its weight tiles (GEMM 1 and the shared MLP's GEMM 1: gate and up)."""
+    g1, g2, sh = tiles["gemm1"], tiles["gemm2"], tiles["shared"]
+    bm = g1["BLOCK_M"]
+    return max(bm * g1["BLOCK_K"] * act_bytes + 2 * g1["BLOCK_K"] * g1["BLOCK_N"] * weight_bytes,
+               bm * g2["BLOCK_K"] * act_bytes + g2["BLOCK_K"] * g2["BLOCK_N"] * weight_bytes,
+               (sh["BLOCK_M"] * sh["BLOCK_K"] * act_bytes + 2 * sh["BLOCK_K"] * sh["BLOCK_N1"] * weight_bytes)
+               if shared else 0)
+
+
+def decode_stages(stage_bytes: int, *, least: int = 3) -> int:
+    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to 6 (a
+    program streams about stages - 1 of them ahead; H200 run E: gpt-oss-120b T = 1 98.0 us at 3
+    stages, 78.6 at 6; Qwen3-30B 37.6 at 3, 37.2-40.2 at 4-6)."""
+    return max(least, min(6, 1 + STAGE_BYTES // stage_bytes))
 
 
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
@@ -367,12 +384,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         bk = 128 if bm == 16 else 64
         sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
-        # a program streams about (stages - 1) pipeline stages ahead: as many as fit in
-        # STAGE_BYTES of shared memory, 3 to 6 (H200 run E: gpt-oss-120b T = 1 98.0 us at 3 stages,
-        # 78.6 at 6; Qwen3-30B 37.6 at 3, 37.2-40.2 at 4-6)
-        per_stage = max(bm * bk * 2 + 2 * bk * bn1 * 2, bm * bk * 2 + bk * bn2 * 2,
-                        (bm * bk * 2 + 2 * bk * sbn1 * 2) if Is else 0)
-        warps, stages = 4, max(3, min(6, 1 + STAGE_BYTES // per_stage))
+        tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
+                 "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_K": bk}}
+        warps, stages = 4, decode_stages(decode_stage_bytes(tiles, bool(Is)))
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128
         bk, warps, stages = 64, 8, 3
