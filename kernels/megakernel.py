@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
@@ -66,6 +67,7 @@ from .stream_k import _arrive, _piece_k, _seg_bounds, _seg_tiles, _slot, _store_
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
                                                        ("ticket", "exited", "topk", "scan", "scatter", "g2"))
+KB = tl.constexpr(FP8_BLOCK)  # values per FP8 scale block (weights: KB x KB; activations: KB per row)
 K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = range(len(KINDS))
 
 
@@ -222,7 +224,7 @@ def _megakernel(
                     if FP8:
                         _gemm1_fp8_tile(x_ptr, sgu_ptr, sgus_ptr, None, act_s_ptr, act_s_sc_ptr, None, None, None, m,
                                         n, t * 0, T, Is, H, stride_xt, 0, H, 0, stride_sgusn, 0, Is, stride_assc,
-                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, 128, S_BM, S_BN1, S_BK)
+                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, KB, S_BM, S_BN1, S_BK)
                     else:
                         _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
@@ -282,7 +284,7 @@ def _megakernel(
                         _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
                                         stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
-                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, 128, BM, BN1, BK1)
+                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1)
                     else:
                         _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
@@ -300,7 +302,7 @@ def _megakernel(
                     if FP8:
                         _gemm2_fp8_tile(act_s_ptr, act_s_sc_ptr, sdn_ptr, sdns_ptr, None, pairs_ptr, None, sgate_ptr,
                                         m, n, t * 0, t * 0, 0, tl.cdiv(Is, S_BK), T, H, Is, Is, stride_assc, 0, Is, 0,
-                                        stride_sdnsn, 0, H, K, KS, False, HAS_SG, True, False, FP8_A, IEEE, 1, 128,
+                                        stride_sdnsn, 0, H, K, KS, False, HAS_SG, True, False, FP8_A, IEEE, 1, KB,
                                         S_BM, S_BN2, S_BK)
                     else:
                         _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
@@ -343,7 +345,7 @@ def _megakernel(
                         _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
                                         topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
                                         stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                        False, False, FP8_A, IEEE, 1, 128, BM, BN2, BK2)
+                                        False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2)
                     else:
                         _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
                                     0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
@@ -424,9 +426,10 @@ def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
     if fp8 is None:
         return
     t = mk["tiles"]
-    want = [("gemm1", "BLOCK_K", 128), ("gemm2", "BLOCK_K", 128), ("shared", "BLOCK_K", 128), ("order", "STREAM_K", 0)]
+    want = [("gemm1", "BLOCK_K", FP8_BLOCK), ("gemm2", "BLOCK_K", FP8_BLOCK), ("shared", "BLOCK_K", FP8_BLOCK),
+            ("order", "STREAM_K", 0)]
     if fp8 == "weights+act":
-        want += [("gemm1", "BLOCK_N", 128), ("shared", "BLOCK_N1", 128)]
+        want += [("gemm1", "BLOCK_N", FP8_BLOCK), ("shared", "BLOCK_N1", FP8_BLOCK)]
     for part, key, v in want:
         if t[part].get(key, 0) != v:
             raise ValueError(f"FP8 ({fp8}) megakernel tiles need tiles[{part!r}][{key!r}] = {v}, got {t[part].get(key)!r}")
@@ -473,8 +476,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     adt = torch.float8_e4m3fn if fp8_a else dt
     act = torch.empty((P_max, I), device=dev, dtype=adt)
     act_s = torch.empty((T, Is), device=dev, dtype=adt) if shared else None
-    act_sc = torch.empty((P_max, triton.cdiv(I, 128)), device=dev, dtype=f32) if fp8_a else None
-    act_s_sc = torch.empty((T, triton.cdiv(Is, 128)), device=dev, dtype=f32) if fp8_a and shared else None
+    act_sc = torch.empty((P_max, triton.cdiv(I, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a else None
+    act_s_sc = torch.empty((T, triton.cdiv(Is, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a and shared else None
     gus, dns = weights.gate_up_scale_inv if fp8 else None, weights.down_scale_inv if fp8 else None
     sgus = weights.shared_gate_up_scale_inv if fp8 and shared else None
     sdns = weights.shared_down_scale_inv if fp8 and shared else None
@@ -487,9 +490,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     words = off_t2 + lay.b_max * lay.n2 if lay.streamed else lay.sync_words
     sync = sync_buffer(dev, words) if sync is None else sync
     stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
-    slots = 2 * nprog if lay.streamed else 1  # two workspace tiles per segment (its first and last piece)
-    ws1 = torch.empty((slots, 2, bm, g1["BLOCK_N"]), device=dev, dtype=f32)
-    ws2 = torch.empty((slots, bm, g2["BLOCK_N"]), device=dev, dtype=f32)
+    # stream-K's fp32 pieces: two workspace tiles per segment (its first and last piece); none otherwise
+    ws1 = torch.empty((2 * nprog, 2, bm, g1["BLOCK_N"]), device=dev, dtype=f32) if lay.streamed else None
+    ws2 = torch.empty((2 * nprog, bm, g2["BLOCK_N"]), device=dev, dtype=f32) if lay.streamed else None
     al = align_blocks(E, bm, lay.b_max)
     block_e = max(16, triton.next_power_of_2(E))
     rw = weights.router_weight
