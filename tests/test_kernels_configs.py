@@ -88,3 +88,17 @@ def test_auto_backend_reads_the_measured_table(tmp_path, monkeypatch):
             cfgs.select_backend(1, 1, 1, 1, 1, gpu="g", dtype="bfloat16", triton_version="t")
     finally:
         cfgs._backends.cache_clear()
+
+
+def test_decode_stages_fit_the_stage_budget():
+    """decode_stage_bytes: the largest GEMM task's A tile plus its weight tiles; decode_stages: as
+    many as fit in STAGE_BYTES, between ``least`` and 6."""
+    from megamoe.kernels.configs import STAGE_BYTES, decode_stage_bytes, decode_stages
+
+    tiles = {"gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, "gemm2": {"BLOCK_N": 128, "BLOCK_K": 128},
+             "shared": {"BLOCK_M": 16, "BLOCK_N1": 128, "BLOCK_K": 128}}
+    assert decode_stage_bytes(tiles, False) == 16 * 128 * 2 + 2 * 128 * 64 * 2  # GEMM 1 and GEMM 2: 36 KiB each
+    assert decode_stage_bytes(tiles, True) == 16 * 128 * 2 + 2 * 128 * 128 * 2  # the shared MLP's wider GEMM 1
+    assert decode_stage_bytes(tiles, False, weight_bytes=1) == 16 * 128 * 2 + 2 * 128 * 64
+    assert decode_stages(STAGE_BYTES // 4) == 5 and decode_stages(1024) == 6
+    assert decode_stages(STAGE_BYTES) == 3 and decode_stages(STAGE_BYTES, least=2) == 2
