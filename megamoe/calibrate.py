@@ -405,9 +405,10 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
         km["hbm_read"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"])
     if "mma" in m:
         occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
-        if m["mma"].get("points_pointer"):
+        if m["mma"].get("points_pointer"):  # a diagnosis the cost model does not read (hardware._KM_TABLES)
             km["mma_pointer"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"],
-                                      m["mma"]["points_pointer"], "L2-fed tiles by pointer loads (cp.async), 3 and 4 stages")
+                                      m["mma"]["points_pointer"],
+                                      "L2-fed tiles by pointer loads (cp.async), 3 and 4 stages; recorded, not read")
         if m["mma"].get("dense_flops_per_s"):
             km["mma_sustained_flops_per_s"] = num(m["mma"]["dense_flops_per_s"], "flop/s")
         km["mma"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma"]["points"],

@@ -518,7 +518,8 @@ _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
-    # bf16 tiles whose operands come by pointer loads (cp.async) from L2: the rate of kernels without TMA
+    # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
+    # 128 x 128 where the megakernel's own pointer tiles reach 459; read, it doubled prefill predictions)
     "mma_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
@@ -557,7 +558,6 @@ class KernelModel:
     calibrated: bool = False
     mma_fp8: tuple = ()
     mma_sustained_flops_per_s: float = 0.0
-    mma_pointer: tuple = ()
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
@@ -601,7 +601,6 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
                    mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
-                   mma_pointer="none: pointer-load kernels read the mma table",
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
     calibrated = section is not None
     if section is not None:
@@ -629,5 +628,5 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
     return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
-                       mma_pointer=tuple(sorted(tables["mma_pointer"])), occupancy=tuple(sorted(tables["occupancy"])),
+                       occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)

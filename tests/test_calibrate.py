@@ -217,21 +217,21 @@ def test_sustained_dense_rate_caps_the_tile_table_and_stream_rate_is_marginal(tm
                                                          hbm_rate(p1, 132, 1 << 20)))
 
 
-def test_pointer_load_tiles_read_their_own_table(tmp_path):
-    """Kernels without TMA (the megakernel, the pointer GEMMs) read the L2-fed pointer-load table
-    where the calibration has one; TMA kernels and "any" the best table; no table: the best."""
+def test_pointer_load_table_is_recorded_not_read(tmp_path):
+    """The L2-fed pointer-load table is kept in the profile for diagnosis, and the rate every kernel
+    reads is the mma table's (run M: reading it doubled the prefill predictions)."""
     from megamoe.calibrate import build_profile
 
     prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132}
     m = _fake_measurements()
     m["mma"]["points_pointer"] = [[16, 64, 4, d, 1.0e12] for d in (256, 4096)] + [[128, 128, 8, d, 2e12]
                                                                                   for d in (256, 4096)]
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    assert "mma_pointer" in prof["kernel_model"]
     path = tmp_path / "p.json"
-    path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
+    path.write_text(json.dumps(prof))
     p = load_profile(str(path))
-    assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="pointer") == pytest.approx(2e12)
     assert mma_rate_per_sm(p, 128, 128, 256, 8) == pytest.approx(4e12 + 256 * 1e8)
-    base = load_profile("h200")
-    assert mma_rate_per_sm(base, 128, 128, 1024, 8, loads="pointer") == mma_rate_per_sm(base, 128, 128, 1024, 8)
-    with pytest.raises(ValueError, match="loads must be"):
-        mma_rate_per_sm(p, 16, 64, 256, 4, loads="tma")
+    del m["mma"]["points_pointer"]
+    path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
+    assert mma_rate_per_sm(load_profile(str(path)), 128, 128, 1024, 8) == mma_rate_per_sm(p, 128, 128, 1024, 8)
