@@ -26,6 +26,9 @@ Measured:
     mma                       tile shapes (BM 16/64/128, BN, warps) x depth, L2-resident operands,
                               8S programs; occupancy from the compiled kernels' registers and
                               shared memory
+    gemm                      the same tile shapes x depth in a dense 4096 x 4096 x depth GEMM of
+                              HBM-resident operands, weights by pointer loads and through TMA
+                              (kernels/microbench_gemm.py): the rate of a tile loop as a GEMM runs it
     mma_fp8                   the same tile shapes x depth, e4m3 x e4m3 with fp32 accumulation,
                               operands held on chip (``mma_resident``), 8S programs: the cost
                               model's fp8 rates (without it, the bf16 ones x the fp8/bf16 peak ratio)
@@ -318,6 +321,41 @@ def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dic
     return {"points": pts}
 
 
+#: the dense GEMM microbenchmark's rows and columns (kernels/microbench_gemm.py): a 4096 x 4096
+#: output is 7.75 waves of 128 x 128 tiles on 132 SMs, operands of 2-32 MB each (HBM, not L2)
+GEMM_MN = 4096
+#: its pipeline stages by warps (the MoE kernels': 3 at 8 warps (prefill tiles), 4 below)
+GEMM_STAGES = {4: 4, 8: 3}
+
+
+def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
+    """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM, C (4096, 4096) =
+    A (4096, depth) @ W (4096, depth)^T, one tile per program in grouped order, operands from HBM
+    (kernels/microbench_gemm.py): "points_pointer" with both operands by pointer loads (the
+    megakernel, the pointer GEMMs), "points_tma" with W through a TMA descriptor (the
+    "tma_persistent" GEMMs). A GEMM, not the MoE kernels: no gather, no routing, no epilogue."""
+    import torch
+
+    from megamoe.kernels.microbench_gemm import dense_gemm
+
+    depths = (1024,) if quick else (256, 1024, 4096)
+    shapes = MMA_SHAPES[::3] if quick else MMA_SHAPES
+    n = GEMM_MN
+    out = {"points_pointer": [], "points_tma": []}
+    c = torch.empty((n, n), device="cuda", dtype=torch.bfloat16)
+    for d in depths:
+        a = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
+        w = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
+        for bm, bn, warps, bk in shapes:
+            for tma in (False, True):
+                kw = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=GEMM_STAGES[warps],
+                          tma=tma, out=c)
+                t = max(graph_seconds(lambda i, kw=kw, a=a, w=w: dense_gemm(a, w, **kw), inner=2, reps=reps)
+                        - gap_s, 1e-7)
+                out["points_tma" if tma else "points_pointer"].append([bm, bn, warps, d, 2.0 * n * n * d / t / S])
+    return out
+
+
 def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     import torch
 
@@ -415,6 +453,12 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                           "bf16, L2-resident operands, 8 programs per SM launched")
         km["occupancy"] = table("programs per SM", ["num_warps"], sorted([int(w), o] for w, o in occ.items()),
                                 "from the mma microbench kernels' registers and shared memory")
+    if "gemm" in m:
+        src_g = f"dense {GEMM_MN} x {GEMM_MN} x depth bf16 GEMM of these tiles, grouped order, operands from HBM"
+        km["gemm_pointer"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"],
+                                   m["gemm"]["points_pointer"], src_g + "; both by pointer loads")
+        km["gemm_tma"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["gemm"]["points_tma"],
+                               src_g + "; weights through a TMA descriptor")
     if "mma_fp8" in m:
         km["mma_fp8"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma_fp8"]["points"],
                               "e4m3 x e4m3, fp32 accumulate, operands on chip, 8 programs per SM launched")
@@ -469,6 +513,12 @@ def summary(m: dict, prof: dict) -> str:
         best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
     for (bm, bn, w), r in sorted(best.items()):
         lines.append(f"mma {bm:>3}x{bn:<3} {w} warps, whole GPU      {r * S / 1e12:8.1f} TFLOP/s")
+    for kind in ("pointer", "tma"):
+        bestg = {}
+        for bm, bn, w, _d, r in m.get("gemm", {}).get(f"points_{kind}", []):
+            bestg[(bm, bn, w)] = max(bestg.get((bm, bn, w), 0.0), r)
+        for (bm, bn, w), r in sorted(bestg.items()):
+            lines.append(f"gemm {kind:<7} {bm:>3}x{bn:<3} {w} warps     {r * S / 1e12:8.1f} TFLOP/s")
     best8 = {}
     for bm, bn, w, _d, r in m.get("mma_fp8", {}).get("points", []):
         best8[(bm, bn, w)] = max(best8.get((bm, bn, w), 0.0), r)
@@ -483,11 +533,11 @@ def summary(m: dict, prof: dict) -> str:
 
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
-STEPS = ("launch", "hbm", "mma", "mma_fp8", "copy", "serial", "sync")
+STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
-STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
+STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "gemm": (40.0, 12.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
                "serial": (10.0, 10.0), "sync": (12.0, 8.0)}
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
@@ -514,6 +564,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_hbm(reps, S, gap_s, quick)
     if name == "mma":
         return measure_mma(reps, S, gap_s, quick)
+    if name == "gemm":
+        return measure_gemm(reps, S, gap_s, quick)
     if name == "mma_fp8":
         return measure_mma_fp8(reps, S, gap_s, quick)
     if name == "copy":

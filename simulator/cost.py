@@ -108,7 +108,8 @@ def occupancy(profile: Profile, num_warps: int) -> int:
     return max(1, int(best))
 
 
-def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16"):
+def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
+                    loads: str = "any"):
     """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy, for
     ``dtype`` "bf16" or "fp8" (e4m3 x e4m3, fp32 accumulate).
 
@@ -119,10 +120,15 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     a bf16 table: the peak per SM x gemm_efficiency read at the tile height BM (the launch model's
     reading, which matched the H200 runs; the rack model used to read it at rows per expert).
     ``rows`` (rows per expert) is accepted for a future curve over it and unused today.
-    Pointer-load kernels (the megakernel, the pointer GEMMs) read the same table as TMA kernels:
-    H200 run M measured the L2-fed pointer-load microbenchmark at 205-333 TFLOP/s, where the
-    megakernel's pointer tiles reached 459 (Mixtral T = 4096), and a separate table for them
-    doubled the prefill predictions (NOTES-gpu-runs.md, run M)."""
+    ``loads``: how the kernel brings its operands, "pointer" (the megakernel, the pointer GEMMs)
+    or "tma" (weights through TMA descriptors): bf16 then reads the dense-GEMM table of that tile
+    loop (``kernel_model.gemm_pointer`` / ``gemm_tma``, kernels/microbench_gemm.py: operands from
+    HBM, a grouped tile order, waves and stores) where the profile has it; "any" (the rack model)
+    and profiles without it read the on-chip table. (The L2-fed pointer table ``mma_pointer`` is
+    recorded, not read: H200 run M measured it at 205-333 TFLOP/s at 128 x 128, below the
+    megakernel's own tiles, 459, and reading it doubled the prefill predictions.)"""
+    if loads not in ("any", "pointer", "tma"):
+        raise ValueError(f"loads must be 'any', 'pointer' or 'tma', got {loads!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     km = _km(profile)
@@ -132,7 +138,8 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
         return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
     scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
-    rate = _table_rate(km.mma, bm, block_n, depth, num_warps)
+    table = {"pointer": km.gemm_pointer, "tma": km.gemm_tma}.get(loads) or km.mma
+    rate = _table_rate(table, bm, block_n, depth, num_warps)
     if km.mma_sustained_flops_per_s > 0:  # on-chip bursts capped at what a large dense GEMM sustains
         rate = np.minimum(rate, km.mma_sustained_flops_per_s / profile.num_sms)
         rate = rate if np.ndim(rate) else float(rate)
@@ -339,7 +346,9 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype) / share
+        loads = "tma" if tile.get("variant") == "tma_persistent" else "pointer"
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype,
+                               loads=loads) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     inflight = min(P, slots)
@@ -577,8 +586,9 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     rows_e = np.where(expert >= 0, counts[np.clip(expert, 0, max(counts.size - 1, 0))] if counts.size else 1,
                       np.maximum(a["num_tokens"], 1))
     flops = a["flops"].astype(np.float64)
+    # the megakernel's tiles load their operands by pointer (cp.async), no TMA
     rate = mma_rate_per_sm(p, np.maximum(a["tile_m"], 1), np.maximum(a["tile_n"], 1), np.maximum(a["depth"], 1),
-                           num_warps, np.maximum(rows_e, 1), dtype=dtype) / share
+                           num_warps, np.maximum(rows_e, 1), dtype=dtype, loads="pointer") / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
     wb = a["weight_bytes"].astype(np.float64)

@@ -521,6 +521,9 @@ _KM_TABLES = {
     # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
     # 128 x 128 where the megakernel's own pointer tiles reach 459; read, it doubled prefill predictions)
     "mma_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    # a dense GEMM of each tile loop (kernels/microbench_gemm.py): weights by pointer loads / through TMA
+    "gemm_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    "gemm_tma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
 }
@@ -558,6 +561,8 @@ class KernelModel:
     calibrated: bool = False
     mma_fp8: tuple = ()
     mma_sustained_flops_per_s: float = 0.0
+    gemm_pointer: tuple = ()
+    gemm_tma: tuple = ()
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
@@ -595,12 +600,15 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],
         "mma": [],
         "mma_fp8": [],
+        "gemm_pointer": [],
+        "gemm_tma": [],
         "mma_pointer": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
                    mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
+                   gemm_pointer="none: the mma table", gemm_tma="none: the mma table",
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
     calibrated = section is not None
     if section is not None:
@@ -628,5 +636,6 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
     return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
+                       gemm_pointer=tuple(sorted(tables["gemm_pointer"])), gemm_tma=tuple(sorted(tables["gemm_tma"])),
                        occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)

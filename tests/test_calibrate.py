@@ -49,6 +49,22 @@ def test_microbench_kernels_compute_what_they_claim():
         mb.stream_read(x, 1, 100, block=128)
 
 
+def test_dense_gemm_microbench_computes_a_gemm():
+    """The dense GEMM microbenchmark (both weight-load kinds) against torch, odd tile counts and a
+    grouped order whose last group is short; bad shapes are refused by name."""
+    from megamoe.kernels.microbench_gemm import dense_gemm
+
+    a, w = torch.randn(80, 96), torch.randn(48, 96)  # 5 row blocks: groups of 2, 2, 1
+    for tma in (False, True):
+        c = torch.full((80, 48), float("nan"))
+        dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=tma, group_m=2,
+                   out=c, check=True)
+    with pytest.raises(ValueError, match="N = 40 must be a multiple"):
+        dense_gemm(a, torch.randn(40, 96), block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match="K differs"):
+        dense_gemm(a, torch.randn(48, 64), block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
+
+
 def _fake_measurements(S=132):
     return {
         "launch": {"launch_gap_s": 7e-7, "graph_fixed_s": 3e-6},
@@ -57,6 +73,8 @@ def _fake_measurements(S=132):
                 "l2_bytes_per_s": 9e12},
         "mma": {"points": [[16, 64, 4, d, 1.5e12 + d * 1e8] for d in (256, 4096)]
                 + [[128, 128, 8, d, 4e12 + d * 1e8] for d in (256, 4096)], "occupancy": {4: 3, 8: 1}},
+        "gemm": {"points_pointer": [[128, 128, 8, d, 2e12 + d * 1e8] for d in (256, 4096)],
+                 "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)]},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
@@ -235,3 +253,26 @@ def test_pointer_load_table_is_recorded_not_read(tmp_path):
     del m["mma"]["points_pointer"]
     path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
     assert mma_rate_per_sm(load_profile(str(path)), 128, 128, 1024, 8) == mma_rate_per_sm(p, 128, 128, 1024, 8)
+
+
+def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
+    """microbench.json's gemm points -> kernel_model.gemm_pointer / gemm_tma -> the rate a kernel
+    of that load kind reads; "any" and profiles without them read the on-chip mma table."""
+    from megamoe.calibrate import build_profile, summary
+
+    prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    p = load_profile(str(path))
+    assert mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer") == pytest.approx(2e12 + 256 * 1e8)
+    assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma") == pytest.approx(3e12)
+    assert mma_rate_per_sm(p, 128, 128, 256, 8) == pytest.approx(4e12 + 256 * 1e8)  # loads="any": on chip
+    assert "gemm pointer 128x128" in summary(m, prof) and "gemm tma     128x128" in summary(m, prof)
+    del m["gemm"]
+    path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
+    q = load_profile(str(path))
+    assert mma_rate_per_sm(q, 128, 128, 256, 8, loads="pointer") == mma_rate_per_sm(q, 128, 128, 256, 8)
+    with pytest.raises(ValueError, match="loads must be"):
+        mma_rate_per_sm(p, 128, 128, 256, 8, loads="ldmatrix")

@@ -1,0 +1,86 @@
+"""Dense GEMM microbenchmark for ``megamoe calibrate``: the tensor rate of a tile loop as a GEMM runs it.
+
+Shape legend: M rows, N columns, K depth, BM/BN/BK tile sizes, S SMs.
+
+    _dense_gemm_kernel  C (M, N) = A (M, K) @ W (N, K)^T, one BM x BN tile per program in grouped
+                        order (GROUP_M row blocks share a column band, as the MoE GEMMs walk their
+                        tiles), A and W in HBM (W K-contiguous, as the experts' weights are stored),
+                        the K loop pipelined over ``num_stages``. ``TMA``: W's tiles come through a
+                        tensor descriptor (the weight loads of grouped_gemm's "tma_persistent"
+                        GEMMs); otherwise both operands by pointer loads (cp.async: the megakernel
+                        and the pointer GEMMs).
+
+Why it exists (H200 runs L and M, NOTES-gpu-runs.md): the tile table ``mma`` times the tensor cores
+on operands already on chip, capped at a dense cuBLAS GEMM's rate, and the MoE kernels' prefill
+tiles ran 14-24% slower than the model read from it; an L2-fed pointer-load kernel without operand
+reuse measured 205-333 TFLOP/s at 128 x 128, below the megakernel's own tiles (459). A dense GEMM
+of the same tile loop has what both lack: operands streamed from HBM with the L2 reuse of a
+grouped tile order, the pipelined loads competing with the MMAs, waves of tiles and their stores.
+It is not an MoE kernel: no gather, no routing, no epilogue but the store.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["M", "N", "K"])
+def _dense_gemm_kernel(a_ptr, w_ptr, w_desc, c_ptr, M, N, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile pid of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes."""
+    pid = tl.program_id(0)
+    num_m = M // BLOCK_M
+    num_n = N // BLOCK_N
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, K // BLOCK_K):
+        a = tl.load(a_ptrs)
+        if TMA:
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K]).T
+        else:
+            b = tl.load(w_ptrs)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty))
+
+
+def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, block_k: int, num_warps: int,
+               num_stages: int, tma: bool = False, group_m: int = 8, out: torch.Tensor | None = None,
+               check: bool = False):
+    """C = a (M, K) @ w (N, K)^T by the tile loop above -> (C (M, N) in a's dtype, compiled kernel).
+    M, N, K must be multiples of block_m, block_n, block_k; ``tma`` loads w through a tensor
+    descriptor (Hopper and newer). ``check`` compares with torch (the interpreter tests)."""
+    M, K = a.shape
+    N, Kw = w.shape
+    if Kw != K:
+        raise ValueError(f"a is (M, K) = {tuple(a.shape)} and w (N, K) = {tuple(w.shape)}: K differs")
+    for name, v, b in (("M", M, block_m), ("N", N, block_n), ("K", K, block_k)):
+        if v % b:
+            raise ValueError(f"{name} = {v} must be a multiple of its block {b}")
+    a, w = a.contiguous(), w.contiguous()
+    c = out if out is not None else torch.empty((M, N), device=a.device, dtype=a.dtype)
+    desc = None
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
+    grid = ((M // block_m) * (N // block_n),)
+    k = _dense_gemm_kernel[grid](a, w, desc, c, M, N, K, TMA=tma, BLOCK_M=block_m, BLOCK_N=block_n,
+                                 BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+    if check:
+        want = a.float() @ w.float().T
+        if not torch.allclose(c.float(), want, rtol=2e-2, atol=2e-2):
+            raise AssertionError(f"dense_gemm: max |error| {float((c.float() - want).abs().max()):.3g}")
+    return c, k
