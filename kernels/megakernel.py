@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, task_layout, topk_tokens
+from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile
@@ -524,7 +524,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         HAS_SB=weights.score_bias is not None, HAS_SG=sgw is not None, IEEE=dt == torch.float32,
         R_BT=r["BLOCK_T"], R_TT=r_tt, R_BE=block_e, R_BH=r["BLOCK_H"], R_BK=max(2, triton.next_power_of_2(K)),
         R_BG=max(2, triton.next_power_of_2(config.n_group)), FUSED=G == 1, BLOCK_B=al["BLOCK_B"],
-        BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=max(2, min(16, triton.next_power_of_2(G))),
+        BLOCK_PAD=al["BLOCK_PAD"], BLOCK_C=scan_block(G),
         ACT=ACT_CODES[config.activation], HAS_GUB=gub is not None, HAS_DNB=dnb is not None,
         SCALE_INPUT=config.weight_on_input, G2_SCALE=not config.weight_on_input, SHARED=shared, KS=KS, BM=bm, BN1=g1["BLOCK_N"], BK1=g1["BLOCK_K"],
         BN2=g2["BLOCK_N"], BK2=g2["BLOCK_K"], S_BM=sh["BLOCK_M"], S_BN1=sh["BLOCK_N1"], S_BN2=sh["BLOCK_N2"],

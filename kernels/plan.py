@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..reference.sizes import FP8_BLOCK, dtype_bytes, row_bytes, weight_bytes_per_element
-from ..reference.tiles import cdiv
+from ..reference.tiles import cdiv, scan_block
 from . import configs as cfgs
 from .configs import _pow2
 
@@ -343,7 +343,7 @@ def align_blocks(E: int, block_m: int, B_max: int) -> dict:
 def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
     """The scan (one program) and scatter (C programs) launches, and the histogram kernel's sizes."""
     bl = align_blocks(E, block_m, B_max)
-    return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": max(2, min(16, _pow2(max(C, 1)))),
+    return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": scan_block(C),
             "BLOCK_K": max(2, _pow2(K)), "scan_grid": (1,), "scatter_grid": (C,), "hist_grid": (C,), "num_warps": 4}
 
 

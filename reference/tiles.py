@@ -89,6 +89,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def scan_block(groups: int) -> int:
+    """Histogram rows the align scan reads per step (BLOCK_C, a power of two in [2, 16]): the scan
+    takes ceil(groups / scan_block(groups)) steps. Both backends' scans and the cost model read it."""
+    return max(2, min(16, 1 << max(0, int(groups) - 1).bit_length()))
+
+
 def check_tiles(tiles: dict) -> dict:
     """``tiles`` with every key of TILE_KEYS as a positive int; an error names the first bad one."""
     if not isinstance(tiles, dict):
@@ -564,7 +570,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
             depth=H if split == 1 and not routing_given else 0, weight_bytes=topk_w, in_bytes=topk_in,
             out_bytes=topk_out, flops=topk_flops, weight_id=10_000 if topk_w else -1, signal=topk_c)
     if G > 1:
-        bld.add("align_scan", 1, _w(1, (topk_c, G)), rows=T * K, tile_n=E, in_bytes=4 * G * E,
+        bld.add("align_scan", 1, _w(1, (topk_c, G)), rows=T * K, tile_n=E, depth=G, in_bytes=4 * G * E,
                 out_bytes=4 * (G * E + 2 * E + 1 + lay.b_max), signal=scan_c)
         bld.add("align_scatter", G, _w(G, (scan_c, 1)), block=group, rows=group_rows * K, tile_m=tt, tile_n=E,
                 in_bytes=group_rows * K * 4 + 8 * E, out_bytes=group_rows * K * 12, signal=scat_c)

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
+from ..reference.tiles import scan_block
 from .hardware import KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -615,8 +616,10 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         if k in ("router_logits", "router_topk"):
             steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
             serial_s[m] = steps * km.serial_load_step_s + (K if k == "router_topk" else 0) * km.serial_reduce_step_s
-        elif k == "align_scan":
-            serial_s[m] = (math.ceil(max(1, a["num_tokens"]) / r["BLOCK_T"]) + 2) * km.serial_reduce_step_s
+        elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
+            g = np.maximum(a["depth"][m], 1)
+            blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
+            serial_s[m] = (np.ceil(g / blk) + 2) * km.serial_reduce_step_s
         else:
             serial_s[m] = K * km.serial_reduce_step_s
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n]
