@@ -408,6 +408,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # GEMM 2 tasks prefetch their weights into L2 while they wait for GEMM 1 (megakernel
             # variant "pfwait", untimed: off)
             "prefetch_wait": False,
+            # GEMM 2 tasks that must wait prefetch GEMM 2 weight tiles into L2, up to this fraction
+            # of L2, while GEMM 1 loads its weights evict_first (variant "pfl2", untimed: off)
+            "prefetch_l2": 0.0,
             # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank",
             # untimed: off)
             "topk_rank": False}

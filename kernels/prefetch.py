@@ -42,26 +42,34 @@ def rows_ok(t) -> bool:
 
 
 @triton.jit
-def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr):
+def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr = False):
     """Prefetch [ptr, ptr + nbytes) into L2 (nbytes a multiple of 16, ptr 16-byte aligned), split
-    into NCHUNK pieces, one per thread (NCHUNK = the program's thread count)."""
+    into NCHUNK pieces, one per thread (NCHUNK = the program's thread count). ``LAST``: with an
+    evict_last L2 policy, so that streams loaded evict_first pass without pushing the lines out."""
     if ON:
         c = tl.arange(0, NCHUNK)
         chunk = (nbytes + NCHUNK * 16 - 1) // (NCHUNK * 16) * 16
         start = c.to(tl.int64) * chunk
         size = tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32)
         addr = ptr.to(tl.int64, bitcast=True) + start
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        if LAST:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b64 pol; setp.ne.s32 p, $2, 0; "
+                "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+                "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, e, row0, nrows, N, KD, ON: tl.constexpr, NCHUNK: tl.constexpr):
+def _prefetch_rows(w_ptr, e, row0, nrows, N, KD, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr = False):
     """Prefetch rows [row0, row0 + nrows) of expert e of a weight (E, N, KD) whose rows are back
     to back (``rows_ok``); the caller clips nrows to the rows that exist (<= 0: nothing)."""
     if ON:
         if nrows > 0:
             first = w_ptr + (e.to(tl.int64) * N + row0) * KD
             _prefetch_bytes(first, nrows.to(tl.int64) * KD * (w_ptr.dtype.element_ty.primitive_bitwidth // 8), ON,
-                            NCHUNK)
+                            NCHUNK, LAST)
