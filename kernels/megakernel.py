@@ -232,7 +232,7 @@ def _megakernel(
                     else:
                         _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
-                                    0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
+                                    0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK, "")
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
@@ -265,7 +265,7 @@ def _megakernel(
                         k_lo, k_hi = _piece_k(u0, u1, j, kt1)
                         acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
                             x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
-                            stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
+                            stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1, "")
                         done = (k_lo == 0) & (k_hi == kt1)
                         if not done:  # a piece: store it; the piece that completes the tile sums them all
                             slot = _slot(q, j, q1, u1_all, kt1)
@@ -343,7 +343,7 @@ def _megakernel(
                     e = tl.load(block_expert_ptr + b)
                     if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
                         if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
-                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
+                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK, False)
                     if PF_L2:  # while GEMM 1 is not done: prefetch the next GEMM 2 weight tiles not yet handed out
                         go = tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1
                         while go:

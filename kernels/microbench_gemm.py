@@ -26,10 +26,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["M", "N", "K"])
+@triton.jit
 def _dense_gemm_kernel(a_ptr, w_ptr, w_desc, c_ptr, M, N, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile pid of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes."""
+    """Tile pid of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes. K is
+    specialized (its divisibility by 16 lets the row loads vectorize into cp.async: H200 run N,
+    with K unspecialized, measured 37-160 TFLOP/s of scalar loads)."""
     pid = tl.program_id(0)
     num_m = M // BLOCK_M
     num_n = N // BLOCK_N

@@ -42,7 +42,7 @@ def rows_ok(t) -> bool:
 
 
 @triton.jit
-def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr = False):
+def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr):
     """Prefetch [ptr, ptr + nbytes) into L2 (nbytes a multiple of 16, ptr 16-byte aligned), split
     into NCHUNK pieces, one per thread (NCHUNK = the program's thread count). ``LAST``: with an
     evict_last L2 policy, so that streams loaded evict_first pass without pushing the lines out."""
@@ -65,7 +65,7 @@ def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: t
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, e, row0, nrows, N, KD, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr = False):
+def _prefetch_rows(w_ptr, e, row0, nrows, N, KD, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr):
     """Prefetch rows [row0, row0 + nrows) of expert e of a weight (E, N, KD) whose rows are back
     to back (``rows_ok``); the caller clips nrows to the rows that exist (<= 0: nothing)."""
     if ON:
