@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--budget", type=float, default=520.0, help="stop starting new rows after this many seconds")
     p.add_argument("--warm", action="store_true", help="compile every kernel first, in parallel processes")
-    p.add_argument("--variant-tokens", default="1", help="T at which --variants are timed (uniform routing)")
+    p.add_argument("--variant-tokens", default="1", help="T at which --variants are timed (uniform and, at 8, 64 and 512, concentrated routing)")
     p.add_argument("--trace-cases", default="", help="preset:T cases whose traced kernel the warm-up compiles "
                    "too (for megakernel_trace.py run next)")
     args = p.parse_args(argv)
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                                                            max(5, args.reps // 2))
                     except Exception as exc:  # noqa: BLE001
                         row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                if backend_ok and T in vtokens and routing == "uniform":
+                if backend_ok and T in vtokens:  # both routings: a variant's gain may be one routing's loss
                     row["variants"] = []
                     base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
                     for vname, mk in variant_configs(base, T1_VARIANTS if T == 1 else MID_VARIANTS)[1:]:

@@ -43,6 +43,23 @@ def _order(**kw):
     return f
 
 
+def _rows(bm: int):
+    """Row blocks of bm rows (GEMM 1, GEMM 2, the shared MLP); BLOCK_K 128 below 64 rows (the
+    decode tiles'), 64 from there; stages refitted to shared memory (configs.decode_stages, the
+    shared MLP's stage counted whether or not the preset has one)."""
+    def f(mk):
+        from megamoe.kernels.configs import decode_stage_bytes, decode_stages
+
+        mk = copy.deepcopy(mk)
+        t = mk["tiles"]
+        t["gemm1"]["BLOCK_M"] = t["shared"]["BLOCK_M"] = bm
+        for g in ("gemm1", "gemm2", "shared"):
+            t[g]["BLOCK_K"] = 128 if bm < 64 else 64
+        mk["num_stages"] = decode_stages(decode_stage_bytes(t, True))
+        return mk
+    return f
+
+
 def _wide(mk):
     """stream-K with 128-column GEMM tiles (segments balance the programs, not the tile count)."""
     mk = copy.deepcopy(mk)
@@ -64,6 +81,8 @@ VARIANTS = {
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
     "pfl2": (_set(prefetch_l2=0.5), "waiting GEMM 2 tasks prefetch GEMM 2 weight tiles into half of L2 (evict_last); "
                                     "GEMM 1 loads its weights evict_first"),
+    "bm16": (_rows(16), "16-row blocks (an expert with more rows streams its weights once per block; L2 may share them)"),
+    "bm32": (_rows(32), "32-row blocks"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
@@ -71,8 +90,8 @@ VARIANTS = {
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("pfl2", "stages4")
-MID_VARIANTS = ("pfwait", "sk")
+T1_VARIANTS = ("stages4",)
+MID_VARIANTS = ("bm16", "bm32")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
