@@ -61,6 +61,7 @@ VARIANTS = {
     "sk": (_order(STREAM_K=1), "stream-K GEMM segments, one per program"),
     "sk_wide": (_wide, "stream-K with 128-column GEMM tiles"),
     "rank": (_set(topk_rank=True), "top-k tasks rank every expert at once (one reduction, not K maxima)"),
+    "bitonic": (_set(topk_bitonic=True), "top-k tasks take a bitonic top-k (tl.topk: two cross-warp steps, not K maxima)"),
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
@@ -69,7 +70,7 @@ VARIANTS = {
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("rank", "pfwait", "sk", "stages4")
+T1_VARIANTS = ("bitonic", "rank", "pfwait", "sk", "stages4")
 MID_VARIANTS = ("pfwait", "sk")
 
 

@@ -328,6 +328,21 @@ def rank_topk_fits(tokens: int, block_e: int) -> bool:
     return tokens * block_e * block_e <= RANK_TOPK_MAX_COMPARES
 
 
+#: the bitonic top-k (routing._route_block's BITONIC: tl.topk over a top-k task's keys) only for
+#: tasks of at most this many tokens: fewer rows than the 4 warps of a decode program, whose
+#: row maxima cross warps (shared memory and barriers, which the bitonic top-k mostly avoids). With
+#: a row per warp the maxima stay in their warp, and sm_90 compiles of the bitonic top-k spilled
+#: (Qwen3-30B-A3B T = 8: 1320 stack bytes, none without it; Triton 3.6, compile_report.py)
+BITONIC_TOPK_MAX_TOKENS = 2
+#: ... and at most this many keys per task (BLOCK_E up to 512 at T = 1, Kimi K2's 384 experts)
+BITONIC_TOPK_MAX_KEYS = 1 << 10
+
+
+def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
+    """Whether a top-k task of ``tokens`` rows over BLOCK_E experts may take the bitonic top-k."""
+    return tokens <= BITONIC_TOPK_MAX_TOKENS and tokens * block_e <= BITONIC_TOPK_MAX_KEYS
+
+
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10
 
@@ -408,9 +423,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # GEMM 2 tasks prefetch their weights into L2 while they wait for GEMM 1 (megakernel
             # variant "pfwait", untimed: off)
             "prefetch_wait": False,
-            # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank",
-            # untimed: off)
-            "topk_rank": False}
+            # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank":
+            # H200 run M measured it slower, Qwen3-30B T = 1 40.8 us against 36.6: off)
+            "topk_rank": False,
+            # top-k tasks take a bitonic top-k (tl.topk) instead of K dependent maxima (variant
+            # "bitonic", untimed: off)
+            "topk_bitonic": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since
