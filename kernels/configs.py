@@ -334,8 +334,9 @@ def rank_topk_fits(tokens: int, block_e: int) -> bool:
 #: a row per warp the maxima stay in their warp, and sm_90 compiles of the bitonic top-k spilled
 #: (Qwen3-30B-A3B T = 8: 1320 stack bytes, none without it; Triton 3.6, compile_report.py)
 BITONIC_TOPK_MAX_TOKENS = 2
-#: ... and at most this many keys per task (BLOCK_E up to 512 at T = 1, Kimi K2's 384 experts)
-BITONIC_TOPK_MAX_KEYS = 1 << 10
+#: ... and at most this many keys per task: BLOCK_E up to 512 at T = 1 (Kimi K2's 384 experts), 256
+#: at T = 2 (Kimi K2 at T = 2, 1024 keys, compiled to 34744 stack bytes against 512 without it)
+BITONIC_TOPK_MAX_KEYS = 1 << 9
 
 
 def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
