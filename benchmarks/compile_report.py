@@ -3,6 +3,8 @@
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
     python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
     python benchmarks/compile_report.py deepseek-v3:1 deepseek-v3:4096 --gemm current --fp8 weights+act
+    python benchmarks/compile_report.py qwen3-30b-a3b:1 --set topk_bitonic=1 --dump /tmp/mk
+    python benchmarks/compile_report.py qwen3-30b-a3b:1 --variant default rank bitonic
 
 Builds the launch as kernels.megakernel.megakernel_forward does for the preset at T (its
 ``build_launch``, on CPU tensors of the right dtypes), or with ``--gemm`` the routed GEMM 1 and
@@ -16,6 +18,15 @@ may differ from the GPU machine's, so the figures are a guide, not the GPU's rep
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
 candidate's entry through plan.fp8_entry (BLOCK_K 128 ...); the PTX count "fp8.mma" tells whether
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
+
+For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
+``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variant NAME ...``
+compiles named variants of megakernel_variants.py ("default" for none); each report then also
+counts the spill instructions of the SASS (``sass.STL`` / ``sass.LDL``) and, per section of
+SECTIONS (the PTX instructions of the top-k and of the align code, see ``section_counts``), the
+barriers (bar.sync), warp shuffles, warp reductions (redux.sync), shared and local memory accesses
+and instructions, e.g. ``topk.bar``. ``--dump DIR`` writes each compiled kernel's .ttgir, .ptx and
+SASS (.sass) there.
 """
 
 from __future__ import annotations
@@ -26,6 +37,13 @@ import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
+
+#: section -> the jit functions of megamoe.kernels whose PTX instructions it counts (``section_counts``)
+SECTIONS = {"topk": ("routing._topk_maxima", "routing._topk_rank", "routing._topk_bitonic"),
+            "align": ("align._finish_offsets", "align._scatter_block")}
+#: what ``section_counts`` counts in each section
+SECTION_OPS = {"bar": r"\bbar\.sync|\bbarrier\.sync", "shfl": r"\bshfl\.sync", "redux": r"\bredux\.sync",
+               "ld.shared": r"\bld\.shared", "st.shared": r"\bst\.shared", "local": r"\b(?:ld|st)\.local"}
 
 OPS = {"cp.async": r"cp\.async\.cg", "cp.async.bulk": r"cp\.async\.bulk", "tma.load": r"cp\.async\.bulk\.tensor",
        "wgmma": r"wgmma\.mma_async",
@@ -54,8 +72,44 @@ def _sig(v) -> str:
     raise TypeError(f"no Triton type for {type(v).__name__}")
 
 
+def parse_sets(items) -> dict:
+    """``KEY=VALUE`` strings -> {key: value}, values as Python literals (1, 0.5, True) or strings."""
+    import ast
+
+    out = {}
+    for item in items or ():
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"compile_report: --set {item!r}: want KEY=VALUE")
+        try:
+            out[key] = ast.literal_eval(val)
+        except (ValueError, SyntaxError):
+            out[key] = val
+    return out
+
+
+def apply_sets(mk: dict, sets: dict) -> dict:
+    """A copy of megakernel config ``mk`` with ``sets`` applied (dotted keys reach into nested dicts;
+    the key must exist there, except at the top level, where the kernel reads keys with defaults)."""
+    import copy
+
+    mk = copy.deepcopy(mk)
+    for key, val in sets.items():
+        *path, last = key.split(".")
+        d = mk
+        for part in path:
+            if not isinstance(d.get(part), dict):
+                raise SystemExit(f"compile_report: --set {key}: no {part!r} in the config")
+            d = d[part]
+        if path and last not in d:
+            raise SystemExit(f"compile_report: --set {key}: no {last!r} in {'.'.join(path)} ({sorted(d)})")
+        d[last] = val
+    return mk
+
+
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
-                 mk: dict | None = None, fp8: str | None = None) -> dict:
+                 mk: dict | None = None, fp8: str | None = None, sets: dict | None = None, variant: str | None = None,
+                 dump: str | None = None) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
@@ -74,18 +128,32 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     w = MoEWeights(**w)
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
+    if variant and variant != "default":
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from megakernel_variants import VARIANTS
+
+        mk = VARIANTS[variant][0](mk)
+    mk = apply_sets(mk, sets or {})
     mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
     lay = task_layout(cfg, T, mk["tiles"])
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
         sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8)
-    return {"case": f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else ""), **compile_kernel(mkm._megakernel, args, kwargs)}
+    case = f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else "")
+    tag = " ".join([*([variant] if variant else []), *(f"{k}={v}" for k, v in (sets or {}).items())])
+    dump_as = f"{dump}/{name}_{T}" + "".join(f"_{w}" for w in tag.replace("=", "-").split()) if dump else None
+    return {"case": case, **({"config": tag} if tag else {}),
+            **compile_kernel(mkm._megakernel, args, kwargs, sections=SECTIONS, dump_as=dump_as)}
 
 
-def compile_kernel(fn, args, kwargs) -> dict:
+def compile_kernel(fn, args, kwargs, sections: dict | None = None, dump_as: str | None = None) -> dict:
     """Compile one launch (a @triton.jit function, its positional args and keyword constexprs,
-    warps and stages) for sm_90 as the JIT would specialize it; -> warps, stages, resources, PTX counts."""
+    warps and stages) for sm_90 as the JIT would specialize it; -> warps, stages, resources, PTX
+    counts (and per section of ``sections``, see ``section_counts``). ``dump_as``: write the
+    .ttgir, .ptx and .sass to that path plus the suffix."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -112,9 +180,82 @@ def compile_kernel(fn, args, kwargs) -> dict:
             attrs[(i,)] = backend.parse_attr("D")
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=opts)
     ptx = k.asm.get("ptx", "")
+    sass = _cuobjdump(k.asm["cubin"], "-sass")
+    if dump_as:
+        from pathlib import Path
+
+        Path(dump_as).parent.mkdir(parents=True, exist_ok=True)
+        Path(dump_as + ".ttgir").write_text(k.asm.get("ttgir", ""))
+        Path(dump_as + ".ptx").write_text(ptx)
+        Path(dump_as + ".sass").write_text(sass)
     return {"warps": opts["num_warps"], "stages": opts["num_stages"],
             **resource_usage(k.asm["cubin"]), "shared": k.metadata.shared,
-            **{op: len(re.findall(rx, ptx)) for op, rx in OPS.items()}}
+            **{op: len(re.findall(rx, ptx)) for op, rx in OPS.items()},
+            **{f"sass.{op}": len(re.findall(rf"\b{op}(?:\.[\w.]+)?\s", sass)) for op in ("STL", "LDL")},
+            **section_counts(ptx, sections or {})}
+
+
+_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+(?:,.*?inlined_at\s+(\d+)\s+(\d+)\s+\d+)?")
+_CHAIN = re.compile(r"([\w.-]+\.py):(\d+):\d+")
+_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"')
+_INSTR = re.compile(r"^\s+(?:@!?%p\d+\s+)?[a-z][\w.:]*[\s;]")
+
+
+def _function_lines(qualname: str) -> tuple[str, int, int] | None:
+    """(file name, first line, last line) of a jit function "module.name" of megamoe.kernels (None
+    where this checkout has no such function)."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    mod, name = qualname.rsplit(".", 1)
+    fn = getattr(importlib.import_module(f"megamoe.kernels.{mod}"), name, None)
+    if fn is None:
+        return None
+    fn = getattr(fn, "fn", fn)
+    lines, first = inspect.getsourcelines(fn)
+    return Path(inspect.getsourcefile(fn)).name, first, first + len(lines) - 1
+
+
+def section_counts(ptx: str, sections: dict) -> dict:
+    """{"<section>.<op>": count} over the PTX instructions of each section: those whose source
+    location, or a location it was inlined at, lies in one of the section's functions (the .loc
+    directive gives one inlined-at level, Triton 3.6's comment the whole chain). An instruction of
+    Triton's own library (tl.max, tl.topk, ...) whose locations name no file of ours belongs to the
+    next instruction that does (library code is inlined just before its result is used). A section
+    none of whose functions reached the PTX gets no entries. Counts SECTION_OPS and "instr"."""
+    from pathlib import Path
+
+    lines = ptx.splitlines()
+    files = {m.group(1): m.group(2) for m in map(_FILE.match, lines) if m}
+    library = {Path(f).name for f in files.values() if "/triton/" in f}
+    ranges = {sec: [r for r in map(_function_lines, fns) if r] for sec, fns in sections.items()}
+    owners, pending, where = [], [], None
+    for i, line in enumerate(lines):
+        m = _LOC.match(line)
+        if m:
+            at = [(Path(files.get(m.group(1), "")).name, int(m.group(2)))]
+            if m.group(3):
+                at.append((Path(files.get(m.group(3), "")).name, int(m.group(4))))
+            at += [(f, int(n)) for f, n in _CHAIN.findall(line.partition("//")[2])]
+            where = at
+            continue
+        if where is None or not _INSTR.match(line):
+            continue
+        if all(f in library for f, _ in where):  # Triton's library: the next instruction of ours decides
+            pending.append(i)
+            continue
+        secs = {sec for sec, rs in ranges.items() for f, n in where for g, lo, hi in rs if f == g and lo <= n <= hi}
+        owners += [(j, secs) for j in pending + [i]]
+        pending = []
+    out = {}
+    for sec in ranges:
+        body = [lines[j] for j, secs in owners if sec in secs]
+        if body:
+            text = "\n".join(body)
+            out.update({f"{sec}.{op}": len(re.findall(rx, text)) for op, rx in SECTION_OPS.items()})
+            out[f"{sec}.instr"] = len(body)
+    return out
 
 
 def gemm_candidate(name: str, cfg, T: int) -> dict:
@@ -201,9 +342,8 @@ def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8):
     return l1, l2
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """Registers, stack frame and spill bytes of the kernel, from cuobjdump --dump-resource-usage
-    (the one that ships with Triton)."""
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    """The stdout of Triton's own cuobjdump on a cubin."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -214,7 +354,13 @@ def resource_usage(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([str(tool), *flags, f.name], capture_output=True, text=True).stdout
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers, stack frame and spill bytes of the kernel, from cuobjdump --dump-resource-usage
+    (the one that ships with Triton)."""
+    text = _cuobjdump(cubin, "--dump-resource-usage")
     out = {}
     for key, rx in (("regs", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)"), ("local_bytes", r"LOCAL:(\d+)")):
         m = re.search(rx, text)
@@ -233,7 +379,13 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="the FP8 GEMMs (e4m3 weights with block scales; activations too): with --gemm the "
                         "multi-launch GEMMs, else the megakernel's FP8 tiles")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="megakernel config change, e.g. topk_bitonic=1 or tiles.router.TOPK_T=4 (repeatable)")
+    p.add_argument("--variant", nargs="+", default=None, metavar="NAME",
+                   help="megakernel variants of megakernel_variants.py to compile, 'default' for none")
+    p.add_argument("--dump", metavar="DIR", help="write each megakernel's .ttgir, .ptx and .sass to DIR")
     a = p.parse_args(argv)
+    sets = parse_sets(a.set)
     for c in a.cases:
         name, T = c.split(":")
         if a.gemm:
@@ -241,7 +393,9 @@ def main(argv=None) -> int:
                 for r in compile_gemms(name, int(T), cand, fp8=a.fp8):
                     print(r, flush=True)
         else:
-            print(compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8), flush=True)
+            for v in a.variant or [None]:
+                print(compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, sets=sets, variant=v, dump=a.dump),
+                      flush=True)
     return 0
 
 

@@ -78,6 +78,7 @@ VARIANTS = {
     "sk": (_order(STREAM_K=1), "stream-K GEMM segments, one per program"),
     "sk_wide": (_wide, "stream-K with 128-column GEMM tiles"),
     "rank": (_set(topk_rank=True), "top-k tasks rank every expert at once (one reduction, not K maxima)"),
+    "bitonic": (_set(topk_bitonic=True), "top-k tasks take a bitonic top-k (tl.topk: two cross-warp steps, not K maxima)"),
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
     "pfl2": (_set(prefetch_l2=0.5), "waiting GEMM 2 tasks prefetch GEMM 2 weight tiles into half of L2 (evict_last); "
                                     "GEMM 1 loads its weights evict_first"),
@@ -90,7 +91,7 @@ VARIANTS = {
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("stages4",)
+T1_VARIANTS = ("bitonic", "stages4")
 MID_VARIANTS = ("bm16", "bm32")
 
 

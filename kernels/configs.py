@@ -328,6 +328,22 @@ def rank_topk_fits(tokens: int, block_e: int) -> bool:
     return tokens * block_e * block_e <= RANK_TOPK_MAX_COMPARES
 
 
+#: the bitonic top-k (routing._route_block's BITONIC: tl.topk over a top-k task's keys) only for
+#: tasks of at most this many tokens: fewer rows than the 4 warps of a decode program, whose
+#: row maxima cross warps (shared memory and barriers, which the bitonic top-k mostly avoids). With
+#: a row per warp the maxima stay in their warp, and sm_90 compiles of the bitonic top-k spilled
+#: (Qwen3-30B-A3B T = 8: 1320 stack bytes, none without it; Triton 3.6, compile_report.py)
+BITONIC_TOPK_MAX_TOKENS = 2
+#: ... and at most this many keys per task: BLOCK_E up to 512 at T = 1 (Kimi K2's 384 experts), 256
+#: at T = 2 (Kimi K2 at T = 2, 1024 keys, compiled to 34744 stack bytes against 512 without it)
+BITONIC_TOPK_MAX_KEYS = 1 << 9
+
+
+def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
+    """Whether a top-k task of ``tokens`` rows over BLOCK_E experts may take the bitonic top-k."""
+    return tokens <= BITONIC_TOPK_MAX_TOKENS and tokens * block_e <= BITONIC_TOPK_MAX_KEYS
+
+
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10
 
@@ -409,11 +425,15 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # variant "pfwait", untimed: off)
             "prefetch_wait": False,
             # GEMM 2 tasks that must wait prefetch GEMM 2 weight tiles into L2, up to this fraction
-            # of L2, while GEMM 1 loads its weights evict_first (variant "pfl2", untimed: off)
+            # of L2, while GEMM 1 loads its weights evict_first (variant "pfl2": H200 run N measured
+            # it slower on every preset at T = 1: off)
             "prefetch_l2": 0.0,
-            # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank",
-            # untimed: off)
-            "topk_rank": False}
+            # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank":
+            # H200 run M measured it slower, Qwen3-30B T = 1 40.8 us against 36.6: off)
+            "topk_rank": False,
+            # top-k tasks take a bitonic top-k (tl.topk) instead of K dependent maxima (variant
+            # "bitonic", untimed: off)
+            "topk_bitonic": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

@@ -161,8 +161,9 @@ def _megakernel(
     # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
     # "prefetch_wait"; prefetch.py), NCHUNK threads per program
     PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
-    # top-k by ranking every expert at once (config "topk_rank"; routing._route_block)
-    RANK: tl.constexpr,
+    # top-k by ranking every expert at once (config "topk_rank"), or by a bitonic top-k (config
+    # "topk_bitonic"; routing._route_block)
+    RANK: tl.constexpr, BITONIC: tl.constexpr,
     # GEMM 2 tasks that must wait prefetch GEMM 2 weight tiles into L2 (evict_last), handed out in
     # ticket order by the "pf" word, at most PF_TILES of them; GEMM 1 then loads its weights
     # evict_first (config "prefetch_l2"; read once at decode) so that they do not push them out
@@ -197,7 +198,7 @@ def _megakernel(
                         x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
                         sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
-                        R_BG, RANK)
+                        R_BG, RANK, BITONIC)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
                                             block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
@@ -554,6 +555,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         PF_L2=pf_tiles > 0,
+        BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

@@ -61,6 +61,69 @@ def _key_value(key):
     return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
+# The top-k of _route_block, three ways, each -> (top_idx (BLOCK_T, BLOCK_K) int32, top_val
+# (BLOCK_T, BLOCK_K) fp32: the best K columns of the keys (BLOCK_T, BLOCK_E) int64 of _sel_key,
+# best first, and their weights' source value (router 2: src at that column, else the key's value),
+# zero in slots K..BLOCK_K-1; picked (BLOCK_T, BLOCK_E) int32: 1 where a column is one of them).
+# The keys are distinct (their low bits are the column), so every way picks the same columns in
+# the same order.
+@triton.jit
+def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """K dependent row maxima, each masking the column it found (K cross-warp reductions)."""
+    cols = tl.arange(0, BLOCK_E)[None, :]
+    kcols = tl.arange(0, BLOCK_K)[None, :]
+    top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
+    top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
+    picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    for k in tl.static_range(K):  # one max per pick: the best score, ties to the lowest column
+        best = tl.max(key, axis=1)
+        i = _key_col(best, BLOCK_E)
+        chosen = cols == i[:, None]
+        if ROUTER == 2:  # the weight is the unbiased score, not the selection score
+            val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
+        else:
+            val = _key_value(best)
+        top_idx = tl.where(kcols == k, i[:, None], top_idx)
+        top_val = tl.where(kcols == k, val[:, None], top_val)
+        picked = tl.where(chosen, 1, picked)
+        key = tl.where(chosen, _NO_KEY, key)
+    return top_idx, top_val, picked
+
+
+@triton.jit
+def _topk_rank(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Every column's rank at once (how many keys beat it; BLOCK_T x BLOCK_E^2 compares), then
+    ranks 0..K-1 (the megakernel's "topk_rank")."""
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_k = tl.arange(0, BLOCK_K)
+    rank = tl.sum((key[:, None, :] > key[:, :, None]).to(tl.int32), axis=2)  # (BLOCK_T, BLOCK_E)
+    at = rank[:, :, None] == offs_k[None, None, :]  # (BLOCK_T, BLOCK_E, BLOCK_K): column of rank k
+    top_idx = tl.sum(tl.where(at, offs_e[None, :, None], 0), axis=1)
+    wval = src if ROUTER == 2 else _key_value(key)  # router 2: the weight is the unbiased score
+    top_val = tl.sum(tl.where(at, wval[:, :, None], 0.0), axis=1)
+    picked = (rank < K).to(tl.int32)
+    return top_idx, top_val, picked
+
+
+@triton.jit
+def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The BLOCK_K best keys of each row by tl.topk (a bitonic top-k: compare-exchange steps between
+    lanes, a max across each hypercube dimension above BLOCK_K; the megakernel's "topk_bitonic"),
+    picked = keys at or above the K-th best. Over 128 experts in 4 warps: two cross-warp steps
+    (shared memory) instead of K, the rest warp shuffles."""
+    kcols = tl.arange(0, BLOCK_K)[None, :]
+    best = tl.topk(key, BLOCK_K, dim=1)  # (BLOCK_T, BLOCK_K), best first; BLOCK_K: a power of 2, >= 2
+    top_idx = tl.where(kcols < K, _key_col(best, BLOCK_E), 0)
+    if ROUTER == 2:  # the weight is the unbiased score at that column
+        top_val = tl.where(kcols < K, tl.gather(src, top_idx, axis=1), 0.0)
+    else:
+        top_val = tl.where(kcols < K, _key_value(best), 0.0)
+    kth = tl.min(tl.where(kcols < K, best, 0x7FFFFFFFFFFFFFFF), axis=1)  # the K-th best key
+    picked = (key >= kth[:, None]).to(tl.int32)
+    return top_idx, top_val, picked
+
+
 @triton.jit
 def _router_partial(
     x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
@@ -118,16 +181,17 @@ def _route_block(
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, RANK: tl.constexpr,
+    BLOCK_G: tl.constexpr, RANK: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
     stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
     offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align.
 
-    The top-k picks K times the best remaining key (K dependent row reductions), or with RANK
-    (the megakernel's config "topk_rank", small blocks: BLOCK_T x BLOCK_E^2 compares) ranks every
-    column at once, rank = how many keys beat it, and takes ranks 0..K-1: one reduction, the same
-    experts in the same order (the keys are distinct: their low bits are the column)."""
+    The top-k picks K times the best remaining key (K dependent row reductions, _topk_maxima), or
+    with RANK (the megakernel's config "topk_rank", small blocks: BLOCK_T x BLOCK_E^2 compares)
+    ranks every column at once (_topk_rank), or with BITONIC (config "topk_bitonic", small blocks)
+    takes a bitonic top-k of the keys (_topk_bitonic): the same experts in the same order with the
+    same weights every way (the keys are distinct: their low bits are the column)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -202,32 +266,14 @@ def _route_block(
         src = logits
         sel = tl.where(e_mask[None, :], logits, neg_inf)
 
-    offs_k = tl.arange(0, BLOCK_K)
-    kcols = offs_k[None, :]
+    kcols = tl.arange(0, BLOCK_K)[None, :]
     key = _sel_key(sel, cols, BLOCK_E)
-    if RANK:  # every column's rank at once: how many keys beat it
-        rank = tl.sum((key[:, None, :] > key[:, :, None]).to(tl.int32), axis=2)  # (BLOCK_T, BLOCK_E)
-        at = rank[:, :, None] == offs_k[None, None, :]  # (BLOCK_T, BLOCK_E, BLOCK_K): column of rank k
-        top_idx = tl.sum(tl.where(at, offs_e[None, :, None], 0), axis=1)
-        wval = src if ROUTER == 2 else _key_value(key)  # router 2: the weight is the unbiased score
-        top_val = tl.sum(tl.where(at, wval[:, :, None], 0.0), axis=1)
-        picked = (rank < K).to(tl.int32)
+    if BITONIC and K > 1:  # (one pick: the maxima's single max)
+        top_idx, top_val, picked = _topk_bitonic(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
+    elif RANK:
+        top_idx, top_val, picked = _topk_rank(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
     else:
-        top_idx = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
-        top_val = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
-        picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
-        for k in tl.static_range(K):  # one max per pick: the best score, ties to the lowest column
-            best = tl.max(key, axis=1)
-            i = _key_col(best, BLOCK_E)
-            chosen = cols == i[:, None]
-            if ROUTER == 2:  # the weight is the unbiased score, not the selection score
-                val = tl.sum(tl.where(chosen, src, 0.0), axis=1)
-            else:
-                val = _key_value(best)
-            top_idx = tl.where(kcols == k, i[:, None], top_idx)
-            top_val = tl.where(kcols == k, val[:, None], top_val)
-            picked = tl.where(chosen, 1, picked)
-            key = tl.where(chosen, _NO_KEY, key)
+        top_idx, top_val, picked = _topk_maxima(key, src, ROUTER, K, BLOCK_T, BLOCK_E, BLOCK_K)
     counts = tl.sum(tl.where(t_mask[:, None], picked, 0), axis=0)
 
     k_mask = kcols < K
@@ -273,7 +319,7 @@ def _router_kernel(
     top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
         x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
         T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
-        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False)
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False, False)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)

@@ -288,7 +288,6 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
     from triton.runtime.jit import JITFunction
 
     from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as f

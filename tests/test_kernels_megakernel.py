@@ -240,3 +240,81 @@ def test_rank_topk_only_for_small_blocks():
 
     assert rank_topk_fits(1, 128) and rank_topk_fits(4, 128) and rank_topk_fits(1, 256)
     assert not rank_topk_fits(16, 128) and not rank_topk_fits(2, 256)
+
+
+#: router families for the bitonic top-k: name -> (config fields, why)
+TOPK_ROUTERS = {
+    "softmax_topk": (dict(), "top-k of the logits, renormalized softmax"),
+    "softmax_topk_nonorm": (dict(norm_topk_prob=False), "softmax over all E: the denominator reads every logit"),
+    "topk_softmax_bias": (dict(router="topk_softmax", router_bias=True), "gpt-oss: router bias, softmax of the K"),
+    "sigmoid_grouped": (dict(router="sigmoid_grouped_topk", num_experts=8, n_group=4, topk_group=2, score_bias=True,
+                             routed_scaling_factor=2.5),
+                        "DeepSeek-V3: selection on the biased score, weights gathered from the unbiased one"),
+    "sigmoid_grouped_zero_mask": (dict(router="sigmoid_grouped_topk", num_experts=8, n_group=4, topk_group=2,
+                                       group_mask="zero", norm_topk_prob=False),
+                                  "masked groups at 0, not -inf: ties between masked experts"),
+    "sigmoid_one_group": (dict(router="sigmoid_grouped_topk", score_bias=True), "Kimi K2: one group"),
+    "top1_input": (dict(router="sigmoid_top1_input", top_k=1), "K = 1: the single maximum either way"),
+    "top2_input": (dict(router="sigmoid_top1_input", top_k=2), "input scaling with K = 2"),
+}
+
+
+def _tied(cfg, w):
+    """w with experts 3 and 0, and 5 and 1, routed alike (equal router rows and biases): every
+    token ties there, and the lower expert must win."""
+    a = w.arrays()
+    for name in ("router_weight", "router_bias", "score_bias"):
+        if a.get(name) is not None:
+            v = a[name].copy()
+            v[3], v[min(5, cfg.num_experts - 1)] = v[0], v[1]
+            a[name] = v
+    return type(w)(**a)
+
+
+#: (router, T, tokens per top-k task): every family at T = 1; T = 13 in two-token tasks for a
+#: logits router, a router bias and the gathered weights of the grouped one
+BITONIC_RUNS = [(r, 1, 1) for r in TOPK_ROUTERS] + [(r, 13, 2) for r in ("softmax_topk", "topk_softmax_bias",
+                                                                          "sigmoid_grouped")]
+
+
+@pytest.mark.parametrize("router, T, topk_t", BITONIC_RUNS, ids=[f"{r}-T{T}" for r, T, _ in BITONIC_RUNS])
+def test_bitonic_topk_picks_what_the_maxima_pick(router, T, topk_t, rng):
+    """The megakernel's "topk_bitonic" (tl.topk over the packed keys) selects the same experts in
+    the same order with the same weights as K dependent maxima: the layer comes out bitwise equal,
+    ties included (tied router rows; at T = 1 also a zero router: every logit equal, the lowest
+    experts win). The logits split in two H ranges (as at decode), T = 13 in top-k tasks of 2
+    tokens: two-row blocks, the last with a masked row."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    cfg = MoEConfig(**{**BASE, **TOPK_ROUTERS[router][0]})
+    base = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+    r = {**base["tiles"]["router"], "BLOCK_H": 16, "SPLIT": 2, "TOPK_T": topk_t}
+    base = {**base, "tiles": {**base["tiles"], "router": r}}
+    bitonic = {**base, "topk_bitonic": True}
+    for router_zero in (False, True) if T == 1 else (False,):
+        x, w = _cpu(cfg, T, rng, router_zero=router_zero)
+        w = w if router_zero else _tied(cfg, w)
+        _g, _a, kwargs, _y, _s = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg,
+                                              bitonic)
+        assert kwargs["BITONIC"] is True
+        y0, y1 = _mk(cfg, x, w, mk=base), _mk(cfg, x, w, mk=bitonic)
+        assert torch.equal(y0, y1), f"{router} T={T} router_zero={router_zero}"
+        ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg)
+        assert_close(y1, ref, "float32", f"{router} bitonic top-k")
+
+
+def test_bitonic_topk_with_no_tokens(rng):
+    from megamoe.kernels.megakernel import megakernel_config
+
+    cfg = MoEConfig(**BASE)
+    x, w = _cpu(cfg, 0, rng)
+    y = _mk(cfg, x, w, mk={**megakernel_config(cfg, 0, torch.float32, torch.device("cpu")), "topk_bitonic": True})
+    assert y.shape == (0, cfg.hidden_size)
+
+
+def test_bitonic_topk_only_for_one_or_two_token_tasks():
+    """Rows fewer than a decode program's 4 warps (their maxima cross warps), keys few enough."""
+    from megamoe.kernels.configs import bitonic_topk_fits
+
+    assert bitonic_topk_fits(1, 128) and bitonic_topk_fits(2, 256) and bitonic_topk_fits(1, 512)
+    assert not bitonic_topk_fits(4, 128) and not bitonic_topk_fits(16, 128) and not bitonic_topk_fits(2, 512)

@@ -1,0 +1,67 @@
+"""benchmarks/compile_report.py without compiling: config changes and the per-section PTX counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def cr():
+    """The module, loaded without letting it clear TRITON_INTERPRET for the rest of the session."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_report.py"
+    spec = importlib.util.spec_from_file_location("compile_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    before = os.environ.get("TRITON_INTERPRET")
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if before is not None:
+            os.environ["TRITON_INTERPRET"] = before
+    return mod
+
+
+def test_sets_parse_and_apply(cr):
+    sets = cr.parse_sets(["topk_bitonic=1", "tiles.router.TOPK_T=4", "name=abc"])
+    assert sets == {"topk_bitonic": 1, "tiles.router.TOPK_T": 4, "name": "abc"}
+    mk = {"num_warps": 4, "tiles": {"router": {"TOPK_T": 1}}}
+    out = cr.apply_sets(mk, sets)
+    assert out["tiles"]["router"]["TOPK_T"] == 4 and out["topk_bitonic"] == 1
+    assert mk["tiles"]["router"]["TOPK_T"] == 1, "the given config is left as it was"
+    with pytest.raises(SystemExit, match="BLOCK_Q"):  # a typo in a tile key is refused
+        cr.apply_sets(mk, {"tiles.router.BLOCK_Q": 2})
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        cr.parse_sets(["topk_bitonic"])
+
+
+def test_section_counts_follow_inlined_code(cr):
+    """An instruction counts in a section when its line, or the line it was inlined at (3.9's .loc),
+    or any line of 3.6's comment chain lies in a section function; Triton's library code (here a
+    shuffle of tl.topk) belongs to the next instruction of ours; code elsewhere is not counted."""
+    from megamoe.kernels import routing
+
+    routing_py = inspect.getsourcefile(routing._topk_bitonic.fn)
+    first = inspect.getsourcelines(routing._topk_bitonic.fn)[1]
+    outside = inspect.getsourcelines(routing._route_block.fn)[1]
+    ptx = "\n".join([
+        f'\t.file\t1 "{routing_py}"',
+        '\t.file\t2 "/x/triton/language/standard.py"',
+        "\t.loc\t2 400 10, function_name $L__info_string0, inlined_at 2 500 3",
+        "\tshfl.sync.bfly.b32 \t%r1, %r2, 1, 31, -1;",  # library only: the next instruction decides
+        f"\t.loc\t1 {first + 6} 4",
+        "\tbar.sync \t0;",
+        f"\t.loc\t2 300 1, function_name $L__info_string0, inlined_at 1 {first + 7} 9",
+        "\tst.shared.b64 \t[%r3], %rd1;",
+        f"\t.loc\t2 300 1 // standard.py:300:1 @[ routing.py:{first + 8}:2 @[ megakernel.py:190:3 ] ]",
+        "\tld.shared.b64 \t%rd2, [%r3];",
+        f"\t.loc\t1 {outside + 1} 4",
+        "\tbar.sync \t0;",  # _route_block's own code: not the top-k
+    ])
+    counts = cr.section_counts(ptx, {"topk": ("routing._topk_bitonic",)})
+    assert counts["topk.instr"] == 4
+    assert (counts["topk.bar"], counts["topk.shfl"], counts["topk.st.shared"], counts["topk.ld.shared"]) == (1, 1, 1, 1)
+    assert cr.section_counts(ptx, {"align": ("align._scan",)}) == {}
