@@ -55,6 +55,26 @@ def _wide(mk):
     return mk
 
 
+def _fp8_fast(block_n: int | None = None, max_stages: int = 6):
+    """fp8fast (bit-move conversion, scales a K step ahead), optionally with GEMM tiles of block_n
+    columns, and as many pipeline stages as the decode stage budget (configs.STAGE_BYTES) holds of
+    e4m3 weights, up to max_stages (configs.decode_stages stops at 6)."""
+    def f(mk):
+        from megamoe.kernels import configs as cfgs
+
+        mk = copy.deepcopy(mk)
+        mk.update(fp8_convert="bits", fp8_scale_prefetch=True)
+        t = mk["tiles"]
+        if block_n:
+            for g in ("gemm1", "gemm2"):
+                t[g]["BLOCK_N"] = block_n
+        if block_n or max_stages != 6:  # the shared MLP's tiles count whether or not the preset has one
+            per_stage = cfgs.decode_stage_bytes(t, True, weight_bytes=1)
+            mk["num_stages"] = max(2, min(max_stages, 1 + cfgs.STAGE_BYTES // per_stage))
+        return mk
+    return f
+
+
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
     "tiles": (_order(STREAM_K=0), "GEMM tasks as whole tiles (no stream-K segments)"),
@@ -67,10 +87,21 @@ VARIANTS = {
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
+    # FP8 weights (bench_megakernel.py --fp8): the e4m3 -> bf16 conversion and the scale loads of the K loop
+    "fp8bits": (_set(fp8_convert="bits"), "FP8: e4m3 -> bf16 by bit moves and one bf16x2 multiply (inline PTX), "
+                                          "not Triton's cast (two F2F per pair on the conversion pipe)"),
+    "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
+    "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
+    "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
+                                             "weights, up to 10 (bytes in flight per program as bf16's)"),
+    "fp8fast_bn128": (_fp8_fast(block_n=128), "FP8: fp8fast with 128-column GEMM tiles (twice the bytes per K "
+                                              "step of a 64-column tile)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
 T1_VARIANTS = ("rank", "pfwait", "sk", "stages4")
 MID_VARIANTS = ("pfwait", "sk")
+#: the variants timed with FP8 weights (bench_megakernel.py --fp8 ... --variants), at every variant T
+FP8_VARIANTS = ("fp8bits", "fp8pf", "fp8fast", "fp8fast_st", "fp8fast_bn128")
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
