@@ -552,7 +552,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
-        CVT=fp8_convert_code(mk, on_gpu) if fp8 else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
+        CVT=fp8_convert_code(mk, on_gpu) if fp8 == "weights" else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
