@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 
 def _report():
+    """The module, loaded with the environment kept: it drops TRITON_INTERPRET on import (to compile
+    for the GPU), which processes this test run spawns later must still inherit."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_report.py"
     spec = importlib.util.spec_from_file_location("compile_report", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    saved = dict(os.environ)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return mod
 
 
