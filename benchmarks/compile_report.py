@@ -3,8 +3,8 @@
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
     python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
     python benchmarks/compile_report.py deepseek-v3:1 deepseek-v3:4096 --gemm current --fp8 weights+act
-    python benchmarks/compile_report.py qwen3-30b-a3b:1 --set topk_bitonic=1 --dump /tmp/mk
-    python benchmarks/compile_report.py qwen3-30b-a3b:1 --variant default rank bitonic
+    python benchmarks/compile_report.py qwen3-30b-a3b:1 --fp8 weights --variants default fp8fast --dump DIR --loops
+    python benchmarks/compile_report.py qwen3-30b-a3b:1 --variants default rank bitonic --set tiles.router.TOPK_T=4
 
 Builds the launch as kernels.megakernel.megakernel_forward does for the preset at T (its
 ``build_launch``, on CPU tensors of the right dtypes), or with ``--gemm`` the routed GEMM 1 and
@@ -18,15 +18,18 @@ may differ from the GPU machine's, so the figures are a guide, not the GPU's rep
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
 candidate's entry through plan.fp8_entry (BLOCK_K 128 ...); the PTX count "fp8.mma" tells whether
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
-
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
-``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variant NAME ...``
+``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
 compiles named variants of megakernel_variants.py ("default" for none); each report then also
 counts the spill instructions of the SASS (``sass.STL`` / ``sass.LDL``) and, per section of
 SECTIONS (the PTX instructions of the top-k and of the align code, see ``section_counts``), the
 barriers (bar.sync), warp shuffles, warp reductions (redux.sync), shared and local memory accesses
-and instructions, e.g. ``topk.bar``. ``--dump DIR`` writes each compiled kernel's .ttgir, .ptx and
-SASS (.sass) there.
+and instructions, e.g. ``topk.bar``.
+
+``--dump DIR`` also writes each compiled kernel's TTIR, TTGIR, LLIR, PTX and SASS (nvdisasm of the
+cubin) to DIR/<case>.<ext>; ``--loops`` then prints the SASS's innermost loops that hold an MMA
+(``loop_report``: per K step, instructions, MMAs, cp.async and waits, shared-memory loads, stores
+and barriers, global and local loads, conversions, and the source line, e.g. fp8_gemm.py:190).
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ def apply_sets(mk: dict, sets: dict) -> dict:
 
 
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
-                 mk: dict | None = None, fp8: str | None = None, sets: dict | None = None, variant: str | None = None,
-                 dump: str | None = None) -> dict:
+                 mk: dict | None = None, fp8: str | None = None, dump: str | None = None,
+                 variant: str | None = None, sets: dict | None = None) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
@@ -128,10 +131,8 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     w = MoEWeights(**w)
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
-    if variant and variant != "default":
-        from pathlib import Path
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if variant:  # a named variant of the default (megakernel_variants.VARIANTS)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from megakernel_variants import VARIANTS
 
         mk = VARIANTS[variant][0](mk)
@@ -141,19 +142,18 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
         x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
-        sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8)
-    case = f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else "")
-    tag = " ".join([*([variant] if variant else []), *(f"{k}={v}" for k, v in (sets or {}).items())])
-    dump_as = f"{dump}/{name}_{T}" + "".join(f"_{w}" for w in tag.replace("=", "-").split()) if dump else None
-    return {"case": case, **({"config": tag} if tag else {}),
-            **compile_kernel(mkm._megakernel, args, kwargs, sections=SECTIONS, dump_as=dump_as)}
+        sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8, gpu=True)
+    tag = " ".join(f"{k}={v}" for k, v in (sets or {}).items())
+    case = f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else "") + (f" {variant}" if variant else "") + (f" {tag}" if tag else "")
+    return {"case": case, **compile_kernel(mkm._megakernel, args, kwargs, dump=dump and (dump, case),
+                                           sections=SECTIONS)}
 
 
-def compile_kernel(fn, args, kwargs, sections: dict | None = None, dump_as: str | None = None) -> dict:
+def compile_kernel(fn, args, kwargs, dump: tuple[str, str] | None = None, sections: dict | None = None) -> dict:
     """Compile one launch (a @triton.jit function, its positional args and keyword constexprs,
     warps and stages) for sm_90 as the JIT would specialize it; -> warps, stages, resources, PTX
-    counts (and per section of ``sections``, see ``section_counts``). ``dump_as``: write the
-    .ttgir, .ptx and .sass to that path plus the suffix."""
+    counts, SASS spill instructions (and per section of ``sections``, see ``section_counts``).
+    ``dump`` (DIR, case): write the kernel's IRs, PTX and SASS to DIR/<case>.<ext> (``dump_asm``)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -180,14 +180,9 @@ def compile_kernel(fn, args, kwargs, sections: dict | None = None, dump_as: str 
             attrs[(i,)] = backend.parse_attr("D")
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=opts)
     ptx = k.asm.get("ptx", "")
+    if dump:
+        dump_asm(k.asm, *dump)
     sass = _cuobjdump(k.asm["cubin"], "-sass")
-    if dump_as:
-        from pathlib import Path
-
-        Path(dump_as).parent.mkdir(parents=True, exist_ok=True)
-        Path(dump_as + ".ttgir").write_text(k.asm.get("ttgir", ""))
-        Path(dump_as + ".ptx").write_text(ptx)
-        Path(dump_as + ".sass").write_text(sass)
     return {"warps": opts["num_warps"], "stages": opts["num_stages"],
             **resource_usage(k.asm["cubin"]), "shared": k.metadata.shared,
             **{op: len(re.findall(rx, ptx)) for op, rx in OPS.items()},
@@ -256,6 +251,7 @@ def section_counts(ptx: str, sections: dict) -> dict:
             out.update({f"{sec}.{op}": len(re.findall(rx, text)) for op, rx in SECTION_OPS.items()})
             out[f"{sec}.instr"] = len(body)
     return out
+
 
 
 def gemm_candidate(name: str, cfg, T: int) -> dict:
@@ -342,6 +338,68 @@ def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8):
     return l1, l2
 
 
+def _case_file(case: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", case).strip("_")
+
+
+def dump_asm(asm: dict, folder: str, case: str) -> None:
+    """Write the compiled kernel's ttir, ttgir, llir, ptx and SASS (nvdisasm of the cubin) to folder/<case>.*."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / _case_file(case)
+    for ext in ("ttir", "ttgir", "llir", "ptx"):
+        if ext in asm:
+            Path(f"{stem}.{ext}").write_text(asm[ext])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(tool), "-c", "-g", f.name], capture_output=True, text=True).stdout
+    Path(f"{stem}.sass").write_text(sass)
+
+
+#: what loop_report counts in each innermost loop of the SASS (the PTX names in comments)
+LOOP_OPS = {"HMMA": r"HMMA\.", "LDGSTS": r"LDGSTS",  # mma.sync; cp.async.cg
+            "DEPBAR": r"DEPBAR",  # cp.async.wait_group
+            "LDSM": r"LDSM", "LDS": r"LDS(?:\.|$)", "STS": r"STS", "BAR.SYNC": r"BAR\.SYNC",  # ldmatrix; ld/st.shared
+            "LDG": r"LDG(?:\.|$)", "LDL/STL": r"(?:LDL|STL)",  # ld.global; local memory
+            "F2F": r"F2F\.", "F2FP": r"F2FP", "PRMT": r"PRMT", "LOP3": r"LOP3", "IMAD.MOV": r"IMAD\.MOV",
+            "HMUL2": r"HMUL2", "FFMA": r"FFMA"}
+
+
+def loop_report(sass: str) -> list[dict]:
+    """The innermost loops of ``nvdisasm -c -g`` SASS (a label and a later branch back to it, holding
+    no other such loop): per loop its label, instructions, the LOOP_OPS counts and the source line
+    most of its instructions come from (file:line, to tell GEMM 1's K loop from GEMM 2's)."""
+    import collections
+
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln.strip()))}
+    loops = [(labels[m.group(1)], i, m.group(1)) for i, ln in enumerate(lines)
+             if (m := re.search(r"\bBRA\s+`?\(?(\.L_x_\d+)", ln)) and labels.get(m.group(1), i) < i]
+    out = []
+    for lo, hi, lab in loops:
+        if any((o, p) != (lo, hi) and lo <= o and p <= hi for o, p, _ in loops):
+            continue
+        ops, src, where = [], collections.Counter(), None
+        for ln in lines[lo:hi + 1]:
+            if m := re.search(r'File "([^"]+)", line (\d+)', ln):
+                where = f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}"
+            elif m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln):
+                ops.append(m.group(1))
+                src[where] += 1
+        row = {"label": lab, "source": src.most_common(1)[0][0] if src else None, "instructions": len(ops)}
+        row.update({k: sum(1 for o in ops if re.match(rx, o)) for k, rx in LOOP_OPS.items()})
+        out.append(row)
+    return out
+
+
 def _cuobjdump(cubin: bytes, *flags: str) -> str:
     """The stdout of Triton's own cuobjdump on a cubin."""
     import subprocess
@@ -379,11 +437,14 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="the FP8 GEMMs (e4m3 weights with block scales; activations too): with --gemm the "
                         "multi-launch GEMMs, else the megakernel's FP8 tiles")
+    p.add_argument("--variants", nargs="+", default=[None], metavar="NAME",
+                   help="megakernel variants (megakernel_variants.VARIANTS) to compile instead of the default "
+                        "('default' for the default itself)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                    help="megakernel config change, e.g. topk_bitonic=1 or tiles.router.TOPK_T=4 (repeatable)")
-    p.add_argument("--variant", nargs="+", default=None, metavar="NAME",
-                   help="megakernel variants of megakernel_variants.py to compile, 'default' for none")
-    p.add_argument("--dump", metavar="DIR", help="write each megakernel's .ttgir, .ptx and .sass to DIR")
+    p.add_argument("--dump", default=None, help="write each kernel's IRs, PTX and SASS to this folder")
+    p.add_argument("--loops", action="store_true", help="with --dump: print the innermost SASS loops holding an MMA "
+                   "(loop_report)")
     a = p.parse_args(argv)
     sets = parse_sets(a.set)
     for c in a.cases:
@@ -393,9 +454,17 @@ def main(argv=None) -> int:
                 for r in compile_gemms(name, int(T), cand, fp8=a.fp8):
                     print(r, flush=True)
         else:
-            for v in a.variant or [None]:
-                print(compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, sets=sets, variant=v, dump=a.dump),
-                      flush=True)
+            for v in a.variants:
+                r = compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, dump=a.dump,
+                                 variant=None if v == "default" else v, sets=sets)
+                print(r, flush=True)
+                if a.dump and a.loops:
+                    from pathlib import Path
+
+                    sass = (Path(a.dump) / f"{_case_file(r['case'])}.sass").read_text()
+                    for lp in loop_report(sass):
+                        if lp["HMMA"]:
+                            print("    loop", lp, flush=True)
     return 0
 
 

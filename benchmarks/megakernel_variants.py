@@ -16,6 +16,8 @@ import copy
 #: bf16 weights of one layer above this many GiB: at most HEAVY_JOBS such processes at once
 HEAVY_GIB = 12.0
 HEAVY_JOBS = 3
+#: GiB of weights the warm-up's processes may hold on the GPU at once (an H200 has 131 GiB)
+WARM_GPU_GIB = 100.0
 
 
 def _set(**kw):
@@ -72,6 +74,26 @@ def _wide(mk):
     return mk
 
 
+def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "bits"):
+    """fp8fast (bit-move conversion, scales a K step ahead; ``convert="cast"``: the prefetch alone),
+    optionally with GEMM tiles of block_n columns, and as many pipeline stages as the decode stage
+    budget (configs.STAGE_BYTES) holds of e4m3 weights, up to max_stages (configs.decode_stages stops at 6)."""
+    def f(mk):
+        from megamoe.kernels import configs as cfgs
+
+        mk = copy.deepcopy(mk)
+        mk.update(fp8_convert=convert, fp8_scale_prefetch=True)
+        t = mk["tiles"]
+        if block_n:
+            for g in ("gemm1", "gemm2"):
+                t[g]["BLOCK_N"] = block_n
+        if block_n or max_stages != 6:  # the shared MLP's tiles count whether or not the preset has one
+            per_stage = cfgs.decode_stage_bytes(t, True, weight_bytes=1)
+            mk["num_stages"] = max(2, min(max_stages, 1 + cfgs.STAGE_BYTES // per_stage))
+        return mk
+    return f
+
+
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
     "tiles": (_order(STREAM_K=0), "GEMM tasks as whole tiles (no stream-K segments)"),
@@ -89,10 +111,34 @@ VARIANTS = {
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
+    # FP8 weights (bench_megakernel.py --fp8): the e4m3 -> bf16 conversion and the scale loads of the K loop
+    "fp8bits": (_set(fp8_convert="bits"), "FP8: e4m3 -> bf16 by bit moves and one bf16x2 multiply (inline PTX), "
+                                          "not Triton's cast (two F2F per pair on the conversion pipe)"),
+    "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
+    "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
+    "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
+                                             "weights, up to 10 (bytes in flight per program as bf16's)"),
+    "fp8fast_bn128": (_fp8_fast(block_n=128), "FP8: fp8fast with 128-column GEMM tiles (twice the bytes per K "
+                                              "step of a 64-column tile)"),
+    "fp8pf_bn128": (_fp8_fast(block_n=128, convert="cast"), "FP8: fp8pf with 128-column GEMM tiles (with FP8 "
+                                                            "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
 T1_VARIANTS = ("bitonic", "stages4")
 MID_VARIANTS = ("bm16", "bm32")
+#: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
+FP8_VARIANTS = ("fp8bits", "fp8pf", "fp8fast", "fp8fast_st", "fp8fast_bn128")
+#: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
+#: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
+#: for more stages; the scale prefetch and GEMM 2's tiles remain
+FP8A_VARIANTS = ("fp8pf", "fp8pf_bn128")
+
+
+def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:
+    """The variants bench_megakernel.py --variants times at T (and its warm-up compiles)."""
+    if fp8:
+        return FP8_VARIANTS if fp8 == "weights" else FP8A_VARIANTS
+    return T1_VARIANTS if T == 1 else MID_VARIANTS
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
@@ -105,82 +151,113 @@ def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
     return out
 
 
-def _warm_job(name: str, T: int, what: str) -> str:
-    """Run once, so that Triton compiles it: ``what`` = "backends" (both backends, both routings),
-    a variant name, or "trace:<variant>" (the traced kernel of "default" or a variant)."""
+def _warm_job(name: str, T: int, what: str, fp8: str | None = None) -> str:
+    """Run once, so that Triton compiles it: ``what`` = "backends" (both backends, both routings;
+    with ``fp8`` both FP8 backends and the bf16 megakernel), a variant name (of the FP8 megakernel
+    with ``fp8``), or "trace:<variant>" (the traced kernel of "default" or a variant)."""
     import torch
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.fp8_weights import to_fp8
     from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
     from megamoe.reference.tiles import task_layout
 
     cfg = kb.bench_config(name)
     w = kb.random_device_weights(cfg)
     x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    fp8_act = fp8 == "weights+act" if fp8 else None
     try:
         if what == "backends":
             wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+            if fp8:
+                for ww in (w, wz):
+                    kmoe.moe_forward(x, ww, cfg, backend="megakernel")  # the bf16 megakernel of the row
+                w = to_fp8(w)
+                wz = type(w)(**{**w.arrays(), "router_weight": wz.router_weight})
             for backend in ("megakernel", "multi"):
                 for ww in (w, wz):
-                    kmoe.moe_forward(x, ww, cfg, backend=backend)
+                    kmoe.moe_forward(x, ww, cfg, backend=backend, fp8_activations=fp8_act)
         else:
             trace = what.startswith("trace:")
             vname = what.split(":", 1)[1] if trace else what
-            base = megakernel_config(cfg, T, torch.bfloat16, x.device)
+            if fp8:
+                w = to_fp8(w)
+            base = megakernel_config(cfg, T, torch.bfloat16, x.device, fp8=fp8)
             mk = base if vname == "default" else dict(variant_configs(base, [vname])).get(vname)
             if mk is not None:
                 tr = torch.zeros((task_layout(cfg, T, mk["tiles"]).max_tasks, 3), device="cuda",
                                  dtype=torch.int64) if trace else None
-                megakernel_forward(x, w, cfg, mk=mk, trace=tr)
+                megakernel_forward(x, w, cfg, mk=mk, trace=tr, fp8=fp8)
         torch.cuda.synchronize()
-        return f"{name}:{T} {what}"
+        return f"{name}:{T} {what}" + (f" fp8:{fp8}" if fp8 else "")
     except Exception as exc:  # noqa: BLE001 - the measuring process meets it again and records it
-        return f"{name}:{T} {what} {type(exc).__name__}"
+        return f"{name}:{T} {what}" + (f" fp8:{fp8}" if fp8 else "") + f" {type(exc).__name__}"
 
 
-def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=()) -> list:
-    """(preset, T, what) jobs: both backends at every (preset, T); each variant (MID_VARIANTS past
-    T = 1) at variant_tokens;
-    the traced default and trace_variants at the (preset, T) of trace_cases."""
-    jobs = [(n, T, "backends") for n in presets for T in tokens]
-    jobs += [(n, T, v) for n in presets for T in variant_tokens for v in (T1_VARIANTS if T == 1 else MID_VARIANTS)]
-    jobs += [(n, T, f"trace:{v}") for n, T in trace_cases for v in ("default", *trace_variants)]
+def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=(), fp8: str | None = None) -> list:
+    """(preset, T, what, fp8) jobs: both backends at every (preset, T); each variant of
+    ``variant_names`` at variant_tokens; the traced default and trace_variants at the (preset, T)
+    of trace_cases (bf16). ``fp8``: the rows' and variants' FP8 mode (bench_megakernel.py --fp8)."""
+    jobs = [(n, T, "backends", fp8) for n in presets for T in tokens]
+    jobs += [(n, T, v, fp8) for n in presets for T in variant_tokens for v in variant_names(T, fp8)]
+    jobs += [(n, T, f"trace:{v}", None) for n, T in trace_cases for v in ("default", *trace_variants)]
     return jobs
 
 
-def weight_gib(name: str) -> float:
+#: an FP8 job holds the bf16 weights, their e4m3 copy (half their bytes) and to_fp8's float32
+#: slices (fp8_weights.CHUNK_ELEMS: 1 GiB each, a few at once) while it quantizes
+FP8_JOB_EXTRA_GIB = 4.0
+
+
+def weight_gib(name: str, fp8: str | None = None) -> float:
+    """GiB of weights a warm-up job of the preset holds on the GPU (its bf16 layer; FP8 jobs more)."""
     from megamoe.kernels import bench as kb
     from megamoe.reference.sizes import expert_bytes
 
     cfg = kb.bench_config(name)
-    return cfg.num_experts * expert_bytes(cfg, "bfloat16") / 2**30
+    gib = cfg.num_experts * expert_bytes(cfg, "bfloat16") / 2**30
+    return 1.5 * gib + FP8_JOB_EXTRA_GIB if fp8 else gib
 
 
-def warm(jobs: list[tuple[str, int, str]], timeout_s: float, processes: int = 14, log=print) -> None:
+def can_start(job: tuple[float, bool], running: list[tuple[float, bool]], processes: int,
+              gpu_gib: float = WARM_GPU_GIB) -> bool:
+    """Whether a warm-up job, (GiB it holds, heavy: its preset's bf16 layer over HEAVY_GIB), may start
+    beside the running ones: a free process, at most HEAVY_JOBS heavy ones, and all their GiB within
+    ``gpu_gib`` (a job alone always starts)."""
+    gib, heavy = job
+    if len(running) >= processes:
+        return False
+    if heavy and sum(h for _, h in running) >= HEAVY_JOBS:
+        return False
+    return not running or sum(g for g, _ in running) + gib <= gpu_gib
+
+
+def warm(jobs: list[tuple], timeout_s: float, processes: int = 14, log=print, gpu_gib: float = WARM_GPU_GIB) -> None:
     """Run each job of ``warm_jobs`` in a process of a spawn pool (one job per process: a fresh
-    process for each, so that one compile's memory goes with it); heavy presets (weights over
-    HEAVY_GIB) at most HEAVY_JOBS at once, so the GPU's memory holds them."""
+    process for each, so that one compile's memory goes with it), in order, each started when
+    ``can_start``: the weights it holds (``weight_gib``) fit beside the running jobs' within
+    ``gpu_gib``, and heavy presets (bf16 layer over HEAVY_GIB) at most HEAVY_JOBS at once."""
     import multiprocessing as mp
     import time
 
     ctx = mp.get_context("spawn")
     t0 = time.time()
-    heavy = [j for j in jobs if weight_gib(j[0]) > HEAVY_GIB]
-    light = [j for j in jobs if j not in heavy]
+    need = {j: (weight_gib(j[0], *j[3:]), weight_gib(j[0]) > HEAVY_GIB) for j in jobs}
+    queue = sorted(jobs, key=lambda j: need[j][1])  # light first (stable: in order)
+    running: dict = {}  # AsyncResult -> (GiB, heavy)
     with ctx.Pool(min(processes, len(jobs)), maxtasksperchild=1) as pool:
-        pending = [pool.apply_async(_warm_job, j) for j in light]
-        running_heavy = []
-        queue = list(heavy)
-        while queue or running_heavy or pending:
-            while queue and len(running_heavy) < HEAVY_JOBS:
-                running_heavy.append(pool.apply_async(_warm_job, queue.pop(0)))
-            for r in [r for r in pending + running_heavy if r.ready()]:
+        while queue or running:
+            for j in list(queue):
+                if can_start(need[j], list(running.values()), processes, gpu_gib):
+                    running[pool.apply_async(_warm_job, j)] = need[j]
+                    queue.remove(j)
+            for r in [r for r in running if r.ready()]:
                 try:
                     log(f"# warmed {r.get()} ({time.time() - t0:.0f} s)")
                 except Exception as exc:  # noqa: BLE001
                     log(f"# warm-up failed: {type(exc).__name__}: {exc}")
-                (pending if r in pending else running_heavy).remove(r)
+                del running[r]
             if time.time() - t0 > timeout_s:
                 log(f"# warm-up: time limit {timeout_s:.0f} s reached; the rest compiles as it runs")
                 pool.terminate()

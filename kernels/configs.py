@@ -433,7 +433,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             "topk_rank": False,
             # top-k tasks take a bitonic top-k (tl.topk) instead of K dependent maxima (variant
             # "bitonic", untimed: off)
-            "topk_bitonic": False}
+            "topk_bitonic": False,
+            # FP8 weights: e4m3 -> bf16 by Triton's cast ("cast": two scalar F2F per pair of codes on
+            # the conversion pipe) or by bit moves ("bits", fp8_gemm._e4m3_to); the weight scales of
+            # the next K step loaded during this one (variants "fp8bits", "fp8pf"; untimed: off)
+            "fp8_convert": "cast",
+            "fp8_scale_prefetch": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

@@ -33,6 +33,15 @@ On the GPU (benchmarks/compile_report.py --gemm ... --fp8 ...; figures of Triton
 with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); at 16-row
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
+
+Weight-only decode options (the megakernel's config keys "fp8_convert" and "fp8_scale_prefetch",
+off by default; benchmarks/megakernel_variants.py FP8_VARIANTS):
+    CVT, e4m3 -> x's dtype (``_e4m3_to``): 0 Triton's cast, on sm_90 cvt.rn.f16x2.e4m3x2 and two
+        scalar cvt.bf16.f16 per pair of codes (SASS F2FP.F16.E4M3.UNPACK_B + 2 F2F.BF16.F16 on the
+        conversion pipe: 192 per thread per K step of a 16 x 64 GEMM 1 tile); 1 bit moves in Triton
+        integer ops; 2 the same bit moves in inline PTX, two codes per 32-bit lane (GPU only).
+    PF: the weight scales of K step kt + 1 loaded during step kt (otherwise the load and its use
+        sit in one iteration: a global load's latency per K step, with one warp per scheduler).
 """
 
 from __future__ import annotations
@@ -64,6 +73,64 @@ def _e4m3_rne(v):
     return r.to(tl.float32, bitcast=True)
 
 
+#: _e4m3_to's powers of two: a code's 7 magnitude bits moved into bf16's (or fp32's) exponent and
+#: mantissa fields read as the code times 2^-120 (exponent bias 127 = 7 + 120), into fp16's as 2^-8 (15 = 7 + 8)
+_BIAS_2_120 = tl.constexpr(2.0 ** 120)
+_BIAS_2_8 = tl.constexpr(2.0 ** 8)
+#: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target;
+#: each code moved to the high byte of a 16-bit lane (prmt), its magnitude shifted down into place
+#: (bf16: 4 bits, fp16: 1), its sign kept, then one exact multiply by the bias power of two
+_E4M3X4_PTX = """{
+    .reg .b32 lo, hi, s, m, bias;
+    mov.b32 bias, BIAS;
+    prmt.b32 lo, $2, 0, 0x1404;
+    prmt.b32 hi, $2, 0, 0x3424;
+    and.b32 s, lo, 0x80008000;
+    and.b32 m, lo, 0x7F007F00;
+    shr.b32 m, m, SHIFT;
+    or.b32 lo, m, s;
+    and.b32 s, hi, 0x80008000;
+    and.b32 m, hi, 0x7F007F00;
+    shr.b32 m, m, SHIFT;
+    or.b32 hi, m, s;
+    mul.rn.TYPE $0, lo, bias;
+    mul.rn.TYPE $1, hi, bias;
+}"""
+_E4M3_BF16X4 = tl.constexpr(_E4M3X4_PTX.replace("BIAS", "0x7B807B80").replace("SHIFT", "4").replace("TYPE", "bf16x2"))
+_E4M3_F16X4 = tl.constexpr(_E4M3X4_PTX.replace("BIAS", "0x5C005C00").replace("SHIFT", "1").replace("TYPE", "f16x2"))
+
+
+@triton.jit
+def _e4m3_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
+    """e4m3 codes w (float8e4nv) -> dtype (bf16, fp16 or fp32), exactly.
+
+    CVT 0: Triton's cast. 1: bit moves in Triton integer ops. 2: the same in inline PTX (GPU; bf16
+    and fp16, fp32 takes 1). The code's sign goes to the sign bit and its 7 magnitude bits to the
+    target's exponent and mantissa fields (bf16 bits 4..10, fp16 7..13, fp32 20..26): that value
+    is the code times 2^-120 (bf16, fp32) or 2^-8 (fp16), a normal or a subnormal of the target,
+    and one multiply by the power of two, exact in the target, gives the code for every finite
+    code, subnormals included (the NaN codes 0x7F and 0xFF give +-480: quantized weights have none)."""
+    if CVT == 0:
+        return w.to(dtype)
+    elif CVT == 2 and dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_E4M3_BF16X4, "=r,=r,r", [w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16,
+                                         is_pure=True, pack=4)
+    elif CVT == 2 and dtype == tl.float16:
+        return tl.inline_asm_elementwise(_E4M3_F16X4, "=r,=r,r", [w.to(tl.uint8, bitcast=True)], dtype=tl.float16,
+                                         is_pure=True, pack=4)
+    else:
+        u = w.to(tl.uint8, bitcast=True).to(tl.uint32)
+        if dtype == tl.bfloat16:
+            b = ((u & 0x7F) << 4) | ((u & 0x80) << 8)
+            return b.to(tl.uint16).to(tl.bfloat16, bitcast=True) * _BIAS_2_120
+        elif dtype == tl.float16:
+            b = ((u & 0x7F) << 7) | ((u & 0x80) << 8)
+            return b.to(tl.uint16).to(tl.float16, bitcast=True) * _BIAS_2_8
+        else:
+            b = ((u & 0x7F) << 20) | ((u & 0x80) << 24)
+            return b.to(tl.float32, bitcast=True) * _BIAS_2_120
+
+
 @triton.jit
 def _quantize_groups(a):
     """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32): one group per row,
@@ -81,11 +148,12 @@ def _gemm1_fp8_tile(
     stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
     and their scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized
-    per K tile, h quantized into out (codes) and outs (scales, column pid_n); BLOCK_N == KB."""
+    per K tile, h quantized into out (codes) and outs (scales, column pid_n); BLOCK_N == KB.
+    CVT: how weight-only FP8 converts the codes (``_e4m3_to``); PF: scales loaded a K step ahead."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -100,13 +168,23 @@ def _gemm1_fp8_tile(
         in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+    nk = tl.cdiv(KD, BLOCK_K)
+    if PF:
+        sg_next = tl.load(sg_ptrs)
+        su_next = tl.load(su_ptrs)
+    for kt in range(0, nk):
         k_mask = offs_k < KD - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
         bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
-        sg = tl.load(sg_ptrs + kt)
-        su = tl.load(su_ptrs + kt)
+        if PF:  # this step's scales came one step ago; the next step's load overlaps this one
+            sg = sg_next
+            su = su_next
+            sg_next = tl.load(sg_ptrs + tl.minimum(kt + 1, nk - 1))
+            su_next = tl.load(su_ptrs + tl.minimum(kt + 1, nk - 1))
+        else:
+            sg = tl.load(sg_ptrs + kt)
+            su = tl.load(su_ptrs + kt)
         if FP8_A:
             a32 = a.to(tl.float32)
             if SCALE_INPUT:
@@ -115,11 +193,11 @@ def _gemm1_fp8_tile(
             acc_g += tl.dot(aq, bg) * sa[:, None] * sg[None, :]
             acc_u += tl.dot(aq, bu) * sa[:, None] * su[None, :]
         elif IEEE:
-            acc_g += tl.dot(a, bg.to(a.dtype), input_precision="ieee") * sg[None, :]
-            acc_u += tl.dot(a, bu.to(a.dtype), input_precision="ieee") * su[None, :]
+            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT), input_precision="ieee") * sg[None, :]
+            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT), input_precision="ieee") * su[None, :]
         else:
-            acc_g += tl.dot(a, bg.to(a.dtype)) * sg[None, :]
-            acc_u += tl.dot(a, bu.to(a.dtype)) * su[None, :]
+            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT)) * sg[None, :]
+            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT)) * su[None, :]
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
@@ -151,7 +229,7 @@ def _gemm1_fp8_kernel(
     _gemm1_fp8_tile(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                     pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
                     stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, FP8_A, IEEE, KB,
-                    BLOCK_M, BLOCK_N, BLOCK_K)
+                    BLOCK_M, BLOCK_N, BLOCK_K, 0, False)
 
 
 @triton.jit
@@ -162,10 +240,11 @@ def _gemm2_fp8_tile(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
 ):
     """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB));
-    K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales."""
+    K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales.
+    CVT, PF as _gemm1_fp8_tile's."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -175,18 +254,31 @@ def _gemm2_fp8_tile(
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    last = tl.cdiv(KD, BLOCK_K) - 1
+    if PF:
+        sw_next = tl.load(sw_ptrs + tl.minimum(k_lo, last))
+        if FP8_A:
+            sa_next = tl.load(as_ptr + a_row * stride_as + tl.minimum(k_lo, last), mask=row_mask, other=0.0)
     for kt in range(k_lo, k_hi):
         k_mask = offs_k < KD - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        sw = tl.load(sw_ptrs + kt)
+        if PF:  # as GEMM 1's: the next step's scales load during this step
+            sw = sw_next
+            sw_next = tl.load(sw_ptrs + tl.minimum(kt + 1, last))
+        else:
+            sw = tl.load(sw_ptrs + kt)
         if FP8_A:
-            sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
+            if PF:
+                sa = sa_next
+                sa_next = tl.load(as_ptr + a_row * stride_as + tl.minimum(kt + 1, last), mask=row_mask, other=0.0)
+            else:
+                sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
             acc += tl.dot(a, b) * sa[:, None] * sw[None, :]
         elif IEEE:
-            acc += tl.dot(a, b.to(a.dtype), input_precision="ieee") * sw[None, :]
+            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
         else:
-            acc += tl.dot(a, b.to(a.dtype)) * sw[None, :]
+            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
@@ -209,7 +301,7 @@ def _gemm2_fp8_kernel(
     _gemm2_fp8_tile(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse,
                     stride_wsn, stride_be, stride_ot, K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, FP8_A, IEEE,
-                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
+                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, 0, False)
 
 
 # --------------------------------------------------------------------------- launchers

@@ -156,8 +156,10 @@ def _megakernel(
     NEXT: tl.constexpr,
     # stream-K GEMM segments, one per program (tiles["order"]["STREAM_K"]; kernels/stream_k.py)
     SK: tl.constexpr,
-    # FP8 weights (fp8_gemm.py's tiles; BLOCK_K = 128), FP8_A: activations too
-    FP8: tl.constexpr, FP8_A: tl.constexpr,
+    # FP8 weights (fp8_gemm.py's tiles; BLOCK_K = 128), FP8_A: activations too; CVT: how weight-only
+    # FP8 converts the codes (config "fp8_convert": 0 Triton's cast, 1 / 2 bit moves, fp8_gemm._e4m3_to),
+    # SPF: the weight (and activation) scales loaded a K step ahead (config "fp8_scale_prefetch")
+    FP8: tl.constexpr, FP8_A: tl.constexpr, CVT: tl.constexpr, SPF: tl.constexpr,
     # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
     # "prefetch_wait"; prefetch.py), NCHUNK threads per program
     PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
@@ -229,7 +231,8 @@ def _megakernel(
                     if FP8:
                         _gemm1_fp8_tile(x_ptr, sgu_ptr, sgus_ptr, None, act_s_ptr, act_s_sc_ptr, None, None, None, m,
                                         n, t * 0, T, Is, H, stride_xt, 0, H, 0, stride_sgusn, 0, Is, stride_assc,
-                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, KB, S_BM, S_BN1, S_BK)
+                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, KB, S_BM, S_BN1, S_BK, CVT,
+                                        SPF)
                     else:
                         _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
@@ -289,7 +292,7 @@ def _megakernel(
                         _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
                                         stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
-                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1)
+                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT, SPF)
                     else:
                         _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
@@ -308,7 +311,7 @@ def _megakernel(
                         _gemm2_fp8_tile(act_s_ptr, act_s_sc_ptr, sdn_ptr, sdns_ptr, None, pairs_ptr, None, sgate_ptr,
                                         m, n, t * 0, t * 0, 0, tl.cdiv(Is, S_BK), T, H, Is, Is, stride_assc, 0, Is, 0,
                                         stride_sdnsn, 0, H, K, KS, False, HAS_SG, True, False, FP8_A, IEEE, 1, KB,
-                                        S_BM, S_BN2, S_BK)
+                                        S_BM, S_BN2, S_BK, CVT, SPF)
                     else:
                         _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
@@ -361,7 +364,7 @@ def _megakernel(
                         _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
                                         topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
                                         stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                        False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2)
+                                        False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT, SPF)
                     else:
                         _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
                                     0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
@@ -451,12 +454,27 @@ def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
             raise ValueError(f"FP8 ({fp8}) megakernel tiles need tiles[{part!r}][{key!r}] = {v}, got {t[part].get(key)!r}")
 
 
+#: config "fp8_convert" -> fp8_gemm._e4m3_to's CVT on a GPU ("bits": inline PTX) and under the interpreter
+#: ("bits": the same bit moves in Triton integer ops, which the interpreter runs)
+FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
+
+
+def fp8_convert_code(mk: dict, gpu: bool) -> int:
+    """CVT for the config's "fp8_convert" ("cast", the default, or "bits") on a GPU or under the
+    interpreter; an unknown value is an error that names the key."""
+    name = mk.get("fp8_convert", "cast")
+    if name not in FP8_CONVERT:
+        raise ValueError(f"megakernel config 'fp8_convert' must be one of {list(FP8_CONVERT)}, got {name!r}")
+    return FP8_CONVERT[name][0 if gpu else 1]
+
+
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
-                 routing: tuple | None = None, fp8: str | None = None):
+                 routing: tuple | None = None, fp8: str | None = None, gpu: bool | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
     device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
-    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device). ``routing``:
+    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device, and ``gpu=True``
+    picks the GPU's constexprs where they differ from the interpreter's). ``routing``:
     (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count.
     ``fp8``: None, "weights" (e4m3 weights with block scales, activations in x's dtype) or
     "weights+act" (GEMM 1 quantizes x and h per 128 columns; GEMM 2 reads e4m3 activations)."""
@@ -466,6 +484,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
     dev, dt = x.device, x.dtype
+    on_gpu = dev.type == "cuda" if gpu is None else gpu
     f32, i32 = torch.float32, torch.int32
     y = torch.empty((T, H), device=dev, dtype=dt) if out is None else out
     tiles = mk["tiles"]
@@ -551,6 +570,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         C_BT=cb["BLOCK_T"], C_BH=cb["BLOCK_H"], GROUP_M=tiles["order"]["GROUP_M"], RECORD=record,
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
+        CVT=fp8_convert_code(mk, on_gpu) if fp8 == "weights" else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),

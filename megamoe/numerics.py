@@ -41,6 +41,29 @@ def _to_f64(a) -> np.ndarray | None:
     return np.asarray(a, dtype=np.float64)
 
 
+class _LazyFP8Experts:
+    """``view[e]``: expert e's FP8 weight (e4m3 codes times their 128 x 128 block scales) as float64 NumPy,
+    dequantized on first use."""
+
+    def __init__(self, codes, scale_inv):
+        self._codes, self._scale_inv = codes, scale_inv
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, e) -> np.ndarray:
+        from megamoe.reference.fp8 import dequantize_weight_blocks
+
+        e = int(e)
+        if e not in self._cache:
+            self._cache[e] = dequantize_weight_blocks(_to_f64(self._codes[e]), _to_f64(self._scale_inv[e]))
+        return self._cache[e]
+
+
+def _dequantized(codes, scale_inv) -> np.ndarray | None:
+    from megamoe.reference.fp8 import dequantize_weight_blocks
+
+    return None if codes is None else dequantize_weight_blocks(_to_f64(codes), _to_f64(scale_inv))
+
+
 class _LazyExperts:
     """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use."""
 
@@ -78,40 +101,52 @@ class NumericsReport:
         }
 
 
-def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig):
+def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_activations: bool | None = None):
     """The reference layer on S rows.  x_rows: (S, H) -> (y (S, H) float64, topk_idx (S, K)).
 
     ``weights`` may hold torch tensors on any device: only the experts the rows pick are copied.
+    FP8 weights (``weights.is_fp8``: e4m3 codes, torch.float8_e4m3fn or their values, with block
+    scales) give the reference's FP8 layer, each picked expert dequantized as it is copied;
+    ``fp8_activations`` as ``reference.moe_forward``'s (None: follow the weights).
     """
     x = _to_f64(x_rows)
+    fp8_activations = weights.is_fp8 if fp8_activations is None else fp8_activations
     router_weight = _to_f64(weights.router_weight)
     r = route(x, router_weight, config, _to_f64(weights.router_bias), _to_f64(weights.score_bias))
     plan = plan_dispatch(r.topk_idx, config.num_experts)
+    if weights.is_fp8:
+        experts = dict(gate_up=_LazyFP8Experts(weights.gate_up, weights.gate_up_scale_inv),
+                       down=_LazyFP8Experts(weights.down, weights.down_scale_inv),
+                       shared_gate_up=_dequantized(weights.shared_gate_up, weights.shared_gate_up_scale_inv),
+                       shared_down=_dequantized(weights.shared_down, weights.shared_down_scale_inv))
+    else:
+        experts = dict(gate_up=_LazyExperts(weights.gate_up), down=_LazyExperts(weights.down),
+                       shared_gate_up=_to_f64(weights.shared_gate_up), shared_down=_to_f64(weights.shared_down))
     lazy = MoEWeights(
-        router_weight=router_weight,
-        gate_up=_LazyExperts(weights.gate_up), down=_LazyExperts(weights.down),
+        router_weight=router_weight, **experts,
         gate_up_bias=None if weights.gate_up_bias is None else _LazyExperts(weights.gate_up_bias),
         down_bias=None if weights.down_bias is None else _LazyExperts(weights.down_bias),
-        shared_gate_up=_to_f64(weights.shared_gate_up), shared_down=_to_f64(weights.shared_down),
         shared_gate=_to_f64(weights.shared_gate),
     )
-    y = combine(experts_forward(x, r, plan, lazy, config), plan, r.topk_weights, config)
-    return y + shared_forward(x, lazy, config), r.topk_idx
+    y = combine(experts_forward(x, r, plan, lazy, config, fp8_activations=fp8_activations), plan, r.topk_weights,
+                config)
+    return y + shared_forward(x, lazy, config, fp8_activations=fp8_activations), r.topk_idx
 
 
 def check_numerics(x, y, weights: MoEWeights, config: MoEConfig, *, dtype: str, sample: int = 16,
-                   seed: int = 0, topk_idx=None) -> NumericsReport:
+                   seed: int = 0, topk_idx=None, fp8_activations: bool | None = None) -> NumericsReport:
     """Compare a kernel's y (T, H) with the reference on ``sample`` tokens drawn with ``seed``.
 
     x, y: the kernel's input and output (torch or NumPy); ``topk_idx`` (T, K), if given, is the
-    kernel's routing, reported as the fraction of the reference's choices it agrees with.
+    kernel's routing, reported as the fraction of the reference's choices it agrees with. FP8
+    weights: the reference's FP8 layer (``reference_on_tokens``; ``dtype="fp8_e4m3"`` for its tolerance).
     """
     T = int(x.shape[0])
     if T == 0:
         tmax, trms = tolerance_for(dtype)
         return NumericsReport(dtype, 0, ErrorReport(0.0, 0.0), tmax, trms, float("nan"))
     rows = np.sort(np.random.default_rng(seed).choice(T, size=min(sample, T), replace=False))
-    y_ref, ref_idx = reference_on_tokens(x[rows], weights, config)
+    y_ref, ref_idx = reference_on_tokens(x[rows], weights, config, fp8_activations=fp8_activations)
     err = normalized_error(_to_f64(y[rows]), y_ref)
     agree = float("nan")
     if topk_idx is not None:

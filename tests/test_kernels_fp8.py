@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype, tolerance_for
 from megamoe.reference import moe_forward as ref_forward
 from megamoe.reference.fp8 import e4m3_decode, quantize_activations
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.interpret
 import triton  # noqa: E402  (after conftest.py chose the interpreter)
 import triton.language as tl  # noqa: E402
 
-from megamoe.kernels.fp8_gemm import _quantize_groups  # noqa: E402
+from megamoe.kernels.fp8_gemm import _e4m3_to, _quantize_groups  # noqa: E402
 
 BASE = dict(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
 
@@ -266,3 +266,81 @@ def test_fp8_entry_sizes_the_tiles():
         assert g2["num_stages"] * (g2["BLOCK_M"] * 128 * a2 + g2["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
     with pytest.raises(ValueError, match=r"fp8 must be one of"):
         static_plan(cfg, 13, dtype="float32", device_name="cpu-interpreter", fp8="act")
+
+
+@triton.jit
+def _convert(src, dst, CVT: tl.constexpr, N: tl.constexpr):
+    """fp8_gemm._e4m3_to alone: N codes to dst's dtype."""
+    o = tl.arange(0, N)
+    tl.store(dst + o, _e4m3_to(tl.load(src + o), dst.dtype.element_ty, CVT))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_e4m3_bit_moves_equal_the_cast(dtype, device):
+    """The bit-move conversion of weight-only FP8 (megakernel config "fp8_convert": "bits"; CVT 1
+    in Triton integer ops, CVT 2 in inline PTX on a GPU) gives the cast's bits for every finite
+    e4m3 code, subnormals and -0 included."""
+    if dtype == "bfloat16" and device.name == "cpu":
+        pytest.skip("the interpreter computes bfloat16 on its uint16 bits (toolchain facts): GPU only")
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device.name)
+    finite = torch.isfinite(codes.float()).cpu()
+    dt = getattr(torch, dtype)
+    want = codes.float().to(dt).cpu()
+    for cvt in (1, 2) if device.name == "cuda" else (1,):
+        got = torch.empty(256, dtype=dt, device=device.name)
+        _convert[(1,)](codes, got, CVT=cvt, N=256)
+        bits = torch.int32 if dt == torch.float32 else torch.int16
+        assert torch.equal(got.cpu()[finite].view(bits), want[finite].view(bits)), (dtype, cvt)
+
+
+def _variants():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "megakernel_variants.py"
+    spec = importlib.util.spec_from_file_location("megakernel_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: (variant, fp8 mode, T, x dtype, why); fp8fast_st differs from fp8fast only in stages, which the
+#: interpreter does not have
+FP8_VARIANT_CASES = [
+    ("fp8bits", "weights", 13, None, "bit-move conversion (CVT 1 under the interpreter) in float32's dot"),
+    ("fp8bits", "weights", 13, "float16", "the float16 bit moves (shift 7, times 2^8)"),
+    ("fp8pf", "weights+act", 13, None, "weight and activation scales a K step ahead"),
+    ("fp8fast", "weights", 0, None, "no tokens"),
+    ("fp8fast", "weights", 1, None, "one token: one K step ahead of a single row"),
+    ("fp8fast_bn128", "weights", 13, None, "128-column tiles: a tile past N (I = 136) and mid-block up rows"),
+]
+
+
+@pytest.mark.parametrize("variant,fp8,T,xdt", [c[:4] for c in FP8_VARIANT_CASES],
+                         ids=[f"{c[0]}-{c[1]}-T{c[2]}" + (f"-{c[3]}" if c[3] else "") for c in FP8_VARIANT_CASES])
+def test_megakernel_fp8_variants(variant, fp8, T, xdt, rng, device):
+    """The FP8 decode variants of benchmarks/megakernel_variants.py (FP8_VARIANTS) against the FP8
+    reference: odd sizes (H = 200, I = 136, Is = 72: partial scale blocks), a shared MLP, every
+    token on expert 3 first (most experts empty)."""
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+
+    mv = _variants()
+    assert variant in mv.FP8_VARIANTS
+    cfg = MoEConfig(**{**BASE, "num_experts": 7, "num_shared_experts": 1, "shared_intermediate_size": 72})
+    w8 = random_weights(cfg, seed=19, fp8=True)
+    rw = np.full_like(w8.router_weight, -1.0)
+    rw[3], rw[5] = 1.0, 0.5
+    w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    dtype = xdt or device.dtype
+    x = np.abs(rng.standard_normal((T, cfg.hidden_size)))
+    base = megakernel_config(cfg, T, device.torch_dtype(dtype), torch.device(device.name), fp8=fp8)
+    mk = mv.VARIANTS[variant][0](base)
+    assert mk != base
+    wt = w8.to_torch(device.name, device.torch_dtype(dtype))
+    y = megakernel_forward(device.tensor(x, dtype), wt, cfg, mk=mk, fp8=fp8)
+    ref = ref_forward(round_to_dtype(x, dtype), w8.round_to(dtype), cfg, fp8_activations=fp8 == "weights+act")
+    assert y.shape == ref.shape
+    rep = assert_close(y.cpu(), ref, "fp8_e4m3", f"{variant} {fp8} T={T} {dtype}")
+    if dtype == "float32" and fp8 == "weights":  # nothing quantized in the kernel: float32's arithmetic
+        assert_close(y.cpu(), ref, "float32", f"{variant} T={T}")
+    assert rep.max_err <= tolerance_for("fp8_e4m3")[0]

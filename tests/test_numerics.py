@@ -46,3 +46,22 @@ def test_check_numerics_zero_tokens():
     c = tiny("mixtral-8x7b")
     rep = check_numerics(np.zeros((0, 24)), np.zeros((0, 24)), random_weights(c, 0), c, dtype="float16")
     assert rep.ok and rep.sampled_tokens == 0
+
+
+@pytest.mark.parametrize("fp8_activations", [False, True], ids=["w8", "w8a8"])
+def test_sampled_reference_of_fp8_weights(fp8_activations, rng):
+    """FP8 weights as the benchmarks hold them (torch float8_e4m3fn codes, float32 scales): the
+    sampled reference is the reference's FP8 layer on those rows, shared MLP included."""
+    torch = pytest.importorskip("torch")
+    c = tiny("deepseek-v3").replace(hidden_size=136, intermediate_size=130, shared_intermediate_size=40)
+    w8 = random_weights(c, seed=2, fp8=True)
+    x = rng.standard_normal((9, c.hidden_size))
+    rows = np.array([1, 4, 8])
+    tw = w8.to_torch(dtype=torch.float64)  # the router in float64; codes float8_e4m3fn, scales float32
+    y_rows, idx = reference_on_tokens(x[rows], tw, c, fp8_activations=fp8_activations)
+    full = moe_forward(x, w8, c, fp8_activations=fp8_activations, details=True)
+    np.testing.assert_allclose(y_rows, full.y[rows], rtol=1e-12, atol=1e-12)
+    assert (idx == full.routing.topk_idx[rows]).all()
+    assert tw.gate_up.dtype == torch.float8_e4m3fn
+    rep = check_numerics(x, full.y, tw, c, dtype="fp8_e4m3", sample=9, fp8_activations=fp8_activations)
+    assert rep.ok and rep.error.max_err < 1e-12

@@ -1,0 +1,100 @@
+"""benchmarks/bench_megakernel.py and megakernel_variants.py without a GPU: the --fp8 option, its
+warm-up jobs, the FP8 variants' configs and the printed row."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))  # bench_megakernel imports megakernel_variants by name
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_fp8_option_and_its_warm_up_jobs():
+    bm, mv = _load("bench_megakernel"), _load("megakernel_variants")
+    a = bm.parse_args(["--out", "x", "--fp8", "weights", "--presets", "qwen3-30b-a3b", "--variants",
+                       "--variant-tokens", "1,8"])
+    assert a.fp8 == "weights" and a.variants
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--out", "x", "--fp8", "act"])
+    jobs = mv.warm_jobs(["qwen3-30b-a3b"], [1, 8], [1, 8], fp8="weights")
+    assert jobs[:2] == [("qwen3-30b-a3b", 1, "backends", "weights"), ("qwen3-30b-a3b", 8, "backends", "weights")]
+    assert [j[2] for j in jobs[2:]] == list(mv.FP8_VARIANTS) * 2 and {j[3] for j in jobs} == {"weights"}
+    assert {j[2] for j in mv.warm_jobs(["qwen3-30b-a3b"], [1], [1], fp8="weights+act")[1:]} == set(mv.FP8A_VARIANTS)
+    assert mv.warm_jobs(["qwen3-30b-a3b"], [1], [1])[1:] == [("qwen3-30b-a3b", 1, v, None) for v in mv.T1_VARIANTS]
+    assert mv.weight_gib("gpt-oss-120b", "weights") > 1.5 * mv.weight_gib("gpt-oss-120b")  # bf16, e4m3, slices
+    # a job (GiB, heavy) starts while a process is free, heavy ones 3 at once, all within the GiB
+    assert mv.can_start((50.0, False), [], 14, 100.0) and mv.can_start((120.0, True), [], 14, 100.0)  # alone
+    assert not mv.can_start((22.0, True), [(22.0, True)] * 3, 14, 100.0)
+    assert mv.can_start((5.0, False), [(22.0, True)] * 3, 14, 100.0)
+    assert not mv.can_start((11.0, False), [(10.0, False)] * 9, 14, 100.0)
+    assert not mv.can_start((1.0, False), [(1.0, False)] * 14, 14, 100.0)
+
+
+@pytest.mark.parametrize("name,T", [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8), ("gpt-oss-120b", 1)])
+def test_fp8_variants_are_distinct_legal_configs(name, T):
+    """Each FP8 variant of the H200 decode config is a config of its own that the FP8 megakernel
+    takes (BLOCK_K 128, no stream-K), within Hopper's shared memory at its stages."""
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.megakernel import check_fp8_tiles
+
+    mv = _load("megakernel_variants")
+    c = kb.bench_config(name)
+    base = cfgs.megakernel_config(c.num_experts, c.hidden_size, c.intermediate_size, c.top_k,
+                                  c.shared_intermediate_size, T, num_sms=132, fp8="weights")
+    got = mv.variant_configs(base, mv.FP8_VARIANTS)
+    assert [n for n, _ in got] == ["default", *mv.FP8_VARIANTS]
+    for n, mk in got:
+        check_fp8_tiles(mk, "weights")
+        stage = cfgs.decode_stage_bytes(mk["tiles"], True, weight_bytes=1)
+        assert mk["num_stages"] * stage <= 227 << 10, n
+    d = dict(got)
+    assert d["fp8bits"]["fp8_convert"] == "bits" and d["fp8pf"]["fp8_scale_prefetch"]
+    assert d["fp8fast_st"]["num_stages"] > base["num_stages"]
+    assert d["fp8fast_bn128"]["tiles"]["gemm1"]["BLOCK_N"] == 128
+
+
+def test_fp8_convert_constexpr():
+    """"bits" is inline PTX on a GPU (CVT 2), Triton integer ops under the interpreter (1), nothing
+    with FP8 activations (e4m3 x e4m3 products); an unknown value names the key."""
+    import torch
+
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+    from megamoe.reference import MoEConfig, random_weights
+
+    cfg = MoEConfig(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
+    wt = random_weights(cfg, seed=3, fp8=True).to_torch("cpu", torch.float32)
+    x = torch.zeros((3, 200))
+    def mk(fp8):
+        return {**megakernel_config(cfg, 3, torch.float32, torch.device("cpu"), fp8=fp8), "fp8_convert": "bits",
+                "fp8_scale_prefetch": True}
+
+    for fp8, gpu, cvt in (("weights", True, 2), ("weights", False, 1), ("weights+act", True, 0)):
+        kw = build_launch(x, wt, cfg, mk(fp8), fp8=fp8, gpu=gpu)[2]
+        assert (kw["CVT"], kw["SPF"]) == (cvt, True), (fp8, gpu)
+    with pytest.raises(ValueError, match=r"'fp8_convert' must be one of \['cast', 'bits'\], got 'ptx'"):
+        build_launch(x, wt, cfg, {**mk("weights"), "fp8_convert": "ptx"}, fp8="weights")
+
+
+def test_fp8_row_prints_the_speedup():
+    bm = _load("bench_megakernel")
+    row = {"preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "floor_us": 10.0, "fp8": "weights",
+           "megakernel_us": 20.0, "multi_us": 30.0, "bf16_megakernel_us": 36.0, "bf16_over_fp8": 1.8,
+           "megakernel_ok": True, "multi_ok": True, "bf16_megakernel_ok": True,
+           "variants": [{"name": "fp8fast", "us": 18.0, "ok": True}]}
+    s = bm.fmt_row(row)
+    assert "bf16-mk      36.0" in s and "bf16/fp8  1.80" in s and "best variant 18.0" in s and "torch" not in s
