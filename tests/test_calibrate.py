@@ -287,6 +287,7 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
 
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
@@ -295,6 +296,7 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     # the compiled function whatever the interpreter setting (it wraps the same Python function)
     opts = getattr(f, "kwargs", {}) if not isinstance(f, JITFunction) else {}
     fn = f if isinstance(f, JITFunction) else JITFunction(f.fn, **{k: v for k, v in opts.items() if v is not None})
+    target = GPUTarget("cuda", 90, 32)
     ints = {"M": 4096, "N": 4096, "K": 1024}
     nospec = set(getattr(fn, "do_not_specialize", ()) or ())
     signature, constexprs, attrs = {}, {}, {}
@@ -306,8 +308,8 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+            attrs[(i,)] = CUDABackend(target).parse_attr("D")  # as the JIT marks a 16-divisible argument
+    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                        options={"num_warps": 8, "num_stages": 3})
     ptx = k.asm["ptx"]
     assert len(re.findall(r"cp\.async\.cg", ptx)) > 0 and len(re.findall(r"wgmma\.mma_async", ptx)) > 0
