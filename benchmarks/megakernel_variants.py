@@ -74,7 +74,7 @@ def _wide(mk):
     return mk
 
 
-def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "bits"):
+def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "bits", prefetch: bool = True):
     """fp8fast (bit-move conversion, scales a K step ahead; ``convert="cast"``: the prefetch alone),
     optionally with GEMM tiles of block_n columns, and as many pipeline stages as the decode stage
     budget (configs.STAGE_BYTES) holds of e4m3 weights, up to max_stages (configs.decode_stages stops at 6)."""
@@ -82,7 +82,7 @@ def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "b
         from megamoe.kernels import configs as cfgs
 
         mk = copy.deepcopy(mk)
-        mk.update(fp8_convert=convert, fp8_scale_prefetch=True)
+        mk.update(fp8_convert=convert, fp8_scale_prefetch=prefetch)
         t = mk["tiles"]
         if block_n:
             for g in ("gemm1", "gemm2"):
@@ -101,6 +101,7 @@ VARIANTS = {
     "sk_wide": (_wide, "stream-K with 128-column GEMM tiles"),
     "rank": (_set(topk_rank=True), "top-k tasks rank every expert at once (one reduction, not K maxima)"),
     "bitonic": (_set(topk_bitonic=True), "top-k tasks take a bitonic top-k (tl.topk: two cross-warp steps, not K maxima)"),
+    "maxima": (_set(topk_bitonic=False), "top-k tasks take K dependent maxima (the bitonic top-k off)"),
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
     "pfl2": (_set(prefetch_l2=0.5), "waiting GEMM 2 tasks prefetch GEMM 2 weight tiles into half of L2 (evict_last); "
                                     "GEMM 1 loads its weights evict_first"),
@@ -112,22 +113,25 @@ VARIANTS = {
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
     # FP8 weights (bench_megakernel.py --fp8): the e4m3 -> bf16 conversion and the scale loads of the K loop
+    "fp8cast": (_set(fp8_convert="cast"), "FP8: e4m3 -> bf16 by Triton's cast (two F2F per pair on the conversion pipe)"),
     "fp8bits": (_set(fp8_convert="bits"), "FP8: e4m3 -> bf16 by bit moves and one bf16x2 multiply (inline PTX), "
                                           "not Triton's cast (two F2F per pair on the conversion pipe)"),
     "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
     "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
     "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
                                              "weights, up to 10 (bytes in flight per program as bf16's)"),
+    "fp8st": (_fp8_fast(max_stages=10, prefetch=False), "FP8: bit moves (the default) with the stages the decode "
+                                                        "budget holds of e4m3 weights, up to 10"),
     "fp8fast_bn128": (_fp8_fast(block_n=128), "FP8: fp8fast with 128-column GEMM tiles (twice the bytes per K "
                                               "step of a 64-column tile)"),
     "fp8pf_bn128": (_fp8_fast(block_n=128, convert="cast"), "FP8: fp8pf with 128-column GEMM tiles (with FP8 "
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("bitonic", "stages4")
+T1_VARIANTS = ("maxima", "stages4")
 MID_VARIANTS = ("bm16", "bm32")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
-FP8_VARIANTS = ("fp8bits", "fp8pf", "fp8fast", "fp8fast_st", "fp8fast_bn128")
+FP8_VARIANTS = ("fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
 #: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
 #: for more stages; the scale prefetch and GEMM 2's tiles remain

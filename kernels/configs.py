@@ -431,13 +431,15 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank":
             # H200 run M measured it slower, Qwen3-30B T = 1 40.8 us against 36.6: off)
             "topk_rank": False,
-            # top-k tasks take a bitonic top-k (tl.topk) instead of K dependent maxima (variant
-            # "bitonic", untimed: off)
-            "topk_bitonic": False,
-            # FP8 weights: e4m3 -> bf16 by Triton's cast ("cast": two scalar F2F per pair of codes on
-            # the conversion pipe) or by bit moves ("bits", fp8_gemm._e4m3_to); the weight scales of
-            # the next K step loaded during this one (variants "fp8bits", "fp8pf"; untimed: off)
-            "fp8_convert": "cast",
+            # top-k tasks of 1-2 tokens take a bitonic top-k (tl.topk) instead of K dependent maxima
+            # (configs.bitonic_topk_fits; H200 run O, T = 1: Qwen3-30B 36.2 us against 37.5,
+            # gpt-oss-120b 77.2 against 77.9; variant "maxima" turns it off)
+            "topk_bitonic": True,
+            # FP8 weights: e4m3 -> bf16 by bit moves ("bits", fp8_gemm._e4m3_to) or by Triton's cast
+            # ("cast": two scalar F2F per pair of codes on the conversion pipe; H200 run O, Qwen3-30B
+            # T = 1: 46.2 us, bits 36.4; variant "fp8cast"); the weight scales of the next K step
+            # loaded during this one (variant "fp8pf": 47.2 us there, off)
+            "fp8_convert": "bits",
             "fp8_scale_prefetch": False}
 
 

@@ -109,6 +109,13 @@ def occupancy(profile: Profile, num_warps: int) -> int:
     return max(1, int(best))
 
 
+#: the dense-GEMM tables price tiles of at least this many rows. Below, the dense GEMM of the
+#: microbenchmark is bound by its own operand traffic (H200 run O: 134-205 TFLOP/s at 16 and 32 rows,
+#: 343-636 from 64), which the cost model already counts in its memory term: there the on-chip table
+#: gives the tensor rate
+GEMM_TABLE_MIN_ROWS = 64
+
+
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
                     loads: str = "any"):
     """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy, for
@@ -139,8 +146,11 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     if not km.mma:  # the efficiency curve read at the tile height, as the H200 runs fit best
         return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
     scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
-    table = {"pointer": km.gemm_pointer, "tma": km.gemm_tma}.get(loads) or km.mma
-    rate = _table_rate(table, bm, block_n, depth, num_warps)
+    rate = _table_rate(km.mma, bm, block_n, depth, num_warps)
+    gemm = {"pointer": km.gemm_pointer, "tma": km.gemm_tma}.get(loads)
+    if gemm:  # tiles of GEMM_TABLE_MIN_ROWS+ rows: the dense GEMM's rate (below, it is bound by its operand traffic)
+        rate = np.where(bm >= GEMM_TABLE_MIN_ROWS, _table_rate(gemm, bm, block_n, depth, num_warps), rate)
+        rate = rate if np.ndim(rate) else float(rate)
     if km.mma_sustained_flops_per_s > 0:  # on-chip bursts capped at what a large dense GEMM sustains
         rate = np.minimum(rate, km.mma_sustained_flops_per_s / profile.num_sms)
         rate = rate if np.ndim(rate) else float(rate)

@@ -63,8 +63,8 @@ def test_fp8_variants_are_distinct_legal_configs(name, T):
         stage = cfgs.decode_stage_bytes(mk["tiles"], True, weight_bytes=1)
         assert mk["num_stages"] * stage <= 227 << 10, n
     d = dict(got)
-    assert d["fp8bits"]["fp8_convert"] == "bits" and d["fp8pf"]["fp8_scale_prefetch"]
-    assert d["fp8fast_st"]["num_stages"] > base["num_stages"]
+    assert d["fp8cast"]["fp8_convert"] == "cast" and d["fp8fast"]["fp8_scale_prefetch"]
+    assert d["fp8st"]["num_stages"] > base["num_stages"] and not d["fp8st"]["fp8_scale_prefetch"]
     assert d["fp8fast_bn128"]["tiles"]["gemm1"]["BLOCK_N"] == 128
 
 

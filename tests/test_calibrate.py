@@ -269,6 +269,8 @@ def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
     assert mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer") == pytest.approx(2e12 + 256 * 1e8)
     assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma") == pytest.approx(3e12)
     assert mma_rate_per_sm(p, 128, 128, 256, 8) == pytest.approx(4e12 + 256 * 1e8)  # loads="any": on chip
+    # below GEMM_TABLE_MIN_ROWS rows the dense GEMM is bound by its operand traffic: the on-chip table
+    assert mma_rate_per_sm(p, 16, 64, 256, 4, loads="pointer") == mma_rate_per_sm(p, 16, 64, 256, 4)
     assert "gemm pointer 128x128" in summary(m, prof) and "gemm tma     128x128" in summary(m, prof)
     del m["gemm"]
     path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))

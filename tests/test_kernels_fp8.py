@@ -307,8 +307,8 @@ def _variants():
 #: (variant, fp8 mode, T, x dtype, why); fp8fast_st differs from fp8fast only in stages, which the
 #: interpreter does not have
 FP8_VARIANT_CASES = [
-    ("fp8bits", "weights", 13, None, "bit-move conversion (CVT 1 under the interpreter) in float32's dot"),
-    ("fp8bits", "weights", 13, "float16", "the float16 bit moves (shift 7, times 2^8)"),
+    ("fp8cast", "weights", 13, None, "Triton's cast (the default converts by bit moves, CVT 1 here)"),
+    ("fp8cast", "weights", 13, "float16", "Triton's cast to float16"),
     ("fp8pf", "weights+act", 13, None, "weight and activation scales a K step ahead"),
     ("fp8fast", "weights", 0, None, "no tokens"),
     ("fp8fast", "weights", 1, None, "one token: one K step ahead of a single row"),
@@ -325,7 +325,7 @@ def test_megakernel_fp8_variants(variant, fp8, T, xdt, rng, device):
     from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
 
     mv = _variants()
-    assert variant in mv.FP8_VARIANTS
+    assert variant in mv.FP8_VARIANTS + mv.FP8A_VARIANTS
     cfg = MoEConfig(**{**BASE, "num_experts": 7, "num_shared_experts": 1, "shared_intermediate_size": 72})
     w8 = random_weights(cfg, seed=19, fp8=True)
     rw = np.full_like(w8.router_weight, -1.0)

@@ -290,6 +290,7 @@ def test_bitonic_topk_picks_what_the_maxima_pick(router, T, topk_t, rng):
     base = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
     r = {**base["tiles"]["router"], "BLOCK_H": 16, "SPLIT": 2, "TOPK_T": topk_t}
     base = {**base, "tiles": {**base["tiles"], "router": r}}
+    base = {**base, "topk_bitonic": False}  # the K dependent maxima
     bitonic = {**base, "topk_bitonic": True}
     for router_zero in (False, True) if T == 1 else (False,):
         x, w = _cpu(cfg, T, rng, router_zero=router_zero)
