@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchload import BENCH, load_benchmark
 
 
 def _bench_ep():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ep.py"
-    spec = importlib.util.spec_from_file_location("bench_ep", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_ep")
 
 
 def test_dry_run_lists_every_case(capsys, tmp_path):
@@ -52,7 +47,7 @@ def test_cpu_smoke_runs_the_measuring_code(tmp_path, monkeypatch):
     """The GPU path's worker on 2 gloo processes, a shrunk layer: rows come out, deterministic and consistent.
 
     Imported by name (not from a file spec) so that the spawned ranks can unpickle its worker."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(BENCH))
     import bench_ep
 
     out = tmp_path / "smoke.jsonl"

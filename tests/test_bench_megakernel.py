@@ -3,24 +3,12 @@ warm-up jobs, the FP8 variants' configs and the printed row."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchload import load_benchmark
 
 
 def _load(name):
-    sys.path.insert(0, str(BENCH))  # bench_megakernel imports megakernel_variants by name
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark(name)
 
 
 def test_fp8_option_and_its_warm_up_jobs():

@@ -3,10 +3,7 @@ SASS loop summary it prints with --loops."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import os
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +11,9 @@ import pytest
 @pytest.fixture(scope="module")
 def cr():
     """The module, loaded without letting it clear TRITON_INTERPRET for the rest of the session."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_report.py"
-    spec = importlib.util.spec_from_file_location("compile_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    before = os.environ.get("TRITON_INTERPRET")
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        if before is not None:
-            os.environ["TRITON_INTERPRET"] = before
-    return mod
+    from benchload import load_benchmark
+
+    return load_benchmark("compile_report")
 
 
 def test_sets_parse_and_apply(cr):

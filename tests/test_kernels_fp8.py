@@ -294,14 +294,9 @@ def test_e4m3_bit_moves_equal_the_cast(dtype, device):
 
 
 def _variants():
-    import importlib.util
-    from pathlib import Path
+    from benchload import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "megakernel_variants.py"
-    spec = importlib.util.spec_from_file_location("megakernel_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("megakernel_variants")
 
 
 #: (variant, fp8 mode, T, x dtype, why); fp8fast_st differs from fp8fast only in stages, which the

@@ -269,14 +269,9 @@ def test_variant_configs_are_checked():
 
 
 def _bench_prefill():
-    import importlib.util
-    from pathlib import Path
+    from benchload import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_prefill.py"
-    spec = importlib.util.spec_from_file_location("bench_prefill", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_prefill")
 
 
 def test_bench_prefill_row_checks_every_candidate(monkeypatch, device):

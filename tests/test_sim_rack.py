@@ -3,9 +3,6 @@ bounded buffers, L2 residency, one GPU, and the calibration to the published poi
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import simpy
@@ -151,11 +148,9 @@ def test_fixed_costs_and_the_owners_reduction_are_charged():
 
 # ---------------------------------------------------------------------------- calibration
 def _calibration():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rack_calibration.py"
-    spec = importlib.util.spec_from_file_location("rack_calibration", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchload import load_benchmark
+
+    return load_benchmark("rack_calibration")
 
 
 def test_the_profile_reproduces_its_calibration_points():
