@@ -344,6 +344,11 @@ def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
     return tokens <= BITONIC_TOPK_MAX_TOKENS and tokens * block_e <= BITONIC_TOPK_MAX_KEYS
 
 
+#: weight-only FP8's e4m3 conversion in both backends (fp8_gemm.FP8_CONVERT): H200 run O, the
+#: megakernel at Qwen3-30B-A3B T = 1, 46.2 us with Triton's cast, 36.4 with the bit moves, whose
+#: values are the cast's for every finite code (tests/test_kernels_fp8.py, on the H200 in run P)
+FP8_CONVERT_DEFAULT = "bits"
+
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10
 
@@ -439,7 +444,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # ("cast": two scalar F2F per pair of codes on the conversion pipe; H200 run O, Qwen3-30B
             # T = 1: 46.2 us, bits 36.4; variant "fp8cast"); the weight scales of the next K step
             # loaded during this one (variant "fp8pf": 47.2 us there, off)
-            "fp8_convert": "bits",
+            "fp8_convert": FP8_CONVERT_DEFAULT,
             "fp8_scale_prefetch": False}
 
 

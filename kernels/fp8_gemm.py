@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ..reference.sizes import FP8_BLOCK
+from .configs import FP8_CONVERT_DEFAULT
 from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_epilogue, _gemm2_rows, _ieee, _program_tile
 from .plan import gemm_grid
 
@@ -220,7 +221,7 @@ def _gemm1_fp8_kernel(
     stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CVT: tl.constexpr,
 ):
     pid_m, pid_n, e, _s, _lo, _hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE, 1,
                                                   BLOCK_N, BLOCK_K, GROUP_M)
@@ -229,7 +230,7 @@ def _gemm1_fp8_kernel(
     _gemm1_fp8_tile(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                     pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
                     stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, FP8_A, IEEE, KB,
-                    BLOCK_M, BLOCK_N, BLOCK_K, 0, False)
+                    BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
 
 
 @triton.jit
@@ -292,7 +293,7 @@ def _gemm2_fp8_kernel(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CVT: tl.constexpr,
 ):
     pid_m, pid_n, e, s, k_lo, k_hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE,
                                                    SPLIT_K, BLOCK_N, BLOCK_K, GROUP_M)
@@ -301,10 +302,31 @@ def _gemm2_fp8_kernel(
     _gemm2_fp8_tile(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse,
                     stride_wsn, stride_be, stride_ot, K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, FP8_A, IEEE,
-                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, 0, False)
+                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
 
 
 # --------------------------------------------------------------------------- launchers
+#: how weight-only FP8 converts e4m3 codes to x's dtype (``_e4m3_to``'s CVT) on a GPU and under the
+#: interpreter: "bits" (inline PTX on a GPU; the same bit moves in Triton integer ops, which the
+#: interpreter runs) or "cast" (Triton's cast). Both backends read it: the megakernel by its config
+#: key "fp8_convert", the multi-launch GEMMs by configs.FP8_CONVERT_DEFAULT
+FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
+
+
+def convert_code(name: str, gpu: bool) -> int:
+    """CVT for a conversion name of FP8_CONVERT on a GPU (``gpu``) or under the interpreter; an
+    unknown name is an error that names it."""
+    if name not in FP8_CONVERT:
+        raise ValueError(f"FP8 conversion must be one of {list(FP8_CONVERT)}, got {name!r}")
+    return FP8_CONVERT[name][0 if gpu else 1]
+
+
+def _multi_cvt(x, fp8_act: bool) -> int:
+    """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8 (0 with FP8 activations:
+    e4m3 x e4m3 products convert nothing)."""
+    return 0 if fp8_act else convert_code(FP8_CONVERT_DEFAULT, x.device.type == "cuda")
+
+
 def _check_fp8_tiles(cfg: dict, gemm: str, fp8_act: bool) -> None:
     if cfg["BLOCK_K"] != FP8_BLOCK or (gemm == "gemm1" and (cfg.get("SPLIT_K", 1) != 1 or
                                                            (fp8_act and cfg["BLOCK_N"] != FP8_BLOCK))):
@@ -327,7 +349,7 @@ def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dic
     N = w.shape[1] // 2
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
                   FP8_A=fp8_act, IEEE=_ieee(x), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                  BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
+                  BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], CVT=_multi_cvt(x, fp8_act), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
     args = (x, w, w_scale, bias, out, out_scale, meta.get("padded_token"), meta.get("padded_pair"),
             meta.get("block_expert"), topk_w, T, N, KD, num_m, x.stride(0), w.stride(0), w.stride(1),
@@ -358,7 +380,8 @@ def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: di
     kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
                   FP8_A=act_scale is not None, IEEE=_ieee(act),
                   SPLIT_K=split, KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                  GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  GROUP_M=cfg["GROUP_M"], CVT=_multi_cvt(act, act_scale is not None), num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     args = (act, act_scale, w, w_scale, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale,
             T, N, KD, num_m, act.stride(0), 0 if act_scale is None else act_scale.stride(0), w.stride(0), w.stride(1),
             w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0))

@@ -47,7 +47,8 @@ from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
-from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile
+from .configs import FP8_CONVERT_DEFAULT
+from .fp8_gemm import FP8_CONVERT, _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
 from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
@@ -454,18 +455,13 @@ def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
             raise ValueError(f"FP8 ({fp8}) megakernel tiles need tiles[{part!r}][{key!r}] = {v}, got {t[part].get(key)!r}")
 
 
-#: config "fp8_convert" -> fp8_gemm._e4m3_to's CVT on a GPU ("bits": inline PTX) and under the interpreter
-#: ("bits": the same bit moves in Triton integer ops, which the interpreter runs)
-FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
-
-
 def fp8_convert_code(mk: dict, gpu: bool) -> int:
-    """CVT for the config's "fp8_convert" ("cast", the default, or "bits") on a GPU or under the
-    interpreter; an unknown value is an error that names the key."""
-    name = mk.get("fp8_convert", "cast")
+    """CVT for the config's "fp8_convert" (fp8_gemm.FP8_CONVERT; absent: FP8_CONVERT_DEFAULT) on a GPU
+    or under the interpreter; an unknown value is an error that names the key."""
+    name = mk.get("fp8_convert", FP8_CONVERT_DEFAULT)
     if name not in FP8_CONVERT:
         raise ValueError(f"megakernel config 'fp8_convert' must be one of {list(FP8_CONVERT)}, got {name!r}")
-    return FP8_CONVERT[name][0 if gpu else 1]
+    return convert_code(name, gpu)
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,

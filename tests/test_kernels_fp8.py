@@ -339,3 +339,27 @@ def test_megakernel_fp8_variants(variant, fp8, T, xdt, rng, device):
     if dtype == "float32" and fp8 == "weights":  # nothing quantized in the kernel: float32's arithmetic
         assert_close(y.cpu(), ref, "float32", f"{variant} T={T}")
     assert rep.max_err <= tolerance_for("fp8_e4m3")[0]
+
+
+def test_both_backends_read_one_fp8_conversion_choice():
+    """The e4m3 conversion is chosen in one place (configs.FP8_CONVERT_DEFAULT, fp8_gemm.FP8_CONVERT):
+    the megakernel's config default and the multi-launch GEMMs' CVT come from it; FP8 activations
+    convert nothing (CVT 0); an unknown name is refused by name."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import fp8_gemm as fg
+    from megamoe.kernels.megakernel import fp8_convert_code, megakernel_config
+
+    assert fg.convert_code("bits", True) == 2 and fg.convert_code("bits", False) == 1
+    assert fg.convert_code("cast", True) == fg.convert_code("cast", False) == 0
+    with pytest.raises(ValueError, match="'ptx'"):
+        fg.convert_code("ptx", True)
+    x = torch.zeros(2, 8)
+    assert fg._multi_cvt(x, False) == fg.convert_code(cfgs.FP8_CONVERT_DEFAULT, False)
+    assert fg._multi_cvt(x, True) == 0
+    cfg = MoEConfig(**BASE)
+    gpu_mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, 0, 1,
+                                    num_sms=132, fp8="weights")
+    assert gpu_mk["fp8_convert"] == cfgs.FP8_CONVERT_DEFAULT
+    interp_mk = megakernel_config(cfg, 3, torch.float32, torch.device("cpu"), fp8="weights")  # key left to the default
+    for mk in (gpu_mk, interp_mk):
+        assert fp8_convert_code(mk, True) == fg.convert_code(cfgs.FP8_CONVERT_DEFAULT, True)
