@@ -45,6 +45,7 @@ def _entry(rank: int, fn, nprocs: int, port: int, backend: str, args: tuple, pg_
     check_transport_env()
     try:
         fn(rank, nprocs, *args)
+        dist.barrier()  # every rank done before any tears down: gloo aborted a rank that was still sending
     finally:
         dist.destroy_process_group()
 
