@@ -34,8 +34,8 @@ with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); 
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 
-Weight-only decode options (the megakernel's config keys "fp8_convert" and "fp8_scale_prefetch",
-off by default; benchmarks/megakernel_variants.py FP8_VARIANTS):
+Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
+= bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):
     CVT, e4m3 -> x's dtype (``_e4m3_to``): 0 Triton's cast, on sm_90 cvt.rn.f16x2.e4m3x2 and two
         scalar cvt.bf16.f16 per pair of codes (SASS F2FP.F16.E4M3.UNPACK_B + 2 F2F.BF16.F16 on the
         conversion pipe: 192 per thread per K step of a 16 x 64 GEMM 1 tile); 1 bit moves in Triton
@@ -313,11 +313,11 @@ def _gemm2_fp8_kernel(
 FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
 
 
-def convert_code(name: str, gpu: bool) -> int:
+def convert_code(name: str, gpu: bool, what: str = "FP8 conversion") -> int:
     """CVT for a conversion name of FP8_CONVERT on a GPU (``gpu``) or under the interpreter; an
-    unknown name is an error that names it."""
+    unknown name is an error that names it and ``what`` it was given as."""
     if name not in FP8_CONVERT:
-        raise ValueError(f"FP8 conversion must be one of {list(FP8_CONVERT)}, got {name!r}")
+        raise ValueError(f"{what} must be one of {list(FP8_CONVERT)}, got {name!r}")
     return FP8_CONVERT[name][0 if gpu else 1]
 
 

@@ -48,7 +48,7 @@ from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_b
 from . import configs as cfgs
 from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .configs import FP8_CONVERT_DEFAULT
-from .fp8_gemm import FP8_CONVERT, _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
+from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
 from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
@@ -458,10 +458,7 @@ def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
 def fp8_convert_code(mk: dict, gpu: bool) -> int:
     """CVT for the config's "fp8_convert" (fp8_gemm.FP8_CONVERT; absent: FP8_CONVERT_DEFAULT) on a GPU
     or under the interpreter; an unknown value is an error that names the key."""
-    name = mk.get("fp8_convert", FP8_CONVERT_DEFAULT)
-    if name not in FP8_CONVERT:
-        raise ValueError(f"megakernel config 'fp8_convert' must be one of {list(FP8_CONVERT)}, got {name!r}")
-    return convert_code(name, gpu)
+    return convert_code(mk.get("fp8_convert", FP8_CONVERT_DEFAULT), gpu, "megakernel config 'fp8_convert'")
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,

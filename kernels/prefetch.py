@@ -41,6 +41,15 @@ def rows_ok(t) -> bool:
             and t.data_ptr() % GRANULE == 0)
 
 
+#: one thread's bulk prefetch of $2 bytes at $1 into L2 (none when $2 is 0); _PF_LAST with an
+#: evict_last L2 policy
+_PF = tl.constexpr("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
+                   "mov.u32 $0, 0; }")
+_PF_LAST = tl.constexpr("{ .reg .pred p; .reg .b64 pol; setp.ne.s32 p, $2, 0; "
+                        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+                        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }")
+
+
 @triton.jit
 def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: tl.constexpr):
     """Prefetch [ptr, ptr + nbytes) into L2 (nbytes a multiple of 16, ptr 16-byte aligned), split
@@ -52,16 +61,8 @@ def _prefetch_bytes(ptr, nbytes, ON: tl.constexpr, NCHUNK: tl.constexpr, LAST: t
         start = c.to(tl.int64) * chunk
         size = tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32)
         addr = ptr.to(tl.int64, bitcast=True) + start
-        if LAST:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b64 pol; setp.ne.s32 p, $2, 0; "
-                "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_PF_LAST if LAST else _PF, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 @triton.jit

@@ -487,6 +487,14 @@ def provenance() -> dict:
             "num_sms": int(props.multi_processor_count), "l2_bytes": int(getattr(props, "L2_cache_size", 0))}
 
 
+def _best_by_shape(points) -> list:
+    """[((BM, BN, warps), best rate over depth)] of a tile table's points, by shape."""
+    best = {}
+    for bm, bn, w, _d, r in points:
+        best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
+    return sorted(best.items())
+
+
 def summary(m: dict, prof: dict) -> str:
     """The measured figures as a small table (steps not measured are left out)."""
     km = prof["kernel_model"]
@@ -508,22 +516,12 @@ def summary(m: dict, prof: dict) -> str:
     add("serial load+dot step", "serial_load_step_s", 1e9, "ns", "8.1f")
     add("serial top-1 pass", "serial_reduce_step_s", 1e9, "ns", "8.1f")
     S = prof["gpu"]["num_sms"]["value"]
-    best = {}
-    for bm, bn, w, _d, r in m.get("mma", {}).get("points", []):
-        best[(bm, bn, w)] = max(best.get((bm, bn, w), 0.0), r)
-    for (bm, bn, w), r in sorted(best.items()):
-        lines.append(f"mma {bm:>3}x{bn:<3} {w} warps, whole GPU      {r * S / 1e12:8.1f} TFLOP/s")
-    for kind in ("pointer", "tma"):
-        bestg = {}
-        for bm, bn, w, _d, r in m.get("gemm", {}).get(f"points_{kind}", []):
-            bestg[(bm, bn, w)] = max(bestg.get((bm, bn, w), 0.0), r)
-        for (bm, bn, w), r in sorted(bestg.items()):
-            lines.append(f"gemm {kind:<7} {bm:>3}x{bn:<3} {w} warps     {r * S / 1e12:8.1f} TFLOP/s")
-    best8 = {}
-    for bm, bn, w, _d, r in m.get("mma_fp8", {}).get("points", []):
-        best8[(bm, bn, w)] = max(best8.get((bm, bn, w), 0.0), r)
-    for (bm, bn, w), r in sorted(best8.items()):
-        lines.append(f"mma fp8 {bm:>3}x{bn:<3} {w} warps, whole GPU  {r * S / 1e12:8.1f} TFLOP/s")
+    for step, key, label in (("mma", "points", "mma {} {} warps, whole GPU     "),
+                             ("gemm", "points_pointer", "gemm pointer {} {} warps    "),
+                             ("gemm", "points_tma", "gemm tma     {} {} warps    "),
+                             ("mma_fp8", "points", "mma fp8 {} {} warps, whole GPU ")):
+        for (bm, bn, w), r in _best_by_shape(m.get(step, {}).get(key, [])):
+            lines.append(label.format(f"{bm:>3}x{bn:<3}", w) + f" {r * S / 1e12:8.1f} TFLOP/s")
     for n, r in m.get("copy", {}).get("points", []):
         lines.append(f"gather copy, {int(n):>3} SMs, per SM          {r / 1e9:8.1f} GB/s")
     missing = prof.get("calibration", {}).get("not_measured", [])
