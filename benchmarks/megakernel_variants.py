@@ -89,7 +89,7 @@ def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "b
                 t[g]["BLOCK_N"] = block_n
         if block_n or max_stages != 6:  # the shared MLP's tiles count whether or not the preset has one
             per_stage = cfgs.decode_stage_bytes(t, True, weight_bytes=1)
-            mk["num_stages"] = max(2, min(max_stages, 1 + cfgs.STAGE_BYTES // per_stage))
+            mk["num_stages"] = cfgs.decode_stages(per_stage, least=2, most=max_stages)
         return mk
     return f
 

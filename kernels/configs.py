@@ -364,11 +364,11 @@ def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
                if shared else 0)
 
 
-def decode_stages(stage_bytes: int, *, least: int = 3) -> int:
-    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to 6 (a
-    program streams about stages - 1 of them ahead; H200 run E: gpt-oss-120b T = 1 98.0 us at 3
-    stages, 78.6 at 6; Qwen3-30B 37.6 at 3, 37.2-40.2 at 4-6)."""
-    return max(least, min(6, 1 + STAGE_BYTES // stage_bytes))
+def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
+    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to
+    ``most`` (a program streams about stages - 1 of them ahead; H200 run E: gpt-oss-120b T = 1
+    98.0 us at 3 stages, 78.6 at 6; Qwen3-30B 37.6 at 3, 37.2-40.2 at 4-6)."""
+    return max(least, min(most, 1 + STAGE_BYTES // stage_bytes))
 
 
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:

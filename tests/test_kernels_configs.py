@@ -102,3 +102,4 @@ def test_decode_stages_fit_the_stage_budget():
     assert decode_stage_bytes(tiles, False, weight_bytes=1) == 16 * 128 * 2 + 2 * 128 * 64
     assert decode_stages(STAGE_BYTES // 4) == 5 and decode_stages(1024) == 6
     assert decode_stages(STAGE_BYTES) == 3 and decode_stages(STAGE_BYTES, least=2) == 2
+    assert decode_stages(1024, most=10) == 10 and decode_stages(STAGE_BYTES // 8, most=10) == 9
