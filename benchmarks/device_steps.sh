@@ -7,12 +7,14 @@
 #
 # STEPS_FILE: one step per line, "NAME LIMIT_S COMMAND...", '#' starts a comment. A command
 # writes under $W (its own folder, /tmp/steps/NAME); its stdout and stderr go to $W/log.txt.
-# A step starts only while its limit fits in what is left of TOTAL_S (default 570).
+# A step starts only while its limit fits in what is left of TOTAL_S (default 570); one whose limit
+# no longer fits gets what is left, if that is at least 20 s. STEPS_ROOT: the folder the steps
+# write under (default a fresh /tmp/steps.XXXXXX), packed as it is.
 set -u -o pipefail
 OUT=${1:?usage: device_steps.sh OUT STEPS_FILE [TOTAL_S]}
 STEPS=${2:?usage: device_steps.sh OUT STEPS_FILE [TOTAL_S]}
 TOTAL=${3:-570}
-ROOT=/tmp/steps
+ROOT=${STEPS_ROOT:-$(mktemp -d /tmp/steps.XXXXXX)}
 mkdir -p "$OUT" "$ROOT"
 START=$(date +%s)
 cp "$STEPS" "$ROOT/steps.txt"

@@ -58,3 +58,25 @@ def test_all_pairs_on_one_expert(device):
     plan = plan_dispatch(idx, 7, 16)
     np.testing.assert_array_equal(got["padded_token"].numpy()[: plan.num_padded_rows], plan.padded_token)
     np.testing.assert_array_equal(got["block_expert"].numpy()[:3], plan.block_expert)
+
+
+def test_one_scan_block_for_both_scans_and_the_model():
+    """reference.tiles.scan_block: a power of two in [2, 16] covering the groups (16 past them),
+    the block both align scans use (plan.align_launch's BLOCK_C) and the cost model's step count
+    reads (ceil(G / BLOCK_C) + 2 for the megakernel's align_scan task, whose depth is G)."""
+    from megamoe.kernels.plan import align_launch
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import KINDS, scan_block, task_plan
+
+    assert [scan_block(g) for g in (0, 1, 2, 3, 5, 16, 17, 128, 512)] == [2, 2, 2, 4, 8, 16, 16, 16, 16]
+    for C in (1, 3, 40):
+        assert align_launch(C, 2, 8, 16, 16, 4)["BLOCK_C"] == scan_block(C)
+    cfg = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2)
+    tiles = {"router": {"BLOCK_T": 4, "BLOCK_H": 16, "SPLIT": 1}, "gemm1": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16},
+             "gemm2": {"BLOCK_N": 16, "BLOCK_K": 16},
+             "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 16},
+             "combine": {"BLOCK_T": 4, "BLOCK_H": 64}, "order": {"GROUP_M": 2}}
+    counts = np.bincount(np.arange(30 * 2) % 8, minlength=8)
+    p = task_plan(cfg, counts, 30, tiles)
+    scan = p.kind == KINDS.index("align_scan")
+    assert scan.sum() == 1 and int(p.depth[scan][0]) == p.layout.topk_groups == 8  # 30 tokens in groups of 4
