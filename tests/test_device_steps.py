@@ -1,6 +1,6 @@
 """benchmarks/device_steps.sh (one device call as named steps) on this machine: each step under its
 own limit, its output in its folder, everything packed after every step, steps past the total
-budget not started."""
+budget not started; and benchmarks/bench_stream.py's refusal without a GPU."""
 
 from __future__ import annotations
 
@@ -29,3 +29,20 @@ def test_steps_run_under_their_limits_and_are_packed(tmp_path):
         names = set(t.getnames())
     assert {"./ok/file.txt", "./ok/log.txt", "./slow/log.txt", "./driver.log", "./steps.txt"} <= names
     assert (root / "ok" / "log.txt").read_text() == "printed\n"
+
+
+def test_bench_stream_says_it_needs_a_gpu(capsys):
+    """benchmarks/bench_stream.py without CUDA: exit 2 and a line saying why, nothing written."""
+    import torch
+    from benchload import load_benchmark
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("a GPU is here: the benchmark would run")
+    mod = load_benchmark("bench_stream")
+    assert mod.main(["--out", "/nonexistent/never-made"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not Path("/nonexistent/never-made").exists()
+    # every point the sweep would time fits the shared memory it budgets for one program
+    assert all(min(mod.STAGES) * (bn * bk + 16 * bk) * 2 <= mod.SMEM_BYTES for bn, bk in mod.TILES)
