@@ -62,6 +62,18 @@ def _rows(bm: int):
     return f
 
 
+def _prefill(mk):
+    """The prefill tiles (configs._megakernel_config's past 64 rows): 128-row blocks, 128-column
+    tiles, BLOCK_K 64, 8 warps, 3 stages."""
+    mk = copy.deepcopy(mk)
+    t = mk["tiles"]
+    t["gemm1"].update(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)
+    t["gemm2"].update(BLOCK_N=128, BLOCK_K=64)
+    t["shared"].update(BLOCK_M=128, BLOCK_N1=128, BLOCK_N2=128, BLOCK_K=64)
+    mk.update(num_warps=8, num_stages=3)
+    return mk
+
+
 def _wide(mk):
     """stream-K with 128-column GEMM tiles (segments balance the programs, not the tile count)."""
     mk = copy.deepcopy(mk)
@@ -107,6 +119,8 @@ VARIANTS = {
                                     "GEMM 1 loads its weights evict_first"),
     "bm16": (_rows(16), "16-row blocks (an expert with more rows streams its weights once per block; L2 may share them)"),
     "bm32": (_rows(32), "32-row blocks"),
+    "bm128": (_prefill, "the prefill tiles: 128-row blocks, 128 x 64 steps, 8 warps, 3 stages"),
+    "w8": (_set(num_warps=8), "8 warps (the GEMM 1 tile's two accumulators over twice the threads)"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
@@ -130,6 +144,8 @@ VARIANTS = {
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
 T1_VARIANTS = ("maxima", "stages4")
 MID_VARIANTS = ("bm16", "bm32")
+#: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
+PREFILL_VARIANTS = ("w8", "bm128", "stages4")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
 FP8_VARIANTS = ("fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
@@ -142,7 +158,7 @@ def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:
     """The variants bench_megakernel.py --variants times at T (and its warm-up compiles)."""
     if fp8:
         return FP8_VARIANTS if fp8 == "weights" else FP8A_VARIANTS
-    return T1_VARIANTS if T == 1 else MID_VARIANTS
+    return T1_VARIANTS if T == 1 else (MID_VARIANTS if T < 512 else PREFILL_VARIANTS)
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
