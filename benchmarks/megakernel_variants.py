@@ -74,6 +74,30 @@ def _prefill(mk):
     return mk
 
 
+#: shared memory each of two programs per SM may give its pipeline stages (an H200 SM has 228 KiB)
+OCC2_STAGE_BYTES = 100 << 10
+
+
+def _occ2(block_n: int | None):
+    """Two programs per SM: BLOCK_K 64 (half a decode stage's bytes), as many stages as
+    OCC2_STAGE_BYTES holds (2 to 6), optionally GEMM tiles of block_n columns (more tiles for the
+    twice as many programs). bench_stream.py (run N): two streaming programs per SM pull 10-15% more."""
+    def f(mk):
+        from megamoe.kernels import configs as cfgs
+
+        mk = copy.deepcopy(mk)
+        t = mk["tiles"]
+        for g in ("gemm1", "gemm2", "shared"):
+            t[g]["BLOCK_K"] = 64
+        if block_n:
+            for g in ("gemm1", "gemm2"):
+                t[g]["BLOCK_N"] = block_n
+        per_stage = cfgs.decode_stage_bytes(t, True)
+        mk.update(occupancy=2, num_stages=max(2, min(6, OCC2_STAGE_BYTES // per_stage)))
+        return mk
+    return f
+
+
 def _wide(mk):
     """stream-K with 128-column GEMM tiles (segments balance the programs, not the tile count)."""
     mk = copy.deepcopy(mk)
@@ -121,10 +145,13 @@ VARIANTS = {
     "bm32": (_rows(32), "32-row blocks"),
     "bm128": (_prefill, "the prefill tiles: 128-row blocks, 128 x 64 steps, 8 warps, 3 stages"),
     "w8": (_set(num_warps=8), "8 warps (the GEMM 1 tile's two accumulators over twice the threads)"),
+    "w4": (_set(num_warps=4), "4 warps"),
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
+    "occ2s": (_occ2(None), "two programs per SM, BLOCK_K 64, the stages 100 KiB holds"),
+    "occ2_bn32": (_occ2(32), "two programs per SM, BLOCK_K 64, 32-column GEMM tiles, the stages 100 KiB holds"),
     "next": (_set(next_ticket=True), "take the next ticket as a task starts, not after it ends"),
     # FP8 weights (bench_megakernel.py --fp8): the e4m3 -> bf16 conversion and the scale loads of the K loop
     "fp8cast": (_set(fp8_convert="cast"), "FP8: e4m3 -> bf16 by Triton's cast (two F2F per pair on the conversion pipe)"),
@@ -142,10 +169,10 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("maxima", "stages4")
-MID_VARIANTS = ("bm16", "bm32")
+T1_VARIANTS = ("occ2s", "occ2_bn32")
+MID_VARIANTS = ("w8",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
-PREFILL_VARIANTS = ("w8", "bm128", "stages4")
+PREFILL_VARIANTS = ("w4", "w8", "bm128", "stages4")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
 FP8_VARIANTS = ("fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion

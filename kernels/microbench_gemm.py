@@ -7,8 +7,10 @@ Shape legend: M rows, N columns, K depth, BM/BN/BK tile sizes, S SMs.
                         tiles), A and W in HBM (W K-contiguous, as the experts' weights are stored),
                         the K loop pipelined over ``num_stages``. ``TMA``: W's tiles come through a
                         tensor descriptor (the weight loads of grouped_gemm's "tma_persistent"
-                        GEMMs); otherwise both operands by pointer loads (cp.async: the megakernel
-                        and the pointer GEMMs).
+                        GEMMs), ``TMA_A`` A's too (their GEMM 2); otherwise by pointer loads
+                        (cp.async: the megakernel and the pointer GEMMs). ``PERSISTENT``: one
+                        program per SM walks tiles pid, pid + programs, ... (the persistent GEMMs
+                        and, through its tickets, the megakernel); otherwise one tile per program.
 
 Why it exists (H200 runs L and M, NOTES-gpu-runs.md): the tile table ``mma`` times the tensor cores
 on operands already on chip, capped at a dense cuBLAS GEMM's rate, and the MoE kernels' prefill
@@ -27,19 +29,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _dense_gemm_kernel(a_ptr, w_ptr, w_desc, c_ptr, M, N, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile pid of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes. K is
-    specialized (its divisibility by 16 lets the row loads vectorize into cp.async: H200 run N,
-    with K unspecialized, measured 37-160 TFLOP/s of scalar loads)."""
-    pid = tl.program_id(0)
+def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.constexpr, TMA_A: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile ``tile`` of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes."""
     num_m = M // BLOCK_M
     num_n = N // BLOCK_N
     width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
+    first_m = (tile // width) * GROUP_M
     size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m = first_m + (tile % width) % size_m
+    pid_n = (tile % width) // size_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -47,7 +46,10 @@ def _dense_gemm_kernel(a_ptr, w_ptr, w_desc, c_ptr, M, N, K, TMA: tl.constexpr, 
     w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, K // BLOCK_K):
-        a = tl.load(a_ptrs)
+        if TMA_A:
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        else:
+            a = tl.load(a_ptrs)
         if TMA:
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K]).T
         else:
@@ -58,12 +60,39 @@ def _dense_gemm_kernel(a_ptr, w_ptr, w_desc, c_ptr, M, N, K, TMA: tl.constexpr, 
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT: tl.constexpr, TMA: tl.constexpr,
+                       TMA_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr):
+    """One tile per program, or (PERSISTENT) tiles pid, pid + programs, ... as the persistent
+    GEMMs walk theirs. K is specialized (its divisibility by 16 lets the row loads vectorize into
+    cp.async: H200 run N, with K unspecialized, measured 37-160 TFLOP/s of scalar loads)."""
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0)):
+            _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, BLOCK_M, BLOCK_N, BLOCK_K,
+                        GROUP_M)
+    else:
+        _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tl.program_id(0), M, N, K, TMA, TMA_A, BLOCK_M, BLOCK_N,
+                    BLOCK_K, GROUP_M)
+
+
+#: the loop forms measured (simulator.hardware.GEMM_LOADS' keys) -> (persistent, W by TMA, A by TMA)
+LOADS = {"pointer": (False, False, False), "tma": (False, True, False),
+         "pointer_persistent": (True, False, False), "tma_persistent": (True, True, False),
+         "tma_ab_persistent": (True, True, True)}
+
+
 def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, block_k: int, num_warps: int,
-               num_stages: int, tma: bool = False, group_m: int = 8, out: torch.Tensor | None = None,
-               check: bool = False):
+               num_stages: int, loads: str = "pointer", programs: int | None = None, group_m: int = 8,
+               out: torch.Tensor | None = None, check: bool = False):
     """C = a (M, K) @ w (N, K)^T by the tile loop above -> (C (M, N) in a's dtype, compiled kernel).
-    M, N, K must be multiples of block_m, block_n, block_k; ``tma`` loads w through a tensor
-    descriptor (Hopper and newer). ``check`` compares with torch (the interpreter tests)."""
+    M, N, K must be multiples of block_m, block_n, block_k. ``loads`` (a key of LOADS): one tile
+    per program or persistent programs, weights (and rows) through tensor descriptors (Hopper and
+    newer) or by pointer loads; ``programs``: the persistent grid (default: the SM count, at
+    most the tiles). ``check`` compares with torch (the interpreter tests)."""
+    if loads not in LOADS:
+        raise ValueError(f"loads must be one of {sorted(LOADS)}, got {loads!r}")
+    persistent, tma, tma_a = LOADS[loads]
     M, K = a.shape
     N, Kw = w.shape
     if Kw != K:
@@ -73,14 +102,22 @@ def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, 
             raise ValueError(f"{name} = {v} must be a multiple of its block {b}")
     a, w = a.contiguous(), w.contiguous()
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=a.dtype)
-    desc = None
-    if tma:
+    w_desc = a_desc = None
+    if tma or tma_a:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
-    grid = ((M // block_m) * (N // block_n),)
-    k = _dense_gemm_kernel[grid](a, w, desc, c, M, N, K, TMA=tma, BLOCK_M=block_m, BLOCK_N=block_n,
-                                 BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+        w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k]) if tma else None
+        a_desc = TensorDescriptor.from_tensor(a, [block_m, block_k]) if tma_a else None
+    tiles = (M // block_m) * (N // block_n)
+    if persistent:
+        if programs is None:
+            programs = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 3
+        grid = (max(1, min(int(programs), tiles)),)
+    else:
+        grid = (tiles,)
+    k = _dense_gemm_kernel[grid](a, a_desc, w, w_desc, c, M, N, K, PERSISTENT=persistent, TMA=tma, TMA_A=tma_a,
+                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                                 num_warps=num_warps, num_stages=num_stages)
     if check:
         want = a.float() @ w.float().T
         if not torch.allclose(c.float(), want, rtol=2e-2, atol=2e-2):

@@ -63,6 +63,9 @@ class Stage:
     #: the tensor cores' format: "bf16" (16-bit operands, weight-only FP8 included: it converts the
     #: weights in registers) or "fp8" (e4m3 x e4m3, the GEMMs with FP8 activations); None: no MMA
     mma_dtype: str | None = None
+    #: how the GEMM's tile loop loads its operands, a key of simulator.hardware.GEMM_LOADS (the
+    #: dense-GEMM microbenchmark table that prices it); None: no GEMM
+    loads: str | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -257,6 +260,9 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     mode (fp8_gemm.py's kernels)."""
     wb = float(b) if wb is None else wb
     ab = float(b) if ab is None else ab
+    # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
+    tma1 = not fp8 and g1.get("variant") == "tma_persistent"
+    tma2 = not fp8 and g2.get("variant") == "tma_persistent"
     out = []
     bm = g1["BLOCK_M"]
     s1 = g1.get("SPLIT_K", 1)
@@ -273,7 +279,8 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                      note=("split-K partials" if s1 > 1 else "gather x rows; gate and up; activation in the epilogue"
                            + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
-                     work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma))
+                     work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma,
+                     loads="tma_persistent" if tma1 else "pointer"))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)
@@ -294,7 +301,8 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                      note="routing weight in the epilogue; rows to the pair buffer"
                           + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
-                     work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma))
+                     work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma,
+                     loads="tma_ab_persistent" if tma2 else "pointer"))
     return out
 
 

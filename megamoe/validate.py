@@ -250,6 +250,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "as the profile whose predictions the report judges")
     parser.add_argument("--compare-profiles", default=COMPARE_PROFILES, help="GPU run: comma-separated profiles that "
                         f"also predict every configuration, recorded beside it (default {COMPARE_PROFILES}; '' for none)")
+    parser.add_argument("--stages", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU run: also time the multi-launch path's stages (prefixes of the pipeline) for the "
+                             "report's per-stage errors")
     parser.add_argument("--reps", type=int, default=5, help="GPU run: CUDA-graph replays per configuration (median)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="GPU run: wall-time limit from the start (default none); see below")
@@ -500,6 +503,47 @@ def run(args: argparse.Namespace) -> int:
 
 
 OUTLIER = 0.15  # |pred - meas| / meas beyond which the report lists a configuration
+#: the multi-launch stages as the GPU run measures them (CUDA-graph times of the pipeline's
+#: prefixes, scale.CudaLayer.stage_us), each with the plan's stages it holds (by name prefix)
+STAGE_GROUPS = {"router+align": ("router", "align"), "gemm1": ("gemm1",), "gemm2": ("gemm2", "shared"),
+                "combine": ("combine",)}
+
+
+def stage_group(name: str) -> str | None:
+    """The measured stage group (STAGE_GROUPS) of a launch-plan stage, None if none holds it."""
+    return next((g for g, pre in STAGE_GROUPS.items() if name.startswith(pre)), None)
+
+
+def stage_errors(rows: list[dict]) -> dict:
+    """Per measured stage group of the multi-launch rows that carry ``measured_stages_us``: the
+    signed errors (predicted - measured) / measured of the group's summed predicted stages, and
+    their median, median |error| and max |error|. Groups under 2 us measured are left out (a
+    difference of two graph times is noise there)."""
+    import numpy as np
+
+    errs: dict[str, list] = {g: [] for g in STAGE_GROUPS}
+    for r in rows:
+        meas, pred = r.get("measured_stages_us"), r.get("predicted_stages")
+        if not meas or not pred:
+            continue
+        sums: dict[str, float] = {}
+        for name, v in pred.items():
+            g = stage_group(name)
+            if g:
+                sums[g] = sums.get(g, 0.0) + float(v["us"])
+        for g, m in meas.items():
+            if g in sums and m >= 2.0:
+                errs[g].append(((sums[g] - m) / m, r))
+    out = {}
+    for g, es in errs.items():
+        if not es:
+            continue
+        e = np.array([x for x, _ in es])
+        worst = max(es, key=lambda x: abs(x[0]))
+        out[g] = {"configurations": int(e.size), "median_error": float(np.median(e)),
+                  "median_abs_error": float(np.median(np.abs(e))), "max_abs_error": float(np.abs(e).max()),
+                  "worst": {k: worst[1][k] for k in ("preset", "T", "routing")} | {"error": worst[0]}}
+    return out
 
 
 # --------------------------------------------------------------------------- the report
@@ -608,6 +652,7 @@ def report_stats(rows: list[dict]) -> dict:
           "error": (r["predicted_us"] - r["measured_us"]) / r["measured_us"], "likely_cause": likely_cause(r)}
          for r in rows if abs(r["predicted_us"] - r["measured_us"]) > OUTLIER * r["measured_us"]),
         key=lambda x: -abs(x["error"]))
+    out["stages"] = stage_errors(rows)
     return out
 
 
@@ -642,6 +687,16 @@ def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dic
     for o in st["outside_15pct"]:
         lines.append(f"| {o['preset']} | {o['T']} | {o['routing']} | {o['backend']} | {o['predicted_us']:.1f} | "
                      f"{o['measured_us']:.1f} | {o['error']:+.1%} | {o['likely_cause']} |")
+    if st["stages"]:
+        lines += ["", "## Multi-launch stages, predicted vs measured", "",
+                  "Measured: CUDA-graph times of the pipeline's prefixes (router and align; + GEMM 1; + GEMM 2 and "
+                  "the shared MLP), their differences; the combine is the layer less the GEMM 2 prefix. "
+                  "Error: (predicted - measured) / measured.", "",
+                  "| stage | configurations | median error | median abs | max abs | worst at |", "|---|---|---|---|---|---|"]
+        for g, e in st["stages"].items():
+            w = e["worst"]
+            lines.append(f"| {g} | {e['configurations']} | {e['median_error']:+.1%} | {e['median_abs_error']:.1%} | "
+                         f"{e['max_abs_error']:.1%} | {w['preset']} T={w['T']} {w['routing']} ({w['error']:+.1%}) |")
     if failures:
         lines += ["", "## Failed", "", "| preset | T | routing | backend | error |", "|---|---|---|---|---|"]
         for f in st["failed"]:

@@ -55,7 +55,7 @@ import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
 from ..reference.tiles import scan_block
-from .hardware import KernelModel, Profile, load_profile
+from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
 DTYPES = ("bf16", "fp8")
@@ -116,6 +116,11 @@ def occupancy(profile: Profile, num_warps: int) -> int:
 GEMM_TABLE_MIN_ROWS = 64
 
 
+#: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS): by pointer, in
+#: persistent programs that walk the tickets
+MEGAKERNEL_LOADS = "pointer_persistent"
+
+
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
                     loads: str = "any"):
     """Tensor FLOP/s of one SM running tiles (BM x BN, reduction ``depth``) at full occupancy, for
@@ -128,15 +133,16 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     a bf16 table: the peak per SM x gemm_efficiency read at the tile height BM (the launch model's
     reading, which matched the H200 runs; the rack model used to read it at rows per expert).
     ``rows`` (rows per expert) is accepted for a future curve over it and unused today.
-    ``loads``: how the kernel brings its operands, "pointer" (the megakernel, the pointer GEMMs)
-    or "tma" (weights through TMA descriptors): bf16 then reads the dense-GEMM table of that tile
-    loop (``kernel_model.gemm_pointer`` / ``gemm_tma``, kernels/microbench_gemm.py: operands from
-    HBM, a grouped tile order, waves and stores) where the profile has it; "any" (the rack model)
-    and profiles without it read the on-chip table. (The L2-fed pointer table ``mma_pointer`` is
+    ``loads``: how the kernel brings its operands, a key of hardware.GEMM_LOADS ("pointer": the
+    pointer GEMMs, one tile per program; "pointer_persistent": the megakernel; "tma_persistent" /
+    "tma_ab_persistent": GEMM 1 / GEMM 2 of the persistent TMA GEMMs, ...): bf16 then reads the
+    dense-GEMM table of that tile loop (``kernel_model.gemm_<loads>``, kernels/microbench_gemm.py:
+    operands from HBM, a grouped tile order, waves and stores) where the profile has it, or its
+    fallback; "any" (the rack model) and profiles without one read the on-chip table. (The L2-fed pointer table ``mma_pointer`` is
     recorded, not read: H200 run M measured it at 205-333 TFLOP/s at 128 x 128, below the
     megakernel's own tiles, 459, and reading it doubled the prefill predictions.)"""
-    if loads not in ("any", "pointer", "tma"):
-        raise ValueError(f"loads must be 'any', 'pointer' or 'tma', got {loads!r}")
+    if loads != "any" and loads not in GEMM_LOADS:
+        raise ValueError(f"loads must be 'any' or one of {sorted(GEMM_LOADS)}, got {loads!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     km = _km(profile)
@@ -147,7 +153,7 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
         return profile.tensor_flops_per_s[dtype] / profile.num_sms * gemm_efficiency(bm, profile.gemm_efficiency)
     scale = profile.tensor_flops_per_s[dtype] / profile.tensor_flops_per_s["bf16"]
     rate = _table_rate(km.mma, bm, block_n, depth, num_warps)
-    gemm = {"pointer": km.gemm_pointer, "tma": km.gemm_tma}.get(loads)
+    gemm = km.gemm_table(loads) if loads != "any" else ()
     if gemm:  # tiles of GEMM_TABLE_MIN_ROWS+ rows: the dense GEMM's rate (below, it is bound by its operand traffic)
         rate = np.where(bm >= GEMM_TABLE_MIN_ROWS, _table_rate(gemm, bm, block_n, depth, num_warps), rate)
         rate = rate if np.ndim(rate) else float(rate)
@@ -357,7 +363,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        loads = "tma" if tile.get("variant") == "tma_persistent" else "pointer"
+        loads = stage.get("loads") or ("tma" if tile.get("variant") == "tma_persistent" else "pointer")
         rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype,
                                loads=loads) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
@@ -597,9 +603,9 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     rows_e = np.where(expert >= 0, counts[np.clip(expert, 0, max(counts.size - 1, 0))] if counts.size else 1,
                       np.maximum(a["num_tokens"], 1))
     flops = a["flops"].astype(np.float64)
-    # the megakernel's tiles load their operands by pointer (cp.async), no TMA
+    # the megakernel's tiles load their operands by pointer (cp.async, no TMA), in persistent programs
     rate = mma_rate_per_sm(p, np.maximum(a["tile_m"], 1), np.maximum(a["tile_n"], 1), np.maximum(a["depth"], 1),
-                           num_warps, np.maximum(rows_e, 1), dtype=dtype, loads="pointer") / share
+                           num_warps, np.maximum(rows_e, 1), dtype=dtype, loads=MEGAKERNEL_LOADS) / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
     wb = a["weight_bytes"].astype(np.float64)

@@ -524,8 +524,26 @@ _KM_TABLES = {
     # a dense GEMM of each tile loop (kernels/microbench_gemm.py): weights by pointer loads / through TMA
     "gemm_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "gemm_tma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    # ... the same tile loops in persistent programs (one per SM walking the tiles, as the
+    # "tma_persistent" GEMMs and the megakernel run them): rows by pointer loads and weights by
+    # pointer loads / weights through TMA / both through TMA (GEMM 2 of the persistent GEMMs)
+    "gemm_pointer_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    "gemm_tma_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    "gemm_tma_ab_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
+}
+
+
+#: how a GEMM tile loop loads its operands -> the dense-GEMM tables (kernel_model.gemm_<name>,
+#: kernels/microbench_gemm.py) that price it, best first: its own loop's, then the nearest
+#: measured before it existed (profiles calibrated before the persistent loops were measured)
+GEMM_LOADS = {
+    "pointer": ("pointer",),
+    "tma": ("tma",),
+    "pointer_persistent": ("pointer_persistent", "pointer"),
+    "tma_persistent": ("tma_persistent", "tma"),
+    "tma_ab_persistent": ("tma_ab_persistent", "tma_persistent", "tma"),
 }
 
 
@@ -563,6 +581,19 @@ class KernelModel:
     mma_sustained_flops_per_s: float = 0.0
     gemm_pointer: tuple = ()
     gemm_tma: tuple = ()
+    gemm_pointer_persistent: tuple = ()
+    gemm_tma_persistent: tuple = ()
+    gemm_tma_ab_persistent: tuple = ()
+
+    def gemm_table(self, loads: str) -> tuple:
+        """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
+        or, where this profile lacks it, of the nearest loop it has (GEMM_LOADS' fallbacks); ()
+        where it has none of them."""
+        for name in GEMM_LOADS[loads]:
+            t = getattr(self, "gemm_" + name)
+            if t:
+                return t
+        return ()
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
@@ -602,13 +633,16 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "mma_fp8": [],
         "gemm_pointer": [],
         "gemm_tma": [],
+        "gemm_pointer_persistent": [],
+        "gemm_tma_persistent": [],
+        "gemm_tma_ab_persistent": [],
         "mma_pointer": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
                    mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
-                   gemm_pointer="none: the mma table", gemm_tma="none: the mma table",
+                   **{"gemm_" + n: "none: the mma table" for n in GEMM_LOADS},
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
     calibrated = section is not None
     if section is not None:
@@ -636,6 +670,6 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
     return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
-                       gemm_pointer=tuple(sorted(tables["gemm_pointer"])), gemm_tma=tuple(sorted(tables["gemm_tma"])),
+                       **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)

@@ -50,15 +50,19 @@ def test_microbench_kernels_compute_what_they_claim():
 
 
 def test_dense_gemm_microbench_computes_a_gemm():
-    """The dense GEMM microbenchmark (both weight-load kinds) against torch, odd tile counts and a
-    grouped order whose last group is short; bad shapes are refused by name."""
-    from megamoe.kernels.microbench_gemm import dense_gemm
+    """The dense GEMM microbenchmark (every loop form: a tile per program or persistent programs,
+    fewer than the tiles; pointer or TMA loads) against torch, odd tile counts and a grouped order
+    whose last group is short (output poisoned first); bad shapes and forms are refused by name."""
+    from megamoe.kernels.microbench_gemm import LOADS, dense_gemm
 
     a, w = torch.randn(80, 96), torch.randn(48, 96)  # 5 row blocks: groups of 2, 2, 1
-    for tma in (False, True):
+    for form in LOADS:
         c = torch.full((80, 48), float("nan"))
-        dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=tma, group_m=2,
-                   out=c, check=True)
+        dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads=form, programs=4,
+                   group_m=2, out=c, check=True)
+        assert not c.isnan().any(), form
+    with pytest.raises(ValueError, match="loads must be one of"):
+        dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads="tma_a")
     with pytest.raises(ValueError, match="N = 40 must be a multiple"):
         dense_gemm(a, torch.randn(40, 96), block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
     with pytest.raises(ValueError, match="K differs"):
@@ -74,7 +78,8 @@ def _fake_measurements(S=132):
         "mma": {"points": [[16, 64, 4, d, 1.5e12 + d * 1e8] for d in (256, 4096)]
                 + [[128, 128, 8, d, 4e12 + d * 1e8] for d in (256, 4096)], "occupancy": {4: 3, 8: 1}},
         "gemm": {"points_pointer": [[128, 128, 8, d, 2e12 + d * 1e8] for d in (256, 4096)],
-                 "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)]},
+                 "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)],
+                 "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)]},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
@@ -271,7 +276,13 @@ def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
     assert mma_rate_per_sm(p, 128, 128, 256, 8) == pytest.approx(4e12 + 256 * 1e8)  # loads="any": on chip
     # below GEMM_TABLE_MIN_ROWS rows the dense GEMM is bound by its operand traffic: the on-chip table
     assert mma_rate_per_sm(p, 16, 64, 256, 4, loads="pointer") == mma_rate_per_sm(p, 16, 64, 256, 4)
-    assert "gemm pointer 128x128" in summary(m, prof) and "gemm tma     128x128" in summary(m, prof)
+    # persistent loops read their own table, or the nearest measured one (GEMM_LOADS' fallbacks)
+    assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma_persistent") == pytest.approx(3.5e12)
+    assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma_ab_persistent") == pytest.approx(3.5e12)
+    assert (mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer_persistent")
+            == mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer"))
+    text = summary(m, prof)
+    assert "gemm pointer" in text and "gemm tma_persistent" in text and "128x128" in text
     del m["gemm"]
     path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
     q = load_profile(str(path))
@@ -280,33 +291,25 @@ def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
         mma_rate_per_sm(p, 128, 128, 256, 8, loads="ldmatrix")
 
 
-def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
-    """Compiled for sm_90 as the JIT specializes a launch (16-byte aligned pointers, integers
-    divisible by 16 unless do_not_specialize), the pointer-load tile loop is cp.async-pipelined
-    into wgmma, with no scalar global loads: run N's table came from a kernel whose K was not
-    specialized, and measured 37-160 TFLOP/s of scalar loads."""
-    import re
+_COMPILE_DENSE = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as fn
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as f
-
-    # the compiled function whatever the interpreter setting (it wraps the same Python function)
-    opts = getattr(f, "kwargs", {}) if not isinstance(f, JITFunction) else {}
-    fn = f if isinstance(f, JITFunction) else JITFunction(f.fn, **{k: v for k, v in opts.items() if v is not None})
-    target = GPUTarget("cuda", 90, 32)
-    ints = {"M": 4096, "N": 4096, "K": 1024}
-    nospec = set(getattr(fn, "do_not_specialize", ()) or ())
+target = GPUTarget("cuda", 90, 32)
+ints = {"M": 4096, "N": 4096, "K": 1024}
+nospec = set(getattr(fn, "do_not_specialize", ()) or ())
+out = {}
+for persistent in (False, True):
     signature, constexprs, attrs = {}, {}, {}
     for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
-        if p.is_constexpr or n == "w_desc":
+        if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
-            constexprs[n] = {"w_desc": None, "TMA": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
-                             "GROUP_M": 8}[n]
+            constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
+                             "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):
@@ -314,5 +317,24 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                        options={"num_warps": 8, "num_stages": 3})
     ptx = k.asm["ptx"]
-    assert len(re.findall(r"cp\.async\.cg", ptx)) > 0 and len(re.findall(r"wgmma\.mma_async", ptx)) > 0
-    assert not re.findall(r"ld\.global", ptx)
+    out[str(persistent)] = [len(re.findall(p, ptx)) for p in (r"cp\.async\.cg", r"wgmma\.mma_async", r"ld\.global")]
+print(json.dumps(out))
+"""
+
+
+def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
+    """Compiled for sm_90 as the JIT specializes a launch (16-byte aligned pointers, integers
+    divisible by 16 unless do_not_specialize), the pointer-load tile loop, one tile per program
+    and persistent, is cp.async-pipelined into wgmma, with no scalar global loads: run N's table
+    came from a kernel whose K was not specialized, and measured 37-160 TFLOP/s of scalar loads.
+    (In a process without TRITON_INTERPRET: the kernel calls a jitted tile function.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_DENSE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = json.loads(r.stdout.strip().splitlines()[-1])
+    for persistent, (cp_async, wgmma, ld_global) in counts.items():
+        assert cp_async > 0 and wgmma > 0 and ld_global == 0, (persistent, counts)

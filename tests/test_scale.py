@@ -159,6 +159,10 @@ class FakeLayer:
             raise ValueError("boom")
         return 100.0 + int(xs[0][0])
 
+    def stage_us(self, cfg, ws, xs, reps):
+        T = int(xs[0][0])
+        return {"router+align": 5.0, "gemm1": 40.0 + T, "gemm2": 30.0, "_gemm2_prefix": 75.0 + T}
+
     def rel_diff(self, y, ref):
         return float(np.abs(y - ref).max())
 
@@ -300,3 +304,25 @@ def test_the_watchdog_records_a_hung_configuration_and_writes_the_report(tmp_pat
     rows = _rows(out)
     assert rows[1]["phase"] == "failed" and "watchdog ended the run" in rows[1]["failure"]
     assert (out / "report.json").exists()
+
+
+def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path):
+    """Each measured multi-launch row has its stages as measured (prefix differences; the combine
+    is the layer less the GEMM 2 prefix), the megakernel rows none, and the report's per-stage
+    table compares them with the summed predicted stages of each group; --no-stages skips them."""
+    from megamoe.validate import STAGE_GROUPS, load_rows, report_stats, stage_group
+
+    out = tmp_path / "v"
+    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b"), layer=FakeLayer()) == 0
+    rows = [r for r in _rows(out) if r["phase"] == "measurement"]
+    multi = [r for r in rows if r["backend"] == "multi"]
+    assert multi and all(set(r["measured_stages_us"]) == set(STAGE_GROUPS) for r in multi)
+    assert all(r["measured_stages_us"]["combine"] == pytest.approx(25.0) for r in multi)
+    assert not any("measured_stages_us" in r for r in rows if r["backend"] == "megakernel")
+    assert {stage_group(n) for r in multi for n in r["predicted_stages"]} <= set(STAGE_GROUPS)
+    st = report_stats(load_rows(out))["stages"]
+    assert set(st) == set(STAGE_GROUPS) and all(e["configurations"] == len(multi) for e in st.values())
+    assert "Multi-launch stages, predicted vs measured" in (out / "report.md").read_text()
+    out2 = tmp_path / "v2"
+    assert run_scale(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
+    assert not any("measured_stages_us" in r for r in _rows(out2))
