@@ -407,11 +407,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
         tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                  "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_K": bk}}
-        # 8 warps past 64 tokens (64-row blocks of many rows): H200 run Q, T = 512, against 4:
-        # Qwen3-30B-A3B 388 us against 445 (uniform), 179 against 233 (every token on the same
-        # experts); gpt-oss-120b 1,636 against 1,686, 321 against 401. GEMM 1's two 64 x 128
-        # accumulators take 128 registers a thread at 4 warps (45 spill stores in the compile)
-        warps = 8 if T > 64 else 4
+        # 8 warps with 64-row blocks: H200 run Q, T = 512, against 4: Qwen3-30B-A3B 388 us against
+        # 445 (uniform), 179 against 233 (every token on the same experts); gpt-oss-120b 1,636
+        # against 1,686, 321 against 401; run R, T = 64: Qwen3-30B 320.6 against 343.1, 51.9
+        # against 58.0; gpt-oss-120b 1,303.7 against 1,319.8, 85.1 against 85.6. GEMM 1's two
+        # 64 x 128 accumulators take 128 registers a thread at 4 warps (45 spill stores in the compile)
+        warps = 8 if bm == 64 else 4
         stages = decode_stages(decode_stage_bytes(tiles, bool(Is)))
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128

@@ -11,6 +11,7 @@ Shape legend: M rows, N columns, K depth, BM/BN/BK tile sizes, S SMs.
                         (cp.async: the megakernel and the pointer GEMMs). ``PERSISTENT``: one
                         program per SM walks tiles pid, pid + programs, ... (the persistent GEMMs
                         and, through its tickets, the megakernel); otherwise one tile per program.
+                        ``GATED``: GEMM 1's tile, gate and up accumulators over one A tile.
 
 Why it exists (H200 runs L and M, NOTES-gpu-runs.md): the tile table ``mma`` times the tensor cores
 on operands already on chip, capped at a dense cuBLAS GEMM's rate, and the MoE kernels' prefill
@@ -30,8 +31,11 @@ import triton.language as tl
 
 @triton.jit
 def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.constexpr, TMA_A: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile ``tile`` of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes."""
+                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    """Tile ``tile`` of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes. GATED:
+    W is (2N, K), gate rows then up rows, and the tile is GEMM 1's: two accumulators over the same
+    A tile, C = silu(A @ Wg^T) * (A @ Wu^T)."""
     num_m = M // BLOCK_M
     num_n = N // BLOCK_N
     width = GROUP_M * num_n
@@ -45,6 +49,7 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
     a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, K // BLOCK_K):
         if TMA_A:
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
@@ -55,48 +60,67 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
         else:
             b = tl.load(w_ptrs)
         acc = tl.dot(a, b, acc)
+        if GATED:
+            if TMA:
+                b_u = w_desc.load([N + pid_n * BLOCK_N, kt * BLOCK_K]).T
+            else:
+                b_u = tl.load(w_ptrs + N.to(tl.int64) * K)
+            acc_u = tl.dot(a, b_u, acc_u)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_u
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT: tl.constexpr, TMA: tl.constexpr,
-                       TMA_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr):
+                       TMA_A: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One tile per program, or (PERSISTENT) tiles pid, pid + programs, ... as the persistent
     GEMMs walk theirs. K is specialized (its divisibility by 16 lets the row loads vectorize into
     cp.async: H200 run N, with K unspecialized, measured 37-160 TFLOP/s of scalar loads)."""
     if PERSISTENT:
         for tile in range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0)):
-            _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, BLOCK_M, BLOCK_N, BLOCK_K,
-                        GROUP_M)
+            _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, GATED, BLOCK_M, BLOCK_N,
+                        BLOCK_K, GROUP_M)
     else:
-        _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tl.program_id(0), M, N, K, TMA, TMA_A, BLOCK_M, BLOCK_N,
-                    BLOCK_K, GROUP_M)
+        _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tl.program_id(0), M, N, K, TMA, TMA_A, GATED, BLOCK_M,
+                    BLOCK_N, BLOCK_K, GROUP_M)
 
 
-#: the loop forms measured (simulator.hardware.GEMM_LOADS' keys) -> (persistent, W by TMA, A by TMA)
-LOADS = {"pointer": (False, False, False), "tma": (False, True, False),
-         "pointer_persistent": (True, False, False), "tma_persistent": (True, True, False),
-         "tma_ab_persistent": (True, True, True)}
+#: the loop forms (simulator.hardware.GEMM_LOADS' keys) -> (persistent, W by TMA, A by TMA, gated):
+#: the pointer GEMMs' GEMM 1 / GEMM 2 ("pointer_gated" / "pointer"), the persistent TMA GEMMs'
+#: ("tma_persistent_gated": rows gathered by pointer; "tma_ab_persistent"), the megakernel's
+#: ("pointer_persistent_gated" / "pointer_persistent"); and the non-gated "tma" and "tma_persistent"
+#: that older profiles priced them by
+LOADS = {"pointer": (False, False, False, False), "pointer_gated": (False, False, False, True),
+         "tma": (False, True, False, False), "tma_persistent": (True, True, False, False),
+         "tma_persistent_gated": (True, True, False, True), "tma_ab_persistent": (True, True, True, False),
+         "pointer_persistent": (True, False, False, False), "pointer_persistent_gated": (True, False, False, True)}
 
 
 def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, block_k: int, num_warps: int,
                num_stages: int, loads: str = "pointer", programs: int | None = None, group_m: int = 8,
                out: torch.Tensor | None = None, check: bool = False):
-    """C = a (M, K) @ w (N, K)^T by the tile loop above -> (C (M, N) in a's dtype, compiled kernel).
-    M, N, K must be multiples of block_m, block_n, block_k. ``loads`` (a key of LOADS): one tile
-    per program or persistent programs, weights (and rows) through tensor descriptors (Hopper and
-    newer) or by pointer loads; ``programs``: the persistent grid (default: the SM count, at
-    most the tiles). ``check`` compares with torch (the interpreter tests)."""
+    """C = a (M, K) @ w (N, K)^T by the tile loop above -> (C (M, N) in a's dtype, compiled kernel);
+    a gated form (LOADS) takes w as (2N, K), gate rows then up rows, and gives
+    silu(a @ wg^T) * (a @ wu^T), N columns. M, N, K must be multiples of block_m, block_n,
+    block_k. ``loads`` (a key of LOADS): one tile per program or persistent programs, weights (and
+    rows) through tensor descriptors (Hopper and newer) or by pointer loads; ``programs``: the
+    persistent grid (default: the SM count, at most the tiles). ``check`` compares with torch (the
+    interpreter tests)."""
     if loads not in LOADS:
         raise ValueError(f"loads must be one of {sorted(LOADS)}, got {loads!r}")
-    persistent, tma, tma_a = LOADS[loads]
+    persistent, tma, tma_a, gated = LOADS[loads]
     M, K = a.shape
     N, Kw = w.shape
     if Kw != K:
         raise ValueError(f"a is (M, K) = {tuple(a.shape)} and w (N, K) = {tuple(w.shape)}: K differs")
+    if gated:
+        if N % 2:
+            raise ValueError(f"a gated form takes w as (2N, K), gate rows then up rows: got {N} rows")
+        N //= 2
     for name, v, b in (("M", M, block_m), ("N", N, block_n), ("K", K, block_k)):
         if v % b:
             raise ValueError(f"{name} = {v} must be a multiple of its block {b}")
@@ -116,10 +140,13 @@ def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, 
     else:
         grid = (tiles,)
     k = _dense_gemm_kernel[grid](a, a_desc, w, w_desc, c, M, N, K, PERSISTENT=persistent, TMA=tma, TMA_A=tma_a,
-                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                                 GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                                  num_warps=num_warps, num_stages=num_stages)
     if check:
         want = a.float() @ w.float().T
+        if gated:
+            g, u = want[:, :N], want[:, N:]
+            want = g * torch.sigmoid(g) * u
         if not torch.allclose(c.float(), want, rtol=2e-2, atol=2e-2):
             raise AssertionError(f"dense_gemm: max |error| {float((c.float() - want).abs().max()):.3g}")
     return c, k

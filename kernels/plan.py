@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..reference.sizes import FP8_BLOCK, dtype_bytes, row_bytes, weight_bytes_per_element
-from ..reference.tiles import cdiv, scan_block
+from ..reference.tiles import cdiv, scan_block, topk_passes
 from . import configs as cfgs
 from .configs import _pow2
 
@@ -202,7 +202,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                         bytes_per_tile=rbytes + (8 * P_max + 4 * T * K if fused else 4 * E),
                         flops_per_tile=rflops, note="top-k; aligns too when one program holds every token",
                         work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": H if not split else 0},
-                        serial_steps={"load": rload, "reduce": K + (2 if fused else 0)}))
+                        serial_steps={"load": rload, "reduce": topk_passes(config) + (2 if fused else 0)}))
     if not fused:
         al = sp.align
         stages.append(Stage("align_scan", "_scan_kernel", al["scan_grid"], 1, dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"]),
@@ -280,7 +280,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                            + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma,
-                     loads="tma_persistent" if tma1 else "pointer"))
+                     loads="tma_persistent_gated" if tma1 else "pointer_gated"))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)

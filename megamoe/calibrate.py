@@ -330,10 +330,17 @@ GEMM_STAGES = {4: 4, 8: 3}
 
 #: the dense GEMM's loop forms (microbench_gemm.LOADS) as the profile's sources say them
 GEMM_FORMS = {"pointer": "both by pointer loads, a tile per program",
+              "pointer_gated": "both by pointer loads, a tile per program; gate and up accumulators (GEMM 1)",
               "tma": "weights through a TMA descriptor, a tile per program",
-              "pointer_persistent": "both by pointer loads, persistent programs (one per SM)",
               "tma_persistent": "weights through a TMA descriptor, persistent programs (one per SM)",
-              "tma_ab_persistent": "both through TMA descriptors, persistent programs (one per SM)"}
+              "tma_persistent_gated": "weights through a TMA descriptor, persistent programs (one per SM); gate "
+                                      "and up accumulators (GEMM 1)",
+              "tma_ab_persistent": "both through TMA descriptors, persistent programs (one per SM)",
+              "pointer_persistent": "both by pointer loads, persistent programs (one per SM)",
+              "pointer_persistent_gated": "both by pointer loads, persistent programs (one per SM); gate and up "
+                                          "accumulators (GEMM 1)"}
+#: a gated form's table row is its whole tile, gate and up: BLOCK_N = twice each accumulator's
+#: columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
 
 
 def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
@@ -352,15 +359,19 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     out = {f"points_{form}": [] for form in LOADS}
     failed: dict[str, str] = {}
     c = torch.empty((n, n), device="cuda", dtype=torch.bfloat16)
+    c_half = torch.empty((n, n // 2), device="cuda", dtype=torch.bfloat16)  # the gated forms' output
     for d in depths:
         a = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
         w = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
         for bm, bn, warps, bk in shapes:
-            for form in LOADS:
+            for form, (_, _, _, gated) in LOADS.items():
                 if form in failed:
                     continue
-                kw = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=GEMM_STAGES[warps],
-                          loads=form, programs=S, out=c)
+                # gated: two accumulators of bn / 2 columns (w read as gate rows, then up rows), the
+                # GEMM 1 tile loop's stages (4 at 8 warps, as tuned)
+                stages = GEMM_STAGES[warps] + (1 if gated and warps == 8 else 0)
+                kw = dict(block_m=bm, block_n=bn // 2 if gated else bn, block_k=bk, num_warps=warps,
+                          num_stages=stages, loads=form, programs=S, out=c_half if gated else c)
                 try:
                     t = max(graph_seconds(lambda i, kw=kw, a=a, w=w: dense_gemm(a, w, **kw), inner=2, reps=reps)
                             - gap_s, 1e-7)

@@ -120,6 +120,14 @@ def check_tiles(tiles: dict) -> dict:
     return tiles
 
 
+def topk_passes(config) -> int:
+    """Dependent row reductions of one top-k selection as the routers run it (kernels/routing.py
+    _route_block): K maxima; grouped routing (n_group > 1) first takes each group's two largest
+    scores (two reductions over all the groups at once) and topk_group group picks."""
+    K = int(config.top_k)
+    return K + (2 + int(config.topk_group) if int(getattr(config, "n_group", 1) or 1) > 1 else 0)
+
+
 def topk_tokens(tiles: dict) -> int:
     """Tokens per top-k task (and per align chunk): TOPK_T, BLOCK_T where not given."""
     r = tiles["router"]
@@ -318,6 +326,8 @@ class TaskPlan:
     wait_target: np.ndarray
     counters: tuple = field(default_factory=tuple)
     counter_target: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: dependent row reductions of a top-k task's selection (topk_passes; 0: not given, K is used)
+    topk_passes: int = 0
 
     @property
     def num_tasks(self) -> int:
@@ -628,4 +638,4 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     arrays = bld.build()
     return TaskPlan(config_name=config.name, num_tokens=int(T), tiles=tiles, layout=lay, counts=counts,
                     num_programs=int(num_programs), counters=tuple(bld.counters),
-                    counter_target=np.asarray(bld.targets, np.int64), **arrays)
+                    counter_target=np.asarray(bld.targets, np.int64), topk_passes=topk_passes(config), **arrays)

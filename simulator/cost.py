@@ -117,8 +117,10 @@ GEMM_TABLE_MIN_ROWS = 64
 
 
 #: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS): by pointer, in
-#: persistent programs that walk the tickets
-MEGAKERNEL_LOADS = "pointer_persistent"
+#: persistent programs that walk the tickets; GEMM 1 tasks (routed and shared) with gate and up
+#: accumulators, the others one
+MEGAKERNEL_LOADS = {"gemm1": "pointer_persistent_gated", "shared_gemm1": "pointer_persistent_gated",
+                    "other": "pointer_persistent"}
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
@@ -370,8 +372,9 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     dram = dram_bytes(stage)
     inflight = min(P, slots)
     memory_s = dram / hbm_rate(profile, inflight, dram / P) if dram > 0 else 0.0
+    pulled = P * float(stage["bytes_per_tile"])
+    hit = max(0.0, pulled - dram)
     if km.l2_bandwidth_bytes_per_s > 0:
-        hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
     steps = stage.get("serial_steps") or {}
     serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
@@ -555,13 +558,13 @@ def _plan_arrays(plan) -> dict:
     if isinstance(plan, dict):
         d = {k: np.asarray(plan[k]) for k in _PLAN_ARRAYS}
         d.update(kinds=list(plan["kinds"]), tiles=plan["tiles"], num_programs=int(plan["num_programs"]),
-                 num_tokens=int(plan["num_tokens"]))
+                 num_tokens=int(plan["num_tokens"]), topk_passes=int(plan.get("topk_passes", 0)))
         return d
     from ..reference.tiles import KINDS
 
     d = {k: np.asarray(getattr(plan, k)) for k in _PLAN_ARRAYS}
     d.update(kinds=list(KINDS), tiles=plan.tiles, num_programs=int(plan.num_programs),
-             num_tokens=int(plan.num_tokens))
+             num_tokens=int(plan.num_tokens), topk_passes=int(plan.topk_passes))
     return d
 
 
@@ -604,8 +607,14 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
                       np.maximum(a["num_tokens"], 1))
     flops = a["flops"].astype(np.float64)
     # the megakernel's tiles load their operands by pointer (cp.async, no TMA), in persistent programs
-    rate = mma_rate_per_sm(p, np.maximum(a["tile_m"], 1), np.maximum(a["tile_n"], 1), np.maximum(a["depth"], 1),
-                           num_warps, np.maximum(rows_e, 1), dtype=dtype, loads=MEGAKERNEL_LOADS) / share
+    gated = np.isin(kind, [kinds.index(k) for k in MEGAKERNEL_LOADS if k in kinds])
+    rate = np.empty(n)
+    for sel, loads in ((gated, MEGAKERNEL_LOADS["gemm1"]), (~gated, MEGAKERNEL_LOADS["other"])):
+        if sel.any():
+            rate[sel] = mma_rate_per_sm(p, np.maximum(a["tile_m"][sel], 1), np.maximum(a["tile_n"][sel], 1),
+                                        np.maximum(a["depth"][sel], 1), num_warps, np.maximum(rows_e[sel], 1),
+                                        dtype=dtype, loads=loads)
+    rate = rate / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
     wb = a["weight_bytes"].astype(np.float64)
@@ -631,7 +640,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             continue
         if k in ("router_logits", "router_topk"):
             steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
-            serial_s[m] = steps * km.serial_load_step_s + (K if k == "router_topk" else 0) * km.serial_reduce_step_s
+            passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
+            serial_s[m] = steps * km.serial_load_step_s + (passes if k == "router_topk" else 0) * km.serial_reduce_step_s
         elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
             g = np.maximum(a["depth"][m], 1)
             blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)

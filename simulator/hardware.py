@@ -527,9 +527,11 @@ _KM_TABLES = {
     # ... the same tile loops in persistent programs (one per SM walking the tiles, as the
     # "tma_persistent" GEMMs and the megakernel run them): rows by pointer loads and weights by
     # pointer loads / weights through TMA / both through TMA (GEMM 2 of the persistent GEMMs)
-    "gemm_pointer_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    "gemm_tma_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    "gemm_tma_ab_persistent": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
+    # (GEMM 2 of the persistent GEMMs); "_gated": GEMM 1's tile, gate and up accumulators over one
+    # row tile, BLOCK_N their columns together
+    **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth"))
+       for form in ("pointer_gated", "pointer_persistent", "pointer_persistent_gated", "tma_persistent",
+                    "tma_persistent_gated", "tma_ab_persistent")},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
 }
@@ -540,10 +542,13 @@ _KM_TABLES = {
 #: measured before it existed (profiles calibrated before the persistent loops were measured)
 GEMM_LOADS = {
     "pointer": ("pointer",),
+    "pointer_gated": ("pointer_gated", "pointer"),
     "tma": ("tma",),
-    "pointer_persistent": ("pointer_persistent", "pointer"),
     "tma_persistent": ("tma_persistent", "tma"),
+    "tma_persistent_gated": ("tma_persistent_gated", "tma_persistent", "tma"),
     "tma_ab_persistent": ("tma_ab_persistent", "tma_persistent", "tma"),
+    "pointer_persistent": ("pointer_persistent", "pointer"),
+    "pointer_persistent_gated": ("pointer_persistent_gated", "pointer_persistent", "pointer"),
 }
 
 
@@ -581,9 +586,12 @@ class KernelModel:
     mma_sustained_flops_per_s: float = 0.0
     gemm_pointer: tuple = ()
     gemm_tma: tuple = ()
-    gemm_pointer_persistent: tuple = ()
+    gemm_pointer_gated: tuple = ()
     gemm_tma_persistent: tuple = ()
+    gemm_tma_persistent_gated: tuple = ()
     gemm_tma_ab_persistent: tuple = ()
+    gemm_pointer_persistent: tuple = ()
+    gemm_pointer_persistent_gated: tuple = ()
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
@@ -633,9 +641,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "mma_fp8": [],
         "gemm_pointer": [],
         "gemm_tma": [],
-        "gemm_pointer_persistent": [],
-        "gemm_tma_persistent": [],
-        "gemm_tma_ab_persistent": [],
+        **{"gemm_" + n: [] for n in GEMM_LOADS if n not in ("pointer", "tma")},
         "mma_pointer": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],

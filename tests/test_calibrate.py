@@ -55,12 +55,14 @@ def test_dense_gemm_microbench_computes_a_gemm():
     whose last group is short (output poisoned first); bad shapes and forms are refused by name."""
     from megamoe.kernels.microbench_gemm import LOADS, dense_gemm
 
-    a, w = torch.randn(80, 96), torch.randn(48, 96)  # 5 row blocks: groups of 2, 2, 1
-    for form in LOADS:
-        c = torch.full((80, 48), float("nan"))
+    a, w = torch.randn(80, 96), torch.randn(96, 96)  # 5 row blocks: groups of 2, 2, 1
+    for form, (_, _, _, gated) in LOADS.items():
+        c = torch.full((80, 48 if gated else 96), float("nan"))  # gated: w is 48 gate rows, then 48 up rows
         dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads=form, programs=4,
                    group_m=2, out=c, check=True)
         assert not c.isnan().any(), form
+    with pytest.raises(ValueError, match="gate rows then up rows"):
+        dense_gemm(a, w[:95], block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads="pointer_gated")
     with pytest.raises(ValueError, match="loads must be one of"):
         dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads="tma_a")
     with pytest.raises(ValueError, match="N = 40 must be a multiple"):
@@ -79,7 +81,8 @@ def _fake_measurements(S=132):
                 + [[128, 128, 8, d, 4e12 + d * 1e8] for d in (256, 4096)], "occupancy": {4: 3, 8: 1}},
         "gemm": {"points_pointer": [[128, 128, 8, d, 2e12 + d * 1e8] for d in (256, 4096)],
                  "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)],
-                 "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)]},
+                 "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)],
+                 "points_pointer_persistent_gated": [[128, 256, 8, d, 2.5e12] for d in (256, 4096)]},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
@@ -281,6 +284,9 @@ def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
     assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma_ab_persistent") == pytest.approx(3.5e12)
     assert (mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer_persistent")
             == mma_rate_per_sm(p, 128, 128, 256, 8, loads="pointer"))
+    # gated forms: the table row is the whole GEMM 1 tile (BLOCK_N = gate + up columns)
+    assert mma_rate_per_sm(p, 128, 256, 1024, 8, loads="pointer_persistent_gated") == pytest.approx(2.5e12)
+    assert mma_rate_per_sm(p, 128, 128, 1024, 8, loads="tma_persistent_gated") == pytest.approx(3.5e12)
     text = summary(m, prof)
     assert "gemm pointer" in text and "gemm tma_persistent" in text and "128x128" in text
     del m["gemm"]
@@ -309,7 +315,7 @@ for persistent in (False, True):
         if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
             constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
-                             "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
+                             "GATED": persistent, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):

@@ -181,3 +181,25 @@ def test_fp8_plan_reads_fp8_bytes_and_multiplies_in_fp8_with_fp8_activations():
         assert g1.mma_dtype == g2.mma_dtype == mma and plan.stage("router").mma_dtype is None
         assert fp8 is None or (g1.kernel, g2.kernel) == ("_gemm1_fp8_kernel", "_gemm2_fp8_kernel")
         assert g1.flops_per_tile == 2 * bm * 2 * bn1 * H / g1.tile["SPLIT_K"]
+
+
+def test_router_serial_steps_count_the_selections_reductions():
+    """The router stage's and the megakernel's top-k tasks' dependent reductions are
+    reference.tiles.topk_passes: K maxima, and for grouped routing the two group maxima and the
+    topk_group group picks (DeepSeek-V3: 8 + 2 + 4)."""
+    from megamoe.kernels.plan import launch_plan
+    from megamoe.reference.tiles import task_plan, topk_passes
+    from megamoe.kernels.configs import megakernel_config
+
+    ds, qw = MoEConfig.preset("deepseek-v3"), MoEConfig.preset("qwen3-30b-a3b")
+    assert topk_passes(ds) == 14 and topk_passes(qw) == qw.top_k == 8
+    for cfg in (ds, qw):
+        T = 64
+        counts = np.bincount(np.arange(T * cfg.top_k) % cfg.num_experts, minlength=cfg.num_experts)
+        plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+        router = next(s for s in plan.stages if s.name == "router")
+        fused = router.tile["FUSE_ALIGN"]
+        assert router.serial_steps["reduce"] == topk_passes(cfg) + (2 if fused else 0)
+        mk = megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                               cfg.shared_intermediate_size, T, num_sms=132)
+        assert task_plan(cfg, counts, T, mk["tiles"], num_programs=132).topk_passes == topk_passes(cfg)
