@@ -149,6 +149,8 @@ VARIANTS = {
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
+    "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
+                                      "not cp.async"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
     "occ2s": (_occ2(None), "two programs per SM, BLOCK_K 64, the stages 100 KiB holds"),
     "occ2_bn32": (_occ2(32), "two programs per SM, BLOCK_K 64, 32-column GEMM tiles, the stages 100 KiB holds"),
@@ -169,10 +171,10 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("occ2s", "occ2_bn32")
-MID_VARIANTS = ("w8",)
+T1_VARIANTS = ("tmaw",)
+MID_VARIANTS = ("tmaw",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
-PREFILL_VARIANTS = ("w4", "w8", "bm128", "stages4")
+PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
 FP8_VARIANTS = ("fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion

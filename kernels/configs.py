@@ -451,7 +451,10 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # T = 1: 46.2 us, bits 36.4; variant "fp8cast"); the weight scales of the next K step
             # loaded during this one (variant "fp8pf": 47.2 us there, off)
             "fp8_convert": FP8_CONVERT_DEFAULT,
-            "fp8_scale_prefetch": False}
+            "fp8_scale_prefetch": False,
+            # the routed GEMM tasks' weights through TMA descriptors, not cp.async (variant "tmaw":
+            # at T = 1 one program's cp.async stream tops out near 32 GB/s, the trace of run 5)
+            "tma_weights": False}
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

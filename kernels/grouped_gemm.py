@@ -470,6 +470,38 @@ def _gemm2_tma_tile(
                     scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
 
 
+@triton.jit
+def _gemm2_tmaw_tile(
+    a_ptr, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_at, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile as _gemm2_tile computes it (no split-K): the weight tiles through the TMA
+    descriptor w_desc over down as (E*N, KD), the activation rows by pointer loads (the megakernel:
+    its GEMM 1 tasks wrote them in this launch through the generic proxy, which TMA reads would need
+    a proxy fence to see)."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_row = tl.where(row_mask, rows, 0)
+    a_ptrs = a_ptr + a_row.to(tl.int64)[:, None] * stride_at + offs_k[None, :]
+    row_w = e * N + pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
+        b = w_desc.load([row_w, kt * BLOCK_K])
+        acc = _mma(a, b.T, acc, IEEE)
+        a_ptrs += BLOCK_K
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
+                    scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
+
+
 @triton.jit(do_not_specialize=["T", "E"])
 def _gemm2_tma_kernel(
     a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr, scale_ptr,

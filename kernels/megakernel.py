@@ -55,9 +55,11 @@ from .grouped_gemm import (
     _combine_tile,
     _gemm1_acc,
     _gemm1_tile,
+    _gemm1_tma_tile,
     _gemm2_acc,
     _gemm2_epilogue,
     _gemm2_tile,
+    _gemm2_tmaw_tile,
     _tile_ids,
 )
 from .prefetch import _prefetch_rows
@@ -130,6 +132,8 @@ def _megakernel(
     counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
     # intermediates and output
     act_ptr, act_s_ptr, pairs_ptr, y_ptr, sync_ptr, stats_ptr, trace_ptr, ws1_ptr, ws2_ptr,
+    # TMA descriptors of the routed weights (TMA_W): gate_up as (E*2I, H), down as (E*H, I)
+    gu_desc, dn_desc,
     # FP8 (FP8: e4m3 weights): block scales of the weights, scales of the e4m3 activations (FP8_A)
     gus_ptr, dns_ptr, sgus_ptr, sdns_ptr, act_sc_ptr, act_s_sc_ptr, stride_guse, stride_gusn, stride_dnse,
     stride_dnsn, stride_sgusn, stride_sdnsn, stride_acs, stride_assc,
@@ -171,6 +175,9 @@ def _megakernel(
     # ticket order by the "pf" word, at most PF_TILES of them; GEMM 1 then loads its weights
     # evict_first (config "prefetch_l2"; read once at decode) so that they do not push them out
     PF_L2: tl.constexpr,
+    # the routed GEMM tasks' weight tiles through TMA descriptors (config "tma_weights"; bf16, whole
+    # tiles): bulk copies, not a program's cp.async stream
+    TMA_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -294,6 +301,10 @@ def _megakernel(
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
                                         stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
                                         ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT, SPF)
+                    elif TMA_W:
+                        _gemm1_tma_tile(x_ptr, gu_desc, gub_ptr, act_ptr, padded_token_ptr, padded_pair_ptr,
+                                        topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gub, I, alpha, limit, ACT,
+                                        HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, BM, BN1, BK1)
                     else:
                         _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
@@ -366,6 +377,10 @@ def _megakernel(
                                         topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
                                         stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
                                         False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT, SPF)
+                    elif TMA_W:
+                        _gemm2_tmaw_tile(act_ptr, dn_desc, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e,
+                                         T, H, I, I, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE, False, False, EVEN_K2,
+                                         IEEE, BM, BN2, BK2)
                     else:
                         _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
                                     0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
@@ -529,12 +544,13 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     f = lay.first
     r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
     pf_tiles = l2_prefetch_tiles(mk, dev, g2["BLOCK_N"], I, dn) if not lay.streamed and fp8 is None else 0
+    tma_w = weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
     args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
         part, sg_part, topk_idx, topk_w, sgate, hist, chunk_base,
         counts, padded_off, block_expert, padded_token, padded_pair, pair_dest,
-        act, act_s, pairs, y, sync, stats, trace, ws1, ws2,
+        act, act_s, pairs, y, sync, stats, trace, ws1, ws2, *tma_w,
         gus, dns, sgus, sdns, act_sc, act_s_sc, 0 if gus is None else gus.stride(0), 0 if gus is None else gus.stride(1), 0 if dns is None else dns.stride(0), 0 if dns is None else dns.stride(1),
         0 if sgus is None else sgus.stride(0), 0 if sdns is None else sdns.stride(0),
         0 if act_sc is None else act_sc.stride(0), 0 if act_s_sc is None else act_s_sc.stride(0),
@@ -569,9 +585,29 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         PF_L2=pf_tiles > 0,
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
+        TMA_W=tma_w[0] is not None,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
+
+
+def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed: bool, fp8: str | None) -> tuple:
+    """(gate_up descriptor, down descriptor) for config "tma_weights" (whole bf16/fp16/fp32 tiles;
+    contiguous weights whose rows are 16-byte multiples, as TMA needs), else (None, None).
+    gate_up (E, 2I, H) is seen as (E*2I, H) in (BLOCK_N1, BLOCK_K1) blocks, down (E, H, I) as
+    (E*H, I) in (BLOCK_N2, BLOCK_K2) blocks; zero-filled past the ends."""
+    if not mk.get("tma_weights") or streamed or fp8 is not None:
+        return None, None
+    if not (gate_up.is_contiguous() and down.is_contiguous()
+            and (gate_up.shape[-1] * gate_up.element_size()) % 16 == 0
+            and (down.shape[-1] * down.element_size()) % 16 == 0):
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    gu2 = gate_up.reshape(-1, gate_up.shape[-1])
+    dn2 = down.reshape(-1, down.shape[-1])
+    return (TensorDescriptor.from_tensor(gu2, [g1["BLOCK_N"], g1["BLOCK_K"]]),
+            TensorDescriptor.from_tensor(dn2, [g2["BLOCK_N"], g2["BLOCK_K"]]))
 
 
 def l2_prefetch_tiles(mk: dict, device, block_n: int, I: int, down) -> int:

@@ -319,3 +319,35 @@ def test_bitonic_topk_only_for_one_or_two_token_tasks():
 
     assert bitonic_topk_fits(1, 128) and bitonic_topk_fits(2, 256) and bitonic_topk_fits(1, 512)
     assert not bitonic_topk_fits(4, 128) and not bitonic_topk_fits(16, 128) and not bitonic_topk_fits(2, 512)
+
+
+@pytest.mark.parametrize("case", ["one_chunk", "two_chunks", "top1_input"])
+def test_tma_weights_compute_what_the_pointer_loads_compute(case, rng):
+    """Config "tma_weights": the routed GEMM tasks read their weight tiles through TMA descriptors
+    (gate_up as (E*2I, H), down as (E*H, I); I = 36 is not a multiple of the 16-column tiles, so
+    the last gate tile reads up rows, masked at the store). The layer matches the pointer loads' to
+    float32 rounding and the float64 reference, poisoned outputs overwritten, T = 0 and every
+    token on the same experts included; stream-K keeps its pointer loads."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    fields, T, _why = CASES[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    for T_, zero in ((T, False), (T, True), (0, False)):
+        x, w = _cpu(cfg, T_, rng, router_zero=zero)
+        base = megakernel_config(cfg, T_, torch.float32, torch.device("cpu"))
+        tma = {**base, "tma_weights": True}
+        _g, args, kwargs, _y, _s = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg,
+                                                tma)
+        assert kwargs["TMA_W"] is True
+        y0 = _mk(cfg, x, w, mk=base)
+        out = torch.full((T_, cfg.hidden_size), float("nan"))
+        y1 = _mk(cfg, x, w, mk=tma, out=out)
+        assert not y1.isnan().any()
+        # the same products, summed by another matmul layout (b.T of a descriptor tile): float32 rounding apart
+        torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5, msg=f"{case} T={T_} zero={zero}")
+        if T_:
+            ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg)
+            assert_close(y1, ref, "float32", f"{case} tma weights")
+    _g, _a, kwargs, _y, _s = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg,
+                                          _with_stream_k({**base, "tma_weights": True}, True))
+    assert kwargs["TMA_W"] is False
