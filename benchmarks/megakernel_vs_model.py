@@ -43,7 +43,8 @@ def main(argv=None) -> int:
                else np.stack([rng.choice(E, K, replace=False) for _ in range(T)]))
         plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=E), T, mk["tiles"], num_programs=132)
         ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
-        pred = predict_task_plan(plan, a.profile, num_programs=132, num_warps=mk["num_warps"], calls_per_graph=ni)
+        pred = predict_task_plan(plan, a.profile, num_programs=132, num_warps=mk["num_warps"], calls_per_graph=ni,
+                                 weight_loads="tma" if mk.get("tma_weights") else "pointer")
         ratio = r["megakernel_us"] / pred["time_us"]
         ratios.append(ratio)
         out.append({"preset": r["preset"], "T": T, "routing": r["routing"], "measured_us": r["megakernel_us"],

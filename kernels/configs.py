@@ -452,9 +452,24 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # loaded during this one (variant "fp8pf": 47.2 us there, off)
             "fp8_convert": FP8_CONVERT_DEFAULT,
             "fp8_scale_prefetch": False,
-            # the routed GEMM tasks' weights through TMA descriptors, not cp.async (variant "tmaw":
-            # at T = 1 one program's cp.async stream tops out near 32 GB/s, the trace of run 5)
-            "tma_weights": False}
+            # the routed GEMM tasks' weights through TMA descriptors, not cp.async (variant "tmaw"):
+            # megakernel_tma_weights
+            "tma_weights": megakernel_tma_weights(bm, bn1, bn2, bk)}
+
+
+#: the smallest weight tile (BLOCK_N x BLOCK_K bf16 bytes) whose TMA copies the megakernel takes
+TMA_WEIGHT_TILE_BYTES = 16 << 10
+
+
+def megakernel_tma_weights(block_m: int, bn1: int, bn2: int, bk: int) -> bool:
+    """Whether the megakernel's routed GEMM tasks read their weights through TMA descriptors
+    (config "tma_weights"): for row blocks of up to 64 rows whose weight tiles, GEMM 1's and GEMM 2's,
+    are at least TMA_WEIGHT_TILE_BYTES. H200 run T (us, cp.async / TMA): Qwen3-30B-A3B T = 1 35.9 /
+    33.5 (64- and 128-column tiles of 128), T = 8 160.9 / 159.1, T = 64 321.0 / 315.0 and every token
+    on the same experts 52.0 / 48.8, T = 512 382.6 / 368.1 and 181.4 / 157.5; gpt-oss-120b T = 8-512
+    1-15% faster, but T = 1 77.2 / 82.1 with 32-column tiles (8 KiB copies). 128-row blocks: not
+    measured, cp.async."""
+    return block_m <= 64 and min(bn1, bn2) * bk * 2 >= TMA_WEIGHT_TILE_BYTES
 
 
 #: where no tuned table says otherwise: the megakernel up to this T. 0 (auto = multi-launch) since

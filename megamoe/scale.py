@@ -349,7 +349,8 @@ class WeightCache:
 def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
     """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
     launches with (``kernels.configs.megakernel_config``; P = SMs x occupancy, never more than the
-    tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps)."""
+    tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps, weight loads: "tma"
+    where the config reads the weights through descriptors, else "pointer")."""
     from megamoe.kernels import configs as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
@@ -358,7 +359,8 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
                                 interpret=device_name == "cpu-interpreter")
     lay = task_layout(cfg, T, mk["tiles"])
     P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
-    return task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4))
+    return (task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4)),
+            "tma" if mk.get("tma_weights") else "pointer")
 
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
@@ -381,8 +383,8 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
                 "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"]} for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}"}
-    tp, warps = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
-    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph)
+    tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
+    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads)
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}
     main = max(crit, key=crit.get) if crit else "-"
     kinds = pred["bound_tasks"].get(main, {})

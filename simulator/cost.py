@@ -116,11 +116,13 @@ def occupancy(profile: Profile, num_warps: int) -> int:
 GEMM_TABLE_MIN_ROWS = 64
 
 
-#: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS): by pointer, in
-#: persistent programs that walk the tickets; GEMM 1 tasks (routed and shared) with gate and up
-#: accumulators, the others one
-MEGAKERNEL_LOADS = {"gemm1": "pointer_persistent_gated", "shared_gemm1": "pointer_persistent_gated",
-                    "other": "pointer_persistent"}
+#: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS), by its weight loads
+#: ("pointer": cp.async; "tma": descriptors, config "tma_weights"; rows by pointer either way), in
+#: persistent programs that walk the tickets; GEMM 1 tasks with gate and up accumulators, the others one
+MEGAKERNEL_LOADS = {"pointer": {"gated": "pointer_persistent_gated", "other": "pointer_persistent"},
+                    "tma": {"gated": "tma_persistent_gated", "other": "tma_persistent"}}
+#: the megakernel's task kinds with gate and up accumulators
+GATED_KINDS = ("gemm1", "shared_gemm1")
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
@@ -586,7 +588,7 @@ def _l2_hits(keys: np.ndarray, stream_bytes: np.ndarray, window: float) -> np.nd
 
 
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
-               dtype: str = "bf16") -> dict:
+               dtype: str = "bf16", weight_loads: str = "pointer") -> dict:
     """Per-task cost terms of a task plan (vectorized): compute_s, dram bytes, the HBM rate at P
     programs in flight, serial_s, fixed_s, and the L2 hits. See ``predict_task_plan``."""
     p = load_profile(profile) if not isinstance(profile, Profile) else profile
@@ -607,9 +609,12 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
                       np.maximum(a["num_tokens"], 1))
     flops = a["flops"].astype(np.float64)
     # the megakernel's tiles load their operands by pointer (cp.async, no TMA), in persistent programs
-    gated = np.isin(kind, [kinds.index(k) for k in MEGAKERNEL_LOADS if k in kinds])
+    if weight_loads not in MEGAKERNEL_LOADS:
+        raise ValueError(f"weight_loads must be one of {sorted(MEGAKERNEL_LOADS)}, got {weight_loads!r}")
+    forms = MEGAKERNEL_LOADS[weight_loads]
+    gated = np.isin(kind, [kinds.index(k) for k in GATED_KINDS if k in kinds])
     rate = np.empty(n)
-    for sel, loads in ((gated, MEGAKERNEL_LOADS["gemm1"]), (~gated, MEGAKERNEL_LOADS["other"])):
+    for sel, loads in ((gated, forms["gated"]), (~gated, forms["other"])):
         if sel.any():
             rate[sel] = mma_rate_per_sm(p, np.maximum(a["tile_m"][sel], 1), np.maximum(a["tile_n"][sel], 1),
                                         np.maximum(a["depth"][sel], 1), num_warps, np.maximum(rows_e[sel], 1),
@@ -658,7 +663,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
                       num_warps: int = 4, dtype: str = "bf16", calls_per_graph: int = 1,
-                      overrides: dict | None = None) -> dict:
+                      overrides: dict | None = None, weight_loads: str = "pointer") -> dict:
     """The persistent megakernel's time for a task plan (``reference.tiles.TaskPlan`` or its
     ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
 
@@ -666,11 +671,13 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     "tasks", "busy_us": {kind: program-us}, "critical_path_us": {kind or "handoff": us},
     "bound_tasks": {kind: {"compute", "memory", "serial": tasks}}, "dram_bytes", "l2_hit_bytes",
     "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
-    tasks (and handoffs) that ends last, so its terms sum to the makespan.
+    tasks (and handoffs) that ends last, so its terms sum to the makespan. ``weight_loads``: how
+    the GEMM tasks load their weights, "pointer" or "tma" (MEGAKERNEL_LOADS: the tile-loop tables
+    read).
     """
     p = resolve_profile(profile, overrides)
     km = _km(p)
-    c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype)
+    c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads)
     a = c["arrays"]
     kind, kinds = c["kind"], c["kinds"]
     n = kind.size

@@ -200,3 +200,31 @@ def test_fp8_rates_use_the_measured_table_or_the_peak_ratio():
     w8 = dict(num_sms=132, weight_dtype="fp8", act_dtype="bf16")
     assert ffn_cost(rows, 7168, 2048, profile=p, **w8).compute_s == pytest.approx(
         ffn_cost(rows, 7168, 2048, profile=bare, **w8).compute_s)
+
+
+def test_megakernel_gemm_tasks_read_the_table_of_their_weight_loads():
+    """predict_task_plan(weight_loads=...): the megakernel's 64-row GEMM tasks read the dense-GEMM
+    table of their loop form (cost.MEGAKERNEL_LOADS): persistent pointer loads, or TMA weights;
+    GEMM 1 the gated table, GEMM 2 the other. A slower table gives a slower compute time; an
+    unknown load kind is refused by name."""
+    from megamoe.simulator.cost import MEGAKERNEL_LOADS
+
+    tiles = {**TILES, "gemm1": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}}
+    counts = np.zeros(CFG.num_experts, np.int64)
+    counts[:4] = 512 * CFG.top_k // 4  # 4 experts, 512 rows each: many 64-row GEMM tasks
+    plan = task_plan(CFG, counts, 512, tiles, num_programs=8)
+
+    def table(rate):
+        return {"unit": "flop/s per SM", "over": ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], "source": "test",
+                "points": [[64, 64, 4, 256, rate], [64, 128, 4, 256, rate], [64, 64, 4, 4096, rate],
+                           [64, 128, 4, 4096, rate]]}
+
+    fast, slow = 4e12, 1e12
+    p = _calibrated(**{f"gemm_{MEGAKERNEL_LOADS['pointer'][k]}": table(fast) for k in ("gated", "other")},
+                    **{f"gemm_{MEGAKERNEL_LOADS['tma'][k]}": table(slow) for k in ("gated", "other")})
+    cp = task_costs(plan, p, weight_loads="pointer")
+    ct = task_costs(plan, p, weight_loads="tma")
+    g = np.isin(cp["kind"], [cp["kinds"].index("gemm1"), cp["kinds"].index("gemm2")])
+    assert g.any() and np.allclose(ct["compute_s"][g], cp["compute_s"][g] * fast / slow)
+    with pytest.raises(ValueError, match="weight_loads must be one of"):
+        task_costs(plan, p, weight_loads="ldmatrix")

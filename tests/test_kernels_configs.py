@@ -103,3 +103,22 @@ def test_decode_stages_fit_the_stage_budget():
     assert decode_stages(STAGE_BYTES // 4) == 5 and decode_stages(1024) == 6
     assert decode_stages(STAGE_BYTES) == 3 and decode_stages(STAGE_BYTES, least=2) == 2
     assert decode_stages(1024, most=10) == 10 and decode_stages(STAGE_BYTES // 8, most=10) == 9
+
+
+def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
+    """Config "tma_weights" (configs.megakernel_tma_weights): on for row blocks of up to 64 rows
+    whose weight tiles are 16 KiB or more (Qwen3-30B-A3B at T = 1: 64 x 128), off for gpt-oss-120b
+    at T = 1 (32-column tiles: 8 KiB copies, measured slower), for 128-row blocks (not measured) and
+    under the interpreter's tiny tiles."""
+    from megamoe.kernels.configs import megakernel_config
+    from megamoe.reference import MoEConfig
+
+    def mk(name, T, **kw):
+        c = MoEConfig.preset(name)
+        return megakernel_config(c.num_experts, c.hidden_size, c.intermediate_size, c.top_k,
+                                 c.shared_intermediate_size, T, num_sms=132, **kw)
+
+    assert mk("qwen3-30b-a3b", 1)["tma_weights"] and mk("qwen3-30b-a3b", 512)["tma_weights"]
+    assert not mk("gpt-oss-120b", 1)["tma_weights"] and mk("gpt-oss-120b", 8)["tma_weights"]
+    assert not mk("qwen3-30b-a3b", 4096)["tma_weights"]
+    assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
