@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference.tiles import GEMM_LOOP_FORMS
+
 
 @triton.jit
 def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.constexpr, TMA_A: tl.constexpr,
@@ -89,15 +91,8 @@ def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT:
                     BLOCK_N, BLOCK_K, GROUP_M)
 
 
-#: the loop forms (simulator.hardware.GEMM_LOADS' keys) -> (persistent, W by TMA, A by TMA, gated):
-#: the pointer GEMMs' GEMM 1 / GEMM 2 ("pointer_gated" / "pointer"), the persistent TMA GEMMs'
-#: ("tma_persistent_gated": rows gathered by pointer; "tma_ab_persistent"), the megakernel's
-#: ("pointer_persistent_gated" / "pointer_persistent"); and the non-gated "tma" and "tma_persistent"
-#: that older profiles priced them by
-LOADS = {"pointer": (False, False, False, False), "pointer_gated": (False, False, False, True),
-         "tma": (False, True, False, False), "tma_persistent": (True, True, False, False),
-         "tma_persistent_gated": (True, True, False, True), "tma_ab_persistent": (True, True, True, False),
-         "pointer_persistent": (True, False, False, False), "pointer_persistent_gated": (True, False, False, True)}
+#: the loop forms measured -> (persistent, W by TMA, A by TMA, gated): reference.tiles.GEMM_LOOP_FORMS
+LOADS = GEMM_LOOP_FORMS
 
 
 def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, block_k: int, num_warps: int,

@@ -49,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 
+from megamoe.reference.tiles import GEMM_LOOP_FORMS, gemm_loop_form_text
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for profile.json and microbench.json")
@@ -328,17 +330,8 @@ GEMM_MN = 4096
 GEMM_STAGES = {4: 4, 8: 3}
 
 
-#: the dense GEMM's loop forms (microbench_gemm.LOADS) as the profile's sources say them
-GEMM_FORMS = {"pointer": "both by pointer loads, a tile per program",
-              "pointer_gated": "both by pointer loads, a tile per program; gate and up accumulators (GEMM 1)",
-              "tma": "weights through a TMA descriptor, a tile per program",
-              "tma_persistent": "weights through a TMA descriptor, persistent programs (one per SM)",
-              "tma_persistent_gated": "weights through a TMA descriptor, persistent programs (one per SM); gate "
-                                      "and up accumulators (GEMM 1)",
-              "tma_ab_persistent": "both through TMA descriptors, persistent programs (one per SM)",
-              "pointer_persistent": "both by pointer loads, persistent programs (one per SM)",
-              "pointer_persistent_gated": "both by pointer loads, persistent programs (one per SM); gate and up "
-                                          "accumulators (GEMM 1)"}
+#: the dense GEMM's loop forms (reference.tiles.GEMM_LOOP_FORMS) as the profile's sources say them
+GEMM_FORMS = {name: gemm_loop_form_text(name) for name in GEMM_LOOP_FORMS}
 #: a gated form's table row is its whole tile, gate and up: BLOCK_N = twice each accumulator's
 #: columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
 

@@ -84,6 +84,32 @@ TILE_SWITCHES = {"order": {"STREAM_K": 0}}
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2", "pf")
 SYNC_STRIDE = 32
 
+#: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
+#: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
+#: accumulators over one row tile). The pointer GEMMs run "pointer_gated" / "pointer", the persistent
+#: TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent", the megakernel "pointer_persistent(_gated)"
+#: or, with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA
+#: launches by. kernels/microbench_gemm.py measures each, the cost model reads each one's table.
+GEMM_LOOP_FORMS = {
+    "pointer": (False, False, False, False),
+    "pointer_gated": (False, False, False, True),
+    "tma": (False, True, False, False),
+    "tma_persistent": (True, True, False, False),
+    "tma_persistent_gated": (True, True, False, True),
+    "tma_ab_persistent": (True, True, True, False),
+    "pointer_persistent": (True, False, False, False),
+    "pointer_persistent_gated": (True, False, False, True),
+}
+
+
+def gemm_loop_form_text(name: str) -> str:
+    """What a GEMM_LOOP_FORMS form is, in words (the calibrated profile's table sources)."""
+    persistent, tma_w, tma_a, gated = GEMM_LOOP_FORMS[name]
+    loads = ("both through TMA descriptors" if tma_a else
+             "weights through a TMA descriptor, rows by pointer loads" if tma_w else "both by pointer loads")
+    return (f"{loads}, {'persistent programs (one per SM)' if persistent else 'a tile per program'}"
+            + ("; gate and up accumulators (GEMM 1)" if gated else ""))
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)

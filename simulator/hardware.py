@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..reference.tiles import GEMM_LOOP_FORMS
+
 PROFILE_DIR = Path(__file__).with_name("profiles")
 FORMAT = "megamoe.system/1"
 
@@ -521,25 +523,19 @@ _KM_TABLES = {
     # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
     # 128 x 128 where the megakernel's own pointer tiles reach 459; read, it doubled prefill predictions)
     "mma_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    # a dense GEMM of each tile loop (kernels/microbench_gemm.py): weights by pointer loads / through TMA
-    "gemm_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    "gemm_tma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    # ... the same tile loops in persistent programs (one per SM walking the tiles, as the
-    # "tma_persistent" GEMMs and the megakernel run them): rows by pointer loads and weights by
-    # pointer loads / weights through TMA / both through TMA (GEMM 2 of the persistent GEMMs)
-    # (GEMM 2 of the persistent GEMMs); "_gated": GEMM 1's tile, gate and up accumulators over one
-    # row tile, BLOCK_N their columns together
-    **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth"))
-       for form in ("pointer_gated", "pointer_persistent", "pointer_persistent_gated", "tma_persistent",
-                    "tma_persistent_gated", "tma_ab_persistent")},
+    # a dense GEMM of each tile loop form (kernels/microbench_gemm.py, reference.tiles.GEMM_LOOP_FORMS):
+    # a tile per program or persistent programs, pointer or TMA loads, and "_gated": GEMM 1's tile,
+    # gate and up accumulators over one row tile, BLOCK_N their columns together
+    **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")) for form in GEMM_LOOP_FORMS},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
 }
 
 
-#: how a GEMM tile loop loads its operands -> the dense-GEMM tables (kernel_model.gemm_<name>,
-#: kernels/microbench_gemm.py) that price it, best first: its own loop's, then the nearest
-#: measured before it existed (profiles calibrated before the persistent loops were measured)
+#: how a GEMM tile loop loads its operands (a reference.tiles.GEMM_LOOP_FORMS form) -> the
+#: dense-GEMM tables (kernel_model.gemm_<name>, kernels/microbench_gemm.py) that price it, best
+#: first: its own loop's, then the nearest measured before it existed (profiles calibrated before
+#: the persistent and gated loops were measured)
 GEMM_LOADS = {
     "pointer": ("pointer",),
     "pointer_gated": ("pointer_gated", "pointer"),
@@ -639,9 +635,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],
         "mma": [],
         "mma_fp8": [],
-        "gemm_pointer": [],
-        "gemm_tma": [],
-        **{"gemm_" + n: [] for n in GEMM_LOADS if n not in ("pointer", "tma")},
+        **{"gemm_" + n: [] for n in GEMM_LOADS},
         "mma_pointer": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],

@@ -145,3 +145,32 @@ def test_link_bytes_conserve():
     down = sum(v for (a, b), v in lb.items() if b[0] == "gpu")
     off = m.sum() - np.trace(m)
     assert up == pytest.approx(off) and down == pytest.approx(off)
+
+
+def test_every_gemm_loop_form_has_a_table_a_field_and_fallbacks_among_the_forms():
+    """One list of GEMM tile-loop forms (reference.tiles.GEMM_LOOP_FORMS): the microbenchmark
+    measures each, the profile has a table key and a KernelModel field for each, GEMM_LOADS' fallbacks
+    name only forms, and the launch plan's stages and the megakernel's tasks read only forms."""
+    import dataclasses
+
+    import numpy as np
+
+    from megamoe.kernels.microbench_gemm import LOADS
+    from megamoe.kernels.plan import launch_plan
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import GEMM_LOOP_FORMS
+    from megamoe.simulator.cost import MEGAKERNEL_LOADS
+    from megamoe.simulator.hardware import _KM_TABLES, GEMM_LOADS, KernelModel
+
+    forms = set(GEMM_LOOP_FORMS)
+    assert set(LOADS) == forms and set(GEMM_LOADS) == forms
+    assert all(set(fb) <= forms and fb[0] == name for name, fb in GEMM_LOADS.items())
+    fields = {f.name for f in dataclasses.fields(KernelModel)}
+    assert all(f"gemm_{n}" in _KM_TABLES and f"gemm_{n}" in fields for n in forms)
+    assert {v for d in MEGAKERNEL_LOADS.values() for v in d.values()} <= forms
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    for T in (1, 512, 4096):
+        counts = np.bincount(np.arange(T * cfg.top_k) % cfg.num_experts, minlength=cfg.num_experts)
+        plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+        used = {s.loads for s in plan.stages if s.loads}
+        assert used and used <= forms, (T, used)
