@@ -373,6 +373,18 @@ def skip_reason(dtype: str, backend: str) -> str | None:
     return None
 
 
+#: the multi-launch pipeline's prefixes the per-stage breakdown times (kernels.moe._forward's stop_after)
+BREAKDOWN_STOPS = ("align", "gemm1", "gemm2")
+
+
+def stage_split(prefix_us: dict, total_us: float) -> dict:
+    """The multi-launch path's stages from the times of its prefixes (BREAKDOWN_STOPS -> us) and
+    of the whole layer: router+align, GEMM 1, GEMM 2 (with the shared MLP), combine, each the
+    difference of two times (so noise where the two are large and the stage small)."""
+    return {"router+align": prefix_us["align"], "gemm1": prefix_us["gemm1"] - prefix_us["align"],
+            "gemm2": prefix_us["gemm2"] - prefix_us["gemm1"], "combine": total_us - prefix_us["gemm2"]}
+
+
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
@@ -438,12 +450,10 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         row.update(ideal_tflops=ideal / 1e12, ours_routed_tflops=routed_flops / (ours * 1e-6) / 1e12,
                    ours_over_ideal_rate=routed_flops / (ours * 1e-6) / ideal)
     if breakdown and ran == "multi":  # CUDA-graph times of the pipeline's prefixes; differences are the stages
-        prefix = {}
-        for stop in ("align", "gemm1", "gemm2"):
-            prefix[stop] = graph_time_us(lambda x, stop=stop: kmoe._forward(x, w, cfg, deterministic, stop,
-                                                                             fp8_activations=fp8_act), xs, reps)
-        row.update(stage_us={"router+align": prefix["align"], "gemm1": prefix["gemm1"] - prefix["align"],
-                             "gemm2": prefix["gemm2"] - prefix["gemm1"], "combine": ours - prefix["gemm2"]})
+        prefix = {stop: graph_time_us(lambda x, stop=stop: kmoe._forward(x, w, cfg, deterministic, stop,
+                                                                         fp8_activations=fp8_act), xs, reps)
+                  for stop in BREAKDOWN_STOPS}
+        row.update(stage_us=stage_split(prefix, ours))
     v = VLLM_US.get((name, T)) if fp8 is None else None
     if v:
         row.update(vllm_us=v, speedup_vs_vllm=v / ours)

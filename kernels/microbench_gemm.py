@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..reference.tiles import GEMM_LOOP_FORMS
+from .grouped_gemm import _tile_ids
 
 
 @triton.jit
@@ -38,13 +39,7 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
     """Tile ``tile`` of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes. GATED:
     W is (2N, K), gate rows then up rows, and the tile is GEMM 1's: two accumulators over the same
     A tile, C = silu(A @ Wg^T) * (A @ Wu^T)."""
-    num_m = M // BLOCK_M
-    num_n = N // BLOCK_N
-    width = GROUP_M * num_n
-    first_m = (tile // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % width) % size_m
-    pid_n = (tile % width) // size_m
+    pid_m, pid_n = _tile_ids(tile, M // BLOCK_M, N // BLOCK_N, GROUP_M)  # the MoE GEMMs' grouped order
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

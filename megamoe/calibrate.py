@@ -27,8 +27,9 @@ Measured:
                               8S programs; occupancy from the compiled kernels' registers and
                               shared memory
     gemm                      the same tile shapes x depth in a dense 4096 x 4096 x depth GEMM of
-                              HBM-resident operands, weights by pointer loads and through TMA
-                              (kernels/microbench_gemm.py): the rate of a tile loop as a GEMM runs it
+                              HBM-resident operands, in every tile-loop form the kernels run
+                              (reference.tiles.GEMM_LOOP_FORMS; kernels/microbench_gemm.py): the
+                              rate of a tile loop as a GEMM runs it
     mma_fp8                   the same tile shapes x depth, e4m3 x e4m3 with fp32 accumulation,
                               operands held on chip (``mma_resident``), 8S programs: the cost
                               model's fp8 rates (without it, the bf16 ones x the fp8/bf16 peak ratio)

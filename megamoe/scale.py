@@ -197,18 +197,15 @@ class CudaLayer:
 
         return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps)
 
-    def stage_us(self, cfg, ws, xs: list, reps: int) -> dict:
-        """The multi-launch path's stages as measured: CUDA-graph times of its prefixes (through
-        the align, GEMM 1, GEMM 2; kernels.moe._forward's ``stop_after``), differences between
-        them; the combine is the whole layer's time (``measured_us``) less the GEMM 2 prefix, so
-        it is filled in by the caller. Keys as STAGE_GROUPS'."""
+    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float) -> dict:
+        """The multi-launch path's stages as measured (kernels.bench.stage_split): CUDA-graph times
+        of its prefixes (kernels.moe._forward's ``stop_after``) and ``total_us``, the whole layer's."""
         from megamoe.kernels import moe as kmoe
-        from megamoe.kernels.bench import graph_time_us
+        from megamoe.kernels.bench import BREAKDOWN_STOPS, graph_time_us, stage_split
 
         pre = {stop: graph_time_us(lambda a, stop=stop: kmoe._forward(a, ws, cfg, True, stop), list(xs), reps)
-               for stop in ("align", "gemm1", "gemm2")}
-        return {"router+align": pre["align"], "gemm1": pre["gemm1"] - pre["align"],
-                "gemm2": pre["gemm2"] - pre["gemm1"], "_gemm2_prefix": pre["gemm2"]}
+               for stop in BREAKDOWN_STOPS}
+        return stage_split(pre, total_us)
 
     def rel_diff(self, y, ref) -> float:
         """||y - ref|| / ||ref|| in float32."""
@@ -290,17 +287,17 @@ class InterpreterLayer(CudaLayer):
         self.forward(xs[0], ws, cfg, backend)
         return (time.perf_counter() - t) * 1e6
 
-    def stage_us(self, cfg, ws, xs: list, reps: int) -> dict:
-        """Each prefix run once (exercises the breakdown; measures nothing)."""
+    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float) -> dict:
+        """Each prefix run once, by wall time (exercises the breakdown; measures nothing)."""
         from megamoe.kernels import moe as kmoe
+        from megamoe.kernels.bench import BREAKDOWN_STOPS, stage_split
 
         pre = {}
-        for stop in ("align", "gemm1", "gemm2"):
+        for stop in BREAKDOWN_STOPS:
             t = time.perf_counter()
             kmoe._forward(xs[0], ws, cfg, True, stop)
             pre[stop] = (time.perf_counter() - t) * 1e6
-        return {"router+align": pre["align"], "gemm1": pre["gemm1"], "gemm2": pre["gemm2"],
-                "_gemm2_prefix": pre["align"] + pre["gemm1"] + pre["gemm2"]}
+        return stage_split(pre, total_us)
 
     def sync(self) -> None:
         pass
@@ -677,9 +674,7 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
             writer.write({**row, "phase": "prediction"})  # before anything is timed
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):
-                st = layer.stage_us(cfg, ws, xs, reps)
-                st["combine"] = row["measured_us"] - st.pop("_gemm2_prefix")
-                row["measured_stages_us"] = st
+                row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"])
             y = layer.forward(xs[0], ws, cfg, c.backend)
             group["y"][c.backend] = y
             ref = group["y"].get("multi") if c.backend != "multi" else None

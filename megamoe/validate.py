@@ -191,9 +191,9 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
     if "stage_us" in row:  # the bench's per-stage split: router+align, gemm1, gemm2, combine
         groups: dict[str, float] = {}
         for st in full["stages"]:
-            key = "router+align" if st["name"].startswith(("router", "align")) else st["name"].split("_")[0]
-            key = key.replace("shared", "gemm") if key not in row["stage_us"] else key
-            groups[key] = groups.get(key, 0.0) + st["time_us"]
+            key = stage_group(st["name"])
+            if key:
+                groups[key] = groups.get(key, 0.0) + st["time_us"]
         out["stages"] = {k: {"measured_us": v, "predicted_us": groups.get(k)} for k, v in row["stage_us"].items()}
     if "ceiling_read_bytes_per_s" in row:
         ov = measured_overrides({"read_bytes_per_s": row["ceiling_read_bytes_per_s"],
@@ -503,8 +503,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 OUTLIER = 0.15  # |pred - meas| / meas beyond which the report lists a configuration
-#: the multi-launch stages as the GPU run measures them (CUDA-graph times of the pipeline's
-#: prefixes, scale.CudaLayer.stage_us), each with the plan's stages it holds (by name prefix)
+#: the multi-launch stages as the GPU runs measure them (CUDA-graph times of the pipeline's
+#: prefixes, kernels.bench.stage_split: megamoe bench --breakdown and validate's GPU run), each with
+#: the plan's stages it holds (by name prefix)
 STAGE_GROUPS = {"router+align": ("router", "align"), "gemm1": ("gemm1",), "gemm2": ("gemm2", "shared"),
                 "combine": ("combine",)}
 

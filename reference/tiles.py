@@ -150,8 +150,7 @@ def topk_passes(config) -> int:
     """Dependent row reductions of one top-k selection as the routers run it (kernels/routing.py
     _route_block): K maxima; grouped routing (n_group > 1) first takes each group's two largest
     scores (two reductions over all the groups at once) and topk_group group picks."""
-    K = int(config.top_k)
-    return K + (2 + int(config.topk_group) if int(getattr(config, "n_group", 1) or 1) > 1 else 0)
+    return int(config.top_k) + (2 + int(config.topk_group) if config.n_group > 1 else 0)
 
 
 def topk_tokens(tiles: dict) -> int:

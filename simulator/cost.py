@@ -374,9 +374,8 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     dram = dram_bytes(stage)
     inflight = min(P, slots)
     memory_s = dram / hbm_rate(profile, inflight, dram / P) if dram > 0 else 0.0
-    pulled = P * float(stage["bytes_per_tile"])
-    hit = max(0.0, pulled - dram)
     if km.l2_bandwidth_bytes_per_s > 0:
+        hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
     steps = stage.get("serial_steps") or {}
     serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
@@ -608,7 +607,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     rows_e = np.where(expert >= 0, counts[np.clip(expert, 0, max(counts.size - 1, 0))] if counts.size else 1,
                       np.maximum(a["num_tokens"], 1))
     flops = a["flops"].astype(np.float64)
-    # the megakernel's tiles load their operands by pointer (cp.async, no TMA), in persistent programs
+    # the megakernel's GEMM tasks: rows by pointer, weights as ``weight_loads`` says, in persistent programs
     if weight_loads not in MEGAKERNEL_LOADS:
         raise ValueError(f"weight_loads must be one of {sorted(MEGAKERNEL_LOADS)}, got {weight_loads!r}")
     forms = MEGAKERNEL_LOADS[weight_loads]

@@ -159,6 +159,26 @@ def test_bench_rows_of_each_dtype_get_their_launch_plan():
     assert t["fp8-act"] < 0.8 * t["fp8"] and t["fp8"] <= 1.02 * t["bf16"]
 
 
+def test_bench_row_stages_group_the_plan_as_the_prefixes_measure_them():
+    """A bench row's measured stages (``megamoe bench --breakdown``: kernels.bench.stage_split) are
+    compared with the plan's stages grouped as validate.STAGE_GROUPS: Kimi K2's shared MLP runs
+    inside the GEMM 2 prefix, so its stages count in "gemm2"; the groups sum to the layer's stages."""
+    from megamoe.kernels.bench import stage_split
+    from megamoe.validate import predict_bench_row
+
+    row = {"preset": "kimi-k2", "T": 64, "ours_us": 400.0, "deterministic": True,
+           "stage_us": stage_split({"align": 30.0, "gemm1": 230.0, "gemm2": 390.0}, 400.0)}
+    out = predict_bench_row(row)
+    assert set(out["stages"]) == {"router+align", "gemm1", "gemm2", "combine"}
+    assert out["stages"]["combine"]["measured_us"] == pytest.approx(10.0)
+    assert all(v["predicted_us"] and v["predicted_us"] > 0 for v in out["stages"].values())
+    # every stage of the plan (the shared MLP's included) is in one group
+    assert sum(v["predicted_us"] for v in out["stages"].values()) == pytest.approx(
+        out["predicted_us"] - out["predicted_fixed_us"])
+    no_shared = predict_bench_row({**row, "preset": "qwen3-30b-a3b"})
+    assert all(v["predicted_us"] > 0 for v in no_shared["stages"].values())
+
+
 def test_stored_rows_predicted_again_from_their_counts():
     """megamoe.repredict: a row that carries counts is predicted again with another profile, the
     same as a prediction from a routing with those counts; rows without counts are left out."""
