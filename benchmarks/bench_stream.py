@@ -54,13 +54,14 @@ def main(argv=None) -> int:
         for per in (1 << 20, 4 << 20):
             for bn, bk in TILES:
                 for st in STAGES:
-                    if st * (bn * bk + 16 * bk) * 2 > SMEM_BYTES:
+                    smem = st * (bn * bk + 16 * bk) * 2  # the stages' weight and A tiles, bf16
+                    if smem > SMEM_BYTES:
                         continue
                     for P in (S, 2 * S):
                         if time.time() - t0 > args.budget:
                             print("# budget spent", flush=True)
                             return 0
-                        if P > S and st * (bn * bk + 16 * bk) * 2 > SMEM_BYTES // 2:
+                        if P > S and smem > SMEM_BYTES // 2:
                             continue  # two programs per SM would not fit
                         try:
                             t = flushed_seconds(lambda P=P, bn=bn, bk=bk, st=st, per=per: mb.stream_tile(
