@@ -266,9 +266,11 @@ def gemm_candidate(name: str, cfg, T: int) -> dict:
     return entry
 
 
-def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | None = None) -> list[dict]:
+def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | None = None,
+                  dump: str | None = None) -> list[dict]:
     """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90
-    (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act")."""
+    (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act"); ``dump``: a folder for
+    each kernel's IRs, PTX and SASS (DIR/<case>.<candidate>.<gemm>.<ext>)."""
     import torch
 
     from megamoe.kernels import bench as kb
@@ -292,9 +294,11 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
     out = []
     for gemm, (fn, grid, args, kwargs), c in (("gemm1", l1, g1), ("gemm2", l2, g2)):
         tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        out.append({"case": f"{name}:{T}", "candidate": candidate + (f"+fp8:{fp8}" if fp8 else ""), "gemm": gemm,
+        cand = candidate + (f"+fp8:{fp8}" if fp8 else "")
+        where = (dump, _case_file(f"{name}:{T}.{cand}.{gemm}")) if dump else None
+        out.append({"case": f"{name}:{T}", "candidate": cand, "gemm": gemm,
                     "kernel": fn.__name__, "variant": c["variant"], "tile": tile, "grid": grid[0],
-                    **compile_kernel(fn, args, kwargs)})
+                    **compile_kernel(fn, args, kwargs, dump=where)})
     return out
 
 
@@ -451,21 +455,27 @@ def main(argv=None) -> int:
         name, T = c.split(":")
         if a.gemm:
             for cand in a.gemm:
-                for r in compile_gemms(name, int(T), cand, fp8=a.fp8):
+                for r in compile_gemms(name, int(T), cand, fp8=a.fp8, dump=a.dump):
                     print(r, flush=True)
+                    if a.dump and a.loops:
+                        _print_loops(a.dump, f"{r['case']}.{r['candidate']}.{r['gemm']}")
         else:
             for v in a.variants:
                 r = compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, dump=a.dump,
                                  variant=None if v == "default" else v, sets=sets)
                 print(r, flush=True)
                 if a.dump and a.loops:
-                    from pathlib import Path
-
-                    sass = (Path(a.dump) / f"{_case_file(r['case'])}.sass").read_text()
-                    for lp in loop_report(sass):
-                        if lp["HMMA"]:
-                            print("    loop", lp, flush=True)
+                    _print_loops(a.dump, r["case"])
     return 0
+
+
+def _print_loops(folder: str, case: str) -> None:
+    """Print the innermost SASS loops holding an MMA of the kernel dumped as ``case``."""
+    from pathlib import Path
+
+    for lp in loop_report((Path(folder) / f"{_case_file(case)}.sass").read_text()):
+        if lp["HMMA"]:
+            print("    loop", lp, flush=True)
 
 
 if __name__ == "__main__":

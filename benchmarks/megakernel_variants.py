@@ -62,6 +62,25 @@ def _rows(bm: int):
     return f
 
 
+def _gemm_tiles(n1: int, n2: int | None, k: int, tma: bool):
+    """GEMM 1 tiles of n1 columns and BLOCK_K k (GEMM 2 too with n2; None keeps its tiles), weights
+    through TMA or cp.async, stages refitted to shared memory (configs.decode_stages). Narrower
+    GEMM 1 tiles make more tasks than programs at decode (Qwen3-30B-A3B T = 1: 192 of 32 columns
+    against 96 of 64 on 132 programs), so the GEMM 2 tasks of the first experts start while the
+    last GEMM 1 tiles stream; BLOCK_K 256 keeps a 32-column weight tile at the 16 KiB that TMA copies want."""
+    def f(mk):
+        from megamoe.kernels.configs import decode_stage_bytes, decode_stages
+
+        mk = copy.deepcopy(mk)
+        t = mk["tiles"]
+        t["gemm1"].update(BLOCK_N=n1, BLOCK_K=k)
+        if n2:
+            t["gemm2"].update(BLOCK_N=n2, BLOCK_K=k)
+        mk.update(tma_weights=tma, num_stages=decode_stages(decode_stage_bytes(t, True)))
+        return mk
+    return f
+
+
 def _prefill(mk):
     """The prefill tiles (configs._megakernel_config's past 64 rows): 128-row blocks, 128-column
     tiles, BLOCK_K 64, 8 warps, 3 stages."""
@@ -149,6 +168,11 @@ VARIANTS = {
     "stages3": (_set(num_stages=3), "3 pipeline stages"),
     "stages4": (_set(num_stages=4), "4 pipeline stages"),
     "stages6": (_set(num_stages=6), "6 pipeline stages"),
+    "n32k256": (_gemm_tiles(32, None, 256, True), "32-column GEMM 1 tiles, BLOCK_K 256 (16 KiB weight copies), TMA "
+                "weights: more GEMM 1 tasks than programs at decode"),
+    "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
+    "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
+    "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
     "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
                                       "not cp.async"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
@@ -171,7 +195,7 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("tmaw",)
+T1_VARIANTS = ("n32k256", "n32", "n64tma", "n32k256all")
 MID_VARIANTS = ("tmaw",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")

@@ -36,8 +36,12 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 #: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode);
-#: variant: the kernel family (module docstring)
-GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer"}
+#: variant: the kernel family (module docstring); FLATTEN (0 / 1, "tma_persistent" only): the
+#: persistent walk over tiles flattened with each tile's K loop into one pipelined loop
+#: (``tl.range(..., flatten=True)``: the next tile's loads start during this tile's epilogue)
+GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
+#: the optional keys that are switches (0 or 1), not positive sizes
+GEMM_SWITCHES = ("FLATTEN",)
 VARIANTS = ("pointer", "tma_persistent")
 #: persistent programs where the SM count is not read from a device: the interpreter (a few, so
 #: that tests see programs walking several tiles) and an H200 (launch_plan without a device)
@@ -83,10 +87,17 @@ def check_gemm_config(cfg: dict, where: str) -> dict:
             if v not in VARIANTS:
                 raise KernelConfigError(f"{where}: variant must be one of {list(VARIANTS)}, got {v!r}")
             continue
+        if k in GEMM_SWITCHES:
+            if isinstance(v, bool) or v not in (0, 1):
+                raise KernelConfigError(f"{where}: {k} must be 0 or 1, got {v!r}")
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KernelConfigError(f"{where}: {k} must be a positive integer, got {v!r}")
     if cfg.get("variant") == "tma_persistent" and cfg.get("SPLIT_K", 1) != 1:
         raise KernelConfigError(f"{where}: variant 'tma_persistent' has no split-K, got SPLIT_K={cfg['SPLIT_K']}")
+    if cfg.get("FLATTEN", 0) and cfg.get("variant", "pointer") != "tma_persistent":
+        raise KernelConfigError(f"{where}: FLATTEN=1 flattens a persistent loop: it needs variant "
+                                f"'tma_persistent', got {cfg.get('variant', 'pointer')!r}")
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         if cfg[k] & (cfg[k] - 1) or cfg[k] < 16:
             raise KernelConfigError(f"{where}: {k}={cfg[k]} must be a power of two >= 16")
@@ -188,7 +199,7 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
     for name, depth in (("gemm1", H), ("gemm2", I)):
         g = {**GEMM_OPTIONAL, **entry[name]}
         if g["variant"] == "tma_persistent" and not tma_ok(depth, dtype):
-            g["variant"] = "pointer"
+            g["variant"], g["FLATTEN"] = "pointer", 0
         out[name] = g
     return out
 

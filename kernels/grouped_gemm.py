@@ -432,12 +432,14 @@ def _gemm1_tma_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     """Persistent GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x N
-    tiles in grouped order (GROUP_M row blocks share a column band)."""
+    tiles in grouped order (GROUP_M row blocks share a column band). FLATTEN: the walk and each
+    tile's K loop flattened into one pipelined loop (config FLATTEN)."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                         pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
@@ -509,12 +511,12 @@ def _gemm2_tma_kernel(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """Persistent GEMM 2, walking its tiles as _gemm1_tma_kernel does."""
+    """Persistent GEMM 2, walking its tiles as _gemm1_tma_kernel does (FLATTEN likewise)."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                         pid_m, pid_n, e, T, N, KD, stride_be, stride_ot, K, KS,
@@ -583,7 +585,7 @@ def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: 
         args = (x, _descriptor(w, w.shape[0] * 2 * N, BN, BK), bias, out, meta.get("padded_token"),
                 meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), topk_w,
                 T, N, KD, w.shape[0], x.stride(0), bstride, out.stride(0), float(alpha), float(limit))
-        return _gemm1_tma_kernel, grid, args, common
+        return _gemm1_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]))
     args = (x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
             topk_w, T, N, KD, num_m, out.shape[0], x.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0),
             float(alpha), float(limit))
@@ -638,7 +640,7 @@ def gemm2_launch(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
         args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), _descriptor(w, w.shape[0] * N, BN, BK), bias,
                 out, meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), scale,
                 T, N, KD, w.shape[0], bstride, out.stride(0))
-        return _gemm2_tma_kernel, grid, args, common
+        return _gemm2_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]))
     args = (act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale, T, N, KD, num_m,
             act.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0))
     return _gemm2_kernel, gemm_grid(num_m, N, cfg, split), args, dict(common, EVEN_K=KD % BK == 0, SPLIT_K=split)

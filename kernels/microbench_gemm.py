@@ -12,6 +12,9 @@ Shape legend: M rows, N columns, K depth, BM/BN/BK tile sizes, S SMs.
                         program per SM walks tiles pid, pid + programs, ... (the persistent GEMMs
                         and, through its tickets, the megakernel); otherwise one tile per program.
                         ``GATED``: GEMM 1's tile, gate and up accumulators over one A tile.
+                        ``FLAT``: the persistent walk as ``tl.range(..., flatten=True)``, which
+                        fuses it with each tile's K loop into one pipelined loop (the persistent
+                        GEMMs' config FLATTEN).
 
 Why it exists (H200 runs L and M, NOTES-gpu-runs.md): the tile table ``mma`` times the tensor cores
 on operands already on chip, capped at a dense cuBLAS GEMM's rate, and the MoE kernels' prefill
@@ -72,13 +75,13 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
 
 @triton.jit
 def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT: tl.constexpr, TMA: tl.constexpr,
-                       TMA_A: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                       TMA_A: tl.constexpr, GATED: tl.constexpr, FLAT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One tile per program, or (PERSISTENT) tiles pid, pid + programs, ... as the persistent
     GEMMs walk theirs. K is specialized (its divisibility by 16 lets the row loads vectorize into
     cp.async: H200 run N, with K unspecialized, measured 37-160 TFLOP/s of scalar loads)."""
     if PERSISTENT:
-        for tile in range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0)):
+        for tile in tl.range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0), flatten=FLAT):
             _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, GATED, BLOCK_M, BLOCK_N,
                         BLOCK_K, GROUP_M)
     else:
@@ -86,7 +89,7 @@ def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT:
                     BLOCK_N, BLOCK_K, GROUP_M)
 
 
-#: the loop forms measured -> (persistent, W by TMA, A by TMA, gated): reference.tiles.GEMM_LOOP_FORMS
+#: the loop forms measured -> (persistent, W by TMA, A by TMA, gated, flattened): reference.tiles.GEMM_LOOP_FORMS
 LOADS = GEMM_LOOP_FORMS
 
 
@@ -102,7 +105,7 @@ def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, 
     interpreter tests)."""
     if loads not in LOADS:
         raise ValueError(f"loads must be one of {sorted(LOADS)}, got {loads!r}")
-    persistent, tma, tma_a, gated = LOADS[loads]
+    persistent, tma, tma_a, gated, flat = LOADS[loads]
     M, K = a.shape
     N, Kw = w.shape
     if Kw != K:
@@ -130,7 +133,7 @@ def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, 
     else:
         grid = (tiles,)
     k = _dense_gemm_kernel[grid](a, a_desc, w, w_desc, c, M, N, K, PERSISTENT=persistent, TMA=tma, TMA_A=tma_a,
-                                 GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                                 GATED=gated, FLAT=flat, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                                  num_warps=num_warps, num_stages=num_stages)
     if check:
         want = a.float() @ w.float().T

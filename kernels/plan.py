@@ -280,7 +280,8 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                            + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma,
-                     loads="tma_persistent_gated" if tma1 else "pointer_gated"))
+                     loads=("tma_persistent_gated" + ("_flat" if g1.get("FLATTEN") else "")) if tma1
+                     else "pointer_gated"))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)
@@ -302,7 +303,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                           + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma,
-                     loads="tma_ab_persistent" if tma2 else "pointer"))
+                     loads=("tma_ab_persistent" + ("_flat" if g2.get("FLATTEN") else "")) if tma2 else "pointer"))
     return out
 
 

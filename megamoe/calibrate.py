@@ -358,7 +358,7 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
         a = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
         w = torch.randn((n, d), device="cuda", dtype=torch.bfloat16)
         for bm, bn, warps, bk in shapes:
-            for form, (_, _, _, gated) in LOADS.items():
+            for form, gated in ((f, v.gated) for f, v in LOADS.items()):
                 if form in failed:
                     continue
                 # gated: two accumulators of bn / 2 columns (w read as gate rows, then up rows), the

@@ -53,6 +53,7 @@ model reads it. NumPy only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,29 +87,46 @@ SYNC_STRIDE = 32
 
 #: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
 #: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators over one row tile). The pointer GEMMs run "pointer_gated" / "pointer", the persistent
-#: TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent", the megakernel "pointer_persistent(_gated)"
-#: or, with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA
-#: launches by. kernels/microbench_gemm.py measures each, the cost model reads each one's table.
+#: accumulators over one row tile, the tile loop flattened into the K loop). The pointer GEMMs run
+#: "pointer_gated" / "pointer", the persistent TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent"
+#: (with their config's FLATTEN, the "_flat" forms), the megakernel "pointer_persistent(_gated)" or,
+#: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
+#: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
+#: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
+#: during this tile's epilogue. kernels/microbench_gemm.py measures each form, the cost model reads
+#: each one's table.
+class LoopForm(NamedTuple):
+    """One GEMM_LOOP_FORMS form (see there)."""
+
+    persistent: bool
+    tma_w: bool
+    tma_a: bool
+    gated: bool
+    flat: bool
+
+
 GEMM_LOOP_FORMS = {
-    "pointer": (False, False, False, False),
-    "pointer_gated": (False, False, False, True),
-    "tma": (False, True, False, False),
-    "tma_persistent": (True, True, False, False),
-    "tma_persistent_gated": (True, True, False, True),
-    "tma_ab_persistent": (True, True, True, False),
-    "pointer_persistent": (True, False, False, False),
-    "pointer_persistent_gated": (True, False, False, True),
+    "pointer": LoopForm(False, False, False, False, False),
+    "pointer_gated": LoopForm(False, False, False, True, False),
+    "tma": LoopForm(False, True, False, False, False),
+    "tma_persistent": LoopForm(True, True, False, False, False),
+    "tma_persistent_gated": LoopForm(True, True, False, True, False),
+    "tma_ab_persistent": LoopForm(True, True, True, False, False),
+    "pointer_persistent": LoopForm(True, False, False, False, False),
+    "pointer_persistent_gated": LoopForm(True, False, False, True, False),
+    "tma_persistent_gated_flat": LoopForm(True, True, False, True, True),
+    "tma_ab_persistent_flat": LoopForm(True, True, True, False, True),
 }
 
 
 def gemm_loop_form_text(name: str) -> str:
     """What a GEMM_LOOP_FORMS form is, in words (the calibrated profile's table sources)."""
-    persistent, tma_w, tma_a, gated = GEMM_LOOP_FORMS[name]
+    persistent, tma_w, tma_a, gated, flat = GEMM_LOOP_FORMS[name]
     loads = ("both through TMA descriptors" if tma_a else
              "weights through a TMA descriptor, rows by pointer loads" if tma_w else "both by pointer loads")
     return (f"{loads}, {'persistent programs (one per SM)' if persistent else 'a tile per program'}"
-            + ("; gate and up accumulators (GEMM 1)" if gated else ""))
+            + ("; gate and up accumulators (GEMM 1)" if gated else "")
+            + ("; the tile walk flattened into the K loop" if flat else ""))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -545,6 +545,8 @@ GEMM_LOADS = {
     "tma_ab_persistent": ("tma_ab_persistent", "tma_persistent", "tma"),
     "pointer_persistent": ("pointer_persistent", "pointer"),
     "pointer_persistent_gated": ("pointer_persistent_gated", "pointer_persistent", "pointer"),
+    "tma_persistent_gated_flat": ("tma_persistent_gated_flat", "tma_persistent_gated", "tma_persistent", "tma"),
+    "tma_ab_persistent_flat": ("tma_ab_persistent_flat", "tma_ab_persistent", "tma_persistent", "tma"),
 }
 
 
@@ -588,6 +590,8 @@ class KernelModel:
     gemm_tma_ab_persistent: tuple = ()
     gemm_pointer_persistent: tuple = ()
     gemm_pointer_persistent_gated: tuple = ()
+    gemm_tma_persistent_gated_flat: tuple = ()
+    gemm_tma_ab_persistent_flat: tuple = ()
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),

@@ -56,7 +56,7 @@ def test_dense_gemm_microbench_computes_a_gemm():
     from megamoe.kernels.microbench_gemm import LOADS, dense_gemm
 
     a, w = torch.randn(80, 96), torch.randn(96, 96)  # 5 row blocks: groups of 2, 2, 1
-    for form, (_, _, _, gated) in LOADS.items():
+    for form, gated in ((f, v.gated) for f, v in LOADS.items()):
         c = torch.full((80, 48 if gated else 96), float("nan"))  # gated: w is 48 gate rows, then 48 up rows
         dense_gemm(a, w, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, loads=form, programs=4,
                    group_m=2, out=c, check=True)
@@ -309,13 +309,13 @@ target = GPUTarget("cuda", 90, 32)
 ints = {"M": 4096, "N": 4096, "K": 1024}
 nospec = set(getattr(fn, "do_not_specialize", ()) or ())
 out = {}
-for persistent in (False, True):
+for persistent, flat in ((False, False), (True, False), (True, True)):
     signature, constexprs, attrs = {}, {}, {}
     for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
         if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
             constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
-                             "GATED": persistent, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
+                             "GATED": persistent, "FLAT": flat, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):
@@ -323,15 +323,15 @@ for persistent in (False, True):
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                        options={"num_warps": 8, "num_stages": 3})
     ptx = k.asm["ptx"]
-    out[str(persistent)] = [len(re.findall(p, ptx)) for p in (r"cp\.async\.cg", r"wgmma\.mma_async", r"ld\.global")]
+    out[f"{persistent}-{flat}"] = [len(re.findall(p, ptx)) for p in (r"cp\.async\.cg", r"wgmma\.mma_async", r"ld\.global")]
 print(json.dumps(out))
 """
 
 
 def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     """Compiled for sm_90 as the JIT specializes a launch (16-byte aligned pointers, integers
-    divisible by 16 unless do_not_specialize), the pointer-load tile loop, one tile per program
-    and persistent, is cp.async-pipelined into wgmma, with no scalar global loads: run N's table
+    divisible by 16 unless do_not_specialize), the pointer-load tile loop, one tile per program,
+    persistent, and persistent with the walk flattened into the K loop, is cp.async-pipelined into wgmma, with no scalar global loads: run N's table
     came from a kernel whose K was not specialized, and measured 37-160 TFLOP/s of scalar loads.
     (In a process without TRITON_INTERPRET: the kernel calls a jitted tile function.)"""
     import os

@@ -131,12 +131,14 @@ def test_tiny_batches(T, rng, device):
     assert_close(y, ref, device.dtype, f"T={T}")
 
 
+@pytest.mark.parametrize("flatten", [0, 1])
 @pytest.mark.parametrize("num_sms", [1, 3, 1000])
-def test_poisoned_buffers(num_sms, rng, device):
+def test_poisoned_buffers(num_sms, flatten, rng, device):
     """The GEMMs alone on a given routing, with the activation and the pair buffer poisoned (NaN):
     every pair row is written, the activation's padding rows (left NaN) reach no output, and the
     persistent programs cover every tile whether one program walks them all, three share them, or
-    there are more SMs than tiles (then one program per tile)."""
+    there are more SMs than tiles (then one program per tile); with the walk flattened into the K
+    loop (FLATTEN=1) or not."""
     from megamoe.kernels.grouped_gemm import launch_gemm1, launch_gemm2
     from megamoe.kernels.moe import align_only
     from megamoe.reference import expert_ffn
@@ -150,7 +152,7 @@ def test_poisoned_buffers(num_sms, rng, device):
     tw = rng.uniform(0.1, 1.0, (T, K))
     x = rng.standard_normal((T, H))
     w = random_weights(cfg, seed=6)
-    entry = _entry(device)
+    entry = {g: dict(c, FLATTEN=flatten) for g, c in _entry(device).items()}
     bm = entry["gemm1"]["BLOCK_M"]
     dt = device.dtype
     meta = align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), E, bm)
@@ -254,6 +256,13 @@ def test_variant_configs_are_checked():
         cfgs.check_gemm_config(dict(good, SPLIT_K=2), "x")
     with pytest.raises(ValueError, match="block_m"):
         cfgs.tma_config("gemm2", 32)
+    assert cfgs.check_gemm_config(dict(good, FLATTEN=1), "x")["FLATTEN"] == 1
+    for bad in (2, True, -1):
+        with pytest.raises(cfgs.KernelConfigError, match="FLATTEN must be 0 or 1"):
+            cfgs.check_gemm_config(dict(good, FLATTEN=bad), "x")
+    with pytest.raises(cfgs.KernelConfigError, match="needs variant 'tma_persistent'"):
+        cfgs.check_gemm_config(dict(good, variant="pointer", FLATTEN=1), "x")
+    assert cfgs.candidate_entry("tma128:FLATTEN=1")["gemm2"]["FLATTEN"] == 1
     for E, H, I, K in ((8, 4096, 14336, 2), (128, 2048, 768, 8), (256, 7168, 2048, 8)):
         for T in cfgs.T_BUCKETS:
             e = cfgs.select_config(E, H, I, K, T, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
