@@ -81,6 +81,17 @@ def _gemm_tiles(n1: int, n2: int | None, k: int, tma: bool):
     return f
 
 
+def _topk_tokens(n: int):
+    """Top-k tasks of n tokens each (tiles.router.TOPK_T): at T = 8 the default is one task of 8
+    rows taking K dependent maxima; n <= 2 spreads them over programs as bitonic top-ks, at the
+    cost of a separate align (scan, scatter) and its handoffs."""
+    def f(mk):
+        mk = copy.deepcopy(mk)
+        mk["tiles"]["router"]["TOPK_T"] = n
+        return mk
+    return f
+
+
 def _prefill(mk):
     """The prefill tiles (configs._megakernel_config's past 64 rows): 128-row blocks, 128-column
     tiles, BLOCK_K 64, 8 warps, 3 stages."""
@@ -173,6 +184,8 @@ VARIANTS = {
     "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
     "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
+    "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
+    "topk2": (_topk_tokens(2), "top-k tasks of two tokens (bitonic top-k; the align as scan and scatter tasks)"),
     "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
                                       "not cp.async"),
     "occ2": (_set(occupancy=2), "two programs per SM (where registers and shared memory allow)"),
@@ -196,7 +209,7 @@ VARIANTS = {
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
 T1_VARIANTS = ("n32k256", "n32", "n64tma", "n32k256all")
-MID_VARIANTS = ("tmaw",)
+MID_VARIANTS = ("topk1", "topk2")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

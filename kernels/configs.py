@@ -414,6 +414,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         bn1 = _fit(I, blocks, P, (128, 64, 32))  # 16 filled the waves but streamed slower (H200 traces, runs 2-3)
         bn2 = _fit(H, blocks, P, (128, 64, 32))
         bk = 128 if bm == 16 else 64
+        if bm == 16:
+            # decode: no 32-column tiles, whose 8 KiB weight tiles are too small for TMA copies.
+            # H200 run U, T = 1 (us): gpt-oss-120b 32-column tiles by cp.async 77.1, 64-column tiles
+            # through TMA 73.1; Qwen3-235B-A22B 106.1 against 95.1 (32-column tiles through TMA
+            # with BLOCK_K 256: 82.2 and 92.6); Qwen3-30B-A3B's 64 / 128 columns unchanged (33.8)
+            bn1, bn2 = max(bn1, 64), max(bn2, 64)
         sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
         tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},

@@ -107,8 +107,9 @@ def test_decode_stages_fit_the_stage_budget():
 
 def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
     """Config "tma_weights" (configs.megakernel_tma_weights): on for row blocks of up to 64 rows
-    whose weight tiles are 16 KiB or more (Qwen3-30B-A3B at T = 1: 64 x 128), off for gpt-oss-120b
-    at T = 1 (32-column tiles: 8 KiB copies, measured slower), for 128-row blocks (not measured) and
+    whose weight tiles are 16 KiB or more (Qwen3-30B-A3B at T = 1: 64 x 128), and so at decode for
+    gpt-oss-120b and Qwen3-235B-A22B, whose decode tiles are 64 columns or more (run U: 32-column
+    cp.async tiles slower than 64-column TMA tiles); off for 128-row blocks (not measured) and
     under the interpreter's tiny tiles."""
     from megamoe.kernels.configs import megakernel_config
     from megamoe.reference import MoEConfig
@@ -119,6 +120,9 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
                                  c.shared_intermediate_size, T, num_sms=132, **kw)
 
     assert mk("qwen3-30b-a3b", 1)["tma_weights"] and mk("qwen3-30b-a3b", 512)["tma_weights"]
-    assert not mk("gpt-oss-120b", 1)["tma_weights"] and mk("gpt-oss-120b", 8)["tma_weights"]
+    for name in ("gpt-oss-120b", "qwen3-235b-a22b"):
+        m = mk(name, 1)
+        assert m["tma_weights"] and min(m["tiles"]["gemm1"]["BLOCK_N"], m["tiles"]["gemm2"]["BLOCK_N"]) >= 64
+    assert mk("gpt-oss-120b", 8)["tma_weights"]
     assert not mk("qwen3-30b-a3b", 4096)["tma_weights"]
     assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
