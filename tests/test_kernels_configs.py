@@ -106,11 +106,10 @@ def test_decode_stages_fit_the_stage_budget():
 
 
 def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
-    """Config "tma_weights" (configs.megakernel_tma_weights): on for row blocks of up to 64 rows
-    whose weight tiles are 16 KiB or more (Qwen3-30B-A3B at T = 1: 64 x 128), and so at decode for
-    gpt-oss-120b and Qwen3-235B-A22B, whose decode tiles are 64 columns or more (run U: 32-column
-    cp.async tiles slower than 64-column TMA tiles); off for 128-row blocks (not measured) and
-    under the interpreter's tiny tiles."""
+    """Config "tma_weights" (configs.megakernel_tma_weights): on where the weight tiles are 16 KiB
+    or more (Qwen3-30B-A3B at T = 1: 64 x 128; 128-row blocks at T = 4096, run V), and so at decode
+    for gpt-oss-120b and Qwen3-235B-A22B, whose decode tiles are 64 columns or more (run U:
+    32-column cp.async tiles slower than 64-column TMA tiles); off under the interpreter's tiny tiles."""
     from megamoe.kernels.configs import megakernel_config
     from megamoe.reference import MoEConfig
 
@@ -124,5 +123,5 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
         m = mk(name, 1)
         assert m["tma_weights"] and min(m["tiles"]["gemm1"]["BLOCK_N"], m["tiles"]["gemm2"]["BLOCK_N"]) >= 64
     assert mk("gpt-oss-120b", 8)["tma_weights"]
-    assert not mk("qwen3-30b-a3b", 4096)["tma_weights"]
+    assert mk("qwen3-30b-a3b", 4096)["tma_weights"]
     assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
