@@ -24,7 +24,9 @@ A launch (``predict_stage``), P working programs in groups g (experts) of n_g pr
     program_g = flops / (mma(tile, rows_g) / share)
     compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
     memory    = DRAM bytes / hbm(min(P, slots), DRAM bytes / P)     (DRAM bytes: L2 model of
-                grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated
+                grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
+                and the SMs' intake: ceil(P / S) programs' bytes at an SM's share of the L2 rate
+                (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others)
     serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
     time      = launch_gap + max(compute, memory, serial) + waves x task_overhead
 
@@ -260,6 +262,22 @@ def waves_s(programs, program_s, slots: int) -> float:
     return max(math.ceil(total / max(slots, 1)) * mean, float(t[n > 0].max()))
 
 
+def sm_ingest_s(programs: int, bytes_per_program: float, profile: Profile) -> float:
+    """The time the SMs take to take in ``programs`` programs' operands, each reading
+    ``bytes_per_program``: every byte a program loads reaches its SM through L2, and an SM takes in
+    at most its share of the L2 rate (kernel_model.l2_bandwidth_bytes_per_s / SMs), whether the
+    bytes hit in L2 or come from HBM; programs sharing an SM share it, so the SMs work through
+    ceil(programs / SMs) programs' bytes each (``waves_s`` over the SMs). It binds where a launch
+    has few waves of large tiles: the aggregate rates see the bytes, not how unevenly the SMs get
+    them (H200 runs U and W, the multi-launch path at T = 64 with every token on the same experts:
+    Qwen3-30B-A3B's 192 GEMM 1 tiles of 1.06 MB on 132 SMs, two on most SMs). 0 without an L2 rate."""
+    km = _km(profile)
+    if km.l2_bandwidth_bytes_per_s <= 0 or programs <= 0 or bytes_per_program <= 0:
+        return 0.0
+    per_sm = km.l2_bandwidth_bytes_per_s / profile.num_sms
+    return waves_s(programs, bytes_per_program / per_sm, profile.num_sms)
+
+
 def grouped_dram_bytes(blocks_e, tiles_e, a: float, b: float, out: float, group_m: int) -> float:
     """DRAM bytes of a grouped GEMM in grouped tile order (GROUP_M row blocks sweep the N tiles):
     the rows a of a row block read once, the weight tile b once per N tile per group, out written
@@ -377,6 +395,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
+        memory_s = max(memory_s, sm_ingest_s(P, float(stage["bytes_per_tile"]), profile))
     steps = stage.get("serial_steps") or {}
     serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
                         + float(steps.get("reduce", 0)) * km.serial_reduce_step_s)
