@@ -184,6 +184,8 @@ VARIANTS = {
     "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
     "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
+    "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
+               "the experts"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
     "topk2": (_topk_tokens(2), "top-k tasks of two tokens (bitonic top-k; the align as scan and scatter tasks)"),
     "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
@@ -208,7 +210,7 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("n32k256", "n32", "n64tma", "n32k256all")
+T1_VARIANTS = ("align1",)
 MID_VARIANTS = ("topk1", "topk2")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")

@@ -64,6 +64,37 @@ def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr
 
 
 @triton.jit
+def _align_one(idx, valid, counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+               padded_token_ptr, padded_pair_ptr, pair_dest_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The align of a batch of one token: what _finish_offsets and _scatter_block store for it,
+    from the ranks of its picks. idx (BLOCK_K,) its experts (distinct: a top-k's), valid (BLOCK_K,)
+    the K picks; counts (BLOCK_E,) its histogram. Each picked expert holds one row in a block of
+    its own, so block b is the picked expert of rank b and an expert's first padded row is
+    BLOCK_M x the picked experts below it: compares of K x K and E x K picks, no scan over the
+    experts and no loop over the row blocks (the megakernel's config "align_one", at T = 1)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    key = tl.where(valid, idx, 2147483647)
+    n = tl.sum(valid.to(tl.int32), axis=0)
+    rank = tl.sum((key[None, :] < key[:, None]).to(tl.int32), axis=1)  # picks with a lower expert
+    start = rank * BLOCK_M
+    below = tl.sum((key[None, :] < offs_e[:, None]).to(tl.int32), axis=1)  # (BLOCK_E,)
+    tl.store(counts_ptr + offs_e, counts, mask=e_mask)
+    tl.store(padded_off_ptr + offs_e, below * BLOCK_M, mask=e_mask)
+    tl.store(padded_off_ptr + E, n * BLOCK_M)
+    tl.store(block_expert_ptr + offs_k, tl.full((BLOCK_K,), -1, tl.int32), mask=(offs_k >= n) & (offs_k < B_MAX))
+    tl.store(block_expert_ptr + rank, idx, mask=valid)
+    tl.store(padded_token_ptr + start, offs_k * 0, mask=valid)
+    tl.store(padded_pair_ptr + start, offs_k, mask=valid)
+    tl.store(pair_dest_ptr + offs_k, start, mask=valid)
+    offs_j = tl.arange(0, BLOCK_M)  # the padding rows of each pick's block: [start + 1, start + BLOCK_M)
+    pad = start[:, None] + offs_j[None, :]
+    pm = valid[:, None] & (offs_j[None, :] > 0)
+    neg = tl.full((BLOCK_K, BLOCK_M), -1, tl.int32)
+    tl.store(padded_token_ptr + pad, neg, mask=pm)
+    tl.store(padded_pair_ptr + pad, neg, mask=pm)
+
+
+@triton.jit
 def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """Write the padded rows of a block of tokens. idx (BLOCK_T, BLOCK_K) expert ids (-1 where

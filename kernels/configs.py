@@ -466,6 +466,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # (configs.bitonic_topk_fits; H200 run O, T = 1: Qwen3-30B 36.2 us against 37.5,
             # gpt-oss-120b 77.2 against 77.9; variant "maxima" turns it off)
             "topk_bitonic": True,
+            # a batch of one token aligns from its picks' ranks, not by scans over the experts
+            # (variant "align1", align._align_one; untimed: off)
+            "align_one": False,
             # FP8 weights: e4m3 -> bf16 by bit moves ("bits", fp8_gemm._e4m3_to) or by Triton's cast
             # ("cast": two scalar F2F per pair of codes on the conversion pipe; H200 run O, Qwen3-30B
             # T = 1: 46.2 us, bits 36.4; variant "fp8cast"); the weight scales of the next K step

@@ -46,7 +46,7 @@ import triton.language as tl
 from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
 from . import configs as cfgs
-from .align import _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
+from .align import _align_one, _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
 from .configs import FP8_CONVERT_DEFAULT
 from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
 from .grouped_gemm import (
@@ -178,6 +178,8 @@ def _megakernel(
     # the routed GEMM tasks' weight tiles through TMA descriptors (config "tma_weights"; bf16, whole
     # tiles): bulk copies, not a program's cp.async stream
     TMA_W: tl.constexpr,
+    # a batch of one token aligns from its picks' ranks (config "align_one"; align._align_one)
+    ALIGN1: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -210,11 +212,16 @@ def _megakernel(
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
                         R_BG, RANK, BITONIC)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
-                    start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
-                                            block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
-                                            BLOCK_PAD)
-                    _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e, padded_token_ptr,
-                                   padded_pair_ptr, pair_dest_ptr, K, R_TT, R_BE, R_BK)
+                    if ALIGN1:  # one token: from its picks' ranks (align._align_one)
+                        _align_one(tl.reshape(top_idx, (R_BK,)), tl.reshape(out_mask, (R_BK,)), cnt, offs_e, e_mask,
+                                   E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
+                                   padded_pair_ptr, pair_dest_ptr, BM, R_BK)
+                    else:
+                        start = _finish_offsets(cnt, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr,
+                                                block_expert_ptr, padded_token_ptr, padded_pair_ptr, BM, R_BE, BLOCK_B,
+                                                BLOCK_PAD)
+                        _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e,
+                                       padded_token_ptr, padded_pair_ptr, pair_dest_ptr, K, R_TT, R_BE, R_BK)
                     _signal(sync_ptr + SW * 2)  # W_TOPK
                     tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # W_SCAN
                 else:
@@ -586,6 +593,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         PF_L2=pf_tiles > 0,
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None,
+        ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

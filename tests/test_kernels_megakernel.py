@@ -304,6 +304,37 @@ def test_bitonic_topk_picks_what_the_maxima_pick(router, T, topk_t, rng):
         assert_close(y1, ref, "float32", f"{router} bitonic top-k")
 
 
+@pytest.mark.parametrize("router", ["softmax_topk", "sigmoid_grouped", "top1_input", "shared"])
+def test_align_of_one_token_lays_out_what_the_scans_lay_out(router, rng):
+    """Config "align_one" (align._align_one, T = 1): the fused align from the token's picks' ranks
+    writes the same layout as the scans over the experts, so the layer comes out bitwise equal
+    (7 experts, not a power of two; K = 1; DeepSeek-V3's grouped routing; a shared MLP), the tasks
+    run per expert are the same, and the output, poisoned first, is all overwritten. A routing
+    given from outside (megakernel_experts) keeps the scans: its picks need not be distinct."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    extra = dict(num_shared_experts=1, shared_intermediate_size=20) if router == "shared" else TOPK_ROUTERS[router][0]
+    cfg = MoEConfig(**{**BASE, **extra})
+    base = megakernel_config(cfg, 1, torch.float32, torch.device("cpu"))
+    r = {**base["tiles"]["router"], "BLOCK_H": 16, "SPLIT": 2, "TOPK_T": 1}
+    base = {**base, "tiles": {**base["tiles"], "router": r}, "align_one": False}
+    one = {**base, "align_one": True}
+    x, w = _cpu(cfg, 1, rng)
+    wt = w.to_torch("cpu", torch.float32)
+    assert build_launch(torch.from_numpy(x).float(), wt, cfg, one)[2]["ALIGN1"] is True
+    assert build_launch(torch.from_numpy(x).float(), wt, cfg, base)[2]["ALIGN1"] is False
+    poisoned = torch.full((1, cfg.hidden_size), float("nan"))
+    y1, ran1 = _mk(cfg, x, w, mk=one, record=True, out=poisoned)
+    y0, ran0 = _mk(cfg, x, w, mk=base, record=True)
+    assert torch.equal(y0, y1), router
+    assert ran0["gemm1_per_expert"] == ran1["gemm1_per_expert"] and ran0["gemm2_per_expert"] == ran1["gemm2_per_expert"]
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg)
+    assert_close(y1, ref, "float32", f"{router} align_one")
+    idx = torch.zeros((1, cfg.top_k), dtype=torch.int32)  # a given routing: both picks on expert 0
+    routing = (idx, torch.full((1, cfg.top_k), 0.5))
+    assert build_launch(torch.from_numpy(x).float(), wt, cfg, one, routing=routing)[2]["ALIGN1"] is False
+
+
 def test_bitonic_topk_with_no_tokens(rng):
     from megamoe.kernels.megakernel import megakernel_config
 
