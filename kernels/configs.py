@@ -477,14 +477,14 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             "fp8_scale_prefetch": False,
             # the routed GEMM tasks' weights through TMA descriptors, not cp.async (variant "tmaw"):
             # megakernel_tma_weights
-            "tma_weights": megakernel_tma_weights(bm, bn1, bn2, bk)}
+            "tma_weights": megakernel_tma_weights(bn1, bn2, bk)}
 
 
 #: the smallest weight tile (BLOCK_N x BLOCK_K bf16 bytes) whose TMA copies the megakernel takes
 TMA_WEIGHT_TILE_BYTES = 16 << 10
 
 
-def megakernel_tma_weights(block_m: int, bn1: int, bn2: int, bk: int) -> bool:
+def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:
     """Whether the megakernel's routed GEMM tasks read their weights through TMA descriptors
     (config "tma_weights"): where their weight tiles, GEMM 1's and GEMM 2's, are at least
     TMA_WEIGHT_TILE_BYTES. H200 run T (us, cp.async / TMA): Qwen3-30B-A3B T = 1 35.9 / 33.5 (64- and
