@@ -112,10 +112,14 @@ def occupancy(profile: Profile, num_warps: int) -> int:
 
 
 #: the dense-GEMM tables price tiles of at least this many rows. Below, the dense GEMM of the
-#: microbenchmark is bound by its own operand traffic (H200 run O: 134-205 TFLOP/s at 16 and 32 rows,
-#: 343-636 from 64), which the cost model already counts in its memory term: there the on-chip table
-#: gives the tensor rate
-GEMM_TABLE_MIN_ROWS = 64
+#: microbenchmark is bound by its own operand traffic, which the cost model already counts in its
+#: memory term: there the on-chip table gives the tensor rate. H200 run O: 134-205 TFLOP/s at 16
+#: and 32 rows; at 64 rows 343-538, where a 64 x 128 tile's 43 flop per operand byte would need
+#: 11.6 TB/s of operands at 500 TFLOP/s, more than L2 gives (7.9). Was 64 until run X; re-predicting
+#: the stored rows of runs X, W, U, S and Q with 128, the multi path's median |error|: 7.9% -> 7.9%,
+#: 6.2 -> 6.1, 6.4 -> 6.0, 6.9 -> 6.5, 6.6 -> 6.5 (Qwen3-30B-A3B T = 512 Zipf +17% -> +2%); DeepSeek-V3
+#: T = 64 Zipf megakernel -12% -> -15% (re-predictions with the SMs' intake term, not predictions)
+GEMM_TABLE_MIN_ROWS = 128
 
 
 #: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS), by its weight loads

@@ -220,21 +220,23 @@ def test_fp8_rates_use_the_measured_table_or_the_peak_ratio():
 
 
 def test_megakernel_gemm_tasks_read_the_table_of_their_weight_loads():
-    """predict_task_plan(weight_loads=...): the megakernel's 64-row GEMM tasks read the dense-GEMM
-    table of their loop form (cost.MEGAKERNEL_LOADS): persistent pointer loads, or TMA weights;
-    GEMM 1 the gated table, GEMM 2 the other. A slower table gives a slower compute time; an
-    unknown load kind is refused by name."""
-    from megamoe.simulator.cost import MEGAKERNEL_LOADS
+    """predict_task_plan(weight_loads=...): the megakernel's 128-row GEMM tasks (the dense tables
+    price tiles of GEMM_TABLE_MIN_ROWS rows or more) read the dense-GEMM table of their loop form
+    (cost.MEGAKERNEL_LOADS): persistent pointer loads, or TMA weights; GEMM 1 the gated table,
+    GEMM 2 the other. A slower table gives a slower compute time; an unknown load kind is refused
+    by name."""
+    from megamoe.simulator.cost import GEMM_TABLE_MIN_ROWS, MEGAKERNEL_LOADS
 
-    tiles = {**TILES, "gemm1": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}}
+    bm = GEMM_TABLE_MIN_ROWS
+    tiles = {**TILES, "gemm1": {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64}}
     counts = np.zeros(CFG.num_experts, np.int64)
-    counts[:4] = 512 * CFG.top_k // 4  # 4 experts, 512 rows each: many 64-row GEMM tasks
+    counts[:4] = 512 * CFG.top_k // 4  # 4 experts, 512 rows each: several GEMM tasks each
     plan = task_plan(CFG, counts, 512, tiles, num_programs=8)
 
     def table(rate):
         return {"unit": "flop/s per SM", "over": ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], "source": "test",
-                "points": [[64, 64, 4, 256, rate], [64, 128, 4, 256, rate], [64, 64, 4, 4096, rate],
-                           [64, 128, 4, 4096, rate]]}
+                "points": [[bm, 64, 4, 256, rate], [bm, 128, 4, 256, rate], [bm, 64, 4, 4096, rate],
+                           [bm, 128, 4, 4096, rate]]}
 
     fast, slow = 4e12, 1e12
     p = _calibrated(**{f"gemm_{MEGAKERNEL_LOADS['pointer'][k]}": table(fast) for k in ("gated", "other")},
