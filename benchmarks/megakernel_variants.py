@@ -169,8 +169,6 @@ VARIANTS = {
     "bitonic": (_set(topk_bitonic=True), "top-k tasks take a bitonic top-k (tl.topk: two cross-warp steps, not K maxima)"),
     "maxima": (_set(topk_bitonic=False), "top-k tasks take K dependent maxima (the bitonic top-k off)"),
     "pfwait": (_set(prefetch_wait=True), "a GEMM 2 task that must wait for its GEMM 1 prefetches its weights into L2 first"),
-    "pfl2": (_set(prefetch_l2=0.5), "waiting GEMM 2 tasks prefetch GEMM 2 weight tiles into half of L2 (evict_last); "
-                                    "GEMM 1 loads its weights evict_first"),
     "bm16": (_rows(16), "16-row blocks (an expert with more rows streams its weights once per block; L2 may share them)"),
     "bm32": (_rows(32), "32-row blocks"),
     "bm128": (_prefill, "the prefill tiles: 128-row blocks, 128 x 64 steps, 8 warps, 3 stages"),

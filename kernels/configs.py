@@ -453,12 +453,10 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             # starts slower (NOTES-gpu-runs.md)
             "next_ticket": False,
             # GEMM 2 tasks prefetch their weights into L2 while they wait for GEMM 1 (megakernel
-            # variant "pfwait", untimed: off)
+            # variant "pfwait"; H200 run M, T = 1: Qwen3-30B 38.3 us against 36.6: off). (A wider
+            # prefetch of GEMM 2 tiles into half of L2 by every waiting task, GEMM 1 reading
+            # evict_first, measured slower on every preset in run N and was removed after run Y.)
             "prefetch_wait": False,
-            # GEMM 2 tasks that must wait prefetch GEMM 2 weight tiles into L2, up to this fraction
-            # of L2, while GEMM 1 loads its weights evict_first (variant "pfl2": H200 run N measured
-            # it slower on every preset at T = 1: off)
-            "prefetch_l2": 0.0,
             # top-k tasks rank every expert at once instead of K dependent maxima (variant "rank":
             # H200 run M measured it slower, Qwen3-30B T = 1 40.8 us against 36.6: off)
             "topk_rank": False,

@@ -135,11 +135,10 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 def _gemm1_acc(
     x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
     DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """GEMM 1's fp32 gate and up sums of one tile over K tiles [k_lo, k_hi):
-    -> (acc_g, acc_u, rows, row_mask, offs_n, offs_bn). Shared by every GEMM 1 path. ``EVICT``:
-    the weight loads' L2 eviction policy ("evict_first": read once, do not keep them)."""
+    -> (acc_g, acc_u, rows, row_mask, offs_n, offs_bn). Shared by every GEMM 1 path."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
@@ -152,13 +151,13 @@ def _gemm1_acc(
     for kt in range(k_lo, k_hi):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
-            bg = tl.load(wg_ptrs, eviction_policy=EVICT)
-            bu = tl.load(wu_ptrs, eviction_policy=EVICT)
+            bg = tl.load(wg_ptrs)
+            bu = tl.load(wu_ptrs)
         else:
             k_mask = offs_k < KD - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0, eviction_policy=EVICT)
-            bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0, eviction_policy=EVICT)
+            bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
+            bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
         if IEEE:
             acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
             acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
@@ -178,14 +177,13 @@ def _gemm1_tile(
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
-    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel.
-    ``EVICT``: the weight loads' L2 eviction policy (_gemm1_acc)."""
+    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
     acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
         x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
-        DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, EVICT)
+        DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
     if SPLIT_K > 1:  # fp32 partial sums (SPLIT_K, P, 2N); _act_kernel finishes them
         m = row_mask[:, None] & (offs_n < N)[None, :]
         pp = part_ptr + (s.to(tl.int64) * P + rows)[:, None] * (2 * N) + offs_n[None, :]
@@ -211,7 +209,7 @@ def _gemm1_kernel(
         return
     _gemm1_tile(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
                 pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, P, stride_xt, stride_we, stride_wn, stride_be, stride_ot,
-                alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, "")
+                alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["T", "num_m", "P"])

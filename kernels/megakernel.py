@@ -123,7 +123,7 @@ def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "G", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
-                               "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N", "OFF_T1", "OFF_T2", "PF_TILES"])
+                               "F_SH1", "MS", "OFF_G1", "OFF_SH1", "SYNC_N", "OFF_T1", "OFF_T2"])
 def _megakernel(
     # inputs and weights
     x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, sgu_ptr, sdn_ptr,
@@ -139,7 +139,7 @@ def _megakernel(
     stride_dnsn, stride_sgusn, stride_sdnsn, stride_acs, stride_assc,
     # sizes and strides
     T, H, E, I, Is, G, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
-    stride_dnb, scaling, alpha, limit, H_PER, PF_TILES,
+    stride_dnb, scaling, alpha, limit, H_PER,
     # the task layout (reference.tiles.task_layout)
     NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N, OFF_T1, OFF_T2,
     N1: tl.constexpr, N2: tl.constexpr, NS1: tl.constexpr, NS2: tl.constexpr, NCH: tl.constexpr,
@@ -171,10 +171,6 @@ def _megakernel(
     # top-k by ranking every expert at once (config "topk_rank"), or by a bitonic top-k (config
     # "topk_bitonic"; routing._route_block)
     RANK: tl.constexpr, BITONIC: tl.constexpr,
-    # GEMM 2 tasks that must wait prefetch GEMM 2 weight tiles into L2 (evict_last), handed out in
-    # ticket order by the "pf" word, at most PF_TILES of them; GEMM 1 then loads its weights
-    # evict_first (config "prefetch_l2"; read once at decode) so that they do not push them out
-    PF_L2: tl.constexpr,
     # the routed GEMM tasks' weight tiles through TMA descriptors (config "tma_weights"; bf16, whole
     # tiles): bulk copies, not a program's cp.async stream
     TMA_W: tl.constexpr,
@@ -251,7 +247,7 @@ def _megakernel(
                     else:
                         _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
-                                    0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK, "")
+                                    0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, 4, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
@@ -284,7 +280,7 @@ def _megakernel(
                         k_lo, k_hi = _piece_k(u0, u1, j, kt1)
                         acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
                             x_ptr, gu_ptr, padded_token_ptr, b, n, e, k_lo, k_hi, T, I, H, stride_xt, stride_gue,
-                            stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1, "")
+                            stride_gun, False, EVEN_K1, IEEE, BM, BN1, BK1)
                         done = (k_lo == 0) & (k_hi == kt1)
                         if not done:  # a piece: store it; the piece that completes the tile sums them all
                             slot = _slot(q, j, q1, u1_all, kt1)
@@ -316,7 +312,7 @@ def _megakernel(
                         _gemm1_tile(x_ptr, gu_ptr, gub_ptr, act_ptr, None, padded_token_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, t * 0, 0, kt1, T, I, H, 0, stride_xt, stride_gue, stride_gun,
                                     stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
-                                    BM, BN1, BK1, "evict_first" if PF_L2 else "")
+                                    BM, BN1, BK1)
                     _signal(sync_ptr + OFF_G1 + b)
                     _record(stats_ptr, 9, e, E, RECORD)
                 _record(stats_ptr, 5, 0, E, RECORD)
@@ -366,18 +362,7 @@ def _megakernel(
                     e = tl.load(block_expert_ptr + b)
                     if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
                         if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
-                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK, False)
-                    if PF_L2:  # while GEMM 1 is not done: prefetch the next GEMM 2 weight tiles not yet handed out
-                        go = tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1
-                        while go:
-                            j = tl.atomic_add(sync_ptr + SW * 6, 1, sem="relaxed")  # W_PF
-                            ok = j < tl.minimum(q2, PF_TILES)
-                            if ok:
-                                bj, nj = _tile_ids(j, nb, N2, GROUP_M)
-                                ej = tl.load(block_expert_ptr + bj)
-                                _prefetch_rows(dn_ptr, ej, nj * BN2, tl.minimum(BN2, H - nj * BN2), H, I, True, NCHUNK,
-                                               True)
-                            go = ok & (tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1)
+                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
                     _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
                     if FP8:
                         _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
@@ -550,7 +535,6 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
     r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
-    pf_tiles = l2_prefetch_tiles(mk, dev, g2["BLOCK_N"], I, dn) if not lay.streamed and fp8 is None else 0
     tma_w = weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
     args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
@@ -564,7 +548,6 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         T, H, E, I, Is, G, lay.b_max, x.stride(0), 0 if rw is None else rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
-        pf_tiles,
         nprog, lay.max_tasks_for(nprog), lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
         f["shared_gemm1"], lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words, off_t1,
         off_t2,
@@ -590,7 +573,6 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
-        PF_L2=pf_tiles > 0,
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None,
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
@@ -616,18 +598,6 @@ def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed:
     dn2 = down.reshape(-1, down.shape[-1])
     return (TensorDescriptor.from_tensor(gu2, [g1["BLOCK_N"], g1["BLOCK_K"]]),
             TensorDescriptor.from_tensor(dn2, [g2["BLOCK_N"], g2["BLOCK_K"]]))
-
-
-def l2_prefetch_tiles(mk: dict, device, block_n: int, I: int, down) -> int:
-    """GEMM 2 weight tiles (BLOCK_N rows of ``down``, I wide) that waiting GEMM 2 tasks may
-    prefetch into L2: config "prefetch_l2" (a fraction of the device's L2; 0 or absent: none) of
-    L2 over one tile's bytes; 0 where the bulk prefetch is unavailable (no Hopper, the
-    interpreter) or down's rows are not back to back."""
-    frac = float(mk.get("prefetch_l2", 0.0) or 0.0)
-    if frac <= 0 or not prefetch_available(device) or not prefetch_rows_ok(down):
-        return 0
-    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-    return int(frac * l2) // max(1, block_n * I * down.element_size())
 
 
 def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,

@@ -81,8 +81,8 @@ TILE_SWITCHES = {"order": {"STREAM_K": 0}}
 
 #: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
 #: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
-#: shared1[Ms] packed. "pf": the GEMM 2 weight tiles handed out for L2 prefetch (config "prefetch_l2")
-SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2", "pf")
+#: shared1[Ms] packed
+SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
 #: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent

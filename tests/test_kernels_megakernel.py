@@ -198,18 +198,16 @@ def test_plan_of_fp8_weights_counts_their_bytes():
 
 
 def test_prefetch_while_waiting_is_gated_to_gpus_that_have_it(rng):
-    """The "prefetch_wait" and "prefetch_l2" options only move data into L2 (inline PTX): off under
-    the interpreter and on GPUs without the bulk prefetch, so the layer computes the same numbers
-    either way."""
+    """The "prefetch_wait" option only moves data into L2 (inline PTX): off under the interpreter
+    and on GPUs without the bulk prefetch, so the layer computes the same numbers either way."""
     from megamoe.kernels.megakernel import build_launch, megakernel_config
 
     cfg = MoEConfig(**BASE)
     x, w = _cpu(cfg, 5, rng)
-    mk = {**megakernel_config(cfg, 5, torch.float32, torch.device("cpu")), "prefetch_wait": True, "prefetch_l2": 0.5}
+    mk = {**megakernel_config(cfg, 5, torch.float32, torch.device("cpu")), "prefetch_wait": True}
     _grid, args, kwargs, _y, _stats = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg,
                                                    mk)
     assert kwargs["PF_WAIT"] is False and kwargs["NCHUNK"] == 32 * mk["num_warps"]
-    assert kwargs["PF_L2"] is False  # "prefetch_l2": no tiles to prefetch without the bulk prefetch
     y = _mk(cfg, x, w, mk=mk)
     assert_close(y, moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg), "float32", "prefetch_wait")
 

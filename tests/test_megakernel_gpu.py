@@ -62,17 +62,16 @@ def test_graph_replays_bitwise(T):
 
 @pytest.mark.parametrize("T", [1, 8])
 def test_l2_prefetch_changes_no_bit(T):
-    """"prefetch_l2" (waiting GEMM 2 tasks prefetch weight tiles into L2 through the "pf" word;
-    GEMM 1 loads evict_first) only moves data: every graph replay bitwise equal to the default
-    layer, so the kernel also leaves its prefetch word reset."""
+    """"prefetch_wait" (a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into
+    L2 first) only moves data: every graph replay bitwise equal to the default layer."""
     from megamoe.kernels.bench import random_device_weights
     from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
 
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     w = random_device_weights(cfg, seed=14)
     x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    mk = {**megakernel_config(cfg, T, torch.bfloat16, x.device), "prefetch_l2": 0.5}
-    assert build_launch(x, w, cfg, mk)[2]["PF_L2"]
+    mk = {**megakernel_config(cfg, T, torch.bfloat16, x.device), "prefetch_wait": True}
+    assert build_launch(x, w, cfg, mk)[2]["PF_WAIT"]
     ref = megakernel_forward(x, w, cfg)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
