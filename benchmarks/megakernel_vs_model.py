@@ -23,6 +23,7 @@ import numpy as np
 
 def main(argv=None) -> int:
     from megamoe.kernels import bench as kb
+    from megamoe.kernels.configs import megakernel_weight_loads
     from megamoe.reference.tiles import task_plan
     from megamoe.simulator.cost import predict_task_plan
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
         plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=E), T, mk["tiles"], num_programs=132)
         ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
         pred = predict_task_plan(plan, a.profile, num_programs=132, num_warps=mk["num_warps"], calls_per_graph=ni,
-                                 weight_loads="tma" if mk.get("tma_weights") else "pointer")
+                                 weight_loads=megakernel_weight_loads(mk))
         ratio = r["megakernel_us"] / pred["time_us"]
         ratios.append(ratio)
         out.append({"preset": r["preset"], "T": T, "routing": r["routing"], "measured_us": r["megakernel_us"],

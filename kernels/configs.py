@@ -484,6 +484,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
 TMA_WEIGHT_TILE_BYTES = 16 << 10
 
 
+def megakernel_weight_loads(mk: dict) -> str:
+    """How a megakernel config's GEMM tasks load their weights, as the cost model names it
+    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer"."""
+    return "tma" if mk.get("tma_weights") else "pointer"
+
+
 def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:
     """Whether the megakernel's routed GEMM tasks read their weights through TMA descriptors
     (config "tma_weights"): where their weight tiles, GEMM 1's and GEMM 2's, are at least

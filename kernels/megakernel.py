@@ -53,6 +53,7 @@ from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
     _combine_tile,
+    _descriptor,
     _gemm1_acc,
     _gemm1_tile,
     _gemm1_tma_tile,
@@ -592,12 +593,8 @@ def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed:
             and (gate_up.shape[-1] * gate_up.element_size()) % 16 == 0
             and (down.shape[-1] * down.element_size()) % 16 == 0):
         return None, None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    gu2 = gate_up.reshape(-1, gate_up.shape[-1])
-    dn2 = down.reshape(-1, down.shape[-1])
-    return (TensorDescriptor.from_tensor(gu2, [g1["BLOCK_N"], g1["BLOCK_K"]]),
-            TensorDescriptor.from_tensor(dn2, [g2["BLOCK_N"], g2["BLOCK_K"]]))
+    return (_descriptor(gate_up, gate_up.shape[0] * gate_up.shape[1], g1["BLOCK_N"], g1["BLOCK_K"]),
+            _descriptor(down, down.shape[0] * down.shape[1], g2["BLOCK_N"], g2["BLOCK_K"]))
 
 
 def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,

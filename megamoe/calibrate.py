@@ -333,8 +333,8 @@ GEMM_STAGES = {4: 4, 8: 3}
 
 #: the dense GEMM's loop forms (reference.tiles.GEMM_LOOP_FORMS) as the profile's sources say them
 GEMM_FORMS = {name: gemm_loop_form_text(name) for name in GEMM_LOOP_FORMS}
-#: a gated form's table row is its whole tile, gate and up: BLOCK_N = twice each accumulator's
-#: columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
+# a gated form's table row is its whole tile, gate and up: BLOCK_N = twice each accumulator's
+# columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
 
 
 def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:

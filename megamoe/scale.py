@@ -357,7 +357,7 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
     lay = task_layout(cfg, T, mk["tiles"])
     P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
     return (task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4)),
-            "tma" if mk.get("tma_weights") else "pointer")
+            cfgs.megakernel_weight_loads(mk))
 
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,

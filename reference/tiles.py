@@ -85,16 +85,7 @@ TILE_SWITCHES = {"order": {"STREAM_K": 0}}
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
-#: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
-#: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators over one row tile, the tile loop flattened into the K loop). The pointer GEMMs run
-#: "pointer_gated" / "pointer", the persistent TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent"
-#: (with their config's FLATTEN, the "_flat" forms), the megakernel "pointer_persistent(_gated)" or,
-#: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
-#: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
-#: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
-#: during this tile's epilogue. kernels/microbench_gemm.py measures each form, the cost model reads
-#: each one's table.
+
 class LoopForm(NamedTuple):
     """One GEMM_LOOP_FORMS form (see there)."""
 
@@ -105,6 +96,16 @@ class LoopForm(NamedTuple):
     flat: bool
 
 
+#: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
+#: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
+#: accumulators over one row tile, the tile loop flattened into the K loop). The pointer GEMMs run
+#: "pointer_gated" / "pointer", the persistent TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent"
+#: (with their config's FLATTEN, the "_flat" forms), the megakernel "pointer_persistent(_gated)" or,
+#: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
+#: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
+#: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
+#: during this tile's epilogue. kernels/microbench_gemm.py measures each form, the cost model reads
+#: each one's table.
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),
     "pointer_gated": LoopForm(False, False, False, True, False),

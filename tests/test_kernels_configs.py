@@ -124,4 +124,11 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
         assert m["tma_weights"] and min(m["tiles"]["gemm1"]["BLOCK_N"], m["tiles"]["gemm2"]["BLOCK_N"]) >= 64
     assert mk("gpt-oss-120b", 8)["tma_weights"]
     assert mk("qwen3-30b-a3b", 4096)["tma_weights"]
+    # the cost model's name for them (simulator.cost.MEGAKERNEL_LOADS)
+    from megamoe.kernels.configs import megakernel_weight_loads
+    from megamoe.simulator.cost import MEGAKERNEL_LOADS
+
+    assert megakernel_weight_loads(mk("qwen3-30b-a3b", 1)) == "tma" and megakernel_weight_loads({}) == "pointer"
+    assert megakernel_weight_loads(mk("qwen3-30b-a3b", 1, interpret=True)) == "pointer"
+    assert {megakernel_weight_loads(m) for m in ({}, mk("qwen3-30b-a3b", 1))} == set(MEGAKERNEL_LOADS)
     assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
