@@ -160,6 +160,21 @@ def _fp8_fast(block_n: int | None = None, max_stages: int = 6, convert: str = "b
     return f
 
 
+def _slices(mk):
+    """expert_slice tasks (configs.apply_slices: the decode config's ``slice_tiles``)."""
+    from megamoe.kernels.configs import apply_slices
+
+    return apply_slices(mk)
+
+
+def _no_slices(mk):
+    """GEMM 1 and GEMM 2 tiles where the default takes expert_slice tasks: the two-GEMM decode tiles
+    (the config before apply_slices: SLICE 0, GEMM 1's BLOCK_N, the combine's BLOCK_H and the stages
+    as ``slice_tiles`` found them)."""
+    st = mk.get("two_gemm")
+    return copy.deepcopy(st) if st else mk
+
+
 #: name -> (change, why); the default config is always measured as "default"
 VARIANTS = {
     "tiles": (_order(STREAM_K=0), "GEMM tasks as whole tiles (no stream-K segments)"),
@@ -182,6 +197,9 @@ VARIANTS = {
     "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
     "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
+    "slice": (_slices, "expert_slice tasks: GEMM 1's slice of I and its share of GEMM 2 in one task, fp32 "
+              "partials summed by the combine (no GEMM 2 wait, no phase boundary)"),
+    "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
@@ -208,8 +226,8 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("align1",)
-MID_VARIANTS = ("topk1", "topk2")
+T1_VARIANTS = ("slice", "two_gemm")
+MID_VARIANTS = ("slice", "two_gemm")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

@@ -24,6 +24,7 @@ multiple of 16 bytes, ``select_config`` falls back to "pointer" for that GEMM (`
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -304,6 +305,55 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
     return next(bn for bn in choices if eff(bn) >= 0.95 * best)
 
 
+#: expert_slice tasks (reference/tiles.py "With I sliced", kernels/slice_tile.py) up to this T
+#: by default; 0 until an H200 run measures them against the two-GEMM tasks (variant "slice")
+SLICE_MAX_T = 0
+#: the widest slice (its padded width, GEMM 1's BLOCK_N, is a power of two up to this)
+SLICE_MAX = 128
+
+
+def slice_width(I: int, blocks: float, programs: int, other_columns: int = 0) -> int:
+    """Columns of I per expert_slice task: the widest multiple of 8 in [16, SLICE_MAX] whose
+    slices of ``blocks`` row blocks fill the programs' waves within 3% of the best width's, the
+    work beside them counted as slices of as many bytes (``other_columns``: the shared MLP's
+    width, whose tasks stream the same H-long weight rows). Qwen3-30B-A3B at T = 1 (8 blocks, I
+    768, 132 programs): 48 (128 tasks); gpt-oss-120b (4 blocks, I 2880): 88 (132 tasks)."""
+    def eff(w):
+        tasks = max(1, round(blocks)) * -(-I // w) + other_columns / w
+        return tasks / (-(-tasks // programs) * programs)
+
+    widths = [w for w in range(16, min(SLICE_MAX, max(16, -(-I // 8) * 8)) + 1, 8)]
+    best = max(eff(w) for w in widths)
+    return max(w for w in widths if eff(w) >= 0.97 * best)
+
+
+def slice_tiles(I: int, H: int, T: int, blocks: float, programs: int, other_columns: int,
+                combine_block_t: int) -> dict:
+    """What the sliced layout changes in a decode config: SLICE, GEMM 1's BLOCK_N (the slice's padded
+    width) and the combine's BLOCK_H, narrowed so that its tasks, which read K x slices fp32 rows a
+    token, spread over the programs (at least 32 columns)."""
+    w = slice_width(I, blocks, programs, other_columns)
+    per = H * -(-T // combine_block_t) / programs
+    bh = max(32, min(1024, 1 << max(0, int(per).bit_length() - 1)))
+    return {"SLICE": w, "BLOCK_N": _pow2(w), "combine_BLOCK_H": bh}
+
+
+def apply_slices(mk: dict) -> dict:
+    """A decode config (``megakernel_config``) with its ``slice_tiles`` applied: expert_slice tasks
+    instead of GEMM 1 and GEMM 2 tiles, stages refitted (decode_stages); unchanged without them."""
+    st = mk.get("slice_tiles")
+    if not st or mk["tiles"]["gemm1"].get("SLICE"):
+        return mk
+    two_gemm = mk
+    mk = copy.deepcopy(mk)
+    mk["two_gemm"] = copy.deepcopy(two_gemm)  # what variant "two_gemm" measures against
+    t = mk["tiles"]
+    t["gemm1"].update(SLICE=st["SLICE"], BLOCK_N=st["BLOCK_N"])
+    t["combine"]["BLOCK_H"] = st["combine_BLOCK_H"]
+    mk["num_stages"] = decode_stages(decode_stage_bytes(t, True))
+    return mk
+
+
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
                       interpret: bool = False, routing_given: bool = False, fp8: str | None = None) -> dict:
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
@@ -314,6 +364,10 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     tiles that fill the programs' waves (touched experts x N tiles close to a multiple of P). Prefill:
     128-row tiles of 128 columns."""
     mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
+    if fp8 is not None:  # expert_slice tasks are bf16 only
+        mk.pop("slice_tiles", None)
+    elif T <= SLICE_MAX_T:
+        mk = apply_slices(mk)
     if fp8 is not None:  # FP8 GEMM tiles: a weight scale block per K step; FP8 activations: whole 128-column groups
         t = mk["tiles"]
         for part in ("gemm1", "gemm2", "shared"):
@@ -440,7 +494,11 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # with one task of 8 rows, 40.5 against 42.2 with every token on the same experts; gpt-oss-120b
     # and Qwen3-235B-A22B within 0.5%)
     topk_t = (1 if T <= 8 else _pow2(T) if T <= 16 else 4) if split > 1 else bt
-    return {"tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
+    # decode: the expert_slice layout this config would take (apply_slices)
+    extra = {}
+    if bm == 16:
+        extra["slice_tiles"] = slice_tiles(I, H, T, blocks, P, Is, combine["BLOCK_T"])
+    return {**extra, "tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                       "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},
@@ -486,8 +544,9 @@ TMA_WEIGHT_TILE_BYTES = 16 << 10
 
 def megakernel_weight_loads(mk: dict) -> str:
     """How a megakernel config's GEMM tasks load their weights, as the cost model names it
-    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer"."""
-    return "tma" if mk.get("tma_weights") else "pointer"
+    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer" (expert_slice
+    tasks read theirs by pointer loads)."""
+    return "tma" if mk.get("tma_weights") and not mk["tiles"]["gemm1"].get("SLICE") else "pointer"
 
 
 def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:

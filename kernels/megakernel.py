@@ -67,12 +67,20 @@ from .prefetch import _prefetch_rows
 from .prefetch import available as prefetch_available
 from .prefetch import rows_ok as prefetch_rows_ok
 from .routing import ROUTER_CODES, _route_block, _router_partial
+from .slice_tile import _expert_slice_tile
 from .stream_k import _arrive, _piece_k, _seg_bounds, _seg_tiles, _slot, _store_piece, _sum_pieces
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
                                                        ("ticket", "exited", "topk", "scan", "scatter", "g2"))
 KB = tl.constexpr(FP8_BLOCK)  # values per FP8 scale block (weights: KB x KB; activations: KB per row)
-K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = range(len(KINDS))
+# each kind's code (its index in KINDS), for the record
+K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SLICE, K_SH2, K_G2, K_COMB = (
+    tl.constexpr(KINDS.index(k)) for k in ("router_logits", "router_topk", "align_scan", "align_scatter",
+                                           "shared_gemm1", "gemm1", "expert_slice", "shared_gemm2", "gemm2",
+                                           "combine"))
+# the record's words: a count per kind, then GEMM 1 and GEMM 2 tiles finished per expert
+NK = tl.constexpr(len(KINDS))
+R_G1, R_G2 = tl.constexpr(len(KINDS)), tl.constexpr(len(KINDS) + 1)
 
 
 @triton.jit
@@ -112,15 +120,15 @@ def _now(TRACE: tl.constexpr):
 
 @triton.jit
 def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
-    """Tests only: KIND < 9 counts a task of that kind; 9 / 10 a GEMM 1 / GEMM 2 tile of expert e
-    finished (at 9 + e / 9 + E + e)."""
+    """Tests only: KIND < NK counts a task of that kind (its KINDS code); R_G1 / R_G2 a GEMM 1 /
+    GEMM 2 tile of expert e finished (at NK + e / NK + E + e)."""
     if RECORD:
-        if KIND < 9:
+        if KIND < NK:
             tl.atomic_add(stats_ptr + KIND, 1)
-        if KIND == 9:
-            tl.atomic_add(stats_ptr + 9 + e, 1)
-        if KIND == 10:
-            tl.atomic_add(stats_ptr + 9 + E + e, 1)
+        if KIND == R_G1:
+            tl.atomic_add(stats_ptr + NK + e, 1)
+        if KIND == R_G2:
+            tl.atomic_add(stats_ptr + NK + E + e, 1)
 
 
 @triton.jit(do_not_specialize=["T", "G", "B_MAX", "NPROG", "MAX_TASKS", "S0", "F_TOPK", "F_SCAN", "F_SCATTER",
@@ -177,6 +185,10 @@ def _megakernel(
     TMA_W: tl.constexpr,
     # a batch of one token aligns from its picks' ranks (config "align_one"; align._align_one)
     ALIGN1: tl.constexpr,
+    # expert_slice tasks of SLICE columns of I (tiles["gemm1"]["SLICE"]; 0: GEMM 1 and GEMM 2 tiles;
+    # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
+    # last C_KS0 slots in slab 0 only); EVEN_S: I % SLICE == 0
+    SLICE: tl.constexpr, EVEN_S: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -194,7 +206,7 @@ def _megakernel(
                     _router_partial(x_ptr, rw_ptr, sgw_ptr, part_ptr, sg_part_ptr, c, t % SPLIT, T, H, E, stride_xt,
                                     stride_rw, H_PER, HAS_SG, IEEE, R_BT, R_BE, R_BH)
                     _signal(sync_ptr + OFF_LOGITS + c)
-                    _record(stats_ptr, 0, 0, E, RECORD)
+                    _record(stats_ptr, K_LOGITS, 0, E, RECORD)
             elif t < F_SCAN:  # router_topk (group g of R_TT tokens)
                 g = t - F_TOPK
                 if SPLIT > 0:
@@ -224,19 +236,19 @@ def _megakernel(
                 else:
                     tl.store(hist_ptr + g * E + offs_e, cnt, mask=e_mask)
                     _signal(sync_ptr + SW * 2)
-                _record(stats_ptr, 1, 0, E, RECORD)
+                _record(stats_ptr, K_TOPK, 0, E, RECORD)
             elif t < F_SCATTER:  # align_scan
                 _wait(sync_ptr + SW * 2, G, BACKOFF)
                 _scan(hist_ptr, chunk_base_ptr, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
                       padded_pair_ptr, G, E, B_MAX, BM, R_BE, BLOCK_C, BLOCK_B, BLOCK_PAD)
                 _signal(sync_ptr + SW * 3)
-                _record(stats_ptr, 2, 0, E, RECORD)
+                _record(stats_ptr, K_SCAN, 0, E, RECORD)
             elif t < F_SH1:  # align_scatter (c)
                 _wait(sync_ptr + SW * 3, 1, BACKOFF)
                 _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr,
                                pair_dest_ptr, t - F_SCATTER, T, E, K, R_TT, R_BE, R_BK)
                 _signal(sync_ptr + SW * 4)  # W_SCATTER
-                _record(stats_ptr, 3, 0, E, RECORD)
+                _record(stats_ptr, K_SCATTER, 0, E, RECORD)
             else:  # shared_gemm1 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - F_SH1, MS, NS1, GROUP_M)
@@ -250,13 +262,16 @@ def _megakernel(
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
                                     0, False, False, True, S_EVEN_K1, IEEE, 1, S_BM, S_BN1, S_BK)
                     _signal(sync_ptr + OFF_SH1 + m)
-                    _record(stats_ptr, 4, 0, E, RECORD)
+                    _record(stats_ptr, K_SH1, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
             _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
             nb = tl.load(padded_off_ptr + E) // BM
             kt1 = tl.cdiv(H, BK1)
             kt2 = tl.cdiv(I, BK2)
-            if SK:  # stream-K: one segment per program (reference.tiles.num_segments)
+            if SLICE > 0:  # expert_slice tasks: no GEMM 2 tasks (reference.tiles.TaskLayout.segments)
+                q1 = nb * N1
+                q2 = nb * 0
+            elif SK:  # stream-K: one segment per program (reference.tiles.num_segments)
                 u1_all = (nb * N1 * kt1).to(tl.int64)
                 u2_all = (nb * N2 * kt2).to(tl.int64)
                 q1 = tl.maximum(1, tl.minimum(NPROG, u1_all))
@@ -268,10 +283,21 @@ def _megakernel(
             b_sh2 = S0 + q1
             b_g2 = b_sh2 + MS * NS2
             b_comb = b_g2 + q2
-            if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n)
+            if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n); or expert_slice (b, c)
                 if not FUSED:
                     _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
-                if SK:
+                if SLICE > 0:
+                    b, c = _tile_ids(t - S0, nb, N1, GROUP_M)
+                    e = tl.load(block_expert_ptr + b)
+                    _expert_slice_tile(x_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_token_ptr,
+                                       padded_pair_ptr, topk_w_ptr, b, c, e, T, H, I, stride_xt, stride_gue,
+                                       stride_gun, stride_gub, stride_dne, stride_dnn, stride_dnb, alpha, limit, K, KS,
+                                       ACT, HAS_GUB, HAS_DNB, SCALE_INPUT, G2_SCALE, EVEN_K1, EVEN_S, IEEE, SLICE, BM,
+                                       BN1, BK1, BN2)
+                    _signal(sync_ptr + SW * 5)  # W_G2
+                    _record(stats_ptr, R_G1, e, E, RECORD)
+                    _record(stats_ptr, K_SLICE, 0, E, RECORD)
+                elif SK:
                     q = t - S0
                     u0, u1 = _seg_bounds(q, q1, u1_all)
                     j_lo, j_hi = _seg_tiles(u0, u1, kt1)
@@ -296,7 +322,7 @@ def _megakernel(
                                           padded_pair_ptr, topk_w_ptr, act_ptr, I, alpha, limit, ACT, HAS_GUB,
                                           SCALE_INPUT)
                             _signal(sync_ptr + OFF_G1 + b)
-                            _record(stats_ptr, 9, e, E, RECORD)
+                            _record(stats_ptr, R_G1, e, E, RECORD)
                 else:
                     b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
                     e = tl.load(block_expert_ptr + b)
@@ -315,8 +341,9 @@ def _megakernel(
                                     stride_gub, I, alpha, limit, ACT, HAS_GUB, SCALE_INPUT, False, EVEN_K1, IEEE, 1,
                                     BM, BN1, BK1)
                     _signal(sync_ptr + OFF_G1 + b)
-                    _record(stats_ptr, 9, e, E, RECORD)
-                _record(stats_ptr, 5, 0, E, RECORD)
+                    _record(stats_ptr, R_G1, e, E, RECORD)
+                if SLICE == 0:
+                    _record(stats_ptr, K_G1, 0, E, RECORD)
             elif t < b_g2:  # shared_gemm2 (m, n)
                 if SHARED:
                     m, n = _tile_ids(t - b_sh2, MS, NS2, GROUP_M)
@@ -333,59 +360,63 @@ def _megakernel(
                                     tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
                                     S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
                     _signal(sync_ptr + SW * 5)  # W_G2
-                    _record(stats_ptr, 6, 0, E, RECORD)
+                    _record(stats_ptr, K_SH2, 0, E, RECORD)
             elif t < b_comb:  # gemm2 segment q: its pieces of tiles (b, n)
-                if SK:
-                    q = t - b_g2
-                    u0, u1 = _seg_bounds(q, q2, u2_all)
-                    j_lo, j_hi = _seg_tiles(u0, u1, kt2)
-                    for j in range(j_lo, j_hi):
-                        b, n = _tile_ids(j, nb, N2, GROUP_M)
-                        e = tl.load(block_expert_ptr + b)
-                        _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                        k_lo, k_hi = _piece_k(u0, u1, j, kt2)
-                        acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
-                            act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
-                            K, False, EVEN_K2, IEEE, BM, BN2, BK2)
-                        done = (k_lo == 0) & (k_hi == kt2)
-                        if not done:
-                            _store_piece(ws2_ptr, _slot(q, j, q2, u2_all, kt2), acc, BM, BN2, 1, 0)
-                            done = _arrive(sync_ptr + OFF_T2, j, q2, u2_all, kt2)
+                if SLICE == 0:  # (sliced: no GEMM 2 tasks)
+                    if SK:
+                        q = t - b_g2
+                        u0, u1 = _seg_bounds(q, q2, u2_all)
+                        j_lo, j_hi = _seg_tiles(u0, u1, kt2)
+                        for j in range(j_lo, j_hi):
+                            b, n = _tile_ids(j, nb, N2, GROUP_M)
+                            e = tl.load(block_expert_ptr + b)
+                            _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
+                            k_lo, k_hi = _piece_k(u0, u1, j, kt2)
+                            acc, row_mask, tok, slot2, srow, offs_n, offs_bn = _gemm2_acc(
+                                act_ptr, dn_ptr, padded_pair_ptr, b, n, e, k_lo, k_hi, T, H, I, I, stride_dne, stride_dnn,
+                                K, False, EVEN_K2, IEEE, BM, BN2, BK2)
+                            done = (k_lo == 0) & (k_hi == kt2)
+                            if not done:
+                                _store_piece(ws2_ptr, _slot(q, j, q2, u2_all, kt2), acc, BM, BN2, 1, 0)
+                                done = _arrive(sync_ptr + OFF_T2, j, q2, u2_all, kt2)
+                                if done:
+                                    acc = _sum_pieces(ws2_ptr, j, q2, u2_all, kt2, 0, BM, BN2, 1)
                             if done:
-                                acc = _sum_pieces(ws2_ptr, j, q2, u2_all, kt2, 0, BM, BN2, 1)
-                        if done:
-                            _gemm2_epilogue(acc, row_mask, tok, slot2, srow, e, q * 0, offs_n, offs_bn, T, H, dnb_ptr,
-                                            stride_dnb, topk_w_ptr, pairs_ptr, H, KS, HAS_DNB, G2_SCALE, False, 1)
-                            _signal(sync_ptr + SW * 5)
-                            _record(stats_ptr, 10, e, E, RECORD)
-                else:
-                    b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
-                    e = tl.load(block_expert_ptr + b)
-                    if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
-                        if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
-                            _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
-                    _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                    if FP8:
-                        _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
-                                        topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
-                                        stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                        False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT, SPF)
-                    elif TMA_W:
-                        _gemm2_tmaw_tile(act_ptr, dn_desc, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e,
-                                         T, H, I, I, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE, False, False, EVEN_K2,
-                                         IEEE, BM, BN2, BK2)
+                                _gemm2_epilogue(acc, row_mask, tok, slot2, srow, e, q * 0, offs_n, offs_bn, T, H, dnb_ptr,
+                                                stride_dnb, topk_w_ptr, pairs_ptr, H, KS, HAS_DNB, G2_SCALE, False, 1)
+                                _signal(sync_ptr + SW * 5)
+                                _record(stats_ptr, R_G2, e, E, RECORD)
                     else:
-                        _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
-                                    0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
-                                    G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
-                    _signal(sync_ptr + SW * 5)
-                    _record(stats_ptr, 10, e, E, RECORD)
-                _record(stats_ptr, 7, 0, E, RECORD)
+                        b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
+                        e = tl.load(block_expert_ptr + b)
+                        if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
+                            if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
+                                _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
+                        _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
+                        if FP8:
+                            _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
+                                            topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
+                                            stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
+                                            False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT, SPF)
+                        elif TMA_W:
+                            _gemm2_tmaw_tile(act_ptr, dn_desc, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e,
+                                             T, H, I, I, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE, False, False, EVEN_K2,
+                                             IEEE, BM, BN2, BK2)
+                        else:
+                            _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
+                                        0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
+                                        G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
+                        _signal(sync_ptr + SW * 5)
+                        _record(stats_ptr, R_G2, e, E, RECORD)
+                    _record(stats_ptr, K_G2, 0, E, RECORD)
             elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
-                _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)
+                if SLICE > 0:
+                    _wait(sync_ptr + SW * 5, nb * N1 + MS * NS2, BACKOFF)
+                else:
+                    _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)
                 j = t - b_comb
-                _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, 1, C_BT, C_BH)
-                _record(stats_ptr, 8, 0, E, RECORD)
+                _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, C_SLABS, C_KS0, C_BT, C_BH)
+                _record(stats_ptr, K_COMB, 0, E, RECORD)
             else:
                 stop = 1
         if TRACE:  # (program, start ns, end ns) of every ticket run, for where-the-time-goes
@@ -517,7 +548,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     gus, dns = weights.gate_up_scale_inv if fp8 else None, weights.down_scale_inv if fp8 else None
     sgus = weights.shared_gate_up_scale_inv if fp8 and shared else None
     sdns = weights.shared_down_scale_inv if fp8 and shared else None
-    pairs = torch.empty((T * KS, H), device=dev, dtype=dt)
+    sl = lay.slice  # expert_slice tasks: fp32 slabs of partial sums, one per slice
+    pairs = torch.empty((lay.n1 * T * KS, H) if sl else (T * KS, H), device=dev, dtype=f32 if sl else dt)
     nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
     # the tiles' piece counters (stream-K) follow the sync words: each is reset by the piece that
     # completes its tile, so the exit reset covers only the sync words
@@ -525,7 +557,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     off_t2 = off_t1 + lay.b_max * lay.n1
     words = off_t2 + lay.b_max * lay.n2 if lay.streamed else lay.sync_words
     sync = sync_buffer(dev, words) if sync is None else sync
-    stats = torch.zeros(9 + 2 * E, device=dev, dtype=i32) if record else None
+    stats = torch.zeros(len(KINDS) + 2 * E, device=dev, dtype=i32) if record else None
     # stream-K's fp32 pieces: two workspace tiles per segment (its first and last piece); none otherwise
     ws1 = torch.empty((2 * nprog, 2, bm, g1["BLOCK_N"]), device=dev, dtype=f32) if lay.streamed else None
     ws2 = torch.empty((2 * nprog, bm, g2["BLOCK_N"]), device=dev, dtype=f32) if lay.streamed else None
@@ -536,7 +568,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
     r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
-    tma_w = weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
+    tma_w = (None, None) if sl else weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
     args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
@@ -577,6 +609,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None,
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
+        SLICE=sl, EVEN_S=I % sl == 0 if sl else True, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
@@ -644,8 +677,9 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     E = config.num_experts
     nprog = grid[0]
     ran = {k: int(s[i]) for i, k in enumerate(KINDS)}
-    ran["gemm1_per_expert"] = s[9:9 + E].tolist()
-    ran["gemm2_per_expert"] = s[9 + E:9 + 2 * E].tolist()
+    nk = len(KINDS)
+    ran["gemm1_per_expert"] = s[nk:nk + E].tolist()
+    ran["gemm2_per_expert"] = s[nk + E:nk + 2 * E].tolist()
     ran["programs"] = nprog
     for a in ("n_regs", "n_spills"):
         ran[a] = getattr(kern, a, None)

@@ -23,6 +23,19 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
+With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
+gemm1 and gemm2, and no task waits for another GEMM task:
+
+    expert_slice    row block b, slice c of I: GEMM 1's   scatter = G (topk if G=1) g2
+                    S columns, the activation, their
+                    share of GEMM 2 over all of H (fp32,
+                    slab c of the pair buffer)
+
+N1 is then the number of slices, ceil(I / S), and the combine sums N1 slabs per routed slot (the
+shared MLP's slot is in slab 0 only). A GEMM 1 tile and the GEMM 2 tiles that need it are one task,
+so a phase boundary, and GEMM 2's wait for its row block's last GEMM 1 tile, are gone: at T = 1 every
+program streams its slice's gate, up and down weights back to back.
+
 The logits chunks hold BLOCK_T tokens (tl.dot wants 16 rows or more); with SPLIT > 1 a top-k
 group holds TOPK_T tokens (a divisor of BLOCK_T: one token at decode, so the selection works on
 one row instead of sixteen), otherwise groups are the chunks (G = C) and the top-k task computes
@@ -59,7 +72,7 @@ import numpy as np
 
 from ._checks import InputError
 
-KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_gemm1", "gemm1",
+KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_gemm1", "gemm1", "expert_slice",
          "shared_gemm2", "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
@@ -78,6 +91,9 @@ TILE_KEYS = {
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
 #: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs
 TILE_SWITCHES = {"order": {"STREAM_K": 0}}
+#: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
+#: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
+TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
 
 #: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
 #: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
@@ -157,6 +173,15 @@ def check_tiles(tiles: dict) -> dict:
             v = tiles[part].get(k, 0)
             if isinstance(v, bool) or v not in (0, 1):
                 raise InputError(f"tiles[{part!r}][{k!r}] must be 0 or 1, got {v!r}")
+    for part, keys in TILE_WIDTHS.items():
+        for k, d in keys.items():
+            v = tiles[part].get(k, d)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InputError(f"tiles[{part!r}][{k!r}] must be a non-negative integer, got {v!r}")
+    sl = slice_width(tiles)
+    if sl and (sl % 8 or sl > tiles["gemm1"]["BLOCK_N"] or stream_k(tiles)):
+        raise InputError(f"tiles['gemm1']['SLICE']={sl} must be a multiple of 8 no wider than "
+                         f"tiles['gemm1']['BLOCK_N']={tiles['gemm1']['BLOCK_N']}, without STREAM_K")
     r = tiles["router"]
     tt = r.get("TOPK_T", r["BLOCK_T"])
     if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt):
@@ -176,6 +201,11 @@ def topk_tokens(tiles: dict) -> int:
     """Tokens per top-k task (and per align chunk): TOPK_T, BLOCK_T where not given."""
     r = tiles["router"]
     return int(r.get("TOPK_T", r["BLOCK_T"]))
+
+
+def slice_width(tiles: dict) -> int:
+    """Columns of I per expert_slice task (tiles["gemm1"]["SLICE"]); 0: GEMM 1 and GEMM 2 tiles."""
+    return int(tiles["gemm1"].get("SLICE", 0))
 
 
 def stream_k(tiles: dict) -> bool:
@@ -225,7 +255,8 @@ class TaskLayout:
     ticket after them; num_chunks C (logits chunks of BLOCK_T tokens), topk_groups G (top-k tasks
     and align chunks of TOPK_T tokens), split / h_per of the router; shared_m_blocks Ms; the sync
     buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
-    off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need.
+    off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need;
+    slice: columns of I per expert_slice task (0: GEMM 1 and GEMM 2 tiles; n1 is then the slices).
     """
 
     T: int
@@ -250,10 +281,14 @@ class TaskLayout:
     off_g1: int
     off_shared1: int
     sync_words: int
+    slice: int = 0
 
     def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
         """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
-        programs (None, stream-K: the most any number of programs can get, the units)."""
+        programs (None, stream-K: the most any number of programs can get, the units). Sliced:
+        (B x slices, 0), the expert_slice tasks and no GEMM 2 task."""
+        if self.slice:
+            return num_blocks * self.n1, 0
         if not self.streamed:
             return num_blocks * self.n1, num_blocks * self.n2
         p = num_blocks * self.n1 * self.k1 + num_blocks * self.n2 * self.k2 if num_programs is None else num_programs
@@ -321,10 +356,12 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_shared1 = off_g1 + b_max
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
-        n1=cdiv(I, g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), k1=cdiv(H, g1["BLOCK_K"]), k2=cdiv(I, g2["BLOCK_K"]),
+        n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), k1=cdiv(H, g1["BLOCK_K"]),
+        k2=cdiv(I, g2["BLOCK_K"]),
         streamed=stream_k(tiles), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1, sync_words=off_shared1 + Ms,
+        slice=slice_width(tiles),
     )
 
 
@@ -390,8 +427,9 @@ class TaskPlan:
 
     def tiles_per_expert(self, kind: str) -> np.ndarray:
         """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
-        (what the kernel's ``record`` counts, segments or not)."""
-        n = self.layout.n1 if kind == "gemm1" else self.layout.n2
+        (what the kernel's ``record`` counts, segments or not). Sliced: an expert_slice task counts
+        as its slice's GEMM 1 tile, and there are no GEMM 2 tiles."""
+        n = self.layout.n1 if kind == "gemm1" else 0 if self.layout.slice else self.layout.n2
         return -(-self.counts // self.tiles["gemm1"]["BLOCK_M"]) * n
 
     def signals(self, i: int) -> list[str]:
@@ -649,13 +687,23 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     first_block = np.concatenate([[0], np.cumsum(blocks_e)[:-1]]) if E else np.zeros(0, np.int64)
     block_rows = np.minimum(bm, counts[block_expert] - (np.arange(B) - first_block[block_expert]) * bm)
     n1, n2 = lay.n1, lay.n2
-    g2_total = B * n2 + Ms * ns2
-    g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
+    sl = lay.slice
+    g2_total = B * (n1 if sl else n2) + Ms * ns2
+    g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(0 if sl else B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
     rows_ready = (scat_c, G) if G > 1 else (topk_c, 1)  # one group: the top-k task aligned too
     q1, q2 = lay.segments(B, num_programs)
-    _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                       block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
+    if sl:  # expert_slice tasks: GEMM 1's slice columns and their share of GEMM 2, fp32 partials out
+        bb, cc = tile_ids(np.arange(B * n1), B, n1, group_m)
+        e, rows = block_expert[bb], block_rows[bb]
+        ncol = np.minimum(sl, I - cc * sl)
+        bld.add("expert_slice", B * n1, _w(B * n1, rows_ready), expert=e, block=bb, n_tile=cc, rows=rows,
+                tile_m=bm, tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=3 * ncol * H * wb, in_bytes=rows * H * ab,
+                out_bytes=rows * H * 4, flops=2.0 * bm * 3 * g1["BLOCK_N"] * H,
+                weight_id=(3 << 40) + e.astype(np.int64) * n1 + cc, signal=g2_c)
+    else:
+        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
+                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
     if shared:
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
@@ -666,10 +714,12 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
-                in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
+                in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
+                flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
-    _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                       block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
+    if not sl:
+        _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
+                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 
     # ---- combine
     nct = cdiv(H, cb["BLOCK_H"])
@@ -677,7 +727,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     trows = np.minimum(cb["BLOCK_T"], T - tt * cb["BLOCK_T"])
     hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
     bld.add("combine", lay.combine_tasks, _w(lay.combine_tasks, (g2_c, g2_total)), block=tt, n_tile=hh,
-            rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"], in_bytes=trows * KS * hcol * ab,
+            rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"],
+            in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
             out_bytes=trows * hcol * ab)
     arrays = bld.build()
     return TaskPlan(config_name=config.name, num_tokens=int(T), tiles=tiles, layout=lay, counts=counts,

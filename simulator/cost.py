@@ -128,7 +128,7 @@ GEMM_TABLE_MIN_ROWS = 128
 MEGAKERNEL_LOADS = {"pointer": {"gated": "pointer_persistent_gated", "other": "pointer_persistent"},
                     "tma": {"gated": "tma_persistent_gated", "other": "tma_persistent"}}
 #: the megakernel's task kinds with gate and up accumulators
-GATED_KINDS = ("gemm1", "shared_gemm1")
+GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
@@ -647,7 +647,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     wb = a["weight_bytes"].astype(np.float64)
     ib = a["in_bytes"].astype(np.float64)
     w_hit = _l2_hits(a["weight_id"].astype(np.int64), wb, window)
-    gemm = np.isin(kind, [kinds.index(k) for k in ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2")])
+    gemm = np.isin(kind, [kinds.index(k) for k in ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
+                          if k in kinds])
     row_key = np.where(gemm, kind * (1 << 40) + a["block"].astype(np.int64), -1)
     i_hit = _l2_hits(row_key, ib, window)
     dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)

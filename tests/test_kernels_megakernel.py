@@ -86,6 +86,66 @@ def test_kernel_runs_the_plan(case, run, rng):
         assert ran["gemm1"] == min(programs, plan.layout.k1 * int(plan.tiles_per_expert("gemm1").sum()))
 
 
+#: name -> (config fields, T, SLICE, BLOCK_N): expert_slice tasks (reference.tiles "With I sliced")
+SLICED = {
+    "shared_gated": (CASES["one_chunk"][0], 5, 8, 16),
+    "grouped_one_token": (CASES["one_token"][0], 1, 24, 32),
+    "top1_input": (CASES["top1_input"][0], 23, 16, 16),
+    "swiglu_biases": (dict(router="softmax_topk", router_bias=True, activation="clamped_swiglu", swiglu_alpha=1.702,
+                           swiglu_limit=7.0, expert_bias=True), 13, 16, 16),
+}
+
+
+@pytest.mark.parametrize("case", list(SLICED))
+def test_expert_slices_run_the_plan(case, rng):
+    """expert_slice tasks (GEMM 1's slice and its share of GEMM 2 in one task, fp32 slabs summed by
+    the combine): the float64 reference's answer into a poisoned buffer, the plan's tasks per kind
+    and per expert, and a last slice narrower than the others (I = 36 is no multiple of 8, 16, 24)."""
+    from megamoe.kernels.megakernel import megakernel_config
+
+    fields, T, sl, bn = SLICED[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    x, w = _cpu(cfg, T, rng)
+    mk = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+    mk["tiles"]["gemm1"].update(SLICE=sl, BLOCK_N=bn)
+    y = torch.full((T, cfg.hidden_size), float("nan"))
+    y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y)
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", f"sliced {case}")
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
+    kinds = plan.tasks_per_kind()
+    assert {k: ran[k] for k in KINDS} == kinds
+    assert kinds["gemm1"] == kinds["gemm2"] == 0
+    assert kinds["expert_slice"] == int((-(-counts // 16)).sum()) * -(-cfg.intermediate_size // sl)
+    np.testing.assert_array_equal(ran["gemm1_per_expert"], plan.tiles_per_expert("gemm1"))
+    assert ran["gemm2_per_expert"] == [0] * cfg.num_experts
+
+
+def test_expert_slices_plan_the_same_weight_bytes(rng):
+    """Sliced or not, a plan reads each touched expert's weights once (the same total weight bytes);
+    slices wait for nothing but the routing, and the combine waits for every slice."""
+    cfg = MoEConfig(**BASE)
+    idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(9)])
+    counts = np.bincount(idx.ravel(), minlength=7)
+    sliced = {**TILES, "gemm1": {**TILES["gemm1"], "SLICE": 8}}
+    a, b = task_plan(cfg, counts, 9, TILES), task_plan(cfg, counts, 9, sliced)
+    assert a.weight_bytes.sum() == pytest.approx(b.weight_bytes.sum())
+    for i in np.nonzero(b.kind == KINDS.index("expert_slice"))[0]:
+        assert [c for c, _ in b.waits(i)] == ["topk"] and b.signals(i) == ["g2"]
+    comb = np.nonzero(b.kind == KINDS.index("combine"))[0][0]
+    assert b.waits(comb) == [("g2", int((b.kind == KINDS.index("expert_slice")).sum()))]
+
+
+def test_expert_slice_width_must_fit_its_tile():
+    from megamoe.reference import InputError
+
+    cfg = MoEConfig(**BASE)
+    for bad in (12, 24, -8, True):
+        with pytest.raises(InputError, match="SLICE"):
+            task_layout(cfg, 4, {**TILES, "gemm1": {**TILES["gemm1"], "SLICE": bad}})
+
+
 def test_every_token_on_the_same_experts(rng):
     """All 29 tokens on experts 0..2: three experts with two row blocks each, four with no task."""
     cfg = MoEConfig(**BASE)

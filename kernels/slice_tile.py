@@ -1,0 +1,87 @@
+"""One expert_slice task of the megakernel: an expert's MLP on a slice of its width, GEMM 1 and
+GEMM 2 in one tile function (reference/tiles.py, "With I sliced").
+
+Shape legend: T tokens, K top-k, KS = K (+1 with a shared MLP) rows per token in the pair buffer,
+H hidden, I expert width, S = SLICE columns of I per task (padded to BLOCK_C, a power of two).
+
+For row block b of expert e and slice c (columns [c S, c S + S) of I):
+    z_g, z_u = x[rows] @ gate_up[e, slice]^T, x[rows] @ gate_up[e, I + slice]^T     (fp32, over H)
+    h = act(z_g, z_u) (input scale, biases, activation: grouped_gemm._act_values), rounded to the
+        weights' dtype as the two-GEMM path stores it
+    for every BLOCK_N block of H:  o = h @ down[e, :, slice]^T  (fp32), GEMM 2's epilogue (bias in
+        slab 0 only, routing weight), stored at row c*T*KS + t*KS + k of the fp32 pair buffer.
+The combine then sums the slabs and slots of each token in a fixed order (grouped_gemm._combine_tile):
+the partial products of the slices add up to GEMM 2's sum over I, bitwise the same run to run.
+
+Why: at decode a GEMM 2 tile must wait for every GEMM 1 tile of its row block, and the two phases
+split the programs' streams in two with a bubble between them. A slice task needs nothing but the
+routing, so every program streams one slice's gate, up and down weights (3 S H elements) back to
+back, and S is chosen (configs.slice_width) so that the slices of the touched experts fill the
+programs' waves. The price is the fp32 partials, T K slabs x H, that the combine reads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_epilogue, _gemm2_rows, _mma
+
+
+@triton.jit
+def _expert_slice_tile(
+    x_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    b, c, e, T, H, I, stride_xt, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn, stride_dnb,
+    alpha, limit,
+    K: tl.constexpr, KS: tl.constexpr, ACT: tl.constexpr, HAS_GUB: tl.constexpr, HAS_DNB: tl.constexpr,
+    SCALE_INPUT: tl.constexpr, G2_SCALE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_S: tl.constexpr,
+    IEEE: tl.constexpr, SLICE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Row block b (of expert e), slice c of I: both GEMMs of the slice (module docstring).
+    EVEN_K: H % BLOCK_K == 0; EVEN_S: I % SLICE == 0 (no slice runs past I)."""
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, b, T, False, BLOCK_M)
+    j = tl.arange(0, BLOCK_C)
+    offs_c = c * SLICE + j
+    if EVEN_S:
+        c_mask = j < SLICE
+    else:
+        c_mask = (j < SLICE) & (offs_c < I)
+    offs_bc = tl.where(c_mask, offs_c, 0)  # in-bounds weight rows; masked lanes load nothing
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    wg_ptrs = gu_ptr + e.to(tl.int64) * stride_gue + offs_bc[None, :] * stride_gun + offs_k[:, None]
+    wu_ptrs = wg_ptrs + I * stride_gun
+    acc_g = tl.zeros((BLOCK_M, BLOCK_C), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_C), tl.float32)
+    for kt in range(0, tl.cdiv(H, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            bg = tl.load(wg_ptrs, mask=c_mask[None, :], other=0.0)
+            bu = tl.load(wu_ptrs, mask=c_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k < H - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            bg = tl.load(wg_ptrs, mask=k_mask[:, None] & c_mask[None, :], other=0.0)
+            bu = tl.load(wu_ptrs, mask=k_mask[:, None] & c_mask[None, :], other=0.0)
+        acc_g = _mma(a, bg, acc_g, IEEE)
+        acc_u = _mma(a, bu, acc_u, IEEE)
+        a_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bc, I, gub_ptr, stride_gub, padded_pair_ptr, topk_w_ptr,
+                    alpha, limit, ACT, HAS_GUB, SCALE_INPUT)
+    h = tl.where(c_mask[None, :], h, 0.0).to(dn_ptr.dtype.element_ty)
+    _, row_mask2, tok2, slot, srow = _gemm2_rows(padded_pair_ptr, b, T, K, False, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    # offs_c, not offs_bc, along the contiguous dimension (tl.where would hide its contiguity and turn
+    # the copies into scalar loads); the mask keeps the lanes past the slice from loading
+    w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None]
+    for n in range(0, tl.cdiv(H, BLOCK_N)):
+        offs_n = n * BLOCK_N + offs_nb
+        offs_bn = offs_n % H
+        w = tl.load(w_base + offs_bn[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)
+        acc = _mma(h, w, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IEEE)
+        # SPLIT_K = 2: the down bias goes into slab 0 only
+        _gemm2_epilogue(acc, row_mask2, tok2, slot, srow, e, c, offs_n, offs_bn, T, H, dnb_ptr, stride_dnb,
+                        topk_w_ptr, out_ptr, H, KS, HAS_DNB, G2_SCALE, False, 2)
