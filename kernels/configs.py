@@ -327,14 +327,20 @@ def slice_width(I: int, blocks: float, programs: int, other_columns: int = 0) ->
     return max(w for w in widths if eff(w) >= 0.97 * best)
 
 
-def slice_tiles(I: int, H: int, T: int, blocks: float, programs: int, other_columns: int,
+#: elements of the combine's (slab rows x BLOCK_H) fp32 tile with expert_slice tasks (64 a thread at 4 warps)
+SLICE_COMBINE_TILE = 8192
+
+
+def slice_tiles(I: int, H: int, T: int, K: int, blocks: float, programs: int, other_columns: int,
                 combine_block_t: int) -> dict:
     """What the sliced layout changes in a decode config: SLICE, GEMM 1's BLOCK_N (the slice's padded
     width) and the combine's BLOCK_H, narrowed so that its tasks, which read K x slices fp32 rows a
-    token, spread over the programs (at least 32 columns)."""
+    token as one tile (slice_tile._combine_slabs_tile), spread over the programs and the tile stays
+    within SLICE_COMBINE_TILE elements (at least 16 columns)."""
     w = slice_width(I, blocks, programs, other_columns)
     per = H * -(-T // combine_block_t) / programs
-    bh = max(32, min(1024, 1 << max(0, int(per).bit_length() - 1)))
+    rows = _pow2(K * -(-I // w))
+    bh = max(16, min(1024, 1 << max(0, int(per).bit_length() - 1), max(1, SLICE_COMBINE_TILE // rows)))
     return {"SLICE": w, "BLOCK_N": _pow2(w), "combine_BLOCK_H": bh}
 
 
@@ -497,7 +503,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # decode: the expert_slice layout this config would take (apply_slices)
     extra = {}
     if bm == 16:
-        extra["slice_tiles"] = slice_tiles(I, H, T, blocks, P, Is, combine["BLOCK_T"])
+        extra["slice_tiles"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"])
     return {**extra, "tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},

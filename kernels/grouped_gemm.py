@@ -523,20 +523,15 @@ def _gemm2_tma_kernel(
 
 @triton.jit
 def _combine_tile(src_ptr, y_ptr, pid_t, pid_h, T, H,
-                  KS: tl.constexpr, SPLIT: tl.constexpr, KS0: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_H: tl.constexpr):
-    """y rows of token block pid_t, columns of H block pid_h: the fixed-order sum of the slots of
-    the SPLIT slabs; the last KS0 slots are in slab 0 only (the megakernel's expert_slice slabs
-    hold routed slots, the shared MLP writes slab 0)."""
+                  KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y rows of token block pid_t, columns of H block pid_h: the fixed-order sum of the slots."""
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     m = (offs_t < T)[:, None] & (offs_h < H)[None, :]
     base = offs_t.to(tl.int64)[:, None] * (KS * H) + offs_h[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-    for k in tl.static_range(KS):
-        acc += tl.load(src_ptr + base + k * H, mask=m, other=0.0).to(tl.float32)
-    for s in range(1, SPLIT):  # a loop, not unrolled: the megakernel's slabs are one per slice of I
-        for k in tl.static_range(KS - KS0):
+    for s in tl.static_range(SPLIT):
+        for k in tl.static_range(KS):
             acc += tl.load(src_ptr + base + (s * T * KS + k) * H, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :], acc.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -546,7 +541,7 @@ def _combine_kernel(
     src_ptr, y_ptr, T, H,
     KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    _combine_tile(src_ptr, y_ptr, tl.program_id(0), tl.program_id(1), T, H, KS, SPLIT, 0, BLOCK_T, BLOCK_H)
+    _combine_tile(src_ptr, y_ptr, tl.program_id(0), tl.program_id(1), T, H, KS, SPLIT, BLOCK_T, BLOCK_H)
 
 
 def _ieee(t) -> bool:

@@ -67,7 +67,7 @@ from .prefetch import _prefetch_rows
 from .prefetch import available as prefetch_available
 from .prefetch import rows_ok as prefetch_rows_ok
 from .routing import ROUTER_CODES, _route_block, _router_partial
-from .slice_tile import _expert_slice_tile
+from .slice_tile import _combine_slabs_tile, _expert_slice_tile
 from .stream_k import _arrive, _piece_k, _seg_bounds, _seg_tiles, _slot, _store_piece, _sum_pieces
 
 W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
@@ -187,8 +187,8 @@ def _megakernel(
     ALIGN1: tl.constexpr,
     # expert_slice tasks of SLICE columns of I (tiles["gemm1"]["SLICE"]; 0: GEMM 1 and GEMM 2 tiles;
     # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
-    # last C_KS0 slots in slab 0 only); EVEN_S: I % SLICE == 0
-    SLICE: tl.constexpr, EVEN_S: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr,
+    # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
+    SLICE: tl.constexpr, EVEN_S: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -415,7 +415,11 @@ def _megakernel(
                 else:
                     _wait(sync_ptr + SW * 5, nb * N2 + MS * NS2, BACKOFF)
                 j = t - b_comb
-                _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, C_SLABS, C_KS0, C_BT, C_BH)
+                if SLICE > 0:
+                    _combine_slabs_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, C_SLABS, C_KS0, C_BT, C_BR,
+                                        C_BH)
+                else:
+                    _combine_tile(pairs_ptr, y_ptr, j // NCH, j % NCH, T, H, KS, 1, C_BT, C_BH)
                 _record(stats_ptr, K_COMB, 0, E, RECORD)
             else:
                 stop = 1
@@ -610,6 +614,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         TMA_W=tma_w[0] is not None,
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
         SLICE=sl, EVEN_S=I % sl == 0 if sl else True, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
+        C_BR=triton.next_power_of_2(lay.n1 * K) if sl else 1,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats

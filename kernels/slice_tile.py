@@ -8,10 +8,12 @@ For row block b of expert e and slice c (columns [c S, c S + S) of I):
     z_g, z_u = x[rows] @ gate_up[e, slice]^T, x[rows] @ gate_up[e, I + slice]^T     (fp32, over H)
     h = act(z_g, z_u) (input scale, biases, activation: grouped_gemm._act_values), rounded to the
         weights' dtype as the two-GEMM path stores it
-    for every BLOCK_N block of H:  o = h @ down[e, :, slice]^T  (fp32), GEMM 2's epilogue (bias in
-        slab 0 only, routing weight), stored at row c*T*KS + t*KS + k of the fp32 pair buffer.
-The combine then sums the slabs and slots of each token in a fixed order (grouped_gemm._combine_tile):
-the partial products of the slices add up to GEMM 2's sum over I, bitwise the same run to run.
+    h scaled by the routing weight (before the rounding; linear, so the same sum as scaling GEMM 2's)
+    for every BLOCK_N block of H:  o = h @ down[e, :, slice]^T  (fp32), stored at row
+        c*T*KS + t*KS + k of the fp32 pair buffer; slice 0's task then adds the down bias (times the
+        routing weight) to its rows, so the loop over H holds no load but the weights'
+The combine (_combine_slabs_tile) then sums each token's slabs and slots in a fixed order: the
+partial products of the slices add up to GEMM 2's sum over I, bitwise the same run to run.
 
 Why: at decode a GEMM 2 tile must wait for every GEMM 1 tile of its row block, and the two phases
 split the programs' streams in two with a bubble between them. A slice task needs nothing but the
@@ -25,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_epilogue, _gemm2_rows, _mma
+from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_rows, _mma
 
 
 @triton.jit
@@ -71,17 +73,55 @@ def _expert_slice_tile(
         wu_ptrs += BLOCK_K
     h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bc, I, gub_ptr, stride_gub, padded_pair_ptr, topk_w_ptr,
                     alpha, limit, ACT, HAS_GUB, SCALE_INPUT)
-    h = tl.where(c_mask[None, :], h, 0.0).to(dn_ptr.dtype.element_ty)
     _, row_mask2, tok2, slot, srow = _gemm2_rows(padded_pair_ptr, b, T, K, False, BLOCK_M)
+    if G2_SCALE:  # the routing weight scales h once, not each H block's sums: no load in the loop below
+        sc = tl.load(topk_w_ptr + srow, mask=row_mask2, other=0.0)
+        h = h * sc[:, None]
+    h = tl.where(c_mask[None, :], h, 0.0).to(dn_ptr.dtype.element_ty)
+    orow = (c * T * KS + tok2 * KS + slot).to(tl.int64)  # slab c's rows
     offs_nb = tl.arange(0, BLOCK_N)
     # offs_c, not offs_bc, along the contiguous dimension (tl.where would hide its contiguity and turn
     # the copies into scalar loads); the mask keeps the lanes past the slice from loading
     w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None]
     for n in range(0, tl.cdiv(H, BLOCK_N)):
         offs_n = n * BLOCK_N + offs_nb
-        offs_bn = offs_n % H
-        w = tl.load(w_base + offs_bn[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)
+        w = tl.load(w_base + (offs_n % H)[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)
         acc = _mma(h, w, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IEEE)
-        # SPLIT_K = 2: the down bias goes into slab 0 only
-        _gemm2_epilogue(acc, row_mask2, tok2, slot, srow, e, c, offs_n, offs_bn, T, H, dnb_ptr, stride_dnb,
-                        topk_w_ptr, out_ptr, H, KS, HAS_DNB, G2_SCALE, False, 2)
+        tl.store(out_ptr + orow[:, None] * H + offs_n[None, :], acc,
+                 mask=row_mask2[:, None] & (offs_n < H)[None, :])
+    if HAS_DNB:  # the down bias (times the routing weight), once per pair: slab 0's task adds it
+        if c == 0:
+            tl.debug_barrier()  # this task's slab rows are written
+            for n in range(0, tl.cdiv(H, BLOCK_N)):
+                offs_n = n * BLOCK_N + offs_nb
+                m = row_mask2[:, None] & (offs_n < H)[None, :]
+                bias = tl.load(dnb_ptr + e * stride_dnb + offs_n, mask=offs_n < H, other=0.0).to(tl.float32)
+                if G2_SCALE:
+                    bias = bias[None, :] * sc[:, None]
+                else:
+                    bias = bias[None, :] + tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+                ptrs = out_ptr + orow[:, None] * H + offs_n[None, :]
+                tl.store(ptrs, tl.load(ptrs, mask=m, other=0.0) + bias, mask=m)
+
+
+@triton.jit
+def _combine_slabs_tile(src_ptr, y_ptr, pid_t, pid_h, T, H, KS: tl.constexpr, SLABS: tl.constexpr,
+                        KS0: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The combine of expert_slice slabs: y rows of token block pid_t, columns of H block pid_h, the
+    sum of the SLABS x (KS - KS0) routed partial rows of each token loaded as one (BLOCK_R, BLOCK_H)
+    tile and reduced at once (a fixed reduction tree: bitwise the same run to run), then the last
+    KS0 slots of slab 0 (the shared MLP's) added. One tile, not a loop over slabs: at decode the
+    rows come from L2 and a loop would wait on each slab's loads in turn."""
+    KR: tl.constexpr = KS - KS0
+    r = tl.arange(0, BLOCK_R)
+    r_off = (r // KR).to(tl.int64) * T * KS + r % KR  # slab s, slot k -> row s*T*KS + k (+ t*KS)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    for i in range(0, BLOCK_T):
+        t = pid_t * BLOCK_T + i
+        if t < T:
+            ptrs = src_ptr + (r_off + t * KS)[:, None] * H + offs_h[None, :]
+            acc = tl.sum(tl.load(ptrs, mask=(r < SLABS * KR)[:, None] & h_mask[None, :], other=0.0), axis=0)
+            for k in tl.static_range(KR, KS):
+                acc += tl.load(src_ptr + (t * KS + k).to(tl.int64) * H + offs_h, mask=h_mask, other=0.0)
+            tl.store(y_ptr + t.to(tl.int64) * H + offs_h, acc.to(y_ptr.dtype.element_ty), mask=h_mask)
