@@ -23,8 +23,9 @@ A launch (``predict_stage``), P working programs in groups g (experts) of n_g pr
     share     = min(o, ceil(min(P, slots) / S))        (programs sharing one SM's tensor cores)
     program_g = flops / (mma(tile, rows_g) / share)
     compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
-    memory    = DRAM bytes / hbm(min(P, slots), DRAM bytes / P)     (DRAM bytes: L2 model of
-                grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
+    memory    = the first wave's DRAM bytes / hbm(min(P, slots), DRAM bytes / P) + the later waves'
+                / hbm_stream(min(P, slots))  (``launch_read_s``; DRAM bytes: L2 model of grouped
+                tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
                 and the SMs' intake: ceil(P / S) programs' bytes at an SM's share of the L2 rate
                 (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others)
     serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
@@ -246,6 +247,25 @@ def hbm_peak(profile: Profile) -> float:
     return float(np.max(_km(profile).hbm_rate))
 
 
+def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0) -> float:
+    """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
+    programs each), at most ``in_flight`` of them resident (the launch's slots). The first wave's
+    n = min(programs, in_flight) programs start together: a one-shot read, hbm_rate(n, b). The
+    programs of later waves start one by one as earlier ones end, while the others keep streaming,
+    so their bytes go at the marginal rate of n programs in flight, hbm_stream_rate(n) (the rate the
+    megakernel's back-to-back tasks read at), without the one-shot's ramp again. One wave: the
+    one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies)."""
+    if dram_bytes <= 0 or programs <= 0:
+        return 0.0
+    n = max(1, min(int(programs), int(in_flight)))
+    b = dram_bytes / programs
+    first = n * b
+    t = first / (scale * float(hbm_rate(profile, n, b)))
+    if programs > n:
+        t += (dram_bytes - first) / (scale * float(hbm_stream_rate(profile, n)))
+    return t
+
+
 def sm_copy_rate(profile: Profile, copying_sms) -> float:
     """Bytes/s ONE SM copies when ``copying_sms`` SMs copy together (linear in log2 SMs)."""
     pts = _km(profile).sm_copy
@@ -394,8 +414,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
                                loads=loads) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
-    inflight = min(P, slots)
-    memory_s = dram / hbm_rate(profile, inflight, dram / P) if dram > 0 else 0.0
+    memory_s = launch_read_s(profile, dram, P, slots)
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
@@ -511,11 +530,8 @@ def stage_cost(rows, n_cols: int, k_dim: int, *, profile: Profile, num_sms: int,
         regroup = grouped_dram_bytes(blocks, tiles, 0.0, w_tile, 0.0, DEFAULT_GROUP_M) - weights
         regroup = max(0.0, regroup)
     hbm_bytes = weights + regroup + acts
-    inflight = min(total_tiles, slots)
-    rate = hbm_rate(profile, inflight, hbm_bytes / total_tiles)
-    if hbm_bytes_per_s is not None:
-        rate = hbm_bytes_per_s * rate / hbm_peak(profile)
-    hbm_s = hbm_bytes / rate
+    scale = 1.0 if hbm_bytes_per_s is None else hbm_bytes_per_s / hbm_peak(profile)
+    hbm_s = launch_read_s(profile, hbm_bytes, total_tiles, slots, scale=scale)
     flops = 2.0 * float(rows.sum()) * n_cols * k_dim
     return GemmCost(max(compute_s, hbm_s), compute_s, hbm_s, flops, padded, hbm_bytes, total_tiles)
 

@@ -18,6 +18,7 @@ from megamoe.simulator.cost import (
     ffn_cost,
     ffn_roofline_s,
     hbm_rate,
+    launch_read_s,
     mma_rate_per_sm,
     predict_stage,
     predict_task_plan,
@@ -101,6 +102,24 @@ def test_few_waves_of_large_tiles_wait_for_the_busiest_sms():
     assert abs(sm_ingest_s(S * 3 // 2, 1e6, p) - 2e6 / (7.9e12 / S)) < 1e-12
     assert sm_ingest_s(S, 1e6, p) == pytest.approx(1e6 / (7.9e12 / S))  # one tile per SM
     assert sm_ingest_s(S * 3 // 2, 1e6, load_profile("h200")) == 0.0
+
+
+def test_later_waves_of_a_launch_stream_past_the_one_shot_ramp():
+    """cost.launch_read_s: the first wave of n programs is a one-shot read, the later waves'
+    bytes go at the marginal rate of n programs in flight. Hand-worked on a grid whose 132-program
+    row reads 2 TB/s at 1 MB and 3 TB/s at 4 MB per program: one-shot of 132 x 4 MB = 176 us;
+    marginal rate 132 x 3 MB / (176 - 66 us) = 3.6 TB/s, so three waves take 176 + 1056 MB / 3.6
+    TB/s = 469.3 us (one-shot rate throughout: 528 us)."""
+    pts = [[1, 1e6, 2e10], [1, 4e6, 2.5e10], [132, 1e6, 2e12], [132, 4e6, 3e12]]
+    p = _calibrated(hbm_read={"unit": "bytes/s", "over": ["programs_in_flight", "bytes_per_program"],
+                              "source": "test", "points": pts})
+    S = p.num_sms
+    assert launch_read_s(p, S * 4e6, S, S) == pytest.approx(176e-6)  # one wave: the one-shot read
+    assert launch_read_s(p, 3 * S * 4e6, 3 * S, S) == pytest.approx(176e-6 + 1056e6 / 3.6e12)
+    assert launch_read_s(p, 3 * S * 4e6, 3 * S, S) < 3 * S * 4e6 / 3e12
+    t = [launch_read_s(p, 3 * S * b, 3 * S, S) for b in (1e4, 1e5, 1e6, 1e7)]
+    assert t == sorted(t) and t[0] > 0
+    assert launch_read_s(p, 0.0, 3 * S, S) == 0.0
 
 
 @pytest.mark.parametrize("rows", [[1], [8] * 8, [300, 5, 0, 9000], [4096] * 4])
