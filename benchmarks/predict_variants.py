@@ -1,0 +1,69 @@
+"""The cost model's prediction of megakernel variants against the default, before a GPU run times them.
+
+    python benchmarks/predict_variants.py --profile benchmarks/results/validation_2026-12-01_run26/profile.json \
+        --variants slice --tokens 1,8 [--presets a,b] [--calls 8]
+
+For each preset and T: a uniform random routing (seed 0), the default config
+(kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
+plans (reference.tiles.task_plan) priced by simulator.cost.predict_task_plan with the profile (a
+calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
+validate times them). No GPU; the printed lines go into NOTES-gpu-runs.md before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megakernel_variants import variant_configs  # noqa: E402
+
+PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b")
+
+
+def predict(cfg, counts, T: int, mk: dict, profile, calls: int) -> float:
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference.tiles import task_layout, task_plan
+    from megamoe.simulator.cost import predict_task_plan
+
+    lay = task_layout(cfg, T, mk["tiles"])
+    P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=P)
+    return predict_task_plan(plan, profile, num_warps=mk["num_warps"], calls_per_graph=calls,
+                             weight_loads=cfgs.megakernel_weight_loads(mk))["time_us"]
+
+
+def main(argv=None) -> int:
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference import MoEConfig
+    from megamoe.simulator.hardware import load_profile
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default="h200")
+    p.add_argument("--variants", default="slice")
+    p.add_argument("--tokens", default="1,8")
+    p.add_argument("--presets", default=",".join(PRESETS))
+    p.add_argument("--calls", type=int, default=8)
+    a = p.parse_args(argv)
+    prof = load_profile(a.profile)
+    rng = np.random.default_rng(0)
+    for name in a.presets.split(","):
+        cfg = MoEConfig.preset(name)
+        for T in (int(t) for t in a.tokens.split(",")):
+            idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
+            counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
+            base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                          cfg.shared_intermediate_size, T, num_sms=prof.num_sms)
+            runs = variant_configs(base, a.variants.split(","))
+            us = {v: predict(cfg, counts, T, mk, prof, a.calls) for v, mk in runs}
+            d = us["default"]
+            print(f"{name} T={T}: default {d:.1f} us" + "".join(f", {v} {u:.1f} ({u / d:.2f})"
+                                                             for v, u in us.items() if v != "default"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
