@@ -132,3 +132,21 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
     assert megakernel_weight_loads(mk("qwen3-30b-a3b", 1, interpret=True)) == "pointer"
     assert {megakernel_weight_loads(m) for m in ({}, mk("qwen3-30b-a3b", 1))} == set(MEGAKERNEL_LOADS)
     assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
+
+
+def test_slice_width_fills_the_waves():
+    """expert_slice widths (configs.slice_width): the slices of the touched experts come within 3% of
+    the best wave fill, the widest such multiple of 8; the shared MLP counts as slices of its bytes."""
+    from megamoe.kernels.configs import SLICE_MAX, apply_slices, megakernel_config, slice_width
+
+    assert slice_width(768, 8, 132) == 48  # Qwen3-30B-A3B at T = 1: 8 x 16 = 128 slices
+    assert slice_width(2880, 4, 132) == 88  # gpt-oss-120b: 4 x 33 = 132
+    for I, blocks in ((768, 8), (2880, 4), (14336, 2), (2048, 8), (100, 3)):
+        w = slice_width(I, blocks, 132)
+        assert w % 8 == 0 and 16 <= w <= SLICE_MAX
+    assert slice_width(2048, 8, 132, other_columns=2048) != slice_width(2048, 8, 132)
+    mk = megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
+    sliced = apply_slices(mk)
+    assert sliced["tiles"]["gemm1"]["SLICE"] == 48 and sliced["tiles"]["gemm1"]["BLOCK_N"] == 64
+    assert sliced["two_gemm"]["tiles"] == mk["tiles"] and apply_slices(sliced) is sliced
+    assert "slice_tiles" not in megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132, fp8="weights")
