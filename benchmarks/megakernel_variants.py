@@ -167,6 +167,14 @@ def _slices(mk):
     return apply_slices(mk)
 
 
+def _slices_t(mk):
+    """expert_slice tasks reading a (E, I, H) copy of the down weights (config "slice_down_t")."""
+    mk = _slices(mk)
+    if mk["tiles"]["gemm1"].get("SLICE"):
+        mk = {**mk, "slice_down_t": True}
+    return mk
+
+
 def _no_slices(mk):
     """GEMM 1 and GEMM 2 tiles where the default takes expert_slice tasks: the two-GEMM decode tiles
     (the config before apply_slices: SLICE 0, GEMM 1's BLOCK_N, the combine's BLOCK_H and the stages
@@ -199,6 +207,8 @@ VARIANTS = {
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
     "slice": (_slices, "expert_slice tasks: GEMM 1's slice of I and its share of GEMM 2 in one task, fp32 "
               "partials summed by the combine (no GEMM 2 wait, no phase boundary)"),
+    "slice_t": (_slices_t, "expert_slice tasks whose down weights are a (E, I, H) copy: each task reads whole "
+                           "rows (the stored (E, H, I) gives it 96-240-byte pieces of every H row)"),
     "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
@@ -226,8 +236,8 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("slice",)
-MID_VARIANTS = ("slice",)
+T1_VARIANTS = ("slice", "slice_t")
+MID_VARIANTS = ("slice", "slice_t")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

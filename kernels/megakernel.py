@@ -39,6 +39,8 @@ Differences from the multi-launch path, by design:
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
@@ -188,7 +190,7 @@ def _megakernel(
     # expert_slice tasks of SLICE columns of I (tiles["gemm1"]["SLICE"]; 0: GEMM 1 and GEMM 2 tiles;
     # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
     # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
-    SLICE: tl.constexpr, EVEN_S: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
+    SLICE: tl.constexpr, EVEN_S: tl.constexpr, EVEN_N2: tl.constexpr, DOWN_T: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -292,8 +294,8 @@ def _megakernel(
                     _expert_slice_tile(x_ptr, gu_ptr, gub_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_token_ptr,
                                        padded_pair_ptr, topk_w_ptr, b, c, e, T, H, I, stride_xt, stride_gue,
                                        stride_gun, stride_gub, stride_dne, stride_dnn, stride_dnb, alpha, limit, K, KS,
-                                       ACT, HAS_GUB, HAS_DNB, SCALE_INPUT, G2_SCALE, EVEN_K1, EVEN_S, IEEE, SLICE, BM,
-                                       BN1, BK1, BN2)
+                                       ACT, HAS_GUB, HAS_DNB, SCALE_INPUT, G2_SCALE, EVEN_K1, EVEN_S, EVEN_N2, DOWN_T,
+                                       IEEE, SLICE, BM, BN1, BK1, BN2)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, R_G1, e, E, RECORD)
                     _record(stats_ptr, K_SLICE, 0, E, RECORD)
@@ -569,6 +571,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     block_e = max(16, triton.next_power_of_2(E))
     rw = weights.router_weight
     gu, dn = weights.gate_up, weights.down
+    down_t = bool(sl and mk.get("slice_down_t"))
+    if down_t:  # the slices read whole rows of a (E, I, H) copy of the down weights (slice_tile's DOWN_T)
+        dn = transposed_down(dn)
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
     r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
@@ -613,11 +618,30 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None,
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
-        SLICE=sl, EVEN_S=I % sl == 0 if sl else True, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
+        SLICE=sl, EVEN_S=I % sl == 0 if sl else True, EVEN_N2=H % g2["BLOCK_N"] == 0, DOWN_T=down_t, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
         C_BR=triton.next_power_of_2(lay.n1 * K) if sl else 1,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],
     )
     return (nprog,), args, kwargs, y, stats
+
+
+_DOWN_T: dict = {}
+
+
+def transposed_down(down: torch.Tensor) -> torch.Tensor:
+    """A (E, I, H) contiguous copy of the down weights (E, H, I), made on the first call for this
+    tensor and kept (config "slice_down_t": each expert_slice task then reads S whole rows, not an
+    S-element piece of each of H rows). It costs the down weights' memory again; inside a CUDA-graph
+    capture it must already exist (a copy would be captured into every replay): call once eagerly first."""
+    held = _DOWN_T.get("down")
+    if held is not None and held[0]() is down and held[1] == down._version:  # the same tensor, unmodified
+        return held[2]
+    if down.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("megakernel config 'slice_down_t': the (E, I, H) copy of the down weights is made "
+                           "on the first eager call; run the layer once before capturing it in a CUDA graph")
+    t = down.transpose(1, 2).contiguous()
+    _DOWN_T["down"] = (weakref.ref(down), down._version, t)  # one layer's copy at a time
+    return t
 
 
 def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed: bool, fp8: str | None) -> tuple:

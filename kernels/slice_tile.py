@@ -37,11 +37,17 @@ def _expert_slice_tile(
     alpha, limit,
     K: tl.constexpr, KS: tl.constexpr, ACT: tl.constexpr, HAS_GUB: tl.constexpr, HAS_DNB: tl.constexpr,
     SCALE_INPUT: tl.constexpr, G2_SCALE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_S: tl.constexpr,
+    EVEN_N: tl.constexpr, DOWN_T: tl.constexpr,
     IEEE: tl.constexpr, SLICE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Row block b (of expert e), slice c of I: both GEMMs of the slice (module docstring).
-    EVEN_K: H % BLOCK_K == 0; EVEN_S: I % SLICE == 0 (no slice runs past I)."""
+    EVEN_K: H % BLOCK_K == 0; EVEN_S: I % SLICE == 0 (no slice runs past I); EVEN_N: H % BLOCK_N == 0.
+    The down weights: (E, H, I) as stored (element (e, h, i) at e stride_dne + h stride_dnn + i: a
+    slice reads S-element pieces of each H row) or, DOWN_T, a (E, I, H) copy (at e stride_dne +
+    i stride_dnn + h: a slice reads S whole rows; config "slice_down_t"). The unit strides are
+    written as such: Triton 3.6 does not specialize an argument equal to 1, and the copies need to
+    know which dimension is contiguous to vectorize."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, b, T, False, BLOCK_M)
     j = tl.arange(0, BLOCK_C)
     offs_c = c * SLICE + j
@@ -80,12 +86,24 @@ def _expert_slice_tile(
     h = tl.where(c_mask[None, :], h, 0.0).to(dn_ptr.dtype.element_ty)
     orow = (c * T * KS + tok2 * KS + slot).to(tl.int64)  # slab c's rows
     offs_nb = tl.arange(0, BLOCK_N)
-    # offs_c, not offs_bc, along the contiguous dimension (tl.where would hide its contiguity and turn
-    # the copies into scalar loads); the mask keeps the lanes past the slice from loading
-    w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None]
+    # offs_c, not offs_bc (tl.where would hide its contiguity where stride_dnk is 1 and turn the
+    # copies into scalar loads); the mask keeps the lanes past the slice from loading
+    if DOWN_T:
+        w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None] * stride_dnn
+    else:
+        w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None]
     for n in range(0, tl.cdiv(H, BLOCK_N)):
         offs_n = n * BLOCK_N + offs_nb
-        w = tl.load(w_base + (offs_n % H)[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)
+        # in bounds by the wrap (offs_n % H) as GEMM 2's tiles are; EVEN_N: nothing to wrap, and a
+        # (E, I, H) copy's rows stay contiguous (the modulo hides it)
+        if EVEN_N:
+            offs_w = offs_n
+        else:
+            offs_w = offs_n % H
+        if DOWN_T:
+            w = tl.load(w_base + offs_w[None, :], mask=c_mask[:, None], other=0.0)
+        else:
+            w = tl.load(w_base + offs_w[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)
         acc = _mma(h, w, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IEEE)
         tl.store(out_ptr + orow[:, None] * H + offs_n[None, :], acc,
                  mask=row_mask2[:, None] & (offs_n < H)[None, :])

@@ -96,17 +96,19 @@ SLICED = {
 }
 
 
+@pytest.mark.parametrize("down_t", [False, True], ids=["down", "down_t"])
 @pytest.mark.parametrize("case", list(SLICED))
-def test_expert_slices_run_the_plan(case, rng):
+def test_expert_slices_run_the_plan(case, down_t, rng):
     """expert_slice tasks (GEMM 1's slice and its share of GEMM 2 in one task, fp32 slabs summed by
     the combine): the float64 reference's answer into a poisoned buffer, the plan's tasks per kind
-    and per expert, and a last slice narrower than the others (I = 36 is no multiple of 8, 16, 24)."""
+    and per expert, and a last slice narrower than the others (I = 36 is no multiple of 8, 16, 24);
+    the down weights as stored (E, H, I) or as a (E, I, H) copy (config "slice_down_t")."""
     from megamoe.kernels.megakernel import megakernel_config
 
     fields, T, sl, bn = SLICED[case]
     cfg = MoEConfig(**{**BASE, **fields})
     x, w = _cpu(cfg, T, rng)
-    mk = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+    mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "slice_down_t": down_t}
     mk["tiles"]["gemm1"].update(SLICE=sl, BLOCK_N=bn)
     y = torch.full((T, cfg.hidden_size), float("nan"))
     y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y)

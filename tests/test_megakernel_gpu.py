@@ -87,11 +87,13 @@ def test_l2_prefetch_changes_no_bit(T):
         assert torch.equal(y, ref)
 
 
+@pytest.mark.parametrize("down_t", [False, True], ids=["down", "down_t"])
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3"])
-def test_expert_slices_bf16(name):
-    """expert_slice tasks (configs.apply_slices) at T = 1 and 8 and under concentrated routing: bf16
-    numerics against the float64 reference on sampled tokens, and 20 graph replays bitwise equal to
-    an eager call (the fp32 slabs are summed in a fixed order)."""
+def test_expert_slices_bf16(name, down_t):
+    """expert_slice tasks (configs.apply_slices; the down weights as stored or as a (E, I, H) copy,
+    config "slice_down_t") at T = 1 and 8 and under concentrated routing: bf16 numerics against the
+    float64 reference on sampled tokens, and 20 graph replays bitwise equal to an eager call (the
+    fp32 slabs are summed in a fixed order)."""
     from megamoe.kernels import moe_forward_details
     from megamoe.kernels.bench import random_device_weights
     from megamoe.kernels.configs import apply_slices
@@ -103,7 +105,7 @@ def test_expert_slices_bf16(name):
     wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
     for T, ww in ((1, w), (8, w), (8, wz)):
         x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        mk = apply_slices(megakernel_config(cfg, T, torch.bfloat16, x.device))
+        mk = {**apply_slices(megakernel_config(cfg, T, torch.bfloat16, x.device)), "slice_down_t": down_t}
         assert mk["tiles"]["gemm1"].get("SLICE"), mk
         y = megakernel_forward(x, ww, cfg, mk=mk)
         d = moe_forward_details(x, ww, cfg)
