@@ -12,6 +12,23 @@ from megamoe.reference import PRESETS, MoEConfig
 pytestmark = pytest.mark.gpu
 
 
+def _assert_replays_equal(run, ref, replays: int) -> None:
+    """``run()`` once on a side stream (as capture wants), then captured in a CUDA graph and replayed
+    ``replays`` times: every replay's output bitwise equal to ``ref``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = run()
+    for _ in range(replays):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, ref)
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_bf16_megakernel(name):
     from megamoe.kernels import moe_forward, moe_forward_details
@@ -46,18 +63,7 @@ def test_graph_replays_bitwise(T):
     w = random_device_weights(cfg, seed=13)
     x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     ref = moe_forward(x, w, cfg, backend="megakernel")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        moe_forward(x, w, cfg, backend="megakernel")
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = moe_forward(x, w, cfg, backend="megakernel")
-    for _ in range(100):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, ref)
+    _assert_replays_equal(lambda: moe_forward(x, w, cfg, backend="megakernel"), ref, 100)
 
 
 @pytest.mark.parametrize("T", [1, 8])
@@ -73,18 +79,7 @@ def test_l2_prefetch_changes_no_bit(T):
     mk = {**megakernel_config(cfg, T, torch.bfloat16, x.device), "prefetch_wait": True}
     assert build_launch(x, w, cfg, mk)[2]["PF_WAIT"]
     ref = megakernel_forward(x, w, cfg)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        megakernel_forward(x, w, cfg, mk=mk)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = megakernel_forward(x, w, cfg, mk=mk)
-    for _ in range(20):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, ref)
+    _assert_replays_equal(lambda: megakernel_forward(x, w, cfg, mk=mk), ref, 20)
 
 
 @pytest.mark.parametrize("down_t", [False, True], ids=["down", "down_t"])
@@ -112,17 +107,6 @@ def test_expert_slices_bf16(name, down_t):
         rep = check_numerics(x, y, ww, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
         print(f"NUMERICS slices {name} T={T} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
         assert rep.ok, (T, rep.to_dict())
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            megakernel_forward(x, ww, cfg, mk=mk)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            yg = megakernel_forward(x, ww, cfg, mk=mk)
-        for _ in range(20):
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(yg, y)
+        _assert_replays_equal(lambda x=x, ww=ww, mk=mk: megakernel_forward(x, ww, cfg, mk=mk), y, 20)
     del w, wz
     torch.cuda.empty_cache()
