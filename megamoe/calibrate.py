@@ -21,7 +21,11 @@ raises is recorded (``calibration.errors``) and the others go on; a step that do
 
 Measured:
     launch gap, graph cost    graphs of 1, 16, 64 empty kernels: replay time = fixed + N x gap
-    hbm_read                  P in {1 .. 8S} programs x {16 KiB .. 4 MiB} each, one launch from a cold L2
+    hbm_read                  P in {1 .. 8S} programs x {16 KiB .. 4 MiB} each, one launch from a cold L2:
+                              the best of the pointer-load readers (plain loads, the GEMM loop's
+                              cp.async); hbm_read_tma: the same grid by the GEMM loop reading its
+                              weight tiles through a TMA descriptor (Hopper+; skipped without TMA),
+                              which prices TMA-fed weights
     l2 bandwidth              8S programs re-reading 16 MiB (L2-resident)
     mma                       tile shapes (BM 16/64/128, BN, warps) x depth, L2-resident operands,
                               8S programs; occupancy from the compiled kernels' registers and
@@ -188,7 +192,12 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     cold L2 (``flushed_seconds``): the best of the plain-load reader and the GEMM-loop reader
     (``stream_tile`` at 3 and 4 pipeline stages), so the table is what a well-built kernel reaches
     (H200 run F, 2026-12-01: the plain-load reader alone peaked at 2.97 TB/s, where the MoE GEMMs
-    stream at 4.5). The L2 rate from a graph of launches re-reading 16 MiB."""
+    stream at 4.5). "points_tma": the same grid read by the GEMM loop with its weight tiles through
+    a TMA descriptor (``stream_tile_tma``, the same stages), apart: the rate the cost model gives
+    stages and tasks whose weights come through TMA (validation over-predicted some TMA megakernel
+    configurations by 18-20%: the hypothesis that a TMA-fed stream pulls more per program). Left
+    out ("tma_skipped") on a GPU without TMA, or wholly if one of its points fails. The L2 rate from
+    a graph of launches re-reading 16 MiB."""
     import torch
 
     from megamoe.kernels import microbench as mb
@@ -201,7 +210,12 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     # a single launch timed between events carries its own overhead (run G: 5.8 us for one
     # program reading 16 KiB): measured on an empty kernel the same way and taken off each point
     t_empty = flushed_seconds(lambda: mb.empty(x), reps=reps)
-    pts, best = [], []
+    tma_skipped = None if mb.tma_available(x.device) else "no TMA on this GPU (compute capability below 9.0)"
+
+    def rate_point(P, b, t):  # a point of a table: the launch's overhead taken off its best time
+        return [P, b, P * b / max(t - t_empty, 0.5 * t, 1e-7)]
+
+    pts, pts_tma, best = [], [], []
     for P in progs:
         for b in sizes:
             elems = b // 2
@@ -210,10 +224,23 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
             for st in stages:
                 ts[f"tile_s{st}"] = flushed_seconds(lambda P=P, b=b, st=st: mb.stream_tile(x, P, b, num_stages=st),
                                                     reps=reps)
-            name = min(ts, key=ts.get)
-            t = max(ts[name] - t_empty, 0.5 * ts[name], 1e-7)
-            pts.append([P, b, P * b / t])
-            best.append({"programs": P, "bytes": b, "best": name, **{k: P * b / v for k, v in ts.items()}})
+            tma = {}
+            for st in stages if tma_skipped is None else ():
+                try:
+                    tma[f"tma_s{st}"] = flushed_seconds(lambda P=P, b=b, st=st: mb.stream_tile_tma(x, P, b, num_stages=st),
+                                                        reps=reps)
+                except Exception as exc:  # noqa: BLE001 - the main table does not need the TMA reader
+                    tma_skipped = f"{type(exc).__name__}: {exc}"[:300]
+                    tma = {}
+                    break
+            name = min(ts, key=ts.get)  # the main table: the pointer-load readers only, as before
+            pts.append(rate_point(P, b, ts[name]))
+            row = {"programs": P, "bytes": b, "best": name, **{k: P * b / v for k, v in ts.items()}}
+            if tma:
+                name_tma = min(tma, key=tma.get)
+                pts_tma.append(rate_point(P, b, tma[name_tma]))
+                row.update(best_tma=name_tma, **{k: P * b / v for k, v in tma.items()})
+            best.append(row)
     # L2: 8S programs re-reading the same 16 MiB (plain loads), and 2S programs each cycling 1 MiB
     # of GEMM-loop loads through its own 128 KiB of a 16 MiB footprint (the grouped GEMMs' operand
     # re-reads: H200 run H measured 3.86 TB/s with the plain reader alone, where the GEMMs move
@@ -226,8 +253,13 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
         tt = max(graph_seconds(lambda i, st=st: mb.stream_tile(x, Pt, per, num_stages=st, wrap_bytes=wrap,
                                                                 wrap_programs=128), inner=8, reps=reps) - gap_s, 1e-7)
         l2[f"tile_s{st}"] = Pt * per / tt
-    return {"points": pts, "readers": best, "launch_overhead_s": t_empty, "l2_bytes_per_s": max(l2.values()),
-            "l2_readers": l2}
+    out = {"points": pts, "readers": best, "launch_overhead_s": t_empty, "l2_bytes_per_s": max(l2.values()),
+           "l2_readers": l2}
+    if tma_skipped is None:
+        out["points_tma"] = pts_tma
+    else:  # a partial TMA grid would not load (the points must fill a grid): no table ("readers" keeps what ran)
+        out["tma_skipped"] = tma_skipped
+    return out
 
 
 MMA_SHAPES = ((16, 64, 4, 128), (16, 128, 4, 128), (32, 64, 4, 128), (64, 64, 4, 64), (64, 128, 4, 64),
@@ -464,6 +496,10 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                   "source": src + " (the measured rate is the achievable one)"}
         km["l2_bandwidth_bytes_per_s"] = num(m["hbm"]["l2_bytes_per_s"], "bytes/s")
         km["hbm_read"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points"])
+        if m["hbm"].get("points_tma"):
+            km["hbm_read_tma"] = table("bytes/s", ["programs_in_flight", "bytes_per_program"], m["hbm"]["points_tma"],
+                                       "the GEMM-loop reader with its weight tiles through a TMA descriptor "
+                                       "(stream_tile_tma, the tile reader's stages): read for TMA-fed weights")
     if "mma" in m:
         occ = m["mma"]["occupancy"] or {4: 2, 8: 1}
         if m["mma"].get("points_pointer"):  # a diagnosis the cost model does not read (hardware._KM_TABLES)
@@ -531,6 +567,9 @@ def summary(m: dict, prof: dict) -> str:
     add("graph replay fixed cost", "graph_fixed_s", 1e6, "us")
     if "hbm" in m:
         lines.append(f"{'streaming read, best':<36} {prof['hbm']['bandwidth_bytes_per_s']['value'] / 1e12:8.2f} TB/s")
+    if "hbm_read_tma" in km:
+        tma_peak = max(p[2] for p in km["hbm_read_tma"]["points"])
+        lines.append(f"{'streaming read, TMA reader, best':<36} {tma_peak / 1e12:8.2f} TB/s")
     add("L2 re-read", "l2_bandwidth_bytes_per_s", 1e-12, "TB/s")
     add("dense bf16 GEMM, sustained", "mma_sustained_flops_per_s", 1e-12, "TFLOP/s")
     add("flag handoff", "flag_handoff_s", 1e6, "us")
@@ -557,7 +596,7 @@ STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
-STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (12.0, 6.0), "mma": (35.0, 15.0), "gemm": (70.0, 20.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
+STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (15.0, 7.0), "mma": (35.0, 15.0), "gemm": (70.0, 20.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
                "serial": (10.0, 10.0), "sync": (12.0, 8.0)}
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile

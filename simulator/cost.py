@@ -16,6 +16,12 @@ number they use:
                         HBM rate x min(1, n / S)): a launch, its programs starting together
     hbm_stream(n)     = the same grid's marginal rate between its two largest b: programs that
                         keep streaming (the persistent megakernel's tasks, back to back)
+    grid              = which grid hbm and hbm_stream read (``hbm_grid``, the one place that picks):
+                        kernel_model.hbm_read (pointer-load readers), or for reads whose weights
+                        come through TMA descriptors (a launch-plan stage whose loop form has
+                        tma_w, reference.tiles.GEMM_LOOP_FORMS; the megakernel's routed GEMM tasks,
+                        ``TMA_WEIGHT_KINDS``, with weight_loads "tma") the TMA reader's
+                        kernel_model.hbm_read_tma where the profile has it; without it, hbm_read
 
 A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
@@ -24,8 +30,8 @@ A launch (``predict_stage``), P working programs in groups g (experts) of n_g pr
     program_g = flops / (mma(tile, rows_g) / share)
     compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
     memory    = the first wave's DRAM bytes / hbm(min(P, slots), DRAM bytes / P) + the later waves'
-                / hbm_stream(min(P, slots))  (``launch_read_s``; DRAM bytes: L2 model of grouped
-                tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
+                / hbm_stream(min(P, slots))  (``launch_read_s``, the grid of the stage's loop
+                form; DRAM bytes: L2 model of grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
                 and the SMs' intake: ceil(P / S) programs' bytes at an SM's share of the L2 rate
                 (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others)
     serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
@@ -38,7 +44,8 @@ programs take tickets in order (list scheduling over a heap of program-free time
 when its program is free and every counter it waits on has reached its target (the time the
 target-th signalling task ended) plus one flag handoff (none when that task ran on the same program). Its duration is the same roofline per
 program: max(flops / (mma / share), DRAM bytes / (hbm_stream(n) / n), serial) + task_overhead + ticket,
-with share = P / S programs per SM, n the programs busy when it starts, and DRAM bytes its weight
+with share = P / S programs per SM, n the programs busy when it starts (hbm_stream of the task's
+grid: the TMA reader's for the routed GEMMs with TMA weights), and DRAM bytes its weight
 slice and gathered rows unless the same weight_id (or row block) was read within the last
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
 
@@ -57,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
-from ..reference.tiles import scan_block
+from ..reference.tiles import GEMM_LOOP_FORMS, scan_block
 from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -130,6 +137,11 @@ MEGAKERNEL_LOADS = {"pointer": {"gated": "pointer_persistent_gated", "other": "p
                     "tma": {"gated": "tma_persistent_gated", "other": "tma_persistent"}}
 #: the megakernel's task kinds with gate and up accumulators
 GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
+#: the megakernel's task kinds that read their weight tiles through TMA descriptors when its
+#: weight loads are "tma" (kernels/megakernel.py weight_descriptors: the routed experts' GEMMs;
+#: the shared expert's GEMMs and expert_slice tasks read theirs by pointer loads): their bytes
+#: price at the TMA table (hbm_grid), every other task's at hbm_read
+TMA_WEIGHT_KINDS = ("gemm1", "gemm2")
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
@@ -198,13 +210,33 @@ def _table_rate(table: tuple, block_m, block_n, depth, num_warps):
     return out if out.ndim else float(out)
 
 
-def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
-    """Aggregate streaming-read bytes/s with ``programs_in_flight`` programs each reading
-    ``bytes_per_program`` (arrays broadcast; bilinear in log-log, clamped at the grid's edges)."""
+def weights_by_tma(loads: str) -> bool:
+    """Whether a tile loop of form ``loads`` (a reference.tiles.GEMM_LOOP_FORMS name) reads its
+    weight tiles through TMA descriptors (the form's tma_w); unknown names: no."""
+    form = GEMM_LOOP_FORMS.get(loads)
+    return bool(form is not None and form.tma_w)
+
+
+def hbm_grid(profile: Profile, tma: bool = False) -> tuple[tuple, tuple, tuple]:
+    """The streaming-read grid (programs (n,), bytes per program (m,), bytes/s (n, m)) that prices
+    a read: for weights through TMA descriptors (``tma``) the TMA reader's table
+    (kernel_model.hbm_read_tma) where the profile has one, otherwise (and for every other read)
+    kernel_model.hbm_read. The one place that picks the table: ``hbm_rate``, ``hbm_stream_rate``
+    and through them ``launch_read_s``, ``predict_stage`` and ``task_costs`` read it."""
     km = _km(profile)
-    ns = np.log2(np.asarray(km.hbm_programs))
-    bs = np.log2(np.asarray(km.hbm_bytes))
-    rate = np.asarray(km.hbm_rate)  # (n, m)
+    if tma and km.hbm_tma_rate:
+        return km.hbm_tma_programs, km.hbm_tma_bytes, km.hbm_tma_rate
+    return km.hbm_programs, km.hbm_bytes, km.hbm_rate
+
+
+def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program, *, tma: bool = False):
+    """Aggregate streaming-read bytes/s with ``programs_in_flight`` programs each reading
+    ``bytes_per_program`` (arrays broadcast; bilinear in log-log, clamped at the grid's edges);
+    ``tma``: weights through TMA descriptors (``hbm_grid``)."""
+    progs, nbytes, table = hbm_grid(profile, tma)
+    ns = np.log2(np.asarray(progs))
+    bs = np.log2(np.asarray(nbytes))
+    rate = np.asarray(table)  # (n, m)
     n = np.log2(np.maximum(np.asarray(programs_in_flight, dtype=np.float64), 1.0))
     b = np.log2(np.maximum(np.asarray(bytes_per_program, dtype=np.float64), 1.0))
     n, b = np.broadcast_arrays(n, b)
@@ -221,16 +253,16 @@ def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
     return out if out.ndim else float(out)
 
 
-def hbm_stream_rate(profile: Profile, programs_in_flight):
+def hbm_stream_rate(profile: Profile, programs_in_flight, *, tma: bool = False):
     """Aggregate bytes/s of programs that keep streaming (a persistent kernel's tasks, back to back):
     the marginal rate of the calibrated grid between its two largest bytes per program,
     n (b2 - b1) / (t2 - t1) with t = n b / hbm_rate(n, b), so the one-shot launch's ramp (programs
     starting together, first loads in flight) is not charged to every task (linear in log2 n).
-    A grid with one bytes column: its rates."""
-    km = _km(profile)
-    bs = np.asarray(km.hbm_bytes, dtype=np.float64)
-    ns = np.asarray(km.hbm_programs, dtype=np.float64)
-    rate = np.asarray(km.hbm_rate, dtype=np.float64)
+    A grid with one bytes column: its rates. ``tma``: weights through TMA descriptors (``hbm_grid``)."""
+    progs, nbytes, table = hbm_grid(profile, tma)
+    bs = np.asarray(nbytes, dtype=np.float64)
+    ns = np.asarray(progs, dtype=np.float64)
+    rate = np.asarray(table, dtype=np.float64)
     if bs.size < 2:
         col = rate[:, 0]
     else:
@@ -247,22 +279,24 @@ def hbm_peak(profile: Profile) -> float:
     return float(np.max(_km(profile).hbm_rate))
 
 
-def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0) -> float:
+def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
+                  tma: bool = False) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
     programs each), at most ``in_flight`` of them resident (the launch's slots). The first wave's
     n = min(programs, in_flight) programs start together: a one-shot read, hbm_rate(n, b). The
     programs of later waves start one by one as earlier ones end, while the others keep streaming,
     so their bytes go at the marginal rate of n programs in flight, hbm_stream_rate(n) (the rate the
     megakernel's back-to-back tasks read at), without the one-shot's ramp again. One wave: the
-    one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies)."""
+    one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies); ``tma``:
+    the launch's weights come through TMA descriptors (both rates from ``hbm_grid``'s TMA table)."""
     if dram_bytes <= 0 or programs <= 0:
         return 0.0
     n = max(1, min(int(programs), int(in_flight)))
     b = dram_bytes / programs
     first = n * b
-    t = first / (scale * float(hbm_rate(profile, n, b)))
+    t = first / (scale * float(hbm_rate(profile, n, b, tma=tma)))
     if programs > n:
-        t += (dram_bytes - first) / (scale * float(hbm_stream_rate(profile, n)))
+        t += (dram_bytes - first) / (scale * float(hbm_stream_rate(profile, n, tma=tma)))
     return t
 
 
@@ -397,6 +431,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     slots = S * occ
     waves = math.ceil(P / slots)
     flops = float(stage["flops_per_tile"])
+    loads = stage.get("loads") or ("tma" if tile.get("variant") == "tma_persistent" else "pointer")
     compute_s = 0.0
     if flops > 0:
         bm, bn, depth = _work_tile(stage)
@@ -409,12 +444,11 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        loads = stage.get("loads") or ("tma" if tile.get("variant") == "tma_persistent" else "pointer")
         rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype,
                                loads=loads) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
-    memory_s = launch_read_s(profile, dram, P, slots)
+    memory_s = launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
@@ -670,9 +704,11 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)
     l2 = np.where(w_hit, wb, 0.0) + np.where(i_hit, ib, 0.0)
     # tasks stream back to back inside one launch: the marginal (streaming) rate, not a cold
-    # one-shot launch's (hbm_stream_rate)
+    # one-shot launch's (hbm_stream_rate); the routed GEMMs' with TMA weights from the TMA table
+    tma = np.isin(kind, [kinds.index(k) for k in TMA_WEIGHT_KINDS if k in kinds]) & weights_by_tma(forms["other"])
     rate_P = float(hbm_stream_rate(p, resident))
-    mem_P = dram * resident / rate_P  # one task's memory time with `resident` programs streaming
+    rate_P_tma = float(hbm_stream_rate(p, resident, tma=True))
+    mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
     if km.l2_bandwidth_bytes_per_s > 0:
         mem_P = np.maximum(mem_P, l2 * resident / km.l2_bandwidth_bytes_per_s)
     serial_s = np.zeros(n)
@@ -692,12 +728,13 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             serial_s[m] = (np.ceil(g / blk) + 2) * km.serial_reduce_step_s
         else:
             serial_s[m] = K * km.serial_reduce_step_s
-    # the busy-programs correction of the memory term: mem(n) = mem_P x h[n]
+    # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)
+    h_tma = (nn / resident) * rate_P_tma / np.asarray(hbm_stream_rate(p, nn, tma=True), dtype=np.float64)
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
-            "programs": P, "resident": resident, "arrays": a}
+            "h_tma": h_tma, "tma": tma, "programs": P, "resident": resident, "arrays": a}
 
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
@@ -721,7 +758,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     kind, kinds = c["kind"], c["kinds"]
     n = kind.size
     R = c["resident"]
-    comp, memP, ser, h = c["compute_s"], c["memory_P_s"], c["serial_s"], c["h"]
+    comp, memP, ser, h, h_tma, tma = c["compute_s"], c["memory_P_s"], c["serial_s"], c["h"], c["h_tma"], c["tma"]
     fixed = c["fixed_s"]
     handoff = km.flag_handoff_s
     wptr = a["wait_ptr"].astype(np.int64).tolist()
@@ -732,7 +769,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     ncount = int(a["counter_target"].size)
     finishes: list[list] = [[] for _ in range(ncount)]
     reached: dict = {}
-    comp_l, memP_l, ser_l, h_l = comp.tolist(), memP.tolist(), ser.tolist(), h.tolist()
+    comp_l, memP_l, ser_l, tma_l = comp.tolist(), memP.tolist(), ser.tolist(), tma.tolist()
+    h_of = (h.tolist(), h_tma.tolist())  # by task: h, or h_tma for the tasks reading weights through TMA
     start = [0.0] * n
     end = [0.0] * n
     pred = [-1] * n  # the task whose end decided this one's start (-1: the launch)
@@ -762,7 +800,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
         else:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
-        dur = max(comp_l[i], memP_l[i] * h_l[min(busy, R - 1)], ser_l[i]) + fixed
+        dur = max(comp_l[i], memP_l[i] * h_of[tma_l[i]][min(busy, R - 1)], ser_l[i]) + fixed
         e = s0 + dur
         start[i], end[i], prog[i] = s0, e, q
         for j in range(sptr[i], sptr[i + 1]):
@@ -783,7 +821,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
         if gap > 0:
             crit_us["handoff" if by_wait[i] else kinds[kind[i]]] += float(gap) * 1e6
         i = j
-    mem_eff = memP * h[-1] if n else memP
+    mem_eff = memP * np.where(tma, h_tma[-1], h[-1]) if n else memP
     which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
     bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
              for j, k in enumerate(kinds) if (kind == j).any()}

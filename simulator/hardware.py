@@ -518,6 +518,9 @@ _KM_SCALARS = {
 }
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
+    # the same grid read with the weight tiles through a TMA descriptor (optional): the rate of
+    # launches and tasks whose weights come through TMA (cost.hbm_grid); without it they read hbm_read
+    "hbm_read_tma": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
     # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
@@ -560,6 +563,9 @@ class KernelModel:
     with fp32 accumulation, or () (then fp8 rates are the bf16 ones scaled by the peaks' ratio); occupancy: ((num_warps, programs per
     SM), ...); sm_copy: ((copying SMs, bytes/s per SM), ...); scalars as in ``_KM_SCALARS``;
     sources: key -> source string; calibrated: whether the section was in the file.
+    hbm_tma_programs, hbm_tma_bytes, hbm_tma_rate: the same grid read by a TMA-fed reader
+    (``kernel_model.hbm_read_tma``), or () where the profile has none (then TMA reads price at
+    hbm_rate: ``cost.hbm_grid``).
     """
 
     hbm_programs: tuple
@@ -592,6 +598,9 @@ class KernelModel:
     gemm_pointer_persistent_gated: tuple = ()
     gemm_tma_persistent_gated_flat: tuple = ()
     gemm_tma_ab_persistent_flat: tuple = ()
+    hbm_tma_programs: tuple = ()
+    hbm_tma_bytes: tuple = ()
+    hbm_tma_rate: tuple = ()
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
@@ -637,6 +646,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     progs = (1.0, S / 4, S / 2, float(S), 2.0 * S, 8.0 * S)
     tables = {
         "hbm_read": [(n, 1e9, hbm * min(1.0, n / S)) for n in progs],
+        "hbm_read_tma": [],
         "mma": [],
         "mma_fp8": [],
         **{"gemm_" + n: [] for n in GEMM_LOADS},
@@ -644,7 +654,8 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
     }
-    sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)", mma=derived + ": peak x gemm_efficiency",
+    sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
+                   hbm_read_tma="none: TMA reads price at the hbm_read table", mma=derived + ": peak x gemm_efficiency",
                    mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
                    **{"gemm_" + n: "none: the mma table" for n in GEMM_LOADS},
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
@@ -664,16 +675,22 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
             if k in section:
                 tables[k] = _check_table(f"kernel_model.{k}", section[k], unit, over)
                 sources[k] = section[k]["source"]
-    pts = tables["hbm_read"]
-    ns = sorted({p[0] for p in pts})
-    bs = sorted({p[1] for p in pts})
-    grid = {(p[0], p[1]): p[2] for p in pts}
-    if len(grid) != len(ns) * len(bs):
-        raise ProfileError(f"kernel_model.hbm_read.points must fill a grid of programs x bytes "
-                           f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
-    rate = tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
-    return KernelModel(hbm_programs=tuple(ns), hbm_bytes=tuple(bs), hbm_rate=rate,
+    ns, bs, rate = _hbm_grid("hbm_read", tables["hbm_read"])
+    tma_ns, tma_bs, tma_rate = _hbm_grid("hbm_read_tma", tables["hbm_read_tma"]) if tables["hbm_read_tma"] else ((),) * 3
+    return KernelModel(hbm_programs=ns, hbm_bytes=bs, hbm_rate=rate,
+                       hbm_tma_programs=tma_ns, hbm_tma_bytes=tma_bs, hbm_tma_rate=tma_rate,
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)
+
+
+def _hbm_grid(key: str, pts: list) -> tuple[tuple, tuple, tuple]:
+    """(programs (n,), bytes (m,), rates (n, m)) of an HBM table's points, which must fill the grid."""
+    ns = sorted({p[0] for p in pts})
+    bs = sorted({p[1] for p in pts})
+    grid = {(p[0], p[1]): p[2] for p in pts}
+    if len(grid) != len(ns) * len(bs):
+        raise ProfileError(f"kernel_model.{key}.points must fill a grid of programs x bytes "
+                           f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
+    return tuple(ns), tuple(bs), tuple(tuple(grid[(n, b)] for b in bs) for n in ns)

@@ -35,6 +35,7 @@ def test_microbench_kernels_compute_what_they_claim():
                    wrap_bytes=16 * 16 * 4 * 2, wrap_programs=2)
     with pytest.raises(ValueError, match="positive multiple"):
         mb.stream_tile(w, 1, 1000, block_n=16, block_k=16)
+    assert not mb.tma_available(w.device)  # only a CUDA GPU of capability 9.0+ times the TMA reader
     mb.empty(x)
     mb.handoff(7, 1, "cpu", check=True)  # the interpreter runs programs one by one: one program
     mb.barrier(5, 1, "cpu", check=True)
@@ -47,6 +48,32 @@ def test_microbench_kernels_compute_what_they_claim():
     mb.serial_reduce(torch.randn(16, 32), 5, check=True)
     with pytest.raises(ValueError, match="multiple of block"):
         mb.stream_read(x, 1, 100, block=128)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tma_stream_reader_reads_what_the_pointer_reader_reads(dtype):
+    """stream_tile_tma (weight tiles through a TMA descriptor) streams the same rows as stream_tile,
+    with and without a wrap (checked against torch), and refuses bad sizes with the same errors."""
+    from megamoe.kernels import microbench as mb
+
+    w = torch.randn(4 * 16 * 32).to(dtype)
+    tile = 16 * 16 * w.element_size()
+    kw = dict(block_n=16, block_k=16, block_m=16, num_stages=1, check=True)
+    out = mb.stream_tile_tma(w, 3, 2 * tile, **kw)  # 3 programs, 2 K tiles each
+    assert torch.equal(out, mb.stream_tile(w, 3, 2 * tile, **kw))
+    # the L2 form: 5 programs over the regions of 2, each cycling 2 of its K tiles 3.5 times
+    out = mb.stream_tile_tma(w, 5, 7 * tile, wrap_bytes=2 * tile, wrap_programs=2, **kw)
+    assert torch.equal(out, mb.stream_tile(w, 5, 7 * tile, wrap_bytes=2 * tile, wrap_programs=2, **kw))
+    for bad, match in ((dict(bytes_per_program=tile + 4), "must be a positive multiple of"),
+                       (dict(bytes_per_program=tile, wrap_bytes=tile // 2), "wrap_bytes=.* must be a positive multiple"),
+                       (dict(bytes_per_program=tile, wrap_programs=0), "wrap_programs must be >= 1"),
+                       (dict(bytes_per_program=64 * tile), "reads past the end of w")):
+        for fn in (mb.stream_tile, mb.stream_tile_tma):
+            with pytest.raises(ValueError, match=match):
+                fn(w, 1, block_n=16, block_k=16, **bad)
+    with pytest.raises(ValueError, match="TMA needs 16-byte aligned rows"):
+        mb.stream_tile_tma(w[1:], 1, tile, block_n=16, block_k=16)
 
 
 def test_dense_gemm_microbench_computes_a_gemm():
@@ -344,3 +371,119 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     counts = json.loads(r.stdout.strip().splitlines()[-1])
     for persistent, (cp_async, wgmma, ld_global) in counts.items():
         assert cp_async > 0 and wgmma > 0 and ld_global == 0, (persistent, counts)
+
+
+_COMPILE_STREAM = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+from megamoe.kernels.microbench import _stream_tile_kernel, _stream_tile_tma_kernel
+
+target = GPUTarget("cuda", 90, 32)
+out = {}
+for name, fn in (("pointer", _stream_tile_kernel), ("tma", _stream_tile_tma_kernel)):
+    signature, constexprs, attrs = {}, {}, {}
+    nospec = set(getattr(fn, "do_not_specialize", ()) or ())
+    for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
+        if p.is_constexpr:
+            signature[n] = "constexpr"
+            constexprs[n] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}[n]  # calibrate's reader tile
+            continue
+        signature[n] = {"w_desc": "tensordesc<bf16[64,128]>", "w_ptr": "*bf16", "a_ptr": "*bf16",
+                        "out_ptr": "*fp32"}.get(n, "i32")
+        if signature[n].startswith("*") and n not in nospec:
+            attrs[(i,)] = CUDABackend(target).parse_attr("D")  # as the JIT marks a 16-byte aligned pointer
+    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                       options={"num_warps": 4, "num_stages": 4})
+    ptx = k.asm["ptx"]
+    out[name] = [len(re.findall(p, ptx)) for p in (r"cp\.async\.bulk\.tensor", r"cp\.async\.cg")]
+print(json.dumps(out))
+"""
+
+
+def test_tma_stream_reader_compiles_to_tma_loads_for_hopper():
+    """Compiled for sm_90 (4 stages, calibrate's 64 x 128 bf16 weight tiles), the TMA reader's
+    weight loads are bulk tensor copies (cp.async.bulk.tensor) and none are cp.async, where the
+    pointer reader's are all cp.async: the two tables compare the two load paths. (In a process
+    without TRITON_INTERPRET; a compile, not a run: the GPU run must still check it runs.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_STREAM], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = json.loads(r.stdout.strip().splitlines()[-1])
+    assert counts["tma"][0] > 0 and counts["tma"][1] == 0, counts
+    assert counts["pointer"][0] == 0 and counts["pointer"][1] > 0, counts
+
+
+def _fake_hbm_step(monkeypatch, *, tma: bool, tma_fails: bool = False, S: int = 4):
+    """calibrate.measure_hbm (quick) with the GPU replaced: each reader's fake time is its launch
+    overhead (5 us) + bytes at its own rate (plain 1, tile 2, TMA 3 TB/s)."""
+    from megamoe import calibrate
+    from megamoe.kernels import microbench as mb
+
+    rate = {"plain": 1e12, "tile": 2e12, "tma": 3e12}
+    last = {}
+
+    def reader(kind):
+        def run(x, P, n, **kw):
+            if kind == "tma" and tma_fails:
+                raise RuntimeError("no TMA here")
+            last["t"] = 5e-6 + P * n * (2 if kind == "plain" else 1) / rate[kind]
+        return run
+
+    def empty(x):
+        last["t"] = 5e-6
+
+    def timed(fn, **kw):
+        fn() if "inner" not in kw else fn(0)
+        return last["t"]
+
+    with monkeypatch.context() as mp:
+        mp.setattr(mb, "stream_read", reader("plain"))
+        mp.setattr(mb, "stream_tile", reader("tile"))
+        mp.setattr(mb, "stream_tile_tma", reader("tma"))
+        mp.setattr(mb, "empty", empty)
+        mp.setattr(mb, "tma_available", lambda device: tma)
+        mp.setattr(calibrate, "flushed_seconds", timed)
+        mp.setattr(calibrate, "graph_seconds", timed)
+        mp.setattr(torch, "ones", lambda *a, **kw: torch.zeros(1))  # no CUDA buffer: the fakes read nothing
+        return calibrate.measure_hbm(1, S, 1e-6, quick=True)
+
+
+def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tmp_path):
+    """measure_hbm: the main table is the best of the pointer-load readers, whether the TMA reader
+    runs or not (so profiles' main tables do not change); the TMA reader's best times make their
+    own table (its overhead taken off as for the others) and kernel_model.hbm_read_tma, which the
+    loader reads; without TMA on the GPU, or when the TMA reader fails, no TMA table."""
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.hardware import validate
+
+    with_tma = _fake_hbm_step(monkeypatch, tma=True)
+    without = _fake_hbm_step(monkeypatch, tma=False)
+    failed = _fake_hbm_step(monkeypatch, tma=True, tma_fails=True)
+    assert with_tma["points"] == without["points"] == failed["points"]
+    assert all(r["best"] == "tile_s4" and r["best_tma"] == "tma_s4" for r in with_tma["readers"])
+    assert [p[:2] for p in with_tma["points_tma"]] == [p[:2] for p in with_tma["points"]]
+    for P, b, r in with_tma["points_tma"]:
+        assert r == pytest.approx(P * b / max(P * b / 3e12, 0.5 * (5e-6 + P * b / 3e12)))
+    assert "points_tma" not in without and without["tma_skipped"].startswith("no TMA on this GPU")
+    assert "points_tma" not in failed and failed["tma_skipped"] == "RuntimeError: no TMA here"
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    m["hbm"] = {**m["hbm"], "points_tma": [[n, b, 1.5 * r] for n, b, r in m["hbm"]["points"]]}
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    p = load_profile(str(path))
+    assert prof["kernel_model"]["hbm_read_tma"]["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    assert hbm_rate(p, 132, 1 << 20, tma=True) == pytest.approx(1.5 * hbm_rate(p, 132, 1 << 20))
+    assert prof["hbm"]["bandwidth_bytes_per_s"]["value"] == max(r for *_, r in m["hbm"]["points"])  # main table's
+    assert "TMA reader" in summary(m, prof)
+    del m["hbm"]["points_tma"]
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    assert "hbm_read_tma" not in prof["kernel_model"] and validate(prof).kernel.hbm_tma_rate == ()

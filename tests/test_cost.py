@@ -20,6 +20,7 @@ from megamoe.simulator.cost import (
     hbm_rate,
     launch_read_s,
     mma_rate_per_sm,
+    predict_launch_plan,
     predict_stage,
     predict_task_plan,
     sm_ingest_s,
@@ -266,3 +267,113 @@ def test_megakernel_gemm_tasks_read_the_table_of_their_weight_loads():
     assert g.any() and np.allclose(ct["compute_s"][g], cp["compute_s"][g] * fast / slow)
     with pytest.raises(ValueError, match="weight_loads must be one of"):
         task_costs(plan, p, weight_loads="ldmatrix")
+
+
+# --------------------------------------------------------------------------- the TMA reader's HBM table
+def _tma_stages(cfg, T):
+    """The launch plan of ``cfg`` at T tokens (uniform routing) as stage dicts, and the same with
+    its GEMM stages in TMA loop forms (weights through descriptors)."""
+    from megamoe.kernels.plan import launch_plan
+
+    counts = np.bincount(np.arange(T * cfg.top_k) % cfg.num_experts, minlength=cfg.num_experts)
+    plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+    stages = [s.to_dict() for s in plan.stages]
+    tma = [dict(s, loads="tma_persistent_gated" if "gated" in s["loads"] else "tma_ab_persistent") if s.get("loads")
+           else s for s in stages]
+    return stages, tma
+
+
+def _predictions(p):
+    """Launch plans (pointer and TMA GEMM stages) and task plans (pointer and TMA weights) on ``p``."""
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    out = []
+    for T in (1, 64, 512):
+        for stages in _tma_stages(cfg, T):
+            r = predict_launch_plan(stages, p)
+            out.append([r["time_us"]] + [s["memory_us"] for s in r["stages"]])
+    same = np.zeros(CFG.num_experts, np.int64)
+    same[:CFG.top_k] = 64  # every token on the same experts
+    for plan in (_plan(T=40, P=8), _plan(T=64, P=264, counts=same)):
+        for wl in ("pointer", "tma"):
+            r = predict_task_plan(plan, p, weight_loads=wl)
+            out.append([r["time_us"], r["dram_bytes"], *sorted(r["critical_path_us"].items())])
+    return out
+
+
+def _run_profile():
+    """The calibrated profile of the latest stored H200 run (no TMA table: calibrated before it existed)."""
+    import re
+    from pathlib import Path
+
+    paths = list((Path(__file__).parents[1] / "benchmarks" / "results").glob("validation_*_run*/profile.json"))
+    if not paths:
+        return _calibrated()
+    return load_profile(str(max(paths, key=lambda q: int(re.search(r"_run(\d+)", q.parent.name).group(1)))))
+
+
+def test_profiles_without_a_tma_table_predict_as_before(monkeypatch):
+    """No kernel_model.hbm_read_tma (the shipped h200, every stored calibrated profile): TMA stages
+    and tasks read the main table, so every prediction is bit for bit what the code gives with the
+    TMA decision switched off (cost.weights_by_tma False, no TMA task kinds: the code before the
+    table existed), and what it gives with a TMA table equal to the main one."""
+    import dataclasses
+
+    import megamoe.simulator.cost as cost
+    from megamoe.simulator.hardware import Profile
+
+    for p in (load_profile("h200"), _run_profile()):
+        assert p.kernel.hbm_tma_rate == () and "hbm_read_tma" not in p.data.get("kernel_model", {})
+        now = _predictions(p)
+        km = p.kernel
+        same = dataclasses.replace(p, kernel=dataclasses.replace(km, hbm_tma_programs=km.hbm_programs,
+                                                                 hbm_tma_bytes=km.hbm_bytes, hbm_tma_rate=km.hbm_rate))
+        assert isinstance(same, Profile) and _predictions(same) == now
+        with monkeypatch.context() as mp:
+            mp.setattr(cost, "weights_by_tma", lambda loads: False)
+            mp.setattr(cost, "TMA_WEIGHT_KINDS", ())
+            assert _predictions(p) == now
+        for n, b in ((1, 1e4), (132, 1e6), (1056, 4e6)):
+            assert hbm_rate(p, n, b, tma=True) == hbm_rate(p, n, b)
+
+
+def test_a_faster_tma_table_speeds_tma_reads_only():
+    """A synthetic profile whose TMA reader streams twice as fast: a launch of TMA loop form reads
+    its bytes in half the time (both rates, one-shot and marginal, double), the same launch in a
+    pointer form reads as before; in a task plan with TMA weights the routed GEMM tasks' memory
+    term halves and every other task's stays, and with pointer weights nothing changes."""
+    from megamoe.simulator.cost import TMA_WEIGHT_KINDS, hbm_stream_rate, weights_by_tma
+
+    pts = [[1, 1e4, 1e9], [1, 1e7, 2e10], [132, 1e4, 1e12], [132, 1e7, 4e12]]
+    over = ["programs_in_flight", "bytes_per_program"]
+    p0 = _calibrated()
+    p2 = _calibrated(hbm_read_tma={"unit": "bytes/s", "over": over, "source": "test",
+                                   "points": [[n, b, 2 * r] for n, b, r in pts]})
+    assert p2.kernel.hbm_tma_rate and p2.kernel.sources["hbm_read_tma"] == "test"
+    assert hbm_rate(p2, 132, 1e6, tma=True) == pytest.approx(2 * hbm_rate(p2, 132, 1e6))
+    assert hbm_stream_rate(p2, 264, tma=True) == pytest.approx(2 * hbm_stream_rate(p2, 264))
+    assert weights_by_tma("tma_persistent_gated") and weights_by_tma("tma") and not weights_by_tma("pointer_gated")
+    st = dict(name="g", active_programs=600, tile=dict(BLOCK_M=16, num_warps=4), bytes_per_tile=1e6,
+              flops_per_tile=1.0)
+    for loads in ("tma_persistent_gated", "tma_ab_persistent"):
+        a, b = predict_stage(dict(st, loads=loads), p0), predict_stage(dict(st, loads=loads), p2)
+        assert b.memory_us == pytest.approx(a.memory_us / 2) and b.memory_us < a.memory_us
+    for loads in ("pointer", "pointer_gated", None):
+        assert predict_stage(dict(st, loads=loads), p2) == predict_stage(dict(st, loads=loads), p0)
+    plan = _plan(T=40, P=8)
+    for wl in ("pointer", "tma"):
+        c0, c2 = task_costs(plan, p0, weight_loads=wl), task_costs(plan, p2, weight_loads=wl)
+        routed = np.isin(c0["kind"], [c0["kinds"].index(k) for k in TMA_WEIGHT_KINDS])
+        assert routed.any() and (~routed).any()
+        if wl == "pointer":
+            assert not c2["tma"].any() and np.array_equal(c2["memory_P_s"], c0["memory_P_s"])
+            assert predict_task_plan(plan, p2, weight_loads=wl) == predict_task_plan(plan, p0, weight_loads=wl)
+        else:
+            assert np.array_equal(c2["tma"], routed)
+            assert np.allclose(c2["memory_P_s"][routed], c0["memory_P_s"][routed] / 2)
+            assert np.array_equal(c2["memory_P_s"][~routed], c0["memory_P_s"][~routed])
+            assert (predict_task_plan(plan, p2, weight_loads=wl)["time_us"]
+                    <= predict_task_plan(plan, p0, weight_loads=wl)["time_us"])
+    d = copy.deepcopy(p2.to_dict())
+    d["kernel_model"]["hbm_read_tma"]["points"].pop()
+    with pytest.raises(ProfileError, match="hbm_read_tma.points must fill a grid"):
+        validate(d)

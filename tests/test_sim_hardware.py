@@ -21,6 +21,9 @@ def test_shipped_profiles_load(name):
     for sec in ("system", "switch", "link", "gpu", "sm", "hbm"):
         for key, entry in p.data[sec].items():
             assert entry["source"].strip(), f"{sec}.{key} has no source"
+    # no TMA reader table (kernel_model.hbm_read_tma, optional): TMA reads price at the main table
+    assert p.kernel.hbm_tma_programs == p.kernel.hbm_tma_bytes == p.kernel.hbm_tma_rate == ()
+    assert p.kernel.sources["hbm_read_tma"].startswith("none")
 
 
 def test_gb200_numbers_from_hardware_md():
