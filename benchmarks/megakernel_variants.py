@@ -92,6 +92,18 @@ def _topk_tokens(n: int):
     return f
 
 
+def _router_split(n: int):
+    """The decode router's logits over n ranges of H (tiles.router.SPLIT; whole BLOCK_H steps, so
+    reference.tiles.router_ranges may give fewer): more, shorter logits tasks before the top-k task
+    (H200 run AB's trace, Qwen3-30B-A3B T = 1: 11 tasks of 48 KB, 2.3 us each, then 3.2 us of top-k)."""
+    def f(mk):
+        mk = copy.deepcopy(mk)
+        if mk["tiles"]["router"]["SPLIT"] > 1:
+            mk["tiles"]["router"]["SPLIT"] = n
+        return mk
+    return f
+
+
 def _prefill(mk):
     """The prefill tiles (configs._megakernel_config's past 64 rows): 128-row blocks, 128-column
     tiles, BLOCK_K 64, 8 warps, 3 stages."""
@@ -205,6 +217,8 @@ VARIANTS = {
     "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
     "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
+    "rsplit16": (_router_split(16), "the decode router's logits over 16 ranges of H"),
+    "rsplit32": (_router_split(32), "the decode router's logits over 32 ranges of H (one BLOCK_H step each at H 2048)"),
     "slice": (_slices, "expert_slice tasks: GEMM 1's slice of I and its share of GEMM 2 in one task, fp32 "
               "partials summed by the combine (no GEMM 2 wait, no phase boundary)"),
     "slice_t": (_slices_t, "expert_slice tasks whose down weights are a (E, I, H) copy: each task reads whole "
@@ -236,7 +250,7 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("slice", "slice_t")
+T1_VARIANTS = ("slice", "slice_t", "rsplit32")
 MID_VARIANTS = ("slice", "slice_t")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
