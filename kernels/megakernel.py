@@ -34,7 +34,10 @@ Differences from the multi-launch path, by design:
   tiles of a row block start as soon as that block's GEMM 1 tiles are done;
 - tasks only for routed rows that exist (from the device's counts), and at T <= 64 one row block
   per expert (BLOCK_M = 64 covers every row an expert can get), so concentrated routing reads each
-  expert's weights once.
+  expert's weights once;
+- optionally (tiles["gemm1"]["SLICE"], configs.apply_slices; off: H200 runs AA and AB measured it
+  slower) expert_slice tasks in place of the GEMM 1 and GEMM 2 tiles (slice_tile.py): no task waits
+  for another GEMM task, the partial sums of the slices go to fp32 slabs that the combine adds up.
 """
 
 from __future__ import annotations
