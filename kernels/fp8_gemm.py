@@ -34,6 +34,20 @@ with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); 
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 
+Variant "tma_persistent" (FP8 activations at prefill; OFF unless plan.FP8_TMA_PREFILL, env MEGAMOE_FP8_TMA=1;
+unmeasured on the GPU): _gemm1_fp8_tma_kernel / _gemm2_fp8_tma_kernel, one program per SM walking the
+routed tiles in grouped_gemm._gemm1_tma_kernel's order (its _routed_blocks / _routed_tile). GEMM 1:
+e4m3 gate and up tiles (BLOCK_N, KB) through a TMA descriptor over gate_up as (E*2N, H), x rows
+gathered by pointers and quantized per K tile (_quantize_groups), the weight scales of a band by
+two uniform loads per K step; GEMM 2: e4m3 act rows and down tiles both through descriptors, the
+scales by pointer. The same sums as the pointer kernels (_fp8a_part) and their epilogues
+(_gemm1_fp8_epilogue, grouped_gemm._gemm2_epilogue); e4m3 rows need 16-byte strides (H, I % 16 == 0).
+Triton 3.6, sm_90 (compile_report.py --gemm current --fp8 weights+act with MEGAMOE_FP8_TMA=1;
+qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages: 255 registers,
+no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, ~1480 SASS instructions per K step (the
+x quantization dominates: a correctly rounded division per element, 32 a thread; each wgmma is
+waited for at once, pendings = 0); at BLOCK_M 128 the K loop spills (129 LDL/STL). GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions.
+
 Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
 = bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):
     CVT, e4m3 -> x's dtype (``_e4m3_to``): 0 Triton's cast, on sm_90 cvt.rn.f16x2.e4m3x2 and two
@@ -352,8 +366,19 @@ def _gemm1_fp8_tma_tile(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
     row_g = e * (2 * N) + pid_n * BLOCK_N
-    sg_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
-    su_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + ((offs_bn + N) // KB) * stride_wsn
+    # the weight scales of a band of BLOCK_N == KB rows: the band's first scale block and the next
+    # (clamped to the last), two uniform loads per K step, picked per column (the same values as
+    # _gemm1_fp8_tile's per-column loads in every column < N; the epilogue masks the rest)
+    ws_e = ws_ptr + e.to(tl.int64) * stride_wse
+    last = tl.cdiv(2 * N, KB) - 1
+    col_g = pid_n * BLOCK_N
+    col_u = N + pid_n * BLOCK_N
+    sg_lo = ws_e + (col_g // KB) * stride_wsn
+    sg_hi = ws_e + tl.minimum(col_g // KB + 1, last) * stride_wsn
+    su_lo = ws_e + (col_u // KB) * stride_wsn
+    su_hi = ws_e + tl.minimum(col_u // KB + 1, last) * stride_wsn
+    g_lo = col_g % KB + tl.arange(0, BLOCK_N) < KB
+    u_lo = col_u % KB + tl.arange(0, BLOCK_N) < KB
     if SCALE_INPUT:  # Llama 4: the routing weight scales the row before it is quantized
         pair = tl.load(padded_pair_ptr + rows)
         in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
@@ -363,8 +388,8 @@ def _gemm1_fp8_tma_tile(
         a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
         bg = w_desc.load([row_g, kt * BLOCK_K])
         bu = w_desc.load([row_g + N, kt * BLOCK_K])
-        sg = tl.load(sg_ptrs + kt)
-        su = tl.load(su_ptrs + kt)
+        sg = tl.where(g_lo, tl.load(sg_lo + kt), tl.load(sg_hi + kt))
+        su = tl.where(u_lo, tl.load(su_lo + kt), tl.load(su_hi + kt))
         a32 = a.to(tl.float32)
         if SCALE_INPUT:
             a32 = a32 * in_sc[:, None]
