@@ -442,12 +442,19 @@ def test_tma_fp8_gemms_match_pointer_and_reference(case, rng, device):
     want = _fp8_gemms(device, wt, x, idx, tw, ptr, ptr["gemm1"]["BLOCK_M"], E, K, H, I, sms)
     assert np.isfinite(got[2].double().numpy()).all(), "a pair row was left unwritten"
     assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "an activation row was left unwritten"
-    # the same codes and scales as the pointer GEMM 1 (rows in the same padded order: the same BLOCK_M)
-    assert tma["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"] or device.name != "cpu"
-    if tma["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"]:
+    # the pointer GEMMs' codes, scales and sums (rows in the same padded order: the same BLOCK_M); the
+    # interpreter's e4m3 dot is exact, so equal there; on a GPU within a bf16 rounding (and one e4m3
+    # step of h where an fp32 sum's last bit moved a code)
+    assert tma["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"]
+    if device.name == "cpu":
         assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
         assert torch.equal(got[1], want[1])
         torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
+    else:
+        h_got, h_want = got[0].float() * got[1].repeat_interleave(128, 1)[:, :I], \
+            want[0].float() * want[1].repeat_interleave(128, 1)[:, :I]
+        torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-3)
+        torch.testing.assert_close(got[2].float(), want[2].float(), rtol=2**-6, atol=1e-3)
     xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
     ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
                     for t in range(T) for k, e in enumerate(idx[t])])
