@@ -16,7 +16,8 @@ tell whether the inner loops are pipelined (cp.async, TMA loads cp.async.bulk.te
 mma.sync) and whether registers went to local memory. Costs no device time; this machine's Triton
 may differ from the GPU machine's, so the figures are a guide, not the GPU's report.
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
-candidate's entry through plan.fp8_entry (BLOCK_K 128 ...); the PTX count "fp8.mma" tells whether
+candidate's entry through plan.fp8_entry (BLOCK_K 128 ...; with MEGAMOE_FP8_TMA=1 in the environment
+and a "tma_persistent" candidate, the persistent TMA FP8 GEMMs of plan.FP8_TMA_PREFILL); the PTX count "fp8.mma" tells whether
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
 ``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
@@ -28,7 +29,8 @@ and instructions, e.g. ``topk.bar``.
 
 ``--dump DIR`` also writes each compiled kernel's TTIR, TTGIR, LLIR, PTX and SASS (nvdisasm of the
 cubin) to DIR/<case>.<ext>; ``--loops`` then prints the SASS's innermost loops that hold an MMA
-(``loop_report``: per K step, instructions, MMAs, cp.async and waits, shared-memory loads, stores
+(``loop_report``: per K step, instructions, MMAs (HMMA: mma.sync; GMMA: wgmma, QGMMA for e4m3), TMA
+loads (UTMALDG), cp.async and waits, shared-memory loads, stores
 and barriers, global and local loads, conversions, and the source line, e.g. fp8_gemm.py:190).
 """
 
@@ -288,7 +290,7 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
     topk_w, pairs = torch.empty((T, K), dtype=torch.float32), torch.empty((T * K, H), dtype=bf)
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     if fp8:
-        l1, l2 = _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8)
+        l1, l2 = _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8, sms)
     else:
         l1, l2 = _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms)
     out = []
@@ -315,7 +317,7 @@ def _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms):
     return l1, l2
 
 
-def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8):
+def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8, sms):
     """The FP8 GEMMs' launches: e4m3 weights with their fp32 block scales; with FP8 activations the
     activation buffer as e4m3 codes and per-128-column scales."""
     import torch
@@ -335,10 +337,10 @@ def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8):
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     l1 = fg.gemm1_fp8_launch(x, gu, gus, None, act, act_s, meta, topk_w, g1, activation=cfg.activation,
                              alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, scale_input=cfg.weight_on_input,
-                             dense=False, num_m=sp.B_max)
+                             dense=False, num_m=sp.B_max, num_sms=sms)
     out = pairs if sp.split2 == 1 else torch.empty((sp.split2 * T * K, H), dtype=f32)
     l2 = fg.gemm2_fp8_launch(act, act_s, dn, dns, None, out, meta, topk_w, g2, T=T, K=K, KS=K, dense=False,
-                             atomic=False, num_m=sp.B_max, split=sp.split2)
+                             atomic=False, num_m=sp.B_max, split=sp.split2, num_sms=sms)
     return l1, l2
 
 
@@ -369,7 +371,8 @@ def dump_asm(asm: dict, folder: str, case: str) -> None:
 
 
 #: what loop_report counts in each innermost loop of the SASS (the PTX names in comments)
-LOOP_OPS = {"HMMA": r"HMMA\.", "LDGSTS": r"LDGSTS",  # mma.sync; cp.async.cg
+LOOP_OPS = {"HMMA": r"HMMA\.", "GMMA": r"[HQ]GMMA\.", "UTMALDG": r"UTMALDG",  # mma.sync; wgmma (QGMMA: e4m3); TMA
+            "LDGSTS": r"LDGSTS",  # cp.async.cg
             "DEPBAR": r"DEPBAR",  # cp.async.wait_group
             "LDSM": r"LDSM", "LDS": r"LDS(?:\.|$)", "STS": r"STS", "BAR.SYNC": r"BAR\.SYNC",  # ldmatrix; ld/st.shared
             "LDG": r"LDG(?:\.|$)", "LDL/STL": r"(?:LDL|STL)",  # ld.global; local memory
@@ -474,7 +477,7 @@ def _print_loops(folder: str, case: str) -> None:
     from pathlib import Path
 
     for lp in loop_report((Path(folder) / f"{_case_file(case)}.sass").read_text()):
-        if lp["HMMA"]:
+        if lp["HMMA"] or lp["GMMA"]:
             print("    loop", lp, flush=True)
 
 

@@ -34,6 +34,20 @@ with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); 
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 
+Variant "tma_persistent" (FP8 activations at prefill; OFF unless plan.FP8_TMA_PREFILL, env MEGAMOE_FP8_TMA=1;
+unmeasured on the GPU): _gemm1_fp8_tma_kernel / _gemm2_fp8_tma_kernel, one program per SM walking the
+routed tiles in grouped_gemm._gemm1_tma_kernel's order (its _routed_blocks / _routed_tile). GEMM 1:
+e4m3 gate and up tiles (BLOCK_N, KB) through a TMA descriptor over gate_up as (E*2N, H), x rows
+gathered by pointers and quantized per K tile (_quantize_groups), the weight scales of a band by
+two uniform loads per K step; GEMM 2: e4m3 act rows and down tiles both through descriptors, the
+scales by pointer. The same sums as the pointer kernels (_fp8a_part) and their epilogues
+(_gemm1_fp8_epilogue, grouped_gemm._gemm2_epilogue); e4m3 rows need 16-byte strides (H, I % 16 == 0).
+Triton 3.6, sm_90 (compile_report.py --gemm current --fp8 weights+act with MEGAMOE_FP8_TMA=1;
+qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages: 255 registers,
+no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, ~1480 SASS instructions per K step (the
+x quantization dominates: a correctly rounded division per element, 32 a thread; each wgmma is
+waited for at once, pendings = 0); at BLOCK_M 128 the K loop spills (129 LDL/STL). GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions.
+
 Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
 = bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):
     CVT, e4m3 -> x's dtype (``_e4m3_to``): 0 Triton's cast, on sm_90 cvt.rn.f16x2.e4m3x2 and two
@@ -51,7 +65,18 @@ import triton.language as tl
 
 from ..reference.sizes import FP8_BLOCK
 from .configs import FP8_CONVERT_DEFAULT
-from .grouped_gemm import _act_values, _gemm1_rows, _gemm2_epilogue, _gemm2_rows, _ieee, _program_tile
+from .grouped_gemm import (
+    _act_values,
+    _descriptor,
+    _gemm1_rows,
+    _gemm2_epilogue,
+    _gemm2_rows,
+    _ieee,
+    _program_tile,
+    _routed_blocks,
+    _routed_tile,
+    device_sms,
+)
 from .plan import gemm_grid
 
 E4M3_MAX = tl.constexpr(448.0)  # reference.fp8's constants
@@ -143,6 +168,31 @@ def _quantize_groups(a):
 
 
 @triton.jit
+def _fp8a_part(aq, b, sa, sw):
+    """One K tile of FP8 activations: dot(aq, b) of e4m3 (BM, KB) x (KB, BN), fp32, times the row
+    scales sa (BM,) and the column scales sw (BN,): what every FP8-activation GEMM adds to its sum."""
+    return tl.dot(aq, b) * sa[:, None] * sw[None, :]
+
+
+@triton.jit
+def _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
+                        padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
+                        ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, FP8_A: tl.constexpr):
+    """FP8 GEMM 1's epilogue (every FP8 GEMM 1 tile's): biases and activation (_act_values), then h
+    quantized into out (codes) and outs (scales, column pid_n) with FP8_A, else h in out's dtype."""
+    h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
+                    alpha, limit, ACT, HAS_BIAS, SCALE_INPUT and not FP8_A)
+    col_mask = offs_n < N
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+    if FP8_A:
+        hq, hs = _quantize_groups(tl.where(col_mask[None, :], h, 0.0))
+        tl.store(out_ptrs, hq, mask=row_mask[:, None] & col_mask[None, :])
+        tl.store(outs_ptr + rows.to(tl.int64) * stride_os + pid_n, hs, mask=row_mask)
+    else:
+        tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
 def _gemm1_fp8_tile(
     x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be, stride_ot,
@@ -191,8 +241,8 @@ def _gemm1_fp8_tile(
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]
             aq, sa = _quantize_groups(a32)
-            acc_g += tl.dot(aq, bg) * sa[:, None] * sg[None, :]
-            acc_u += tl.dot(aq, bu) * sa[:, None] * su[None, :]
+            acc_g += _fp8a_part(aq, bg, sa, sg)
+            acc_u += _fp8a_part(aq, bu, sa, su)
         elif IEEE:
             acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT), input_precision="ieee") * sg[None, :]
             acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT), input_precision="ieee") * su[None, :]
@@ -202,16 +252,9 @@ def _gemm1_fp8_tile(
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
-    h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
-                    alpha, limit, ACT, HAS_BIAS, SCALE_INPUT and not FP8_A)
-    col_mask = offs_n < N
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
-    if FP8_A:
-        hq, hs = _quantize_groups(tl.where(col_mask[None, :], h, 0.0))
-        tl.store(out_ptrs, hq, mask=row_mask[:, None] & col_mask[None, :])
-        tl.store(outs_ptr + rows.to(tl.int64) * stride_os + pid_n, hs, mask=row_mask)
-    else:
-        tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
+                        padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
+                        ACT, HAS_BIAS, SCALE_INPUT, FP8_A)
 
 
 @triton.jit(do_not_specialize=["T", "num_m"])
@@ -275,7 +318,7 @@ def _gemm2_fp8_tile(
                 sa_next = tl.load(as_ptr + a_row * stride_as + tl.minimum(kt + 1, last), mask=row_mask, other=0.0)
             else:
                 sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
-            acc += tl.dot(a, b) * sa[:, None] * sw[None, :]
+            acc += _fp8a_part(a, b, sa, sw)
         elif IEEE:
             acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
         else:
@@ -303,6 +346,131 @@ def _gemm2_fp8_kernel(
                     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse,
                     stride_wsn, stride_be, stride_ot, K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, FP8_A, IEEE,
                     SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
+
+
+# --------------------------------------------------------------------------- variant "tma_persistent"
+@triton.jit
+def _gemm1_fp8_tma_tile(
+    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 1 tile with FP8 activations as _gemm1_fp8_tile computes it (FP8_A): the e4m3 gate
+    and up weight tiles (BLOCK_N, KB) through the TMA descriptor w_desc over gate_up as (E*2N, KD)
+    (zero past KD; columns past N read the next rows, and the epilogue masks them), x rows gathered
+    by pointers and quantized per K tile; BLOCK_K == BLOCK_N == KB."""
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    row_g = e * (2 * N) + pid_n * BLOCK_N
+    # the weight scales of a band of BLOCK_N == KB rows: the band's first scale block and the next
+    # (clamped to the last), two uniform loads per K step, picked per column (the same values as
+    # _gemm1_fp8_tile's per-column loads in every column < N; the epilogue masks the rest)
+    ws_e = ws_ptr + e.to(tl.int64) * stride_wse
+    last = tl.cdiv(2 * N, KB) - 1
+    col_g = pid_n * BLOCK_N
+    col_u = N + pid_n * BLOCK_N
+    sg_lo = ws_e + (col_g // KB) * stride_wsn
+    sg_hi = ws_e + tl.minimum(col_g // KB + 1, last) * stride_wsn
+    su_lo = ws_e + (col_u // KB) * stride_wsn
+    su_hi = ws_e + tl.minimum(col_u // KB + 1, last) * stride_wsn
+    g_lo = col_g % KB + tl.arange(0, BLOCK_N) < KB
+    u_lo = col_u % KB + tl.arange(0, BLOCK_N) < KB
+    if SCALE_INPUT:  # Llama 4: the routing weight scales the row before it is quantized
+        pair = tl.load(padded_pair_ptr + rows)
+        in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
+        bg = w_desc.load([row_g, kt * BLOCK_K])
+        bu = w_desc.load([row_g + N, kt * BLOCK_K])
+        sg = tl.where(g_lo, tl.load(sg_lo + kt), tl.load(sg_hi + kt))
+        su = tl.where(u_lo, tl.load(su_lo + kt), tl.load(su_hi + kt))
+        a32 = a.to(tl.float32)
+        if SCALE_INPUT:
+            a32 = a32 * in_sc[:, None]
+        aq, sa = _quantize_groups(a32)
+        acc_g += _fp8a_part(aq, bg.T, sa, sg)
+        acc_u += _fp8a_part(aq, bu.T, sa, su)
+        a_ptrs += BLOCK_K
+    _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
+                        padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
+                        ACT, HAS_BIAS, SCALE_INPUT, True)
+
+
+@triton.jit(do_not_specialize=["T", "E"])
+def _gemm1_fp8_tma_kernel(
+    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
+    padded_off_ptr, topk_w_ptr, T, N, KD, E, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
+    """Persistent FP8 GEMM 1 (FP8 activations): program p walks tiles p, p + programs, ... of the
+    routed row blocks x N tiles in grouped_gemm._gemm1_tma_kernel's order."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
+        _gemm1_fp8_tma_tile(x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
+                            topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be,
+                            stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, KB,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemm2_fp8_tma_tile(
+    a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One GEMM 2 tile with FP8 activations as _gemm2_fp8_tile computes it (no split-K): the e4m3
+    activation rows (contiguous in padded order) through a_desc over (rows, KD), the e4m3 down
+    weights through w_desc over (E*N, KD), zero past KD and past the last row; the activation's
+    and the weights' scales by pointer. Padding rows read whatever GEMM 1 left there (their scale
+    loads are masked); they only reach masked output rows."""
+    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    sa_ptrs = as_ptr + tl.where(row_mask, rows, 0).to(tl.int64) * stride_as
+    sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
+    row_a = pid_m * BLOCK_M
+    row_w = e * N + pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        a = a_desc.load([row_a, kt * BLOCK_K])
+        b = w_desc.load([row_w, kt * BLOCK_K])
+        sa = tl.load(sa_ptrs + kt, mask=row_mask, other=0.0)
+        sw = tl.load(sw_ptrs + kt)
+        acc += _fp8a_part(a, b.T, sa, sw)
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
+                    scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
+
+
+@triton.jit(do_not_specialize=["T", "E"])
+def _gemm2_fp8_tma_kernel(
+    a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr, scale_ptr,
+    T, N, KD, E, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
+    """Persistent FP8 GEMM 2 (FP8 activations), walking its tiles as _gemm1_fp8_tma_kernel does."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
+        _gemm2_fp8_tma_tile(a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                            pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
+                            K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, KB, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -336,17 +504,39 @@ def _check_fp8_tiles(cfg: dict, gemm: str, fp8_act: bool) -> None:
                          f", got {cfg} (plan.fp8_entry makes such an entry)")
 
 
+def _check_tma_variant(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> bool:
+    """Whether cfg asks for the persistent TMA kernels (variant "tma_persistent"): FP8 activations only, no split-K."""
+    if cfg.get("variant", "pointer") != "tma_persistent":
+        return False
+    if not fp8_act or split != 1:
+        raise ValueError(f"the tma_persistent FP8 {gemm} needs FP8 activations and no split-K, got "
+                         f"fp8_activations={fp8_act}, split={split} (plan.fp8_entry makes such an entry)")
+    return True
+
+
 def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
-                     limit: float, scale_input: bool, dense: bool, num_m: int):
+                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None):
     """(kernel, grid, args, kwargs) of the FP8 GEMM 1. x (T, H) its dtype; w (E, 2N, H) float8_e4m3fn;
     w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes with out_scale (P, ceil(N/128))
-    fp32 when FP8 activations (out_scale given), else out in x's dtype."""
+    fp32 when FP8 activations (out_scale given), else out in x's dtype. cfg's variant "tma_persistent"
+    (FP8 activations only): _gemm1_fp8_tma_kernel on ``num_sms`` programs (default: the device's SMs)."""
     from .grouped_gemm import ACT_CODES
 
     fp8_act = out_scale is not None
     _check_fp8_tiles(cfg, "gemm1", fp8_act)
     T, KD = x.shape
     N = w.shape[1] // 2
+    if _check_tma_variant(cfg, "gemm1", fp8_act):
+        kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
+                      KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                      GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"])
+        args = (x, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out, out_scale,
+                meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
+                meta.get("padded_offsets"), topk_w, T, N, KD, w.shape[0], x.stride(0), w_scale.stride(0),
+                w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0), out_scale.stride(0),
+                float(alpha), float(limit))
+        return _gemm1_fp8_tma_kernel, gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(x.device)), args, kwargs
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
                   FP8_A=fp8_act, IEEE=_ieee(x), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                   BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], CVT=_multi_cvt(x, fp8_act), num_warps=cfg["num_warps"],
@@ -359,24 +549,37 @@ def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dic
 
 
 def launch_gemm1_fp8(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
-                     limit: float, scale_input: bool, dense: bool, num_m: int) -> None:
+                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None) -> None:
     """GEMM 1 with FP8 weights (see gemm1_fp8_launch)."""
     if num_m == 0:
         return
     kernel, grid, args, kwargs = gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg,
                                                   activation=activation, alpha=alpha, limit=limit,
-                                                  scale_input=scale_input, dense=dense, num_m=num_m)
+                                                  scale_input=scale_input, dense=dense, num_m=num_m, num_sms=num_sms)
     kernel[grid](*args, **kwargs)
 
 
 def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
-                     dense: bool, atomic: bool, num_m: int, split: int = 1):
+                     dense: bool, atomic: bool, num_m: int, split: int = 1, num_sms: int | None = None):
     """(kernel, grid, args, kwargs) of the FP8 GEMM 2. act (P, I): e4m3 codes with act_scale
     (P, ceil(I/128)) fp32, or (act_scale None) x's dtype; w (E, N, I) float8_e4m3fn; w_scale
-    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's."""
+    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's. cfg's variant
+    "tma_persistent" (FP8 activations, no split-K): _gemm2_fp8_tma_kernel on ``num_sms`` programs."""
     _check_fp8_tiles(cfg, "gemm2", act_scale is not None)
     KD = act.shape[1]
     N = w.shape[1]
+    if _check_tma_variant(cfg, "gemm2", act_scale is not None, split):
+        BK = cfg["BLOCK_K"]
+        kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
+                      KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=BK,
+                      GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"])
+        args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), act_scale,
+                _descriptor(w, w.shape[0] * N, cfg["BLOCK_N"], BK), w_scale, bias, out, meta.get("padded_pair"),
+                meta.get("block_expert"), meta.get("padded_offsets"), scale, T, N, KD, w.shape[0],
+                act_scale.stride(0), w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0),
+                out.stride(0))
+        return _gemm2_fp8_tma_kernel, gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(act.device)), args, kwargs
     kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
                   FP8_A=act_scale is not None, IEEE=_ieee(act),
                   SPLIT_K=split, KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
@@ -389,11 +592,12 @@ def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: di
 
 
 def launch_gemm2_fp8(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
-                     dense: bool, atomic: bool, num_m: int, split: int = 1) -> None:
+                     dense: bool, atomic: bool, num_m: int, split: int = 1, num_sms: int | None = None) -> None:
     """GEMM 2 with FP8 weights (see gemm2_fp8_launch)."""
     if num_m == 0:
         return
     kernel, grid, args, kwargs = gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg, T=T, K=K,
-                                                  KS=KS, dense=dense, atomic=atomic, num_m=num_m, split=split)
+                                                  KS=KS, dense=dense, atomic=atomic, num_m=num_m, split=split,
+                                                  num_sms=num_sms)
     kernel[grid](*args, **kwargs)
 

@@ -233,7 +233,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     if fp8:
         launch_gemm1_fp8(x, weights.gate_up, weights.gate_up_scale_inv, weights.gate_up_bias, act, act_s, meta, topk_w,
                          g1, activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                         scale_input=config.weight_on_input, dense=False, num_m=B_max)
+                         scale_input=config.weight_on_input, dense=False, num_m=B_max, num_sms=sp.num_sms)
     else:
         launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                      activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
@@ -249,7 +249,8 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     if fp8:
         launch_gemm2_fp8(act, act_s, weights.down, weights.down_scale_inv, weights.down_bias, out, meta,
                          None if config.weight_on_input else topk_w, g2,
-                         T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2)
+                         T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2,
+                         num_sms=sp.num_sms)
     else:
         launch_gemm2(act, weights.down, weights.down_bias, out, meta,
                      None if config.weight_on_input else topk_w, g2,
@@ -261,10 +262,10 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
             launch_gemm1_fp8(x, weights.shared_gate_up.view(1, 2 * Is, H),
                              weights.shared_gate_up_scale_inv.unsqueeze(0), None, sh, sh_s, {}, None,
                              sp.shared["gemm1"], activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False,
-                             dense=True, num_m=sp.shared_m)
+                             dense=True, num_m=sp.shared_m, num_sms=sp.num_sms)
             launch_gemm2_fp8(sh, sh_s, weights.shared_down.view(1, H, Is), weights.shared_down_scale_inv.unsqueeze(0),
                              None, out, {}, sgate, sp.shared["gemm2"], T=T, K=K, KS=KS, dense=True, atomic=atomic,
-                             num_m=sp.shared_m, split=split2)
+                             num_m=sp.shared_m, split=split2, num_sms=sp.num_sms)
         else:
             launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, sh, {}, None, sp.shared["gemm1"],
                          activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,

@@ -20,6 +20,7 @@ the padded rows the tensor cores really compute (2 per multiply-add).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -249,7 +250,15 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
 
 GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_gemm2_kernel",
                 ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel",
-                ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel"}
+                ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel",
+                ("gemm1", "fp8_tma"): "_gemm1_fp8_tma_kernel", ("gemm2", "fp8_tma"): "_gemm2_fp8_tma_kernel"}
+
+
+def _kernel_key(g: dict, fp8) -> str:
+    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8", "fp8_tma")."""
+    if not fp8:
+        return g["variant"]
+    return "fp8_tma" if g.get("variant") == "tma_persistent" else "fp8"
 
 
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
@@ -261,8 +270,9 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     wb = float(b) if wb is None else wb
     ab = float(b) if ab is None else ab
     # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
-    tma1 = not fp8 and g1.get("variant") == "tma_persistent"
-    tma2 = not fp8 and g2.get("variant") == "tma_persistent"
+    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs, FP8_TMA_PREFILL)
+    tma1 = g1.get("variant") == "tma_persistent"
+    tma2 = g2.get("variant") == "tma_persistent"
     out = []
     bm = g1["BLOCK_M"]
     s1 = g1.get("SPLIT_K", 1)
@@ -272,7 +282,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
             "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * ab}
     bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
-    out.append(Stage(n1, GEMM_KERNELS["gemm1", "fp8" if fp8 else g1["variant"]], gemm_grid(num_m, I, g1, num_sms=num_sms),
+    out.append(Stage(n1, GEMM_KERNELS["gemm1", _kernel_key(g1, fp8)], gemm_grid(num_m, I, g1, num_sms=num_sms),
                      active_blocks * nt1 * s1, dict(g1),
                      bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
@@ -295,7 +305,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     ob = 4 if (s2 > 1 or not deterministic) else b
     ops2 = {"a": bm * ki * ab, "b": g2["BLOCK_N"] * ki * wb, "out": bm * g2["BLOCK_N"] * ob}
     bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
-    out.append(Stage(n2, GEMM_KERNELS["gemm2", "fp8" if fp8 else g2["variant"]], gemm_grid(num_m, H, g2, num_sms=num_sms),
+    out.append(Stage(n2, GEMM_KERNELS["gemm2", _kernel_key(g2, fp8)], gemm_grid(num_m, H, g2, num_sms=num_sms),
                      active_blocks * nt2 * s2, dict(g2),
                      bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
@@ -444,21 +454,52 @@ FP8_SMEM_BUDGET_BYTES = 196 * 1024
 FP8_MAX_BLOCK_M = 64
 
 
-def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16") -> dict:
+#: FP8 activations at prefill through the persistent TMA GEMMs (fp8_gemm._gemm1_fp8_tma_kernel /
+#: _gemm2_fp8_tma_kernel: e4m3 weight tiles, and GEMM 2's e4m3 rows, by TMA, e4m3 x e4m3 wgmma).
+#: OFF by default: compiled for sm_90 (benchmarks/compile_report.py) and tested under the interpreter,
+#: but UNMEASURED on the GPU. MEGAMOE_FP8_TMA=1 in the environment turns it on for a process (read
+#: here only, at import; fp8_entry's ``tma`` overrides it per call) so that a benchmark can time both.
+FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
+#: Row tiles of the persistent FP8 GEMMs at most (both GEMMs, and the align, share BLOCK_M): at 128
+#: rows GEMM 1's K loop spills under Triton 3.6 for sm_90 (255 registers, 129 LDL/STL per K step:
+#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread), at 64 it does not (compile_report)
+FP8_TMA_MAX_BLOCK_M = 64
+
+
+def fp8_tma_ok(g: dict, depth: int | None) -> bool:
+    """Whether a bf16 GEMM config ``g`` becomes a persistent FP8 GEMM: its variant is "tma_persistent",
+    no split-K, and e4m3 rows of ``depth`` (the K extent) have the 16-byte strides TMA needs."""
+    return (g.get("variant") == "tma_persistent" and g.get("SPLIT_K", 1) == 1 and depth is not None
+            and depth % 16 == 0)
+
+
+def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: tuple[int, int] | None = None,
+              tma: bool | None = None) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
     K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
     whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
     groups); BLOCK_M at most FP8_MAX_BLOCK_M (both GEMMs: the align pads to it) and num_stages cut
     to FP8_SMEM_BUDGET_BYTES. GEMM 2 keeps its split-K (splits fall on K tiles, hence on scale
-    blocks). ``dtype``: x's (GEMM 1's A tiles, and the activation's without FP8 activations)."""
+    blocks). ``dtype``: x's (GEMM 1's A tiles, and the activation's without FP8 activations).
+
+    ``tma`` (default FP8_TMA_PREFILL, off): with FP8 activations a GEMM whose entry is variant
+    "tma_persistent" (``fp8_tma_ok`` on ``depths`` = (H, I), GEMM 1's and GEMM 2's K extents; None:
+    neither) keeps that variant (fp8_gemm's persistent kernels), BLOCK_M at most FP8_TMA_MAX_BLOCK_M
+    when both GEMMs do."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
-    bm = min(entry["gemm1"]["BLOCK_M"], FP8_MAX_BLOCK_M)
-    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant="pointer")
+    tma = FP8_TMA_PREFILL if tma is None else tma
+    H, I = depths or (None, None)
+    on = tma and fp8 == "weights+act"
+    v1 = "tma_persistent" if on and fp8_tma_ok(entry["gemm1"], H) else "pointer"
+    v2 = "tma_persistent" if on and fp8_tma_ok(entry["gemm2"], I) else "pointer"
+    cap = FP8_TMA_MAX_BLOCK_M if v1 == v2 == "tma_persistent" else FP8_MAX_BLOCK_M
+    bm = min(entry["gemm1"]["BLOCK_M"], cap)
+    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant=v1)
     if fp8 == "weights+act":
         g1["BLOCK_N"] = FP8_BLOCK
-    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, variant="pointer")
+    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, variant=v2)
     # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
     # tiles (GEMM 1: gate and up); weight-only GEMMs convert the weights in registers
     a2 = 1 if fp8 == "weights+act" else xb
@@ -473,7 +514,7 @@ def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp
         g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
     else:
         g = cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
-    return fp8_entry(g, fp8, dtype)
+    return fp8_entry(g, fp8, dtype, depths=(H, I))
 
 
 @lru_cache(maxsize=256)

@@ -363,3 +363,160 @@ def test_both_backends_read_one_fp8_conversion_choice():
     interp_mk = megakernel_config(cfg, 3, torch.float32, torch.device("cpu"), fp8="weights")  # key left to the default
     for mk in (gpu_mk, interp_mk):
         assert fp8_convert_code(mk, True) == fg.convert_code(cfgs.FP8_CONVERT_DEFAULT, True)
+
+
+# --------------------------------------------------------------------------- persistent TMA FP8 GEMMs
+#: sizes for the persistent TMA FP8 GEMMs: e4m3 rows need 16-byte strides (H, I multiples of 16), still
+#: not multiples of 128 (partial last scale blocks; GEMM 1's up rows start mid-block at 144)
+TMA_BASE = dict(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2)
+
+
+def _tma_entries(H: int, I: int, device) -> tuple[dict, dict]:
+    """(pointer, persistent) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry
+    with tma off and on)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.plan import fp8_entry
+
+    base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
+    ptr = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False)
+    tma = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=True)
+    assert ptr["gemm1"]["variant"] == ptr["gemm2"]["variant"] == "pointer"
+    assert tma["gemm1"]["variant"] == tma["gemm2"]["variant"] == "tma_persistent"
+    assert tma["gemm1"]["BLOCK_M"] == tma["gemm2"]["BLOCK_M"]
+    return ptr, tma
+
+
+def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms):
+    """Both FP8-activation GEMMs on a given routing, act codes, scales and pairs poisoned with NaN."""
+    from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
+    from megamoe.kernels.moe import align_only
+
+    T = x.shape[0]
+    meta = align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), E, block_m)
+    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
+    nan = float("nan")
+    act = torch.full((P_max, I), nan, device=device.name, dtype=torch.float8_e4m3fn)
+    act_s = torch.full((P_max, -(-I // 128)), nan, device=device.name, dtype=torch.float32)
+    pairs = torch.full((T * K, H), nan, device=device.name, dtype=device.torch_dtype())
+    topk_w = device.tensor(tw, "float32")
+    launch_gemm1_fp8(device.tensor(x), wt.gate_up, wt.gate_up_scale_inv, None, act, act_s, meta, topk_w,
+                     entry["gemm1"], activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=False,
+                     num_m=B_max, num_sms=num_sms)
+    launch_gemm2_fp8(act, act_s, wt.down, wt.down_scale_inv, None, pairs, meta, topk_w, entry["gemm2"], T=T, K=K,
+                     KS=K, dense=False, atomic=False, num_m=B_max, num_sms=num_sms)
+    n_rows = int(meta["padded_offsets"][E])
+    valid = (meta["padded_token"][:n_rows] >= 0).cpu()
+    return act.cpu()[:n_rows][valid], act_s.cpu()[:n_rows][valid], pairs.cpu()
+
+
+#: name -> (T, routing, why)
+TMA_GEMM_CASES = {
+    "random": (21, "random", "random distinct experts per token; 3 programs walk several tiles each"),
+    "one_expert": (37, "one", "every token on expert 3 first, then expert 1: three experts get no rows"),
+    "one_token": (1, "random", "a single token: one row block per expert used, most of it padding"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("case", list(TMA_GEMM_CASES))
+def test_tma_fp8_gemms_match_pointer_and_reference(case, rng, device):
+    """The persistent TMA FP8 GEMMs (FP8 activations) against the FP8 reference and the pointer
+    FP8 GEMMs (the same arithmetic: the same codes, scales and sums) on a given routing, every
+    output buffer poisoned with NaN: every valid activation row and pair row is written."""
+    from megamoe.reference import expert_ffn
+
+    T, routing, _why = TMA_GEMM_CASES[case]
+    cfg = MoEConfig(**TMA_BASE)
+    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    if routing == "one":
+        idx = np.tile(np.array([3, 1]), (T, 1))
+    else:
+        idx = np.stack([rng.permutation(E)[:K] for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    w8 = random_weights(cfg, seed=21, fp8=True)
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    ptr, tma = _tma_entries(H, I, device)
+    sms = 3 if device.name == "cpu" else None
+    got = _fp8_gemms(device, wt, x, idx, tw, tma, tma["gemm1"]["BLOCK_M"], E, K, H, I, sms)
+    want = _fp8_gemms(device, wt, x, idx, tw, ptr, ptr["gemm1"]["BLOCK_M"], E, K, H, I, sms)
+    assert np.isfinite(got[2].double().numpy()).all(), "a pair row was left unwritten"
+    assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "an activation row was left unwritten"
+    # the pointer GEMMs' codes, scales and sums (rows in the same padded order: the same BLOCK_M); the
+    # interpreter's e4m3 dot is exact, so equal there; on a GPU within a bf16 rounding (and one e4m3
+    # step of h where an fp32 sum's last bit moved a code)
+    assert tma["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"]
+    if device.name == "cpu":
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+        assert torch.equal(got[1], want[1])
+        torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
+    else:
+        h_got, h_want = got[0].float() * got[1].repeat_interleave(128, 1)[:, :I], \
+            want[0].float() * want[1].repeat_interleave(128, 1)[:, :I]
+        torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-3)
+        torch.testing.assert_close(got[2].float(), want[2].float(), rtol=2**-6, atol=1e-3)
+    xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
+    ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
+                    for t in range(T) for k, e in enumerate(idx[t])])
+    assert_close(got[2].double().numpy(), ref, "fp8_e4m3", f"persistent FP8 GEMMs, {case}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("case", ["deepseek", "input_scaled"])
+def test_tma_fp8_layer_matches_reference(case, rng, device, monkeypatch):
+    """The layer with FP8_TMA_PREFILL on and a "tma_persistent" entry: the routed and the shared
+    MLP's GEMMs run the persistent FP8 kernels (the dense ones too) and match the FP8 reference."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels import plan
+
+    fields = {**CASES[case][0]}
+    if fields.get("shared_intermediate_size"):
+        fields["shared_intermediate_size"] = 80  # 16-byte e4m3 rows for the shared GEMM 2's descriptors
+    cfg = MoEConfig(**{**TMA_BASE, **fields})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    x = rng.standard_normal((19, cfg.hidden_size))
+    entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
+    monkeypatch.setattr(plan, "FP8_TMA_PREFILL", True)
+    plan._static_plan.cache_clear()
+    try:
+        xt = device.tensor(x)
+        sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
+                                  fp8="weights+act")
+        assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "tma_persistent"
+        assert sp.shared["gemm1"]["variant"] == "tma_persistent"
+        y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp,
+                          fp8_activations=True)
+    finally:
+        plan._static_plan.cache_clear()
+    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
+    assert_close(y.cpu(), ref, "fp8_e4m3", f"persistent FP8 layer {case}")
+
+
+def test_fp8_tma_off_by_default_leaves_fp8_entry_unchanged():
+    """FP8_TMA_PREFILL is off (unless MEGAMOE_FP8_TMA=1): fp8_entry gives the pointer FP8 GEMMs of
+    before for every mode, tuned "tma_persistent" entries included; on, only FP8 activations with
+    a "tma_persistent" entry and TMA-able depths get the persistent kernels."""
+    import os
+
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import plan
+
+    assert plan.FP8_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8_TMA", "") == "1")
+    for entry in (cfgs.tma_entry(128), cfgs.tma_entry(64), cfgs.default_config(8, 2048, 768, 2, 4096)):
+        for fp8 in ("weights", "weights+act"):
+            off = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=False)
+            assert off["gemm1"]["variant"] == off["gemm2"]["variant"] == "pointer"
+            assert off["gemm1"]["BLOCK_M"] == min(entry["gemm1"]["BLOCK_M"], plan.FP8_MAX_BLOCK_M)
+            assert plan.fp8_entry(entry, fp8) == off  # no depths: no TMA whatever the flag
+            if not plan.FP8_TMA_PREFILL:
+                assert plan.fp8_entry(entry, fp8, depths=(2048, 768)) == off
+            on = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=True)
+            if fp8 == "weights":
+                assert on == off
+        assert plan.fp8_entry(entry, "weights+act", depths=(2056, 776), tma=True) == \
+            plan.fp8_entry(entry, "weights+act", depths=(2056, 776), tma=False)  # 8-byte e4m3 rows: no TMA
+    big = MoEConfig(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8)
+    if not plan.FP8_TMA_PREFILL:
+        sp = plan.static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8="weights+act")
+        assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "pointer"
