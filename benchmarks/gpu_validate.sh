@@ -13,6 +13,12 @@
 #    timeout), `--resume` in a fresh process while at least 60 s are left; then the report from
 #    every row (validate writes it itself unless it was killed)
 # OUT/driver.log says what ran, its exit code and its seconds.
+# It leaves about 13 files under OUT: on the workplace's device tool, which returns at most 8 files
+# from $OUT, run it through benchmarks/device_steps.sh (one archive); run AC, straight under $OUT,
+# got its logs back and lost its rows, report and plot (NOTES-gpu-runs.md). TOTAL_SECONDS must cover
+# calibrate (about 60 s), the compile-ahead of every configuration's kernels (about 75 s on a
+# machine whose Triton cache is cold) and the 108 measurements (about 45 s): 320 s leaves room;
+# run AB's 265 s reached 15 configurations.
 #
 # Environment: PYTHON (default python3) with the package importable (PYTHONPATH); MEGAMOE_COMMIT
 # (and MEGAMOE_DIRTY, MEGAMOE_DIFF_SHA256) for the rows' provenance on a copied tree;
@@ -33,6 +39,7 @@ export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
 START=$(date +%s)
+MIN_TOTAL=300  # the three parts above, with a margin
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( TOTAL - $(date +%s) + START )); }
@@ -56,6 +63,9 @@ fi
 
 # 1. preflight
 log "start: OUT=$OUT, total ${TOTAL} s, python $PY, TRITON_CACHE_DIR=$TRITON_CACHE_DIR"
+if [ "$SMOKE" != 1 ] && [ "$TOTAL" -lt "$MIN_TOTAL" ]; then
+    log "warning: ${TOTAL} s may not cover calibrate, the compile-ahead and 108 configurations (${MIN_TOTAL} s or more)"
+fi
 if ! "$PY" - "$SMOKE" > "$OUT/preflight.txt" 2>&1 <<'EOF'
 import importlib, os, sys
 smoke = sys.argv[1] == "1"
