@@ -18,8 +18,11 @@ FP8 activations follow DeepSeek-V3's scheme (per token, per 128 columns), as the
 fake quantization does it: s = max(amax, 1e-4) / 448 and q = e4m3(a / s), both IEEE float32
 divisions (tl.math.div_rn), q rounded to nearest-even with integer operations (``_e4m3_rne``: the
 interpreter's float8 cast does not round ties to even; the exact value then casts exactly anywhere).
-    GEMM 1 quantizes its x rows (times the routing weight for Llama 4, before quantizing, as the
-    reference) in each K tile as it loads them, and quantizes h in its epilogue from the fp32
+    x is quantized once (``_quantize_x_kernel``, the same ``_quantize_groups``: codes (T, H) e4m3 and
+    scales (T, ceil(H / KB)) fp32) and GEMM 1 gathers those codes and scales by pointer (XQ), the codes
+    bit for bit what its K loop would compute; for Llama 4 (SCALE_INPUT: the routing weight scales
+    each pair's row before it is quantized, as the reference) GEMM 1 quantizes its x rows in each K
+    tile as it loads them instead. GEMM 1 quantizes h in its epilogue from the fp32
     values (BLOCK_N == KB: a tile holds whole 128-column groups of h): act codes (P_max, I) e4m3
     and act scales (P_max, ceil(I / KB)) fp32.
     GEMM 2 reads those codes and scales.
@@ -43,10 +46,14 @@ two uniform loads per K step; GEMM 2: e4m3 act rows and down tiles both through 
 scales by pointer. The same sums as the pointer kernels (_fp8a_part) and their epilogues
 (_gemm1_fp8_epilogue, grouped_gemm._gemm2_epilogue); e4m3 rows need 16-byte strides (H, I % 16 == 0).
 Triton 3.6, sm_90 (compile_report.py --gemm current --fp8 weights+act with MEGAMOE_FP8_TMA=1;
-qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages: 255 registers,
-no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, ~1480 SASS instructions per K step (the
-x quantization dominates: a correctly rounded division per element, 32 a thread; each wgmma is
-waited for at once, pendings = 0); at BLOCK_M 128 the K loop spills (129 LDL/STL). GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions.
+qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages, reading x's
+codes (XQ): 244 registers, no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, 305 SASS
+instructions per K step (quantizing x in the loop, as before XQ: 255 registers, ~1480, a correctly
+rounded division per element, 32 a thread; each wgmma is waited for at once, pendings = 0); at
+BLOCK_M 128 the K loop still spills with XQ (16 LDL/STL per K step, 648 instructions; 129 without).
+GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions. The pointer
+GEMM 1 (same tile): with XQ 255 registers, no spills, 371 instructions per K step (without: 1547,
+48 LDL/STL, 248 stack bytes).
 
 Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
 = bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):

@@ -493,7 +493,8 @@ FP8_MAX_BLOCK_M = 64
 FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
 #: Row tiles of the persistent FP8 GEMMs at most (both GEMMs, and the align, share BLOCK_M): at 128
 #: rows GEMM 1's K loop spills under Triton 3.6 for sm_90 (255 registers, 129 LDL/STL per K step:
-#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread), at 64 it does not (compile_report)
+#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread; still 16 reading x quantized once),
+#: at 64 it does not (compile_report)
 FP8_TMA_MAX_BLOCK_M = 64
 
 
