@@ -335,9 +335,11 @@ def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8, sms):
     else:
         act, act_s = torch.empty((sp.P_max, I), dtype=x.dtype), None
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
+    # x quantized once where the layer does it (plan.quantizes_x): GEMM 1 then reads e4m3 rows and their scales
+    x_q = None if sp.quant is None else (torch.empty((T, H), dtype=f8), torch.empty((T, -(-H // 128)), dtype=f32))
     l1 = fg.gemm1_fp8_launch(x, gu, gus, None, act, act_s, meta, topk_w, g1, activation=cfg.activation,
                              alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, scale_input=cfg.weight_on_input,
-                             dense=False, num_m=sp.B_max, num_sms=sms)
+                             dense=False, num_m=sp.B_max, num_sms=sms, x_q=x_q)
     out = pairs if sp.split2 == 1 else torch.empty((sp.split2 * T * K, H), dtype=f32)
     l2 = fg.gemm2_fp8_launch(act, act_s, dn, dns, None, out, meta, topk_w, g2, T=T, K=K, KS=K, dense=False,
                              atomic=False, num_m=sp.B_max, split=sp.split2, num_sms=sms)

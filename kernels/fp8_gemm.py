@@ -18,8 +18,11 @@ FP8 activations follow DeepSeek-V3's scheme (per token, per 128 columns), as the
 fake quantization does it: s = max(amax, 1e-4) / 448 and q = e4m3(a / s), both IEEE float32
 divisions (tl.math.div_rn), q rounded to nearest-even with integer operations (``_e4m3_rne``: the
 interpreter's float8 cast does not round ties to even; the exact value then casts exactly anywhere).
-    GEMM 1 quantizes its x rows (times the routing weight for Llama 4, before quantizing, as the
-    reference) in each K tile as it loads them, and quantizes h in its epilogue from the fp32
+    x is quantized once (``_quantize_x_kernel``, the same ``_quantize_groups``: codes (T, H) e4m3 and
+    scales (T, ceil(H / KB)) fp32) and GEMM 1 gathers those codes and scales by pointer (XQ), the codes
+    bit for bit what its K loop would compute; for Llama 4 (SCALE_INPUT: the routing weight scales
+    each pair's row before it is quantized, as the reference) GEMM 1 quantizes its x rows in each K
+    tile as it loads them instead. GEMM 1 quantizes h in its epilogue from the fp32
     values (BLOCK_N == KB: a tile holds whole 128-column groups of h): act codes (P_max, I) e4m3
     and act scales (P_max, ceil(I / KB)) fp32.
     GEMM 2 reads those codes and scales.
@@ -43,10 +46,14 @@ two uniform loads per K step; GEMM 2: e4m3 act rows and down tiles both through 
 scales by pointer. The same sums as the pointer kernels (_fp8a_part) and their epilogues
 (_gemm1_fp8_epilogue, grouped_gemm._gemm2_epilogue); e4m3 rows need 16-byte strides (H, I % 16 == 0).
 Triton 3.6, sm_90 (compile_report.py --gemm current --fp8 weights+act with MEGAMOE_FP8_TMA=1;
-qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages: 255 registers,
-no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, ~1480 SASS instructions per K step (the
-x quantization dominates: a correctly rounded division per element, 32 a thread; each wgmma is
-waited for at once, pendings = 0); at BLOCK_M 128 the K loop spills (129 LDL/STL). GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions.
+qwen3-30b-a3b:4096 and deepseek-v3:4096 alike): GEMM 1 64x128x128, 8 warps, 4 stages, reading x's
+codes (XQ): 244 registers, no spills, K loop of 8 QGMMA (e4m3 wgmma) + 2 TMA loads, 305 SASS
+instructions per K step (quantizing x in the loop, as before XQ: 255 registers, ~1480, a correctly
+rounded division per element, 32 a thread; each wgmma is waited for at once, pendings = 0); at
+BLOCK_M 128 the K loop still spills with XQ (16 LDL/STL per K step, 648 instructions; 129 without).
+GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instructions. The pointer
+GEMM 1 (same tile): with XQ 255 registers, no spills, 371 instructions per K step (without: 1547,
+48 LDL/STL, 248 stack bytes).
 
 Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
 = bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):
@@ -167,6 +174,24 @@ def _quantize_groups(a):
     return q.to(tl.float8e4nv), s
 
 
+@triton.jit(do_not_specialize=["T"])
+def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, T, H, stride_xt, stride_qt, stride_st, KB: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    """x (T, H) -> codes q (T, H) e4m3 and scales s (T, ceil(H / KB)) fp32, per token per KB columns
+    (_quantize_groups, the arithmetic GEMM 1's K loop applies to its x rows): program (i, g) takes
+    tokens [i * BLOCK_T, (i + 1) * BLOCK_T) x group g; columns past H count as 0 (as the K loop's
+    masked tail), rows past T are neither read nor written."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.program_id(1) * KB + tl.arange(0, KB)
+    t_mask = offs_t < T
+    mask = t_mask[:, None] & (offs_k < H)[None, :]
+    t64 = offs_t.to(tl.int64)
+    a = tl.load(x_ptr + t64[:, None] * stride_xt + offs_k[None, :], mask=mask, other=0.0)
+    q, sc = _quantize_groups(a.to(tl.float32))
+    tl.store(q_ptr + t64[:, None] * stride_qt + offs_k[None, :], q, mask=mask)
+    tl.store(s_ptr + t64 * stride_st + tl.program_id(1), sc, mask=t_mask)
+
+
 @triton.jit
 def _fp8a_part(aq, b, sa, sw):
     """One K tile of FP8 activations: dot(aq, b) of e4m3 (BM, KB) x (KB, BN), fp32, times the row
@@ -204,12 +229,32 @@ def _gemm1_fp8_tile(
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
     and their scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized
     per K tile, h quantized into out (codes) and outs (scales, column pid_n); BLOCK_N == KB.
-    CVT: how weight-only FP8 converts the codes (``_e4m3_to``); PF: scales loaded a K step ahead."""
+    CVT: how weight-only FP8 converts the codes (``_e4m3_to``); PF: scales loaded a K step ahead.
+    (The megakernel's tile: _gemm1_fp8_xq_tile with XQ off.)"""
+    _gemm1_fp8_xq_tile(x_ptr, x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
+                       topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, 0, stride_we, stride_wn, stride_wse,
+                       stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,
+                       FP8_A, False, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, PF)
+
+
+@triton.jit
+def _gemm1_fp8_xq_tile(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
+    stride_ot, stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
+):
+    """_gemm1_fp8_tile's work; XQ (with FP8_A, not SCALE_INPUT): x_ptr holds x's e4m3 codes (T, KD)
+    and xs_ptr their scales (T, ceil(KD / KB)), as _quantize_x_kernel writes them (the codes the
+    K loop would compute), loaded instead of quantizing x in every K step."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
     wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
     wu_ptrs = wg_ptrs + N * stride_wn
     sg_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
@@ -236,7 +281,11 @@ def _gemm1_fp8_tile(
         else:
             sg = tl.load(sg_ptrs + kt)
             su = tl.load(su_ptrs + kt)
-        if FP8_A:
+        if FP8_A and XQ:
+            sa = tl.load(xs_ptrs + kt, mask=row_mask, other=0.0)
+            acc_g += _fp8a_part(a, bg, sa, sg)
+            acc_u += _fp8a_part(a, bu, sa, su)
+        elif FP8_A:
             a32 = a.to(tl.float32)
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]
@@ -259,21 +308,21 @@ def _gemm1_fp8_tile(
 
 @triton.jit(do_not_specialize=["T", "num_m"])
 def _gemm1_fp8_kernel(
-    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
-    topk_w_ptr, T, N, KD, num_m, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be, stride_ot,
-    stride_os, alpha, limit,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
+    topk_w_ptr, T, N, KD, num_m, stride_xt, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
+    stride_ot, stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
-    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CVT: tl.constexpr,
 ):
     pid_m, pid_n, e, _s, _lo, _hi = _program_tile(tl.program_id(0), num_m, N, KD, block_expert_ptr, DENSE, 1,
                                                   BLOCK_N, BLOCK_K, GROUP_M)
     if e < 0:
         return
-    _gemm1_fp8_tile(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-                    pid_m, pid_n, e, T, N, KD, stride_xt, stride_we, stride_wn, stride_wse, stride_wsn, stride_be,
-                    stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, FP8_A, IEEE, KB,
-                    BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
+    _gemm1_fp8_xq_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
+                       topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_we, stride_wn, stride_wse,
+                       stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,
+                       FP8_A, XQ, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
 
 
 @triton.jit
@@ -351,20 +400,23 @@ def _gemm2_fp8_kernel(
 # --------------------------------------------------------------------------- variant "tma_persistent"
 @triton.jit
 def _gemm1_fp8_tma_tile(
-    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-    pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha, limit,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha,
+    limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, XQ: tl.constexpr,
+    KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 1 tile with FP8 activations as _gemm1_fp8_tile computes it (FP8_A): the e4m3 gate
     and up weight tiles (BLOCK_N, KB) through the TMA descriptor w_desc over gate_up as (E*2N, KD)
     (zero past KD; columns past N read the next rows, and the epilogue masks them), x rows gathered
-    by pointers and quantized per K tile; BLOCK_K == BLOCK_N == KB."""
+    by pointers and quantized per K tile (XQ: x_ptr / xs_ptr hold x's codes and scales, as
+    _gemm1_fp8_xq_tile's, gathered by pointers instead); BLOCK_K == BLOCK_N == KB."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
     row_g = e * (2 * N) + pid_n * BLOCK_N
     # the weight scales of a band of BLOCK_N == KB rows: the band's first scale block and the next
     # (clamped to the last), two uniform loads per K step, picked per column (the same values as
@@ -390,10 +442,14 @@ def _gemm1_fp8_tma_tile(
         bu = w_desc.load([row_g + N, kt * BLOCK_K])
         sg = tl.where(g_lo, tl.load(sg_lo + kt), tl.load(sg_hi + kt))
         su = tl.where(u_lo, tl.load(su_lo + kt), tl.load(su_hi + kt))
-        a32 = a.to(tl.float32)
-        if SCALE_INPUT:
-            a32 = a32 * in_sc[:, None]
-        aq, sa = _quantize_groups(a32)
+        if XQ:
+            aq = a
+            sa = tl.load(xs_ptrs + kt, mask=row_mask, other=0.0)
+        else:
+            a32 = a.to(tl.float32)
+            if SCALE_INPUT:
+                a32 = a32 * in_sc[:, None]
+            aq, sa = _quantize_groups(a32)
         acc_g += _fp8a_part(aq, bg.T, sa, sg)
         acc_u += _fp8a_part(aq, bu.T, sa, su)
         a_ptrs += BLOCK_K
@@ -404,10 +460,11 @@ def _gemm1_fp8_tma_tile(
 
 @triton.jit(do_not_specialize=["T", "E"])
 def _gemm1_fp8_tma_kernel(
-    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
-    padded_off_ptr, topk_w_ptr, T, N, KD, E, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os,
-    alpha, limit,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, KB: tl.constexpr,
+    x_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr,
+    padded_off_ptr, topk_w_ptr, T, N, KD, E, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot,
+    stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr, XQ: tl.constexpr,
+    KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
@@ -417,10 +474,10 @@ def _gemm1_fp8_tma_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
-        _gemm1_fp8_tma_tile(x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
-                            topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be,
-                            stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE, KB,
-                            BLOCK_M, BLOCK_N, BLOCK_K)
+        _gemm1_fp8_tma_tile(x_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr,
+                            padded_pair_ptr, topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse,
+                            stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT,
+                            DENSE, XQ, KB, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -514,48 +571,83 @@ def _check_tma_variant(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> b
     return True
 
 
+def quantize_x_launch(x, codes, scales, launch: dict):
+    """(kernel, grid, args, kwargs) of the x quantization: x (T, H) -> codes (T, H) float8_e4m3fn and
+    scales (T, ceil(H/128)) fp32; ``launch``: plan.quantize_launch's (the static plan's "quant")."""
+    T, H = x.shape
+    if codes.shape != (T, H) or scales.shape != (T, -(-H // FP8_BLOCK)) or x.stride(1) != 1 or codes.stride(1) != 1:
+        raise ValueError(f"quantize_x: x {list(x.shape)} needs contiguous rows, codes {[T, H]} and scales "
+                         f"{[T, -(-H // FP8_BLOCK)]}, got {list(codes.shape)}, {list(scales.shape)}")
+    kwargs = dict(KB=FP8_BLOCK, BLOCK_T=launch["BLOCK_T"], num_warps=launch["num_warps"])
+    return (_quantize_x_kernel, launch["grid"],
+            (x, codes, scales, T, H, x.stride(0), codes.stride(0), scales.stride(0)), kwargs)
+
+
+def launch_quantize_x(x, codes, scales, launch: dict) -> None:
+    """x quantized once per token per 128 columns into codes and scales (see quantize_x_launch)."""
+    if x.shape[0] == 0:
+        return
+    kernel, grid, args, kwargs = quantize_x_launch(x, codes, scales, launch)
+    kernel[grid](*args, **kwargs)
+
+
 def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
-                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None):
+                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None,
+                     x_q: tuple | None = None):
     """(kernel, grid, args, kwargs) of the FP8 GEMM 1. x (T, H) its dtype; w (E, 2N, H) float8_e4m3fn;
     w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes with out_scale (P, ceil(N/128))
     fp32 when FP8 activations (out_scale given), else out in x's dtype. cfg's variant "tma_persistent"
-    (FP8 activations only): _gemm1_fp8_tma_kernel on ``num_sms`` programs (default: the device's SMs)."""
+    (FP8 activations only): _gemm1_fp8_tma_kernel on ``num_sms`` programs (default: the device's SMs).
+    ``x_q``: (codes, scales) of x from launch_quantize_x (FP8 activations without scale_input): the
+    kernels read them (XQ) instead of quantizing x in their K loop."""
     from .grouped_gemm import ACT_CODES
 
     fp8_act = out_scale is not None
     _check_fp8_tiles(cfg, "gemm1", fp8_act)
     T, KD = x.shape
     N = w.shape[1] // 2
+    if x_q is not None:
+        if not fp8_act or scale_input:
+            raise ValueError("FP8 GEMM 1 reads quantized x (x_q) only with FP8 activations and without scale_input "
+                             f"(the routing weight scales rows before they are quantized), got "
+                             f"fp8_activations={fp8_act}, scale_input={scale_input}")
+        if tuple(x_q[0].shape) != (T, KD) or tuple(x_q[1].shape) != (T, -(-KD // FP8_BLOCK)):
+            raise ValueError(f"x_q must be codes {[T, KD]} and scales {[T, -(-KD // FP8_BLOCK)]}, got "
+                             f"{list(x_q[0].shape)}, {list(x_q[1].shape)}")
+    xa, xs = (x, x) if x_q is None else x_q
+    stride_xs = 0 if x_q is None else xs.stride(0)
     if _check_tma_variant(cfg, "gemm1", fp8_act):
         kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
-                      KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                      GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
-                      num_stages=cfg["num_stages"])
-        args = (x, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out, out_scale,
-                meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
-                meta.get("padded_offsets"), topk_w, T, N, KD, w.shape[0], x.stride(0), w_scale.stride(0),
+                      XQ=x_q is not None, KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                      BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)),
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        args = (xa, xs, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out,
+                out_scale, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
+                meta.get("padded_offsets"), topk_w, T, N, KD, w.shape[0], xa.stride(0), stride_xs, w_scale.stride(0),
                 w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0), out_scale.stride(0),
                 float(alpha), float(limit))
         return _gemm1_fp8_tma_kernel, gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(x.device)), args, kwargs
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
-                  FP8_A=fp8_act, IEEE=_ieee(x), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                  BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], CVT=_multi_cvt(x, fp8_act), num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
-    args = (x, w, w_scale, bias, out, out_scale, meta.get("padded_token"), meta.get("padded_pair"),
-            meta.get("block_expert"), topk_w, T, N, KD, num_m, x.stride(0), w.stride(0), w.stride(1),
+                  FP8_A=fp8_act, XQ=x_q is not None, IEEE=_ieee(x), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"],
+                  BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], CVT=_multi_cvt(x, fp8_act),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    args = (xa, xs, w, w_scale, bias, out, out_scale, meta.get("padded_token"), meta.get("padded_pair"),
+            meta.get("block_expert"), topk_w, T, N, KD, num_m, xa.stride(0), stride_xs, w.stride(0), w.stride(1),
             w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0), out.stride(0),
             0 if out_scale is None else out_scale.stride(0), float(alpha), float(limit))
     return _gemm1_fp8_kernel, gemm_grid(num_m, N, cfg), args, kwargs
 
 
 def launch_gemm1_fp8(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
-                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None) -> None:
+                     limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None,
+                     x_q: tuple | None = None) -> None:
     """GEMM 1 with FP8 weights (see gemm1_fp8_launch)."""
     if num_m == 0:
         return
     kernel, grid, args, kwargs = gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg,
                                                   activation=activation, alpha=alpha, limit=limit,
-                                                  scale_input=scale_input, dense=dense, num_m=num_m, num_sms=num_sms)
+                                                  scale_input=scale_input, dense=dense, num_m=num_m, num_sms=num_sms,
+                                                  x_q=x_q)
     kernel[grid](*args, **kwargs)
 
 

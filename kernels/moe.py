@@ -8,6 +8,8 @@ synchronization: every size comes from T and the config, so the layer can be cap
 graph):
     router (routing.py)       topk_idx (T, K) int32, topk_weights (T, K) fp32, hist (C, E)
     scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, BLOCK_M)
+    quantize_x (fp8_gemm.py)  FP8 activations, not weight_on_input: x's e4m3 codes and per-128 scales,
+                              once, read by the routed and the shared GEMM 1
     gemm1, gemm2 (grouped_gemm.py), routed experts -> pair buffer (T*KS, H)
     gemm1, gemm2 dense, the shared MLP -> slot K of the pair buffer
     combine                   y[t] = sum over the KS rows of token t, fixed order (deterministic)
@@ -36,7 +38,7 @@ from ..reference.weights import FIELDS, SCALE_FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
-from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
+from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
 from .plan import static_plan
 from .routing import launch_router
@@ -184,6 +186,16 @@ def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
             torch.empty((rows, triton.cdiv(width, FP8_BLOCK)), device=x.device, dtype=torch.float32))
 
 
+def _x_buffers(x: torch.Tensor, quant: dict | None):
+    """x quantized once for the FP8 GEMM 1s (the static plan's ``quant``): e4m3 codes (T, H) and
+    scales (T, ceil(H / 128)) fp32, or None where GEMM 1 quantizes in its K loop (or has no FP8 activations)."""
+    if quant is None:
+        return None
+    T, H = x.shape
+    return (torch.empty((T, H), device=x.device, dtype=torch.float8_e4m3fn),
+            torch.empty((T, triton.cdiv(H, FP8_BLOCK)), device=x.device, dtype=torch.float32))
+
+
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
                     deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None,
                     fp8: str | None = None):
@@ -230,10 +242,13 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         return y
 
     act, act_s = _act_buffers(P_max, I, fp8, x)
+    x_q = _x_buffers(x, sp.quant)  # x's codes and scales, once for the routed and the shared GEMM 1
+    if x_q is not None:
+        launch_quantize_x(x, *x_q, sp.quant)
     if fp8:
         launch_gemm1_fp8(x, weights.gate_up, weights.gate_up_scale_inv, weights.gate_up_bias, act, act_s, meta, topk_w,
                          g1, activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                         scale_input=config.weight_on_input, dense=False, num_m=B_max, num_sms=sp.num_sms)
+                         scale_input=config.weight_on_input, dense=False, num_m=B_max, num_sms=sp.num_sms, x_q=x_q)
     else:
         launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                      activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
@@ -262,7 +277,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
             launch_gemm1_fp8(x, weights.shared_gate_up.view(1, 2 * Is, H),
                              weights.shared_gate_up_scale_inv.unsqueeze(0), None, sh, sh_s, {}, None,
                              sp.shared["gemm1"], activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False,
-                             dense=True, num_m=sp.shared_m, num_sms=sp.num_sms)
+                             dense=True, num_m=sp.shared_m, num_sms=sp.num_sms, x_q=x_q)
             launch_gemm2_fp8(sh, sh_s, weights.shared_down.view(1, H, Is), weights.shared_down_scale_inv.unsqueeze(0),
                              None, out, {}, sgate, sp.shared["gemm2"], T=T, K=K, KS=KS, dense=True, atomic=atomic,
                              num_m=sp.shared_m, split=split2, num_sms=sp.num_sms)

@@ -214,12 +214,23 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": K}))
 
+    # ---- x quantized once (fp8_gemm._quantize_x_kernel): the FP8 GEMM 1s then read e4m3 rows and their scales
+    xb = float(b)
+    if sp.quant:
+        ql = sp.quant
+        qt = ql["BLOCK_T"] * ql["KB"]
+        stages.append(Stage("quantize_x", "_quantize_x_kernel", ql["grid"], int(np.prod(ql["grid"])),
+                            dict(BLOCK_T=ql["BLOCK_T"], KB=ql["KB"], num_warps=ql["num_warps"]),
+                            bytes_per_tile=qt * b + qt + 4 * ql["BLOCK_T"], flops_per_tile=4 * qt,
+                            note="x -> e4m3 codes and a scale per token per 128 columns, once for every GEMM 1"))
+        xb = row_bytes(H, "fp8_e4m3") / H
+
     # ---- routed experts (grouped_gemm.py)
     blocks_e = -(-counts // bm)  # row blocks per expert
     active_blocks = int(blocks_e.sum())
     stages += _gemm_stages("gemm1", "gemm2", g1, g2, blocks_e, active_blocks, B_max, H, I, b, T, KS,
                            bias=config.expert_bias, deterministic=deterministic, act=sp.act, num_sms=sp.num_sms,
-                           wb=wb, ab=ab, mma=mma, fp8=fp8)
+                           wb=wb, ab=ab, mma=mma, fp8=fp8, xb=xb)
     split2 = sp.split2
 
     # ---- shared MLP (dense: every token)
@@ -229,7 +240,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         stages += _gemm_stages("shared_gemm1", "shared_gemm2", sp.shared["gemm1"], sp.shared["gemm2"],
                                np.array([nm]), nm, nm, H, Is, b, T, KS, bias=False, deterministic=deterministic,
                                act=sp.shared_act, num_sms=sp.num_sms, wb=wb,
-                               ab=row_bytes(Is, "fp8_e4m3") / Is if fp8_act else float(b), mma=mma, fp8=fp8)
+                               ab=row_bytes(Is, "fp8_e4m3") / Is if fp8_act else float(b), mma=mma, fp8=fp8,
+                               xb=xb)
 
     # ---- combine
     atomic = sp.atomic
@@ -262,13 +274,15 @@ def _kernel_key(g: dict, fp8) -> str:
 
 
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
-                 num_sms, wb=None, ab=None, mma="bf16", fp8=None):
+                 num_sms, wb=None, ab=None, mma="bf16", fp8=None, xb=None):
     """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert.
     b: bytes per element of x and of the output rows; wb of the weights, ab of the activation
-    between the GEMMs (default b: the 16-bit layer); mma: the tensor cores' format; fp8: the FP8
+    between the GEMMs, xb of GEMM 1's gathered rows (x's e4m3 codes and scales when the layer
+    quantizes x once) (default b: the 16-bit layer); mma: the tensor cores' format; fp8: the FP8
     mode (fp8_gemm.py's kernels)."""
     wb = float(b) if wb is None else wb
     ab = float(b) if ab is None else ab
+    xb = float(b) if xb is None else xb
     # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
     # (fp8_entry keeps the variant only for the persistent FP8 GEMMs, FP8_TMA_PREFILL)
     tma1 = g1.get("variant") == "tma_persistent"
@@ -278,7 +292,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     s1 = g1.get("SPLIT_K", 1)
     nt1 = -(-I // g1["BLOCK_N"])
     kh = H / s1
-    ops1 = {"a": bm * kh * b, "b": 2 * g1["BLOCK_N"] * kh * wb,
+    ops1 = {"a": bm * kh * xb, "b": 2 * g1["BLOCK_N"] * kh * wb,
             "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * ab}
     bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
@@ -379,6 +393,20 @@ def combine_launch(T: int, H: int) -> dict:
     return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (cdiv(T, block_t), cdiv(H, block_h)), "num_warps": 4}
 
 
+def quantize_launch(T: int, H: int, *, interpret: bool = False) -> dict:
+    """The x quantization before the FP8 GEMM 1s (fp8_gemm._quantize_x_kernel): BLOCK_T tokens x one
+    128-column group per program."""
+    bt = 8 if interpret else 32
+    return {"BLOCK_T": bt, "KB": FP8_BLOCK, "grid": (cdiv(T, bt), cdiv(H, FP8_BLOCK)), "num_warps": 4}
+
+
+def quantizes_x(config, fp8: str | None) -> bool:
+    """Whether the layer quantizes x once before its FP8 GEMM 1s (FP8 activations, the routing weight
+    not applied to the input: with weight_on_input, Llama 4, each routed pair's row is scaled before
+    it is quantized, so GEMM 1 quantizes in its K loop)."""
+    return fp8 == "weights+act" and not config.weight_on_input
+
+
 def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sms: int | None = None) -> tuple[int]:
     """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; for the persistent
     variant ("tma_persistent") one program per SM, fewer where there are fewer tiles (each
@@ -419,6 +447,9 @@ class StaticPlan:
     KS: int
     num_sms: int
     fp8: str | None = None  # None, "weights" (e4m3 weights, activations in x's dtype) or "weights+act"
+    #: quantize_launch's dict where the layer quantizes x once before GEMM 1 (``quantizes_x``), else None:
+    #: the FP8 GEMM 1s (routed and shared) then read x's e4m3 codes and scales
+    quant: dict | None = None
 
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
@@ -462,7 +493,8 @@ FP8_MAX_BLOCK_M = 64
 FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
 #: Row tiles of the persistent FP8 GEMMs at most (both GEMMs, and the align, share BLOCK_M): at 128
 #: rows GEMM 1's K loop spills under Triton 3.6 for sm_90 (255 registers, 129 LDL/STL per K step:
-#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread), at 64 it does not (compile_report)
+#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread; still 16 reading x quantized once),
+#: at 64 it does not (compile_report)
 FP8_TMA_MAX_BLOCK_M = 64
 
 
@@ -545,6 +577,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
             shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
     atomic = not deterministic and (KS > 1 or split2 > 1)
     combine = combine_launch(T, H) if (atomic or KS > 1 or split2 > 1) and T else None
+    quant = quantize_launch(T, H, interpret=interpret) if quantizes_x(config, fp8) and T else None
     return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
                       P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS,
-                      num_sms=num_sms, fp8=fp8)
+                      num_sms=num_sms, fp8=fp8, quant=quant)

@@ -506,7 +506,7 @@ OUTLIER = 0.15  # |pred - meas| / meas beyond which the report lists a configura
 #: the multi-launch stages as the GPU runs measure them (CUDA-graph times of the pipeline's
 #: prefixes, kernels.bench.stage_split: megamoe bench --breakdown and validate's GPU run), each with
 #: the plan's stages it holds (by name prefix)
-STAGE_GROUPS = {"router+align": ("router", "align"), "gemm1": ("gemm1",), "gemm2": ("gemm2", "shared"),
+STAGE_GROUPS = {"router+align": ("router", "align"), "gemm1": ("quantize_x", "gemm1"), "gemm2": ("gemm2", "shared"),
                 "combine": ("combine",)}
 
 

@@ -386,8 +386,9 @@ def _tma_entries(H: int, I: int, device) -> tuple[dict, dict]:
     return ptr, tma
 
 
-def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms):
-    """Both FP8-activation GEMMs on a given routing, act codes, scales and pairs poisoned with NaN."""
+def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms, quantize_x=False):
+    """Both FP8-activation GEMMs on a given routing, act codes, scales and pairs poisoned with NaN;
+    ``quantize_x``: x quantized once first (fp8_gemm.launch_quantize_x), GEMM 1 reading the codes."""
     from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
     from megamoe.kernels.moe import align_only
 
@@ -399,9 +400,10 @@ def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms):
     act_s = torch.full((P_max, -(-I // 128)), nan, device=device.name, dtype=torch.float32)
     pairs = torch.full((T * K, H), nan, device=device.name, dtype=device.torch_dtype())
     topk_w = device.tensor(tw, "float32")
+    x_q = _quantized_x(device, device.tensor(x))[:2] if quantize_x else None
     launch_gemm1_fp8(device.tensor(x), wt.gate_up, wt.gate_up_scale_inv, None, act, act_s, meta, topk_w,
                      entry["gemm1"], activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=False,
-                     num_m=B_max, num_sms=num_sms)
+                     num_m=B_max, num_sms=num_sms, x_q=x_q)
     launch_gemm2_fp8(act, act_s, wt.down, wt.down_scale_inv, None, pairs, meta, topk_w, entry["gemm2"], T=T, K=K,
                      KS=K, dense=False, atomic=False, num_m=B_max, num_sms=num_sms)
     n_rows = int(meta["padded_offsets"][E])
@@ -520,3 +522,169 @@ def test_fp8_tma_off_by_default_leaves_fp8_entry_unchanged():
     if not plan.FP8_TMA_PREFILL:
         sp = plan.static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8="weights+act")
         assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "pointer"
+
+
+# --------------------------------------------------------------------------- x quantized once (quantize_x)
+def _quantized_x(device, xt, rows_extra: int = 0):
+    """x's codes and scales from fp8_gemm.launch_quantize_x with the plan's launch sizes; both buffers
+    poisoned (NaN codes 0x7F, NaN scales) and ``rows_extra`` rows longer than T, views of the first T."""
+    from megamoe.kernels.fp8_gemm import launch_quantize_x
+    from megamoe.kernels.plan import quantize_launch
+
+    T, H = xt.shape
+    q = torch.full((T + rows_extra, H), 0x7F, device=device.name, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    s = torch.full((T + rows_extra, -(-H // 128)), float("nan"), device=device.name, dtype=torch.float32)
+    launch_quantize_x(xt, q[:T], s[:T], quantize_launch(T, H, interpret=device.name == "cpu"))
+    return q[:T], s[:T], q, s
+
+
+@pytest.mark.parametrize("T,H", [(13, 200), (8, 256), (1, 130)])
+def test_quantize_x_equals_the_reference_and_the_k_loop(T, H, rng, device):
+    """fp8_gemm._quantize_x_kernel: codes and scales bit-equal to reference.fp8.quantize_activations and
+    to _quantize_groups on the K loop's zero-padded (rows, 128) tiles (what GEMM 1 quantized before);
+    T not a multiple of BLOCK_T and H not of 128 (masked tails), an all-zero token (AMAX_FLOOR), a
+    token far below 1 and one with 448-sized entries; rows past T left as they were."""
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    x[0] *= 1e-6
+    if T > 2:
+        x[1] = 0.0
+        x[2, ::7] = 448.0 * 3
+    xt = device.tensor(x)
+    q, s, q_all, s_all = _quantized_x(device, xt, rows_extra=3)
+    xr = xt.cpu().double().numpy()
+    qr, sr = quantize_activations(xr)
+    np.testing.assert_array_equal(e4m3_decode(q.cpu().view(torch.uint8).numpy()), e4m3_decode(qr))
+    np.testing.assert_array_equal(s.cpu().numpy(), sr)
+    # the K loop's quantizer on the same tiles, zero past H (its masked K tail), bit for bit
+    G, M = -(-H // 128), triton.next_power_of_2(T)
+    pad = np.zeros((M, G * 128), np.float32)
+    pad[:T, :H] = xt.cpu().float().numpy()
+    for g in range(G):
+        qk = torch.empty((M, 128), dtype=torch.float8_e4m3fn, device=device.name)
+        sk = torch.empty((M,), dtype=torch.float32, device=device.name)
+        _quant[(1,)](torch.from_numpy(np.ascontiguousarray(pad[:, g * 128:(g + 1) * 128])).to(device.name), qk, sk,
+                     M=M, N=128)
+        w = min(128, H - g * 128)
+        assert torch.equal(q[:, g * 128:g * 128 + w].cpu().view(torch.uint8), qk[:T, :w].cpu().view(torch.uint8))
+        assert torch.equal(s[:, g].cpu(), sk[:T].cpu())
+    assert (q_all[T:].cpu().view(torch.uint8) == 0x7F).all() and torch.isnan(s_all[T:].cpu()).all(), \
+        "rows past T were written"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("case", ["random", "one_expert"])
+def test_gemm1_reading_quantized_x_equals_the_k_loop(case, rng, device):
+    """Both FP8 GEMM 1s (pointer and persistent) reading x's codes and scales (XQ) against the same
+    GEMMs quantizing x in their K loop, every output poisoned: the same activation codes and scales
+    bit for bit (the same codes, the same sums) and the same pair rows under the interpreter."""
+    T, routing, _why = TMA_GEMM_CASES[case]
+    cfg = MoEConfig(**TMA_BASE)
+    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    idx = np.tile(np.array([3, 1]), (T, 1)) if routing == "one" else np.stack([rng.permutation(E)[:K]
+                                                                                 for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    wt = random_weights(cfg, seed=23, fp8=True).to_torch(device.name, device.torch_dtype())
+    sms = 3 if device.name == "cpu" else None
+    for entry in _tma_entries(H, I, device):
+        bm = entry["gemm1"]["BLOCK_M"]
+        got = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, sms, quantize_x=True)
+        want = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, sms)
+        what = entry["gemm1"]["variant"]
+        assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), f"{what}: a row left unwritten"
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)), what
+        assert torch.equal(got[1], want[1]), what
+        if device.name == "cpu":
+            assert torch.equal(got[2], want[2]), what
+
+
+def _layer_both_ways(device, cfg, x, w8, plan_kw, monkeypatch, tma: bool):
+    """The layer with the static plan's x quantization (quant) and with it taken out (GEMM 1 quantizing
+    in its K loop, as before): (y with, y without, the plan)."""
+    import dataclasses
+
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels import plan
+
+    monkeypatch.setattr(plan, "FP8_TMA_PREFILL", tma)
+    plan._static_plan.cache_clear()
+    try:
+        xt = device.tensor(x)
+        sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, fp8="weights+act", **plan_kw)
+        wt = w8.to_torch(device.name, device.torch_dtype())
+        y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=True)
+        y0 = kmoe._forward(xt, wt, cfg, True, plan=dataclasses.replace(sp, quant=None), fp8_activations=True)
+    finally:
+        plan._static_plan.cache_clear()
+    return y, y0, sp
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("variant", ["pointer", "tma_persistent"])
+@pytest.mark.parametrize("case", ["deepseek", "swiglu_bias"])
+def test_layer_with_quantized_x_equals_the_k_loop(case, variant, rng, device, monkeypatch):
+    """The layer with FP8 activations quantizes x once (plan stage "quantize_x") and both GEMM 1s
+    (routed, shared) read the codes: the output equals the K-loop quantization's (bitwise under the
+    interpreter) and the FP8 reference, with the pointer and the persistent GEMMs; T and H odd."""
+    from megamoe.kernels import configs as cfgs
+
+    fields = {**CASES[case][0]}
+    if fields.get("shared_intermediate_size"):
+        fields["shared_intermediate_size"] = 80
+    cfg = MoEConfig(**{**TMA_BASE, **fields})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    x = rng.standard_normal((19, cfg.hidden_size))
+    kw = {}
+    if variant == "tma_persistent":
+        entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
+        kw = dict(gemm=entry, shared_gemm=entry)
+    y, y0, sp = _layer_both_ways(device, cfg, x, w8, kw, monkeypatch, variant == "tma_persistent")
+    assert sp.quant is not None and sp.gemm["gemm1"]["variant"] == variant
+    if device.name == "cpu":
+        assert torch.equal(y, y0)
+    else:
+        torch.testing.assert_close(y, y0, rtol=2**-6, atol=1e-3)
+    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
+    assert_close(y.cpu(), ref, "fp8_e4m3", f"quantized x, {case} {variant}")
+
+
+def test_quantize_x_in_the_launch_plan_and_not_for_input_scaling():
+    """The launch plan prices the x quantization (stage "quantize_x": x read, codes and scales written)
+    and GEMM 1's gathered rows at e4m3 bytes (+ a scale per 128); Llama 4 (weight_on_input: the routing
+    weight scales the rows before they are quantized) and weight-only FP8 keep the K-loop quantization
+    (no stage, no quant, and the launcher refuses codes with scale_input)."""
+    from megamoe.kernels.fp8_gemm import gemm1_fp8_launch
+    from megamoe.kernels.plan import launch_plan, static_plan
+    from megamoe.reference.sizes import row_bytes
+
+    cfg = MoEConfig(hidden_size=2048, intermediate_size=768, num_experts=16, top_k=2, num_shared_experts=1,
+                    shared_intermediate_size=512)
+    T = 104
+    counts = np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts)  # 13 pairs each
+    p = launch_plan(cfg, T, counts=counts, fp8="weights+act")
+    sp = static_plan(cfg, T, fp8="weights+act")
+    names = [s.name for s in p.stages]
+    assert names.index("quantize_x") < names.index("gemm1") < names.index("shared_gemm1")
+    q = p.stage("quantize_x")
+    assert q.grid == sp.quant["grid"] == (-(-T // sp.quant["BLOCK_T"]), 2048 // 128)
+    assert q.total_bytes == q.active_programs * sp.quant["BLOCK_T"] * 128 * (2 + 1) + q.active_programs * \
+        sp.quant["BLOCK_T"] * 4
+    assert q.total_bytes >= T * 2048 * 3 + T * 16 * 4
+    xb = row_bytes(2048, "fp8_e4m3") / 2048
+    for name in ("gemm1", "shared_gemm1"):
+        st = p.stage(name)
+        assert st.operand_bytes_per_tile["a"] == st.tile["BLOCK_M"] * 2048 * xb
+    before = launch_plan(cfg, T, counts=counts, fp8="weights")
+    assert "quantize_x" not in [s.name for s in before.stages] and static_plan(cfg, T, fp8="weights").quant is None
+    assert before.stage("gemm1").operand_bytes_per_tile["a"] == before.stage("gemm1").tile["BLOCK_M"] * 2048 * 2
+    llama = MoEConfig(**{**TMA_BASE, **CASES["input_scaled"][0]})
+    assert static_plan(llama, 19, fp8="weights+act").quant is None
+    assert "quantize_x" not in [s.name for s in launch_plan(llama, 19, counts=np.array([19, 0, 0, 0, 0]),
+                                                            fp8="weights+act").stages]
+    f8 = torch.float8_e4m3fn
+    x = torch.empty((4, 256))
+    with pytest.raises(ValueError, match="scale_input"):
+        gemm1_fp8_launch(x, torch.empty((2, 256, 256), dtype=f8), torch.empty((2, 2, 2)), None,
+                         torch.empty((8, 128), dtype=f8), torch.empty((8, 1)), {}, None, sp.gemm["gemm1"],
+                         activation="silu_gated", alpha=1.0, limit=1.0, scale_input=True, dense=True, num_m=1,
+                         x_q=(torch.empty((4, 256), dtype=f8), torch.empty((4, 2))))

@@ -141,7 +141,8 @@ def test_fp8_plan_matches_launches(fp8, rng, monkeypatch):
     w = random_weights(cfg, seed=1, fp8=True).to_torch("cpu", torch.float32)
     x = torch.from_numpy(rng.standard_normal((13, 40))).float()
     log: list = []
-    kernels = {**KERNEL_MODULES, "_gemm1_fp8_kernel": "fp8_gemm", "_gemm2_fp8_kernel": "fp8_gemm"}
+    kernels = {**KERNEL_MODULES, "_gemm1_fp8_kernel": "fp8_gemm", "_gemm2_fp8_kernel": "fp8_gemm",
+               "_quantize_x_kernel": "fp8_gemm"}
     for name, mod in kernels.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
         monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
@@ -159,7 +160,8 @@ def test_fp8_plan_matches_launches(fp8, rng, monkeypatch):
 
 def test_fp8_plan_reads_fp8_bytes_and_multiplies_in_fp8_with_fp8_activations():
     """Hand-worked bytes (H, I multiples of 128): e4m3 weights 1 + 4 / 128^2 bytes per element, FP8
-    activations 1 + 4 / 128; x and y stay bf16; FLOPs as the bf16 plan's for the same tiles."""
+    activations 1 + 4 / 128 (GEMM 1's gathered x rows too: x quantized once, stage "quantize_x"); x and y
+    stay bf16; FLOPs as the bf16 plan's for the same tiles."""
     from megamoe.kernels import launch_plan
 
     cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2)
@@ -173,7 +175,8 @@ def test_fp8_plan_reads_fp8_bytes_and_multiplies_in_fp8_with_fp8_activations():
         bm, bn1, bn2 = g1.tile["BLOCK_M"], g1.tile["BLOCK_N"], g2.tile["BLOCK_N"]
         assert g1.tile["SPLIT_K"] == 1 or fp8 is None
         if g1.tile["SPLIT_K"] == 1:
-            assert g1.operand_bytes_per_tile == pytest.approx({"a": bm * H * 2, "b": 2 * bn1 * H * wb,
+            assert g1.operand_bytes_per_tile == pytest.approx({"a": bm * H * (ab if mma == "fp8" else 2),
+                                                               "b": 2 * bn1 * H * wb,
                                                                "out": bm * bn1 * ab})
         s2 = g2.tile.get("SPLIT_K", 1)
         assert g2.operand_bytes_per_tile["a"] == pytest.approx(bm * I / s2 * ab)
