@@ -75,7 +75,7 @@ from .configs import FP8_CONVERT_DEFAULT
 from .grouped_gemm import (
     _act_values,
     _descriptor,
-    _gemm1_rows,
+    _gemm1_tile_start,
     _gemm2_epilogue,
     _gemm2_rows,
     _ieee,
@@ -249,11 +249,8 @@ def _gemm1_fp8_xq_tile(
     """_gemm1_fp8_tile's work; XQ (with FP8_A, not SCALE_INPUT): x_ptr holds x's e4m3 codes (T, KD)
     and xs_ptr their scales (T, ceil(KD / KB)), as _quantize_x_kernel writes them (the codes the
     K loop would compute), loaded instead of quantizing x in every K step."""
-    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
+        x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
     wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + offs_k[:, None]
     wu_ptrs = wg_ptrs + N * stride_wn
@@ -411,11 +408,8 @@ def _gemm1_fp8_tma_tile(
     (zero past KD; columns past N read the next rows, and the epilogue masks them), x rows gathered
     by pointers and quantized per K tile (XQ: x_ptr / xs_ptr hold x's codes and scales, as
     _gemm1_fp8_xq_tile's, gathered by pointers instead); BLOCK_K == BLOCK_N == KB."""
-    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
+        x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
     row_g = e * (2 * N) + pid_n * BLOCK_N
     # the weight scales of a band of BLOCK_N == KB rows: the band's first scale block and the next

@@ -132,6 +132,21 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
+def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt, DENSE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """What every GEMM 1 tile (row block pid_m, N tile pid_n) starts from: (rows, tok, row_mask,
+    offs_n, offs_bn, offs_k, a_ptrs): its padded rows, their tokens and mask (_gemm1_rows), its
+    output columns, their in-bounds weight rows (offs_n % N; the stores mask the rest), one K step's
+    offsets, and the pointers to x's rows at column k0 (the first K step's)."""
+    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + (k0 + offs_k)[None, :]
+    return rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs
+
+
+@triton.jit
 def _gemm1_acc(
     x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
     DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
@@ -139,11 +154,8 @@ def _gemm1_acc(
 ):
     """GEMM 1's fp32 gate and up sums of one tile over K tiles [k_lo, k_hi):
     -> (acc_g, acc_u, rows, row_mask, offs_n, offs_bn). Shared by every GEMM 1 path."""
-    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N  # in-bounds weight rows; the store masks the rest
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + (k_lo * BLOCK_K + offs_k)[None, :]
+    rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
+        x_ptr, padded_token_ptr, pid_m, pid_n, k_lo * BLOCK_K, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     wu_ptrs = wg_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -401,11 +413,8 @@ def _gemm1_tma_tile(
     """One GEMM 1 tile as _gemm1_tile computes it (no split-K), the gate and up weight tiles
     (BLOCK_N, BLOCK_K) read through the TMA descriptor w_desc over gate_up as (E*2N, KD) (zero past
     KD; columns past N read the next rows, and the store masks them); x rows gathered by pointers."""
-    rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+    rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
+        x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
