@@ -86,8 +86,8 @@ def _expert_slice_tile(
     h = tl.where(c_mask[None, :], h, 0.0).to(dn_ptr.dtype.element_ty)
     orow = (c * T * KS + tok2 * KS + slot).to(tl.int64)  # slab c's rows
     offs_nb = tl.arange(0, BLOCK_N)
-    # offs_c, not offs_bc (tl.where would hide its contiguity where stride_dnk is 1 and turn the
-    # copies into scalar loads); the mask keeps the lanes past the slice from loading
+    # offs_c, not offs_bc (tl.where would hide its contiguity, which the (E, H, I) layout's loads
+    # run along, and turn the copies into scalar loads); the mask keeps lanes past the slice from loading
     if DOWN_T:
         w_base = dn_ptr + e.to(tl.int64) * stride_dne + offs_c[:, None] * stride_dnn
     else:

@@ -142,6 +142,14 @@ GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
 #: the shared expert's GEMMs and expert_slice tasks read theirs by pointer loads): their bytes
 #: price at the TMA table (hbm_grid), every other task's at hbm_read
 TMA_WEIGHT_KINDS = ("gemm1", "gemm2")
+#: the megakernel's GEMM task kinds: their gathered rows are an operand an L2 model can re-hit
+GEMM_KINDS = ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
+
+
+def _of_kinds(kind: np.ndarray, kinds: list, names) -> np.ndarray:
+    """(n,) bool: the tasks (kind codes into ``kinds``, a plan's list) of a kind in ``names``
+    (names the plan does not have match nothing: a stored plan of older kinds)."""
+    return np.isin(kind, [kinds.index(k) for k in names if k in kinds])
 
 
 def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=None, *, dtype: str = "bf16",
@@ -684,7 +692,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     if weight_loads not in MEGAKERNEL_LOADS:
         raise ValueError(f"weight_loads must be one of {sorted(MEGAKERNEL_LOADS)}, got {weight_loads!r}")
     forms = MEGAKERNEL_LOADS[weight_loads]
-    gated = np.isin(kind, [kinds.index(k) for k in GATED_KINDS if k in kinds])
+    gated = _of_kinds(kind, kinds, GATED_KINDS)
     rate = np.empty(n)
     for sel, loads in ((gated, forms["gated"]), (~gated, forms["other"])):
         if sel.any():
@@ -697,15 +705,14 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     wb = a["weight_bytes"].astype(np.float64)
     ib = a["in_bytes"].astype(np.float64)
     w_hit = _l2_hits(a["weight_id"].astype(np.int64), wb, window)
-    gemm = np.isin(kind, [kinds.index(k) for k in ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
-                          if k in kinds])
+    gemm = _of_kinds(kind, kinds, GEMM_KINDS)
     row_key = np.where(gemm, kind * (1 << 40) + a["block"].astype(np.int64), -1)
     i_hit = _l2_hits(row_key, ib, window)
     dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)
     l2 = np.where(w_hit, wb, 0.0) + np.where(i_hit, ib, 0.0)
     # tasks stream back to back inside one launch: the marginal (streaming) rate, not a cold
     # one-shot launch's (hbm_stream_rate); the routed GEMMs' with TMA weights from the TMA table
-    tma = np.isin(kind, [kinds.index(k) for k in TMA_WEIGHT_KINDS if k in kinds]) & weights_by_tma(forms["other"])
+    tma = _of_kinds(kind, kinds, TMA_WEIGHT_KINDS) & weights_by_tma(forms["other"])
     rate_P = float(hbm_stream_rate(p, resident))
     rate_P_tma = float(hbm_stream_rate(p, resident, tma=True))
     mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
