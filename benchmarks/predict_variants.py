@@ -25,15 +25,12 @@ PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "m
 
 
 def predict(cfg, counts, T: int, mk: dict, profile, calls: int) -> float:
-    from megamoe.kernels import configs as cfgs
-    from megamoe.reference.tiles import task_layout, task_plan
+    """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan)."""
+    from megamoe.scale import megakernel_task_plan
     from megamoe.simulator.cost import predict_task_plan
 
-    lay = task_layout(cfg, T, mk["tiles"])
-    P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
-    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=P)
-    return predict_task_plan(plan, profile, num_warps=mk["num_warps"], calls_per_graph=calls,
-                             weight_loads=cfgs.megakernel_weight_loads(mk))["time_us"]
+    plan, warps, loads = megakernel_task_plan(cfg, counts, T, device_name="NVIDIA H200", profile=profile, mk=mk)
+    return predict_task_plan(plan, profile, num_warps=warps, calls_per_graph=calls, weight_loads=loads)["time_us"]
 
 
 def main(argv=None) -> int:

@@ -343,17 +343,18 @@ class WeightCache:
 
 
 # --------------------------------------------------------------------------- predictions
-def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile):
+def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: dict | None = None):
     """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
-    launches with (``kernels.configs.megakernel_config``; P = SMs x occupancy, never more than the
-    tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps, weight loads: "tma"
-    where the config reads the weights through descriptors, else "pointer")."""
+    launches with (``kernels.configs.megakernel_config``, or the config ``mk``; P = SMs x occupancy,
+    never more than the tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps,
+    weight loads: "tma" where the config reads the weights through descriptors, else "pointer")."""
     from megamoe.kernels import configs as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
-    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                interpret=device_name == "cpu-interpreter")
+    if mk is None:
+        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
+                                    interpret=device_name == "cpu-interpreter")
     lay = task_layout(cfg, T, mk["tiles"])
     P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
     return (task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4)),
