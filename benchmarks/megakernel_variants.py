@@ -187,6 +187,14 @@ def _slices_t(mk):
     return mk
 
 
+def _slices_t_split(n: int):
+    """slice_t with the decode router's logits over n ranges of H (both halves of the T = 1 layer's
+    gap in one config: the router's chain and the weights' streaming)."""
+    def f(mk):
+        return _router_split(n)(_slices_t(mk))
+    return f
+
+
 def _no_slices(mk):
     """GEMM 1 and GEMM 2 tiles where the default takes expert_slice tasks: the two-GEMM decode tiles
     (the config before apply_slices: SLICE 0, GEMM 1's BLOCK_N, the combine's BLOCK_H and the stages
@@ -223,6 +231,7 @@ VARIANTS = {
               "partials summed by the combine (no GEMM 2 wait, no phase boundary)"),
     "slice_t": (_slices_t, "expert_slice tasks whose down weights are a (E, I, H) copy: each task reads whole "
                            "rows (the stored (E, H, I) gives it 96-240-byte pieces of every H row)"),
+    "slice_t_r32": (_slices_t_split(32), "slice_t with the router's logits over 32 ranges of H"),
     "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
@@ -250,7 +259,7 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("slice", "slice_t", "rsplit32")
+T1_VARIANTS = ("slice", "slice_t", "rsplit32", "slice_t_r32")
 MID_VARIANTS = ("slice", "slice_t")
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
