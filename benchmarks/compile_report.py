@@ -278,7 +278,10 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
     from megamoe.kernels import bench as kb
     from megamoe.kernels.plan import static_plan
 
-    cfg = kb.bench_config(name)
+    from megamoe.reference import MoEConfig
+
+    # the preset as benchmarked; with FP8, whole (DeepSeek-V3's shared MLP too: its dense GEMMs compile apart)
+    cfg = MoEConfig.preset(name) if fp8 else kb.bench_config(name)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     entry = gemm_candidate(candidate, cfg, T)
     sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
@@ -293,8 +296,13 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
         l1, l2 = _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8, sms)
     else:
         l1, l2 = _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms)
+    todo = [("gemm1", l1, g1), ("gemm2", l2, g2)]
+    if fp8 and sp.shared:  # the shared MLP's dense GEMMs (no align metadata: None pointers; H200 run AD
+        # found a load through one that the routed GEMMs never compile)
+        s1, s2 = _fp8_shared_launches(sp, cfg, T, x, pairs, fp8, sms)
+        todo += [("shared_gemm1", s1, sp.shared["gemm1"]), ("shared_gemm2", s2, sp.shared["gemm2"])]
     out = []
-    for gemm, (fn, grid, args, kwargs), c in (("gemm1", l1, g1), ("gemm2", l2, g2)):
+    for gemm, (fn, grid, args, kwargs), c in todo:
         tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         cand = candidate + (f"+fp8:{fp8}" if fp8 else "")
         where = (dump, _case_file(f"{name}:{T}.{cand}.{gemm}")) if dump else None
@@ -343,6 +351,32 @@ def _fp8_launches(sp, cfg, T, x, meta, topk_w, pairs, fp8, sms):
     out = pairs if sp.split2 == 1 else torch.empty((sp.split2 * T * K, H), dtype=f32)
     l2 = fg.gemm2_fp8_launch(act, act_s, dn, dns, None, out, meta, topk_w, g2, T=T, K=K, KS=K, dense=False,
                              atomic=False, num_m=sp.B_max, split=sp.split2, num_sms=sms)
+    return l1, l2
+
+
+def _fp8_shared_launches(sp, cfg, T, x, pairs, fp8, sms):
+    """The shared MLP's FP8 GEMMs as moe.py launches them: dense, one "expert", no align metadata."""
+    import torch
+
+    from megamoe.kernels import fp8_gemm as fg
+
+    H, Is, K = cfg.hidden_size, cfg.shared_intermediate_size, cfg.top_k
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    kb = 128
+    gu, dn = torch.empty((1, 2 * Is, H), dtype=f8), torch.empty((1, H, Is), dtype=f8)
+    gus = torch.empty((1, -(-2 * Is // kb), -(-H // kb)), dtype=f32)
+    dns = torch.empty((1, -(-H // kb), -(-Is // kb)), dtype=f32)
+    if fp8 == "weights+act":
+        sh, sh_s = torch.empty((T, Is), dtype=f8), torch.empty((T, -(-Is // kb)), dtype=f32)
+    else:
+        sh, sh_s = torch.empty((T, Is), dtype=x.dtype), None
+    x_q = None if sp.quant is None else (torch.empty((T, H), dtype=f8), torch.empty((T, -(-H // kb)), dtype=f32))
+    l1 = fg.gemm1_fp8_launch(x, gu, gus, None, sh, sh_s, {}, None, sp.shared["gemm1"], activation="silu_gated",
+                             alpha=1.0, limit=1.0, scale_input=False, dense=True, num_m=sp.shared_m, num_sms=sms,
+                             x_q=x_q)
+    out = pairs if sp.split2 == 1 else torch.empty((sp.split2 * T * K, H), dtype=f32)
+    l2 = fg.gemm2_fp8_launch(sh, sh_s, dn, dns, None, out, {}, None, sp.shared["gemm2"], T=T, K=K, KS=K,
+                             dense=True, atomic=False, num_m=sp.shared_m, split=sp.split2, num_sms=sms)
     return l1, l2
 
 

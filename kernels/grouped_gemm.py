@@ -385,9 +385,13 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
     wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
+    # one branch each (no early return: Triton 3.6 compiles the code after a constexpr branch's
+    # return too, and loads through the None that the dense GEMMs pass; H200 run AD)
     if DENSE:
-        return tl.cdiv(T, BLOCK_M)
-    return tl.load(padded_off_ptr + E) // BLOCK_M
+        n = tl.cdiv(T, BLOCK_M)
+    else:
+        n = tl.load(padded_off_ptr + E) // BLOCK_M
+    return n
 
 
 @triton.jit
