@@ -277,7 +277,6 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels.plan import static_plan
-
     from megamoe.reference import MoEConfig
 
     # the preset as benchmarked; with FP8, whole (DeepSeek-V3's shared MLP too: its dense GEMMs compile apart)

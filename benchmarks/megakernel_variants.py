@@ -187,6 +187,19 @@ def _slices_t(mk):
     return mk
 
 
+def _slices_tma(down_t: bool):
+    """TMA expert_slice tasks (configs.apply_slices(tma=True): a width that divides I, the slices'
+    padded lanes zero-filled by the copy engine), the down weights as stored or as the (E, I, H) copy."""
+    def f(mk):
+        from megamoe.kernels.configs import apply_slices
+
+        mk = apply_slices(mk, tma=True)
+        if down_t and mk["tiles"]["gemm1"].get("SLICE"):
+            mk = {**mk, "slice_down_t": True}
+        return mk
+    return f
+
+
 def _slices_t_split(n: int):
     """slice_t with the decode router's logits over n ranges of H (both halves of the T = 1 layer's
     gap in one config: the router's chain and the weights' streaming)."""
@@ -231,6 +244,11 @@ VARIANTS = {
               "partials summed by the combine (no GEMM 2 wait, no phase boundary)"),
     "slice_t": (_slices_t, "expert_slice tasks whose down weights are a (E, I, H) copy: each task reads whole "
                            "rows (the stored (E, H, I) gives it 96-240-byte pieces of every H row)"),
+    "slice_tma": (_slices_tma(False), "TMA expert_slice tasks: each slice a box of exactly S rows (a width that "
+                  "divides I), its padded lanes zero-filled by the copy engine, not by cp.async"),
+    "slice_tma_w8": (lambda mk: {**_slices_tma(False)(mk), "num_warps": 8},
+                     "slice_tma at 8 warps (128-wide slices hold 255 registers at 4)"),
+    "slice_t_tma": (_slices_tma(True), "TMA expert_slice tasks reading the (E, I, H) copy of the down weights"),
     "slice_t_r32": (_slices_t_split(32), "slice_t with the router's logits over 32 ranges of H"),
     "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
@@ -259,8 +277,8 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("slice", "slice_t", "rsplit32", "slice_t_r32")
-MID_VARIANTS = ("slice", "slice_t")
+T1_VARIANTS = ("slice_tma", "slice_tma_w8")
+MID_VARIANTS = ("slice_tma",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

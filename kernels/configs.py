@@ -312,17 +312,21 @@ SLICE_MAX_T = 0
 SLICE_MAX = 128
 
 
-def slice_width(I: int, blocks: float, programs: int, other_columns: int = 0) -> int:
+def slice_width(I: int, blocks: float, programs: int, other_columns: int = 0, exact: bool = False) -> int:
     """Columns of I per expert_slice task: the widest multiple of 8 in [16, SLICE_MAX] whose
     slices of ``blocks`` row blocks fill the programs' waves within 3% of the best width's, the
     work beside them counted as slices of as many bytes (``other_columns``: the shared MLP's
     width, whose tasks stream the same H-long weight rows). Qwen3-30B-A3B at T = 1 (8 blocks, I
-    768, 132 programs): 48 (128 tasks); gpt-oss-120b (4 blocks, I 2880): 88 (132 tasks)."""
+    768, 132 programs): 48 (128 tasks); gpt-oss-120b (4 blocks, I 2880): 88 (132 tasks).
+    ``exact``: widths that divide I only (the TMA slices see the weights as (slices, S, H) blocks);
+    0 when none does."""
     def eff(w):
         tasks = max(1, round(blocks)) * -(-I // w) + other_columns / w
         return tasks / (-(-tasks // programs) * programs)
 
-    widths = [w for w in range(16, min(SLICE_MAX, max(16, -(-I // 8) * 8)) + 1, 8)]
+    widths = [w for w in range(16, min(SLICE_MAX, max(16, -(-I // 8) * 8)) + 1, 8) if not exact or I % w == 0]
+    if not widths:
+        return 0
     best = max(eff(w) for w in widths)
     return max(w for w in widths if eff(w) >= 0.97 * best)
 
@@ -332,26 +336,35 @@ SLICE_COMBINE_TILE = 8192
 
 
 def slice_tiles(I: int, H: int, T: int, K: int, blocks: float, programs: int, other_columns: int,
-                combine_block_t: int) -> dict:
+                combine_block_t: int, exact: bool = False) -> dict:
     """What the sliced layout changes in a decode config: SLICE, GEMM 1's BLOCK_N (the slice's padded
     width) and the combine's BLOCK_H, narrowed so that its tasks, which read K x slices fp32 rows a
     token as one tile (slice_tile._combine_slabs_tile), spread over the programs and the tile stays
     within SLICE_COMBINE_TILE elements (at least 16 columns)."""
-    w = slice_width(I, blocks, programs, other_columns)
+    w = slice_width(I, blocks, programs, other_columns, exact)
+    if w == 0:
+        return {}
     per = H * -(-T // combine_block_t) / programs
     rows = _pow2(K * -(-I // w))
     bh = max(16, min(1024, 1 << max(0, int(per).bit_length() - 1), max(1, SLICE_COMBINE_TILE // rows)))
     return {"SLICE": w, "BLOCK_N": _pow2(w), "combine_BLOCK_H": bh}
 
 
-def apply_slices(mk: dict) -> dict:
+def apply_slices(mk: dict, tma: bool = False) -> dict:
     """A decode config (``megakernel_config``) with its ``slice_tiles`` applied: expert_slice tasks
-    instead of GEMM 1 and GEMM 2 tiles, stages refitted (decode_stages); unchanged without them."""
-    st = mk.get("slice_tiles")
+    instead of GEMM 1 and GEMM 2 tiles, stages refitted (decode_stages); unchanged without them.
+    ``tma``: the TMA slices (config "slice_tma", ``slice_tiles_tma``: a width that divides I, the
+    weights read as (slices, S, H) blocks whose rows past S are zero-filled by the copy engine, not
+    loaded; H200 run AD: cp.async slices of 48 columns padded to 64 streamed 26 GB/s a program, about
+    48/64 of the TMA tiles' 34: the zero-filled lanes take the copies' bandwidth); unchanged
+    where no width divides I."""
+    st = mk.get("slice_tiles_tma" if tma else "slice_tiles")
     if not st or mk["tiles"]["gemm1"].get("SLICE"):
         return mk
     two_gemm = mk
     mk = copy.deepcopy(mk)
+    if tma:
+        mk["slice_tma"] = True
     mk["two_gemm"] = copy.deepcopy(two_gemm)  # what variant "two_gemm" measures against
     t = mk["tiles"]
     t["gemm1"].update(SLICE=st["SLICE"], BLOCK_N=st["BLOCK_N"])
@@ -372,6 +385,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
     if fp8 is not None:  # expert_slice tasks are bf16 only
         mk.pop("slice_tiles", None)
+        mk.pop("slice_tiles_tma", None)
     elif T <= SLICE_MAX_T:
         mk = apply_slices(mk)
     if fp8 is not None:  # FP8 GEMM tiles: a weight scale block per K step; FP8 activations: whole 128-column groups
@@ -504,6 +518,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     extra = {}
     if bm == 16:
         extra["slice_tiles"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"])
+        extra["slice_tiles_tma"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"], exact=True)
     return {**extra, "tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
                       "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},

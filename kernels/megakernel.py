@@ -194,6 +194,7 @@ def _megakernel(
     # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
     # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
     SLICE: tl.constexpr, EVEN_S: tl.constexpr, EVEN_N2: tl.constexpr, DOWN_T: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
+    TMA_S: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
@@ -298,7 +299,7 @@ def _megakernel(
                                        padded_pair_ptr, topk_w_ptr, b, c, e, T, H, I, stride_xt, stride_gue,
                                        stride_gun, stride_gub, stride_dne, stride_dnn, stride_dnb, alpha, limit, K, KS,
                                        ACT, HAS_GUB, HAS_DNB, SCALE_INPUT, G2_SCALE, EVEN_K1, EVEN_S, EVEN_N2, DOWN_T,
-                                       IEEE, SLICE, BM, BN1, BK1, BN2)
+                                       TMA_S, gu_desc, dn_desc, IEEE, SLICE, BM, BN1, BK1, BN2)
                     _signal(sync_ptr + SW * 5)  # W_G2
                     _record(stats_ptr, R_G1, e, E, RECORD)
                     _record(stats_ptr, K_SLICE, 0, E, RECORD)
@@ -580,7 +581,10 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     gub, dnb = weights.gate_up_bias, weights.down_bias
     f = lay.first
     r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
-    tma_w = (None, None) if sl else weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
+    if sl:
+        tma_w = slice_descriptors(mk, gu, dn, sl, g1, g2, down_t=down_t, fp8=fp8)
+    else:
+        tma_w = weight_descriptors(mk, gu, dn, g1, g2, streamed=lay.streamed, fp8=fp8)
     args = (
         x, rw, weights.router_bias, weights.score_bias, sgw, gu, gub, dn, dnb, weights.shared_gate_up,
         weights.shared_down,
@@ -619,7 +623,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
-        TMA_W=tma_w[0] is not None,
+        TMA_W=tma_w[0] is not None and not sl, TMA_S=tma_w[0] is not None and bool(sl),
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
         SLICE=sl, EVEN_S=I % sl == 0 if sl else True, EVEN_N2=H % g2["BLOCK_N"] == 0, DOWN_T=down_t, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
         C_BR=triton.next_power_of_2(lay.n1 * K) if sl else 1,
@@ -660,6 +664,31 @@ def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed:
         return None, None
     return (_descriptor(gate_up, gate_up.shape[0] * gate_up.shape[1], g1["BLOCK_N"], g1["BLOCK_K"]),
             _descriptor(down, down.shape[0] * down.shape[1], g2["BLOCK_N"], g2["BLOCK_K"]))
+
+
+def slice_descriptors(mk: dict, gate_up, down, S: int, g1: dict, g2: dict, *, down_t: bool, fp8: str | None) -> tuple:
+    """(gate_up descriptor, down descriptor) of the TMA expert_slice tasks (config "slice_tma";
+    slice_tile's TMA_S), else (None, None): each slice a block of exactly S rows, so the copy engine
+    zero-fills the padded width without reading memory. gate_up (E, 2I, H) as (E 2I/S, S, H) in
+    (1, BLOCK_C, BLOCK_K) boxes; down as (E I/S, S, H) in (1, BLOCK_C, BLOCK_N) boxes when it is the
+    (E, I, H) copy (down_t), else (E, H, I) as (E H, I/S, S) in (BLOCK_N, 1, BLOCK_C) boxes. Needs
+    I % S == 0, contiguous bf16/fp16/fp32 weights and 16-byte strides (TMA's rules)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not mk.get("slice_tma") or fp8 is not None:
+        return None, None
+    E, H = gate_up.shape[0], gate_up.shape[2]
+    I = gate_up.shape[1] // 2
+    es = gate_up.element_size()
+    if I % S or not (gate_up.is_contiguous() and down.is_contiguous()) or (S * es) % 16 or (H * es) % 16:
+        return None, None
+    bc, bk, bn = g1["BLOCK_N"], g1["BLOCK_K"], g2["BLOCK_N"]
+    gu = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I // S, S, H), [1, bc, bk])
+    if down_t:
+        dn = TensorDescriptor.from_tensor(down.view(E * I // S, S, H), [1, bc, bn])
+    else:
+        dn = TensorDescriptor.from_tensor(down.view(E * H, I // S, S), [bn, 1, bc])
+    return gu, dn
 
 
 def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,

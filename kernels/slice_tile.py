@@ -37,7 +37,7 @@ def _expert_slice_tile(
     alpha, limit,
     K: tl.constexpr, KS: tl.constexpr, ACT: tl.constexpr, HAS_GUB: tl.constexpr, HAS_DNB: tl.constexpr,
     SCALE_INPUT: tl.constexpr, G2_SCALE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_S: tl.constexpr,
-    EVEN_N: tl.constexpr, DOWN_T: tl.constexpr,
+    EVEN_N: tl.constexpr, DOWN_T: tl.constexpr, TMA_S: tl.constexpr, gu_desc, dn_desc,
     IEEE: tl.constexpr, SLICE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -47,7 +47,13 @@ def _expert_slice_tile(
     slice reads S-element pieces of each H row) or, DOWN_T, a (E, I, H) copy (at e stride_dne +
     i stride_dnn + h: a slice reads S whole rows; config "slice_down_t"). The unit strides are
     written as such: Triton 3.6 does not specialize an argument equal to 1, and the copies need to
-    know which dimension is contiguous to vectorize."""
+    know which dimension is contiguous to vectorize.
+    TMA_S (config "slice_tma", I % SLICE == 0): the weights through TMA descriptors that see each
+    slice as a block of exactly SLICE rows (slice_descriptors): gate_up as (E 2I/S, S, H) in
+    (1, BLOCK_C, BLOCK_K) boxes, the down weights as (E I/S, S, H) (DOWN_T) or (E H, I/S, S) in
+    (1, BLOCK_C, BLOCK_N) / (BLOCK_N, 1, BLOCK_C) boxes. The rows (columns) past S are out of
+    bounds and come in as zeros without a memory access, where the cp.async loads zero-fill
+    BLOCK_C - S lanes of every copy and take their share of the copies' rate."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, b, T, False, BLOCK_M)
     j = tl.arange(0, BLOCK_C)
     offs_c = c * SLICE + j
@@ -62,8 +68,16 @@ def _expert_slice_tile(
     wu_ptrs = wg_ptrs + I * stride_gun
     acc_g = tl.zeros((BLOCK_M, BLOCK_C), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_C), tl.float32)
+    ns = I // SLICE  # slices per expert (TMA_S: exact)
     for kt in range(0, tl.cdiv(H, BLOCK_K)):
-        if EVEN_K:
+        if TMA_S:
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < H - kt * BLOCK_K)[None, :], other=0.0)
+            bg = tl.reshape(gu_desc.load([e * 2 * ns + c, 0, kt * BLOCK_K]), (BLOCK_C, BLOCK_K)).T
+            bu = tl.reshape(gu_desc.load([e * 2 * ns + ns + c, 0, kt * BLOCK_K]), (BLOCK_C, BLOCK_K)).T
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             bg = tl.load(wg_ptrs, mask=c_mask[None, :], other=0.0)
             bu = tl.load(wu_ptrs, mask=c_mask[None, :], other=0.0)
@@ -100,7 +114,12 @@ def _expert_slice_tile(
             offs_w = offs_n
         else:
             offs_w = offs_n % H
-        if DOWN_T:
+        if TMA_S:
+            if DOWN_T:  # zero past H (the descriptor's last dimension)
+                w = tl.reshape(dn_desc.load([e * ns + c, 0, n * BLOCK_N]), (BLOCK_C, BLOCK_N))
+            else:  # rows past H are the next expert's (or zero past the last): the store masks them
+                w = tl.reshape(dn_desc.load([e * H + n * BLOCK_N, c, 0]), (BLOCK_N, BLOCK_C)).T
+        elif DOWN_T:
             w = tl.load(w_base + offs_w[None, :], mask=c_mask[:, None], other=0.0)
         else:
             w = tl.load(w_base + offs_w[None, :] * stride_dnn, mask=c_mask[:, None], other=0.0)

@@ -124,6 +124,35 @@ def test_expert_slices_run_the_plan(case, down_t, rng):
     assert ran["gemm2_per_expert"] == [0] * cfg.num_experts
 
 
+@pytest.mark.parametrize("down_t", [False, True], ids=["down", "down_t"])
+@pytest.mark.parametrize("case", ["shared_gated", "grouped_one_token", "swiglu_biases"])
+def test_tma_expert_slices_match_the_reference(case, down_t, rng):
+    """The TMA expert_slice tasks (config "slice_tma", slice_tile's TMA_S): each slice a box of exactly
+    S rows of a (slices, S, H) view, padded to the power-of-two tile by the descriptor's zero fill.
+    I = 48 is a multiple of the slice (24 in a 32-wide tile: 8 lanes out of bounds in every box);
+    H = 40 leaves the last down box of each expert partly past H. Poisoned output, float64 reference."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    fields, T, _sl, _bn = SLICED[case]
+    cfg = MoEConfig(**{**BASE, **fields, "intermediate_size": 48})
+    x, w = _cpu(cfg, T, rng)
+    mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "slice_down_t": down_t, "slice_tma": True}
+    mk["tiles"]["gemm1"].update(SLICE=24, BLOCK_N=32)
+    kw = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk)[2]
+    assert kw["TMA_S"] and not kw["TMA_W"] and kw["DOWN_T"] == down_t
+    y = torch.full((T, cfg.hidden_size), float("nan"))
+    y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y)
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", f"TMA slices {case}")
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    assert ran["expert_slice"] == int((-(-counts // 16)).sum()) * 2
+    # a width that does not divide I falls back to the pointer slices
+    mk["tiles"]["gemm1"].update(SLICE=16, BLOCK_N=16)
+    cfg36 = MoEConfig(**{**BASE, **fields})
+    x36, w36 = _cpu(cfg36, T, rng)
+    assert not build_launch(torch.from_numpy(x36).float(), w36.to_torch("cpu", torch.float32), cfg36, mk)[2]["TMA_S"]
+
+
 def test_expert_slices_plan_the_same_weight_bytes(rng):
     """Sliced or not, a plan reads each touched expert's weights once (the same total weight bytes);
     slices wait for nothing but the routing, and the combine waits for every slice."""

@@ -82,13 +82,15 @@ def test_l2_prefetch_changes_no_bit(T):
     _assert_replays_equal(lambda: megakernel_forward(x, w, cfg, mk=mk), ref, 20)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
 @pytest.mark.parametrize("down_t", [False, True], ids=["down", "down_t"])
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3"])
-def test_expert_slices_bf16(name, down_t):
+def test_expert_slices_bf16(name, down_t, tma):
     """expert_slice tasks (configs.apply_slices; the down weights as stored or as a (E, I, H) copy,
-    config "slice_down_t") at T = 1 and 8 and under concentrated routing: bf16 numerics against the
-    float64 reference on sampled tokens, and 20 graph replays bitwise equal to an eager call (the
-    fp32 slabs are summed in a fixed order)."""
+    config "slice_down_t"; loaded by pointers or, tma, through the slices' TMA descriptors) at T = 1
+    and 8 and under concentrated routing: bf16 numerics against the float64 reference on sampled
+    tokens, and 20 graph replays bitwise equal to an eager call (the fp32 slabs are summed in a
+    fixed order)."""
     from megamoe.kernels import moe_forward_details
     from megamoe.kernels.bench import random_device_weights
     from megamoe.kernels.configs import apply_slices
@@ -100,12 +102,18 @@ def test_expert_slices_bf16(name, down_t):
     wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
     for T, ww in ((1, w), (8, w), (8, wz)):
         x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        mk = {**apply_slices(megakernel_config(cfg, T, torch.bfloat16, x.device)), "slice_down_t": down_t}
-        assert mk["tiles"]["gemm1"].get("SLICE"), mk
+        mk = {**apply_slices(megakernel_config(cfg, T, torch.bfloat16, x.device), tma=tma), "slice_down_t": down_t}
+        if not mk["tiles"]["gemm1"].get("SLICE"):
+            assert tma, mk  # no width divides I: the TMA slices fall back to the two-GEMM tiles
+            continue
+        if tma:
+            from megamoe.kernels.megakernel import build_launch
+
+            assert build_launch(x, ww, cfg, mk)[2]["TMA_S"]
         y = megakernel_forward(x, ww, cfg, mk=mk)
         d = moe_forward_details(x, ww, cfg)
         rep = check_numerics(x, y, ww, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
-        print(f"NUMERICS slices {name} T={T} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
+        print(f"NUMERICS slices {name} T={T} tma={tma} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
         assert rep.ok, (T, rep.to_dict())
         _assert_replays_equal(lambda x=x, ww=ww, mk=mk: megakernel_forward(x, ww, cfg, mk=mk), y, 20)
     del w, wz
