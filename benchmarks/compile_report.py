@@ -114,7 +114,7 @@ def apply_sets(mk: dict, sets: dict) -> dict:
 
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
                  mk: dict | None = None, fp8: str | None = None, dump: str | None = None,
-                 variant: str | None = None, sets: dict | None = None) -> dict:
+                 variant: str | None = None, sets: dict | None = None, traced: bool = False) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
@@ -142,10 +142,12 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
     lay = task_layout(cfg, T, mk["tiles"])
     x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
+    nprog = min(sms * mk["occupancy"], lay.max_tasks)
+    trace = torch.empty((mkm.trace_rows(cfg, T, mk, nprog)[0], 3), dtype=torch.int64) if traced else None
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
-        x, w, cfg, mk, nprog=min(sms * mk["occupancy"], lay.max_tasks),
-        sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8, gpu=True)
-    tag = " ".join(f"{k}={v}" for k, v in (sets or {}).items())
+        x, w, cfg, mk, nprog=nprog, sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8, gpu=True,
+        trace=trace)
+    tag = " ".join(f"{k}={v}" for k, v in (sets or {}).items()) + (" traced" if traced else "")
     case = f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else "") + (f" {variant}" if variant else "") + (f" {tag}" if tag else "")
     return {"case": case, **compile_kernel(mkm._megakernel, args, kwargs, dump=dump and (dump, case),
                                            sections=SECTIONS)}
@@ -487,6 +489,8 @@ def main(argv=None) -> int:
     p.add_argument("--dump", default=None, help="write each kernel's IRs, PTX and SASS to this folder")
     p.add_argument("--loops", action="store_true", help="with --dump: print the innermost SASS loops holding an MMA "
                    "(loop_report)")
+    p.add_argument("--trace", action="store_true", help="compile the traced megakernel (kernels.megakernel's trace: "
+                   "%globaltimer stamps per task, per program and of the first top-k task)")
     a = p.parse_args(argv)
     sets = parse_sets(a.set)
     for c in a.cases:
@@ -500,7 +504,7 @@ def main(argv=None) -> int:
         else:
             for v in a.variants:
                 r = compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, dump=a.dump,
-                                 variant=None if v == "default" else v, sets=sets)
+                                 variant=None if v == "default" else v, sets=sets, traced=a.trace)
                 print(r, flush=True)
                 if a.dump and a.loops:
                     _print_loops(a.dump, r["case"])

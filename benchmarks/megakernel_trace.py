@@ -24,6 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megakernel_variants import variant_configs  # noqa: E402
 
 
+def program_phases(tasks: np.ndarray, programs: np.ndarray, topk: np.ndarray) -> dict:
+    """From the rows past the tasks' (kernels.megakernel.trace_rows): how long before the first task
+    the earliest program asked for a ticket and how long after the last task the last program
+    exited (both us; the launch's edges inside the kernel), and the first top-k task's phases (us
+    from the first task's start: logits seen, routed, aligned and signalled)."""
+    t0, t1 = tasks[:, 1].min(), tasks[:, 2].max()
+    us = lambda v: float(v) / 1e3  # noqa: E731
+    return {"programs_first_us": us(t0 - programs[:, 1].min()), "programs_exit_us": us(programs[:, 2].max() - t1),
+            "topk_seen_us": us(topk[0] - t0), "topk_routed_us": us(topk[1] - t0), "topk_done_us": us(topk[2] - t0)}
+
+
 def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
     """trace (n, 3) int64 rows (program, start, end) in ticket order; kinds (n,) codes into names."""
     t0 = trace[:, 1].min()
@@ -48,7 +59,7 @@ def main(argv=None) -> int:
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward, trace_rows
     from megamoe.reference.tiles import KINDS, task_plan
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,11 +96,14 @@ def main(argv=None) -> int:
             try:
                 _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True)
                 plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
-                tr = torch.zeros((plan.layout.max_tasks, 3), device="cuda", dtype=torch.int64)
+                rows, mt = trace_rows(cfg, T, mk, ran["programs"])
+                tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
                 megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr)
                 torch.cuda.synchronize()
-                trn = tr[:plan.num_tasks].cpu().numpy()
+                tra = tr.cpu().numpy()
+                trn = tra[:plan.num_tasks]
                 summ = summarize(trn, plan.kind, KINDS)
+                summ.update(program_phases(trn, tra[mt:mt + ran["programs"]], tra[mt + ran["programs"]]))
                 us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk), xs, args.reps)
                 t0 = int(trn[:, 1].min())
                 tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
@@ -99,6 +113,10 @@ def main(argv=None) -> int:
                 print(f"{case:<34} {label:<13} mk {us:8.1f} us  multi {row['multi_us']:8.1f} us  span {summ['span_us']:8.1f}"
                       f"  busy {summ['busy_fraction']:.2f}  regs {ran['n_regs']} spills {ran['n_spills']} "
                       f"smem {ran['shared_bytes']} P {ran['programs']}", flush=True)
+                print(f"      programs: first ticket asked {summ['programs_first_us']:.2f} us before the first task,"
+                      f" last exit {summ['programs_exit_us']:.2f} us after the last task ends;"
+                      f" top-k task 0: logits seen {summ['topk_seen_us']:.2f}, routed {summ['topk_routed_us']:.2f},"
+                      f" aligned {summ['topk_done_us']:.2f} us", flush=True)
                 for k, d in summ["kinds"].items():
                     print(f"      {k:<14} n {d['tasks']:6d}  mean {d['mean_us']:7.2f}  max {d['max_us']:7.2f}  "
                           f"start {d['first_start_us']:8.1f}  end {d['last_end_us']:8.1f}", flush=True)

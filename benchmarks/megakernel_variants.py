@@ -315,7 +315,7 @@ def _warm_job(name: str, T: int, what: str, fp8: str | None = None) -> str:
     from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels.fp8_weights import to_fp8
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward, num_programs, trace_rows
     from megamoe.reference.tiles import task_layout
 
     cfg = kb.bench_config(name)
@@ -341,8 +341,9 @@ def _warm_job(name: str, T: int, what: str, fp8: str | None = None) -> str:
             base = megakernel_config(cfg, T, torch.bfloat16, x.device, fp8=fp8)
             mk = base if vname == "default" else dict(variant_configs(base, [vname])).get(vname)
             if mk is not None:
-                tr = torch.zeros((task_layout(cfg, T, mk["tiles"]).max_tasks, 3), device="cuda",
-                                 dtype=torch.int64) if trace else None
+                tr = torch.zeros((trace_rows(cfg, T, mk, num_programs(x.device, task_layout(cfg, T, mk["tiles"]),
+                                                                   mk["occupancy"]))[0], 3),
+                                 device="cuda", dtype=torch.int64) if trace else None
                 megakernel_forward(x, w, cfg, mk=mk, trace=tr, fp8=fp8)
         torch.cuda.synchronize()
         return f"{name}:{T} {what}" + (f" fp8:{fp8}" if fp8 else "")

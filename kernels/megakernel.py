@@ -197,6 +197,7 @@ def _megakernel(
     TMA_S: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    p_begin = _now(TRACE)
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
     while t < MAX_TASKS:
         stop = 0
@@ -217,6 +218,7 @@ def _megakernel(
                 g = t - F_TOPK
                 if SPLIT > 0:
                     _wait(sync_ptr + OFF_LOGITS + (g * R_TT) // R_BT, SPLIT, BACKOFF)
+                t_seen = _now(TRACE)  # TRACE: the first top-k task's phases (trace_rows)
                 if GIVEN:  # a routing made elsewhere (moe_experts): read it and count
                     top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _given_block(
                         topk_idx_ptr, g, T, E, K, R_TT, R_BE, R_BK)
@@ -226,6 +228,7 @@ def _megakernel(
                         sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
                         R_BG, RANK, BITONIC)
+                t_routed = _now(TRACE)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     if ALIGN1:  # one token: from its picks' ranks (align._align_one)
                         _align_one(tl.reshape(top_idx, (R_BK,)), tl.reshape(out_mask, (R_BK,)), cnt, offs_e, e_mask,
@@ -242,6 +245,12 @@ def _megakernel(
                 else:
                     tl.store(hist_ptr + g * E + offs_e, cnt, mask=e_mask)
                     _signal(sync_ptr + SW * 2)
+                if TRACE:  # (logits seen, routed, aligned and signalled) of top-k task 0
+                    if g == 0:
+                        ph = trace_ptr + 3 * (MAX_TASKS + NPROG)
+                        tl.store(ph, t_seen)
+                        tl.store(ph + 1, t_routed)
+                        tl.store(ph + 2, _now(TRACE))
                 _record(stats_ptr, K_TOPK, 0, E, RECORD)
             elif t < F_SCATTER:  # align_scan
                 _wait(sync_ptr + SW * 2, G, BACKOFF)
@@ -442,6 +451,10 @@ def _megakernel(
             t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")
     # the last program out leaves the sync words zeroed for the next call
     tl.debug_barrier()
+    if TRACE:  # (program, first ticket asked, last ticket done) of every program, past the tasks' rows
+        tl.store(trace_ptr + 3 * (MAX_TASKS + pid), pid.to(tl.int64))
+        tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 1, p_begin)
+        tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 2, _now(TRACE))
     gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # W_EXITED
     if gone == NPROG - 1:
         offs = tl.arange(0, 1024)
@@ -451,6 +464,14 @@ def _megakernel(
 
 # --------------------------------------------------------------------------- host side
 _SYNC: dict = {}
+
+
+def trace_rows(config, T: int, mk: dict, nprog: int) -> tuple[int, int]:
+    """(rows of the int64 (rows, 3) ``trace`` buffer, MAX_TASKS): row t < MAX_TASKS is ticket t's
+    (program, start ns, end ns); row MAX_TASKS + p is program p's (p, first ticket asked, exit);
+    row MAX_TASKS + NPROG the first top-k task's (logits seen, routed, aligned and signalled) ns."""
+    mt = task_layout(config, T, mk["tiles"]).max_tasks_for(nprog)
+    return mt + nprog + 1, mt
 
 
 def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
@@ -561,6 +582,11 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     sl = lay.slice  # expert_slice tasks: fp32 slabs of partial sums, one per slice
     pairs = torch.empty((lay.n1 * T * KS, H) if sl else (T * KS, H), device=dev, dtype=f32 if sl else dt)
     nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
+    if trace is not None:
+        need = trace_rows(config, T, mk, nprog)[0]
+        if trace.dtype != torch.int64 or trace.numel() < 3 * need:
+            raise ValueError(f"megakernel trace: an int64 buffer of at least ({need}, 3) is needed (trace_rows), "
+                             f"got {tuple(trace.shape)} {trace.dtype}")
     # the tiles' piece counters (stream-K) follow the sync words: each is reset by the piece that
     # completes its tile, so the exit reset covers only the sync words
     off_t1 = lay.sync_words
@@ -720,7 +746,8 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
     [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
-    (max_tasks, 3) tensor that receives (program, start ns, end ns) of every task run. ``routing``:
+    (trace_rows(...)[0], 3) tensor that receives (program, start ns, end ns) of every task run, each
+    program's first ticket and exit, and the first top-k task's phases (trace_rows). ``routing``:
     (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
     instead of SMs x occupancy (tests: the stream-K segments follow the programs). ``fp8``: None,
     "weights" or "weights+act" (see build_launch; moe.py checks the FP8 weights and picks it)."""

@@ -1,0 +1,45 @@
+"""The megakernel's trace buffer (kernels.megakernel.trace_rows) and benchmarks/megakernel_trace.py's
+reading of its rows past the tasks'. The traced kernel itself needs a GPU (%globaltimer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from benchload import load_benchmark
+
+from megamoe.reference import MoEConfig
+
+
+def test_trace_rows_hold_tasks_programs_and_the_topk_phases():
+    from megamoe.kernels.megakernel import megakernel_config, trace_rows
+    from megamoe.reference.tiles import task_layout
+
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
+    mk = megakernel_config(cfg, 5, torch.float32, torch.device("cpu"))
+    rows, mt = trace_rows(cfg, 5, mk, 4)
+    assert mt == task_layout(cfg, 5, mk["tiles"]).max_tasks_for(4)
+    assert rows == mt + 4 + 1
+
+
+def test_a_short_or_float_trace_buffer_is_refused_before_the_launch():
+    from megamoe.kernels.megakernel import build_launch, megakernel_config, trace_rows
+    from megamoe.reference import random_weights
+
+    cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
+    mk = megakernel_config(cfg, 5, torch.float32, torch.device("cpu"))
+    x = torch.randn(5, 40)
+    w = random_weights(cfg, seed=1).to_torch("cpu", torch.float32)
+    rows, _ = trace_rows(cfg, 5, mk, 4)
+    for bad in (torch.zeros((rows - 1, 3), dtype=torch.int64), torch.zeros((rows, 3), dtype=torch.float32)):
+        with pytest.raises(ValueError, match=r"trace.*\(%d, 3\)" % rows):
+            build_launch(x, w, cfg, mk, nprog=4, trace=bad)
+
+
+def test_program_phases_measure_from_the_first_task():
+    mod = load_benchmark("megakernel_trace")
+    tasks = np.array([[0, 1_000, 3_000], [1, 1_500, 9_000]])
+    programs = np.array([[0, 400, 9_600], [1, 700, 9_200]])
+    ph = mod.program_phases(tasks, programs, np.array([2_000, 2_500, 4_000]))
+    assert ph == {"programs_first_us": 0.6, "programs_exit_us": 0.6, "topk_seen_us": 1.0, "topk_routed_us": 1.5,
+                  "topk_done_us": 3.0}
