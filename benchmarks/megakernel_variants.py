@@ -200,6 +200,17 @@ def _slices_tma(down_t: bool):
     return f
 
 
+def _combine_in_g2(mk):
+    """The combine in GEMM 2's tiles (tiles["combine"]["IN_G2"]): the last tile of each column block
+    sums its slots; routed experts only (the config is unchanged where the layer has a shared MLP,
+    expert_slice tasks or stream-K: the launch would refuse it)."""
+    mk = copy.deepcopy(mk)
+    t = mk["tiles"]
+    if not t["gemm1"].get("SLICE") and not t["order"].get("STREAM_K") and mk.get("routed_only"):
+        t["combine"]["IN_G2"] = 1
+    return mk
+
+
 def _slices_t_split(n: int):
     """slice_t with the decode router's logits over n ranges of H (both halves of the T = 1 layer's
     gap in one config: the router's chain and the weights' streaming)."""
@@ -249,6 +260,8 @@ VARIANTS = {
     "slice_tma_w8": (lambda mk: {**_slices_tma(False)(mk), "num_warps": 8},
                      "slice_tma at 8 warps (128-wide slices hold 255 registers at 4)"),
     "slice_t_tma": (_slices_tma(True), "TMA expert_slice tasks reading the (E, I, H) copy of the down weights"),
+    "fcomb": (_combine_in_g2, "the combine in GEMM 2's tiles: the last tile of each column block sums its "
+                              "slots for every token (no combine tasks, no wait for all of GEMM 2)"),
     "slice_t_r32": (_slices_t_split(32), "slice_t with the router's logits over 32 ranges of H"),
     "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
@@ -277,8 +290,8 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("slice_tma", "slice_tma_w8")
-MID_VARIANTS = ("slice_tma",)
+T1_VARIANTS = ("fcomb",)
+MID_VARIANTS = ("fcomb",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

@@ -34,8 +34,8 @@ def predict(cfg, counts, T: int, mk: dict, profile, calls: int) -> float:
 
 
 def main(argv=None) -> int:
+    from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
-    from megamoe.reference import MoEConfig
     from megamoe.simulator.hardware import load_profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     prof = load_profile(a.profile)
     rng = np.random.default_rng(0)
     for name in a.presets.split(","):
-        cfg = MoEConfig.preset(name)
+        cfg = kb.bench_config(name)  # the preset as bench_megakernel.py times it (DeepSeek-V3: routed experts)
         for T in (int(t) for t in a.tokens.split(",")):
             idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
             counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)

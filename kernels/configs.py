@@ -515,7 +515,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # and Qwen3-235B-A22B within 0.5%)
     topk_t = (1 if T <= 8 else _pow2(T) if T <= 16 else 4) if split > 1 else bt
     # decode: the expert_slice layout this config would take (apply_slices)
-    extra = {}
+    # whether the layer is routed experts only (no shared MLP): what the combine in GEMM 2's tiles
+    # (tiles["combine"]["IN_G2"], variant "fcomb") needs
+    extra = {"routed_only": not Is}
     if bm == 16:
         extra["slice_tiles"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"])
         extra["slice_tiles_tma"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"], exact=True)

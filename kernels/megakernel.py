@@ -156,6 +156,7 @@ def _megakernel(
     stride_dnb, scaling, alpha, limit, H_PER,
     # the task layout (reference.tiles.task_layout)
     NPROG, MAX_TASKS, S0, F_TOPK, F_SCAN, F_SCATTER, F_SH1, MS, OFF_LOGITS, OFF_G1, OFF_SH1, SYNC_N, OFF_T1, OFF_T2,
+    OFF_COMB,
     N1: tl.constexpr, N2: tl.constexpr, NS1: tl.constexpr, NS2: tl.constexpr, NCH: tl.constexpr,
     # router
     SPLIT: tl.constexpr, ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, N_GROUP: tl.constexpr,
@@ -194,7 +195,7 @@ def _megakernel(
     # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
     # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
     SLICE: tl.constexpr, EVEN_S: tl.constexpr, EVEN_N2: tl.constexpr, DOWN_T: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
-    TMA_S: tl.constexpr,
+    TMA_S: tl.constexpr, C_IN_G2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     p_begin = _now(TRACE)
@@ -421,10 +422,17 @@ def _megakernel(
                             _gemm2_tile(act_ptr, dn_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, t * 0,
                                         0, kt2, T, H, I, I, stride_dne, stride_dnn, stride_dnb, H, K, KS, HAS_DNB,
                                         G2_SCALE, False, False, EVEN_K2, IEEE, 1, BM, BN2, BK2)
-                        _signal(sync_ptr + SW * 5)
+                        if C_IN_G2:  # the last tile of column block n sums its slots for every token
+                            tl.debug_barrier()  # every thread's pair rows stored
+                            if tl.atomic_add(sync_ptr + OFF_COMB + n, 1, sem="acq_rel") == nb - 1:
+                                tl.debug_barrier()
+                                for tb in range(0, tl.cdiv(T, C_BT)):
+                                    _combine_tile(pairs_ptr, y_ptr, tb, n, T, H, KS, 1, C_BT, BN2)
+                        else:
+                            _signal(sync_ptr + SW * 5)
                         _record(stats_ptr, R_G2, e, E, RECORD)
                     _record(stats_ptr, K_G2, 0, E, RECORD)
-            elif t < b_comb + tl.cdiv(T, C_BT) * NCH:  # combine (token block, H block)
+            elif t < b_comb + tl.cdiv(T, C_BT) * NCH * (1 - C_IN_G2):  # combine (token block, H block)
                 if SLICE > 0:
                     _wait(sync_ptr + SW * 5, nb * N1 + MS * NS2, BACKOFF)
                 else:
@@ -625,7 +633,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
         nprog, lay.max_tasks_for(nprog), lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
         f["shared_gemm1"], lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words, off_t1,
-        off_t2,
+        off_t2, max(lay.off_comb, 0),
     )
     kwargs = dict(
         N1=lay.n1, N2=lay.n2, NS1=max(lay.ns1, 1), NS2=max(lay.ns2, 1), NCH=triton.cdiv(H, cb["BLOCK_H"]),
@@ -650,6 +658,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None and not sl, TMA_S=tma_w[0] is not None and bool(sl),
+        C_IN_G2=lay.off_comb >= 0,
         ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
         SLICE=sl, EVEN_S=I % sl == 0 if sl else True, EVEN_N2=H % g2["BLOCK_N"] == 0, DOWN_T=down_t, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
         C_BR=triton.next_power_of_2(lay.n1 * K) if sl else 1,

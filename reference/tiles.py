@@ -89,8 +89,11 @@ TILE_KEYS = {
 #: optional tile keys and their defaults: TOPK_T, tokens per top-k task (decode: fewer than the
 #: logits chunk's BLOCK_T, which tl.dot needs >= 16; only with SPLIT > 1, and dividing BLOCK_T)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
-#: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs
-TILE_SWITCHES = {"order": {"STREAM_K": 0}}
+#: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs;
+#: IN_G2, the combine done by GEMM 2's tiles: the last tile of each column block to finish sums that
+#: block's slots for every token (no combine tasks, no wait for the whole of GEMM 2; decode, routed
+#: experts only: no shared MLP, no expert_slice tasks, no stream-K)
+TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}}
 #: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
 #: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
 TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
@@ -178,6 +181,9 @@ def check_tiles(tiles: dict) -> dict:
             v = tiles[part].get(k, d)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise InputError(f"tiles[{part!r}][{k!r}] must be a non-negative integer, got {v!r}")
+    if combine_in_g2(tiles) and (slice_width(tiles) or stream_k(tiles)):
+        raise InputError("tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) takes GEMM 2 tiles: "
+                         "no tiles['gemm1']['SLICE'], no tiles['order']['STREAM_K']")
     sl = slice_width(tiles)
     if sl and (sl % 8 or sl > tiles["gemm1"]["BLOCK_N"] or stream_k(tiles)):
         raise InputError(f"tiles['gemm1']['SLICE']={sl} must be a multiple of 8 no wider than "
@@ -206,6 +212,11 @@ def topk_tokens(tiles: dict) -> int:
 def slice_width(tiles: dict) -> int:
     """Columns of I per expert_slice task (tiles["gemm1"]["SLICE"]); 0: GEMM 1 and GEMM 2 tiles."""
     return int(tiles["gemm1"].get("SLICE", 0))
+
+
+def combine_in_g2(tiles: dict) -> bool:
+    """Whether GEMM 2's tiles do the combine (tiles["combine"]["IN_G2"]; see TILE_SWITCHES)."""
+    return bool(tiles["combine"].get("IN_G2", 0))
 
 
 def stream_k(tiles: dict) -> bool:
@@ -282,6 +293,9 @@ class TaskLayout:
     off_shared1: int
     sync_words: int
     slice: int = 0
+    #: the combine in GEMM 2's tiles (combine_in_g2): one counter per GEMM 2 column block at
+    #: off_comb (n2 words, inside sync_words); -1 when off
+    off_comb: int = -1
 
     def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
         """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
@@ -354,14 +368,20 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_logits = len(SYNC_WORDS) * SYNC_STRIDE
     off_g1 = off_logits + C
     off_shared1 = off_g1 + b_max
+    n2 = cdiv(H, g2["BLOCK_N"])
+    in_g2 = combine_in_g2(tiles)
+    if in_g2 and Is:
+        raise InputError(f"tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) covers routed experts only; "
+                         f"{config.name} has a shared MLP (shared_intermediate_size={Is})")
+    off_comb = off_shared1 + Ms if in_g2 else -1
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
-        n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=cdiv(H, g2["BLOCK_N"]), k1=cdiv(H, g1["BLOCK_K"]),
+        n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]),
         k2=cdiv(I, g2["BLOCK_K"]),
         streamed=stream_k(tiles), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
-        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
-        off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1, sync_words=off_shared1 + Ms,
-        slice=slice_width(tiles),
+        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T and not in_g2 else 0,
+        off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
+        sync_words=off_shared1 + Ms + (n2 if in_g2 else 0), slice=slice_width(tiles), off_comb=off_comb,
     )
 
 
@@ -550,13 +570,16 @@ def segment_pieces(num_tiles: int, k_tiles: int, num_segments_: int) -> dict:
 
 def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, Q: int, BK: int, D: int, BN: int,
                        N: int, mats: int, bm: int, group_m: int, block_expert, block_rows, ab: int, wb: int,
-                       signal_c, wait_c, wait_all, wait_target: int = 0) -> None:
+                       signal_c, wait_c, wait_all, wait_target: int = 0, signal_cols=None, extra_in=None,
+                       extra_out=None) -> None:
     """A GEMM phase's Q segments (``segment_pieces``) as tasks: per segment the sums of its pieces'
     K depth, weight and operand bytes and FLOPs, the expert / block / N tile of its first piece;
     it waits for ``wait_all`` (a (counter, target) every segment waits for) or for wait_c[block]
     = wait_target of each piece's row block, and signals signal_c (an id per row block, or one id)
-    once for each tile it finishes. D the reduction length, N the output width, mats 2 for GEMM 1's
-    gate and up. A tile split over segments: its pieces store fp32 sums, its finisher reads them."""
+    once for each tile it finishes (``signal_cols``: an id per N tile instead). D the reduction
+    length, N the output width, mats 2 for GEMM 1's gate and up. A tile split over segments: its
+    pieces store fp32 sums, its finisher reads them. ``extra_in`` / ``extra_out`` (per tile j, B x
+    n_tiles): bytes its finishing piece also reads and writes (the combine in GEMM 2's tiles)."""
     pc = segment_pieces(B * n_tiles, k_tiles, Q)
     if not pc["seg"].size:
         return
@@ -570,6 +593,9 @@ def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: 
     part = rows * mats * ncol * 4  # one piece's fp32 sums
     out = np.where(split, part, 0) + np.where(pc["completes"], rows * ncol * ab, 0)
     inb = rows * klen * ab + np.where(split & pc["completes"], pieces * part, 0)
+    if extra_in is not None:
+        inb = inb + np.where(pc["completes"], np.asarray(extra_in)[pc["tile"]], 0)
+        out = out + np.where(pc["completes"], np.asarray(extra_out)[pc["tile"]], 0)
     first = pc["ptr"][:-1]
     seg_sum = lambda v: np.add.reduceat(np.asarray(v, np.float64), first)  # noqa: E731 - one line each
     base = (1 << 40) * (1 if kind == "gemm1" else 2)
@@ -577,7 +603,10 @@ def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: 
     per_block = np.ndim(signal_c) > 0
     done = pc["completes"]
     sig_len = np.bincount(pc["seg"][done], minlength=Q)
-    sig_ids = (np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c)))
+    if signal_cols is not None:
+        sig_ids = np.asarray(signal_cols)[nn[done]]
+    else:
+        sig_ids = (np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c)))
     if wait_c is None:
         wait_len, wait_pairs = np.ones(Q, np.int64), np.tile(np.asarray(wait_all, np.int64), (Q, 1))
     else:  # each piece's row block, once per run of equal blocks
@@ -717,7 +746,16 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
                 flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
-    if not sl:
+    if not sl and lay.off_comb >= 0:  # the combine in GEMM 2's tiles: per column block, the tile that
+        # completes it (here: the last row block's, in plan order) sums that block's K slots of every token
+        comb_c = np.array([bld.counter(f"comb[{n}]", B) for n in range(n2)], np.int64)
+        bb2, nn2 = tile_ids(np.arange(B * n2), B, n2, group_m)
+        last = bb2 == B - 1
+        hc = np.minimum(g2["BLOCK_N"], H - nn2 * g2["BLOCK_N"])
+        _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
+                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1, signal_cols=comb_c,
+                           extra_in=np.where(last, T * K * hc * ab, 0), extra_out=np.where(last, T * hc * ab, 0))
+    elif not sl:
         _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
                            block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 

@@ -153,6 +153,58 @@ def test_tma_expert_slices_match_the_reference(case, down_t, rng):
     assert not build_launch(torch.from_numpy(x36).float(), w36.to_torch("cpu", torch.float32), cfg36, mk)[2]["TMA_S"]
 
 
+#: name -> (config fields, T): the combine in GEMM 2's tiles (routed experts only)
+IN_G2 = {
+    "one_token": (CASES["one_token"][0], 1),
+    "top1_input": (CASES["top1_input"][0], 23),
+    "swiglu_biases": (SLICED["swiglu_biases"][0], 13),
+    "same_experts": ({}, 29),
+}
+
+
+@pytest.mark.parametrize("programs", [1, 5])
+@pytest.mark.parametrize("case", list(IN_G2))
+def test_combine_in_gemm2_tiles(case, programs, rng):
+    """tiles["combine"]["IN_G2"]: the last GEMM 2 tile of each column block sums the block's slots
+    for every token (no combine tasks). The float64 reference's answer into a poisoned buffer, the
+    plan's tasks per kind against what the kernel ran (no combine), one program taking every ticket
+    and five; "same_experts": every token on experts 0..2 (empty experts, several row blocks)."""
+    from megamoe.kernels.megakernel import megakernel_config
+
+    fields, T = IN_G2[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    x, w = _cpu(cfg, T, rng, router_zero=case == "same_experts")
+    mk = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+    mk["tiles"]["combine"]["IN_G2"] = 1
+    y = torch.full((T, cfg.hidden_size), float("nan"))
+    y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y, nprog=programs)
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", f"combine in GEMM 2 {case}")
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=programs)
+    kinds = plan.tasks_per_kind()
+    assert kinds["combine"] == 0 and kinds["gemm2"] > 0
+    assert {k: ran[k] for k in KINDS} == kinds
+    # every column block's counter waits for all the row blocks' tiles of that column
+    g2 = np.nonzero(plan.kind == KINDS.index("gemm2"))[0]
+    assert {plan.signals(i)[0] for i in g2} == {f"comb[{n}]" for n in range(plan.layout.n2)}
+
+
+def test_combine_in_gemm2_tiles_at_no_tokens_and_its_limits():
+    from megamoe.kernels.megakernel import megakernel_config
+    from megamoe.reference import InputError
+
+    cfg = MoEConfig(**BASE)
+    mk = megakernel_config(cfg, 0, torch.float32, torch.device("cpu"))
+    mk["tiles"]["combine"]["IN_G2"] = 1
+    assert _mk(cfg, np.zeros((0, cfg.hidden_size)), random_weights(cfg, seed=2), mk=mk).shape == (0, cfg.hidden_size)
+    shared = MoEConfig(**{**BASE, **CASES["one_chunk"][0]})
+    with pytest.raises(InputError, match="IN_G2.*shared MLP"):
+        task_layout(shared, 4, mk["tiles"])
+    with pytest.raises(InputError, match="IN_G2.*STREAM_K"):
+        task_layout(cfg, 4, {**mk["tiles"], "order": {**mk["tiles"]["order"], "STREAM_K": 1}})
+
+
 def test_expert_slices_plan_the_same_weight_bytes(rng):
     """Sliced or not, a plan reads each touched expert's weights once (the same total weight bytes);
     slices wait for nothing but the routing, and the combine waits for every slice."""

@@ -32,7 +32,7 @@ def test_a_short_or_float_trace_buffer_is_refused_before_the_launch():
     w = random_weights(cfg, seed=1).to_torch("cpu", torch.float32)
     rows, _ = trace_rows(cfg, 5, mk, 4)
     for bad in (torch.zeros((rows - 1, 3), dtype=torch.int64), torch.zeros((rows, 3), dtype=torch.float32)):
-        with pytest.raises(ValueError, match=r"trace.*\(%d, 3\)" % rows):
+        with pytest.raises(ValueError, match=rf"trace.*\({rows}, 3\)"):
             build_launch(x, w, cfg, mk, nprog=4, trace=bad)
 
 
