@@ -370,7 +370,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     import numpy as np
 
     from megamoe.kernels.plan import launch_plan
-    from megamoe.simulator.cost import predict_launch_plan, predict_task_plan
+    from megamoe.simulator.cost import predict_launch_plan, predict_task_plan, term_name
 
     counts = np.asarray(counts, dtype=np.int64)
     if backend == "multi":
@@ -379,17 +379,31 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
         pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph)
         main = max(pred["stages"], key=lambda s: s["time_us"]) if pred["stages"] else {"name": "-", "bound": "launch"}
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
-                "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"]} for s in pred["stages"]},
-                "dominant": f"{main['name']}:{main['bound']}"}
+                "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"],
+                                                 "term": term_name(s["bound"], s.get("memory_term"))}
+                                     for s in pred["stages"]},
+                "dominant": f"{main['name']}:{main['bound']}",
+                "dominant_term": term_name(main["bound"], main.get("memory_term"))}
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads)
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}
     main = max(crit, key=crit.get) if crit else "-"
-    kinds = pred["bound_tasks"].get(main, {})
+
+    def bound_of(kind: str) -> tuple[str, str]:  # the kind's tasks' most common bound, and its term
+        by = pred["bound_tasks"].get(kind, {})
+        b = max(by, key=by.get) if by else "wait"
+        l2 = b == "memory" and 2 * pred.get("l2_bound_tasks", {}).get(kind, 0) > by.get("memory", 0)
+        return b, term_name(b, "l2" if l2 else "hbm")
+
+    stages = {}
+    for k, v in crit.items():
+        b, term = bound_of(k)
+        stages[k] = {"us": v, "bound": b, "term": term}
+    b, term = bound_of(main)
     return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"] + pred["launch_us"],
-            "predicted_stages": {k: {"us": v} for k, v in crit.items()}, "busy_us": pred["busy_us"],
+            "predicted_stages": stages, "busy_us": pred["busy_us"],
             "tasks": pred["tasks"], "programs": pred["programs"],
-            "dominant": f"{main}:{max(kinds, key=kinds.get) if kinds else 'wait'}"}
+            "dominant": f"{main}:{b}", "dominant_term": term}
 
 
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int) -> dict:
@@ -404,7 +418,8 @@ def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_nam
         except Exception as exc:  # noqa: BLE001 - the measurement is still worth having
             out["predictions"][p.name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
             continue
-        out["predictions"][p.name] = {k: pr[k] for k in ("predicted_us", "predicted_fixed_us", "dominant")}
+        out["predictions"][p.name] = {k: pr[k] for k in ("predicted_us", "predicted_fixed_us", "dominant",
+                                                         "dominant_term") if k in pr}
         if i == 0:
             out.update(pr)
     return out

@@ -274,6 +274,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repredict", metavar="PROFILE", default=None,
                         help="with --report: predict the stored rows again with this profile (name or profile.json), "
                              "offline, from the counts the rows carry; the report says so (megamoe/repredict.py)")
+    parser.add_argument("--counts-from", metavar="DIR_OR_JSONL", default=None,
+                        help="with --repredict: rows without counts (rebuilt from a log) take the counts and "
+                             "calls_per_graph of the same configuration in these stored rows (a run of the same "
+                             "seeds, presets and routings: the routings are deterministic)")
     parser.add_argument("--sample", type=int, default=16, help="tokens checked against the float64 reference")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="GPU run / --report: output folder; otherwise append rows as "
@@ -394,6 +398,12 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from megamoe.reference import PRESETS
 
+    if args.counts_from and not args.repredict:
+        print("megamoe validate: --counts-from needs --repredict PROFILE", file=sys.stderr)
+        return 2
+    if args.counts_from and not Path(args.counts_from).exists():
+        print(f"megamoe validate: --counts-from {args.counts_from!r} does not exist", file=sys.stderr)
+        return 2
     if args.repredict and not args.report:
         print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
         return 2
@@ -414,6 +424,9 @@ def run(args: argparse.Namespace) -> int:
             from .repredict import repredict_rows
 
             profile = load_profile(args.repredict)
+            borrowed = 0
+            if args.counts_from:
+                rows, borrowed = borrow_counts(rows, args.counts_from)
             rows, skipped = repredict_rows(rows, profile)
             if not rows:
                 print(f"megamoe validate: no row of {src} carries counts (rows written since run K do): nothing "
@@ -422,7 +435,8 @@ def run(args: argparse.Namespace) -> int:
             out = Path(args.out) if args.out else out / f"repredicted-{profile.name}"
             notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
                      f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
-                     "measurements.",)
+                     "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
+                                           "configurations' routings)",) if borrowed else ())
         write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:
@@ -586,6 +600,22 @@ def load_rows(src: str | Path) -> list[dict]:
     return list(_last_rows(src)[0].values())
 
 
+def borrow_counts(rows: list[dict], src: str | Path) -> tuple[list[dict], int]:
+    """(rows, how many took counts): each row without ``counts`` gets the counts and calls_per_graph
+    of the same (preset, T, routing, backend) among the measured rows of ``src``, where it has them.
+    For rows rebuilt from a log (run AC's), whose routings are those of every run with the same
+    seeds: runs U, W, X and Z hold identical counts for all 108 configurations."""
+    other = {(o["preset"], o["T"], o["routing"], o["backend"]): o for o in load_rows(src) if "counts" in o}
+    out, n = [], 0
+    for r in rows:
+        o = other.get((r["preset"], r["T"], r["routing"], r["backend"]))
+        if "counts" not in r and o is not None:
+            r = {**r, "counts": o["counts"], "calls_per_graph": o.get("calls_per_graph", 1), "counts_from": str(src)}
+            n += 1
+        out.append(r)
+    return out, n
+
+
 def load_outcomes(src: str | Path) -> tuple[list[dict], list[dict]]:
     """(measured rows as ``load_rows``, failed rows): a configuration failed when it has no
     measured row and its last row is a failure, or only its prediction (the run ended during it)."""
@@ -600,24 +630,81 @@ def load_outcomes(src: str | Path) -> tuple[list[dict], list[dict]]:
     return list(measured.values()), failed
 
 
+def _stage_gaps(r: dict) -> dict:
+    """{group: (predicted us, measured us, the group's largest predicted plan stage)} of a multi row
+    that carries both ``predicted_stages`` and ``measured_stages_us`` (STAGE_GROUPS); {} otherwise."""
+    meas, pred = r.get("measured_stages_us"), r.get("predicted_stages")
+    if not meas or not pred:
+        return {}
+    sums: dict[str, float] = {}
+    top: dict[str, str] = {}
+    for name, v in pred.items():
+        g = stage_group(name)
+        if g:
+            sums[g] = sums.get(g, 0.0) + float(v["us"])
+            if g not in top or float(v["us"]) > float(pred[top[g]]["us"]):
+                top[g] = name
+    return {g: (sums[g], float(m), top[g]) for g, m in meas.items() if g in sums}
+
+
+def _term_of(stage: dict, r: dict, name: str) -> str:
+    """The model term behind the predicted stage (or task kind) ``name`` of row ``r``: its own
+    ``term`` where the prediction recorded one (rows predicted since this field), else named from
+    its bound, or from the row's ``dominant`` ("part:bound") where that is the same part; rows
+    predicted before the memory terms were told apart say only "memory"."""
+    from megamoe.simulator.cost import term_name
+
+    if stage.get("term"):
+        return stage["term"]
+    bound = stage.get("bound")
+    dom, _, dom_bound = (r.get("dominant") or "").partition(":")
+    if bound is None and dom == name and dom_bound:
+        bound = dom_bound
+    if bound is None:
+        return "a term this row does not record"
+    if bound == "memory":
+        return "memory traffic (HBM, L2 hits or the SMs' intake: this row does not record which)"
+    return term_name(bound)
+
+
 def likely_cause(r: dict) -> str:
-    """A one-line guess at why a configuration is off, from the dominant predicted term."""
+    """Why a configuration is off, as far as the row can tell.
+
+    A multi-launch row with measured stages (``measured_stages_us``): the stage group whose
+    predicted-vs-measured gap (us, the sign of the layer's error first) is largest, its plan stage
+    with the most predicted time and the model term that stage is bound by. Otherwise (the
+    megakernel is one launch; rows rebuilt from a log have no stages) it says there are no
+    per-stage figures and names the prediction's dominant part and term: the critical path's
+    largest task kind (megakernel) or the longest stage (multi), from ``predicted_stages`` or
+    ``dominant``."""
     err = (r["predicted_us"] - r["measured_us"]) / r["measured_us"]
-    dom = r.get("dominant", "")
-    fixed = r.get("predicted_fixed_us", 0.0) or 0.0
-    if err < 0:
-        if r["measured_us"] < 40 or (r.get("T", 0) <= 8 and err < -0.2):
-            return "under-predicted small layer: fixed and serial costs (router, align, launch gaps) the microbenchmarks miss"
-        if dom.endswith("memory"):
-            return "under-predicted memory-bound: programs pull less than the read curve (short streams, gathered rows)"
-        if dom.endswith("compute"):
-            return "under-predicted compute-bound: the kernel's MMA rate (epilogue, gather, pipelining) is below the tile microbenchmark"
-        return f"under-predicted ({dom or 'unknown term'})"
-    if fixed > 0.3 * r["predicted_us"]:
-        return "over-predicted: fixed per-launch costs overlap in the graph more than the model adds them"
-    if dom.endswith("memory"):
-        return "over-predicted memory-bound: L2 reuse across programs (weights, gathered rows) larger than modelled"
-    return f"over-predicted ({dom or 'unknown term'})"
+    side = "over-predicted" if err > 0 else "under-predicted"
+    gaps = _stage_gaps(r)
+    if gaps:
+        same = {g: v for g, v in gaps.items() if (v[0] - v[1]) * err > 0} or gaps
+        g = max(same, key=lambda k: abs(same[k][0] - same[k][1]))
+        p, m, stage = same[g]
+        rel = f" ({(p - m) / m:+.0%})" if m > 0 else ""
+        return (f"{side}: largest stage gap {g}, predicted {p:.1f} us against {m:.1f} measured{rel}; "
+                f"its stage {stage} is priced by {_term_of(r['predicted_stages'][stage], r, stage)}")
+    why = ("no per-stage figures in this row (one persistent launch)" if r.get("backend") == "megakernel"
+           else "no per-stage figures in this row")
+    pred = r.get("predicted_stages") or {}
+    if pred:
+        main = max(pred, key=lambda k: float(pred[k]["us"]))
+        total = sum(float(v["us"]) for v in pred.values())
+        part = "critical path" if r.get("backend") == "megakernel" else "stages"
+        return (f"{side}; {why}; the prediction's {part}: mostly {main} ({float(pred[main]['us']):.0f} of "
+                f"{total:.0f} us), priced by {_term_of(pred[main], r, main)}")
+    dom = r.get("dominant")
+    if dom:
+        from megamoe.simulator.cost import term_name
+
+        name, _, bound = dom.partition(":")
+        term = r.get("dominant_term") or (
+            "memory traffic (this row does not record which term)" if bound == "memory" else term_name(bound or "wait"))
+        return f"{side}; {why}; the prediction's dominant part is {name}, priced by {term}"
+    return f"{side}; {why} and no prediction detail (a row rebuilt from a log: re-predict it for the dominant term)"
 
 
 def _abs_err(pred: float, meas: float) -> float:

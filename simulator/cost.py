@@ -33,7 +33,8 @@ A launch (``predict_stage``), P working programs in groups g (experts) of n_g pr
                 / hbm_stream(min(P, slots))  (``launch_read_s``, the grid of the stage's loop
                 form; DRAM bytes: L2 model of grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
                 and the SMs' intake: ceil(P / S) programs' bytes at an SM's share of the L2 rate
-                (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others)
+                (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others); the
+                largest of the three is the stage's ``memory_term`` (MEMORY_TERMS)
     serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
     time      = launch_gap + max(compute, memory, serial) + waves x task_overhead
 
@@ -144,6 +145,25 @@ GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
 TMA_WEIGHT_KINDS = ("gemm1", "gemm2")
 #: the megakernel's GEMM task kinds: their gathered rows are an operand an L2 model can re-hit
 GEMM_KINDS = ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
+
+
+#: the model terms a prediction's time can be bound by, as the validation report names them: a
+#: stage's or task's bound ("compute", "serial", "launch"; "wait": a megakernel kind on the
+#: critical path through its waits) and, for "memory", which memory term (StagePrediction.memory_term;
+#: a task's "l2" where its L2-hit bytes set its memory time, else "hbm")
+BOUND_TERMS = {"compute": "MMA rate (the tile loop's dense-GEMM / mma table)",
+               "serial": "dependent serial steps (serial_load_step_s, serial_reduce_step_s)",
+               "launch": "launch gap and graph fixed cost", "wait": "waits on counters and flag handoffs"}
+MEMORY_TERMS = {"hbm": "HBM streaming (DRAM bytes at the calibrated read curve, hbm_read)",
+                "l2": "L2-hit bytes at the calibrated L2 re-read rate (l2_bandwidth_bytes_per_s)",
+                "sm_intake": "the SMs' intake (an SM's share of the L2 rate, sm_ingest_s)"}
+
+
+def term_name(bound: str, memory_term: str | None = None) -> str:
+    """The report's name of the model term behind a bound (BOUND_TERMS, MEMORY_TERMS)."""
+    if bound == "memory":
+        return MEMORY_TERMS.get(memory_term or "hbm", MEMORY_TERMS["hbm"])
+    return BOUND_TERMS.get(bound, bound)
 
 
 def _of_kinds(kind: np.ndarray, kinds: list, names) -> np.ndarray:
@@ -376,6 +396,9 @@ class StagePrediction:
     overhead_us: float = 0.0
     waves: int = 0
     occupancy: int = 1
+    #: which memory term is the largest (MEMORY_TERMS): "hbm" (the DRAM bytes at the read curve),
+    #: "l2" (the L2-hit bytes at the L2 rate) or "sm_intake" (the SMs' intake, sm_ingest_s)
+    memory_term: str = "hbm"
 
     @property
     def time_us(self) -> float:
@@ -392,7 +415,7 @@ class StagePrediction:
         return {"name": self.name, "programs": self.programs, "compute_us": self.compute_us,
                 "memory_us": self.memory_us, "serial_us": self.serial_us, "launch_us": self.launch_us,
                 "overhead_us": self.overhead_us, "waves": self.waves, "occupancy": self.occupancy,
-                "time_us": self.time_us, "bound": self.bound}
+                "time_us": self.time_us, "bound": self.bound, "memory_term": self.memory_term}
 
 
 def dram_bytes(stage: dict) -> float:
@@ -456,16 +479,18 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
                                loads=loads) / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
-    memory_s = launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))
+    mem = {"hbm": launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))}
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
-        memory_s = max(memory_s, hit / km.l2_bandwidth_bytes_per_s)
-        memory_s = max(memory_s, sm_ingest_s(P, float(stage["bytes_per_tile"]), profile))
+        mem["l2"] = hit / km.l2_bandwidth_bytes_per_s
+        mem["sm_intake"] = sm_ingest_s(P, float(stage["bytes_per_tile"]), profile)
+    memory_term = max(mem, key=mem.get)  # ties: the first (hbm)
+    memory_s = mem[memory_term]
     steps = stage.get("serial_steps") or {}
     serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
                         + float(steps.get("reduce", 0)) * km.serial_reduce_step_s)
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
-                           waves * km.task_overhead_s * 1e6, waves, occ)
+                           waves * km.task_overhead_s * 1e6, waves, occ, memory_term)
 
 
 def resolve_profile(system: str | Profile, overrides: dict | None = None) -> Profile:
@@ -716,8 +741,11 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     rate_P = float(hbm_stream_rate(p, resident))
     rate_P_tma = float(hbm_stream_rate(p, resident, tma=True))
     mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
+    l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
     if km.l2_bandwidth_bytes_per_s > 0:
-        mem_P = np.maximum(mem_P, l2 * resident / km.l2_bandwidth_bytes_per_s)
+        mem_l2 = l2 * resident / km.l2_bandwidth_bytes_per_s
+        l2_bound = mem_l2 > mem_P
+        mem_P = np.maximum(mem_P, mem_l2)
     serial_s = np.zeros(n)
     r = a["tiles"]["router"]
     K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
@@ -741,7 +769,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     h_tma = (nn / resident) * rate_P_tma / np.asarray(hbm_stream_rate(p, nn, tma=True), dtype=np.float64)
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
-            "h_tma": h_tma, "tma": tma, "programs": P, "resident": resident, "arrays": a}
+            "h_tma": h_tma, "tma": tma, "l2_bound": l2_bound, "programs": P, "resident": resident, "arrays": a}
 
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
@@ -752,7 +780,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
 
     Returns {"time_us", "makespan_us", "launch_us", "fixed_us", "programs", "resident_programs",
     "tasks", "busy_us": {kind: program-us}, "critical_path_us": {kind or "handoff": us},
-    "bound_tasks": {kind: {"compute", "memory", "serial": tasks}}, "dram_bytes", "l2_hit_bytes",
+    "bound_tasks": {kind: {"compute", "memory", "serial": tasks}}, "l2_bound_tasks": {kind: tasks of
+    its memory-bound ones whose L2-hit bytes at the L2 rate set their memory time}, "dram_bytes", "l2_hit_bytes",
     "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
     tasks (and handoffs) that ends last, so its terms sum to the makespan. ``weight_loads``: how
     the GEMM tasks load their weights, "pointer" or "tma" (MEGAKERNEL_LOADS: the tile-loop tables
@@ -832,10 +861,13 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
     bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
              for j, k in enumerate(kinds) if (kind == j).any()}
+    l2b = c["l2_bound"] & (which == 1)  # memory-bound tasks whose L2-hit bytes set the memory time
+    l2_tasks = {k: int((l2b & (kind == j)).sum()) for j, k in enumerate(kinds) if (l2b & (kind == j)).any()}
     launch_us = km.launch_gap_s * 1e6
     fixed_us = km.graph_fixed_s * 1e6 / max(1, calls_per_graph)
     return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6,
             "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": R,
             "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
+            "l2_bound_tasks": l2_tasks,
             "dram_bytes": float(c["dram_bytes"].sum()), "l2_hit_bytes": float(c["l2_bytes"].sum()),
             "system": p.name}

@@ -105,6 +105,29 @@ def test_few_waves_of_large_tiles_wait_for_the_busiest_sms():
     assert sm_ingest_s(S * 3 // 2, 1e6, load_profile("h200")) == 0.0
 
 
+def test_a_stage_names_the_memory_term_it_is_bound_by():
+    """StagePrediction.memory_term: the largest of the DRAM read, the L2 hits and the SMs' intake
+    (cost.MEMORY_TERMS), the same value memory_us holds; "hbm" without an L2 rate."""
+    from megamoe.simulator.cost import MEMORY_TERMS, term_name
+
+    p = _calibrated(l2_bandwidth_bytes_per_s={"value": 7.9e12, "unit": "bytes/s", "source": "test"})
+    S = p.num_sms
+    st = dict(name="g", active_programs=S * 3 // 2, tile=dict(BLOCK_M=16, num_warps=4), bytes_per_tile=1e6,
+              flops_per_tile=1.0)
+    pr = predict_stage(st, p)  # 198 MB from DRAM at <= 4 TB/s outlast two 1 MB tiles at an SM's 60 GB/s
+    assert pr.memory_term == "hbm" and pr.to_dict()["memory_term"] == "hbm"
+    assert pr.memory_us == pytest.approx(launch_read_s(p, S * 3 // 2 * 1e6, S * 3 // 2, S * 2) * 1e6)
+    # the same tiles re-reading 8 experts' weights: few DRAM bytes, two tiles on half the SMs
+    # (24 row blocks of one N tile each, GROUP_M 8: each weight tile from DRAM 3 times, 21 times from L2)
+    grouped = dict(st, active_programs=192, tile=dict(BLOCK_M=16, num_warps=4, GROUP_M=8),
+                   operand_bytes_per_tile={"a": 1e4, "b": 9.89e5, "out": 1e3}, tiles_per_expert=[24] * 8,
+                   row_blocks_per_expert=[24] * 8)
+    pr = predict_stage(grouped, p)
+    assert pr.memory_term == "sm_intake" and pr.memory_us == pytest.approx(sm_ingest_s(192, 1e6, p) * 1e6)
+    assert predict_stage(st, load_profile("h200")).memory_term == "hbm"
+    assert term_name("memory", "sm_intake") == MEMORY_TERMS["sm_intake"] and term_name("serial").startswith("dependent")
+
+
 def test_later_waves_of_a_launch_stream_past_the_one_shot_ramp():
     """cost.launch_read_s: the first wave of n programs is a one-shot read, the later waves'
     bytes go at the marginal rate of n programs in flight. Hand-worked on a grid whose 132-program

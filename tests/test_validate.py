@@ -130,7 +130,8 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
     assert st["max_abs_error"] == pytest.approx(0.6)
     assert [(o["preset"], o["backend"]) for o in st["outside_15pct"]] == [("qwen3-30b-a3b", "multi"),
                                                                          ("mixtral-8x7b", "megakernel")]
-    assert "small layer" in st["outside_15pct"][0]["likely_cause"]
+    cause = st["outside_15pct"][0]["likely_cause"]  # no stages: said so, and the row's dominant part
+    assert cause.startswith("under-predicted; no per-stage figures in this row") and "gemm1" in cause
     assert (out / "scatter.png").stat().st_size > 1000 and "| qwen3-30b-a3b | 1 |" in (out / "report.md").read_text()
     assert [(f["preset"], f["T"]) for f in st["failed"]] == [("deepseek-v3", 1), ("deepseek-v3", 8)]
     assert "RuntimeError: CUDA error" in (out / "report.md").read_text()
@@ -237,3 +238,96 @@ def test_rows_from_validate_log_rebuild_the_report(tmp_path):
     assert rows[0]["gpu"] == "NVIDIA H200" and rows[0]["commit"] == "abc1234" and rows[0]["from_log"]
     assert main(["validate", "--report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
     assert "| qwen3-30b-a3b | 64 | zipf | megakernel |" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def _outlier(**kw) -> dict:
+    r = {"preset": "qwen3-30b-a3b", "T": 64, "routing": "zipf", "backend": "multi", "predicted_us": 80.0,
+         "measured_us": 100.0}
+    r.update(kw)
+    return r
+
+
+def test_likely_cause_names_the_stage_with_the_largest_gap_and_its_term():
+    """A multi row with measured stages: the group whose gap (same sign as the layer's error)
+    is largest, its plan stage with the most predicted time, and that stage's term (recorded by
+    the prediction, or named from its bound)."""
+    from megamoe.validate import likely_cause
+
+    pred = {"router_logits": {"us": 6.0, "bound": "memory", "term": "HBM streaming (x)"},
+            "router": {"us": 6.0, "bound": "serial"},
+            "gemm1": {"us": 38.0, "bound": "memory", "term": "the SMs' intake (y)"},
+            "gemm2": {"us": 26.0, "bound": "memory"}, "combine": {"us": 4.0, "bound": "memory"}}
+    meas = {"router+align": 20.0, "gemm1": 52.0, "gemm2": 25.0, "combine": 3.0}
+    cause = likely_cause(_outlier(predicted_stages=pred, measured_stages_us=meas))
+    assert cause.startswith("under-predicted: largest stage gap gemm1, predicted 38.0 us against 52.0 measured (-27%)")
+    assert cause.endswith("its stage gemm1 is priced by the SMs' intake (y)")
+    # router+align has the largest gap once GEMM 1 is right; its largest stage (first on a tie) and its bound
+    cause = likely_cause(_outlier(predicted_stages=pred, measured_stages_us={**meas, "gemm1": 38.5}))
+    assert "largest stage gap router+align" in cause and "router_logits is priced by HBM streaming (x)" in cause
+    # over-predicted: only the gaps of the same sign count
+    cause = likely_cause(_outlier(predicted_stages=pred, measured_stages_us=meas, predicted_us=120.0))
+    assert cause.startswith("over-predicted: largest stage gap gemm2")
+    assert "memory traffic (HBM, L2 hits or the SMs' intake: this row does not record which)" in cause
+
+
+def test_likely_cause_without_stages_says_so_and_names_the_dominant_term():
+    from megamoe.validate import likely_cause
+
+    mk = _outlier(backend="megakernel", predicted_us=120.0,
+                  predicted_stages={"router_topk": {"us": 6.0, "bound": "serial"},
+                                    "gemm1": {"us": 60.0, "bound": "memory", "term": "L2-hit bytes (z)"}})
+    assert likely_cause(mk) == ("over-predicted; no per-stage figures in this row (one persistent launch); the "
+                                "prediction's critical path: mostly gemm1 (60 of 66 us), priced by L2-hit bytes (z)")
+    old = _outlier(backend="megakernel", predicted_stages={"gemm1": {"us": 60.0}}, dominant="gemm1:compute")
+    assert likely_cause(old).endswith("priced by MMA rate (the tile loop's dense-GEMM / mma table)")
+    assert likely_cause(_outlier(dominant="gemm1:serial", dominant_term="T")) == (
+        "under-predicted; no per-stage figures in this row; the prediction's dominant part is gemm1, priced by T")
+    assert "no per-stage figures in this row and no prediction detail" in likely_cause(_outlier())
+
+
+def test_predictions_record_the_term_they_are_bound_by():
+    """scale.predict_config: every multi stage and megakernel kind carries its bound's term
+    (cost.term_name; a memory-bound launch names which memory term), and the row its dominant_term."""
+    import numpy as np
+
+    from megamoe.reference import MoEConfig
+    from megamoe.scale import predict_config
+    from megamoe.simulator.cost import BOUND_TERMS, MEMORY_TERMS
+
+    counts = np.zeros(128, np.int64)
+    counts[:8] = 64  # every token on the same 8 experts: GEMM 1's 1 MB tiles, two on some SMs
+    from pathlib import Path
+
+    p = load_profile(Path(__file__).parents[1] / "benchmarks/results/validation_2026-12-01_run26/profile.json")
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    terms = set(BOUND_TERMS.values()) | set(MEMORY_TERMS.values())
+    for backend in ("multi", "megakernel"):
+        pr = predict_config(cfg, counts, 64, backend, p, device_name="NVIDIA H200", calls_per_graph=8)
+        assert pr["dominant_term"] in terms and all(s["term"] in terms for s in pr["predicted_stages"].values())
+        assert pr["dominant"].startswith("gemm1:")
+    assert pr["predicted_stages"]["gemm1"]["bound"] in ("memory", "compute")
+
+
+def test_counts_borrowed_for_rows_rebuilt_from_a_log(tmp_path):
+    """--counts-from: rows without counts (rebuilt from a log) take the same configuration's counts
+    from another run's rows, and --repredict predicts them; without --repredict it is refused."""
+    from megamoe.cli import main
+    from megamoe.validate import borrow_counts
+
+    counts = [0] * 128
+    for e in (3, 9, 40, 41, 77, 100, 101, 127):
+        counts[e] = 1
+    base = {"preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "backend": "multi", "measured_us": 45.0,
+            "predicted_us": 40.0}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "validation_x.jsonl").write_text(json.dumps({**base, "counts": counts, "calls_per_graph": 8}) + "\n")
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({**base, "from_log": True}) + "\n" + json.dumps({**base, "T": 8, "from_log": True}) + "\n")
+    rows, n = borrow_counts([json.loads(x) for x in log.read_text().splitlines()], tmp_path / "a")
+    assert n == 1 and rows[0]["counts"] == counts and rows[0]["calls_per_graph"] == 8 and "counts" not in rows[1]
+    out = tmp_path / "rep"
+    assert main(["validate", "--report", str(log), "--repredict", "h200", "--counts-from", str(tmp_path / "a"),
+                 "--out", str(out)]) == 0
+    st = json.loads((out / "report.json").read_text())
+    assert st["configurations"] == 1 and any("took their counts" in n for n in st["notes"])
+    assert main(["validate", "--report", str(log), "--counts-from", str(tmp_path / "a")]) == 2
