@@ -2,9 +2,12 @@
 
     python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
 
-For each case (preset:T[:concentrated]) the layer runs once traced (kernels.megakernel's ``trace``:
-program, start and end of every ticket) after a warm-up, and is timed as a CUDA-graph replay
-(untraced) beside the multi-launch path. Per kind: tasks, mean task time (wait included), first
+For each case (preset:T[:concentrated]) the layer runs traced (kernels.megakernel's ``trace``:
+program, start and end of every ticket; each program's first ticket and exit) in every call of a
+CUDA graph of 8 calls, as the layer is timed (``--eager``: one eager call), and is timed untraced
+beside the multi-launch path. The graph's calls give the kernel's time from its first program in to
+its last out and the gap to the next call's first program (H200 runs AE and AF: one eager call's span
+and the replayed time disagreed by up to 3 us between variants). Per kind: tasks, mean task time (wait included), first
 start and last end relative to the launch's first start; the launch span and the programs' busy
 fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
 "task_weight_bytes"). ``--variants a,b`` traces named variants of megakernel_variants.py too. Rows go to
@@ -33,6 +36,17 @@ def program_phases(tasks: np.ndarray, programs: np.ndarray, topk: np.ndarray) ->
     us = lambda v: float(v) / 1e3  # noqa: E731
     return {"programs_first_us": us(t0 - programs[:, 1].min()), "programs_exit_us": us(programs[:, 2].max() - t1),
             "topk_seen_us": us(topk[0] - t0), "topk_routed_us": us(topk[1] - t0), "topk_done_us": us(topk[2] - t0)}
+
+
+def graph_edges(programs: list) -> dict:
+    """From each traced call's program rows (p, first ticket asked ns, exit ns) in launch order: the
+    mean kernel time (earliest program in to latest out) and the mean gap from one call's last
+    program out to the next call's first program in (the launch-to-launch cost inside a graph)."""
+    starts = np.array([p[:, 1].min() for p in programs], np.float64)
+    ends = np.array([p[:, 2].max() for p in programs], np.float64)
+    gaps = starts[1:] - ends[:-1]
+    return {"kernel_us": float(np.mean(ends - starts)) / 1e3,
+            "gap_us": float(np.mean(gaps)) / 1e3 if gaps.size else float("nan")}
 
 
 def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
@@ -67,6 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
     p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--eager", action="store_true", help="trace one eager call (before run AG's session: the "
+                   "default then), not every call of the timed graph")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,13 +113,24 @@ def main(argv=None) -> int:
                 _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True)
                 plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
                 rows, mt = trace_rows(cfg, T, mk, ran["programs"])
-                tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
-                megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr)
-                torch.cuda.synchronize()
+                P = ran["programs"]
+                if args.eager:  # one eager call, traced
+                    tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
+                    megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr)
+                    torch.cuda.synchronize()
+                    traced_us, graph = None, {}
+                else:  # every call of a graph of len(xs) calls traced, each into its own buffer, as the layer is timed
+                    trs = [torch.zeros((rows, 3), device="cuda", dtype=torch.int64) for _ in xs]
+                    traced_us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(
+                        a[0], w, cfg, mk=mk, trace=a[1]), list(zip(xs, trs)), args.reps)
+                    torch.cuda.synchronize()
+                    graph = graph_edges([t.cpu().numpy()[mt:mt + P] for t in trs])
+                    tr = trs[0]  # the first call's tasks (the routing of xs[0], which the plan counts)
                 tra = tr.cpu().numpy()
                 trn = tra[:plan.num_tasks]
                 summ = summarize(trn, plan.kind, KINDS)
-                summ.update(program_phases(trn, tra[mt:mt + ran["programs"]], tra[mt + ran["programs"]]))
+                summ.update(program_phases(trn, tra[mt:mt + P], tra[mt + P]))
+                summ.update(graph, traced_us=traced_us)
                 us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk), xs, args.reps)
                 t0 = int(trn[:, 1].min())
                 tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
@@ -113,6 +140,10 @@ def main(argv=None) -> int:
                 print(f"{case:<34} {label:<13} mk {us:8.1f} us  multi {row['multi_us']:8.1f} us  span {summ['span_us']:8.1f}"
                       f"  busy {summ['busy_fraction']:.2f}  regs {ran['n_regs']} spills {ran['n_spills']} "
                       f"smem {ran['shared_bytes']} P {ran['programs']}", flush=True)
+                if graph:
+                    print(f"      in a graph of {len(xs)} traced calls ({traced_us:.1f} us a call): kernel "
+                          f"{graph['kernel_us']:.2f} us (first program in to last out), gap to the next call's first "
+                          f"program {graph['gap_us']:.2f} us (means over the calls)", flush=True)
                 print(f"      programs: first ticket asked {summ['programs_first_us']:.2f} us before the first task,"
                       f" last exit {summ['programs_exit_us']:.2f} us after the last task ends;"
                       f" top-k task 0: logits seen {summ['topk_seen_us']:.2f}, routed {summ['topk_routed_us']:.2f},"

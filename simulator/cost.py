@@ -252,9 +252,17 @@ def hbm_grid(profile: Profile, tma: bool = False) -> tuple[tuple, tuple, tuple]:
     kernel_model.hbm_read. The one place that picks the table: ``hbm_rate``, ``hbm_stream_rate``
     and through them ``launch_read_s``, ``predict_stage`` and ``task_costs`` read it."""
     km = _km(profile)
-    if tma and km.hbm_tma_rate:
+    if tma and km.hbm_tma_rate and USE_TMA_READ_TABLE:
         return km.hbm_tma_programs, km.hbm_tma_bytes, km.hbm_tma_rate
     return km.hbm_programs, km.hbm_bytes, km.hbm_rate
+
+
+#: whether TMA weight reads are priced by the TMA reader's table (kernel_model.hbm_read_tma) where
+#: a profile has one. Off: its first validation (H200 run AG, 2026-12-02, 108 configurations, the
+#: same rows re-predicted with and without it) put the megakernel at 7.3% median / 24.6% max with
+#: it and 6.1% / 21.7% with the pointer reader's table: the TMA microbenchmark does not yet read
+#: like the megakernel's TMA tiles (it is still calibrated, and kept, for the next attempt).
+USE_TMA_READ_TABLE = False
 
 
 def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program, *, tma: bool = False):

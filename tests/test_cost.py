@@ -324,11 +324,13 @@ def _predictions(p):
 
 
 def _run_profile():
-    """The calibrated profile of the latest stored H200 run (no TMA table: calibrated before it existed)."""
+    """The calibrated profile of the latest stored H200 run calibrated before the TMA table existed."""
+    import json
     import re
     from pathlib import Path
 
-    paths = list((Path(__file__).parents[1] / "benchmarks" / "results").glob("validation_*_run*/profile.json"))
+    paths = [q for q in (Path(__file__).parents[1] / "benchmarks" / "results").glob("validation_*_run*/profile.json")
+             if "hbm_read_tma" not in json.loads(q.read_text()).get("kernel_model", {})]
     if not paths:
         return _calibrated()
     return load_profile(str(max(paths, key=lambda q: int(re.search(r"_run(\d+)", q.parent.name).group(1)))))
@@ -359,12 +361,29 @@ def test_profiles_without_a_tma_table_predict_as_before(monkeypatch):
             assert hbm_rate(p, n, b, tma=True) == hbm_rate(p, n, b)
 
 
-def test_a_faster_tma_table_speeds_tma_reads_only():
-    """A synthetic profile whose TMA reader streams twice as fast: a launch of TMA loop form reads
+def test_the_tma_table_is_off_until_it_validates():
+    """cost.USE_TMA_READ_TABLE is off (H200 run AG: the megakernel's rows at 7.3% median with the TMA
+    reader's table, 6.1% without): a profile with a TMA table prices TMA reads as one without."""
+    from megamoe.simulator import cost
+
+    pts = [[1, 1e4, 1e9], [1, 1e7, 2e10], [132, 1e4, 1e12], [132, 1e7, 4e12]]
+    p2 = _calibrated(hbm_read_tma={"unit": "bytes/s", "over": ["programs_in_flight", "bytes_per_program"],
+                                   "source": "test", "points": [[n, b, 2 * r] for n, b, r in pts]})
+    assert not cost.USE_TMA_READ_TABLE and p2.kernel.hbm_tma_rate
+    assert hbm_rate(p2, 132, 1e6, tma=True) == hbm_rate(p2, 132, 1e6)
+    plan = _plan(T=40, P=8)
+    assert predict_task_plan(plan, p2, weight_loads="tma") == predict_task_plan(plan, _calibrated(), weight_loads="tma")
+
+
+def test_a_faster_tma_table_speeds_tma_reads_only(monkeypatch):
+    """A synthetic profile whose TMA reader streams twice as fast (the table switched on): a launch of TMA loop form reads
     its bytes in half the time (both rates, one-shot and marginal, double), the same launch in a
     pointer form reads as before; in a task plan with TMA weights the routed GEMM tasks' memory
     term halves and every other task's stays, and with pointer weights nothing changes."""
+    from megamoe.simulator import cost
     from megamoe.simulator.cost import TMA_WEIGHT_KINDS, hbm_stream_rate, weights_by_tma
+
+    monkeypatch.setattr(cost, "USE_TMA_READ_TABLE", True)
 
     pts = [[1, 1e4, 1e9], [1, 1e7, 2e10], [132, 1e4, 1e12], [132, 1e7, 4e12]]
     over = ["programs_in_flight", "bytes_per_program"]

@@ -43,3 +43,11 @@ def test_program_phases_measure_from_the_first_task():
     ph = mod.program_phases(tasks, programs, np.array([2_000, 2_500, 4_000]))
     assert ph == {"programs_first_us": 0.6, "programs_exit_us": 0.6, "topk_seen_us": 1.0, "topk_routed_us": 1.5,
                   "topk_done_us": 3.0}
+
+
+def test_graph_edges_are_kernel_times_and_launch_gaps():
+    mod = load_benchmark("megakernel_trace")
+    calls = [np.array([[0, 1_000, 30_000], [1, 1_200, 31_000]]), np.array([[0, 32_000, 60_000], [1, 31_800, 62_000]])]
+    e = mod.graph_edges(calls)
+    assert e["kernel_us"] == (30.0 + 30.2) / 2 and e["gap_us"] == 0.8
+    assert np.isnan(mod.graph_edges(calls[:1])["gap_us"])
