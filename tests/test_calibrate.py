@@ -481,6 +481,9 @@ def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tm
     path.write_text(json.dumps(prof))
     p = load_profile(str(path))
     assert prof["kernel_model"]["hbm_read_tma"]["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    from megamoe.simulator import cost
+
+    monkeypatch.setattr(cost, "USE_TMA_READ_TABLE", True)  # the table is loaded; the model reads it when on
     assert hbm_rate(p, 132, 1 << 20, tma=True) == pytest.approx(1.5 * hbm_rate(p, 132, 1 << 20))
     assert prof["hbm"]["bandwidth_bytes_per_s"]["value"] == max(r for *_, r in m["hbm"]["points"])  # main table's
     assert "TMA reader" in summary(m, prof)
