@@ -42,6 +42,16 @@ Measured:
     ticket                    one program taking N tickets (slope in N): the atomic round trip
     sm_copy                   gather of N rows of H = 7168 bf16 by 1 .. S copying SMs
     serial steps              one program: R dependent load+dot steps; R dependent top-1 passes
+    l2_shared                 P in {S/8, S/2, S, 2S} programs sweeping one 8 MiB L2-resident set of
+                              weight tiles (the GEMM loop's loads), groups of g in {1, 2, 4, 8, 16}
+                              consecutive programs reading the same tile at the same step
+                              (kernels/microbench_shared.py): aggregate bytes/s by (P, g),
+                              kernel_model.l2_shared_read
+    serial_programs           the serial steps with P in {1, 16, 64, S, 2S} programs at once, each
+                              its own token rows and the same router weights: seconds per load+dot
+                              step (kernel_model.serial_load_step), per top-1 pass
+                              (serial_reduce_step), and per step of a dependent chain whose next
+                              address comes from the last load (serial_chain_step, recorded)
 """
 
 from __future__ import annotations
@@ -448,6 +458,82 @@ def measure_serial(reps: int) -> dict:
             "load": load, "reduce": red}
 
 
+#: the shared-read step's working set: 8 MiB of 64 x 128 bf16 tiles (512 tiles: the 2S groups of
+#: one program each still read apart), read 1 MiB per program per launch
+L2_SHARED_SET_BYTES = 8 << 20
+L2_SHARED_PER_PROGRAM = 1 << 20
+L2_SHARED_GROUPS = (1, 2, 4, 8, 16)
+
+
+def l2_shared_programs(S: int, quick: bool = False) -> list[int]:
+    """The program counts of the shared-read step: S/8, S/2, S, 2S (quick: S/2 and S)."""
+    return sorted({max(1, S // 2), S} if quick else {max(1, S // 8), max(1, S // 2), S, 2 * S})
+
+
+def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
+    """Aggregate L2 read rate of P programs sharing one L2-resident working set, groups of g
+    consecutive programs reading the same tile at the same step (``l2_shared_read``: the GEMM
+    loop's pipelined load + dot, 4 stages as the L2 step's best reader): "points" [P, g, bytes/s].
+    Graphs of 8 launches (the set warm in L2 from the warm-up launches), the launch gap taken off.
+    Tests the hypothesis that programs reading the same weight tiles at once (grouped GEMM order)
+    get more from L2 than programs re-reading their own data (l2_bandwidth_bytes_per_s)."""
+    import torch
+
+    from megamoe.kernels import microbench_shared as ms
+
+    bn, bk = 64, 128
+    w = torch.randn((L2_SHARED_SET_BYTES // (bn * bk * 2), bn, bk), device="cuda", dtype=torch.bfloat16)
+    per = L2_SHARED_PER_PROGRAM
+    groups = (1, 8) if quick else L2_SHARED_GROUPS
+    pts = []
+    for P in l2_shared_programs(S, quick):
+        for g in groups:
+            t = max(graph_seconds(lambda i, P=P, g=g: ms.l2_shared_read(w, P, g, per), inner=8, reps=reps) - gap_s,
+                    1e-7)
+            pts.append([P, g, P * per / t])
+    return {"points": pts, "set_bytes": L2_SHARED_SET_BYTES, "bytes_per_program": per, "tile": [bn, bk]}
+
+
+#: the program counts of the serial_programs step (S and 2S added from the GPU's SMs)
+SERIAL_PROGRAMS = (1, 16, 64)
+
+
+def measure_serial_programs(reps: int, S: int, quick: bool = False) -> dict:
+    """The serial steps with P programs running them at once: the slope in R (steps 4 and 64) of
+    P programs each running R load + dot steps over its own 16 token rows and the shared router
+    weights (``serial_load_many``, the router's loop: "load"), the same as a dependent chain
+    (chain=True: each step's column block read from a table at an address that depends on the last
+    tile loaded: "chain"), and R top-1 passes over its own rows (``serial_reduce_many``: "reduce"),
+    each the median over the serial step's two tile shapes -> "load", "chain", "reduce": [[P, s
+    per step], ...]. At P = 1 the load and reduce figures are the serial step's kernels'."""
+    import torch
+
+    from megamoe.kernels import microbench_shared as ms
+
+    progs = sorted({1, 16, S} if quick else {*SERIAL_PROGRAMS, S, 2 * S})
+    steps = (4, 64)
+    bt = 16
+    per = {"load": {}, "chain": {}, "reduce": {}}
+    for bh, be in ((64, 128), (32, 256)):
+        w = torch.randn((max(steps) * bh, be), device="cuda", dtype=torch.bfloat16)
+        x = torch.randn((max(progs) * bt, max(steps) * bh), device="cuda", dtype=torch.bfloat16)
+        v = torch.randn((max(progs) * bt, be), device="cuda", dtype=torch.float32)
+        nxt = {s: ms.chain_table(s, "cuda") for s in steps}
+        for P in progs:
+            xp, vp = x[:P * bt], v[:P * bt]
+            o = torch.empty((P * bt, be), device="cuda", dtype=torch.float32)
+            oi = torch.empty(P * bt, device="cuda", dtype=torch.int32)
+            for name, chain in (("load", False), ("chain", True)):
+                ts = [graph_seconds(lambda i, s=s, P=P, xp=xp, o=o, chain=chain, bh=bh, w=w, nx=nxt[s]:
+                                    ms.serial_load_many(xp, w, P, s, block_h=bh, chain=chain, nxt=nx, out=o),
+                                    inner=4, reps=reps) for s in steps]
+                per[name].setdefault(P, []).append(_slope(steps, ts)[1])
+            ts = [graph_seconds(lambda i, s=s, P=P, vp=vp, oi=oi: ms.serial_reduce_many(vp, P, s, out=oi),
+                                inner=4, reps=reps) for s in steps]
+            per["reduce"].setdefault(P, []).append(_slope(steps, ts)[1])
+    return {k: [[P, statistics.median(vs)] for P, vs in sorted(d.items())] for k, d in per.items()}
+
+
 # --------------------------------------------------------------------------- the profile
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
     """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``.
@@ -521,6 +607,25 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
     if "mma_fp8" in m:
         km["mma_fp8"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma_fp8"]["points"],
                               "e4m3 x e4m3, fp32 accumulate, operands on chip, 8 programs per SM launched")
+    if "l2_shared" in m:
+        km["l2_shared_read"] = table("bytes/s", ["programs", "sharing_group"], m["l2_shared"]["points"],
+                                     "P programs sweeping one L2-resident working set of weight tiles by the GEMM "
+                                     "loop's loads, groups of g consecutive programs reading the same tile at once; "
+                                     "read behind cost.USE_L2_SHARED_READ")
+    if "serial_programs" in m:
+        sp = m["serial_programs"]
+
+        def steps_table(key, note):  # a step that timed at or below zero: the table leaves its point out
+            pts = [[P, t] for P, t in sp[key] if t > 0]
+            if pts:
+                km[f"serial_{key}_step"] = table("s", ["programs"], pts, note)
+
+        steps_table("load", "seconds per router load + dot step, P programs at once (own rows, shared weights); "
+                            "read behind cost.USE_SERIAL_STEP_TABLES")
+        steps_table("reduce", "seconds per dependent top-1 pass, P programs at once; read behind "
+                              "cost.USE_SERIAL_STEP_TABLES")
+        steps_table("chain", "seconds per step of a dependent chain (each step's address from the last load), "
+                             "P programs at once; recorded, not read")
     if "copy" in m:
         copy_pts = m["copy"]["points"]
         near16 = min(copy_pts, key=lambda p: abs(p[0] - 16))
@@ -583,6 +688,14 @@ def summary(m: dict, prof: dict) -> str:
                              ("mma_fp8", "points", "mma fp8 {} {} warps, whole GPU ")):
         for (bm, bn, w), r in _best_by_shape(m.get(step, {}).get(key, [])):
             lines.append(label.format(f"{bm:>3}x{bn:<3}", w) + f" {r * S / 1e12:8.1f} TFLOP/s")
+    groups = sorted({int(g) for _, g, _ in m.get("l2_shared", {}).get("points", [])})
+    for P in sorted({int(p) for p, _, _ in m.get("l2_shared", {}).get("points", [])}):
+        rates = {int(g): r for p, g, r in m["l2_shared"]["points"] if int(p) == P}
+        lines.append(f"L2 shared read, {P:>3} programs, g = " + "/".join(str(g) for g in groups) + "  "
+                     + " ".join(f"{rates.get(g, 0.0) / 1e12:.2f}" for g in groups) + " TB/s")
+    for key, label in (("load", "serial load+dot step"), ("reduce", "serial top-1 pass"), ("chain", "serial chain step")):
+        for P, t in m.get("serial_programs", {}).get(key, []):
+            lines.append(f"{label + f', {int(P)} programs':<36} {t * 1e9:8.1f} ns")
     for n, r in m.get("copy", {}).get("points", []):
         lines.append(f"gather copy, {int(n):>3} SMs, per SM          {r / 1e9:8.1f} GB/s")
     missing = prof.get("calibration", {}).get("not_measured", [])
@@ -592,12 +705,12 @@ def summary(m: dict, prof: dict) -> str:
 
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
-STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "sync")
+STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "l2_shared", "serial_programs", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (15.0, 7.0), "mma": (35.0, 15.0), "gemm": (70.0, 20.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
-               "serial": (10.0, 10.0), "sync": (12.0, 8.0)}
+               "serial": (10.0, 10.0), "l2_shared": (5.0, 3.0), "serial_programs": (12.0, 6.0), "sync": (12.0, 8.0)}
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
 
@@ -631,6 +744,10 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_copy(reps, S, quick)
     if name == "serial":
         return measure_serial(reps)
+    if name == "l2_shared":
+        return measure_l2_shared(reps, S, gap_s, quick)
+    if name == "serial_programs":
+        return measure_serial_programs(reps, S, quick)
     raise ValueError(f"unknown step {name!r}")
 
 

@@ -50,6 +50,22 @@ grid: the TMA reader's for the routed GEMMs with TMA weights), and DRAM bytes it
 slice and gathered rows unless the same weight_id (or row block) was read within the last
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
 
+Switches, all off (predictions as without them) until a GPU run validates them; each reads its
+table only where the profile has it (``megamoe calibrate`` steps l2_shared, serial_programs):
+
+    USE_L2_SHARED_READ      L2-hit bytes at kernel_model.l2_shared_read (P programs, sharing group
+                            g: programs reading the same tile at once) instead of
+                            l2_bandwidth_bytes_per_s: a launch's weight hits at g = min(GROUP_M,
+                            row blocks), its row hits at g = min(N tiles, in flight // that)
+                            (``stage_l2_hit_s``); a task's at the tasks of the same weight / row
+                            block within ``resident`` tickets of it (``_sharing``)
+    USE_L2_SHARED_INTAKE    the SMs' intake of a launch at the same table / S (``stage_intake_s``;
+                            the multi-launch GEMMs' L2 bound: never below the L2-hit term)
+    USE_SERIAL_STEP_TABLES  serial steps at kernel_model.serial_load_step / serial_reduce_step for
+                            the programs running them at once (a launch's min(P, slots); a task
+                            kind's min(its tasks, resident programs)) instead of the one-program
+                            scalars (``serial_step_s``)
+
 The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
 per expert (tile height adapted to small row counts, a tuned tile width) and call the same
 primitives; ``ffn_roofline_s`` is their lower bound.
@@ -315,6 +331,80 @@ def hbm_peak(profile: Profile) -> float:
     return float(np.max(_km(profile).hbm_rate))
 
 
+#: whether L2-hit bytes price at the shared-read table (kernel_model.l2_shared_read: aggregate L2
+#: bytes/s of P programs reading the same tiles in groups of g at once, kernels/microbench_shared.py)
+#: for their sharing group (``stage_l2_hit_s``, ``task_costs``) where a profile has it, instead of
+#: l2_bandwidth_bytes_per_s. Off until a GPU run validates it (the hypothesis of H200 run 33:
+#: DeepSeek-V3 T = 512 Zipf's GEMM 1 moves ~8.7 TB/s through L2, above the 7.8 of programs
+#: re-reading their own data, over-predicted +15..+23% on both backends). The SMs' intake
+#: (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way.
+USE_L2_SHARED_READ = False
+#: whether the router and align kinds' serial steps price at the per-step tables
+#: (kernel_model.serial_load_step / serial_reduce_step: P programs running the chains at once,
+#: ``serial_step_s``) for the programs that run them together, where a profile has them, instead of
+#: the one-program scalars serial_load_step_s / serial_reduce_step_s. Off until a GPU run validates
+#: it (run 33: router+align under-predicted by 17% median, -30..-49% on DeepSeek-V3).
+USE_SERIAL_STEP_TABLES = False
+#: whether the SMs' intake of a grouped GEMM launch (``sm_ingest_s``) takes its per-SM rate from
+#: the shared-read table as well (``stage_intake_s``: each operand at its sharing group's rate / S)
+#: where a profile has it. Apart from USE_L2_SHARED_READ because the intake, not the L2-hit term,
+#: binds the multi-launch GEMMs it concerns (it is never below the L2-hit term at the same rate:
+#: a launch's hit bytes are at most its programs' bytes; run 33's DeepSeek-V3 T = 512 Zipf GEMM 1
+#: is priced by it). Off until a GPU run validates it.
+USE_L2_SHARED_INTAKE = False
+
+
+def l2_shared_rate(profile: Profile, programs, group):
+    """Aggregate L2 read bytes/s of ``programs`` programs reading shared tiles in groups of
+    ``group`` at once (kernel_model.l2_shared_read; arrays broadcast; bilinear in log2 programs and
+    log2 group, clamped at the table's edges), or None where the profile has no table."""
+    km = _km(profile)
+    if not km.l2_shared_rate:
+        return None
+    ns = np.log2(np.asarray(km.l2_shared_programs, dtype=np.float64))
+    gs = np.log2(np.asarray(km.l2_shared_groups, dtype=np.float64))
+    rate = np.asarray(km.l2_shared_rate, dtype=np.float64)  # (n, m)
+    n = np.log2(np.maximum(np.asarray(programs, dtype=np.float64), 1.0))
+    g = np.log2(np.maximum(np.asarray(group, dtype=np.float64), 1.0))
+    n, g = np.broadcast_arrays(n, g)
+    along_g = np.stack([np.interp(g, gs, rate[i]) for i in range(rate.shape[0])], axis=-1)  # (..., n)
+    if ns.size == 1:
+        out = along_g[..., 0]
+    else:
+        i = np.clip(np.searchsorted(ns, n) - 1, 0, ns.size - 2)
+        f = np.clip((n - ns[i]) / (ns[i + 1] - ns[i]), 0.0, 1.0)
+        lo = np.take_along_axis(along_g, i[..., None], -1)[..., 0]
+        hi = np.take_along_axis(along_g, (i + 1)[..., None], -1)[..., 0]
+        out = lo + f * (hi - lo)
+    return out if out.ndim else float(out)
+
+
+def l2_hit_rate(profile: Profile, programs, group):
+    """The rate L2-hit bytes price at: the shared-read table at (programs, group) where
+    ``USE_L2_SHARED_READ`` is on and the profile has the table, else l2_bandwidth_bytes_per_s."""
+    km = _km(profile)
+    if USE_L2_SHARED_READ and km.l2_shared_rate:
+        return l2_shared_rate(profile, programs, group)
+    return km.l2_bandwidth_bytes_per_s
+
+
+def serial_step_s(profile: Profile, kind: str, programs=1):
+    """Seconds of one serial step of ``kind`` "load" (the router's load + dot step) or "reduce"
+    (a dependent row reduction) with ``programs`` programs running such chains at once: the
+    per-step table (kernel_model.serial_load_step / serial_reduce_step, linear in log2 programs,
+    clamped) where ``USE_SERIAL_STEP_TABLES`` is on and the profile has it, else the scalar."""
+    km = _km(profile)
+    if kind not in ("load", "reduce"):
+        raise ValueError(f"kind must be 'load' or 'reduce', got {kind!r}")
+    table = km.serial_load_steps if kind == "load" else km.serial_reduce_steps
+    scalar = km.serial_load_step_s if kind == "load" else km.serial_reduce_step_s
+    if not (USE_SERIAL_STEP_TABLES and table):
+        return scalar
+    xs = np.log2([t[0] for t in table])
+    out = np.interp(np.log2(np.maximum(np.asarray(programs, dtype=np.float64), 1.0)), xs, [t[1] for t in table])
+    return out if np.ndim(out) else float(out)
+
+
 def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
                   tma: bool = False) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
@@ -438,6 +528,93 @@ def dram_bytes(stage: dict) -> float:
     return grouped_dram_bytes(rb, tpe, float(ob["a"]), float(ob["b"]), float(ob["out"]), group)
 
 
+def stage_l2_hit_s(stage: dict, hit_bytes: float, in_flight: int, profile: Profile) -> float:
+    """Seconds of a launch's L2-hit bytes (``hit_bytes``: its programs' bytes less ``dram_bytes``).
+    At l2_bandwidth_bytes_per_s, unless ``USE_L2_SHARED_READ`` is on and the profile has the
+    shared-read table: then, for a stage with the grouped L2 model's fields, the hits of expert e
+    (be row blocks, n = tiles / be N tiles, GROUP_M = gm) split as ``grouped_dram_bytes`` counts
+    them: weight tiles, n x (be - ceil(be / gm)) x b, read by the row blocks of one group at once
+    (groups of gm, the last of be mod gm), and gathered rows, be x (n - 1) x a, each row block read
+    by its N tiles in flight together, min(n, in_flight // min(gm, be)) of them; each part at the
+    table's rate for ``in_flight`` programs and its group. Other stages' hits (and any rest): the
+    table at group 1."""
+    km = _km(profile)
+    if hit_bytes <= 0:
+        return 0.0
+    if not (USE_L2_SHARED_READ and km.l2_shared_rate):
+        return hit_bytes / km.l2_bandwidth_bytes_per_s if km.l2_bandwidth_bytes_per_s > 0 else 0.0
+    n_fl = max(1, int(in_flight))
+    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
+    t, counted = 0.0, 0.0
+    if ob and rb is not None and tpe is not None:
+        gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
+        be = np.asarray(rb, dtype=np.float64)
+        te = np.asarray(tpe, dtype=np.float64)
+        keep = (be > 0) & (te > 0)
+        be, te = be[keep], te[keep]
+        if be.size:
+            nt = te / be
+            a, b = float(ob["a"]), float(ob["b"])
+            full, rem = np.floor(be / gm), np.mod(be, gm)
+            w_full = nt * full * (gm - 1) * b  # hits of the full groups' weight tiles
+            w_rem = nt * np.maximum(rem - 1, 0) * b  # of the last, shorter group
+            g_a = np.clip(np.minimum(nt, n_fl // np.minimum(gm, be)), 1, None)
+            a_hits = be * np.maximum(nt - 1, 0) * a
+            rate = lambda g: np.asarray(l2_shared_rate(profile, n_fl, g), dtype=np.float64)  # noqa: E731
+            t = float((w_full / rate(gm)).sum() + (w_rem / rate(np.maximum(rem, 1))).sum()
+                      + (a_hits / rate(g_a)).sum())
+            counted = float(w_full.sum() + w_rem.sum() + a_hits.sum())
+    rest = hit_bytes - counted
+    if rest > 1e-6 * hit_bytes:
+        t += rest / float(l2_shared_rate(profile, n_fl, 1))
+    return t
+
+
+def _grouped_sharing(stage: dict, in_flight: int):
+    """Per expert of a grouped launch with the L2 model's fields: (tiles (e,), row blocks (e,),
+    weight sharing group min(GROUP_M, row blocks) (e,), row sharing group min(N tiles, in_flight //
+    the weight group) (e,)), or None for other launches."""
+    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
+    if not ob or rb is None or tpe is None:
+        return None
+    gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
+    be = np.asarray(rb, dtype=np.float64)
+    te = np.asarray(tpe, dtype=np.float64)
+    keep = (be > 0) & (te > 0)
+    be, te = be[keep], te[keep]
+    if not be.size:
+        return None
+    g_w = np.minimum(gm, be)
+    g_a = np.clip(np.minimum(te / be, max(1, int(in_flight)) // g_w), 1, None)
+    return te, be, g_w, g_a
+
+
+def stage_intake_s(stage: dict, programs: int, in_flight: int, profile: Profile) -> float:
+    """The SMs' intake of a launch (``sm_ingest_s``), its per-SM rate from the shared-read table
+    where ``USE_L2_SHARED_INTAKE`` is on and the profile has the table: a grouped launch's program
+    takes in its rows a at the table's rate for ``in_flight`` programs and the row group, its
+    weight tile b at the weight group's, its output at group 1, each / S (mean over its tiles);
+    other launches at group 1. Otherwise ``sm_ingest_s`` as it was."""
+    km = _km(profile)
+    bpt = float(stage["bytes_per_tile"])
+    if not (USE_L2_SHARED_INTAKE and km.l2_shared_rate) or km.l2_bandwidth_bytes_per_s <= 0:
+        return sm_ingest_s(programs, bpt, profile)
+    if programs <= 0 or bpt <= 0:
+        return 0.0
+    n_fl = max(1, int(in_flight))
+    S = profile.num_sms
+    sh = _grouped_sharing(stage, n_fl)
+    if sh is None:
+        per_prog = bpt * S / float(l2_shared_rate(profile, n_fl, 1))
+    else:
+        te, _be, g_w, g_a = sh
+        ob = stage["operand_bytes_per_tile"]
+        rate = lambda g: np.asarray(l2_shared_rate(profile, n_fl, g), dtype=np.float64)  # noqa: E731
+        t_e = S * (float(ob["a"]) / rate(g_a) + float(ob["b"]) / rate(g_w) + float(ob["out"]) / rate(1.0))
+        per_prog = float((te * t_e).sum() / te.sum())
+    return waves_s(programs, per_prog, S)
+
+
 def _work_tile(stage: dict) -> tuple[int, int, float]:
     """(rows, columns, depth) of one program's MMA work."""
     tile = stage["tile"]
@@ -490,13 +667,14 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     mem = {"hbm": launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))}
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
-        mem["l2"] = hit / km.l2_bandwidth_bytes_per_s
-        mem["sm_intake"] = sm_ingest_s(P, float(stage["bytes_per_tile"]), profile)
+        mem["l2"] = stage_l2_hit_s(stage, hit, min(P, slots), profile)
+        mem["sm_intake"] = stage_intake_s(stage, P, min(P, slots), profile)
     memory_term = max(mem, key=mem.get)  # ties: the first (hbm)
     memory_s = mem[memory_term]
     steps = stage.get("serial_steps") or {}
-    serial_s = waves * (float(steps.get("load", 0)) * km.serial_load_step_s
-                        + float(steps.get("reduce", 0)) * km.serial_reduce_step_s)
+    n_serial = min(P, slots)  # the programs running the stage's serial chains at once
+    serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load", n_serial)
+                        + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce", n_serial))
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
                            waves * km.task_overhead_s * 1e6, waves, occ, memory_term)
 
@@ -700,6 +878,27 @@ def _l2_hits(keys: np.ndarray, stream_bytes: np.ndarray, window: float) -> np.nd
     return hit
 
 
+def _sharing(keys: np.ndarray, window: int) -> np.ndarray:
+    """(n,) int: for task i with key keys[i] (-1: none, 0 returned), the tasks with the same key
+    whose tickets lie within ``window`` - 1 of i's, i's own included: the programs reading that
+    operand at about the same time when ``window`` programs are in flight."""
+    n = keys.size
+    out = np.zeros(n, np.int64)
+    valid = keys >= 0
+    if not valid.any():
+        return out
+    w = max(1, int(window))
+    idx = np.nonzero(valid)[0]
+    _, rank = np.unique(keys[idx], return_inverse=True)
+    span = n + 2 * w + 2  # each key's tickets (shifted by w) stay inside its own range
+    comb = rank.astype(np.int64) * span + idx + w
+    comb_sorted = np.sort(comb)
+    lo = np.searchsorted(comb_sorted, comb - (w - 1), side="left")
+    hi = np.searchsorted(comb_sorted, comb + (w - 1), side="right")
+    out[idx] = hi - lo
+    return out
+
+
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
                dtype: str = "bf16", weight_loads: str = "pointer") -> dict:
     """Per-task cost terms of a task plan (vectorized): compute_s, dram bytes, the HBM rate at P
@@ -751,7 +950,13 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
     l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
     if km.l2_bandwidth_bytes_per_s > 0:
-        mem_l2 = l2 * resident / km.l2_bandwidth_bytes_per_s
+        if USE_L2_SHARED_READ and km.l2_shared_rate:  # each operand's hits at its sharing group's rate
+            g_w = np.maximum(_sharing(a["weight_id"].astype(np.int64), resident), 1)
+            g_i = np.maximum(_sharing(row_key, resident), 1)
+            mem_l2 = resident * (np.where(w_hit, wb, 0.0) / np.asarray(l2_shared_rate(p, resident, g_w))
+                                 + np.where(i_hit, ib, 0.0) / np.asarray(l2_shared_rate(p, resident, g_i)))
+        else:
+            mem_l2 = l2 * resident / km.l2_bandwidth_bytes_per_s
         l2_bound = mem_l2 > mem_P
         mem_P = np.maximum(mem_P, mem_l2)
     serial_s = np.zeros(n)
@@ -761,16 +966,18 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         m = kind == kinds.index(k)
         if not m.any():
             continue
+        conc = min(int(m.sum()), resident)  # the programs running this kind's chains at once
+        load_s, reduce_s = serial_step_s(p, "load", conc), serial_step_s(p, "reduce", conc)
         if k in ("router_logits", "router_topk"):
             steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
             passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
-            serial_s[m] = steps * km.serial_load_step_s + (passes if k == "router_topk" else 0) * km.serial_reduce_step_s
+            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * reduce_s
         elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
             g = np.maximum(a["depth"][m], 1)
             blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
-            serial_s[m] = (np.ceil(g / blk) + 2) * km.serial_reduce_step_s
+            serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
         else:
-            serial_s[m] = K * km.serial_reduce_step_s
+            serial_s[m] = K * reduce_s
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)

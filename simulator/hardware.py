@@ -532,6 +532,16 @@ _KM_TABLES = {
     **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")) for form in GEMM_LOOP_FORMS},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
+    # L2-resident weight tiles read by P programs at once, groups of g consecutive programs reading
+    # the same tile at the same step (kernels/microbench_shared.py; optional): aggregate bytes/s.
+    # Read only behind cost.USE_L2_SHARED_READ (the L2-hit bytes of grouped GEMMs)
+    "l2_shared_read": ("bytes/s", ("programs", "sharing_group")),
+    # the router's load + dot step and the top-k pass with P programs running them at once
+    # (optional; at P = 1 the scalars' kernels): read only behind cost.USE_SERIAL_STEP_TABLES
+    "serial_load_step": ("s", ("programs",)),
+    "serial_reduce_step": ("s", ("programs",)),
+    # recorded, not read: the load step as a dependent chain (each step's address from the last load)
+    "serial_chain_step": ("s", ("programs",)),
 }
 
 
@@ -566,6 +576,11 @@ class KernelModel:
     hbm_tma_programs, hbm_tma_bytes, hbm_tma_rate: the same grid read by a TMA-fed reader
     (``kernel_model.hbm_read_tma``), or () where the profile has none (then TMA reads price at
     hbm_rate: ``cost.hbm_grid``).
+    l2_shared_programs (n,), l2_shared_groups (m,), l2_shared_rate (n, m): aggregate L2 read bytes/s
+    of n programs sharing tiles in groups of m (``kernel_model.l2_shared_read``), or ();
+    serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
+    serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads them only behind its
+    switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
     """
 
     hbm_programs: tuple
@@ -601,6 +616,11 @@ class KernelModel:
     hbm_tma_programs: tuple = ()
     hbm_tma_bytes: tuple = ()
     hbm_tma_rate: tuple = ()
+    l2_shared_programs: tuple = ()
+    l2_shared_groups: tuple = ()
+    l2_shared_rate: tuple = ()
+    serial_load_steps: tuple = ()
+    serial_reduce_steps: tuple = ()
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
@@ -653,12 +673,19 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "mma_pointer": [],
         "occupancy": [(1.0, 2.0), (4.0, 2.0), (8.0, 1.0), (16.0, 1.0)],
         "sm_copy": [(1.0, float(v["sm.copy_bytes_per_s"]))],
+        "l2_shared_read": [],
+        "serial_load_step": [],
+        "serial_reduce_step": [],
+        "serial_chain_step": [],
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
                    hbm_read_tma="none: TMA reads price at the hbm_read table", mma=derived + ": peak x gemm_efficiency",
                    mma_fp8="the bf16 mma rates x gpu.tensor_fp8_flops_per_s / gpu.tensor_bf16_flops_per_s",
                    **{"gemm_" + n: "none: the mma table" for n in GEMM_LOADS},
-                   occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived)
+                   occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived,
+                   l2_shared_read="none: L2 hits price at l2_bandwidth_bytes_per_s",
+                   serial_load_step="none: serial_load_step_s", serial_reduce_step="none: serial_reduce_step_s",
+                   serial_chain_step="none")
     calibrated = section is not None
     if section is not None:
         if not isinstance(section, dict):
@@ -677,20 +704,35 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                 sources[k] = section[k]["source"]
     ns, bs, rate = _hbm_grid("hbm_read", tables["hbm_read"])
     tma_ns, tma_bs, tma_rate = _hbm_grid("hbm_read_tma", tables["hbm_read_tma"]) if tables["hbm_read_tma"] else ((),) * 3
+    l2s = (_hbm_grid("l2_shared_read", tables["l2_shared_read"], "programs x sharing_group")
+           if tables["l2_shared_read"] else ((),) * 3)
     return KernelModel(hbm_programs=ns, hbm_bytes=bs, hbm_rate=rate,
                        hbm_tma_programs=tma_ns, hbm_tma_bytes=tma_bs, hbm_tma_rate=tma_rate,
+                       l2_shared_programs=l2s[0], l2_shared_groups=l2s[1], l2_shared_rate=l2s[2],
+                       serial_load_steps=_by_programs("serial_load_step", tables["serial_load_step"]),
+                       serial_reduce_steps=_by_programs("serial_reduce_step", tables["serial_reduce_step"]),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)
 
 
-def _hbm_grid(key: str, pts: list) -> tuple[tuple, tuple, tuple]:
-    """(programs (n,), bytes (m,), rates (n, m)) of an HBM table's points, which must fill the grid."""
+def _hbm_grid(key: str, pts: list, axes: str = "programs x bytes") -> tuple[tuple, tuple, tuple]:
+    """(programs (n,), bytes (m,), rates (n, m)) of an HBM table's points, which must fill the grid
+    (or of any two-axis table: ``axes`` names them in the error)."""
     ns = sorted({p[0] for p in pts})
     bs = sorted({p[1] for p in pts})
     grid = {(p[0], p[1]): p[2] for p in pts}
     if len(grid) != len(ns) * len(bs):
-        raise ProfileError(f"kernel_model.{key}.points must fill a grid of programs x bytes "
+        raise ProfileError(f"kernel_model.{key}.points must fill a grid of {axes} "
                            f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
     return tuple(ns), tuple(bs), tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
+
+
+def _by_programs(key: str, pts: list) -> tuple:
+    """((programs, value), ...) of a one-axis table over programs, by programs; () for none. Each
+    program count once."""
+    out = tuple(sorted(pts))
+    if len({p[0] for p in out}) != len(out):
+        raise ProfileError(f"kernel_model.{key}.points name a program count twice: {[p[0] for p in out]}")
+    return out

@@ -114,6 +114,11 @@ def _fake_measurements(S=132):
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
         "serial": {"serial_load_step_s": 5e-8, "serial_reduce_step_s": 3e-8},
+        "l2_shared": {"points": [[n, g, 5e12 + n * 1e10 + g * 2e11] for n in (16, S // 2, S, 2 * S)
+                                 for g in (1, 4, 8)]},
+        "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],
+                            "reduce": [[n, 3e-8 * (1 + n / 256)] for n in (1, 16, 64, S)],
+                            "chain": [[n, 9e-8 * (1 + n / 64)] for n in (1, 16, 64, S)]},
     }
 
 
@@ -490,3 +495,114 @@ def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tm
     del m["hbm"]["points_tma"]
     prof = build_profile(load_profile("h200").to_dict(), m, prov)
     assert "hbm_read_tma" not in prof["kernel_model"] and validate(prof).kernel.hbm_tma_rate == ()
+
+
+def _fake_timed(last):
+    """graph_seconds with the GPU replaced: runs fn once (the fake kernels set last["t"]) and
+    returns that time."""
+    def timed(fn, **kw):
+        fn(0)
+        return last["t"]
+    return timed
+
+
+def test_l2_shared_step_times_every_program_count_and_group(monkeypatch):
+    """measure_l2_shared with fake timings (gap + bytes at a rate of P and g): its points are
+    [P, g, bytes/s] with the launch gap taken off, over S/8, S/2, S, 2S programs and the groups."""
+    from megamoe import calibrate
+    from megamoe.kernels import microbench_shared as ms
+
+    last, seen = {}, []
+
+    def fake_read(w, P, g, per, **kw):
+        seen.append((P, g, per))
+        last["t"] = 1e-6 + P * per / (1e12 * (1 + P / 100) * (1 + g / 10))
+
+    with monkeypatch.context() as mp:
+        mp.setattr(ms, "l2_shared_read", fake_read)
+        mp.setattr(calibrate, "graph_seconds", _fake_timed(last))
+        mp.setattr(torch, "randn", lambda *a, **kw: torch.zeros(1))  # no CUDA buffer
+        full = calibrate.measure_l2_shared(1, 132, 1e-6)
+        quick = calibrate.measure_l2_shared(1, 132, 1e-6, quick=True)
+    assert [p[:2] for p in full["points"]] == [[P, g] for P in (16, 66, 132, 264) for g in calibrate.L2_SHARED_GROUPS]
+    assert [p[:2] for p in quick["points"]] == [[P, g] for P in (66, 132) for g in (1, 8)]
+    for P, g, r in full["points"]:
+        assert r == pytest.approx(1e12 * (1 + P / 100) * (1 + g / 10))
+    assert {per for *_, per in seen} == {calibrate.L2_SHARED_PER_PROGRAM}
+
+
+def test_serial_programs_step_is_the_slope_per_program_count(monkeypatch):
+    """measure_serial_programs with fake timings (fixed + steps x a per-step time of P): the
+    slope in steps per P for the load step, the dependent chain and the top-1 pass."""
+    from megamoe import calibrate
+    from megamoe.kernels import microbench_shared as ms
+
+    last = {}
+    step = {"load": lambda P: 4e-7 * (1 + P / 100), "chain": lambda P: 9e-7 * (1 + P / 50),
+            "reduce": lambda P: 6e-7}
+
+    def fake_load(x, w, P, s, *, chain=False, **kw):
+        last["t"] = 2e-6 + s * step["chain" if chain else "load"](P)
+
+    def fake_reduce(v, P, s, **kw):
+        last["t"] = 1e-6 + s * step["reduce"](P)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(ms, "serial_load_many", fake_load)
+        mp.setattr(ms, "serial_reduce_many", fake_reduce)
+        mp.setattr(ms, "chain_table", lambda s, device: None)
+        mp.setattr(calibrate, "graph_seconds", _fake_timed(last))
+        for name in ("randn", "empty"):
+            mp.setattr(torch, name, lambda *a, **kw: torch.zeros(1))
+        out = calibrate.measure_serial_programs(1, 132)
+    for key in ("load", "chain", "reduce"):
+        assert [P for P, _ in out[key]] == [1, 16, 64, 132, 264]
+        for P, t in out[key]:
+            assert t == pytest.approx(step[key](P))
+
+
+def test_shared_read_and_serial_tables_travel_to_the_profile(tmp_path):
+    """microbench.json's l2_shared and serial_programs -> kernel_model.l2_shared_read (a grid over
+    programs x sharing group), serial_load_step, serial_reduce_step (read by the cost model behind
+    its switches) and serial_chain_step (recorded), each with the calibrate source; the scalars
+    stay the serial step's; a step not measured writes none of them."""
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.hardware import ProfileError, validate
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    km = prof["kernel_model"]
+    src = "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    for key, over in (("l2_shared_read", ["programs", "sharing_group"]), ("serial_load_step", ["programs"]),
+                      ("serial_reduce_step", ["programs"]), ("serial_chain_step", ["programs"])):
+        assert km[key]["source"] == src and km[key]["over"] == over, key
+    assert km["l2_shared_read"]["unit"] == "bytes/s" and km["serial_load_step"]["unit"] == "s"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    k = load_profile(str(path)).kernel
+    assert k.l2_shared_programs == (16.0, 66.0, 132.0, 264.0) and k.l2_shared_groups == (1.0, 4.0, 8.0)
+    assert k.l2_shared_rate[2][1] == pytest.approx(5e12 + 132 * 1e10 + 4 * 2e11)  # (132 programs, g = 4)
+    assert k.serial_load_steps == tuple((float(n), 5e-8 * (1 + n / 128)) for n in (1, 16, 64, 132))
+    assert k.serial_reduce_steps[-1] == (132.0, pytest.approx(3e-8 * (1 + 132 / 256)))
+    assert k.serial_load_step_s == 5e-8 and k.serial_reduce_step_s == 3e-8  # the scalars: the serial step's
+    assert k.sources["serial_load_step"] == src
+    text = summary(m, prof)
+    assert "L2 shared read, 132 programs, g = 1/4/8" in text and "serial chain step, 16 programs" in text
+    # a table that does not fill its grid is refused by name
+    bad = json.loads(json.dumps(prof))
+    bad["kernel_model"]["l2_shared_read"]["points"].pop()
+    with pytest.raises(ProfileError, match="l2_shared_read.points must fill a grid of programs x sharing_group"):
+        validate(bad)
+    # a serial point timed at or below zero is left out of its table
+    m2 = _fake_measurements()
+    m2["serial_programs"]["load"][0][1] = -1e-9
+    prof2 = build_profile(load_profile("h200").to_dict(), m2, prov)
+    assert [p[0] for p in prof2["kernel_model"]["serial_load_step"]["points"]] == [16.0, 64.0, 132.0]
+    # not measured: no tables, and the kernel model has none
+    m3 = {k2: v for k2, v in _fake_measurements().items() if k2 not in ("l2_shared", "serial_programs")}
+    prof3 = build_profile(load_profile("h200").to_dict(), m3, prov)
+    assert not {"l2_shared_read", "serial_load_step", "serial_reduce_step", "serial_chain_step"} & set(prof3["kernel_model"])
+    assert prof3["calibration"]["not_measured"] == ["l2_shared", "serial_programs"]
+    k3 = validate(prof3).kernel
+    assert k3.l2_shared_rate == () and k3.serial_load_steps == () and k3.serial_reduce_steps == ()
