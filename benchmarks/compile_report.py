@@ -490,7 +490,7 @@ def main(argv=None) -> int:
     p.add_argument("--loops", action="store_true", help="with --dump: print the innermost SASS loops holding an MMA "
                    "(loop_report)")
     p.add_argument("--trace", action="store_true", help="compile the traced megakernel (kernels.megakernel's trace: "
-                   "%globaltimer stamps per task, per program and of the first top-k task)")
+                   "%%globaltimer stamps per task, per program and of the first top-k task)")
     a = p.parse_args(argv)
     sets = parse_sets(a.set)
     for c in a.cases:

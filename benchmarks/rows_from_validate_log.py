@@ -59,10 +59,17 @@ def rows_from_log(folder: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if len(argv) != 1:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     folder = Path(argv[0])
+    if not (folder / "validate.log").is_file():
+        print(f"rows_from_validate_log.py: {folder / 'validate.log'} does not exist (give a validation folder "
+              "holding megamoe validate's log)", file=sys.stderr)
+        return 2
     rows = rows_from_log(folder)
     if not rows:
         print(f"{folder / 'validate.log'}: no configuration lines", file=sys.stderr)
