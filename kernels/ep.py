@@ -21,8 +21,19 @@ The transport is ``all_to_all_single`` (NCCL on GPUs, gloo on CPU). Where a back
 ``all_to_all_p2p`` builds the same exchange from isend/irecv, visiting peers in the schedule's
 peer order (each rank starts with a different peer); ``transport="p2p"`` forces it.
 
-The one-sided variant (symmetric memory, communication programs in the megakernel pulling rows
-from peers by the schedule) is not built: ``ep_moe_experts_symmetric`` raises NotImplementedError.
+The one-sided variant (symmetric memory, communication programs in the megakernel) is not built:
+``ep_moe_experts_symmetric`` raises NotImplementedError. Its schedule is ``reference.ep.plan_pull``,
+built on the host before launch from the (R, R) traffic matrix alone: each destination d pulls, for
+each peer s in peer_order(d, R) (itself first, then d+1, ...), its rows from s's send buffer
+(``pull_src``, ``pull_src_row``, ``pull_rows``) into its own receive buffer at ``pull_dst_row``, so
+the receive buffer ends up in all_to_all's layout (sources ascending) though it is filled in peer
+order; after the local experts each rank pushes its partial rows back into every source's combine
+buffer (``push_*``, again in its own peer order) in the send buffer's layout, where combine_row
+indexes them. Copies are cut into messages of at most ``max_rows`` rows; all arrays are int64 with
+CSR offsets per rank (``pull_offsets``, ``push_offsets``). At step i every rank reads (writes) a
+different peer and no two copies touch the same rows, so no handshake is needed, only a ready flag
+per buffer. ``reference.ep.ep_experts_forward(..., transport="pull")`` emulates it exactly: bitwise
+the all-to-all path's result.
 
 Every process must run with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 (``TRANSPORT_ENV``; the launcher in megamoe/ep.py sets them).
@@ -270,8 +281,9 @@ def ep_moe_experts_symmetric(*args, **kwargs):
     """The one-sided variant: not built yet (see the module docstring and issue 13, part 1b)."""
     raise NotImplementedError(
         "one-sided expert parallelism through torch symmetric memory is not built yet: it needs the megakernel's "
-        "communication programs to pull dispatched rows from peers by reference.ep's schedule (peer_order, "
-        "send_offsets) and push partial rows back; use ep_moe_experts (all_to_all over NCCL) meanwhile")
+        "communication programs to execute reference.ep.plan_pull's schedule (pull dispatched rows from peers' "
+        "send buffers in peer order, push partial rows back into their combine buffers; emulated on the CPU by "
+        "reference.ep.ep_experts_forward(..., transport='pull')); use ep_moe_experts (all_to_all over NCCL) meanwhile")
 
 
 __all__ = ["BACKENDS", "TRANSPORTS", "TRANSPORT_ENV", "EPInputError", "EPShard", "all_to_all_p2p",

@@ -29,6 +29,16 @@ Layouts (what ``all_to_all_single`` needs: buffers grouped by peer id, ascending
         row_pair (N, K)     index of pair (row, k) in the pair order, -1 where slot k is remote:
                             partial[row] = sum_{k asc, row_pair >= 0} w[row, k] * out[row_pair]
 
+The one-sided transport (``plan_pull``, a ``PullSchedule``): instead of all_to_all, each
+destination pulls its rows from the peers' send buffers (symmetric memory), peers in its
+``peer_order``, into the offsets all_to_all would have put them at; the computing ranks push their
+partial rows back the same way into each source's combine buffer (the send buffer's layout). The
+offsets are prefix sums of the (R, R) traffic matrix, so the schedule is built before launch and
+the ranks need no handshake. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers (every row
+written exactly once, any interleaving of the ranks), ``all_to_all_rows`` is what all_to_all
+delivers, and ``ep_experts_forward`` is the whole expert-parallel layer in float64 over either
+transport: the two are bitwise equal.
+
 Pure NumPy and deterministic; the torch transport (kernels/ep.py) and the simulator read the same
 counts (``traffic`` equals ``dispatch.rank_traffic`` with dedup).
 """
@@ -39,7 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import InputError, as_index_array
+from ._checks import InputError, as_float_array, as_index_array
+from .config import MoEConfig
+from .forward import expert_ffn
+from .weights import MoEWeights
 
 
 def _check_rank(rank, num_ranks) -> tuple[int, int]:
@@ -219,3 +232,365 @@ def plan_ep(topk_idx_per_rank, slot_rank, num_ranks: int) -> EPSchedule:
         recv_idx = np.concatenate(rows) if rows else np.zeros((0, K), np.int64)
         recv.append(plan_receive(recv_idx.reshape(-1, K), [s.send_counts[d] for s in send], slot_rank, d))
     return EPSchedule(send=send, recv=tuple(recv))
+
+
+# --------------------------------------------------------------------------- the one-sided schedule
+def _check_positive(name: str, v, *, allow_zero: bool = False) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InputError(f"{name} must be an integer, got {v!r}")
+    if v < (0 if allow_zero else 1):
+        raise InputError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}, got {int(v)}")
+    return int(v)
+
+
+def _exclusive_cumsum(a: np.ndarray, axis: int) -> np.ndarray:
+    return np.cumsum(a, axis=axis) - a
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(R,) int64 sums of values[offsets[r]:offsets[r+1]]."""
+    cs = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return cs[offsets[1:]] - cs[offsets[:-1]]
+
+
+def _traffic_of(schedule) -> np.ndarray:
+    """(R, R) int64 rows [src, dst] of an EPSchedule (its two sides checked against each other) or of a matrix."""
+    if isinstance(schedule, EPSchedule):
+        R = len(schedule.send)
+        if R == 0 or len(schedule.recv) != R:
+            raise InputError(f"schedule must hold one send and one receive plan per rank, got {R} send and "
+                             f"{len(schedule.recv)} receive plans")
+        traffic = schedule.traffic()
+        for d, rp in enumerate(schedule.recv):
+            if rp.recv_counts.shape != (R,) or not np.array_equal(rp.recv_counts, traffic[:, d]):
+                raise InputError(f"schedule's rank {d} receives {rp.recv_counts.tolist()} rows but its senders "
+                                 f"send it {traffic[:, d].tolist()}")
+        return traffic
+    traffic = as_index_array("traffic", schedule, (None, None), np.iinfo(np.int64).max)
+    if traffic.shape[0] != traffic.shape[1] or traffic.shape[0] == 0:
+        raise InputError(f"traffic must be a square [R, R] matrix with R >= 1, got {list(traffic.shape)}")
+    return traffic
+
+
+@dataclass(frozen=True)
+class PullSchedule:
+    """The one-sided exchange of an ``EPSchedule``: every copy each rank performs, in its peer order.
+
+    Shape legend: R ranks, C dispatch copies (pulls), C' combine copies (pushes); C = C' (each pull
+    has its push-back mirror), both listed rank by rank (CSR: rank r's copies are
+    ``pull_offsets[r]:pull_offsets[r+1]``, resp. ``push_offsets``).
+
+    Buffers (one symmetric allocation per kind on every rank, ``buffer_rows`` rows each):
+        send buffer of s     (send_rows[s] rows) s's rows in plan_send's order: grouped by destination
+                             ascending, tokens ascending; s writes it before any peer pulls
+        receive buffer of d  (recv_rows[d] rows) what all_to_all delivers: grouped by source ascending,
+                             each group in the sender's order (what plan_receive expects)
+        partial buffer of c  the partial rows of c's receive buffer, the same layout
+        combine buffer of s  what the all-to-all back delivers: the send buffer's layout, so
+                             ``SendPlan.combine_row`` indexes it
+
+    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` (itself first) with
+    rows for it, ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer
+    at ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read
+    by one destination only. Combine: computing rank c pushes, for each peer s in
+    ``peer_order(c, R)`` with rows from it, ``push_rows`` rows of its partial buffer from
+    ``push_src_row`` into s's combine buffer at ``push_dst_row``; at step i every rank is written
+    by one pusher only. The offsets are prefix sums of the (R, R) traffic matrix alone, so a
+    schedule built before launch needs no exchange of counts and no handshake between peers, only
+    a ready flag per send buffer (packed) and per combine buffer (every push landed) for the data
+    itself. A push writes exactly the rows of the source's send buffer that its pusher pulled, so
+    where the partial rows have the dispatch's row size the combine buffer may be the send buffer.
+
+    A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most ``max_rows``
+    (one message of a communication program each), in order. ``pull_bytes``/``push_bytes`` are each
+    copy's bytes: rows * ``dispatch_row_bytes`` (hidden_size * element_size plus the per-row
+    metadata, e.g. topk_idx and topk_weights) and rows * ``combine_row_bytes``.
+
+    Every array is int64: pull_offsets, push_offsets (R+1,); send_rows, recv_rows (R,);
+    pull_src, pull_src_row, pull_rows, pull_dst_row, pull_step, pull_bytes (C,);
+    push_dst, push_src_row, push_rows, push_dst_row, push_step, push_bytes (C',).
+    """
+
+    num_ranks: int
+    max_rows: int  # the chunk limit; 0 = copies are not cut
+    dispatch_row_bytes: int
+    combine_row_bytes: int
+    traffic: np.ndarray  # (R, R) rows [src, dst]
+    send_rows: np.ndarray
+    recv_rows: np.ndarray
+    pull_offsets: np.ndarray
+    pull_src: np.ndarray
+    pull_src_row: np.ndarray
+    pull_rows: np.ndarray
+    pull_dst_row: np.ndarray
+    pull_step: np.ndarray
+    pull_bytes: np.ndarray
+    push_offsets: np.ndarray
+    push_dst: np.ndarray
+    push_src_row: np.ndarray
+    push_rows: np.ndarray
+    push_dst_row: np.ndarray
+    push_step: np.ndarray
+    push_bytes: np.ndarray
+
+    @property
+    def num_pulls(self) -> int:
+        return int(self.pull_offsets[-1])
+
+    @property
+    def num_pushes(self) -> int:
+        return int(self.push_offsets[-1])
+
+    @property
+    def buffer_rows(self) -> int:
+        """Rows of one symmetric buffer: the largest send or receive buffer of any rank."""
+        return int(max(self.send_rows.max(initial=0), self.recv_rows.max(initial=0)))
+
+    def pulls(self, dst: int) -> slice:
+        """The copies ``dst`` performs in dispatch: a slice of the pull_* arrays."""
+        return slice(int(self.pull_offsets[dst]), int(self.pull_offsets[dst + 1]))
+
+    def pushes(self, rank: int) -> slice:
+        """The copies ``rank`` performs in combine: a slice of the push_* arrays."""
+        return slice(int(self.push_offsets[rank]), int(self.push_offsets[rank + 1]))
+
+    def pull_bytes_per_rank(self) -> np.ndarray:
+        """(R,) int64 bytes each destination pulls (its receive buffer's bytes)."""
+        return _segment_sums(self.pull_bytes, self.pull_offsets)
+
+    def push_bytes_per_rank(self) -> np.ndarray:
+        """(R,) int64 bytes each computing rank pushes back."""
+        return _segment_sums(self.push_bytes, self.push_offsets)
+
+
+def _copies(traffic: np.ndarray, max_rows: int, pull: bool):
+    """The copies of every rank in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step).
+
+    pull: rank a (a destination) reads peer s = (a + i) % R's rows for a; else rank a (a computing
+    rank) writes peer s's rows back. Either way the pair is (src s, dst a) of ``traffic``.
+    """
+    R = traffic.shape[0]
+    send_off = _exclusive_cumsum(traffic, axis=1)  # [s, d]: first row of d's group in s's send buffer
+    recv_off = _exclusive_cumsum(traffic, axis=0)  # [s, d]: first row of s's group in d's receive buffer
+    a = np.repeat(np.arange(R, dtype=np.int64), R)  # the rank performing the copy, then its steps
+    step = np.tile(np.arange(R, dtype=np.int64), R)
+    s = (a + step) % R
+    n = traffic[s, a]
+    if pull:  # from s's send buffer into a's receive buffer
+        src_row, dst_row = send_off[s, a], recv_off[s, a]
+    else:  # from a's partial buffer (receive layout) into s's combine buffer (send layout)
+        src_row, dst_row = recv_off[s, a], send_off[s, a]
+    keep = n > 0
+    a, step, s, n, src_row, dst_row = a[keep], step[keep], s[keep], n[keep], src_row[keep], dst_row[keep]
+    chunks = -(-n // max_rows) if max_rows else np.ones_like(n)
+    which = np.repeat(np.arange(n.size, dtype=np.int64), chunks)
+    first = np.repeat(_exclusive_cumsum(chunks, axis=0), chunks)
+    skip = (np.arange(which.size, dtype=np.int64) - first) * (max_rows if max_rows else 0)
+    rows = np.minimum(n[which] - skip, max_rows) if max_rows else n[which]
+    offsets = np.zeros(R + 1, np.int64)
+    np.cumsum(np.bincount(a[which], minlength=R), out=offsets[1:])
+    return (offsets, s[which], src_row[which] + skip, rows.astype(np.int64), dst_row[which] + skip,
+            step[which])
+
+
+def plan_pull(schedule, hidden_size: int, element_size: int, *, max_rows: int | None = None,
+              meta_bytes: int = 0, combine_element_size: int | None = None) -> PullSchedule:
+    """The one-sided dispatch (pulls) and combine (push-backs) of ``schedule`` (see ``PullSchedule``).
+
+    schedule: an ``EPSchedule`` (``plan_ep``) or its (R, R) traffic matrix of rows [src, dst] (all
+    the one-sided schedule depends on); hidden_size: H; element_size: bytes of one dispatched
+    element (2 for bf16, 1 for fp8); meta_bytes: further bytes per dispatched row (topk_idx and
+    topk_weights: K * (8 + 4)); combine_element_size: bytes of one partial element (default
+    element_size); max_rows: the most rows one copy moves (None: copies are not cut).
+    """
+    traffic = _traffic_of(schedule)
+    H = _check_positive("hidden_size", hidden_size)
+    es = _check_positive("element_size", element_size)
+    ces = es if combine_element_size is None else _check_positive("combine_element_size", combine_element_size)
+    meta = _check_positive("meta_bytes", meta_bytes, allow_zero=True)
+    m = 0 if max_rows is None else _check_positive("max_rows", max_rows)
+    R = traffic.shape[0]
+    d_bytes, c_bytes = H * es + meta, H * ces
+    pull = _copies(traffic, m, pull=True)
+    push = _copies(traffic, m, pull=False)
+    return PullSchedule(
+        num_ranks=R, max_rows=m, dispatch_row_bytes=d_bytes, combine_row_bytes=c_bytes,
+        traffic=traffic.copy(), send_rows=traffic.sum(axis=1), recv_rows=traffic.sum(axis=0),
+        pull_offsets=pull[0], pull_src=pull[1], pull_src_row=pull[2], pull_rows=pull[3], pull_dst_row=pull[4],
+        pull_step=pull[5], pull_bytes=pull[3] * d_bytes,
+        push_offsets=push[0], push_dst=push[1], push_src_row=push[2], push_rows=push[3], push_dst_row=push[4],
+        push_step=push[5], push_bytes=push[3] * c_bytes)
+
+
+# --------------------------------------------------------------------------- the exchanges, emulated
+def _check_buffers(name: str, buffers, rows: np.ndarray) -> list[np.ndarray]:
+    R = rows.size
+    if len(buffers) != R:
+        raise InputError(f"need one {name} per rank: got {len(buffers)} for {R} ranks")
+    out = [np.asarray(b) for b in buffers]
+    for r, b in enumerate(out):
+        if b.ndim < 1 or b.shape[0] != rows[r]:
+            raise InputError(f"{name} of rank {r} must have {int(rows[r])} rows, got shape {list(b.shape)}")
+        if b.shape[1:] != out[0].shape[1:] or b.dtype != out[0].dtype:
+            raise InputError(f"{name} of rank {r} is {b.dtype} {list(b.shape[1:])} per row, rank 0's is "
+                             f"{out[0].dtype} {list(out[0].shape[1:])}: every rank's must match")
+    return out
+
+
+def all_to_all_rows(buffers, counts) -> list[np.ndarray]:
+    """What ``all_to_all_single`` delivers.  counts: (R, R) [a, b] rows rank a sends rank b; buffers:
+    R arrays, a's rows grouped by destination ascending -> R arrays, b's rows grouped by source ascending.
+
+    Dispatch is ``all_to_all_rows(send, traffic)``, combine ``all_to_all_rows(partial, traffic.T)``.
+    """
+    counts = _traffic_of(counts)
+    bufs = _check_buffers("buffer", buffers, counts.sum(axis=1))
+    off = np.concatenate([np.zeros((counts.shape[0], 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
+    return [np.concatenate([bufs[a][off[a, b]:off[a, b + 1]] for a in range(counts.shape[0])])
+            for b in range(counts.shape[0])]
+
+
+def _check_order(order, offsets: np.ndarray) -> np.ndarray:
+    """A global order of the copies that keeps each rank's own copies in their schedule order."""
+    C = int(offsets[-1])
+    if order is None:
+        return np.arange(C, dtype=np.int64)
+    order = as_index_array("order", order, (C,), max(C, 1))
+    if np.unique(order).size != C:
+        raise InputError(f"order must list each of the {C} copies once")
+    owner = np.searchsorted(offsets, order, side="right") - 1
+    for r in range(offsets.size - 1):
+        mine = order[owner == r]
+        if np.any(np.diff(mine) < 0):
+            raise InputError(f"order runs rank {r}'s copies out of their schedule order: {mine.tolist()}")
+    return order
+
+
+def _run_copies(peer, src_row, rows, dst_row, offsets, src_of, dst_of, srcs, dst_rows, order, what):
+    """Perform the copies in ``order``; every destination row must be written exactly once."""
+    R = offsets.size - 1
+    out = [np.zeros((int(dst_rows[r]), *srcs[0].shape[1:]), srcs[0].dtype) for r in range(R)]
+    written = [np.zeros(int(dst_rows[r]), np.int64) for r in range(R)]
+    owner = np.repeat(np.arange(R, dtype=np.int64), np.diff(offsets))
+    for c in _check_order(order, offsets).tolist():
+        a, p = int(owner[c]), int(peer[c])
+        s, d = src_of(a, p), dst_of(a, p)
+        lo, hi, n = int(src_row[c]), int(dst_row[c]), int(rows[c])
+        if n < 1 or lo < 0 or lo + n > srcs[s].shape[0] or hi < 0 or hi + n > out[d].shape[0]:
+            raise InputError(f"{what} copy {c} (rank {a}) moves rows {lo}:{lo + n} of rank {s}'s "
+                             f"{srcs[s].shape[0]} to {hi}:{hi + n} of rank {d}'s {out[d].shape[0]}")
+        out[d][hi:hi + n] = srcs[s][lo:lo + n]
+        written[d][hi:hi + n] += 1
+    for d in range(R):
+        if written[d].size and not (written[d] == 1).all():
+            bad = int(np.nonzero(written[d] != 1)[0][0])
+            raise InputError(f"{what} writes row {bad} of rank {d} {int(written[d][bad])} times (not once)")
+    return out
+
+
+def pull_rows(pull: PullSchedule, send_buffers, *, order=None) -> list[np.ndarray]:
+    """Dispatch, one-sided: each rank fills its receive buffer by pulling from the peers' send buffers.
+
+    send_buffers: R arrays (send_rows[s], ...) -> R receive buffers (recv_rows[d], ...), equal to
+    ``all_to_all_rows(send_buffers, pull.traffic)``. ``order``: a global order of the C copies
+    (default: rank by rank), any interleaving of the ranks that keeps each rank's own order.
+    """
+    srcs = _check_buffers("send buffer", send_buffers, pull.send_rows)
+    return _run_copies(pull.pull_src, pull.pull_src_row, pull.pull_rows, pull.pull_dst_row, pull.pull_offsets,
+                       lambda a, p: p, lambda a, p: a, srcs, pull.recv_rows, order, "dispatch")
+
+
+def push_rows(pull: PullSchedule, partial_buffers, *, order=None) -> list[np.ndarray]:
+    """Combine, one-sided: each computing rank writes its partial rows into their sources' combine buffers.
+
+    partial_buffers: R arrays (recv_rows[c], ...) in the receive layout -> R combine buffers
+    (send_rows[s], ...) in the send layout, equal to ``all_to_all_rows(partial_buffers, pull.traffic.T)``.
+    """
+    srcs = _check_buffers("partial buffer", partial_buffers, pull.recv_rows)
+    return _run_copies(pull.push_dst, pull.push_src_row, pull.push_rows, pull.push_dst_row, pull.push_offsets,
+                       lambda a, p: a, lambda a, p: p, srcs, pull.send_rows, order, "combine")
+
+
+TRANSPORTS = ("all_to_all", "pull")
+
+
+def ep_experts_forward(xs, topk_slots, topk_weights, slot_expert, slot_rank, weights, config, *,
+                       transport: str = "all_to_all", max_rows: int | None = None,
+                       fp8_activations: bool | None = None) -> list[np.ndarray]:
+    """The routed experts, expert-parallel over R simulated ranks, in float64 -> R arrays y (T_r, H).
+
+    xs: R arrays (T_r, H); topk_slots: R arrays (T_r, K) slot ids (distinct per row); topk_weights:
+    R arrays (T_r, K); slot_expert, slot_rank: (P,) a placement's arrays; weights: MoEWeights with
+    the full experts (slot p runs expert slot_expert[p]). The steps of kernels/ep.py's
+    ``ep_moe_experts``: send buffers of x, topk_idx and topk_weights rows in plan_send's order;
+    dispatch; plan_receive on the received slot ids; each local slot's expert on its pairs; one
+    partial row per received row (0 + w_k * out_k, k ascending); combine back; y[t] = 0 + the rows
+    back from each rank, ranks ascending. ``transport``: "all_to_all" (what all_to_all_single
+    delivers) or "pull" (the one-sided schedule of ``plan_pull``, chunked by ``max_rows``); the
+    two give bitwise the same y.
+    """
+    if transport not in TRANSPORTS:
+        raise InputError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if not isinstance(config, MoEConfig):
+        raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")
+    if not isinstance(weights, MoEWeights):
+        raise InputError(f"weights must be a MoEWeights, got {type(weights).__name__}")
+    if config.weight_on_input:
+        raise NotImplementedError("expert parallelism with weights on the expert input (Llama 4) is not built")
+    weights = weights.to_numpy().validate(config)
+    if fp8_activations is None:
+        fp8_activations = weights.is_fp8
+    if weights.is_fp8:
+        weights = weights.dequantize()
+    R = len(xs)
+    if R < 1 or len(topk_slots) != R or len(topk_weights) != R:
+        raise InputError(f"need xs, topk_slots and topk_weights for every rank: got {len(xs)}, {len(topk_slots)} "
+                         f"and {len(topk_weights)}")
+    slot_rank = _check_slot_rank(slot_rank, R)
+    slot_expert = as_index_array("slot_expert", slot_expert, slot_rank.shape, config.num_experts)
+    H, K = config.hidden_size, config.top_k
+    xs = [as_float_array(f"xs[{r}]", x, (None, H)) for r, x in enumerate(xs)]
+    idx = [_check_topk(t, slot_rank.size) for t in topk_slots]
+    ws = [as_float_array(f"topk_weights[{r}]", w, (xs[r].shape[0], K)) for r, w in enumerate(topk_weights)]
+    for r in range(R):
+        if idx[r].shape != (xs[r].shape[0], K):
+            raise InputError(f"topk_slots[{r}] must have shape [{xs[r].shape[0]}, {K}], got {list(idx[r].shape)}")
+    sched = plan_ep(idx, slot_rank, R)
+    traffic = sched.traffic()
+    sends = [(xs[r][sp.send_token], idx[r][sp.send_token], ws[r][sp.send_token]) for r, sp in enumerate(sched.send)]
+    pull = plan_pull(sched, H, 8, max_rows=max_rows, meta_bytes=K * 16) if transport == "pull" else None
+
+    def move(bufs):
+        return all_to_all_rows(bufs, traffic) if pull is None else pull_rows(pull, bufs)
+
+    def back(bufs):
+        return all_to_all_rows(bufs, traffic.T) if pull is None else push_rows(pull, bufs)
+
+    rx, ridx, rw = (move([s[i] for s in sends]) for i in range(3))
+    partials = []
+    for d in range(R):
+        rp = plan_receive(ridx[d], traffic[:, d], slot_rank, d)
+        out = np.zeros((rp.num_pairs, H))
+        for j, g in enumerate(rp.slots.tolist()):
+            lo, hi = int(rp.offsets[j]), int(rp.offsets[j + 1])
+            if hi == lo:
+                continue
+            e = int(slot_expert[g])
+            out[lo:hi] = expert_ffn(rx[d][rp.pair_row[lo:hi]], weights.gate_up[e], weights.down[e], config,
+                                    None if weights.gate_up_bias is None else weights.gate_up_bias[e],
+                                    None if weights.down_bias is None else weights.down_bias[e],
+                                    fp8_activations=fp8_activations)
+        part = np.zeros((rp.num_recv, H))
+        for k in range(K):
+            m = rp.row_pair[:, k] >= 0
+            part[m] += rw[d][m, k, None] * out[rp.row_pair[m, k]]
+        partials.append(part)
+    combined = back(partials)
+    ys = []
+    for r, sp in enumerate(sched.send):
+        y = np.zeros((sp.num_tokens, H))
+        for d in range(R):
+            m = sp.combine_row[:, d] >= 0
+            y[m] += combined[r][sp.combine_row[m, d]]
+        ys.append(y)
+    return ys
