@@ -224,6 +224,11 @@ def plan_ep(topk_idx_per_rank, slot_rank, num_ranks: int) -> EPSchedule:
     if len(topk_idx_per_rank) != num_ranks:
         raise InputError(f"need one topk_idx per rank: got {len(topk_idx_per_rank)} for {num_ranks} ranks")
     send = tuple(plan_send(t, slot_rank, num_ranks, r) for r, t in enumerate(topk_idx_per_rank))
+    ks = [s.top_k for s in send]
+    if len(set(ks)) > 1:
+        raise InputError(f"every rank's topk_idx needs the same top-k: rank 0 has {ks[0]}, rank "
+                         f"{next(r for r, k in enumerate(ks) if k != ks[0])} has "
+                         f"{next(k for k in ks if k != ks[0])}")
     recv = []
     for d in range(num_ranks):
         # what all_to_all delivers to d: each source's rows for d, sources ascending

@@ -173,3 +173,15 @@ def test_bad_inputs_are_named():
         plan_receive([[0]], [1, 0], [0, 1], 1)
     with pytest.raises(InputError, match="sum to 2"):
         plan_receive([[1]], [1, 1], [0, 1], 1)
+
+
+def test_plan_ep_names_a_rank_whose_top_k_differs():
+    import numpy as np
+    import pytest
+
+    from megamoe.reference import InputError
+    from megamoe.reference.ep import plan_ep
+
+    slot_rank = np.array([0, 0, 1, 1])
+    with pytest.raises(InputError, match="same top-k: rank 0 has 2, rank 1 has 1"):
+        plan_ep([np.array([[0, 2]]), np.array([[3]])], slot_rank, 2)
