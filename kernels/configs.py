@@ -517,7 +517,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # decode: the expert_slice layout this config would take (apply_slices)
     # whether the layer is routed experts only (no shared MLP): what the combine in GEMM 2's tiles
     # (tiles["combine"]["IN_G2"], variant "fcomb") needs
-    extra = {"routed_only": not Is}
+    extra = {"routed_only": not Is, "single_token": T == 1}
     if bm == 16:
         extra["slice_tiles"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"])
         extra["slice_tiles_tma"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"], exact=True)

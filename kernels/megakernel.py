@@ -195,7 +195,7 @@ def _megakernel(
     # slice_tile.py): N1 slices, no GEMM 2 task, the pair buffer fp32 slabs (C_SLABS of them, the
     # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
     SLICE: tl.constexpr, EVEN_S: tl.constexpr, EVEN_N2: tl.constexpr, DOWN_T: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
-    TMA_S: tl.constexpr, C_IN_G2: tl.constexpr,
+    TMA_S: tl.constexpr, C_IN_G2: tl.constexpr, ROUTE_EACH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     p_begin = _now(TRACE)
@@ -280,8 +280,11 @@ def _megakernel(
                     _signal(sync_ptr + OFF_SH1 + m)
                     _record(stats_ptr, K_SH1, 0, E, RECORD)
         else:  # ------------------------------------------------------- after the routed row blocks
-            _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
-            nb = tl.load(padded_off_ptr + E) // BM
+            if ROUTE_EACH:  # one token: K row blocks of one row, whatever the routing (align._align_one)
+                nb = t * 0 + K
+            else:
+                _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
+                nb = tl.load(padded_off_ptr + E) // BM
             kt1 = tl.cdiv(H, BK1)
             kt2 = tl.cdiv(I, BK2)
             if SLICE > 0:  # expert_slice tasks: no GEMM 2 tasks (reference.tiles.TaskLayout.segments)
@@ -299,6 +302,21 @@ def _megakernel(
             b_sh2 = S0 + q1
             b_g2 = b_sh2 + MS * NS2
             b_comb = b_g2 + q2
+            if ROUTE_EACH:  # tiles["router"]["EACH"]: a GEMM 1 task routes the token itself from the logits'
+                # partials (the values the top-k task stores, stored again), not waiting for the top-k task
+                if t < b_sh2:
+                    _wait(sync_ptr + OFF_LOGITS, SPLIT, BACKOFF)
+                    top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
+                        x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
+                        sgate_ptr, t * 0, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
+                        TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
+                        R_BG, RANK, BITONIC)
+                    _align_one(tl.reshape(top_idx, (R_BK,)), tl.reshape(out_mask, (R_BK,)), cnt, offs_e, e_mask,
+                               E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
+                               padded_pair_ptr, pair_dest_ptr, BM, R_BK)
+                    tl.debug_barrier()  # this program's layout stores before its loads of them
+                else:
+                    _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the top-k task's layout (W_SCAN)
             if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n); or expert_slice (b, c)
                 if not FUSED:
                     _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
@@ -658,8 +676,10 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None and not sl, TMA_S=tma_w[0] is not None and bool(sl),
-        C_IN_G2=lay.off_comb >= 0,
-        ALIGN1=bool(mk.get("align_one", False)) and G == 1 and r_tt == 1 and routing is None,
+        C_IN_G2=lay.off_comb >= 0, ROUTE_EACH=lay.route_each,
+        # (route_each: the top-k task aligns as the GEMM 1 tasks do, so that every writer of the layout
+        # writes the same words)
+        ALIGN1=(bool(mk.get("align_one", False)) or lay.route_each) and G == 1 and r_tt == 1 and routing is None,
         SLICE=sl, EVEN_S=I % sl == 0 if sl else True, EVEN_N2=H % g2["BLOCK_N"] == 0, DOWN_T=down_t, C_SLABS=lay.n1 if sl else 1, C_KS0=int(shared) if sl else 0,
         C_BR=triton.next_power_of_2(lay.n1 * K) if sl else 1,
         num_warps=mk["num_warps"], num_stages=mk["num_stages"],

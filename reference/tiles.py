@@ -93,7 +93,9 @@ TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
 #: IN_G2, the combine done by GEMM 2's tiles: the last tile of each column block to finish sums that
 #: block's slots for every token (no combine tasks, no wait for the whole of GEMM 2; decode, routed
 #: experts only: no shared MLP, no expert_slice tasks, no stream-K)
-TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}}
+#: EACH (router), one token only: every GEMM 1 task routes the token itself from the logits' partials
+#: (the top-k task's values, stored again), so it waits for the logits, not for the top-k task
+TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}, "router": {"EACH": 0}}
 #: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
 #: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
 TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
@@ -296,6 +298,8 @@ class TaskLayout:
     #: the combine in GEMM 2's tiles (combine_in_g2): one counter per GEMM 2 column block at
     #: off_comb (n2 words, inside sync_words); -1 when off
     off_comb: int = -1
+    #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1 with a split router)
+    route_each: bool = False
 
     def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
         """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
@@ -374,6 +378,11 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
         raise InputError(f"tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) covers routed experts only; "
                          f"{config.name} has a shared MLP (shared_intermediate_size={Is})")
     off_comb = off_shared1 + Ms if in_g2 else -1
+    each = bool(tiles["router"].get("EACH", 0))
+    if each and (T > 1 or split <= 1 or slice_width(tiles) or stream_k(tiles)):
+        raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token "
+                         f"and a split router, with GEMM 1 tiles: got T={T}, SPLIT ranges {split}, "
+                         f"SLICE {slice_width(tiles)}, STREAM_K {int(stream_k(tiles))}")
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
         n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]),
@@ -382,6 +391,7 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T and not in_g2 else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
         sync_words=off_shared1 + Ms + (n2 if in_g2 else 0), slice=slice_width(tiles), off_comb=off_comb,
+        route_each=each,
     )
 
 
@@ -730,6 +740,12 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 tile_m=bm, tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=3 * ncol * H * wb, in_bytes=rows * H * ab,
                 out_bytes=rows * H * 4, flops=2.0 * bm * 3 * g1["BLOCK_N"] * H,
                 weight_id=(3 << 40) + e.astype(np.int64) * n1 + cc, signal=g2_c)
+    elif lay.route_each:  # each GEMM 1 task routes the token from the logits' partials (the top-k task's
+        # reads and stores again; its serial passes are not priced here)
+        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
+                           block_expert, block_rows, ab, wb, g1_c, None, (logit_c[0], split),
+                           extra_in=np.full(B * n1, topk_in[0] if np.ndim(topk_in) else topk_in),
+                           extra_out=np.full(B * n1, topk_out[0] if np.ndim(topk_out) else topk_out))
     else:
         _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
                            block_expert, block_rows, ab, wb, g1_c, None, rows_ready)

@@ -978,11 +978,19 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
         else:
             serial_s[m] = K * reduce_s
+    # tiles["router"]["EACH"]: each GEMM 1 task routes the token itself before its K loop (the top-k
+    # task's selection passes, in series with the task's streaming, not overlapped with it)
+    pre_s = np.zeros(n)
+    if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
+        m = kind == kinds.index("gemm1")
+        conc = min(int(m.sum()), resident)
+        pre_s[m] = (a["topk_passes"] or K) * serial_step_s(p, "reduce", conc)
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)
     h_tma = (nn / resident) * rate_P_tma / np.asarray(hbm_stream_rate(p, nn, tma=True), dtype=np.float64)
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
+            "pre_s": pre_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
             "h_tma": h_tma, "tma": tma, "l2_bound": l2_bound, "programs": P, "resident": resident, "arrays": a}
 
@@ -1021,6 +1029,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     finishes: list[list] = [[] for _ in range(ncount)]
     reached: dict = {}
     comp_l, memP_l, ser_l, tma_l = comp.tolist(), memP.tolist(), ser.tolist(), tma.tolist()
+    pre_l = c["pre_s"].tolist() if "pre_s" in c else [0.0] * n
     h_of = (h.tolist(), h_tma.tolist())  # by task: h, or h_tma for the tasks reading weights through TMA
     start = [0.0] * n
     end = [0.0] * n
@@ -1051,7 +1060,7 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
         else:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
-        dur = max(comp_l[i], memP_l[i] * h_of[tma_l[i]][min(busy, R - 1)], ser_l[i]) + fixed
+        dur = max(comp_l[i], memP_l[i] * h_of[tma_l[i]][min(busy, R - 1)], ser_l[i]) + fixed + pre_l[i]
         e = s0 + dur
         start[i], end[i], prog[i] = s0, e, q
         for j in range(sptr[i], sptr[i + 1]):

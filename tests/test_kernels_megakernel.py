@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from megamoe.reference import MoEConfig, assert_close, moe_forward, random_weights, round_to_dtype
+from megamoe.reference import InputError, MoEConfig, assert_close, moe_forward, random_weights, round_to_dtype
 from megamoe.reference.tiles import KINDS, task_layout, task_plan
 
 pytestmark = [
@@ -188,6 +188,46 @@ def test_combine_in_gemm2_tiles(case, programs, rng):
     # every column block's counter waits for all the row blocks' tiles of that column
     g2 = np.nonzero(plan.kind == KINDS.index("gemm2"))[0]
     assert {plan.signals(i)[0] for i in g2} == {f"comb[{n}]" for n in range(plan.layout.n2)}
+
+
+#: name -> config fields: one token routed by every GEMM 1 task itself (tiles["router"]["EACH"])
+EACH = {
+    "grouped": CASES["one_token"][0],
+    "softmax_shared_gate": dict(num_shared_experts=1, shared_intermediate_size=20, shared_expert_gate=True),
+    "top1_input": CASES["top1_input"][0],
+    "swiglu_biases": SLICED["swiglu_biases"][0],
+}
+
+
+@pytest.mark.parametrize("programs", [1, 4])
+@pytest.mark.parametrize("case", list(EACH))
+def test_gemm1_tasks_route_the_token_themselves(case, programs, rng):
+    """tiles["router"]["EACH"] at T = 1: each GEMM 1 task waits for the logits' partials and routes
+    and aligns the token itself (the top-k task's values, stored again), not waiting for the top-k
+    task; the float64 reference's answer into a poisoned buffer, the plan's tasks per kind (the
+    same as without the switch) against what ran, and GEMM 1's waits on the logits."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    cfg = MoEConfig(**{**BASE, **EACH[case]})
+    x, w = _cpu(cfg, 1, rng)
+    mk = megakernel_config(cfg, 1, torch.float32, torch.device("cpu"))
+    mk["tiles"]["router"].update(SPLIT=3, BLOCK_H=16)
+    mk["tiles"]["router"]["EACH"] = 1
+    kw = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk, nprog=programs)[2]
+    assert kw["ROUTE_EACH"] and kw["ALIGN1"] and kw["SPLIT"] == 3
+    y = torch.full((1, cfg.hidden_size), float("nan"))
+    y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y, nprog=programs)
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", f"route each {case}")
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    plan = task_plan(cfg, counts, 1, mk["tiles"], num_programs=programs)
+    assert {k: ran[k] for k in KINDS} == plan.tasks_per_kind()
+    off = {**mk["tiles"], "router": {**mk["tiles"]["router"], "EACH": 0}}
+    assert plan.tasks_per_kind() == task_plan(cfg, counts, 1, off, num_programs=programs).tasks_per_kind()
+    g1 = np.nonzero(plan.kind == KINDS.index("gemm1"))[0]
+    assert g1.size and all(plan.waits(i) == [("logits[0]", 3)] for i in g1)
+    with pytest.raises(InputError, match="EACH.*one token"):
+        task_layout(cfg, 2, mk["tiles"])
 
 
 def test_combine_in_gemm2_tiles_at_no_tokens_and_its_limits():
