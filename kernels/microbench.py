@@ -200,20 +200,26 @@ def _serial_load_kernel(x_ptr, w_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLO
     tl.store(out_ptr + offs_t[:, None] * BLOCK_E + offs_e[None, :], acc)
 
 
-@triton.jit(do_not_specialize=["steps"])
-def _serial_reduce_kernel(v_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
-    """One program: ``steps`` dependent passes of (row max, lowest column holding it), each pass
-    masking the column it found (a top-k's passes)."""
-    offs_t = tl.arange(0, BLOCK_T)
+@triton.jit
+def _reduce_passes(v, steps, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """``steps`` dependent passes of (row max, lowest column holding it) over v (BLOCK_T, BLOCK_E),
+    each masking the column it found (a top-k's passes); -> the picked columns' sum per row."""
     cols = tl.arange(0, BLOCK_E)[None, :]
-    v = tl.load(v_ptr + offs_t[:, None] * BLOCK_E + cols)
     picked = tl.zeros((BLOCK_T,), tl.int32)
     for _ in range(steps):
         m = tl.max(v, axis=1)
         i = tl.min(tl.where(v == m[:, None], cols, BLOCK_E), axis=1)
         picked += i
         v = tl.where(cols == i[:, None], float("-inf"), v)
-    tl.store(out_ptr + offs_t, picked)
+    return picked
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _serial_reduce_kernel(v_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One program: ``steps`` dependent passes of a top-k's selection (_reduce_passes)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    v = tl.load(v_ptr + offs_t[:, None] * BLOCK_E + tl.arange(0, BLOCK_E)[None, :])
+    tl.store(out_ptr + offs_t, _reduce_passes(v, steps, BLOCK_T, BLOCK_E))
 
 
 # --------------------------------------------------------------------------- launchers (with checks)

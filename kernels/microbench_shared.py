@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .microbench import _check
+from .microbench import _check, _reduce_passes
 
 
 # --------------------------------------------------------------------------- kernels
@@ -85,15 +85,8 @@ def _serial_reduce_many_kernel(v_ptr, out_ptr, steps, BLOCK_T: tl.constexpr, BLO
     (BLOCK_T, BLOCK_E) rows, each masking the column it found; stores the picked columns' sum."""
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_E)[None, :]
-    v = tl.load(v_ptr + rows[:, None] * BLOCK_E + cols)
-    picked = tl.zeros((BLOCK_T,), tl.int32)
-    for _ in range(steps):
-        m = tl.max(v, axis=1)
-        i = tl.min(tl.where(v == m[:, None], cols, BLOCK_E), axis=1)
-        picked += i
-        v = tl.where(cols == i[:, None], float("-inf"), v)
-    tl.store(out_ptr + rows, picked)
+    v = tl.load(v_ptr + rows[:, None] * BLOCK_E + tl.arange(0, BLOCK_E)[None, :])
+    tl.store(out_ptr + rows, _reduce_passes(v, steps, BLOCK_T, BLOCK_E))
 
 
 # --------------------------------------------------------------------------- launchers (with checks)

@@ -286,13 +286,18 @@ def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program, *, tma: bo
     ``bytes_per_program`` (arrays broadcast; bilinear in log-log, clamped at the grid's edges);
     ``tma``: weights through TMA descriptors (``hbm_grid``)."""
     progs, nbytes, table = hbm_grid(profile, tma)
-    ns = np.log2(np.asarray(progs))
-    bs = np.log2(np.asarray(nbytes))
-    rate = np.asarray(table)  # (n, m)
-    n = np.log2(np.maximum(np.asarray(programs_in_flight, dtype=np.float64), 1.0))
-    b = np.log2(np.maximum(np.asarray(bytes_per_program, dtype=np.float64), 1.0))
+    return _loglog_grid(progs, nbytes, table, programs_in_flight, bytes_per_program)
+
+
+def _loglog_grid(rows, cols, table, x, y):
+    """table (len(rows), len(cols)) at (x, y) (arrays broadcast): linear in log2 of both
+    coordinates, along y within each row, then between the rows; clamped at the grid's edges."""
+    ns = np.log2(np.asarray(rows, dtype=np.float64))
+    bs = np.log2(np.asarray(cols, dtype=np.float64))
+    rate = np.asarray(table, dtype=np.float64)  # (n, m)
+    n = np.log2(np.maximum(np.asarray(x, dtype=np.float64), 1.0))
+    b = np.log2(np.maximum(np.asarray(y, dtype=np.float64), 1.0))
     n, b = np.broadcast_arrays(n, b)
-    # interpolate along bytes for each programs row, then along programs
     along_b = np.stack([np.interp(b, bs, rate[i]) for i in range(rate.shape[0])], axis=-1)  # (..., n)
     if ns.size == 1:
         out = along_b[..., 0]
@@ -361,22 +366,7 @@ def l2_shared_rate(profile: Profile, programs, group):
     km = _km(profile)
     if not km.l2_shared_rate:
         return None
-    ns = np.log2(np.asarray(km.l2_shared_programs, dtype=np.float64))
-    gs = np.log2(np.asarray(km.l2_shared_groups, dtype=np.float64))
-    rate = np.asarray(km.l2_shared_rate, dtype=np.float64)  # (n, m)
-    n = np.log2(np.maximum(np.asarray(programs, dtype=np.float64), 1.0))
-    g = np.log2(np.maximum(np.asarray(group, dtype=np.float64), 1.0))
-    n, g = np.broadcast_arrays(n, g)
-    along_g = np.stack([np.interp(g, gs, rate[i]) for i in range(rate.shape[0])], axis=-1)  # (..., n)
-    if ns.size == 1:
-        out = along_g[..., 0]
-    else:
-        i = np.clip(np.searchsorted(ns, n) - 1, 0, ns.size - 2)
-        f = np.clip((n - ns[i]) / (ns[i + 1] - ns[i]), 0.0, 1.0)
-        lo = np.take_along_axis(along_g, i[..., None], -1)[..., 0]
-        hi = np.take_along_axis(along_g, (i + 1)[..., None], -1)[..., 0]
-        out = lo + f * (hi - lo)
-    return out if out.ndim else float(out)
+    return _loglog_grid(km.l2_shared_programs, km.l2_shared_groups, km.l2_shared_rate, programs, group)
 
 
 def l2_hit_rate(profile: Profile, programs, group):
