@@ -37,7 +37,21 @@ Differences from the multi-launch path, by design:
   expert's weights once;
 - optionally (tiles["gemm1"]["SLICE"], configs.apply_slices; off: H200 runs AA and AB measured it
   slower) expert_slice tasks in place of the GEMM 1 and GEMM 2 tiles (slice_tile.py): no task waits
-  for another GEMM task, the partial sums of the slices go to fp32 slabs that the combine adds up.
+  for another GEMM task, the partial sums of the slices go to fp32 slabs that the combine adds up;
+  config "slice_tma" reads each slice through TMA descriptors as a box of exactly SLICE rows
+  (slice_descriptors; runs AE: no faster than by pointers).
+
+Other layouts, off by default, each a switch of the task plan (reference/tiles.py TILE_SWITCHES) that
+the plan, this kernel and the cost model read alike:
+- tiles["combine"]["IN_G2"] (variant "fcomb"; routed experts only): no combine tasks; the GEMM 2
+  tile that completes a column block (a counter per block at layout.off_comb) sums that block's
+  slots for every token, in slot order (run AF: a shorter traced span, no faster call);
+- tiles["router"]["EACH"] (variant "reach"; one token, a split router): every GEMM 1 task routes the
+  token itself from the logits' partials (routing._route_block, align._align_one, the values the
+  top-k task stores, stored again) instead of waiting for the top-k task (not yet run on a GPU).
+
+``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
+ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ number they use:
                         come through TMA descriptors (a launch-plan stage whose loop form has
                         tma_w, reference.tiles.GEMM_LOOP_FORMS; the megakernel's routed GEMM tasks,
                         ``TMA_WEIGHT_KINDS``, with weight_loads "tma") the TMA reader's
-                        kernel_model.hbm_read_tma where the profile has it; without it, hbm_read
+                        kernel_model.hbm_read_tma where the profile has it and USE_TMA_READ_TABLE
+                        is on (off since H200 run AG: it validated worse); otherwise hbm_read
 
 A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
