@@ -419,3 +419,22 @@ def test_a_faster_tma_table_speeds_tma_reads_only(monkeypatch):
     d["kernel_model"]["hbm_read_tma"]["points"].pop()
     with pytest.raises(ProfileError, match="hbm_read_tma.points must fill a grid"):
         validate(d)
+
+
+def test_gemm1_tasks_that_route_the_token_pay_its_selection_first():
+    """tiles["router"]["EACH"] (T = 1): each GEMM 1 task carries the top-k's selection passes before
+    its K loop (task_costs "pre_s") and every other task none, and the prediction differs from the
+    plan whose GEMM 1 waits for the top-k task; without the switch, no pre_s."""
+    from megamoe.simulator.cost import serial_step_s
+
+    p = _calibrated()
+    counts = np.bincount(np.arange(CFG.top_k), minlength=CFG.num_experts)
+    each = {**TILES, "router": {**TILES["router"], "EACH": 1, "TOPK_T": 1}}
+    off = {**TILES, "router": {**TILES["router"], "TOPK_T": 1}}
+    plan_on, plan_off = (task_plan(CFG, counts, 1, t, num_programs=8) for t in (each, off))
+    c_on, c_off = task_costs(plan_on, p), task_costs(plan_off, p)
+    g1 = c_on["kind"] == c_on["kinds"].index("gemm1")
+    assert g1.any() and not c_off["pre_s"].any() and not c_on["pre_s"][~g1].any()
+    conc = min(int(g1.sum()), c_on["resident"])
+    assert np.allclose(c_on["pre_s"][g1], plan_on.topk_passes * serial_step_s(p, "reduce", conc))
+    assert predict_task_plan(plan_on, p)["time_us"] != predict_task_plan(plan_off, p)["time_us"]

@@ -91,29 +91,43 @@ def test_expert_slices_bf16(name, down_t, tma):
     and 8 and under concentrated routing: bf16 numerics against the float64 reference on sampled
     tokens, and 20 graph replays bitwise equal to an eager call (the fp32 slabs are summed in a
     fixed order)."""
-    from megamoe.kernels import moe_forward_details
-    from megamoe.kernels.bench import random_device_weights
     from megamoe.kernels.configs import apply_slices
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
-    from megamoe.numerics import check_numerics
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
 
-    cfg = MoEConfig.preset(name)
-    w = random_device_weights(cfg, seed=15)
-    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
-    for T, ww in ((1, w), (8, w), (8, wz)):
-        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    def layout(cfg, T, x, ww):
         mk = {**apply_slices(megakernel_config(cfg, T, torch.bfloat16, x.device), tma=tma), "slice_down_t": down_t}
         if not mk["tiles"]["gemm1"].get("SLICE"):
             assert tma, mk  # no width divides I: the TMA slices fall back to the two-GEMM tiles
-            continue
+            return None
         if tma:
-            from megamoe.kernels.megakernel import build_launch
-
             assert build_launch(x, ww, cfg, mk)[2]["TMA_S"]
+        return mk
+
+    _check_decode_layout(name, 15, f"slices tma={tma}", layout)
+
+
+def _check_decode_layout(name: str, seed: int, label: str, layout) -> None:
+    """A decode layout of the preset at T = 1, 8 and 8 with every token on the same experts (a zero
+    router): ``layout(cfg, T, x, weights)`` -> the megakernel config to run (None: skip that T),
+    checked against the float64 reference on sampled tokens (bf16 tolerances) and over 20 graph
+    replays bitwise equal to an eager call."""
+    from megamoe.kernels import moe_forward_details
+    from megamoe.kernels.bench import random_device_weights
+    from megamoe.kernels.megakernel import megakernel_forward
+    from megamoe.numerics import check_numerics
+
+    cfg = MoEConfig.preset(name)
+    w = random_device_weights(cfg, seed=seed)
+    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+    for T, ww in ((1, w), (8, w), (8, wz)):
+        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        mk = layout(cfg, T, x, ww)
+        if mk is None:
+            continue
         y = megakernel_forward(x, ww, cfg, mk=mk)
         d = moe_forward_details(x, ww, cfg)
         rep = check_numerics(x, y, ww, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
-        print(f"NUMERICS slices {name} T={T} tma={tma} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
+        print(f"NUMERICS {label} {name} T={T} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
         assert rep.ok, (T, rep.to_dict())
         _assert_replays_equal(lambda x=x, ww=ww, mk=mk: megakernel_forward(x, ww, cfg, mk=mk), y, 20)
     del w, wz
@@ -126,23 +140,11 @@ def test_combine_in_gemm2_bf16(name):
     under concentrated routing: bf16 numerics against the float64 reference on sampled tokens, and
     20 graph replays bitwise equal to an eager call (each column block's slots summed in slot order,
     whichever program completes it)."""
-    from megamoe.kernels import moe_forward_details
-    from megamoe.kernels.bench import random_device_weights
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
-    from megamoe.numerics import check_numerics
+    from megamoe.kernels.megakernel import megakernel_config
 
-    cfg = MoEConfig.preset(name)
-    w = random_device_weights(cfg, seed=16)
-    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
-    for T, ww in ((1, w), (8, w), (8, wz)):
-        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    def layout(cfg, T, x, ww):
         mk = megakernel_config(cfg, T, torch.bfloat16, x.device)
         mk["tiles"]["combine"]["IN_G2"] = 1
-        y = megakernel_forward(x, ww, cfg, mk=mk)
-        d = moe_forward_details(x, ww, cfg)
-        rep = check_numerics(x, y, ww, cfg, dtype="bfloat16", sample=4, topk_idx=d["topk_idx"])
-        print(f"NUMERICS fcomb {name} T={T} concentrated={ww is wz} max_err={rep.error.max_err:.3e}")
-        assert rep.ok, (T, rep.to_dict())
-        _assert_replays_equal(lambda x=x, ww=ww, mk=mk: megakernel_forward(x, ww, cfg, mk=mk), y, 20)
-    del w, wz
-    torch.cuda.empty_cache()
+        return mk
+
+    _check_decode_layout(name, 16, "fcomb", layout)
