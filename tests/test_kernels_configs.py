@@ -150,3 +150,19 @@ def test_slice_width_fills_the_waves():
     assert sliced["tiles"]["gemm1"]["SLICE"] == 48 and sliced["tiles"]["gemm1"]["BLOCK_N"] == 64
     assert sliced["two_gemm"]["tiles"] == mk["tiles"] and apply_slices(sliced) is sliced
     assert "slice_tiles" not in megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132, fp8="weights")
+
+
+def test_exact_slice_widths_divide_the_expert_width():
+    """slice_width(exact=True), the TMA slices' widths: a multiple of 8 that divides I (gpt-oss-120b:
+    96, not 88), 0 where none does; apply_slices(tma=True) then leaves the config as it is, and
+    otherwise marks it "slice_tma" with that width."""
+    from megamoe.kernels.configs import apply_slices, megakernel_config, slice_tiles, slice_width
+
+    assert slice_width(2880, 4, 132, exact=True) == 96 and 2880 % 96 == 0
+    assert slice_width(768, 8, 132, exact=True) == 48
+    assert slice_width(36, 3, 132, exact=True) == 0 and slice_tiles(36, 40, 1, 3, 3, 132, 0, 1, exact=True) == {}
+    mk = megakernel_config(128, 2880, 2880, 4, 0, 1, num_sms=132)
+    t = apply_slices(mk, tma=True)
+    assert t["slice_tma"] and t["tiles"]["gemm1"]["SLICE"] == 96 and "slice_tma" not in apply_slices(mk)
+    bare = {k: v for k, v in mk.items() if k != "slice_tiles_tma"}
+    assert apply_slices(bare, tma=True) is bare
