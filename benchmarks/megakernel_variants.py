@@ -213,13 +213,19 @@ def _combine_in_g2(mk):
 
 def _route_each(mk):
     """T = 1 with a split router: every GEMM 1 task routes the token itself from the logits' partials
-    (tiles["router"]["EACH"]) instead of waiting for the top-k task (run AF's trace: its align and
-    signal take 1.8 us, then the GEMM 1 tasks see it); other configs unchanged."""
+    (tiles["router"]["EACH"]; configs.route_each) instead of waiting for the top-k task (run AF's
+    trace: its align and signal take 1.8 us, then the GEMM 1 tasks see it); other configs
+    unchanged. The default up to configs.ROUTE_EACH_MAX_EXPERTS experts since run AH."""
+    from megamoe.kernels import configs as cfgs
+
+    return cfgs.route_each(mk)
+
+
+def _route_once(mk):
+    """The top-k task routes the token and signals the GEMM 1 tasks (tiles["router"]["EACH"] = 0):
+    what "reach" is measured against where it is the default."""
     mk = copy.deepcopy(mk)
-    t = mk["tiles"]
-    if mk.get("single_token") and t["router"]["SPLIT"] > 1 and not t["gemm1"].get("SLICE") \
-            and not t["order"].get("STREAM_K"):
-        t["router"]["EACH"] = 1
+    mk["tiles"]["router"].pop("EACH", None)
     return mk
 
 
@@ -274,6 +280,8 @@ VARIANTS = {
     "slice_t_tma": (_slices_tma(True), "TMA expert_slice tasks reading the (E, I, H) copy of the down weights"),
     "reach": (_route_each, "T = 1: every GEMM 1 task routes the token itself from the logits' partials, not "
                            "waiting for the top-k task's align and signal"),
+    "noreach": (_route_once, "T = 1: the top-k task routes the token and signals the GEMM 1 tasks (not each "
+                             "GEMM 1 task routing it itself)"),
     "fcomb": (_combine_in_g2, "the combine in GEMM 2's tiles: the last tile of each column block sums its "
                               "slots for every token (no combine tasks, no wait for all of GEMM 2)"),
     "slice_t_r32": (_slices_t_split(32), "slice_t with the router's logits over 32 ranges of H"),
@@ -304,7 +312,7 @@ VARIANTS = {
                                                             "activations, where there is no conversion)"),
 }
 #: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
-T1_VARIANTS = ("reach", "fcomb")
+T1_VARIANTS = ("reach", "noreach")
 MID_VARIANTS = ("fcomb",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")

@@ -373,6 +373,27 @@ def apply_slices(mk: dict, tma: bool = False) -> dict:
     return mk
 
 
+#: T = 1: every GEMM 1 task routes the token itself (tiles["router"]["EACH"], variant "reach"; the
+#: default up to this many experts). H200 run AH, T = 1, us, the top-k task's routing / each task's:
+#: Qwen3-30B-A3B 33.5 / 32.7, gpt-oss-120b 74.6 / 72.9 (E = 128); DeepSeek-V3 (E = 256, grouped
+#: selection) 200.7 / 209.5: its selection's registers spill in every GEMM 1 task (73 STL, sm_90).
+ROUTE_EACH_MAX_EXPERTS = 128
+
+
+def route_each(mk: dict) -> dict:
+    """A T = 1 config whose GEMM 1 tasks route the token themselves from the logits' partials
+    (tiles["router"]["EACH"] = 1) instead of waiting for the top-k task's align and signal (H200
+    run AF's trace: 1.8 us, then a handoff); unchanged unless the config is single-token with a
+    split router, two-GEMM tiles and whole tiles (what the kernel's EACH branch takes)."""
+    t = mk["tiles"]
+    if not (mk.get("single_token") and t["router"]["SPLIT"] > 1 and not t["gemm1"].get("SLICE")
+            and not t["order"].get("STREAM_K")):
+        return mk
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["router"]["EACH"] = 1
+    return mk
+
+
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
                       interpret: bool = False, routing_given: bool = False, fp8: str | None = None) -> dict:
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
@@ -388,6 +409,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
         mk.pop("slice_tiles_tma", None)
     elif T <= SLICE_MAX_T:
         mk = apply_slices(mk)
+    if fp8 is None and not routing_given and E <= ROUTE_EACH_MAX_EXPERTS:
+        mk = route_each(mk)
     if fp8 is not None:  # FP8 GEMM tiles: a weight scale block per K step; FP8 activations: whole 128-column groups
         t = mk["tiles"]
         for part in ("gemm1", "gemm2", "shared"):

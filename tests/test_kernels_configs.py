@@ -166,3 +166,21 @@ def test_exact_slice_widths_divide_the_expert_width():
     assert t["slice_tma"] and t["tiles"]["gemm1"]["SLICE"] == 96 and "slice_tma" not in apply_slices(mk)
     bare = {k: v for k, v in mk.items() if k != "slice_tiles_tma"}
     assert apply_slices(bare, tma=True) is bare
+
+
+def test_one_token_is_routed_by_every_gemm1_task_up_to_128_experts():
+    """T = 1, bf16, the logits computed in the kernel: every GEMM 1 task routes the token itself
+    (tiles["router"]["EACH"]) where E <= ROUTE_EACH_MAX_EXPERTS; not with 256 experts (DeepSeek-V3's
+    grouped selection spills in every GEMM 1 task), FP8, a given routing or more than one token."""
+    def each(E, T=1, **kw):
+        mk = cfgs.megakernel_config(E, 2048, 768, 8, 0, T, num_sms=132, **kw)
+        return mk["tiles"]["router"].get("EACH", 0)
+
+    assert cfgs.ROUTE_EACH_MAX_EXPERTS == 128
+    assert each(128) == 1 and each(8) == 1
+    assert each(256) == 0
+    assert each(128, T=2) == 0 and each(128, T=8) == 0
+    assert each(128, fp8="weights") == 0
+    assert each(128, routing_given=True) == 0
+    mk = cfgs.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
+    assert cfgs.route_each(mk) == mk  # applying it twice changes nothing
