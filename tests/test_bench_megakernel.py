@@ -86,3 +86,39 @@ def test_fp8_row_prints_the_speedup():
            "variants": [{"name": "fp8fast", "us": 18.0, "ok": True}]}
     s = bm.fmt_row(row)
     assert "bf16-mk      36.0" in s and "bf16/fp8  1.80" in s and "best variant 18.0" in s and "torch" not in s
+
+
+def test_megakernel_table_holds_each_row_to_its_targets(tmp_path):
+    """benchmarks/megakernel_table.py: each row's targets (T = 1: 1.15 x floor + 3 us, and 1.5x the
+    multi path on the two small presets; uniform T in {8, 64}: 1.08 x floor; concentrated T = 64:
+    1.3 x floor; T <= 512: not slower than multi), the later file's row where two repeat, FP8 rows
+    left out, a failed megakernel named."""
+    mt = _load("megakernel_table")
+    base = {"gpu": "G", "torch": "t", "triton": "3.6.0", "commit": "abcdef0", "date": "2026-12-02"}
+    rows = [
+        {**base, "preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "floor_us": 10.0, "megakernel_us": 15.0,
+         "multi_us": 23.0, "torch_us": 50.0},
+        {**base, "preset": "qwen3-30b-a3b", "T": 64, "routing": "concentrated", "floor_us": 10.0,
+         "megakernel_us": 13.5, "multi_us": 13.0},
+        {**base, "preset": "mixtral-8x7b", "T": 8, "routing": "uniform", "floor_us": 100.0, "megakernel_us": 108.0,
+         "multi_us": 120.0},
+        {**base, "preset": "mixtral-8x7b", "T": 4096, "routing": "uniform", "floor_us": 100.0,
+         "megakernel_us": 300.0, "multi_us": 200.0},
+        {**base, "preset": "mixtral-8x7b", "T": 1, "routing": "uniform", "floor_us": 100.0, "fp8": "weights",
+         "megakernel_us": 1.0, "multi_us": 1.0},
+    ]
+    t = {(r["preset"], r["T"], r["routing"]): dict(mt.targets(r)) for r in rows[:4]}
+    assert t[("qwen3-30b-a3b", 1, "uniform")] == {"<= 1.15 x floor + 3 us": False, ">= 1.5x multi": True,
+                                                  "not slower than multi": True}
+    assert t[("qwen3-30b-a3b", 64, "concentrated")] == {"<= 1.3 x floor": False, "not slower than multi": False}
+    assert t[("mixtral-8x7b", 8, "uniform")] == {"<= 1.08 x floor": True, "not slower than multi": True}
+    assert t[("mixtral-8x7b", 4096, "uniform")] == {}
+    old, new = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    old.write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
+    failed = {**rows[2], "megakernel_us": None, "megakernel_error": "RuntimeError: boom"}
+    new.write_text(__import__("json").dumps(failed) + "\n")
+    loaded = mt.load_rows([str(old), str(new)])
+    assert len(loaded) == 4 and not any(r.get("fp8") for r in loaded)
+    text = mt.table(loaded)
+    assert "megakernel failed: RuntimeError: boom" in text and "Targets met: 2 of 5" in text
+    assert "commit abcdef0" in text
