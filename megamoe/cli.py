@@ -22,11 +22,34 @@ def make_console():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+def _assumptions(name: str) -> int:
+    """``megamoe info --assumptions PROFILE``: the profile's numbers flagged as assumptions."""
+    from rich.table import Table
+
+    from megamoe.simulator.hardware import ProfileError, assumptions
+
+    try:
+        rows = assumptions(name)
+    except ProfileError as exc:
+        print(f"megamoe info: {exc}", file=sys.stderr)
+        return 2
+    table = Table(title=f"{name}: {len(rows)} numbers taken as assumptions (no measurement behind them)")
+    for col in ("key", "value", "unit", "source"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        v = r["value"]
+        table.add_row(r["path"], f"{v:g}" if isinstance(v, (int, float)) else str(v), r["unit"], r["source"])
+    make_console().print(table)
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from megamoe.reference import PRESETS, MoEConfig
 
+    if getattr(args, "assumptions", None):
+        return _assumptions(args.assumptions)
     console = make_console()
     console.print(f"[bold]megamoe[/bold] {__version__}  (python {sys.version.split()[0]})")
     versions = []
@@ -91,6 +114,8 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"megamoe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("info", help="versions, GPU, model presets and hardware profiles")
+    p.add_argument("--assumptions", metavar="PROFILE", help="list the profile's numbers flagged as assumptions "
+                   "(name or JSON file), with their sources")
     p.set_defaults(func=_info)
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

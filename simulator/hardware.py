@@ -406,6 +406,22 @@ def load_profile(spec: str | Path | Profile) -> Profile:
     return validate(data, origin=str(path))
 
 
+def assumptions(profile: str | Path | Profile) -> list[dict]:
+    """Every number or curve of a profile flagged ``"assumption": true``, in file order: dicts of
+    ``path`` (section.key), ``value`` (a number, or a curve's points), ``unit``, ``source`` and
+    ``note`` (what ``megamoe info --assumptions PROFILE`` prints: what the model takes on trust)."""
+    data = load_profile(profile).data
+    out = []
+    for sec, keys in data.items():
+        if not isinstance(keys, dict):
+            continue
+        for key, e in keys.items():
+            if isinstance(e, dict) and e.get("assumption") is True:
+                out.append({"path": f"{sec}.{key}", "value": e.get("value", e.get("points")), "unit": e.get("unit", ""),
+                            "source": e.get("source", ""), "note": e.get("note", "")})
+    return out
+
+
 #: What real GPUs and fabrics have had, widened by about ten times each way (key path -> (lo, hi),
 #: in the key's unit). A number outside is legal but most likely a unit slip (GB/s for bytes/s):
 #: ``plausibility_warnings`` names it. Zero latencies and launch costs are idealizations, not slips.

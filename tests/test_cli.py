@@ -17,6 +17,27 @@ def test_info_lists_presets(capsys):
     assert "deepseek-v3" in out and "7168" in out and "megamoe" in out
 
 
+def test_info_lists_a_profiles_assumptions(tmp_path, capsys):
+    """``megamoe info --assumptions PROFILE``: every number flagged "assumption": true, with its
+    source, and none that is not; a bad profile is a one-line error."""
+    from megamoe.simulator.hardware import PROFILE_DIR, assumptions
+
+    data = json.loads((PROFILE_DIR / "gb200-nvl72.json").read_text())
+    flagged = {f"{s}.{k}" for s, keys in data.items() if isinstance(keys, dict)
+               for k, e in keys.items() if isinstance(e, dict) and e.get("assumption") is True}
+    rows = assumptions("gb200-nvl72")
+    assert {r["path"] for r in rows} == flagged and "megakernel.router_topk_s" in flagged
+    assert all(r["source"] for r in rows)
+    data["megakernel"]["router_topk_s"].pop("assumption")
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    assert "megakernel.router_topk_s" not in {r["path"] for r in assumptions(tmp_path / "p.json")}
+    assert main(["info", "--assumptions", "gb200-nvl72"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(rows)} numbers taken as assumptions" in out and "router_topk_s" in out
+    assert main(["info", "--assumptions", "no-such-profile"]) == 2
+    assert "neither a shipped profile" in capsys.readouterr().err
+
+
 def test_no_command_prints_help(capsys):
     assert main([]) == 0
     assert "simulate" in capsys.readouterr().out
