@@ -174,7 +174,8 @@ BOUND_TERMS = {"compute": "MMA rate (the tile loop's dense-GEMM / mma table)",
                "serial": "dependent serial steps (serial_load_step_s, serial_reduce_step_s)",
                "launch": "launch gap and graph fixed cost", "wait": "waits on counters and flag handoffs"}
 MEMORY_TERMS = {"hbm": "HBM streaming (DRAM bytes at the calibrated read curve, hbm_read)",
-                "l2": "L2-hit bytes at the calibrated L2 re-read rate (l2_bandwidth_bytes_per_s)",
+                "l2": "L2-hit bytes at the calibrated L2 rate (a launch's: the shared-read table "
+                      "l2_shared_read where calibrated; otherwise l2_bandwidth_bytes_per_s)",
                 "sm_intake": "the SMs' intake (an SM's share of the L2 rate, sm_ingest_s)"}
 
 
