@@ -347,8 +347,12 @@ def hbm_peak(profile: Profile) -> float:
 #: Zipf's GEMM 1 moves ~8.7 TB/s through L2, above the 7.8 of programs re-reading their own data).
 #: On since run AH (34), its table's first calibration: its 108 stored rows re-predicted with its
 #: profile, median |error| 5.9% -> 5.1% (multi 5.4 -> 5.0, GEMM 1 stage median |error| 8.0 -> 5.4),
-#: max 21.7% -> 21.7%; run AG's profile has no table (unchanged). The SMs' intake (``sm_ingest_s``)
-#: keeps l2_bandwidth_bytes_per_s either way (USE_L2_SHARED_INTAKE).
+#: max 21.7% -> 21.7%; run AG's profile has no table (unchanged). What moved is not the hypothesis
+#: above: the prefill GEMMs of 8 warps (one program per SM, 132 in flight) read the table at
+#: 132 programs, 6.3 TB/s at every group, below the 7.8 of l2_bandwidth_bytes_per_s, and
+#: Mixtral-8x7B / DeepSeek-V3 T >= 4096 multi went from -3..-12% to -11..+6%; DeepSeek-V3 T = 512
+#: Zipf stays +14%. The SMs' intake (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way
+#: (USE_L2_SHARED_INTAKE).
 USE_L2_SHARED_READ = True
 #: whether the megakernel's tasks' L2-hit bytes price at the same table (``task_costs``: each
 #: operand's hits at the tasks sharing it within ``resident`` tickets, ``_sharing``). Off: on run AH's
