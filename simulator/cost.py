@@ -51,15 +51,17 @@ grid: the TMA reader's for the routed GEMMs with TMA weights), and DRAM bytes it
 slice and gathered rows unless the same weight_id (or row block) was read within the last
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
 
-Switches, all off (predictions as without them) until a GPU run validates them; each reads its
-table only where the profile has it (``megamoe calibrate`` steps l2_shared, serial_programs):
+Switches, off (predictions as without them) until stored GPU runs validate them; each reads its
+table only where the profile has it (a profile without it predicts as with the switch off) (``megamoe calibrate`` steps l2_shared, serial_programs):
 
-    USE_L2_SHARED_READ      L2-hit bytes at kernel_model.l2_shared_read (P programs, sharing group
-                            g: programs reading the same tile at once) instead of
-                            l2_bandwidth_bytes_per_s: a launch's weight hits at g = min(GROUP_M,
-                            row blocks), its row hits at g = min(N tiles, in flight // that)
-                            (``stage_l2_hit_s``); a task's at the tasks of the same weight / row
-                            block within ``resident`` tickets of it (``_sharing``)
+    USE_L2_SHARED_READ      (on since H200 run AH) a launch's L2-hit bytes at
+                            kernel_model.l2_shared_read (P programs, sharing group g: programs
+                            reading the same tile at once) instead of l2_bandwidth_bytes_per_s:
+                            its weight hits at g = min(GROUP_M, row blocks), its row hits at
+                            g = min(N tiles, in flight // that) (``stage_l2_hit_s``)
+    USE_L2_SHARED_READ_TASKS  the same table for a megakernel task's L2-hit bytes, at the tasks of
+                            the same weight / row block within ``resident`` tickets of it
+                            (``_sharing``)
     USE_L2_SHARED_INTAKE    the SMs' intake of a launch at the same table / S (``stage_intake_s``;
                             the multi-launch GEMMs' L2 bound: never below the L2-hit term)
     USE_SERIAL_STEP_TABLES  serial steps at kernel_model.serial_load_step / serial_reduce_step for
@@ -172,7 +174,8 @@ BOUND_TERMS = {"compute": "MMA rate (the tile loop's dense-GEMM / mma table)",
                "serial": "dependent serial steps (serial_load_step_s, serial_reduce_step_s)",
                "launch": "launch gap and graph fixed cost", "wait": "waits on counters and flag handoffs"}
 MEMORY_TERMS = {"hbm": "HBM streaming (DRAM bytes at the calibrated read curve, hbm_read)",
-                "l2": "L2-hit bytes at the calibrated L2 re-read rate (l2_bandwidth_bytes_per_s)",
+                "l2": "L2-hit bytes at the calibrated L2 rate (a launch's: the shared-read table "
+                      "l2_shared_read where calibrated; otherwise l2_bandwidth_bytes_per_s)",
                 "sm_intake": "the SMs' intake (an SM's share of the L2 rate, sm_ingest_s)"}
 
 
@@ -337,14 +340,26 @@ def hbm_peak(profile: Profile) -> float:
     return float(np.max(_km(profile).hbm_rate))
 
 
-#: whether L2-hit bytes price at the shared-read table (kernel_model.l2_shared_read: aggregate L2
-#: bytes/s of P programs reading the same tiles in groups of g at once, kernels/microbench_shared.py)
-#: for their sharing group (``stage_l2_hit_s``, ``task_costs``) where a profile has it, instead of
-#: l2_bandwidth_bytes_per_s. Off until a GPU run validates it (the hypothesis of H200 run 33:
-#: DeepSeek-V3 T = 512 Zipf's GEMM 1 moves ~8.7 TB/s through L2, above the 7.8 of programs
-#: re-reading their own data, over-predicted +15..+23% on both backends). The SMs' intake
-#: (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way.
-USE_L2_SHARED_READ = False
+#: whether a launch's L2-hit bytes price at the shared-read table (kernel_model.l2_shared_read:
+#: aggregate L2 bytes/s of P programs reading the same tiles in groups of g at once,
+#: kernels/microbench_shared.py) for their sharing group (``stage_l2_hit_s``) where a profile has
+#: it, instead of l2_bandwidth_bytes_per_s (the hypothesis of H200 run 33: DeepSeek-V3 T = 512
+#: Zipf's GEMM 1 moves ~8.7 TB/s through L2, above the 7.8 of programs re-reading their own data).
+#: On since run AH (34), its table's first calibration: its 108 stored rows re-predicted with its
+#: profile, median |error| 5.9% -> 5.1% (multi 5.4 -> 5.0, GEMM 1 stage median |error| 8.0 -> 5.4),
+#: max 21.7% -> 21.7%; run AG's profile has no table (unchanged). What moved is not the hypothesis
+#: above: the prefill GEMMs of 8 warps (one program per SM, 132 in flight) read the table at
+#: 132 programs, 6.3 TB/s at every group, below the 7.8 of l2_bandwidth_bytes_per_s, and
+#: Mixtral-8x7B / DeepSeek-V3 T >= 4096 multi went from -3..-12% to -11..+6%; DeepSeek-V3 T = 512
+#: Zipf stays +14%. The SMs' intake (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way
+#: (USE_L2_SHARED_INTAKE).
+USE_L2_SHARED_READ = True
+#: whether the megakernel's tasks' L2-hit bytes price at the same table (``task_costs``: each
+#: operand's hits at the tasks sharing it within ``resident`` tickets, ``_sharing``). Off: on run AH's
+#: rows it put the megakernel at 6.6% median / 39.2% max (6.4 / 21.7 without): its 132 resident
+#: programs (8 warps, one per SM) read the table at 132 programs, 6.3 TB/s at every group, below the
+#: 7.8 of l2_bandwidth_bytes_per_s, so the tasks' hits got slower, not faster.
+USE_L2_SHARED_READ_TASKS = False
 #: whether the router and align kinds' serial steps price at the per-step tables
 #: (kernel_model.serial_load_step / serial_reduce_step: P programs running the chains at once,
 #: ``serial_step_s``) for the programs that run them together, where a profile has them, instead of
@@ -941,7 +956,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
     l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
     if km.l2_bandwidth_bytes_per_s > 0:
-        if USE_L2_SHARED_READ and km.l2_shared_rate:  # each operand's hits at its sharing group's rate
+        if USE_L2_SHARED_READ_TASKS and km.l2_shared_rate:  # each operand's hits at its sharing group's rate
             g_w = np.maximum(_sharing(a["weight_id"].astype(np.int64), resident), 1)
             g_i = np.maximum(_sharing(row_key, resident), 1)
             mem_l2 = resident * (np.where(w_hit, wb, 0.0) / np.asarray(l2_shared_rate(p, resident, g_w))

@@ -1,6 +1,8 @@
 """The cost model's switches for the shared-read and many-program serial tables
-(cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES): off by default, each changes only the
-terms it names when on and the profile has its table, and nothing where the profile has none."""
+(cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES):
+their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
+names when on and the profile has its table, and nothing where the profile has none. The tests of
+the mechanics start from every switch off (the ``_all_off`` fixture)."""
 
 from __future__ import annotations
 
@@ -68,8 +70,33 @@ def _router_stage():
                 bytes_per_tile=4096.0, flops_per_tile=0.0, serial_steps={"load": 56, "reduce": 8})
 
 
-def test_switches_default_off():
-    assert (cost.USE_L2_SHARED_READ, cost.USE_L2_SHARED_INTAKE, cost.USE_SERIAL_STEP_TABLES) == (False,) * 3
+SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES")
+DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
+
+
+@pytest.fixture(autouse=True)
+def _all_off(monkeypatch):
+    for name in SWITCHES:
+        monkeypatch.setattr(cost, name, False)
+
+
+def test_switch_defaults():
+    """Run AH validated the launches' shared-read L2 hits; the tasks', the intake's and the serial
+    tables' switches stay off."""
+    assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
+                        "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False}
+
+
+def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
+    """USE_L2_SHARED_READ prices a launch's hits only: a task plan's L2 hits keep
+    l2_bandwidth_bytes_per_s unless USE_L2_SHARED_READ_TASKS is on."""
+    p = _profile()
+    plan = _task_plan()
+    off = cost.task_costs(plan, p, num_programs=264)
+    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)
+    assert np.array_equal(cost.task_costs(plan, p, num_programs=264)["memory_P_s"], off["memory_P_s"])
+    monkeypatch.setattr(cost, "USE_L2_SHARED_READ_TASKS", True)
+    assert not np.array_equal(cost.task_costs(plan, p, num_programs=264)["memory_P_s"], off["memory_P_s"])
 
 
 def test_shared_read_rate_and_step_tables_read_as_documented(monkeypatch):
@@ -186,7 +213,7 @@ def test_switches_change_only_their_task_terms(monkeypatch):
     serial_kind = np.isin(off["kind"], [kinds.index(k) for k in cost.SERIAL_KINDS if k in kinds])
     assert (off["l2_bytes"] > 0).any() and serial_kind.any()
     with monkeypatch.context() as mp:
-        mp.setattr(cost, "USE_L2_SHARED_READ", True)
+        mp.setattr(cost, "USE_L2_SHARED_READ_TASKS", True)
         on = cost.task_costs(plan, p, num_programs=264)
     changed = on["memory_P_s"] != off["memory_P_s"]
     assert changed.any() and not (changed & (off["l2_bytes"] == 0)).any()
@@ -220,7 +247,7 @@ def test_switches_on_without_tables_predict_as_today(monkeypatch):
     plan = _task_plan()
     stages = [_gemm_stage(), _router_stage()]
     off = (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264))
-    for name in ("USE_L2_SHARED_READ", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES"):
+    for name in SWITCHES:
         monkeypatch.setattr(cost, name, True)
     assert (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264)) == off
 
@@ -249,7 +276,7 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
     d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step")})
     with_tables = validate(d)
     assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
-    for name in ("USE_L2_SHARED_READ", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES"):
+    for name in SWITCHES:
         monkeypatch.setattr(cost, name, True)
     assert _repredicted(rows, base) == want  # on, but the profile has no tables
     assert _repredicted(rows, with_tables) != want  # on, with tables: they are read
