@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -170,6 +171,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"megamoe {what}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (``| head``): stop writing, quietly, as a Unix tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except MemoryError:
         print(f"megamoe {what}: error: out of memory; try a smaller size (e.g. fewer --tokens-per-gpu)",
               file=sys.stderr)

@@ -11,6 +11,7 @@ default skew, implausible profile numbers, the size of a long run and its progre
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cost import DTYPES
@@ -186,7 +187,11 @@ def print_table(r, trace: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m megamoe.simulator", description=__doc__.splitlines()[0])
     add_arguments(p)
-    return run(p.parse_args(argv))
+    try:
+        return run(p.parse_args(argv))
+    except BrokenPipeError:  # the reader left (``| head``): stop writing, quietly, as a Unix tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -113,3 +113,18 @@ def test_bugs_still_show_a_traceback(monkeypatch):
 def test_validate_bad_options(argv, match, capsys):
     assert main(["validate", "--models", "mixtral-8x7b", "--tokens", "1", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [["-m", "megamoe.simulator", "--json"], ["-m", "megamoe", "simulate", "--json"]])
+def test_a_reader_that_leaves_ends_the_command_quietly(cmd):
+    """``... --json | head``: the reader closes the pipe before the output is written; the command
+    ends with exit code 0 and no BrokenPipeError traceback."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write
+    try:
+        p = subprocess.run([sys.executable, *cmd], stdout=w, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
