@@ -77,7 +77,7 @@ from .grouped_gemm import (
     _descriptor,
     _gemm1_tile_start,
     _gemm2_epilogue,
-    _gemm2_rows,
+    _gemm2_tile_start,
     _ieee,
     _program_tile,
     _routed_blocks,
@@ -335,11 +335,8 @@ def _gemm2_fp8_tile(
     """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB));
     K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales.
     CVT, PF as _gemm1_fp8_tile's."""
-    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_row = tl.where(row_mask, rows, 0).to(tl.int64)
+    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, _, _ = _gemm2_tile_start(
+        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
@@ -487,13 +484,10 @@ def _gemm2_fp8_tma_tile(
     weights through w_desc over (E*N, KD), zero past KD and past the last row; the activation's
     and the weights' scales by pointer. Padding rows read whatever GEMM 1 left there (their scale
     loads are masked); they only reach masked output rows."""
-    rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    sa_ptrs = as_ptr + tl.where(row_mask, rows, 0).to(tl.int64) * stride_as
+    row_mask, tok, slot, srow, offs_n, offs_bn, _, a_row, row_a, row_w = _gemm2_tile_start(
+        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
+    sa_ptrs = as_ptr + a_row * stride_as
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
-    row_a = pid_m * BLOCK_M
-    row_w = e * N + pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = a_desc.load([row_a, kt * BLOCK_K])
