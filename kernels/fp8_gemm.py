@@ -335,9 +335,8 @@ def _gemm2_fp8_tile(
     """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB));
     K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales.
     CVT, PF as _gemm1_fp8_tile's."""
-    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, _, _ = _gemm2_tile_start(
-        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
-    a_ptrs = a_ptr + a_row[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
+    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, _, _ = _gemm2_tile_start(
+        a_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo * BLOCK_K, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -484,8 +483,8 @@ def _gemm2_fp8_tma_tile(
     weights through w_desc over (E*N, KD), zero past KD and past the last row; the activation's
     and the weights' scales by pointer. Padding rows read whatever GEMM 1 left there (their scale
     loads are masked); they only reach masked output rows."""
-    row_mask, tok, slot, srow, offs_n, offs_bn, _, a_row, row_a, row_w = _gemm2_tile_start(
-        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
+    row_mask, tok, slot, srow, offs_n, offs_bn, _, a_row, _, row_a, row_w = _gemm2_tile_start(
+        None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     sa_ptrs = as_ptr + a_row * stride_as
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)

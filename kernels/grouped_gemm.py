@@ -147,21 +147,27 @@ def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt
 
 
 @triton.jit
-def _gemm2_tile_start(padded_pair_ptr, pid_m, pid_n, e, T, N, K: tl.constexpr, DENSE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_at, K: tl.constexpr,
+                      DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """What every GEMM 2 tile (row block pid_m of expert e, N tile pid_n) starts from: (row_mask,
-    tok, slot, srow, offs_n, offs_bn, offs_k, a_row, row_a, row_w): its rows' mask, token, slot and
-    scale row (_gemm2_rows), its output columns, their in-bounds weight rows (offs_n % N; the stores
-    mask the rest), one K step's offsets, the activation rows the pointer loads read (int64, 0 in
-    padding rows), and the TMA tiles' first activation row and first row of down as (E*N, KD)."""
+    tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, row_a, row_w): its rows' mask, token,
+    slot and scale row (_gemm2_rows), its output columns, their in-bounds weight rows (offs_n % N;
+    the stores mask the rest), one K step's offsets, the activation rows (int64, 0 in padding rows),
+    the pointers to them at column k0 (the first K step's; a_ptr None: the tiles that read the
+    activation through a descriptor, which get a_row there), and the descriptor rows: the tile's
+    first activation row and its first row of down as (E*N, KD)."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_row = tl.where(row_mask, rows, 0).to(tl.int64)
+    if a_ptr is None:  # (a placeholder: Triton 3.6 returns no None)
+        a_ptrs = a_row
+    else:
+        a_ptrs = a_ptr + a_row[:, None] * stride_at + (k0 + offs_k)[None, :]
     row_a = pid_m * BLOCK_M
     row_w = e * N + pid_n * BLOCK_N
-    return row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, row_a, row_w
+    return row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, row_a, row_w
 
 
 @triton.jit
@@ -329,9 +335,8 @@ def _gemm2_acc(
 ):
     """GEMM 2's fp32 sums of one tile over K tiles [k_lo, k_hi):
     -> (acc, row_mask, tok, slot, srow, offs_n, offs_bn). Shared by every GEMM 2 path."""
-    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, _, _ = _gemm2_tile_start(
-        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
-    a_ptrs = a_ptr + a_row[:, None] * stride_at + (k_lo * BLOCK_K + offs_k)[None, :]
+    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, _ = _gemm2_tile_start(
+        a_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo * BLOCK_K, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(k_lo, k_hi):
@@ -484,8 +489,8 @@ def _gemm2_tma_tile(
     activation is in padded order), so both operands come through TMA descriptors: a_desc over the
     activation (rows, KD), w_desc over down as (E*N, KD); zero past KD and past the last row.
     Padding rows read whatever GEMM 1 left there; they only reach masked output rows."""
-    row_mask, tok, slot, srow, offs_n, offs_bn, _, _, row_a, row_w = _gemm2_tile_start(
-        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
+    row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
+        None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = a_desc.load([row_a, kt * BLOCK_K])
@@ -507,9 +512,8 @@ def _gemm2_tmaw_tile(
     descriptor w_desc over down as (E*N, KD), the activation rows by pointer loads (the megakernel:
     its GEMM 1 tasks wrote them in this launch through the generic proxy, which TMA reads would need
     a proxy fence to see)."""
-    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, _, row_w = _gemm2_tile_start(
-        padded_pair_ptr, pid_m, pid_n, e, T, N, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
-    a_ptrs = a_ptr + a_row[:, None] * stride_at + offs_k[None, :]
+    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, row_w = _gemm2_tile_start(
+        a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         if EVEN_K:
