@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference import InputError
 from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
 from . import configs as cfgs
@@ -592,6 +593,10 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     y = torch.empty((T, H), device=dev, dtype=dt) if out is None else out
     tiles = mk["tiles"]
     lay = task_layout(config, T, tiles)
+    if routing is not None and lay.route_each:  # its GEMM 1 tasks would route the token again, over the given routing
+        raise InputError("tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves from the logits) "
+                         "cannot take a routing made elsewhere; leave EACH out (megakernel_config(..., "
+                         "routing_given=True) does)")
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     G, split, bm = lay.topk_groups, lay.split, g1["BLOCK_M"]
     P_max = lay.b_max * bm

@@ -228,6 +228,10 @@ def test_gemm1_tasks_route_the_token_themselves(case, programs, rng):
     assert g1.size and all(plan.waits(i) == [("logits[0]", 3)] for i in g1)
     with pytest.raises(InputError, match="EACH.*one token"):
         task_layout(cfg, 2, mk["tiles"])
+    given = (torch.zeros((1, cfg.top_k), dtype=torch.int32), torch.full((1, cfg.top_k), 1.0 / cfg.top_k))
+    with pytest.raises(InputError, match="EACH.*routing made elsewhere"):
+        build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk, nprog=programs,
+                     routing=given)
 
 
 def test_combine_in_gemm2_tiles_at_no_tokens_and_its_limits():
