@@ -26,6 +26,9 @@ from pathlib import Path
 
 #: the presets held to the 1.5x-over-multi target at T = 1
 FAST_T1_PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b")
+#: the issue's grid: every T with the preset's own routing, and concentrated routing where
+#: bench_megakernel.py times it
+GRID = [(T, "uniform") for T in (1, 8, 64, 512, 4096, 16384)] + [(T, "concentrated") for T in (8, 64, 512)]
 
 
 def targets(row: dict) -> list[tuple[str, bool]]:
@@ -83,10 +86,14 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['preset']} | {r['T']} | {r['routing']} | {_f(r['floor_us'])} | {_f(mk)} | {_f(multi)} | "
                      f"{_f(r.get('torch_us'))} | {_f(mk / r['floor_us'] if mk else None, '{:.2f}')} | "
                      f"{_f(multi / mk if mk and multi else None, '{:.2f}')} | {tcell} |")
+    have = {(r["preset"], int(r["T"]), r["routing"]) for r in rows}
+    missing = [f"{p} T = {T} {routing}" for p in sorted({r["preset"] for r in rows}) for T, routing in GRID
+               if (p, T, routing) not in have]
     prov = sorted({(r.get("gpu"), r.get("torch"), r.get("triton"), (r.get("commit") or "")[:7], (r.get("date") or "")[:10])
                    for r in rows})
     src = "; ".join(f"{g}, torch {t}, Triton {tr}, commit {c}, {d}" for g, t, tr, c, d in prov)
-    return "\n".join(lines) + f"\n\nTargets met: {met} of {held}. Measured on: {src}.\n"
+    gap = f"\nNot measured: {', '.join(missing)}.\n" if missing else ""
+    return "\n".join(lines) + f"\n\nTargets met: {met} of {held}. Measured on: {src}.\n" + gap
 
 
 def main(argv=None) -> int:

@@ -331,11 +331,22 @@ def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:
     return T1_VARIANTS if T == 1 else (MID_VARIANTS if T < 512 else PREFILL_VARIANTS)
 
 
+def _no_each_without_its_layout(mk: dict) -> dict:
+    """A variant that gives the layer expert_slice tasks or stream-K segments leaves the default's
+    tiles["router"]["EACH"] out: GEMM 1 tasks route the token themselves only with GEMM 1 and GEMM 2
+    tiles (reference.tiles.task_layout refuses the rest; run AJ's trace of "sk" met that)."""
+    t = mk["tiles"]
+    if t["router"].get("EACH") and (t["gemm1"].get("SLICE") or t["order"].get("STREAM_K")):
+        mk = copy.deepcopy(mk)
+        mk["tiles"]["router"].pop("EACH")
+    return mk
+
+
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
     """[(name, config)] for the default and each named variant that differs from it."""
     out = [("default", base)]
     for n in (names or VARIANTS):
-        mk = VARIANTS[n][0](base)
+        mk = _no_each_without_its_layout(VARIANTS[n][0](base))
         if mk != base and all(mk != m for _, m in out):
             out.append((n, mk))
     return out

@@ -122,3 +122,23 @@ def test_megakernel_table_holds_each_row_to_its_targets(tmp_path):
     text = mt.table(loaded)
     assert "megakernel failed: RuntimeError: boom" in text and "Targets met: 2 of 5" in text
     assert "commit abcdef0" in text
+    assert "Not measured: mixtral-8x7b T = 1 uniform" in text and "qwen3-30b-a3b T = 64 concentrated" not in text
+
+
+def test_every_t1_variant_gives_a_layout_the_kernel_takes():
+    """At T = 1 the default routes the token in every GEMM 1 task (tiles["router"]["EACH"]); each
+    variant's config must still be one task_layout accepts (run AJ's trace of "sk" was refused:
+    stream-K segments with EACH)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import task_layout
+
+    mv = _load("megakernel_variants")
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                  cfg.shared_intermediate_size, 1, num_sms=132)
+    assert base["tiles"]["router"].get("EACH") == 1
+    names = [n for n in mv.VARIANTS if not n.startswith("fp8")]
+    for _name, mk in mv.variant_configs(base, names):
+        task_layout(cfg, 1, mk["tiles"])  # raises InputError for a layout the kernel refuses
+    assert dict(mv.variant_configs(base, ["noreach"]))["noreach"]["tiles"]["router"].get("EACH") is None
