@@ -52,9 +52,10 @@ slice and gathered rows unless the same weight_id (or row block) was read within
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
 
 Switches, off (predictions as without them) until stored GPU runs validate them; each reads its
-table only where the profile has it (a profile without it predicts as with the switch off) (``megamoe calibrate`` steps l2_shared, serial_programs):
+table only where the profile has it (``megamoe calibrate`` steps l2_shared, serial_programs; a
+profile without it predicts as with the switch off):
 
-    USE_L2_SHARED_READ      (on since H200 run AH) a launch's L2-hit bytes at
+    USE_L2_SHARED_READ      (on after run AH; held out by run AJ: 5.3% / 21.7%) a launch's L2-hit bytes at
                             kernel_model.l2_shared_read (P programs, sharing group g: programs
                             reading the same tile at once) instead of l2_bandwidth_bytes_per_s:
                             its weight hits at g = min(GROUP_M, row blocks), its row hits at
@@ -345,14 +346,15 @@ def hbm_peak(profile: Profile) -> float:
 #: kernels/microbench_shared.py) for their sharing group (``stage_l2_hit_s``) where a profile has
 #: it, instead of l2_bandwidth_bytes_per_s (the hypothesis of H200 run 33: DeepSeek-V3 T = 512
 #: Zipf's GEMM 1 moves ~8.7 TB/s through L2, above the 7.8 of programs re-reading their own data).
-#: On since run AH (34), its table's first calibration: its 108 stored rows re-predicted with its
+#: On after run AH (34), its table's first calibration: its 108 stored rows re-predicted with its
 #: profile, median |error| 5.9% -> 5.1% (multi 5.4 -> 5.0, GEMM 1 stage median |error| 8.0 -> 5.4),
 #: max 21.7% -> 21.7%; run AG's profile has no table (unchanged). What moved is not the hypothesis
 #: above: the prefill GEMMs of 8 warps (one program per SM, 132 in flight) read the table at
 #: 132 programs, 6.3 TB/s at every group, below the 7.8 of l2_bandwidth_bytes_per_s, and
 #: Mixtral-8x7B / DeepSeek-V3 T >= 4096 multi went from -3..-12% to -11..+6%; DeepSeek-V3 T = 512
 #: Zipf stays +14%. The SMs' intake (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way
-#: (USE_L2_SHARED_INTAKE).
+#: (USE_L2_SHARED_INTAKE). Held out by run AJ (36), predicted before measured: 5.3% median, 21.7%
+#: max (multi 4.9%), against run AH's 5.9% without it.
 USE_L2_SHARED_READ = True
 #: whether the megakernel's tasks' L2-hit bytes price at the same table (``task_costs``: each
 #: operand's hits at the tasks sharing it within ``resident`` tickets, ``_sharing``). Off: on run AH's
