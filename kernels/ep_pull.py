@@ -22,9 +22,10 @@ symmetric memory gives on one host: every peer's buffer of a symmetric allocatio
 this process's address space (UVA), so a peer's base address is a plain 64-bit pointer a kernel can
 load from and store to (``SymmetricMemory.buffer_ptrs`` / ``get_buffer(peer, ...)``'s data_ptr()).
 The Triton interpreter runs the same code on CPU tensors: its pointers are host addresses, and an
-int64 -> pointer cast of a ``data_ptr()`` reads and writes the tensor behind it (checked with the
-interpreters of Triton 3.6 and 3.9), so the tests' "peers" are separate CPU tensors of one process
-and nothing needs a flat buffer with per-peer offsets.
+int64 -> pointer cast of a ``data_ptr()`` reads and writes the tensor behind it (the cast checked in
+the interpreters of Triton 3.6 and 3.9; the tests run under 3.9's, as 3.6's interpreter fails on
+NumPy 2.4 at any runtime loop bound, the repo's other kernel tests alike), so the tests' "peers" are
+separate CPU tensors of one process and nothing needs a flat buffer with per-peer offsets.
 
 Kernel. A persistent grid of ``num_programs`` programs; the tiles of a rank's copies are
 enumerated in schedule order (copy, then row block of BLOCK_R rows, then column block of BLOCK_W
