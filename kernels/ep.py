@@ -280,10 +280,12 @@ def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard:
 def ep_moe_experts_symmetric(*args, **kwargs):
     """The one-sided variant: not built yet (see the module docstring and issue 13, part 1b)."""
     raise NotImplementedError(
-        "one-sided expert parallelism through torch symmetric memory is not built yet: it needs the megakernel's "
-        "communication programs to execute reference.ep.plan_pull's schedule (pull dispatched rows from peers' "
-        "send buffers in peer order, push partial rows back into their combine buffers; emulated on the CPU by "
-        "reference.ep.ep_experts_forward(..., transport='pull')); use ep_moe_experts (all_to_all over NCCL) meanwhile")
+        "one-sided expert parallelism through torch symmetric memory is not built yet. The transport exists: "
+        "kernels.ep_pull's Triton copy kernel (pull_rows_triton / push_rows_triton) executes reference.ep.plan_pull's "
+        "schedule from a table of the peers' buffer addresses, checked bitwise against reference.ep.pull_rows / "
+        "push_rows under the Triton interpreter. Missing: the symmetric-memory allocation of the send, receive and "
+        "combine buffers, and the multi-GPU run; use ep_moe_experts (all_to_all over NCCL) "
+        "meanwhile")
 
 
 __all__ = ["BACKENDS", "TRANSPORTS", "TRANSPORT_ENV", "EPInputError", "EPShard", "all_to_all_p2p",

@@ -1,0 +1,253 @@
+"""The one-sided expert-parallel transport as a Triton copy kernel: one rank's pulls (or push-backs).
+
+Shape legend: R ranks, C copies of the whole schedule, C_r those of one rank, W elements per row
+(H for the hidden rows, K for topk_idx / topk_weights rows), N rows of a buffer.
+
+``reference.ep.plan_pull`` gives every copy a rank performs, rank by rank (CSR ``pull_offsets`` /
+``push_offsets``), each rank's copies in its peer order (itself first, then rank + 1, ...), cut into
+chunks of at most ``max_rows`` rows. This module executes one rank's share on the device:
+
+    pull_rows_triton(pull, rank, send_buffers, recv)       dispatch: for each copy (peer, src_row,
+        dst_row, rows) of ``rank``, rows src_row:src_row+rows of peer's send buffer ->
+        rows dst_row:dst_row+rows of this rank's receive buffer
+    push_rows_triton(pull, rank, partial, combine_buffers) combine: for each push copy (peer, src_row,
+        dst_row, rows), rows of this rank's partial buffer -> peer's combine buffer
+
+Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``.
+
+Peer addresses. The peers' buffers come as a table of base addresses, an int64 tensor of
+``data_ptr()``s, one per rank, which the kernel casts to pointers
+(``tl.load(peers + peer).to(tl.pointer_type(local.dtype.element_ty))``). That is what torch
+symmetric memory gives on one host: every peer's buffer of a symmetric allocation is mapped into
+this process's address space (UVA), so a peer's base address is a plain 64-bit pointer a kernel can
+load from and store to (``SymmetricMemory.buffer_ptrs`` / ``get_buffer(peer, ...)``'s data_ptr()).
+The Triton interpreter runs the same code on CPU tensors: its pointers are host addresses, and an
+int64 -> pointer cast of a ``data_ptr()`` reads and writes the tensor behind it (the cast checked in
+the interpreters of Triton 3.6 and 3.9; the tests run under 3.9's, as 3.6's interpreter fails on
+NumPy 2.4 at any runtime loop bound, the repo's other kernel tests alike), so the tests' "peers" are
+separate CPU tensors of one process and nothing needs a flat buffer with per-peer offsets.
+
+Kernel. A persistent grid of ``num_programs`` programs; the tiles of a rank's copies are
+enumerated in schedule order (copy, then row block of BLOCK_R rows, then column block of BLOCK_W
+elements) and dealt out round-robin over the programs, continuing across copies (a running tile
+count), so many one-row chunks (max_rows=1) spread over all programs instead of all landing on
+program 0. Each program walks the copies in the schedule's order, so it visits the peers in the
+rank's peer order. The last row block of a copy and the last column block of a row are masked.
+Every destination row is written by exactly one tile and nothing accumulates, so the result does
+not depend on the grid or on how the programs interleave (bitwise deterministic). The row width W
+is a constexpr and the rows are contiguous (row stride W, unit column stride as literals), so for W
+a multiple of 16 bytes / element size the compiler sees 16-byte aligned, contiguous runs and issues
+16-byte vector loads and stores (the peers' base addresses carry a ``tl.multiple_of(., 16)`` hint
+when all of them are 16-byte aligned, as symmetric-memory allocations are).
+
+What this does not do (see kernels/ep.py ``ep_moe_experts_symmetric``): allocate the buffers in
+symmetric memory, and the ready flags (a peer's send buffer packed before it is pulled, every push
+landed before combine reads its buffer): the caller orders the launches (a barrier) meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..reference._checks import InputError
+from ..reference.ep import PullSchedule
+
+#: elements of one tile (BLOCK_R x BLOCK_W) at most; a column block covers at most MAX_BLOCK_W elements
+TILE_ELEMENTS = 4096
+MAX_BLOCK_W = 1024
+#: persistent programs per SM on a GPU; under the interpreter, a few programs
+PROGRAMS_PER_SM = 4
+INTERPRET_PROGRAMS = 3
+
+
+@triton.jit
+def _copy_rows_kernel(local, peers, copies, lo, hi, W: tl.constexpr, PUSH: tl.constexpr, ALIGNED: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Copies lo:hi of ``copies`` ((C, 4) int64 rows: peer, src_row, dst_row, rows), in order.
+
+    local: this rank's buffer (pull: the receive buffer, written; push: the partial buffer, read);
+    peers: (R,) int64 base addresses of the peers' buffers (pull: send buffers, read; push:
+    combine buffers, written). Rows of W contiguous elements in every buffer.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
+    r_off = tl.arange(0, BLOCK_R)
+    w_off = tl.arange(0, BLOCK_W)
+    base = pid * 0  # tiles of the copies before this one (int32, carried over the copies)
+    for c in range(lo, hi):
+        peer = tl.load(copies + c * 4 + 0)
+        src_row = tl.load(copies + c * 4 + 1)
+        dst_row = tl.load(copies + c * 4 + 2)
+        n = tl.load(copies + c * 4 + 3).to(tl.int32)
+        remote = tl.load(peers + peer).to(tl.pointer_type(local.dtype.element_ty))
+        if ALIGNED:
+            remote = tl.multiple_of(remote, 16)
+        if PUSH:
+            src = local
+            dst = remote
+        else:
+            src = remote
+            dst = local
+        ntiles = ((n + BLOCK_R - 1) // BLOCK_R) * NB_W
+        first = (pid - base % nprog + nprog) % nprog  # this program's first tile of the copy
+        for t in range(first, ntiles, nprog):
+            rows = (t // NB_W) * BLOCK_R + r_off
+            cols = (t % NB_W) * BLOCK_W + w_off
+            mask = (rows < n)[:, None] & (cols < W)[None, :]
+            s_off = (src_row + rows).to(tl.int64)[:, None] * W + cols[None, :]
+            d_off = (dst_row + rows).to(tl.int64)[:, None] * W + cols[None, :]
+            tl.store(dst + d_off, tl.load(src + s_off, mask=mask), mask=mask)
+        base += ntiles
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def copy_table(pull: PullSchedule, push: bool) -> np.ndarray:
+    """(C, 4) int64 rows (peer, src_row, dst_row, rows) of every pull (push: push-back) copy of the
+    schedule, rank by rank: what the kernel reads (rank r's are pull_offsets[r]:pull_offsets[r+1])."""
+    if push:
+        cols = (pull.push_dst, pull.push_src_row, pull.push_dst_row, pull.push_rows)
+    else:
+        cols = (pull.pull_src, pull.pull_src_row, pull.pull_dst_row, pull.pull_rows)
+    return np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64, copy=False).reshape(-1, 4))
+
+
+def _check_schedule_rank(pull, rank) -> int:
+    if not isinstance(pull, PullSchedule):
+        raise InputError(f"pull must be a reference.ep.PullSchedule (plan_pull), got {type(pull).__name__}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise InputError(f"rank must be an integer, got {rank!r}")
+    if not 0 <= rank < pull.num_ranks:
+        raise InputError(f"need 0 <= rank < num_ranks, got rank={int(rank)}, num_ranks={pull.num_ranks}")
+    return int(rank)
+
+
+def _row_width(t: torch.Tensor) -> int:
+    return int(np.prod(t.shape[1:], dtype=np.int64))
+
+
+def _check_buffer(name: str, b, need_rows: int, like: torch.Tensor | None) -> torch.Tensor:
+    """A contiguous tensor of at least ``need_rows`` rows, with ``like``'s dtype, row shape and device type."""
+    if not isinstance(b, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(b).__name__}")
+    if b.ndim < 1:
+        raise InputError(f"{name} must have a row dimension, got a 0-d tensor")
+    if like is not None:
+        if b.dtype != like.dtype:
+            raise InputError(f"{name} is {b.dtype}, the other buffers are {like.dtype}: dtype mismatch")
+        if b.shape[1:] != like.shape[1:]:
+            raise InputError(f"{name} has rows of shape {list(b.shape[1:])} (H={_row_width(b)}), the other "
+                             f"buffers {list(like.shape[1:])} (H={_row_width(like)}): every buffer's H must match")
+        if b.device.type != like.device.type:
+            raise InputError(f"{name} is on {b.device}, the other buffers on {like.device}")
+    if b.shape[0] < need_rows:
+        raise InputError(f"{name} has {b.shape[0]} rows, the schedule needs {need_rows}")
+    if not b.is_contiguous():
+        raise InputError(f"{name} must be contiguous (rows of H elements, row after row), got strides "
+                         f"{list(b.stride())}")
+    return b
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and not _interpreting():
+        raise InputError("the buffers are on the CPU: the Triton kernel runs there only with TRITON_INTERPRET=1 "
+                         "set before triton is imported")
+    if t.device.type not in ("cpu", "cuda"):
+        raise InputError(f"the buffers must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {t.device}")
+
+
+def _launch(table: np.ndarray, lo: int, hi: int, local: torch.Tensor, remotes: list[torch.Tensor], push: bool,
+            num_programs: int | None) -> None:
+    W = _row_width(local)
+    if hi <= lo or W == 0:
+        return
+    if num_programs is not None and (isinstance(num_programs, bool) or not isinstance(num_programs, int)
+                                     or num_programs < 1):
+        raise InputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
+    dev = local.device
+    ptrs = [int(b.data_ptr()) for b in remotes]
+    peers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
+    copies = torch.from_numpy(table).to(dev)
+    block_w = min(triton.next_power_of_2(W), MAX_BLOCK_W)
+    longest = int(table[lo:hi, 3].max())
+    block_r = max(1, min(triton.next_power_of_2(longest), TILE_ELEMENTS // block_w))
+    tiles = int((-(-table[lo:hi, 3] // block_r)).sum()) * -(-W // block_w)
+    if num_programs is None:
+        if dev.type == "cuda":
+            num_programs = torch.cuda.get_device_properties(dev).multi_processor_count * PROGRAMS_PER_SM
+        else:
+            num_programs = INTERPRET_PROGRAMS
+    grid = (max(1, min(num_programs, tiles)),)
+    aligned = all(p % 16 == 0 for p in ptrs)
+    _copy_rows_kernel[grid](local, peers, copies, lo, hi, W=W, PUSH=push, ALIGNED=aligned, BLOCK_R=block_r,
+                            BLOCK_W=block_w)
+
+
+def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Tensor],
+                     recv: torch.Tensor | None = None, *, num_programs: int | None = None) -> torch.Tensor:
+    """Dispatch of ``rank``: its pulls from the peers' send buffers into its receive buffer.
+
+    send_buffers: R tensors (at least send_rows[s] rows each, e.g. a symmetric buffer of
+    ``buffer_rows``; rows of any shape, the same dtype and row shape for every rank, contiguous):
+    on a GPU, the peers' buffers of a symmetric allocation, addressable from this device.
+    recv: this rank's receive buffer (at least recv_rows[rank] rows; default: a new one of exactly
+    recv_rows[rank] rows on send_buffers[rank]'s device) -> recv, rows 0:recv_rows[rank] written
+    as ``reference.ep.pull_rows(pull, send_buffers)[rank]`` and nothing else.
+    """
+    rank = _check_schedule_rank(pull, rank)
+    R = pull.num_ranks
+    if not isinstance(send_buffers, (list, tuple)) or len(send_buffers) != R:
+        n = len(send_buffers) if isinstance(send_buffers, (list, tuple)) else type(send_buffers).__name__
+        raise InputError(f"need one send buffer per rank: got {n} for {R} ranks")
+    first = _check_buffer("send buffer of rank 0", send_buffers[0], int(pull.send_rows[0]), None)
+    bufs = [first] + [_check_buffer(f"send buffer of rank {s}", b, int(pull.send_rows[s]), first)
+                      for s, b in enumerate(send_buffers[1:], start=1)]
+    need = int(pull.recv_rows[rank])
+    if recv is None:
+        recv = torch.empty((need, *first.shape[1:]), dtype=first.dtype, device=bufs[rank].device)
+    recv = _check_buffer(f"receive buffer of rank {rank}", recv, need, first)
+    if recv.device != bufs[rank].device:
+        raise InputError(f"receive buffer of rank {rank} is on {recv.device}, its send buffer on "
+                         f"{bufs[rank].device}: both are this rank's")
+    _check_device(recv)
+    lo, hi = int(pull.pull_offsets[rank]), int(pull.pull_offsets[rank + 1])
+    _launch(copy_table(pull, push=False), lo, hi, recv, bufs, False, num_programs)
+    return recv
+
+
+def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combine_buffers: list[torch.Tensor],
+                     *, num_programs: int | None = None) -> list[torch.Tensor]:
+    """Combine of ``rank``: its push-backs of its partial rows into the sources' combine buffers.
+
+    partial: this rank's partial buffer (the receive layout, at least recv_rows[rank] rows);
+    combine_buffers: R tensors (at least send_rows[s] rows each, same dtype and row shape as
+    partial, contiguous), written in place: the rows of s's combine buffer whose send rows this
+    rank pulled get ``reference.ep.push_rows``'s values, no other row is touched. -> combine_buffers.
+    Run for every rank, each combine buffer is ``reference.ep.push_rows(pull, partials)[s]``.
+    """
+    rank = _check_schedule_rank(pull, rank)
+    R = pull.num_ranks
+    partial = _check_buffer(f"partial buffer of rank {rank}", partial, int(pull.recv_rows[rank]), None)
+    if not isinstance(combine_buffers, (list, tuple)) or len(combine_buffers) != R:
+        n = len(combine_buffers) if isinstance(combine_buffers, (list, tuple)) else type(combine_buffers).__name__
+        raise InputError(f"need one combine buffer per rank: got {n} for {R} ranks")
+    bufs = [_check_buffer(f"combine buffer of rank {s}", b, int(pull.send_rows[s]), partial)
+            for s, b in enumerate(combine_buffers)]
+    if bufs[rank].device != partial.device:
+        raise InputError(f"combine buffer of rank {rank} is on {bufs[rank].device}, its partial buffer on "
+                         f"{partial.device}: both are this rank's")
+    _check_device(partial)
+    lo, hi = int(pull.push_offsets[rank]), int(pull.push_offsets[rank + 1])
+    _launch(copy_table(pull, push=True), lo, hi, partial, bufs, True, num_programs)
+    return list(combine_buffers)
+
+
+__all__ = ["copy_table", "pull_rows_triton", "push_rows_triton"]
