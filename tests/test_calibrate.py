@@ -338,7 +338,7 @@ from triton.compiler import ASTSource
 from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as fn
 
 target = GPUTarget("cuda", 90, 32)
-ints = {"M": 4096, "N": 4096, "K": 1024}
+ints = {"M": 4096, "N": 4096, "K": 1024, "R": 32}
 nospec = set(getattr(fn, "do_not_specialize", ()) or ())
 out = {}
 for persistent, flat in ((False, False), (True, False), (True, True)):
@@ -347,7 +347,7 @@ for persistent, flat in ((False, False), (True, False), (True, True)):
         if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
             constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
-                             "GATED": persistent, "FLAT": flat, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
+                             "GATED": persistent, "FLAT": flat, "GROUPED": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):
