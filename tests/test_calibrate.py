@@ -110,6 +110,9 @@ def _fake_measurements(S=132):
                  "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)],
                  "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)],
                  "points_pointer_persistent_gated": [[128, 256, 8, d, 2.5e12] for d in (256, 4096)]},
+        "gemm_reuse": {"points_tma_ab_persistent": [[128, 256, 8, d, r, 1e12 * (1 + r / 8)] for d in (2048, 7168)
+                                                    for r in (1, 2, 4, 8, 16)],
+                       "experts": {"tma_ab_persistent 128x256x8 depth 2048": 33}},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
