@@ -431,7 +431,8 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
 #: columns N of each expert, depths K (the first: the quick form's)). The multi-launch prefill
 #: GEMMs' own tiles (DeepSeek-V3: GEMM 1 tma_persistent_gated 128 x (2 x 128), 7168 deep, 2048
 #: columns; GEMM 2 tma_ab_persistent 128 x 256, 2048 deep, 7168 columns), the TMA-weights loop at
-#: both tile widths, and the pointer loop at 64 x 128 (4 warps), as GEMM 2's shapes and GEMM 1's
+#: both tile widths, and the pointer loop (a tile per program) at 64 x 128, 4 warps, in GEMM 2's
+#: shape and GEMM 1's gated one. Weights per expert: 7168 x depth (or 4096 x depth), bf16
 GEMM_REUSE_CASES = (
     ("tma_ab_persistent", 128, 256, 8, 64, 7168, (2048, 7168)),
     ("tma_ab_persistent", 128, 128, 8, 64, 7168, (2048, 7168)),
