@@ -34,6 +34,11 @@ Measured:
                               HBM-resident operands, in every tile-loop form the kernels run
                               (reference.tiles.GEMM_LOOP_FORMS; kernels/microbench_gemm.py): the
                               rate of a tile loop as a GEMM runs it
+    gemm_reuse                grouped GEMMs of E experts whose weight tiles are each read by r in
+                              {1, 2, 4, 8, 16} row blocks (kernels/microbench_gemm.reuse_gemm, the
+                              dense step's tile loops, weights well beyond L2: from HBM), for the
+                              prefill GEMMs' loop forms and tiles (GEMM_REUSE_CASES) at two depths:
+                              kernel_model.gemm_reuse_<form>, read behind cost.USE_GEMM_REUSE_TABLE
     mma_fp8                   the same tile shapes x depth, e4m3 x e4m3 with fp32 accumulation,
                               operands held on chip (``mma_resident``), 8S programs: the cost
                               model's fp8 rates (without it, the bf16 ones x the fp8/bf16 peak ratio)
@@ -421,6 +426,109 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     return out
 
 
+#: the reuse step's cases (kernels/microbench_gemm.reuse_gemm): (loop form, BLOCK_M, BLOCK_N of the
+#: table row (gated: gate + up columns, two BLOCK_N / 2 accumulators), warps, BLOCK_K, output
+#: columns N of each expert, depths K (the first: the quick form's)). The multi-launch prefill
+#: GEMMs' own tiles (DeepSeek-V3: GEMM 1 tma_persistent_gated 128 x (2 x 128), 7168 deep, 2048
+#: columns; GEMM 2 tma_ab_persistent 128 x 256, 2048 deep, 7168 columns), the TMA-weights loop at
+#: both tile widths, and the pointer loop (a tile per program) at 64 x 128, 4 warps, in GEMM 2's
+#: shape and GEMM 1's gated one. Weights per expert: 7168 x depth (or 4096 x depth), bf16
+GEMM_REUSE_CASES = (
+    ("tma_ab_persistent", 128, 256, 8, 64, 7168, (2048, 7168)),
+    ("tma_ab_persistent", 128, 128, 8, 64, 7168, (2048, 7168)),
+    ("tma_persistent", 128, 256, 8, 64, 7168, (2048, 7168)),
+    ("tma_persistent", 128, 128, 8, 64, 7168, (2048, 7168)),
+    ("tma_persistent_gated", 128, 256, 8, 64, 2048, (7168, 2048)),
+    ("pointer", 64, 128, 4, 64, 7168, (2048, 7168)),
+    ("pointer_gated", 64, 128, 4, 64, 2048, (7168, 2048)),
+)
+#: row blocks per expert measured (r: row blocks reading each weight tile); quick: three of them
+GEMM_REUSE_ROW_BLOCKS = (1, 2, 4, 8, 16)
+GEMM_REUSE_ROW_BLOCKS_QUICK = (1, 2, 8)
+#: the reuse step's weights are at least this many times the GPU's L2 (cold: every weight tile
+#: comes from HBM once per group of row blocks that reads it)
+GEMM_REUSE_L2_TIMES = 8
+#: and its grid of r = 1 at least this many waves of the SMs
+GEMM_REUSE_MIN_WAVES = 6
+#: whole waves are not worth more experts than this
+GEMM_REUSE_MAX_EXPERTS = 128
+
+
+def reuse_experts(S: int, n_tiles: int, expert_bytes: int, l2_bytes: int) -> int:
+    """Experts of a reuse case: enough that their weights are GEMM_REUSE_L2_TIMES x L2 and r = 1
+    fills GEMM_REUSE_MIN_WAVES waves of S programs, rounded up to whole waves where that takes at
+    most GEMM_REUSE_MAX_EXPERTS (S // gcd(S, N tiles) experts per whole number of waves, at any
+    power-of-two r; an H200's 132 SMs: 33 experts of 28 or 56 N tiles, 7 or 14 waves at r = 1; 66
+    of GEMM 1's 16, 8 waves)."""
+    import math
+
+    need = max(math.ceil(GEMM_REUSE_L2_TIMES * max(l2_bytes, 1) / expert_bytes),
+               math.ceil(GEMM_REUSE_MIN_WAVES * S / n_tiles), 1)
+    unit = S // math.gcd(S, n_tiles)
+    whole = unit * math.ceil(need / unit)
+    return whole if whole <= GEMM_REUSE_MAX_EXPERTS else need
+
+
+def measure_gemm_reuse(reps: int, S: int, gap_s: float, quick: bool = False, l2_bytes: int | None = None) -> dict:
+    """Tensor rate per SM of grouped GEMMs whose weight tiles are each read by r row blocks
+    (kernels/microbench_gemm.reuse_gemm, the dense step's tile loops): per GEMM_REUSE_CASES case and
+    depth, E experts (``reuse_experts``: weights >> L2, from HBM) of r BLOCK_M rows each, r in
+    GEMM_REUSE_ROW_BLOCKS -> "points_<form>": [[BLOCK_M, BLOCK_N, warps, depth, r, flop/s per SM],
+    ...] (flop: 2 x rows x weight rows x depth, gated forms counting gate and up), persistent
+    forms on S programs. Why (run AJ, 36): DeepSeek-V3's GEMM 2 at T = 4096 (1.56 row blocks per
+    expert) measured ~43.8 us per tile against 25.6 from the dense table, whose 4096 x 4096 GEMM
+    reads each weight tile for 32 row blocks."""
+    import torch
+
+    from megamoe.kernels.microbench_gemm import LOADS, reuse_gemm
+
+    if l2_bytes is None:
+        l2_bytes = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)) or (50 << 20)
+    rbs = GEMM_REUSE_ROW_BLOCKS_QUICK if quick else GEMM_REUSE_ROW_BLOCKS
+    out: dict = {}
+    failed: dict[str, str] = {}
+    experts: dict[str, int] = {}
+    for form, bm, bn, warps, bk, n_out, depths in GEMM_REUSE_CASES:
+        gated = LOADS[form].gated
+        acc_n = bn // 2 if gated else bn  # gated: two accumulators of bn / 2 columns
+        n_w = 2 * n_out if gated else n_out  # each expert's weight rows
+        stages = GEMM_STAGES[warps] + (1 if gated and warps == 8 else 0)  # as the dense step's
+        key = f"{form} {bm}x{bn}x{warps}"
+        for d in (depths[:1] if quick else depths):
+            if key in failed:
+                break
+            E = reuse_experts(S, n_out // acc_n, n_w * d * 2, l2_bytes)
+            experts[f"{key} depth {d}"] = E
+            w = torch.randn((E, n_w, d), device="cuda", dtype=torch.bfloat16)
+            a = torch.randn((E * max(rbs) * bm, d), device="cuda", dtype=torch.bfloat16)
+            c = torch.empty((E * max(rbs) * bm, n_out), device="cuda", dtype=torch.bfloat16)
+            for r in rbs:
+                M = E * r * bm
+                kw = dict(row_blocks=r, block_m=bm, block_n=acc_n, block_k=bk, num_warps=warps, num_stages=stages,
+                          loads=form, programs=S, out=c[:M])
+                try:
+                    t = max(graph_seconds(lambda i, kw=kw, a=a[:M], w=w: reuse_gemm(a, w, **kw), inner=2, reps=reps)
+                            - gap_s, 1e-7)
+                except Exception as exc:  # noqa: BLE001 - one case failing keeps the others' points
+                    failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                    break
+                out.setdefault(f"points_{form}", []).append([bm, bn, warps, d, r, 2.0 * M * n_w * d / t / S])
+            del w, a, c
+            torch.cuda.empty_cache()
+    for key in failed:  # a shape with some points missing would not fill its grid: drop the shape
+        form, shape = key.split(" ")
+        bm, bn, warps = (int(x) for x in shape.split("x"))
+        pts = [p for p in out.get(f"points_{form}", []) if (p[0], p[1], p[2]) != (bm, bn, warps)]
+        if pts:
+            out[f"points_{form}"] = pts
+        else:
+            out.pop(f"points_{form}", None)
+    if failed:
+        out["failed"] = failed
+    out["experts"] = experts
+    return out
+
+
 def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     import torch
 
@@ -604,6 +712,16 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
             if f"points_{form}" in m["gemm"]:
                 km[f"gemm_{form}"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"],
                                            m["gemm"][f"points_{form}"], f"{src_g}; {what}")
+    if "gemm_reuse" in m:
+        from megamoe.simulator.hardware import GEMM_REUSE_AXES
+
+        src_r = ("grouped bf16 GEMM of these tiles, E experts' weights (well beyond L2, from HBM) each read by "
+                 "row_blocks row blocks, grouped order (kernels/microbench_gemm.reuse_gemm); read behind "
+                 "cost.USE_GEMM_REUSE_TABLE")
+        for form, what in GEMM_FORMS.items():
+            if m["gemm_reuse"].get(f"points_{form}"):
+                km[f"gemm_reuse_{form}"] = table("flop/s per SM", list(GEMM_REUSE_AXES),
+                                                 m["gemm_reuse"][f"points_{form}"], f"{src_r}; {what}")
     if "mma_fp8" in m:
         km["mma_fp8"] = table("flop/s per SM", ["BLOCK_M", "BLOCK_N", "num_warps", "depth"], m["mma_fp8"]["points"],
                               "e4m3 x e4m3, fp32 accumulate, operands on chip, 8 programs per SM launched")
@@ -659,6 +777,22 @@ def _best_by_shape(points) -> list:
     return sorted(best.items())
 
 
+def reuse_summary(reuse: dict, S: int) -> list[str]:
+    """The gemm_reuse step's lines: per loop form, shape and depth, the whole GPU's TFLOP/s at each
+    row blocks per expert r, e.g. "gemm reuse tma_ab_persistent 128x256 8 warps depth 2048,
+    r = 1/2/4/8/16  310.2 420.5 ... TFLOP/s"."""
+    lines = []
+    for form in GEMM_FORMS:
+        pts = reuse.get(f"points_{form}", [])
+        for shape in sorted({tuple(int(x) for x in p[:4]) for p in pts}):
+            rates = sorted((int(p[4]), p[5]) for p in pts if tuple(int(x) for x in p[:4]) == shape)
+            bm, bn, w, d = shape
+            lines.append(f"gemm reuse {form} {bm}x{bn} {w} warps depth {d}, r = "
+                         + "/".join(str(r) for r, _ in rates) + "  "
+                         + " ".join(f"{v * S / 1e12:.1f}" for _, v in rates) + " TFLOP/s")
+    return lines
+
+
 def summary(m: dict, prof: dict) -> str:
     """The measured figures as a small table (steps not measured are left out)."""
     km = prof["kernel_model"]
@@ -688,6 +822,7 @@ def summary(m: dict, prof: dict) -> str:
                              ("mma_fp8", "points", "mma fp8 {} {} warps, whole GPU ")):
         for (bm, bn, w), r in _best_by_shape(m.get(step, {}).get(key, [])):
             lines.append(label.format(f"{bm:>3}x{bn:<3}", w) + f" {r * S / 1e12:8.1f} TFLOP/s")
+    lines.extend(reuse_summary(m.get("gemm_reuse", {}), S))
     groups = sorted({int(g) for _, g, _ in m.get("l2_shared", {}).get("points", [])})
     for P in sorted({int(p) for p, _, _ in m.get("l2_shared", {}).get("points", [])}):
         rates = {int(g): r for p, g, r in m["l2_shared"]["points"] if int(p) == P}
@@ -705,11 +840,12 @@ def summary(m: dict, prof: dict) -> str:
 
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
-STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "l2_shared", "serial_programs", "sync")
+STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "serial", "l2_shared", "serial_programs", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
-STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (15.0, 7.0), "mma": (35.0, 15.0), "gemm": (70.0, 20.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
+STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (15.0, 7.0), "mma": (35.0, 15.0), "gemm": (70.0, 20.0),
+               "gemm_reuse": (35.0, 15.0), "mma_fp8": (15.0, 6.0), "copy": (5.0, 4.0),
                "serial": (10.0, 10.0), "l2_shared": (5.0, 3.0), "serial_programs": (12.0, 6.0), "sync": (12.0, 8.0)}
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
@@ -738,6 +874,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_mma(reps, S, gap_s, quick)
     if name == "gemm":
         return measure_gemm(reps, S, gap_s, quick)
+    if name == "gemm_reuse":
+        return measure_gemm_reuse(reps, S, gap_s, quick)
     if name == "mma_fp8":
         return measure_mma_fp8(reps, S, gap_s, quick)
     if name == "copy":

@@ -69,6 +69,11 @@ profile without it predicts as with the switch off):
                             the programs running them at once (a launch's min(P, slots); a task
                             kind's min(its tasks, resident programs)) instead of the one-program
                             scalars (``serial_step_s``)
+    USE_GEMM_REUSE_TABLE    a grouped GEMM launch's tensor rate per expert at most the reuse
+                            table's (kernel_model.gemm_reuse_<form>, calibrate step gemm_reuse:
+                            grouped GEMMs whose weight tiles are each read by r row blocks, weights
+                            from HBM) at the expert's row blocks r (``gemm_reuse_rate``): the dense
+                            table's GEMM reads each weight tile for 32 row blocks
 
 The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
 per expert (tile height adapted to small row counts, a tuned tile width) and call the same
@@ -377,6 +382,42 @@ USE_SERIAL_STEP_TABLES = False
 USE_L2_SHARED_INTAKE = False
 
 
+#: whether a grouped GEMM launch's tensor rate is capped, expert by expert, by the reuse table
+#: (kernel_model.gemm_reuse_<form>: kernels/microbench_gemm.reuse_gemm, calibrate step gemm_reuse,
+#: E experts whose weight tiles are each read by r row blocks, weights well beyond L2) read at the
+#: expert's row blocks (``gemm_reuse_rate``), where the profile has a table for the stage's loop
+#: form (or its GEMM_LOADS fallback). The hypothesis (H200 runs AH and AJ, 34 and 36): the dense
+#: table's 4096 x 4096 GEMM reads each weight tile for 32 row blocks, so its rate assumes reuse;
+#: DeepSeek-V3's multi-launch GEMM 2 at T = 4096, ~1.56 row blocks per expert, measured ~43.8 us
+#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off until
+#: a calibrate run has measured the table and its rows are re-predicted with it.
+USE_GEMM_REUSE_TABLE = False
+
+
+def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_warps, row_blocks):
+    """Tensor FLOP/s per SM of a grouped GEMM tile loop of form ``loads`` whose weight tiles are
+    each read by ``row_blocks`` row blocks (arrays broadcast over row_blocks): the reuse table
+    (kernel_model.gemm_reuse_<loads>, or its GEMM_LOADS fallback) at its nearest (BM, BN, warps)
+    shape in log distance (as ``_table_rate``), linear in log2(depth) and log2(row blocks), clamped
+    at the grid's edges; the number comes from the calibrate step gemm_reuse (the whole GPU's
+    flop / time / SMs of kernels/microbench_gemm.reuse_gemm, its weights streamed from HBM). None
+    where the profile has no table for the form, for "any", or for tiles of fewer rows than the
+    table's smallest BLOCK_M (decode tiles: their rate stays the current one). Read whatever the
+    switch; ``predict_stage`` reads it only with USE_GEMM_REUSE_TABLE on."""
+    if loads == "any" or loads not in GEMM_LOADS:
+        return None
+    grids = _km(profile).gemm_reuse_table(loads)
+    if not grids:
+        return None
+    bm, bn, w = float(block_m), float(block_n), float(num_warps)
+    shapes = np.asarray([g[0] for g in grids], dtype=np.float64)
+    if bm < shapes[:, 0].min():
+        return None
+    dist = (np.log2(bm / shapes[:, 0]) ** 2 + np.log2(bn / shapes[:, 1]) ** 2 + 0.25 * np.log2(w / shapes[:, 2]) ** 2)
+    _shape, depths, rbs, rates = grids[int(np.argmin(dist))]
+    return _loglog_grid(depths, rbs, rates, depth, row_blocks)
+
+
 def l2_shared_rate(profile: Profile, programs, group):
     """Aggregate L2 read bytes/s of ``programs`` programs reading shared tiles in groups of
     ``group`` at once (kernel_model.l2_shared_read; arrays broadcast; bilinear in log2 programs and
@@ -668,8 +709,13 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         else:
             n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=stage.get("mma_dtype") or dtype,
-                               loads=loads) / share
+        mma_dtype = stage.get("mma_dtype") or dtype
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=mma_dtype, loads=loads)
+        if USE_GEMM_REUSE_TABLE and mma_dtype == "bf16" and tpe is not None and rb is not None and sum(tpe):
+            reuse = gemm_reuse_rate(profile, loads, bm, bn, depth, warps, rows_g / bm)  # row blocks per expert
+            if reuse is not None:  # at most the reuse table's rate at each expert's row blocks
+                rate = np.minimum(rate, reuse)
+        rate = rate / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     mem = {"hbm": launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))}

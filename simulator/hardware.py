@@ -532,6 +532,8 @@ _KM_SCALARS = {
     # table's on-chip bursts (clocks and power under a GEMM's data movement)
     "mma_sustained_flops_per_s": _Num("flop/s", 0, 1e18),
 }
+#: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
+GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     # the same grid read with the weight tiles through a TMA descriptor (optional): the rate of
@@ -546,6 +548,11 @@ _KM_TABLES = {
     # a tile per program or persistent programs, pointer or TMA loads, and "_gated": GEMM 1's tile,
     # gate and up accumulators over one row tile, BLOCK_N their columns together
     **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")) for form in GEMM_LOOP_FORMS},
+    # grouped GEMMs whose weight tiles are each read by ``row_blocks`` row blocks, weights from HBM
+    # (kernels/microbench_gemm.reuse_gemm, calibrate step gemm_reuse; optional), per loop form: each
+    # (BLOCK_M, BLOCK_N, num_warps) shape's points fill a grid of depth x row_blocks. Read only
+    # behind cost.USE_GEMM_REUSE_TABLE (a launch's tensor rate at its row blocks per expert)
+    **{f"gemm_reuse_{form}": ("flop/s per SM", GEMM_REUSE_AXES) for form in GEMM_LOOP_FORMS},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
     # L2-resident weight tiles read by P programs at once, groups of g consecutive programs reading
@@ -597,6 +604,9 @@ class KernelModel:
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
     serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads them only behind its
     switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
+    gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
+    per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
+    read behind cost.USE_GEMM_REUSE_TABLE (``gemm_reuse_table``).
     """
 
     hbm_programs: tuple
@@ -637,6 +647,17 @@ class KernelModel:
     l2_shared_rate: tuple = ()
     serial_load_steps: tuple = ()
     serial_reduce_steps: tuple = ()
+    gemm_reuse: tuple = ()
+
+    def gemm_reuse_table(self, loads: str) -> tuple:
+        """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
+        loads its operands as ``loads`` (GEMM_LOADS), or of the nearest loop this profile has one
+        for (GEMM_LOADS' fallbacks); () where it has none of them."""
+        have = dict(self.gemm_reuse)
+        for name in GEMM_LOADS[loads]:
+            if have.get(name):
+                return have[name]
+        return ()
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
@@ -693,6 +714,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "serial_load_step": [],
         "serial_reduce_step": [],
         "serial_chain_step": [],
+        **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
                    hbm_read_tma="none: TMA reads price at the hbm_read table", mma=derived + ": peak x gemm_efficiency",
@@ -701,7 +723,8 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived,
                    l2_shared_read="none: L2 hits price at l2_bandwidth_bytes_per_s",
                    serial_load_step="none: serial_load_step_s", serial_reduce_step="none: serial_reduce_step_s",
-                   serial_chain_step="none")
+                   serial_chain_step="none",
+                   **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
         if not isinstance(section, dict):
@@ -729,6 +752,8 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                        serial_reduce_steps=_by_programs("serial_reduce_step", tables["serial_reduce_step"]),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
+                       gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))
+                                        for n in GEMM_LOADS if tables["gemm_reuse_" + n]),
                        occupancy=tuple(sorted(tables["occupancy"])),
                        sm_copy=tuple(sorted(tables["sm_copy"])), sources=sources, calibrated=calibrated, **d)
 
@@ -752,3 +777,15 @@ def _by_programs(key: str, pts: list) -> tuple:
     if len({p[0] for p in out}) != len(out):
         raise ProfileError(f"kernel_model.{key}.points name a program count twice: {[p[0] for p in out]}")
     return out
+
+
+def _reuse_grids(key: str, pts: list) -> tuple:
+    """A reuse table's points (BM, BN, warps, depth, row blocks, rate) -> (((BM, BN, warps), depths
+    (d,), row blocks (r,), rates (d, r)), ...) by shape; each shape's points must fill its grid of
+    depth x row_blocks (``_hbm_grid``)."""
+    out = []
+    for shape in sorted({p[:3] for p in pts}):
+        sub = [p[3:] for p in pts if p[:3] == shape]
+        what = f"depth x row_blocks of shape {[int(x) for x in shape]}"
+        out.append((shape, *_hbm_grid(key, sub, what)))
+    return tuple(out)

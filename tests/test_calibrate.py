@@ -110,6 +110,9 @@ def _fake_measurements(S=132):
                  "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)],
                  "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)],
                  "points_pointer_persistent_gated": [[128, 256, 8, d, 2.5e12] for d in (256, 4096)]},
+        "gemm_reuse": {"points_tma_ab_persistent": [[128, 256, 8, d, r, 1e12 * (1 + r / 8)] for d in (2048, 7168)
+                                                    for r in (1, 2, 4, 8, 16)],
+                       "experts": {"tma_ab_persistent 128x256x8 depth 2048": 33}},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
@@ -338,7 +341,7 @@ from triton.compiler import ASTSource
 from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as fn
 
 target = GPUTarget("cuda", 90, 32)
-ints = {"M": 4096, "N": 4096, "K": 1024}
+ints = {"M": 4096, "N": 4096, "K": 1024, "R": 32}
 nospec = set(getattr(fn, "do_not_specialize", ()) or ())
 out = {}
 for persistent, flat in ((False, False), (True, False), (True, True)):
@@ -347,7 +350,7 @@ for persistent, flat in ((False, False), (True, False), (True, True)):
         if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
             constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
-                             "GATED": persistent, "FLAT": flat, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
+                             "GATED": persistent, "FLAT": flat, "GROUPED": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):

@@ -1,5 +1,6 @@
-"""The cost model's switches for the shared-read and many-program serial tables
-(cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES):
+"""The cost model's switches for the shared-read, many-program serial and weight-reuse tables
+(cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES,
+USE_GEMM_REUSE_TABLE):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
@@ -70,7 +71,8 @@ def _router_stage():
                 bytes_per_tile=4096.0, flops_per_tile=0.0, serial_steps={"load": 56, "reduce": 8})
 
 
-SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES")
+SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
+            "USE_GEMM_REUSE_TABLE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 
 
@@ -81,10 +83,11 @@ def _all_off(monkeypatch):
 
 
 def test_switch_defaults():
-    """Run AH validated the launches' shared-read L2 hits; the tasks', the intake's and the serial
-    tables' switches stay off."""
+    """Run AH validated the launches' shared-read L2 hits; the tasks', the intake's, the serial
+    tables' and the reuse table's switches stay off."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
-                        "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False}
+                        "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
+                        "USE_GEMM_REUSE_TABLE": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -280,3 +283,143 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
         monkeypatch.setattr(cost, name, True)
     assert _repredicted(rows, base) == want  # on, but the profile has no tables
     assert _repredicted(rows, with_tables) != want  # on, with tables: they are read
+
+
+# --------------------------------------------------------------------------- the reuse table
+REUSE_AXES = ["BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks"]
+
+
+def _reuse(d, r):
+    """The synthetic reuse table: linear in log2 depth and log2 row blocks (bilinear is exact on it)."""
+    return 1e12 * (1 + np.log2(r) / 4) * (1 + np.log2(d / 1024) / 8)
+
+
+def _reuse_profile(base=None, scale=1.0):
+    """``base`` (default h200's) with gemm_reuse_tma_ab_persistent: 128 x 256, 8 warps, depths 1024
+    and 4096, r in 1, 2, 8, rate scale x _reuse(d, r); and gemm_reuse_pointer at 64 x 128, 4 warps."""
+    d = (base or load_profile("h200")).to_dict()
+    km = d.setdefault("kernel_model", {})
+    km["gemm_reuse_tma_ab_persistent"] = _table("flop/s per SM", REUSE_AXES, [
+        [128, 256, 8, dp, r, scale * float(_reuse(dp, r))] for dp in (1024, 4096) for r in (1, 2, 8)])
+    km["gemm_reuse_pointer"] = _table("flop/s per SM", REUSE_AXES, [
+        [64, 128, 4, 2048, r, scale * 0.5 * float(_reuse(2048, r))] for r in (1, 4)])
+    return validate(d)
+
+
+def test_reuse_rate_reads_as_documented():
+    p = _reuse_profile()
+    f = cost.gemm_reuse_rate
+    assert f(p, "tma_ab_persistent", 128, 256, 1024, 8, 2) == pytest.approx(_reuse(1024, 2))  # a grid point
+    assert f(p, "tma_ab_persistent", 128, 256, 2048, 8, 4) == pytest.approx(_reuse(2048, 4))  # bilinear in log2
+    assert f(p, "tma_ab_persistent", 128, 256, 16384, 8, 64) == pytest.approx(_reuse(4096, 8))  # clamped
+    assert f(p, "tma_ab_persistent", 128, 256, 512, 8, 1) == pytest.approx(_reuse(1024, 1))
+    np.testing.assert_allclose(f(p, "tma_ab_persistent", 128, 256, 1024, 8, np.array([1.0, 2.0, 3.0])),
+                               _reuse(1024, np.array([1.0, 2.0, 3.0])))  # arrays of row blocks
+    # the nearest shape; the GEMM_LOADS fallbacks (flat -> its loop; GEMM 1's TMA loop -> tma_persistent,
+    # of which none is measured here)
+    assert f(p, "tma_ab_persistent", 128, 128, 1024, 8, 2) == f(p, "tma_ab_persistent", 128, 256, 1024, 8, 2)
+    assert f(p, "tma_ab_persistent_flat", 128, 256, 1024, 8, 2) == pytest.approx(_reuse(1024, 2))
+    assert f(p, "pointer_gated", 64, 128, 2048, 4, 2) == pytest.approx(0.5 * _reuse(2048, 2))
+    assert f(p, "tma_persistent_gated", 128, 256, 1024, 8, 2) is None
+    # none for "any", tiles below the table's smallest BLOCK_M, profiles without a table
+    assert f(p, "any", 128, 256, 1024, 8, 2) is None
+    assert f(p, "pointer", 32, 128, 2048, 4, 2) is None
+    assert f(load_profile("h200"), "tma_ab_persistent", 128, 256, 1024, 8, 2) is None
+
+
+def _reuse_stage(loads="tma_ab_persistent"):
+    """A grouped GEMM 2 launch of 128 x 256 tiles, experts of 1, 3 and 10 row blocks, 28 N tiles."""
+    be, nt, K = (1, 3, 10), 28, 2048
+    ob = {"a": 128 * K * 2.0, "b": 256 * K * 2.0, "out": 128 * 256 * 2.0}
+    return dict(name="gemm2", kernel="_k", active_programs=sum(be) * nt,
+                tile=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, GROUP_M=8, variant="tma_persistent"),
+                bytes_per_tile=sum(ob.values()), flops_per_tile=2 * 128 * 256 * K, operand_bytes_per_tile=ob,
+                row_blocks_per_expert=be, tiles_per_expert=tuple(b * nt for b in be),
+                work_tile={"m": 128, "n": 256, "depth": K}, loads=loads, mma_dtype="bf16")
+
+
+def test_reuse_switch_caps_each_experts_rate_and_nothing_else(monkeypatch):
+    """Off: the table is not read. On: each expert's rate is min(the dense path's, the reuse table's
+    at its row blocks), the waves over the experts as before; the memory, serial, launch terms
+    stay; a table above the dense rate everywhere changes nothing; fp8 stages, 16-row tiles and
+    stages without row blocks per expert keep their rate; the task plans are untouched."""
+    p, q = _reuse_profile(scale=0.1), load_profile("h200")  # scale 0.1: below the dense rate at small r
+    g = _reuse_stage()
+    off = cost.predict_stage(g, p)
+    assert off == cost.predict_stage(g, q)  # off: as without the table
+    plan = _task_plan()
+    t_off = cost.predict_task_plan(plan, p, num_programs=264)
+    monkeypatch.setattr(cost, "USE_GEMM_REUSE_TABLE", True)
+    on = cost.predict_stage(g, p)
+    dense = cost.mma_rate_per_sm(p, 128, 256, 2048, 8, loads="tma_ab_persistent")
+    rate = np.minimum(dense, 0.1 * _reuse(2048, np.array([1.0, 3.0, 8.0])))  # 10 row blocks: clamped at 8
+    assert rate[0] < dense  # the 1-row-block expert is capped
+    occ = cost.occupancy(p, 8)
+    slots, P = 132 * occ, g["active_programs"]
+    share = min(occ, -(-min(P, slots) // 132))  # programs sharing an SM's tensor cores
+    want = cost.waves_s(np.array([28.0, 84.0, 280.0]), g["flops_per_tile"] / (rate / share), slots)
+    assert on.compute_us == pytest.approx(want * 1e6) and on.compute_us > off.compute_us
+    for fld in ("memory_us", "serial_us", "launch_us", "overhead_us", "waves", "occupancy", "memory_term"):
+        assert getattr(on, fld) == getattr(off, fld), fld
+    assert cost.predict_stage(g, _reuse_profile(scale=1e3)) == off  # never above the dense path's rate
+    assert cost.predict_stage(g, q) == off  # on, no table
+    assert cost.predict_stage(dict(g, mma_dtype="fp8"), p) == cost.predict_stage(dict(g, mma_dtype="fp8"), q)
+    no_rb = {k: v for k, v in g.items() if k not in ("row_blocks_per_expert", "tiles_per_expert")}
+    assert cost.predict_stage(no_rb, p) == cost.predict_stage(no_rb, q)
+    assert cost.predict_stage(_gemm_stage(), p) == cost.predict_stage(_gemm_stage(), q)  # 16-row tiles
+    assert cost.predict_task_plan(plan, p, num_programs=264) == t_off
+
+
+RUN36 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run36"
+#: run 36's rows re-predicted with its profile by HEAD's code before the reuse term (commit 193f1ce):
+#: (preset, T, routing, backend) -> (predicted_us, gemm2 us)
+RUN36_HEAD = {("deepseek-v3", 4096, "uniform", "multi"): (7867.137627555149, 2327.820689913437),
+              ("deepseek-v3", 16384, "uniform", "multi"): (23398.559413391944, 6654.077891065244),
+              ("qwen3-30b-a3b", 512, "uniform", "multi"): (332.28597743343585, 102.44359110751975),
+              ("deepseek-v3", 4096, "uniform", "megakernel"): (9543.892441301952, 3358.7768206443006)}
+
+
+def _run36_reuse_profile(base, low: float):
+    """Run 36's profile with reuse tables for its prefill GEMMs' loops (GEMM 1 tma_persistent_gated,
+    GEMM 2 tma_ab_persistent, 128 x 256, 8 warps) at ``low`` x the dense table's rate at r = 1,
+    rising to 1.2 x (above it: the cap leaves the experts of 8+ row blocks alone)."""
+    d = base.to_dict()
+    frac = {1: low, 2: (1 + low) / 2, 4: 0.95, 8: 1.2, 16: 1.2}
+    for form in ("tma_persistent_gated", "tma_ab_persistent"):
+        d["kernel_model"][f"gemm_reuse_{form}"] = _table("flop/s per SM", REUSE_AXES, [
+            [128, 256, 8, dp, r, f * float(cost.mma_rate_per_sm(base, 128, 256, dp, 8, loads=form))]
+            for dp in (2048, 7168) for r, f in frac.items()])
+    return validate(d)
+
+
+@pytest.mark.skipif(not (RUN36 / "profile.json").exists(), reason="stored run 36 not in this checkout")
+def test_reuse_switch_on_stored_rows_of_run36(monkeypatch):
+    """Off (with or without a reuse table): run 36's rows re-predict as HEAD's code did. On, with a
+    synthetic table whose r = 1 rate is half the dense table's: DeepSeek-V3 T = 4096 multi (~1.56
+    row blocks per expert) is predicted slower, its GEMM 2 too; the megakernel row (task plans:
+    not priced by the term) is unchanged."""
+    from megamoe.repredict import repredict_rows
+
+    rows = [json.loads(line) for line in (RUN36 / "validation_2026-12-02.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("phase") == "measurement" and r.get("profile") == "h200-calibrated"
+            and (r["preset"], r["T"], r["routing"], r["backend"]) in RUN36_HEAD]
+    assert len(rows) == len(RUN36_HEAD)
+    base = load_profile(str(RUN36 / "profile.json"))
+    with_table = _run36_reuse_profile(base, 0.5)
+
+    def predicted(profile):
+        out, _ = repredict_rows(rows, profile)
+        return {(r["preset"], r["T"], r["routing"], r["backend"]): (r["predicted_us"], r["predicted_stages"]["gemm2"]["us"])
+                for r in out}
+
+    off = predicted(base)
+    for key, (total, g2) in RUN36_HEAD.items():
+        assert off[key] == (pytest.approx(total, rel=1e-12), pytest.approx(g2, rel=1e-12)), key
+    assert predicted(with_table) == off  # switch off: the table is not read
+    monkeypatch.setattr(cost, "USE_GEMM_REUSE_TABLE", True)
+    assert predicted(base) == off  # on, no table
+    on = predicted(with_table)
+    ds = ("deepseek-v3", 4096, "uniform", "multi")
+    assert on[ds][0] > off[ds][0] * 1.02 and on[ds][1] > off[ds][1]
+    mk = ("deepseek-v3", 4096, "uniform", "megakernel")
+    assert on[mk] == off[mk]
