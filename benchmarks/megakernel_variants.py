@@ -311,9 +311,13 @@ VARIANTS = {
     "fp8pf_bn128": (_fp8_fast(block_n=128, convert="cast"), "FP8: fp8pf with 128-column GEMM tiles (with FP8 "
                                                             "activations, where there is no conversion)"),
 }
-#: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile)
+#: the variants timed at T = 1 and at T > 1 (each is a 15-30 s compile). At T = 8-64, stream-K
+#: segments: the only layout whose GEMM tasks follow the device's counts (one segment per program
+#: whatever the routing), where every token on the same experts leaves the default 48 GEMM 1 tasks
+#: for 132 programs (Qwen3-30B-A3B T = 64, run AJ: 2.9x the floor); predicted 0.80-0.99x the default
+#: there, 0.98-1.01x uniform (NOTES-gpu-runs.md, after run AJ)
 T1_VARIANTS = ("reach", "noreach")
-MID_VARIANTS = ("fcomb",)
+MID_VARIANTS = ("sk",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T

@@ -1,9 +1,10 @@
 """The cost model's prediction of megakernel variants against the default, before a GPU run times them.
 
     python benchmarks/predict_variants.py --profile benchmarks/results/validation_2026-12-01_run26/profile.json \
-        --variants slice --tokens 1,8 [--presets a,b] [--calls 8]
+        --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated]
 
-For each preset and T: a uniform random routing (seed 0), the default config
+For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
+experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default config
 (kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
 plans (reference.tiles.task_plan) priced by simulator.cost.predict_task_plan with the profile (a
 calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
@@ -44,20 +45,25 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,8")
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--calls", type=int, default=8)
+    p.add_argument("--routing", choices=("uniform", "concentrated"), default="uniform")
     a = p.parse_args(argv)
     prof = load_profile(a.profile)
     rng = np.random.default_rng(0)
     for name in a.presets.split(","):
         cfg = kb.bench_config(name)  # the preset as bench_megakernel.py times it (DeepSeek-V3: routed experts)
         for T in (int(t) for t in a.tokens.split(",")):
-            idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
-            counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
+            if a.routing == "concentrated":
+                counts = np.zeros(cfg.num_experts, dtype=np.int64)
+                counts[:cfg.top_k] = T
+            else:
+                idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
+                counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
             base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                           cfg.shared_intermediate_size, T, num_sms=prof.num_sms)
             runs = variant_configs(base, a.variants.split(","))
             us = {v: predict(cfg, counts, T, mk, prof, a.calls) for v, mk in runs}
             d = us["default"]
-            print(f"{name} T={T}: default {d:.1f} us" + "".join(f", {v} {u:.1f} ({u / d:.2f})"
+            print(f"{name} T={T} {a.routing}: default {d:.1f} us" + "".join(f", {v} {u:.1f} ({u / d:.2f})"
                                                              for v, u in us.items() if v != "default"))
     return 0
 
