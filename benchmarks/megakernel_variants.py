@@ -339,8 +339,9 @@ def _no_each_without_its_layout(mk: dict) -> dict:
     """A variant that gives the layer expert_slice tasks or stream-K segments leaves the default's
     tiles["router"]["EACH"] out: GEMM 1 tasks route the token themselves only with GEMM 1 and GEMM 2
     tiles (reference.tiles.task_layout refuses the rest; run AJ's trace of "sk" met that)."""
-    t = mk["tiles"]
-    if t["router"].get("EACH") and (t["gemm1"].get("SLICE") or t["order"].get("STREAM_K")):
+    from megamoe.reference.tiles import route_each_takes
+
+    if mk["tiles"]["router"].get("EACH") and not route_each_takes(mk["tiles"]):
         mk = copy.deepcopy(mk)
         mk["tiles"]["router"].pop("EACH")
     return mk

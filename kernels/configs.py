@@ -32,6 +32,7 @@ from functools import cache
 from pathlib import Path
 
 from ..reference.sizes import FP8_BLOCK
+from ..reference.tiles import route_each_takes
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
@@ -385,9 +386,7 @@ def route_each(mk: dict) -> dict:
     (tiles["router"]["EACH"] = 1) instead of waiting for the top-k task's align and signal (H200
     run AF's trace: 1.8 us, then a handoff); unchanged unless the config is single-token with a
     split router, two-GEMM tiles and whole tiles (what the kernel's EACH branch takes)."""
-    t = mk["tiles"]
-    if not (mk.get("single_token") and t["router"]["SPLIT"] > 1 and not t["gemm1"].get("SLICE")
-            and not t["order"].get("STREAM_K")):
+    if not (mk.get("single_token") and mk["tiles"]["router"]["SPLIT"] > 1 and route_each_takes(mk["tiles"])):
         return mk
     mk = copy.deepcopy(mk)
     mk["tiles"]["router"]["EACH"] = 1

@@ -226,6 +226,14 @@ def stream_k(tiles: dict) -> bool:
     return bool(tiles["order"].get("STREAM_K", 0))
 
 
+def route_each_takes(tiles: dict) -> bool:
+    """Whether tiles["router"]["EACH"] (GEMM 1 tasks route the token themselves) can apply to this
+    layout: GEMM 1 and GEMM 2 tiles, whole (no expert_slice tasks, no stream-K segments). With one
+    token and a split router besides, ``task_layout`` takes EACH; configs.route_each and the
+    benchmarks' variants ask this before setting or keeping it."""
+    return not slice_width(tiles) and not stream_k(tiles)
+
+
 def num_segments(num_tiles: int, k_tiles: int, num_programs: int, streamed: bool) -> int:
     """Q of a GEMM phase: one segment per tile, or (stream-K) one per program but never more than
     the units (the kernel computes the same integers)."""
@@ -379,7 +387,7 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
                          f"{config.name} has a shared MLP (shared_intermediate_size={Is})")
     off_comb = off_shared1 + Ms if in_g2 else -1
     each = bool(tiles["router"].get("EACH", 0))
-    if each and (T > 1 or split <= 1 or slice_width(tiles) or stream_k(tiles)):
+    if each and (T > 1 or split <= 1 or not route_each_takes(tiles)):
         raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token "
                          f"and a split router, with GEMM 1 tiles: got T={T}, SPLIT ranges {split}, "
                          f"SLICE {slice_width(tiles)}, STREAM_K {int(stream_k(tiles))}")
