@@ -240,6 +240,14 @@ def mma_rate_per_sm(profile: Profile, block_m, block_n, depth, num_warps, rows=N
     return rate * scale
 
 
+def _nearest_shape(shapes: np.ndarray, block_m, block_n, num_warps) -> np.ndarray:
+    """Index into ``shapes`` ((n, 3): BLOCK_M, BLOCK_N, warps) of the calibrated tile shape nearest
+    each query (arrays broadcast): squared log2 distance, warps weighted a quarter."""
+    bm, bn, w = (np.asarray(v, dtype=np.float64)[..., None] for v in (block_m, block_n, num_warps))
+    dist = np.log2(bm / shapes[:, 0]) ** 2 + np.log2(bn / shapes[:, 1]) ** 2 + 0.25 * np.log2(w / shapes[:, 2]) ** 2
+    return np.argmin(dist, axis=-1)
+
+
 def _table_rate(table: tuple, block_m, block_n, depth, num_warps):
     """A calibrated mma table ((BM, BN, warps, depth, flop/s per SM), ...) read at the nearest
     (BM, BN, warps) shape in log distance, interpolated in log2(depth); a float for scalar inputs."""
@@ -250,9 +258,7 @@ def _table_rate(table: tuple, block_m, block_n, depth, num_warps):
     bm, bn, dp, w = np.broadcast_arrays(bm, bn, dp, w)
     tab = np.asarray(table)  # (m, 5)
     shapes = np.unique(tab[:, :3], axis=0)
-    dist = (np.log2(bm[..., None] / shapes[:, 0]) ** 2 + np.log2(bn[..., None] / shapes[:, 1]) ** 2
-            + 0.25 * np.log2(w[..., None] / shapes[:, 2]) ** 2)
-    pick = np.argmin(dist, axis=-1)
+    pick = _nearest_shape(shapes, bm, bn, w)
     out = np.empty(bm.shape)
     for j, sh in enumerate(shapes):
         m = pick == j
@@ -409,12 +415,10 @@ def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_w
     grids = _km(profile).gemm_reuse_table(loads)
     if not grids:
         return None
-    bm, bn, w = float(block_m), float(block_n), float(num_warps)
     shapes = np.asarray([g[0] for g in grids], dtype=np.float64)
-    if bm < shapes[:, 0].min():
+    if float(block_m) < shapes[:, 0].min():
         return None
-    dist = (np.log2(bm / shapes[:, 0]) ** 2 + np.log2(bn / shapes[:, 1]) ** 2 + 0.25 * np.log2(w / shapes[:, 2]) ** 2)
-    _shape, depths, rbs, rates = grids[int(np.argmin(dist))]
+    _shape, depths, rbs, rates = grids[int(_nearest_shape(shapes, float(block_m), float(block_n), float(num_warps)))]
     return _loglog_grid(depths, rbs, rates, depth, row_blocks)
 
 

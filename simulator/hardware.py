@@ -653,21 +653,22 @@ class KernelModel:
         """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
         loads its operands as ``loads`` (GEMM_LOADS), or of the nearest loop this profile has one
         for (GEMM_LOADS' fallbacks); () where it has none of them."""
-        have = dict(self.gemm_reuse)
-        for name in GEMM_LOADS[loads]:
-            if have.get(name):
-                return have[name]
-        return ()
+        return _first_table(dict(self.gemm_reuse).get, loads)
 
     def gemm_table(self, loads: str) -> tuple:
         """The dense-GEMM table of a tile loop that loads its operands as ``loads`` (GEMM_LOADS),
         or, where this profile lacks it, of the nearest loop it has (GEMM_LOADS' fallbacks); ()
         where it has none of them."""
-        for name in GEMM_LOADS[loads]:
-            t = getattr(self, "gemm_" + name)
-            if t:
-                return t
-        return ()
+        return _first_table(lambda name: getattr(self, "gemm_" + name), loads)
+
+
+def _first_table(table_of, loads: str) -> tuple:
+    """The first non-empty ``table_of(form)`` along ``loads``' fallbacks (GEMM_LOADS[loads]), or ()."""
+    for name in GEMM_LOADS[loads]:
+        t = table_of(name)
+        if t:
+            return t
+    return ()
 
 
 def _check_table(path: str, entry: Any, unit: str, over: tuple) -> list:
