@@ -156,6 +156,13 @@ def _check_buffer(name: str, b, need_rows: int, like: torch.Tensor | None) -> to
     return b
 
 
+def _check_per_rank(name: str, buffers, num_ranks: int) -> None:
+    """``buffers`` is a list (or tuple) of one tensor per rank."""
+    if not isinstance(buffers, (list, tuple)) or len(buffers) != num_ranks:
+        n = len(buffers) if isinstance(buffers, (list, tuple)) else type(buffers).__name__
+        raise InputError(f"need one {name} buffer per rank: got {n} for {num_ranks} ranks")
+
+
 def _check_device(t: torch.Tensor) -> None:
     if t.device.type == "cpu" and not _interpreting():
         raise InputError("the buffers are on the CPU: the Triton kernel runs there only with TRITON_INTERPRET=1 "
@@ -166,20 +173,21 @@ def _check_device(t: torch.Tensor) -> None:
 
 def _launch(table: np.ndarray, lo: int, hi: int, local: torch.Tensor, remotes: list[torch.Tensor], push: bool,
             num_programs: int | None) -> None:
+    if num_programs is not None and (isinstance(num_programs, bool) or not isinstance(num_programs, int)
+                                     or num_programs < 1):  # checked even where there is nothing to copy
+        raise InputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
     W = _row_width(local)
     if hi <= lo or W == 0:
         return
-    if num_programs is not None and (isinstance(num_programs, bool) or not isinstance(num_programs, int)
-                                     or num_programs < 1):
-        raise InputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
     dev = local.device
     ptrs = [int(b.data_ptr()) for b in remotes]
     peers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
-    copies = torch.from_numpy(table).to(dev)
+    mine = np.ascontiguousarray(table[lo:hi])  # this rank's copies only go to the device
+    copies = torch.from_numpy(mine).to(dev)
     block_w = min(triton.next_power_of_2(W), MAX_BLOCK_W)
-    longest = int(table[lo:hi, 3].max())
+    longest = int(mine[:, 3].max())
     block_r = max(1, min(triton.next_power_of_2(longest), TILE_ELEMENTS // block_w))
-    tiles = int((-(-table[lo:hi, 3] // block_r)).sum()) * -(-W // block_w)
+    tiles = int((-(-mine[:, 3] // block_r)).sum()) * -(-W // block_w)
     if num_programs is None:
         if dev.type == "cuda":
             num_programs = torch.cuda.get_device_properties(dev).multi_processor_count * PROGRAMS_PER_SM
@@ -187,7 +195,7 @@ def _launch(table: np.ndarray, lo: int, hi: int, local: torch.Tensor, remotes: l
             num_programs = INTERPRET_PROGRAMS
     grid = (max(1, min(num_programs, tiles)),)
     aligned = all(p % 16 == 0 for p in ptrs)
-    _copy_rows_kernel[grid](local, peers, copies, lo, hi, W=W, PUSH=push, ALIGNED=aligned, BLOCK_R=block_r,
+    _copy_rows_kernel[grid](local, peers, copies, 0, len(mine), W=W, PUSH=push, ALIGNED=aligned, BLOCK_R=block_r,
                             BLOCK_W=block_w)
 
 
@@ -204,9 +212,7 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
     """
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
-    if not isinstance(send_buffers, (list, tuple)) or len(send_buffers) != R:
-        n = len(send_buffers) if isinstance(send_buffers, (list, tuple)) else type(send_buffers).__name__
-        raise InputError(f"need one send buffer per rank: got {n} for {R} ranks")
+    _check_per_rank("send", send_buffers, R)
     first = _check_buffer("send buffer of rank 0", send_buffers[0], int(pull.send_rows[0]), None)
     bufs = [first] + [_check_buffer(f"send buffer of rank {s}", b, int(pull.send_rows[s]), first)
                       for s, b in enumerate(send_buffers[1:], start=1)]
@@ -236,9 +242,7 @@ def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combi
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     partial = _check_buffer(f"partial buffer of rank {rank}", partial, int(pull.recv_rows[rank]), None)
-    if not isinstance(combine_buffers, (list, tuple)) or len(combine_buffers) != R:
-        n = len(combine_buffers) if isinstance(combine_buffers, (list, tuple)) else type(combine_buffers).__name__
-        raise InputError(f"need one combine buffer per rank: got {n} for {R} ranks")
+    _check_per_rank("combine", combine_buffers, R)
     bufs = [_check_buffer(f"combine buffer of rank {s}", b, int(pull.send_rows[s]), partial)
             for s, b in enumerate(combine_buffers)]
     if bufs[rank].device != partial.device:

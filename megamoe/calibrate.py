@@ -487,6 +487,7 @@ def measure_gemm_reuse(reps: int, S: int, gap_s: float, quick: bool = False, l2_
     rbs = GEMM_REUSE_ROW_BLOCKS_QUICK if quick else GEMM_REUSE_ROW_BLOCKS
     out: dict = {}
     failed: dict[str, str] = {}
+    failed_shapes: set[tuple] = set()  # (form, BLOCK_M, BLOCK_N, warps) of the failed cases
     experts: dict[str, int] = {}
     for form, bm, bn, warps, bk, n_out, depths in GEMM_REUSE_CASES:
         gated = LOADS[form].gated
@@ -511,13 +512,12 @@ def measure_gemm_reuse(reps: int, S: int, gap_s: float, quick: bool = False, l2_
                             - gap_s, 1e-7)
                 except Exception as exc:  # noqa: BLE001 - one case failing keeps the others' points
                     failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                    failed_shapes.add((form, bm, bn, warps))
                     break
                 out.setdefault(f"points_{form}", []).append([bm, bn, warps, d, r, 2.0 * M * n_w * d / t / S])
             del w, a, c
             torch.cuda.empty_cache()
-    for key in failed:  # a shape with some points missing would not fill its grid: drop the shape
-        form, shape = key.split(" ")
-        bm, bn, warps = (int(x) for x in shape.split("x"))
+    for form, bm, bn, warps in failed_shapes:  # a shape with some points missing would not fill its grid: drop it
         pts = [p for p in out.get(f"points_{form}", []) if (p[0], p[1], p[2]) != (bm, bn, warps)]
         if pts:
             out[f"points_{form}"] = pts
