@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=520.0, help="stop starting new rows after this many seconds")
     p.add_argument("--warm", action="store_true", help="compile every kernel first, in parallel processes")
     p.add_argument("--variant-tokens", default="1", help="T at which --variants are timed (uniform and, at 8, 64 and 512, concentrated routing)")
+    p.add_argument("--variant-names", default="", help="comma-separated megakernel_variants.VARIANTS to time "
+                   "with --variants instead of the default ones per T (variant_names)")
     p.add_argument("--trace-cases", default="", help="preset:T cases whose traced kernel the warm-up compiles "
                    "too (for megakernel_trace.py run next)")
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
@@ -65,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [s for s in args.presets.split(",") if s not in kb.PRESETS]
     if bad:
         p.error(f"unknown preset(s) {bad}; presets: {', '.join(kb.PRESETS)}")
+    bad = [s for s in args.variant_names.split(",") if s and s not in VARIANTS]
+    if bad:
+        p.error(f"unknown variant(s) {bad}; variants: {', '.join(VARIANTS)}")
     return args
 
 
@@ -103,9 +108,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     tokens = [int(t) for t in args.tokens.split(",")]
     vtokens = {int(t) for t in args.variant_tokens.split(",")} if args.variants else set()
+    names = tuple(n for n in args.variant_names.split(",") if n) or None
     if args.warm:
         traced = [(c.split(":")[0], int(c.split(":")[1])) for c in args.trace_cases.split(",") if c]
-        jobs = warm_jobs(args.presets.split(","), tokens, sorted(vtokens), traced, fp8=fp8)
+        jobs = warm_jobs(args.presets.split(","), tokens, sorted(vtokens), traced, fp8=fp8, names=names)
         warm(jobs, args.budget / 2, log=lambda m: print(m, flush=True))
         print(f"# warm-up done in {time.time() - t0:.0f} s", flush=True)
     ceil = kb.measure_ceilings()
@@ -173,7 +179,7 @@ def main(argv=None) -> int:
                         row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 if backend_ok and T in vtokens:  # both routings: a variant's gain may be one routing's loss
                     row["variants"] = []
-                    for vname, mk in variant_configs(base, variant_names(T, fp8))[1:]:
+                    for vname, mk in variant_configs(base, names or variant_names(T, fp8))[1:]:
                         try:
                             y = megakernel_forward(xs[0], ours, cfg, mk=mk, fp8=fp8)
                             rep = check(y)

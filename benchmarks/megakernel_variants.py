@@ -402,12 +402,14 @@ def _warm_job(name: str, T: int, what: str, fp8: str | None = None) -> str:
         return f"{name}:{T} {what}" + (f" fp8:{fp8}" if fp8 else "") + f" {type(exc).__name__}"
 
 
-def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=(), fp8: str | None = None) -> list:
+def warm_jobs(presets, tokens, variant_tokens=(), trace_cases=(), trace_variants=(), fp8: str | None = None,
+              names=None) -> list:
     """(preset, T, what, fp8) jobs: both backends at every (preset, T); each variant of
-    ``variant_names`` at variant_tokens; the traced default and trace_variants at the (preset, T)
-    of trace_cases (bf16). ``fp8``: the rows' and variants' FP8 mode (bench_megakernel.py --fp8)."""
+    ``variant_names`` (or of ``names``, where given) at variant_tokens; the traced default and
+    trace_variants at the (preset, T) of trace_cases (bf16). ``fp8``: the rows' and variants' FP8
+    mode (bench_megakernel.py --fp8)."""
     jobs = [(n, T, "backends", fp8) for n in presets for T in tokens]
-    jobs += [(n, T, v, fp8) for n in presets for T in variant_tokens for v in variant_names(T, fp8)]
+    jobs += [(n, T, v, fp8) for n in presets for T in variant_tokens for v in (names or variant_names(T, fp8))]
     jobs += [(n, T, f"trace:{v}", None) for n, T in trace_cases for v in ("default", *trace_variants)]
     return jobs
 

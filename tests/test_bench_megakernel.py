@@ -32,6 +32,18 @@ def test_fp8_option_and_its_warm_up_jobs():
     assert not mv.can_start((1.0, False), [(1.0, False)] * 14, 14, 100.0)
 
 
+def test_variant_names_option_names_the_variants_timed():
+    """--variant-names replaces the per-T defaults in the warm-up and the timing; an unknown name is
+    refused before any GPU work."""
+    bm, mv = _load("bench_megakernel"), _load("megakernel_variants")
+    a = bm.parse_args(["--out", "x", "--variants", "--variant-tokens", "8,64", "--variant-names", "sk,n64tma"])
+    assert a.variant_names == "sk,n64tma"
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--out", "x", "--variant-names", "sk,nosuch"])
+    jobs = mv.warm_jobs(["qwen3-30b-a3b"], [64], [8, 64], names=("sk", "n64tma"))
+    assert [j[1:3] for j in jobs[1:]] == [(8, "sk"), (8, "n64tma"), (64, "sk"), (64, "n64tma")]
+
+
 @pytest.mark.parametrize("name,T", [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8), ("gpt-oss-120b", 1)])
 def test_fp8_variants_are_distinct_legal_configs(name, T):
     """Each FP8 variant of the H200 decode config is a config of its own that the FP8 megakernel
