@@ -348,9 +348,10 @@ def _no_each_without_its_layout(mk: dict) -> dict:
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
-    """[(name, config)] for the default and each named variant that differs from it."""
+    """[(name, config)] for the default and each named variant that differs from it (``names`` None:
+    every variant; an empty list: the default alone, as megakernel_trace.py asks without --variants)."""
     out = [("default", base)]
-    for n in (names or VARIANTS):
+    for n in (VARIANTS if names is None else names):
         mk = _no_each_without_its_layout(VARIANTS[n][0](base))
         if mk != base and all(mk != m for _, m in out):
             out.append((n, mk))

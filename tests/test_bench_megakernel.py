@@ -154,3 +154,14 @@ def test_every_t1_variant_gives_a_layout_the_kernel_takes():
     for _name, mk in mv.variant_configs(base, names):
         task_layout(cfg, 1, mk["tiles"])  # raises InputError for a layout the kernel refuses
     assert dict(mv.variant_configs(base, ["noreach"]))["noreach"]["tiles"]["router"].get("EACH") is None
+
+
+def test_variant_configs_of_no_names_is_the_default_alone():
+    """megakernel_trace.py without --variants asks for [] and must trace the default only (run AL
+    traced every variant of its first case and ran out of time); None still means every variant."""
+    from megamoe.kernels import configs as cfgs
+
+    mv = _load("megakernel_variants")
+    base = cfgs.megakernel_config(128, 2048, 768, 8, 0, 64, num_sms=132)
+    assert [n for n, _ in mv.variant_configs(base, [])] == ["default"]
+    assert len(mv.variant_configs(base, None)) > 2
