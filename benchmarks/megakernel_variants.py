@@ -229,6 +229,14 @@ def _route_once(mk):
     return mk
 
 
+def _no_align_each(mk):
+    """The scan and scatter tasks, not GEMM 1 tasks placing their own rows (tiles["router"]["ALIGN_EACH"]
+    off: the default from T = 2 to configs.ALIGN_EACH_MAX_T since this session)."""
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["router"].pop("ALIGN_EACH", None)
+    return mk
+
+
 def _slices_t_split(n: int):
     """slice_t with the decode router's logits over n ranges of H (both halves of the T = 1 layer's
     gap in one config: the router's chain and the weights' streaming)."""
@@ -286,6 +294,8 @@ VARIANTS = {
                               "slots for every token (no combine tasks, no wait for all of GEMM 2)"),
     "slice_t_r32": (_slices_t_split(32), "slice_t with the router's logits over 32 ranges of H"),
     "two_gemm": (_no_slices, "GEMM 1 and GEMM 2 tiles, not expert_slice tasks"),
+    "noaeach": (_no_align_each, "the align as scan and scatter tasks, not each GEMM 1 task placing its block's rows "
+                                "from the top-k tasks' histograms and the routing"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
@@ -337,14 +347,13 @@ def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:
 
 def _no_each_without_its_layout(mk: dict) -> dict:
     """A variant that gives the layer expert_slice tasks or stream-K segments leaves the default's
-    tiles["router"]["EACH"] out: GEMM 1 tasks route the token themselves only with GEMM 1 and GEMM 2
-    tiles (reference.tiles.task_layout refuses the rest; run AJ's trace of "sk" met that)."""
-    from megamoe.reference.tiles import route_each_takes
+    tiles["router"]["EACH"] and ["ALIGN_EACH"] out (reference.tiles.fit_router_switches): GEMM 1 tasks
+    route the token or place their rows themselves only with GEMM 1 and GEMM 2 tiles (task_layout
+    refuses the rest; run AJ's trace of "sk" met that)."""
+    from megamoe.reference.tiles import fit_router_switches
 
-    if mk["tiles"]["router"].get("EACH") and not route_each_takes(mk["tiles"]):
-        mk = copy.deepcopy(mk)
-        mk["tiles"]["router"].pop("EACH")
-    return mk
+    tiles = fit_router_switches(mk["tiles"])
+    return mk if tiles is mk["tiles"] else {**copy.deepcopy(mk), "tiles": copy.deepcopy(tiles)}
 
 
 def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:

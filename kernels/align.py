@@ -161,6 +161,55 @@ def _scan_kernel(
 
 
 @triton.jit
+def _hist_layout(hist_ptr, G, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The padded layout from the top-k tasks' histograms hist (G, E), without storing it (the
+    megakernel's ALIGN_EACH: every task past the static ones reads it itself): (counts, first
+    padded row, padded end of each expert (BLOCK_E,), e_mask, row blocks B). The sums of _scan's."""
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E
+    counts = tl.zeros((BLOCK_E,), tl.int32)
+    for c0 in range(0, G, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        m = (offs_c < G)[:, None] & e_mask[None, :]
+        counts += tl.sum(tl.load(hist_ptr + offs_c[:, None] * E + offs_e[None, :], mask=m, other=0), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    incl = tl.cumsum(padded, axis=0)
+    return counts, incl - padded, incl, e_mask, tl.sum(padded, axis=0) // BLOCK_M
+
+
+@triton.jit
+def _expert_of_block(b, incl, e_mask, BLOCK_M: tl.constexpr):
+    """The expert whose padded range holds row block b (as _finish_offsets' block_expert)."""
+    return tl.sum(tl.where(e_mask & (incl <= b * BLOCK_M), 1, 0), axis=0)
+
+
+@triton.jit
+def _place_block(b, e, counts, start, topk_idx_ptr, TK, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+                 K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Row block b's padded rows, from the routing alone (ALIGN_EACH): block b of expert e holds the
+    pairs of e ranked [b BLOCK_M - start[e], + BLOCK_M) in pair order (= token order: a token picks
+    an expert once), -1 past its count: the rows _scatter_block and _finish_offsets would store.
+    topk_idx (T*K,) int32 = TK pairs (<= BLOCK_P); counts, start (BLOCK_E,) from _hist_layout."""
+    offs_e = tl.arange(0, BLOCK_E)
+    r0 = b * BLOCK_M - tl.sum(tl.where(offs_e == e, start, 0), axis=0)  # the block's first rank within e
+    n_e = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
+    offs_p = tl.arange(0, BLOCK_P)
+    idx = tl.load(topk_idx_ptr + offs_p, mask=offs_p < TK, other=-1)
+    hit = (idx == e).to(tl.int32)
+    rank = tl.cumsum(hit, axis=0) - hit
+    sel = (hit > 0) & (rank >= r0) & (rank < r0 + BLOCK_M)
+    dest = b * BLOCK_M + rank - r0
+    tl.store(padded_token_ptr + dest, offs_p // K, mask=sel)
+    tl.store(padded_pair_ptr + dest, offs_p, mask=sel)
+    offs_j = tl.arange(0, BLOCK_M)
+    pad = offs_j >= n_e - r0
+    neg = tl.full((BLOCK_M,), -1, tl.int32)
+    tl.store(padded_token_ptr + b * BLOCK_M + offs_j, neg, mask=pad)
+    tl.store(padded_pair_ptr + b * BLOCK_M + offs_j, neg, mask=pad)
+    tl.store(block_expert_ptr + b, e)
+
+
+@triton.jit
 def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """Token block pid of a routing made elsewhere: (idx (BLOCK_T, BLOCK_K), in-range mask, pairs per

@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import route_each_takes
+from ..reference.tiles import align_each_takes, route_each_takes
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
@@ -393,6 +393,24 @@ def route_each(mk: dict) -> dict:
     return mk
 
 
+#: the most tokens at which the default config takes ALIGN_EACH (the decode buckets, where the align
+#: chain is a large share of the layer; measured at T = 8 and 64)
+ALIGN_EACH_MAX_T = 64
+
+
+def align_each(mk: dict, T: int, H: int, K: int) -> dict:
+    """A config whose GEMM 1 tasks place their own row block's rows from the routing, with no scan
+    and scatter tasks (tiles["router"]["ALIGN_EACH"] = 1; H200 run AL's trace, Qwen3-30B-A3B T = 64
+    concentrated: the scan and the scatter took 8.5 us between the top-k tasks and GEMM 1);
+    unchanged where reference.tiles.align_each_takes says it cannot apply (one top-k task, more than
+    ALIGN_EACH_MAX_PAIRS pairs, expert_slice tasks, stream-K, EACH)."""
+    if T > ALIGN_EACH_MAX_T or not align_each_takes(T, H, K, mk["tiles"]):
+        return mk
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["router"]["ALIGN_EACH"] = 1
+    return mk
+
+
 def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int,
                       interpret: bool = False, routing_given: bool = False, fp8: str | None = None) -> dict:
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
@@ -422,7 +440,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
-    return mk
+    return align_each(mk, T, H, K)
 
 
 #: the rank top-k (routing._route_block's RANK: tokens x experts^2 compares at once) only where a

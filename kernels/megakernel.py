@@ -67,7 +67,18 @@ from ..reference import InputError
 from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
 from . import configs as cfgs
-from .align import _align_one, _finish_offsets, _given_block, _scan, _scatter_block, _scatter_chunk, align_blocks
+from .align import (
+    _align_one,
+    _expert_of_block,
+    _finish_offsets,
+    _given_block,
+    _hist_layout,
+    _place_block,
+    _scan,
+    _scatter_block,
+    _scatter_chunk,
+    align_blocks,
+)
 from .configs import FP8_CONVERT_DEFAULT
 from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
 from .grouped_gemm import (
@@ -212,9 +223,19 @@ def _megakernel(
     # last C_KS0 slots in slab 0 only, the routed ones summed as one tile of C_BR rows); EVEN_S: I % SLICE == 0
     SLICE: tl.constexpr, EVEN_S: tl.constexpr, EVEN_N2: tl.constexpr, DOWN_T: tl.constexpr, C_SLABS: tl.constexpr, C_KS0: tl.constexpr, C_BR: tl.constexpr,
     TMA_S: tl.constexpr, C_IN_G2: tl.constexpr, ROUTE_EACH: tl.constexpr,
+    # no scan and scatter tasks: every dynamic task reads the layout from the top-k tasks' histograms,
+    # each GEMM 1 task places its block's rows from the routing's T*K pairs (A_BP lanes; tiles["router"]["ALIGN_EACH"])
+    ALIGN_EACH: tl.constexpr, A_BP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     p_begin = _now(TRACE)
+    if ALIGN_EACH:  # the layout from the histograms, read by this program's first dynamic task and kept
+        a_have = pid * 0
+        a_nb = pid * 0
+        a_cnt = tl.zeros((R_BE,), tl.int32)
+        a_start = tl.zeros((R_BE,), tl.int32)
+        a_incl = tl.zeros((R_BE,), tl.int32)
+        a_emask = tl.arange(0, R_BE) < E
     t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
     while t < MAX_TASKS:
         stop = 0
@@ -298,6 +319,12 @@ def _megakernel(
         else:  # ------------------------------------------------------- after the routed row blocks
             if ROUTE_EACH:  # one token: K row blocks of one row, whatever the routing (align._align_one)
                 nb = t * 0 + K
+            elif ALIGN_EACH:  # the layout from every group's histogram row, read by this program once (no scan task)
+                if a_have == 0:
+                    _wait(sync_ptr + SW * 2, G, BACKOFF)  # W_TOPK
+                    a_cnt, a_start, a_incl, a_emask, a_nb = _hist_layout(hist_ptr, G, E, BM, R_BE, BLOCK_C)
+                    a_have = pid * 0 + 1
+                nb = a_nb
             else:
                 _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the layout (W_SCAN)
                 nb = tl.load(padded_off_ptr + E) // BM
@@ -334,7 +361,7 @@ def _megakernel(
                 else:
                     _wait(sync_ptr + SW * 3, 1, BACKOFF)  # the top-k task's layout (W_SCAN)
             if t < b_sh2:  # gemm1 segment q: its pieces of tiles (b, n); or expert_slice (b, c)
-                if not FUSED:
+                if not FUSED and not ALIGN_EACH:
                     _wait(sync_ptr + SW * 4, G, BACKOFF)  # every group's rows are in place (FUSED: the layout wait did)
                 if SLICE > 0:
                     b, c = _tile_ids(t - S0, nb, N1, GROUP_M)
@@ -375,7 +402,13 @@ def _megakernel(
                             _record(stats_ptr, R_G1, e, E, RECORD)
                 else:
                     b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
-                    e = tl.load(block_expert_ptr + b)
+                    if ALIGN_EACH:  # this block's rows from the routing (every N tile of the block writes the same)
+                        e = _expert_of_block(b, a_incl, a_emask, BM)
+                        _place_block(b, e, a_cnt, a_start, topk_idx_ptr, T * K, block_expert_ptr, padded_token_ptr,
+                                     padded_pair_ptr, K, BM, R_BE, A_BP)
+                        tl.debug_barrier()  # this program's row stores before the tile's loads of them
+                    else:
+                        e = tl.load(block_expert_ptr + b)
                     if FP8:
                         _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
@@ -438,7 +471,10 @@ def _megakernel(
                                 _record(stats_ptr, R_G2, e, E, RECORD)
                     else:
                         b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
-                        e = tl.load(block_expert_ptr + b)
+                        if ALIGN_EACH:  # block_expert is written by the block's GEMM 1 tasks, maybe not yet
+                            e = _expert_of_block(b, a_incl, a_emask, BM)
+                        else:
+                            e = tl.load(block_expert_ptr + b)
                         if PF_WAIT:  # about to wait for GEMM 1: the down weights do not depend on it
                             if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
                                 _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
@@ -696,7 +732,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),
         BITONIC=bool(mk.get("topk_bitonic", False)) and cfgs.bitonic_topk_fits(r_tt, block_e),
         TMA_W=tma_w[0] is not None and not sl, TMA_S=tma_w[0] is not None and bool(sl),
-        C_IN_G2=lay.off_comb >= 0, ROUTE_EACH=lay.route_each,
+        C_IN_G2=lay.off_comb >= 0, ROUTE_EACH=lay.route_each, ALIGN_EACH=lay.align_each,
+        A_BP=triton.next_power_of_2(max(T * K, 16)) if lay.align_each else 16,
         # (route_each: the top-k task aligns as the GEMM 1 tasks do, so that every writer of the layout
         # writes the same words)
         ALIGN1=(bool(mk.get("align_one", False)) or lay.route_each) and G == 1 and r_tt == 1 and routing is None,

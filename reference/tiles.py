@@ -23,6 +23,14 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
+With ``tiles["router"]["ALIGN_EACH"]`` (G > 1, at most ALIGN_EACH_MAX_PAIRS pairs: decode) there
+are no align_scan and align_scatter tasks: every task past the static ones reads the top-k tasks'
+histograms itself once topk = G (the row blocks B and, for a GEMM task, its block's expert), and each
+GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its expert, in token
+order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
+becomes top-k -> GEMM 1 (H200 run AL's trace, Qwen3-30B-A3B T = 64: the scan and the scatter held
+GEMM 1 back 8.5 us).
+
 With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
 gemm1 and gemm2, and no task waits for another GEMM task:
 
@@ -94,8 +102,13 @@ TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
 #: block's slots for every token (no combine tasks, no wait for the whole of GEMM 2; decode, routed
 #: experts only: no shared MLP, no expert_slice tasks, no stream-K)
 #: EACH (router), one token only: every GEMM 1 task routes the token itself from the logits' partials
-#: (the top-k task's values, stored again), so it waits for the logits, not for the top-k task
-TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}, "router": {"EACH": 0}}
+#: (the top-k task's values, stored again), so it waits for the logits, not for the top-k task;
+#: ALIGN_EACH (router), G > 1 top-k tasks and at most ALIGN_EACH_MAX_PAIRS pairs: no scan and scatter
+#: tasks, each GEMM 1 task places its row block's pairs itself (module docstring)
+TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}, "router": {"EACH": 0, "ALIGN_EACH": 0}}
+#: the most (token, slot) pairs T x K with ALIGN_EACH: a GEMM 1 task ranks them all in one vector of
+#: that many lanes (the kernel's BLOCK_P)
+ALIGN_EACH_MAX_PAIRS = 1024
 #: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
 #: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
 TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
@@ -234,6 +247,34 @@ def route_each_takes(tiles: dict) -> bool:
     return not slice_width(tiles) and not stream_k(tiles)
 
 
+def fit_router_switches(tiles: dict) -> dict:
+    """``tiles`` without the router switches that need whole GEMM 1 and GEMM 2 tiles (EACH,
+    ALIGN_EACH) where ``route_each_takes`` says the layout has none (expert_slice tasks or stream-K
+    segments): what a default config becomes when a variant or a test gives it those layouts."""
+    drop = [k for k in ("EACH", "ALIGN_EACH") if tiles["router"].get(k)] if not route_each_takes(tiles) else []
+    if not drop:
+        return tiles
+    return {**tiles, "router": {k: v for k, v in tiles["router"].items() if k not in drop}}
+
+
+def topk_groups(T: int, H: int, tiles: dict) -> int:
+    """G, the top-k tasks for T tokens of hidden size H: TOPK_T tokens each with a split router
+    (``router_ranges`` gives more than one range of H), else one per logits chunk of BLOCK_T."""
+    r = tiles["router"]
+    if router_ranges(H, r["SPLIT"], r["BLOCK_H"])[0] > 1:
+        return cdiv(T, topk_tokens(tiles))
+    return cdiv(T, r["BLOCK_T"])
+
+
+def align_each_takes(T: int, H: int, K: int, tiles: dict) -> bool:
+    """Whether tiles["router"]["ALIGN_EACH"] (GEMM 1 tasks place their own rows; no scan and scatter
+    tasks) can apply to T tokens of hidden size H and K picks: more than one top-k task (one aligns
+    by itself), at most ALIGN_EACH_MAX_PAIRS pairs, GEMM 1 and GEMM 2 tiles, whole
+    (``route_each_takes``), and not EACH."""
+    return (topk_groups(T, H, tiles) > 1 and T * K <= ALIGN_EACH_MAX_PAIRS and route_each_takes(tiles)
+            and not tiles["router"].get("EACH", 0))
+
+
 def num_segments(num_tiles: int, k_tiles: int, num_programs: int, streamed: bool) -> int:
     """Q of a GEMM phase: one segment per tile, or (stream-K) one per program but never more than
     the units (the kernel computes the same integers)."""
@@ -308,6 +349,8 @@ class TaskLayout:
     off_comb: int = -1
     #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1 with a split router)
     route_each: bool = False
+    #: GEMM 1 tasks place their own row block's pairs; no scan and scatter tasks (tiles["router"]["ALIGN_EACH"])
+    align_each: bool = False
 
     def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
         """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
@@ -359,13 +402,19 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     C = cdiv(T, r["BLOCK_T"])
     split, h_per = router_ranges(H, r["SPLIT"], r["BLOCK_H"])
-    G = cdiv(T, topk_tokens(tiles)) if split > 1 else C
+    G = topk_groups(T, H, tiles)
     fused = G == 1
+    align_each = bool(tiles["router"].get("ALIGN_EACH", 0))
+    if align_each and not align_each_takes(T, H, config.top_k, tiles):
+        raise InputError(f"tiles['router']['ALIGN_EACH']=1 (GEMM 1 tasks place their own rows) needs more than one "
+                         f"top-k task, at most {ALIGN_EACH_MAX_PAIRS} pairs, GEMM 1 tiles and no EACH: got T={T}, "
+                         f"K={config.top_k}, {G} top-k tasks, SLICE {slice_width(tiles)}, STREAM_K "
+                         f"{int(stream_k(tiles))}, EACH {int(bool(tiles['router'].get('EACH', 0)))}")
     count = {
         "router_logits": C * split if split > 1 else 0,
         "router_topk": G,
-        "align_scan": 0 if fused else (1 if G else 0),
-        "align_scatter": 0 if fused else G,
+        "align_scan": 0 if fused or align_each else (1 if G else 0),
+        "align_scatter": 0 if fused or align_each else G,
     }
     Is = config.shared_intermediate_size
     Ms = cdiv(T, sh["BLOCK_M"]) if Is else 0
@@ -399,7 +448,7 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T and not in_g2 else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
         sync_words=off_shared1 + Ms + (n2 if in_g2 else 0), slice=slice_width(tiles), off_comb=off_comb,
-        route_each=each,
+        route_each=each, align_each=align_each,
     )
 
 
@@ -676,8 +725,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     bt, tt = r["BLOCK_T"], topk_tokens(tiles) if lay.split > 1 else r["BLOCK_T"]
     bld = _Builder()
     topk_c = bld.counter("topk", G)
-    scan_c = bld.counter("scan", 1 if G > 1 else 0)  # G = 1: the top-k task aligns; waits name topk instead
-    scat_c = bld.counter("scatter", G if G > 1 else 0)
+    aligned = G > 1 and not lay.align_each  # scan and scatter tasks (G = 1: the top-k task aligns; waits name topk)
+    scan_c = bld.counter("scan", 1 if aligned else 0)
+    scat_c = bld.counter("scatter", G if aligned else 0)
     chunk = np.arange(C)
     chunk_rows = np.minimum(bt, T - chunk * bt)
     group = np.arange(G)
@@ -708,7 +758,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     bld.add("router_topk", G, topk_wait, block=group, rows=group_rows, tile_m=tt, tile_n=E,
             depth=H if split == 1 and not routing_given else 0, weight_bytes=topk_w, in_bytes=topk_in,
             out_bytes=topk_out, flops=topk_flops, weight_id=10_000 if topk_w else -1, signal=topk_c)
-    if G > 1:
+    if aligned:
         bld.add("align_scan", 1, _w(1, (topk_c, G)), rows=T * K, tile_n=E, depth=G, in_bytes=4 * G * E,
                 out_bytes=4 * (G * E + 2 * E + 1 + lay.b_max), signal=scan_c)
         bld.add("align_scatter", G, _w(G, (scan_c, 1)), block=group, rows=group_rows * K, tile_m=tt, tile_n=E,
@@ -738,7 +788,12 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     g2_total = B * (n1 if sl else n2) + Ms * ns2
     g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(0 if sl else B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
-    rows_ready = (scat_c, G) if G > 1 else (topk_c, 1)  # one group: the top-k task aligned too
+    # the rows in place: the scatter tasks; one group: the top-k task aligned too; ALIGN_EACH: the
+    # routing of every group (each GEMM 1 task then places its own block's rows)
+    rows_ready = (scat_c, G) if aligned else (topk_c, G)
+    # ALIGN_EACH: every task past the static ones reads the G x E histograms (the row blocks, its
+    # block's expert); a GEMM 1 task also the routing's T x K expert ids, and writes its block's rows
+    layout_in = G * E * 4 if lay.align_each else 0
     q1, q2 = lay.segments(B, num_programs)
     if sl:  # expert_slice tasks: GEMM 1's slice columns and their share of GEMM 2, fp32 partials out
         bb, cc = tile_ids(np.arange(B * n1), B, n1, group_m)
@@ -754,6 +809,10 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                            block_expert, block_rows, ab, wb, g1_c, None, (logit_c[0], split),
                            extra_in=np.full(B * n1, topk_in[0] if np.ndim(topk_in) else topk_in),
                            extra_out=np.full(B * n1, topk_out[0] if np.ndim(topk_out) else topk_out))
+    elif lay.align_each:
+        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
+                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready,
+                           extra_in=np.full(B * n1, layout_in + T * K * 4), extra_out=np.full(B * n1, bm * 8))
     else:
         _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
                            block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
@@ -763,11 +822,11 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
         # every task after the static ones first waits for the block layout (scan; the top-k task
         # when it aligned too), which only this kind does not already wait for through its inputs
-        layout_ready = (scan_c, 1) if G > 1 else (topk_c, 1)
+        layout_ready = (scan_c, 1) if aligned else (topk_c, G)
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
-                in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
+                in_bytes=srows * Is * ab + layout_in, out_bytes=srows * ncol * (4 if sl else ab),
                 flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
     if not sl and lay.off_comb >= 0:  # the combine in GEMM 2's tiles: per column block, the tile that
@@ -781,7 +840,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                            extra_in=np.where(last, T * K * hc * ab, 0), extra_out=np.where(last, T * hc * ab, 0))
     elif not sl:
         _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
+                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1,
+                           extra_in=np.full(B * n2, layout_in) if layout_in else None,
+                           extra_out=np.zeros(B * n2) if layout_in else None)
 
     # ---- combine
     nct = cdiv(H, cb["BLOCK_H"])
@@ -790,7 +851,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
     bld.add("combine", lay.combine_tasks, _w(lay.combine_tasks, (g2_c, g2_total)), block=tt, n_tile=hh,
             rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"],
-            in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
+            in_bytes=(trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab) + layout_in,
             out_bytes=trows * hcol * ab)
     arrays = bld.build()
     return TaskPlan(config_name=config.name, num_tokens=int(T), tiles=tiles, layout=lay, counts=counts,

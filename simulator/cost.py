@@ -1043,6 +1043,15 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         m = kind == kinds.index("gemm1")
         conc = min(int(m.sum()), resident)
         pre_s[m] = (a["topk_passes"] or K) * serial_step_s(p, "reduce", conc)
+    # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
+    # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
+    # histogram rows (the scan's steps), which the program keeps for its later tasks
+    if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
+        g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
+        G = max(1, int((kind == kinds.index("router_topk")).sum()))
+        reduce_s = serial_step_s(p, "reduce", min(g1.size, resident))
+        pre_s[g1] += 2 * reduce_s
+        pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)

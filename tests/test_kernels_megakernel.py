@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megamoe.reference import InputError, MoEConfig, assert_close, moe_forward, random_weights, round_to_dtype
-from megamoe.reference.tiles import KINDS, task_layout, task_plan
+from megamoe.reference.tiles import KINDS, fit_router_switches, task_layout, task_plan
 
 pytestmark = [
     pytest.mark.interpret,
@@ -51,7 +51,14 @@ def _mk(cfg, x, w, **kw):
 
 
 def _with_stream_k(mk: dict, on: bool) -> dict:
-    return {**mk, "tiles": {**mk["tiles"], "order": {**mk["tiles"]["order"], "STREAM_K": int(on)}}}
+    return {**mk, "tiles": fit_router_switches({**mk["tiles"], "order": {**mk["tiles"]["order"], "STREAM_K": int(on)}})}
+
+
+def _sliced(mk: dict, **gemm1) -> dict:
+    """``mk`` with GEMM 1 tiles updated to expert_slice ones (SLICE=...), less the switches slices refuse."""
+    mk["tiles"]["gemm1"].update(gemm1)
+    mk["tiles"] = fit_router_switches(mk["tiles"])
+    return mk
 
 
 #: (next_ticket, STREAM_K, programs): tickets taken as a task starts or after it ends; GEMM tasks
@@ -109,7 +116,7 @@ def test_expert_slices_run_the_plan(case, down_t, rng):
     cfg = MoEConfig(**{**BASE, **fields})
     x, w = _cpu(cfg, T, rng)
     mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "slice_down_t": down_t}
-    mk["tiles"]["gemm1"].update(SLICE=sl, BLOCK_N=bn)
+    mk = _sliced(mk, SLICE=sl, BLOCK_N=bn)
     y = torch.full((T, cfg.hidden_size), float("nan"))
     y, ran = _mk(cfg, x, w, record=True, mk=mk, out=y)
     ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
@@ -137,7 +144,7 @@ def test_tma_expert_slices_match_the_reference(case, down_t, rng):
     cfg = MoEConfig(**{**BASE, **fields, "intermediate_size": 48})
     x, w = _cpu(cfg, T, rng)
     mk = {**megakernel_config(cfg, T, torch.float32, torch.device("cpu")), "slice_down_t": down_t, "slice_tma": True}
-    mk["tiles"]["gemm1"].update(SLICE=24, BLOCK_N=32)
+    mk = _sliced(mk, SLICE=24, BLOCK_N=32)
     kw = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk)[2]
     assert kw["TMA_S"] and not kw["TMA_W"] and kw["DOWN_T"] == down_t
     y = torch.full((T, cfg.hidden_size), float("nan"))
@@ -147,7 +154,7 @@ def test_tma_expert_slices_match_the_reference(case, down_t, rng):
     counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
     assert ran["expert_slice"] == int((-(-counts // 16)).sum()) * 2
     # a width that does not divide I falls back to the pointer slices
-    mk["tiles"]["gemm1"].update(SLICE=16, BLOCK_N=16)
+    mk = _sliced(mk, SLICE=16, BLOCK_N=16)
     cfg36 = MoEConfig(**{**BASE, **fields})
     x36, w36 = _cpu(cfg36, T, rng)
     assert not build_launch(torch.from_numpy(x36).float(), w36.to_torch("cpu", torch.float32), cfg36, mk)[2]["TMA_S"]
@@ -234,6 +241,107 @@ def test_gemm1_tasks_route_the_token_themselves(case, programs, rng):
                      routing=given)
 
 
+#: name -> (config fields, T, BLOCK_M, router zero: every token on experts 0..K-1): GEMM 1 tasks that
+#: place their own block's rows (tiles["router"]["ALIGN_EACH"]), no scan and scatter tasks
+ALIGN_EACH = {
+    "shared_gated": (CASES["one_chunk"][0], 5, 16, False),
+    "grouped": (CASES["two_chunks"][0], 13, 16, False),
+    "top1_input": (CASES["top1_input"][0], 23, 16, False),
+    "swiglu_biases": (SLICED["swiglu_biases"][0], 11, 16, False),
+    # an expert of 37 rows in 16-row blocks: ranks 16..31 and 32..36 of its pairs in later blocks
+    "same_experts_blocks": ({}, 37, 16, True),
+}
+
+
+def _align_each(mk: dict, on: bool, topk_t: int = 4) -> dict:
+    """``mk`` with a split router over 16-column ranges (G > 1 top-k tasks of topk_t tokens), ALIGN_EACH on or off."""
+    mk = {**mk, "tiles": {**mk["tiles"], "router": dict(mk["tiles"]["router"], SPLIT=3, BLOCK_H=16, TOPK_T=topk_t)}}
+    mk["tiles"]["router"].pop("EACH", None)
+    mk["tiles"]["router"]["ALIGN_EACH"] = int(on)
+    return mk
+
+
+@pytest.mark.parametrize("programs", [1, 4])
+@pytest.mark.parametrize("case", list(ALIGN_EACH))
+def test_gemm1_tasks_place_their_own_rows(case, programs, rng):
+    """tiles["router"]["ALIGN_EACH"]: no align_scan and align_scatter tasks; every dynamic task reads
+    the layout from the top-k tasks' histograms and each GEMM 1 task places its block's rows. The
+    float64 reference's answer into a poisoned buffer, bitwise what the scan and scatter give (the
+    same rows in the same places), the plan's tasks per kind and tiles per expert against what ran,
+    and GEMM 1 waiting for every top-k task, not for a scatter."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config
+
+    fields, T, bm, zero = ALIGN_EACH[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    x, w = _cpu(cfg, T, rng, router_zero=zero)
+    base = megakernel_config(cfg, T, torch.float32, torch.device("cpu"))
+    base["tiles"]["gemm1"]["BLOCK_M"] = bm
+    mk, off = _align_each(base, True), _align_each(base, False)
+    kw = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk, nprog=programs)[2]
+    assert kw["ALIGN_EACH"] and kw["A_BP"] >= T * cfg.top_k and not kw["FUSED"]
+    ys = []
+    for m in (mk, off):
+        y = torch.full((T, cfg.hidden_size), float("nan"))
+        ys.append(_mk(cfg, x, w, record=True, mk=m, out=y, nprog=programs))
+    (y, ran), (y_off, ran_off) = ys
+    ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+    assert_close(y, ref.y, "float32", f"align each {case}")
+    assert torch.equal(y, y_off)
+    counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=programs)
+    kinds = plan.tasks_per_kind()
+    assert kinds["align_scan"] == kinds["align_scatter"] == 0 and ran_off["align_scatter"] == plan.layout.topk_groups
+    assert {k: ran[k] for k in KINDS} == kinds
+    np.testing.assert_array_equal(ran["gemm1_per_expert"], plan.tiles_per_expert("gemm1"))
+    np.testing.assert_array_equal(ran["gemm2_per_expert"], ran_off["gemm2_per_expert"])
+    if zero:  # experts 0..K-1 took every token, in several row blocks each
+        assert ran["gemm1_per_expert"][cfg.top_k:] == [0] * (cfg.num_experts - cfg.top_k)
+        assert min(ran["gemm1_per_expert"][:cfg.top_k]) == -(-T // bm) * plan.layout.n1
+    g1 = np.nonzero(plan.kind == KINDS.index("gemm1"))[0]
+    assert g1.size and all(plan.waits(i) == [("topk", plan.layout.topk_groups)] for i in g1)
+
+
+def test_gemm1_tasks_place_the_rows_of_a_routing_made_elsewhere(rng):
+    """ALIGN_EACH with the routing given (moe_experts' path): the top-k tasks only count, the GEMM 1
+    tasks place rows from the given expert ids; bitwise what the scan and scatter give."""
+    from megamoe.kernels.megakernel import megakernel_config
+
+    cfg = MoEConfig(**BASE)
+    T = 21
+    x, w = _cpu(cfg, T, rng)
+    idx = torch.from_numpy(np.stack([rng.choice(7, 3, replace=False) for _ in range(T)]).astype(np.int32))
+    wts = torch.from_numpy(rng.random((T, 3)).astype(np.float32))
+    base = megakernel_config(cfg, T, torch.float32, torch.device("cpu"), routing_given=True)
+    base["tiles"]["router"].update(BLOCK_T=4, TOPK_T=4)  # G = 6 groups that read the routing
+    on = {**base, "tiles": {**base["tiles"], "router": {**base["tiles"]["router"], "ALIGN_EACH": 1}}}
+    off = {**base, "tiles": {**base["tiles"], "router": {**base["tiles"]["router"], "ALIGN_EACH": 0}}}
+    ys = [_mk(cfg, x, w, mk=m, routing=(idx, wts), record=True) for m in (on, off)]
+    assert torch.equal(ys[0][0], ys[1][0]) and torch.isfinite(ys[0][0]).all()
+    assert ys[0][1]["align_scatter"] == 0 and ys[1][1]["align_scatter"] == 6
+
+
+def test_align_each_refuses_layouts_it_cannot_take():
+    """ALIGN_EACH needs more than one top-k task, at most ALIGN_EACH_MAX_PAIRS pairs and whole GEMM
+    tiles; the error names what was given. configs sets it only where it applies (T <= ALIGN_EACH_MAX_T)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference.tiles import ALIGN_EACH_MAX_PAIRS
+
+    cfg = MoEConfig(**BASE)
+    on = {**TILES, "router": {**TILES["router"], "TOPK_T": 4, "ALIGN_EACH": 1}}
+    assert task_layout(cfg, 9, on).align_each
+    for T, tiles, why in ((3, on, "1 top-k task"),
+                          (9, {**on, "order": {**on["order"], "STREAM_K": 1}}, "STREAM_K 1"),
+                          (9, {**on, "gemm1": {**on["gemm1"], "SLICE": 8}}, "SLICE 8"),
+                          (ALIGN_EACH_MAX_PAIRS // 3 + 1, on, f"at most {ALIGN_EACH_MAX_PAIRS} pairs")):
+        with pytest.raises(InputError, match="ALIGN_EACH") as exc:
+            task_layout(cfg, T, tiles)
+        assert why.split()[0] in str(exc.value)
+    big = cfgs.megakernel_config(128, 2048, 768, 8, 0, cfgs.ALIGN_EACH_MAX_T, num_sms=132)
+    assert big["tiles"]["router"].get("ALIGN_EACH") == 1
+    assert not cfgs.megakernel_config(128, 2048, 768, 8, 0, 2 * cfgs.ALIGN_EACH_MAX_T, num_sms=132)[
+        "tiles"]["router"].get("ALIGN_EACH")
+
+
 def test_combine_in_gemm2_tiles_at_no_tokens_and_its_limits():
     from megamoe.kernels.megakernel import megakernel_config
     from megamoe.reference import InputError
@@ -313,7 +421,8 @@ TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 16, "SPLIT": 3}, "gemm1": {"BLOCK_
          "combine": {"BLOCK_T": 4, "BLOCK_H": 32}, "order": {"GROUP_M": 2}}
 
 
-@pytest.mark.parametrize("segments", [(0, 1), (1, 5), (1, 132)], ids=["tiles", "stream_k_5", "stream_k_132"])
+@pytest.mark.parametrize("segments", [(0, 1), (1, 5), (1, 132), (0, -1)],
+                         ids=["tiles", "stream_k_5", "stream_k_132", "align_each"])
 @pytest.mark.parametrize("topk_t", [None, 1, 4])
 @pytest.mark.parametrize("T", [1, 16, 17, 200])
 def test_plan_waits_only_on_lower_tickets(T, topk_t, segments, rng):
@@ -327,6 +436,12 @@ def test_plan_waits_only_on_lower_tickets(T, topk_t, segments, rng):
     idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(T)])
     tiles = TILES if topk_t is None else {**TILES, "router": {**TILES["router"], "TOPK_T": topk_t}}
     tiles = {**tiles, "order": {**tiles["order"], "STREAM_K": sk}}
+    if programs < 0:  # ALIGN_EACH where it applies (no scan or scatter tasks)
+        from megamoe.reference.tiles import align_each_takes
+
+        if not align_each_takes(T, cfg.hidden_size, cfg.top_k, tiles):
+            pytest.skip("ALIGN_EACH does not apply: one top-k task or too many pairs")
+        tiles, programs = {**tiles, "router": {**tiles["router"], "ALIGN_EACH": 1}}, 1
     plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles, num_programs=programs)
     lay = task_layout(cfg, T, tiles)
     assert plan.num_tasks <= lay.max_tasks_for(programs) <= lay.max_tasks
