@@ -395,9 +395,22 @@ USE_L2_SHARED_INTAKE = False
 #: form (or its GEMM_LOADS fallback). The hypothesis (H200 runs AH and AJ, 34 and 36): the dense
 #: table's 4096 x 4096 GEMM reads each weight tile for 32 row blocks, so its rate assumes reuse;
 #: DeepSeek-V3's multi-launch GEMM 2 at T = 4096, ~1.56 row blocks per expert, measured ~43.8 us
-#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off until
-#: a calibrate run has measured the table and its rows are re-predicted with it.
+#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off: run AK
+#: (37) measured the table; run AJ's 108 rows re-predicted (median / max |error|, outside 15%) with
+#: run AJ's profile 5.3% / 21.7% / 4, with it plus run AK's tables and the switch on 5.4% / 26.7% / 7
+#: (multi 4.9 -> 5.2%): DeepSeek-V3 multi T = 4096 -13.5 / -2.5 / -9.9% -> +1.1 / +4.1 / +6.2%
+#: (uniform / Zipf / concentrated), but Mixtral T = 512 multi +10 / -2 / +9% -> +27 / +20 / +20%
+#: (8 experts of 1-2 row blocks, HBM-bound: the table's time at r = 1-2 holds its own weight
+#: streaming, which the launch's memory term already prices and which overlaps other experts'
+#: MMA in a real launch). Run AK's whole profile: 8.0% / 31.0% off, 8.3% / 38.0% on.
 USE_GEMM_REUSE_TABLE = False
+
+
+#: the reuse table prices tiles of at least this many rows (GEMM_TABLE_MIN_ROWS, the dense tables'
+#: rule: below it the microbenchmark's tile loop is bound by its own operand traffic, which the
+#: memory term already counts; run AK's 64-row pointer tables read 223-257 TFLOP/s at one row block,
+#: the weights' HBM rate). 0 reads every BLOCK_M the table has.
+REUSE_TABLE_MIN_ROWS = GEMM_TABLE_MIN_ROWS
 
 
 def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_warps, row_blocks):
@@ -416,7 +429,7 @@ def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_w
     if not grids:
         return None
     shapes = np.asarray([g[0] for g in grids], dtype=np.float64)
-    if float(block_m) < shapes[:, 0].min():
+    if float(block_m) < max(shapes[:, 0].min(), REUSE_TABLE_MIN_ROWS):
         return None
     _shape, depths, rbs, rates = grids[int(_nearest_shape(shapes, float(block_m), float(block_n), float(num_warps)))]
     return _loglog_grid(depths, rbs, rates, depth, row_blocks)

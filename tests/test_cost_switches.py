@@ -319,12 +319,24 @@ def test_reuse_rate_reads_as_documented():
     # of which none is measured here)
     assert f(p, "tma_ab_persistent", 128, 128, 1024, 8, 2) == f(p, "tma_ab_persistent", 128, 256, 1024, 8, 2)
     assert f(p, "tma_ab_persistent_flat", 128, 256, 1024, 8, 2) == pytest.approx(_reuse(1024, 2))
-    assert f(p, "pointer_gated", 64, 128, 2048, 4, 2) == pytest.approx(0.5 * _reuse(2048, 2))
     assert f(p, "tma_persistent_gated", 128, 256, 1024, 8, 2) is None
+    # tiles under REUSE_TABLE_MIN_ROWS rows (64-row pointer tiles): not read, as the dense tables
+    # (bound by their own operand traffic, which the memory term counts); read where the floor is 0
+    assert cost.REUSE_TABLE_MIN_ROWS == cost.GEMM_TABLE_MIN_ROWS == 128
+    assert f(p, "pointer_gated", 64, 128, 2048, 4, 2) is None
     # none for "any", tiles below the table's smallest BLOCK_M, profiles without a table
     assert f(p, "any", 128, 256, 1024, 8, 2) is None
     assert f(p, "pointer", 32, 128, 2048, 4, 2) is None
     assert f(load_profile("h200"), "tma_ab_persistent", 128, 256, 1024, 8, 2) is None
+
+
+def test_reuse_rate_below_the_row_floor_reads_where_allowed(monkeypatch):
+    """With REUSE_TABLE_MIN_ROWS 0 the 64-row pointer table is read (nearest shape, the GEMM_LOADS
+    fallback pointer_gated -> pointer); tiles under the table's own smallest BLOCK_M still are not."""
+    p = _reuse_profile()
+    monkeypatch.setattr(cost, "REUSE_TABLE_MIN_ROWS", 0)
+    assert cost.gemm_reuse_rate(p, "pointer_gated", 64, 128, 2048, 4, 2) == pytest.approx(0.5 * _reuse(2048, 2))
+    assert cost.gemm_reuse_rate(p, "pointer", 32, 128, 2048, 4, 2) is None
 
 
 def _reuse_stage(loads="tma_ab_persistent"):
