@@ -1,6 +1,6 @@
 """Predict the stored rows of a validation run again, offline, with another profile.
 
-    megamoe validate --report DIR --repredict PROFILE [--out DIR2]
+    megamoe validate --report DIR --repredict PROFILE [--out DIR2] [--switch USE_NAME=on|off ...]
 
 Rows written since run K carry ``counts`` (pairs per expert of the routing that ran), which is all
 the launch and task plans need (``scale.predict_config`` takes them): each measured configuration
@@ -8,9 +8,47 @@ is predicted again with PROFILE (a profile name or a calibrated profile.json) an
 written as for a GPU run, under a note that says these are re-predictions of stored measurements, not predictions made before them.
 A cost-model change tried this way still needs a fresh GPU run (predict, then measure) before its
 figures are quoted. Rows without counts are left out and counted.
+``--switch`` sets a cost-model switch (``simulator/cost.py``'s ``USE_*``) for the re-prediction only
+(``switches``): how a switch still off is tried on stored rows before a GPU run holds it out.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+def parse_switches(specs) -> dict[str, bool]:
+    """{"USE_NAME": bool} from "USE_NAME=on|off" strings (also 1/0, true/false); an unknown name
+    (not a ``USE_*`` switch of simulator/cost.py) or value is a ValueError naming the choices."""
+    from megamoe.simulator import cost
+
+    known = sorted(k for k in vars(cost) if k.startswith("USE_") and isinstance(getattr(cost, k), bool))
+    values = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+    out = {}
+    for spec in specs or ():
+        name, sep, val = str(spec).partition("=")
+        name = name.strip()
+        if name not in known:
+            raise ValueError(f"unknown cost switch {name!r}; the switches: {', '.join(known)}")
+        if not sep or val.strip().lower() not in values:
+            raise ValueError(f"--switch {spec!r}: expected {name}=on or {name}=off")
+        out[name] = values[val.strip().lower()]
+    return out
+
+
+@contextmanager
+def switches(settings: dict[str, bool]):
+    """Set simulator/cost.py's switches to ``settings`` (parse_switches) inside the block, restore after."""
+    from megamoe.simulator import cost
+
+    old = {k: getattr(cost, k) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(cost, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(cost, k, v)
 
 
 def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:

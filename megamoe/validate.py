@@ -9,7 +9,8 @@ This is the one place that reads both the kernels and the simulator. Three runs:
   written) before it is measured; compile-ahead, budget, watchdog and resume in
   ``megamoe.scale``; the report (``write_report``: report.json, report.md, scatter.png) at the end;
 - ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows; with ``--repredict PROFILE``
-  the stored measurements predicted again with another profile (megamoe/repredict.py);
+  the stored measurements predicted again with another profile (megamoe/repredict.py), with
+  ``--switch USE_NAME=on|off`` a cost-model switch set for that re-prediction only;
 - without a GPU, or with ``--numerics`` on one: per (model, T), the kernel runs the layer, its
   output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
   and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
@@ -274,6 +275,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repredict", metavar="PROFILE", default=None,
                         help="with --report: predict the stored rows again with this profile (name or profile.json), "
                              "offline, from the counts the rows carry; the report says so (megamoe/repredict.py)")
+    parser.add_argument("--switch", action="append", default=[], metavar="USE_NAME=on|off",
+                        help="with --repredict: set a cost-model switch (simulator/cost.py USE_*) for this "
+                             "re-prediction; repeatable; the report's note lists them")
     parser.add_argument("--counts-from", metavar="DIR_OR_JSONL", default=None,
                         help="with --repredict: rows without counts (rebuilt from a log) take the counts and "
                              "calls_per_graph of the same configuration in these stored rows (a run of the same "
@@ -404,6 +408,9 @@ def run(args: argparse.Namespace) -> int:
     if args.counts_from and not Path(args.counts_from).exists():
         print(f"megamoe validate: --counts-from {args.counts_from!r} does not exist", file=sys.stderr)
         return 2
+    if getattr(args, "switch", None) and not args.repredict:
+        print("megamoe validate: --switch needs --repredict PROFILE", file=sys.stderr)
+        return 2
     if args.repredict and not args.report:
         print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
         return 2
@@ -421,13 +428,19 @@ def run(args: argparse.Namespace) -> int:
         if args.repredict:
             from megamoe.simulator.hardware import load_profile
 
-            from .repredict import repredict_rows
+            from .repredict import parse_switches, repredict_rows, switches
 
+            try:
+                settings = parse_switches(getattr(args, "switch", None))
+            except ValueError as e:
+                print(f"megamoe validate: {e}", file=sys.stderr)
+                return 2
             profile = load_profile(args.repredict)
             borrowed = 0
             if args.counts_from:
                 rows, borrowed = borrow_counts(rows, args.counts_from)
-            rows, skipped = repredict_rows(rows, profile)
+            with switches(settings):
+                rows, skipped = repredict_rows(rows, profile)
             if not rows:
                 print(f"megamoe validate: no row of {src} carries counts (rows written since run K do): nothing "
                       "to predict again", file=sys.stderr)
@@ -436,7 +449,9 @@ def run(args: argparse.Namespace) -> int:
             notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
                      f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
                      "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
-                                           "configurations' routings)",) if borrowed else ())
+                                           "configurations' routings)",) if borrowed else ()) + (
+                ("cost switches set for this re-prediction: " + ", ".join(
+                    f"{k}={'on' if v else 'off'}" for k, v in settings.items()),) if settings else ())
         write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:

@@ -69,6 +69,10 @@ profile without it predicts as with the switch off):
                             the programs running them at once (a launch's min(P, slots); a task
                             kind's min(its tasks, resident programs)) instead of the one-program
                             scalars (``serial_step_s``)
+    USE_TASK_STREAM_INTAKE  a megakernel task's streaming rate with n programs busy at least
+                            n x min(l2_bandwidth / S, hbm_stream(resident) / n), not the grid's
+                            per-program rate alone (``task_stream_rate``): its deep TMA pipeline is
+                            bound by the SM's intake, the grid's reader by its own bytes in flight
     USE_GEMM_REUSE_TABLE    a grouped GEMM launch's tensor rate per expert at most the reuse
                             table's (kernel_model.gemm_reuse_<form>, calibrate step gemm_reuse:
                             grouped GEMMs whose weight tiles are each read by r row blocks, weights
@@ -347,6 +351,35 @@ def hbm_stream_rate(profile: Profile, programs_in_flight, *, tma: bool = False):
     return out if np.ndim(out) else float(out)
 
 
+#: whether a megakernel task's streaming rate with n programs busy may exceed the grid's per-program
+#: rate up to the SM's share of the L2 rate (``task_stream_rate``). The grid's rate at few programs
+#: is its reader's latency-bound rate (kernels/microbench.stream_tile: 4 warps, 64 x 128 bf16 weight
+#: tiles, 3-4 stages: 32-48 KB in flight a program; H200 run AJ: 46-49 GB/s a program up to 48
+#: programs), not a limit of the SM or of HBM; the megakernel's GEMM tasks keep (stages - 1) x
+#: 2 x BLOCK_K x BLOCK_N weight bytes in flight (kernels/configs.decode_stage_bytes: 128 KB at
+#: Qwen3-30B-A3B T = 64, 4 stages ahead of 32 KB). Off until a GPU run holds it out. H200 run AL's
+#: trace (Qwen3-30B-A3B T = 64, every token on 8 experts): 48 GEMM 1 tasks of 1.06-1.33 MB ended
+#: 19.4 us after the align, about 2.7 TB/s, 55-60 GB/s a program, against the grid's 48.
+USE_TASK_STREAM_INTAKE = False
+
+
+def task_stream_rate(profile: Profile, busy, resident: int, *, tma: bool = False):
+    """Aggregate bytes/s of ``busy`` (array) megakernel programs streaming back to back, of
+    ``resident`` in the launch: hbm_stream_rate(busy) (the grid's marginal rate), and where
+    ``USE_TASK_STREAM_INTAKE`` is on and the profile has an L2 rate, at least busy x min(the SM's
+    share of the L2 rate, l2_bandwidth_bytes_per_s / S: what ``sm_ingest_s`` lets an SM take in,
+    hbm_stream_rate(resident) / busy: the HBM rate the grid reaches at the launch's resident
+    programs, shared by the busy ones). At busy = resident it is the grid's rate either way."""
+    n = np.asarray(busy, dtype=np.float64)
+    grid = np.asarray(hbm_stream_rate(profile, n, tma=tma), dtype=np.float64)
+    km = _km(profile)
+    if not (USE_TASK_STREAM_INTAKE and km.l2_bandwidth_bytes_per_s > 0):
+        return grid
+    per_sm = km.l2_bandwidth_bytes_per_s / profile.num_sms
+    full = float(hbm_stream_rate(profile, max(1, int(resident)), tma=tma))
+    return np.maximum(grid, np.minimum(n * per_sm, full))
+
+
 def hbm_peak(profile: Profile) -> float:
     """The highest streaming-read rate in the profile's table (the floor's rate)."""
     return float(np.max(_km(profile).hbm_rate))
@@ -395,9 +428,22 @@ USE_L2_SHARED_INTAKE = False
 #: form (or its GEMM_LOADS fallback). The hypothesis (H200 runs AH and AJ, 34 and 36): the dense
 #: table's 4096 x 4096 GEMM reads each weight tile for 32 row blocks, so its rate assumes reuse;
 #: DeepSeek-V3's multi-launch GEMM 2 at T = 4096, ~1.56 row blocks per expert, measured ~43.8 us
-#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off until
-#: a calibrate run has measured the table and its rows are re-predicted with it.
+#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off: run AK
+#: (37) measured the table; run AJ's 108 rows re-predicted (median / max |error|, outside 15%) with
+#: run AJ's profile 5.3% / 21.7% / 4, with it plus run AK's tables and the switch on 5.4% / 26.7% / 7
+#: (multi 4.9 -> 5.2%): DeepSeek-V3 multi T = 4096 -13.5 / -2.5 / -9.9% -> +1.1 / +4.1 / +6.2%
+#: (uniform / Zipf / concentrated), but Mixtral T = 512 multi +10 / -2 / +9% -> +27 / +20 / +20%
+#: (8 experts of 1-2 row blocks, HBM-bound: the table's time at r = 1-2 holds its own weight
+#: streaming, which the launch's memory term already prices and which overlaps other experts'
+#: MMA in a real launch). Run AK's whole profile: 8.0% / 31.0% off, 8.3% / 38.0% on.
 USE_GEMM_REUSE_TABLE = False
+
+
+#: the reuse table prices tiles of at least this many rows (GEMM_TABLE_MIN_ROWS, the dense tables'
+#: rule: below it the microbenchmark's tile loop is bound by its own operand traffic, which the
+#: memory term already counts; run AK's 64-row pointer tables read 223-257 TFLOP/s at one row block,
+#: the weights' HBM rate). 0 reads every BLOCK_M the table has.
+REUSE_TABLE_MIN_ROWS = GEMM_TABLE_MIN_ROWS
 
 
 def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_warps, row_blocks):
@@ -416,7 +462,7 @@ def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_w
     if not grids:
         return None
     shapes = np.asarray([g[0] for g in grids], dtype=np.float64)
-    if float(block_m) < shapes[:, 0].min():
+    if float(block_m) < max(shapes[:, 0].min(), REUSE_TABLE_MIN_ROWS):
         return None
     _shape, depths, rbs, rates = grids[int(_nearest_shape(shapes, float(block_m), float(block_n), float(num_warps)))]
     return _loglog_grid(depths, rbs, rates, depth, row_blocks)
@@ -1054,8 +1100,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
     # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
     nn = np.arange(1, resident + 1, dtype=np.float64)
-    h = (nn / resident) * rate_P / np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)
-    h_tma = (nn / resident) * rate_P_tma / np.asarray(hbm_stream_rate(p, nn, tma=True), dtype=np.float64)
+    h = (nn / resident) * rate_P / task_stream_rate(p, nn, resident)
+    h_tma = (nn / resident) * rate_P_tma / task_stream_rate(p, nn, resident, tma=True)
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
             "pre_s": pre_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
@@ -1069,7 +1115,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
 
     Returns {"time_us", "makespan_us", "launch_us", "fixed_us", "programs", "resident_programs",
-    "tasks", "busy_us": {kind: program-us}, "critical_path_us": {kind or "handoff": us},
+    "tasks", "busy_us": {kind: program-us}, "span_us": {kind: [first start, last end] us from the
+    first ticket, as benchmarks/megakernel_trace.py prints a GPU trace}, "critical_path_us": {kind or "handoff": us},
     "bound_tasks": {kind: {"compute", "memory", "serial": tasks}}, "l2_bound_tasks": {kind: tasks of
     its memory-bound ones whose L2-hit bytes at the L2 rate set their memory time}, "dram_bytes", "l2_hit_bytes",
     "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
@@ -1154,9 +1201,11 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
              for j, k in enumerate(kinds) if (kind == j).any()}
     l2b = c["l2_bound"] & (which == 1)  # memory-bound tasks whose L2-hit bytes set the memory time
     l2_tasks = {k: int((l2b & (kind == j)).sum()) for j, k in enumerate(kinds) if (l2b & (kind == j)).any()}
+    span_us = {k: [float(start_a[kind == j].min() * 1e6), float(end_a[kind == j].max() * 1e6)]
+               for j, k in enumerate(kinds) if (kind == j).any()}
     launch_us = km.launch_gap_s * 1e6
     fixed_us = km.graph_fixed_s * 1e6 / max(1, calls_per_graph)
-    return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6,
+    return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6, "span_us": span_us,
             "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": R,
             "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
             "l2_bound_tasks": l2_tasks,

@@ -72,8 +72,10 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
-            "USE_GEMM_REUSE_TABLE")
+            "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
+#: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has)
+TABLE_SWITCHES = tuple(n for n in SWITCHES if n != "USE_TASK_STREAM_INTAKE")
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +89,7 @@ def test_switch_defaults():
     tables' and the reuse table's switches stay off."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
-                        "USE_GEMM_REUSE_TABLE": False}
+                        "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -244,13 +246,13 @@ def test_sharing_counts_same_key_tasks_in_the_window():
 
 
 def test_switches_on_without_tables_predict_as_today(monkeypatch):
-    """A profile without the new tables: both switches on predict exactly what they predict off,
+    """A profile without the new tables: the table switches on predict exactly what they predict off,
     launch plans and task plans."""
     q = _profile(tables=False)
     plan = _task_plan()
     stages = [_gemm_stage(), _router_stage()]
     off = (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264))
-    for name in SWITCHES:
+    for name in TABLE_SWITCHES:
         monkeypatch.setattr(cost, name, True)
     assert (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264)) == off
 
@@ -279,7 +281,7 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
     d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step")})
     with_tables = validate(d)
     assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
-    for name in SWITCHES:
+    for name in TABLE_SWITCHES:
         monkeypatch.setattr(cost, name, True)
     assert _repredicted(rows, base) == want  # on, but the profile has no tables
     assert _repredicted(rows, with_tables) != want  # on, with tables: they are read
@@ -319,12 +321,24 @@ def test_reuse_rate_reads_as_documented():
     # of which none is measured here)
     assert f(p, "tma_ab_persistent", 128, 128, 1024, 8, 2) == f(p, "tma_ab_persistent", 128, 256, 1024, 8, 2)
     assert f(p, "tma_ab_persistent_flat", 128, 256, 1024, 8, 2) == pytest.approx(_reuse(1024, 2))
-    assert f(p, "pointer_gated", 64, 128, 2048, 4, 2) == pytest.approx(0.5 * _reuse(2048, 2))
     assert f(p, "tma_persistent_gated", 128, 256, 1024, 8, 2) is None
+    # tiles under REUSE_TABLE_MIN_ROWS rows (64-row pointer tiles): not read, as the dense tables
+    # (bound by their own operand traffic, which the memory term counts); read where the floor is 0
+    assert cost.REUSE_TABLE_MIN_ROWS == cost.GEMM_TABLE_MIN_ROWS == 128
+    assert f(p, "pointer_gated", 64, 128, 2048, 4, 2) is None
     # none for "any", tiles below the table's smallest BLOCK_M, profiles without a table
     assert f(p, "any", 128, 256, 1024, 8, 2) is None
     assert f(p, "pointer", 32, 128, 2048, 4, 2) is None
     assert f(load_profile("h200"), "tma_ab_persistent", 128, 256, 1024, 8, 2) is None
+
+
+def test_reuse_rate_below_the_row_floor_reads_where_allowed(monkeypatch):
+    """With REUSE_TABLE_MIN_ROWS 0 the 64-row pointer table is read (nearest shape, the GEMM_LOADS
+    fallback pointer_gated -> pointer); tiles under the table's own smallest BLOCK_M still are not."""
+    p = _reuse_profile()
+    monkeypatch.setattr(cost, "REUSE_TABLE_MIN_ROWS", 0)
+    assert cost.gemm_reuse_rate(p, "pointer_gated", 64, 128, 2048, 4, 2) == pytest.approx(0.5 * _reuse(2048, 2))
+    assert cost.gemm_reuse_rate(p, "pointer", 32, 128, 2048, 4, 2) is None
 
 
 def _reuse_stage(loads="tma_ab_persistent"):
@@ -423,3 +437,45 @@ def test_reuse_switch_on_stored_rows_of_run36(monkeypatch):
     assert on[ds][0] > off[ds][0] * 1.02 and on[ds][1] > off[ds][1]
     mk = ("deepseek-v3", 4096, "uniform", "megakernel")
     assert on[mk] == off[mk]
+
+
+# --------------------------------------------------------------------------- the tasks' streaming intake
+def _concentrated_plan(profile):
+    """Qwen3-30B-A3B at T = 64 with every token on experts 0..7 (48 GEMM 1 tasks for 132 programs:
+    H200 run AJ's largest error, run AL's trace), as megamoe validate plans it."""
+    from megamoe.reference import MoEConfig
+    from megamoe.scale import megakernel_task_plan
+
+    counts = np.zeros(128, np.int64)
+    counts[:8] = 64
+    return megakernel_task_plan(MoEConfig.preset("qwen3-30b-a3b"), counts, 64, device_name="NVIDIA H200",
+                                profile=profile)
+
+
+@pytest.mark.skipif(not (RUN36 / "profile.json").exists(), reason="stored run 36 not in this checkout")
+def test_task_stream_intake_lifts_only_few_programs_streaming(monkeypatch):
+    """Off: a task plan's streaming rate is the grid's. On: with n programs busy, at least
+    n x min(L2 rate / S, the grid's rate at the resident programs / n), never below the grid, equal
+    to it at the resident programs; Qwen3-30B-A3B T = 64 concentrated (48 GEMM 1 tasks streaming)
+    gets faster GEMM 1 tasks, the launches are untouched."""
+    p = load_profile(str(RUN36 / "profile.json"))
+    km = p.kernel
+    n = np.arange(1, 133, dtype=np.float64)
+    grid = np.asarray(cost.hbm_stream_rate(p, n))
+    np.testing.assert_array_equal(cost.task_stream_rate(p, n, 132), grid)
+    plan, warps, loads = _concentrated_plan(p)
+    off = cost.predict_task_plan(plan, p, num_warps=warps, weight_loads=loads)
+    stage = _gemm_stage()
+    st_off = cost.predict_stage(stage, p)
+    monkeypatch.setattr(cost, "USE_TASK_STREAM_INTAKE", True)
+    on_rate = np.asarray(cost.task_stream_rate(p, n, 132))
+    want = np.maximum(grid, np.minimum(n * km.l2_bandwidth_bytes_per_s / 132, float(cost.hbm_stream_rate(p, 132))))
+    np.testing.assert_allclose(on_rate, want)
+    assert (on_rate >= grid).all() and on_rate[-1] == pytest.approx(grid[-1])
+    assert on_rate[47] / 48 == pytest.approx(km.l2_bandwidth_bytes_per_s / 132)  # 48 busy: the SM's intake binds
+    on = cost.predict_task_plan(plan, p, num_warps=warps, weight_loads=loads)
+    g1_off, g1_on = off["span_us"]["gemm1"], on["span_us"]["gemm1"]
+    assert g1_on[0] == pytest.approx(g1_off[0]) and g1_on[1] < g1_off[1] - 2.0
+    assert on["time_us"] < off["time_us"]
+    assert on["span_us"]["align_scatter"] == off["span_us"]["align_scatter"]  # the serial kinds keep their times
+    assert cost.predict_stage(stage, p) == st_off

@@ -331,3 +331,38 @@ def test_counts_borrowed_for_rows_rebuilt_from_a_log(tmp_path):
     st = json.loads((out / "report.json").read_text())
     assert st["configurations"] == 1 and any("took their counts" in n for n in st["notes"])
     assert main(["validate", "--report", str(log), "--counts-from", str(tmp_path / "a")]) == 2
+
+
+def test_repredict_switch_sets_a_cost_switch_for_the_run_only(tmp_path, capsys):
+    """--switch USE_NAME=on|off with --repredict: the re-prediction runs with that cost switch (the
+    report's note names it) and the switch is back to its default after; an unknown name, a bad
+    value or --switch without --repredict is refused."""
+    import json
+
+    import numpy as np
+
+    from megamoe.cli import main
+    from megamoe.repredict import parse_switches
+    from megamoe.simulator import cost
+
+    counts = np.zeros(128, np.int64)
+    counts[:8] = 64  # T = 64, every token on the same 8 experts
+    row = {"preset": "qwen3-30b-a3b", "T": 64, "routing": "concentrated", "backend": "multi", "counts": counts.tolist(),
+           "measured_us": 90.0, "predicted_us": 1.0, "profile": "old", "gpu": "NVIDIA H200", "calls_per_graph": 8,
+           "phase": "measurement"}
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps(row) + "\n")
+    before = cost.USE_SERIAL_STEP_TABLES
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_SERIAL_STEP_TABLES=on",
+                 "--out", str(tmp_path / "on")]) == 0
+    assert cost.USE_SERIAL_STEP_TABLES == before
+    notes = json.loads((tmp_path / "on" / "report.json").read_text())["notes"]
+    assert any("USE_SERIAL_STEP_TABLES=on" in n for n in notes)
+    assert parse_switches(["USE_GEMM_REUSE_TABLE=on", "USE_L2_SHARED_READ=off"]) == {
+        "USE_GEMM_REUSE_TABLE": True, "USE_L2_SHARED_READ": False}
+    capsys.readouterr()
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_NOPE=on"]) == 2
+    assert "unknown cost switch" in capsys.readouterr().err
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_GEMM_REUSE_TABLE=maybe"]) == 2
+    assert main(["validate", "--report", str(src), "--switch", "USE_GEMM_REUSE_TABLE=on"]) == 2
+    assert "--switch needs --repredict" in capsys.readouterr().err
