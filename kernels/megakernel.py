@@ -51,6 +51,14 @@ the plan, this kernel and the cost model read alike:
   top-k task stores, stored again) instead of waiting for the top-k task: the default at T = 1 up to
   configs.ROUTE_EACH_MAX_EXPERTS experts since H200 run AI (1-3% faster on four presets).
 
+- tiles["router"]["ALIGN_EACH"] (2 <= T <= configs.ALIGN_EACH_MAX_T with more than one top-k task;
+  variant "noaeach" turns it off): no align_scan and align_scatter tasks; each program's first task
+  past the static ones waits for every top-k task and reads the layout from their histograms
+  (align._hist_layout, kept for its later tasks), and each GEMM 1 task places its row block's rows
+  from the routing (align._place_block: its expert's pairs ranked in token order), so GEMM 1 starts
+  after the top-k tasks, not after a scan and a scatter (H200 run AL's trace, Qwen3-30B-A3B T = 64
+  concentrated: those took 8.5 us).
+
 ``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
 ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py.
 """
