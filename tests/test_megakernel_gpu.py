@@ -148,3 +148,30 @@ def test_combine_in_gemm2_bf16(name):
         return mk
 
     _check_decode_layout(name, 16, "fcomb", layout)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3"])
+def test_align_each_bf16(name):
+    """GEMM 1 tasks placing their own rows (tiles["router"]["ALIGN_EACH"], the default at T = 8 and 64)
+    give bitwise the layer of the scan and scatter tasks, under the preset's router and with every
+    token on the same experts, and pass the reference on sampled tokens."""
+    from megamoe.kernels.bench import random_device_weights
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.numerics import check_numerics
+
+    cfg = MoEConfig.preset(name)
+    w = random_device_weights(cfg, seed=14)
+    wz = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+    for T in (8, 64):
+        x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        mk = megakernel_config(cfg, T, torch.bfloat16, x.device)
+        assert mk["tiles"]["router"].get("ALIGN_EACH") == 1
+        off = {**mk, "tiles": {**mk["tiles"], "router": {**mk["tiles"]["router"], "ALIGN_EACH": 0}}}
+        for ww, routing in ((w, "preset"), (wz, "concentrated")):
+            y = megakernel_forward(x, ww, cfg, mk=mk)
+            assert torch.equal(y, megakernel_forward(x, ww, cfg, mk=off)), (T, routing)
+            rep = check_numerics(x, y, ww, cfg, dtype="bfloat16", sample=4)
+            print(f"NUMERICS align_each {name} T={T} {routing} max_err={rep.error.max_err:.3e}")
+            assert rep.ok, (T, routing, rep.to_dict())
+    del w, wz
+    torch.cuda.empty_cache()
