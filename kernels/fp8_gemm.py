@@ -55,6 +55,29 @@ GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instruct
 GEMM 1 (same tile): with XQ 255 registers, no spills, 371 instructions per K step (without: 1547,
 48 LDL/STL, 248 stack bytes).
 
+Variant "tma_persistent", weight-only (prefill; OFF unless plan.FP8W_TMA_PREFILL, env MEGAMOE_FP8W_TMA=1;
+unmeasured on the GPU): _gemm1_fp8w_tma_kernel / _gemm2_fp8w_tma_kernel, the bf16 persistent GEMMs'
+walk, gathers and epilogues (grouped_gemm's helpers) with e4m3 weight tiles through TMA descriptors
+(half the bytes) and, instead of scaling each K tile's product, the block scale folded into the
+weights before the dot:
+    acc += dot(a, w) with w[n, k] = code[n, k] x s_w[n] rounded to a's dtype (``_e4m3_folded``)
+within a K tile (BLOCK_K divides KB) the scale depends only on the row block of the weight row n,
+so one accumulator per output (GEMM 1: gate and up, two) as the bf16 GEMMs, and 128-row tiles fit.
+SWAP_AB (plan.FP8W_TMA_SWAP_AB, on): the MMA computes acc^T = w @ a^T with the folded weights as
+wgmma's A operand in registers (converted to its layout through shared memory), so the MMAs stay
+asynchronous under the next K step's conversion; off, they are the B operand, stored to shared
+memory, and every K step waits for its wgmma (pendings 0) before converting the next.
+Triton 3.6, sm_90 (compile_report.py qwen3-30b-a3b:4096 deepseek-v3:4096 --gemm current --fp8 weights
+with MEGAMOE_FP8W_TMA=1; both presets alike): GEMM 1 128x128x64, 8 warps, 4 stages: 255 registers, no
+spills, 123 KB shared, K loop of 8 HGMMA (register A, up to 7 pending) + 2 TMA loads, 441 SASS
+instructions per 64-deep K step (conversion 32 PRMT + 67 LOP3 + 32 HMUL2 + 32 HFMA2; 8 STS + 8 LDSM
+of the layout change, 11 BAR.SYNC); GEMM 2 128x128x64, 3 stages: 220 registers, no spills, 4 HGMMA
++ 2 TMA loads, 260 instructions. Not swapped: GEMM 1 255 registers, 396 instructions, 5 BAR.SYNC;
+GEMM 2 at 128x256x64 254 registers, 335; at 256 columns the swapped GEMM 2 spills (16 STL). The
+pointer GEMMs they replace (same report, the GPU's conversion): GEMM 1 64x128x128 255 registers, 13
+STL / 12 LDL, 695 instructions per 128-deep K step (32 LDG of scales, 64 FFMA of the scaling, wgmma
+waited at once); GEMM 2 64x256x128 240 registers, 570. The bf16 TMA GEMM 1: 129 per 64-deep step.
+
 Weight-only decode options (the megakernel's config keys "fp8_convert", default configs.FP8_CONVERT_DEFAULT
 = bit moves in both backends, and "fp8_scale_prefetch", off; benchmarks/megakernel_variants.py FP8_VARIANTS):
     CVT, e4m3 -> x's dtype (``_e4m3_to``): 0 Triton's cast, on sm_90 cvt.rn.f16x2.e4m3x2 and two
@@ -558,14 +581,15 @@ def _e4m3_folded(w, s, dtype: tl.constexpr, CVT: tl.constexpr):
     before the dot, so that a K tile adds dot(a, w) to ONE accumulator.
 
     Rounding (the one thing that differs from the pointer kernels, which scale the fp32 product):
-    CVT 0 / 1 (Triton's cast / bit moves, the interpreter's) round code x s to float32, then to dtype
-    (exact in float32: 4 significant bits times 24); CVT 2 (inline PTX, bf16 and fp16 on a GPU)
-    moves the code's bits into the target (code x 2^-b exactly, b = 120 for bf16, 8 for fp16, as
-    ``_e4m3_to``) and multiplies by f = s x 2^b split into hi = dtype(f) and lo = dtype(f - hi):
-    fma(c, hi, c x lo), code x s to within 2^-17 of it before its one rounding to dtype (so the
-    nearest dtype value but for about 1 weight in 256 that lies that close to a rounding tie, then
-    one ulp off). Either way each weight is rounded once to dtype; the scale is not rounded apart.
-    Range: f = s x 2^b must be finite in dtype and code x s too (FOLD_SCALE_MAX; the launchers check)."""
+    each weight code x s is rounded to dtype, once. CVT 0 / 1 (Triton's cast / bit moves, the
+    interpreter's) round code x s to float32 (exact there but for its 28 bits: 4 significant bits
+    times 24), then to dtype; CVT 2 (inline PTX, bf16 and fp16 on a GPU) moves the code's bits into
+    the target (c = code x 2^-b exactly, b = 120 for bf16, 8 for fp16, as ``_e4m3_to``) and multiplies
+    by f = s x 2^b split into hi = dtype(f) and lo = dtype(f - hi): fma(c, hi, c x lo), one rounding
+    of code x s to within 2^-17 for bf16 (so the correctly rounded weight, bar ties that close; the
+    scale is not rounded apart); for fp16 c x lo underflows for weights below ~0.125, where the
+    scale is in effect rounded to fp16 first (11 bits): within one ulp of the correctly rounded weight.
+    Range: f and code x s must be finite in dtype (fold_scale_max; the launchers check)."""
     if CVT == 2 and dtype == tl.bfloat16:
         hi, lo = _fold_factors(s * _BIAS_2_120, w.shape, dtype)
         return tl.inline_asm_elementwise(_E4M3_BF16X4_FOLD, "=r,=r,r,r,r,r,r", [w.to(tl.uint8, bitcast=True), hi, lo],

@@ -485,7 +485,8 @@ FP8_MODES = (None, "weights", "weights+act")
 #: the H200 (196,640 B at 4 stages, compile_report), below Hopper's 227 KB with room for the epilogue.
 FP8_SMEM_BUDGET_BYTES = 196 * 1024
 #: Row tiles of the FP8 GEMMs at most: each K tile's product is kept apart from the accumulator until
-#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill.
+#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill. (The
+#: weight-only persistent GEMMs fold the scale into the weights instead: FP8W_TMA_MAX_BLOCK_M.)
 FP8_MAX_BLOCK_M = 64
 
 

@@ -348,13 +348,15 @@ def _fold(src, s_ptr, dst, CVT: tl.constexpr, R: tl.constexpr, N: tl.constexpr):
     tl.store(dst + r[:, None] * N + n[None, :], _e4m3_folded(w, tl.load(s_ptr + r), dst.dtype.element_ty, CVT))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the NaN codes x the largest scale
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_the_fold_rounds_code_times_scale_once(dtype, device):
     """_e4m3_folded: every finite e4m3 code times block scales across the range (the smallest a
     quantized block can have, typical ones, ones with 24 significant bits, the largest taken) is
     code x s rounded once to the dtype: exactly the float32 product's rounding with Triton's ops (CVT
-    1, the interpreter's; the cast, CVT 0), and with the inline PTX (CVT 2, GPU) the same value but
-    for at most 1 in 100 weights one ulp off (code x s lies within 2^-17 of a rounding tie)."""
+    1, the interpreter's; the cast, CVT 0), and with the inline PTX (CVT 2, GPU) within one ulp of
+    code x s correctly rounded (bfloat16: nearly always equal to it; float16, whose correction
+    term underflows for small weights: a few percent one ulp off)."""
     from megamoe.kernels.fp8_gemm import fold_scale_max
 
     if dtype == "bfloat16" and device.name == "cpu":
@@ -381,10 +383,11 @@ def test_the_fold_rounds_code_times_scale_once(dtype, device):
             e = exact[:len(scales), finite].to(dt)
             apart = (g.view(torch.int16).int() - e.view(torch.int16).int()).abs()
             assert (apart <= 1).all(), (dtype, cvt)
-            # float16's fold factor s x 2^8 is subnormal below s = 2^-22 (the smallest scale): its lo part
-            # is lost there, so only the one-ulp bound holds in that row
-            rows = torch.from_numpy(scales * 2.0**8 >= 2.0**-14) if dtype == "float16" else slice(None)
-            assert (apart[rows] != 0).float().mean() <= 0.01, (dtype, cvt)
+            # bfloat16: the correction c x lo keeps code x s to within 2^-17 of it (a NumPy emulation of the
+            # PTX gives the correctly rounded value for every code at these scales); float16: c x lo falls
+            # below float16's normal range for weights under ~0.125, so there the scale is in effect
+            # rounded to float16 first (the emulation: 1.5% of these weights one ulp off)
+            assert (apart != 0).float().mean() <= (0.01 if dtype == "bfloat16" else 0.05), (dtype, cvt)
 
 
 def test_bad_inputs_are_named(rng, device):
