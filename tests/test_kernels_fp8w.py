@@ -200,12 +200,17 @@ def test_fp8w_layer_matches_the_fp8_reference(case, rng, device, monkeypatch):
             assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "tma_persistent"
             if cfg.num_shared_experts:
                 assert sp.shared["gemm1"]["variant"] == "tma_persistent"
-            y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype(dtype)), cfg, True, plan=sp,
-                              fp8_activations=False)
+            wt = w8.to_torch(device.name, device.torch_dtype(dtype))
+            y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=False)
             ref = ref_forward(round_to_dtype(x, dtype), w8.round_to(dtype), cfg, fp8_activations=False)
             assert_close(y.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}")
             if dtype == "float32":
                 assert_close(y.cpu(), ref, "float32", f"fp8w layer {case}")
+            if case == "swiglu_bias":  # GEMM 2 adding into fp32 y with atomics (deterministic=False)
+                spa = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, False, gemm=entry, fp8="weights")
+                assert spa.atomic and spa.gemm["gemm2"]["variant"] == "tma_persistent"
+                ya = kmoe._forward(xt, wt, cfg, False, plan=spa, fp8_activations=False)
+                assert_close(ya.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}, atomic GEMM 2")
     finally:
         plan._static_plan.cache_clear()
 
