@@ -17,8 +17,11 @@ mma.sync) and whether registers went to local memory. Costs no device time; this
 may differ from the GPU machine's, so the figures are a guide, not the GPU's report.
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
 candidate's entry through plan.fp8_entry (BLOCK_K 128 ...; with MEGAMOE_FP8_TMA=1 in the environment
-and a "tma_persistent" candidate, the persistent TMA FP8 GEMMs of plan.FP8_TMA_PREFILL); the PTX count "fp8.mma" tells whether
-the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
+and a "tma_persistent" candidate, the persistent TMA FP8 GEMMs of plan.FP8_TMA_PREFILL; with MEGAMOE_FP8W_TMA=1,
+weight-only, those of plan.FP8W_TMA_PREFILL); the PTX count "fp8.mma" tells whether
+the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync). The weight-only GEMMs
+compile with the GPU's e4m3 conversion (configs.FP8_CONVERT_DEFAULT on a GPU: inline PTX), not the
+interpreter's that this machine's CPU tensors would give them (before that fix, their figures were CVT 1's).
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
 ``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
 compiles named variants of megakernel_variants.py ("default" for none); each report then also
@@ -304,6 +307,11 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
         todo += [("shared_gemm1", s1, sp.shared["gemm1"]), ("shared_gemm2", s2, sp.shared["gemm2"])]
     out = []
     for gemm, (fn, grid, args, kwargs), c in todo:
+        if "CVT" in kwargs:  # the CPU tensors here gave the interpreter's conversion: compile the GPU's (0 stays)
+            from megamoe.kernels.configs import FP8_CONVERT_DEFAULT
+            from megamoe.kernels.fp8_gemm import convert_code
+
+            kwargs = {**kwargs, "CVT": convert_code(FP8_CONVERT_DEFAULT, True) if kwargs["CVT"] else 0}
         tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         cand = candidate + (f"+fp8:{fp8}" if fp8 else "")
         where = (dump, _case_file(f"{name}:{T}.{cand}.{gemm}")) if dump else None

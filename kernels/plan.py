@@ -263,14 +263,18 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
 GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_gemm2_kernel",
                 ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel",
                 ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel",
-                ("gemm1", "fp8_tma"): "_gemm1_fp8_tma_kernel", ("gemm2", "fp8_tma"): "_gemm2_fp8_tma_kernel"}
+                ("gemm1", "fp8_tma"): "_gemm1_fp8_tma_kernel", ("gemm2", "fp8_tma"): "_gemm2_fp8_tma_kernel",
+                ("gemm1", "fp8w_tma"): "_gemm1_fp8w_tma_kernel", ("gemm2", "fp8w_tma"): "_gemm2_fp8w_tma_kernel"}
 
 
 def _kernel_key(g: dict, fp8) -> str:
-    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8", "fp8_tma")."""
+    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8"; persistent:
+    "fp8_tma" with FP8 activations, "fp8w_tma" weight-only)."""
     if not fp8:
         return g["variant"]
-    return "fp8_tma" if g.get("variant") == "tma_persistent" else "fp8"
+    if g.get("variant") != "tma_persistent":
+        return "fp8"
+    return "fp8_tma" if fp8 == "weights+act" else "fp8w_tma"
 
 
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
@@ -284,7 +288,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     ab = float(b) if ab is None else ab
     xb = float(b) if xb is None else xb
     # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
-    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs, FP8_TMA_PREFILL)
+    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs, FP8_TMA_PREFILL / FP8W_TMA_PREFILL)
     tma1 = g1.get("variant") == "tma_persistent"
     tma2 = g2.get("variant") == "tma_persistent"
     out = []
@@ -481,7 +485,8 @@ FP8_MODES = (None, "weights", "weights+act")
 #: the H200 (196,640 B at 4 stages, compile_report), below Hopper's 227 KB with room for the epilogue.
 FP8_SMEM_BUDGET_BYTES = 196 * 1024
 #: Row tiles of the FP8 GEMMs at most: each K tile's product is kept apart from the accumulator until
-#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill.
+#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill. (The
+#: weight-only persistent GEMMs fold the scale into the weights instead: FP8W_TMA_MAX_BLOCK_M.)
 FP8_MAX_BLOCK_M = 64
 
 
@@ -498,6 +503,29 @@ FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
 FP8_TMA_MAX_BLOCK_M = 64
 
 
+#: Weight-only FP8 at prefill through persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
+#: _gemm2_fp8w_tma_kernel: e4m3 weight tiles by TMA, each K tile's block scale folded into the weights
+#: before a bf16 wgmma, so one accumulator per output as the bf16 GEMMs, and 128-row tiles fit).
+#: OFF by default: compiled for sm_90 and tested under the interpreter, UNMEASURED on the GPU.
+#: MEGAMOE_FP8W_TMA=1 in the environment turns it on for a process (read here only, at import;
+#: fp8_entry's ``tma_weights`` overrides it per call).
+FP8W_TMA_PREFILL = os.environ.get("MEGAMOE_FP8W_TMA", "") == "1"
+#: Row tiles of the weight-only persistent FP8 GEMMs at most: one accumulator per output (the scale is
+#: folded into the weights), so the bf16 GEMMs' 128 rows (compile_report, Triton 3.6, sm_90: no spills)
+FP8W_TMA_MAX_BLOCK_M = 128
+#: Their K tile: the bf16 GEMMs' 64, half a scale block (FP8_BLOCK % FP8W_TMA_BLOCK_K == 0: each K tile in
+#: one block), so that a stage, and the weight tile converted in registers, is half of a 128-deep one's
+FP8W_TMA_BLOCK_K = 64
+#: Their MMA operands swapped (config key "SWAP_AB", fp8_gemm._fp8w_mma): the weights converted in
+#: registers are wgmma's A operand (out^T = W @ x^T), read from registers, so the MMAs run asynchronously
+#: under the next K step's conversion; not swapped, the converted tile is B, stored to shared memory,
+#: and each K step waits for its wgmma (compile_report: pendings 0) before converting the next
+FP8W_TMA_SWAP_AB = True
+#: Column tiles of the swapped GEMMs at most: the accumulator (BN, BM) with the register operand spills
+#: at GEMM 2's 256 columns (Triton 3.6, sm_90: 16 STL), not at 128
+FP8W_TMA_SWAP_MAX_BLOCK_N = 128
+
+
 def fp8_tma_ok(g: dict, depth: int | None) -> bool:
     """Whether a bf16 GEMM config ``g`` becomes a persistent FP8 GEMM: its variant is "tma_persistent",
     no split-K, and e4m3 rows of ``depth`` (the K extent) have the 16-byte strides TMA needs."""
@@ -506,7 +534,7 @@ def fp8_tma_ok(g: dict, depth: int | None) -> bool:
 
 
 def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: tuple[int, int] | None = None,
-              tma: bool | None = None) -> dict:
+              tma: bool | None = None, tma_weights: bool | None = None) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
     K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
     whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
@@ -517,27 +545,46 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     ``tma`` (default FP8_TMA_PREFILL, off): with FP8 activations a GEMM whose entry is variant
     "tma_persistent" (``fp8_tma_ok`` on ``depths`` = (H, I), GEMM 1's and GEMM 2's K extents; None:
     neither) keeps that variant (fp8_gemm's persistent kernels), BLOCK_M at most FP8_TMA_MAX_BLOCK_M
-    when both GEMMs do."""
+    when both GEMMs do.
+
+    ``tma_weights`` (default FP8W_TMA_PREFILL, off): the same for weight-only FP8 (fp8_gemm's
+    _gemm*_fp8w_tma_kernel, the block scale folded into the weights): BLOCK_K = FP8W_TMA_BLOCK_K,
+    BLOCK_M at most FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, "SWAP_AB" =
+    FP8W_TMA_SWAP_AB (then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N), and each stage's budget
+    leaves room for the weight tiles converted to x's dtype (in shared memory for the wgmma, or for
+    the layout conversion to its register operand)."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
-    tma = FP8_TMA_PREFILL if tma is None else tma
     H, I = depths or (None, None)
-    on = tma and fp8 == "weights+act"
+    if fp8 == "weights+act":
+        on = FP8_TMA_PREFILL if tma is None else tma
+        caps = (FP8_TMA_MAX_BLOCK_M, FP8_BLOCK)
+    else:
+        on = FP8W_TMA_PREFILL if tma_weights is None else tma_weights
+        caps = (FP8W_TMA_MAX_BLOCK_M, FP8W_TMA_BLOCK_K)
     v1 = "tma_persistent" if on and fp8_tma_ok(entry["gemm1"], H) else "pointer"
     v2 = "tma_persistent" if on and fp8_tma_ok(entry["gemm2"], I) else "pointer"
-    cap = FP8_TMA_MAX_BLOCK_M if v1 == v2 == "tma_persistent" else FP8_MAX_BLOCK_M
-    bm = min(entry["gemm1"]["BLOCK_M"], cap)
-    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, SPLIT_K=1, variant=v1)
+    both = v1 == v2 == "tma_persistent"
+    bm = min(entry["gemm1"]["BLOCK_M"], caps[0] if both else FP8_MAX_BLOCK_M)
+    bk1, bk2 = (caps[1] if v == "tma_persistent" else FP8_BLOCK for v in (v1, v2))
+    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=bk1, SPLIT_K=1, variant=v1)
     if fp8 == "weights+act":
         g1["BLOCK_N"] = FP8_BLOCK
-    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=FP8_BLOCK, variant=v2)
+    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=bk2, variant=v2)
+    for g in (g1, g2):
+        if fp8 == "weights" and g["variant"] == "tma_persistent":
+            g["SWAP_AB"] = int(FP8W_TMA_SWAP_AB)
+            if FP8W_TMA_SWAP_AB:
+                g["BLOCK_N"] = min(g["BLOCK_N"], FP8W_TMA_SWAP_MAX_BLOCK_N)
     # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
-    # tiles (GEMM 1: gate and up); weight-only GEMMs convert the weights in registers
+    # tiles (GEMM 1: gate and up); the weight-only persistent GEMMs' converted weight tiles once
     a2 = 1 if fp8 == "weights+act" else xb
     for g, a_bytes, n_w in ((g1, xb, 2), (g2, a2, 1)):
-        stage = g["BLOCK_M"] * FP8_BLOCK * a_bytes + n_w * g["BLOCK_N"] * FP8_BLOCK
-        g["num_stages"] = max(1, min(g["num_stages"], FP8_SMEM_BUDGET_BYTES // stage))
+        w_tile = n_w * g["BLOCK_N"] * g["BLOCK_K"]
+        stage = g["BLOCK_M"] * g["BLOCK_K"] * a_bytes + w_tile
+        converted = w_tile * xb if g["variant"] == "tma_persistent" and fp8 == "weights" else 0
+        g["num_stages"] = max(1, min(g["num_stages"], (FP8_SMEM_BUDGET_BYTES - converted) // stage))
     return {"gemm1": g1, "gemm2": g2}
 
 
