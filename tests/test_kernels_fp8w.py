@@ -161,8 +161,13 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
         assert torch.isfinite(got.float()).all()
         if device.name == "cpu":
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-        else:
-            torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3)
+        else:  # bf16: the folded weights are rounded to bf16 (the pointer GEMMs' are exact), so elements
+            # near zero differ by more than any elementwise rtol; by the project's metric both are bf16
+            # pipelines of the same layer. H200 run AN, elementwise rtol 2^-6 / atol 1e-3: 276 of 7904
+            # elements (3.5%) apart, max 0.0117; a NumPy emulation of the two roundings (this seed):
+            # 3.5%, max 0.0156, normalized error max 8.2e-3 / rms 4.6e-3
+            assert_close(got.double().cpu().numpy(), want.double().cpu().numpy(), "bfloat16",
+                         f"fp8w against the pointer FP8 GEMMs, swap={swap}")
     xr, wd = round_to_dtype(x, dtype), w8.dequantize()
     ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg)[0]
                     for t in range(T) for k, e in enumerate(idx[t])])
