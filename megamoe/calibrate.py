@@ -20,7 +20,8 @@ raises is recorded (``calibration.errors``) and the others go on; a step that do
 ``STEP_TIMEOUT_S`` is taken for a hang and the watchdog ends the process (exit code 4).
 
 Measured:
-    launch gap, graph cost    graphs of 1, 16, 64 empty kernels: replay time = fixed + N x gap
+    launch gap, graph cost    graphs of 1, 8, 16, 64 empty kernels after the clocks are warmed, each
+                              size's median over LAUNCH_ROUNDS rounds: replay time = fixed + N x gap
     hbm_read                  P in {1 .. 8S} programs x {16 KiB .. 4 MiB} each, one launch from a cold L2:
                               the best of the pointer-load readers (plain loads, the GEMM loop's
                               cp.async); hbm_read_tma: the same grid by the GEMM loop reading its
@@ -167,16 +168,49 @@ def _slope(xs, ts) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- measurements
+#: empty kernels per graph in the launch step (8: the graphs megamoe validate times hold 8 layer calls)
+LAUNCH_GRAPH_SIZES = (1, 8, 16, 64)
+#: rounds over LAUNCH_GRAPH_SIZES, each size's median taken: the first graph replays of a calibration ran
+#: while the GPU left its idle clocks (run AK: 1 kernel 24.4 us, 16 kernels 12.2 us; the fit's intercept,
+#: the graph fixed cost, came out 7.7-17.1 us over runs AK, AJ, AM, AN)
+LAUNCH_ROUNDS = 3
+#: seconds of matrix products before the launch step, so that it starts at working clocks
+CLOCK_WARM_S = 0.3
+
+
+def warm_clocks(seconds: float = CLOCK_WARM_S) -> None:
+    """Keep the GPU busy with bf16 matrix products for about ``seconds`` (it leaves its idle clocks)."""
+    import time
+
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def launch_fit(ns, rounds) -> dict:
+    """The launch step's figures from ``rounds`` (each a replay time in seconds per graph size of
+    ``ns``): per size the median over the rounds, then graph replay = fixed + N x gap by least squares."""
+    ts = [statistics.median(r[i] for r in rounds) for i in range(len(ns))]
+    a, b = _slope(list(ns), ts)
+    return {"graph_fixed_s": max(a, 0.0), "launch_gap_s": b, "points": list(zip(ns, ts)),
+            "rounds": [list(r) for r in rounds]}
+
+
 def measure_launch(reps: int) -> dict:
     import torch
 
     from megamoe.kernels import microbench as mb
 
     x = torch.zeros(1, device="cuda")
-    ns = [1, 16, 64]
-    ts = [graph_seconds(lambda i, n=n: [mb.empty(x) for _ in range(n)], inner=1, reps=max(reps, 9)) for n in ns]
-    a, b = _slope(ns, ts)
-    return {"graph_fixed_s": max(a, 0.0), "launch_gap_s": b, "points": list(zip(ns, ts))}
+    warm_clocks()
+    rounds = [[graph_seconds(lambda i, n=n: [mb.empty(x) for _ in range(n)], inner=1, reps=max(reps, 9))
+               for n in LAUNCH_GRAPH_SIZES] for _ in range(LAUNCH_ROUNDS)]
+    return launch_fit(LAUNCH_GRAPH_SIZES, rounds)
 
 
 def measure_sync(reps: int, S: int, quick: bool = False) -> dict:

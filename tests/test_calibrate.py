@@ -609,3 +609,18 @@ def test_shared_read_and_serial_tables_travel_to_the_profile(tmp_path):
     assert prof3["calibration"]["not_measured"] == ["l2_shared", "serial_programs"]
     k3 = validate(prof3).kernel
     assert k3.l2_shared_rate == () and k3.serial_load_steps == () and k3.serial_reduce_steps == ()
+
+
+def test_launch_fit_takes_each_graph_size_median_over_rounds():
+    """A first round taken at idle clocks (run AK: one kernel's graph 24.4 us, sixteen's 12.2 us) does
+    not move the fit: each size's median over the rounds, then fixed + N x gap by least squares."""
+    from megamoe.calibrate import LAUNCH_GRAPH_SIZES, launch_fit
+
+    ns = LAUNCH_GRAPH_SIZES
+    true = [10e-6 + n * 0.4e-6 for n in ns]
+    slow = [24.4e-6, 30e-6, 12.2e-6, 40e-6]
+    fit = launch_fit(ns, [slow, true, [t * 1.01 for t in true]])
+    assert fit["graph_fixed_s"] == pytest.approx(10e-6, rel=0.03)
+    assert fit["launch_gap_s"] == pytest.approx(0.4e-6, rel=0.03)
+    assert len(fit["rounds"]) == 3 and [n for n, _ in fit["points"]] == list(ns)
+    assert launch_fit((1, 64), [[1e-6, 100e-6]])["graph_fixed_s"] == 0.0  # never negative
