@@ -139,10 +139,9 @@ _BIAS_2_8 = tl.constexpr(2.0 ** 8)
 #: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target;
 #: each code moved to the high byte of a 16-bit lane (prmt), its magnitude shifted down into place
 #: (bf16: 4 bits, fp16: 1), its sign kept, then one exact multiply by the bias power of two
-_E4M3X4_PTX = """{
-    .reg .b32 lo, hi, s, m, bias;
-    mov.b32 bias, BIAS;
-    prmt.b32 lo, $2, 0, 0x1404;
+#: the bit moves both conversions share: four e4m3 codes in $2 into two pairs (lo, hi) of 16-bit lanes,
+#: each code at the high byte of its lane (prmt), its magnitude shifted down by SHIFT, its sign kept
+_E4M3X4_MOVES = """    prmt.b32 lo, $2, 0, 0x1404;
     prmt.b32 hi, $2, 0, 0x3424;
     and.b32 s, lo, 0x80008000;
     and.b32 m, lo, 0x7F007F00;
@@ -152,7 +151,11 @@ _E4M3X4_PTX = """{
     and.b32 m, hi, 0x7F007F00;
     shr.b32 m, m, SHIFT;
     or.b32 hi, m, s;
-    mul.rn.TYPE $0, lo, bias;
+"""
+_E4M3X4_PTX = """{
+    .reg .b32 lo, hi, s, m, bias;
+    mov.b32 bias, BIAS;
+""" + _E4M3X4_MOVES + """    mul.rn.TYPE $0, lo, bias;
     mul.rn.TYPE $1, hi, bias;
 }"""
 _E4M3_BF16X4 = tl.constexpr(_E4M3X4_PTX.replace("BIAS", "0x7B807B80").replace("SHIFT", "4").replace("TYPE", "bf16x2"))
@@ -555,17 +558,7 @@ def _gemm2_fp8_tma_kernel(
 #: the target, hi ($3: codes 0, 1; $4: codes 2, 3) and lo ($5, $6): t = c * lo, out = fma(c, hi, t)
 _E4M3X4_FOLD_PTX = """{
     .reg .b32 lo, hi, s, m, t;
-    prmt.b32 lo, $2, 0, 0x1404;
-    prmt.b32 hi, $2, 0, 0x3424;
-    and.b32 s, lo, 0x80008000;
-    and.b32 m, lo, 0x7F007F00;
-    shr.b32 m, m, SHIFT;
-    or.b32 lo, m, s;
-    and.b32 s, hi, 0x80008000;
-    and.b32 m, hi, 0x7F007F00;
-    shr.b32 m, m, SHIFT;
-    or.b32 hi, m, s;
-    mul.rn.TYPE t, lo, $5;
+""" + _E4M3X4_MOVES + """    mul.rn.TYPE t, lo, $5;
     fma.rn.TYPE $0, lo, $3, t;
     mul.rn.TYPE t, hi, $6;
     fma.rn.TYPE $1, hi, $4, t;
