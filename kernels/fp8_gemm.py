@@ -136,9 +136,6 @@ def _e4m3_rne(v):
 #: mantissa fields read as the code times 2^-120 (exponent bias 127 = 7 + 120), into fp16's as 2^-8 (15 = 7 + 8)
 _BIAS_2_120 = tl.constexpr(2.0 ** 120)
 _BIAS_2_8 = tl.constexpr(2.0 ** 8)
-#: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target;
-#: each code moved to the high byte of a 16-bit lane (prmt), its magnitude shifted down into place
-#: (bf16: 4 bits, fp16: 1), its sign kept, then one exact multiply by the bias power of two
 #: the bit moves both conversions share: four e4m3 codes in $2 into two pairs (lo, hi) of 16-bit lanes,
 #: each code at the high byte of its lane (prmt), its magnitude shifted down by SHIFT, its sign kept
 _E4M3X4_MOVES = """    prmt.b32 lo, $2, 0, 0x1404;
@@ -152,6 +149,9 @@ _E4M3X4_MOVES = """    prmt.b32 lo, $2, 0, 0x1404;
     shr.b32 m, m, SHIFT;
     or.b32 hi, m, s;
 """
+#: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target;
+#: each code moved to the high byte of a 16-bit lane (prmt), its magnitude shifted down into place
+#: (bf16: 4 bits, fp16: 1), its sign kept, then one exact multiply by the bias power of two
 _E4M3X4_PTX = """{
     .reg .b32 lo, hi, s, m, bias;
     mov.b32 bias, BIAS;
