@@ -791,8 +791,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     # the rows in place: the scatter tasks; one group: the top-k task aligned too; ALIGN_EACH: the
     # routing of every group (each GEMM 1 task then places its own block's rows)
     rows_ready = (scat_c, G) if aligned else (topk_c, G)
-    # ALIGN_EACH: every task past the static ones reads the G x E histograms (the row blocks, its
-    # block's expert); a GEMM 1 task also the routing's T x K expert ids, and writes its block's rows
+    # ALIGN_EACH: a program's first task past the static ones reads the G x E histograms (the row
+    # blocks, the blocks' experts; the program keeps them), charged below; a GEMM 1 task also reads the
+    # routing's T x K expert ids and writes its block's rows
     layout_in = G * E * 4 if lay.align_each else 0
     q1, q2 = lay.segments(B, num_programs)
     if sl:  # expert_slice tasks: GEMM 1's slice columns and their share of GEMM 2, fp32 partials out
@@ -812,7 +813,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     elif lay.align_each:
         _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
                            block_expert, block_rows, ab, wb, g1_c, None, rows_ready,
-                           extra_in=np.full(B * n1, layout_in + T * K * 4), extra_out=np.full(B * n1, bm * 8))
+                           extra_in=np.full(B * n1, T * K * 4), extra_out=np.full(B * n1, bm * 8))
     else:
         _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
                            block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
@@ -826,7 +827,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
-                in_bytes=srows * Is * ab + layout_in, out_bytes=srows * ncol * (4 if sl else ab),
+                in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
                 flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
     if not sl and lay.off_comb >= 0:  # the combine in GEMM 2's tiles: per column block, the tile that
@@ -840,9 +841,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                            extra_in=np.where(last, T * K * hc * ab, 0), extra_out=np.where(last, T * hc * ab, 0))
     elif not sl:
         _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1,
-                           extra_in=np.full(B * n2, layout_in) if layout_in else None,
-                           extra_out=np.zeros(B * n2) if layout_in else None)
+                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 
     # ---- combine
     nct = cdiv(H, cb["BLOCK_H"])
@@ -851,9 +850,11 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
     bld.add("combine", lay.combine_tasks, _w(lay.combine_tasks, (g2_c, g2_total)), block=tt, n_tile=hh,
             rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"],
-            in_bytes=(trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab) + layout_in,
+            in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
             out_bytes=trows * hcol * ab)
     arrays = bld.build()
+    if layout_in:  # each program's first dynamic ticket, when the programs take the tickets in order
+        arrays["in_bytes"][lay.s0:lay.s0 + max(1, int(num_programs))] += layout_in
     return TaskPlan(config_name=config.name, num_tokens=int(T), tiles=tiles, layout=lay, counts=counts,
                     num_programs=int(num_programs), counters=tuple(bld.counters),
                     counter_target=np.asarray(bld.targets, np.int64), topk_passes=topk_passes(config), **arrays)

@@ -299,6 +299,11 @@ def test_gemm1_tasks_place_their_own_rows(case, programs, rng):
         assert min(ran["gemm1_per_expert"][:cfg.top_k]) == -(-T // bm) * plan.layout.n1
     g1 = np.nonzero(plan.kind == KINDS.index("gemm1"))[0]
     assert g1.size and all(plan.waits(i) == [("topk", plan.layout.topk_groups)] for i in g1)
+    # the histograms are read by each program's first dynamic ticket (kept for its later ones), the
+    # routing's expert ids by every GEMM 1 task
+    extra = plan.in_bytes[g1] - plan.rows[g1] * plan.depth[g1] * 2 - T * cfg.top_k * 4  # bf16 rows (act_bytes)
+    hist = plan.layout.topk_groups * cfg.num_experts * 4
+    np.testing.assert_array_equal(extra, np.where(g1 < plan.layout.s0 + programs, hist, 0))
 
 
 def test_gemm1_tasks_place_the_rows_of_a_routing_made_elsewhere(rng):
