@@ -274,6 +274,8 @@ VARIANTS = {
                 "weights: more GEMM 1 tasks than programs at decode"),
     "n32": (_gemm_tiles(32, None, 128, False), "32-column GEMM 1 tiles, BLOCK_K 128, cp.async weights"),
     "n64tma": (_gemm_tiles(64, 64, 128, True), "64-column GEMM tiles, BLOCK_K 128, TMA weights (16 KiB copies)"),
+    "n64g1": (_gemm_tiles(64, None, 128, True), "64-column GEMM 1 tiles only (GEMM 2's as the default), BLOCK_K 128, "
+              "TMA weights: twice the GEMM 1 tasks where few experts are touched, without n64tma's GEMM 2 change"),
     "n32k256all": (_gemm_tiles(32, 32, 256, True), "32-column GEMM 1 and GEMM 2 tiles, BLOCK_K 256, TMA weights"),
     "rsplit16": (_router_split(16), "the decode router's logits over 16 ranges of H"),
     "rsplit32": (_router_split(32), "the decode router's logits over 32 ranges of H (one BLOCK_H step each at H 2048)"),
