@@ -347,7 +347,7 @@ def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:
     return T1_VARIANTS if T == 1 else (MID_VARIANTS if T < 512 else PREFILL_VARIANTS)
 
 
-def _no_each_without_its_layout(mk: dict) -> dict:
+def _fit_router_switches(mk: dict) -> dict:
     """A variant that gives the layer expert_slice tasks or stream-K segments leaves the default's
     tiles["router"]["EACH"] and ["ALIGN_EACH"] out (reference.tiles.fit_router_switches): GEMM 1 tasks
     route the token or place their rows themselves only with GEMM 1 and GEMM 2 tiles (task_layout
@@ -363,7 +363,7 @@ def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
     every variant; an empty list: the default alone, as megakernel_trace.py asks without --variants)."""
     out = [("default", base)]
     for n in (VARIANTS if names is None else names):
-        mk = _no_each_without_its_layout(VARIANTS[n][0](base))
+        mk = _fit_router_switches(VARIANTS[n][0](base))
         if mk != base and all(mk != m for _, m in out):
             out.append((n, mk))
     return out
