@@ -41,11 +41,6 @@ VARIANTS = {"bf16": (None, False, None), "fp8w_pointer": ("weights", False, None
             "fp8w_tma": ("weights", True, None), "fp8w_tma_b": ("weights", True, False)}
 
 
-def inputs_per_graph(T: int) -> int:
-    """NI: fresh inputs captured per graph (as kernels.bench.bench_row)."""
-    return 8 if T <= 512 else (4 if T <= 4096 else 2)
-
-
 @contextlib.contextmanager
 def _switches(tma_weights: bool, swap: bool | None):
     """plan.FP8W_TMA_PREFILL (and plan.FP8W_TMA_SWAP_AB unless None) set for the plans made inside;
@@ -91,7 +86,7 @@ def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, rep
     H = cfg.hidden_size
     gen = torch.Generator(device=device).manual_seed(1000 + T)
     dt = torch.bfloat16 if device == "cuda" else torch.float32
-    xs = [torch.randn(T, H, device=device, dtype=dt, generator=gen) for _ in range(inputs_per_graph(T))]
+    xs = [torch.randn(T, H, device=device, dtype=dt, generator=gen) for _ in range(kb.inputs_per_graph(T))]
     rows = np.sort(np.random.default_rng(T).choice(T, size=min(sample, T), replace=False))
     y_ref, _ = reference_on_tokens(xs[0][rows], weights["fp8"], cfg, fp8_activations=False)
     tmax, trms = tolerance_for("fp8_e4m3")

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                 if time.time() - t0 > args.budget:
                     print(f"# budget spent: skipping {name} T={T} {routing}", flush=True)
                     continue
-                ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
+                ni = kb.inputs_per_graph(T)
                 gen = torch.Generator(device="cuda").manual_seed(1000 + T)
                 xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen)
                       for _ in range(ni)]

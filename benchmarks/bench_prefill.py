@@ -42,11 +42,6 @@ TOKENS = (512, 4096, 16384)
 VARIANTS = ("current", "tma64", "tma128", "tma256")
 
 
-def inputs_per_graph(T: int) -> int:
-    """NI: fresh inputs captured per graph (as kernels.bench.bench_row)."""
-    return 8 if T <= 512 else (4 if T <= 4096 else 2)
-
-
 def _plan(cfg, T: int, variant: str, x):
     """The static plan of candidate ``variant`` for x (T, H) on its device and dtype."""
     from megamoe.kernels import configs as cfgs
@@ -110,7 +105,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, variants: list[str], *, rep
     dtype = "bfloat16" if device == "cuda" else "float32"
     gen = torch.Generator(device=device).manual_seed(1000 + T)
     xs = [torch.randn(T, H, device=device, dtype=getattr(torch, dtype), generator=gen)
-          for _ in range(inputs_per_graph(T))]
+          for _ in range(kb.inputs_per_graph(T))]
     d = kmoe.moe_forward_details(xs[0], w, cfg)
     touched = int((d["counts"] > 0).sum().item())
     flops, byt = kb.floor_terms(cfg, T, touched)

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         idx = (np.tile(np.arange(K), (T, 1)) if r["routing"] == "concentrated"
                else np.stack([rng.choice(E, K, replace=False) for _ in range(T)]))
         plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=E), T, mk["tiles"], num_programs=132)
-        ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
+        ni = kb.inputs_per_graph(T)
         pred = predict_task_plan(plan, a.profile, num_programs=132, num_warps=mk["num_warps"], calls_per_graph=ni,
                                  weight_loads=megakernel_weight_loads(mk))
         ratio = r["megakernel_us"] / pred["time_us"]

@@ -133,6 +133,12 @@ def provenance() -> dict:
 
 
 # --------------------------------------------------------------------------- timing
+def inputs_per_graph(T: int) -> int:
+    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls; every timing of
+    the layer and the cost model's amortized graph cost (megamoe.scale, calls_per_graph) read this."""
+    return 8 if T <= 512 else (4 if T <= 4096 else 2)
+
+
 def graph_time_us(fn, inputs: list, reps: int) -> float:
     """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
 
@@ -402,7 +408,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
     if fp8 is not None and not w.is_fp8:
         raise ValueError(f"dtype {dtype} needs FP8 weights (fp8_weights.to_fp8), got float ones")
     fp8_act = fp8 == "weights+act"
-    ni = 8 if T <= 512 else (4 if T <= 4096 else 2)
+    ni = inputs_per_graph(T)
     gen = torch.Generator(device="cuda").manual_seed(1000 + T)
     xs = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(ni)]
     touched = []

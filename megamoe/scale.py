@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .deadline import Budget, Watchdog, command_start
+from .kernels.bench import inputs_per_graph
 
 #: the default GPU run: 3 presets x 6 T x 3 routings x 2 backends = 108 configurations. Three
 #: presets that differ in what the model must get right: Qwen3-30B-A3B (128 small experts: fixed
@@ -66,8 +67,8 @@ CPU_SHAPE = dict(hidden_size=48, intermediate_size=40)
 
 
 def calls_per_graph(T: int) -> int:
-    """NI: fresh inputs (and calls) captured in one CUDA graph."""
-    return 8 if T <= 512 else (4 if T <= 4096 else 2)
+    """NI: fresh inputs (and calls) captured in one CUDA graph (kernels.bench.inputs_per_graph)."""
+    return inputs_per_graph(T)
 
 
 @dataclass(frozen=True)
