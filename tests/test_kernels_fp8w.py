@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from launches import LaunchRecorder
 
 from megamoe.reference import MoEConfig, assert_close, expert_ffn, random_weights, round_to_dtype
 from megamoe.reference import moe_forward as ref_forward
@@ -220,23 +221,6 @@ def test_fp8w_layer_matches_the_fp8_reference(case, rng, device, monkeypatch):
         plan._static_plan.cache_clear()
 
 
-class _Recorder:
-    """A kernel's launches recorded (name, grid, BLOCK_* and SWAP_AB) before they run."""
-
-    def __init__(self, fn, name, log):
-        self.fn, self.name, self.log = fn, name, log
-
-    def __getitem__(self, grid):
-        launch = self.fn[grid]
-
-        def run(*args, **kw):
-            self.log.append((self.name, tuple(grid), {k: v for k, v in kw.items()
-                                                      if k.startswith("BLOCK_") or k == "SWAP_AB"}))
-            return launch(*args, **kw)
-
-        return run
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="interpreter only")
 @pytest.mark.parametrize("on", [True, False], ids=["switch_on", "switch_off"])
 def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
@@ -264,7 +248,7 @@ def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
         sp = kmoe.static_plan_for(cfg, 13, x.dtype, x.device, True, gemm=entry, shared_gemm=entry, fp8="weights")
         for name, mod in kernels.items():
             m = importlib.import_module(f"megamoe.kernels.{mod}")
-            monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+            monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
         kmoe._forward(x, w, cfg, True, plan=sp, fp8_activations=False)
         topk_idx = kmoe.moe_forward_details(x, w, cfg)["topk_idx"].numpy()
         lp = launch_plan(cfg, topk_idx=topk_idx, dtype="float32", device_name="cpu-interpreter", fp8="weights",

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from launches import LaunchRecorder
 
 from megamoe.reference import MoEConfig, random_weights
 
@@ -19,20 +20,6 @@ KERNEL_MODULES = {
     "_scatter_kernel": "align", "_gemm1_kernel": "grouped_gemm", "_act_kernel": "grouped_gemm",
     "_gemm2_kernel": "grouped_gemm", "_combine_kernel": "grouped_gemm",
 }
-
-
-class _Recorder:
-    def __init__(self, fn, name, log):
-        self.fn, self.name, self.log = fn, name, log
-
-    def __getitem__(self, grid):
-        launch = self.fn[grid]
-
-        def run(*args, **kw):
-            self.log.append((self.name, tuple(grid), {k: v for k, v in kw.items() if k.startswith("BLOCK_")}))
-            return launch(*args, **kw)
-
-        return run
 
 
 def test_plan_is_importable_without_torch_or_triton():
@@ -61,7 +48,7 @@ def test_plan_matches_launches(T, shared, rng, monkeypatch):
     log: list = []
     for name, mod in KERNEL_MODULES.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
-        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+        monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
     moe_forward(x, w, cfg, backend="multi")  # the multi-launch path is what the launch plan describes
     monkeypatch.undo()
     d = moe_forward_details(x, w, cfg)
@@ -107,7 +94,7 @@ def test_launchers_take_their_sizes_from_the_plan(rng, monkeypatch):
     log: list = []
     for name, mod in KERNEL_MODULES.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
-        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+        monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
     monkeypatch.setattr(kmoe, "static_plan", edited)
     y = moe_forward(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, backend="multi")
     blocks = {n: (g, b) for n, g, b in reversed(log)}  # the first launch of each kernel (routed before shared)
@@ -145,7 +132,7 @@ def test_fp8_plan_matches_launches(fp8, rng, monkeypatch):
                "_quantize_x_kernel": "fp8_gemm"}
     for name, mod in kernels.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
-        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+        monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
     moe_forward(x, w, cfg, backend="multi", fp8_activations=fp8 == "weights+act")
     monkeypatch.undo()
     d = moe_forward_details(x, w, cfg)
