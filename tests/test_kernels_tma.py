@@ -183,7 +183,8 @@ def test_plan_matches_launches(rng, monkeypatch, device):
         pytest.skip("the launch recorder wraps the interpreter's kernels")
     import importlib
 
-    from test_kernels_plan import KERNEL_MODULES, _Recorder  # the launch recorder of the plan tests
+    from launches import LaunchRecorder
+    from test_kernels_plan import KERNEL_MODULES
 
     from megamoe.kernels import grouped_gemm as gg
     from megamoe.kernels import moe_forward_details
@@ -196,7 +197,7 @@ def test_plan_matches_launches(rng, monkeypatch, device):
     names = dict(KERNEL_MODULES, _gemm1_tma_kernel="grouped_gemm", _gemm2_tma_kernel="grouped_gemm")
     for name, mod in names.items():
         m = importlib.import_module(f"megamoe.kernels.{mod}")
-        monkeypatch.setattr(m, name, _Recorder(getattr(m, name), name, log))
+        monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
     entry = _entry(device)
     _layer(device, cfg, x, w, "float32", entry)
     monkeypatch.undo()
