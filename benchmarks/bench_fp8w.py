@@ -129,8 +129,7 @@ def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, rep
 
 
 def fmt_row(r: dict) -> list[str]:
-    def f(v, spec):
-        return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
+    from megamoe.kernels.bench import fmt_num as f
 
     out = [f"{r['preset']} T={r['T']} (routed {r['routed_flops'] / 1e9:.0f} GFLOP, {r['sampled_tokens']} tokens "
            f"checked against the FP8 reference)"]

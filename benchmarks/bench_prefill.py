@@ -157,8 +157,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, variants: list[str], *, rep
 
 
 def fmt_row(r: dict) -> list[str]:
-    def f(v, spec):
-        return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
+    from megamoe.kernels.bench import fmt_num as f
 
     out = [f"{r['preset']} T={r['T']}: floor {f(r['floor_us'], '.1f')} us, ideal {f(r.get('ideal_us'), '.1f')} us "
            f"({f(r.get('ideal_tflops'), '.0f')} TFLOP/s), torch {f(r.get('torch_us'), '.1f')} us"]

@@ -467,10 +467,15 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
     return row
 
 
+def fmt_num(v, spec: str) -> str:
+    """``v`` formatted with ``spec``, or "-" in the same width where it is not a number (a figure
+    the row did not get); the printed tables of the benchmarks use it."""
+    return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
+
+
 def fmt_row(r: dict) -> str:
     def f(k, spec):
-        v = r.get(k)
-        return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
+        return fmt_num(r.get(k), spec)
 
     return (f"{r['preset']:<16}{r['T']:>6} {r.get('dtype', 'bf16'):>7} {f('floor_us', '10.1f')} {f('ours_us', '10.1f')} "
             f"{f('ours_over_floor', '6.2f')} {f('speedup_vs_bf16', '6.2f')} {f('torch_us', '10.1f')} "

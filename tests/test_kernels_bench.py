@@ -231,3 +231,10 @@ def test_fp8_rows_on_the_gpu():
         assert r["backend"] == "multi" and r["speedup_vs_bf16"] > 0 and r["floor_us"] > 0
         assert r["config"]["gemm1"]["BLOCK_K"] == 128  # the FP8 entry (plan.fp8_entry)
     assert rows[2]["floor_matmul"] == "fp8" and rows[1]["floor_matmul"] == "bf16"
+
+
+def test_fmt_num_keeps_the_width_of_a_missing_figure():
+    from megamoe.kernels.bench import fmt_num
+
+    assert fmt_num(3.14159, "7.2f") == "   3.14" and fmt_num(None, "7.2f") == "      -"
+    assert fmt_num(5, "5.1f") == "  5.0" and len(fmt_num("n/a", "10.1f")) == 10
