@@ -184,11 +184,12 @@ def _expert_of_block(b, incl, e_mask, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _place_block(b, e, counts, start, topk_idx_ptr, TK, block_expert_ptr, padded_token_ptr, padded_pair_ptr,
+def _place_block(b, e, counts, start, topk_idx_ptr, TK, padded_token_ptr, padded_pair_ptr,
                  K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
     """Row block b's padded rows, from the routing alone (ALIGN_EACH): block b of expert e holds the
     pairs of e ranked [b BLOCK_M - start[e], + BLOCK_M) in pair order (= token order: a token picks
-    an expert once), -1 past its count: the rows _scatter_block and _finish_offsets would store.
+    an expert once), -1 past its count: the rows _scatter_block and _finish_offsets would store
+    (block_expert is not stored: every task that needs a block's expert computes it, _expert_of_block).
     topk_idx (T*K,) int32 = TK pairs (<= BLOCK_P); counts, start (BLOCK_E,) from _hist_layout."""
     offs_e = tl.arange(0, BLOCK_E)
     r0 = b * BLOCK_M - tl.sum(tl.where(offs_e == e, start, 0), axis=0)  # the block's first rank within e
@@ -206,7 +207,6 @@ def _place_block(b, e, counts, start, topk_idx_ptr, TK, block_expert_ptr, padded
     neg = tl.full((BLOCK_M,), -1, tl.int32)
     tl.store(padded_token_ptr + b * BLOCK_M + offs_j, neg, mask=pad)
     tl.store(padded_pair_ptr + b * BLOCK_M + offs_j, neg, mask=pad)
-    tl.store(block_expert_ptr + b, e)
 
 
 @triton.jit

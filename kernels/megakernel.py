@@ -412,8 +412,8 @@ def _megakernel(
                     b, n = _tile_ids(t - S0, nb, N1, GROUP_M)
                     if ALIGN_EACH:  # this block's rows from the routing (every N tile of the block writes the same)
                         e = _expert_of_block(b, a_incl, a_emask, BM)
-                        _place_block(b, e, a_cnt, a_start, topk_idx_ptr, T * K, block_expert_ptr, padded_token_ptr,
-                                     padded_pair_ptr, K, BM, R_BE, A_BP)
+                        _place_block(b, e, a_cnt, a_start, topk_idx_ptr, T * K, padded_token_ptr, padded_pair_ptr, K,
+                                     BM, R_BE, A_BP)
                         tl.debug_barrier()  # this program's row stores before the tile's loads of them
                     else:
                         e = tl.load(block_expert_ptr + b)
@@ -479,7 +479,7 @@ def _megakernel(
                                 _record(stats_ptr, R_G2, e, E, RECORD)
                     else:
                         b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
-                        if ALIGN_EACH:  # block_expert is written by the block's GEMM 1 tasks, maybe not yet
+                        if ALIGN_EACH:  # no task stores block_expert then: the expert from the layout
                             e = _expert_of_block(b, a_incl, a_emask, BM)
                         else:
                             e = tl.load(block_expert_ptr + b)
