@@ -271,9 +271,10 @@ def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
     return 64 if max(16, _pow2(E)) <= 128 else 32
 
 
-def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
-    """H ranges the router's logits are split into (0: none). Decode has one or two token blocks,
-    and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
+def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
+    """H ranges the decode router's logits are split into (0: none; the megakernel's router tasks
+    and the multi-launch path below ROUTER_PREFILL_BLOCKS token blocks). Decode has one or two token
+    blocks, and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
     C = -(-T // router_block_t(T, E)) if T else 0
     if interpret:  # tests: split the one-block batches (T <= 16) in two, keep the rest whole
         return 2 if C == 1 and H >= 32 else 0
@@ -281,6 +282,50 @@ def router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
         return 0
     block_h = router_block_h(E, H)
     return max(2, min(64, -(-H // (8 * block_h))))  # 2 or 4 steps measured no better (run 6)
+
+
+#: token blocks (router_block_t) from which the multi-launch router's logits are a prefill GEMM launch
+#: of their own (the interpreter: from 2, so that CI runs it at T = 17 on)
+ROUTER_PREFILL_BLOCKS = 16
+#: tokens and H columns per program of that launch: (128, E) x (E, 64) MMA steps, so the router weights
+#: are read once per 128 tokens, not per 32-token routing block (DeepSeek-V3 routed T = 4096, H200 run AO:
+#: router and align 256 us as 128 programs walking 224 steps of 32 columns each)
+ROUTER_PREFILL_T = 128
+ROUTER_PREFILL_H = 64
+#: at least this many BLOCK_H steps per H range of a prefill split
+ROUTER_PREFILL_MIN_STEPS = 4
+
+
+def router_prefill(T: int, E: int, *, interpret: bool = False) -> bool:
+    """Whether the multi-launch router at T tokens takes the prefill logits launch."""
+    C = -(-T // router_block_t(T, E)) if T else 0
+    return C >= (2 if interpret else ROUTER_PREFILL_BLOCKS)
+
+
+def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch: the routing block and
+    router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H at prefill (the interpreter: 16 x its
+    router_block_h, small tiles)."""
+    if not router_prefill(T, E, interpret=interpret):
+        return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
+    if interpret:
+        return 16, router_block_h(E, H, interpret=True)
+    return ROUTER_PREFILL_T, ROUTER_PREFILL_H
+
+
+def router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
+    """H ranges the multi-launch router's logits are split into (0: no logits launch). Decode:
+    decode_router_split. Prefill (router_prefill): always a logits launch of 128-token tiles
+    (router_logits_tile), its H split until the tiles x ranges fill num_sms programs, each range
+    keeping ROUTER_PREFILL_MIN_STEPS steps (the interpreter: 2 ranges where H has 2 steps)."""
+    if not router_prefill(T, E, interpret=interpret):
+        return decode_router_split(T, E, H, interpret=interpret)
+    bt, bh = router_logits_tile(T, E, H, interpret=interpret)
+    steps = -(-H // bh)
+    if interpret:
+        return min(2, steps)
+    tiles = -(-T // bt)
+    return max(1, min(num_sms // tiles, steps // ROUTER_PREFILL_MIN_STEPS))
 
 
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -501,7 +546,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
 
     bt = router_block_t(T, E)
     block_h = router_block_h(E, H, interpret=interpret)
-    split = router_split(T, E, H, interpret=interpret)
+    split = decode_router_split(T, E, H, interpret=interpret)
     cl = combine_launch(T, H)
     combine = {"BLOCK_T": cl["BLOCK_T"], "BLOCK_H": cl["BLOCK_H"]}
     if interpret:  # tiny tiles, as the multi-launch path's interpreter configs; top-k groups of 4 (1 at T = 1)

@@ -55,8 +55,8 @@ GEMM 2 64x256x128: 227 registers, no spills, 4 QGMMA + 2 TMA loads, 246 instruct
 GEMM 1 (same tile): with XQ 255 registers, no spills, 371 instructions per K step (without: 1547,
 48 LDL/STL, 248 stack bytes).
 
-Variant "tma_persistent", weight-only (prefill; OFF unless plan.FP8W_TMA_PREFILL, env MEGAMOE_FP8W_TMA=1;
-unmeasured on the GPU): _gemm1_fp8w_tma_kernel / _gemm2_fp8w_tma_kernel, the bf16 persistent GEMMs'
+Variant "tma_persistent", weight-only (prefill; ON by default, plan.FP8W_TMA_PREFILL, env MEGAMOE_FP8W_TMA=0
+turns it off; H200 runs AM-AP in NOTES-gpu-runs.md): _gemm1_fp8w_tma_kernel / _gemm2_fp8w_tma_kernel, the bf16 persistent GEMMs'
 walk, gathers and epilogues (grouped_gemm's helpers) with e4m3 weight tiles through TMA descriptors
 (half the bytes) and, instead of scaling each K tile's product, the block scale folded into the
 weights before the dot:

@@ -40,7 +40,7 @@ from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
-from .plan import static_plan
+from .plan import router_launch, static_plan
 from .routing import launch_router
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -583,8 +583,10 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
-    split = cfgs.router_split(T, E, config.hidden_size, interpret=dev.type == "cpu")
-    if T and not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, split, meta, bm):
+    rl = router_launch(T, E, config.hidden_size, K, config.n_group, interpret=dev.type == "cpu",
+                       num_sms=device_sms(dev))  # as moe_forward's static plan has it
+    if T and not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
+                               launch=rl):
         launch_align(topk_idx, hist, E, block_t, bm, meta)
     out = {k: v for k, v in meta.items() if k != "chunk_base"}
     out.update(topk_idx=topk_idx, topk_weights=topk_w, shared_gate=sgate, block_m=bm)

@@ -187,10 +187,14 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     bt, C, split, h_per = rl["BLOCK_T"], rl["C"], rl["SPLIT"], rl["H_PER_SPLIT"]
     rtile = {k: rl[k] for k in ("BLOCK_T", "BLOCK_E", "BLOCK_H", "num_warps")}
     if split:
-        stages.append(Stage("router_logits", "_router_logits_kernel", rl["logits_grid"], C * split,
-                            dict(rtile, SPLIT=split), bytes_per_tile=(bt * h_per + E * h_per) * b + bt * E * 4,
-                            flops_per_tile=2 * bt * E * h_per, note="split-H partial logits (decode)",
-                            work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": h_per},
+        lt = rl["LOGITS_T"]
+        stages.append(Stage("router_logits", "_router_logits_kernel", rl["logits_grid"],
+                            rl["logits_grid"][0] * split,
+                            dict(rtile, BLOCK_T=lt, num_warps=rl["logits_warps"], SPLIT=split),
+                            bytes_per_tile=(lt * h_per + E * h_per) * b + lt * E * 4,
+                            flops_per_tile=2 * lt * E * h_per,
+                            note="split-H partial logits (decode: the routing blocks; prefill: 128-token tiles)",
+                            work_tile={"m": lt, "n": rl["BLOCK_E"], "depth": h_per},
                             serial_steps={"load": cdiv(h_per, rl["BLOCK_H"]), "reduce": 0}))
         rbytes = split * bt * E * 4 + bt * K * 8
         rflops, rload = 0.0, 0
@@ -352,22 +356,29 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
-                  split: int | None = None) -> dict:
-    """The router's launches for T tokens: chunks C of BLOCK_T, BLOCK_E/H/K/G, warps, and the
-    split-H logits launch (SPLIT ranges of H_PER_SPLIT columns; SPLIT = 0: none). ``split``
-    overrides configs.router_split (the requested ranges; whole BLOCK_H steps may give fewer)."""
+                  split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS) -> dict:
+    """The router's launches for T tokens: chunks C of BLOCK_T (the routing program's tokens and the
+    align's chunk), BLOCK_E/K/G, warps, and the split-H logits launch: SPLIT ranges of H_PER_SPLIT
+    columns (SPLIT = 0: none, the routing program walks H itself) over tiles of LOGITS_T tokens and
+    BLOCK_H columns a step (configs.router_logits_tile: the routing block at decode, 128-token tiles
+    at prefill), logits_grid programs of logits_warps. ``split`` overrides configs.router_split (the
+    requested ranges; whole BLOCK_H steps may give fewer)."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, _pow2(E))
-    block_h = cfgs.router_block_h(E, H, interpret=interpret)
-    want = cfgs.router_split(T, E, H, interpret=interpret) if split is None else split
+    want = cfgs.router_split(T, E, H, interpret=interpret, num_sms=num_sms) if split is None else split
+    lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret)
+    if not want:  # the routing program walks H: its own step (router_block_h), its own tokens
+        lt, block_h = bt, cfgs.router_block_h(E, H, interpret=interpret)
     h_per, sp = H, 0
     if want and want > 0:
         h_per = cdiv(cdiv(H, want), block_h) * block_h
         sp = cdiv(H, h_per)
     C = cdiv(T, bt) if T else 0
-    return {"C": C, "grid": (C,), "logits_grid": (C, sp), "BLOCK_T": bt, "BLOCK_E": block_e, "BLOCK_H": block_h,
-            "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)), "SPLIT": sp, "H_PER_SPLIT": h_per,
-            "num_warps": 4 if block_e <= 128 else 8}
+    warps = 4 if block_e <= 128 else 8
+    return {"C": C, "grid": (C,), "logits_grid": (cdiv(T, lt) if T else 0, sp), "BLOCK_T": bt, "LOGITS_T": lt,
+            "BLOCK_E": block_e, "BLOCK_H": block_h, "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)),
+            "SPLIT": sp, "H_PER_SPLIT": h_per, "num_warps": warps,
+            "logits_warps": 8 if lt * block_e > 4096 else warps}
 
 
 def align_blocks(E: int, block_m: int, B_max: int) -> dict:
@@ -506,10 +517,11 @@ FP8_TMA_MAX_BLOCK_M = 64
 #: Weight-only FP8 at prefill through persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
 #: _gemm2_fp8w_tma_kernel: e4m3 weight tiles by TMA, each K tile's block scale folded into the weights
 #: before a bf16 wgmma, so one accumulator per output as the bf16 GEMMs, and 128-row tiles fit).
-#: OFF by default: compiled for sm_90 and tested under the interpreter, UNMEASURED on the GPU.
-#: MEGAMOE_FP8W_TMA=1 in the environment turns it on for a process (read here only, at import;
+#: ON by default since its GPU tests passed (H200 runs AO, AP; NOTES-gpu-runs.md): 1.36-1.55x the pointer
+#: FP8 GEMMs' layer at Qwen3-30B-A3B T = 4096 and 16384 (run AM; still 0.57-0.60x bf16's).
+#: MEGAMOE_FP8W_TMA=0 in the environment turns it off for a process (read here only, at import;
 #: fp8_entry's ``tma_weights`` overrides it per call).
-FP8W_TMA_PREFILL = os.environ.get("MEGAMOE_FP8W_TMA", "") == "1"
+FP8W_TMA_PREFILL = os.environ.get("MEGAMOE_FP8W_TMA", "") != "0"
 #: Row tiles of the weight-only persistent FP8 GEMMs at most: one accumulator per output (the scale is
 #: folded into the weights), so the bf16 GEMMs' 128 rows (compile_report, Triton 3.6, sm_90: no spills)
 FP8W_TMA_MAX_BLOCK_M = 128
@@ -547,7 +559,7 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     neither) keeps that variant (fp8_gemm's persistent kernels), BLOCK_M at most FP8_TMA_MAX_BLOCK_M
     when both GEMMs do.
 
-    ``tma_weights`` (default FP8W_TMA_PREFILL, off): the same for weight-only FP8 (fp8_gemm's
+    ``tma_weights`` (default FP8W_TMA_PREFILL, on): the same for weight-only FP8 (fp8_gemm's
     _gemm*_fp8w_tma_kernel, the block scale folded into the weights): BLOCK_K = FP8W_TMA_BLOCK_K,
     BLOCK_M at most FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, "SWAP_AB" =
     FP8W_TMA_SWAP_AB (then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N), and each stage's budget
@@ -605,7 +617,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
-    rl = router_launch(T, E, H, K, config.n_group, interpret=interpret)
+    rl = router_launch(T, E, H, K, config.n_group, interpret=interpret, num_sms=num_sms)
     P_max = cfgs.max_padded_rows(T * K, E, bm)
     B_max = P_max // bm
     al = align_launch(rl["C"], K, E, rl["BLOCK_T"], bm, B_max)

@@ -131,7 +131,8 @@ def _router_partial(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits of token block pid over H range sp (one task of the decode router)."""
+    """Split-H partial logits of token tile pid over H range sp (a program of the multi-launch
+    router's logits launch, or a task of the megakernel's decode router)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -167,7 +168,8 @@ def _router_logits_kernel(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits for decode: program (c, s) sums H range s of token block c.
+    """Split-H partial logits: program (c, s) sums H range s of token tile c (decode: the routing
+    blocks; prefill: 128-token GEMM tiles, configs.router_logits_tile).
     part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
     _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
                     T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
@@ -358,8 +360,8 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
         sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
         _router_logits_kernel[rl["logits_grid"]](
             x, weights.router_weight, sgw, part, sg_part, T, H, E, x.stride(0), weights.router_weight.stride(0),
-            rl["H_PER_SPLIT"], HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"],
-            BLOCK_H=rl["BLOCK_H"], num_warps=rl["num_warps"],
+            rl["H_PER_SPLIT"], HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=rl["LOGITS_T"], BLOCK_E=rl["BLOCK_E"],
+            BLOCK_H=rl["BLOCK_H"], num_warps=rl["logits_warps"],
         )
     fuse = meta is not None and C == 1
     m = meta if fuse else {}

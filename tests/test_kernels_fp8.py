@@ -498,7 +498,8 @@ def test_tma_fp8_layer_matches_reference(case, rng, device, monkeypatch):
 def test_fp8_tma_off_by_default_leaves_fp8_entry_unchanged():
     """FP8_TMA_PREFILL is off (unless MEGAMOE_FP8_TMA=1): fp8_entry gives the pointer FP8 GEMMs of
     before for every mode, tuned "tma_persistent" entries included; on, only FP8 activations with
-    a "tma_persistent" entry and TMA-able depths get the persistent kernels."""
+    a "tma_persistent" entry and TMA-able depths get the persistent kernels. (The weight-only
+    persistent GEMMs, FP8W_TMA_PREFILL, are held off here: test_kernels_fp8w tests them.)"""
     import os
 
     from megamoe.kernels import configs as cfgs
@@ -507,13 +508,13 @@ def test_fp8_tma_off_by_default_leaves_fp8_entry_unchanged():
     assert plan.FP8_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8_TMA", "") == "1")
     for entry in (cfgs.tma_entry(128), cfgs.tma_entry(64), cfgs.default_config(8, 2048, 768, 2, 4096)):
         for fp8 in ("weights", "weights+act"):
-            off = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=False)
+            off = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=False, tma_weights=False)
             assert off["gemm1"]["variant"] == off["gemm2"]["variant"] == "pointer"
             assert off["gemm1"]["BLOCK_M"] == min(entry["gemm1"]["BLOCK_M"], plan.FP8_MAX_BLOCK_M)
-            assert plan.fp8_entry(entry, fp8) == off  # no depths: no TMA whatever the flag
+            assert plan.fp8_entry(entry, fp8) == off  # no depths: no TMA whatever the flags
             if not plan.FP8_TMA_PREFILL:
-                assert plan.fp8_entry(entry, fp8, depths=(2048, 768)) == off
-            on = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=True)
+                assert plan.fp8_entry(entry, fp8, depths=(2048, 768), tma_weights=False) == off
+            on = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=True, tma_weights=False)
             if fp8 == "weights":
                 assert on == off
         assert plan.fp8_entry(entry, "weights+act", depths=(2056, 776), tma=True) == \

@@ -1,7 +1,7 @@
 """Weight-only FP8 at prefill through the persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
 _gemm2_fp8w_tma_kernel: each K tile's block scale folded into the e4m3 weights before the dot) against
 the reference's FP8 layer (weight-only: ``fp8_activations=False``), and the switch that selects them
-(plan.FP8W_TMA_PREFILL, env MEGAMOE_FP8W_TMA=1; fp8_entry's ``tma_weights``).
+(plan.FP8W_TMA_PREFILL, on unless env MEGAMOE_FP8W_TMA=0; fp8_entry's ``tma_weights``).
 
 Under the interpreter x is float32 (the folded weight is code x s rounded to float32, so the
 ``float32`` row holds too) and float16 (the weight rounded to float16 once: the ``fp8_e4m3`` row);
@@ -276,7 +276,7 @@ def test_fp8_entry_sizes_the_persistent_weight_only_gemms(monkeypatch):
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import plan
 
-    assert plan.FP8W_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8W_TMA", "") == "1")
+    assert plan.FP8W_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8W_TMA", "") != "0")
     assert plan.FP8_BLOCK % plan.FP8W_TMA_BLOCK_K == 0
     entry = cfgs.select_config(128, 2048, 768, 8, 4096, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
     assert entry["gemm1"]["variant"] == entry["gemm2"]["variant"] == "tma_persistent"
@@ -292,8 +292,7 @@ def test_fp8_entry_sizes_the_persistent_weight_only_gemms(monkeypatch):
         assert c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] * 2 + w_tile) + 2 * w_tile <= plan.FP8_SMEM_BUDGET_BYTES
         assert off[g]["variant"] == "pointer" and off[g]["BLOCK_K"] == 128 and "SWAP_AB" not in off[g]
         assert off[g]["BLOCK_M"] == plan.FP8_MAX_BLOCK_M
-    if not plan.FP8W_TMA_PREFILL:
-        assert plan.fp8_entry(entry, "weights", depths=(2048, 768)) == off
+    assert plan.fp8_entry(entry, "weights", depths=(2048, 768)) == (on if plan.FP8W_TMA_PREFILL else off)
     for depths in ((2056, 768), (2048, 776), None):  # 8-byte rows of e4m3 codes (or no depths): no TMA
         odd = plan.fp8_entry(entry, "weights", depths=depths, tma_weights=True)
         assert odd["gemm1"]["BLOCK_M"] == plan.FP8_MAX_BLOCK_M
@@ -320,15 +319,19 @@ def test_fp8_entry_sizes_the_persistent_weight_only_gemms(monkeypatch):
         assert (g1.grid == (132,)) == switch  # persistent: one program per SM of an H200
 
 
-def test_env_var_turns_the_switch_on_at_import():
-    """MEGAMOE_FP8W_TMA=1 in a fresh process turns FP8W_TMA_PREFILL on (read once, at import), and the
-    static plan of Qwen3-30B-A3B at T = 4096 on an H200 then runs the weight-only persistent GEMMs."""
+def test_env_var_turns_the_switch_off_at_import():
+    """FP8W_TMA_PREFILL is on unless MEGAMOE_FP8W_TMA=0 in the process (read once, at import): the static
+    plan of Qwen3-30B-A3B at T = 4096 on an H200 runs the weight-only persistent GEMMs, or with 0 the
+    pointer FP8 GEMMs."""
     code = ("from megamoe.kernels import plan\n"
             "from megamoe.reference import MoEConfig\n"
             "sp = plan.static_plan(MoEConfig.preset('qwen3-30b-a3b'), 4096, fp8='weights', triton_version='3.6.0')\n"
             "print(plan.FP8W_TMA_PREFILL, sp.gemm['gemm1']['variant'], sp.gemm['gemm1']['BLOCK_M'])\n")
-    for value, want in (("1", "True tma_persistent 128"), ("0", "False pointer 64")):
-        env = {**os.environ, "MEGAMOE_FP8W_TMA": value}
+    for value, want in (("1", "True tma_persistent 128"), (None, "True tma_persistent 128"),
+                        ("0", "False pointer 64")):
+        env = {k: v for k, v in os.environ.items() if k != "MEGAMOE_FP8W_TMA"}
+        if value is not None:
+            env["MEGAMOE_FP8W_TMA"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == want.split(), out.stderr[-2000:]
 
@@ -340,6 +343,14 @@ def _fold(src, s_ptr, dst, CVT: tl.constexpr, R: tl.constexpr, N: tl.constexpr):
     n = tl.arange(0, N)
     w = tl.load(src + r[:, None] * N + n[None, :])
     tl.store(dst + r[:, None] * N + n[None, :], _e4m3_folded(w, tl.load(s_ptr + r), dst.dtype.element_ty, CVT))
+
+
+def _ordered_bits(v):
+    """16-bit floats v -> int32 in value order, one step per ulp: sign-magnitude bit patterns folded
+    so that -0 and +0 are both 0 and the negatives count down from it."""
+    b = v.view(torch.int16).int() & 0xFFFF
+    mag = b & 0x7FFF
+    return torch.where(b >= 0x8000, -mag, mag)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the NaN codes x the largest scale
@@ -373,9 +384,10 @@ def test_the_fold_rounds_code_times_scale_once(dtype, device):
         g = got.cpu()[:len(scales), finite]
         if cvt < 2 or dtype == "float32":
             assert torch.equal(g.double(), want[:len(scales), finite]), (dtype, cvt)
-        else:  # bit patterns of same-signed values one apart: one ulp
+        else:  # ulps apart: distance on the bit patterns laid out in value order (+0 and -0 both 0: the
+            # negative zero code times a fold factor whose lo part is negative comes out +0, equal in value)
             e = exact[:len(scales), finite].to(dt)
-            apart = (g.view(torch.int16).int() - e.view(torch.int16).int()).abs()
+            apart = (_ordered_bits(g) - _ordered_bits(e)).abs()
             assert (apart <= 1).all(), (dtype, cvt)
             # bfloat16: the correction c x lo keeps code x s to within 2^-17 of it (a NumPy emulation of the
             # PTX gives the correctly rounded value for every code at these scales); float16: c x lo falls

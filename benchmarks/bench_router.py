@@ -1,0 +1,113 @@
+"""The multi-launch path's router and align at prefill, side by side in one run (issue 10).
+
+    python benchmarks/bench_router.py [--presets a,b] [--tokens 512,4096,16384] [--reps 10] [--out DIR]
+
+For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
+  - ``walk``: the routing programs walking H themselves, 32 tokens each (no logits launch; the
+    path before the prefill logits launch, ``plan.router_launch(split=0)``),
+  - ``tiles``: the default, a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
+    ``configs.router_split``), then the routing programs summing its partials,
+each alone and followed by the align (scan and scatter), beside the whole layer (multi-launch, the
+default router) in the same run: router + align as a share of the layer (for ``walk``, of the layer
+less the default's router + align plus its own, a derived figure). The two routers' top-k experts are
+compared (they sum the same fp32 products in another order: a pick may differ only where two
+scores tie to float32 rounding; the count of such tokens is printed). Needs a CUDA GPU. With --out
+writes DIR/router.jsonl, a row per (preset, T), with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def run_case(name: str, T: int, reps: int) -> dict:
+    import torch
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import moe_forward
+    from megamoe.kernels.align import launch_align
+    from megamoe.kernels.moe import align_buffers, static_plan_for
+    from megamoe.kernels.plan import router_launch
+    from megamoe.kernels.routing import launch_router
+
+    cfg = kb.bench_config(name)
+    w = kb.random_device_weights(cfg)
+    E, K, H = cfg.num_experts, cfg.top_k, cfg.hidden_size
+    dev = torch.device("cuda")
+    NI = kb.inputs_per_graph(T)
+    xs = [torch.randn(T, H, device=dev, dtype=torch.bfloat16) for _ in range(NI)]
+    sp = static_plan_for(cfg, T, torch.bfloat16, dev)  # the layer's plan: its row blocks and align sizes
+    bm = sp.gemm["gemm1"]["BLOCK_M"]
+    launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0), "tiles": sp.router}
+    row = {"preset": name, "T": T, "reps": reps,
+           "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")}}
+    picks = {}
+    for tag, rl in launches.items():
+        meta, hist, block_t = align_buffers(T, K, E, bm, dev)
+        topk_idx = torch.empty((T, K), device=dev, dtype=torch.int32)
+        topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
+        sgate = torch.empty((T,), device=dev, dtype=torch.float32) if w.shared_gate is not None else None
+
+        def route(x, rl=rl, meta=meta, hist=hist, block_t=block_t, topk_idx=topk_idx, topk_w=topk_w, sgate=sgate):
+            launch_router(x, w, cfg, topk_idx, topk_w, hist, sgate, block_t, launch=rl)
+
+        def route_align(x, rl=rl, meta=meta, hist=hist, block_t=block_t, topk_idx=topk_idx, topk_w=topk_w,
+                        sgate=sgate):
+            if not launch_router(x, w, cfg, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
+                                 launch=rl):
+                launch_align(topk_idx, hist, E, block_t, bm, meta, launch=sp.align)
+
+        row[f"{tag}_router_us"] = kb.graph_time_us(route, xs, reps)
+        row[f"{tag}_router_align_us"] = kb.graph_time_us(route_align, xs, reps)
+        route(xs[0])
+        torch.cuda.synchronize()
+        picks[tag] = topk_idx.sort(dim=1).values.clone()
+    row["tokens_picking_differently"] = int((picks["walk"] != picks["tiles"]).any(dim=1).sum())
+    row["layer_us"] = kb.graph_time_us(lambda x: moe_forward(x, w, cfg, backend="multi"), xs, reps)
+    # the layer as it was with the walking router: derived, the layer less one router + align plus the other
+    row["layer_walk_us_derived"] = row["layer_us"] - row["tiles_router_align_us"] + row["walk_router_align_us"]
+    row["prefill_router"] = cfgs.router_prefill(T, E)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", default="qwen3-30b-a3b,deepseek-v3,mixtral-8x7b,gpt-oss-120b,qwen3-235b-a22b")
+    ap.add_argument("--tokens", default="512,4096,16384")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=None, help="folder for router.jsonl")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_router: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from megamoe.kernels.bench import fmt_num, provenance
+
+    prov = provenance()
+    print(f"# {prov}")
+    out = Path(args.out) / "router.jsonl" if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.presets.split(","):
+        for T in (int(t) for t in args.tokens.split(",")):
+            r = {**run_case(name, T, args.reps), **prov}
+            share = {k: 100 * r[f"{k}_router_align_us"] / r[lk] for k, lk in
+                     (("walk", "layer_walk_us_derived"), ("tiles", "layer_us"))}
+            print(f"{name:16s} {T:6d}  router walk {fmt_num(r['walk_router_us'], '8.1f')} tiles "
+                  f"{fmt_num(r['tiles_router_us'], '8.1f')} us | +align walk {fmt_num(r['walk_router_align_us'], '8.1f')}"
+                  f" ({share['walk']:4.1f}% of the layer) tiles {fmt_num(r['tiles_router_align_us'], '8.1f')} "
+                  f"({share['tiles']:4.1f}%) | layer {fmt_num(r['layer_us'], '9.1f')} us | tokens picking differently "
+                  f"{r['tokens_picking_differently']} | {r['tiles_launch']}", flush=True)
+            if out:
+                with out.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
