@@ -5,11 +5,12 @@
 For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
   - ``walk``: the routing programs walking H themselves, 32 tokens each (no logits launch; the
     path before the prefill logits launch, ``plan.router_launch(split=0)``),
-  - ``tiles``: the default, a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
-    ``configs.router_split``), then the routing programs summing its partials,
+  - ``tiles``: a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
+    ``configs.prefill_router_split``), then the routing programs summing its partials (the default
+    where ``configs.router_prefill``: more than ROUTER_PREFILL_WALK_STEPS walking steps),
 each alone and followed by the align (scan and scatter), beside the whole layer (multi-launch, the
-default router) in the same run: router + align as a share of the layer (for ``walk``, of the layer
-less the default's router + align plus its own, a derived figure). The two routers' top-k experts are
+default router) in the same run: router + align as a share of the layer with that router (the default's measured; the
+other's derived, the layer less the default's router + align plus its own: ``derived`` names it). The two routers' top-k experts are
 compared (they sum the same fp32 products in another order: a pick may differ only where two
 scores tie to float32 rounding; the count of such tokens is printed). Needs a CUDA GPU. With --out
 writes DIR/router.jsonl, a row per (preset, T), with provenance.
@@ -42,7 +43,7 @@ def run_case(name: str, T: int, reps: int) -> dict:
     xs = [torch.randn(T, H, device=dev, dtype=torch.bfloat16) for _ in range(NI)]
     sp = static_plan_for(cfg, T, torch.bfloat16, dev)  # the layer's plan: its row blocks and align sizes
     bm = sp.gemm["gemm1"]["BLOCK_M"]
-    launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0), "tiles": sp.router}
+    launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0), "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True)}
     row = {"preset": name, "T": T, "reps": reps,
            "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")}}
     picks = {}
@@ -68,9 +69,12 @@ def run_case(name: str, T: int, reps: int) -> dict:
         picks[tag] = topk_idx.sort(dim=1).values.clone()
     row["tokens_picking_differently"] = int((picks["walk"] != picks["tiles"]).any(dim=1).sum())
     row["layer_us"] = kb.graph_time_us(lambda x: moe_forward(x, w, cfg, backend="multi"), xs, reps)
-    # the layer as it was with the walking router: derived, the layer less one router + align plus the other
-    row["layer_walk_us_derived"] = row["layer_us"] - row["tiles_router_align_us"] + row["walk_router_align_us"]
-    row["prefill_router"] = cfgs.router_prefill(T, E)
+    # the layer with the other router: derived, the layer less the default's router + align plus the other's
+    row["default"] = d = "tiles" if cfgs.router_prefill(T, E, H) else "walk"
+    o = "walk" if d == "tiles" else "tiles"
+    row[f"layer_{d}_us"] = row["layer_us"]
+    row[f"layer_{o}_us"] = row["layer_us"] - row[f"{d}_router_align_us"] + row[f"{o}_router_align_us"]
+    row["derived"] = f"layer_{o}_us"
     return row
 
 
@@ -96,13 +100,12 @@ def main(argv=None) -> int:
     for name in args.presets.split(","):
         for T in (int(t) for t in args.tokens.split(",")):
             r = {**run_case(name, T, args.reps), **prov}
-            share = {k: 100 * r[f"{k}_router_align_us"] / r[lk] for k, lk in
-                     (("walk", "layer_walk_us_derived"), ("tiles", "layer_us"))}
+            share = {k: 100 * r[f"{k}_router_align_us"] / r[f"layer_{k}_us"] for k in ("walk", "tiles")}
             print(f"{name:16s} {T:6d}  router walk {fmt_num(r['walk_router_us'], '8.1f')} tiles "
                   f"{fmt_num(r['tiles_router_us'], '8.1f')} us | +align walk {fmt_num(r['walk_router_align_us'], '8.1f')}"
                   f" ({share['walk']:4.1f}% of the layer) tiles {fmt_num(r['tiles_router_align_us'], '8.1f')} "
                   f"({share['tiles']:4.1f}%) | layer {fmt_num(r['layer_us'], '9.1f')} us | tokens picking differently "
-                  f"{r['tokens_picking_differently']} | {r['tiles_launch']}", flush=True)
+                  f"{r['tokens_picking_differently']} | default {r['default']} | {r['tiles_launch']}", flush=True)
             if out:
                 with out.open("a") as f:
                     f.write(json.dumps(r) + "\n")

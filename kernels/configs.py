@@ -285,8 +285,13 @@ def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> i
 
 
 #: token blocks (router_block_t) from which the multi-launch router's logits are a prefill GEMM launch
-#: of their own (the interpreter: from 2, so that CI runs it at T = 17 on)
+#: of their own (the interpreter: from 2, so that CI runs it at T = 17 on), where the routing programs
+#: would walk more than ROUTER_PREFILL_WALK_STEPS steps of H (router_block_h) each. H200 run AP
+#: (bench_router.py, router alone, walking / tiles): DeepSeek-V3 (224 steps) 2.2-2.3x faster at T = 512-16384,
+#: Qwen3-235B-A22B and Mixtral (64) 1.16-2.8x but Mixtral 0.94x at 16384, gpt-oss-120b (45) 1.16-1.32x,
+#: Qwen3-30B-A3B (32) 0.88-0.99x: the extra launch and partials cost more than a 32-step walk saves.
 ROUTER_PREFILL_BLOCKS = 16
+ROUTER_PREFILL_WALK_STEPS = 32
 #: tokens and H columns per program of that launch: (128, E) x (E, 64) MMA steps, so the router weights
 #: are read once per 128 tokens, not per 32-token routing block (DeepSeek-V3 routed T = 4096, H200 run AO:
 #: router and align 256 us as 128 programs walking 224 steps of 32 columns each)
@@ -296,36 +301,44 @@ ROUTER_PREFILL_H = 64
 ROUTER_PREFILL_MIN_STEPS = 4
 
 
-def router_prefill(T: int, E: int, *, interpret: bool = False) -> bool:
-    """Whether the multi-launch router at T tokens takes the prefill logits launch."""
+def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
+    """Whether the multi-launch router at T tokens takes the prefill logits launch (the interpreter:
+    whatever the walk's length)."""
     C = -(-T // router_block_t(T, E)) if T else 0
-    return C >= (2 if interpret else ROUTER_PREFILL_BLOCKS)
+    if interpret:
+        return C >= 2
+    return C >= ROUTER_PREFILL_BLOCKS and -(-H // router_block_h(E, H)) > ROUTER_PREFILL_WALK_STEPS
 
 
-def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False) -> tuple[int, int]:
+def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
+                       tiles: bool | None = None) -> tuple[int, int]:
     """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch: the routing block and
-    router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H at prefill (the interpreter: 16 x its
-    router_block_h, small tiles)."""
-    if not router_prefill(T, E, interpret=interpret):
+    router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H with ``tiles`` (default
+    router_prefill; the interpreter: 16 x its router_block_h, small tiles)."""
+    if not (router_prefill(T, E, H, interpret=interpret) if tiles is None else tiles):
         return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
     if interpret:
         return 16, router_block_h(E, H, interpret=True)
     return ROUTER_PREFILL_T, ROUTER_PREFILL_H
 
 
-def router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
-    """H ranges the multi-launch router's logits are split into (0: no logits launch). Decode:
-    decode_router_split. Prefill (router_prefill): always a logits launch of 128-token tiles
-    (router_logits_tile), its H split until the tiles x ranges fill num_sms programs, each range
-    keeping ROUTER_PREFILL_MIN_STEPS steps (the interpreter: 2 ranges where H has 2 steps)."""
-    if not router_prefill(T, E, interpret=interpret):
-        return decode_router_split(T, E, H, interpret=interpret)
-    bt, bh = router_logits_tile(T, E, H, interpret=interpret)
+def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
+    """H ranges of the prefill logits launch (router_logits_tile's 128-token tiles): split until the
+    tiles x ranges fill num_sms programs, each range keeping ROUTER_PREFILL_MIN_STEPS steps, at least 1
+    (the interpreter: 2 ranges where H has 2 steps)."""
+    bt, bh = router_logits_tile(T, E, H, interpret=interpret, tiles=True)
     steps = -(-H // bh)
     if interpret:
         return min(2, steps)
-    tiles = -(-T // bt)
-    return max(1, min(num_sms // tiles, steps // ROUTER_PREFILL_MIN_STEPS))
+    return max(1, min(num_sms // -(-T // bt), steps // ROUTER_PREFILL_MIN_STEPS))
+
+
+def router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
+    """H ranges the multi-launch router's logits are split into (0: no logits launch):
+    prefill_router_split where router_prefill, else decode_router_split."""
+    if router_prefill(T, E, H, interpret=interpret):
+        return prefill_router_split(T, E, H, interpret=interpret, num_sms=num_sms)
+    return decode_router_split(T, E, H, interpret=interpret)
 
 
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:

@@ -356,22 +356,27 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
-                  split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS) -> dict:
+                  split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None) -> dict:
     """The router's launches for T tokens: chunks C of BLOCK_T (the routing program's tokens and the
     align's chunk), BLOCK_E/K/G, warps, and the split-H logits launch: SPLIT ranges of H_PER_SPLIT
     columns (SPLIT = 0: none, the routing program walks H itself) over tiles of LOGITS_T tokens and
-    BLOCK_H columns a step (configs.router_logits_tile: the routing block at decode, 128-token tiles
-    at prefill), logits_grid programs of logits_warps. ``split`` overrides configs.router_split (the
-    requested ranges; whole BLOCK_H steps may give fewer)."""
+    BLOCK_H columns a step, logits_grid programs of logits_warps. ``tiles``: the prefill launch of
+    128-token tiles (configs.router_logits_tile; default configs.router_prefill) or the routing blocks.
+    ``split`` overrides the ranges (configs.prefill_router_split / decode_router_split; whole BLOCK_H
+    steps may give fewer; 0: no logits launch)."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, _pow2(E))
-    want = cfgs.router_split(T, E, H, interpret=interpret, num_sms=num_sms) if split is None else split
-    lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret)
-    if not want:  # the routing program walks H: its own step (router_block_h), its own tokens
+    if tiles is None:
+        tiles = cfgs.router_prefill(T, E, H, interpret=interpret)
+    if split is None:
+        split = (cfgs.prefill_router_split(T, E, H, interpret=interpret, num_sms=num_sms) if tiles
+                 else cfgs.decode_router_split(T, E, H, interpret=interpret))
+    lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret, tiles=tiles)
+    if not split:  # the routing program walks H: its own step (router_block_h), its own tokens
         lt, block_h = bt, cfgs.router_block_h(E, H, interpret=interpret)
     h_per, sp = H, 0
-    if want and want > 0:
-        h_per = cdiv(cdiv(H, want), block_h) * block_h
+    if split > 0:
+        h_per = cdiv(cdiv(H, split), block_h) * block_h
         sp = cdiv(H, h_per)
     C = cdiv(T, bt) if T else 0
     warps = 4 if block_e <= 128 else 8

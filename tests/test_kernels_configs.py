@@ -205,22 +205,22 @@ def test_each_applies_only_to_whole_two_gemm_tiles():
 
 
 def test_router_prefill_logits_launch():
-    """The multi-launch router: at decode (fewer than ROUTER_PREFILL_BLOCKS routing blocks) its logits
-    launch is the decode split of before (the megakernel reads the same decode_router_split); from
-    there on, 128-token x 64-column tiles with H split until tiles x ranges fill the SMs, never below
-    ROUTER_PREFILL_MIN_STEPS steps a range, and whole BLOCK_H steps; split=0 still walks H."""
+    """The multi-launch router: at decode (fewer than ROUTER_PREFILL_BLOCKS routing blocks) and where the
+    walk is short its logits launch is the decode split of before (the megakernel reads the same
+    decode_router_split); otherwise 128-token x 64-column tiles with H split until tiles x ranges fill
+    the SMs, never below ROUTER_PREFILL_MIN_STEPS steps a range, and whole BLOCK_H steps; split=0 walks H."""
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels.plan import router_launch
 
     E, H, K = 256, 7168, 8  # DeepSeek-V3
     for T in (1, 16, 64, 480):
-        assert not cfgs.router_prefill(T, E)
+        assert not cfgs.router_prefill(T, E, H)
         assert cfgs.router_split(T, E, H) == cfgs.decode_router_split(T, E, H)
         rl = router_launch(T, E, H, K, 8)
         assert rl["LOGITS_T"] == rl["BLOCK_T"] == cfgs.router_block_t(T, E)
         assert rl["BLOCK_H"] == cfgs.router_block_h(E, H)
     for T, sms in ((512, 132), (4096, 132), (4096, 78), (16384, 132), (100_000, 132)):
-        assert cfgs.router_prefill(T, E) and cfgs.decode_router_split(T, E, H) == 0
+        assert cfgs.router_prefill(T, E, H) and cfgs.decode_router_split(T, E, H) == 0
         rl = router_launch(T, E, H, K, 8, num_sms=sms)
         tiles, S = rl["logits_grid"]
         assert rl["LOGITS_T"] == cfgs.ROUTER_PREFILL_T and rl["BLOCK_H"] == cfgs.ROUTER_PREFILL_H
@@ -229,7 +229,10 @@ def test_router_prefill_logits_launch():
         assert rl["H_PER_SPLIT"] >= cfgs.ROUTER_PREFILL_MIN_STEPS * rl["BLOCK_H"]
         assert tiles * S <= max(sms, tiles)  # fills, never past, the SMs (more tiles than SMs: no split)
         assert rl["C"] == -(-T // cfgs.router_block_t(T, E))  # the routing and align blocks are unchanged
-    assert router_launch(4096, 128, 2048, 8, num_sms=132)["logits_grid"] == (32, 4)
+    # Qwen3-30B-A3B walks 2048 / 64 = 32 steps: no logits launch at prefill (the tiles are there on request)
+    assert not cfgs.router_prefill(4096, 128, 2048) and router_launch(4096, 128, 2048, 8)["SPLIT"] == 0
+    assert router_launch(4096, 128, 2048, 8, num_sms=132, tiles=True)["logits_grid"] == (32, 4)
+    assert router_launch(4096, 128, 4096, 8, num_sms=132)["logits_grid"] == (32, 4)  # Qwen3-235B-A22B: 64 steps
     walk = router_launch(4096, E, H, K, 8, split=0)
     assert walk["SPLIT"] == 0 and walk["LOGITS_T"] == walk["BLOCK_T"] and walk["BLOCK_H"] == cfgs.router_block_h(E, H)
     mk = cfgs.megakernel_config(E, H, 2048, K, 0, 4096, num_sms=132)
