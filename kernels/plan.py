@@ -210,9 +210,15 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                         serial_steps={"load": rload, "reduce": topk_passes(config) + (2 if fused else 0)}))
     if not fused:
         al = sp.align
-        stages.append(Stage("align_scan", "_scan_kernel", al["scan_grid"], 1, dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"]),
-                            bytes_per_tile=8 * C * E + 4 * (B_max + 2 * E), flops_per_tile=0.0,
-                            serial_steps={"load": 0, "reduce": cdiv(C, al["BLOCK_C"]) + 2}))
+        ex, nl = al["BLOCK_EX"], al["layout_grid"][0]
+        stages.append(Stage("align_scan", "_scan_experts_kernel", al["scan_grid"], al["scan_grid"][0],
+                            dict(BLOCK_EX=ex, BLOCK_C=al["BLOCK_CS"]),
+                            bytes_per_tile=8 * C * ex + 4 * ex, flops_per_tile=0.0,
+                            serial_steps={"load": 0, "reduce": cdiv(C, al["BLOCK_CS"])}))
+        stages.append(Stage("align_layout", "_layout_kernel", al["layout_grid"], nl,
+                            dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
+                            bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * bm / 2, flops_per_tile=0.0,
+                            serial_steps={"load": 0, "reduce": 2}))
         stages.append(Stage("align_scatter", "_scatter_kernel", al["scatter_grid"], C,
                             dict(BLOCK_T=bt, BLOCK_E=al["BLOCK_E"]),
                             bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0,
@@ -393,11 +399,21 @@ def align_blocks(E: int, block_m: int, B_max: int) -> dict:
                 BLOCK_PAD=max(2, _pow2(block_m)))
 
 
+#: experts per program of the multi-launch path's scan (align._scan_experts_kernel) and its chunk rows a step
+ALIGN_SCAN_EXPERTS = 16
+ALIGN_SCAN_CHUNKS = 64
+
+
 def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
-    """The scan (one program) and scatter (C programs) launches, and the histogram kernel's sizes."""
+    """The scan (a program per ALIGN_SCAN_EXPERTS experts), layout (a program per BLOCK_B row blocks)
+    and scatter (C programs) launches, and the histogram kernel's sizes. BLOCK_C: the megakernel's
+    one-task scan's step (reference.tiles.scan_block)."""
     bl = align_blocks(E, block_m, B_max)
     return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": scan_block(C),
-            "BLOCK_K": max(2, _pow2(K)), "scan_grid": (1,), "scatter_grid": (C,), "hist_grid": (C,), "num_warps": 4}
+            "BLOCK_EX": ALIGN_SCAN_EXPERTS, "BLOCK_CS": max(2, min(ALIGN_SCAN_CHUNKS, _pow2(C))),
+            "BLOCK_K": max(2, _pow2(K)), "scan_grid": (cdiv(E, ALIGN_SCAN_EXPERTS),),
+            "layout_grid": (cdiv(max(B_max, 1), bl["BLOCK_B"]),), "scatter_grid": (C,), "hist_grid": (C,),
+            "num_warps": 4}
 
 
 def act_launch(I: int, block_m: int, num_m: int) -> dict:

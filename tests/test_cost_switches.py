@@ -387,10 +387,11 @@ def test_reuse_switch_caps_each_experts_rate_and_nothing_else(monkeypatch):
 RUN36 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run36"
 #: run 36's rows re-predicted with its profile by HEAD's code before the reuse term (commit 193f1ce):
 #: (preset, T, routing, backend) -> (predicted_us, gemm2 us)
-#: (the DeepSeek-V3 multi totals since its prefill router's logits launch, configs.router_prefill: 7867.1 and 23398.6 before)
-RUN36_HEAD = {("deepseek-v3", 4096, "uniform", "multi"): (7798.537480219008, 2327.820689913437),
-              ("deepseek-v3", 16384, "uniform", "multi"): (23117.236583769885, 6654.077891065244),
-              ("qwen3-30b-a3b", 512, "uniform", "multi"): (332.28597743343585, 102.44359110751975),
+#: (the multi totals since the prefill router's logits launch, configs.router_prefill, and the align's scan over
+#: experts and layout over row blocks: DeepSeek-V3 7867.1 and 23398.6, Qwen3-30B-A3B 332.3 before)
+RUN36_HEAD = {("deepseek-v3", 4096, "uniform", "multi"): (7797.5214610690955, 2327.820689913437),
+              ("deepseek-v3", 16384, "uniform", "multi"): (23102.303297239174, 6654.077891065244),
+              ("qwen3-30b-a3b", 512, "uniform", "multi"): (333.28940057831915, 102.44359110751975),
               ("deepseek-v3", 4096, "uniform", "megakernel"): (9543.892441301952, 3358.7768206443006)}
 
 

@@ -28,6 +28,8 @@ def _random_topk(rng, T, E, K):
         (40, 5, 2, 16),  # three router chunks of 16 tokens: the cross-chunk prefix
         (70, 33, 4, 32),  # E not a power of two, larger block
         (37, 7, 7, 16),  # K = E: every token on every expert
+        (2080, 40, 2, 16),  # 65 chunks (two scan steps), 3 scan programs of 16 experts, 5 layout programs
+        (300, 70, 4, 128),  # 128-row blocks: layout programs of 64 blocks, padding rows across them
     ],
 )
 def test_align_equals_plan_dispatch(T, E, K, block_m, rng, device):

@@ -16,7 +16,8 @@ from launches import LaunchRecorder
 from megamoe.reference import MoEConfig, random_weights
 
 KERNEL_MODULES = {
-    "_router_logits_kernel": "routing", "_router_kernel": "routing", "_scan_kernel": "align",
+    "_router_logits_kernel": "routing", "_router_kernel": "routing", "_scan_experts_kernel": "align",
+    "_layout_kernel": "align",
     "_scatter_kernel": "align", "_gemm1_kernel": "grouped_gemm", "_act_kernel": "grouped_gemm",
     "_gemm2_kernel": "grouped_gemm", "_combine_kernel": "grouped_gemm",
 }
