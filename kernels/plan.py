@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..reference.config import ROUTERS
 from ..reference.sizes import FP8_BLOCK, dtype_bytes, row_bytes, weight_bytes_per_element
 from ..reference.tiles import cdiv, scan_block, topk_passes
 from . import configs as cfgs
@@ -203,11 +204,14 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         rflops, rload = 2 * bt * E * H, cdiv(H, rl["BLOCK_H"])
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
-    stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused),
+    # the selection's key (kernel_model.route_select: router family, BLOCK_E, K, groups, BLOCK_T) and its
+    # dependent reductions (priced as those where the profile has no time for the key)
+    select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group)
+    stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused, **select),
                         bytes_per_tile=rbytes + (8 * P_max + 4 * T * K if fused else 4 * E),
                         flops_per_tile=rflops, note="top-k; aligns too when one program holds every token",
                         work_tile={"m": bt, "n": rl["BLOCK_E"], "depth": H if not split else 0},
-                        serial_steps={"load": rload, "reduce": topk_passes(config) + (2 if fused else 0)}))
+                        serial_steps={"load": rload, "reduce": 2 if fused else 0, "select": topk_passes(config)}))
     if not fused:
         al = sp.align
         ex, nl = al["BLOCK_EX"], al["layout_grid"][0]

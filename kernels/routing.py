@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference.config import ROUTERS
 from .align import _finish_offsets, _scatter_block
 from .plan import align_blocks, router_launch
 
-ROUTER_CODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped_topk": 2, "sigmoid_top1_input": 3}
+ROUTER_CODES = {r: i for i, r in enumerate(ROUTERS)}  # the kernels' ROUTER constexpr; the plan's router tiles
 
 
 @triton.jit

@@ -53,6 +53,10 @@ Measured:
                               consecutive programs reading the same tile at the same step
                               (kernels/microbench_shared.py): aggregate bytes/s by (P, g),
                               kernel_model.l2_shared_read
+    select                    one routing program's selection (kernels/microbench_route.py: the
+                              multi-launch router's _route_block on random fp32 logits) of each
+                              preset's router family, BLOCK_E, K and groups, at 16 and 32 tokens (quick:
+                              32): seconds per block from the slope in R blocks, kernel_model.route_select
     serial_programs           the serial steps with P in {1, 16, 64, S, 2S} programs at once, each
                               its own token rows and the same router weights: seconds per load+dot
                               step (kernel_model.serial_load_step), per top-1 pass
@@ -70,6 +74,7 @@ import sys
 import time
 from pathlib import Path
 
+from megamoe.reference.config import ROUTERS
 from megamoe.reference.tiles import GEMM_LOOP_FORMS, gemm_loop_form_text
 
 
@@ -600,6 +605,43 @@ def measure_serial(reps: int) -> dict:
             "load": load, "reduce": red}
 
 
+def select_cases(quick: bool = False) -> list[tuple]:
+    """(key, config, BLOCK_T) for the select step: each preset's router family (microbench_route.select_key
+    without BLOCK_T) once, at the routing blocks of 16 and 32 tokens (configs.router_block_t; quick: 32)."""
+    from megamoe.kernels.microbench_route import select_key
+    from megamoe.reference import PRESETS, MoEConfig
+
+    out, seen = [], set()
+    for name in PRESETS:
+        cfg = MoEConfig.preset(name)
+        for bt in ((32,) if quick else (16, 32)):
+            key = select_key(cfg, bt)
+            if key not in seen:
+                seen.add(key)
+                out.append((key, cfg, bt))
+    return out
+
+
+def measure_select(reps: int, quick: bool = False) -> dict:
+    """Seconds of one routing program's selection per block of BLOCK_T tokens (slope in R blocks of
+    2 and 16, random logits, the family's biases as small random values): "points" [key..., s]."""
+    import torch
+
+    from megamoe.kernels import microbench_route as mr
+
+    rounds = (2, 16)
+    pts = []
+    for key, cfg, bt in select_cases(quick):
+        E = cfg.num_experts
+        lg = torch.randn((max(rounds) * bt, E), device="cuda", dtype=torch.float32)
+        rb = torch.randn(E, device="cuda") * 0.01 if cfg.router_bias else None
+        sb = torch.randn(E, device="cuda") * 0.01 if cfg.score_bias else None
+        ts = [graph_seconds(lambda i, r=r, lg=lg, cfg=cfg, bt=bt, rb=rb, sb=sb:
+                            mr.route_select(lg[:r * bt], cfg, bt, r, rb=rb, sb=sb), inner=4, reps=reps) for r in rounds]
+        pts.append([*key, max(_slope(rounds, ts)[1], 1e-9)])
+    return {"points": pts}
+
+
 #: the shared-read step's working set: 8 MiB of 64 x 128 bf16 tiles (512 tiles: the 2S groups of
 #: one program each still read apart), read 1 MiB per program per launch
 L2_SHARED_SET_BYTES = 8 << 20
@@ -764,6 +806,11 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                      "P programs sweeping one L2-resident working set of weight tiles by the GEMM "
                                      "loop's loads, groups of g consecutive programs reading the same tile at once; "
                                      "read behind cost.USE_L2_SHARED_READ")
+    if "select" in m:
+        km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T"], m["select"]["points"],
+                                   "seconds of one routing program's selection per block of BLOCK_T tokens "
+                                   "(kernels/microbench_route.py: routing._route_block on random fp32 logits); "
+                                   "router: 1 + its code, routing.ROUTER_CODES (microbench_route.select_key)")
     if "serial_programs" in m:
         sp = m["serial_programs"]
 
@@ -862,6 +909,9 @@ def summary(m: dict, prof: dict) -> str:
         rates = {int(g): r for p, g, r in m["l2_shared"]["points"] if int(p) == P}
         lines.append(f"L2 shared read, {P:>3} programs, g = " + "/".join(str(g) for g in groups) + "  "
                      + " ".join(f"{rates.get(g, 0.0) / 1e12:.2f}" for g in groups) + " TB/s")
+    for *key, t in m.get("select", {}).get("points", []):
+        r, be, k, ng, bt = (int(x) for x in key)
+        lines.append(f"{f'route select, {ROUTERS[r - 1]} E<={be} K={k} groups {ng}, {bt} tokens':<56} {t * 1e6:8.2f} us")
     for key, label in (("load", "serial load+dot step"), ("reduce", "serial top-1 pass"), ("chain", "serial chain step")):
         for P, t in m.get("serial_programs", {}).get(key, []):
             lines.append(f"{label + f', {int(P)} programs':<36} {t * 1e9:8.1f} ns")
@@ -874,7 +924,8 @@ def summary(m: dict, prof: dict) -> str:
 
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
-STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "serial", "l2_shared", "serial_programs", "sync")
+STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "serial", "select", "l2_shared",
+         "serial_programs", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
@@ -885,7 +936,9 @@ STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "seria
 #: from the quick tables (multi 7.9% median against 4.9% re-predicted with run AJ's full tables).
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (42.0, 15.0),
                "gemm_reuse": (28.0, 12.0), "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0),
-               "serial": (4.0, 3.0), "l2_shared": (3.0, 2.0), "serial_programs": (5.0, 3.0), "sync": (4.0, 3.0)}
+               "serial": (4.0, 3.0), "select": (30.0, 15.0), "l2_shared": (3.0, 2.0), "serial_programs": (5.0, 3.0),
+               "sync": (4.0, 3.0)}
+#: ("select": not yet run on a GPU; about 12 router-family compiles of a few seconds each, guessed)
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
 
@@ -921,6 +974,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_copy(reps, S, quick)
     if name == "serial":
         return measure_serial(reps)
+    if name == "select":
+        return measure_select(reps, quick)
     if name == "l2_shared":
         return measure_l2_shared(reps, S, gap_s, quick)
     if name == "serial_programs":

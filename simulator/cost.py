@@ -504,6 +504,18 @@ def serial_step_s(profile: Profile, kind: str, programs=1):
     return out if np.ndim(out) else float(out)
 
 
+def route_select_s(profile: Profile, tile: dict) -> float | None:
+    """Seconds of one routing program's selection (a router stage's ``tile``: ROUTER code, BLOCK_E, K,
+    N_GROUP, BLOCK_T) from the profile's measured kernel_model.route_select (its router axis is 1 +
+    the code), or None where it has no point for that key (then the stage's "select" reductions are
+    priced by the serial reduce step)."""
+    key = (float(tile.get("ROUTER", -2)) + 1, *(float(tile.get(k, -1)) for k in ("BLOCK_E", "K", "N_GROUP", "BLOCK_T")))
+    for p in _km(profile).route_select:
+        if tuple(p[:5]) == key:
+            return float(p[5])
+    return None
+
+
 def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
                   tma: bool = False) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
@@ -777,8 +789,11 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     memory_s = mem[memory_term]
     steps = stage.get("serial_steps") or {}
     n_serial = min(P, slots)  # the programs running the stage's serial chains at once
+    select_s = route_select_s(profile, tile) if steps.get("select") else None
+    if select_s is None:  # no measured selection for this router: its dependent reductions
+        select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce", n_serial)
     serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load", n_serial)
-                        + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce", n_serial))
+                        + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce", n_serial) + select_s)
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
                            waves * km.task_overhead_s * 1e6, waves, occ, memory_term)
 

@@ -565,6 +565,10 @@ _KM_TABLES = {
     "serial_reduce_step": ("s", ("programs",)),
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
     "serial_chain_step": ("s", ("programs",)),
+    # one routing program's selection per block of BLOCK_T tokens, by router family (routing.ROUTER_CODES),
+    # BLOCK_E, K and groups (kernels/microbench_route.py; optional): the multi-launch router's selection
+    # where a key matches, else topk_passes x serial_reduce_step_s
+    "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T")),
 }
 
 
@@ -604,6 +608,8 @@ class KernelModel:
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
     serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads them only behind its
     switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
+    route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, s per block), ...) (``kernel_model.
+    route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
     read behind cost.USE_GEMM_REUSE_TABLE (``gemm_reuse_table``).
@@ -647,6 +653,7 @@ class KernelModel:
     l2_shared_rate: tuple = ()
     serial_load_steps: tuple = ()
     serial_reduce_steps: tuple = ()
+    route_select: tuple = ()
     gemm_reuse: tuple = ()
 
     def gemm_reuse_table(self, loads: str) -> tuple:
@@ -715,6 +722,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "serial_load_step": [],
         "serial_reduce_step": [],
         "serial_chain_step": [],
+        "route_select": [],
         **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
@@ -724,7 +732,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    occupancy="assumption: 1 program per SM at 8+ warps, 2 below", sm_copy=derived,
                    l2_shared_read="none: L2 hits price at l2_bandwidth_bytes_per_s",
                    serial_load_step="none: serial_load_step_s", serial_reduce_step="none: serial_reduce_step_s",
-                   serial_chain_step="none",
+                   serial_chain_step="none", route_select="none: topk_passes x serial_reduce_step_s",
                    **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
@@ -751,6 +759,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                        l2_shared_programs=l2s[0], l2_shared_groups=l2s[1], l2_shared_rate=l2s[2],
                        serial_load_steps=_by_programs("serial_load_step", tables["serial_load_step"]),
                        serial_reduce_steps=_by_programs("serial_reduce_step", tables["serial_reduce_step"]),
+                       route_select=tuple(sorted(tables["route_select"])),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))

@@ -117,6 +117,7 @@ def _fake_measurements(S=132):
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
         "serial": {"serial_load_step_s": 5e-8, "serial_reduce_step_s": 3e-8},
+        "select": {"points": [[1, 128, 8, 1, 32, 1.5e-5], [3, 256, 8, 8, 32, 5e-5], [3, 256, 8, 8, 16, 4e-5]]},
         "l2_shared": {"points": [[n, g, 5e12 + n * 1e10 + g * 2e11] for n in (16, S // 2, S, 2 * S)
                                  for g in (1, 4, 8)]},
         "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],
@@ -142,7 +143,8 @@ def test_calibrated_profile_loads_and_drives_the_cost_model(tmp_path):
     assert hbm_rate(p, 132, 1 << 20) == pytest.approx(min(4.4e12, 132 * (1 << 20) / 2e-6))
     assert mma_rate_per_sm(p, 16, 64, 256, 4) == pytest.approx(1.5e12 + 256 * 1e8)
     assert sm_copy_rate(p, 16) == pytest.approx(7e10)
-    assert "flag handoff" in summary(m, prof)
+    assert p.kernel.route_select == tuple(sorted(tuple(float(x) for x in q) for q in m["select"]["points"]))
+    assert "flag handoff" in summary(m, prof) and "route select, sigmoid_grouped_topk E<=256 K=8" in summary(m, prof)
     from megamoe.reference import MoEConfig
     from megamoe.reference.tiles import task_plan
 

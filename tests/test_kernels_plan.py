@@ -190,7 +190,7 @@ def test_router_serial_steps_count_the_selections_reductions():
         plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
         router = next(s for s in plan.stages if s.name == "router")
         fused = router.tile["FUSE_ALIGN"]
-        assert router.serial_steps["reduce"] == topk_passes(cfg) + (2 if fused else 0)
+        assert router.serial_steps["select"] == topk_passes(cfg) and router.serial_steps["reduce"] == (2 if fused else 0)
         mk = megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                cfg.shared_intermediate_size, T, num_sms=132)
         assert task_plan(cfg, counts, T, mk["tiles"], num_programs=132).topk_passes == topk_passes(cfg)

@@ -1,0 +1,73 @@
+"""Routing-selection microbenchmark for ``megamoe calibrate``: one routing program's selection as the
+multi-launch router runs it, on synthetic logits.
+
+Shape legend: BT tokens a routing program holds (router_block_t), E experts, BE = BLOCK_E, R rounds.
+
+    _route_select_kernel  one program routes R blocks of BT tokens one after the other from fp32 logits
+                          (a split-H partial, as ``routing._router_kernel`` reads them: no walk over H):
+                          ``routing._route_block``'s sum, scores, the router family's selection,
+                          weights and stores, nothing else (no histogram store, no align).
+    route_select          its launcher (calibrate step "select": kernel_model.route_select, seconds
+                          per block from the slope in R, so the launch is not in it).
+
+Why it exists (H200 run AR, ``benchmarks/profile_launches.py``): the multi-launch router's routing
+program was priced as topk_passes x the serial step's top-1 pass (0.68 us, 16 rows of a plain
+max / argmax), and measured 3-5x that: DeepSeek-V3's grouped selection over 32 x 256 scores took
+about 50 us a program beyond its loads, Qwen3-30B-A3B's about 15. The selection is the routers' own
+code on random logits, timed alone, as ``microbench_gemm`` times the GEMMs' own tile loops.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .routing import ROUTER_CODES, _route_block
+
+
+@triton.jit(do_not_specialize=["T", "rounds"])
+def _route_select_kernel(part_ptr, rb_ptr, sb_ptr, topk_idx_ptr, topk_w_ptr, T, E, rounds, scaling,
+                         ROUTER: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, N_GROUP: tl.constexpr,
+                         TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
+                         HAS_RB: tl.constexpr, HAS_SB: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr):
+    for r in range(rounds):
+        _route_block(part_ptr, part_ptr, rb_ptr, sb_ptr, part_ptr, part_ptr, part_ptr, topk_idx_ptr, topk_w_ptr,
+                     part_ptr, r, T, E, E, E, E, scaling, 1, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
+                     MASK_NEG_INF, HAS_RB, HAS_SB, False, False, BLOCK_T, BLOCK_E, 16, BLOCK_K, BLOCK_G, False,
+                     False)
+
+
+def select_key(config, block_t: int) -> tuple[int, int, int, int, int]:
+    """The table key of a routing program (kernel_model.route_select's axes): (router, BLOCK_E, K,
+    n_group, BLOCK_T), router = 1 + its code (ROUTER_CODES; a profile table's values are positive)."""
+    return (ROUTER_CODES[config.router] + 1, max(16, triton.next_power_of_2(config.num_experts)), int(config.top_k),
+            int(config.n_group), int(block_t))
+
+
+def route_select(logits: torch.Tensor, config, block_t: int, rounds: int, *, rb=None, sb=None,
+                 check: bool = False) -> torch.Tensor:
+    """One program routes ``rounds`` blocks of ``block_t`` tokens of ``logits`` (rounds x block_t, E)
+    fp32 with ``config``'s router family -> topk_idx (rounds x block_t, K) int32. ``rb`` / ``sb``: the
+    router bias / score bias (E,) where the family has them. ``check``: the picks of a softmax_topk
+    router equal torch.topk's experts (the interpreter's test; a tie of random logits has measure 0)."""
+    T, E = logits.shape
+    K = config.top_k
+    if T != rounds * block_t or E != config.num_experts:
+        raise ValueError(f"route_select: logits must be ({rounds * block_t}, {config.num_experts}), got {tuple(logits.shape)}")
+    idx = torch.empty((T, K), device=logits.device, dtype=torch.int32)
+    w = torch.empty((T, K), device=logits.device, dtype=torch.float32)
+    router, block_e, _, n_group, _ = select_key(config, block_t)
+    _route_select_kernel[(1,)](
+        logits, rb if rb is not None else logits, sb if sb is not None else logits, idx, w, T, E, rounds,
+        float(config.routed_scaling_factor), ROUTER=router - 1, K=K, NORM=bool(config.norm_topk_prob), N_GROUP=n_group,
+        TOPK_GROUP=config.topk_group, PER_GROUP=E // n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
+        HAS_RB=rb is not None, HAS_SB=sb is not None, BLOCK_T=block_t, BLOCK_E=block_e,
+        BLOCK_K=max(2, triton.next_power_of_2(K)), BLOCK_G=max(2, triton.next_power_of_2(n_group)),
+        num_warps=4 if block_e <= 128 else 8)
+    if check and config.router == "softmax_topk":
+        want = torch.topk(logits, K, dim=1).indices.sort(dim=1).values
+        if not torch.equal(idx.long().sort(dim=1).values, want):
+            raise AssertionError("route_select: the picks differ from torch.topk's")
+    return idx
