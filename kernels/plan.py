@@ -403,6 +403,9 @@ def align_blocks(E: int, block_m: int, B_max: int) -> dict:
                 BLOCK_PAD=max(2, _pow2(block_m)))
 
 
+#: the widest expert block the align kernels run in 4 warps: the scatter of 32 tokens x 512 experts (Kimi K2's 384)
+#: spills 133 stores at 4 warps and none at 8 (sm_90, Triton 3.6; DeepSeek-V3's 256: 205 registers, no spills)
+ALIGN_WARPS4_MAX_E = 256
 #: experts per program of the multi-launch path's scan (align._scan_experts_kernel) and its chunk rows a step
 ALIGN_SCAN_EXPERTS = 16
 ALIGN_SCAN_CHUNKS = 64
@@ -417,7 +420,7 @@ def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int)
             "BLOCK_EX": ALIGN_SCAN_EXPERTS, "BLOCK_CS": max(2, min(ALIGN_SCAN_CHUNKS, _pow2(C))),
             "BLOCK_K": max(2, _pow2(K)), "scan_grid": (cdiv(E, ALIGN_SCAN_EXPERTS),),
             "layout_grid": (cdiv(max(B_max, 1), bl["BLOCK_B"]),), "scatter_grid": (C,), "hist_grid": (C,),
-            "num_warps": 4}
+            "num_warps": 4 if bl["BLOCK_E"] <= ALIGN_WARPS4_MAX_E else 8}
 
 
 def act_launch(I: int, block_m: int, num_m: int) -> dict:

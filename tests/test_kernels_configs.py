@@ -237,3 +237,11 @@ def test_router_prefill_logits_launch():
     assert walk["SPLIT"] == 0 and walk["LOGITS_T"] == walk["BLOCK_T"] and walk["BLOCK_H"] == cfgs.router_block_h(E, H)
     mk = cfgs.megakernel_config(E, H, 2048, K, 0, 4096, num_sms=132)
     assert mk["tiles"]["router"]["SPLIT"] <= 1  # the megakernel's prefill router walks H (decode_router_split)
+
+
+def test_align_warps_follow_the_expert_block():
+    """The align kernels run 4 warps up to ALIGN_WARPS4_MAX_E experts a block, 8 past it (Kimi K2)."""
+    from megamoe.kernels.plan import ALIGN_WARPS4_MAX_E, align_launch
+
+    assert align_launch(128, 8, 256, 32, 128, 510)["num_warps"] == 4 and ALIGN_WARPS4_MAX_E == 256
+    assert align_launch(128, 8, 384, 32, 128, 510)["num_warps"] == 8
