@@ -333,14 +333,6 @@ def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num
     return max(1, min(num_sms // -(-T // bt), steps // ROUTER_PREFILL_MIN_STEPS))
 
 
-def router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
-    """H ranges the multi-launch router's logits are split into (0: no logits launch):
-    prefill_router_split where router_prefill, else decode_router_split."""
-    if router_prefill(T, E, H, interpret=interpret):
-        return prefill_router_split(T, E, H, interpret=interpret, num_sms=num_sms)
-    return decode_router_split(T, E, H, interpret=interpret)
-
-
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """P_max: the most padded rows any routing of num_pairs pairs can need (a multiple of block_m)."""
     if num_pairs == 0:

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference.tiles import route_select_key
+from .plan import router_launch
 from .routing import ROUTER_CODES, _route_block
 
 
@@ -39,11 +41,11 @@ def _route_select_kernel(part_ptr, rb_ptr, sb_ptr, topk_idx_ptr, topk_w_ptr, T, 
                      False)
 
 
-def select_key(config, block_t: int) -> tuple[int, int, int, int, int]:
-    """The table key of a routing program (kernel_model.route_select's axes): (router, BLOCK_E, K,
-    n_group, BLOCK_T), router = 1 + its code (ROUTER_CODES; a profile table's values are positive)."""
-    return (ROUTER_CODES[config.router] + 1, max(16, triton.next_power_of_2(config.num_experts)), int(config.top_k),
-            int(config.n_group), int(block_t))
+def select_key(config, block_t: int) -> tuple[float, ...]:
+    """The table key of a routing program of ``config`` holding ``block_t`` tokens
+    (reference.tiles.route_select_key, with the router's own BLOCK_E: plan.router_launch)."""
+    rl = router_launch(block_t, config.num_experts, config.hidden_size, config.top_k, config.n_group)
+    return route_select_key(ROUTER_CODES[config.router], rl["BLOCK_E"], config.top_k, config.n_group, block_t)
 
 
 def route_select(logits: torch.Tensor, config, block_t: int, rounds: int, *, rb=None, sb=None,
@@ -58,14 +60,13 @@ def route_select(logits: torch.Tensor, config, block_t: int, rounds: int, *, rb=
         raise ValueError(f"route_select: logits must be ({rounds * block_t}, {config.num_experts}), got {tuple(logits.shape)}")
     idx = torch.empty((T, K), device=logits.device, dtype=torch.int32)
     w = torch.empty((T, K), device=logits.device, dtype=torch.float32)
-    router, block_e, _, n_group, _ = select_key(config, block_t)
+    rl = router_launch(block_t, E, config.hidden_size, K, config.n_group)  # the routing program's sizes and warps
     _route_select_kernel[(1,)](
         logits, rb if rb is not None else logits, sb if sb is not None else logits, idx, w, T, E, rounds,
-        float(config.routed_scaling_factor), ROUTER=router - 1, K=K, NORM=bool(config.norm_topk_prob), N_GROUP=n_group,
-        TOPK_GROUP=config.topk_group, PER_GROUP=E // n_group, MASK_NEG_INF=config.group_mask == "neg_inf",
-        HAS_RB=rb is not None, HAS_SB=sb is not None, BLOCK_T=block_t, BLOCK_E=block_e,
-        BLOCK_K=max(2, triton.next_power_of_2(K)), BLOCK_G=max(2, triton.next_power_of_2(n_group)),
-        num_warps=4 if block_e <= 128 else 8)
+        float(config.routed_scaling_factor), ROUTER=ROUTER_CODES[config.router], K=K, NORM=bool(config.norm_topk_prob),
+        N_GROUP=config.n_group, TOPK_GROUP=config.topk_group, PER_GROUP=E // config.n_group,
+        MASK_NEG_INF=config.group_mask == "neg_inf", HAS_RB=rb is not None, HAS_SB=sb is not None, BLOCK_T=block_t,
+        BLOCK_E=rl["BLOCK_E"], BLOCK_K=rl["BLOCK_K"], BLOCK_G=rl["BLOCK_G"], num_warps=rl["num_warps"])
     if check and config.router == "softmax_topk":
         want = torch.topk(logits, K, dim=1).indices.sort(dim=1).values
         if not torch.equal(idx.long().sort(dim=1).values, want):

@@ -94,7 +94,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
-from ..reference.tiles import GEMM_LOOP_FORMS, scan_block
+from ..reference.tiles import GEMM_LOOP_FORMS, route_select_key, scan_block
 from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -506,10 +506,10 @@ def serial_step_s(profile: Profile, kind: str, programs=1):
 
 def route_select_s(profile: Profile, tile: dict) -> float | None:
     """Seconds of one routing program's selection (a router stage's ``tile``: ROUTER code, BLOCK_E, K,
-    N_GROUP, BLOCK_T) from the profile's measured kernel_model.route_select (its router axis is 1 +
-    the code), or None where it has no point for that key (then the stage's "select" reductions are
-    priced by the serial reduce step)."""
-    key = (float(tile.get("ROUTER", -2)) + 1, *(float(tile.get(k, -1)) for k in ("BLOCK_E", "K", "N_GROUP", "BLOCK_T")))
+    N_GROUP, BLOCK_T; reference.tiles.route_select_key) from the profile's measured
+    kernel_model.route_select, or None where it has no point for that key (then the stage's "select"
+    reductions are priced by the serial reduce step)."""
+    key = route_select_key(*(tile.get(k, -2) for k in ("ROUTER", "BLOCK_E", "K", "N_GROUP", "BLOCK_T")))
     for p in _km(profile).route_select:
         if tuple(p[:5]) == key:
             return float(p[5])

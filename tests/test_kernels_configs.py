@@ -215,8 +215,8 @@ def test_router_prefill_logits_launch():
     E, H, K = 256, 7168, 8  # DeepSeek-V3
     for T in (1, 16, 64, 480):
         assert not cfgs.router_prefill(T, E, H)
-        assert cfgs.router_split(T, E, H) == cfgs.decode_router_split(T, E, H)
         rl = router_launch(T, E, H, K, 8)
+        assert rl == router_launch(T, E, H, K, 8, split=cfgs.decode_router_split(T, E, H))
         assert rl["LOGITS_T"] == rl["BLOCK_T"] == cfgs.router_block_t(T, E)
         assert rl["BLOCK_H"] == cfgs.router_block_h(E, H)
     for T, sms in ((512, 132), (4096, 132), (4096, 78), (16384, 132), (100_000, 132)):
