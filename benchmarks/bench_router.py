@@ -5,6 +5,8 @@
 For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
   - ``walk``: the routing programs walking H themselves, 32 tokens each (no logits launch; the
     path before the prefill logits launch, ``plan.router_launch(split=0)``),
+  - ``oldsel``: the default's launches with the routing program's selection before session 12 (4 or 8
+    warps, K maxima), beside the default's (configs.router_warps, router_bitonic; the picks must agree),
   - ``tiles``: a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
     ``configs.prefill_router_split``), then the routing programs summing its partials (the default
     where ``configs.router_prefill``: more than ROUTER_PREFILL_WALK_STEPS walking steps),
@@ -22,6 +24,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+
+def OLD_WARPS(E: int) -> int:
+    """The routing program's warps before configs.router_warps."""
+    return 4 if max(16, 1 << (E - 1).bit_length()) <= 128 else 8
 
 
 def run_case(name: str, T: int, reps: int) -> dict:
@@ -43,7 +50,11 @@ def run_case(name: str, T: int, reps: int) -> dict:
     xs = [torch.randn(T, H, device=dev, dtype=torch.bfloat16) for _ in range(NI)]
     sp = static_plan_for(cfg, T, torch.bfloat16, dev)  # the layer's plan: its row blocks and align sizes
     bm = sp.gemm["gemm1"]["BLOCK_M"]
-    launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0), "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True)}
+    launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0),
+                "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True),
+                # the default's launches with the routing program's selection before session 12: 4 warps up to 128
+                # experts, else 8, and K maxima (configs.router_warps / router_bitonic now)
+                "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, warps=OLD_WARPS(E), bitonic=False)}
     row = {"preset": name, "T": T, "reps": reps,
            "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")}}
     picks = {}
@@ -68,9 +79,12 @@ def run_case(name: str, T: int, reps: int) -> dict:
         torch.cuda.synchronize()
         picks[tag] = topk_idx.sort(dim=1).values.clone()
     row["tokens_picking_differently"] = int((picks["walk"] != picks["tiles"]).any(dim=1).sum())
+    # the same partials in the same order: the two selections must pick the same experts for every token
+    row["default"] = d = "tiles" if cfgs.router_prefill(T, E, H) else "walk"
+    row["oldsel_tokens_picking_differently"] = int((picks["oldsel"] != picks[d]).any(dim=1).sum())
+    row["select_launch"] = {k: launches[d][k] for k in ("num_warps", "BITONIC")}
     row["layer_us"] = kb.graph_time_us(lambda x: moe_forward(x, w, cfg, backend="multi"), xs, reps)
     # the layer with the other router: derived, the layer less the default's router + align plus the other's
-    row["default"] = d = "tiles" if cfgs.router_prefill(T, E, H) else "walk"
     o = "walk" if d == "tiles" else "tiles"
     row[f"layer_{d}_us"] = row["layer_us"]
     row[f"layer_{o}_us"] = row["layer_us"] - row[f"{d}_router_align_us"] + row[f"{o}_router_align_us"]
@@ -106,6 +120,10 @@ def main(argv=None) -> int:
                   f" ({share['walk']:4.1f}% of the layer) tiles {fmt_num(r['tiles_router_align_us'], '8.1f')} "
                   f"({share['tiles']:4.1f}%) | layer {fmt_num(r['layer_us'], '9.1f')} us | tokens picking differently "
                   f"{r['tokens_picking_differently']} | default {r['default']} | {r['tiles_launch']}", flush=True)
+            print(f"{'':16s} {'':6s}  router with the old selection {fmt_num(r['oldsel_router_us'], '8.1f')} us, "
+                  f"+align {fmt_num(r['oldsel_router_align_us'], '8.1f')} (default {r['select_launch']}: "
+                  f"{fmt_num(r[r['default'] + '_router_us'], '8.1f')}, {fmt_num(r[r['default'] + '_router_align_us'], '8.1f')})"
+                  f" | tokens picking differently {r['oldsel_tokens_picking_differently']}", flush=True)
             if out:
                 with out.open("a") as f:
                     f.write(json.dumps(r) + "\n")

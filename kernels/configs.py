@@ -264,6 +264,35 @@ def router_block_t(T: int, E: int) -> int:
     return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)
 
 
+#: the routing program's warps: enough that a thread holds at most ROUTER_SCORES_PER_THREAD of the block's
+#: (BLOCK_T, BLOCK_E) scores, from 4 up to ROUTER_MAX_WARPS. Its selection is straight-line code whose
+#: length scales with the scores a thread holds, and one program per SM is latency-bound. Compiled for
+#: sm_90 (Triton 3.6), SASS instructions a thread: DeepSeek-V3 32 tokens 10,112 at 8 warps (255 registers,
+#: 20 spill stores, 72 barriers) -> 4,808 at 16 with the bitonic top-k (104 registers, no spills, 31);
+#: 16 tokens (decode, 28 partials) 6,216 -> 3,112; Qwen3-30B-A3B 32 tokens from 8 partials 6,080 at 4
+#: warps -> 1,544 at 16; gpt-oss-120b 3,392 -> 952. H200 run AR: DeepSeek-V3's routing program 49.5 us at
+#: T = 8 and 52.4 at T = 4096, Qwen3-30B-A3B's 19.1 at T = 8.
+ROUTER_SCORES_PER_THREAD = 8
+ROUTER_MAX_WARPS = 16
+#: widest score row the top-k's K maxima keep inside one warp (32 lanes x 4): past it every maximum is a
+#: cross-warp reduction and the routing program takes the bitonic top-k (routing._topk_bitonic; sm_90,
+#: DeepSeek-V3 32 tokens at 16 warps: 70 barriers -> 31, 5,176 -> 4,808 instructions; at 128 experts
+#: the two are level, 1,544 / 1,600). Not where one program also aligns (one chunk): with the fused align
+#: the bitonic routing program compiles to 32 registers and 6,848 spill stores (DeepSeek-V3, 8 tokens).
+ROUTER_MAXIMA_MAX_E = 128
+
+
+def router_warps(block_t: int, block_e: int) -> int:
+    """Warps of the multi-launch router's routing program (ROUTER_SCORES_PER_THREAD)."""
+    want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
+    return max(4, min(ROUTER_MAX_WARPS, _pow2(want)))
+
+
+def router_bitonic(block_e: int, k: int, chunks: int) -> bool:
+    """Whether the routing programs of ``chunks`` token blocks take the bitonic top-k (ROUTER_MAXIMA_MAX_E)."""
+    return k > 1 and block_e > ROUTER_MAXIMA_MAX_E and chunks > 1
+
+
 def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
     """H columns per step of the router's logit loop (the interpreter: fewer, larger steps)."""
     if interpret:

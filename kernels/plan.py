@@ -204,9 +204,9 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         rflops, rload = 2 * bt * E * H, cdiv(H, rl["BLOCK_H"])
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
-    # the selection's key (kernel_model.route_select: router family, BLOCK_E, K, groups, BLOCK_T) and its
+    # the selection's key (kernel_model.route_select: router family, BLOCK_E, K, groups, BLOCK_T, top-k way) and its
     # dependent reductions (priced as those where the profile has no time for the key)
-    select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group)
+    select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group, BITONIC=int(rl["BITONIC"]))
     stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused, **select),
                         bytes_per_tile=rbytes + (8 * P_max + 4 * T * K if fused else 4 * E),
                         flops_per_tile=rflops, note="top-k; aligns too when one program holds every token",
@@ -366,14 +366,16 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
-                  split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None) -> dict:
+                  split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None,
+                  warps: int | None = None, bitonic: bool | None = None) -> dict:
     """The router's launches for T tokens: chunks C of BLOCK_T (the routing program's tokens and the
     align's chunk), BLOCK_E/K/G, warps, and the split-H logits launch: SPLIT ranges of H_PER_SPLIT
     columns (SPLIT = 0: none, the routing program walks H itself) over tiles of LOGITS_T tokens and
     BLOCK_H columns a step, logits_grid programs of logits_warps. ``tiles``: the prefill launch of
     128-token tiles (configs.router_logits_tile; default configs.router_prefill) or the routing blocks.
     ``split`` overrides the ranges (configs.prefill_router_split / decode_router_split; whole BLOCK_H
-    steps may give fewer; 0: no logits launch)."""
+    steps may give fewer; 0: no logits launch). The routing program's warps (configs.router_warps) and
+    top-k (BITONIC: configs.router_bitonic, else K maxima) are overridable for side-by-side runs."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, _pow2(E))
     if tiles is None:
@@ -389,11 +391,14 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
         h_per = cdiv(cdiv(H, split), block_h) * block_h
         sp = cdiv(H, h_per)
     C = cdiv(T, bt) if T else 0
-    warps = 4 if block_e <= 128 else 8
+    if warps is None:
+        warps = cfgs.router_warps(bt, block_e)
+    if bitonic is None:
+        bitonic = cfgs.router_bitonic(block_e, K, C)
     return {"C": C, "grid": (C,), "logits_grid": (cdiv(T, lt) if T else 0, sp), "BLOCK_T": bt, "LOGITS_T": lt,
             "BLOCK_E": block_e, "BLOCK_H": block_h, "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)),
-            "SPLIT": sp, "H_PER_SPLIT": h_per, "num_warps": warps,
-            "logits_warps": 8 if lt * block_e > 4096 else warps}
+            "SPLIT": sp, "H_PER_SPLIT": h_per, "num_warps": warps, "BITONIC": bool(bitonic),
+            "logits_warps": 8 if lt * block_e > 4096 or block_e > 128 else 4}
 
 
 def align_blocks(E: int, block_m: int, B_max: int) -> dict:

@@ -316,13 +316,13 @@ def _router_kernel(
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_G: tl.constexpr, BITONIC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
         x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
         T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
-        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False, False)
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False, BITONIC)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
@@ -381,6 +381,6 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
         HAS_RB=weights.router_bias is not None, HAS_SB=weights.score_bias is not None,
         HAS_SG=sgw is not None, IEEE=ieee,
         BLOCK_T=rl["BLOCK_T"], BLOCK_E=rl["BLOCK_E"], BLOCK_H=rl["BLOCK_H"], BLOCK_K=rl["BLOCK_K"],
-        BLOCK_G=rl["BLOCK_G"], num_warps=rl["num_warps"],
+        BLOCK_G=rl["BLOCK_G"], BITONIC=rl["BITONIC"], num_warps=rl["num_warps"],
     )
     return fuse

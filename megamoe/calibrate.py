@@ -55,8 +55,9 @@ Measured:
                               kernel_model.l2_shared_read
     select                    one routing program's selection (kernels/microbench_route.py: the
                               multi-launch router's _route_block on random fp32 logits) of each
-                              preset's router family, BLOCK_E, K and groups, at 16 and 32 tokens (quick:
-                              32): seconds per block from the slope in R blocks, kernel_model.route_select
+                              preset's router family, BLOCK_E, K and groups, as the routing programs
+                              of 16-, 32- and 64-token batches run it (their BLOCK_T, warps, top-k way;
+                              quick: 64): seconds per block from the slope in R blocks, kernel_model.route_select
     serial_programs           the serial steps with P in {1, 16, 64, S, 2S} programs at once, each
                               its own token rows and the same router weights: seconds per load+dot
                               step (kernel_model.serial_load_step), per top-1 pass
@@ -605,20 +606,27 @@ def measure_serial(reps: int) -> dict:
             "load": load, "reduce": red}
 
 
+#: batches whose routing programs the select step times (quick: SELECT_TOKENS_QUICK): 16 tokens, one block of 16
+#: (configs.router_block_t); 32, one block of 32; 64, two (where the routing programs of many blocks take
+#: another top-k, configs.router_bitonic)
+SELECT_TOKENS = (16, 32, 64)
+SELECT_TOKENS_QUICK = (64,)
+
+
 def select_cases(quick: bool = False) -> list[tuple]:
-    """(key, config, BLOCK_T) for the select step: each preset's router family (microbench_route.select_key
-    without BLOCK_T) once, at the routing blocks of 16 and 32 tokens (configs.router_block_t; quick: 32)."""
+    """(key, config, tokens) for the select step: each distinct routing program of the presets
+    (microbench_route.select_key of a batch of SELECT_TOKENS) once."""
     from megamoe.kernels.microbench_route import select_key
     from megamoe.reference import PRESETS, MoEConfig
 
     out, seen = [], set()
     for name in PRESETS:
         cfg = MoEConfig.preset(name)
-        for bt in ((32,) if quick else (16, 32)):
-            key = select_key(cfg, bt)
+        for tokens in (SELECT_TOKENS_QUICK if quick else SELECT_TOKENS):
+            key = select_key(cfg, tokens)
             if key not in seen:
                 seen.add(key)
-                out.append((key, cfg, bt))
+                out.append((key, cfg, tokens))
     return out
 
 
@@ -631,13 +639,13 @@ def measure_select(reps: int, quick: bool = False) -> dict:
 
     rounds = (2, 16)
     pts = []
-    for key, cfg, bt in select_cases(quick):
-        E = cfg.num_experts
+    for key, cfg, tokens in select_cases(quick):
+        E, bt = cfg.num_experts, mr.select_launch(cfg, tokens)["BLOCK_T"]
         lg = torch.randn((max(rounds) * bt, E), device="cuda", dtype=torch.float32)
         rb = torch.randn(E, device="cuda") * 0.01 if cfg.router_bias else None
         sb = torch.randn(E, device="cuda") * 0.01 if cfg.score_bias else None
-        ts = [graph_seconds(lambda i, r=r, lg=lg, cfg=cfg, bt=bt, rb=rb, sb=sb:
-                            mr.route_select(lg[:r * bt], cfg, bt, r, rb=rb, sb=sb), inner=4, reps=reps) for r in rounds]
+        ts = [graph_seconds(lambda i, r=r, lg=lg, cfg=cfg, bt=bt, tokens=tokens, rb=rb, sb=sb:
+                            mr.route_select(lg[:r * bt], cfg, tokens, r, rb=rb, sb=sb), inner=4, reps=reps) for r in rounds]
         pts.append([*key, max(_slope(rounds, ts)[1], 1e-9)])
     return {"points": pts}
 
@@ -807,7 +815,7 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                      "loop's loads, groups of g consecutive programs reading the same tile at once; "
                                      "read behind cost.USE_L2_SHARED_READ")
     if "select" in m:
-        km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T"], m["select"]["points"],
+        km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"], m["select"]["points"],
                                    "seconds of one routing program's selection per block of BLOCK_T tokens "
                                    "(kernels/microbench_route.py: routing._route_block on random fp32 logits); "
                                    "router: 1 + its code, routing.ROUTER_CODES (microbench_route.select_key)")
@@ -910,8 +918,8 @@ def summary(m: dict, prof: dict) -> str:
         lines.append(f"L2 shared read, {P:>3} programs, g = " + "/".join(str(g) for g in groups) + "  "
                      + " ".join(f"{rates.get(g, 0.0) / 1e12:.2f}" for g in groups) + " TB/s")
     for *key, t in m.get("select", {}).get("points", []):
-        r, be, k, ng, bt = (int(x) for x in key)
-        lines.append(f"{f'route select, {ROUTERS[r - 1]} E<={be} K={k} groups {ng}, {bt} tokens':<56} {t * 1e6:8.2f} us")
+        r, be, k, ng, bt, way = (int(x) for x in key)
+        lines.append(f"{f'route select, {ROUTERS[r - 1]} E<={be} K={k} groups {ng}, {bt} tokens, ' + ('bitonic' if way == 2 else 'maxima'):<64} {t * 1e6:8.2f} us")
     for key, label in (("load", "serial load+dot step"), ("reduce", "serial top-1 pass"), ("chain", "serial chain step")):
         for P, t in m.get("serial_programs", {}).get(key, []):
             lines.append(f"{label + f', {int(P)} programs':<36} {t * 1e9:8.1f} ns")

@@ -218,11 +218,12 @@ def topk_passes(config) -> int:
     return int(config.top_k) + (2 + int(config.topk_group) if config.n_group > 1 else 0)
 
 
-def route_select_key(router: int, block_e: int, k: int, n_group: int, block_t: int) -> tuple[float, ...]:
-    """kernel_model.route_select's key of a routing program: (router, BLOCK_E, K, N_GROUP, BLOCK_T) with
-    router = 1 + the kernels' router code (its index in ROUTERS; a profile table's values are positive).
-    The calibrate step that measures the table and the cost model that reads it both build it here."""
-    return (float(router) + 1.0, float(block_e), float(k), float(n_group), float(block_t))
+def route_select_key(router: int, block_e: int, k: int, n_group: int, block_t: int, bitonic: int) -> tuple[float, ...]:
+    """kernel_model.route_select's key of a routing program: (router, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC)
+    with router = 1 + the kernels' router code (its index in ROUTERS) and BITONIC = 1 + whether the program
+    takes the bitonic top-k (1: K maxima, 2: bitonic; a profile table's values are positive). The
+    calibrate step that measures the table and the cost model that reads it both build it here."""
+    return (float(router) + 1.0, float(block_e), float(k), float(n_group), float(block_t), 1.0 + bool(bitonic))
 
 
 def topk_tokens(tiles: dict) -> int:

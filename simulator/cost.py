@@ -506,13 +506,14 @@ def serial_step_s(profile: Profile, kind: str, programs=1):
 
 def route_select_s(profile: Profile, tile: dict) -> float | None:
     """Seconds of one routing program's selection (a router stage's ``tile``: ROUTER code, BLOCK_E, K,
-    N_GROUP, BLOCK_T; reference.tiles.route_select_key) from the profile's measured
+    N_GROUP, BLOCK_T, BITONIC; reference.tiles.route_select_key) from the profile's measured
     kernel_model.route_select, or None where it has no point for that key (then the stage's "select"
     reductions are priced by the serial reduce step)."""
-    key = route_select_key(*(tile.get(k, -2) for k in ("ROUTER", "BLOCK_E", "K", "N_GROUP", "BLOCK_T")))
+    key = route_select_key(*(tile.get(k, -2) for k in ("ROUTER", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC")))
+    n = len(key)
     for p in _km(profile).route_select:
-        if tuple(p[:5]) == key:
-            return float(p[5])
+        if len(p) == n + 1 and tuple(p[:n]) == key:
+            return float(p[n])
     return None
 
 

@@ -566,9 +566,9 @@ _KM_TABLES = {
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
     "serial_chain_step": ("s", ("programs",)),
     # one routing program's selection per block of BLOCK_T tokens, by router family (routing.ROUTER_CODES),
-    # BLOCK_E, K and groups (kernels/microbench_route.py; optional): the multi-launch router's selection
+    # BLOCK_E, K, groups, tokens and top-k way (kernels/microbench_route.py; optional): the multi-launch router's selection
     # where a key matches, else topk_passes x serial_reduce_step_s
-    "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T")),
+    "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC")),
 }
 
 
@@ -608,7 +608,7 @@ class KernelModel:
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
     serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads them only behind its
     switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
-    route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, s per block), ...) (``kernel_model.
+    route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC, s per block), ...) (``kernel_model.
     route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();

@@ -117,7 +117,7 @@ def _fake_measurements(S=132):
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
         "serial": {"serial_load_step_s": 5e-8, "serial_reduce_step_s": 3e-8},
-        "select": {"points": [[1, 128, 8, 1, 32, 1.5e-5], [3, 256, 8, 8, 32, 5e-5], [3, 256, 8, 8, 16, 4e-5]]},
+        "select": {"points": [[1, 128, 8, 1, 32, 1, 1.5e-5], [3, 256, 8, 8, 32, 2, 5e-5], [3, 256, 8, 8, 16, 1, 4e-5]]},
         "l2_shared": {"points": [[n, g, 5e12 + n * 1e10 + g * 2e11] for n in (16, S // 2, S, 2 * S)
                                  for g in (1, 4, 8)]},
         "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],

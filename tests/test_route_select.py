@@ -29,7 +29,7 @@ def test_route_select_routes_every_block(name, device):
     logits = torch.randn((3 * bt, E), generator=g)
     rb = torch.randn(E, generator=g) * 0.01 if cfg.router_bias else None
     sb = torch.randn(E, generator=g) * 0.01 if cfg.score_bias else None
-    idx = route_select(logits, cfg, bt, 3, rb=rb, sb=sb, check=True)
+    idx = route_select(logits, cfg, bt, 3, rb=rb, sb=sb, check=True)  # a 16-token batch's routing program
     assert idx.shape == (3 * bt, K) and int(idx.min()) >= 0 and int(idx.max()) < E
     assert all(len(set(row.tolist())) == K for row in idx)
     with pytest.raises(ValueError, match=rf"must be \({2 * bt}, {E}\)"):
@@ -47,6 +47,10 @@ def test_select_cases_cover_the_presets_once():
     assert len(keys) == len(set(keys)) and all(k[0] >= 1 for k in keys)
     assert select_key(MoEConfig.preset("deepseek-v3"), 32) in keys and select_key(MoEConfig.preset("qwen3-30b-a3b"), 16) in keys
     assert {k[4] for k in keys} == {16, 32} and {k[4] for k, _, _ in select_cases(quick=True)} == {32}
+    # DeepSeek-V3's routing programs of one block (the fused align) and of many (the bitonic top-k) both
+    ds = MoEConfig.preset("deepseek-v3")
+    one, many = select_key(ds, 32), select_key(ds, 64)
+    assert one[:5] == many[:5] and (one[5], many[5]) == (1.0, 2.0) and many in keys
 
 
 def _router_stage(cfg, T):
@@ -69,9 +73,9 @@ def test_the_router_stage_reads_the_measured_selection(tmp_path):
     ds, qw = MoEConfig.preset("deepseek-v3"), MoEConfig.preset("qwen3-30b-a3b")
     base = load_profile("h200").to_dict()
     st_ds, st_qw = _router_stage(ds, 64), _router_stage(qw, 64)
-    key = select_key(ds, st_ds["tile"]["BLOCK_T"])
+    key = select_key(ds, 64)
     base["kernel_model"] = {**base.get("kernel_model", {}), "route_select": {
-        "unit": "s", "over": ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T"], "points": [[*key, 5e-5]],
+        "unit": "s", "over": ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"], "points": [[*key, 5e-5]],
         "source": "test"}}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(base))
