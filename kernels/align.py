@@ -16,9 +16,15 @@ Three launches after the router (which wrote hist (C, E), pairs per expert per c
         (chunk_base), counts.
     _layout_kernel (one program per BLOCK_B row blocks): padded offsets, block_expert, the -1
         padding rows.
-    _scatter_kernel (one program per chunk): a pair's padded row = padded_offsets[e] + pairs of e
-        in earlier chunks + pairs of e of earlier tokens in this chunk. Since a token picks an
-        expert at most once, this is the (expert, token) order of the reference.
+    _scatter_pairs_kernel (a program per BLOCK_P pairs of a chunk, grid (C, pairs / BLOCK_P)): a
+        pair's padded row = padded_offsets[e] + pairs of e in earlier chunks (chunk_base) + pairs of e
+        earlier in this chunk. Since a token picks an expert at most once, this is the (expert,
+        token) order of the reference.
+
+The align kernels trust the routing: K distinct ids in [0, E) per token (checks.py makes a routing
+from outside so). _scatter_kernel, a program per chunk over (BLOCK_T, BLOCK_E) one-hots, was the
+multi-launch scatter before _scatter_pairs_kernel; it stays as the bitwise reference of the tests,
+and its body (_scatter_chunk) is the megakernel's align_scatter task.
 """
 
 from __future__ import annotations
@@ -296,8 +302,46 @@ def _scatter_kernel(
     T, E,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """The scatter a program per chunk (grid (C,)): the multi-launch path's before _scatter_pairs_kernel,
+    kept as its bitwise reference (tests) and as the megakernel's align_scatter task (_scatter_chunk)."""
     _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
+
+
+@triton.jit
+def _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J: tl.constexpr):
+    """Experts, mask and ranks (each (BLOCK_P,)) of pairs offs_p of the chunk whose n pairs start at
+    pair ``first`` of topk_idx (T*K,): a pair's rank is the number of the chunk's earlier pairs with
+    its expert (= the chunk's earlier tokens that picked it: a token picks an expert at most once),
+    from one (BLOCK_P, BLOCK_J) compare of its expert with the chunk's, summed over the row."""
+    offs_j = tl.arange(0, BLOCK_J)
+    chunk = tl.load(topk_idx_ptr + first + offs_j, mask=offs_j < n, other=-1)
+    m = offs_p < n
+    e = tl.load(topk_idx_ptr + first + offs_p, mask=m, other=-1)
+    same = (chunk[None, :] == e[:, None]) & (offs_j[None, :] < offs_p[:, None])
+    return e, m, tl.sum(same.to(tl.int32), axis=1)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scatter_pairs_kernel(
+    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
+    T, E,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c's BLOCK_T*K
+    (flat index t_local*K + k; BLOCK_J >= BLOCK_T*K, a power of two). Each pair's padded row is
+    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what _scatter_kernel stores, bit
+    for bit, with no (BLOCK_T, BLOCK_E) one-hot and no cumsum."""
+    c = tl.program_id(0)
+    first = c * (BLOCK_T * K)
+    n = tl.minimum(BLOCK_T * K, T * K - first)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    e, m, rank = _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J)
+    dest = tl.load(chunk_base_ptr + c * E + e, mask=m, other=0) + tl.load(padded_off_ptr + e, mask=m, other=0) + rank
+    p = first + offs_p
+    tl.store(padded_token_ptr + dest, p // K, mask=m)
+    tl.store(padded_pair_ptr + dest, p, mask=m)
+    tl.store(pair_dest_ptr + p, dest, mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -337,8 +381,15 @@ def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, m
         meta["counts"], meta["padded_offsets"], meta["block_expert"], meta["padded_token"], meta["padded_pair"],
         E, B_max, BLOCK_M=al["BLOCK_M"], BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"], num_warps=al["num_warps"],
     )
-    _scatter_kernel[al["scatter_grid"]](
+    launch_scatter(topk_idx, meta, E, al)
+
+
+def launch_scatter(topk_idx, meta: dict, num_experts: int, al: dict) -> None:
+    """meta's padded_token, padded_pair (the pairs' rows) and pair_dest from topk_idx (T, K) int32 and
+    meta's chunk_base (C, E) and padded_offsets (E+1,) (_scatter_pairs_kernel at ``al``, plan.align_launch's sizes)."""
+    T, K = topk_idx.shape
+    _scatter_pairs_kernel[al["scatter_grid"]](
         topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],
-        meta["pair_dest"], T, E, K=K, BLOCK_T=al["BLOCK_T"], BLOCK_E=al["BLOCK_E"],
-        BLOCK_K=al["BLOCK_K"], num_warps=al["num_warps"],
+        meta["pair_dest"], T, num_experts, K=K, BLOCK_T=al["BLOCK_T"], BLOCK_P=al["BLOCK_P"], BLOCK_J=al["BLOCK_J"],
+        num_warps=al["scatter_warps"],
     )

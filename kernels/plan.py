@@ -223,10 +223,15 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
                             bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * bm / 2, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": 2}))
-        stages.append(Stage("align_scatter", "_scatter_kernel", al["scatter_grid"], C,
-                            dict(BLOCK_T=bt, BLOCK_E=al["BLOCK_E"]),
-                            bytes_per_tile=bt * K * (4 + 12) + 8 * E, flops_per_tile=0.0,
-                            serial_steps={"load": 0, "reduce": K}))
+        # a program per BLOCK_P pairs of a chunk, every one working (those past a short last chunk's pairs
+        # compare and store nothing): the chunk's ids read, two gathers and three stores a pair. One serial
+        # step: the row sum of its (BLOCK_P, BLOCK_J) compare (no loop; the gathers of chunk_base and
+        # padded_offsets need only the ids, so they overlap it)
+        bp = al["BLOCK_P"]
+        stages.append(Stage("align_scatter", "_scatter_pairs_kernel", al["scatter_grid"], int(np.prod(al["scatter_grid"])),
+                            dict(BLOCK_T=bt, BLOCK_P=bp, BLOCK_J=al["BLOCK_J"], num_warps=al["scatter_warps"]),
+                            bytes_per_tile=4 * bt * K + bp * (8 + 12), flops_per_tile=0.0,
+                            serial_steps={"load": 0, "reduce": 1}))
 
     # ---- x quantized once (fp8_gemm._quantize_x_kernel): the FP8 GEMM 1s then read e4m3 rows and their scales
     xb = float(b)
@@ -408,24 +413,36 @@ def align_blocks(E: int, block_m: int, B_max: int) -> dict:
                 BLOCK_PAD=max(2, _pow2(block_m)))
 
 
-#: the widest expert block the align kernels run in 4 warps: the scatter of 32 tokens x 512 experts (Kimi K2's 384)
-#: spills 133 stores at 4 warps and none at 8 (sm_90, Triton 3.6; DeepSeek-V3's 256: 205 registers, no spills)
+#: the widest expert block the align kernels run in 4 warps: the one-program-per-chunk scatter (align._scatter_kernel)
+#: of 32 tokens x 512 experts (Kimi K2's 384) spills 133 stores at 4 warps and none at 8 (sm_90, Triton 3.6;
+#: DeepSeek-V3's 256: 205 registers, no spills). The multi-launch scatter has its own warps, ALIGN_SCATTER_WARPS
 ALIGN_WARPS4_MAX_E = 256
 #: experts per program of the multi-launch path's scan (align._scan_experts_kernel) and its chunk rows a step
 ALIGN_SCAN_EXPERTS = 16
 ALIGN_SCAN_CHUNKS = 64
+#: pairs per program of the multi-launch scatter (align._scatter_pairs_kernel) and its warps. sm_90, Triton
+#: 3.6, 32-token chunks of K = 8 (BLOCK_J 256): 48 registers, no spills, 614 SASS instructions a thread
+#: (BLOCK_P 64: 80 and 1044; 16: 31 and 344 but 22K warp instructions a chunk against 19.6K); the
+#: one-program-per-chunk _scatter_kernel it replaces: 205 registers, 7185 (DeepSeek-V3), 204 and
+#: 7829 at 8 warps (Kimi K2)
+ALIGN_SCATTER_PAIRS = 32
+ALIGN_SCATTER_WARPS = 4
 
 
 def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
     """The scan (a program per ALIGN_SCAN_EXPERTS experts), layout (a program per BLOCK_B row blocks)
-    and scatter (C programs) launches, and the histogram kernel's sizes. BLOCK_C: the megakernel's
+    and scatter (a program per BLOCK_P pairs of a chunk: grid (C, its pairs / BLOCK_P), each comparing
+    them with the chunk's BLOCK_J) launches, and the histogram kernel's sizes. BLOCK_C: the megakernel's
     one-task scan's step (reference.tiles.scan_block)."""
     bl = align_blocks(E, block_m, B_max)
+    block_j = _pow2(block_t * K)
+    block_p = min(ALIGN_SCATTER_PAIRS, block_j)
     return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": scan_block(C),
             "BLOCK_EX": ALIGN_SCAN_EXPERTS, "BLOCK_CS": max(2, min(ALIGN_SCAN_CHUNKS, _pow2(C))),
             "BLOCK_K": max(2, _pow2(K)), "scan_grid": (cdiv(E, ALIGN_SCAN_EXPERTS),),
-            "layout_grid": (cdiv(max(B_max, 1), bl["BLOCK_B"]),), "scatter_grid": (C,), "hist_grid": (C,),
-            "num_warps": 4 if bl["BLOCK_E"] <= ALIGN_WARPS4_MAX_E else 8}
+            "layout_grid": (cdiv(max(B_max, 1), bl["BLOCK_B"]),), "hist_grid": (C,),
+            "BLOCK_P": block_p, "BLOCK_J": block_j, "scatter_grid": (C, cdiv(block_t * K, block_p)),
+            "scatter_warps": ALIGN_SCATTER_WARPS, "num_warps": 4 if bl["BLOCK_E"] <= ALIGN_WARPS4_MAX_E else 8}
 
 
 def act_launch(I: int, block_m: int, num_m: int) -> dict:

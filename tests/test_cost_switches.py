@@ -388,10 +388,12 @@ RUN36 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "valida
 #: run 36's rows re-predicted with its profile by HEAD's code before the reuse term (commit 193f1ce):
 #: (preset, T, routing, backend) -> (predicted_us, gemm2 us)
 #: (the multi totals since the prefill router's logits launch, configs.router_prefill, and the align's scan over
-#: experts and layout over row blocks: DeepSeek-V3 7867.1 and 23398.6, Qwen3-30B-A3B 332.3 before)
-RUN36_HEAD = {("deepseek-v3", 4096, "uniform", "multi"): (7797.5214610690955, 2327.820689913437),
-              ("deepseek-v3", 16384, "uniform", "multi"): (23102.303297239174, 6654.077891065244),
-              ("qwen3-30b-a3b", 512, "uniform", "multi"): (333.28940057831915, 102.44359110751975),
+#: experts and layout over row blocks: DeepSeek-V3 7867.1 and 23398.6, Qwen3-30B-A3B 332.3 before; since the
+#: scatter a program per 32 pairs, align._scatter_pairs_kernel, one reduce step a wave of its 8x more programs
+#: instead of K = 8 a wave: 7797.5, 23102.3 and 333.3 before, its stage 5.84 -> 2.44, 11.28 -> 7.88, 5.84 -> 1.08 us)
+RUN36_HEAD = {("deepseek-v3", 4096, "uniform", "multi"): (7794.1234610877555, 2327.820689913437),
+              ("deepseek-v3", 16384, "uniform", "multi"): (23098.905297257832, 6654.077891065244),
+              ("qwen3-30b-a3b", 512, "uniform", "multi"): (328.5322006044422, 102.44359110751975),
               ("deepseek-v3", 4096, "uniform", "megakernel"): (9543.892441301952, 3358.7768206443006)}
 
 

@@ -82,3 +82,126 @@ def test_one_scan_block_for_both_scans_and_the_model():
     p = task_plan(cfg, counts, 30, tiles)
     scan = p.kind == KINDS.index("align_scan")
     assert scan.sum() == 1 and int(p.depth[scan][0]) == p.layout.topk_groups == 8  # 30 tokens in groups of 4
+
+
+# --------------------------------------------------------------------------- the multi-launch scatter
+def _routing(kind, rng, T, E, K):
+    """topk_idx (T, K) int32, K distinct experts a token. "uniform": random; "one_expert": expert E // 2 in
+    every token, in a random slot; "few": only experts 0..K+1 (the rest empty); "zipf": skewed to low ids."""
+    if kind == "few":
+        pool = np.arange(min(E, K + 2))
+        return np.stack([rng.permutation(pool)[:K] for _ in range(T)]).astype(np.int32)
+    if kind == "zipf":
+        p = 1.0 / np.arange(1, E + 1) ** 1.2
+        return np.stack([rng.choice(E, K, replace=False, p=p / p.sum()) for _ in range(T)]).astype(np.int32)
+    idx = _random_topk(rng, T, E, K).astype(np.int32)
+    if kind == "one_expert":
+        for t in range(T):
+            row = [e for e in idx[t] if e != E // 2][:K - 1]
+            row.insert(int(rng.integers(K)), E // 2)
+            idx[t] = row
+    return idx
+
+
+def _scatter_inputs(idx, E, block_m, device):
+    """(topk_idx, block_t, meta with chunk_base and padded_offsets from NumPy and the three outputs
+    poisoned with -7, the reference plan): the scatter's inputs as the scan and layout leave them."""
+    from megamoe.kernels import configs as cfgs
+
+    T, K = idx.shape
+    block_t = cfgs.router_block_t(T, E)
+    C = -(-T // block_t)
+    hist = np.stack([np.bincount(idx[c * block_t:(c + 1) * block_t].ravel(), minlength=E) for c in range(C)])
+    plan = plan_dispatch(idx, E, block_m)
+    P = plan.num_padded_rows + 5  # rows past P too: none may be written
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device.name)
+
+    meta = {"chunk_base": t(np.cumsum(hist, axis=0) - hist), "padded_offsets": t(plan.padded_offsets),
+            "padded_token": t(np.full(P, -7)), "padded_pair": t(np.full(P, -7)), "pair_dest": t(np.full(T * K, -7))}
+    return t(idx), block_t, meta, plan
+
+
+def _run_both(idx, E, block_m, device):
+    """The outputs (padded_token, padded_pair, pair_dest) of the one-program-per-chunk _scatter_kernel
+    and of launch_scatter (_scatter_pairs_kernel at plan.align_launch's sizes), and the reference plan."""
+    from megamoe.kernels.align import _scatter_kernel, launch_scatter
+    from megamoe.kernels.plan import align_launch
+
+    T, K = idx.shape
+    topk, block_t, old, plan = _scatter_inputs(idx, E, block_m, device)
+    new = {k: v.clone() for k, v in old.items()}
+    C = old["chunk_base"].shape[0]
+    al = align_launch(C, K, E, block_t, block_m, 1)
+    _scatter_kernel[(C,)](topk, old["chunk_base"], old["padded_offsets"], old["padded_token"], old["padded_pair"],
+                          old["pair_dest"], T, E, K=K, BLOCK_T=block_t, BLOCK_E=al["BLOCK_E"], BLOCK_K=al["BLOCK_K"],
+                          num_warps=al["num_warps"])
+    launch_scatter(topk, new, E, al)
+    keys = ("padded_token", "padded_pair", "pair_dest")
+    return [old[k].cpu().numpy() for k in keys], [new[k].cpu().numpy() for k in keys], plan
+
+
+def _assert_scatter(got, plan, K):
+    """got = (padded_token, padded_pair, pair_dest) of a scatter on poisoned buffers: the pairs' rows
+    as plan_dispatch's, -7 left in the padding rows and past them, every pair_dest written."""
+    pt, pp, pd = got
+    P = plan.num_padded_rows
+    rows = plan.padded_pair >= 0
+    np.testing.assert_array_equal(pt[:P][rows], plan.padded_token[rows])
+    np.testing.assert_array_equal(pp[:P][rows], plan.padded_pair[rows])
+    assert (pt[:P][~rows] == -7).all() and (pp[:P][~rows] == -7).all() and (pt[P:] == -7).all() and (pp[P:] == -7).all()
+    np.testing.assert_array_equal(pd, np.flatnonzero(rows)[np.argsort(plan.padded_pair[rows])])
+
+
+@pytest.mark.parametrize(
+    "T,E,K,kind,block_m",
+    [
+        (1, 8, 2, "uniform", 16),  # decode: one pair block, 15 masked tokens in the chunk of 16
+        (1, 384, 8, "uniform", 128),  # T = 1 at Kimi K2's width (old: the slot-by-slot branch at BLOCK_E 512)
+        (13, 60, 6, "uniform", 16),  # K = 6: 78 pairs in BLOCK_J 128, E not a power of two
+        (45, 8, 1, "one_expert", 16),  # K = 1, every token on one expert, seven experts empty
+        (50, 8, 8, "uniform", 16),  # K = E: every token on every expert (old: the one-shot branch)
+        (64, 256, 8, "uniform", 128),  # DeepSeek-V3 widths, two full chunks of 32 tokens
+        (100, 256, 8, "zipf", 128),  # T not a multiple of 32: a last chunk of 4 tokens; skewed counts
+        (70, 384, 8, "one_expert", 64),  # Kimi K2's 384: one expert in every token, at random slots
+        (77, 128, 8, "few", 128),  # Qwen3-30B-A3B widths, 118 of 128 experts empty
+        (129, 60, 6, "zipf", 32),  # five chunks, the last of one token
+        (200, 128, 2, "one_expert", 16),  # K = 2, an expert holding 200 rows across seven chunks
+        (40, 384, 1, "uniform", 16),  # K = 1 at a wide E: most experts empty
+        (33, 60, 1, "few", 16),  # K = 1 on three experts, one token past the first chunk
+        (257, 8, 2, "zipf", 16),  # Mixtral widths, nine chunks, the last of one token
+    ],
+)
+def test_pair_scatter_equals_chunk_scatter(T, E, K, kind, block_m, rng, device):
+    """_scatter_pairs_kernel stores what _scatter_kernel stores, bit for bit, on buffers poisoned
+    with -7 (an element either leaves unwritten shows), and both are plan_dispatch's rows."""
+    idx = _routing(kind, rng, T, E, K)
+    old, new, plan = _run_both(idx, E, block_m, device)
+    for a, b in zip(old, new):
+        np.testing.assert_array_equal(a, b)
+    _assert_scatter(new, plan, K)
+
+
+@pytest.mark.parametrize("block_p", [16, 64, 256])
+@pytest.mark.parametrize("T,E,K", [(70, 60, 6), (100, 256, 8)])  # K = 6: the last pair block half empty at 64
+def test_pair_scatter_any_pair_block(T, E, K, block_p, rng, device, monkeypatch):
+    """Any BLOCK_P (plan.ALIGN_SCATTER_PAIRS; capped at the chunk's BLOCK_J) stores the same rows."""
+    from megamoe.kernels import plan as kplan
+
+    monkeypatch.setattr(kplan, "ALIGN_SCATTER_PAIRS", block_p)
+    idx = _routing("uniform", rng, T, E, K)
+    old, new, plan = _run_both(idx, E, 16, device)
+    for a, b in zip(old, new):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_scatter_launch_sizes():
+    """The scatter's grid: a program per BLOCK_P pairs of each chunk, BLOCK_J covering a chunk's pairs."""
+    from megamoe.kernels.plan import ALIGN_SCATTER_PAIRS, align_launch
+
+    al = align_launch(128, 8, 256, 32, 128, 510)  # DeepSeek-V3 T = 4096
+    assert (al["BLOCK_J"], al["scatter_grid"]) == (256, (128, 256 // ALIGN_SCATTER_PAIRS))
+    al = align_launch(3, 6, 60, 32, 16, 40)  # 192 pairs a chunk in BLOCK_J 256
+    assert al["BLOCK_J"] == 256 and al["scatter_grid"] == (3, -(-192 // al["BLOCK_P"]))
+    assert align_launch(1, 1, 8, 16, 16, 4)["BLOCK_P"] == 16  # 16 pairs a chunk: one program of 16

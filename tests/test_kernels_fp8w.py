@@ -240,7 +240,7 @@ def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
     entry = cfgs.tma_entry(16, interpret=True)
     names = ("_gemm1_fp8w_tma_kernel", "_gemm2_fp8w_tma_kernel", "_gemm1_fp8_kernel", "_gemm2_fp8_kernel")
     kernels = {"_router_kernel": "routing", "_scan_experts_kernel": "align", "_layout_kernel": "align",
-               "_scatter_kernel": "align", "_router_logits_kernel": "routing",
+               "_scatter_pairs_kernel": "align", "_router_logits_kernel": "routing",
                "_combine_kernel": "grouped_gemm", **{n: "fp8_gemm" for n in names}}
     monkeypatch.setattr(plan, "FP8W_TMA_PREFILL", on)
     plan._static_plan.cache_clear()

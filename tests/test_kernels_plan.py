@@ -18,7 +18,7 @@ from megamoe.reference import MoEConfig, random_weights
 KERNEL_MODULES = {
     "_router_logits_kernel": "routing", "_router_kernel": "routing", "_scan_experts_kernel": "align",
     "_layout_kernel": "align",
-    "_scatter_kernel": "align", "_gemm1_kernel": "grouped_gemm", "_act_kernel": "grouped_gemm",
+    "_scatter_pairs_kernel": "align", "_gemm1_kernel": "grouped_gemm", "_act_kernel": "grouped_gemm",
     "_gemm2_kernel": "grouped_gemm", "_combine_kernel": "grouped_gemm",
 }
 
