@@ -39,7 +39,10 @@ def test_reuse_gemm_is_each_experts_matmul(r):
             if v.gated:
                 gg, u = want[:, :n_out], want[:, n_out:]
                 want = gg * torch.sigmoid(gg) * u
-            torch.testing.assert_close(c[e * rows:(e + 1) * rows], want, rtol=1e-4, atol=1e-4, msg=f"{form} e={e}")
+            # normalized error: the gated products reach a few hundred, where fp32 sums in another order
+            # differ by ~1e-4 absolute (torch 2.13 / Triton 3.9's interpreter: 1.6e-4 at 526)
+            err = float((c[e * rows:(e + 1) * rows] - want).abs().max() / want.abs().max())
+            assert err < 1e-5, f"{form} e={e}: normalized error {err:.2e}"
 
 
 def test_reuse_gemm_refuses_bad_shapes_by_name():
