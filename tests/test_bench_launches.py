@@ -1,4 +1,4 @@
-"""benchmarks/bench_router.py and profile_launches.py without a GPU: they refuse to run (exit 2, a
+"""benchmarks/bench_router.py, profile_launches.py and bench_sustained.py without a GPU: they refuse to run (exit 2, a
 line naming what they need) before any GPU work, and profile_launches prices the launch plan of a
 routing kernel by kernel as it prints it."""
 
@@ -10,7 +10,7 @@ import torch
 from benchload import load_benchmark
 
 
-@pytest.mark.parametrize("name", ["bench_router", "profile_launches"])
+@pytest.mark.parametrize("name", ["bench_router", "profile_launches", "bench_sustained"])
 def test_without_a_gpu_they_say_so(name, capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the scripts would run")
