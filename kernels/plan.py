@@ -68,6 +68,9 @@ class Stage:
     #: how the GEMM's tile loop loads its operands, a key of simulator.hardware.GEMM_LOADS (the
     #: dense-GEMM microbenchmark table that prices it); None: no GEMM
     loads: str | None = None
+    #: shared memory of one program's pipeline buffers, bytes (``gemm_shared_bytes``: the 16-bit
+    #: GEMMs); None where not estimated (the FP8 GEMMs, the small launches)
+    shared_bytes: int | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -296,6 +299,22 @@ def _kernel_key(g: dict, fp8) -> str:
     return "fp8_tma" if fp8 == "weights+act" else "fp8w_tma"
 
 
+def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int) -> int:
+    """Shared memory of one program of a GEMM config ``g`` (BLOCK_M, BLOCK_N, BLOCK_K, num_stages):
+    its pipeline buffers, each an A tile (BLOCK_M x BLOCK_K of ``a_bytes`` per element) and
+    ``weight_tiles`` weight tiles (BLOCK_N x BLOCK_K of ``w_bytes``; GEMM 1: gate and up, 2).
+    Triton 3.x keeps num_stages buffers where the K loop runs wgmma (BLOCK_M >= 64) and
+    num_stages - 1 where it runs mma.sync (16- and 32-row tiles). Checked against the compiler
+    (benchmarks/compile_report.py --gemm current, sm_90, Triton 3.9, 2026-12-02): qwen3-30b-a3b
+    T = 64 GEMM 1 (16 x 128 x 128, 3 stages) 139,264 bytes, GEMM 2 73,728; T = 1 GEMM 1 (16 x 64 x
+    128, 4 stages) 110,592; T = 512 GEMM 1 (64 x 128 x 64, 4 stages) 163,840; deepseek-v3 T = 512
+    GEMM 1 (32 x 128 x 128, 8 warps) 147,456; T = 4096 TMA GEMM 1 (128 x 128 x 64, 4 stages)
+    196,640 (196,608 and its barriers); mixtral-8x7b T = 8 GEMM 1 (16 x 32 x 256, 4 stages) 122,880."""
+    bm, bn, bk = int(g["BLOCK_M"]), int(g["BLOCK_N"]), int(g["BLOCK_K"])
+    buffers = max(1, int(g["num_stages"]) - (0 if bm >= 64 else 1))
+    return int(buffers * (bm * bk * a_bytes + weight_tiles * bn * bk * w_bytes))
+
+
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
                  num_sms, wb=None, ab=None, mma="bf16", fp8=None, xb=None):
     """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert.
@@ -328,7 +347,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma,
                      loads=("tma_persistent_gated" + ("_flat" if g1.get("FLATTEN") else "")) if tma1
-                     else "pointer_gated"))
+                     else "pointer_gated", shared_bytes=None if fp8 else gemm_shared_bytes(g1, xb, wb, 2)))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)
@@ -350,7 +369,8 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
                           + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma,
-                     loads=("tma_ab_persistent" + ("_flat" if g2.get("FLATTEN") else "")) if tma2 else "pointer"))
+                     loads=("tma_ab_persistent" + ("_flat" if g2.get("FLATTEN") else "")) if tma2 else "pointer",
+                     shared_bytes=None if fp8 else gemm_shared_bytes(g2, ab, wb, 1)))
     return out
 
 

@@ -26,7 +26,7 @@ number they use:
 
 A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
-    slots     = S x o                         waves = ceil(P / slots)
+    slots     = S x o (``launch_occupancy``)   waves = ceil(P / slots)
     share     = min(o, ceil(min(P, slots) / S))        (programs sharing one SM's tensor cores)
     program_g = flops / (mma(tile, rows_g) / share)
     compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
@@ -78,6 +78,14 @@ profile without it predicts as with the switch off):
                             grouped GEMMs whose weight tiles are each read by r row blocks, weights
                             from HBM) at the expert's row blocks r (``gemm_reuse_rate``): the dense
                             table's GEMM reads each weight tile for 32 row blocks
+    USE_SHARED_MEMORY_OCCUPANCY  a launch's programs per SM at most what its programs' shared
+                            memory leaves room for (the plan's shared_bytes in
+                            kernel_model.sm_shared_memory_bytes, ``launch_occupancy``), not the
+                            occupancy table's by warps alone (its microbenchmark kernels' figure)
+    USE_WEIGHT_STREAMS      a grouped GEMM launch's HBM time at least that of its distinct weight
+                            tiles streamed at the grid's rate for the distinct tiles in flight
+                            (``weight_stream_read_s``): the programs of a group reading one weight
+                            tile at once make one DRAM stream (their misses meet in L2)
 
 The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
 per expert (tile height adapted to small row counts, a tuned tile width) and call the same
@@ -95,7 +103,7 @@ import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
 from ..reference.tiles import GEMM_LOOP_FORMS, route_select_key, scan_block
-from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
+from .hardware import GEMM_LOADS, SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
 DTYPES = ("bf16", "fp8")
@@ -517,6 +525,58 @@ def route_select_s(profile: Profile, tile: dict) -> float | None:
     return None
 
 
+#: whether a launch's programs per SM are capped by their shared memory (``launch_occupancy``). The
+#: occupancy table (kernel_model.occupancy) holds the mma microbenchmark kernels' programs per SM by
+#: warps (H200: 3 at 4 warps); the multi-launch path's pointer GEMMs keep (num_stages - 1) pipeline
+#: buffers of their tiles (plan.gemm_shared_bytes: Qwen3-30B-A3B T = 64 GEMM 1 139,264 bytes, sm_90
+#: compile): one program per SM, not three. Off: alone it moved runs AO / AQ's stored rows from
+#: 5.7 / 5.2% median to 6.1 / 5.6% (re-predicted, simulator/README.md findings): with one program
+#: per SM the HBM grid is read at 132 programs, where its reader (48 KB in flight) falls short of a
+#: GEMM program with 120-140 KB in flight (Mixtral-8x7B T = 8 GEMM 1, one per SM, measured 4.49 TB/s).
+USE_SHARED_MEMORY_OCCUPANCY = False
+#: whether a grouped GEMM launch's HBM time is at least its distinct weight streams' (``weight_stream_read_s``).
+#: Off until a GPU run holds it out (with USE_SHARED_MEMORY_OCCUPANCY it moved Qwen3-30B-A3B T = 64
+#: Zipf multi's GEMM 1 from 38.5 to 52.8 us, measured 51.1; simulator/README.md findings).
+USE_WEIGHT_STREAMS = False
+
+
+def launch_occupancy(profile: Profile, stage: dict) -> int:
+    """Programs of a launch resident per SM: the occupancy table at its warps, and where
+    ``USE_SHARED_MEMORY_OCCUPANCY`` is on and the stage states its programs' ``shared_bytes``, at
+    most kernel_model.sm_shared_memory_bytes // (shared_bytes + the per-block reserve), at least 1."""
+    occ = occupancy(profile, int(stage["tile"].get("num_warps", 4)))
+    sb = stage.get("shared_bytes")
+    sm = _km(profile).sm_shared_memory_bytes
+    if USE_SHARED_MEMORY_OCCUPANCY and sb and sm > 0:
+        occ = max(1, min(occ, int(sm // (float(sb) + SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES))))
+    return occ
+
+
+def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: bool = False) -> float:
+    """HBM time of a grouped GEMM launch's weight tiles as distinct streams, where
+    ``USE_WEIGHT_STREAMS`` is on (else 0): expert e (be row blocks, n = tiles / be N tiles, GROUP_M gm)
+    reads each weight tile once per group of row blocks, n x ceil(be / gm) streams of b bytes (the
+    weight reads ``grouped_dram_bytes`` counts), and the g programs of a group read a tile at the
+    same time, so of the launch's min(P, ``in_flight``) programs in flight only that share times
+    streams / P are distinct DRAM streams: ``launch_read_s`` over the streams, that many in flight.
+    Where no program shares a tile (one row block per expert) it is the weights' part of the launch's
+    own read. 0 for launches without the grouped L2 model's fields."""
+    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
+    P = int(stage["active_programs"])
+    if not (USE_WEIGHT_STREAMS and ob and rb is not None and tpe is not None and P > 0):
+        return 0.0
+    be = np.asarray(rb, dtype=np.float64)
+    te = np.asarray(tpe, dtype=np.float64)
+    keep = (be > 0) & (te > 0)
+    be, te = be[keep], te[keep]
+    gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
+    streams = float((te / be * np.ceil(be / gm)).sum()) if be.size else 0.0
+    if streams <= 0:
+        return 0.0
+    n_s = max(1, int(round(min(P, max(1, int(in_flight))) * streams / P)))
+    return launch_read_s(profile, streams * float(ob["b"]), max(1, int(round(streams))), n_s, tma=tma)
+
+
 def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
                   tma: bool = False) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
@@ -755,7 +815,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         return StagePrediction(stage["name"], 0, 0.0, 0.0, launch_us)
     tile = stage["tile"]
     warps = int(tile.get("num_warps", 4))
-    occ = occupancy(profile, warps)
+    occ = launch_occupancy(profile, stage)
     slots = S * occ
     waves = math.ceil(P / slots)
     flops = float(stage["flops_per_tile"])
@@ -781,7 +841,8 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         rate = rate / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
-    mem = {"hbm": launch_read_s(profile, dram, P, slots, tma=weights_by_tma(loads))}
+    tma = weights_by_tma(loads)
+    mem = {"hbm": max(launch_read_s(profile, dram, P, slots, tma=tma), weight_stream_read_s(stage, slots, profile, tma=tma))}
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         mem["l2"] = stage_l2_hit_s(stage, hit, min(P, slots), profile)

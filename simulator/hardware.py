@@ -531,7 +531,15 @@ _KM_SCALARS = {
     # the bf16 tensor rate a whole GPU sustains on a large dense GEMM (0: none), a cap on the tile
     # table's on-chip bursts (clocks and power under a GEMM's data movement)
     "mma_sustained_flops_per_s": _Num("flop/s", 0, 1e18),
+    # shared memory one SM holds for its resident programs (cost.USE_SHARED_MEMORY_OCCUPANCY: a
+    # launch's programs per SM at most what their pipeline buffers leave room for)
+    "sm_shared_memory_bytes": _Num("bytes", 0, 1e9),
 }
+#: an SM's shared memory where a profile's kernel_model does not say: Hopper (compute capability
+#: 9.0) and data-center Blackwell (10.0) have 228 KiB per SM (CUDA C++ Programming Guide, technical
+#: specifications per compute capability), of which 1 KiB is reserved per resident block
+SM_SHARED_MEMORY_BYTES = 228 * 1024
+SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES = 1024
 #: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
 GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
 _KM_TABLES = {
@@ -635,6 +643,7 @@ class KernelModel:
     calibrated: bool = False
     mma_fp8: tuple = ()
     mma_sustained_flops_per_s: float = 0.0
+    sm_shared_memory_bytes: float = 0.0  # 0: unknown (the loader fills SM_SHARED_MEMORY_BYTES)
     gemm_pointer: tuple = ()
     gemm_tma: tuple = ()
     gemm_pointer_gated: tuple = ()
@@ -705,8 +714,10 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
              flag_handoff_s=float(v["gpu.grid_sync_s"]), grid_barrier_s=float(v["gpu.grid_sync_s"]),
              ticket_s=0.0, task_overhead_s=0.0, serial_load_step_s=0.0, serial_reduce_step_s=0.0,
              l2_bandwidth_bytes_per_s=0.0, l2_resident_fraction=float(v["megakernel.l2_weight_fraction"]),
-             mma_sustained_flops_per_s=0.0)
+             mma_sustained_flops_per_s=0.0, sm_shared_memory_bytes=float(SM_SHARED_MEMORY_BYTES))
     sources = {k: derived for k in d}
+    sources["sm_shared_memory_bytes"] = ("assumption: 228 KiB per SM, Hopper and data-center Blackwell (CUDA C++ "
+                                         "Programming Guide, compute capabilities 9.0 and 10.0)")
     sources["l2_resident_fraction"] = "the profile's megakernel.l2_weight_fraction (no kernel_model entry)"
     progs = (1.0, S / 4, S / 2, float(S), 2.0 * S, 8.0 * S)
     tables = {

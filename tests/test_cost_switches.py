@@ -1,6 +1,7 @@
 """The cost model's switches for the shared-read, many-program serial and weight-reuse tables
 (cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES,
-USE_GEMM_REUSE_TABLE):
+USE_GEMM_REUSE_TABLE), the tasks' streaming intake (USE_TASK_STREAM_INTAKE), the launches' shared
+memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
@@ -72,10 +73,12 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
-            "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE")
+            "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
-#: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has)
-TABLE_SWITCHES = tuple(n for n in SWITCHES if n != "USE_TASK_STREAM_INTAKE")
+#: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
+#: the shared-memory and weight-stream switches read the stage and the profile's HBM grid)
+TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY",
+                                                         "USE_WEIGHT_STREAMS"))
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +92,8 @@ def test_switch_defaults():
     tables' and the reuse table's switches stay off."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
-                        "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False}
+                        "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
+                        "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -483,3 +487,64 @@ def test_task_stream_intake_lifts_only_few_programs_streaming(monkeypatch):
     assert on["time_us"] < off["time_us"]
     assert on["span_us"]["router_topk"] == off["span_us"]["router_topk"]  # the serial kinds keep their times
     assert cost.predict_stage(stage, p) == st_off
+
+
+# --------------------------------------------------------------------------- shared memory and weight streams
+def _decode_gemm1(row_blocks, *, shared_bytes=139264, P=None):
+    """A multi-launch GEMM 1 at decode: 16 x 128 tiles (gate and up), 6 N tiles per expert,
+    GROUP_M 8, 4 warps, experts of ``row_blocks`` row blocks; ``shared_bytes`` per program
+    (plan.gemm_shared_bytes of 16 x 128 x 128 at 3 stages)."""
+    nt = 6
+    ob = {"a": 16 * 2048 * 2.0, "b": 2 * 128 * 2048 * 2.0, "out": 16 * 128 * 2.0}
+    return dict(name="gemm1", kernel="_k", active_programs=sum(row_blocks) * nt,
+                tile=dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_stages=3, num_warps=4, GROUP_M=8),
+                bytes_per_tile=sum(ob.values()), flops_per_tile=2 * 16 * 256 * 2048, operand_bytes_per_tile=ob,
+                row_blocks_per_expert=tuple(row_blocks), tiles_per_expert=tuple(b * nt for b in row_blocks),
+                work_tile={"m": 16, "n": 256, "depth": 2048}, shared_bytes=shared_bytes, loads="pointer_gated")
+
+
+def test_shared_memory_caps_programs_per_sm(monkeypatch):
+    """Off: the occupancy table by warps (h200: 2 programs at 4 warps). On: at most the SM's shared
+    memory over a program's buffers and the per-block reserve, at least 1; a stage without
+    shared_bytes keeps the table's; the profile's sm_shared_memory_bytes is what divides."""
+    p = load_profile("h200")
+    assert p.kernel.sm_shared_memory_bytes == 228 * 1024
+    assert "assumption" in p.kernel.sources["sm_shared_memory_bytes"]
+    big, small = _decode_gemm1([4] * 11), _decode_gemm1([4] * 11, shared_bytes=73728)  # 264 programs
+    table = cost.occupancy(p, 4)
+    assert table == 2
+    assert cost.launch_occupancy(p, big) == cost.launch_occupancy(p, small) == table
+    off = cost.predict_stage(big, p)
+    monkeypatch.setattr(cost, "USE_SHARED_MEMORY_OCCUPANCY", True)
+    assert cost.launch_occupancy(p, big) == 1  # 139,264 + 1,024 bytes: one fits in 228 KiB
+    assert cost.launch_occupancy(p, small) == 2  # three would fit: the table's 2 stays
+    assert cost.launch_occupancy(p, {**big, "shared_bytes": None}) == table
+    assert cost.launch_occupancy(p, {**big, "shared_bytes": 300 * 1024}) == 1  # never below one
+    on = cost.predict_stage(big, p)
+    assert (off.occupancy, off.waves) == (2, 1) and (on.occupancy, on.waves) == (1, 2)
+    d = p.to_dict()
+    d.setdefault("kernel_model", {})["sm_shared_memory_bytes"] = {"value": 2 * 140288, "unit": "bytes", "source": SRC}
+    assert cost.launch_occupancy(validate(d), big) == 2
+
+
+def test_weight_streams_count_the_distinct_tiles_in_flight(monkeypatch):
+    """On: a grouped launch's HBM time is at least its weight tiles as distinct streams. Experts of one
+    row block share nothing: the term is the weights' share of the launch's own read and the stage
+    is unchanged. Experts of 4 row blocks (one GROUP_M group): 4 programs read each tile at once,
+    so the 132 programs in flight (one per SM) are 33 streams, priced by hand below."""
+    p = load_profile(str(RUN36 / "profile.json")) if (RUN36 / "profile.json").exists() else load_profile("h200")
+    monkeypatch.setattr(cost, "USE_SHARED_MEMORY_OCCUPANCY", True)  # one program per SM: 132 in flight
+    alone = _decode_gemm1([1] * 44)  # 264 programs, 264 distinct tiles
+    shared = _decode_gemm1([4] * 11)  # 264 programs, 66 distinct tiles
+    off = (cost.predict_stage(alone, p), cost.predict_stage(shared, p))
+    assert cost.weight_stream_read_s(shared, 132, p) == 0.0  # the switch off: no term
+    monkeypatch.setattr(cost, "USE_WEIGHT_STREAMS", True)
+    b = shared["operand_bytes_per_tile"]["b"]
+    want = cost.launch_read_s(p, 66 * b, 66, 33)
+    assert cost.weight_stream_read_s(shared, 132, p) == pytest.approx(want)
+    assert cost.weight_stream_read_s(alone, 132, p) == pytest.approx(cost.launch_read_s(p, 264 * b, 264, 132))
+    assert cost.weight_stream_read_s(_router_stage(), 132, p) == 0.0  # no grouped GEMM fields
+    on = (cost.predict_stage(alone, p), cost.predict_stage(shared, p))
+    assert on[0] == off[0]  # nobody shares: the launch's own read (weights and rows) already covers it
+    assert on[1].memory_us == pytest.approx(max(off[1].memory_us, want * 1e6))
+    assert on[1].memory_us > off[1].memory_us  # 33 streams read HBM slower than 132 programs do

@@ -194,3 +194,31 @@ def test_router_serial_steps_count_the_selections_reductions():
         mk = megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                cfg.shared_intermediate_size, T, num_sms=132)
         assert task_plan(cfg, counts, T, mk["tiles"], num_programs=132).topk_passes == topk_passes(cfg)
+
+
+#: shared memory of the shipped 16-bit GEMM configs as Triton compiled them for sm_90
+#: (benchmarks/compile_report.py --gemm current, Triton 3.9 on a machine without a GPU, 2026-12-02):
+#: (preset, T, stage) -> bytes (the TMA GEMM's 32 barrier bytes left out)
+COMPILED_SHARED = {("qwen3-30b-a3b", 64, "gemm1"): 139264, ("qwen3-30b-a3b", 64, "gemm2"): 73728,
+                   ("qwen3-30b-a3b", 1, "gemm1"): 110592, ("qwen3-30b-a3b", 512, "gemm1"): 163840,
+                   ("qwen3-30b-a3b", 512, "gemm2"): 98304, ("deepseek-v3", 512, "gemm1"): 147456,
+                   ("deepseek-v3", 512, "gemm2"): 49152, ("deepseek-v3", 4096, "gemm1"): 196608,
+                   ("deepseek-v3", 4096, "gemm2"): 147456, ("deepseek-v3", 8, "gemm1"): 139264}
+
+
+@pytest.mark.parametrize("preset,T", sorted({(k[0], k[1]) for k in COMPILED_SHARED}))
+def test_gemm_shared_bytes_match_the_compiled_kernels(preset, T):
+    """plan.gemm_shared_bytes against ptxas' figures: num_stages buffers in the wgmma loops (64+ rows),
+    num_stages - 1 in the mma.sync ones (16 and 32 rows); the FP8 plans state none."""
+    from megamoe.kernels.plan import launch_plan
+    from megamoe.reference import MoEConfig
+
+    cfg = MoEConfig.preset(preset)
+    counts = np.zeros(cfg.num_experts, np.int64)
+    counts[: cfg.top_k] = T  # the shipped config depends on T only
+    plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", triton_version="3.6.0")
+    for name in ("gemm1", "gemm2"):
+        if (preset, T, name) in COMPILED_SHARED:
+            assert plan.stage(name).shared_bytes == COMPILED_SHARED[preset, T, name]
+    fp8 = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", triton_version="3.6.0", fp8="weights")
+    assert fp8.stage("gemm1").shared_bytes is None
