@@ -274,6 +274,10 @@ def router_block_t(T: int, E: int) -> int:
 #: T = 8 and 52.4 at T = 4096, Qwen3-30B-A3B's 19.1 at T = 8.
 ROUTER_SCORES_PER_THREAD = 8
 ROUTER_MAX_WARPS = 16
+#: the routing program's warps where it walks H itself (no logits launch), over 128 experts and up to 128:
+#: H200 run AT, Qwen3-30B-A3B's prefill walk (32 steps of 64 columns) at 16 warps 27.6 / 80.5 us at T = 4096 /
+#: 16384 against 24.0 / 53.5 at 4 (run AS); the selection is a small share of a walking program
+ROUTER_WALK_WARPS = (8, 4)
 #: widest score row the top-k's K maxima keep inside one warp (32 lanes x 4): past it every maximum is a
 #: cross-warp reduction and the routing program takes the bitonic top-k (routing._topk_bitonic; sm_90,
 #: DeepSeek-V3 32 tokens at 16 warps: 70 barriers -> 31, 5,176 -> 4,808 instructions; at 128 experts
@@ -282,8 +286,12 @@ ROUTER_MAX_WARPS = 16
 ROUTER_MAXIMA_MAX_E = 128
 
 
-def router_warps(block_t: int, block_e: int) -> int:
-    """Warps of the multi-launch router's routing program (ROUTER_SCORES_PER_THREAD)."""
+def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
+    """Warps of the multi-launch router's routing program: from the partials of a logits launch,
+    ROUTER_SCORES_PER_THREAD; walking H itself (``walks``: its loop of loads and MMAs is the program's
+    time), ROUTER_WALK_WARPS."""
+    if walks:
+        return ROUTER_WALK_WARPS[block_e <= 128]
     want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
     return max(4, min(ROUTER_MAX_WARPS, _pow2(want)))
 

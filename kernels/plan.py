@@ -208,8 +208,11 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
     # the selection's key (kernel_model.route_select: router family, BLOCK_E, K, groups, BLOCK_T, top-k way) and its
-    # dependent reductions (priced as those where the profile has no time for the key)
-    select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group, BITONIC=int(rl["BITONIC"]))
+    # dependent reductions (priced as those where the profile has no time for the key). The table times the
+    # program as it runs from a logits launch's partials, at their warps (configs.router_warps); a program
+    # walking H runs at other warps, so it carries no key and its selection is priced by the reductions.
+    select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group, BITONIC=int(rl["BITONIC"])) \
+        if split else {}
     stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused, **select),
                         bytes_per_tile=rbytes + (8 * P_max + 4 * T * K if fused else 4 * E),
                         flops_per_tile=rflops, note="top-k; aligns too when one program holds every token",
@@ -417,7 +420,7 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
         sp = cdiv(H, h_per)
     C = cdiv(T, bt) if T else 0
     if warps is None:
-        warps = cfgs.router_warps(bt, block_e)
+        warps = cfgs.router_warps(bt, block_e, walks=not sp)
     if bitonic is None:
         bitonic = cfgs.router_bitonic(block_e, K, C)
     return {"C": C, "grid": (C,), "logits_grid": (cdiv(T, lt) if T else 0, sp), "BLOCK_T": bt, "LOGITS_T": lt,

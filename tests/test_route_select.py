@@ -86,3 +86,24 @@ def test_the_router_stage_reads_the_measured_selection(tmp_path):
     passes = topk_passes(ds) * serial_step_s(p0, "reduce", 1)
     assert with_table.serial_us - without.serial_us == pytest.approx((5e-5 - passes) * 1e6)
     assert predict_stage(st_qw, p).serial_us == predict_stage(st_qw, p0).serial_us
+
+
+def test_a_walking_routing_program_is_not_priced_from_the_table(tmp_path):
+    """The table times routing programs that sum a logits launch's partials, at their warps; Qwen3-30B-A3B's
+    prefill routing programs walk H at other warps (configs.router_warps(walks=True)): their stage carries
+    no key, so a table point for the same sizes prices its decode stage only."""
+    from megamoe.kernels.microbench_route import select_key
+    from megamoe.simulator.cost import route_select_s
+    from megamoe.simulator.hardware import load_profile
+
+    qw = MoEConfig.preset("qwen3-30b-a3b")
+    base = load_profile("h200").to_dict()
+    base["kernel_model"] = {**base.get("kernel_model", {}), "route_select": {
+        "unit": "s", "over": ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"],
+        "points": [[*select_key(qw, 64), 7e-6]], "source": "test"}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(base))
+    p = load_profile(str(path))
+    decode, prefill = _router_stage(qw, 64), _router_stage(qw, 4096)
+    assert decode["tile"]["BLOCK_T"] == prefill["tile"]["BLOCK_T"] == 32
+    assert route_select_s(p, decode["tile"]) == 7e-6 and route_select_s(p, prefill["tile"]) is None

@@ -30,6 +30,8 @@ def test_router_warps_and_top_k_way():
     assert not router_launch(4096, 128, 2048, 8)["BITONIC"] and not router_launch(4096, 256, 7168, 1)["BITONIC"]
     rl = router_launch(4096, 256, 7168, 8, 8, warps=8, bitonic=False)
     assert rl["num_warps"] == 8 and not rl["BITONIC"]
+    walk = router_launch(4096, 128, 2048, 8)  # Qwen3-30B-A3B's prefill walks H: the walk's warps
+    assert walk["SPLIT"] == 0 and walk["num_warps"] == cfgs.router_warps(32, 128, walks=True) == 4
 
 
 @pytest.mark.parametrize("T", [33, 70])
@@ -57,8 +59,11 @@ def test_bitonic_and_maxima_store_the_same(T, rng, device):
         hist.fill_(-7)
         launch_router(x, tw, cfg, idx, wts, hist, None, block_t, launch=rl)
         out[bitonic] = (idx.cpu(), wts.cpu(), hist.cpu())
-    for a, b in zip(out[True], out[False]):
-        assert torch.equal(a, b)
+    # the same experts in the same slots and the same histogram, bit for bit; the weights to fp32 rounding
+    # (their normalizing sum runs over the slots in each way's register layout, an order that may differ on
+    # a GPU; H200 run AT)
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][2], out[False][2])
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=2e-6, atol=0)
     idx = out[True][0].numpy()
     assert idx.min() >= 0 and all(len(set(r)) == cfg.top_k for r in idx.tolist())
     # and the reference's picks (float64 logits of the same rounded inputs; a near-tie may differ)
