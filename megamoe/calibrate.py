@@ -53,6 +53,14 @@ Measured:
                               consecutive programs reading the same tile at the same step
                               (kernels/microbench_shared.py): aggregate bytes/s by (P, g),
                               kernel_model.l2_shared_read
+    hbm_deep                  P in {S/8, S/4, S/2, S} programs (one per SM) streaming weights from a
+                              cold L2 through GEMM 1's tile loops, each keeping 48, 96, 128 or 192 KiB
+                              of weight tiles in flight (kernels/microbench_deep.py: the hbm step's
+                              reader, then 16 x 64 x 128 and 16 x 128 x 128 gated tiles at 3-4
+                              stages), groups of g in {1, 2, 4} consecutive programs reading the same
+                              tiles at once, 256 KiB to 4 MiB each: bytes/s, kernel_model.hbm_deep_read
+                              (read behind cost.USE_DEEP_READ_TABLE; quick: S/4 and S, 48 and 128 KiB,
+                              g 1 and 4, 256 KiB and 4 MiB)
     select                    one routing program's selection (kernels/microbench_route.py: the
                               multi-launch router's _route_block on random fp32 logits) of each
                               preset's router family, BLOCK_E, K and groups, as the routing programs
@@ -686,6 +694,77 @@ def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> d
     return {"points": pts, "set_bytes": L2_SHARED_SET_BYTES, "bytes_per_program": per, "tile": [bn, bk]}
 
 
+#: the hbm_deep step's readers (kernels/microbench_deep.deep_read, 16-row tiles, 4 warps): (BLOCK_N,
+#: BLOCK_K, num_stages, gated), keeping deep_read_depth bytes of weight tiles in flight: 48 KiB (the hbm
+#: step's reader: stream_tile's 64 x 128 at 4 stages, one tile a step), 96 KiB (GEMM 1's 16 x 64 x 128
+#: loop at 4 stages: qwen3-30b-a3b T = 1), 128 KiB (16 x 128 x 128 at 3 stages: qwen3-30b-a3b T = 64),
+#: 192 KiB (the same at 4 stages). sm_90 compile (Triton 3.9): each one's shared memory is its depth and
+#: a 4 KiB A tile (200,704 bytes at 192 KiB: one program per SM; 53,248 at 48 KiB)
+HBM_DEEP_READERS = ((64, 128, 4, False), (64, 128, 4, True), (128, 128, 3, True), (128, 128, 4, True))
+HBM_DEEP_READERS_QUICK = (HBM_DEEP_READERS[0], HBM_DEEP_READERS[2])
+#: sharing groups (g consecutive programs reading the same tiles at once) and bytes each program reads
+HBM_DEEP_GROUPS = (1, 2, 4)
+HBM_DEEP_GROUPS_QUICK = (1, 4)
+HBM_DEEP_SIZES = (256 << 10, 1 << 20, 4 << 20)
+HBM_DEEP_SIZES_QUICK = (256 << 10, 4 << 20)
+
+
+def hbm_deep_programs(S: int, quick: bool = False) -> list[int]:
+    """The program counts of the hbm_deep step: S/8, S/4, S/2, S (quick: S/4 and S); at most S, so
+    that the GPU runs one program per SM (H200: 16, 33, 66, 132)."""
+    return sorted({max(1, S // 4), S} if quick else {max(1, S // 8), max(1, S // 4), max(1, S // 2), S})
+
+
+def measure_hbm_deep(reps: int, S: int, quick: bool = False) -> dict:
+    """HBM read rate of programs that keep more in flight than the hbm step's reader: per reader of
+    HBM_DEEP_READERS (its depth D: deep_read_depth), P programs of ``hbm_deep_programs`` (<= S: one
+    per SM), groups of g consecutive programs reading the same tiles at once, b bytes each, one
+    launch timed from a cold L2 (``flushed_seconds``, the hbm step's), its launch overhead (an empty
+    kernel timed the same way) taken off as there -> "points": [[P, D, g, b, P x b / s], ...]
+    (g > 1: g x the DRAM bytes/s). A reader that fails (compile, shared memory) leaves its depth out
+    ("failed") so that the others still fill a grid; "shared_bytes": the compiler's shared memory per
+    reader (its depth and the A tile). Why: the hbm grid's reader keeps 48 KB in flight, the
+    multi-launch GEMMs' programs 72-196 KB (simulator/README.md, findings of 2026-12-02)."""
+    import torch
+
+    from megamoe.kernels import microbench as mb
+    from megamoe.kernels import microbench_deep as md
+
+    readers = HBM_DEEP_READERS_QUICK if quick else HBM_DEEP_READERS
+    groups = HBM_DEEP_GROUPS_QUICK if quick else HBM_DEEP_GROUPS
+    sizes = HBM_DEEP_SIZES_QUICK if quick else HBM_DEEP_SIZES
+    progs = hbm_deep_programs(S, quick)
+    w = torch.ones(max(progs) * max(sizes) // 2, device="cuda", dtype=torch.bfloat16)  # P regions at most
+    ones = torch.ones((16, max(r[1] for r in readers)), device="cuda", dtype=torch.bfloat16)  # the loops' A
+    t_empty = flushed_seconds(lambda: mb.empty(w), reps=reps)
+    pts, failed, shared = [], {}, {}
+    for bn, bk, st, gated in readers:
+        depth = md.deep_read_depth(bn, bk, st, gated=gated)
+        name = f"{bn}x{bk}x{st}{' gated' if gated else ''}"
+        res = torch.empty((max(progs), 16, bn), device="cuda", dtype=torch.float32)
+        kw = dict(block_n=bn, block_k=bk, num_stages=st, gated=gated, a=ones[:, :bk].contiguous(), out=res)
+        mine = []
+        try:
+            _, k = md.deep_read(w, 1, sizes[0], **kw)  # compile; the compiler's shared memory
+            shared[name] = int(getattr(getattr(k, "metadata", None), "shared", 0) or 0)
+            for P in progs:
+                for g in groups:
+                    for b in sizes:
+                        t = flushed_seconds(lambda P=P, g=g, b=b, kw=kw: md.deep_read(w, P, b, group=g, **kw),
+                                            reps=reps)
+                        mine.append([P, depth, g, b, P * b / max(t - t_empty, 0.5 * t, 1e-7)])
+        except Exception as exc:  # noqa: BLE001 - a reader that fails leaves the others' grid whole
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        pts.extend(mine)
+    out = {"points": pts, "launch_overhead_s": t_empty, "shared_bytes": shared,
+           "readers": {f"{bn}x{bk}x{st}{' gated' if gated else ''}": md.deep_read_depth(bn, bk, st, gated=gated)
+                       for bn, bk, st, gated in readers}}
+    if failed:
+        out["failed"] = failed
+    return out
+
+
 #: the program counts of the serial_programs step (S and 2S added from the GPU's SMs)
 SERIAL_PROGRAMS = (1, 16, 64)
 
@@ -814,6 +893,15 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                      "P programs sweeping one L2-resident working set of weight tiles by the GEMM "
                                      "loop's loads, groups of g consecutive programs reading the same tile at once; "
                                      "read behind cost.USE_L2_SHARED_READ")
+    if m.get("hbm_deep", {}).get("points"):
+        from megamoe.simulator.hardware import HBM_DEEP_AXES
+
+        km["hbm_deep_read"] = table("bytes/s", list(HBM_DEEP_AXES), m["hbm_deep"]["points"],
+                                    "P programs (one per SM) streaming weight tiles from a cold L2 through GEMM 1's "
+                                    "tile loops (kernels/microbench_deep.py), each keeping bytes_in_flight of weight "
+                                    "tiles in its pipeline buffers, groups of g consecutive programs reading the same "
+                                    "tiles at once; bytes/s the programs read (g x the DRAM rate); read behind "
+                                    "cost.USE_DEEP_READ_TABLE")
     if "select" in m:
         km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"], m["select"]["points"],
                                    "seconds of one routing program's selection per block of BLOCK_T tokens "
@@ -882,6 +970,25 @@ def reuse_summary(reuse: dict, S: int) -> list[str]:
     return lines
 
 
+def hbm_deep_summary(deep: dict) -> list[str]:
+    """The hbm_deep step's lines: per depth and sharing group, TB/s at each program count for the
+    largest bytes per program, e.g. "HBM deep read, 128 KiB in flight, g = 1, 4 MiB each, 16/33/66/132
+    programs  0.80 1.60 3.00 4.40 TB/s"."""
+    pts = deep.get("points", [])
+    if not pts:
+        return []
+    b = max(p[3] for p in pts)
+    progs = sorted({int(p[0]) for p in pts})
+    lines = []
+    for d in sorted({p[1] for p in pts}):
+        for g in sorted({int(p[2]) for p in pts}):
+            rates = {int(p[0]): p[4] for p in pts if p[1] == d and int(p[2]) == g and p[3] == b}
+            lines.append(f"HBM deep read, {int(d) >> 10:>3} KiB in flight, g = {g}, {int(b) >> 10} KiB each, "
+                         + "/".join(map(str, progs)) + " programs  "
+                         + " ".join(f"{rates.get(P, 0.0) / 1e12:.2f}" for P in progs) + " TB/s")
+    return lines
+
+
 def summary(m: dict, prof: dict) -> str:
     """The measured figures as a small table (steps not measured are left out)."""
     km = prof["kernel_model"]
@@ -917,6 +1024,7 @@ def summary(m: dict, prof: dict) -> str:
         rates = {int(g): r for p, g, r in m["l2_shared"]["points"] if int(p) == P}
         lines.append(f"L2 shared read, {P:>3} programs, g = " + "/".join(str(g) for g in groups) + "  "
                      + " ".join(f"{rates.get(g, 0.0) / 1e12:.2f}" for g in groups) + " TB/s")
+    lines.extend(hbm_deep_summary(m.get("hbm_deep", {})))
     for *key, t in m.get("select", {}).get("points", []):
         r, be, k, ng, bt, way = (int(x) for x in key)
         lines.append(f"{f'route select, {ROUTERS[r - 1]} E<={be} K={k} groups {ng}, {bt} tokens, ' + ('bitonic' if way == 2 else 'maxima'):<64} {t * 1e6:8.2f} us")
@@ -933,7 +1041,7 @@ def summary(m: dict, prof: dict) -> str:
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
 STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "serial", "select", "l2_shared",
-         "serial_programs", "sync")
+         "hbm_deep", "serial_programs", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
@@ -944,9 +1052,12 @@ STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "seria
 #: from the quick tables (multi 7.9% median against 4.9% re-predicted with run AJ's full tables).
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (42.0, 15.0),
                "gemm_reuse": (28.0, 12.0), "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0),
-               "serial": (4.0, 3.0), "select": (30.0, 15.0), "l2_shared": (3.0, 2.0), "serial_programs": (5.0, 3.0),
-               "sync": (4.0, 3.0)}
+               "serial": (4.0, 3.0), "select": (30.0, 15.0), "l2_shared": (3.0, 2.0), "hbm_deep": (20.0, 8.0),
+               "serial_programs": (5.0, 3.0), "sync": (4.0, 3.0)}
 #: ("select": not yet run on a GPU; about 12 router-family compiles of a few seconds each, guessed)
+#: ("hbm_deep": not yet run on a GPU; 4 reader compiles (quick 2) of about 1-2 s, and 144 flushed points
+#: (quick 16) at the hbm step's 20-25 ms a point (run AO: 225 points and 5 compiles in 8.6 s): about 6-12 s,
+#: quick 3-5 s)
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
 
@@ -986,6 +1097,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_select(reps, quick)
     if name == "l2_shared":
         return measure_l2_shared(reps, S, gap_s, quick)
+    if name == "hbm_deep":
+        return measure_hbm_deep(reps, S, quick)
     if name == "serial_programs":
         return measure_serial_programs(reps, S, quick)
     raise ValueError(f"unknown step {name!r}")

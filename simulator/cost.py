@@ -86,6 +86,13 @@ profile without it predicts as with the switch off):
                             tiles streamed at the grid's rate for the distinct tiles in flight
                             (``weight_stream_read_s``): the programs of a group reading one weight
                             tile at once make one DRAM stream (their misses meet in L2)
+    USE_DEEP_READ_TABLE     a launch whose programs keep more weight bytes in flight than the hbm
+                            grid's reader (``stage_read_depth`` > 48 KiB) reads HBM at the deep
+                            readers' table (kernel_model.hbm_deep_read, calibrate step hbm_deep:
+                            programs x bytes in flight x sharing group x bytes per program) at its
+                            programs in flight (capped by the SM's shared memory) and depth
+                            (``deep_read_rate``, ``launch_read_s``); with USE_WEIGHT_STREAMS, its
+                            distinct weight streams at the table's sharing group
 
 The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
 per expert (tile height adapted to small row counts, a tuned tile width) and call the same
@@ -540,19 +547,136 @@ USE_SHARED_MEMORY_OCCUPANCY = False
 USE_WEIGHT_STREAMS = False
 
 
+#: whether a GEMM launch whose programs keep more weight bytes in flight than the hbm grid's reader
+#: (48 KiB: kernels/microbench.stream_tile, 64 x 128 tiles, 4 stages) prices its HBM reads from the deep
+#: readers' table (kernel_model.hbm_deep_read, calibrate step hbm_deep: P programs of one per SM, each
+#: keeping 48-192 KiB of weight tiles in flight, sharing groups g, from a cold L2) at its programs in
+#: flight, its depth (``stage_read_depth``) and bytes per program (``deep_read_rate``), instead of the
+#: hbm_read grid (``launch_read_s``; with USE_WEIGHT_STREAMS, the distinct weight streams at the
+#: table's sharing group, ``weight_stream_read_s``). The programs in flight of that read are capped by
+#: what the SM's shared memory holds of them (``shared_memory_programs``) whatever
+#: USE_SHARED_MEMORY_OCCUPANCY says, so the table is never read at programs and depths that cannot be
+#: resident together; that switch still decides the launch's waves and compute. Off: not yet run on a
+#: GPU (simulator/README.md). Why: one GEMM program per SM with 120 KB of buffers (Mixtral-8x7B T = 8
+#: GEMM 1) streamed at 4.49 TB/s where the grid's reader at 132 programs gives 4.21.
+USE_DEEP_READ_TABLE = False
+
+
+def shared_memory_programs(profile: Profile, stage: dict) -> int | None:
+    """Programs of a launch whose pipeline buffers fit one SM's shared memory together:
+    kernel_model.sm_shared_memory_bytes // (the stage's ``shared_bytes`` + the per-block reserve),
+    at least 1; None where the stage states no shared_bytes or the profile no SM shared memory."""
+    sb = stage.get("shared_bytes")
+    sm = _km(profile).sm_shared_memory_bytes
+    if not (sb and sm > 0):
+        return None
+    return max(1, int(sm // (float(sb) + SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES)))
+
+
 def launch_occupancy(profile: Profile, stage: dict) -> int:
     """Programs of a launch resident per SM: the occupancy table at its warps, and where
     ``USE_SHARED_MEMORY_OCCUPANCY`` is on and the stage states its programs' ``shared_bytes``, at
     most kernel_model.sm_shared_memory_bytes // (shared_bytes + the per-block reserve), at least 1."""
     occ = occupancy(profile, int(stage["tile"].get("num_warps", 4)))
-    sb = stage.get("shared_bytes")
-    sm = _km(profile).sm_shared_memory_bytes
-    if USE_SHARED_MEMORY_OCCUPANCY and sb and sm > 0:
-        occ = max(1, min(occ, int(sm // (float(sb) + SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES))))
+    cap = shared_memory_programs(profile, stage)
+    if USE_SHARED_MEMORY_OCCUPANCY and cap is not None:
+        occ = min(occ, cap)
     return occ
 
 
-def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: bool = False) -> float:
+def stage_read_depth(stage: dict) -> float:
+    """Weight bytes one program of a launch keeps in flight: its pipeline buffers (``shared_bytes``,
+    plan.gemm_shared_bytes) less their A tiles, i.e. x b / (a + b) of its operand bytes per tile
+    (each buffer holds a K step of both, in that ratio), where the stage states them; shared_bytes
+    alone where it has no operand split; 0 where it states no shared_bytes (the small launches, the
+    FP8 GEMMs). Qwen3-30B-A3B T = 64 GEMM 1 (16 x 128 x 128 gated, 3 stages): 139,264 x 1 MiB /
+    (1 MiB + 64 KiB) = 131,072, the hbm_deep step's 128 KiB reader."""
+    sb = float(stage.get("shared_bytes") or 0.0)
+    ob = stage.get("operand_bytes_per_tile")
+    if sb <= 0 or not ob or float(ob.get("a", 0.0)) + float(ob.get("b", 0.0)) <= 0:
+        return max(sb, 0.0)
+    a, b = float(ob.get("a", 0.0)), float(ob.get("b", 0.0))
+    return sb * b / (a + b)
+
+
+def deep_reads(profile: Profile, depth: float) -> bool:
+    """Whether a read whose programs keep ``depth`` weight bytes in flight prices at the deep
+    readers' table: ``USE_DEEP_READ_TABLE`` is on, the profile has the table, and depth is above its
+    shallowest reader's (the hbm grid's reader, 48 KiB; at or below it the grid prices the read)."""
+    km = _km(profile)
+    return bool(USE_DEEP_READ_TABLE and km.hbm_deep_rate and depth and depth > km.hbm_deep_depths[0])
+
+
+def _log2_interp(axes: tuple, table, point) -> float:
+    """``table`` (len(axes[0]), ..., len(axes[-1])) at ``point`` (one coordinate per axis):
+    multilinear in log2 of every coordinate, clamped at each axis's ends."""
+    vals = np.asarray(table, dtype=np.float64)
+    for ax, x in zip(axes, point):  # reduce the leading axis each time
+        xs = np.log2(np.asarray(ax, dtype=np.float64))
+        v = math.log2(max(float(x), 1e-300))
+        if xs.size == 1:
+            vals = vals[0]
+            continue
+        i = int(np.clip(np.searchsorted(xs, v) - 1, 0, xs.size - 2))
+        f = float(np.clip((v - xs[i]) / (xs[i + 1] - xs[i]), 0.0, 1.0))
+        vals = vals[i] + f * (vals[i + 1] - vals[i])
+    return float(vals)
+
+
+def _deep_grid_rate(profile: Profile, programs, depth, group, bytes_per_program) -> float:
+    km = _km(profile)
+    axes = (km.hbm_deep_programs, km.hbm_deep_depths, km.hbm_deep_groups, km.hbm_deep_bytes)
+    return _log2_interp(axes, km.hbm_deep_rate, (max(float(programs), 1.0), depth, max(float(group), 1.0),
+                                                 max(float(bytes_per_program), 1.0)))
+
+
+def _deep_grid_stream(profile: Profile, programs, depth, group) -> float:
+    """The deep table's marginal rate between its two largest bytes per program at every grid
+    node (``hbm_stream_rate``'s rule, never below the one-shot rate of the largest), interpolated
+    at (programs, depth, group) as ``_log2_interp``."""
+    km = _km(profile)
+    rate = np.asarray(km.hbm_deep_rate, dtype=np.float64)  # (n, d, g, m)
+    bs = np.asarray(km.hbm_deep_bytes, dtype=np.float64)
+    if bs.size < 2:
+        col = rate[..., 0]
+    else:
+        ns = np.asarray(km.hbm_deep_programs, dtype=np.float64)[:, None, None]
+        t1, t2 = ns * bs[-2] / rate[..., -2], ns * bs[-1] / rate[..., -1]
+        col = np.where(t2 > t1, ns * (bs[-1] - bs[-2]) / np.maximum(t2 - t1, 1e-30), rate[..., -1])
+        col = np.maximum(col, rate[..., -1])
+    axes = (km.hbm_deep_programs, km.hbm_deep_depths, km.hbm_deep_groups)
+    return _log2_interp(axes, col, (max(float(programs), 1.0), depth, max(float(group), 1.0)))
+
+
+def deep_read_rate(profile: Profile, programs, depth, group, bytes_per_program, *, tma: bool = False) -> float:
+    """Bytes/s that ``programs`` programs in flight read, each keeping ``depth`` weight bytes in flight
+    and reading ``bytes_per_program``, in groups of ``group`` reading the same tiles at once (g x the
+    DRAM rate): the deep table (kernel_model.hbm_deep_read), multilinear in log2 of the four, clamped
+    at its edges. Above its largest programs (one per SM: the table has no SM with two such programs)
+    at least g x the hbm grid's rate at programs / g (``hbm_rate``, ``tma``: ``hbm_grid``'s pick), a
+    shallower reader of the same programs."""
+    km = _km(profile)
+    r = _deep_grid_rate(profile, programs, depth, group, bytes_per_program)
+    if programs > km.hbm_deep_programs[-1]:
+        g = max(float(group), 1.0)
+        r = max(r, g * float(hbm_rate(profile, programs / g, bytes_per_program, tma=tma)))
+    return r
+
+
+def deep_stream_rate(profile: Profile, programs, depth, group, *, tma: bool = False) -> float:
+    """``deep_read_rate`` of programs that keep streaming (later waves of a launch): the deep table's
+    marginal rate between its two largest bytes per program, never below the one-shot rate of the
+    largest; above the table's programs at least g x ``hbm_stream_rate`` at programs / g."""
+    km = _km(profile)
+    r = _deep_grid_stream(profile, programs, depth, group)
+    if programs > km.hbm_deep_programs[-1]:
+        g = max(float(group), 1.0)
+        r = max(r, g * float(hbm_stream_rate(profile, programs / g, tma=tma)))
+    return r
+
+
+def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: bool = False,
+                         depth: float = 0.0) -> float:
     """HBM time of a grouped GEMM launch's weight tiles as distinct streams, where
     ``USE_WEIGHT_STREAMS`` is on (else 0): expert e (be row blocks, n = tiles / be N tiles, GROUP_M gm)
     reads each weight tile once per group of row blocks, n x ceil(be / gm) streams of b bytes (the
@@ -560,7 +684,10 @@ def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: 
     same time, so of the launch's min(P, ``in_flight``) programs in flight only that share times
     streams / P are distinct DRAM streams: ``launch_read_s`` over the streams, that many in flight.
     Where no program shares a tile (one row block per expert) it is the weights' part of the launch's
-    own read. 0 for launches without the grouped L2 model's fields."""
+    own read. 0 for launches without the grouped L2 model's fields. Where the deep table prices the
+    read (``deep_reads`` at ``depth``), the streams' bytes are read by all min(P, in_flight) programs
+    in flight in groups of P / streams (``launch_read_s`` with that group): the table's sharing
+    groups measure what the grid's count of distinct streams assumes."""
     ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
     P = int(stage["active_programs"])
     if not (USE_WEIGHT_STREAMS and ob and rb is not None and tpe is not None and P > 0):
@@ -573,12 +700,15 @@ def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: 
     streams = float((te / be * np.ceil(be / gm)).sum()) if be.size else 0.0
     if streams <= 0:
         return 0.0
+    if deep_reads(profile, depth):
+        return launch_read_s(profile, streams * float(ob["b"]), P, in_flight, tma=tma, depth=depth,
+                             group=P / streams)
     n_s = max(1, int(round(min(P, max(1, int(in_flight))) * streams / P)))
     return launch_read_s(profile, streams * float(ob["b"]), max(1, int(round(streams))), n_s, tma=tma)
 
 
 def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
-                  tma: bool = False) -> float:
+                  tma: bool = False, depth: float = 0.0, group: float = 1.0) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
     programs each), at most ``in_flight`` of them resident (the launch's slots). The first wave's
     n = min(programs, in_flight) programs start together: a one-shot read, hbm_rate(n, b). The
@@ -586,10 +716,21 @@ def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight:
     so their bytes go at the marginal rate of n programs in flight, hbm_stream_rate(n) (the rate the
     megakernel's back-to-back tasks read at), without the one-shot's ramp again. One wave: the
     one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies); ``tma``:
-    the launch's weights come through TMA descriptors (both rates from ``hbm_grid``'s TMA table)."""
+    the launch's weights come through TMA descriptors (both rates from ``hbm_grid``'s TMA table).
+    ``depth``: weight bytes a program keeps in flight; where the deep table prices it (``deep_reads``)
+    the two rates are ``deep_read_rate`` and ``deep_stream_rate`` at ``group`` programs reading the
+    same tiles at once, each program reading group x dram_bytes / programs (g = 1: the same split)."""
     if dram_bytes <= 0 or programs <= 0:
         return 0.0
     n = max(1, min(int(programs), int(in_flight)))
+    if deep_reads(profile, depth):
+        g = max(1.0, float(group))
+        b = g * dram_bytes / programs  # bytes each program reads: its group's tiles
+        first = n * b
+        t = first / (scale * deep_read_rate(profile, n, depth, g, b, tma=tma))
+        if programs > n:
+            t += (g * dram_bytes - first) / (scale * deep_stream_rate(profile, n, depth, g, tma=tma))
+        return t
     b = dram_bytes / programs
     first = n * b
     t = first / (scale * float(hbm_rate(profile, n, b, tma=tma)))
@@ -842,7 +983,12 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     tma = weights_by_tma(loads)
-    mem = {"hbm": max(launch_read_s(profile, dram, P, slots, tma=tma), weight_stream_read_s(stage, slots, profile, tma=tma))}
+    depth = stage_read_depth(stage)
+    read_slots = slots  # the HBM read's programs in flight: with the deep table, those the SMs' shared memory holds
+    if deep_reads(profile, depth):
+        read_slots = S * min(occ, shared_memory_programs(profile, stage) or occ)
+    mem = {"hbm": max(launch_read_s(profile, dram, P, read_slots, tma=tma, depth=depth),
+                      weight_stream_read_s(stage, read_slots, profile, tma=tma, depth=depth))}
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         mem["l2"] = stage_l2_hit_s(stage, hit, min(P, slots), profile)

@@ -542,11 +542,21 @@ SM_SHARED_MEMORY_BYTES = 228 * 1024
 SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES = 1024
 #: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
 GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
+#: the axes of the deep readers' table (kernel_model.hbm_deep_read): programs (one per SM), the weight
+#: bytes each keeps in flight (its pipeline buffers), consecutive programs reading the same tiles at once,
+#: bytes each reads
+HBM_DEEP_AXES = ("programs_in_flight", "bytes_in_flight", "sharing_group", "bytes_per_program")
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     # the same grid read with the weight tiles through a TMA descriptor (optional): the rate of
     # launches and tasks whose weights come through TMA (cost.hbm_grid); without it they read hbm_read
     "hbm_read_tma": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
+    # HBM read by programs that keep more in flight than hbm_read's reader (48 KiB): P programs of one
+    # per SM, each keeping bytes_in_flight of weight tiles in its pipeline, groups of g consecutive
+    # programs reading the same tiles at once, from a cold L2 (kernels/microbench_deep.py, calibrate step
+    # hbm_deep; optional): bytes/s the programs read (P x bytes_per_program / s; g > 1: g x the DRAM
+    # bytes). The points fill a grid of the four axes. Read only behind cost.USE_DEEP_READ_TABLE
+    "hbm_deep_read": ("bytes/s", HBM_DEEP_AXES),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
     # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
@@ -618,6 +628,10 @@ class KernelModel:
     switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
     route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC, s per block), ...) (``kernel_model.
     route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
+    hbm_deep_programs (n,), hbm_deep_depths (d,), hbm_deep_groups (g,), hbm_deep_bytes (m,),
+    hbm_deep_rate (n, d, g, m): the deep readers' bytes/s (``kernel_model.hbm_deep_read``) by
+    programs, bytes in flight per program, sharing group and bytes per program, or (); read behind
+    cost.USE_DEEP_READ_TABLE (``cost.deep_read_rate``).
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
     read behind cost.USE_GEMM_REUSE_TABLE (``gemm_reuse_table``).
@@ -664,6 +678,11 @@ class KernelModel:
     serial_reduce_steps: tuple = ()
     route_select: tuple = ()
     gemm_reuse: tuple = ()
+    hbm_deep_programs: tuple = ()
+    hbm_deep_depths: tuple = ()
+    hbm_deep_groups: tuple = ()
+    hbm_deep_bytes: tuple = ()
+    hbm_deep_rate: tuple = ()
 
     def gemm_reuse_table(self, loads: str) -> tuple:
         """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
@@ -734,6 +753,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "serial_reduce_step": [],
         "serial_chain_step": [],
         "route_select": [],
+        "hbm_deep_read": [],
         **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
@@ -744,6 +764,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    l2_shared_read="none: L2 hits price at l2_bandwidth_bytes_per_s",
                    serial_load_step="none: serial_load_step_s", serial_reduce_step="none: serial_reduce_step_s",
                    serial_chain_step="none", route_select="none: topk_passes x serial_reduce_step_s",
+                   hbm_deep_read="none: launches read hbm_read",
                    **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
@@ -765,12 +786,15 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
     tma_ns, tma_bs, tma_rate = _hbm_grid("hbm_read_tma", tables["hbm_read_tma"]) if tables["hbm_read_tma"] else ((),) * 3
     l2s = (_hbm_grid("l2_shared_read", tables["l2_shared_read"], "programs x sharing_group")
            if tables["l2_shared_read"] else ((),) * 3)
+    deep = _deep_grid(tables["hbm_deep_read"]) if tables["hbm_deep_read"] else ((),) * 5
     return KernelModel(hbm_programs=ns, hbm_bytes=bs, hbm_rate=rate,
                        hbm_tma_programs=tma_ns, hbm_tma_bytes=tma_bs, hbm_tma_rate=tma_rate,
                        l2_shared_programs=l2s[0], l2_shared_groups=l2s[1], l2_shared_rate=l2s[2],
                        serial_load_steps=_by_programs("serial_load_step", tables["serial_load_step"]),
                        serial_reduce_steps=_by_programs("serial_reduce_step", tables["serial_reduce_step"]),
                        route_select=tuple(sorted(tables["route_select"])),
+                       hbm_deep_programs=deep[0], hbm_deep_depths=deep[1], hbm_deep_groups=deep[2],
+                       hbm_deep_bytes=deep[3], hbm_deep_rate=deep[4],
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))
@@ -789,6 +813,25 @@ def _hbm_grid(key: str, pts: list, axes: str = "programs x bytes") -> tuple[tupl
         raise ProfileError(f"kernel_model.{key}.points must fill a grid of {axes} "
                            f"({len(ns)} x {len(bs)}), got {len(grid)} distinct points")
     return tuple(ns), tuple(bs), tuple(tuple(grid[(n, b)] for b in bs) for n in ns)
+
+
+def _deep_grid(pts: list) -> tuple:
+    """(programs (n,), bytes in flight (d,), sharing groups (g,), bytes per program (m,), rates
+    (n, d, g, m)) of the deep readers' points, which must fill the grid of the four axes; programs
+    and sharing groups at least 1."""
+    key = "kernel_model.hbm_deep_read"
+    axes = [tuple(sorted({p[i] for p in pts})) for i in range(4)]
+    for i in (0, 2):
+        if axes[i][0] < 1:
+            raise ProfileError(f"{key}: {HBM_DEEP_AXES[i]} must be >= 1, got {axes[i][0]}")
+    grid = {p[:4]: p[4] for p in pts}
+    shape = [len(a) for a in axes]
+    if len(grid) != math.prod(shape):
+        raise ProfileError(f"{key}.points must fill a grid of {' x '.join(HBM_DEEP_AXES)} "
+                           f"({' x '.join(map(str, shape))}), got {len(grid)} distinct points")
+    n, d, g, m = axes
+    rate = tuple(tuple(tuple(tuple(grid[(a, b, c, e)] for e in m) for c in g) for b in d) for a in n)
+    return n, d, g, m, rate
 
 
 def _by_programs(key: str, pts: list) -> tuple:

@@ -98,6 +98,11 @@ def test_dense_gemm_microbench_computes_a_gemm():
         dense_gemm(a, torch.randn(48, 64), block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
 
 
+def _deep_rate(n, d, g, b):
+    """The fake deep readers' bytes/s: more programs, deeper pipelines, longer reads and sharing read faster."""
+    return 3e10 * n * (1 + d / (256 << 10)) * (1 + g / 8) * (1 + b / (8 << 20))
+
+
 def _fake_measurements(S=132):
     return {
         "launch": {"launch_gap_s": 7e-7, "graph_fixed_s": 3e-6},
@@ -120,6 +125,8 @@ def _fake_measurements(S=132):
         "select": {"points": [[1, 128, 8, 1, 32, 1, 1.5e-5], [3, 256, 8, 8, 32, 2, 5e-5], [3, 256, 8, 8, 16, 1, 4e-5]]},
         "l2_shared": {"points": [[n, g, 5e12 + n * 1e10 + g * 2e11] for n in (16, S // 2, S, 2 * S)
                                  for g in (1, 4, 8)]},
+        "hbm_deep": {"points": [[n, d, g, b, _deep_rate(n, d, g, b)] for n in (16, 33, 66, S)
+                                for d in (48 << 10, 128 << 10) for g in (1, 4) for b in (256 << 10, 4 << 20)]},
         "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],
                             "reduce": [[n, 3e-8 * (1 + n / 256)] for n in (1, 16, 64, S)],
                             "chain": [[n, 9e-8 * (1 + n / 64)] for n in (1, 16, 64, S)]},
@@ -626,3 +633,101 @@ def test_launch_fit_takes_each_graph_size_median_over_rounds():
     assert fit["launch_gap_s"] == pytest.approx(0.4e-6, rel=0.03)
     assert len(fit["rounds"]) == 3 and [n for n, _ in fit["points"]] == list(ns)
     assert launch_fit((1, 64), [[1e-6, 100e-6]])["graph_fixed_s"] == 0.0  # never negative
+
+
+def test_hbm_deep_step_times_every_reader_program_group_and_size(monkeypatch):
+    """measure_hbm_deep with the GPU replaced (each launch: 5 us of overhead + its bytes at a rate of
+    P, depth, g): [P, depth, g, b, bytes/s] over S/8 .. S programs (at most one per SM), the readers'
+    depths, the groups and sizes, the overhead taken off; the quick form's smaller grid; a reader that
+    fails leaves out its depth only, named under "failed"."""
+    from megamoe import calibrate
+    from megamoe.kernels import microbench as mb
+    from megamoe.kernels import microbench_deep as md
+
+    last, seen = {}, []
+
+    class Compiled:
+        class metadata:
+            shared = 12345
+
+    def fake_read(w, P, b, *, group=1, block_n, block_k, num_stages, gated, a, out):
+        d = md.deep_read_depth(block_n, block_k, num_stages, gated=gated)
+        if fail and d == fail:
+            raise RuntimeError("out of resource: shared memory")
+        seen.append((P, d, group, b))
+        assert P <= 132 and a.shape == (16, block_k)
+        last["t"] = 5e-6 + P * b / _deep_rate(P, d, group, b)
+        return out[:P], Compiled
+
+    def empty(x):
+        last["t"] = 5e-6
+
+    def timed(fn, **kw):
+        fn()
+        return last["t"]
+
+    with monkeypatch.context() as mp:
+        mp.setattr(md, "deep_read", fake_read)
+        mp.setattr(mb, "empty", empty)
+        mp.setattr(calibrate, "flushed_seconds", timed)
+        zeros = torch.zeros
+        for name in ("ones", "empty"):  # CPU stand-ins for the CUDA buffers (the weights: one value)
+            mp.setattr(torch, name, lambda shape, **kw: zeros(shape if isinstance(shape, tuple) else 1))
+        fail = None
+        full = calibrate.measure_hbm_deep(1, 132)
+        quick = calibrate.measure_hbm_deep(1, 132, quick=True)
+        fail = 96 << 10
+        failed = calibrate.measure_hbm_deep(1, 132)
+    depths = [48 << 10, 96 << 10, 128 << 10, 192 << 10]
+    assert [p[:4] for p in full["points"]] == [[P, d, g, b] for d in depths for P in (16, 33, 66, 132)
+                                               for g in calibrate.HBM_DEEP_GROUPS for b in calibrate.HBM_DEEP_SIZES]
+    for P, d, g, b, r in full["points"]:  # the 5 us of launch overhead taken off, as the hbm step does
+        t = P * b / _deep_rate(P, d, g, b)
+        assert r == pytest.approx(P * b / max(t, 0.5 * (5e-6 + t)))
+    assert [p[:4] for p in quick["points"]] == [[P, d, g, b] for d in (48 << 10, 128 << 10) for P in (33, 132)
+                                                for g in (1, 4) for b in (256 << 10, 4 << 20)]
+    assert full["shared_bytes"]["128x128x3 gated"] == 12345 and full["readers"]["64x128x4"] == 48 << 10
+    assert "failed" not in full and list(failed["failed"]) == ["64x128x4 gated"]
+    assert sorted({p[1] for p in failed["points"]}) == [48 << 10, 128 << 10, 192 << 10]
+    assert calibrate.hbm_deep_programs(132) == [16, 33, 66, 132] and calibrate.hbm_deep_programs(8) == [1, 2, 4, 8]
+
+
+def test_hbm_deep_table_travels_to_the_profile_and_the_loader_checks_its_grid(tmp_path):
+    """microbench.json's hbm_deep points -> kernel_model.hbm_deep_read (programs x bytes in flight x
+    sharing group x bytes per program, the calibrate source) -> the kernel model's grid, which the
+    deep rate reads at its points; the summary names it; a grid with a hole, a group below 1 or a
+    step not measured: refused, or no table."""
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.cost import deep_read_rate
+    from megamoe.simulator.hardware import HBM_DEEP_AXES, ProfileError, validate
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    t = prof["kernel_model"]["hbm_deep_read"]
+    assert t["over"] == list(HBM_DEEP_AXES) and t["unit"] == "bytes/s"
+    assert t["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    k = load_profile(str(path)).kernel
+    assert k.hbm_deep_programs == (16.0, 33.0, 66.0, 132.0) and k.hbm_deep_depths == (49152.0, 131072.0)
+    assert k.hbm_deep_groups == (1.0, 4.0) and k.hbm_deep_bytes == (262144.0, 4194304.0)
+    assert k.hbm_deep_rate[3][1][0][1] == pytest.approx(_deep_rate(132, 128 << 10, 1, 4 << 20))
+    p = load_profile(str(path))
+    assert deep_read_rate(p, 66, 48 << 10, 4, 256 << 10) == pytest.approx(_deep_rate(66, 48 << 10, 4, 256 << 10))
+    assert "HBM deep read, 128 KiB in flight, g = 4, 4096 KiB each, 16/33/66/132 programs" in summary(m, prof)
+    bad = json.loads(json.dumps(prof))
+    bad["kernel_model"]["hbm_deep_read"]["points"].pop()
+    with pytest.raises(ProfileError, match="hbm_deep_read.points must fill a grid of programs_in_flight x "
+                                           "bytes_in_flight x sharing_group x bytes_per_program"):
+        validate(bad)
+    bad = json.loads(json.dumps(prof))
+    for q in bad["kernel_model"]["hbm_deep_read"]["points"]:
+        q[2] = q[2] / 2  # groups 0.5 and 2
+    with pytest.raises(ProfileError, match="sharing_group must be >= 1"):
+        validate(bad)
+    m.pop("hbm_deep")
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    assert "hbm_deep_read" not in prof["kernel_model"] and "hbm_deep" in prof["calibration"]["not_measured"]
+    assert validate(prof).kernel.hbm_deep_rate == ()
+    assert "HBM deep read" not in summary(m, prof)

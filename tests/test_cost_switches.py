@@ -1,7 +1,8 @@
 """The cost model's switches for the shared-read, many-program serial and weight-reuse tables
 (cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES,
 USE_GEMM_REUSE_TABLE), the tasks' streaming intake (USE_TASK_STREAM_INTAKE), the launches' shared
-memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS):
+memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS), the deep readers' HBM
+table (USE_DEEP_READ_TABLE):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
@@ -52,8 +53,25 @@ def _profile(tables: bool = True):
                                       [[P, g, float(_l2(P, g))] for P in (16, 64, 256) for g in (1, 4, 16)])
         km["serial_load_step"] = _table("s", ["programs"], [[P, float(_load_step(P))] for P in (1, 16, 128)])
         km["serial_reduce_step"] = _table("s", ["programs"], [[P, float(_reduce_step(P))] for P in (1, 16, 128)])
+        km["hbm_deep_read"] = _deep_table()
     d["kernel_model"] = km
     return validate(d)
+
+
+#: the deep readers' table: a product of linear functions of log2 programs, depth, group and bytes
+#: (multilinear interpolation in log2 is exact on it), over programs 16, 32, 132 (one per SM), depths
+#: 48, 96, 192 KiB, groups 1, 4, bytes 256 KiB, 1 MiB, 4 MiB
+DEEP_AXES = ["programs_in_flight", "bytes_in_flight", "sharing_group", "bytes_per_program"]
+DEEP_GRID = ((16, 32, 132), (48 << 10, 96 << 10, 192 << 10), (1, 4), (256 << 10, 1 << 20, 4 << 20))
+
+
+def _deep(P, d, g, b):
+    return 5e11 * np.log2(P) * (1 + np.log2(d / 49152) / 4) * (1 + np.log2(g) / 8) * (1 + np.log2(b / 262144) / 8)
+
+
+def _deep_table():
+    return _table("bytes/s", DEEP_AXES, [[P, d, g, b, float(_deep(P, d, g, b))] for P in DEEP_GRID[0]
+                                         for d in DEEP_GRID[1] for g in DEEP_GRID[2] for b in DEEP_GRID[3]])
 
 
 def _gemm_stage():
@@ -73,7 +91,8 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
-            "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS")
+            "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS",
+            "USE_DEEP_READ_TABLE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
 #: the shared-memory and weight-stream switches read the stage and the profile's HBM grid)
@@ -93,7 +112,8 @@ def test_switch_defaults():
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
-                        "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False}
+                        "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
+                        "USE_DEEP_READ_TABLE": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -282,7 +302,8 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
     want = _repredicted(rows, base)
     d = base.to_dict()
     extra = _profile().data["kernel_model"]
-    d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step")})
+    d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step",
+                                                     "hbm_deep_read")})
     with_tables = validate(d)
     assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
     for name in TABLE_SWITCHES:
@@ -548,3 +569,85 @@ def test_weight_streams_count_the_distinct_tiles_in_flight(monkeypatch):
     assert on[0] == off[0]  # nobody shares: the launch's own read (weights and rows) already covers it
     assert on[1].memory_us == pytest.approx(max(off[1].memory_us, want * 1e6))
     assert on[1].memory_us > off[1].memory_us  # 33 streams read HBM slower than 132 programs do
+
+
+# --------------------------------------------------------------------------- the deep readers' table
+def _deep_profile(base=None):
+    d = (base or load_profile("h200")).to_dict()
+    d.setdefault("kernel_model", {})["hbm_deep_read"] = _deep_table()
+    return validate(d)
+
+
+def test_deep_rate_reads_as_documented(monkeypatch):
+    """deep_read_rate: the table at its points, multilinear in log2 between them (exact on the
+    synthetic table), clamped at its edges, and above its programs (one per SM) at least the grid's
+    rate of the same programs; deep_stream_rate: the marginal rate between the two largest reads
+    (hbm_stream_rate's rule) at each node. deep_reads: only with the switch on, the table there and
+    a depth above its shallowest reader's."""
+    p = _deep_profile()
+    f = cost.deep_read_rate
+    assert f(p, 32, 96 << 10, 4, 1 << 20) == pytest.approx(_deep(32, 96 << 10, 4, 1 << 20))  # a point
+    assert f(p, 64, 64 << 10, 2, 512 << 10) == pytest.approx(_deep(64, 64 << 10, 2, 512 << 10))  # between
+    assert f(p, 8, 1 << 20, 16, 64 << 20) == pytest.approx(_deep(16, 192 << 10, 4, 4 << 20))  # clamped
+    above = f(p, 264, 96 << 10, 1, 1 << 20)  # two programs per SM: at least the grid's rate at 264
+    assert above == pytest.approx(max(_deep(132, 96 << 10, 1, 1 << 20), cost.hbm_rate(p, 264, 1 << 20)))
+    assert f(p, 528, 96 << 10, 4, 1 << 20) >= 4 * cost.hbm_rate(p, 132, 1 << 20) - 1e-3
+    t1, t2 = (132 * b / _deep(132, 96 << 10, 4, b) for b in (1 << 20, 4 << 20))
+    marginal = max(132 * (3 << 20) / (t2 - t1), _deep(132, 96 << 10, 4, 4 << 20))
+    assert cost.deep_stream_rate(p, 132, 96 << 10, 4) == pytest.approx(marginal)
+    assert not cost.deep_reads(p, 128 << 10)  # the switch off
+    monkeypatch.setattr(cost, "USE_DEEP_READ_TABLE", True)
+    assert cost.deep_reads(p, (48 << 10) + 1) and not cost.deep_reads(p, 48 << 10) and not cost.deep_reads(p, 0.0)
+    assert not cost.deep_reads(load_profile("h200"), 128 << 10)  # no table
+
+
+def test_deep_switch_prices_only_deep_launches(monkeypatch):
+    """On: a GEMM launch whose programs keep more than 48 KiB of weights in flight (Qwen3-30B-A3B
+    T = 64's GEMM 1: 128 KiB) reads HBM at the deep table, its programs in flight those the SM's
+    shared memory holds (one per SM, 132, not the occupancy table's 264), its waves and compute as
+    off; with USE_SHARED_MEMORY_OCCUPANCY too, the same read. Unchanged: a launch at or below the
+    grid's reader's depth, one without shared_bytes (FP8, small launches), the router, and any
+    launch where the profile has no table."""
+    p, q = _deep_profile(), load_profile("h200")
+    deep = _decode_gemm1([1] * 44)  # 264 programs, 139,264 bytes of buffers: 128 KiB of weights
+    shallow = _decode_gemm1([1] * 44, shared_bytes=52000)  # 48,941 bytes of weights: the grid's reader
+    stages = [deep, shallow, {**deep, "shared_bytes": None}, _router_stage()]
+    off_p, off_q = ([cost.predict_stage(st, x) for st in stages] for x in (p, q))
+    monkeypatch.setattr(cost, "USE_DEEP_READ_TABLE", True)
+    on_p, on_q = ([cost.predict_stage(st, x) for st in stages] for x in (p, q))
+    assert on_q == off_q and on_p[1:] == off_p[1:]
+    depth = cost.stage_read_depth(deep)
+    assert depth == pytest.approx(128 << 10)
+    dram = cost.dram_bytes(deep)
+    want = cost.launch_read_s(p, dram, 264, 132, depth=depth)
+    b = dram / 264  # two waves of 132: the first one-shot, the second streaming
+    assert want == pytest.approx(132 * b / cost.deep_read_rate(p, 132, depth, 1, b)
+                                 + 132 * b / cost.deep_stream_rate(p, 132, depth, 1))
+    assert on_p[0].memory_term == off_p[0].memory_term == "hbm"
+    assert on_p[0].memory_us == pytest.approx(want * 1e6) and want * 1e6 != pytest.approx(off_p[0].memory_us)
+    assert (on_p[0].occupancy, on_p[0].waves, on_p[0].compute_us) == (off_p[0].occupancy, off_p[0].waves,
+                                                                     off_p[0].compute_us) == (2, 1, off_p[0].compute_us)
+    monkeypatch.setattr(cost, "USE_SHARED_MEMORY_OCCUPANCY", True)
+    both = cost.predict_stage(deep, p)
+    assert both.occupancy == 1 and both.waves == 2
+    assert cost.launch_read_s(p, dram, 264, 132 * both.occupancy, depth=depth) == want  # the reads agree
+
+
+def test_deep_switch_prices_weight_streams_at_the_tables_sharing_group(monkeypatch):
+    """With USE_WEIGHT_STREAMS: the distinct weight tiles of experts of 4 row blocks (66 for 264
+    programs) are read by the 132 programs in flight in groups of 4 at the deep table's g = 4
+    rate (g x the DRAM rate), where the grid would count 33 streams; nobody sharing: group 1."""
+    p = _deep_profile()
+    monkeypatch.setattr(cost, "USE_WEIGHT_STREAMS", True)
+    monkeypatch.setattr(cost, "USE_DEEP_READ_TABLE", True)
+    shared, alone = _decode_gemm1([4] * 11), _decode_gemm1([1] * 44)
+    depth = cost.stage_read_depth(shared)
+    b = shared["operand_bytes_per_tile"]["b"]
+    want = 132 * b / cost.deep_read_rate(p, 132, depth, 4, b) + 132 * b / cost.deep_stream_rate(p, 132, depth, 4)
+    assert cost.weight_stream_read_s(shared, 132, p, depth=depth) == pytest.approx(want)
+    assert cost.weight_stream_read_s(shared, 132, p) == pytest.approx(cost.launch_read_s(p, 66 * b, 66, 33))  # no depth
+    assert cost.weight_stream_read_s(alone, 132, p, depth=depth) == pytest.approx(
+        cost.launch_read_s(p, 264 * b, 264, 132, depth=depth))
+    st = cost.predict_stage(shared, p)
+    read = cost.launch_read_s(p, cost.dram_bytes(shared), 264, 132, depth=depth)
+    assert st.memory_term == "hbm" and st.memory_us == pytest.approx(max(read, want) * 1e6)
