@@ -1,4 +1,4 @@
-"""The multi-launch path's router and align at prefill, side by side in one run (issue 10).
+"""The multi-launch path's router and align, side by side in one run (issue 10).
 
     python benchmarks/bench_router.py [--presets a,b] [--tokens 512,4096,16384] [--reps 10] [--out DIR]
 
@@ -10,9 +10,11 @@ For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
   - ``tiles``: a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
     ``configs.prefill_router_split``), then the routing programs summing its partials (the default
     where ``configs.router_prefill``: more than ROUTER_PREFILL_WALK_STEPS walking steps),
+  - ``default``: what the layer runs (the static plan's router: the decode split at decode, tiles or
+    the walk at prefill),
 each alone and followed by the align (scan and scatter), beside the whole layer (multi-launch, the
 default router) in the same run: router + align as a share of the layer with that router (the default's measured; the
-other's derived, the layer less the default's router + align plus its own: ``derived`` names it). The two routers' top-k experts are
+others derived, the layer less the default's router + align plus their own: ``derived`` names them). The two routers' top-k experts are
 compared (they sum the same fp32 products in another order: a pick may differ only where two
 scores tie to float32 rounding; the count of such tokens is printed). Needs a CUDA GPU. With --out
 writes DIR/router.jsonl, a row per (preset, T), with provenance.
@@ -35,7 +37,6 @@ def run_case(name: str, T: int, reps: int) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
-    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe_forward
     from megamoe.kernels.align import launch_align
     from megamoe.kernels.moe import align_buffers, static_plan_for
@@ -52,6 +53,8 @@ def run_case(name: str, T: int, reps: int) -> dict:
     bm = sp.gemm["gemm1"]["BLOCK_M"]
     launches = {"walk": router_launch(T, E, H, K, cfg.n_group, split=0),
                 "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True),
+                # what the layer runs (moe.py's static plan): the decode split below ROUTER_PREFILL_BLOCKS blocks
+                "default": sp.router,
                 # the default's launches with the routing program's selection before session 12: 4 warps up to 128
                 # experts, else 8, and K maxima (configs.router_warps / router_bitonic now)
                 "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, warps=OLD_WARPS(E), bitonic=False)}
@@ -80,15 +83,14 @@ def run_case(name: str, T: int, reps: int) -> dict:
         picks[tag] = topk_idx.sort(dim=1).values.clone()
     row["tokens_picking_differently"] = int((picks["walk"] != picks["tiles"]).any(dim=1).sum())
     # the same partials in the same order: the two selections must pick the same experts for every token
-    row["default"] = d = "tiles" if cfgs.router_prefill(T, E, H) else "walk"
-    row["oldsel_tokens_picking_differently"] = int((picks["oldsel"] != picks[d]).any(dim=1).sum())
-    row["select_launch"] = {k: launches[d][k] for k in ("num_warps", "BITONIC")}
+    row["oldsel_tokens_picking_differently"] = int((picks["oldsel"] != picks["default"]).any(dim=1).sum())
+    row["select_launch"] = {k: launches["default"][k] for k in ("num_warps", "BITONIC", "SPLIT")}
     row["layer_us"] = kb.graph_time_us(lambda x: moe_forward(x, w, cfg, backend="multi"), xs, reps)
-    # the layer with the other router: derived, the layer less the default's router + align plus the other's
-    o = "walk" if d == "tiles" else "tiles"
-    row[f"layer_{d}_us"] = row["layer_us"]
-    row[f"layer_{o}_us"] = row["layer_us"] - row[f"{d}_router_align_us"] + row[f"{o}_router_align_us"]
-    row["derived"] = f"layer_{o}_us"
+    # the layer with another router: derived, the layer less the default's router + align plus the other's
+    row["layer_default_us"] = row["layer_us"]
+    for o in ("walk", "tiles", "oldsel"):
+        row[f"layer_{o}_us"] = row["layer_us"] - row["default_router_align_us"] + row[f"{o}_router_align_us"]
+    row["derived"] = ["layer_walk_us", "layer_tiles_us", "layer_oldsel_us"]
     return row
 
 
@@ -114,16 +116,13 @@ def main(argv=None) -> int:
     for name in args.presets.split(","):
         for T in (int(t) for t in args.tokens.split(",")):
             r = {**run_case(name, T, args.reps), **prov}
-            share = {k: 100 * r[f"{k}_router_align_us"] / r[f"layer_{k}_us"] for k in ("walk", "tiles")}
-            print(f"{name:16s} {T:6d}  router walk {fmt_num(r['walk_router_us'], '8.1f')} tiles "
-                  f"{fmt_num(r['tiles_router_us'], '8.1f')} us | +align walk {fmt_num(r['walk_router_align_us'], '8.1f')}"
-                  f" ({share['walk']:4.1f}% of the layer) tiles {fmt_num(r['tiles_router_align_us'], '8.1f')} "
-                  f"({share['tiles']:4.1f}%) | layer {fmt_num(r['layer_us'], '9.1f')} us | tokens picking differently "
-                  f"{r['tokens_picking_differently']} | default {r['default']} | {r['tiles_launch']}", flush=True)
-            print(f"{'':16s} {'':6s}  router with the old selection {fmt_num(r['oldsel_router_us'], '8.1f')} us, "
-                  f"+align {fmt_num(r['oldsel_router_align_us'], '8.1f')} (default {r['select_launch']}: "
-                  f"{fmt_num(r[r['default'] + '_router_us'], '8.1f')}, {fmt_num(r[r['default'] + '_router_align_us'], '8.1f')})"
-                  f" | tokens picking differently {r['oldsel_tokens_picking_differently']}", flush=True)
+            share = {k: 100 * r[f"{k}_router_align_us"] / r[f"layer_{k}_us"] for k in ("walk", "tiles", "default", "oldsel")}
+            print(f"{name:16s} {T:6d}  router alone / + align (share of the layer), us: "
+                  + " | ".join(f"{k} {fmt_num(r[f'{k}_router_us'], '7.1f')} / {fmt_num(r[f'{k}_router_align_us'], '7.1f')}"
+                               f" ({share[k]:4.1f}%)" for k in ("default", "oldsel", "walk", "tiles"))
+                  + f" | layer {fmt_num(r['layer_us'], '9.1f')} us | default {r['select_launch']} | tokens picking "
+                  f"differently: walk/tiles {r['tokens_picking_differently']}, oldsel/default "
+                  f"{r['oldsel_tokens_picking_differently']}", flush=True)
             if out:
                 with out.open("a") as f:
                     f.write(json.dumps(r) + "\n")
