@@ -1052,9 +1052,9 @@ STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "seria
 #: from the quick tables (multi 7.9% median against 4.9% re-predicted with run AJ's full tables).
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (42.0, 15.0),
                "gemm_reuse": (28.0, 12.0), "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0),
-               "serial": (4.0, 3.0), "select": (30.0, 15.0), "l2_shared": (3.0, 2.0), "hbm_deep": (20.0, 8.0),
+               "serial": (4.0, 3.0), "select": (18.0, 9.0), "l2_shared": (3.0, 2.0), "hbm_deep": (20.0, 8.0),
                "serial_programs": (5.0, 3.0), "sync": (4.0, 3.0)}
-#: ("select": not yet run on a GPU; about 12 router-family compiles of a few seconds each, guessed)
+#: ("select": 15.6 s in H200 run AT, 17 cases)
 #: ("hbm_deep": not yet run on a GPU; 4 reader compiles (quick 2) of about 1-2 s, and 144 flushed points
 #: (quick 16) at the hbm step's 20-25 ms a point (run AO: 225 points and 5 compiles in 8.6 s): about 6-12 s,
 #: quick 3-5 s)
