@@ -8,9 +8,7 @@ Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
 Candidates (kernels.configs.candidate_entry): "current" is the layer as moe_forward runs it today
 (the shipped tuned entry of the T bucket); "tmaNN" the "tma_persistent" GEMMs at BLOCK_M NN (TMA
-weight tiles, one program per SM); "tma128:num_stages=3,g2.BLOCK_N=128" with overrides;
-"tma128:TAIL_M=64" with tail tiles (the align pads experts to 64 rows and an expert's last <= 64
-rows run as a 64-row tile; ",TAIL_LAST=1" puts those tiles last in the walk). Each
+weight tiles, one program per SM); "tma128:num_stages=3,g2.BLOCK_N=128" with overrides. Each
 candidate runs the whole layer (router, align, GEMMs, combine) through ``_forward`` with a static
 plan built from its entry.
 

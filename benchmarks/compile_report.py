@@ -291,8 +291,7 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
     sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
     bf, i32 = torch.bfloat16, torch.int32
     meta = {k: torch.empty(n, dtype=i32) for k, n in (("padded_token", sp.P_max), ("padded_pair", sp.P_max),
-                                                      ("block_expert", sp.B_max), ("padded_offsets", E + 1),
-                                                      ("counts", E))}
+                                                      ("block_expert", sp.B_max), ("padded_offsets", E + 1))}
     x, act = torch.empty((T, H), dtype=bf), torch.empty((sp.P_max, I), dtype=bf)
     gu, dn = torch.empty((E, 2 * I, H), dtype=bf), torch.empty((E, H, I), dtype=bf)
     topk_w, pairs = torch.empty((T, K), dtype=torch.float32), torch.empty((T * K, H), dtype=bf)

@@ -3,8 +3,6 @@
 Shape legend: T tokens, E experts, K top-k, C token chunks (the router's blocks of BLOCK_T tokens),
 P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for a given T, so the
 whole layer has fixed shapes and can be captured in a CUDA graph: no host synchronization).
-BLOCK_M here is the align's block, the static plan's align_m: the GEMMs' BLOCK_M, or their TAIL_M
-where the persistent GEMMs walk tail tiles (grouped_gemm.py).
 
 Produces exactly ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
     counts (E,) int32, padded_offsets (E+1,) int32,

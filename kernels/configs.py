@@ -12,9 +12,8 @@ A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
 
 keyed by shape and by the token-count bucket (``T_BUCKETS``); a lookup takes the nearest bucket
 (in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS`` (and optionally those of
-``GEMM_OPTIONAL``); both GEMMs share BLOCK_M and TAIL_M (the align kernels pad experts to TAIL_M
-where it is on, else to BLOCK_M: ``align_rows``). Unknown keys or a disagreeing BLOCK_M or TAIL_M
-are errors, loudly.
+``GEMM_OPTIONAL``); both GEMMs share BLOCK_M (the align kernels pad experts to it). Unknown keys or
+a disagreeing BLOCK_M are errors, loudly.
 
 A GEMM config's ``"variant"`` picks the kernel family (grouped_gemm.py): ``"pointer"`` (the
 default: one program per tile, weights through pointer loads) or ``"tma_persistent"`` (weights
@@ -41,14 +40,10 @@ GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stage
 #: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode);
 #: variant: the kernel family (module docstring); FLATTEN (0 / 1, "tma_persistent" only): the
 #: persistent walk over tiles flattened with each tile's K loop into one pipelined loop
-#: (``tl.range(..., flatten=True)``: the next tile's loads start during this tile's epilogue);
-#: TAIL_M (0: off; else BLOCK_M / 2, "tma_persistent" only, the same in both GEMMs): tail tiles, the
-#: align pads each expert to TAIL_M rows and the last tile of an expert with at most TAIL_M rows
-#: left is a TAIL_M-row tile (grouped_gemm.py's module docstring); TAIL_LAST (0 / 1, with TAIL_M):
-#: the persistent walk takes every BLOCK_M tile first and the tail tiles after them
-GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0, "TAIL_M": 0, "TAIL_LAST": 0}
+#: (``tl.range(..., flatten=True)``: the next tile's loads start during this tile's epilogue)
+GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
 #: the optional keys that are switches (0 or 1), not positive sizes
-GEMM_SWITCHES = ("FLATTEN", "TAIL_LAST")
+GEMM_SWITCHES = ("FLATTEN",)
 VARIANTS = ("pointer", "tma_persistent")
 #: persistent programs where the SM count is not read from a device: the interpreter (a few, so
 #: that tests see programs walking several tiles) and an H200 (launch_plan without a device)
@@ -98,10 +93,6 @@ def check_gemm_config(cfg: dict, where: str) -> dict:
             if isinstance(v, bool) or v not in (0, 1):
                 raise KernelConfigError(f"{where}: {k} must be 0 or 1, got {v!r}")
             continue
-        if k == "TAIL_M":
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise KernelConfigError(f"{where}: TAIL_M must be 0 (off) or a positive integer, got {v!r}")
-            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KernelConfigError(f"{where}: {k} must be a positive integer, got {v!r}")
     if cfg.get("variant") == "tma_persistent" and cfg.get("SPLIT_K", 1) != 1:
@@ -112,19 +103,6 @@ def check_gemm_config(cfg: dict, where: str) -> dict:
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         if cfg[k] & (cfg[k] - 1) or cfg[k] < 16:
             raise KernelConfigError(f"{where}: {k}={cfg[k]} must be a power of two >= 16")
-    tail = cfg.get("TAIL_M", 0)
-    if tail:
-        if cfg.get("variant", "pointer") != "tma_persistent":
-            raise KernelConfigError(f"{where}: TAIL_M={tail} (tail tiles) needs variant 'tma_persistent', got "
-                                    f"{cfg.get('variant', 'pointer')!r}")
-        if 2 * tail != cfg["BLOCK_M"] or tail < 16:
-            raise KernelConfigError(f"{where}: TAIL_M={tail} must be half of BLOCK_M={cfg['BLOCK_M']} (a tile is "
-                                    f"BLOCK_M rows or its expert's last TAIL_M), at least 16; or 0 (off)")
-        if cfg.get("FLATTEN", 0):
-            raise KernelConfigError(f"{where}: TAIL_M={tail} with FLATTEN=1: the tail walk has two tile loops, "
-                                    "which the flattening cannot fuse into one")
-    elif cfg.get("TAIL_LAST", 0):
-        raise KernelConfigError(f"{where}: TAIL_LAST=1 orders tail tiles: it needs TAIL_M > 0")
     return {**GEMM_OPTIONAL, **cfg}
 
 
@@ -135,16 +113,7 @@ def check_entry(entry: dict, where: str) -> dict:
     g2 = check_gemm_config(entry["gemm2"], where + ".gemm2")
     if g1["BLOCK_M"] != g2["BLOCK_M"]:
         raise KernelConfigError(f"{where}: gemm1 and gemm2 must share BLOCK_M, got {g1['BLOCK_M']} and {g2['BLOCK_M']}")
-    if g1["TAIL_M"] != g2["TAIL_M"]:
-        raise KernelConfigError(f"{where}: gemm1 and gemm2 must share TAIL_M (the align pads every expert to it), "
-                                f"got gemm1.TAIL_M={g1['TAIL_M']} and gemm2.TAIL_M={g2['TAIL_M']}")
     return {"gemm1": g1, "gemm2": g2}
-
-
-def align_rows(g: dict) -> int:
-    """The rows the align pads each expert to for GEMM config ``g`` (an entry's gemm1, which
-    check_entry holds equal to its gemm2 in this): TAIL_M where tail tiles are on, else BLOCK_M."""
-    return int(g.get("TAIL_M", 0) or g["BLOCK_M"])
 
 
 def load_file(path: Path) -> dict:
@@ -234,22 +203,18 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
         if g["variant"] == "tma_persistent" and not tma_ok(depth, dtype):
             g["variant"], g["FLATTEN"] = "pointer", 0
         out[name] = g
-    if any(g["variant"] != "tma_persistent" for g in out.values()):  # tail tiles: both GEMMs persistent or neither
-        for g in out.values():
-            g["TAIL_M"], g["TAIL_LAST"] = 0, 0
     return out
 
 
 def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
-    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256; the interpreter
-    16 or 32 too).
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256).
 
     Sized so that both accumulators fit the registers (GEMM 1 keeps gate and up: 2 x BM x BN fp32
     over the warps, about 128 per thread) and the stages fit Hopper's 227 KB of shared memory (per
     stage: A BM x BK plus B (2 x) BN x BK, bf16): 40-48 KB a stage, 3-4 stages. The interpreter's
     tiles are tiny, as its other configs."""
-    if block_m not in ((16, 32, 64, 128, 256) if interpret else (64, 128, 256)):
-        raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 or 32 in the interpreter), got {block_m}")
+    if block_m not in (16, 64, 128, 256):
+        raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
     if interpret:
         c = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
     elif gemm == "gemm1":  # (BLOCK_N, warps, stages); the gate and up tiles make it 2 x BLOCK_N wide

@@ -30,32 +30,6 @@ triton.tools.tensor_descriptor.TensorDescriptor, zero-filled out of bounds), GEM
 gathered by pointer loads (Hopper has no TMA gather) and GEMM 2's activation rows, contiguous in
 padded order, through a descriptor too; the software pipeline (num_stages) overlaps the loads
 with the MMAs. Same arithmetic and epilogues as the pointer kernels (shared helpers).
-
-Tail tiles (config TAIL_M = BLOCK_M / 2, both GEMMs; issue 10: near-uniform prefill routing gives an
-expert ceil(T*K/E) +- a few rows, so padding to BLOCK_M wastes up to a tile per expert): the align
-pads each expert to TAIL_M rows (plan.static_plan's align_m), and expert e's c_e rows make
-ceil(c_e / BLOCK_M) tiles from its first padded row, BLOCK_M rows each, except a last one holding at
-most TAIL_M rows, which runs as a TAIL_M tile (the same tile function at the other BLOCK_M constexpr;
-GEMM 2's rows through a second descriptor of TAIL_M-row blocks). The walk stays persistent and
-grouped, its tile count on the device: each program reads counts and padded_offsets (E,) once and
-numbers the tiles in expert order (_tail_walk; TAIL_LAST = 1: every BLOCK_M tile first, then the
-tail tiles), and maps tile index -> (expert, first row, height) with one compare over the experts
-and two sums (_tail_tile: no load, a shared-memory round a sum). A tile may start at any multiple
-of TAIL_M, so the tail walk passes the row arrays (padded_token, padded_pair, GEMM 1's output) from
-the tile's first row on, as row block 0, and GEMM 2's descriptor gets the row itself.
-Not the walk over TAIL_M blocks that skips the odd ones of each expert (a load and a branch a
-skipped block): half its walk is empty, and since a program walks tiles p, p + 132, ... and a
-GROUP_M of 8 makes a tile's row block parity that of its walk index, the even programs get every
-real tile of the experts starting on an even block and the odd programs those of the others.
-benchmarks/tail_padding.py (static walks of 132 programs, a tile's time taken as its rows): its
-busiest program is 1.24x the no-tail walk's at Qwen3-30B-A3B T = 4096 (GEMM 1), 1.23-1.31x at
-Mixtral, slower than no tail tiles. Nor a tile table written by the layout kernel: the same walk,
-but a buffer more, the router's one-chunk align (T <= 32) to extend, and a dependent load per tile
-where the sums need none. A persistent program's time is the sum of its tiles', so where the tail
-tiles fall matters: in expert order they land on the programs unevenly (same script, Qwen3-30B-A3B
-T = 4096 GEMM 1: busiest program 0.99x the no-tail walk's for 0.87x the mean work; DeepSeek-V3
-0.90x for 0.83x); TAIL_LAST = 1 puts them in the last waves, where they even the programs out
-(0.90x, 0.85x), but by then their experts' weight tiles have left L2 (read again from HBM).
 """
 
 from __future__ import annotations
@@ -67,7 +41,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs as cfgs
-from .plan import act_launch, combine_launch, gemm_grid, tail_walk
+from .plan import act_launch, combine_launch, gemm_grid
 
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
 
@@ -453,53 +427,6 @@ def _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE: tl.constexpr, GROUP_M
 
 
 @triton.jit
-def _tail_walk(counts_ptr, padded_off_ptr, E, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
-               BLOCK_E: tl.constexpr, TAIL_LAST: tl.constexpr):
-    """The tiles of a layout padded to TAIL_M (config TAIL_M), from the align's counts (E,) and
-    padded_offsets (E+1,), read once per program: expert e's rows [start_e, start_e + c_e) make
-    ceil(c_e / BLOCK_M) tiles, BLOCK_M rows each but a last one of c_e mod BLOCK_M in (0, TAIL_M]
-    rows, which is a TAIL_M-row tile. The walk numbers them in expert order (TAIL_LAST = 0), or
-    (TAIL_LAST = 1) the F BLOCK_M tiles in expert order, then the tail tiles in expert order.
-    Returns (tiles, then per expert (BLOCK_E,): lo_full, hi_full (its BLOCK_M tiles are walk
-    indices [lo_full, hi_full)), lo_tail, hi_tail (its tail tile, if any: [lo_tail, hi_tail)),
-    base_full, base_tail (walk index i of the kind starts at padded row base + i BLOCK_M))."""
-    offs_e = tl.arange(0, BLOCK_E)
-    e_mask = offs_e < E
-    c = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
-    start = tl.load(padded_off_ptr + offs_e, mask=e_mask, other=0)
-    tiles = (c + BLOCK_M - 1) // BLOCK_M
-    tail = ((tiles > 0) & (c - (tiles - 1) * BLOCK_M <= TAIL_M)).to(tl.int32)
-    full = tiles - tail
-    if TAIL_LAST:
-        lo_full = tl.cumsum(full, axis=0) - full
-        lo_tail = tl.sum(full, axis=0) + tl.cumsum(tail, axis=0) - tail
-    else:
-        lo_full = tl.cumsum(tiles, axis=0) - tiles
-        lo_tail = lo_full + full
-    # BLOCK_M tile i (walk index) is the expert's tile i - lo_full, at row start + (i - lo_full) BLOCK_M;
-    # its tail tile (i = lo_tail) starts after its BLOCK_M tiles, at start + full BLOCK_M
-    base_full = start - lo_full * BLOCK_M
-    base_tail = start + (full - lo_tail) * BLOCK_M
-    return tl.sum(tiles, axis=0), lo_full, lo_full + full, lo_tail, lo_tail + tail, base_full, base_tail
-
-
-@triton.jit
-def _tail_tile(t, num_m, num_n, lo_full, hi_full, lo_tail, hi_tail, base_full, base_tail,
-               BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile t of a tail walk (_tail_walk's vectors) in grouped order: (first padded row, N tile,
-    expert, whether it is a tail tile). Tile pid_m is expert e's BLOCK_M tile where lo_full[e] <=
-    pid_m < hi_full[e], its tail tile where lo_tail[e] <= pid_m < hi_tail[e]: one elementwise
-    compare and two sums over the experts (registers and a shared-memory round each, no load)."""
-    pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
-    offs_e = tl.arange(0, BLOCK_E)
-    in_full = (lo_full <= pid_m) & (pid_m < hi_full)
-    in_tail = (lo_tail <= pid_m) & (pid_m < hi_tail)
-    code = tl.sum(tl.where(in_full | in_tail, offs_e * 2, 0) + in_tail.to(tl.int32), axis=0)
-    row0 = tl.sum(tl.where(in_full, base_full, 0) + tl.where(in_tail, base_tail, 0), axis=0) + pid_m * BLOCK_M
-    return row0, pid_n, code // 2, code % 2 == 1
-
-
-@triton.jit
 def _gemm1_tma_tile(
     x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
@@ -532,61 +459,38 @@ def _gemm1_tma_tile(
 @triton.jit(do_not_specialize=["T", "E"])
 def _gemm1_tma_kernel(
     x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr,
-    counts_ptr, topk_w_ptr, T, N, KD, E, stride_xt, stride_be, stride_ot, alpha, limit,
+    topk_w_ptr, T, N, KD, E, stride_xt, stride_be, stride_ot, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, TAIL_M: tl.constexpr, TAIL_LAST: tl.constexpr, BLOCK_E: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     """Persistent GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x N
     tiles in grouped order (GROUP_M row blocks share a column band). FLATTEN: the walk and each
-    tile's K loop flattened into one pipelined loop (config FLATTEN). TAIL_M > 0 (routed only): the
-    tiles of _tail_walk, each a BLOCK_M or a TAIL_M tile (two instances of the tile code), its row
-    arrays (padded_token, padded_pair, the output) passed from its first row on, as row block 0."""
+    tile's K loop flattened into one pipelined loop (config FLATTEN)."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    if TAIL_M == 0:
-        num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
-        for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
-            pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
-            _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-                            pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
-                            ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        num_m, lo_f, hi_f, lo_t, hi_t, base_f, base_t = _tail_walk(counts_ptr, padded_off_ptr, E, BLOCK_M, TAIL_M,
-                                                                    BLOCK_E, TAIL_LAST)
-        for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-            row0, pid_n, e, is_tail = _tail_tile(t, num_m, num_n, lo_f, hi_f, lo_t, hi_t, base_f, base_t,
-                                                 BLOCK_M, BLOCK_E, GROUP_M)
-            row0 = tl.multiple_of(row0, TAIL_M)
-            out_t = out_ptr + row0.to(tl.int64) * stride_ot
-            tok_t, pair_t = padded_token_ptr + row0, padded_pair_ptr + row0
-            if is_tail:
-                _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_t, tok_t, pair_t, topk_w_ptr, row0 * 0, pid_n, e,
-                                T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
-                                ACT, HAS_BIAS, SCALE_INPUT, False, EVEN_K, IEEE, TAIL_M, BLOCK_N, BLOCK_K)
-            else:
-                _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_t, tok_t, pair_t, topk_w_ptr, row0 * 0, pid_n, e,
-                                T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
-                                ACT, HAS_BIAS, SCALE_INPUT, False, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
+        _gemm1_tma_tile(x_ptr, w_desc, bias_ptr, out_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+                        pid_m, pid_n, e, T, N, KD, stride_xt, stride_be, stride_ot, alpha, limit,
+                        ACT, HAS_BIAS, SCALE_INPUT, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _gemm2_tma_tile(
     a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
-    pid_m, pid_n, e, a_row0, T, N, KD, stride_be, stride_ot,
+    pid_m, pid_n, e, T, N, KD, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 2 tile as _gemm2_tile computes it (no split-K). GEMM 2's rows are contiguous (the
     activation is in padded order), so both operands come through TMA descriptors: a_desc over the
-    activation (rows, KD) in blocks of BLOCK_M rows, w_desc over down as (E*N, KD); zero past KD
-    and past the last row. Padding rows read whatever GEMM 1 left there; they only reach masked
-    output rows. a_row0: added to the activation rows (a tail walk's tile: padded_pair is passed
-    from the tile's first row on, pid_m 0, and the descriptor takes the row itself)."""
+    activation (rows, KD), w_desc over down as (E*N, KD); zero past KD and past the last row.
+    Padding rows read whatever GEMM 1 left there; they only reach masked output rows."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
-    row_a += a_row0
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = a_desc.load([row_a, kt * BLOCK_K])
@@ -625,39 +529,21 @@ def _gemm2_tmaw_tile(
 
 @triton.jit(do_not_specialize=["T", "E"])
 def _gemm2_tma_kernel(
-    a_desc, a_tail_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr, counts_ptr,
-    scale_ptr, T, N, KD, E, stride_be, stride_ot,
+    a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, block_expert_ptr, padded_off_ptr, scale_ptr,
+    T, N, KD, E, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TAIL_M: tl.constexpr, TAIL_LAST: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """Persistent GEMM 2, walking its tiles as _gemm1_tma_kernel does (FLATTEN, TAIL_M likewise;
-    a tail tile reads its activation rows through a_tail_desc, blocks of TAIL_M rows)."""
+    """Persistent GEMM 2, walking its tiles as _gemm1_tma_kernel does (FLATTEN likewise)."""
+    num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    if TAIL_M == 0:
-        num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
-        for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
-            pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
-            _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
-                            pid_m, pid_n, e, 0, T, N, KD, stride_be, stride_ot, K, KS,
-                            HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        num_m, lo_f, hi_f, lo_t, hi_t, base_f, base_t = _tail_walk(counts_ptr, padded_off_ptr, E, BLOCK_M, TAIL_M,
-                                                                    BLOCK_E, TAIL_LAST)
-        for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-            row0, pid_n, e, is_tail = _tail_tile(t, num_m, num_n, lo_f, hi_f, lo_t, hi_t, base_f, base_t,
-                                                 BLOCK_M, BLOCK_E, GROUP_M)
-            row0 = tl.multiple_of(row0, TAIL_M)
-            if is_tail:
-                _gemm2_tma_tile(a_tail_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr + row0, scale_ptr,
-                                row0 * 0, pid_n, e, row0, T, N, KD, stride_be, stride_ot, K, KS,
-                                HAS_BIAS, HAS_SCALE, False, ATOMIC, IEEE, TAIL_M, BLOCK_N, BLOCK_K)
-            else:
-                _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr + row0, scale_ptr,
-                                row0 * 0, pid_n, e, row0, T, N, KD, stride_be, stride_ot, K, KS,
-                                HAS_BIAS, HAS_SCALE, False, ATOMIC, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
+        _gemm2_tma_tile(a_desc, w_desc, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+                        pid_m, pid_n, e, T, N, KD, stride_be, stride_ot, K, KS,
+                        HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -720,10 +606,9 @@ def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: 
     if cfg["variant"] == "tma_persistent":
         grid = gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(x.device))
         args = (x, _descriptor(w, w.shape[0] * 2 * N, BN, BK), bias, out, meta.get("padded_token"),
-                meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), meta.get("counts"),
-                topk_w, T, N, KD, w.shape[0], x.stride(0), bstride, out.stride(0), float(alpha), float(limit))
-        return _gemm1_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]),
-                                                   **tail_walk(cfg, w.shape[0], dense))
+                meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), topk_w,
+                T, N, KD, w.shape[0], x.stride(0), bstride, out.stride(0), float(alpha), float(limit))
+        return _gemm1_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]))
     args = (x, w, bias, out, part, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
             topk_w, T, N, KD, num_m, out.shape[0], x.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0),
             float(alpha), float(limit))
@@ -775,12 +660,10 @@ def gemm2_launch(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
         if split != 1:
             raise ValueError(f"the tma_persistent GEMM 2 has no split-K, got split={split}")
         grid = gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(act.device))
-        tail = tail_walk(cfg, w.shape[0], dense)
-        a_tail = _descriptor(act, act.shape[0], tail["TAIL_M"], BK) if tail["TAIL_M"] else None
-        args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), a_tail, _descriptor(w, w.shape[0] * N, BN, BK),
-                bias, out, meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"),
-                meta.get("counts"), scale, T, N, KD, w.shape[0], bstride, out.stride(0))
-        return _gemm2_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]), **tail)
+        args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), _descriptor(w, w.shape[0] * N, BN, BK), bias,
+                out, meta.get("padded_pair"), meta.get("block_expert"), meta.get("padded_offsets"), scale,
+                T, N, KD, w.shape[0], bstride, out.stride(0))
+        return _gemm2_tma_kernel, grid, args, dict(common, FLATTEN=bool(cfg["FLATTEN"]))
     args = (act, w, bias, out, meta.get("padded_pair"), meta.get("block_expert"), scale, T, N, KD, num_m,
             act.stride(0), w.stride(0), w.stride(1), bstride, out.stride(0))
     return _gemm2_kernel, gemm_grid(num_m, N, cfg, split), args, dict(common, EVEN_K=KD % BK == 0, SPLIT_K=split)

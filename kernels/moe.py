@@ -7,8 +7,7 @@ C router chunks, P_max padded rows, KS = K (+1 with a shared MLP).
 synchronization: every size comes from T and the config, so the layer can be captured in a CUDA
 graph):
     router (routing.py)       topk_idx (T, K) int32, topk_weights (T, K) fp32, hist (C, E)
-    scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, align_m)
-                              (the static plan's: BLOCK_M, or TAIL_M with tail tiles)
+    scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, BLOCK_M)
     quantize_x (fp8_gemm.py)  FP8 activations, not weight_on_input: x's e4m3 codes and per-128 scales,
                               once, read by the routed and the shared GEMM 1
     gemm1, gemm2 (grouped_gemm.py), routed experts -> pair buffer (T*KS, H)
@@ -229,16 +228,16 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}, fp8={sp.fp8}: this call "
                                f"has T={T}, deterministic={deterministic}, fp8={fp8}")
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
-    am = sp.align_m  # the align's rows per block: BLOCK_M, or TAIL_M where the GEMMs walk tail tiles
-    meta, hist, block_t = align_buffers(T, K, E, am, dev)
+    bm = g1["BLOCK_M"]
+    meta, hist, block_t = align_buffers(T, K, E, bm, dev)
     P_max, B_max = sp.P_max, sp.B_max
     KS, split2, atomic = sp.KS, sp.split2, sp.atomic
     topk_idx = torch.empty((T, K), device=dev, dtype=torch.int32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
     sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
-    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=am,
+    if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
                          launch=sp.router):
-        launch_align(topk_idx, hist, E, block_t, am, meta, launch=sp.align)
+        launch_align(topk_idx, hist, E, block_t, bm, meta, launch=sp.align)
     if stop_after == "align":
         return y
 
@@ -319,7 +318,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
                                   limit)
     cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
                              triton_version=triton.__version__, interpret=dev.type == "cpu")
-    bm = cfgs.align_rows(cfg["gemm1"])
+    bm = cfg["gemm1"]["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev)
     P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
     launch_hist(topk_idx, hist, E, block_t)
@@ -579,7 +578,7 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
     dev = x.device
     i32 = torch.int32
     cfg = kernel_config(config, T, x.dtype, dev)
-    bm = cfgs.align_rows(cfg["gemm1"])
+    bm = cfg["gemm1"]["BLOCK_M"]
     meta, hist, block_t = align_buffers(T, K, E, bm, dev, poison=True)
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
     topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)

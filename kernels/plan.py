@@ -71,13 +71,6 @@ class Stage:
     #: shared memory of one program's pipeline buffers, bytes (``gemm_shared_bytes``: the 16-bit
     #: GEMMs); None where not estimated (the FP8 GEMMs, the small launches)
     shared_bytes: int | None = None
-    #: a persistent GEMM with tail tiles (config TAIL_M): {"m": TAIL_M, "tiles": walked tiles of
-    #: TAIL_M rows, "tiles_per_expert": (E,), "bytes_per_tile", "flops_per_tile",
-    #: "operand_bytes_per_tile"} of those tiles. active_programs, tiles_per_expert and
-    #: row_blocks_per_expert then count tiles of both heights; work_tile is a BLOCK_M tile's, and
-    #: bytes_per_tile, flops_per_tile and operand_bytes_per_tile are means over all the walked
-    #: tiles (so the totals are exact). None: every tile is BLOCK_M rows
-    tail: dict | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -232,10 +225,9 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             dict(BLOCK_EX=ex, BLOCK_C=al["BLOCK_CS"]),
                             bytes_per_tile=8 * C * ex + 4 * ex, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": cdiv(C, al["BLOCK_CS"])}))
-        am = sp.align_m
         stages.append(Stage("align_layout", "_layout_kernel", al["layout_grid"], nl,
-                            dict(BLOCK_M=am, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
-                            bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * am / 2, flops_per_tile=0.0,
+                            dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
+                            bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * bm / 2, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": 2}))
         # a program per BLOCK_P pairs of a chunk, every one working (those past a short last chunk's pairs
         # compare and store nothing): the chunk's ids read, two gathers and three stores a pair. One serial
@@ -259,11 +251,11 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         xb = row_bytes(H, "fp8_e4m3") / H
 
     # ---- routed experts (grouped_gemm.py)
-    blocks_e, tails_e = tail_tiles(counts, bm, g1.get("TAIL_M", 0))  # row tiles per expert, of them TAIL_M rows
+    blocks_e = -(-counts // bm)  # row blocks per expert
     active_blocks = int(blocks_e.sum())
     stages += _gemm_stages("gemm1", "gemm2", g1, g2, blocks_e, active_blocks, B_max, H, I, b, T, KS,
                            bias=config.expert_bias, deterministic=deterministic, act=sp.act, num_sms=sp.num_sms,
-                           wb=wb, ab=ab, mma=mma, fp8=fp8, xb=xb, tails_e=tails_e)
+                           wb=wb, ab=ab, mma=mma, fp8=fp8, xb=xb)
     split2 = sp.split2
 
     # ---- shared MLP (dense: every token)
@@ -320,49 +312,15 @@ def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int
     T = 64 GEMM 1 (16 x 128 x 128, 3 stages) 139,264 bytes, GEMM 2 73,728; T = 1 GEMM 1 (16 x 64 x
     128, 4 stages) 110,592; T = 512 GEMM 1 (64 x 128 x 64, 4 stages) 163,840; deepseek-v3 T = 512
     GEMM 1 (32 x 128 x 128, 8 warps) 147,456; T = 4096 TMA GEMM 1 (128 x 128 x 64, 4 stages)
-    196,640 (196,608 and its barriers); mixtral-8x7b T = 8 GEMM 1 (16 x 32 x 256, 4 stages) 122,880.
-    With tail tiles (TAIL_M) the same: the TAIL_M tile loop's buffers share the BLOCK_M one's
-    (Triton 3.6, sm_90, T = 4096: GEMM 1 196,640 and GEMM 2 147,480 bytes, as without)."""
+    196,640 (196,608 and its barriers); mixtral-8x7b T = 8 GEMM 1 (16 x 32 x 256, 4 stages) 122,880."""
     bm, bn, bk = int(g["BLOCK_M"]), int(g["BLOCK_N"]), int(g["BLOCK_K"])
     buffers = max(1, int(g["num_stages"]) - (0 if bm >= 64 else 1))
     return int(buffers * (bm * bk * a_bytes + weight_tiles * bn * bk * w_bytes))
 
 
-def tail_tiles(counts, block_m: int, tail_m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row tiles per expert of the routed GEMMs for pair ``counts`` (E,): (tiles (E,), of them
-    TAIL_M-row tiles (E,)). Each expert takes ceil(count / BLOCK_M) tiles; with tail tiles
-    (``tail_m`` > 0, config TAIL_M) its last is a TAIL_M tile where it holds at most TAIL_M rows
-    (count mod BLOCK_M in (0, TAIL_M]): the tiles grouped_gemm._tail_walk enumerates."""
-    c = np.asarray(counts, dtype=np.int64)
-    tiles = -(-c // block_m)
-    if not tail_m:
-        return tiles, np.zeros_like(tiles)
-    return tiles, ((tiles > 0) & (c - (tiles - 1) * block_m <= tail_m)).astype(np.int64)
-
-
-def tail_walk(cfg: dict, E: int, dense: bool) -> dict:
-    """The persistent GEMMs' tail-tile constexprs (grouped_gemm._tail_walk) for GEMM config ``cfg``
-    over E experts: TAIL_M (0 for the dense GEMMs, whose rows are tokens), TAIL_LAST, BLOCK_E."""
-    tail = 0 if dense else int(cfg.get("TAIL_M", 0))
-    return {"TAIL_M": tail, "TAIL_LAST": bool(tail and cfg.get("TAIL_LAST", 0)), "BLOCK_E": expert_block(E)}
-
-
-def _tile_mix(f, bm: int, tm: int, full: int, tails: int):
-    """f(rows) of a tile, and its mean over ``full`` tiles of bm rows and ``tails`` of tm rows (a
-    dict of floats, or a float)."""
-    one, n = f(bm), full + tails
-    if not tails or not n:
-        return one, one
-    two = f(tm)
-    if isinstance(one, dict):
-        return one, {k: (one[k] * full + two[k] * tails) / n for k in one}
-    return one, (one * full + two * tails) / n
-
-
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
-                 num_sms, wb=None, ab=None, mma="bf16", fp8=None, xb=None, tails_e=None):
-    """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert,
-    ``tails_e`` of them tail tiles of TAIL_M rows (``tail_tiles``; None: none, every tile BLOCK_M).
+                 num_sms, wb=None, ab=None, mma="bf16", fp8=None, xb=None):
+    """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert.
     b: bytes per element of x and of the output rows; wb of the weights, ab of the activation
     between the GEMMs, xb of GEMM 1's gathered rows (x's e4m3 codes and scales when the layer
     quantizes x once) (default b: the 16-bit layer); mma: the tensor cores' format; fp8: the FP8
@@ -376,44 +334,23 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     tma2 = g2.get("variant") == "tma_persistent"
     out = []
     bm = g1["BLOCK_M"]
-    tm = int(g1.get("TAIL_M", 0))
-    tails_e = np.zeros_like(blocks_e) if tails_e is None else np.asarray(tails_e)
-    n_tail = int(tails_e.sum())
-    n_full = active_blocks - n_tail
     s1 = g1.get("SPLIT_K", 1)
     nt1 = -(-I // g1["BLOCK_N"])
     kh = H / s1
-
-    def ops1_of(m):
-        return {"a": m * kh * xb, "b": 2 * g1["BLOCK_N"] * kh * wb,
-                "out": 2 * m * g1["BLOCK_N"] * 4 if s1 > 1 else m * g1["BLOCK_N"] * ab}
-
-    def tail_of(nt, ops_of, flops_of):
-        """Stage.tail for the GEMM of ``nt`` N tiles (None without tail tiles)."""
-        if not tm:
-            return None
-        o = ops_of(tm)
-        return {"m": tm, "tiles": n_tail * nt, "tiles_per_expert": tuple(int(x) for x in tails_e * nt),
-                "bytes_per_tile": sum(o.values()), "flops_per_tile": flops_of(tm), "operand_bytes_per_tile": o}
-
-    def flops1_of(m):
-        return 2 * m * 2 * g1["BLOCK_N"] * kh
-
-    _, ops1 = _tile_mix(ops1_of, bm, tm, n_full, n_tail)
-    _, flops1 = _tile_mix(flops1_of, bm, tm, n_full, n_tail)
+    ops1 = {"a": bm * kh * xb, "b": 2 * g1["BLOCK_N"] * kh * wb,
+            "out": 2 * bm * g1["BLOCK_N"] * 4 if s1 > 1 else bm * g1["BLOCK_N"] * ab}
+    bytes1 = ops1["a"] + ops1["b"] + ops1["out"]
     row_blocks = tuple(int(x) for x in blocks_e)
     out.append(Stage(n1, GEMM_KERNELS["gemm1", _kernel_key(g1, fp8)], gemm_grid(num_m, I, g1, num_sms=num_sms),
                      active_blocks * nt1 * s1, dict(g1),
-                     bytes_per_tile=sum(ops1.values()), flops_per_tile=flops1,
+                     bytes_per_tile=bytes1, flops_per_tile=2 * bm * 2 * g1["BLOCK_N"] * kh,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt1 * s1),
                      note=("split-K partials" if s1 > 1 else "gather x rows; gate and up; activation in the epilogue"
-                           + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")
-                           + (f"; an expert's last tile TAIL_M={tm} rows where it has at most that" if tm else "")),
+                           + ("; weights by TMA, persistent programs" if g1["variant"] == "tma_persistent" else "")),
                      operand_bytes_per_tile=ops1, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": 2 * g1["BLOCK_N"], "depth": kh}, mma_dtype=mma,
                      loads=("tma_persistent_gated" + ("_flat" if g1.get("FLATTEN") else "")) if tma1
-                     else "pointer_gated", shared_bytes=None if fp8 else gemm_shared_bytes(g1, xb, wb, 2),
-                     tail=tail_of(nt1, ops1_of, flops1_of)))
+                     else "pointer_gated", shared_bytes=None if fp8 else gemm_shared_bytes(g1, xb, wb, 2)))
     if s1 > 1:
         bn = act["BLOCK_N"]
         nta = -(-I // bn)
@@ -425,27 +362,18 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     nt2 = -(-H // g2["BLOCK_N"])
     ki = I / s2
     ob = 4 if (s2 > 1 or not deterministic) else b
-
-    def ops2_of(m):
-        return {"a": m * ki * ab, "b": g2["BLOCK_N"] * ki * wb, "out": m * g2["BLOCK_N"] * ob}
-
-    def flops2_of(m):
-        return 2 * m * g2["BLOCK_N"] * ki
-
-    _, ops2 = _tile_mix(ops2_of, bm, tm, n_full, n_tail)
-    _, flops2 = _tile_mix(flops2_of, bm, tm, n_full, n_tail)
+    ops2 = {"a": bm * ki * ab, "b": g2["BLOCK_N"] * ki * wb, "out": bm * g2["BLOCK_N"] * ob}
+    bytes2 = ops2["a"] + ops2["b"] + ops2["out"]
     out.append(Stage(n2, GEMM_KERNELS["gemm2", _kernel_key(g2, fp8)], gemm_grid(num_m, H, g2, num_sms=num_sms),
                      active_blocks * nt2 * s2, dict(g2),
-                     bytes_per_tile=sum(ops2.values()), flops_per_tile=flops2,
+                     bytes_per_tile=bytes2, flops_per_tile=2 * bm * g2["BLOCK_N"] * ki,
                      tiles_per_expert=tuple(int(x) for x in blocks_e * nt2 * s2),
                      note="routing weight in the epilogue; rows to the pair buffer"
-                          + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else "")
-                          + (f"; an expert's last tile TAIL_M={tm} rows where it has at most that" if tm else ""),
+                          + ("; rows and weights by TMA, persistent programs" if g2["variant"] == "tma_persistent" else ""),
                      operand_bytes_per_tile=ops2, row_blocks_per_expert=row_blocks,
                      work_tile={"m": bm, "n": g2["BLOCK_N"], "depth": ki}, mma_dtype=mma,
                      loads=("tma_ab_persistent" + ("_flat" if g2.get("FLATTEN") else "")) if tma2 else "pointer",
-                     shared_bytes=None if fp8 else gemm_shared_bytes(g2, ab, wb, 1),
-                     tail=tail_of(nt2, ops2_of, flops2_of)))
+                     shared_bytes=None if fp8 else gemm_shared_bytes(g2, ab, wb, 1)))
     return out
 
 
@@ -501,14 +429,9 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
             "logits_warps": 8 if lt * block_e > 4096 or block_e > 128 else 4}
 
 
-def expert_block(E: int) -> int:
-    """BLOCK_E: the vectors over the experts of the align code and the tail walk (a power of two >= 16)."""
-    return max(16, _pow2(E))
-
-
 def align_blocks(E: int, block_m: int, B_max: int) -> dict:
     """Block sizes of the align code (shared by the router's fused single-chunk path)."""
-    block_e = expert_block(E)
+    block_e = max(16, _pow2(E))
     return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, _pow2(max(B_max, 1)))),
                 BLOCK_PAD=max(2, _pow2(block_m)))
 
@@ -592,9 +515,8 @@ class StaticPlan:
 
     gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts
     of the functions above (act / combine None where not launched); P_max, B_max padded rows and
-    row blocks (of align_m rows); split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows
-    per token; num_sms: the SMs persistent GEMM launches are sized for (one program each); align_m:
-    the rows the align pads each expert to (configs.align_rows: BLOCK_M, or TAIL_M with tail tiles).
+    row blocks; split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows per token;
+    num_sms: the SMs persistent GEMM launches are sized for (one program each).
     """
 
     T: int
@@ -616,7 +538,6 @@ class StaticPlan:
     #: quantize_launch's dict where the layer quantizes x once before GEMM 1 (``quantizes_x``), else None:
     #: the FP8 GEMM 1s (routed and shared) then read x's e4m3 codes and scales
     quant: dict | None = None
-    align_m: int = 0
 
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
@@ -732,11 +653,10 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     both = v1 == v2 == "tma_persistent"
     bm = min(entry["gemm1"]["BLOCK_M"], caps[0] if both else FP8_MAX_BLOCK_M)
     bk1, bk2 = (caps[1] if v == "tma_persistent" else FP8_BLOCK for v in (v1, v2))
-    # TAIL_M off: the FP8 GEMMs walk BLOCK_M tiles only (the align then pads to BLOCK_M)
-    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=bk1, SPLIT_K=1, variant=v1, TAIL_M=0, TAIL_LAST=0)
+    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=bk1, SPLIT_K=1, variant=v1)
     if fp8 == "weights+act":
         g1["BLOCK_N"] = FP8_BLOCK
-    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=bk2, variant=v2, TAIL_M=0, TAIL_LAST=0)
+    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=bk2, variant=v2)
     for g in (g1, g2):
         if fp8 == "weights" and g["variant"] == "tma_persistent":
             g["SWAP_AB"] = int(FP8W_TMA_SWAP_AB)
@@ -768,23 +688,22 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     interpret = device_name == "cpu-interpreter"
     g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8)
     bm = g["gemm1"]["BLOCK_M"]
-    am = cfgs.align_rows(g["gemm1"])  # the align's rows per block: BLOCK_M, or TAIL_M with tail tiles
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
     rl = router_launch(T, E, H, K, config.n_group, interpret=interpret, num_sms=num_sms)
-    P_max = cfgs.max_padded_rows(T * K, E, am)
-    B_max = P_max // am
-    al = align_launch(rl["C"], K, E, rl["BLOCK_T"], am, B_max)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    B_max = P_max // bm
+    al = align_launch(rl["C"], K, E, rl["BLOCK_T"], bm, B_max)
     act = act_launch(I, bm, B_max) if g["gemm1"].get("SPLIT_K", 1) > 1 else None
     split2 = g["gemm2"].get("SPLIT_K", 1)
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
         sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8)
-        sg2 = dict(sg["gemm2"], SPLIT_K=split2, TAIL_M=0, TAIL_LAST=0)  # dense: rows are tokens, no tail tiles
+        sg2 = dict(sg["gemm2"], SPLIT_K=split2)
         if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
             sg2["variant"] = "pointer"
-        sg = {"gemm1": dict(sg["gemm1"], TAIL_M=0, TAIL_LAST=0), "gemm2": sg2}
+        sg = {"gemm1": sg["gemm1"], "gemm2": sg2}
         shared_m = cdiv(T, sg["gemm1"]["BLOCK_M"]) if T else 0
         if sg["gemm1"].get("SPLIT_K", 1) > 1:
             shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
@@ -793,4 +712,4 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     quant = quantize_launch(T, H, interpret=interpret) if quantizes_x(config, fp8) and T else None
     return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
                       P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS,
-                      num_sms=num_sms, fp8=fp8, quant=quant, align_m=am)
+                      num_sms=num_sms, fp8=fp8, quant=quant)

@@ -24,8 +24,7 @@ number they use:
                         kernel_model.hbm_read_tma where the profile has it and USE_TMA_READ_TABLE
                         is on (off since H200 run AG: it validated worse); otherwise hbm_read
 
-A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs (a persistent
-GEMM with tail tiles, the plan's Stage.tail: the groups of each tile height, ``_tile_heights``):
+A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
     slots     = S x o (``launch_occupancy``)   waves = ceil(P / slots)
     share     = min(o, ceil(min(P, slots) / S))        (programs sharing one SM's tensor cores)
@@ -941,54 +940,6 @@ def _work_tile(stage: dict) -> tuple[int, int, float]:
     return bm, bn, flops / max(2.0 * bm * bn, 1.0)
 
 
-def _tile_heights(stage: dict) -> list[dict]:
-    """A launch's working programs by tile height, each part as a stage of one height: the stage
-    itself, or for a persistent GEMM with tail tiles (the plan's ``tail``) its BLOCK_M tiles (work_tile's
-    m; their FLOPs what the stage's mean leaves beside the tail tiles') and its TAIL_M tiles. Their
-    order in the walk (config TAIL_LAST) is not seen: ``waves_s`` prices the waves over the mean
-    program as for any launch, which a static walk with the tail tiles in expert order may miss
-    (benchmarks/tail_padding.py)."""
-    tail = stage.get("tail")
-    if not tail or not tail.get("tiles"):
-        return [stage]
-    P, n_t = int(stage["active_programs"]), int(tail["tiles"])
-    tpe = np.asarray(stage["tiles_per_expert"], dtype=np.float64)
-    rb = np.asarray(stage["row_blocks_per_expert"], dtype=np.float64)
-    t_tpe = np.asarray(tail["tiles_per_expert"], dtype=np.float64)
-    t_rb = t_tpe * (rb.sum() / tpe.sum())  # tail row tiles per expert (tiles per row tile: the N tiles)
-    full_flops = (float(stage["flops_per_tile"]) * P - float(tail["flops_per_tile"]) * n_t) / max(P - n_t, 1)
-    full = {**stage, "active_programs": P - n_t, "flops_per_tile": full_flops, "tiles_per_expert": tpe - t_tpe,
-            "row_blocks_per_expert": rb - t_rb, "tail": None}
-    short = {**stage, "active_programs": n_t, "flops_per_tile": float(tail["flops_per_tile"]),
-             "tiles_per_expert": t_tpe, "row_blocks_per_expert": t_rb,
-             "work_tile": {**stage["work_tile"], "m": int(tail["m"])}, "tail": None}
-    return [p for p in (full, short) if p["active_programs"] > 0]
-
-
-def _program_times(stage: dict, profile: Profile, warps: int, loads: str, dtype: str):
-    """(programs (g,), seconds of one program at a whole SM's tensor rate (g,)) of a launch's
-    working programs in groups g (experts; one group without the plan's per-expert fields)."""
-    P = int(stage["active_programs"])
-    flops = float(stage["flops_per_tile"])
-    bm, bn, depth = _work_tile(stage)
-    tpe, rb = stage.get("tiles_per_expert"), stage.get("row_blocks_per_expert")
-    grouped = tpe is not None and rb is not None and sum(tpe)
-    if grouped:
-        n_g = np.asarray(tpe, dtype=np.float64)
-        rows_g = np.maximum(np.asarray(rb, dtype=np.float64) * bm, 1.0)
-        keep = n_g > 0
-        n_g, rows_g = n_g[keep], rows_g[keep]
-    else:
-        n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
-    mma_dtype = stage.get("mma_dtype") or dtype
-    rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=mma_dtype, loads=loads)
-    if USE_GEMM_REUSE_TABLE and mma_dtype == "bf16" and grouped:
-        reuse = gemm_reuse_rate(profile, loads, bm, bn, depth, warps, rows_g / bm)  # row blocks per expert
-        if reuse is not None:  # at most the reuse table's rate at each expert's row blocks
-            rate = np.minimum(rate, reuse)
-    return n_g, np.broadcast_to(flops / np.asarray(rate, dtype=np.float64), n_g.shape)
-
-
 def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> StagePrediction:
     """One launch's time on one GPU of ``profile`` (module docstring). The tensor rate is that of
     the stage's ``mma_dtype`` where the plan states one (FP8 launch plans do), else of ``dtype``."""
@@ -1012,13 +963,24 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     loads = stage.get("loads") or ("tma" if tile.get("variant") == "tma_persistent" else "pointer")
     compute_s = 0.0
     if flops > 0:
+        bm, bn, depth = _work_tile(stage)
+        tpe, rb = stage.get("tiles_per_expert"), stage.get("row_blocks_per_expert")
+        if tpe is not None and rb is not None and sum(tpe):
+            n_g = np.asarray(tpe, dtype=np.float64)
+            rows_g = np.maximum(np.asarray(rb, dtype=np.float64) * bm, 1.0)
+            keep = n_g > 0
+            n_g, rows_g = n_g[keep], rows_g[keep]
+        else:
+            n_g, rows_g = np.array([float(P)]), np.array([float(bm)])
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
-        n_g, t_g = [], []
-        for part in _tile_heights(stage):
-            n_p, t_p = _program_times(part, profile, warps, loads, dtype)
-            n_g.append(n_p)
-            t_g.append(t_p * share)
-        compute_s = waves_s(np.concatenate(n_g), np.concatenate(t_g), slots)
+        mma_dtype = stage.get("mma_dtype") or dtype
+        rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=mma_dtype, loads=loads)
+        if USE_GEMM_REUSE_TABLE and mma_dtype == "bf16" and tpe is not None and rb is not None and sum(tpe):
+            reuse = gemm_reuse_rate(profile, loads, bm, bn, depth, warps, rows_g / bm)  # row blocks per expert
+            if reuse is not None:  # at most the reuse table's rate at each expert's row blocks
+                rate = np.minimum(rate, reuse)
+        rate = rate / share
+        compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
     tma = weights_by_tma(loads)
     depth = stage_read_depth(stage)
