@@ -139,18 +139,24 @@ def inputs_per_graph(T: int) -> int:
     return 8 if T <= 512 else (4 if T <= 4096 else 2)
 
 
+#: eager calls ``graph_time_us`` makes before it captures the graph
+WARMUP_CALLS = 2
+
+
 def graph_time_us(fn, inputs: list, reps: int) -> float:
     """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
 
     The warm-up calls and the capture run on the same side stream, so that what a call keeps per
     stream (the megakernel's zeroed sync words, ``megakernel.sync_buffer``) is made once outside
-    the capture and the graph holds the kernels alone, as an eager call would run them."""
+    the capture and the graph holds the kernels alone, as an eager call would run them. In order:
+    WARMUP_CALLS eager calls, the capture, one untimed replay, ``reps`` timed replays, all back to
+    back (``calls_before_timed_replay``)."""
     import torch
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for a in inputs[:2]:
+        for a in inputs[:WARMUP_CALLS]:
             fn(a)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
@@ -170,6 +176,17 @@ def graph_time_us(fn, inputs: list, reps: int) -> float:
         times.append(st.elapsed_time(en) * 1e3 / len(inputs))
     del g
     return statistics.median(times)
+
+
+def calls_before_timed_replay(ni: int, reps: int) -> float:
+    """Calls ``graph_time_us`` runs back to back before the replay whose time is its median, for a
+    graph of ``ni`` calls timed ``reps`` times: the warm-up calls, the untimed replay and the
+    (reps - 1) / 2 timed replays before the middle one (half-way between the two middle ones for an
+    even reps). Later replays run after more busy time (and, where the SM clock falls, slower), so
+    the median is the middle replay's. The cost model's busy window (``simulator.cost.busy_window_s``,
+    read behind USE_SUSTAINED_CLOCKS) starts there."""
+    ni, reps = max(int(ni), 1), max(int(reps), 1)
+    return min(WARMUP_CALLS, ni) + ni * (1 + (reps - 1) / 2)
 
 
 def _read_kernel():

@@ -71,6 +71,14 @@ Measured:
                               step (kernel_model.serial_load_step), per top-1 pass
                               (serial_reduce_step), and per step of a dependent chain whose next
                               address comes from the last load (serial_chain_step, recorded)
+    sustained                 after SUSTAINED_PAUSE_S idle, one CUDA graph of N back-to-back dense
+                              bf16 8192^3 matmuls (torch.matmul, cuBLAS: the hardware's figure, as
+                              the mma step's dense GEMM) for N busy about 5, 20, 60, 150, 300 ms
+                              (quick: 20, 60, 300), one replay each, then the shortest again (the
+                              pause's recovery): the average rate over each graph / the best of them
+                              against its seconds, kernel_model.sustained_mma (read behind
+                              cost.USE_SUSTAINED_CLOCKS), and the rate of each graph's last part
+                              (between two graph lengths, recorded)
 """
 
 from __future__ import annotations
@@ -805,6 +813,115 @@ def measure_serial_programs(reps: int, S: int, quick: bool = False) -> dict:
     return {k: [[P, statistics.median(vs)] for P, vs in sorted(d.items())] for k, d in per.items()}
 
 
+#: the sustained step's busy durations (s): graphs of back-to-back matmuls about this long (the
+#: validation's graphs: 1-50 ms; run AT's bench_sustained: 797 TFLOP/s over 22 ms, 748 over 94, 705 over
+#: 300). The shortest is 5 ms, not less: a replay's fixed cost is no clock effect, and run AT's graph of
+#: one matmul (1.4 ms) read 2.2% below its graph of four (5.5 ms), ~31 us more than a quarter of it
+SUSTAINED_BUSY_S = (0.005, 0.02, 0.06, 0.15, 0.3)
+SUSTAINED_BUSY_S_QUICK = (0.02, 0.06, 0.3)
+#: seconds idle before each replay (run AT's bench_sustained: after 1.5 s its three replays of each
+#: graph agreed within 1%, the 300 ms one at 297.7-300.8 ms); the full step checks it (``recovery``)
+SUSTAINED_PAUSE_S = 1.5
+#: rows = columns = depth of the sustained step's matmuls (the mma step's dense GEMM, run AT's bench)
+SUSTAINED_SIZE = 8192
+
+
+def matmul_graph(a, b, c, count: int):
+    """A CUDA graph of ``count`` back-to-back ``torch.matmul(a, b, out=c)`` (cuBLAS), its workspace
+    made by one eager call on the capture's stream first."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.matmul(a, b, out=c)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(count):
+            torch.matmul(a, b, out=c)
+    return g
+
+
+def idle_replay_seconds(replay, pause_s: float) -> float:
+    """Seconds of one ``replay()`` between CUDA events, after the GPU sat idle ``pause_s`` seconds
+    (its clocks back where a short launch finds them)."""
+    import torch
+
+    torch.cuda.synchronize()
+    time.sleep(pause_s)
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    st.record()
+    replay()
+    en.record()
+    en.synchronize()
+    return st.elapsed_time(en) * 1e-3
+
+
+def sm_clock_mhz() -> int | None:
+    """The SM clock NVML reports now (torch.cuda.clock_rate, MHz), or None where NVML is missing."""
+    import torch
+
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001 - pynvml missing or refused: the rates stand alone
+        return None
+
+
+def sustained_counts(per_matmul_s: float, busy_s) -> list[int]:
+    """Matmuls per graph for each busy duration of ``busy_s`` at ``per_matmul_s`` a matmul (at least
+    one; durations that round to the same count give one graph)."""
+    return sorted({max(1, round(d / per_matmul_s)) for d in busy_s})
+
+
+def sustained_fit(flops: float, timed, recheck=None) -> dict:
+    """The sustained step's figures from ``timed`` ([[matmuls N, seconds, SM clock after], ...], N
+    ascending; each matmul ``flops``): "rates" [[N, s, flop/s]]; "reference_flops_per_s", the best
+    average rate (the short-launch rate; the shortest graph carries the replay's fixed cost, ~30 us
+    in run AT); "points" [[s, rate / reference]] (kernel_model.sustained_mma); "marginal"
+    [[s of the shorter graph, s of the longer, flop/s of the extra matmuls]] (the rate of the longer
+    graph's last part); with ``recheck`` (the shortest graph timed again after the longest),
+    "recovery": its first seconds / the recheck's (1: the pause restored the clocks)."""
+    rates = [[int(n), float(t), n * flops / t] for n, t, *_ in timed]
+    ref = max(r for *_, r in rates)
+    out = {"rates": rates, "reference_flops_per_s": ref, "points": [[t, r / ref] for _, t, r in rates],
+           "marginal": [[t0, t1, (n1 - n0) * flops / (t1 - t0)]
+                        for (n0, t0, _), (n1, t1, _) in zip(rates, rates[1:]) if t1 > t0],
+           "sm_clock_mhz_after": [x[2] if len(x) > 2 else None for x in timed]}
+    if recheck is not None:
+        out["recheck"] = list(recheck)
+        out["recovery"] = rates[0][1] / float(recheck[1])
+    return out
+
+
+def measure_sustained(reps: int, quick: bool = False) -> dict:
+    """A dense bf16 GEMM's rate by how long it has run: per busy duration of SUSTAINED_BUSY_S (quick:
+    SUSTAINED_BUSY_S_QUICK) a CUDA graph of N back-to-back SUSTAINED_SIZE^3 matmuls (``matmul_graph``,
+    N from the per-matmul time of a short graph at working clocks), one replay after SUSTAINED_PAUSE_S
+    idle (``idle_replay_seconds``), shortest first, with the SM clock after it; the full form times
+    the shortest graph once more after the longest (``recovery``) -> ``sustained_fit``. One replay a
+    point (``reps`` unused): the pauses are the step's time (full ~9.7 s, quick ~4.9 s on an H200), and
+    run AT's three replays of each graph agreed within 1%. Why: the H200 lowers its SM clock under
+    sustained dense MMA (run AT: 1,515 MHz after 300 ms), while the MMA tables come from short launches."""
+    import torch
+
+    n = SUSTAINED_SIZE
+    a, b = (torch.randn((n, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty((n, n), device="cuda", dtype=torch.bfloat16)
+    per = graph_seconds(lambda i: torch.matmul(a, b, out=c), inner=2, reps=3)
+    counts = sustained_counts(per, SUSTAINED_BUSY_S_QUICK if quick else SUSTAINED_BUSY_S)
+    timed = []
+    for count in counts + ([] if quick else [counts[0]]):
+        g = matmul_graph(a, b, c, count)
+        t = idle_replay_seconds(g.replay, SUSTAINED_PAUSE_S)
+        timed.append([count, t, sm_clock_mhz()])
+        del g
+    out = sustained_fit(2.0 * n ** 3, timed[:len(counts)], None if quick else timed[-1])
+    out.update(size=n, pause_s=SUSTAINED_PAUSE_S, per_matmul_s=per)
+    return out
+
+
 # --------------------------------------------------------------------------- the profile
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
     """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``.
@@ -902,6 +1019,14 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                     "tiles in its pipeline buffers, groups of g consecutive programs reading the same "
                                     "tiles at once; bytes/s the programs read (g x the DRAM rate); read behind "
                                     "cost.USE_DEEP_READ_TABLE")
+    if m.get("sustained", {}).get("points"):
+        su = m["sustained"]
+        km["sustained_mma"] = table("fraction", ["busy_s"], su["points"],
+                                    f"cuBLAS {su.get('size', SUSTAINED_SIZE)}^3 bf16 matmuls back to back in one CUDA "
+                                    f"graph after {su.get('pause_s', SUSTAINED_PAUSE_S):g} s idle: the average rate "
+                                    "over the graph's busy_s seconds / the best graph's "
+                                    f"({su['reference_flops_per_s'] / 1e12:.1f} TFLOP/s, the short-launch rate); "
+                                    "read behind cost.USE_SUSTAINED_CLOCKS")
     if "select" in m:
         km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"], m["select"]["points"],
                                    "seconds of one routing program's selection per block of BLOCK_T tokens "
@@ -989,6 +1114,23 @@ def hbm_deep_summary(deep: dict) -> list[str]:
     return lines
 
 
+def sustained_summary(su: dict) -> list[str]:
+    """The sustained step's lines: per graph its seconds, average rate and ratio to the best, and the
+    rate of its last part, e.g. "dense bf16 GEMM from idle, 300 ms   704.6 TFLOP/s x0.884, last 206
+    ms 684.8"."""
+    last = {round(t1, 9): (t1 - t0, r) for t0, t1, r in su.get("marginal", [])}
+    lines = []
+    for (_, t, r), (_, ratio) in zip(su.get("rates", []), su.get("points", [])):
+        line = f"{f'dense bf16 GEMM from idle, {t * 1e3:.0f} ms':<36} {r / 1e12:8.1f} TFLOP/s x{ratio:.3f}"
+        if round(t, 9) in last:
+            dt, mr = last[round(t, 9)]
+            line += f", last {dt * 1e3:.0f} ms {mr / 1e12:.1f}"
+        lines.append(line)
+    if "recovery" in su:
+        lines.append(f"{'dense bf16 GEMM, shortest graph again':<36} {su['recovery']:8.3f} of its first time's rate")
+    return lines
+
+
 def summary(m: dict, prof: dict) -> str:
     """The measured figures as a small table (steps not measured are left out)."""
     km = prof["kernel_model"]
@@ -1031,6 +1173,7 @@ def summary(m: dict, prof: dict) -> str:
     for key, label in (("load", "serial load+dot step"), ("reduce", "serial top-1 pass"), ("chain", "serial chain step")):
         for P, t in m.get("serial_programs", {}).get(key, []):
             lines.append(f"{label + f', {int(P)} programs':<36} {t * 1e9:8.1f} ns")
+    lines.extend(sustained_summary(m.get("sustained", {})))
     for n, r in m.get("copy", {}).get("points", []):
         lines.append(f"gather copy, {int(n):>3} SMs, per SM          {r / 1e9:8.1f} GB/s")
     missing = prof.get("calibration", {}).get("not_measured", [])
@@ -1041,7 +1184,7 @@ def summary(m: dict, prof: dict) -> str:
 
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
 STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "serial", "select", "l2_shared",
-         "hbm_deep", "serial_programs", "sync")
+         "hbm_deep", "serial_programs", "sustained", "sync")
 #: rough seconds of each step on an H200 with a cold Triton cache, (full, --quick): compiles dominate.
 #: Guesses, used only to plan a --budget: a step runs in full if it and the quick form of every later
 #: step fit, in its quick form if that fits, otherwise not at all
@@ -1052,12 +1195,11 @@ STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "seria
 #: from the quick tables (multi 7.9% median against 4.9% re-predicted with run AJ's full tables).
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (42.0, 15.0),
                "gemm_reuse": (28.0, 12.0), "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0),
-               "serial": (4.0, 3.0), "select": (18.0, 9.0), "l2_shared": (3.0, 2.0), "hbm_deep": (20.0, 8.0),
-               "serial_programs": (5.0, 3.0), "sync": (4.0, 3.0)}
-#: ("select": 15.6 s in H200 run AT, 17 cases)
-#: ("hbm_deep": not yet run on a GPU; 4 reader compiles (quick 2) of about 1-2 s, and 144 flushed points
-#: (quick 16) at the hbm step's 20-25 ms a point (run AO: 225 points and 5 compiles in 8.6 s): about 6-12 s,
-#: quick 3-5 s)
+               "serial": (4.0, 3.0), "select": (18.0, 9.0), "l2_shared": (3.0, 2.0), "hbm_deep": (5.0, 3.0),
+               "serial_programs": (5.0, 3.0), "sustained": (12.0, 6.0), "sync": (4.0, 3.0)}
+#: ("select": 15.6 s in H200 run AT, 17 cases; "hbm_deep": 2.3 s in run AU, full)
+#: ("sustained": not yet run on a GPU; its pauses and graphs, 6 x 1.5 s + 0.54 s (quick 3 x 1.5 s + 0.38 s),
+#: and about 0.2 s of buffers, captures and the per-matmul timing: about 9.7 s, quick 4.9 s)
 STEP_TIMEOUT_S = 120.0  # one step longer than this is taken for a hang (the watchdog ends the run)
 RESERVE_S = 5.0  # kept back from the budget for writing the profile
 
@@ -1101,6 +1243,8 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         return measure_hbm_deep(reps, S, quick)
     if name == "serial_programs":
         return measure_serial_programs(reps, S, quick)
+    if name == "sustained":
+        return measure_sustained(reps, quick)
     raise ValueError(f"unknown step {name!r}")
 
 

@@ -64,7 +64,8 @@ def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
             continue
         cfg = MoEConfig.preset(r["preset"])  # the whole layer, as the GPU run's CudaLayer.config
         pr = predict_config(cfg, r["counts"], int(r["T"]), r["backend"], profile, device_name=r.get("gpu", "NVIDIA H200"),
-                            calls_per_graph=int(r.get("calls_per_graph", 1)), triton_version=r.get("triton"))
+                            calls_per_graph=int(r.get("calls_per_graph", 1)), triton_version=r.get("triton"),
+                            reps=r.get("reps"))
         row = {k: v for k, v in r.items() if k not in ("predictions", "busy_us", "tasks", "programs")}
         row.update(pr, profile=profile.name, predictions={profile.name: {k: pr[k] for k in
                                                                          ("predicted_us", "predicted_fixed_us", "dominant")}})

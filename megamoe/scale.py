@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .deadline import Budget, Watchdog, command_start
-from .kernels.bench import inputs_per_graph
+from .kernels.bench import calls_before_timed_replay, inputs_per_graph
 
 #: the default GPU run: 3 presets x 6 T x 3 routings x 2 backends = 108 configurations. Three
 #: presets that differ in what the model must get right: Qwen3-30B-A3B (128 small experts: fixed
@@ -363,30 +363,41 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: 
 
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
-                   triton_version: str | None = None) -> dict:
+                   triton_version: str | None = None, reps: int | None = None) -> dict:
     """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
     read only those): total and per-stage (multi) or per-kind (megakernel) us.
     ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
-    passes the stored row's, whose run picked its configs by it)."""
+    passes the stored row's, whose run picked its configs by it). ``reps``: the timed replays of the
+    measurement (``kernels.bench.graph_time_us``): the calls run before its median replay
+    (``calls_before_timed_replay``) start the busy window USE_SUSTAINED_CLOCKS reads; None: the
+    timed graph from idle clocks."""
     import numpy as np
 
     from megamoe.kernels.plan import launch_plan
     from megamoe.simulator.cost import predict_launch_plan, predict_task_plan, term_name
 
     counts = np.asarray(counts, dtype=np.int64)
+    before = calls_before_timed_replay(calls_per_graph, reps) if reps else 0.0
+    sustained = {}
     if backend == "multi":
         dtype = "float32" if device_name == "cpu-interpreter" else "bfloat16"
         plan = launch_plan(cfg, T, counts=counts, device_name=device_name, dtype=dtype, triton_version=triton_version)
-        pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph)
+        pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph,
+                                   calls_before=before)
+        if "sustained_ratio" in pred:
+            sustained["predicted_sustained_ratio"] = pred["sustained_ratio"]
         main = max(pred["stages"], key=lambda s: s["time_us"]) if pred["stages"] else {"name": "-", "bound": "launch"}
         return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"],
                 "predicted_stages": {s["name"]: {"us": s["time_us"], "bound": s["bound"],
                                                  "term": term_name(s["bound"], s.get("memory_term"))}
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
-                "dominant_term": term_name(main["bound"], main.get("memory_term"))}
+                "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
-    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads)
+    pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
+                             calls_before=before)
+    if "sustained_ratio" in pred:
+        sustained["predicted_sustained_ratio"] = pred["sustained_ratio"]
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}
     main = max(crit, key=crit.get) if crit else "-"
 
@@ -404,10 +415,11 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"] + pred["launch_us"],
             "predicted_stages": stages, "busy_us": pred["busy_us"],
             "tasks": pred["tasks"], "programs": pred["programs"],
-            "dominant": f"{main}:{b}", "dominant_term": term}
+            "dominant": f"{main}:{b}", "dominant_term": term, **sustained}
 
 
-def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int) -> dict:
+def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,
+                reps: int | None = None) -> dict:
     """The row's prediction fields: the first profile's at the top level (``predicted_us``,
     ``dominant``, ...) and every profile's total under ``predictions[name]``. A profile whose
     prediction raises gets ``{"failure": ...}`` there (and, if it is the first, no predicted_us).
@@ -415,7 +427,7 @@ def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_nam
     out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
     for i, p in enumerate(profiles):
         try:
-            pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls)
+            pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls, reps=reps)
         except Exception as exc:  # noqa: BLE001 - the measurement is still worth having
             out["predictions"][p.name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
             continue
@@ -687,7 +699,7 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
             row.update(calls_per_graph=group["ni"], experts_touched=int((counts > 0).sum()),
                        max_over_mean_load=float(counts.max() / max(counts.mean(), 1e-9)))
             row.update(predict_all(cfg, counts, c.T, c.backend, profiles, device_name=dev_name,
-                                   calls=group["ni"]))
+                                   calls=group["ni"], reps=reps))
             writer.write({**row, "phase": "prediction"})  # before anything is timed
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):

@@ -93,6 +93,14 @@ profile without it predicts as with the switch off):
                             programs in flight (capped by the SM's shared memory) and depth
                             (``deep_read_rate``, ``launch_read_s``); with USE_WEIGHT_STREAMS, its
                             distinct weight streams at the table's sharing group
+    USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
+                            (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
+                            GEMM's average rate over busy seconds from idle / its short-launch rate)
+                            over the plan's busy window (``sustained_ratio``, ``busy_window_s``):
+                            ``calls_before`` calls of the predicted call time run back to back, then
+                            the ``calls_per_graph`` calls the measurement times (defaults 0 and 1: one
+                            call from idle). Memory, serial, launch terms unscaled (HBM has its own
+                            clock). Launch and task plans only; the rack model's GEMMs as calibrated
 
 The rack schedules' grouped GEMMs (``stage_cost``, ``ffn_cost``) build the same launch from rows
 per expert (tile height adapted to small row counts, a tuned tile width) and call the same
@@ -104,7 +112,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -562,6 +570,61 @@ USE_WEIGHT_STREAMS = False
 USE_DEEP_READ_TABLE = False
 
 
+#: whether a launch or task plan's MMA (compute) terms run at the sustained-clock ratio
+#: (kernel_model.sustained_mma, calibrate step sustained) over the plan's busy window
+#: (``busy_window_s``), where the profile has the table: each stage's compute_us, each task's
+#: compute_s divided by ``sustained_ratio``; memory terms (HBM has its own clock, which the SM clock's
+#: fall does not lower), serial steps, launch gaps and fixed costs unscaled. Why: H200 run AT
+#: (benchmarks/bench_sustained.py, cuBLAS 8192^3 bf16 in one CUDA graph after 1.5 s idle) 777-797
+#: TFLOP/s over 1.4-22 ms at 1,980 MHz, 748 over 94 ms, 705 over 300 ms with the SM clock at 1,515 MHz
+#: after; the calibrated MMA tables come from short launches, and validation's long prefill rows
+#: (graphs of several 8-24 ms calls) ran 11-16% slower than predicted (simulator/README.md). Off: not
+#: yet held out by a GPU run.
+USE_SUSTAINED_CLOCKS = False
+
+
+def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:
+    """(seconds busy before the timed calls, seconds of the timed calls) of a prediction whose call
+    takes ``call_s``: ``calls_before`` calls of it back to back from idle clocks, then the
+    ``calls_per_graph`` calls of the replay the measurement times. Defaults: one call from idle (a
+    single-call prediction). ``megamoe validate``'s rows: ``kernels.bench.calls_before_timed_replay``
+    (the warm-up calls and the replays before the median one, all back to back)."""
+    return max(calls_before, 0.0) * call_s, max(calls_per_graph, 1) * call_s
+
+
+def sustained_ratio(profile: Profile, busy_s: float, before_s: float = 0.0) -> float:
+    """The mean MMA rate over seconds [before_s, before_s + busy_s] of back-to-back work started from
+    idle clocks, as a fraction of the short-launch rate the tables were measured at; 1.0 without
+    kernel_model.sustained_mma or for an empty window.
+
+    The table's points (t_i, r_i) are average ratios over [0, t_i]: the work done by t is read as
+    W(t) = t x r(t), linear between (0, 0) and the points (each segment's slope is the measured rate
+    of the graph's last part, between two graph lengths), past the last point at the last segment's
+    slope (the clock stays where it fell); the window's ratio is (W(b) - W(a)) / (b - a), at most 1."""
+    tab = _km(profile).sustained_mma
+    if not tab or not busy_s > 0:
+        return 1.0
+    ts = np.array([0.0] + [t for t, _ in tab])
+    ws = np.array([0.0] + [t * r for t, r in tab])
+    slope = float((ws[-1] - ws[-2]) / (ts[-1] - ts[-2]))
+    tail = min(slope, 1.0) if slope > 0 else tab[-1][1]  # a last segment that did no work: its average
+
+    def work(t: float) -> float:
+        return float(np.interp(t, ts, ws)) if t <= ts[-1] else float(ws[-1] + (t - ts[-1]) * tail)
+
+    a = max(float(before_s), 0.0)
+    return float(min(1.0, max((work(a + busy_s) - work(a)) / busy_s, 1e-3)))
+
+
+def _sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, calls_before: float) -> float | None:
+    """``sustained_ratio`` over the busy window of a call of ``call_s`` (``busy_window_s``) where
+    USE_SUSTAINED_CLOCKS is on and the profile has the table, else None (nothing scaled)."""
+    if not (USE_SUSTAINED_CLOCKS and _km(profile).sustained_mma):
+        return None
+    before_s, busy_s = busy_window_s(call_s, calls_per_graph, calls_before)
+    return sustained_ratio(profile, busy_s, before_s)
+
+
 def shared_memory_programs(profile: Profile, stage: dict) -> int | None:
     """Programs of a launch whose pipeline buffers fit one SM's shared memory together:
     kernel_model.sm_shared_memory_bytes // (the stage's ``shared_bytes`` + the per-block reserve),
@@ -1014,18 +1077,25 @@ def resolve_profile(system: str | Profile, overrides: dict | None = None) -> Pro
 
 
 def predict_launch_plan(stages: list[dict], system: str | Profile = "h200", *, dtype: str = "bf16",
-                        overrides: dict | None = None, calls_per_graph: int = 1) -> dict:
-    """Every launch of a plan, in order.  -> {"time_us", "stages": [...], "fixed_us", "system"}.
+                        overrides: dict | None = None, calls_per_graph: int = 1, calls_before: float = 0.0) -> dict:
+    """Every launch of a plan, in order.  -> {"time_us", "stages": [...], "fixed_us", "system"}
+    (and "sustained_ratio" where USE_SUSTAINED_CLOCKS scaled it).
 
     ``overrides``: ``hardware.override`` fields (e.g. the rates measured in the same run).
     ``calls_per_graph``: layers per CUDA-graph replay the measurement divides by (the graph's fixed
-    cost is shared among them).
+    cost is shared among them). ``calls_before``: calls run back to back before the timed replay
+    (read only by USE_SUSTAINED_CLOCKS, ``busy_window_s``; 0: from idle clocks).
     """
     p = resolve_profile(system, overrides)
     preds = [predict_stage(s, p, dtype=dtype) for s in stages]
     fixed_us = _km(p).graph_fixed_s * 1e6 / max(1, calls_per_graph) if stages else 0.0
+    out = {}
+    ratio = _sustained_scale(p, (sum(s.time_us for s in preds) + fixed_us) * 1e-6, calls_per_graph, calls_before)
+    if ratio is not None:  # the MMA terms at the clocks of the busy window (the call's time as calibrated)
+        preds = [replace(s, compute_us=s.compute_us / ratio) for s in preds]
+        out["sustained_ratio"] = ratio
     return {"time_us": sum(s.time_us for s in preds) + fixed_us, "fixed_us": fixed_us,
-            "stages": [s.to_dict() for s in preds], "system": p.name}
+            "stages": [s.to_dict() for s in preds], "system": p.name, **out}
 
 
 # --------------------------------------------------------------------------- grouped GEMMs of the rack model
@@ -1333,7 +1403,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
                       num_warps: int = 4, dtype: str = "bf16", calls_per_graph: int = 1,
-                      overrides: dict | None = None, weight_loads: str = "pointer") -> dict:
+                      overrides: dict | None = None, weight_loads: str = "pointer", calls_before: float = 0.0) -> dict:
     """The persistent megakernel's time for a task plan (``reference.tiles.TaskPlan`` or its
     ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
 
@@ -1345,11 +1415,25 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
     tasks (and handoffs) that ends last, so its terms sum to the makespan. ``weight_loads``: how
     the GEMM tasks load their weights, "pointer" or "tma" (MEGAKERNEL_LOADS: the tile-loop tables
-    read).
+    read). ``calls_before``: calls run back to back before the timed replay (read only by
+    USE_SUSTAINED_CLOCKS, ``busy_window_s``: the tasks' compute times divided by ``sustained_ratio``
+    over the window of the makespan as calibrated, then scheduled again; "sustained_ratio" in the result).
     """
     p = resolve_profile(profile, overrides)
-    km = _km(p)
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads)
+    out = _schedule_tasks(c, p, calls_per_graph)
+    ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before)
+    if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
+        if ratio < 1:
+            out = _schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph)
+        out["sustained_ratio"] = ratio
+    return out
+
+
+def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
+    """``predict_task_plan``'s result from the task costs ``c`` (``task_costs``): list scheduling in
+    ticket order on the resident programs."""
+    km = _km(p)
     a = c["arrays"]
     kind, kinds = c["kind"], c["kinds"]
     n = kind.size

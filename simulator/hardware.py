@@ -587,6 +587,11 @@ _KM_TABLES = {
     # BLOCK_E, K, groups, tokens and top-k way (kernels/microbench_route.py; optional): the multi-launch router's selection
     # where a key matches, else topk_passes x serial_reduce_step_s
     "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC")),
+    # a dense bf16 GEMM's (cuBLAS) average rate over busy_s seconds of back-to-back matmuls started
+    # from idle clocks, as a fraction (at most 1) of its short-launch rate (calibrate step sustained;
+    # optional): the SM clock falls under sustained MMA (H200 run AT: 705 TFLOP/s over 300 ms against
+    # 797 over 22 ms). Read only behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``)
+    "sustained_mma": ("fraction", ("busy_s",)),
 }
 
 
@@ -635,6 +640,8 @@ class KernelModel:
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
     read behind cost.USE_GEMM_REUSE_TABLE (``gemm_reuse_table``).
+    sustained_mma: ((busy seconds, average rate / short-launch rate), ...) by busy seconds
+    (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
     """
 
     hbm_programs: tuple
@@ -683,6 +690,7 @@ class KernelModel:
     hbm_deep_groups: tuple = ()
     hbm_deep_bytes: tuple = ()
     hbm_deep_rate: tuple = ()
+    sustained_mma: tuple = ()
 
     def gemm_reuse_table(self, loads: str) -> tuple:
         """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
@@ -754,6 +762,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "serial_chain_step": [],
         "route_select": [],
         "hbm_deep_read": [],
+        "sustained_mma": [],
         **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
@@ -765,6 +774,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    serial_load_step="none: serial_load_step_s", serial_reduce_step="none: serial_reduce_step_s",
                    serial_chain_step="none", route_select="none: topk_passes x serial_reduce_step_s",
                    hbm_deep_read="none: launches read hbm_read",
+                   sustained_mma="none: MMA rates as calibrated (short launches) at any busy duration",
                    **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
@@ -795,6 +805,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                        route_select=tuple(sorted(tables["route_select"])),
                        hbm_deep_programs=deep[0], hbm_deep_depths=deep[1], hbm_deep_groups=deep[2],
                        hbm_deep_bytes=deep[3], hbm_deep_rate=deep[4],
+                       sustained_mma=_sustained(tables["sustained_mma"]),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))
@@ -840,6 +851,19 @@ def _by_programs(key: str, pts: list) -> tuple:
     out = tuple(sorted(pts))
     if len({p[0] for p in out}) != len(out):
         raise ProfileError(f"kernel_model.{key}.points name a program count twice: {[p[0] for p in out]}")
+    return out
+
+
+def _sustained(pts: list) -> tuple:
+    """((busy seconds, ratio), ...) of kernel_model.sustained_mma by busy seconds, () for none: each
+    busy duration once, every ratio at most 1 (a fraction of the short-launch rate)."""
+    out = tuple(sorted(pts))
+    if len({p[0] for p in out}) != len(out):
+        raise ProfileError(f"kernel_model.sustained_mma.points name a busy duration twice: {[p[0] for p in out]}")
+    for busy, ratio in out:
+        if ratio > 1:
+            raise ProfileError(f"kernel_model.sustained_mma: the ratio at {busy:g} s must be at most 1 (a fraction "
+                               f"of the short-launch rate), got {ratio:g}")
     return out
 
 

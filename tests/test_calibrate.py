@@ -130,7 +130,26 @@ def _fake_measurements(S=132):
         "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],
                             "reduce": [[n, 3e-8 * (1 + n / 256)] for n in (1, 16, 64, S)],
                             "chain": [[n, 9e-8 * (1 + n / 64)] for n in (1, 16, 64, S)]},
+        "sustained": _fake_sustained(),
     }
+
+
+#: the fake sustained GPU: 1.1e12 flop a matmul at 800 TFLOP/s for the first 30 ms of work, at 680
+#: after, and 30 us of fixed cost per replay
+SUSTAINED_FLOPS = 2.0 * 8192 ** 3
+
+
+def _sustained_seconds(n):
+    t_full = SUSTAINED_FLOPS / 800e12
+    fast = min(n, 0.03 // t_full)
+    return 30e-6 + fast * t_full + (n - fast) * SUSTAINED_FLOPS / 680e12
+
+
+def _fake_sustained():
+    from megamoe.calibrate import sustained_fit
+
+    return sustained_fit(SUSTAINED_FLOPS, [[n, _sustained_seconds(n), 1980] for n in (4, 15, 44, 109, 218)],
+                         recheck=[4, _sustained_seconds(4), 1980])
 
 
 def test_calibrated_profile_loads_and_drives_the_cost_model(tmp_path):
@@ -731,3 +750,90 @@ def test_hbm_deep_table_travels_to_the_profile_and_the_loader_checks_its_grid(tm
     assert "hbm_deep_read" not in prof["kernel_model"] and "hbm_deep" in prof["calibration"]["not_measured"]
     assert validate(prof).kernel.hbm_deep_rate == ()
     assert "HBM deep read" not in summary(m, prof)
+
+
+def test_sustained_step_times_each_graph_once_after_a_pause(monkeypatch):
+    """measure_sustained with the GPU replaced (a graph of N matmuls: 30 us + N matmuls at 800
+    TFLOP/s for 30 ms, 680 after): graphs sized from the per-matmul time for 5, 20, 60, 150, 300 ms
+    (quick: 20, 60, 300), shortest first, each replayed once after SUSTAINED_PAUSE_S idle, the full
+    form's shortest once more; its points are each graph's average rate / the best, its marginal
+    rates the extra matmuls' between two graphs."""
+    from megamoe import calibrate
+
+    per = SUSTAINED_FLOPS / 800e12  # 1.374 ms
+    replays = []
+
+    class Graph:
+        def __init__(self, count):
+            self.count = count
+
+        def replay(self):
+            replays.append(self.count)
+
+    def idle(replay, pause_s):
+        replay()
+        replays[-1] = (replays[-1], pause_s)
+        return _sustained_seconds(replays[-1][0])
+
+    with monkeypatch.context() as mp:
+        mp.setattr(calibrate, "graph_seconds", lambda fn, **kw: per)
+        mp.setattr(calibrate, "matmul_graph", lambda a, b, c, count: Graph(count))
+        mp.setattr(calibrate, "idle_replay_seconds", idle)
+        mp.setattr(calibrate, "sm_clock_mhz", lambda: 1515)
+        for name in ("randn", "empty"):
+            mp.setattr(torch, name, lambda *a, **kw: torch.zeros(1))
+        full = calibrate.measure_sustained(5)
+        n_full = list(replays)
+        replays.clear()
+        quick = calibrate.measure_sustained(5, quick=True)
+    counts = [4, 15, 44, 109, 218]  # round(busy / 1.374 ms)
+    assert n_full == [(n, calibrate.SUSTAINED_PAUSE_S) for n in counts + [4]]
+    assert replays == [(n, calibrate.SUSTAINED_PAUSE_S) for n in (15, 44, 218)]
+    assert [r[0] for r in full["rates"]] == counts and [r[0] for r in quick["rates"]] == [15, 44, 218]
+    best = max(n * SUSTAINED_FLOPS / _sustained_seconds(n) for n in counts)
+    assert full["reference_flops_per_s"] == pytest.approx(best)
+    for (n, t, r), (busy, ratio) in zip(full["rates"], full["points"]):
+        assert t == busy == _sustained_seconds(n) and ratio == pytest.approx(r / best) and ratio <= 1
+    assert full["points"][1][1] == 1.0 and full["points"][-1][1] < 0.9  # 15 matmuls (20.6 ms) all fast
+    assert full["marginal"][-1][2] == pytest.approx(680e12)  # 109 -> 218 matmuls: all past 30 ms
+    assert full["recovery"] == 1.0 and "recovery" not in quick
+    assert full["sm_clock_mhz_after"] == [1515] * 5 and full["size"] == 8192 and full["per_matmul_s"] == per
+
+
+def test_sustained_table_travels_to_the_profile_and_the_loader_checks_it(tmp_path):
+    """microbench.json's sustained points -> kernel_model.sustained_mma (fraction over busy_s, the
+    calibrate source) -> the kernel model's table, which cost.sustained_ratio reads at its points;
+    the summary names it; a ratio above 1 or a busy duration twice is refused; not measured: no
+    table, and the ratio is 1."""
+    from megamoe.calibrate import build_profile, summary
+    from megamoe.simulator.cost import sustained_ratio
+    from megamoe.simulator.hardware import ProfileError, validate
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    t = prof["kernel_model"]["sustained_mma"]
+    assert t["over"] == ["busy_s"] and t["unit"] == "fraction" and "cuBLAS 8192^3" in t["note"]
+    assert t["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    p = load_profile(str(path))
+    assert p.kernel.sustained_mma == tuple(tuple(q) for q in m["sustained"]["points"])
+    for busy, ratio in m["sustained"]["points"]:  # the average from idle over a point's seconds: the point
+        assert sustained_ratio(p, busy) == pytest.approx(ratio)
+    assert sustained_ratio(p, 0.6, 1.0) == pytest.approx(m["sustained"]["marginal"][-1][2]
+                                                         / m["sustained"]["reference_flops_per_s"])  # the last part's
+    text = summary(m, prof)
+    assert "dense bf16 GEMM from idle, 347 ms" in text and "x0.864, last 176 ms 680.0" in text and "shortest graph again" in text
+    bad = json.loads(json.dumps(prof))
+    bad["kernel_model"]["sustained_mma"]["points"][0][1] = 1.02
+    with pytest.raises(ProfileError, match="must be at most 1"):
+        validate(bad)
+    bad["kernel_model"]["sustained_mma"]["points"][0] = list(bad["kernel_model"]["sustained_mma"]["points"][1])
+    with pytest.raises(ProfileError, match="busy duration twice"):
+        validate(bad)
+    m.pop("sustained")
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    assert "sustained_mma" not in prof["kernel_model"] and "sustained" in prof["calibration"]["not_measured"]
+    assert validate(prof).kernel.sustained_mma == () and sustained_ratio(validate(prof), 0.3, 1.0) == 1.0
+    assert "from idle" not in summary(m, prof)

@@ -2,7 +2,7 @@
 (cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES,
 USE_GEMM_REUSE_TABLE), the tasks' streaming intake (USE_TASK_STREAM_INTAKE), the launches' shared
 memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS), the deep readers' HBM
-table (USE_DEEP_READ_TABLE):
+table (USE_DEEP_READ_TABLE), the sustained-clock ratio of the MMA terms (USE_SUSTAINED_CLOCKS):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
@@ -54,8 +54,14 @@ def _profile(tables: bool = True):
         km["serial_load_step"] = _table("s", ["programs"], [[P, float(_load_step(P))] for P in (1, 16, 128)])
         km["serial_reduce_step"] = _table("s", ["programs"], [[P, float(_reduce_step(P))] for P in (1, 16, 128)])
         km["hbm_deep_read"] = _deep_table()
+        km["sustained_mma"] = _table("fraction", ["busy_s"], [list(p) for p in SUSTAINED_POINTS])
     d["kernel_model"] = km
     return validate(d)
+
+
+#: the sustained-clock table (busy seconds, average ratio from idle): work done W(t) = t x ratio is
+#: 0.01, 0.09, 0.24 at 10, 100, 300 ms, so the marginal ratio is 1 up to 10 ms, 8/9 to 100 ms, 0.75 after
+SUSTAINED_POINTS = ((0.01, 1.0), (0.1, 0.9), (0.3, 0.8))
 
 
 #: the deep readers' table: a product of linear functions of log2 programs, depth, group and bytes
@@ -92,7 +98,7 @@ def _router_stage():
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
             "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS",
-            "USE_DEEP_READ_TABLE")
+            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
 #: the shared-memory and weight-stream switches read the stage and the profile's HBM grid)
@@ -113,7 +119,7 @@ def test_switch_defaults():
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
-                        "USE_DEEP_READ_TABLE": False}
+                        "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -303,7 +309,7 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
     d = base.to_dict()
     extra = _profile().data["kernel_model"]
     d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step",
-                                                     "hbm_deep_read")})
+                                                     "hbm_deep_read", "sustained_mma")})
     with_tables = validate(d)
     assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
     for name in TABLE_SWITCHES:
@@ -651,3 +657,137 @@ def test_deep_switch_prices_weight_streams_at_the_tables_sharing_group(monkeypat
     st = cost.predict_stage(shared, p)
     read = cost.launch_read_s(p, cost.dram_bytes(shared), 264, 132, depth=depth)
     assert st.memory_term == "hbm" and st.memory_us == pytest.approx(max(read, want) * 1e6)
+
+
+# --------------------------------------------------------------------------- sustained clocks
+def test_sustained_ratio_reads_as_documented():
+    """The mean ratio over a busy window: the work of the table's piecewise-linear W(t) over the
+    window's seconds; past the last point at the last segment's slope; 1 without the table."""
+    p = _profile()
+    r = cost.sustained_ratio
+    assert r(p, 0.005) == 1.0 and r(p, 0.01) == pytest.approx(1.0)  # the short regime
+    assert r(p, 0.1) == pytest.approx(0.9) and r(p, 0.3) == pytest.approx(0.8)  # the points: averages from idle
+    assert r(p, 0.02) == pytest.approx((0.01 + 0.01 * 8 / 9) / 0.02)
+    assert r(p, 0.2, 0.1) == pytest.approx(0.75) and r(p, 0.05, 2.0) == pytest.approx(0.75)  # the last part, and past it
+    assert r(p, 0.2, 0.2) == pytest.approx(0.75)  # half inside, half past the table: one slope
+    ratios = [r(p, 0.02, before) for before in (0.0, 0.01, 0.05, 0.09, 0.2, 1.0)]
+    assert all(a >= b - 1e-12 for a, b in zip(ratios, ratios[1:])) and ratios[0] > ratios[-1]  # later: no faster
+    assert r(p, 0.0, 1.0) == 1.0 and r(_profile(tables=False), 0.3, 1.0) == 1.0
+    assert cost.busy_window_s(2e-3) == (0.0, 2e-3)  # a single call from idle
+    assert cost.busy_window_s(2e-3, 4, 14) == pytest.approx((0.028, 0.008))
+
+
+def _compute_bound_stage():
+    """A prefill-sized GEMM launch: one expert of 4096 rows (32 row blocks) x 4096 columns (16 N tiles of
+    256), 7168 deep, 8 warps, GROUP_M 8: its tiles re-read from L2, MMA-bound."""
+    ob = {"a": 128 * 7168 * 2.0, "b": 256 * 7168 * 2.0, "out": 128 * 256 * 2.0}
+    return dict(name="gemm2", kernel="_k", active_programs=512,
+                tile=dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, GROUP_M=8), bytes_per_tile=sum(ob.values()),
+                flops_per_tile=2.0 * 128 * 256 * 7168, operand_bytes_per_tile=ob, row_blocks_per_expert=(32,),
+                tiles_per_expert=(512,))
+
+
+def test_sustained_switch_scales_only_the_mma_terms(monkeypatch):
+    """On, with the table: each stage's compute term divided by the busy window's ratio, nothing
+    else; a memory-bound stage keeps its time; the window starts later with more calls before it,
+    so the same plan predicts slower (not faster) as they grow; off, or no table: as before."""
+    p, q = _profile(), _profile(tables=False)
+    stages = [_compute_bound_stage(), _gemm_stage(), _router_stage()]
+    off = cost.predict_launch_plan(stages, p, calls_per_graph=4, calls_before=30)
+    call_s = off["time_us"] * 1e-6
+    assert "sustained_ratio" not in off
+    assert cost.predict_launch_plan(stages, p, calls_per_graph=4) == off  # calls_before alone changes nothing
+    off_q = cost.predict_launch_plan(stages, q, calls_per_graph=4, calls_before=30)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    assert cost.predict_launch_plan(stages, q, calls_per_graph=4, calls_before=30) == off_q  # no table
+    on = cost.predict_launch_plan(stages, p, calls_per_graph=4, calls_before=30)
+    before_s, busy_s = cost.busy_window_s(call_s, 4, 30)
+    ratio = cost.sustained_ratio(p, busy_s, before_s)
+    assert on["sustained_ratio"] == ratio < 1 and on["fixed_us"] == off["fixed_us"]
+    for a, b in zip(off["stages"], on["stages"]):
+        assert b["compute_us"] == pytest.approx(a["compute_us"] / ratio)
+        for k in ("memory_us", "serial_us", "launch_us", "overhead_us", "waves", "memory_term"):
+            assert a[k] == b[k], k
+    gemm, small, router = zip(off["stages"], on["stages"])
+    assert gemm[0]["bound"] == "compute" and gemm[1]["time_us"] > gemm[0]["time_us"]
+    assert small[0]["bound"] == "memory" and small[0]["compute_us"] / ratio < small[0]["memory_us"]
+    assert small[1]["time_us"] == small[0]["time_us"] and router[1] == router[0]  # memory- and serial-bound: kept
+    times = [cost.predict_launch_plan(stages, p, calls_per_graph=4, calls_before=n)["time_us"] for n in (0, 2, 10, 30, 300)]
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+def test_sustained_switch_scales_only_the_tasks_compute(monkeypatch):
+    """A task plan under the switch: its tasks' compute times divided by the ratio of the makespan's
+    busy window, scheduled again; memory and serial terms as before."""
+    p = _profile()
+    plan = _task_plan()
+    off = cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    on = cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
+    before_s, busy_s = cost.busy_window_s(off["time_us"] * 1e-6, 8, 3000)
+    ratio = cost.sustained_ratio(p, busy_s, before_s)
+    assert on["sustained_ratio"] == ratio < 1
+    c = cost.task_costs(plan, p, num_programs=264)
+    want = cost._schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, 8)
+    assert {k: v for k, v in on.items() if k != "sustained_ratio"} == want
+    assert on["time_us"] >= off["time_us"] and on["dram_bytes"] == off["dram_bytes"]
+    assert cost.predict_task_plan(plan, p, num_programs=264) != off  # a shorter window: a smaller change
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
+    assert cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000) == off
+
+
+RUN46 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run46"
+#: run AT's bench_sustained figures merged into run 46's profile (benchmarks/sustained_profile.py)
+RUN46_SUSTAINED = RUN46.parent / "repredict_sustained_2026-12-02_run46" / "profile.json"
+
+
+@pytest.mark.skipif(not RUN46_SUSTAINED.exists(), reason="stored run 46 not in this checkout")
+def test_sustained_switch_on_stored_rows_of_run46(monkeypatch):
+    """Run 46's rows with run AT's bench table: off, as with run 46's own profile (no table); on,
+    DeepSeek-V3's prefill rows (graphs of 8-24 ms calls after warm-up and earlier replays) predict
+    slower, T = 16384 more than T = 512's short calls, whose ratio is nearer 1; decode untouched."""
+    from megamoe.repredict import repredict_rows
+
+    pick = {("deepseek-v3", T, "uniform", b) for T in (1, 512, 4096, 16384) for b in ("multi", "megakernel")}
+    rows = [json.loads(line) for line in (RUN46 / "validation_2026-12-02.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("phase") == "measurement" and (r["preset"], r["T"], r["routing"], r["backend"]) in pick]
+    assert len(rows) == len(pick)
+    base, table = load_profile(str(RUN46 / "profile.json")), load_profile(str(RUN46_SUSTAINED))
+    want = _repredicted(rows, base)
+    assert _repredicted(rows, table) == want  # off: the table is not read
+    off, _ = repredict_rows(rows, base)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    assert _repredicted(rows, base) == want  # on, no table
+    out, _ = repredict_rows(rows, table)
+    by = {(r["T"], r["backend"]): r for r in out}
+    was = {(r["T"], r["backend"]): r for r in off}
+    for b in ("multi", "megakernel"):
+        assert by[(1, b)]["predicted_us"] == pytest.approx(was[(1, b)]["predicted_us"], rel=1e-9)
+        assert by[(16384, b)]["predicted_us"] > was[(16384, b)]["predicted_us"] * 1.05
+        assert by[(16384, b)]["predicted_sustained_ratio"] <= by[(512, b)]["predicted_sustained_ratio"] < 1
+
+
+def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(monkeypatch):
+    """graph_time_us runs 2 eager calls, one untimed replay and the timed ones back to back; its
+    median replay of 5 is the third: 2 + NI x 3 calls before it (NI = 8: 26); predict_config with
+    the row's reps reads the ratio of that window, without reps the timed graph's from idle."""
+    from megamoe.kernels.bench import WARMUP_CALLS, calls_before_timed_replay
+    from megamoe.reference import MoEConfig
+    from megamoe.scale import predict_config
+
+    assert WARMUP_CALLS == 2
+    assert calls_before_timed_replay(8, 5) == 26 and calls_before_timed_replay(2, 5) == 8
+    assert calls_before_timed_replay(4, 4) == 2 + 4 * 2.5 and calls_before_timed_replay(1, 1) == 2
+    p = _profile()
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    counts = np.full(cfg.num_experts, 4096 * cfg.top_k // cfg.num_experts)
+    kw = dict(device_name="NVIDIA H200", calls_per_graph=4, triton_version="3.6.0")
+    off = predict_config(cfg, counts, 4096, "multi", p, reps=5, **kw)
+    assert off == predict_config(cfg, counts, 4096, "multi", p, **kw) and "predicted_sustained_ratio" not in off
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    on = predict_config(cfg, counts, 4096, "multi", p, reps=5, **kw)
+    idle = predict_config(cfg, counts, 4096, "multi", p, **kw)
+    call_s = off["predicted_us"] * 1e-6
+    assert on["predicted_sustained_ratio"] == pytest.approx(cost.sustained_ratio(p, 4 * call_s, 14 * call_s))
+    assert idle["predicted_sustained_ratio"] == pytest.approx(cost.sustained_ratio(p, 4 * call_s))
+    assert on["predicted_us"] >= idle["predicted_us"] >= off["predicted_us"]
