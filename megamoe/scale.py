@@ -600,7 +600,10 @@ def run_scale(args, layer: CudaLayer | None = None) -> int:
         """The report from every row in ``out`` (this run's and earlier ones'), and the summary."""
         measured, failed = load_outcomes(out)
         summary = run_summary(state, budget, measured, failed, profiles, out)
-        write_report(measured, out, notes=[*notes, *summary["notes"]], failures=failed, run=summary)
+        sw = getattr(args, "cost_switches", None) or {}
+        sw_note = (("cost switches set for this run's predictions: " + ", ".join(
+            f"{k}={'on' if v else 'off'}" for k, v in sw.items()),) if sw else ())
+        write_report(measured, out, notes=[*notes, *sw_note, *summary["notes"]], failures=failed, run=summary)
         for line in summary["lines"]:
             print(line, flush=True)
         return summary
@@ -700,6 +703,8 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
                        max_over_mean_load=float(counts.max() / max(counts.mean(), 1e-9)))
             row.update(predict_all(cfg, counts, c.T, c.backend, profiles, device_name=dev_name,
                                    calls=group["ni"], reps=reps))
+            if getattr(args, "cost_switches", None):
+                row["cost_switches"] = dict(args.cost_switches)
             writer.write({**row, "phase": "prediction"})  # before anything is timed
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):

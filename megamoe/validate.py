@@ -277,7 +277,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "offline, from the counts the rows carry; the report says so (megamoe/repredict.py)")
     parser.add_argument("--switch", action="append", default=[], metavar="USE_NAME=on|off",
                         help="with --repredict: set a cost-model switch (simulator/cost.py USE_*) for this "
-                             "re-prediction; repeatable; the report's note lists them")
+                             "re-prediction; in the GPU run (or --scale): for its predictions, made before each "
+                             "measurement (rows carry cost_switches); repeatable; the report's note lists them")
     parser.add_argument("--counts-from", metavar="DIR_OR_JSONL", default=None,
                         help="with --repredict: rows without counts (rebuilt from a log) take the counts and "
                              "calls_per_graph of the same configuration in these stored rows (a run of the same "
@@ -408,8 +409,8 @@ def run(args: argparse.Namespace) -> int:
     if args.counts_from and not Path(args.counts_from).exists():
         print(f"megamoe validate: --counts-from {args.counts_from!r} does not exist", file=sys.stderr)
         return 2
-    if getattr(args, "switch", None) and not args.repredict:
-        print("megamoe validate: --switch needs --repredict PROFILE", file=sys.stderr)
+    if getattr(args, "switch", None) and not (args.repredict or _has_cuda() or args.scale):
+        print("megamoe validate: --switch needs --repredict PROFILE or the GPU run (or --scale)", file=sys.stderr)
         return 2
     if args.repredict and not args.report:
         print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
@@ -469,7 +470,15 @@ def run(args: argparse.Namespace) -> int:
         from .scale import run_scale
 
         args.out = args.out or "validate-out"
-        return run_scale(args)
+        from .repredict import parse_switches, switches
+
+        try:
+            args.cost_switches = parse_switches(getattr(args, "switch", None))
+        except ValueError as e:
+            print(f"megamoe validate: {e}", file=sys.stderr)
+            return 2
+        with switches(args.cost_switches):  # the predictions, made before each measurement, with these switches
+            return run_scale(args)
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in PRESETS]

@@ -328,3 +328,32 @@ def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path)
     out2 = tmp_path / "v2"
     assert run_scale(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
     assert not any("measured_stages_us" in r for r in _rows(out2))
+
+
+def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path):
+    """``--switch`` in the GPU run: the predictions, made before each measurement, are made with the switch
+    set, the prediction rows carry ``cost_switches`` and the report's note names them; the switch is restored
+    afterwards."""
+    from megamoe.repredict import switches
+    from megamoe.simulator import cost
+
+    out = tmp_path / "v"
+    settings = {"USE_SHARED_MEMORY_OCCUPANCY": True}
+    args = _args(out, models="qwen3-30b-a3b", tokens="8", routings="uniform", backends="multi")
+    args.cost_switches = settings
+    before = cost.USE_SHARED_MEMORY_OCCUPANCY
+    with switches(settings):
+        assert run_scale(args, layer=FakeLayer()) == 0
+    assert cost.USE_SHARED_MEMORY_OCCUPANCY == before
+    rows = _rows(out)
+    assert rows and all(r["cost_switches"] == settings for r in rows if r["phase"] == "prediction")
+    assert "USE_SHARED_MEMORY_OCCUPANCY=on" in (out / "report.md").read_text()
+
+
+def test_switch_without_a_run_that_predicts_is_refused(capsys, monkeypatch):
+    from megamoe import validate
+    from megamoe.cli import main
+
+    monkeypatch.setattr(validate, "_has_cuda", lambda: False)
+    assert main(["validate", "--switch", "USE_SUSTAINED_CLOCKS=on", "--models", "qwen3-30b-a3b", "--tokens", "1"]) == 2
+    assert "--switch needs --repredict PROFILE or the GPU run" in capsys.readouterr().err
