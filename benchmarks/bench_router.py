@@ -28,15 +28,11 @@ import sys
 from pathlib import Path
 
 
-def OLD_WARPS(E: int) -> int:
-    """The routing program's warps before configs.router_warps."""
-    return 4 if max(16, 1 << (E - 1).bit_length()) <= 128 else 8
-
-
 def run_case(name: str, T: int, reps: int) -> dict:
     import torch
 
     from megamoe.kernels import bench as kb
+    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe_forward
     from megamoe.kernels.align import launch_align
     from megamoe.kernels.moe import align_buffers, static_plan_for
@@ -55,9 +51,11 @@ def run_case(name: str, T: int, reps: int) -> dict:
                 "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True),
                 # what the layer runs (moe.py's static plan): the decode split below ROUTER_PREFILL_BLOCKS blocks
                 "default": sp.router,
-                # the default's launches with the routing program's selection before session 12: 4 warps up to 128
-                # experts, else 8, and K maxima (configs.router_warps / router_bitonic now)
-                "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, warps=OLD_WARPS(E), bitonic=False)}
+                # the default's launches with the routing program's selection before session 12: the warps a
+                # walking program keeps (4 up to 128 experts, else 8) and K maxima (configs.router_warps /
+                # router_bitonic now)
+                "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, bitonic=False,
+                                        warps=cfgs.router_warps(0, sp.router["BLOCK_E"], walks=True))}
     row = {"preset": name, "T": T, "reps": reps,
            "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")}}
     picks = {}

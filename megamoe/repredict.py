@@ -36,6 +36,13 @@ def parse_switches(specs) -> dict[str, bool]:
     return out
 
 
+def switch_note(settings: dict[str, bool], what: str) -> tuple[str, ...]:
+    """The report note naming the switches ``settings`` set for ``what`` (none: no note)."""
+    if not settings:
+        return ()
+    return (f"cost switches set for {what}: " + ", ".join(f"{k}={'on' if v else 'off'}" for k, v in settings.items()),)
+
+
 @contextmanager
 def switches(settings: dict[str, bool]):
     """Set simulator/cost.py's switches to ``settings`` (parse_switches) inside the block, restore after."""

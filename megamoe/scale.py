@@ -600,9 +600,9 @@ def run_scale(args, layer: CudaLayer | None = None) -> int:
         """The report from every row in ``out`` (this run's and earlier ones'), and the summary."""
         measured, failed = load_outcomes(out)
         summary = run_summary(state, budget, measured, failed, profiles, out)
-        sw = getattr(args, "cost_switches", None) or {}
-        sw_note = (("cost switches set for this run's predictions: " + ", ".join(
-            f"{k}={'on' if v else 'off'}" for k, v in sw.items()),) if sw else ())
+        from .repredict import switch_note
+
+        sw_note = switch_note(getattr(args, "cost_switches", None) or {}, "this run's predictions")
         write_report(measured, out, notes=[*notes, *sw_note, *summary["notes"]], failures=failed, run=summary)
         for line in summary["lines"]:
             print(line, flush=True)

@@ -429,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
         if args.repredict:
             from megamoe.simulator.hardware import load_profile
 
-            from .repredict import parse_switches, repredict_rows, switches
+            from .repredict import parse_switches, repredict_rows, switch_note, switches
 
             try:
                 settings = parse_switches(getattr(args, "switch", None))
@@ -450,9 +450,8 @@ def run(args: argparse.Namespace) -> int:
             notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
                      f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
                      "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
-                                           "configurations' routings)",) if borrowed else ()) + (
-                ("cost switches set for this re-prediction: " + ", ".join(
-                    f"{k}={'on' if v else 'off'}" for k, v in settings.items()),) if settings else ())
+                                           "configurations' routings)",) if borrowed else ()) + \
+                switch_note(settings, "this re-prediction")
         write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:
