@@ -362,6 +362,16 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: 
             cfgs.megakernel_weight_loads(mk))
 
 
+def megakernel_read_depth(mk: dict) -> int:
+    """Bytes of operand tiles one megakernel program keeps in flight: its GEMM 1 tasks' pipeline
+    buffers (``kernels.plan.gemm_shared_bytes`` of the gemm1 tile at the config's num_stages, bf16
+    rows, gate and up weight tiles), which the cost model's USE_L2_READ_DEPTH reads."""
+    from megamoe.kernels.plan import gemm_shared_bytes
+
+    g1 = mk["tiles"]["gemm1"]
+    return gemm_shared_bytes({**g1, "num_stages": int(mk.get("num_stages", 1))}, 2, 2, 2)
+
+
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
                    triton_version: str | None = None, reps: int | None = None) -> dict:
     """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
@@ -393,9 +403,14 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
-    tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile)
+    from megamoe.kernels import configs as cfgs
+
+    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
+                                interpret=device_name == "cpu-interpreter")
+    tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile, mk=mk)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
-                             calls_before=before)
+                             calls_before=before, read_depth=megakernel_read_depth(mk))
     if "sustained_ratio" in pred:
         sustained["predicted_sustained_ratio"] = pred["sustained_ratio"]
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}

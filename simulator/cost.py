@@ -93,6 +93,14 @@ profile without it predicts as with the switch off):
                             programs in flight (capped by the SM's shared memory) and depth
                             (``deep_read_rate``, ``launch_read_s``); with USE_WEIGHT_STREAMS, its
                             distinct weight streams at the table's sharing group
+    USE_L2_READ_DEPTH       a launch's or task's L2 reads (its L2-hit bytes and the SMs' intake) by the
+                            bytes its programs keep in flight: programs deeper than the l2_shared step's
+                            reader (L2_SHARED_READER_DEPTH_BYTES) read the shared-read table at the
+                            readers they are worth, in_flight x depth / the reader's depth
+                            (``l2_readers``: Little's law, the table's programs axis is bytes in flight),
+                            clamped at its edge; the intake's per-SM rate at least l2_bandwidth / S
+                            (``l2_intake_rate``). Depth: a launch's ``shared_bytes``, the megakernel's
+                            ``read_depth`` (its GEMM tasks' pipeline buffers)
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -510,6 +518,46 @@ def l2_hit_rate(profile: Profile, programs, group):
     return km.l2_bandwidth_bytes_per_s
 
 
+#: bytes of weight tiles one program of the l2_shared step's reader keeps in flight
+#: (kernels/microbench_shared.l2_shared_read as megamoe.calibrate.measure_l2_shared runs it: 64 x 128
+#: bf16 tiles, 4 stages, 16-row mma.sync tiles, so num_stages - 1 = 3 buffers of 16 KiB, as
+#: kernels/plan.gemm_shared_bytes counts a program's buffers; tests/test_cost_switches.py ties the two)
+L2_SHARED_READER_DEPTH_BYTES = 48 << 10
+#: whether a launch's or a megakernel task's L2 reads price by the bytes their programs keep in flight
+#: (``l2_readers``). The shared-read table (and l2_bandwidth_bytes_per_s, 2S programs of the same
+#: 48 KiB reader) measure 4-warp readers of 48 KiB: 6.3 TB/s at one per SM, 8.4 at two (H200 runs
+#: AH-AT: linear in programs up to S, about 48 GB/s a program, i.e. latency-bound, ~1 us for 48 KiB).
+#: The GEMMs of 8 warps keep 144-200 KiB in flight at one program per SM (DeepSeek-V3 T = 512 GEMM 1:
+#: 147,456 bytes of buffers; the decode / prefill megakernel 160-200 KiB) and moved ~9 TB/s through L2
+#: (run AT: multi GEMM 1 8.87 GB in 1,008 us; the megakernel ~9.3 GB in ~1,050 us), where the model
+#: read 6.3 (hits) and 7.8 (the SMs' intake). Off until a GPU run holds it out.
+USE_L2_READ_DEPTH = False
+
+
+def l2_readers(in_flight, depth) -> float:
+    """The shared-read table's programs that ``in_flight`` programs each keeping ``depth`` bytes of
+    operand tiles in flight are worth: in_flight x depth / L2_SHARED_READER_DEPTH_BYTES where
+    ``USE_L2_READ_DEPTH`` is on and depth is above the reader's; else in_flight (as without it)."""
+    n = max(1.0, float(in_flight))
+    d = float(depth or 0.0)
+    if not (USE_L2_READ_DEPTH and d > L2_SHARED_READER_DEPTH_BYTES):
+        return n
+    return n * d / L2_SHARED_READER_DEPTH_BYTES
+
+
+def l2_intake_rate(profile: Profile, in_flight, depth) -> float:
+    """Aggregate bytes/s the SMs take in from L2 (``sm_ingest_s``'s per-SM rate x S): l2_bandwidth_bytes_per_s,
+    and where ``USE_L2_READ_DEPTH`` on deeper programs than the reader's (``l2_readers``) and the
+    profile has the shared-read table, at least the table's rate at those readers and group 1."""
+    km = _km(profile)
+    base = km.l2_bandwidth_bytes_per_s
+    n = float(in_flight)
+    eq = l2_readers(n, depth)
+    if eq == max(1.0, n) or not km.l2_shared_rate:
+        return base
+    return max(base, float(l2_shared_rate(profile, eq, 1)))
+
+
 def serial_step_s(profile: Profile, kind: str, programs=1):
     """Seconds of one serial step of ``kind`` "load" (the router's load + dot step) or "reduce"
     (a dependent row reduction) with ``programs`` programs running such chains at once: the
@@ -822,7 +870,7 @@ def waves_s(programs, program_s, slots: int) -> float:
     return max(math.ceil(total / max(slots, 1)) * mean, float(t[n > 0].max()))
 
 
-def sm_ingest_s(programs: int, bytes_per_program: float, profile: Profile) -> float:
+def sm_ingest_s(programs: int, bytes_per_program: float, profile: Profile, rate: float | None = None) -> float:
     """The time the SMs take to take in ``programs`` programs' operands, each reading
     ``bytes_per_program``: every byte a program loads reaches its SM through L2, and an SM takes in
     at most its share of the L2 rate (kernel_model.l2_bandwidth_bytes_per_s / SMs), whether the
@@ -830,11 +878,12 @@ def sm_ingest_s(programs: int, bytes_per_program: float, profile: Profile) -> fl
     ceil(programs / SMs) programs' bytes each (``waves_s`` over the SMs). It binds where a launch
     has few waves of large tiles: the aggregate rates see the bytes, not how unevenly the SMs get
     them (H200 runs U and W, the multi-launch path at T = 64 with every token on the same experts:
-    Qwen3-30B-A3B's 192 GEMM 1 tiles of 1.06 MB on 132 SMs, two on most SMs). 0 without an L2 rate."""
+    Qwen3-30B-A3B's 192 GEMM 1 tiles of 1.06 MB on 132 SMs, two on most SMs). 0 without an L2 rate.
+    ``rate``: the aggregate L2 rate the SMs share (default l2_bandwidth_bytes_per_s; ``l2_intake_rate``)."""
     km = _km(profile)
     if km.l2_bandwidth_bytes_per_s <= 0 or programs <= 0 or bytes_per_program <= 0:
         return 0.0
-    per_sm = km.l2_bandwidth_bytes_per_s / profile.num_sms
+    per_sm = (km.l2_bandwidth_bytes_per_s if rate is None else rate) / profile.num_sms
     return waves_s(programs, bytes_per_program / per_sm, profile.num_sms)
 
 
@@ -920,6 +969,7 @@ def stage_l2_hit_s(stage: dict, hit_bytes: float, in_flight: int, profile: Profi
     if not (USE_L2_SHARED_READ and km.l2_shared_rate):
         return hit_bytes / km.l2_bandwidth_bytes_per_s if km.l2_bandwidth_bytes_per_s > 0 else 0.0
     n_fl = max(1, int(in_flight))
+    n_rd = l2_readers(n_fl, stage.get("shared_bytes"))  # the table's programs (USE_L2_READ_DEPTH: by bytes in flight)
     ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
     t, counted = 0.0, 0.0
     if ob and rb is not None and tpe is not None:
@@ -936,13 +986,13 @@ def stage_l2_hit_s(stage: dict, hit_bytes: float, in_flight: int, profile: Profi
             w_rem = nt * np.maximum(rem - 1, 0) * b  # of the last, shorter group
             g_a = np.clip(np.minimum(nt, n_fl // np.minimum(gm, be)), 1, None)
             a_hits = be * np.maximum(nt - 1, 0) * a
-            rate = lambda g: np.asarray(l2_shared_rate(profile, n_fl, g), dtype=np.float64)  # noqa: E731
+            rate = lambda g: np.asarray(l2_shared_rate(profile, n_rd, g), dtype=np.float64)  # noqa: E731
             t = float((w_full / rate(gm)).sum() + (w_rem / rate(np.maximum(rem, 1))).sum()
                       + (a_hits / rate(g_a)).sum())
             counted = float(w_full.sum() + w_rem.sum() + a_hits.sum())
     rest = hit_bytes - counted
     if rest > 1e-6 * hit_bytes:
-        t += rest / float(l2_shared_rate(profile, n_fl, 1))
+        t += rest / float(l2_shared_rate(profile, n_rd, 1))
     return t
 
 
@@ -974,7 +1024,7 @@ def stage_intake_s(stage: dict, programs: int, in_flight: int, profile: Profile)
     km = _km(profile)
     bpt = float(stage["bytes_per_tile"])
     if not (USE_L2_SHARED_INTAKE and km.l2_shared_rate) or km.l2_bandwidth_bytes_per_s <= 0:
-        return sm_ingest_s(programs, bpt, profile)
+        return sm_ingest_s(programs, bpt, profile, l2_intake_rate(profile, in_flight, stage.get("shared_bytes")))
     if programs <= 0 or bpt <= 0:
         return 0.0
     n_fl = max(1, int(in_flight))
@@ -1297,7 +1347,7 @@ def _sharing(keys: np.ndarray, window: int) -> np.ndarray:
 
 
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
-               dtype: str = "bf16", weight_loads: str = "pointer") -> dict:
+               dtype: str = "bf16", weight_loads: str = "pointer", read_depth: float = 0.0) -> dict:
     """Per-task cost terms of a task plan (vectorized): compute_s, dram bytes, the HBM rate at P
     programs in flight, serial_s, fixed_s, and the L2 hits. See ``predict_task_plan``."""
     p = load_profile(profile) if not isinstance(profile, Profile) else profile
@@ -1352,8 +1402,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             g_i = np.maximum(_sharing(row_key, resident), 1)
             mem_l2 = resident * (np.where(w_hit, wb, 0.0) / np.asarray(l2_shared_rate(p, resident, g_w))
                                  + np.where(i_hit, ib, 0.0) / np.asarray(l2_shared_rate(p, resident, g_i)))
-        else:
-            mem_l2 = l2 * resident / km.l2_bandwidth_bytes_per_s
+        else:  # USE_L2_READ_DEPTH: the programs' bytes in flight (read_depth) read the shared-read table
+            mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
         l2_bound = mem_l2 > mem_P
         mem_P = np.maximum(mem_P, mem_l2)
     serial_s = np.zeros(n)
@@ -1403,7 +1453,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
                       num_warps: int = 4, dtype: str = "bf16", calls_per_graph: int = 1,
-                      overrides: dict | None = None, weight_loads: str = "pointer", calls_before: float = 0.0) -> dict:
+                      overrides: dict | None = None, weight_loads: str = "pointer", calls_before: float = 0.0,
+                      read_depth: float = 0.0) -> dict:
     """The persistent megakernel's time for a task plan (``reference.tiles.TaskPlan`` or its
     ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
 
@@ -1418,9 +1469,12 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     read). ``calls_before``: calls run back to back before the timed replay (read only by
     USE_SUSTAINED_CLOCKS, ``busy_window_s``: the tasks' compute times divided by ``sustained_ratio``
     over the window of the makespan as calibrated, then scheduled again; "sustained_ratio" in the result).
+    ``read_depth``: bytes of operand tiles a program keeps in flight (its GEMM tasks' pipeline buffers;
+    read only by USE_L2_READ_DEPTH, ``l2_intake_rate``; 0: the calibrated reader's).
     """
     p = resolve_profile(profile, overrides)
-    c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads)
+    c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
+                   read_depth=read_depth)
     out = _schedule_tasks(c, p, calls_per_graph)
     ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before)
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again

@@ -2,13 +2,15 @@
 (cost.USE_L2_SHARED_READ, USE_L2_SHARED_READ_TASKS, USE_L2_SHARED_INTAKE, USE_SERIAL_STEP_TABLES,
 USE_GEMM_REUSE_TABLE), the tasks' streaming intake (USE_TASK_STREAM_INTAKE), the launches' shared
 memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS), the deep readers' HBM
-table (USE_DEEP_READ_TABLE), the sustained-clock ratio of the MMA terms (USE_SUSTAINED_CLOCKS):
+table (USE_DEEP_READ_TABLE), the sustained-clock ratio of the MMA terms (USE_SUSTAINED_CLOCKS), the
+L2 reads by bytes in flight (USE_L2_READ_DEPTH):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -98,7 +100,7 @@ def _router_stage():
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
             "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS",
-            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS")
+            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
 #: the shared-memory and weight-stream switches read the stage and the profile's HBM grid)
@@ -119,7 +121,8 @@ def test_switch_defaults():
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
-                        "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": False}
+                        "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": False,
+                        "USE_L2_READ_DEPTH": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -791,3 +794,101 @@ def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(
     assert on["predicted_sustained_ratio"] == pytest.approx(cost.sustained_ratio(p, 4 * call_s, 14 * call_s))
     assert idle["predicted_sustained_ratio"] == pytest.approx(cost.sustained_ratio(p, 4 * call_s))
     assert on["predicted_us"] >= idle["predicted_us"] >= off["predicted_us"]
+
+
+# --------------------------------------------------------------------------- L2 reads by bytes in flight
+def test_l2_reader_depth_is_the_shared_read_steps_reader():
+    """L2_SHARED_READER_DEPTH_BYTES is what the l2_shared step's reader keeps in flight: its launcher's
+    default stages less one (16-row mma.sync tiles, kernels/plan.gemm_shared_bytes' rule) of the
+    calibrate step's 64 x 128 bf16 weight tiles (the tile microbench.json records)."""
+    import inspect
+
+    pytest.importorskip("triton")
+    from megamoe.kernels import microbench_shared as ms
+
+    stages = inspect.signature(ms.l2_shared_read).parameters["num_stages"].default
+    assert (stages - 1) * 64 * 128 * 2 == cost.L2_SHARED_READER_DEPTH_BYTES
+    mb = RUN46 / "microbench.json"
+    if mb.exists():
+        assert json.loads(mb.read_text())["measurements"]["l2_shared"]["tile"] == [64, 128]
+
+
+def test_l2_read_depth_readers_and_intake_rate(monkeypatch):
+    """Off: the table's programs are the programs in flight and the intake is l2_bandwidth. On: a
+    program deeper than the reader counts depth / 48 KiB readers (none shallower: as off); the
+    intake's aggregate rate is at least l2_bandwidth, the table's at those readers and group 1 above
+    it; a profile without the table keeps l2_bandwidth."""
+    p, bare = _profile(), _profile(tables=False)
+    d = cost.L2_SHARED_READER_DEPTH_BYTES
+    assert cost.l2_readers(132, 3 * d) == 132 and cost.l2_intake_rate(p, 132, 3 * d) == 7.8e12
+    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
+    assert cost.l2_readers(132, d) == 132 and cost.l2_readers(132, 0) == 132
+    assert cost.l2_readers(64, 3 * d) == pytest.approx(192)
+    assert cost.l2_intake_rate(p, 64, 3 * d) == pytest.approx(max(7.8e12, _l2(192, 1)))
+    assert cost.l2_intake_rate(p, 16, 2 * d) == 7.8e12  # the table's 32 readers: below l2_bandwidth
+    assert cost.l2_intake_rate(p, 132, d) == 7.8e12  # not deeper than the reader
+    assert cost.l2_intake_rate(bare, 64, 3 * d) == 7.8e12
+
+
+def test_l2_read_depth_prices_only_deep_launches_l2_terms(monkeypatch):
+    """On: a launch whose buffers hold 3 readers' bytes reads its L2-hit bytes at the table's rate for
+    3 x its programs in flight and the SMs' intake at the table's rate there (above l2_bandwidth);
+    compute, HBM, waves untouched. A launch at the reader's depth, or without shared_bytes, as off."""
+    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)  # its default: the launches' hits at the table
+    p = _profile()
+    d = cost.L2_SHARED_READER_DEPTH_BYTES
+    deep, shallow = {**_gemm_stage(), "shared_bytes": 3 * d}, {**_gemm_stage(), "shared_bytes": d}
+    off = {k: cost.predict_stage(s, p) for k, s in (("deep", deep), ("shallow", shallow), ("none", _gemm_stage()))}
+    hit = 224 * deep["bytes_per_tile"] - cost.dram_bytes(deep)
+    l2_off = cost.stage_l2_hit_s(deep, hit, 224, p)
+    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
+    on = {k: cost.predict_stage(s, p) for k, s in (("deep", deep), ("shallow", shallow), ("none", _gemm_stage()))}
+    assert on["shallow"] == off["shallow"] and on["none"] == off["none"]
+    # by hand: the same split of the hits (sharing groups of 224 in flight) as off, each part at the
+    # table's rate for 3 x 224 = 672 programs
+    table = cost.l2_shared_rate
+    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", False)
+    monkeypatch.setattr(cost, "l2_shared_rate", lambda prof, P, g: table(prof, 3 * np.asarray(P), g))
+    want_l2 = cost.stage_l2_hit_s(deep, hit, 224, p)
+    monkeypatch.setattr(cost, "l2_shared_rate", table)
+    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
+    assert cost.stage_l2_hit_s(deep, hit, 224, p) == pytest.approx(want_l2) and want_l2 < l2_off
+    # the intake: the table at 672 readers is clamped at its 256 (6.0 TB/s), below l2_bandwidth (7.8):
+    # as off; with an l2_bandwidth of 4 TB/s, the table's 6.0
+    assert cost.stage_intake_s(deep, 224, 224, p) == cost.sm_ingest_s(224, deep["bytes_per_tile"], p)
+    low = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, l2_bandwidth_bytes_per_s=4e12))
+    want_in = cost.sm_ingest_s(224, deep["bytes_per_tile"], low, float(_l2(256, 1)))
+    assert cost.stage_intake_s(deep, 224, 224, low) == pytest.approx(want_in)
+    assert want_in < cost.sm_ingest_s(224, deep["bytes_per_tile"], low)
+    hbm = cost.launch_read_s(p, cost.dram_bytes(deep), 224, 264)
+    want_in = cost.sm_ingest_s(224, deep["bytes_per_tile"], p)
+    assert on["deep"].memory_us == pytest.approx(max(hbm, want_l2, want_in) * 1e6)
+    for f in ("compute_us", "serial_us", "launch_us", "overhead_us", "waves", "occupancy"):
+        assert getattr(on["deep"], f) == getattr(off["deep"], f), f
+
+
+def test_l2_read_depth_prices_only_the_tasks_l2_hits(monkeypatch):
+    """A task plan: off, or on at read_depth 0 / the reader's, as today; on with deep programs, the
+    tasks' L2-hit bytes at l2_intake_rate (faster here), their DRAM and compute terms untouched."""
+    p = _profile()
+    p = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, l2_bandwidth_bytes_per_s=4e12))
+    plan = _task_plan()
+    deep = 4 * cost.L2_SHARED_READER_DEPTH_BYTES
+    off = cost.task_costs(plan, p, num_programs=132)
+    assert cost.task_costs(plan, p, num_programs=132, read_depth=deep)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
+    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
+    for depth in (0.0, float(cost.L2_SHARED_READER_DEPTH_BYTES)):
+        assert cost.task_costs(plan, p, num_programs=132, read_depth=depth)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
+    on = cost.task_costs(plan, p, num_programs=132, read_depth=deep)
+    np.testing.assert_array_equal(on["compute_s"], off["compute_s"])
+    np.testing.assert_array_equal(on["dram_bytes"], off["dram_bytes"])
+    assert (on["memory_P_s"] <= off["memory_P_s"]).all()
+    rate = cost.l2_intake_rate(p, 132, deep)
+    assert rate == pytest.approx(_l2(256, 1)) and rate > 4e12  # 528 readers: the table's edge
+    assert off["l2_bound"].any()
+    # the L2-bound tasks at l2_bytes x resident / the rate; the others keep their DRAM time
+    b = off["l2_bound"]
+    np.testing.assert_allclose(on["memory_P_s"][b], np.maximum(off["l2_bytes"][b] * 132 / rate,
+                                                               on["memory_P_s"][b]))
+    assert (on["memory_P_s"][b] < off["memory_P_s"][b]).all()
+    np.testing.assert_array_equal(on["memory_P_s"][~b], off["memory_P_s"][~b])
