@@ -36,6 +36,28 @@ def parse_switches(specs) -> dict[str, bool]:
     return out
 
 
+def variant_label(settings: dict[str, bool]) -> str:
+    """A variant's name in a row's predictions: its switches without the USE_ prefix, lower case,
+    joined by "+", an off switch prefixed "no-" (USE_L2_READ_DEPTH=on, USE_SUSTAINED_CLOCKS=off ->
+    "l2_read_depth+no-sustained_clocks")."""
+    return "+".join(("" if v else "no-") + k.removeprefix("USE_").lower() for k, v in settings.items())
+
+
+def parse_variants(specs) -> dict[str, dict[str, bool]]:
+    """{label: settings} from --variant strings, each "USE_A=on[,USE_B=off...]" (parse_switches per
+    part); an empty one or two that name the same settings are a ValueError."""
+    out: dict[str, dict[str, bool]] = {}
+    for spec in specs or ():
+        settings = parse_switches(p for p in str(spec).split(",") if p.strip())
+        if not settings:
+            raise ValueError(f"--variant {spec!r}: expected USE_NAME=on|off[,USE_OTHER=on|off...]")
+        label = variant_label(settings)
+        if label in out:
+            raise ValueError(f"--variant {spec!r} repeats the variant {label!r}")
+        out[label] = settings
+    return out
+
+
 def switch_note(settings: dict[str, bool], what: str) -> tuple[str, ...]:
     """The report note naming the switches ``settings`` set for ``what`` (none: no note)."""
     if not settings:

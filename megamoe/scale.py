@@ -434,20 +434,29 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
 
 
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,
-                reps: int | None = None) -> dict:
+                reps: int | None = None, variants: dict | None = None) -> dict:
     """The row's prediction fields: the first profile's at the top level (``predicted_us``,
-    ``dominant``, ...) and every profile's total under ``predictions[name]``. A profile whose
-    prediction raises gets ``{"failure": ...}`` there (and, if it is the first, no predicted_us).
-    ``counts`` (pairs per expert) go into the row too: with them it can be predicted again offline."""
+    ``dominant``, ...) and every profile's total under ``predictions[name]``; each of ``variants``
+    ({label: cost switches}, repredict.parse_variants) predicted with the first profile and those
+    switches set, under ``predictions[f"{name}+{label}"]``. A prediction that raises gets
+    ``{"failure": ...}`` there (and, if it is the first profile's, no predicted_us). ``counts`` (pairs
+    per expert) go into the row too: with them it can be predicted again offline."""
+    from .repredict import switches
+
     out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
-    for i, p in enumerate(profiles):
+    runs = [(p.name, p, {}) for p in profiles]
+    if profiles:
+        runs += [(f"{profiles[0].name}+{label}", profiles[0], s) for label, s in (variants or {}).items()]
+    for i, (name, p, settings) in enumerate(runs):
         try:
-            pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls, reps=reps)
+            with switches(settings):
+                pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls,
+                                    reps=reps)
         except Exception as exc:  # noqa: BLE001 - the measurement is still worth having
-            out["predictions"][p.name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
+            out["predictions"][name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
             continue
-        out["predictions"][p.name] = {k: pr[k] for k in ("predicted_us", "predicted_fixed_us", "dominant",
-                                                         "dominant_term") if k in pr}
+        out["predictions"][name] = {k: pr[k] for k in ("predicted_us", "predicted_fixed_us", "dominant",
+                                                       "dominant_term") if k in pr}
         if i == 0:
             out.update(pr)
     return out
@@ -618,6 +627,9 @@ def run_scale(args, layer: CudaLayer | None = None) -> int:
         from .repredict import switch_note
 
         sw_note = switch_note(getattr(args, "cost_switches", None) or {}, "this run's predictions")
+        for label, settings in (getattr(args, "variants", None) or {}).items():
+            sw_note += switch_note({**(getattr(args, "cost_switches", None) or {}), **settings},
+                                   f"the variant {profiles[0].name}+{label} (also predicted before each measurement)")
         write_report(measured, out, notes=[*notes, *sw_note, *summary["notes"]], failures=failed, run=summary)
         for line in summary["lines"]:
             print(line, flush=True)
@@ -717,9 +729,11 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
             row.update(calls_per_graph=group["ni"], experts_touched=int((counts > 0).sum()),
                        max_over_mean_load=float(counts.max() / max(counts.mean(), 1e-9)))
             row.update(predict_all(cfg, counts, c.T, c.backend, profiles, device_name=dev_name,
-                                   calls=group["ni"], reps=reps))
+                                   calls=group["ni"], reps=reps, variants=getattr(args, "variants", None)))
             if getattr(args, "cost_switches", None):
                 row["cost_switches"] = dict(args.cost_switches)
+            if getattr(args, "variants", None):
+                row["cost_variants"] = {k: dict(v) for k, v in args.variants.items()}
             writer.write({**row, "phase": "prediction"})  # before anything is timed
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):

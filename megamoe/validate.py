@@ -279,6 +279,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --repredict: set a cost-model switch (simulator/cost.py USE_*) for this "
                              "re-prediction; in the GPU run (or --scale): for its predictions, made before each "
                              "measurement (rows carry cost_switches); repeatable; the report's note lists them")
+    parser.add_argument("--variant", action="append", default=[], metavar="USE_A=on[,USE_B=off...]",
+                        help="in the GPU run (or --scale): one more prediction per row, made before the measurement "
+                             "with the first profile and these cost switches on top of --switch, stored under "
+                             "predictions['<profile>+<label>'] so that the report gives its statistics too: several "
+                             "model variants held out by one measurement; repeatable")
     parser.add_argument("--counts-from", metavar="DIR_OR_JSONL", default=None,
                         help="with --repredict: rows without counts (rebuilt from a log) take the counts and "
                              "calls_per_graph of the same configuration in these stored rows (a run of the same "
@@ -469,10 +474,11 @@ def run(args: argparse.Namespace) -> int:
         from .scale import run_scale
 
         args.out = args.out or "validate-out"
-        from .repredict import parse_switches, switches
+        from .repredict import parse_switches, parse_variants, switches
 
         try:
             args.cost_switches = parse_switches(getattr(args, "switch", None))
+            args.variants = parse_variants(getattr(args, "variant", None))
         except ValueError as e:
             print(f"megamoe validate: {e}", file=sys.stderr)
             return 2
@@ -755,7 +761,7 @@ def report_stats(rows: list[dict]) -> dict:
     for name, by in sorted(per.items()):
         e = np.array([v for vs in by.values() for v in vs])
         out["by_profile"][name] = {"configurations": int(e.size), "median_abs_error": float(np.median(e)),
-                                   "max_abs_error": float(e.max()),
+                                   "max_abs_error": float(e.max()), "outside_15pct": int((e > OUTLIER).sum()),
                                    "by_backend": {b: float(np.median(v)) for b, v in sorted(by.items())}}
     out["outside_15pct"] = sorted(
         ({"preset": r["preset"], "T": r["T"], "routing": r["routing"], "backend": r["backend"],
@@ -790,7 +796,8 @@ def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dic
                         f"max {s['max_abs_error']:.1%}")
         for name, s in st["by_profile"].items():
             head.append(f"- profile {name}: median {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
-                        f"{s['configurations']} (" + ", ".join(f"{b} {v:.1%}" for b, v in s["by_backend"].items()) + ")")
+                        f"{s['configurations']}, {s['outside_15pct']} outside {OUTLIER:.0%} ("
+                        + ", ".join(f"{b} {v:.1%}" for b, v in s["by_backend"].items()) + ")")
     head += [f"- note: {n}" for n in notes]
     lines = head + ["", f"## Outside {OUTLIER:.0%}", "",
                     "| preset | T | routing | backend | predicted us | measured us | error | likely cause |",

@@ -357,3 +357,41 @@ def test_switch_without_a_run_that_predicts_is_refused(capsys, monkeypatch):
     monkeypatch.setattr(validate, "_has_cuda", lambda: False)
     assert main(["validate", "--switch", "USE_SUSTAINED_CLOCKS=on", "--models", "qwen3-30b-a3b", "--tokens", "1"]) == 2
     assert "--switch needs --repredict PROFILE or the GPU run" in capsys.readouterr().err
+
+
+def test_variants_are_predicted_before_the_measurement_and_reported(tmp_path):
+    """--variant: one more prediction per row with the first profile and those cost switches, in the
+    prediction row written before the measurement, with its error after and its own line in the
+    report; the switches are back to their defaults after the run."""
+    from megamoe.repredict import parse_variants
+    from megamoe.simulator import cost
+    from megamoe.validate import load_rows, report_stats
+
+    variants = parse_variants(["USE_SUSTAINED_CLOCKS=on", "USE_L2_READ_DEPTH=on,USE_SUSTAINED_CLOCKS=off"])
+    assert list(variants) == ["sustained_clocks", "l2_read_depth+no-sustained_clocks"]
+    before = cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH
+    out = tmp_path / "v"
+    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b", variants=variants), layer=FakeLayer()) == 0
+    assert (cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH) == before
+    rows = _rows(out)
+    names = {"h200+sustained_clocks", "h200+l2_read_depth+no-sustained_clocks"}
+    pred = [r for r in rows if r["phase"] == "prediction"]
+    meas = [r for r in rows if r["phase"] == "measurement"]
+    assert pred and all(names <= set(r["predictions"]) for r in pred)
+    assert all(all("error" not in r["predictions"][n] for n in names) for r in pred)
+    assert meas and all(isinstance(r["predictions"][n]["error"], float) for r in meas for n in names)
+    assert all(r["cost_variants"]["sustained_clocks"] == {"USE_SUSTAINED_CLOCKS": True} for r in meas)
+    by = report_stats(load_rows(out))["by_profile"]
+    assert names <= set(by) and all(by[n]["configurations"] == len(meas) for n in names)
+    assert "the variant h200+sustained_clocks" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("spec, match", [("", "expected USE_NAME"), ("USE_NOPE=on", "unknown cost switch"),
+                                         ("USE_L2_READ_DEPTH=maybe", "expected USE_L2_READ_DEPTH=on")])
+def test_a_bad_variant_is_named(spec, match):
+    from megamoe.repredict import parse_variants
+
+    with pytest.raises(ValueError, match=match):
+        parse_variants([spec])
+    with pytest.raises(ValueError, match="repeats"):
+        parse_variants(["USE_L2_READ_DEPTH=on", "USE_L2_READ_DEPTH=on"])
