@@ -18,7 +18,8 @@ may differ from the GPU machine's, so the figures are a guide, not the GPU's rep
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
 candidate's entry through plan.fp8_entry (BLOCK_K 128 ...; with MEGAMOE_FP8_TMA=1 in the environment
 and a "tma_persistent" candidate, the persistent TMA FP8 GEMMs of plan.FP8_TMA_PREFILL; with MEGAMOE_FP8W_TMA=1,
-weight-only, those of plan.FP8W_TMA_PREFILL); the PTX count "fp8.mma" tells whether
+weight-only, those of plan.FP8W_TMA_PREFILL; with MEGAMOE_FP8A_TMA=1, fp8_act_tma's of plan.FP8A_TMA_PREFILL,
+which take precedence with FP8 activations); the PTX count "fp8.mma" tells whether
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync). The weight-only GEMMs
 compile with the GPU's e4m3 conversion (configs.FP8_CONVERT_DEFAULT on a GPU: inline PTX), not the
 interpreter's that this machine's CPU tensors would give them (before that fix, their figures were CVT 1's).

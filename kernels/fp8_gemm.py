@@ -37,6 +37,8 @@ with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); 
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 
+(Their successor at prefill, fp8_act_tma.py's persistent GEMMs, env MEGAMOE_FP8A_TMA=1, plan.FP8A_TMA_PREFILL,
+take precedence over the next two where on: gemm*_fp8_launch hands configs with "FP8A" to them.)
 Variant "tma_persistent" (FP8 activations at prefill; OFF unless plan.FP8_TMA_PREFILL, env MEGAMOE_FP8_TMA=1;
 unmeasured on the GPU): _gemm1_fp8_tma_kernel / _gemm2_fp8_tma_kernel, one program per SM walking the
 routed tiles in grouped_gemm._gemm1_tma_kernel's order (its _routed_blocks / _routed_tile). GEMM 1:
@@ -783,6 +785,11 @@ def _check_fp8_tiles(cfg: dict, gemm: str, fp8_act: bool) -> None:
                          f", got {cfg} (plan.fp8_entry makes such an entry)")
 
 
+def _fp8a(cfg: dict) -> bool:
+    """Whether cfg asks for fp8_act_tma's persistent GEMMs ("tma_persistent" with "FP8A": plan.FP8A_TMA_PREFILL)."""
+    return cfg.get("variant", "pointer") == "tma_persistent" and bool(cfg.get("FP8A", 0))
+
+
 def _is_fp8w_tma(cfg: dict, fp8_act: bool) -> bool:
     """Whether cfg asks for the weight-only persistent GEMMs (variant "tma_persistent" without FP8 activations)."""
     return cfg.get("variant", "pointer") == "tma_persistent" and not fp8_act
@@ -891,6 +898,10 @@ def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dic
     if _check_tma_variant(cfg, "gemm1", fp8_act) and not fp8_act:
         return _gemm1_fp8w_launch(x, w, w_scale, bias, out, meta, topk_w, cfg, activation=activation, alpha=alpha,
                                   limit=limit, scale_input=scale_input, dense=dense, num_m=num_m, num_sms=num_sms)
+    if fp8_act and x_q is not None and _fp8a(cfg):  # fp8_act_tma's GEMM 1 (it reads x quantized once)
+        from .fp8_act_tma import gemm1_fp8a_launch
+        return gemm1_fp8a_launch(x_q, w, w_scale, bias, out, out_scale, meta, topk_w, cfg, activation=activation,
+                                 alpha=alpha, limit=limit, dense=dense, num_m=num_m, num_sms=num_sms)
     if _check_tma_variant(cfg, "gemm1", fp8_act):
         kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, SCALE_INPUT=scale_input, DENSE=dense,
                       XQ=x_q is not None, KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -941,6 +952,10 @@ def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: di
     if _check_tma_variant(cfg, "gemm2", act_scale is not None, split) and act_scale is None:
         return _gemm2_fp8w_launch(act, w, w_scale, bias, out, meta, scale, cfg, T=T, K=K, KS=KS, dense=dense,
                                   atomic=atomic, num_m=num_m, num_sms=num_sms)
+    if act_scale is not None and _fp8a(cfg):  # fp8_act_tma's GEMM 2
+        from .fp8_act_tma import gemm2_fp8a_launch
+        return gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg, T=T, K=K, KS=KS,
+                                 dense=dense, atomic=atomic, num_m=num_m, num_sms=num_sms)
     if _check_tma_variant(cfg, "gemm2", act_scale is not None, split):
         BK = cfg["BLOCK_K"]
         kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,

@@ -289,7 +289,8 @@ GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_g
                 ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel",
                 ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel",
                 ("gemm1", "fp8_tma"): "_gemm1_fp8_tma_kernel", ("gemm2", "fp8_tma"): "_gemm2_fp8_tma_kernel",
-                ("gemm1", "fp8w_tma"): "_gemm1_fp8w_tma_kernel", ("gemm2", "fp8w_tma"): "_gemm2_fp8w_tma_kernel"}
+                ("gemm1", "fp8w_tma"): "_gemm1_fp8w_tma_kernel", ("gemm2", "fp8w_tma"): "_gemm2_fp8w_tma_kernel",
+                ("gemm1", "fp8a_tma"): "_gemm1_fp8a_kernel", ("gemm2", "fp8a_tma"): "_gemm2_fp8a_kernel"}
 
 
 def _kernel_key(g: dict, fp8) -> str:
@@ -299,6 +300,8 @@ def _kernel_key(g: dict, fp8) -> str:
         return g["variant"]
     if g.get("variant") != "tma_persistent":
         return "fp8"
+    if fp8 == "weights+act" and g.get("FP8A"):  # fp8_act_tma's (Llama 4's GEMM 1, SCALE_INPUT, runs fp8_tma's)
+        return "fp8a_tma"
     return "fp8_tma" if fp8 == "weights+act" else "fp8w_tma"
 
 
@@ -587,6 +590,23 @@ FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
 FP8_TMA_MAX_BLOCK_M = 64
 
 
+#: FP8 activations at prefill through fp8_act_tma's persistent GEMMs (issue 12: _gemm1_fp8a_kernel /
+#: _gemm2_fp8a_kernel; config key "FP8A" on a "tma_persistent" entry): one weight scale per 128-row band
+#: and K step (one FFMA per product element), each K step's second wgmma in flight while the first's
+#: product is scaled ("PIPE"), 4 stages. OFF by default: compiled for sm_90 and tested under the
+#: interpreter, UNMEASURED on the GPU. MEGAMOE_FP8A_TMA=1 in the environment turns it on for a process
+#: (read here only, at import; fp8_entry's ``fp8a`` overrides it per call); it takes precedence over
+#: FP8_TMA_PREFILL (both need a "tma_persistent" entry).
+FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "") == "1"
+#: Their row tiles at most (GEMM 1 holds gate, up and two products in flight: 4 x 32 fp32 a thread at
+#: 64 rows and 8 warps), their pipeline stages at most (a 64 x 128 x 128 GEMM 1 stage is 40 KB: A 8 KB,
+#: gate and up 16 KB each) and GEMM 2's column tiles at most (two halves of at most 128 rows, each in
+#: one weight scale block)
+FP8A_MAX_BLOCK_M = 64
+FP8A_STAGES = 4
+FP8A_MAX_BLOCK_N2 = 256
+
+
 #: Weight-only FP8 at prefill through persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
 #: _gemm2_fp8w_tma_kernel: e4m3 weight tiles by TMA, each K tile's block scale folded into the weights
 #: before a bf16 wgmma, so one accumulator per output as the bf16 GEMMs, and 128-row tiles fit).
@@ -619,7 +639,7 @@ def fp8_tma_ok(g: dict, depth: int | None) -> bool:
 
 
 def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: tuple[int, int] | None = None,
-              tma: bool | None = None, tma_weights: bool | None = None) -> dict:
+              tma: bool | None = None, tma_weights: bool | None = None, fp8a: bool | None = None) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
     K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
     whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
@@ -637,14 +657,20 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     BLOCK_M at most FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, "SWAP_AB" =
     FP8W_TMA_SWAP_AB (then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N), and each stage's budget
     leaves room for the weight tiles converted to x's dtype (in shared memory for the wgmma, or for
-    the layout conversion to its register operand)."""
+    the layout conversion to its register operand).
+
+    ``fp8a`` (default FP8A_TMA_PREFILL, off): with FP8 activations, fp8_act_tma's persistent GEMMs
+    where the entry is "tma_persistent" as for ``tma`` (config key "FP8A": 1, "PIPE": 1), BLOCK_M at most
+    FP8A_MAX_BLOCK_M, GEMM 2's BLOCK_N at most FP8A_MAX_BLOCK_N2 (a power of two, halves dividing
+    128), FP8A_STAGES stages within the budget."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
     H, I = depths or (None, None)
+    a_on = fp8 == "weights+act" and (FP8A_TMA_PREFILL if fp8a is None else fp8a)
     if fp8 == "weights+act":
-        on = FP8_TMA_PREFILL if tma is None else tma
-        caps = (FP8_TMA_MAX_BLOCK_M, FP8_BLOCK)
+        on = a_on or (FP8_TMA_PREFILL if tma is None else tma)
+        caps = (FP8A_MAX_BLOCK_M if a_on else FP8_TMA_MAX_BLOCK_M, FP8_BLOCK)
     else:
         on = FP8W_TMA_PREFILL if tma_weights is None else tma_weights
         caps = (FP8W_TMA_MAX_BLOCK_M, FP8W_TMA_BLOCK_K)
@@ -664,6 +690,11 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
                 g["BLOCK_N"] = min(g["BLOCK_N"], FP8W_TMA_SWAP_MAX_BLOCK_N)
     # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
     # tiles (GEMM 1: gate and up); the weight-only persistent GEMMs' converted weight tiles once
+    for g in (g1, g2) if a_on else ():
+        if g["variant"] == "tma_persistent":
+            g.update(FP8A=1, PIPE=1, num_stages=max(g["num_stages"], FP8A_STAGES))
+    if a_on and g2["variant"] == "tma_persistent":
+        g2["BLOCK_N"] = min(max(2, 1 << (int(g2["BLOCK_N"]) - 1).bit_length()), FP8A_MAX_BLOCK_N2)
     a2 = 1 if fp8 == "weights+act" else xb
     for g, a_bytes, n_w in ((g1, xb, 2), (g2, a2, 1)):
         w_tile = n_w * g["BLOCK_N"] * g["BLOCK_K"]

@@ -1,0 +1,219 @@
+"""fp8_act_tma's persistent FP8 GEMMs (FP8 weights and activations at prefill, plan.FP8A_TMA_PREFILL)
+against the reference's FP8 layer and against fp8_gemm's pointer FP8 GEMMs.
+
+Under the interpreter x is float32 and the e4m3 dot is exact in fp32, so these check the tile walk,
+the scale indexing (one weight scale per 128-row band, the up band's per-column fallback when
+I % 128 != 0), the carried product of PIPE and the epilogues at float32 precision; on CUDA the same
+tests run in bfloat16 (the GPU tests of issue 12). Sizes are odd on purpose: H = 208 (the last K
+step partial), I = 144 (GEMM 1's up band straddling two scale blocks) or 256 (one block per band).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe.reference import MoEConfig, assert_close, expert_ffn, random_weights, round_to_dtype
+from megamoe.reference import moe_forward as ref_forward
+
+pytestmark = pytest.mark.interpret
+
+#: name -> (T, routing, I, why)
+GEMM_CASES = {
+    "random": (21, "random", 144, "random distinct experts per token; the up band straddles two scale blocks"),
+    "aligned": (21, "random", 256, "I % 128 == 0: one weight scale per band and K step (the H200 presets)"),
+    "one_expert": (37, "one", 256, "every token on expert 3 first, then expert 1: three experts get no rows"),
+    "one_token": (1, "random", 144, "a single token: one row block per expert used, most of it padding"),
+}
+
+
+def _entries(H: int, I: int, device, pipe: int = 1) -> tuple[dict, dict]:
+    """(pointer, fp8a) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.plan import fp8_entry
+
+    base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
+    ptr = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False, fp8a=False)
+    new = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), fp8a=True)
+    assert ptr["gemm1"]["variant"] == ptr["gemm2"]["variant"] == "pointer"
+    assert new["gemm1"]["FP8A"] == new["gemm2"]["FP8A"] == 1
+    new = {g: dict(c, PIPE=pipe) for g, c in new.items()}
+    return ptr, new
+
+
+def _gemms(device, wt, x, idx, tw, entry, E, K, H, I, num_sms):
+    """Both FP8-activation GEMMs on a given routing (x quantized once, as the layer does), the
+    activation codes, scales and pairs poisoned with NaN; (valid act codes, their scales, pairs)."""
+    from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
+    from megamoe.kernels.moe import align_only
+    from megamoe.kernels.plan import quantize_launch
+
+    T = x.shape[0]
+    block_m = entry["gemm1"]["BLOCK_M"]
+    meta = align_only(torch.from_numpy(idx).to(torch.int32).to(device.name), E, block_m)
+    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
+    nan = float("nan")
+    act = torch.full((P_max, I), nan, device=device.name, dtype=torch.float8_e4m3fn)
+    act_s = torch.full((P_max, -(-I // 128)), nan, device=device.name, dtype=torch.float32)
+    pairs = torch.full((T * K, H), nan, device=device.name, dtype=device.torch_dtype())
+    topk_w = device.tensor(tw, "float32")
+    xt = device.tensor(x)
+    xq = torch.empty((T, H), device=device.name, dtype=torch.float8_e4m3fn)
+    xs = torch.empty((T, -(-H // 128)), device=device.name, dtype=torch.float32)
+    launch_quantize_x(xt, xq, xs, quantize_launch(T, H, interpret=device.name == "cpu"))
+    launch_gemm1_fp8(xt, wt.gate_up, wt.gate_up_scale_inv, None, act, act_s, meta, topk_w, entry["gemm1"],
+                     activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=False, num_m=B_max,
+                     num_sms=num_sms, x_q=(xq, xs))
+    launch_gemm2_fp8(act, act_s, wt.down, wt.down_scale_inv, None, pairs, meta, topk_w, entry["gemm2"], T=T, K=K,
+                     KS=K, dense=False, atomic=False, num_m=B_max, num_sms=num_sms)
+    n_rows = int(meta["padded_offsets"][E])
+    valid = (meta["padded_token"][:n_rows] >= 0).cpu()
+    return act.cpu()[:n_rows][valid], act_s.cpu()[:n_rows][valid], pairs.cpu()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("case", list(GEMM_CASES))
+def test_fp8a_gemms_match_reference_and_pointer(case, rng, device):
+    """The fp8a GEMMs (PIPE on) against the FP8 reference per pair and against the pointer FP8 GEMMs
+    (the same codes and sums up to the order of two fp32 roundings per K step), every output
+    poisoned: every valid activation row and pair row is written."""
+    T, routing, I, _why = GEMM_CASES[case]
+    cfg = MoEConfig(hidden_size=208, intermediate_size=I, num_experts=5, top_k=2)
+    E, K, H = cfg.num_experts, cfg.top_k, cfg.hidden_size
+    idx = np.tile(np.array([3, 1]), (T, 1)) if routing == "one" else np.stack([rng.permutation(E)[:K]
+                                                                                 for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    w8 = random_weights(cfg, seed=21, fp8=True)
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    ptr, new = _entries(H, I, device)
+    sms = 3 if device.name == "cpu" else None
+    got = _gemms(device, wt, x, idx, tw, new, E, K, H, I, sms)
+    want = _gemms(device, wt, x, idx, tw, ptr, E, K, H, I, sms)
+    assert np.isfinite(got[2].double().numpy()).all(), "a pair row was left unwritten"
+    assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "an activation row was left unwritten"
+    assert new["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"]  # the same padded row order
+    h_got = got[0].float() * got[1].repeat_interleave(128, 1)[:, :I]
+    h_want = want[0].float() * want[1].repeat_interleave(128, 1)[:, :I]
+    if device.name == "cpu":  # one e4m3 step where an fp32 sum's last bit moved a code
+        torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-6)
+        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+    else:
+        torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-3)
+        torch.testing.assert_close(got[2].float(), want[2].float(), rtol=2**-6, atol=1e-3)
+    xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
+    ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
+                    for t in range(T) for k, e in enumerate(idx[t])])
+    assert_close(got[2].double().numpy(), ref, "fp8_e4m3", f"fp8a GEMMs, {case}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+def test_fp8a_pipe_off_equals_on(rng, device):
+    """PIPE (the gate product, and GEMM 2's first half, carried to the next K step) changes when each
+    product is scaled, not what is added: the same codes, scales and pairs bit for bit."""
+    T, I = 21, 144
+    cfg = MoEConfig(hidden_size=208, intermediate_size=I, num_experts=5, top_k=2)
+    E, K, H = cfg.num_experts, cfg.top_k, cfg.hidden_size
+    idx = np.stack([rng.permutation(E)[:K] for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    wt = random_weights(cfg, seed=5, fp8=True).to_torch(device.name, device.torch_dtype())
+    sms = 3 if device.name == "cpu" else None
+    on = _gemms(device, wt, x, idx, tw, _entries(H, I, device, pipe=1)[1], E, K, H, I, sms)
+    off = _gemms(device, wt, x, idx, tw, _entries(H, I, device, pipe=0)[1], E, K, H, I, sms)
+    assert torch.equal(on[0].view(torch.uint8), off[0].view(torch.uint8))
+    assert torch.equal(on[1], off[1])
+    assert torch.equal(on[2], off[2])
+
+
+#: name -> (config fields, why)
+LAYER_CASES = {
+    "deepseek": (dict(num_experts=8, router="sigmoid_grouped_topk", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                      score_bias=True, num_shared_experts=1, shared_intermediate_size=80),
+                 "DeepSeek-V3's layer: the shared MLP's dense GEMMs run the fp8a kernels too (Is = 80)"),
+    "swiglu_bias": (dict(router="topk_softmax", router_bias=True, activation="clamped_swiglu", expert_bias=True,
+                         swiglu_limit=1.5), "gpt-oss epilogue: biases and the clamp act before h is quantized"),
+    "input_scaled": (dict(router="sigmoid_top1_input", top_k=1, num_shared_experts=1, shared_intermediate_size=24),
+                     "Llama 4: x scaled before it is quantized: GEMM 1 keeps fp8_gemm's persistent kernel"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("T", [0, 19])
+@pytest.mark.parametrize("case", list(LAYER_CASES))
+def test_fp8a_layer_matches_reference(case, T, rng, device, monkeypatch):
+    """The layer with FP8A_TMA_PREFILL on and a "tma_persistent" entry: the routed (and shared) GEMMs
+    run fp8_act_tma's kernels and the output matches the FP8 reference; T = 0 launches nothing."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels import plan
+
+    cfg = MoEConfig(**{**dict(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2), **LAYER_CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    x = rng.standard_normal((T, cfg.hidden_size))
+    entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
+    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", True)
+    plan._static_plan.cache_clear()
+    try:
+        xt = device.tensor(x)
+        sp = kmoe.static_plan_for(cfg, T, xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
+                                  fp8="weights+act")
+        assert sp.gemm["gemm1"]["FP8A"] == sp.gemm["gemm2"]["FP8A"] == 1
+        y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp,
+                          fp8_activations=True)
+    finally:
+        plan._static_plan.cache_clear()
+    assert tuple(y.shape) == (T, cfg.hidden_size)
+    if T:
+        ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
+        assert_close(y.cpu(), ref, "fp8_e4m3", f"fp8a layer {case}")
+
+
+# --------------------------------------------------------------------------- the plan (no kernel runs)
+@pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("deepseek-v3", 16384),
+                                      ("mixtral-8x7b", 16384)])
+def test_fp8a_entry_on_the_h200_table(preset, T):
+    """fp8_entry with fp8a on the shipped H200 table's prefill entries: both GEMMs persistent with
+    FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128 (whole h groups), GEMM 2 at most 256 columns in
+    halves within one scale block, 4 stages within the shared-memory budget; the launch plan names
+    fp8_act_tma's kernels; off (the default) the entry is what it was."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import plan
+
+    cfg = MoEConfig.preset(preset)
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    base = cfgs.select_config(cfg.num_experts, H, I, cfg.top_k, T, gpu="NVIDIA H200", dtype="bfloat16",
+                              triton_version="3.6.0")
+    if base["gemm1"].get("variant") != "tma_persistent":
+        pytest.skip("the shipped entry is not persistent here")
+    e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    g1, g2 = e["gemm1"], e["gemm2"]
+    assert g1["variant"] == g2["variant"] == "tma_persistent" and g1["FP8A"] == g2["FP8A"] == g1["PIPE"] == 1
+    assert g1["BLOCK_M"] == g2["BLOCK_M"] <= plan.FP8A_MAX_BLOCK_M
+    assert (g1["BLOCK_N"], g1["BLOCK_K"], g2["BLOCK_K"]) == (128, 128, 128)
+    assert g2["BLOCK_N"] <= 256 and 128 % (g2["BLOCK_N"] // 2) == 0
+    for g, w in ((g1, 2), (g2, 1)):
+        stage = g["BLOCK_M"] * 128 + w * g["BLOCK_N"] * 128
+        assert g["num_stages"] == min(plan.FP8A_STAGES, plan.FP8_SMEM_BUDGET_BYTES // stage) >= 3
+    off = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
+    assert "FP8A" not in off["gemm1"] and off["gemm1"]["variant"] == "pointer"
+    if not plan.FP8A_TMA_PREFILL:
+        assert plan.fp8_entry(base, "weights+act", depths=(H, I), tma=False) == off
+    assert plan.fp8_entry(base, "weights", depths=(H, I), fp8a=True) == plan.fp8_entry(base, "weights", depths=(H, I))
+    kinds = {g: plan.GEMM_KERNELS[g, plan._kernel_key(c, "weights+act")] for g, c in (("gemm1", g1), ("gemm2", g2))}
+    assert kinds == {"gemm1": "_gemm1_fp8a_kernel", "gemm2": "_gemm2_fp8a_kernel"}
+
+
+def test_fp8a_launchers_refuse_other_tiles():
+    """check_fp8a: BLOCK_K 128, GEMM 1 BLOCK_N 128, GEMM 2 halves dividing 128, no split-K, 16-code rows."""
+    from megamoe.kernels.fp8_act_tma import check_fp8a
+
+    ok1 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128)
+    check_fp8a(ok1, "gemm1", 2048)
+    check_fp8a(dict(ok1, BLOCK_N=256), "gemm2", 768)
+    for bad, gemm, depth in ((dict(ok1, BLOCK_K=64), "gemm1", 2048), (dict(ok1, BLOCK_N=256), "gemm1", 2048),
+                             (dict(ok1, BLOCK_N=512), "gemm2", 768), (dict(ok1, SPLIT_K=2), "gemm2", 768),
+                             (ok1, "gemm1", 2056)):
+        with pytest.raises(ValueError, match="fp8a persistent"):
+            check_fp8a(bad, gemm, depth)
