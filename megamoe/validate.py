@@ -845,7 +845,9 @@ def _scatter(rows: list[dict], path: Path) -> None:
                    alpha=0.8)
         values += [v for r in sel for v in (r["measured_us"], r["predicted_us"])]
         # the other profiles' predictions of the same measurements: hollow markers
-        others = sorted({n for r in sel for n in (r.get("predictions") or {}) if n != r.get("profile")})
+        # (not the cost-switch variants, "<profile>+<label>": the report's lines give their statistics)
+        others = sorted({n for r in sel for n in (r.get("predictions") or {})
+                         if n != r.get("profile") and "+" not in n})
         for name, marker in zip(others, "^sDv"):
             pts = [(r["measured_us"], r["predictions"][name]["predicted_us"]) for r in sel
                    if isinstance(r["predictions"].get(name, {}).get("predicted_us"), (int, float))]
