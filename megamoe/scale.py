@@ -372,6 +372,20 @@ def megakernel_read_depth(mk: dict) -> int:
     return gemm_shared_bytes({**g1, "num_stages": int(mk.get("num_stages", 1))}, 2, 2, 2)
 
 
+def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
+    """{GEMM kind: weight bytes one megakernel program keeps in flight in its loop}: the pipeline
+    buffers' weight tiles (``kernels.plan.gemm_shared_bytes`` with no A bytes, the hbm_deep step's
+    depth, ``kernels.microbench_deep.deep_read_depth``) of GEMM 1 (gate and up tiles) and GEMM 2 at
+    the config's num_stages and GEMM 1's BLOCK_M, ``w_bytes`` a weight element; the cost model's
+    USE_TASK_DEEP_READ reads it. Qwen3-30B-A3B T = 64 (64 x 128 x 64, 5 stages): 163,840 and 81,920."""
+    from megamoe.kernels.plan import gemm_shared_bytes
+
+    g1, g2, st = mk["tiles"]["gemm1"], mk["tiles"]["gemm2"], int(mk.get("num_stages", 1))
+    g2 = {"BLOCK_M": g1["BLOCK_M"], "BLOCK_N": g2["BLOCK_N"], "BLOCK_K": g2["BLOCK_K"]}
+    return {"gemm1": gemm_shared_bytes({**g1, "num_stages": st}, 0, w_bytes, 2),
+            "gemm2": gemm_shared_bytes({**g2, "num_stages": st}, 0, w_bytes, 1)}
+
+
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
                    triton_version: str | None = None, reps: int | None = None) -> dict:
     """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
@@ -384,6 +398,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     import numpy as np
 
     from megamoe.kernels.plan import launch_plan
+    from megamoe.reference.sizes import weight_bytes_per_element
     from megamoe.simulator.cost import predict_launch_plan, predict_task_plan, term_name
 
     counts = np.asarray(counts, dtype=np.int64)
@@ -410,7 +425,8 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                 interpret=device_name == "cpu-interpreter")
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile, mk=mk)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
-                             calls_before=before, read_depth=megakernel_read_depth(mk))
+                             calls_before=before, read_depth=megakernel_read_depth(mk),
+                             weight_depth=megakernel_weight_depth(mk, weight_bytes_per_element(cfg.weight_dtype)))
     if "sustained_ratio" in pred:
         sustained["predicted_sustained_ratio"] = pred["sustained_ratio"]
     crit = {k: v for k, v in pred["critical_path_us"].items() if v > 0}

@@ -101,6 +101,14 @@ profile without it predicts as with the switch off):
                             clamped at its edge; the intake's per-SM rate at least l2_bandwidth / S
                             (``l2_intake_rate``). Depth: a launch's ``shared_bytes``, the megakernel's
                             ``read_depth`` (its GEMM tasks' pipeline buffers)
+    USE_TASK_DEEP_READ      the megakernel's GEMM tasks' DRAM bytes (``task_read_curves``): streaming at the
+                            deep readers' table (kernel_model.hbm_deep_read) at the weight bytes their
+                            kind's loop keeps in flight (``weight_depth``) and the programs busy, where the
+                            table covers that depth; and a cohort (consecutive tickets released at the same
+                            instant onto idle programs: GEMM 1 after the top-k) at the one-shot rate of the
+                            programs then reading, at its tasks' bytes (deep table, else the hbm grid), not
+                            at the marginal rate for the few programs busy as its first tasks are placed.
+                            The tasks' L2-hit part keeps the grid's busy-programs curve
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -616,6 +624,23 @@ USE_WEIGHT_STREAMS = False
 #: GPU (simulator/README.md). Why: one GEMM program per SM with 120 KB of buffers (Mixtral-8x7B T = 8
 #: GEMM 1) streamed at 4.49 TB/s where the grid's reader at 132 programs gives 4.21.
 USE_DEEP_READ_TABLE = False
+#: whether the megakernel's GEMM tasks (``GEMM_KINDS``) price their DRAM bytes by the bytes their
+#: programs keep in flight and by how they start (``task_read_curves``, ``_schedule_tasks``):
+#: (a) tasks whose kind keeps more weight bytes in flight than the hbm grid's reader (``weight_depth``:
+#: the megakernel's pipeline buffers of that kind's weight tiles, megamoe/scale.py
+#: megakernel_weight_depth) stream at the deep readers' table (kernel_model.hbm_deep_read; its marginal
+#: rate, ``deep_stream_rate``, at the programs busy, sharing group 1: DRAM bytes are already counted
+#: once per weight slice) instead of the grid's marginal rate, where the profile has the table;
+#: (b) a cohort, two or more consecutive tickets released at the same instant by the same waits onto
+#: idle programs (GEMM 1's tasks after the top-k, GEMM 2's after GEMM 1), reads at the one-shot rate
+#: of the programs then reading (the cohort and those already busy) at its tasks' bytes each
+#: (``deep_read_rate``, or the grid's ``hbm_rate`` where the deep table does not cover the depth),
+#: not at the marginal rate of programs that keep streaming, nor at the rate for the few programs
+#: busy when its first tasks are placed. Why (simulator/README.md, issue 8's outliers): H200 run AT,
+#: Qwen3-30B-A3B T = 64 megakernel, concentrated +16% (48 GEMM 1 tasks at the grid reader's
+#: 48 GB/s a program; the megakernel keeps 160 KiB of weight tiles in flight) and Zipf -16% (132
+#: tasks that start together after the top-k priced as if streaming). Off until a GPU run holds it out.
+USE_TASK_DEEP_READ = False
 
 
 #: whether a launch or task plan's MMA (compute) terms run at the sustained-clock ratio
@@ -710,12 +735,18 @@ def stage_read_depth(stage: dict) -> float:
     return sb * b / (a + b)
 
 
-def deep_reads(profile: Profile, depth: float) -> bool:
-    """Whether a read whose programs keep ``depth`` weight bytes in flight prices at the deep
-    readers' table: ``USE_DEEP_READ_TABLE`` is on, the profile has the table, and depth is above its
-    shallowest reader's (the hbm grid's reader, 48 KiB; at or below it the grid prices the read)."""
+def deep_table_covers(profile: Profile, depth: float) -> bool:
+    """Whether the profile has the deep readers' table and ``depth`` (weight bytes a program keeps in
+    flight) is above its shallowest reader's (the hbm grid's reader, 48 KiB; at or below it the
+    grid prices the read)."""
     km = _km(profile)
-    return bool(USE_DEEP_READ_TABLE and km.hbm_deep_rate and depth and depth > km.hbm_deep_depths[0])
+    return bool(km.hbm_deep_rate and depth and depth > km.hbm_deep_depths[0])
+
+
+def deep_reads(profile: Profile, depth: float) -> bool:
+    """Whether a launch's read whose programs keep ``depth`` weight bytes in flight prices at the
+    deep readers' table: ``USE_DEEP_READ_TABLE`` is on and ``deep_table_covers``."""
+    return bool(USE_DEEP_READ_TABLE and deep_table_covers(profile, depth))
 
 
 def _log2_interp(axes: tuple, table, point) -> float:
@@ -1346,8 +1377,40 @@ def _sharing(keys: np.ndarray, window: int) -> np.ndarray:
     return out
 
 
+def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, tma: np.ndarray, resident: int,
+                     weight_depth: dict | None = None) -> tuple[np.ndarray, np.ndarray, list]:
+    """The HBM rates a task plan's tasks read at: (curve (n,) int, the curve of each task; stream (C, R)
+    float, curve c's aggregate bytes/s with 1..R programs busy streaming back to back; one_shot, C
+    functions (programs, bytes each) -> aggregate bytes/s of that many programs starting together).
+    Curve 0: the grid's (``task_stream_rate``, ``hbm_rate``), 1: the same for weights through TMA
+    (``hbm_grid``'s pick); with ``USE_TASK_DEEP_READ`` on, one more curve per weight depth of the GEMM
+    kinds that the deep table covers (``weight_depth`` {kind: weight bytes a program keeps in flight},
+    ``deep_table_covers``): ``deep_stream_rate`` / ``deep_read_rate`` at that depth, group 1."""
+    R = max(1, int(resident))
+    nn = np.arange(1, R + 1, dtype=np.float64)
+    curve = np.where(tma, 1, 0).astype(np.int64)
+    stream = [np.asarray(task_stream_rate(p, nn, R), dtype=np.float64),
+              np.asarray(task_stream_rate(p, nn, R, tma=True), dtype=np.float64)]
+    one_shot = [lambda n, b: float(hbm_rate(p, n, b)), lambda n, b: float(hbm_rate(p, n, b, tma=True))]
+    if USE_TASK_DEEP_READ:
+        by_depth: dict = {}
+        for k, d in sorted((weight_depth or {}).items()):
+            if k not in kinds or k not in GEMM_KINDS or not deep_table_covers(p, d):
+                continue
+            m = kind == kinds.index(k)
+            if not m.any():
+                continue
+            if d not in by_depth:
+                by_depth[d] = len(stream)
+                stream.append(np.array([deep_stream_rate(p, x, d, 1) for x in nn]))
+                one_shot.append(lambda n, b, d=d: deep_read_rate(p, n, d, 1, b))
+            curve[m] = by_depth[d]
+    return curve, np.stack(stream), one_shot
+
+
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
-               dtype: str = "bf16", weight_loads: str = "pointer", read_depth: float = 0.0) -> dict:
+               dtype: str = "bf16", weight_loads: str = "pointer", read_depth: float = 0.0,
+               weight_depth: dict | None = None) -> dict:
     """Per-task cost terms of a task plan (vectorized): compute_s, dram bytes, the HBM rate at P
     programs in flight, serial_s, fixed_s, and the L2 hits. See ``predict_task_plan``."""
     p = load_profile(profile) if not isinstance(profile, Profile) else profile
@@ -1392,10 +1455,11 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     # tasks stream back to back inside one launch: the marginal (streaming) rate, not a cold
     # one-shot launch's (hbm_stream_rate); the routed GEMMs' with TMA weights from the TMA table
     tma = _of_kinds(kind, kinds, TMA_WEIGHT_KINDS) & weights_by_tma(forms["other"])
-    rate_P = float(hbm_stream_rate(p, resident))
-    rate_P_tma = float(hbm_stream_rate(p, resident, tma=True))
-    mem_P = dram * resident / np.where(tma, rate_P_tma, rate_P)  # one task's memory time, `resident` streaming
+    curve, stream, one_shot = task_read_curves(p, kind, kinds, tma, resident, weight_depth)
+    rate_R = stream[:, -1]  # each curve's rate with every resident program streaming
+    mem_P = dram * resident / rate_R[curve]  # one task's memory time, `resident` streaming
     l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
+    mem_l2_P = np.zeros(n)  # its L2-hit bytes' time, `resident` streaming
     if km.l2_bandwidth_bytes_per_s > 0:
         if USE_L2_SHARED_READ_TASKS and km.l2_shared_rate:  # each operand's hits at its sharing group's rate
             g_w = np.maximum(_sharing(a["weight_id"].astype(np.int64), resident), 1)
@@ -1405,7 +1469,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         else:  # USE_L2_READ_DEPTH: the programs' bytes in flight (read_depth) read the shared-read table
             mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
         l2_bound = mem_l2 > mem_P
-        mem_P = np.maximum(mem_P, mem_l2)
+        mem_l2_P = mem_l2
     serial_s = np.zeros(n)
     r = a["tiles"]["router"]
     K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
@@ -1441,20 +1505,33 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         reduce_s = serial_step_s(p, "reduce", min(g1.size, resident))
         pre_s[g1] += 2 * reduce_s
         pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
-    # the busy-programs correction of the memory term: mem(n) = mem_P x h[n] (h_tma[n] for the tma tasks)
+    # the busy-programs correction of the memory term: mem(n) = max(dram_P x h[curve, n], l2_P x h[tma, n])
+    # (h_tma: curve 1; the L2 part keeps the grid's curve); a cohort's DRAM part (USE_TASK_DEEP_READ) at
+    # cohort_h(curve, n, its DRAM bytes) instead (``_schedule_tasks``)
     nn = np.arange(1, resident + 1, dtype=np.float64)
-    h = (nn / resident) * rate_P / task_stream_rate(p, nn, resident)
-    h_tma = (nn / resident) * rate_P_tma / task_stream_rate(p, nn, resident, tma=True)
-    return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": mem_P, "serial_s": serial_s,
+    h_curves = (nn / resident) * rate_R[:, None] / stream
+    cohort_h = None
+    if USE_TASK_DEEP_READ:
+        memo: dict = {}
+
+        def cohort_h(c: int, n: int, b: float) -> float:
+            key = (c, n, round(b))
+            if key not in memo:
+                memo[key] = (n / resident) * float(rate_R[c]) / max(one_shot[c](n, max(b, 1.0)), 1e-30)
+            return memo[key]
+    return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": np.maximum(mem_P, mem_l2_P),
+            "dram_P_s": mem_P, "l2_P_s": mem_l2_P, "serial_s": serial_s,
             "pre_s": pre_s,
-            "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h,
-            "h_tma": h_tma, "tma": tma, "l2_bound": l2_bound, "programs": P, "resident": resident, "arrays": a}
+            "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h_curves[0],
+            "h_tma": h_curves[1], "h_curves": h_curves, "curve": curve, "cohort_h": cohort_h,
+            "cohort": gemm if USE_TASK_DEEP_READ else np.zeros(n, bool), "tma": tma, "l2_bound": l2_bound,
+            "programs": P, "resident": resident, "arrays": a}
 
 
 def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: int | None = None,
                       num_warps: int = 4, dtype: str = "bf16", calls_per_graph: int = 1,
                       overrides: dict | None = None, weight_loads: str = "pointer", calls_before: float = 0.0,
-                      read_depth: float = 0.0) -> dict:
+                      read_depth: float = 0.0, weight_depth: dict | None = None) -> dict:
     """The persistent megakernel's time for a task plan (``reference.tiles.TaskPlan`` or its
     ``to_dict()``): list scheduling of its tasks, in ticket order, on P programs (module docstring).
 
@@ -1470,11 +1547,13 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     USE_SUSTAINED_CLOCKS, ``busy_window_s``: the tasks' compute times divided by ``sustained_ratio``
     over the window of the makespan as calibrated, then scheduled again; "sustained_ratio" in the result).
     ``read_depth``: bytes of operand tiles a program keeps in flight (its GEMM tasks' pipeline buffers;
-    read only by USE_L2_READ_DEPTH, ``l2_intake_rate``; 0: the calibrated reader's).
+    read only by USE_L2_READ_DEPTH, ``l2_intake_rate``; 0: the calibrated reader's). ``weight_depth``:
+    {GEMM kind: weight bytes one program keeps in flight in that kind's loop} (read only by
+    USE_TASK_DEEP_READ, ``task_read_curves``; a kind left out: the grid's reader).
     """
     p = resolve_profile(profile, overrides)
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
-                   read_depth=read_depth)
+                   read_depth=read_depth, weight_depth=weight_depth)
     out = _schedule_tasks(c, p, calls_per_graph)
     ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before)
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
@@ -1492,7 +1571,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
     kind, kinds = c["kind"], c["kinds"]
     n = kind.size
     R = c["resident"]
-    comp, memP, ser, h, h_tma, tma = c["compute_s"], c["memory_P_s"], c["serial_s"], c["h"], c["h_tma"], c["tma"]
+    comp, memP, ser, tma = c["compute_s"], c["memory_P_s"], c["serial_s"], c["tma"]
+    h_curves, curve_l, grid_l = c["h_curves"], c["curve"].tolist(), tma.astype(np.int64).tolist()
     fixed = c["fixed_s"]
     handoff = km.flag_handoff_s
     wptr = a["wait_ptr"].astype(np.int64).tolist()
@@ -1503,9 +1583,26 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
     ncount = int(a["counter_target"].size)
     finishes: list[list] = [[] for _ in range(ncount)]
     reached: dict = {}
-    comp_l, memP_l, ser_l, tma_l = comp.tolist(), memP.tolist(), ser.tolist(), tma.tolist()
+    comp_l, dramP_l, l2P_l, ser_l = comp.tolist(), c["dram_P_s"].tolist(), c["l2_P_s"].tolist(), ser.tolist()
     pre_l = c["pre_s"].tolist()
-    h_of = (h.tolist(), h_tma.tolist())  # by task: h, or h_tma for the tasks reading weights through TMA
+    h_of = h_curves.tolist()  # by curve: the busy-programs correction (task_read_curves)
+    cohort_h, in_cohort = c["cohort_h"], c["cohort"].tolist()
+    dram_l = c["dram_bytes"].tolist()
+    target_l = a["counter_target"].astype(np.int64).tolist()
+    cohort_left, cohort_n = 0, 0  # tasks still to place of the cohort being released, its programs reading
+
+    def release(j: int):  # the time task j's waits are all met (no handoff), None while one is not yet known
+        t = 0.0
+        for w in range(wptr[j], wptr[j + 1]):
+            key = (wc[w], wt[w])
+            got = reached.get(key)
+            if got is None:
+                fs = finishes[wc[w]]
+                if len(fs) < max(wt[w], target_l[wc[w]]):
+                    return None  # signals still to come: not known before the tasks between are placed
+                got = reached[key] = sorted(fs)[wt[w] - 1] if wt[w] > 0 else (0.0, -1)  # final: all signals in
+            t = max(t, got[0])
+        return t
     start = [0.0] * n
     end = [0.0] * n
     pred = [-1] * n  # the task whose end decided this one's start (-1: the launch)
@@ -1535,7 +1632,23 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
         else:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
-        dur = max(comp_l[i], memP_l[i] * h_of[tma_l[i]][min(busy, R - 1)], ser_l[i]) + fixed + pre_l[i]
+        h_i = h_of[curve_l[i]][min(busy, R - 1)]
+        h_l2 = h_of[grid_l[i]][min(busy, R - 1)]
+        if cohort_h is not None and in_cohort[i] and by_wait[i]:
+            if cohort_left <= 0:  # a new release: its consecutive tickets freed at the same instant onto idle programs
+                t_rel = release(i)
+                idle = bisect.bisect_right(free_sorted, t_rel) + 1
+                m = 1
+                while m < idle and i + m < n and in_cohort[i + m] and release(i + m) == t_rel:
+                    m += 1
+                cohort_left = m if m >= 2 else 0
+                cohort_n = min(R, m + R - idle)  # the cohort and the programs already busy
+            if cohort_left > 0:
+                cohort_left -= 1
+                h_i = cohort_h(curve_l[i], cohort_n, dram_l[i])
+        elif cohort_left > 0 and not by_wait[i]:
+            cohort_left = 0
+        dur = max(comp_l[i], dramP_l[i] * h_i, l2P_l[i] * h_l2, ser_l[i]) + fixed + pre_l[i]
         e = s0 + dur
         start[i], end[i], prog[i] = s0, e, q
         for j in range(sptr[i], sptr[i + 1]):
@@ -1556,7 +1669,7 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
         if gap > 0:
             crit_us["handoff" if by_wait[i] else kinds[kind[i]]] += float(gap) * 1e6
         i = j
-    mem_eff = memP * np.where(tma, h_tma[-1], h[-1]) if n else memP
+    mem_eff = memP  # at every resident program busy: h = 1 on every curve
     which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
     bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
              for j, k in enumerate(kinds) if (kind == j).any()}

@@ -3,7 +3,8 @@
 USE_GEMM_REUSE_TABLE), the tasks' streaming intake (USE_TASK_STREAM_INTAKE), the launches' shared
 memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS), the deep readers' HBM
 table (USE_DEEP_READ_TABLE), the sustained-clock ratio of the MMA terms (USE_SUSTAINED_CLOCKS), the
-L2 reads by bytes in flight (USE_L2_READ_DEPTH):
+L2 reads by bytes in flight (USE_L2_READ_DEPTH), the megakernel tasks' HBM reads by depth and by cohort
+(USE_TASK_DEEP_READ):
 their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
@@ -100,12 +101,13 @@ def _router_stage():
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
             "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS",
-            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH")
+            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
-#: the shared-memory and weight-stream switches read the stage and the profile's HBM grid)
+#: the shared-memory and weight-stream switches read the stage and the profile's HBM grid; USE_TASK_DEEP_READ's
+#: cohorts read the HBM grid where the profile has no deep table)
 TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY",
-                                                         "USE_WEIGHT_STREAMS"))
+                                                         "USE_WEIGHT_STREAMS", "USE_TASK_DEEP_READ"))
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +124,7 @@ def test_switch_defaults():
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
                         "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": False,
-                        "USE_L2_READ_DEPTH": False}
+                        "USE_L2_READ_DEPTH": False, "USE_TASK_DEEP_READ": False}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -892,3 +894,109 @@ def test_l2_read_depth_prices_only_the_tasks_l2_hits(monkeypatch):
                                                                on["memory_P_s"][b]))
     assert (on["memory_P_s"][b] < off["memory_P_s"][b]).all()
     np.testing.assert_array_equal(on["memory_P_s"][~b], off["memory_P_s"][~b])
+
+
+# --------------------------------------------------------------------------- the megakernel tasks' reads by depth and cohort
+def _cohort_plan(m: int, *, weight_bytes: float = 1 << 20, num_programs: int = 132) -> dict:
+    """A task plan (``task_costs``'s dict form) of one top-k task, then ``m`` GEMM 1 tasks that all wait
+    for it (the cohort it releases), each reading ``weight_bytes`` of its own weights (no L2 hits)."""
+    from megamoe.reference.tiles import KINDS
+
+    n = m + 1
+    kind = np.array([KINDS.index("router_topk")] + [KINDS.index("gemm1")] * m, np.int8)
+    z = np.zeros(n)
+    return {"kinds": list(KINDS), "kind": kind, "expert": np.array([-1] + list(range(m))), "block": np.arange(n),
+            "rows": np.ones(n), "tile_m": np.array([0] + [16] * m), "tile_n": np.array([0] + [64] * m),
+            "depth": np.array([64] + [2048] * m), "weight_bytes": np.array([0.0] + [float(weight_bytes)] * m),
+            "in_bytes": z, "out_bytes": z, "flops": z, "weight_id": np.array([-1] + list(range(m))),
+            "signal_ptr": np.array([0] + [1] * n), "signal_counter": np.array([0]),
+            "wait_ptr": np.array([0, 0] + list(range(1, m + 1))), "wait_counter": np.zeros(m, np.int64),
+            "wait_target": np.ones(m, np.int64), "counter_target": np.array([1]), "counts": np.ones(m),
+            "tiles": {"router": {"BLOCK_H": 64}}, "num_programs": num_programs, "num_tokens": 1, "topk_passes": 1}
+
+
+def test_task_read_curves_read_the_deep_table_only_where_it_covers_the_depth(monkeypatch):
+    """task_read_curves: off, the grid's two curves (pointer, TMA) whatever weight_depth says; on, the
+    GEMM kinds whose weight depth the deep table covers (above its 48 KiB reader) stream at
+    deep_stream_rate(n, depth, 1) and start together at deep_read_rate; shallower kinds, kinds without
+    a depth and a profile without the table keep the grid's."""
+    p = _deep_profile()
+    plan = _cohort_plan(8)
+    kind, kinds = plan["kind"].astype(np.int64), plan["kinds"]
+    tma = np.zeros(kind.size, bool)
+    deep = {"gemm1": 160 << 10, "gemm2": 80 << 10}
+    curve, stream, one = cost.task_read_curves(p, kind, kinds, tma, 132, deep)
+    assert curve.tolist() == [0] * kind.size and stream.shape == (2, 132)
+    np.testing.assert_allclose(stream[0], cost.task_stream_rate(p, np.arange(1, 133), 132))
+    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
+    curve, stream, one = cost.task_read_curves(p, kind, kinds, tma, 132, deep)
+    assert curve.tolist() == [0] + [2] * 8 and stream.shape == (3, 132)  # no gemm2 tasks: no curve for it
+    assert stream[2][47] == pytest.approx(cost.deep_stream_rate(p, 48, 160 << 10, 1))
+    assert one[2](48, 1 << 20) == pytest.approx(cost.deep_read_rate(p, 48, 160 << 10, 1, 1 << 20))
+    assert one[0](48, 1 << 20) == pytest.approx(cost.hbm_rate(p, 48, 1 << 20))
+    for wd in ({"gemm1": 48 << 10}, {"router_topk": 160 << 10}, None):
+        assert cost.task_read_curves(p, kind, kinds, tma, 132, wd)[0].tolist() == [0] * kind.size
+    assert cost.task_read_curves(load_profile("h200"), kind, kinds, tma, 132, deep)[0].tolist() == [0] * kind.size
+
+
+@pytest.mark.parametrize("m", [48, 132], ids=["48-few-programs", "132-every-sm"])
+def test_a_cohort_released_together_reads_at_the_one_shot_rate(monkeypatch, m):
+    """m GEMM 1 tasks released by one top-k task onto idle programs: off, the first placed sees 1 program
+    busy and the last m, each at the grid's marginal rate for those; on, every one of them reads its
+    bytes at the one-shot rate of m programs (the deep table at its depth), so they end together at
+    top-k end + handoff + b / (deep_read_rate(m, d, 1, b) / m) + the task's fixed cost."""
+    p = _deep_profile()
+    plan = _cohort_plan(m)
+    d, b = 160 << 10, float(1 << 20)
+    off = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    assert off == cost.predict_task_plan(plan, p)  # off: weight_depth is not read
+    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
+    on = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    km = p.kernel
+    topk_end = off["span_us"]["router_topk"][1]
+    assert on["span_us"]["router_topk"] == off["span_us"]["router_topk"]
+    task = b / (cost.deep_read_rate(p, m, d, 1, b) / m) + km.task_overhead_s + km.ticket_s
+    start = topk_end + km.flag_handoff_s * 1e6  # the cohort's tasks on other programs than the top-k's
+    assert on["span_us"]["gemm1"][0] == pytest.approx(topk_end)  # the top-k's own program: no handoff
+    assert on["span_us"]["gemm1"][1] == pytest.approx(start + task * 1e6)
+    # without the deep table: the same cohort at the grid's one-shot rate of m programs
+    q = load_profile("h200")
+    q_on = cost.predict_task_plan(plan, q)
+    grid = b / (float(cost.hbm_rate(q, m, b)) / m) + q.kernel.task_overhead_s + q.kernel.ticket_s
+    assert q_on["span_us"]["gemm1"][1] == pytest.approx(q_on["span_us"]["router_topk"][1]
+                                                       + q.kernel.flag_handoff_s * 1e6 + grid * 1e6)
+
+
+def test_tasks_that_start_apart_are_no_cohort(monkeypatch):
+    """More tasks than programs: the ones placed as programs free up stream at the deep table's marginal
+    rate for the programs busy (no cohort of one); a cohort's L2-hit part keeps the grid's curve, so
+    tasks whose weights hit in L2 are not charged a one-shot ramp on their L2 bytes."""
+    p = _deep_profile()
+    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
+    plan = _cohort_plan(12, num_programs=4)  # 4 programs: the top-k's and 3 idle, 12 GEMM 1 tasks
+    d, b = 160 << 10, float(1 << 20)
+    on = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    km = p.kernel
+    fixed = km.task_overhead_s + km.ticket_s
+    first = b / (cost.deep_read_rate(p, 4, d, 1, b) / 4) + fixed  # the cohort: 4 programs released together
+    later = b / (cost.deep_stream_rate(p, 4, d, 1) / 4) + fixed  # then back to back with 4 busy
+    start = on["span_us"]["router_topk"][1] + km.flag_handoff_s * 1e6
+    assert on["span_us"]["gemm1"][1] == pytest.approx(start + (first + 2 * later) * 1e6)
+    c = cost.task_costs(plan, p, num_programs=4, weight_depth={"gemm1": d})
+    np.testing.assert_array_equal(c["memory_P_s"], np.maximum(c["dram_P_s"], c["l2_P_s"]))
+
+
+def test_megakernel_weight_depth_is_the_deep_readers_depth():
+    """scale.megakernel_weight_depth: the megakernel's GEMM loops' weight buffers as the hbm_deep step
+    counts its readers' (microbench_deep.deep_read_depth's gemm_shared_bytes with no A bytes): Qwen3-30B-A3B
+    T = 64 (64 x 128 x 64 gated GEMM 1 and 128 x 64 GEMM 2 tiles, 5 stages of wgmma: 5 buffers)."""
+    from megamoe.kernels.plan import gemm_shared_bytes
+    from megamoe.scale import megakernel_weight_depth
+
+    mk = {"num_stages": 5, "tiles": {"gemm1": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64},
+                                     "gemm2": {"BLOCK_N": 128, "BLOCK_K": 64}}}
+    assert megakernel_weight_depth(mk) == {"gemm1": 5 * 2 * 128 * 64 * 2, "gemm2": 5 * 128 * 64 * 2}
+    mk16 = {"num_stages": 4, "tiles": {"gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+                                       "gemm2": {"BLOCK_N": 128, "BLOCK_K": 128}}}
+    deep_reader = gemm_shared_bytes({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_stages": 4}, 0.0, 2.0, 2)
+    assert megakernel_weight_depth(mk16)["gemm1"] == deep_reader == 3 * 2 * 64 * 128 * 2  # mma.sync: stages - 1
