@@ -37,7 +37,7 @@ with FP8 activations and 64-row tiles the products are FP8 wgmma (e4m3 x e4m3); 
 (decode) tiles Triton uses mma.sync on operands converted to fp16, and weight-only FP8 converts the
 weights to bf16 in registers (bf16 wgmma): both still read half the weight bytes.
 
-(Their successor at prefill, fp8_act_tma.py's persistent GEMMs, env MEGAMOE_FP8A_TMA=1, plan.FP8A_TMA_PREFILL,
+(Their successor at prefill, fp8_act_tma.py's persistent GEMMs, on by default (env MEGAMOE_FP8A_TMA=0: off), plan.FP8A_TMA_PREFILL,
 take precedence over the next two where on: gemm*_fp8_launch hands configs with "FP8A" to them.)
 Variant "tma_persistent" (FP8 activations at prefill; OFF unless plan.FP8_TMA_PREFILL, env MEGAMOE_FP8_TMA=1;
 unmeasured on the GPU): _gemm1_fp8_tma_kernel / _gemm2_fp8_tma_kernel, one program per SM walking the

@@ -593,11 +593,13 @@ FP8_TMA_MAX_BLOCK_M = 64
 #: FP8 activations at prefill through fp8_act_tma's persistent GEMMs (issue 12: _gemm1_fp8a_kernel /
 #: _gemm2_fp8a_kernel; config key "FP8A" on a "tma_persistent" entry): one weight scale per 128-row band
 #: and K step (one FFMA per product element), each K step's second wgmma in flight while the first's
-#: product is scaled ("PIPE"), 4 stages. OFF by default: compiled for sm_90 and tested under the
-#: interpreter, UNMEASURED on the GPU. MEGAMOE_FP8A_TMA=1 in the environment turns it on for a process
-#: (read here only, at import; fp8_entry's ``fp8a`` overrides it per call); it takes precedence over
-#: FP8_TMA_PREFILL (both need a "tma_persistent" entry).
-FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "") == "1"
+#: product is scaled ("PIPE"), 4 stages. ON by default since H200 run AX (50; NOTES-gpu-runs.md): whole
+#: layer with FP8 activations against the pointer FP8 GEMMs 1.21x / 1.28x faster at Qwen3-30B-A3B T = 4096 /
+#: 16384, 1.15x / 1.15x at DeepSeek-V3 (1.00x / 0.94x / 1.31x / 1.17x bf16), its GPU tests passing.
+#: MEGAMOE_FP8A_TMA=0 in the environment turns it off for a process (read here only, at import;
+#: fp8_entry's ``fp8a`` overrides it per call); it takes precedence over FP8_TMA_PREFILL (both need a
+#: "tma_persistent" entry).
+FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "1") != "0"
 #: Their row tiles at most (GEMM 1 holds gate, up and two products in flight: 4 x 32 fp32 a thread at
 #: 64 rows and 8 warps), their pipeline stages at most (a 64 x 128 x 128 GEMM 1 stage is 40 KB: A 8 KB,
 #: gate and up 16 KB each) and GEMM 2's column tiles at most (two halves of at most 128 rows, each in
@@ -659,7 +661,7 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     leaves room for the weight tiles converted to x's dtype (in shared memory for the wgmma, or for
     the layout conversion to its register operand).
 
-    ``fp8a`` (default FP8A_TMA_PREFILL, off): with FP8 activations, fp8_act_tma's persistent GEMMs
+    ``fp8a`` (default FP8A_TMA_PREFILL, on): with FP8 activations, fp8_act_tma's persistent GEMMs
     where the entry is "tma_persistent" as for ``tma`` (config key "FP8A": 1, "PIPE": 1), BLOCK_M at most
     FP8A_MAX_BLOCK_M, GEMM 2's BLOCK_N at most FP8A_MAX_BLOCK_N2 (a power of two, halves dividing
     128), FP8A_STAGES stages within the budget."""

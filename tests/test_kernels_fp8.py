@@ -28,6 +28,16 @@ import triton.language as tl  # noqa: E402
 
 from megamoe.kernels.fp8_gemm import _e4m3_to, _quantize_groups  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _pointer_and_first_tma_fp8_gemms(monkeypatch):
+    """This file tests the pointer FP8 GEMMs and the first persistent ones (FP8_TMA_PREFILL); the
+    persistent FP8-activation GEMMs that take precedence at prefill by default (plan.FP8A_TMA_PREFILL)
+    have their own file, tests/test_kernels_fp8a.py."""
+    from megamoe.kernels import plan
+
+    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", False)
+
 BASE = dict(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
 
 #: name -> (config fields, why)

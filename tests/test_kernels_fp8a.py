@@ -198,8 +198,9 @@ def test_fp8a_entry_on_the_h200_table(preset, T):
         assert g["num_stages"] == min(plan.FP8A_STAGES, plan.FP8_SMEM_BUDGET_BYTES // stage) >= 3
     off = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
     assert "FP8A" not in off["gemm1"] and off["gemm1"]["variant"] == "pointer"
-    if not plan.FP8A_TMA_PREFILL:
-        assert plan.fp8_entry(base, "weights+act", depths=(H, I), tma=False) == off
+    default = plan.fp8_entry(base, "weights+act", depths=(H, I), tma=False)
+    assert default == (plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True, tma=False)
+                       if plan.FP8A_TMA_PREFILL else off)
     assert plan.fp8_entry(base, "weights", depths=(H, I), fp8a=True) == plan.fp8_entry(base, "weights", depths=(H, I))
     kinds = {g: plan.GEMM_KERNELS[g, plan._kernel_key(c, "weights+act")] for g, c in (("gemm1", g1), ("gemm2", g2))}
     assert kinds == {"gemm1": "_gemm1_fp8a_kernel", "gemm2": "_gemm2_fp8a_kernel"}

@@ -298,7 +298,7 @@ def test_fp8_entry_sizes_the_persistent_weight_only_gemms(monkeypatch):
         odd = plan.fp8_entry(entry, "weights", depths=depths, tma_weights=True)
         assert odd["gemm1"]["BLOCK_M"] == plan.FP8_MAX_BLOCK_M
         assert [odd[g]["variant"] for g in ("gemm1", "gemm2")] != ["tma_persistent"] * 2
-    act = plan.fp8_entry(entry, "weights+act", depths=(2048, 768), tma=False, tma_weights=True)
+    act = plan.fp8_entry(entry, "weights+act", depths=(2048, 768), tma=False, tma_weights=True, fp8a=False)
     assert act["gemm1"]["variant"] == act["gemm2"]["variant"] == "pointer"
     pointer_entry = cfgs.default_config(128, 2048, 768, 8, 4096)  # a "pointer" entry stays one
     assert plan.fp8_entry(pointer_entry, "weights", depths=(2048, 768), tma_weights=True) == \
