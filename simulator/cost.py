@@ -538,8 +538,10 @@ L2_SHARED_READER_DEPTH_BYTES = 48 << 10
 #: The GEMMs of 8 warps keep 144-200 KiB in flight at one program per SM (DeepSeek-V3 T = 512 GEMM 1:
 #: 147,456 bytes of buffers; the decode / prefill megakernel 160-200 KiB) and moved ~9 TB/s through L2
 #: (run AT: multi GEMM 1 8.87 GB in 1,008 us; the megakernel ~9.3 GB in ~1,050 us), where the model
-#: read 6.3 (hits) and 7.8 (the SMs' intake). Off until a GPU run holds it out.
-USE_L2_READ_DEPTH = False
+#: read 6.3 (hits) and 7.8 (the SMs' intake). On since runs AW-AY (49-51), held out with the other two of USE_L2_READ_DEPTH, USE_TASK_DEEP_READ, USE_SUSTAINED_CLOCKS: the
+#: three together, predicted before each measurement, median 5.2% against 6.8% without (run AY), 5.1%
+#: against 6.1% (run AW, re-predicted); max 21-28% either way (NOTES-gpu-runs.md, thirteenth session).
+USE_L2_READ_DEPTH = True
 
 
 def l2_readers(in_flight, depth) -> float:
@@ -639,8 +641,10 @@ USE_DEEP_READ_TABLE = False
 #: busy when its first tasks are placed. Why (simulator/README.md, issue 8's outliers): H200 run AT,
 #: Qwen3-30B-A3B T = 64 megakernel, concentrated +16% (48 GEMM 1 tasks at the grid reader's
 #: 48 GB/s a program; the megakernel keeps 160 KiB of weight tiles in flight) and Zipf -16% (132
-#: tasks that start together after the top-k priced as if streaming). Off until a GPU run holds it out.
-USE_TASK_DEEP_READ = False
+#: tasks that start together after the top-k priced as if streaming). On since runs AW-AY (49-51), held out with the other two of USE_L2_READ_DEPTH, USE_TASK_DEEP_READ, USE_SUSTAINED_CLOCKS: the
+#: three together, predicted before each measurement, median 5.2% against 6.8% without (run AY), 5.1%
+#: against 6.1% (run AW, re-predicted); max 21-28% either way (NOTES-gpu-runs.md, thirteenth session).
+USE_TASK_DEEP_READ = True
 
 
 #: whether a launch or task plan's MMA (compute) terms run at the sustained-clock ratio
@@ -651,9 +655,11 @@ USE_TASK_DEEP_READ = False
 #: (benchmarks/bench_sustained.py, cuBLAS 8192^3 bf16 in one CUDA graph after 1.5 s idle) 777-797
 #: TFLOP/s over 1.4-22 ms at 1,980 MHz, 748 over 94 ms, 705 over 300 ms with the SM clock at 1,515 MHz
 #: after; the calibrated MMA tables come from short launches, and validation's long prefill rows
-#: (graphs of several 8-24 ms calls) ran 11-16% slower than predicted (simulator/README.md). Off: not
-#: yet held out by a GPU run.
-USE_SUSTAINED_CLOCKS = False
+#: (graphs of several 8-24 ms calls) ran 11-16% slower than predicted (simulator/README.md). On since runs
+#: AW-AY (49-51), held out with the other two of USE_L2_READ_DEPTH, USE_TASK_DEEP_READ, USE_SUSTAINED_CLOCKS:
+#: the three together, predicted before each measurement, median 5.2% against 6.8% without (run AY),
+#: 5.1% against 6.1% (run AW, re-predicted); max 21-28% either way (NOTES-gpu-runs.md, thirteenth session).
+USE_SUSTAINED_CLOCKS = True
 
 
 def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:

@@ -839,19 +839,20 @@ def test_sustained_table_travels_to_the_profile_and_the_loader_checks_it(tmp_pat
     assert "from idle" not in summary(m, prof)
 
 
-def test_best_of_passes_keeps_each_points_highest_rate_in_the_first_sweeps_order():
-    """The gemm steps' sweeps: a point dipping in one sweep (a transient clock drop, run AW) takes
-    its rate from the other; fields that are not tables are the first sweep's; the spread is the
-    largest best / worst ratio of a point; one pass returns the sweep as it is."""
-    from megamoe.calibrate import best_of_passes
+def test_median_of_passes_keeps_each_points_middle_rate_in_the_first_sweeps_order():
+    """The gemm steps' sweeps: a point dipping (a transient clock drop, run AW) or peaking in one
+    sweep takes the middle rate of three; fields that are not tables are the first sweep's; the
+    spread is the largest best / worst ratio of a point; one pass returns the sweep as it is."""
+    from megamoe.calibrate import median_of_passes
 
     sweeps = iter([
         {"points_tma": [[128, 256, 8, 1024, 3.0], [64, 128, 4, 256, 2.0]], "failed": {"x": "why"}},
         {"points_tma": [[64, 128, 4, 256, 1.0], [128, 256, 8, 1024, 4.5]], "failed": {}},
+        {"points_tma": [[64, 128, 4, 256, 2.5], [128, 256, 8, 1024, 4.4]], "failed": {}},
     ])
-    out = best_of_passes(lambda: next(sweeps), 2)
-    assert out["points_tma"] == [[128, 256, 8, 1024, 4.5], [64, 128, 4, 256, 2.0]]
-    assert out["failed"] == {"x": "why"} and out["passes"] == 2
-    assert out["pass_spread"]["points_tma"] == pytest.approx(2.0)
+    out = median_of_passes(lambda: next(sweeps), 3)
+    assert out["points_tma"] == [[128, 256, 8, 1024, 4.4], [64, 128, 4, 256, 2.0]]
+    assert out["failed"] == {"x": "why"} and out["passes"] == 3
+    assert out["pass_spread"]["points_tma"] == pytest.approx(2.5)
     one = {"points_tma": [[1, 2, 3]]}
-    assert best_of_passes(lambda: one, 1) == one
+    assert median_of_passes(lambda: one, 1) == one

@@ -5,7 +5,8 @@ memory and weight streams (USE_SHARED_MEMORY_OCCUPANCY, USE_WEIGHT_STREAMS), the
 table (USE_DEEP_READ_TABLE), the sustained-clock ratio of the MMA terms (USE_SUSTAINED_CLOCKS), the
 L2 reads by bytes in flight (USE_L2_READ_DEPTH), the megakernel tasks' HBM reads by depth and by cohort
 (USE_TASK_DEEP_READ):
-their defaults (USE_L2_SHARED_READ on since run AH, the others off); each changes only the terms it
+their defaults (USE_L2_SHARED_READ on since run AH; USE_SUSTAINED_CLOCKS, USE_L2_READ_DEPTH and
+USE_TASK_DEEP_READ since runs AW-AY; the others off); each changes only the terms it
 names when on and the profile has its table, and nothing where the profile has none. The tests of
 the mechanics start from every switch off (the ``_all_off`` fixture)."""
 
@@ -117,14 +118,14 @@ def _all_off(monkeypatch):
 
 
 def test_switch_defaults():
-    """Run AH validated the launches' shared-read L2 hits; the tasks', the intake's, the serial
-    tables' and the reuse table's switches stay off."""
+    """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
+    read depth and the tasks' deep reads together; the others stay off."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_L2_SHARED_READ_TASKS": False,
                         "USE_L2_SHARED_INTAKE": False, "USE_SERIAL_STEP_TABLES": False,
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
-                        "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": False,
-                        "USE_L2_READ_DEPTH": False, "USE_TASK_DEEP_READ": False}
+                        "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": True,
+                        "USE_L2_READ_DEPTH": True, "USE_TASK_DEEP_READ": True}
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
