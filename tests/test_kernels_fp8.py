@@ -25,6 +25,7 @@ pytestmark = pytest.mark.interpret
 
 import triton  # noqa: E402  (after conftest.py chose the interpreter)
 import triton.language as tl  # noqa: E402
+from pairs import pair_rows_reference  # noqa: E402
 
 from megamoe.kernels.fp8_gemm import _e4m3_to, _quantize_groups  # noqa: E402
 
@@ -163,7 +164,6 @@ def test_poisoned_buffers(rng, device):
     from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
     from megamoe.kernels.moe import align_only
     from megamoe.kernels.plan import static_plan
-    from megamoe.reference import expert_ffn
 
     cfg = MoEConfig(**BASE)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
@@ -189,8 +189,7 @@ def test_poisoned_buffers(rng, device):
     got = pairs.cpu().double().numpy()
     assert np.isfinite(got).all(), "a pair row was left unwritten or took NaN from a padding row"
     xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
-    want = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
-                     for t in range(T) for k, e in enumerate(idx[t])])
+    want = pair_rows_reference(xr, wd, idx, tw, cfg, fp8_activations=True)
     assert_close(got, want, "fp8_e4m3", "pair rows")
     n_rows = int(meta["padded_offsets"][E])
     pad = (meta["padded_token"][:n_rows] < 0).cpu()
@@ -435,7 +434,6 @@ def test_tma_fp8_gemms_match_pointer_and_reference(case, rng, device):
     """The persistent TMA FP8 GEMMs (FP8 activations) against the FP8 reference and the pointer
     FP8 GEMMs (the same arithmetic: the same codes, scales and sums) on a given routing, every
     output buffer poisoned with NaN: every valid activation row and pair row is written."""
-    from megamoe.reference import expert_ffn
 
     T, routing, _why = TMA_GEMM_CASES[case]
     cfg = MoEConfig(**TMA_BASE)
@@ -468,8 +466,7 @@ def test_tma_fp8_gemms_match_pointer_and_reference(case, rng, device):
         torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-3)
         torch.testing.assert_close(got[2].float(), want[2].float(), rtol=2**-6, atol=1e-3)
     xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
-    ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
-                    for t in range(T) for k, e in enumerate(idx[t])])
+    ref = pair_rows_reference(xr, wd, idx, tw, cfg, fp8_activations=True)
     assert_close(got[2].double().numpy(), ref, "fp8_e4m3", f"persistent FP8 GEMMs, {case}")
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pairs import pair_rows_reference  # noqa: E402
 
-from megamoe.reference import MoEConfig, assert_close, expert_ffn, random_weights, round_to_dtype
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
 from megamoe.reference import moe_forward as ref_forward
 
 pytestmark = pytest.mark.interpret
@@ -103,8 +104,7 @@ def test_fp8a_gemms_match_reference_and_pointer(case, rng, device):
         torch.testing.assert_close(h_got, h_want, rtol=2**-3, atol=1e-3)
         torch.testing.assert_close(got[2].float(), want[2].float(), rtol=2**-6, atol=1e-3)
     xr, wd = round_to_dtype(x, device.dtype), w8.dequantize()
-    ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg, fp8_activations=True)[0]
-                    for t in range(T) for k, e in enumerate(idx[t])])
+    ref = pair_rows_reference(xr, wd, idx, tw, cfg, fp8_activations=True)
     assert_close(got[2].double().numpy(), ref, "fp8_e4m3", f"fp8a GEMMs, {case}")
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from launches import LaunchRecorder
 
-from megamoe.reference import MoEConfig, assert_close, expert_ffn, random_weights, round_to_dtype
+from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
 from megamoe.reference import moe_forward as ref_forward
 from megamoe.reference.fp8 import e4m3_decode
 
@@ -32,6 +32,7 @@ pytestmark = pytest.mark.interpret
 
 import triton  # noqa: E402  (after conftest.py chose the interpreter)
 import triton.language as tl  # noqa: E402
+from pairs import pair_rows_reference  # noqa: E402
 
 from megamoe.kernels.fp8_gemm import _e4m3_folded  # noqa: E402
 
@@ -127,8 +128,7 @@ def test_fp8w_gemms_match_the_fp8_reference(case, swap, rng, device):
         if T == 0:
             continue
         xr = round_to_dtype(x, dtype)
-        want = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg)[0]
-                         for t in range(T) for k, e in enumerate(idx[t])])
+        want = pair_rows_reference(xr, wd, idx, tw, cfg)
         got = pairs.double().numpy()
         assert_close(got, want, "fp8_e4m3", f"fp8w GEMMs {case} {dtype} swap={swap}")
         if dtype == "float32":
@@ -170,8 +170,7 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
             assert_close(got.double().cpu().numpy(), want.double().cpu().numpy(), "bfloat16",
                          f"fp8w against the pointer FP8 GEMMs, swap={swap}")
     xr, wd = round_to_dtype(x, dtype), w8.dequantize()
-    ref = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wd.gate_up[e], wd.down[e], cfg)[0]
-                    for t in range(T) for k, e in enumerate(idx[t])])
+    ref = pair_rows_reference(xr, wd, idx, tw, cfg)
     assert_close(got.double().numpy(), ref, "fp8_e4m3", "fp8w GEMMs, 128-row bands")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pairs import pair_rows_reference
 
 from megamoe.reference import MoEConfig, assert_close, random_weights, round_to_dtype
 from megamoe.reference import moe_forward as ref_forward
@@ -141,7 +142,6 @@ def test_poisoned_buffers(num_sms, flatten, rng, device):
     loop (FLATTEN=1) or not."""
     from megamoe.kernels.grouped_gemm import launch_gemm1, launch_gemm2
     from megamoe.kernels.moe import align_only
-    from megamoe.reference import expert_ffn
 
     cfg = MoEConfig(**BASE)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
@@ -168,8 +168,7 @@ def test_poisoned_buffers(num_sms, flatten, rng, device):
     got = pairs.cpu().double().numpy()
     assert np.isfinite(got).all(), "a pair row was left unwritten or took NaN from a padding row"
     xr, wr = round_to_dtype(x, dt), w.round_to(dt)
-    want = np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], wr.gate_up[e], wr.down[e], cfg)[0]
-                     for t in range(T) for k, e in enumerate(idx[t])])
+    want = pair_rows_reference(xr, wr, idx, tw, cfg)
     assert_close(got, want, dt, f"pair rows, {num_sms} programs")
     n_rows = int(meta["padded_offsets"][E])
     pad = (meta["padded_token"][:n_rows] < 0).cpu()
