@@ -15,3 +15,9 @@ def pair_rows_reference(xr, w, idx, tw, cfg, **ffn_kwargs) -> np.ndarray:
     weights ``tw``; ``ffn_kwargs`` go to reference.expert_ffn (e.g. fp8_activations=True)."""
     return np.stack([tw[t, k] * expert_ffn(xr[t:t + 1], w.gate_up[e], w.down[e], cfg, **ffn_kwargs)[0]
                      for t in range(len(idx)) for k, e in enumerate(idx[t])])
+
+
+def dequantized_rows(codes, scales, width: int):
+    """FP8 rows (e4m3 ``codes``, one float32 scale per 128 columns in ``scales``) as float32, cut to
+    ``width`` columns: GEMM 1's quantized activation as GEMM 2 reads it."""
+    return codes.float() * scales.repeat_interleave(128, 1)[:, :width]
