@@ -414,6 +414,11 @@ def run(args: argparse.Namespace) -> int:
     if args.counts_from and not Path(args.counts_from).exists():
         print(f"megamoe validate: --counts-from {args.counts_from!r} does not exist", file=sys.stderr)
         return 2
+    if getattr(args, "variant", None) and (args.repredict or args.report or not (_has_cuda() or args.scale)):
+        print("megamoe validate: --variant is for the GPU run (or --scale), whose predictions come before its "
+              "measurements; to re-predict stored rows with other switches, run --repredict once per --switch set",
+              file=sys.stderr)
+        return 2
     if getattr(args, "switch", None) and not (args.repredict or _has_cuda() or args.scale):
         print("megamoe validate: --switch needs --repredict PROFILE or the GPU run (or --scale)", file=sys.stderr)
         return 2

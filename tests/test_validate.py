@@ -366,3 +366,5 @@ def test_repredict_switch_sets_a_cost_switch_for_the_run_only(tmp_path, capsys):
     assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_GEMM_REUSE_TABLE=maybe"]) == 2
     assert main(["validate", "--report", str(src), "--switch", "USE_GEMM_REUSE_TABLE=on"]) == 2
     assert "--switch needs --repredict" in capsys.readouterr().err
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--variant", "USE_L2_READ_DEPTH=off"]) == 2
+    assert "--variant is for the GPU run" in capsys.readouterr().err
