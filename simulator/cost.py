@@ -78,6 +78,8 @@ profile without it predicts as with the switch off):
                             grouped GEMMs whose weight tiles are each read by r row blocks, weights
                             from HBM) at the expert's row blocks r (``gemm_reuse_rate``): the dense
                             table's GEMM reads each weight tile for 32 row blocks
+    USE_TASK_REUSE_TABLE    the same cap for the megakernel's routed GEMM tasks, each at its expert's row
+                            blocks ceil(rows / tile_m) (``task_reuse_rates``)
     USE_SHARED_MEMORY_OCCUPANCY  a launch's programs per SM at most what its programs' shared
                             memory leaves room for (the plan's shared_bytes in
                             kernel_model.sm_shared_memory_bytes, ``launch_occupancy``), not the
@@ -109,6 +111,9 @@ profile without it predicts as with the switch off):
                             programs then reading, at its tasks' bytes (deep table, else the hbm grid), not
                             at the marginal rate for the few programs busy as its first tasks are placed.
                             The tasks' L2-hit part keeps the grid's busy-programs curve
+    USE_L2_MANY_READERS     the shared-read table (kernel_model.l2_shared_read) read at its programs past
+                            2S where the profile measured them (calibrate's l2_shared step: up to 3S);
+                            off: at most 2S, the table's old edge (``l2_shared_rate``)
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -484,6 +489,15 @@ USE_GEMM_REUSE_TABLE = False
 #: the weights' HBM rate). 0 reads every BLOCK_M the table has.
 REUSE_TABLE_MIN_ROWS = GEMM_TABLE_MIN_ROWS
 
+#: whether the megakernel's routed GEMM tasks' tensor rate is at most the reuse table's at their
+#: expert's row blocks (``task_reuse_rates``), as USE_GEMM_REUSE_TABLE caps a launch's. The
+#: hypothesis: the megakernel's Qwen3-30B-A3B prefill rows (2-8 row blocks per expert) ran 10-17%
+#: slower than predicted in runs AW-AZ while Mixtral-8x7B's (8-32) did not. Off: run AZ's stored rows
+#: re-predicted with it, megakernel median 7.8% -> 9.0%, max 16.9% -> 23.8% (Qwen3-30B-A3B T = 4096
+#: -16.9% -> -7.4%, but Mixtral-8x7B T >= 512 +6..13% -> +14..24%: the reuse table's 8-warp gated
+#: tile at r = 8 reads 4.5 TFLOP/s per SM where the dense table reads 5.2); held out in a GPU run.
+USE_TASK_REUSE_TABLE = False
+
 
 def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_warps, row_blocks):
     """Tensor FLOP/s per SM of a grouped GEMM tile loop of form ``loads`` whose weight tiles are
@@ -507,13 +521,27 @@ def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_w
     return _loglog_grid(depths, rbs, rates, depth, row_blocks)
 
 
+#: whether the shared-read table is read past 2S programs where a profile measured it there (calibrate's
+#: l2_shared step takes 3S since this session: the 8-warp GEMMs' 144-200 KiB in flight are worth 400-550
+#: of its 48 KiB readers, ``l2_readers``; the table used to end at 2S = 264 programs, 8.35 TB/s on
+#: H200 run AZ, where DeepSeek-V3 T = 512 Zipf's GEMMs moved ~9-10 TB/s and were over-predicted by
+#: 15-24% in every run, multi and megakernel). Off: the programs read at most at 2S, as a profile
+#: ending there reads them (the variant that holds the wider table out in a GPU run).
+USE_L2_MANY_READERS = True
+#: the table's programs edge that USE_L2_MANY_READERS off keeps (x SMs)
+L2_READERS_OLD_EDGE = 2
+
+
 def l2_shared_rate(profile: Profile, programs, group):
     """Aggregate L2 read bytes/s of ``programs`` programs reading shared tiles in groups of
     ``group`` at once (kernel_model.l2_shared_read; arrays broadcast; bilinear in log2 programs and
-    log2 group, clamped at the table's edges), or None where the profile has no table."""
+    log2 group, clamped at the table's edges; USE_L2_MANY_READERS off: programs at most
+    L2_READERS_OLD_EDGE x SMs), or None where the profile has no table."""
     km = _km(profile)
     if not km.l2_shared_rate:
         return None
+    if not USE_L2_MANY_READERS:
+        programs = np.minimum(np.asarray(programs, dtype=np.float64), L2_READERS_OLD_EDGE * profile.num_sms)
     return _loglog_grid(km.l2_shared_programs, km.l2_shared_groups, km.l2_shared_rate, programs, group)
 
 
@@ -1414,6 +1442,28 @@ def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, tma: np.ndarray,
     return curve, np.stack(stream), one_shot
 
 
+def task_reuse_rates(p: Profile, kind: np.ndarray, kinds: list, forms: dict, a: dict, rows_e: np.ndarray,
+                     num_warps: int, rate: np.ndarray) -> np.ndarray:
+    """Each routed GEMM task's tensor rate per SM from the reuse table (``gemm_reuse_rate``) of its
+    loop form at its expert's row blocks (ceil(rows / tile_m)): how often the expert's weight tiles
+    are read; ``rate`` (unchanged) for tasks the table does not price (USE_TASK_REUSE_TABLE)."""
+    out = np.array(rate, dtype=np.float64, copy=True)
+    routed = _of_kinds(kind, kinds, ("gemm1", "gemm2"))
+    if not routed.any():
+        return out
+    gated = _of_kinds(kind, kinds, GATED_KINDS)
+    tm = np.maximum(a["tile_m"], 1)
+    rb = np.maximum(np.ceil(np.maximum(rows_e, 1) / tm), 1)
+    keys = np.stack([gated.astype(np.int64), tm, a["tile_n"], a["depth"], rb], axis=1)[routed]
+    idx = np.nonzero(routed)[0]
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    for u, (g, bm, bn, dp, r) in enumerate(uniq):
+        v = gemm_reuse_rate(p, forms["gated" if g else "other"], bm, bn, max(dp, 1), num_warps, r)
+        if v is not None:
+            out[idx[inv.ravel() == u]] = float(v)
+    return out
+
+
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
                dtype: str = "bf16", weight_loads: str = "pointer", read_depth: float = 0.0,
                weight_depth: dict | None = None) -> dict:
@@ -1447,6 +1497,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             rate[sel] = mma_rate_per_sm(p, np.maximum(a["tile_m"][sel], 1), np.maximum(a["tile_n"][sel], 1),
                                         np.maximum(a["depth"][sel], 1), num_warps, np.maximum(rows_e[sel], 1),
                                         dtype=dtype, loads=loads)
+    if USE_TASK_REUSE_TABLE and dtype == "bf16":
+        rate = np.minimum(rate, task_reuse_rates(p, kind, kinds, forms, a, rows_e, num_warps, rate))
     rate = rate / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes

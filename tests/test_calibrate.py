@@ -555,7 +555,7 @@ def test_l2_shared_step_times_every_program_count_and_group(monkeypatch):
         mp.setattr(torch, "randn", lambda *a, **kw: torch.zeros(1))  # no CUDA buffer
         full = calibrate.measure_l2_shared(1, 132, 1e-6)
         quick = calibrate.measure_l2_shared(1, 132, 1e-6, quick=True)
-    assert [p[:2] for p in full["points"]] == [[P, g] for P in (16, 66, 132, 264) for g in calibrate.L2_SHARED_GROUPS]
+    assert [p[:2] for p in full["points"]] == [[P, g] for P in (16, 66, 132, 264, 396) for g in calibrate.L2_SHARED_GROUPS]
     assert [p[:2] for p in quick["points"]] == [[P, g] for P in (66, 132) for g in (1, 8)]
     for P, g, r in full["points"]:
         assert r == pytest.approx(1e12 * (1 + P / 100) * (1 + g / 10))

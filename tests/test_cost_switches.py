@@ -102,7 +102,8 @@ def _router_stage():
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_L2_SHARED_READ_TASKS", "USE_L2_SHARED_INTAKE", "USE_SERIAL_STEP_TABLES",
             "USE_GEMM_REUSE_TABLE", "USE_TASK_STREAM_INTAKE", "USE_SHARED_MEMORY_OCCUPANCY", "USE_WEIGHT_STREAMS",
-            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ")
+            "USE_DEEP_READ_TABLE", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
+            "USE_L2_MANY_READERS", "USE_TASK_REUSE_TABLE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_STREAM_INTAKE reads the L2 rate every profile has;
 #: the shared-memory and weight-stream switches read the stage and the profile's HBM grid; USE_TASK_DEEP_READ's
@@ -125,7 +126,32 @@ def test_switch_defaults():
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
                         "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": True,
-                        "USE_L2_READ_DEPTH": True, "USE_TASK_DEEP_READ": True}
+                        "USE_L2_READ_DEPTH": True, "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": True,
+                        "USE_TASK_REUSE_TABLE": False}
+
+
+def test_many_readers_off_reads_the_table_at_most_at_its_old_edge(monkeypatch):
+    """A shared-read table measured to 3S: on, 330 and 396 programs read past 2S (and clamp at 3S);
+    off, every count past 2S reads the 2S row, as a profile whose table ends at 2S reads it; below
+    2S both agree."""
+    d = _profile().to_dict()
+    S = _profile().num_sms
+    progs = (S // 8, S, 2 * S, 3 * S)
+    d["kernel_model"]["l2_shared_read"] = _table("bytes/s", ["programs", "sharing_group"],
+                                                 [[P, g, float(_l2(P, g))] for P in progs for g in (1, 4, 16)])
+    p = validate(d)
+    monkeypatch.setattr(cost, "USE_L2_MANY_READERS", True)
+    assert cost.l2_shared_rate(p, 3 * S, 4) == pytest.approx(_l2(3 * S, 4))
+    assert cost.l2_shared_rate(p, 10 * S, 4) == pytest.approx(_l2(3 * S, 4))
+    between = cost.l2_shared_rate(p, 2.5 * S, 1)
+    assert _l2(2 * S, 1) < between < _l2(3 * S, 1)
+    low = cost.l2_shared_rate(p, S, 4)
+    monkeypatch.setattr(cost, "USE_L2_MANY_READERS", False)
+    assert cost.l2_shared_rate(p, 3 * S, 4) == pytest.approx(_l2(2 * S, 4))
+    assert cost.l2_shared_rate(p, 2.5 * S, 1) == pytest.approx(_l2(2 * S, 1))
+    assert cost.l2_shared_rate(p, S, 4) == low
+    rates = cost.l2_shared_rate(p, np.array([S, 3 * S]), 1)  # arrays: each capped
+    assert rates == pytest.approx([_l2(S, 1), _l2(2 * S, 1)])
 
 
 def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
@@ -1001,3 +1027,29 @@ def test_megakernel_weight_depth_is_the_deep_readers_depth():
                                        "gemm2": {"BLOCK_N": 128, "BLOCK_K": 128}}}
     deep_reader = gemm_shared_bytes({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_stages": 4}, 0.0, 2.0, 2)
     assert megakernel_weight_depth(mk16)["gemm1"] == deep_reader == 3 * 2 * 64 * 128 * 2  # mma.sync: stages - 1
+
+
+def test_task_reuse_table_caps_only_the_routed_gemm_tasks(monkeypatch):
+    """USE_TASK_REUSE_TABLE: the megakernel's routed GEMM tasks (128-row tiles, one row block per
+    expert, pointer loads) at most the reuse table's rate at r = 1 (the pointer form's table, its
+    only depth); a table far above the dense rate changes nothing; other kinds never change."""
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import task_plan
+
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    tiles = {"router": {"BLOCK_T": 16, "BLOCK_H": 64, "SPLIT": 4}, "gemm1": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64},
+             "gemm2": {"BLOCK_N": 64, "BLOCK_K": 64}, "shared": {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_N2": 64, "BLOCK_K": 64},
+             "combine": {"BLOCK_T": 1, "BLOCK_H": 1024}, "order": {"GROUP_M": 8}}
+    plan = task_plan(cfg, np.array([128] * 8 + [0] * (cfg.num_experts - 8)), 128, tiles, num_programs=132)
+    slow, fast = _reuse_profile(scale=1e-3), _reuse_profile(scale=1e3)
+    off = cost.task_costs(plan, slow, num_programs=132)
+    kinds = off["kinds"]
+    routed = np.isin(off["kind"], [kinds.index(k) for k in ("gemm1", "gemm2")])
+    assert routed.any() and (~routed).any()
+    monkeypatch.setattr(cost, "USE_TASK_REUSE_TABLE", True)
+    on = cost.task_costs(plan, slow, num_programs=132)
+    assert (on["compute_s"][routed] > off["compute_s"][routed]).all()
+    assert np.array_equal(on["compute_s"][~routed], off["compute_s"][~routed])
+    rate = np.asarray(on["arrays"]["flops"], dtype=np.float64)[routed] / on["compute_s"][routed]
+    assert rate == pytest.approx(1e-3 * 0.5 * float(_reuse(2048, 1)))
+    assert np.array_equal(cost.task_costs(plan, fast, num_programs=132)["compute_s"], off["compute_s"])
