@@ -113,7 +113,7 @@ profile without it predicts as with the switch off):
                             The tasks' L2-hit part keeps the grid's busy-programs curve
     USE_L2_MANY_READERS     the shared-read table (kernel_model.l2_shared_read) read at its programs past
                             2S where the profile measured them (calibrate's l2_shared step: up to 3S);
-                            off: at most 2S, the table's old edge (``l2_shared_rate``)
+                            off (the default): at most 2S, the table's old edge (``l2_shared_rate``)
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -522,12 +522,16 @@ def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_w
 
 
 #: whether the shared-read table is read past 2S programs where a profile measured it there (calibrate's
-#: l2_shared step takes 3S since this session: the 8-warp GEMMs' 144-200 KiB in flight are worth 400-550
-#: of its 48 KiB readers, ``l2_readers``; the table used to end at 2S = 264 programs, 8.35 TB/s on
-#: H200 run AZ, where DeepSeek-V3 T = 512 Zipf's GEMMs moved ~9-10 TB/s and were over-predicted by
-#: 15-24% in every run, multi and megakernel). Off: the programs read at most at 2S, as a profile
-#: ending there reads them (the variant that holds the wider table out in a GPU run).
-USE_L2_MANY_READERS = True
+#: l2_shared step takes 3S since run BA: the 8-warp GEMMs' 144-200 KiB in flight are worth 400-550 of
+#: its 48 KiB readers, ``l2_readers``; the table used to end at 2S = 264 programs, 8.35 TB/s on H200
+#: run AZ, where DeepSeek-V3 T = 512 Zipf's GEMMs moved ~9-10 TB/s and were over-predicted by 15-24%
+#: in every run, multi and megakernel). Off: the programs read at most at 2S, as a profile ending there
+#: reads them. Off since run BA (53), which measured 9.9 TB/s at 3S (8.5 at 2S) and held both out,
+#: predicted before each measurement: on 6.1% median / 18.5% max / 5 outside 15%, off 5.6% / 19.2% / 4.
+#: On fixed DeepSeek-V3 T = 512 Zipf's megakernel row (+12.6% -> +2.6%) but under-priced the 4-warp
+#: launches of 64-row tiles whose deep buffers (98-164 KiB, one program per SM by shared memory) read
+#: as 400+ readers: Qwen3-30B-A3B T = 64-512 concentrated / Zipf, multi -2..0% -> -9..-14%.
+USE_L2_MANY_READERS = False
 #: the table's programs edge that USE_L2_MANY_READERS off keeps (x SMs)
 L2_READERS_OLD_EDGE = 2
 

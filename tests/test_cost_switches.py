@@ -126,7 +126,7 @@ def test_switch_defaults():
                         "USE_GEMM_REUSE_TABLE": False, "USE_TASK_STREAM_INTAKE": False,
                         "USE_SHARED_MEMORY_OCCUPANCY": False, "USE_WEIGHT_STREAMS": False,
                         "USE_DEEP_READ_TABLE": False, "USE_SUSTAINED_CLOCKS": True,
-                        "USE_L2_READ_DEPTH": True, "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": True,
+                        "USE_L2_READ_DEPTH": True, "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False,
                         "USE_TASK_REUSE_TABLE": False}
 
 
