@@ -714,15 +714,23 @@ def likely_cause(r: dict) -> str:
     err = (r["predicted_us"] - r["measured_us"]) / r["measured_us"]
     side = "over-predicted" if err > 0 else "under-predicted"
     gaps = _stage_gaps(r)
+    # a stage measured at or below zero: the graphs of the pipeline's prefixes disagree with the
+    # whole layer's (the layer timed faster than its own prefix), so that difference is noise, not a stage
+    noise = {g: v for g, v in gaps.items() if v[1] <= 0}
+    gaps = {g: v for g, v in gaps.items() if v[1] > 0}
+    said = ""
+    if noise:
+        said = "; " + ", ".join(f"{g} measured {v[1]:.1f} us" for g, v in noise.items()) + (
+            " (the whole layer's graph timed faster than its prefix's: the prefixes' timings disagree with it "
+            "by that much, so this row's stage split is noise there)")
     if gaps:
         same = {g: v for g, v in gaps.items() if (v[0] - v[1]) * err > 0} or gaps
         g = max(same, key=lambda k: abs(same[k][0] - same[k][1]))
         p, m, stage = same[g]
-        rel = f" ({(p - m) / m:+.0%})" if m > 0 else ""
-        return (f"{side}: largest stage gap {g}, predicted {p:.1f} us against {m:.1f} measured{rel}; "
-                f"its stage {stage} is priced by {_term_of(r['predicted_stages'][stage], r, stage)}")
+        return (f"{side}: largest stage gap {g}, predicted {p:.1f} us against {m:.1f} measured ({(p - m) / m:+.0%}); "
+                f"its stage {stage} is priced by {_term_of(r['predicted_stages'][stage], r, stage)}{said}")
     why = ("no per-stage figures in this row (one persistent launch)" if r.get("backend") == "megakernel"
-           else "no per-stage figures in this row")
+           else "no per-stage figures in this row") + said
     pred = r.get("predicted_stages") or {}
     if pred:
         main = max(pred, key=lambda k: float(pred[k]["us"]))

@@ -270,6 +270,24 @@ def test_likely_cause_names_the_stage_with_the_largest_gap_and_its_term():
     assert "memory traffic (HBM, L2 hits or the SMs' intake: this row does not record which)" in cause
 
 
+def test_likely_cause_leaves_out_a_stage_measured_below_zero():
+    """A stage measured at or below zero (the layer's graph faster than its prefix's, H200 run BA:
+    Mixtral-8x7B T = 4096's combine at -525 us) is never the largest gap: the cause names the
+    largest real gap and says the prefixes disagree there; with no real stage left it says so."""
+    from megamoe.validate import likely_cause
+
+    pred = {"router": {"us": 6.0, "bound": "serial"}, "gemm1": {"us": 60.0, "bound": "compute"},
+            "gemm2": {"us": 30.0, "bound": "compute"}, "combine": {"us": 4.0, "bound": "memory"}}
+    meas = {"router+align": 6.0, "gemm1": 50.0, "gemm2": 29.0, "combine": -20.0}
+    cause = likely_cause(_outlier(predicted_stages=pred, measured_stages_us=meas, predicted_us=100.0,
+                                  measured_us=65.0))
+    assert cause.startswith("over-predicted: largest stage gap gemm1, predicted 60.0 us against 50.0 measured (+20%)")
+    assert "combine measured -20.0 us (the whole layer's graph timed faster than its prefix's" in cause
+    only = likely_cause(_outlier(predicted_stages=pred, measured_stages_us={"combine": -20.0}, predicted_us=100.0,
+                                 measured_us=65.0))
+    assert only.startswith("over-predicted; no per-stage figures in this row; combine measured -20.0 us")
+
+
 def test_likely_cause_without_stages_says_so_and_names_the_dominant_term():
     from megamoe.validate import likely_cause
 
