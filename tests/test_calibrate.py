@@ -856,3 +856,33 @@ def test_median_of_passes_keeps_each_points_middle_rate_in_the_first_sweeps_orde
     assert out["pass_spread"]["points_tma"] == pytest.approx(2.5)
     one = {"points_tma": [[1, 2, 3]]}
     assert median_of_passes(lambda: one, 1) == one
+
+
+def test_mma_step_measures_the_small_tiles_the_tuned_launches_run():
+    """Every multi-launch GEMM tile of fewer than cost.GEMM_TABLE_MIN_ROWS rows (priced by the on-chip
+    mma table at its nearest shape) that the tuned configs launch for the validation presets from
+    T = 64 up (uniform routing, the H200's Triton 3.6 table) is a shape the mma step measures, so no
+    tile reads another shape's rate (before: 32 x (2 x 128) at 8 warps read 16 x 128 at 4)."""
+    import numpy as np
+
+    from megamoe.calibrate import MMA_TABLE_SHAPES
+    from megamoe.kernels.plan import launch_plan
+    from megamoe.reference import MoEConfig
+    from megamoe.scale import SCALE_PRESETS
+    from megamoe.simulator import cost
+
+    measured = {(bm, bn, w) for bm, bn, w, _ in MMA_TABLE_SHAPES}
+    missing = set()
+    for name in SCALE_PRESETS.split(","):
+        cfg = MoEConfig.preset(name)
+        for T in (64, 512, 4096, 16384):
+            counts = np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts)
+            plan = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", dtype="bfloat16",
+                               triton_version="3.6.0")
+            for s in plan.stages:
+                d = s.to_dict()
+                if "gemm" in d["name"] and d["flops_per_tile"] > 0:
+                    bm, bn, _ = cost._work_tile(d)
+                    if bm < cost.GEMM_TABLE_MIN_ROWS and (bm, bn, d["tile"]["num_warps"]) not in measured:
+                        missing.add((name, T, d["name"], bm, bn, d["tile"]["num_warps"]))
+    assert not missing
