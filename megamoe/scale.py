@@ -198,15 +198,24 @@ class CudaLayer:
 
         return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps)
 
-    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float) -> dict:
+    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
         """The multi-launch path's stages as measured (kernels.bench.stage_split): CUDA-graph times
-        of its prefixes (kernels.moe._forward's ``stop_after``) and ``total_us``, the whole layer's."""
+        of its prefixes (kernels.moe._forward's ``stop_after``) and ``total_us``, the whole layer's;
+        each prefix after ``idle_s`` seconds idle (``idle``) where that is above 0."""
         from megamoe.kernels import moe as kmoe
         from megamoe.kernels.bench import BREAKDOWN_STOPS, graph_time_us, stage_split
 
-        pre = {stop: graph_time_us(lambda a, stop=stop: kmoe._forward(a, ws, cfg, True, stop), list(xs), reps)
-               for stop in BREAKDOWN_STOPS}
+        pre = {}
+        for stop in BREAKDOWN_STOPS:
+            if idle_s > 0:
+                self.idle(idle_s)
+            pre[stop] = graph_time_us(lambda a, stop=stop: kmoe._forward(a, ws, cfg, True, stop), list(xs), reps)
         return stage_split(pre, total_us)
+
+    def idle(self, seconds: float) -> None:
+        """Wait for the GPU's queued work, then leave it idle ``seconds``."""
+        self.torch.cuda.synchronize()
+        time.sleep(seconds)
 
     def rel_diff(self, y, ref) -> float:
         """||y - ref|| / ||ref|| in float32."""
@@ -288,7 +297,10 @@ class InterpreterLayer(CudaLayer):
         self.forward(xs[0], ws, cfg, backend)
         return (time.perf_counter() - t) * 1e6
 
-    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float) -> dict:
+    def idle(self, seconds: float) -> None:
+        """Nothing to cool down on the CPU: the interpreter's loop does not wait."""
+
+    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
         """Each prefix run once, by wall time (exercises the breakdown; measures nothing)."""
         from megamoe.kernels import moe as kmoe
         from megamoe.kernels.bench import BREAKDOWN_STOPS, stage_split
@@ -751,9 +763,14 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
             if getattr(args, "variants", None):
                 row["cost_variants"] = {k: dict(v) for k, v in args.variants.items()}
             writer.write({**row, "phase": "prediction"})  # before anything is timed
+            idle = float(getattr(args, "idle_before", 0.0) or 0.0)
+            if idle > 0:
+                row["idle_before_s"] = idle
+                layer.idle(idle)
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):
-                row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"])
+                row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"],
+                                                           **({"idle_s": idle} if idle > 0 else {}))
             y = layer.forward(xs[0], ws, cfg, c.backend)
             group["y"][c.backend] = y
             ref = group["y"].get("multi") if c.backend != "multi" else None

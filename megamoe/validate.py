@@ -255,6 +255,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU run: also time the multi-launch path's stages (prefixes of the pipeline) for the "
                              "report's per-stage errors")
     parser.add_argument("--reps", type=int, default=5, help="GPU run: CUDA-graph replays per configuration (median)")
+    parser.add_argument("--idle-before", type=float, default=0.0, metavar="SECONDS",
+                        help="GPU run: leave the GPU idle this long before each configuration's layer timing (and "
+                             "each stage prefix's), so that it starts from the idle clocks the cost model's sustained "
+                             "ratio assumes (calibrate's sustained step pauses 1.5 s); default 0, back to back")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="GPU run: wall-time limit from the start (default none); see below")
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,

@@ -159,11 +159,16 @@ class FakeLayer:
             raise ValueError("boom")
         return 100.0 + int(xs[0][0])
 
-    def stage_us(self, cfg, ws, xs, reps, total_us):
+    def stage_us(self, cfg, ws, xs, reps, total_us, idle_s=0.0):
         from megamoe.kernels.bench import stage_split
 
+        for _ in range(3 if idle_s else 0):  # as the CUDA layer: before each of its three prefixes
+            self.idle(idle_s)
         T = int(xs[0][0])
         return stage_split({"align": 5.0, "gemm1": 45.0 + T, "gemm2": 75.0 + T}, total_us)
+
+    def idle(self, seconds):
+        self.calls.append(f"idle {seconds}")
 
     def rel_diff(self, y, ref):
         return float(np.abs(y - ref).max())
@@ -328,6 +333,23 @@ def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path)
     out2 = tmp_path / "v2"
     assert run_scale(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
     assert not any("measured_stages_us" in r for r in _rows(out2))
+
+
+def test_idle_before_leaves_the_gpu_idle_before_each_timing(tmp_path):
+    """--idle-before S: the layer idles S before the layer's timing and before each stage prefix of a
+    multi row (three here), and the rows say so; by default nothing idles."""
+    out = tmp_path / "v"
+    layer = FakeLayer()
+    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b", routings="uniform", idle_before=0.25),
+                     layer=layer) == 0
+    multi, mk = "qwen3-30b-a3b/T=8/uniform/multi", "qwen3-30b-a3b/T=8/uniform/megakernel"
+    assert layer.calls == ["idle 0.25", multi, "idle 0.25", "idle 0.25", "idle 0.25", "idle 0.25", mk]
+    rows = [r for r in _rows(out) if r["phase"] == "measurement"]
+    assert len(rows) == 2 and all(r["idle_before_s"] == 0.25 for r in rows)
+    plain = FakeLayer()
+    assert run_scale(_args(tmp_path / "w", tokens="8", models="qwen3-30b-a3b", routings="uniform"), layer=plain) == 0
+    assert not any(c.startswith("idle") for c in plain.calls)
+    assert not any("idle_before_s" in r for r in _rows(tmp_path / "w"))
 
 
 def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path):
