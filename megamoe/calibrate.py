@@ -26,7 +26,7 @@ Measured:
                               the best of the pointer-load readers (plain loads, the GEMM loop's
                               cp.async); hbm_read_tma: the same grid by the GEMM loop reading its
                               weight tiles through a TMA descriptor (Hopper+; skipped without TMA),
-                              which prices TMA-fed weights
+                              recorded, not read by the cost model
     l2 bandwidth              8S programs re-reading 16 MiB (L2-resident)
     mma                       tile shapes (BM 16/64/128, BN, warps) x depth, L2-resident operands,
                               8S programs; occupancy from the compiled kernels' registers and
@@ -39,7 +39,7 @@ Measured:
                               {1, 2, 4, 8, 16} row blocks (kernels/microbench_gemm.reuse_gemm, the
                               dense step's tile loops, weights well beyond L2: from HBM), for the
                               prefill GEMMs' loop forms and tiles (GEMM_REUSE_CASES) at two depths:
-                              kernel_model.gemm_reuse_<form>, read behind cost.USE_GEMM_REUSE_TABLE
+                              kernel_model.gemm_reuse_<form>, recorded, not read by the cost model
     mma_fp8                   the same tile shapes x depth, e4m3 x e4m3 with fp32 accumulation,
                               operands held on chip (``mma_resident``), 8S programs: the cost
                               model's fp8 rates (without it, the bf16 ones x the fp8/bf16 peak ratio)
@@ -59,7 +59,7 @@ Measured:
                               reader, then 16 x 64 x 128 and 16 x 128 x 128 gated tiles at 3-4
                               stages), groups of g in {1, 2, 4} consecutive programs reading the same
                               tiles at once, 256 KiB to 4 MiB each: bytes/s, kernel_model.hbm_deep_read
-                              (read behind cost.USE_DEEP_READ_TABLE; quick: S/4 and S, 48 and 128 KiB,
+                              (read behind cost.USE_TASK_DEEP_READ; quick: S/4 and S, 48 and 128 KiB,
                               g 1 and 4, 256 KiB and 4 MiB)
     select                    one routing program's selection (kernels/microbench_route.py: the
                               multi-launch router's _route_block on random fp32 logits) of each
@@ -70,7 +70,8 @@ Measured:
                               its own token rows and the same router weights: seconds per load+dot
                               step (kernel_model.serial_load_step), per top-1 pass
                               (serial_reduce_step), and per step of a dependent chain whose next
-                              address comes from the last load (serial_chain_step, recorded)
+                              address comes from the last load (serial_chain_step); all three
+                              recorded, not read by the cost model
     sustained                 after SUSTAINED_PAUSE_S idle, one CUDA graph of N back-to-back dense
                               bf16 8192^3 matmuls (torch.matmul, cuBLAS: the hardware's figure, as
                               the mma step's dense GEMM) for N busy about 5, 20, 60, 150, 300 ms
@@ -1025,8 +1026,8 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
         from megamoe.simulator.hardware import GEMM_REUSE_AXES
 
         src_r = ("grouped bf16 GEMM of these tiles, E experts' weights (well beyond L2, from HBM) each read by "
-                 "row_blocks row blocks, grouped order (kernels/microbench_gemm.reuse_gemm); read behind "
-                 "cost.USE_GEMM_REUSE_TABLE")
+                 "row_blocks row blocks, grouped order (kernels/microbench_gemm.reuse_gemm); recorded, not "
+                 "read by the cost model")
         for form, what in GEMM_FORMS.items():
             if m["gemm_reuse"].get(f"points_{form}"):
                 km[f"gemm_reuse_{form}"] = table("flop/s per SM", list(GEMM_REUSE_AXES),
@@ -1047,7 +1048,7 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                     "tile loops (kernels/microbench_deep.py), each keeping bytes_in_flight of weight "
                                     "tiles in its pipeline buffers, groups of g consecutive programs reading the same "
                                     "tiles at once; bytes/s the programs read (g x the DRAM rate); read behind "
-                                    "cost.USE_DEEP_READ_TABLE")
+                                    "cost.USE_TASK_DEEP_READ")
     if m.get("sustained", {}).get("points"):
         su = m["sustained"]
         km["sustained_mma"] = table("fraction", ["busy_s"], su["points"],
@@ -1070,9 +1071,8 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                 km[f"serial_{key}_step"] = table("s", ["programs"], pts, note)
 
         steps_table("load", "seconds per router load + dot step, P programs at once (own rows, shared weights); "
-                            "read behind cost.USE_SERIAL_STEP_TABLES")
-        steps_table("reduce", "seconds per dependent top-1 pass, P programs at once; read behind "
-                              "cost.USE_SERIAL_STEP_TABLES")
+                            "recorded, not read")
+        steps_table("reduce", "seconds per dependent top-1 pass, P programs at once; recorded, not read")
         steps_table("chain", "seconds per step of a dependent chain (each step's address from the last load), "
                              "P programs at once; recorded, not read")
     if "copy" in m:

@@ -12,31 +12,26 @@ number they use:
                         log-interpolated in depth; without one: peak / S x gemm_efficiency(BM));
                         fp8: the calibrated fp8 table, else the bf16 one x the fp8/bf16 peak ratio
     hbm(n, b)         = aggregate streaming-read rate with n programs in flight reading b bytes
-                        each (calibrated grid, bilinear in log n, log b; without one:
-                        HBM rate x min(1, n / S)): a launch, its programs starting together
+                        each (calibrated grid kernel_model.hbm_read, bilinear in log n, log b;
+                        without one: HBM rate x min(1, n / S)): a launch, its programs starting
+                        together. Weights read through TMA descriptors price at the same grid (the
+                        TMA reader's kernel_model.hbm_read_tma is recorded, not read)
     hbm_stream(n)     = the same grid's marginal rate between its two largest b: programs that
                         keep streaming (the persistent megakernel's tasks, back to back)
-    grid              = which grid hbm and hbm_stream read (``hbm_grid``, the one place that picks):
-                        kernel_model.hbm_read (pointer-load readers), or for reads whose weights
-                        come through TMA descriptors (a launch-plan stage whose loop form has
-                        tma_w, reference.tiles.GEMM_LOOP_FORMS; the megakernel's routed GEMM tasks,
-                        ``TMA_WEIGHT_KINDS``, with weight_loads "tma") the TMA reader's
-                        kernel_model.hbm_read_tma where the profile has it and USE_TMA_READ_TABLE
-                        is on (off since H200 run AG: it validated worse); otherwise hbm_read
 
 A launch (``predict_stage``), P working programs in groups g (experts) of n_g programs:
 
-    slots     = S x o (``launch_occupancy``)   waves = ceil(P / slots)
+    slots     = S x o(warps)   waves = ceil(P / slots)
     share     = min(o, ceil(min(P, slots) / S))        (programs sharing one SM's tensor cores)
     program_g = flops / (mma(tile, rows_g) / share)
     compute   = max(waves x mean program time, longest program)     (a wave lasts its longest tile)
     memory    = the first wave's DRAM bytes / hbm(min(P, slots), DRAM bytes / P) + the later waves'
-                / hbm_stream(min(P, slots))  (``launch_read_s``, the grid of the stage's loop
-                form; DRAM bytes: L2 model of grouped tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
+                / hbm_stream(min(P, slots))  (``launch_read_s``; DRAM bytes: L2 model of grouped
+                tile order, ``dram_bytes``), and L2-hit bytes / L2 rate where calibrated,
                 and the SMs' intake: ceil(P / S) programs' bytes at an SM's share of the L2 rate
                 (``sm_ingest_s``: few waves of large tiles, two on some SMs, one on others); the
                 largest of the three is the stage's ``memory_term`` (MEMORY_TERMS)
-    serial    = waves x (load steps x serial_load_step + reductions x serial_reduce_step)
+    serial    = waves x (load steps x serial_load_step_s + reductions x serial_reduce_step_s)
     time      = launch_gap + max(compute, memory, serial) + waves x task_overhead
 
 A plan of launches is their sum plus the CUDA graph's fixed cost per call.
@@ -46,55 +41,21 @@ programs take tickets in order (list scheduling over a heap of program-free time
 when its program is free and every counter it waits on has reached its target (the time the
 target-th signalling task ended) plus one flag handoff (none when that task ran on the same program). Its duration is the same roofline per
 program: max(flops / (mma / share), DRAM bytes / (hbm_stream(n) / n), serial) + task_overhead + ticket,
-with share = P / S programs per SM, n the programs busy when it starts (hbm_stream of the task's
-grid: the TMA reader's for the routed GEMMs with TMA weights), and DRAM bytes its weight
+with share = P / S programs per SM, n the programs busy when it starts, and DRAM bytes its weight
 slice and gathered rows unless the same weight_id (or row block) was read within the last
 ``l2_resident_fraction x L2`` bytes of weight traffic (an L2 hit).
 
-Switches, off (predictions as without them) until stored GPU runs validate them; each reads its
-table only where the profile has it (``megamoe calibrate`` steps l2_shared, serial_programs; a
-profile without it predicts as with the switch off):
+Switches (``USE_*``): each hypothesis is added off, and turned on once GPU runs that predict with it
+before they measure (``megamoe validate --variant``) find it better. Each reads its table only where
+the profile has it (a profile without it predicts as with the switch off). Those that held-out runs or
+re-predictions of stored rows found no better were removed with their code (simulator/README.md,
+"Removed switches"):
 
     USE_L2_SHARED_READ      (on after run AH; held out by run AJ: 5.3% / 21.7%) a launch's L2-hit bytes at
                             kernel_model.l2_shared_read (P programs, sharing group g: programs
                             reading the same tile at once) instead of l2_bandwidth_bytes_per_s:
                             its weight hits at g = min(GROUP_M, row blocks), its row hits at
                             g = min(N tiles, in flight // that) (``stage_l2_hit_s``)
-    USE_L2_SHARED_READ_TASKS  the same table for a megakernel task's L2-hit bytes, at the tasks of
-                            the same weight / row block within ``resident`` tickets of it
-                            (``_sharing``)
-    USE_L2_SHARED_INTAKE    the SMs' intake of a launch at the same table / S (``stage_intake_s``;
-                            the multi-launch GEMMs' L2 bound: never below the L2-hit term)
-    USE_SERIAL_STEP_TABLES  serial steps at kernel_model.serial_load_step / serial_reduce_step for
-                            the programs running them at once (a launch's min(P, slots); a task
-                            kind's min(its tasks, resident programs)) instead of the one-program
-                            scalars (``serial_step_s``)
-    USE_TASK_STREAM_INTAKE  a megakernel task's streaming rate with n programs busy at least
-                            n x min(l2_bandwidth / S, hbm_stream(resident) / n), not the grid's
-                            per-program rate alone (``task_stream_rate``): its deep TMA pipeline is
-                            bound by the SM's intake, the grid's reader by its own bytes in flight
-    USE_GEMM_REUSE_TABLE    a grouped GEMM launch's tensor rate per expert at most the reuse
-                            table's (kernel_model.gemm_reuse_<form>, calibrate step gemm_reuse:
-                            grouped GEMMs whose weight tiles are each read by r row blocks, weights
-                            from HBM) at the expert's row blocks r (``gemm_reuse_rate``): the dense
-                            table's GEMM reads each weight tile for 32 row blocks
-    USE_TASK_REUSE_TABLE    the same cap for the megakernel's routed GEMM tasks, each at its expert's row
-                            blocks ceil(rows / tile_m) (``task_reuse_rates``)
-    USE_SHARED_MEMORY_OCCUPANCY  a launch's programs per SM at most what its programs' shared
-                            memory leaves room for (the plan's shared_bytes in
-                            kernel_model.sm_shared_memory_bytes, ``launch_occupancy``), not the
-                            occupancy table's by warps alone (its microbenchmark kernels' figure)
-    USE_WEIGHT_STREAMS      a grouped GEMM launch's HBM time at least that of its distinct weight
-                            tiles streamed at the grid's rate for the distinct tiles in flight
-                            (``weight_stream_read_s``): the programs of a group reading one weight
-                            tile at once make one DRAM stream (their misses meet in L2)
-    USE_DEEP_READ_TABLE     a launch whose programs keep more weight bytes in flight than the hbm
-                            grid's reader (``stage_read_depth`` > 48 KiB) reads HBM at the deep
-                            readers' table (kernel_model.hbm_deep_read, calibrate step hbm_deep:
-                            programs x bytes in flight x sharing group x bytes per program) at its
-                            programs in flight (capped by the SM's shared memory) and depth
-                            (``deep_read_rate``, ``launch_read_s``); with USE_WEIGHT_STREAMS, its
-                            distinct weight streams at the table's sharing group
     USE_L2_READ_DEPTH       a launch's or task's L2 reads (its L2-hit bytes and the SMs' intake) by the
                             bytes its programs keep in flight: programs deeper than the l2_shared step's
                             reader (L2_SHARED_READER_DEPTH_BYTES) read the shared-read table at the
@@ -138,8 +99,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
-from ..reference.tiles import GEMM_LOOP_FORMS, route_select_key, scan_block
-from .hardware import GEMM_LOADS, SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES, KernelModel, Profile, load_profile
+from ..reference.tiles import route_select_key, scan_block
+from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
 DTYPES = ("bf16", "fp8")
@@ -211,11 +172,6 @@ MEGAKERNEL_LOADS = {"pointer": {"gated": "pointer_persistent_gated", "other": "p
                     "tma": {"gated": "tma_persistent_gated", "other": "tma_persistent"}}
 #: the megakernel's task kinds with gate and up accumulators
 GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
-#: the megakernel's task kinds that read their weight tiles through TMA descriptors when its
-#: weight loads are "tma" (kernels/megakernel.py weight_descriptors: the routed experts' GEMMs;
-#: the shared expert's GEMMs and expert_slice tasks read theirs by pointer loads): their bytes
-#: price at the TMA table (hbm_grid), every other task's at hbm_read
-TMA_WEIGHT_KINDS = ("gemm1", "gemm2")
 #: the megakernel's GEMM task kinds: their gathered rows are an operand an L2 model can re-hit
 GEMM_KINDS = ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
 
@@ -318,39 +274,12 @@ def _table_rate(table: tuple, block_m, block_n, depth, num_warps):
     return out if out.ndim else float(out)
 
 
-def weights_by_tma(loads: str) -> bool:
-    """Whether a tile loop of form ``loads`` (a reference.tiles.GEMM_LOOP_FORMS name) reads its
-    weight tiles through TMA descriptors (the form's tma_w); unknown names: no."""
-    form = GEMM_LOOP_FORMS.get(loads)
-    return bool(form is not None and form.tma_w)
-
-
-def hbm_grid(profile: Profile, tma: bool = False) -> tuple[tuple, tuple, tuple]:
-    """The streaming-read grid (programs (n,), bytes per program (m,), bytes/s (n, m)) that prices
-    a read: for weights through TMA descriptors (``tma``) the TMA reader's table
-    (kernel_model.hbm_read_tma) where the profile has one, otherwise (and for every other read)
-    kernel_model.hbm_read. The one place that picks the table: ``hbm_rate``, ``hbm_stream_rate``
-    and through them ``launch_read_s``, ``predict_stage`` and ``task_costs`` read it."""
-    km = _km(profile)
-    if tma and km.hbm_tma_rate and USE_TMA_READ_TABLE:
-        return km.hbm_tma_programs, km.hbm_tma_bytes, km.hbm_tma_rate
-    return km.hbm_programs, km.hbm_bytes, km.hbm_rate
-
-
-#: whether TMA weight reads are priced by the TMA reader's table (kernel_model.hbm_read_tma) where
-#: a profile has one. Off: its first validation (H200 run AG, 2026-12-02, 108 configurations, the
-#: same rows re-predicted with and without it) put the megakernel at 7.3% median / 24.6% max with
-#: it and 6.1% / 21.7% with the pointer reader's table: the TMA microbenchmark does not yet read
-#: like the megakernel's TMA tiles (it is still calibrated, and kept, for the next attempt).
-USE_TMA_READ_TABLE = False
-
-
-def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program, *, tma: bool = False):
+def hbm_rate(profile: Profile, programs_in_flight, bytes_per_program):
     """Aggregate streaming-read bytes/s with ``programs_in_flight`` programs each reading
-    ``bytes_per_program`` (arrays broadcast; bilinear in log-log, clamped at the grid's edges);
-    ``tma``: weights through TMA descriptors (``hbm_grid``)."""
-    progs, nbytes, table = hbm_grid(profile, tma)
-    return _loglog_grid(progs, nbytes, table, programs_in_flight, bytes_per_program)
+    ``bytes_per_program`` (kernel_model.hbm_read; arrays broadcast; bilinear in log-log, clamped at
+    the grid's edges)."""
+    km = _km(profile)
+    return _loglog_grid(km.hbm_programs, km.hbm_bytes, km.hbm_rate, programs_in_flight, bytes_per_program)
 
 
 def _loglog_grid(rows, cols, table, x, y):
@@ -374,16 +303,16 @@ def _loglog_grid(rows, cols, table, x, y):
     return out if out.ndim else float(out)
 
 
-def hbm_stream_rate(profile: Profile, programs_in_flight, *, tma: bool = False):
+def hbm_stream_rate(profile: Profile, programs_in_flight):
     """Aggregate bytes/s of programs that keep streaming (a persistent kernel's tasks, back to back):
     the marginal rate of the calibrated grid between its two largest bytes per program,
     n (b2 - b1) / (t2 - t1) with t = n b / hbm_rate(n, b), so the one-shot launch's ramp (programs
     starting together, first loads in flight) is not charged to every task (linear in log2 n).
-    A grid with one bytes column: its rates. ``tma``: weights through TMA descriptors (``hbm_grid``)."""
-    progs, nbytes, table = hbm_grid(profile, tma)
-    bs = np.asarray(nbytes, dtype=np.float64)
-    ns = np.asarray(progs, dtype=np.float64)
-    rate = np.asarray(table, dtype=np.float64)
+    A grid with one bytes column: its rates."""
+    km = _km(profile)
+    bs = np.asarray(km.hbm_bytes, dtype=np.float64)
+    ns = np.asarray(km.hbm_programs, dtype=np.float64)
+    rate = np.asarray(km.hbm_rate, dtype=np.float64)
     if bs.size < 2:
         col = rate[:, 0]
     else:
@@ -393,35 +322,6 @@ def hbm_stream_rate(profile: Profile, programs_in_flight, *, tma: bool = False):
     n = np.log2(np.maximum(np.asarray(programs_in_flight, dtype=np.float64), 1.0))
     out = np.interp(n, np.log2(ns), col)
     return out if np.ndim(out) else float(out)
-
-
-#: whether a megakernel task's streaming rate with n programs busy may exceed the grid's per-program
-#: rate up to the SM's share of the L2 rate (``task_stream_rate``). The grid's rate at few programs
-#: is its reader's latency-bound rate (kernels/microbench.stream_tile: 4 warps, 64 x 128 bf16 weight
-#: tiles, 3-4 stages: 32-48 KB in flight a program; H200 run AJ: 46-49 GB/s a program up to 48
-#: programs), not a limit of the SM or of HBM; the megakernel's GEMM tasks keep (stages - 1) x
-#: 2 x BLOCK_K x BLOCK_N weight bytes in flight (kernels/configs.decode_stage_bytes: 128 KB at
-#: Qwen3-30B-A3B T = 64, 4 stages ahead of 32 KB). Off until a GPU run holds it out. H200 run AL's
-#: trace (Qwen3-30B-A3B T = 64, every token on 8 experts): 48 GEMM 1 tasks of 1.06-1.33 MB ended
-#: 19.4 us after the align, about 2.7 TB/s, 55-60 GB/s a program, against the grid's 48.
-USE_TASK_STREAM_INTAKE = False
-
-
-def task_stream_rate(profile: Profile, busy, resident: int, *, tma: bool = False):
-    """Aggregate bytes/s of ``busy`` (array) megakernel programs streaming back to back, of
-    ``resident`` in the launch: hbm_stream_rate(busy) (the grid's marginal rate), and where
-    ``USE_TASK_STREAM_INTAKE`` is on and the profile has an L2 rate, at least busy x min(the SM's
-    share of the L2 rate, l2_bandwidth_bytes_per_s / S: what ``sm_ingest_s`` lets an SM take in,
-    hbm_stream_rate(resident) / busy: the HBM rate the grid reaches at the launch's resident
-    programs, shared by the busy ones). At busy = resident it is the grid's rate either way."""
-    n = np.asarray(busy, dtype=np.float64)
-    grid = np.asarray(hbm_stream_rate(profile, n, tma=tma), dtype=np.float64)
-    km = _km(profile)
-    if not (USE_TASK_STREAM_INTAKE and km.l2_bandwidth_bytes_per_s > 0):
-        return grid
-    per_sm = km.l2_bandwidth_bytes_per_s / profile.num_sms
-    full = float(hbm_stream_rate(profile, max(1, int(resident)), tma=tma))
-    return np.maximum(grid, np.minimum(n * per_sm, full))
 
 
 def hbm_peak(profile: Profile) -> float:
@@ -440,87 +340,10 @@ def hbm_peak(profile: Profile) -> float:
 #: above: the prefill GEMMs of 8 warps (one program per SM, 132 in flight) read the table at
 #: 132 programs, 6.3 TB/s at every group, below the 7.8 of l2_bandwidth_bytes_per_s, and
 #: Mixtral-8x7B / DeepSeek-V3 T >= 4096 multi went from -3..-12% to -11..+6%; DeepSeek-V3 T = 512
-#: Zipf stays +14%. The SMs' intake (``sm_ingest_s``) keeps l2_bandwidth_bytes_per_s either way
-#: (USE_L2_SHARED_INTAKE). Held out by run AJ (36), predicted before measured: 5.3% median, 21.7%
-#: max (multi 4.9%), against run AH's 5.9% without it.
+#: Zipf stays +14%. The switch does not price the SMs' intake (``sm_ingest_s``). Held out by run AJ
+#: (36), predicted before measured: 5.3% median, 21.7% max (multi 4.9%), against run AH's 5.9%
+#: without it.
 USE_L2_SHARED_READ = True
-#: whether the megakernel's tasks' L2-hit bytes price at the same table (``task_costs``: each
-#: operand's hits at the tasks sharing it within ``resident`` tickets, ``_sharing``). Off: on run AH's
-#: rows it put the megakernel at 6.6% median / 39.2% max (6.4 / 21.7 without): its 132 resident
-#: programs (8 warps, one per SM) read the table at 132 programs, 6.3 TB/s at every group, below the
-#: 7.8 of l2_bandwidth_bytes_per_s, so the tasks' hits got slower, not faster.
-USE_L2_SHARED_READ_TASKS = False
-#: whether the router and align kinds' serial steps price at the per-step tables
-#: (kernel_model.serial_load_step / serial_reduce_step: P programs running the chains at once,
-#: ``serial_step_s``) for the programs that run them together, where a profile has them, instead of
-#: the one-program scalars serial_load_step_s / serial_reduce_step_s. Off until a GPU run validates
-#: it (run 33: router+align under-predicted by 17% median, -30..-49% on DeepSeek-V3).
-USE_SERIAL_STEP_TABLES = False
-#: whether the SMs' intake of a grouped GEMM launch (``sm_ingest_s``) takes its per-SM rate from
-#: the shared-read table as well (``stage_intake_s``: each operand at its sharing group's rate / S)
-#: where a profile has it. Apart from USE_L2_SHARED_READ because the intake, not the L2-hit term,
-#: binds the multi-launch GEMMs it concerns (it is never below the L2-hit term at the same rate:
-#: a launch's hit bytes are at most its programs' bytes; run 33's DeepSeek-V3 T = 512 Zipf GEMM 1
-#: is priced by it). Off until a GPU run validates it.
-USE_L2_SHARED_INTAKE = False
-
-
-#: whether a grouped GEMM launch's tensor rate is capped, expert by expert, by the reuse table
-#: (kernel_model.gemm_reuse_<form>: kernels/microbench_gemm.reuse_gemm, calibrate step gemm_reuse,
-#: E experts whose weight tiles are each read by r row blocks, weights well beyond L2) read at the
-#: expert's row blocks (``gemm_reuse_rate``), where the profile has a table for the stage's loop
-#: form (or its GEMM_LOADS fallback). The hypothesis (H200 runs AH and AJ, 34 and 36): the dense
-#: table's 4096 x 4096 GEMM reads each weight tile for 32 row blocks, so its rate assumes reuse;
-#: DeepSeek-V3's multi-launch GEMM 2 at T = 4096, ~1.56 row blocks per expert, measured ~43.8 us
-#: per tile against ~25.6 from it (-18..-30%), at T = 16384 (~4.5) within a few percent. Off: run AK
-#: (37) measured the table; run AJ's 108 rows re-predicted (median / max |error|, outside 15%) with
-#: run AJ's profile 5.3% / 21.7% / 4, with it plus run AK's tables and the switch on 5.4% / 26.7% / 7
-#: (multi 4.9 -> 5.2%): DeepSeek-V3 multi T = 4096 -13.5 / -2.5 / -9.9% -> +1.1 / +4.1 / +6.2%
-#: (uniform / Zipf / concentrated), but Mixtral T = 512 multi +10 / -2 / +9% -> +27 / +20 / +20%
-#: (8 experts of 1-2 row blocks, HBM-bound: the table's time at r = 1-2 holds its own weight
-#: streaming, which the launch's memory term already prices and which overlaps other experts'
-#: MMA in a real launch). Run AK's whole profile: 8.0% / 31.0% off, 8.3% / 38.0% on.
-USE_GEMM_REUSE_TABLE = False
-
-
-#: the reuse table prices tiles of at least this many rows (GEMM_TABLE_MIN_ROWS, the dense tables'
-#: rule: below it the microbenchmark's tile loop is bound by its own operand traffic, which the
-#: memory term already counts; run AK's 64-row pointer tables read 223-257 TFLOP/s at one row block,
-#: the weights' HBM rate). 0 reads every BLOCK_M the table has.
-REUSE_TABLE_MIN_ROWS = GEMM_TABLE_MIN_ROWS
-
-#: whether the megakernel's routed GEMM tasks' tensor rate is at most the reuse table's at their
-#: expert's row blocks (``task_reuse_rates``), as USE_GEMM_REUSE_TABLE caps a launch's. The
-#: hypothesis: the megakernel's Qwen3-30B-A3B prefill rows (2-8 row blocks per expert) ran 10-17%
-#: slower than predicted in runs AW-AZ while Mixtral-8x7B's (8-32) did not. Off: run AZ's stored rows
-#: re-predicted with it, megakernel median 7.8% -> 9.0%, max 16.9% -> 23.8% (Qwen3-30B-A3B T = 4096
-#: -16.9% -> -7.4%, but Mixtral-8x7B T >= 512 +6..13% -> +14..24%: the reuse table's 8-warp gated
-#: tile at r = 8 reads 4.5 TFLOP/s per SM where the dense table reads 5.2); held out in a GPU run.
-USE_TASK_REUSE_TABLE = False
-
-
-def gemm_reuse_rate(profile: Profile, loads: str, block_m, block_n, depth, num_warps, row_blocks):
-    """Tensor FLOP/s per SM of a grouped GEMM tile loop of form ``loads`` whose weight tiles are
-    each read by ``row_blocks`` row blocks (arrays broadcast over row_blocks): the reuse table
-    (kernel_model.gemm_reuse_<loads>, or its GEMM_LOADS fallback) at its nearest (BM, BN, warps)
-    shape in log distance (as ``_table_rate``), linear in log2(depth) and log2(row blocks), clamped
-    at the grid's edges; the number comes from the calibrate step gemm_reuse (the whole GPU's
-    flop / time / SMs of kernels/microbench_gemm.reuse_gemm, its weights streamed from HBM). None
-    where the profile has no table for the form, for "any", or for tiles of fewer rows than the
-    table's smallest BLOCK_M (decode tiles: their rate stays the current one). Read whatever the
-    switch; ``predict_stage`` reads it only with USE_GEMM_REUSE_TABLE on."""
-    if loads == "any" or loads not in GEMM_LOADS:
-        return None
-    grids = _km(profile).gemm_reuse_table(loads)
-    if not grids:
-        return None
-    shapes = np.asarray([g[0] for g in grids], dtype=np.float64)
-    if float(block_m) < max(shapes[:, 0].min(), REUSE_TABLE_MIN_ROWS):
-        return None
-    _shape, depths, rbs, rates = grids[int(_nearest_shape(shapes, float(block_m), float(block_n), float(num_warps)))]
-    return _loglog_grid(depths, rbs, rates, depth, row_blocks)
-
-
 #: whether the shared-read table is read past 2S programs where a profile measured it there (calibrate's
 #: l2_shared step takes 3S since run BA: the 8-warp GEMMs' 144-200 KiB in flight are worth 400-550 of
 #: its 48 KiB readers, ``l2_readers``; the table used to end at 2S = 264 programs, 8.35 TB/s on H200
@@ -600,21 +423,15 @@ def l2_intake_rate(profile: Profile, in_flight, depth) -> float:
     return max(base, float(l2_shared_rate(profile, eq, 1)))
 
 
-def serial_step_s(profile: Profile, kind: str, programs=1):
+def serial_step_s(profile: Profile, kind: str) -> float:
     """Seconds of one serial step of ``kind`` "load" (the router's load + dot step) or "reduce"
-    (a dependent row reduction) with ``programs`` programs running such chains at once: the
-    per-step table (kernel_model.serial_load_step / serial_reduce_step, linear in log2 programs,
-    clamped) where ``USE_SERIAL_STEP_TABLES`` is on and the profile has it, else the scalar."""
+    (a dependent row reduction): kernel_model.serial_load_step_s / serial_reduce_step_s, one
+    program's step, however many programs run such chains at once (the tables by programs,
+    serial_load_step / serial_reduce_step, are recorded, not read)."""
     km = _km(profile)
     if kind not in ("load", "reduce"):
         raise ValueError(f"kind must be 'load' or 'reduce', got {kind!r}")
-    table = km.serial_load_steps if kind == "load" else km.serial_reduce_steps
-    scalar = km.serial_load_step_s if kind == "load" else km.serial_reduce_step_s
-    if not (USE_SERIAL_STEP_TABLES and table):
-        return scalar
-    xs = np.log2([t[0] for t in table])
-    out = np.interp(np.log2(np.maximum(np.asarray(programs, dtype=np.float64), 1.0)), xs, [t[1] for t in table])
-    return out if np.ndim(out) else float(out)
+    return km.serial_load_step_s if kind == "load" else km.serial_reduce_step_s
 
 
 def route_select_s(profile: Profile, tile: dict) -> float | None:
@@ -630,34 +447,6 @@ def route_select_s(profile: Profile, tile: dict) -> float | None:
     return None
 
 
-#: whether a launch's programs per SM are capped by their shared memory (``launch_occupancy``). The
-#: occupancy table (kernel_model.occupancy) holds the mma microbenchmark kernels' programs per SM by
-#: warps (H200: 3 at 4 warps); the multi-launch path's pointer GEMMs keep (num_stages - 1) pipeline
-#: buffers of their tiles (plan.gemm_shared_bytes: Qwen3-30B-A3B T = 64 GEMM 1 139,264 bytes, sm_90
-#: compile): one program per SM, not three. Off: alone it moved runs AO / AQ's stored rows from
-#: 5.7 / 5.2% median to 6.1 / 5.6% (re-predicted, simulator/README.md findings): with one program
-#: per SM the HBM grid is read at 132 programs, where its reader (48 KB in flight) falls short of a
-#: GEMM program with 120-140 KB in flight (Mixtral-8x7B T = 8 GEMM 1, one per SM, measured 4.49 TB/s).
-USE_SHARED_MEMORY_OCCUPANCY = False
-#: whether a grouped GEMM launch's HBM time is at least its distinct weight streams' (``weight_stream_read_s``).
-#: Off until a GPU run holds it out (with USE_SHARED_MEMORY_OCCUPANCY it moved Qwen3-30B-A3B T = 64
-#: Zipf multi's GEMM 1 from 38.5 to 52.8 us, measured 51.1; simulator/README.md findings).
-USE_WEIGHT_STREAMS = False
-
-
-#: whether a GEMM launch whose programs keep more weight bytes in flight than the hbm grid's reader
-#: (48 KiB: kernels/microbench.stream_tile, 64 x 128 tiles, 4 stages) prices its HBM reads from the deep
-#: readers' table (kernel_model.hbm_deep_read, calibrate step hbm_deep: P programs of one per SM, each
-#: keeping 48-192 KiB of weight tiles in flight, sharing groups g, from a cold L2) at its programs in
-#: flight, its depth (``stage_read_depth``) and bytes per program (``deep_read_rate``), instead of the
-#: hbm_read grid (``launch_read_s``; with USE_WEIGHT_STREAMS, the distinct weight streams at the
-#: table's sharing group, ``weight_stream_read_s``). The programs in flight of that read are capped by
-#: what the SM's shared memory holds of them (``shared_memory_programs``) whatever
-#: USE_SHARED_MEMORY_OCCUPANCY says, so the table is never read at programs and depths that cannot be
-#: resident together; that switch still decides the launch's waves and compute. Off: not yet run on a
-#: GPU (simulator/README.md). Why: one GEMM program per SM with 120 KB of buffers (Mixtral-8x7B T = 8
-#: GEMM 1) streamed at 4.49 TB/s where the grid's reader at 132 programs gives 4.21.
-USE_DEEP_READ_TABLE = False
 #: whether the megakernel's GEMM tasks (``GEMM_KINDS``) price their DRAM bytes by the bytes their
 #: programs keep in flight and by how they start (``task_read_curves``, ``_schedule_tasks``):
 #: (a) tasks whose kind keeps more weight bytes in flight than the hbm grid's reader (``weight_depth``:
@@ -736,55 +525,12 @@ def _sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, call
     return sustained_ratio(profile, busy_s, before_s)
 
 
-def shared_memory_programs(profile: Profile, stage: dict) -> int | None:
-    """Programs of a launch whose pipeline buffers fit one SM's shared memory together:
-    kernel_model.sm_shared_memory_bytes // (the stage's ``shared_bytes`` + the per-block reserve),
-    at least 1; None where the stage states no shared_bytes or the profile no SM shared memory."""
-    sb = stage.get("shared_bytes")
-    sm = _km(profile).sm_shared_memory_bytes
-    if not (sb and sm > 0):
-        return None
-    return max(1, int(sm // (float(sb) + SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES)))
-
-
-def launch_occupancy(profile: Profile, stage: dict) -> int:
-    """Programs of a launch resident per SM: the occupancy table at its warps, and where
-    ``USE_SHARED_MEMORY_OCCUPANCY`` is on and the stage states its programs' ``shared_bytes``, at
-    most kernel_model.sm_shared_memory_bytes // (shared_bytes + the per-block reserve), at least 1."""
-    occ = occupancy(profile, int(stage["tile"].get("num_warps", 4)))
-    cap = shared_memory_programs(profile, stage)
-    if USE_SHARED_MEMORY_OCCUPANCY and cap is not None:
-        occ = min(occ, cap)
-    return occ
-
-
-def stage_read_depth(stage: dict) -> float:
-    """Weight bytes one program of a launch keeps in flight: its pipeline buffers (``shared_bytes``,
-    plan.gemm_shared_bytes) less their A tiles, i.e. x b / (a + b) of its operand bytes per tile
-    (each buffer holds a K step of both, in that ratio), where the stage states them; shared_bytes
-    alone where it has no operand split; 0 where it states no shared_bytes (the small launches, the
-    FP8 GEMMs). Qwen3-30B-A3B T = 64 GEMM 1 (16 x 128 x 128 gated, 3 stages): 139,264 x 1 MiB /
-    (1 MiB + 64 KiB) = 131,072, the hbm_deep step's 128 KiB reader."""
-    sb = float(stage.get("shared_bytes") or 0.0)
-    ob = stage.get("operand_bytes_per_tile")
-    if sb <= 0 or not ob or float(ob.get("a", 0.0)) + float(ob.get("b", 0.0)) <= 0:
-        return max(sb, 0.0)
-    a, b = float(ob.get("a", 0.0)), float(ob.get("b", 0.0))
-    return sb * b / (a + b)
-
-
 def deep_table_covers(profile: Profile, depth: float) -> bool:
     """Whether the profile has the deep readers' table and ``depth`` (weight bytes a program keeps in
     flight) is above its shallowest reader's (the hbm grid's reader, 48 KiB; at or below it the
     grid prices the read)."""
     km = _km(profile)
     return bool(km.hbm_deep_rate and depth and depth > km.hbm_deep_depths[0])
-
-
-def deep_reads(profile: Profile, depth: float) -> bool:
-    """Whether a launch's read whose programs keep ``depth`` weight bytes in flight prices at the
-    deep readers' table: ``USE_DEEP_READ_TABLE`` is on and ``deep_table_covers``."""
-    return bool(USE_DEEP_READ_TABLE and deep_table_covers(profile, depth))
 
 
 def _log2_interp(axes: tuple, table, point) -> float:
@@ -828,94 +574,49 @@ def _deep_grid_stream(profile: Profile, programs, depth, group) -> float:
     return _log2_interp(axes, col, (max(float(programs), 1.0), depth, max(float(group), 1.0)))
 
 
-def deep_read_rate(profile: Profile, programs, depth, group, bytes_per_program, *, tma: bool = False) -> float:
+def deep_read_rate(profile: Profile, programs, depth, group, bytes_per_program) -> float:
     """Bytes/s that ``programs`` programs in flight read, each keeping ``depth`` weight bytes in flight
     and reading ``bytes_per_program``, in groups of ``group`` reading the same tiles at once (g x the
     DRAM rate): the deep table (kernel_model.hbm_deep_read), multilinear in log2 of the four, clamped
     at its edges. Above its largest programs (one per SM: the table has no SM with two such programs)
-    at least g x the hbm grid's rate at programs / g (``hbm_rate``, ``tma``: ``hbm_grid``'s pick), a
-    shallower reader of the same programs."""
+    at least g x the hbm grid's rate at programs / g (``hbm_rate``), a shallower reader of the same
+    programs."""
     km = _km(profile)
     r = _deep_grid_rate(profile, programs, depth, group, bytes_per_program)
     if programs > km.hbm_deep_programs[-1]:
         g = max(float(group), 1.0)
-        r = max(r, g * float(hbm_rate(profile, programs / g, bytes_per_program, tma=tma)))
+        r = max(r, g * float(hbm_rate(profile, programs / g, bytes_per_program)))
     return r
 
 
-def deep_stream_rate(profile: Profile, programs, depth, group, *, tma: bool = False) -> float:
-    """``deep_read_rate`` of programs that keep streaming (later waves of a launch): the deep table's
+def deep_stream_rate(profile: Profile, programs, depth, group) -> float:
+    """``deep_read_rate`` of programs that keep streaming back to back: the deep table's
     marginal rate between its two largest bytes per program, never below the one-shot rate of the
     largest; above the table's programs at least g x ``hbm_stream_rate`` at programs / g."""
     km = _km(profile)
     r = _deep_grid_stream(profile, programs, depth, group)
     if programs > km.hbm_deep_programs[-1]:
         g = max(float(group), 1.0)
-        r = max(r, g * float(hbm_stream_rate(profile, programs / g, tma=tma)))
+        r = max(r, g * float(hbm_stream_rate(profile, programs / g)))
     return r
 
 
-def weight_stream_read_s(stage: dict, in_flight: int, profile: Profile, *, tma: bool = False,
-                         depth: float = 0.0) -> float:
-    """HBM time of a grouped GEMM launch's weight tiles as distinct streams, where
-    ``USE_WEIGHT_STREAMS`` is on (else 0): expert e (be row blocks, n = tiles / be N tiles, GROUP_M gm)
-    reads each weight tile once per group of row blocks, n x ceil(be / gm) streams of b bytes (the
-    weight reads ``grouped_dram_bytes`` counts), and the g programs of a group read a tile at the
-    same time, so of the launch's min(P, ``in_flight``) programs in flight only that share times
-    streams / P are distinct DRAM streams: ``launch_read_s`` over the streams, that many in flight.
-    Where no program shares a tile (one row block per expert) it is the weights' part of the launch's
-    own read. 0 for launches without the grouped L2 model's fields. Where the deep table prices the
-    read (``deep_reads`` at ``depth``), the streams' bytes are read by all min(P, in_flight) programs
-    in flight in groups of P / streams (``launch_read_s`` with that group): the table's sharing
-    groups measure what the grid's count of distinct streams assumes."""
-    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
-    P = int(stage["active_programs"])
-    if not (USE_WEIGHT_STREAMS and ob and rb is not None and tpe is not None and P > 0):
-        return 0.0
-    be = np.asarray(rb, dtype=np.float64)
-    te = np.asarray(tpe, dtype=np.float64)
-    keep = (be > 0) & (te > 0)
-    be, te = be[keep], te[keep]
-    gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
-    streams = float((te / be * np.ceil(be / gm)).sum()) if be.size else 0.0
-    if streams <= 0:
-        return 0.0
-    if deep_reads(profile, depth):
-        return launch_read_s(profile, streams * float(ob["b"]), P, in_flight, tma=tma, depth=depth,
-                             group=P / streams)
-    n_s = max(1, int(round(min(P, max(1, int(in_flight))) * streams / P)))
-    return launch_read_s(profile, streams * float(ob["b"]), max(1, int(round(streams))), n_s, tma=tma)
-
-
-def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0,
-                  tma: bool = False, depth: float = 0.0, group: float = 1.0) -> float:
+def launch_read_s(profile: Profile, dram_bytes: float, programs: int, in_flight: int, *, scale: float = 1.0) -> float:
     """HBM time of one launch of ``programs`` programs reading ``dram_bytes`` in all (dram_bytes /
     programs each), at most ``in_flight`` of them resident (the launch's slots). The first wave's
     n = min(programs, in_flight) programs start together: a one-shot read, hbm_rate(n, b). The
     programs of later waves start one by one as earlier ones end, while the others keep streaming,
     so their bytes go at the marginal rate of n programs in flight, hbm_stream_rate(n) (the rate the
     megakernel's back-to-back tasks read at), without the one-shot's ramp again. One wave: the
-    one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies); ``tma``:
-    the launch's weights come through TMA descriptors (both rates from ``hbm_grid``'s TMA table).
-    ``depth``: weight bytes a program keeps in flight; where the deep table prices it (``deep_reads``)
-    the two rates are ``deep_read_rate`` and ``deep_stream_rate`` at ``group`` programs reading the
-    same tiles at once, each program reading group x dram_bytes / programs (g = 1: the same split)."""
+    one-shot read alone. ``scale`` multiplies both rates (a job sharing HBM with copies)."""
     if dram_bytes <= 0 or programs <= 0:
         return 0.0
     n = max(1, min(int(programs), int(in_flight)))
-    if deep_reads(profile, depth):
-        g = max(1.0, float(group))
-        b = g * dram_bytes / programs  # bytes each program reads: its group's tiles
-        first = n * b
-        t = first / (scale * deep_read_rate(profile, n, depth, g, b, tma=tma))
-        if programs > n:
-            t += (g * dram_bytes - first) / (scale * deep_stream_rate(profile, n, depth, g, tma=tma))
-        return t
     b = dram_bytes / programs
     first = n * b
-    t = first / (scale * float(hbm_rate(profile, n, b, tma=tma)))
+    t = first / (scale * float(hbm_rate(profile, n, b)))
     if programs > n:
-        t += (dram_bytes - first) / (scale * float(hbm_stream_rate(profile, n, tma=tma)))
+        t += (dram_bytes - first) / (scale * float(hbm_stream_rate(profile, n)))
     return t
 
 
@@ -1065,49 +766,11 @@ def stage_l2_hit_s(stage: dict, hit_bytes: float, in_flight: int, profile: Profi
     return t
 
 
-def _grouped_sharing(stage: dict, in_flight: int):
-    """Per expert of a grouped launch with the L2 model's fields: (tiles (e,), row blocks (e,),
-    weight sharing group min(GROUP_M, row blocks) (e,), row sharing group min(N tiles, in_flight //
-    the weight group) (e,)), or None for other launches."""
-    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
-    if not ob or rb is None or tpe is None:
-        return None
-    gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
-    be = np.asarray(rb, dtype=np.float64)
-    te = np.asarray(tpe, dtype=np.float64)
-    keep = (be > 0) & (te > 0)
-    be, te = be[keep], te[keep]
-    if not be.size:
-        return None
-    g_w = np.minimum(gm, be)
-    g_a = np.clip(np.minimum(te / be, max(1, int(in_flight)) // g_w), 1, None)
-    return te, be, g_w, g_a
-
-
 def stage_intake_s(stage: dict, programs: int, in_flight: int, profile: Profile) -> float:
-    """The SMs' intake of a launch (``sm_ingest_s``), its per-SM rate from the shared-read table
-    where ``USE_L2_SHARED_INTAKE`` is on and the profile has the table: a grouped launch's program
-    takes in its rows a at the table's rate for ``in_flight`` programs and the row group, its
-    weight tile b at the weight group's, its output at group 1, each / S (mean over its tiles);
-    other launches at group 1. Otherwise ``sm_ingest_s`` as it was."""
-    km = _km(profile)
-    bpt = float(stage["bytes_per_tile"])
-    if not (USE_L2_SHARED_INTAKE and km.l2_shared_rate) or km.l2_bandwidth_bytes_per_s <= 0:
-        return sm_ingest_s(programs, bpt, profile, l2_intake_rate(profile, in_flight, stage.get("shared_bytes")))
-    if programs <= 0 or bpt <= 0:
-        return 0.0
-    n_fl = max(1, int(in_flight))
-    S = profile.num_sms
-    sh = _grouped_sharing(stage, n_fl)
-    if sh is None:
-        per_prog = bpt * S / float(l2_shared_rate(profile, n_fl, 1))
-    else:
-        te, _be, g_w, g_a = sh
-        ob = stage["operand_bytes_per_tile"]
-        rate = lambda g: np.asarray(l2_shared_rate(profile, n_fl, g), dtype=np.float64)  # noqa: E731
-        t_e = S * (float(ob["a"]) / rate(g_a) + float(ob["b"]) / rate(g_w) + float(ob["out"]) / rate(1.0))
-        per_prog = float((te * t_e).sum() / te.sum())
-    return waves_s(programs, per_prog, S)
+    """The SMs' intake of a launch of ``programs`` programs (``sm_ingest_s``), each reading the stage's
+    bytes_per_tile, at ``l2_intake_rate`` for ``in_flight`` programs and the stage's ``shared_bytes``."""
+    return sm_ingest_s(programs, float(stage["bytes_per_tile"]), profile,
+                       l2_intake_rate(profile, in_flight, stage.get("shared_bytes")))
 
 
 def _work_tile(stage: dict) -> tuple[int, int, float]:
@@ -1138,7 +801,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         return StagePrediction(stage["name"], 0, 0.0, 0.0, launch_us)
     tile = stage["tile"]
     warps = int(tile.get("num_warps", 4))
-    occ = launch_occupancy(profile, stage)
+    occ = occupancy(profile, warps)
     slots = S * occ
     waves = math.ceil(P / slots)
     flops = float(stage["flops_per_tile"])
@@ -1157,20 +820,10 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         share = min(occ, math.ceil(min(P, slots) / S))  # programs sharing one SM's tensor cores
         mma_dtype = stage.get("mma_dtype") or dtype
         rate = mma_rate_per_sm(profile, bm, bn, depth, warps, rows_g, dtype=mma_dtype, loads=loads)
-        if USE_GEMM_REUSE_TABLE and mma_dtype == "bf16" and tpe is not None and rb is not None and sum(tpe):
-            reuse = gemm_reuse_rate(profile, loads, bm, bn, depth, warps, rows_g / bm)  # row blocks per expert
-            if reuse is not None:  # at most the reuse table's rate at each expert's row blocks
-                rate = np.minimum(rate, reuse)
         rate = rate / share
         compute_s = waves_s(n_g, flops / np.asarray(rate), slots)
     dram = dram_bytes(stage)
-    tma = weights_by_tma(loads)
-    depth = stage_read_depth(stage)
-    read_slots = slots  # the HBM read's programs in flight: with the deep table, those the SMs' shared memory holds
-    if deep_reads(profile, depth):
-        read_slots = S * min(occ, shared_memory_programs(profile, stage) or occ)
-    mem = {"hbm": max(launch_read_s(profile, dram, P, read_slots, tma=tma, depth=depth),
-                      weight_stream_read_s(stage, read_slots, profile, tma=tma, depth=depth))}
+    mem = {"hbm": launch_read_s(profile, dram, P, slots)}
     if km.l2_bandwidth_bytes_per_s > 0:
         hit = max(0.0, P * float(stage["bytes_per_tile"]) - dram)
         mem["l2"] = stage_l2_hit_s(stage, hit, min(P, slots), profile)
@@ -1178,12 +831,11 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     memory_term = max(mem, key=mem.get)  # ties: the first (hbm)
     memory_s = mem[memory_term]
     steps = stage.get("serial_steps") or {}
-    n_serial = min(P, slots)  # the programs running the stage's serial chains at once
     select_s = route_select_s(profile, tile) if steps.get("select") else None
     if select_s is None:  # no measured selection for this router: its dependent reductions
-        select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce", n_serial)
-    serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load", n_serial)
-                        + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce", n_serial) + select_s)
+        select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce")
+    serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load")
+                        + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce") + select_s)
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
                            waves * km.task_overhead_s * 1e6, waves, occ, memory_term)
 
@@ -1394,42 +1046,20 @@ def _l2_hits(keys: np.ndarray, stream_bytes: np.ndarray, window: float) -> np.nd
     return hit
 
 
-def _sharing(keys: np.ndarray, window: int) -> np.ndarray:
-    """(n,) int: for task i with key keys[i] (-1: none, 0 returned), the tasks with the same key
-    whose tickets lie within ``window`` - 1 of i's, i's own included: the programs reading that
-    operand at about the same time when ``window`` programs are in flight."""
-    n = keys.size
-    out = np.zeros(n, np.int64)
-    valid = keys >= 0
-    if not valid.any():
-        return out
-    w = max(1, int(window))
-    idx = np.nonzero(valid)[0]
-    _, rank = np.unique(keys[idx], return_inverse=True)
-    span = n + 2 * w + 2  # each key's tickets (shifted by w) stay inside its own range
-    comb = rank.astype(np.int64) * span + idx + w
-    comb_sorted = np.sort(comb)
-    lo = np.searchsorted(comb_sorted, comb - (w - 1), side="left")
-    hi = np.searchsorted(comb_sorted, comb + (w - 1), side="right")
-    out[idx] = hi - lo
-    return out
-
-
-def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, tma: np.ndarray, resident: int,
+def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, resident: int,
                      weight_depth: dict | None = None) -> tuple[np.ndarray, np.ndarray, list]:
     """The HBM rates a task plan's tasks read at: (curve (n,) int, the curve of each task; stream (C, R)
     float, curve c's aggregate bytes/s with 1..R programs busy streaming back to back; one_shot, C
     functions (programs, bytes each) -> aggregate bytes/s of that many programs starting together).
-    Curve 0: the grid's (``task_stream_rate``, ``hbm_rate``), 1: the same for weights through TMA
-    (``hbm_grid``'s pick); with ``USE_TASK_DEEP_READ`` on, one more curve per weight depth of the GEMM
-    kinds that the deep table covers (``weight_depth`` {kind: weight bytes a program keeps in flight},
-    ``deep_table_covers``): ``deep_stream_rate`` / ``deep_read_rate`` at that depth, group 1."""
+    Curve 0: the grid's (``hbm_stream_rate``, ``hbm_rate``); with ``USE_TASK_DEEP_READ`` on, one more
+    curve per weight depth of the GEMM kinds that the deep table covers (``weight_depth`` {kind: weight
+    bytes a program keeps in flight}, ``deep_table_covers``): ``deep_stream_rate`` / ``deep_read_rate``
+    at that depth, group 1."""
     R = max(1, int(resident))
     nn = np.arange(1, R + 1, dtype=np.float64)
-    curve = np.where(tma, 1, 0).astype(np.int64)
-    stream = [np.asarray(task_stream_rate(p, nn, R), dtype=np.float64),
-              np.asarray(task_stream_rate(p, nn, R, tma=True), dtype=np.float64)]
-    one_shot = [lambda n, b: float(hbm_rate(p, n, b)), lambda n, b: float(hbm_rate(p, n, b, tma=True))]
+    curve = np.zeros(kind.size, np.int64)
+    stream = [np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)]
+    one_shot = [lambda n, b: float(hbm_rate(p, n, b))]
     if USE_TASK_DEEP_READ:
         by_depth: dict = {}
         for k, d in sorted((weight_depth or {}).items()):
@@ -1444,28 +1074,6 @@ def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, tma: np.ndarray,
                 one_shot.append(lambda n, b, d=d: deep_read_rate(p, n, d, 1, b))
             curve[m] = by_depth[d]
     return curve, np.stack(stream), one_shot
-
-
-def task_reuse_rates(p: Profile, kind: np.ndarray, kinds: list, forms: dict, a: dict, rows_e: np.ndarray,
-                     num_warps: int, rate: np.ndarray) -> np.ndarray:
-    """Each routed GEMM task's tensor rate per SM from the reuse table (``gemm_reuse_rate``) of its
-    loop form at its expert's row blocks (ceil(rows / tile_m)): how often the expert's weight tiles
-    are read; ``rate`` (unchanged) for tasks the table does not price (USE_TASK_REUSE_TABLE)."""
-    out = np.array(rate, dtype=np.float64, copy=True)
-    routed = _of_kinds(kind, kinds, ("gemm1", "gemm2"))
-    if not routed.any():
-        return out
-    gated = _of_kinds(kind, kinds, GATED_KINDS)
-    tm = np.maximum(a["tile_m"], 1)
-    rb = np.maximum(np.ceil(np.maximum(rows_e, 1) / tm), 1)
-    keys = np.stack([gated.astype(np.int64), tm, a["tile_n"], a["depth"], rb], axis=1)[routed]
-    idx = np.nonzero(routed)[0]
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    for u, (g, bm, bn, dp, r) in enumerate(uniq):
-        v = gemm_reuse_rate(p, forms["gated" if g else "other"], bm, bn, max(dp, 1), num_warps, r)
-        if v is not None:
-            out[idx[inv.ravel() == u]] = float(v)
-    return out
 
 
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
@@ -1501,8 +1109,6 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             rate[sel] = mma_rate_per_sm(p, np.maximum(a["tile_m"][sel], 1), np.maximum(a["tile_n"][sel], 1),
                                         np.maximum(a["depth"][sel], 1), num_warps, np.maximum(rows_e[sel], 1),
                                         dtype=dtype, loads=loads)
-    if USE_TASK_REUSE_TABLE and dtype == "bf16":
-        rate = np.minimum(rate, task_reuse_rates(p, kind, kinds, forms, a, rows_e, num_warps, rate))
     rate = rate / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
@@ -1515,32 +1121,25 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     dram = np.where(w_hit, 0.0, wb) + np.where(i_hit, 0.0, ib) + a["out_bytes"].astype(np.float64)
     l2 = np.where(w_hit, wb, 0.0) + np.where(i_hit, ib, 0.0)
     # tasks stream back to back inside one launch: the marginal (streaming) rate, not a cold
-    # one-shot launch's (hbm_stream_rate); the routed GEMMs' with TMA weights from the TMA table
-    tma = _of_kinds(kind, kinds, TMA_WEIGHT_KINDS) & weights_by_tma(forms["other"])
-    curve, stream, one_shot = task_read_curves(p, kind, kinds, tma, resident, weight_depth)
+    # one-shot launch's (hbm_stream_rate)
+    curve, stream, one_shot = task_read_curves(p, kind, kinds, resident, weight_depth)
     rate_R = stream[:, -1]  # each curve's rate with every resident program streaming
     mem_P = dram * resident / rate_R[curve]  # one task's memory time, `resident` streaming
     l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
     mem_l2_P = np.zeros(n)  # its L2-hit bytes' time, `resident` streaming
     if km.l2_bandwidth_bytes_per_s > 0:
-        if USE_L2_SHARED_READ_TASKS and km.l2_shared_rate:  # each operand's hits at its sharing group's rate
-            g_w = np.maximum(_sharing(a["weight_id"].astype(np.int64), resident), 1)
-            g_i = np.maximum(_sharing(row_key, resident), 1)
-            mem_l2 = resident * (np.where(w_hit, wb, 0.0) / np.asarray(l2_shared_rate(p, resident, g_w))
-                                 + np.where(i_hit, ib, 0.0) / np.asarray(l2_shared_rate(p, resident, g_i)))
-        else:  # USE_L2_READ_DEPTH: the programs' bytes in flight (read_depth) read the shared-read table
-            mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
+        # USE_L2_READ_DEPTH: the programs' bytes in flight (read_depth) read the shared-read table
+        mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
         l2_bound = mem_l2 > mem_P
         mem_l2_P = mem_l2
     serial_s = np.zeros(n)
     r = a["tiles"]["router"]
     K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
+    load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
     for k in SERIAL_KINDS:
         m = kind == kinds.index(k)
         if not m.any():
             continue
-        conc = min(int(m.sum()), resident)  # the programs running this kind's chains at once
-        load_s, reduce_s = serial_step_s(p, "load", conc), serial_step_s(p, "reduce", conc)
         if k in ("router_logits", "router_topk"):
             steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
             passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
@@ -1556,19 +1155,17 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     pre_s = np.zeros(n)
     if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
         m = kind == kinds.index("gemm1")
-        conc = min(int(m.sum()), resident)
-        pre_s[m] = (a["topk_passes"] or K) * serial_step_s(p, "reduce", conc)
+        pre_s[m] = (a["topk_passes"] or K) * reduce_s
     # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
     # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
     # histogram rows (the scan's steps), which the program keeps for its later tasks
     if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
         g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
         G = max(1, int((kind == kinds.index("router_topk")).sum()))
-        reduce_s = serial_step_s(p, "reduce", min(g1.size, resident))
         pre_s[g1] += 2 * reduce_s
         pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
-    # the busy-programs correction of the memory term: mem(n) = max(dram_P x h[curve, n], l2_P x h[tma, n])
-    # (h_tma: curve 1; the L2 part keeps the grid's curve); a cohort's DRAM part (USE_TASK_DEEP_READ) at
+    # the busy-programs correction of the memory term: mem(n) = max(dram_P x h[curve, n], l2_P x h[0, n])
+    # (the L2 part keeps the grid's curve); a cohort's DRAM part (USE_TASK_DEEP_READ) at
     # cohort_h(curve, n, its DRAM bytes) instead (``_schedule_tasks``)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h_curves = (nn / resident) * rate_R[:, None] / stream
@@ -1585,8 +1182,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
             "dram_P_s": mem_P, "l2_P_s": mem_l2_P, "serial_s": serial_s,
             "pre_s": pre_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h_curves[0],
-            "h_tma": h_curves[1], "h_curves": h_curves, "curve": curve, "cohort_h": cohort_h,
-            "cohort": gemm if USE_TASK_DEEP_READ else np.zeros(n, bool), "tma": tma, "l2_bound": l2_bound,
+            "h_curves": h_curves, "curve": curve, "cohort_h": cohort_h,
+            "cohort": gemm if USE_TASK_DEEP_READ else np.zeros(n, bool), "l2_bound": l2_bound,
             "programs": P, "resident": resident, "arrays": a}
 
 
@@ -1633,8 +1230,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
     kind, kinds = c["kind"], c["kinds"]
     n = kind.size
     R = c["resident"]
-    comp, memP, ser, tma = c["compute_s"], c["memory_P_s"], c["serial_s"], c["tma"]
-    h_curves, curve_l, grid_l = c["h_curves"], c["curve"].tolist(), tma.astype(np.int64).tolist()
+    comp, memP, ser = c["compute_s"], c["memory_P_s"], c["serial_s"]
+    h_curves, curve_l = c["h_curves"], c["curve"].tolist()
     fixed = c["fixed_s"]
     handoff = km.flag_handoff_s
     wptr = a["wait_ptr"].astype(np.int64).tolist()
@@ -1695,7 +1292,7 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
         h_i = h_of[curve_l[i]][min(busy, R - 1)]
-        h_l2 = h_of[grid_l[i]][min(busy, R - 1)]
+        h_l2 = h_of[0][min(busy, R - 1)]  # the L2-hit part: the grid's curve
         if cohort_h is not None and in_cohort[i] and by_wait[i]:
             if cohort_left <= 0:  # a new release: its consecutive tickets freed at the same instant onto idle programs
                 t_rel = release(i)

@@ -531,15 +531,13 @@ _KM_SCALARS = {
     # the bf16 tensor rate a whole GPU sustains on a large dense GEMM (0: none), a cap on the tile
     # table's on-chip bursts (clocks and power under a GEMM's data movement)
     "mma_sustained_flops_per_s": _Num("flop/s", 0, 1e18),
-    # shared memory one SM holds for its resident programs (cost.USE_SHARED_MEMORY_OCCUPANCY: a
-    # launch's programs per SM at most what their pipeline buffers leave room for)
+    # shared memory one SM holds for its resident programs; recorded, not read by the cost model
     "sm_shared_memory_bytes": _Num("bytes", 0, 1e9),
 }
 #: an SM's shared memory where a profile's kernel_model does not say: Hopper (compute capability
 #: 9.0) and data-center Blackwell (10.0) have 228 KiB per SM (CUDA C++ Programming Guide, technical
 #: specifications per compute capability), of which 1 KiB is reserved per resident block
 SM_SHARED_MEMORY_BYTES = 228 * 1024
-SHARED_MEMORY_RESERVED_PER_BLOCK_BYTES = 1024
 #: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
 GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
 #: the axes of the deep readers' table (kernel_model.hbm_deep_read): programs (one per SM), the weight
@@ -548,14 +546,15 @@ GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
 HBM_DEEP_AXES = ("programs_in_flight", "bytes_in_flight", "sharing_group", "bytes_per_program")
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
-    # the same grid read with the weight tiles through a TMA descriptor (optional): the rate of
-    # launches and tasks whose weights come through TMA (cost.hbm_grid); without it they read hbm_read
+    # the same grid read with the weight tiles through a TMA descriptor (optional): recorded, not read
+    # by the cost model (its reads of weights through TMA price at hbm_read)
     "hbm_read_tma": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     # HBM read by programs that keep more in flight than hbm_read's reader (48 KiB): P programs of one
     # per SM, each keeping bytes_in_flight of weight tiles in its pipeline, groups of g consecutive
     # programs reading the same tiles at once, from a cold L2 (kernels/microbench_deep.py, calibrate step
     # hbm_deep; optional): bytes/s the programs read (P x bytes_per_program / s; g > 1: g x the DRAM
-    # bytes). The points fill a grid of the four axes. Read only behind cost.USE_DEEP_READ_TABLE
+    # bytes). The points fill a grid of the four axes. Read only behind cost.USE_TASK_DEEP_READ (the
+    # megakernel's GEMM tasks)
     "hbm_deep_read": ("bytes/s", HBM_DEEP_AXES),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
@@ -568,8 +567,8 @@ _KM_TABLES = {
     **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")) for form in GEMM_LOOP_FORMS},
     # grouped GEMMs whose weight tiles are each read by ``row_blocks`` row blocks, weights from HBM
     # (kernels/microbench_gemm.reuse_gemm, calibrate step gemm_reuse; optional), per loop form: each
-    # (BLOCK_M, BLOCK_N, num_warps) shape's points fill a grid of depth x row_blocks. Read only
-    # behind cost.USE_GEMM_REUSE_TABLE (a launch's tensor rate at its row blocks per expert)
+    # (BLOCK_M, BLOCK_N, num_warps) shape's points fill a grid of depth x row_blocks. Recorded, not
+    # read by the cost model
     **{f"gemm_reuse_{form}": ("flop/s per SM", GEMM_REUSE_AXES) for form in GEMM_LOOP_FORMS},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
@@ -578,7 +577,7 @@ _KM_TABLES = {
     # Read only behind cost.USE_L2_SHARED_READ (the L2-hit bytes of grouped GEMMs)
     "l2_shared_read": ("bytes/s", ("programs", "sharing_group")),
     # the router's load + dot step and the top-k pass with P programs running them at once
-    # (optional; at P = 1 the scalars' kernels): read only behind cost.USE_SERIAL_STEP_TABLES
+    # (optional; at P = 1 the scalars' kernels): recorded, not read by the cost model (it reads the scalars)
     "serial_load_step": ("s", ("programs",)),
     "serial_reduce_step": ("s", ("programs",)),
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
@@ -624,22 +623,23 @@ class KernelModel:
     SM), ...); sm_copy: ((copying SMs, bytes/s per SM), ...); scalars as in ``_KM_SCALARS``;
     sources: key -> source string; calibrated: whether the section was in the file.
     hbm_tma_programs, hbm_tma_bytes, hbm_tma_rate: the same grid read by a TMA-fed reader
-    (``kernel_model.hbm_read_tma``), or () where the profile has none (then TMA reads price at
-    hbm_rate: ``cost.hbm_grid``).
+    (``kernel_model.hbm_read_tma``), or () where the profile has none; recorded, not read by the cost
+    model (TMA reads price at hbm_rate).
     l2_shared_programs (n,), l2_shared_groups (m,), l2_shared_rate (n, m): aggregate L2 read bytes/s
     of n programs sharing tiles in groups of m (``kernel_model.l2_shared_read``), or ();
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
-    serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads them only behind its
-    switches (cost.USE_L2_SHARED_READ, cost.USE_SERIAL_STEP_TABLES).
+    serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads the shared-read table
+    behind its switches (cost.USE_L2_SHARED_READ, cost.USE_L2_READ_DEPTH) and the serial steps'
+    tables not at all (recorded; it reads the scalars).
     route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC, s per block), ...) (``kernel_model.
     route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
     hbm_deep_programs (n,), hbm_deep_depths (d,), hbm_deep_groups (g,), hbm_deep_bytes (m,),
     hbm_deep_rate (n, d, g, m): the deep readers' bytes/s (``kernel_model.hbm_deep_read``) by
     programs, bytes in flight per program, sharing group and bytes per program, or (); read behind
-    cost.USE_DEEP_READ_TABLE (``cost.deep_read_rate``).
+    cost.USE_TASK_DEEP_READ (``cost.deep_read_rate``, ``cost.deep_stream_rate``).
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
-    read behind cost.USE_GEMM_REUSE_TABLE (``gemm_reuse_table``).
+    recorded, not read by the cost model (``gemm_reuse_table``).
     sustained_mma: ((busy seconds, average rate / short-launch rate), ...) by busy seconds
     (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
     """

@@ -495,7 +495,7 @@ def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tm
     """measure_hbm: the main table is the best of the pointer-load readers, whether the TMA reader
     runs or not (so profiles' main tables do not change); the TMA reader's best times make their
     own table (its overhead taken off as for the others) and kernel_model.hbm_read_tma, which the
-    loader reads; without TMA on the GPU, or when the TMA reader fails, no TMA table."""
+    loader reads (the cost model does not); without TMA on the GPU, or when the TMA reader fails, no TMA table."""
     from megamoe.calibrate import build_profile, summary
     from megamoe.simulator.hardware import validate
 
@@ -517,10 +517,9 @@ def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tm
     path.write_text(json.dumps(prof))
     p = load_profile(str(path))
     assert prof["kernel_model"]["hbm_read_tma"]["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
-    from megamoe.simulator import cost
-
-    monkeypatch.setattr(cost, "USE_TMA_READ_TABLE", True)  # the table is loaded; the model reads it when on
-    assert hbm_rate(p, 132, 1 << 20, tma=True) == pytest.approx(1.5 * hbm_rate(p, 132, 1 << 20))
+    assert p.kernel.hbm_tma_programs == p.kernel.hbm_programs and p.kernel.hbm_tma_bytes == p.kernel.hbm_bytes
+    tma_rates = [r for row in p.kernel.hbm_tma_rate for r in row]  # loaded; the cost model does not read it
+    assert tma_rates == pytest.approx([1.5 * r for row in p.kernel.hbm_rate for r in row])
     assert prof["hbm"]["bandwidth_bytes_per_s"]["value"] == max(r for *_, r in m["hbm"]["points"])  # main table's
     assert "TMA reader" in summary(m, prof)
     del m["hbm"]["points_tma"]
@@ -594,8 +593,8 @@ def test_serial_programs_step_is_the_slope_per_program_count(monkeypatch):
 
 def test_shared_read_and_serial_tables_travel_to_the_profile(tmp_path):
     """microbench.json's l2_shared and serial_programs -> kernel_model.l2_shared_read (a grid over
-    programs x sharing group), serial_load_step, serial_reduce_step (read by the cost model behind
-    its switches) and serial_chain_step (recorded), each with the calibrate source; the scalars
+    programs x sharing group; read by the cost model behind its switches), serial_load_step,
+    serial_reduce_step and serial_chain_step (recorded, not read), each with the calibrate source; the scalars
     stay the serial step's; a step not measured writes none of them."""
     from megamoe.calibrate import build_profile, summary
     from megamoe.simulator.hardware import ProfileError, validate

@@ -2,7 +2,9 @@
 are each read by r row blocks), its calibrate step gemm_reuse (megamoe/calibrate.py) and the
 profile table it writes (kernel_model.gemm_reuse_<form>, simulator/hardware.py), without a GPU:
 the kernel under the interpreter against torch, the step with fake timings, its measurements
-through build_profile and the loader. The cost model's switch: tests/test_cost_switches.py."""
+through build_profile and the loader. The cost model does not read the table (its switch,
+USE_GEMM_REUSE_TABLE, was removed: simulator/README.md; tests/test_cost_switches.py
+test_recorded_tables_are_not_read)."""
 
 from __future__ import annotations
 
@@ -164,7 +166,7 @@ def test_reuse_points_travel_to_the_profile_and_load(tmp_path):
     t = km["gemm_reuse_tma_ab_persistent"]
     assert t["unit"] == "flop/s per SM" and t["over"] == ["BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks"]
     assert t["source"].startswith("measured by megamoe calibrate on NVIDIA H200 2026-12-02")
-    assert "USE_GEMM_REUSE_TABLE" in t["note"]
+    assert "not read by the cost model" in t["note"]
     assert prof["calibration"]["measured"] == ["gemm_reuse"]
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof))

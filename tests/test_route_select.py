@@ -83,7 +83,7 @@ def test_the_router_stage_reads_the_measured_selection(tmp_path):
     assert route_select_s(p, st_ds["tile"]) == 5e-5 and route_select_s(p, st_qw["tile"]) is None
     assert route_select_s(p0, st_ds["tile"]) is None
     with_table, without = predict_stage(st_ds, p), predict_stage(st_ds, p0)
-    passes = topk_passes(ds) * serial_step_s(p0, "reduce", 1)
+    passes = topk_passes(ds) * serial_step_s(p0, "reduce")
     assert with_table.serial_us - without.serial_us == pytest.approx((5e-5 - passes) * 1e6)
     assert predict_stage(st_qw, p).serial_us == predict_stage(st_qw, p0).serial_us
 

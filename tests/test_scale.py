@@ -360,16 +360,16 @@ def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path
     from megamoe.simulator import cost
 
     out = tmp_path / "v"
-    settings = {"USE_SHARED_MEMORY_OCCUPANCY": True}
+    settings = {"USE_L2_MANY_READERS": True}
     args = _args(out, models="qwen3-30b-a3b", tokens="8", routings="uniform", backends="multi")
     args.cost_switches = settings
-    before = cost.USE_SHARED_MEMORY_OCCUPANCY
+    before = cost.USE_L2_MANY_READERS
     with switches(settings):
         assert run_scale(args, layer=FakeLayer()) == 0
-    assert cost.USE_SHARED_MEMORY_OCCUPANCY == before
+    assert cost.USE_L2_MANY_READERS == before
     rows = _rows(out)
     assert rows and all(r["cost_switches"] == settings for r in rows if r["phase"] == "prediction")
-    assert "USE_SHARED_MEMORY_OCCUPANCY=on" in (out / "report.md").read_text()
+    assert "USE_L2_MANY_READERS=on" in (out / "report.md").read_text()
 
 
 def test_switch_without_a_run_that_predicts_is_refused(capsys, monkeypatch):

@@ -370,19 +370,19 @@ def test_repredict_switch_sets_a_cost_switch_for_the_run_only(tmp_path, capsys):
            "phase": "measurement"}
     src = tmp_path / "rows.jsonl"
     src.write_text(json.dumps(row) + "\n")
-    before = cost.USE_SERIAL_STEP_TABLES
-    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_SERIAL_STEP_TABLES=on",
+    before = cost.USE_L2_MANY_READERS
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_L2_MANY_READERS=on",
                  "--out", str(tmp_path / "on")]) == 0
-    assert cost.USE_SERIAL_STEP_TABLES == before
+    assert cost.USE_L2_MANY_READERS == before
     notes = json.loads((tmp_path / "on" / "report.json").read_text())["notes"]
-    assert any("USE_SERIAL_STEP_TABLES=on" in n for n in notes)
-    assert parse_switches(["USE_GEMM_REUSE_TABLE=on", "USE_L2_SHARED_READ=off"]) == {
-        "USE_GEMM_REUSE_TABLE": True, "USE_L2_SHARED_READ": False}
+    assert any("USE_L2_MANY_READERS=on" in n for n in notes)
+    assert parse_switches(["USE_L2_MANY_READERS=on", "USE_L2_SHARED_READ=off"]) == {
+        "USE_L2_MANY_READERS": True, "USE_L2_SHARED_READ": False}
     capsys.readouterr()
     assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_NOPE=on"]) == 2
     assert "unknown cost switch" in capsys.readouterr().err
-    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_GEMM_REUSE_TABLE=maybe"]) == 2
-    assert main(["validate", "--report", str(src), "--switch", "USE_GEMM_REUSE_TABLE=on"]) == 2
+    assert main(["validate", "--report", str(src), "--repredict", "h200", "--switch", "USE_L2_MANY_READERS=maybe"]) == 2
+    assert main(["validate", "--report", str(src), "--switch", "USE_L2_MANY_READERS=on"]) == 2
     assert "--switch needs --repredict" in capsys.readouterr().err
     assert main(["validate", "--report", str(src), "--repredict", "h200", "--variant", "USE_L2_READ_DEPTH=off"]) == 2
     assert "--variant is for the GPU run" in capsys.readouterr().err
