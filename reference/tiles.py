@@ -84,6 +84,15 @@ KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_
          "shared_gemm2", "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
+#: dependent global round trips of a routed GEMM task in kernels/megakernel.py besides its ticket and its
+#: K loop (the dense-GEMM tables time the loop, its pipeline fill and its store): GEMM 1 waits for the
+#: layout and for its rows to be placed (two acquire atomics), loads its block's row indices before the
+#: gathered A loads can start, and signals its row block after its stores (a release); GEMM 2 waits for
+#: its row block's GEMM 1 tiles (the expert id load beside it), loads its pair indices, and signals.
+#: Nothing else runs on the SM meanwhile (one program per SM at prefill): the cost model prices them in
+#: series with the task's MMA, at the calibrated atomic round trip (simulator.cost, USE_TASK_PROLOGUE).
+TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
+
 #: the tile keys ``tiles`` must give, per part
 TILE_KEYS = {
     "router": ("BLOCK_T", "BLOCK_H", "SPLIT"),

@@ -75,6 +75,10 @@ re-predictions of stored rows found no better were removed with their code (simu
     USE_L2_MANY_READERS     the shared-read table (kernel_model.l2_shared_read) read at its programs past
                             2S where the profile measured them (calibrate's l2_shared step: up to 3S);
                             off (the default): at most 2S, the table's old edge (``l2_shared_rate``)
+    USE_TASK_PROLOGUE       a megakernel routed GEMM task's compute term plus its dependent round trips
+                            (reference.tiles.TASK_ROUND_TRIPS, from the kernel's code) at the calibrated
+                            atomic round trip ticket_s: the waits, row-index loads and signal around the
+                            K loop that the dense-GEMM tables do not time
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -99,7 +103,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
-from ..reference.tiles import route_select_key, scan_block
+from ..reference.tiles import TASK_ROUND_TRIPS, route_select_key, scan_block
 from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -481,6 +485,17 @@ USE_TASK_DEEP_READ = True
 #: the three together, predicted before each measurement, median 5.2% against 6.8% without (run AY),
 #: 5.1% against 6.1% (run AW, re-predicted); max 21-28% either way (NOTES-gpu-runs.md, thirteenth session).
 USE_SUSTAINED_CLOCKS = True
+
+#: whether a megakernel routed GEMM task's compute term carries its prologue and signal: the dependent
+#: round trips reference.tiles.TASK_ROUND_TRIPS counts in the kernel's code (GEMM 1 four, GEMM 2 three),
+#: each at the calibrated atomic round trip (kernel_model.ticket_s, 0.65 us on the H200), in series with
+#: the task's MMA on its SM and not with its HBM streaming (other programs keep HBM busy meanwhile). Why:
+#: H200 run BA's trace at T = 4096 (megakernel_trace_2026-12-02_run53): the tasks ran 2.4-2.5 us (GEMM 2)
+#: and 4.4-5.5 us (GEMM 1) longer than the dense-GEMM tables price their loops, at 0.4 us between tasks (the
+#: ticket), and the megakernel's Qwen3-30B-A3B prefill rows were under-predicted by 14-17% in every run.
+#: Re-predicting runs AZ, BA and BB (stored rows, not predictions) moved the median 5.7 -> 5.4%, 5.6 -> 5.3%,
+#: 5.3 -> 4.8%; held out first by run BC (NOTES-gpu-runs.md, fourteenth session).
+USE_TASK_PROLOGUE = True
 
 
 def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:
@@ -1111,6 +1126,12 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
                                         dtype=dtype, loads=loads)
     rate = rate / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
+    if USE_TASK_PROLOGUE:  # the routed GEMM tasks' dependent round trips, in series with their MMA
+        trips = np.zeros(n)
+        for k, r in TASK_ROUND_TRIPS.items():
+            if k in kinds:
+                trips[kind == kinds.index(k)] = r
+        compute_s = compute_s + np.where(flops > 0, trips * km.ticket_s, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
     wb = a["weight_bytes"].astype(np.float64)
     ib = a["in_bytes"].astype(np.float64)

@@ -99,11 +99,11 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
-            "USE_L2_MANY_READERS")
+            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_DEEP_READ's cohorts read the HBM grid where the
 #: profile has no deep table)
-TABLE_SWITCHES = tuple(n for n in SWITCHES if n != "USE_TASK_DEEP_READ")
+TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_DEEP_READ", "USE_TASK_PROLOGUE"))
 
 
 @pytest.fixture(autouse=True)
@@ -114,10 +114,10 @@ def _all_off(monkeypatch):
 
 def test_switch_defaults():
     """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
-    read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off. These are
-    all of the module's switches."""
+    read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
+    prologue is on from runs BA-BB's trace and re-predictions. These are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
-                        "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False}
+                        "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
@@ -657,3 +657,30 @@ def test_megakernel_weight_depth_is_the_deep_readers_depth():
                                        "gemm2": {"BLOCK_N": 128, "BLOCK_K": 128}}}
     deep_reader = gemm_shared_bytes({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_stages": 4}, 0.0, 2.0, 2)
     assert megakernel_weight_depth(mk16)["gemm1"] == deep_reader == 3 * 2 * 64 * 128 * 2  # mma.sync: stages - 1
+
+
+def test_task_prologue_adds_its_round_trips_to_the_routed_gemm_tasks_compute_only(monkeypatch):
+    """USE_TASK_PROLOGUE: each GEMM 1 / GEMM 2 task's compute term grows by TASK_ROUND_TRIPS of its kind
+    x the profile's ticket_s; its memory terms and every other kind's terms do not change."""
+    from megamoe.reference.tiles import TASK_ROUND_TRIPS
+
+    d = _profile().to_dict()
+    d["kernel_model"]["ticket_s"] = _num(6.5e-7, "s")
+    p = validate(d)
+    plan = _task_plan()
+    off = cost.task_costs(plan, p, num_programs=264)
+    assert np.array_equal(off["compute_s"], cost.task_costs(plan, _profile(), num_programs=264)["compute_s"])
+    monkeypatch.setattr(cost, "USE_TASK_PROLOGUE", True)
+    on = cost.task_costs(plan, p, num_programs=264)
+    kinds = off["kinds"]
+    ticket = cost._km(p).ticket_s
+    assert ticket > 0
+    for k in kinds:
+        m = off["kind"] == kinds.index(k)
+        if not m.any():
+            continue
+        want = off["compute_s"][m] + (TASK_ROUND_TRIPS.get(k, 0) * ticket if k in TASK_ROUND_TRIPS else 0.0)
+        assert on["compute_s"][m] == pytest.approx(want, rel=1e-12, abs=0.0), k
+    assert set(TASK_ROUND_TRIPS) <= set(kinds) and all(v > 0 for v in TASK_ROUND_TRIPS.values())
+    for key in ("memory_P_s", "dram_P_s", "l2_P_s", "serial_s", "pre_s"):
+        assert np.array_equal(on[key], off[key]), key
