@@ -468,6 +468,12 @@ GEMM_FORMS = {name: gemm_loop_form_text(name) for name in GEMM_LOOP_FORMS}
 # columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
 
 
+#: the dense-GEMM step's depths: 16384 since session 14, so that the tables cover the deepest GEMMs the presets
+#: run (Mixtral-8x7B's GEMM 2, 14336) instead of clamping them at 4096's rate (the megakernel's Mixtral GEMM 2
+#: tasks ran at 3.87 TFLOP/s per SM in H200 run BA's trace, the 128 x 128 TMA table read 3.61 at 4096)
+GEMM_DEPTHS = (256, 1024, 4096, 16384)
+
+
 def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM, C (4096, 4096) =
     A (4096, depth) @ W (4096, depth)^T in grouped order, operands from HBM
@@ -478,7 +484,7 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
 
     from megamoe.kernels.microbench_gemm import LOADS, dense_gemm
 
-    depths = (1024,) if quick else (256, 1024, 4096)
+    depths = (1024,) if quick else GEMM_DEPTHS
     shapes = MMA_SHAPES[::3] if quick else MMA_SHAPES
     n = GEMM_MN
     out = {f"points_{form}": [] for form in LOADS}
