@@ -5,7 +5,7 @@
 For each row of bench_megakernel.py: the task plan of the config that ran (the row's
 ``megakernel_config``) on a routing like the row's (uniform: K distinct experts per token drawn
 here with a fixed seed; concentrated: every token on experts 0..K-1), predicted by
-``simulator.cost.predict_task_plan`` with ``--profile``, beside the measured time. When the
+``simulator.task_cost.predict_task_plan`` with ``--profile``, beside the measured time. When the
 prediction is made after the measurement, from a profile not calibrated by ``megamoe calibrate``,
 this is a look at the model, not a validation: the output says which it is.
 """
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     from megamoe.kernels import bench as kb
     from megamoe.kernels.configs import megakernel_weight_loads
     from megamoe.reference.tiles import task_plan
-    from megamoe.simulator.cost import predict_task_plan
+    from megamoe.simulator.task_cost import predict_task_plan
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("rows")

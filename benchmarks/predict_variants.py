@@ -6,7 +6,7 @@
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
 experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default config
 (kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
-plans (reference.tiles.task_plan) priced by simulator.cost.predict_task_plan with the profile (a
+plans (reference.tiles.task_plan) priced by simulator.task_cost.predict_task_plan with the profile (a
 calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
 validate times them). No GPU; the printed lines go into NOTES-gpu-runs.md before the run.
 """
@@ -28,7 +28,7 @@ PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "m
 def predict(cfg, counts, T: int, mk: dict, profile, calls: int) -> float:
     """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan)."""
     from megamoe.scale import megakernel_task_plan
-    from megamoe.simulator.cost import predict_task_plan
+    from megamoe.simulator.task_cost import predict_task_plan
 
     plan, warps, loads = megakernel_task_plan(cfg, counts, T, device_name="NVIDIA H200", profile=profile, mk=mk)
     return predict_task_plan(plan, profile, num_warps=warps, calls_per_graph=calls, weight_loads=loads)["time_us"]

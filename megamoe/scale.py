@@ -411,7 +411,8 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
 
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference.sizes import weight_bytes_per_element
-    from megamoe.simulator.cost import predict_launch_plan, predict_task_plan, term_name
+    from megamoe.simulator.cost import predict_launch_plan, term_name
+    from megamoe.simulator.task_cost import predict_task_plan
 
     counts = np.asarray(counts, dtype=np.int64)
     before = calls_before_timed_replay(calls_per_graph, reps) if reps else 0.0

@@ -10,15 +10,17 @@ Public names:
     load_profile, override, available_profiles, Profile, ProfileError     (hardware)
     make_placement, Placement                                             (placement)
     build_topology                                                        (topology)
-    predict_launch_plan, predict_task_plan                                (cost: a kernel's launch or task plan)
+    predict_launch_plan                                                   (cost: a kernel's launch plan)
+    predict_task_plan                                                     (task_cost: the megakernel's task plan)
 Nothing runs on import.
 """
 
 from .analytic import Estimate, estimate_workload
-from .cost import predict_launch_plan, predict_task_plan
+from .cost import predict_launch_plan
 from .hardware import Profile, ProfileError, available_profiles, load_profile, override
 from .placement import Placement, make_placement
 from .simulate import SimResult, simulate, simulate_single_gpu_kernel, simulate_workload
+from .task_cost import predict_task_plan
 from .topology import build_topology
 from .workload import TraceError, Workload, build_workload, calibrate_zipf, parse_routing
 

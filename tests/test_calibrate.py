@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from megamoe.simulator import load_profile
-from megamoe.simulator.cost import hbm_rate, mma_rate_per_sm, occupancy, predict_task_plan, sm_copy_rate
+from megamoe.simulator.cost import hbm_rate, mma_rate_per_sm, occupancy, sm_copy_rate
+from megamoe.simulator.task_cost import predict_task_plan
 
 
 @pytest.mark.interpret

@@ -1,4 +1,5 @@
-"""The one cost model (simulator/cost.py): properties of the launch and task-plan predictions.
+"""The one cost model (simulator/cost.py, and simulator/task_cost.py for the task plan): properties of the launch
+and task-plan predictions.
 
 Expected values come from hand-worked cases and from properties any sane model has (monotone in
 bytes, never below its roofline, dependent tasks serialise), never from the code under test.
@@ -22,11 +23,10 @@ from megamoe.simulator.cost import (
     mma_rate_per_sm,
     predict_launch_plan,
     predict_stage,
-    predict_task_plan,
     sm_ingest_s,
-    task_costs,
 )
 from megamoe.simulator.hardware import ProfileError, validate
+from megamoe.simulator.task_cost import predict_task_plan, task_costs
 
 TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 64, "SPLIT": 2}, "gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64},
          "gemm2": {"BLOCK_N": 64, "BLOCK_K": 64}, "shared": {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_N2": 64, "BLOCK_K": 64},

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megamoe.simulator import cost, load_profile
+from megamoe.simulator import cost, load_profile, task_cost
 from megamoe.simulator.hardware import validate
 
 SRC = "synthetic (tests/test_cost_switches.py)"
@@ -150,10 +150,10 @@ def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
     l2_bandwidth_bytes_per_s."""
     p = _profile()
     plan = _task_plan()
-    off = cost.task_costs(plan, p, num_programs=264)
+    off = task_cost.task_costs(plan, p, num_programs=264)
     assert (off["l2_bytes"] > 0).any()
     monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)
-    assert np.array_equal(cost.task_costs(plan, p, num_programs=264)["memory_P_s"], off["memory_P_s"])
+    assert np.array_equal(task_cost.task_costs(plan, p, num_programs=264)["memory_P_s"], off["memory_P_s"])
 
 
 def test_shared_read_rate_and_serial_steps_read_as_documented(monkeypatch):
@@ -225,10 +225,10 @@ def test_switches_on_without_tables_predict_as_today(monkeypatch):
     q = _profile(tables=False)
     plan = _task_plan()
     stages = [_gemm_stage(), _router_stage()]
-    off = (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264))
+    off = (cost.predict_launch_plan(stages, q), task_cost.predict_task_plan(plan, q, num_programs=264))
     for name in TABLE_SWITCHES:
         monkeypatch.setattr(cost, name, True)
-    assert (cost.predict_launch_plan(stages, q), cost.predict_task_plan(plan, q, num_programs=264)) == off
+    assert (cost.predict_launch_plan(stages, q), task_cost.predict_task_plan(plan, q, num_programs=264)) == off
 
 
 def _repredicted(rows, profile):
@@ -384,19 +384,19 @@ def test_sustained_switch_scales_only_the_tasks_compute(monkeypatch):
     busy window, scheduled again; memory and serial terms as before."""
     p = _profile()
     plan = _task_plan()
-    off = cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
+    off = task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
     monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
-    on = cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
+    on = task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
     before_s, busy_s = cost.busy_window_s(off["time_us"] * 1e-6, 8, 3000)
     ratio = cost.sustained_ratio(p, busy_s, before_s)
     assert on["sustained_ratio"] == ratio < 1
-    c = cost.task_costs(plan, p, num_programs=264)
-    want = cost._schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, 8)
+    c = task_cost.task_costs(plan, p, num_programs=264)
+    want = task_cost._schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, 8)
     assert {k: v for k, v in on.items() if k != "sustained_ratio"} == want
     assert on["time_us"] >= off["time_us"] and on["dram_bytes"] == off["dram_bytes"]
-    assert cost.predict_task_plan(plan, p, num_programs=264) != off  # a shorter window: a smaller change
+    assert task_cost.predict_task_plan(plan, p, num_programs=264) != off  # a shorter window: a smaller change
     monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
-    assert cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000) == off
+    assert task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000) == off
 
 
 RUN46 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run46"
@@ -534,12 +534,12 @@ def test_l2_read_depth_prices_only_the_tasks_l2_hits(monkeypatch):
     p = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, l2_bandwidth_bytes_per_s=4e12))
     plan = _task_plan()
     deep = 4 * cost.L2_SHARED_READER_DEPTH_BYTES
-    off = cost.task_costs(plan, p, num_programs=132)
-    assert cost.task_costs(plan, p, num_programs=132, read_depth=deep)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
+    off = task_cost.task_costs(plan, p, num_programs=132)
+    assert task_cost.task_costs(plan, p, num_programs=132, read_depth=deep)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
     monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
     for depth in (0.0, float(cost.L2_SHARED_READER_DEPTH_BYTES)):
-        assert cost.task_costs(plan, p, num_programs=132, read_depth=depth)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
-    on = cost.task_costs(plan, p, num_programs=132, read_depth=deep)
+        assert task_cost.task_costs(plan, p, num_programs=132, read_depth=depth)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
+    on = task_cost.task_costs(plan, p, num_programs=132, read_depth=deep)
     np.testing.assert_array_equal(on["compute_s"], off["compute_s"])
     np.testing.assert_array_equal(on["dram_bytes"], off["dram_bytes"])
     assert (on["memory_P_s"] <= off["memory_P_s"]).all()
@@ -582,18 +582,18 @@ def test_task_read_curves_read_the_deep_table_only_where_it_covers_the_depth(mon
     plan = _cohort_plan(8)
     kind, kinds = plan["kind"].astype(np.int64), plan["kinds"]
     deep = {"gemm1": 160 << 10, "gemm2": 80 << 10}
-    curve, stream, one = cost.task_read_curves(p, kind, kinds, 132, deep)
+    curve, stream, one = task_cost.task_read_curves(p, kind, kinds, 132, deep)
     assert curve.tolist() == [0] * kind.size and stream.shape == (1, 132)
     np.testing.assert_array_equal(stream[0], cost.hbm_stream_rate(p, np.arange(1, 133, dtype=np.float64)))
     monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
-    curve, stream, one = cost.task_read_curves(p, kind, kinds, 132, deep)
+    curve, stream, one = task_cost.task_read_curves(p, kind, kinds, 132, deep)
     assert curve.tolist() == [0] + [1] * 8 and stream.shape == (2, 132)  # no gemm2 tasks: no curve for it
     assert stream[1][47] == pytest.approx(cost.deep_stream_rate(p, 48, 160 << 10, 1))
     assert one[1](48, 1 << 20) == pytest.approx(cost.deep_read_rate(p, 48, 160 << 10, 1, 1 << 20))
     assert one[0](48, 1 << 20) == pytest.approx(cost.hbm_rate(p, 48, 1 << 20))
     for wd in ({"gemm1": 48 << 10}, {"router_topk": 160 << 10}, None):
-        assert cost.task_read_curves(p, kind, kinds, 132, wd)[0].tolist() == [0] * kind.size
-    assert cost.task_read_curves(load_profile("h200"), kind, kinds, 132, deep)[0].tolist() == [0] * kind.size
+        assert task_cost.task_read_curves(p, kind, kinds, 132, wd)[0].tolist() == [0] * kind.size
+    assert task_cost.task_read_curves(load_profile("h200"), kind, kinds, 132, deep)[0].tolist() == [0] * kind.size
 
 
 @pytest.mark.parametrize("m", [48, 132], ids=["48-few-programs", "132-every-sm"])
@@ -605,10 +605,10 @@ def test_a_cohort_released_together_reads_at_the_one_shot_rate(monkeypatch, m):
     p = _deep_profile()
     plan = _cohort_plan(m)
     d, b = 160 << 10, float(1 << 20)
-    off = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
-    assert off == cost.predict_task_plan(plan, p)  # off: weight_depth is not read
+    off = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    assert off == task_cost.predict_task_plan(plan, p)  # off: weight_depth is not read
     monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
-    on = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    on = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
     km = p.kernel
     topk_end = off["span_us"]["router_topk"][1]
     assert on["span_us"]["router_topk"] == off["span_us"]["router_topk"]
@@ -618,7 +618,7 @@ def test_a_cohort_released_together_reads_at_the_one_shot_rate(monkeypatch, m):
     assert on["span_us"]["gemm1"][1] == pytest.approx(start + task * 1e6)
     # without the deep table: the same cohort at the grid's one-shot rate of m programs
     q = load_profile("h200")
-    q_on = cost.predict_task_plan(plan, q)
+    q_on = task_cost.predict_task_plan(plan, q)
     grid = b / (float(cost.hbm_rate(q, m, b)) / m) + q.kernel.task_overhead_s + q.kernel.ticket_s
     assert q_on["span_us"]["gemm1"][1] == pytest.approx(q_on["span_us"]["router_topk"][1]
                                                        + q.kernel.flag_handoff_s * 1e6 + grid * 1e6)
@@ -632,14 +632,14 @@ def test_tasks_that_start_apart_are_no_cohort(monkeypatch):
     monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
     plan = _cohort_plan(12, num_programs=4)  # 4 programs: the top-k's and 3 idle, 12 GEMM 1 tasks
     d, b = 160 << 10, float(1 << 20)
-    on = cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
+    on = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
     km = p.kernel
     fixed = km.task_overhead_s + km.ticket_s
     first = b / (cost.deep_read_rate(p, 4, d, 1, b) / 4) + fixed  # the cohort: 4 programs released together
     later = b / (cost.deep_stream_rate(p, 4, d, 1) / 4) + fixed  # then back to back with 4 busy
     start = on["span_us"]["router_topk"][1] + km.flag_handoff_s * 1e6
     assert on["span_us"]["gemm1"][1] == pytest.approx(start + (first + 2 * later) * 1e6)
-    c = cost.task_costs(plan, p, num_programs=4, weight_depth={"gemm1": d})
+    c = task_cost.task_costs(plan, p, num_programs=4, weight_depth={"gemm1": d})
     np.testing.assert_array_equal(c["memory_P_s"], np.maximum(c["dram_P_s"], c["l2_P_s"]))
 
 
@@ -668,10 +668,10 @@ def test_task_prologue_adds_its_round_trips_to_the_routed_gemm_tasks_compute_onl
     d["kernel_model"]["ticket_s"] = _num(6.5e-7, "s")
     p = validate(d)
     plan = _task_plan()
-    off = cost.task_costs(plan, p, num_programs=264)
-    assert np.array_equal(off["compute_s"], cost.task_costs(plan, _profile(), num_programs=264)["compute_s"])
+    off = task_cost.task_costs(plan, p, num_programs=264)
+    assert np.array_equal(off["compute_s"], task_cost.task_costs(plan, _profile(), num_programs=264)["compute_s"])
     monkeypatch.setattr(cost, "USE_TASK_PROLOGUE", True)
-    on = cost.task_costs(plan, p, num_programs=264)
+    on = task_cost.task_costs(plan, p, num_programs=264)
     kinds = off["kinds"]
     ticket = cost._km(p).ticket_s
     assert ticket > 0
