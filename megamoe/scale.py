@@ -770,8 +770,7 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
                 layer.idle(idle)
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
             if c.backend == "multi" and getattr(args, "stages", True):
-                row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"],
-                                                           **({"idle_s": idle} if idle > 0 else {}))
+                row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"], idle_s=idle)
             y = layer.forward(xs[0], ws, cfg, c.backend)
             group["y"][c.backend] = y
             ref = group["y"].get("multi") if c.backend != "multi" else None
