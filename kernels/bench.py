@@ -143,15 +143,18 @@ def inputs_per_graph(T: int) -> int:
 WARMUP_CALLS = 2
 
 
-def graph_time_us(fn, inputs: list, reps: int) -> float:
+def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> float:
     """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
 
     The warm-up calls and the capture run on the same side stream, so that what a call keeps per
     stream (the megakernel's zeroed sync words, ``megakernel.sync_buffer``) is made once outside
     the capture and the graph holds the kernels alone, as an eager call would run them. In order:
     WARMUP_CALLS eager calls, the capture, one untimed replay, ``reps`` timed replays, all back to
-    back (``calls_before_timed_replay``)."""
+    back (``calls_before_timed_replay``). ``clock``, a dict, is filled with the SM clock and power
+    sampled over the timed replays (``telemetry.ClockSampler``'s summary; left empty without NVML)."""
     import torch
+
+    from .telemetry import ClockSampler
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -168,12 +171,20 @@ def graph_time_us(fn, inputs: list, reps: int) -> float:
     torch.cuda.synchronize()
     times = []
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1e3 / len(inputs))
+    sampler = ClockSampler() if clock is not None else None
+    if sampler is not None:
+        sampler.__enter__()
+    try:
+        for _ in range(reps):
+            st.record()
+            g.replay()
+            en.record()
+            en.synchronize()
+            times.append(st.elapsed_time(en) * 1e3 / len(inputs))
+    finally:
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
+            clock.update(sampler.summary() or {})
     del g
     return statistics.median(times)
 

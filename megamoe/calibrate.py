@@ -862,36 +862,55 @@ SUSTAINED_PAUSE_S = 1.5
 SUSTAINED_SIZE = 8192
 
 
-def matmul_graph(a, b, c, count: int):
-    """A CUDA graph of ``count`` back-to-back ``torch.matmul(a, b, out=c)`` (cuBLAS), its workspace
-    made by one eager call on the capture's stream first."""
+#: the sustained step's duty-cycled graphs (full form only): (fraction of the graph's time in the
+#: matmuls, seconds of the graph). Each matmul is followed by HBM reads (sums of a large buffer, few SMs'
+#: worth of arithmetic) for the rest: whether the clock falls as far when the tensor cores work only part
+#: of the time (the validation's layers run their MMA at 0.5-0.8 of the dense GEMM's rate)
+SUSTAINED_DUTY = ((0.5, 0.3), (0.75, 0.3))
+#: elements (bf16) of the buffer the duty graphs' reads sum: 512 MiB, ~0.12 ms a sum at 4.4 TB/s
+SUSTAINED_READ_ELEMS = 1 << 28
+
+
+def matmul_graph(a, b, c, count: int, between=None):
+    """A CUDA graph of ``count`` back-to-back ``torch.matmul(a, b, out=c)`` (cuBLAS), each followed
+    by ``between()`` where given, its workspace made by one eager call on the capture's stream first."""
     import torch
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         torch.matmul(a, b, out=c)
+        if between is not None:
+            between()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         for _ in range(count):
             torch.matmul(a, b, out=c)
+            if between is not None:
+                between()
     return g
 
 
-def idle_replay_seconds(replay, pause_s: float) -> float:
+def idle_replay_seconds(replay, pause_s: float, clock: dict | None = None) -> float:
     """Seconds of one ``replay()`` between CUDA events, after the GPU sat idle ``pause_s`` seconds
-    (its clocks back where a short launch finds them)."""
+    (its clocks back where a short launch finds them); ``clock``, a dict, gets the SM clock and power
+    sampled during the replay (kernels.telemetry; empty without NVML)."""
     import torch
+
+    from megamoe.kernels.telemetry import ClockSampler
 
     torch.cuda.synchronize()
     time.sleep(pause_s)
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    st.record()
-    replay()
-    en.record()
-    en.synchronize()
+    with ClockSampler() as sampler:
+        st.record()
+        replay()
+        en.record()
+        en.synchronize()
+    if clock is not None:
+        clock.update(sampler.summary() or {})
     return st.elapsed_time(en) * 1e-3
 
 
@@ -947,15 +966,58 @@ def measure_sustained(reps: int, quick: bool = False) -> dict:
     c = torch.empty((n, n), device="cuda", dtype=torch.bfloat16)
     per = graph_seconds(lambda i: torch.matmul(a, b, out=c), inner=2, reps=3)
     counts = sustained_counts(per, SUSTAINED_BUSY_S_QUICK if quick else SUSTAINED_BUSY_S)
-    timed = []
+    timed, clocks = [], []
     for count in counts + ([] if quick else [counts[0]]):
         g = matmul_graph(a, b, c, count)
-        t = idle_replay_seconds(g.replay, SUSTAINED_PAUSE_S)
+        clk: dict = {}
+        t = idle_replay_seconds(g.replay, SUSTAINED_PAUSE_S, clk)
         timed.append([count, t, sm_clock_mhz()])
+        clocks.append(clk.get("sm_clock_mhz", {}).get("mean"))
         del g
     out = sustained_fit(2.0 * n ** 3, timed[:len(counts)], None if quick else timed[-1])
-    out.update(size=n, pause_s=SUSTAINED_PAUSE_S, per_matmul_s=per)
+    out.update(size=n, pause_s=SUSTAINED_PAUSE_S, per_matmul_s=per, sm_clock_mhz_mean=clocks[:len(counts)])
+    if not quick:
+        out["duty"] = measure_duty(a, b, c, per, out["reference_flops_per_s"])
     return out
+
+
+def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: float) -> list[dict]:
+    """The duty graphs' figures from ``timed`` ([[duty, matmuls N, reads per matmul k, seconds, mean
+    SM clock MHz or None], ...]): per graph its seconds, the matmuls' share of them and their rate
+    (the graph's time less N x k reads at ``per_read_s``, the reads' time at working clocks: HBM-bound,
+    so the SM clock's fall hardly moves it) over ``reference_flops_per_s``."""
+    out = []
+    for duty, count, k, t, mhz in timed:
+        mm_s = max(t - count * k * per_read_s, 1e-9)
+        out.append({"duty": float(duty), "seconds": float(t), "matmuls": int(count), "reads_per_matmul": int(k),
+                    "matmul_share": mm_s / t, "rate_ratio": count * flops / mm_s / reference_flops_per_s,
+                    "sm_clock_mhz_mean": mhz})
+    return out
+
+
+def measure_duty(a, b, c, per_matmul_s: float, reference_flops_per_s: float) -> list[dict]:
+    """SUSTAINED_DUTY's graphs: matmuls each followed by sums of a SUSTAINED_READ_ELEMS buffer for
+    (1 - duty) / duty of a matmul's time, one replay after SUSTAINED_PAUSE_S idle -> ``duty_fit``."""
+    import torch
+
+    buf = torch.randn(SUSTAINED_READ_ELEMS, device="cuda", dtype=torch.bfloat16)
+    acc = torch.empty((), device="cuda", dtype=torch.float32)
+    per_read = graph_seconds(lambda i: torch.sum(buf, dim=0, dtype=torch.float32, out=acc), inner=4, reps=3)
+    timed = []
+    for duty, busy in SUSTAINED_DUTY:
+        k = max(1, round(per_matmul_s * (1.0 - duty) / duty / per_read))
+
+        def reads(k=k):
+            for _ in range(k):
+                torch.sum(buf, dim=0, dtype=torch.float32, out=acc)
+
+        count = max(1, round(busy / (per_matmul_s + k * per_read)))
+        g = matmul_graph(a, b, c, count, between=reads)
+        clk: dict = {}
+        t = idle_replay_seconds(g.replay, SUSTAINED_PAUSE_S, clk)
+        timed.append([duty, count, k, t, clk.get("sm_clock_mhz", {}).get("mean")])
+        del g
+    return duty_fit(2.0 * a.shape[0] * a.shape[1] * b.shape[1], per_read, timed, reference_flops_per_s)
 
 
 # --------------------------------------------------------------------------- the profile
@@ -1163,6 +1225,11 @@ def sustained_summary(su: dict) -> list[str]:
         lines.append(line)
     if "recovery" in su:
         lines.append(f"{'dense bf16 GEMM, shortest graph again':<36} {su['recovery']:8.3f} of its first time's rate")
+    for d in su.get("duty", []):
+        mhz = d.get("sm_clock_mhz_mean")
+        label = f"dense GEMM {d['duty']:.0%} of {d['seconds'] * 1e3:.0f} ms"
+        lines.append(f"{label:<36} x{d['rate_ratio']:.3f} of the short rate (matmuls {d['matmul_share']:.0%} of the time)"
+                     + (f", SM clock mean {mhz:.0f} MHz" if mhz else ""))
     return lines
 
 
@@ -1231,7 +1298,7 @@ STEPS = ("launch", "hbm", "mma", "gemm", "gemm_reuse", "mma_fp8", "copy", "seria
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (50.0, 18.0),
                "gemm_reuse": (36.0, 15.0), "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0),
                "serial": (4.0, 3.0), "select": (18.0, 9.0), "l2_shared": (3.0, 2.0), "hbm_deep": (5.0, 3.0),
-               "serial_programs": (5.0, 3.0), "sustained": (12.0, 6.0), "sync": (4.0, 3.0)}
+               "serial_programs": (5.0, 3.0), "sustained": (20.0, 6.0), "sync": (4.0, 3.0)}
 #: ("select": 15.6 s in H200 run AT, 17 cases; "hbm_deep": 2.3 s in run AU, full; run AW: gemm 27.6 s and
 #: gemm_reuse 13.0 s in one sweep, select 16.8, sustained 9.7; run AY, two sweeps: gemm 24.2, gemm_reuse 15.0; later sweeps only time)
 #: ("sustained": not yet run on a GPU; its pauses and graphs, 6 x 1.5 s + 0.54 s (quick 3 x 1.5 s + 0.38 s),

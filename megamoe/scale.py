@@ -194,9 +194,12 @@ class CudaLayer:
         return kernels.moe_forward(x, ws, cfg, check=False, backend=backend)
 
     def time_us(self, cfg, ws, xs: list, backend: str, reps: int) -> float:
+        """Median per-call us of the layer's CUDA graph (kernels.bench.graph_time_us); the SM clock
+        and power sampled over its timed replays are left in ``last_clock`` (kernels.telemetry)."""
         from megamoe.kernels.bench import graph_time_us
 
-        return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps)
+        self.last_clock = {}
+        return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps, clock=self.last_clock)
 
     def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
         """The multi-launch path's stages as measured (kernels.bench.stage_split): CUDA-graph times
@@ -769,6 +772,8 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
                 row["idle_before_s"] = idle
                 layer.idle(idle)
             row["measured_us"] = layer.time_us(cfg, ws, xs, c.backend, reps)
+            if getattr(layer, "last_clock", None):  # a diagnostic: the clock the layer ran at
+                row["measured_clock"] = layer.last_clock
             if c.backend == "multi" and getattr(args, "stages", True):
                 row["measured_stages_us"] = layer.stage_us(cfg, ws, xs, reps, row["measured_us"], idle_s=idle)
             y = layer.forward(xs[0], ws, cfg, c.backend)

@@ -832,6 +832,7 @@ def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dic
             w = e["worst"]
             lines.append(f"| {g} | {e['configurations']} | {e['median_error']:+.1%} | {e['median_abs_error']:.1%} | "
                          f"{e['max_abs_error']:.1%} | {w['preset']} T={w['T']} {w['routing']} ({w['error']:+.1%}) |")
+    lines += clock_lines(rows)
     if failures:
         lines += ["", "## Failed", "", "| preset | T | routing | backend | error |", "|---|---|---|---|---|"]
         for f in st["failed"]:
@@ -843,6 +844,38 @@ def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dic
     print("\n".join(head))
     print(f"{len(st['outside_15pct'])} configuration(s) outside {OUTLIER:.0%}; see {out / 'report.md'}, {out / 'scatter.png'}")
     return st
+
+
+#: rows whose clock the report lists: the long ones, where the cost model lowers the MMA rate
+CLOCK_MIN_T = 512
+
+
+def clock_lines(rows: list[dict]) -> list[str]:
+    """The report's section on the SM clock the layers ran at (rows' ``measured_clock``, sampled
+    over the timed replays by kernels.telemetry) beside the fraction of the short-launch MMA rate
+    the cost model assumed (``predicted_sustained_ratio``): the clock's mean over the run's highest
+    clock is the fall the measurement saw. Nothing for rows without the clock (runs before it)."""
+    sel = [r for r in rows if (r.get("measured_clock") or {}).get("sm_clock_mhz") and int(r["T"]) >= CLOCK_MIN_T]
+    if not sel:
+        return []
+    top = max(r["measured_clock"]["sm_clock_mhz"]["max"] for r in sel)
+    out = ["", "## SM clock during the timed replays", "",
+           f"Sampled by NVML every few ms over each row's timed replays (kernels/telemetry.py); clock ratio = "
+           f"mean / {top:.0f} MHz (the highest sampled in these rows). The model's ratio is the mean MMA rate it "
+           "assumed over the measured replay's busy window as a fraction of the short-launch rate "
+           "(cost.USE_SUSTAINED_CLOCKS; rate falls less than clock where memory terms bound).", "",
+           "| preset | T | routing | backend | error | model's ratio | clock mean MHz | min | clock ratio | power W |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(sel, key=lambda r: (r["preset"], int(r["T"]), r["routing"], r["backend"])):
+        c = r["measured_clock"]["sm_clock_mhz"]
+        ratio = r.get("predicted_sustained_ratio")
+        pw = (r["measured_clock"].get("power_w") or {}).get("mean")
+        err = (r["predicted_us"] - r["measured_us"]) / r["measured_us"]
+        out.append(f"| {r['preset']} | {r['T']} | {r['routing']} | {r['backend']} | {err:+.1%} | "
+                   + (f"{ratio:.3f}" if isinstance(ratio, float) else "-")
+                   + f" | {c['mean']:.0f} | {c['min']:.0f} | {c['mean'] / top:.3f} | "
+                   + (f"{pw:.0f}" if pw is not None else "-") + " |")
+    return out
 
 
 def _scatter(rows: list[dict], path: Path) -> None:

@@ -770,15 +770,18 @@ def test_sustained_step_times_each_graph_once_after_a_pause(monkeypatch):
         def replay(self):
             replays.append(self.count)
 
-    def idle(replay, pause_s):
+    def idle(replay, pause_s, clock=None):
         replay()
         replays[-1] = (replays[-1], pause_s)
+        if clock is not None:
+            clock["sm_clock_mhz"] = {"mean": 2000.0 - replays[-1][0]}
         return _sustained_seconds(replays[-1][0])
 
     with monkeypatch.context() as mp:
         mp.setattr(calibrate, "graph_seconds", lambda fn, **kw: per)
-        mp.setattr(calibrate, "matmul_graph", lambda a, b, c, count: Graph(count))
+        mp.setattr(calibrate, "matmul_graph", lambda a, b, c, count, between=None: Graph(count))
         mp.setattr(calibrate, "idle_replay_seconds", idle)
+        mp.setattr(calibrate, "measure_duty", lambda a, b, c, per_s, ref: [{"duty": 0.5, "per_matmul_s": per_s}])
         mp.setattr(calibrate, "sm_clock_mhz", lambda: 1515)
         for name in ("randn", "empty"):
             mp.setattr(torch, name, lambda *a, **kw: torch.zeros(1))
@@ -790,6 +793,8 @@ def test_sustained_step_times_each_graph_once_after_a_pause(monkeypatch):
     assert n_full == [(n, calibrate.SUSTAINED_PAUSE_S) for n in counts + [4]]
     assert replays == [(n, calibrate.SUSTAINED_PAUSE_S) for n in (15, 44, 218)]
     assert [r[0] for r in full["rates"]] == counts and [r[0] for r in quick["rates"]] == [15, 44, 218]
+    assert full["sm_clock_mhz_mean"] == [2000.0 - n for n in counts]  # the recheck's left out
+    assert full["duty"] == [{"duty": 0.5, "per_matmul_s": per}] and "duty" not in quick
     best = max(n * SUSTAINED_FLOPS / _sustained_seconds(n) for n in counts)
     assert full["reference_flops_per_s"] == pytest.approx(best)
     for (n, t, r), (busy, ratio) in zip(full["rates"], full["points"]):
@@ -886,3 +891,18 @@ def test_mma_step_measures_the_small_tiles_the_tuned_launches_run():
                     if bm < cost.GEMM_TABLE_MIN_ROWS and (bm, bn, d["tile"]["num_warps"]) not in measured:
                         missing.add((name, T, d["name"], bm, bn, d["tile"]["num_warps"]))
     assert not missing
+
+
+def test_duty_fit_takes_the_reads_out_of_the_matmuls_time():
+    from megamoe.calibrate import duty_fit, sustained_summary
+
+    per_read = 1e-4
+    # 100 matmuls, each followed by 10 reads: 0.1 s of reads; the matmuls at 0.9 of the reference rate
+    t_mm = 100 * SUSTAINED_FLOPS / (0.9 * 800e12)
+    got = duty_fit(SUSTAINED_FLOPS, per_read, [[0.5, 100, 10, t_mm + 0.1, 1700.0], [0.75, 5, 1, 5 * 1e-4, None]], 800e12)
+    assert got[0]["rate_ratio"] == pytest.approx(0.9)
+    assert got[0]["matmul_share"] == pytest.approx(t_mm / (t_mm + 0.1))
+    assert got[0]["sm_clock_mhz_mean"] == 1700.0 and got[0]["duty"] == 0.5
+    assert got[1]["rate_ratio"] > 1e6  # a graph no longer than its reads: the matmuls' time floors at 1 ns, no crash
+    lines = sustained_summary({**_fake_sustained(), "duty": got[:1]})
+    assert any(ln.startswith("dense GEMM 50% of") and "x0.900" in ln and "1700 MHz" in ln for ln in lines)
