@@ -35,15 +35,17 @@ def errors(rows: list[dict]) -> dict[tuple, float]:
             for r in rows}
 
 
-def repredicted(run: str, settings: dict[str, bool]) -> dict[tuple, float]:
-    """Errors of run ``run``'s rows predicted again with its own profile under ``settings``."""
+def repredicted(run: str, settings: dict[str, bool], profile_file: str = "profile.json") -> dict[tuple, float]:
+    """Errors of run ``run``'s rows predicted again with its own profile (``profile_file`` in the run's
+    folder, where it has one, else profile.json) under ``settings``."""
     from megamoe.repredict import repredict_rows, switches
     from megamoe.simulator.hardware import load_profile
     from megamoe.validate import load_rows
 
     d = run_dir(run)
     with switches(settings):
-        rows, _ = repredict_rows(load_rows(d), load_profile(d / "profile.json"))
+        prof = d / profile_file if (d / profile_file).exists() else d / "profile.json"
+        rows, _ = repredict_rows(load_rows(d), load_profile(prof))
     return errors(rows)
 
 
@@ -63,12 +65,15 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"run numbers, comma-separated (default {DEFAULT_RUNS})")
     ap.add_argument("--switch", action="append", default=[], help="USE_NAME=on|off for the re-prediction")
     ap.add_argument("--worst", type=int, default=10, help="rows listed per run, furthest off first")
+    ap.add_argument("--profile-file", default="profile.json",
+                    help="the profile file in each run's folder (runs without it: profile.json), e.g. "
+                         "profile_rebuilt.json: the run's microbench.json through a later build_profile")
     ap.add_argument("--rows", nargs="*", default=[], help="preset:T:routing:backend rows to list in every run")
     args = ap.parse_args(argv)
     settings = parse_switches(args.switch)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    base = {run: repredicted(run, {}) for run in runs}
-    new = {run: repredicted(run, settings) for run in runs} if settings else base
+    base = {run: repredicted(run, {}, args.profile_file) for run in runs}
+    new = {run: repredicted(run, settings, args.profile_file) for run in runs} if settings else base
     label = ", ".join(f"{k}={'on' if v else 'off'}" for k, v in settings.items()) or "the defaults"
     for run in runs:
         print(f"run {run}: defaults: {summary(base[run])}")

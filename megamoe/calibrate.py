@@ -92,6 +92,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from megamoe.reference.config import ROUTERS
 from megamoe.reference.tiles import GEMM_LOOP_FORMS, gemm_loop_form_text
 
@@ -995,6 +997,29 @@ def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: floa
     return out
 
 
+def duty_points(su: dict) -> list[list[float]]:
+    """kernel_model.sustained_duty's points from the sustained step's figures ``su``: per duty graph
+    [its matmuls' share of the time, (1 - their rate ratio) / (1 - the average ratio of matmuls back
+    to back over as many seconds)] (that average: the work function of ``su["points"]``, linear
+    between them, as cost.sustained_ratio reads it), clipped to [0, 1]; graphs whose back-to-back fall
+    is under 1% (no fall to share) or whose share is not strictly between 0 and 1 are left out."""
+    pts = su.get("points") or []
+    if not pts:
+        return []
+    ts = [0.0] + [float(t) for t, _ in pts]
+    ws = [0.0] + [float(t) * float(r) for t, r in pts]
+    out = []
+    for d in su.get("duty", []):
+        t, share = float(d["seconds"]), float(d["matmul_share"])
+        if not (t > 0 and 0.0 < share < 1.0):
+            continue
+        full = float(np.interp(t, ts, ws)) / t if t <= ts[-1] else float(pts[-1][1])
+        if 1.0 - full < 0.01:
+            continue
+        out.append([share, min(max((1.0 - min(float(d["rate_ratio"]), 1.0)) / (1.0 - full), 0.0), 1.0)])
+    return sorted(out)
+
+
 def measure_duty(a, b, c, per_matmul_s: float, reference_flops_per_s: float) -> list[dict]:
     """SUSTAINED_DUTY's graphs: matmuls each followed by sums of a SUSTAINED_READ_ELEMS buffer for
     (1 - duty) / duty of a matmul's time, one replay after SUSTAINED_PAUSE_S idle -> ``duty_fit``."""
@@ -1125,6 +1150,11 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
                                     "over the graph's busy_s seconds / the best graph's "
                                     f"({su['reference_flops_per_s'] / 1e12:.1f} TFLOP/s, the short-launch rate); "
                                     "read behind cost.USE_SUSTAINED_CLOCKS")
+        if duty_points(su):
+            km["sustained_duty"] = table("fraction", ["duty"], duty_points(su),
+                                         "matmuls a share of a long graph's time (HBM reads between): the fall of "
+                                         "their rate over the fall of matmuls back to back for as long; read behind "
+                                         "cost.USE_SUSTAINED_DUTY")
     if "select" in m:
         km["route_select"] = table("s", ["router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC"], m["select"]["points"],
                                    "seconds of one routing program's selection per block of BLOCK_T tokens "

@@ -492,6 +492,42 @@ USE_SUSTAINED_CLOCKS = True
 USE_TASK_PROLOGUE = True
 
 
+#: whether the sustained fall (USE_SUSTAINED_CLOCKS) is scaled by the call's MMA duty: its FLOPs over
+#: (its time x the dense GEMM's short-launch rate, kernel_model.mma_sustained_flops_per_s), read on the
+#: calibrated duty table (kernel_model.sustained_duty, ``duty_fall``): 1 - ratio becomes (1 - ratio) x
+#: duty_fall(duty). Why: H200 run BF's calibration ran cuBLAS 8192^3 matmuls for 50% and 74% of a 300 ms
+#: graph (HBM reads between) and their rate fell 0.016 and 0.075 where back to back it fell 0.124; and
+#: the same run's SM clock, sampled over every validation row's replays (kernels/telemetry.py), stayed at
+#: 0.83-0.98 of 1,980 MHz in Mixtral-8x7B's megakernel rows (MMA at about 0.67 of the dense rate) whose
+#: prediction assumed 0.85 and came out 12-15% slow, while the multi-launch rows fell to 0.76-0.83.
+#: Re-predicted (stored rows, not predictions): run BF's own profile rebuilt with the table 5.2% / 15.3% ->
+#: 4.8% / 13.0% (median / max), 19 -> 12 rows outside 10%; runs BA-BD with BF's table grafted in 5.3 / 4.8 /
+#: 5.8 / 5.2% -> 4.4 / 4.8 / 4.8 / 4.8%, outside 15% 4 / 1 / 3 / 3 -> 1 / 0 / 1 / 0. On from run BG, which holds
+#: out the off variant (a profile without the table is priced as before: duty_fall 1).
+USE_SUSTAINED_DUTY = True
+
+
+def duty_fall(profile: Profile, duty: float) -> float:
+    """The fraction of the sustained fall that a call keeping its tensor cores busy ``duty`` of its
+    time sees: kernel_model.sustained_duty's points, linear between (0, 0) and (1, 1) (no MMA: no fall;
+    matmuls back to back: the whole of it); 1.0 without the table."""
+    tab = _km(profile).sustained_duty
+    if not tab:
+        return 1.0
+    xs = [0.0] + [float(d) for d, _ in tab if 0.0 < d < 1.0] + [1.0]
+    ys = [0.0] + [min(max(float(g), 0.0), 1.0) for d, g in tab if 0.0 < d < 1.0] + [1.0]
+    return float(np.interp(min(max(float(duty), 0.0), 1.0), xs, ys))
+
+
+def mma_duty(profile: Profile, flops: float, call_s: float) -> float | None:
+    """A call's MMA duty: its ``flops`` over ``call_s`` at the dense GEMM's short-launch rate
+    (kernel_model.mma_sustained_flops_per_s), at most 1; None without that rate or time."""
+    rate = _km(profile).mma_sustained_flops_per_s
+    if not (rate > 0 and call_s > 0):
+        return None
+    return min(max(float(flops), 0.0) / (call_s * rate), 1.0)
+
+
 def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:
     """(seconds busy before the timed calls, seconds of the timed calls) of a prediction whose call
     takes ``call_s``: ``calls_before`` calls of it back to back from idle clocks, then the
@@ -525,13 +561,27 @@ def sustained_ratio(profile: Profile, busy_s: float, before_s: float = 0.0) -> f
     return float(min(1.0, max((work(a + busy_s) - work(a)) / busy_s, 1e-3)))
 
 
-def _sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, calls_before: float) -> float | None:
+def _sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, calls_before: float,
+                     flops: float | None = None) -> float | None:
     """``sustained_ratio`` over the busy window of a call of ``call_s`` (``busy_window_s``) where
-    USE_SUSTAINED_CLOCKS is on and the profile has the table, else None (nothing scaled)."""
+    USE_SUSTAINED_CLOCKS is on and the profile has the table, else None (nothing scaled); its fall
+    scaled by ``duty_fall`` at the call's ``mma_duty`` of ``flops`` where USE_SUSTAINED_DUTY is on."""
     if not (USE_SUSTAINED_CLOCKS and _km(profile).sustained_mma):
         return None
     before_s, busy_s = busy_window_s(call_s, calls_per_graph, calls_before)
-    return sustained_ratio(profile, busy_s, before_s)
+    ratio = sustained_ratio(profile, busy_s, before_s)
+    duty = mma_duty(profile, flops, call_s) if (USE_SUSTAINED_DUTY and flops is not None) else None
+    if duty is not None:
+        ratio = 1.0 - (1.0 - ratio) * duty_fall(profile, duty)
+    return ratio
+
+
+def stage_flops(stage: dict) -> float:
+    """A launch-plan stage's FLOPs: flops_per_tile x its tiles (the per-expert tile counts where the
+    stage publishes them, else one tile a program)."""
+    tpe = stage.get("tiles_per_expert")
+    tiles = float(sum(tpe)) if tpe is not None else float(stage.get("active_programs", 0))
+    return float(stage.get("flops_per_tile", 0.0)) * tiles
 
 
 def deep_table_covers(profile: Profile, depth: float) -> bool:
@@ -870,7 +920,8 @@ def predict_launch_plan(stages: list[dict], system: str | Profile = "h200", *, d
     preds = [predict_stage(s, p, dtype=dtype) for s in stages]
     fixed_us = _km(p).graph_fixed_s * 1e6 / max(1, calls_per_graph) if stages else 0.0
     out = {}
-    ratio = _sustained_scale(p, (sum(s.time_us for s in preds) + fixed_us) * 1e-6, calls_per_graph, calls_before)
+    ratio = _sustained_scale(p, (sum(s.time_us for s in preds) + fixed_us) * 1e-6, calls_per_graph, calls_before,
+                             sum(stage_flops(s) for s in stages))
     if ratio is not None:  # the MMA terms at the clocks of the busy window (the call's time as calibrated)
         preds = [replace(s, compute_us=s.compute_us / ratio) for s in preds]
         out["sustained_ratio"] = ratio

@@ -591,6 +591,11 @@ _KM_TABLES = {
     # optional): the SM clock falls under sustained MMA (H200 run AT: 705 TFLOP/s over 300 ms against
     # 797 over 22 ms). Read only behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``)
     "sustained_mma": ("fraction", ("busy_s",)),
+    # the sustained fall at a duty: matmuls a fraction "duty" of a long graph's time, HBM reads between
+    # (calibrate step sustained, full form), as the fraction of the fall of matmuls back to back over the
+    # same seconds: (1 - rate ratio at the duty) / (1 - sustained_mma at that busy_s) (optional; H200 run
+    # BF: 0.13 at duty 0.5, 0.6 at 0.75). Read only behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``)
+    "sustained_duty": ("fraction", ("duty",)),
 }
 
 
@@ -642,6 +647,8 @@ class KernelModel:
     recorded, not read by the cost model (``gemm_reuse_table``).
     sustained_mma: ((busy seconds, average rate / short-launch rate), ...) by busy seconds
     (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
+    sustained_duty: ((duty, fraction of the fall at duty 1), ...) by duty (``kernel_model.sustained_duty``),
+    or (); read behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``).
     """
 
     hbm_programs: tuple
@@ -691,6 +698,7 @@ class KernelModel:
     hbm_deep_bytes: tuple = ()
     hbm_deep_rate: tuple = ()
     sustained_mma: tuple = ()
+    sustained_duty: tuple = ()
 
     def gemm_reuse_table(self, loads: str) -> tuple:
         """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
@@ -763,6 +771,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "route_select": [],
         "hbm_deep_read": [],
         "sustained_mma": [],
+        "sustained_duty": [],
         **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
@@ -775,6 +784,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    serial_chain_step="none", route_select="none: topk_passes x serial_reduce_step_s",
                    hbm_deep_read="none: launches read hbm_read",
                    sustained_mma="none: MMA rates as calibrated (short launches) at any busy duration",
+                   sustained_duty="none: the whole sustained fall at any MMA duty",
                    **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
@@ -806,6 +816,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                        hbm_deep_programs=deep[0], hbm_deep_depths=deep[1], hbm_deep_groups=deep[2],
                        hbm_deep_bytes=deep[3], hbm_deep_rate=deep[4],
                        sustained_mma=_sustained(tables["sustained_mma"]),
+                       sustained_duty=_sustained(tables["sustained_duty"], "sustained_duty", "duty"),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))
@@ -854,16 +865,16 @@ def _by_programs(key: str, pts: list) -> tuple:
     return out
 
 
-def _sustained(pts: list) -> tuple:
-    """((busy seconds, ratio), ...) of kernel_model.sustained_mma by busy seconds, () for none: each
-    busy duration once, every ratio at most 1 (a fraction of the short-launch rate)."""
+def _sustained(pts: list, key: str = "sustained_mma", over: str = "busy duration") -> tuple:
+    """((busy seconds, ratio), ...) of kernel_model.sustained_mma by busy seconds (or of ``key``,
+    sustained_duty, by duty), () for none: each point once, every ratio at most 1 (a fraction of the
+    short-launch rate, or of the whole fall)."""
     out = tuple(sorted(pts))
     if len({p[0] for p in out}) != len(out):
-        raise ProfileError(f"kernel_model.sustained_mma.points name a busy duration twice: {[p[0] for p in out]}")
+        raise ProfileError(f"kernel_model.{key}.points name a {over} twice: {[p[0] for p in out]}")
     for busy, ratio in out:
         if ratio > 1:
-            raise ProfileError(f"kernel_model.sustained_mma: the ratio at {busy:g} s must be at most 1 (a fraction "
-                               f"of the short-launch rate), got {ratio:g}")
+            raise ProfileError(f"kernel_model.{key}: the ratio at {busy:g} must be at most 1, got {ratio:g}")
     return out
 
 

@@ -275,7 +275,8 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
                    read_depth=read_depth, weight_depth=weight_depth)
     out = _schedule_tasks(c, p, calls_per_graph)
-    ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before)
+    ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
+                             float(np.sum(c["arrays"]["flops"], dtype=np.float64)))
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
         if ratio < 1:
             out = _schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph)

@@ -906,3 +906,41 @@ def test_duty_fit_takes_the_reads_out_of_the_matmuls_time():
     assert got[1]["rate_ratio"] > 1e6  # a graph no longer than its reads: the matmuls' time floors at 1 ns, no crash
     lines = sustained_summary({**_fake_sustained(), "duty": got[:1]})
     assert any(ln.startswith("dense GEMM 50% of") and "x0.900" in ln and "1700 MHz" in ln for ln in lines)
+
+
+def test_duty_points_travel_to_the_profile():
+    """duty_points: per duty graph its matmuls' share and (1 - rate ratio) / (1 - the back-to-back
+    average over as many seconds), clipped to [0, 1]; graphs with no back-to-back fall to share, or a
+    share of 0 or 1, left out; build_profile writes them as kernel_model.sustained_duty, which the
+    loader reads and cost.duty_fall interpolates; without duty graphs no table."""
+    from megamoe.calibrate import build_profile, duty_points
+    from megamoe.simulator.cost import duty_fall, sustained_ratio
+
+    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
+    m = _fake_measurements()
+    su = m["sustained"]
+    t = su["points"][-1][0]
+    p0 = load_profile(str(_write(build_profile(load_profile("h200").to_dict(), m, prov))))
+    full = sustained_ratio(p0, t)
+    assert full < 0.9
+    su["duty"] = [{"duty": 0.5, "seconds": t, "matmul_share": 0.5, "rate_ratio": 1 - 0.25 * (1 - full)},
+                  {"duty": 0.75, "seconds": t, "matmul_share": 0.75, "rate_ratio": 0.5},  # more than the fall: 1
+                  {"duty": 0.6, "seconds": 0.004, "matmul_share": 0.6, "rate_ratio": 0.99},  # no fall by then
+                  {"duty": 1.0, "seconds": t, "matmul_share": 1.0, "rate_ratio": full}]
+    pts = duty_points(su)
+    assert [q[0] for q in pts] == [0.5, 0.75] and pts[0][1] == pytest.approx(0.25, rel=1e-6) and pts[1][1] == 1.0
+    prof = build_profile(load_profile("h200").to_dict(), m, prov)
+    assert prof["kernel_model"]["sustained_duty"]["over"] == ["duty"]
+    p = load_profile(str(_write(prof)))
+    assert duty_fall(p, 0.5) == pytest.approx(0.25, rel=1e-6) and duty_fall(p, 0.25) == pytest.approx(0.125, rel=1e-6)
+    su.pop("duty")
+    assert duty_points(su) == [] and "sustained_duty" not in build_profile(load_profile("h200").to_dict(), m, prov)["kernel_model"]
+
+
+def _write(prof: dict):
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump(prof, f)
+    f.close()
+    return f.name

@@ -99,7 +99,7 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
-            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE")
+            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE", "USE_SUSTAINED_DUTY")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_DEEP_READ's cohorts read the HBM grid where the
 #: profile has no deep table)
@@ -115,9 +115,11 @@ def _all_off(monkeypatch):
 def test_switch_defaults():
     """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
     read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
-    prologue is on from runs BA-BB's trace and re-predictions. These are all of the module's switches."""
+    prologue is on from runs BA-BB's trace and re-predictions; the sustained fall by MMA duty from run
+    BF's duty graphs and re-predictions. These are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
-                        "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True}
+                        "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
+                        "USE_SUSTAINED_DUTY": True}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
@@ -397,6 +399,67 @@ def test_sustained_switch_scales_only_the_tasks_compute(monkeypatch):
     assert task_cost.predict_task_plan(plan, p, num_programs=264) != off  # a shorter window: a smaller change
     monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
     assert task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000) == off
+
+
+#: the duty table (matmuls' share of a long graph, fraction of the back-to-back fall), H200 run BF's shape
+DUTY_POINTS = ((0.5, 0.125), (0.75, 0.625))
+
+
+def _duty_profile(rate: float = 8e14):
+    d = _profile().to_dict()
+    d["kernel_model"]["sustained_duty"] = _table("fraction", ["duty"], [list(q) for q in DUTY_POINTS])
+    d["kernel_model"]["mma_sustained_flops_per_s"] = _num(rate, "flop/s")
+    return validate(d)
+
+
+def test_duty_fall_and_mma_duty_read_as_documented():
+    """duty_fall: the table's points, linear between (0, 0), them and (1, 1), clamped to [0, 1] in
+    duty; 1 without the table. mma_duty: FLOPs over time x the dense short-launch rate, at most 1;
+    None without that rate or for no time."""
+    p = _duty_profile()
+    f = cost.duty_fall
+    assert f(p, 0.0) == 0.0 and f(p, 1.0) == 1.0 and f(p, 2.0) == 1.0 and f(p, -1.0) == 0.0
+    assert f(p, 0.5) == pytest.approx(0.125) and f(p, 0.75) == pytest.approx(0.625)
+    assert f(p, 0.25) == pytest.approx(0.0625) and f(p, 0.875) == pytest.approx(0.8125)
+    assert f(_profile(), 0.3) == 1.0
+    assert cost.mma_duty(p, 4e11, 1e-3) == pytest.approx(0.5) and cost.mma_duty(p, 1e13, 1e-3) == 1.0
+    assert cost.mma_duty(p, 4e11, 0.0) is None and cost.mma_duty(_duty_profile(0.0), 4e11, 1e-3) is None
+
+
+def test_duty_switch_shrinks_the_fall_by_the_calls_mma_duty(monkeypatch):
+    """USE_SUSTAINED_DUTY on (with USE_SUSTAINED_CLOCKS): the busy window's fall 1 - ratio times
+    duty_fall at the call's duty, its FLOPs (stage_flops) over its time as calibrated x the dense
+    rate; a launch plan and a task plan alike; a lower dense rate (a higher duty) keeps more of the
+    fall; the duty switch alone changes nothing."""
+    p = _duty_profile()
+    stages = [_compute_bound_stage(), _gemm_stage(), _router_stage()]
+    kw = dict(calls_per_graph=4, calls_before=30)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", True)
+    assert "sustained_ratio" not in cost.predict_launch_plan(stages, p, **kw)  # the clocks switch off
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", False)
+    whole = cost.predict_launch_plan(stages, p, **kw)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", True)
+    on = cost.predict_launch_plan(stages, p, **kw)
+    plain = cost.predict_launch_plan(stages, p)  # no window: the call's own time as calibrated
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
+    call_s = cost.predict_launch_plan(stages, p, **kw)["time_us"] * 1e-6
+    flops = sum(cost.stage_flops(s) for s in stages)
+    assert flops == pytest.approx(2.0 * 128 * 256 * 7168 * 512 + sum(cost.stage_flops(s) for s in stages[1:]))
+    duty = cost.mma_duty(p, flops, call_s)
+    assert 0 < duty < 1
+    want = 1.0 - (1.0 - whole["sustained_ratio"]) * cost.duty_fall(p, duty)
+    assert on["sustained_ratio"] == pytest.approx(want) and whole["sustained_ratio"] < want < 1.0
+    assert on["time_us"] < whole["time_us"] and plain["time_us"] <= on["time_us"]
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    busier = cost.predict_launch_plan(stages, _duty_profile(rate=4e14), **kw)
+    assert busier["sustained_ratio"] < on["sustained_ratio"]
+    plan = _task_plan()
+    t_whole, t_on = [], []
+    for flag, acc in ((False, t_whole), (True, t_on)):
+        monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", flag)
+        acc.append(task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000))
+    assert t_whole[0]["sustained_ratio"] <= t_on[0]["sustained_ratio"] <= 1.0
 
 
 RUN46 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run46"
