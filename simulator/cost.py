@@ -34,6 +34,8 @@ A launch (``predict_stage``), P working programs in groups g (experts) of n_g pr
                 largest of the three is the stage's ``memory_term`` (MEMORY_TERMS)
     serial    = waves x (load steps x serial_load_step_s + reductions x serial_reduce_step_s)
     time      = launch_gap + max(compute, memory, serial) + waves x task_overhead
+                (USE_WINDOW_ROOFLINE: also the sum over the sliding window of programs in flight of
+                each window's largest term share, in the max)
 
 A plan of launches is their sum plus the CUDA graph's fixed cost per call.
 
@@ -75,6 +77,13 @@ re-predictions of stored rows found no better were removed with their code (simu
                             (reference.tiles.TASK_ROUND_TRIPS, from the kernel's code) at the calibrated
                             atomic round trip ticket_s: the waits, row-index loads and signal around the
                             K loop that the dense-GEMM tables do not time
+    USE_WINDOW_ROOFLINE     a grouped GEMM launch's terms overlapped only within its window of programs
+                            in flight (``window_shares``): the sum over the window's positions (``slots``
+                            consecutive programs sliding along the launch order) of the largest of the
+                            window's shares of the compute, DRAM, L2-hit and intake terms, where that
+                            exceeds the largest whole-launch term (``StagePrediction.windows_us``);
+                            skewed routings put the HBM-bound light experts and the compute- or
+                            L2-bound heavy ones in different parts of the launch
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -528,6 +537,35 @@ def mma_duty(profile: Profile, flops: float, call_s: float) -> float | None:
     return min(max(float(flops), 0.0) / (call_s * rate), 1.0)
 
 
+#: whether a grouped GEMM launch's terms overlap only within its window of programs in flight
+#: (``window_shares``, ``StagePrediction.windows_us``) instead of over the whole launch: the programs
+#: start in launch order, at most ``slots`` of them at once, so the programs sharing the tensor cores,
+#: HBM, L2 and the SMs' intake at any moment are a window of ``slots`` consecutive ones sliding along
+#: the launch; the launch takes at least the sum over the window's positions of the largest of the
+#: window's shares of the compute, DRAM, L2-hit and intake terms (never less than the largest
+#: whole-launch term, what the switch off gives; the same where every window holds the same mix).
+#: A skewed routing puts experts of many row blocks (their weight tiles read from DRAM once per GROUP_M
+#: row blocks, the rest L2 hits: compute- or intake-bound) and experts of one row block (every program
+#: a weight tile of its own from DRAM: HBM-bound) in different parts of the launch, which then do not
+#: hide each other, whereas the whole-launch roofline lets the heavy experts' MMA hide the light
+#: experts' DRAM reads. No number is fitted: the shares come from the launch's own program order
+#: (``launch_order_dram``, ``kernels.grouped_gemm._tile_ids``) and the existing terms. Why: DeepSeek-V3
+#: T = 512 concentrated, multi (5 experts of 484-512 rows, ~92 of 1-34), under-predicted in every run
+#: (runs 53-56 -7.6 / -11.3 / -10.5 / -12.5%): its GEMM 1 priced 1,613-1,642 us by the SMs' intake
+#: against 2,039-2,046 measured (6.4 GB of DRAM, 7.2 GB of L2 hits); by windows 2,083-2,168 us. Runs
+#: 53-56's stored rows re-predicted with their own profiles (re-predictions, not predictions): median
+#: |error| pooled 5.22% -> 4.97%, rows outside 10% 82 -> 78, outside 15% 11 -> 11 (per run 53 / 54 /
+#: 55 / 56: 5.26 -> 5.11, 4.84 -> 4.74, 5.84 -> 5.77, 5.19 -> 5.02%; outside 10% 21 -> 21, 19 -> 18,
+#: 20 -> 19, 22 -> 20); that row +3.7..+5.5%, DeepSeek-V3 T = 64 concentrated multi -4.9..-5.8% ->
+#: +1.8..+2.7% (GEMM 1 737-754 us against 736-748 measured), T = 4096 concentrated -7.9..+5.1% ->
+#: -2.8..+7.0%; no row pushed past 10%. Runs 46-52 likewise: pooled 5.51% -> 5.51%, outside 10%
+#: 90 -> 88. Discrete waves (a barrier between waves) instead of the sliding window over-priced the
+#: few-wave launches (DeepSeek-V3 T = 64 concentrated +5.4..+6.3%). It only raises a launch's time, so
+#: it cannot fix an over-prediction (DeepSeek-V3 T = 512 Zipf); the megakernel's tasks are priced one
+#: by one already (``task_cost``); the rack model's ``stage_cost`` is left as it is.
+USE_WINDOW_ROOFLINE = False
+
+
 def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:
     """(seconds busy before the timed calls, seconds of the timed calls) of a prediction whose call
     takes ``call_s``: ``calls_before`` calls of it back to back from idle clocks, then the
@@ -751,10 +789,25 @@ class StagePrediction:
     #: which memory term is the largest (MEMORY_TERMS): "hbm" (the DRAM bytes at the read curve),
     #: "l2" (the L2-hit bytes at the L2 rate) or "sm_intake" (the SMs' intake, sm_ingest_s)
     memory_term: str = "hbm"
+    #: USE_WINDOW_ROOFLINE: the memory terms (hbm, l2, sm_intake) in us and the sliding window's shares
+    #: of the launch's programs, DRAM bytes and L2-hit bytes ((f_programs, f_dram, f_l2), ...) along the
+    #: program order (``window_shares``); empty: the launch's terms overlap over the whole launch
+    memory_terms_us: tuple = ()
+    window_shares: tuple = ()
+
+    @property
+    def windows_us(self) -> float:
+        """The launch's compute and memory terms as its window of programs in flight meets them
+        (USE_WINDOW_ROOFLINE): the sum over the window's positions of the largest of its shares of
+        each term; 0 without window shares."""
+        if not self.window_shares or not self.memory_terms_us:
+            return 0.0
+        hbm, l2, intake = self.memory_terms_us
+        return float(sum(max(fp * self.compute_us, fd * hbm, fl * l2, fp * intake) for fp, fd, fl in self.window_shares))
 
     @property
     def time_us(self) -> float:
-        return max(self.compute_us, self.memory_us, self.serial_us) + self.launch_us + self.overhead_us
+        return max(self.compute_us, self.memory_us, self.serial_us, self.windows_us) + self.launch_us + self.overhead_us
 
     @property
     def bound(self) -> str:
@@ -767,7 +820,8 @@ class StagePrediction:
         return {"name": self.name, "programs": self.programs, "compute_us": self.compute_us,
                 "memory_us": self.memory_us, "serial_us": self.serial_us, "launch_us": self.launch_us,
                 "overhead_us": self.overhead_us, "waves": self.waves, "occupancy": self.occupancy,
-                "time_us": self.time_us, "bound": self.bound, "memory_term": self.memory_term}
+                "time_us": self.time_us, "bound": self.bound, "memory_term": self.memory_term,
+                **({"windows_us": self.windows_us} if self.window_shares else {})}
 
 
 def dram_bytes(stage: dict) -> float:
@@ -780,6 +834,83 @@ def dram_bytes(stage: dict) -> float:
         return P * float(stage["bytes_per_tile"])
     group = max(1, int(stage["tile"].get("GROUP_M", 1)))
     return grouped_dram_bytes(rb, tpe, float(ob["a"]), float(ob["b"]), float(ob["out"]), group)
+
+
+def launch_order_dram(stage: dict) -> np.ndarray | None:
+    """(P,) DRAM bytes of each program of a grouped GEMM launch, in launch order
+    (``kernels.grouped_gemm._tile_ids``: the routed row blocks in expert order, GROUP_M of them at a time
+    sweeping the N tiles (columns), each column over the group's row blocks). A program reads from DRAM
+    its output, its row block's rows if it is the block's first column, and its weight tile if its row
+    block is the first of its expert in the group (``grouped_dram_bytes``' count, by the kernel's global
+    groups). None where the stage lacks the grouped L2 model's fields or its experts differ in columns."""
+    ob, rb, tpe = stage.get("operand_bytes_per_tile"), stage.get("row_blocks_per_expert"), stage.get("tiles_per_expert")
+    if not ob or rb is None or tpe is None:
+        return None
+    be = np.asarray(rb, dtype=np.int64)
+    te = np.asarray(tpe, dtype=np.int64)
+    keep = (be > 0) & (te > 0)
+    if not keep.any() or np.any(te[keep] % be[keep]):
+        return None
+    cols = set((te[keep] // be[keep]).tolist())
+    if len(cols) != 1:
+        return None
+    ncol = cols.pop()
+    expert = np.repeat(np.arange(be.size)[keep], be[keep])  # the expert of each routed row block
+    M = expert.size
+    if M * ncol != int(stage["active_programs"]):
+        return None
+    gm = max(1, int(stage["tile"].get("GROUP_M", 1)))
+    a, b, out = float(ob["a"]), float(ob["b"]), float(ob["out"])
+    m = np.arange(M)
+    first = np.ones(M, dtype=bool)  # the block is its expert's first in its group
+    first[1:] = (expert[1:] != expert[:-1]) | (m[1:] % gm == 0)
+    parts = []
+    for g0 in range(0, M, gm):  # a group's programs: column by column over its row blocks
+        blk = slice(g0, min(g0 + gm, M))
+        d = np.full((ncol, blk.stop - blk.start), out)
+        d[0, :] += a
+        d[:, first[blk]] += b
+        parts.append(d.ravel())
+    return np.concatenate(parts)
+
+
+#: positions of the sliding window summed into one entry of ``window_shares`` (the window's programs /
+#: this many, at least 1): only keeps the entries few; not a fitted number
+WINDOW_STEPS = 16
+
+
+def window_shares(stage: dict, slots: int) -> tuple:
+    """((f_programs, f_dram, f_l2), ...): a grouped GEMM launch's programs, DRAM bytes and L2-hit bytes
+    as the window of its ``slots`` programs in flight slides along the launch order
+    (``launch_order_dram``; a program's other bytes, bytes_per_tile less its DRAM bytes, hit in L2).
+    The window at position x holds programs x .. x + slots - 1 (circular, so every program is in the
+    same number of windows); the window time at x, the largest of the terms' shares of that window,
+    is spent once per program that leaves it, so an entry's share of a term is its windows' share of
+    that term / slots: f_programs = 1 / P a position, f_dram = window DRAM bytes / (slots x DRAM bytes),
+    f_l2 likewise; WINDOW_STEPS consecutive positions to an entry. Each share sums to 1 over the
+    entries; a launch whose windows all hold the same mix gets every term at its whole-launch value.
+    () where ``launch_order_dram`` has none or the launch fits in one wave (P <= slots)."""
+    P = int(stage["active_programs"])
+    n = int(slots)
+    if P <= n or n < 1:
+        return ()
+    dram = launch_order_dram(stage)
+    if dram is None:
+        return ()
+    hits = np.maximum(float(stage["bytes_per_tile"]) - dram, 0.0)
+
+    def win(v):  # the circular window sums of v over n consecutive programs, at each position
+        c = np.concatenate([[0.0], np.cumsum(np.concatenate([v, v[:n]]))])
+        return c[n:n + P] - c[:P]
+
+    step = max(1, n // WINDOW_STEPS)
+    pos = np.arange(P) // step
+    progs = np.bincount(pos).astype(np.float64) / P
+    out = [progs]
+    for v in (dram, hits):
+        tot = float(v.sum())
+        out.append(np.bincount(pos, weights=win(v)) / (n * tot) if tot > 0 else progs)
+    return tuple(zip(*(x.tolist() for x in out)))
 
 
 def stage_l2_hit_s(stage: dict, hit_bytes: float, in_flight: int, profile: Profile) -> float:
@@ -895,8 +1026,14 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
         select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce")
     serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load")
                         + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce") + select_s)
+    extra = {}
+    if USE_WINDOW_ROOFLINE and len(mem) == 3:
+        shares = window_shares(stage, slots)
+        if shares:
+            extra = {"memory_terms_us": (mem["hbm"] * 1e6, mem["l2"] * 1e6, mem["sm_intake"] * 1e6),
+                     "window_shares": shares}
     return StagePrediction(stage["name"], P, compute_s * 1e6, memory_s * 1e6, launch_us, serial_s * 1e6,
-                           waves * km.task_overhead_s * 1e6, waves, occ, memory_term)
+                           waves * km.task_overhead_s * 1e6, waves, occ, memory_term, **extra)
 
 
 def resolve_profile(system: str | Profile, overrides: dict | None = None) -> Profile:

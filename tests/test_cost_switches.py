@@ -99,11 +99,12 @@ def _router_stage():
 
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
-            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE", "USE_SUSTAINED_DUTY")
+            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE", "USE_SUSTAINED_DUTY",
+            "USE_WINDOW_ROOFLINE")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_DEEP_READ's cohorts read the HBM grid where the
 #: profile has no deep table)
-TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_DEEP_READ", "USE_TASK_PROLOGUE"))
+TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_DEEP_READ", "USE_TASK_PROLOGUE", "USE_WINDOW_ROOFLINE"))
 
 
 @pytest.fixture(autouse=True)
@@ -116,10 +117,11 @@ def test_switch_defaults():
     """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
     read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
     prologue is on from runs BA-BB's trace and re-predictions; the sustained fall by MMA duty from run
-    BF's duty graphs and re-predictions. These are all of the module's switches."""
+    BF's duty graphs and re-predictions; the window roofline is off until a GPU run holds it out. These
+    are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
                         "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
-                        "USE_SUSTAINED_DUTY": True}
+                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": False}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
@@ -747,3 +749,111 @@ def test_task_prologue_adds_its_round_trips_to_the_routed_gemm_tasks_compute_onl
     assert set(TASK_ROUND_TRIPS) <= set(kinds) and all(v > 0 for v in TASK_ROUND_TRIPS.values())
     for key in ("memory_P_s", "dram_P_s", "l2_P_s", "serial_s", "pre_s"):
         assert np.array_equal(on[key], off[key]), key
+
+
+# --------------------------------------------------------------------------- the window roofline
+def _skewed_stage(blocks=(8,) + (1,) * 8, nt=16, warps=8):
+    """A grouped GEMM 1 launch of 64-row tiles over 7168: experts of ``blocks`` row blocks (default one
+    of 8, whose weight tiles its 8 row blocks share, then 8 of one, each tile of theirs read from DRAM),
+    ``nt`` N tiles each, GROUP_M 8."""
+    ob = {"a": 64 * 7168 * 2.0, "b": 2 * 128 * 7168 * 2.0, "out": 64 * 128 * 2.0}
+    return dict(name="gemm1", kernel="_k", active_programs=sum(blocks) * nt,
+                tile=dict(BLOCK_M=64, BLOCK_N=128, num_warps=warps, GROUP_M=8), bytes_per_tile=sum(ob.values()),
+                flops_per_tile=2 * 64 * 256 * 7168, operand_bytes_per_tile=ob, row_blocks_per_expert=blocks,
+                tiles_per_expert=tuple(b * nt for b in blocks), work_tile={"m": 64, "n": 256, "depth": 7168})
+
+
+def _tiny_stage():
+    a, b, out = 1000.0, 10000.0, 10.0
+    return dict(name="g", kernel="_k", active_programs=6, tile=dict(GROUP_M=2), bytes_per_tile=a + b + out,
+                flops_per_tile=1.0, operand_bytes_per_tile={"a": a, "b": b, "out": out},
+                row_blocks_per_expert=(2, 0, 1), tiles_per_expert=(4, 0, 2)), (a, b, out)
+
+
+def test_launch_order_dram_follows_the_kernels_program_order():
+    """Experts of 2 and 1 row blocks, 2 columns, GROUP_M 2: the kernel's order is (col 0, block 0),
+    (0, 1), (1, 0), (1, 1) for the first group, (0, 2), (1, 2) for the second; a program reads its rows
+    at column 0 and its weight tile where its block is its expert's first in the group, in all
+    grouped_dram_bytes' count."""
+    st, (a, b, out) = _tiny_stage()
+    want = np.array([a + b, a, b, 0.0, a + b, b]) + out
+    assert cost.launch_order_dram(st) == pytest.approx(want)
+    assert want.sum() == pytest.approx(cost.grouped_dram_bytes((2, 1), (4, 2), a, b, out, 2))
+    assert cost.launch_order_dram(dict(st, operand_bytes_per_tile=None)) is None  # no grouped L2 model
+    assert cost.launch_order_dram(dict(st, tiles_per_expert=(4, 0, 3))) is None  # experts differ in columns
+
+
+def test_window_shares_slide_over_the_programs_in_flight():
+    """Windows of 2 programs in flight at each of the 6 positions (circular): a position's DRAM share is
+    its window's DRAM bytes / (2 x all of them), its L2 share likewise; every share sums to 1; a launch
+    that fits in one wave has none."""
+    st, (a, b, out) = _tiny_stage()
+    d = cost.launch_order_dram(st)
+    h = (a + b + out) - d
+    sh = cost.window_shares(st, 2)
+    assert len(sh) == 6
+    win = lambda v: (v + np.roll(v, -1)) / (2 * v.sum())  # noqa: E731
+    assert [x[0] for x in sh] == pytest.approx([1 / 6] * 6)
+    assert [x[1] for x in sh] == pytest.approx(win(d))
+    assert [x[2] for x in sh] == pytest.approx(win(h))
+    assert [sum(x[k] for x in sh) for k in range(3)] == pytest.approx([1.0, 1.0, 1.0])
+    assert cost.window_shares(st, 6) == () and cost.window_shares(st, 8) == ()
+
+
+def test_window_roofline_keeps_a_skewed_launchs_parts_apart(monkeypatch):
+    """The heavy expert's programs (weights shared by 8 row blocks) and the light experts' (every
+    weight tile from DRAM) are not in flight together: on, the launch takes the sum over the window's
+    positions of its largest term share, more than its largest whole-launch term; the terms themselves
+    are unchanged."""
+    p = _profile()
+    st = _skewed_stage()
+    off = cost.predict_stage(st, p)
+    assert off.window_shares == () and off.windows_us == 0.0
+    assert off.time_us == pytest.approx(max(off.compute_us, off.memory_us, off.serial_us) + off.launch_us
+                                        + off.overhead_us)
+    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
+    on = cost.predict_stage(st, p)
+    for f in ("compute_us", "memory_us", "serial_us", "launch_us", "overhead_us", "waves", "memory_term"):
+        assert getattr(on, f) == getattr(off, f), f
+    slots = p.num_sms * cost.occupancy(p, 8)
+    assert on.waves == 2 and slots < st["active_programs"] and on.window_shares
+    hbm, l2, intake = on.memory_terms_us
+    assert max(hbm, l2, intake) == pytest.approx(on.memory_us)
+    want = sum(max(fp * on.compute_us, fd * hbm, fl * l2, fp * intake) for fp, fd, fl in on.window_shares)
+    assert on.windows_us == pytest.approx(want)
+    assert want > 1.05 * max(off.compute_us, off.memory_us)  # the two parts do not hide each other
+    assert on.time_us == pytest.approx(want + on.launch_us + on.overhead_us)
+    assert on.to_dict()["windows_us"] == pytest.approx(want)
+
+
+def test_window_roofline_leaves_even_and_single_wave_launches(monkeypatch):
+    """A launch whose every window holds the same mix (32 experts of one row block), a launch of one
+    wave and the router stage (no grouped L2 model) predict the same on and off."""
+    p = _profile()
+    stages = [_skewed_stage(blocks=(1,) * 32), _skewed_stage(blocks=(1,) * 8), _router_stage()]
+    off = [cost.predict_stage(s, p) for s in stages]
+    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
+    on = [cost.predict_stage(s, p) for s in stages]
+    assert on[0].waves > 1 and on[0].window_shares
+    assert on[0].time_us == pytest.approx(off[0].time_us, rel=1e-9)
+    assert on[1] == off[1] and on[1].waves == 1
+    assert on[2] == off[2]
+
+
+def test_window_roofline_keeps_the_sustained_clocks(monkeypatch):
+    """With USE_SUSTAINED_CLOCKS the plan's compute terms are divided by the ratio after the stages are
+    priced: the windows' compute shares follow (windows_us from the scaled compute term). Three times
+    the FLOPs, so that the heavy expert's part is bound by its MMA."""
+    p = _profile()
+    st = dict(_skewed_stage(), flops_per_tile=3 * _skewed_stage()["flops_per_tile"])
+    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
+    s0 = cost.predict_stage(st, p)
+    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    slow = cost.predict_launch_plan([st], p, calls_per_graph=8, calls_before=2000)
+    ratio = slow["sustained_ratio"]
+    assert ratio < 0.99
+    s1 = slow["stages"][0]
+    assert s1["compute_us"] == pytest.approx(s0.compute_us / ratio)
+    hbm, l2, intake = s0.memory_terms_us
+    want = sum(max(fp * s0.compute_us / ratio, fd * hbm, fl * l2, fp * intake) for fp, fd, fl in s0.window_shares)
+    assert s1["windows_us"] == pytest.approx(want) and want > s0.windows_us
