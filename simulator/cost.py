@@ -563,7 +563,9 @@ def mma_duty(profile: Profile, flops: float, call_s: float) -> float | None:
 #: few-wave launches (DeepSeek-V3 T = 64 concentrated +5.4..+6.3%). It only raises a launch's time, so
 #: it cannot fix an over-prediction (DeepSeek-V3 T = 512 Zipf); the megakernel's tasks are priced one
 #: by one already (``task_cost``); the rack model's ``stage_cost`` is left as it is.
-USE_WINDOW_ROOFLINE = False
+#: With USE_SUSTAINED_DUTY on and run BF's duty table (grafted into runs BA-BD; re-predictions): runs BA-BD
+#: and BF pooled 4.8% -> 4.6%, outside 10% 73 -> 66. On from run BG, which holds out the off variant.
+USE_WINDOW_ROOFLINE = True
 
 
 def busy_window_s(call_s: float, calls_per_graph: int = 1, calls_before: float = 0.0) -> tuple[float, float]:
