@@ -583,6 +583,17 @@ def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
     return max(least, min(most, 1 + STAGE_BYTES // stage_bytes))
 
 
+#: the megakernel's router logits split over H up to this many tokens (16 blocks of 32), where
+#: decode_router_split stops (the multi-launch path's extra launch there is the prefill logits launch):
+#: ranges of at most MEGAKERNEL_SPLIT_STEPS steps of BLOCK_H, at least 4, top-k tasks of 4 tokens. H200 run
+#: BH (T = 512, us, walking / 4 ranges / 8 ranges): Qwen3-30B-A3B 373.3 / 365.4 / 365.3, every token on the
+#: same experts 154.3 / 145.7 / 144.6; gpt-oss-120b 1,613.6 / 1,606.8 / 1,607.4, 272.2 / 266.6 / 263.7;
+#: Mixtral-8x7B 1,161.8 / 1,116.3 / 1,116.8, 656.6 / 652.7 / 663.6; DeepSeek-V3 routed 5,285.1 / 5,183.7 /
+#: 5,171.5, 933.6 / 831.1 / 810.4 (run BG's trace: Qwen3-30B-A3B's 16 top-k tasks walked H for 19.7 us each)
+MEGAKERNEL_SPLIT_MAX_T = 512
+MEGAKERNEL_SPLIT_STEPS = 32
+
+
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
     from .plan import combine_launch
 
@@ -601,6 +612,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
                           "order": {"GROUP_M": 2, "STREAM_K": 0}},
                 "num_warps": 4, "num_stages": 1, "occupancy": 1, "next_ticket": True}
     P = num_sms
+    if split == 0 and T <= MEGAKERNEL_SPLIT_MAX_T and H >= 1024:  # 16 token blocks: each walked all of H
+        steps = -(-H // block_h)
+        split = max(4, -(-steps // MEGAKERNEL_SPLIT_STEPS))
     if -(-T // bt) <= 4 and H >= 1024:  # decode: router weights over many programs, ~48 KB of weights each
         split = max(split, min(64, H // block_h, -(-E * H * 2 // (48 << 10))))
     if T <= 16:
