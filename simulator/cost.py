@@ -84,6 +84,10 @@ re-predictions of stored rows found no better were removed with their code (simu
                             exceeds the largest whole-launch term (``StagePrediction.windows_us``);
                             skewed routings put the HBM-bound light experts and the compute- or
                             L2-bound heavy ones in different parts of the launch
+    USE_TASK_STREAM_SHARE   a megakernel task's DRAM bytes at its share of the read rate over its whole life
+                            (the programs executing around it, time-averaged, by re-running the list
+                            schedule) instead of the share for the programs busy at its start: a phase's
+                            last, partial wave streams faster as the other programs finish
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -499,6 +503,25 @@ USE_SUSTAINED_CLOCKS = True
 #: Re-predicting runs AZ, BA and BB (stored rows, not predictions) moved the median 5.7 -> 5.4%, 5.6 -> 5.3%,
 #: 5.3 -> 4.8%; held out first by run BC (NOTES-gpu-runs.md, fourteenth session).
 USE_TASK_PROLOGUE = True
+
+#: whether a megakernel task's DRAM bytes stream at its share of the read rate over its whole life instead
+#: of the share for the programs busy when it starts (task_cost.lifetime_h, task_cost._schedule_shared):
+#: the list schedule is run again (STREAM_SHARE_PASSES, damped by STREAM_SHARE_STEP), each task's
+#: busy-programs correction h read as 1 / the time average of 1 / h(n(t)) over [start, end] of the previous
+#: pass, n(t) the tasks executing at t (a program holding a ticket while it waits on a counter reads
+#: nothing); a cohort's tasks keep their one-shot rate (USE_TASK_DEEP_READ), the L2-hit part its grid curve.
+#: Why: with the share frozen at a task's start, a phase's last, partial wave of memory-bound tasks is
+#: priced at the share of all R programs streaming, though most programs have finished (or wait on its
+#: counters) for most of its life and each remaining program streams faster (the deep table: ~35 GB/s a
+#: program at 132 busy, ~75 at 52). Decode rows with a partial GEMM wave were over-predicted in every run
+#: 53-56: Mixtral-8x7B T = 8 Zipf megakernel +12..+13% (448 GEMM 1 tasks = 3.4 waves: the layer streams
+#: 1.41 GB at 4.3 TB/s measured, 3.8 priced), Qwen3-30B-A3B T = 8 Zipf +10..+13% (192 = 1.45 waves).
+#: Re-predicting runs 53-56 (stored rows, not predictions), pooled: median 5.2 -> 5.0%, outside 10% 82 -> 78,
+#: outside 15% 11 -> 11, max 19.6 -> 19.6% (Mixtral T = 8 Zipf -> +6%, concentrated +6 -> -1%; Qwen3 T = 8
+#: Zipf -> +6.5..+9%); it pushes DeepSeek-V3 T = 1 concentrated (run 55) and Qwen3-30B-A3B T = 512
+#: concentrated (run 54) from -8.8 / -9.2 to -10.1%, rows already under-predicted. Off until a GPU run
+#: holds it out (megamoe validate --variant USE_TASK_STREAM_SHARE=on).
+USE_TASK_STREAM_SHARE = False
 
 
 #: whether the sustained fall (USE_SUSTAINED_CLOCKS) is scaled by the call's MMA duty: its FLOPs over

@@ -274,19 +274,70 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     p = resolve_profile(profile, overrides)
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
                    read_depth=read_depth, weight_depth=weight_depth)
-    out = _schedule_tasks(c, p, calls_per_graph)
+    out = _schedule_shared(c, p, calls_per_graph)
     ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
                              float(np.sum(c["arrays"]["flops"], dtype=np.float64)))
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
         if ratio < 1:
-            out = _schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph)
+            out = _schedule_shared({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph)
         out["sustained_ratio"] = ratio
     return out
 
 
-def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
+#: list-scheduling passes after the first where ``cost.USE_TASK_STREAM_SHARE`` is on, and the weight of
+#: each pass's lifetime shares against the shares the pass before priced at (the fixed point is approached
+#: by halves: undamped, a phase's tail and the phase after it trade places from one pass to the next)
+STREAM_SHARE_PASSES = 4
+STREAM_SHARE_STEP = 0.5
+
+
+def lifetime_h(start: np.ndarray, end: np.ndarray, h_curves: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """Each task's busy-programs correction over its whole lifetime on a timeline (start, end (n,) s):
+    1 / the time average over [start_i, end_i] of 1 / h[curve_i, n(t) - 1], n(t) the tasks executing
+    at t (started and not ended: a program waiting on a counter reads nothing), h_curves (C, R) as
+    ``task_costs`` gives them. 1 / h is a program's share of the read rate (relative to every resident
+    program streaming), so its time average is the rate the task's bytes progress at while the
+    programs around it start and stop. -> (n,)."""
+    n = start.size
+    if n == 0:
+        return np.zeros(0)
+    R = h_curves.shape[1]
+    t = np.unique(np.concatenate([start, end]))
+    d = np.zeros(t.size)
+    np.add.at(d, np.searchsorted(t, start), 1.0)
+    np.add.at(d, np.searchsorted(t, end), -1.0)
+    busy = np.clip(np.cumsum(d)[:-1], 1, R).astype(np.int64)  # tasks executing on [t_k, t_k+1)
+    inv = 1.0 / np.maximum(h_curves, 1e-30)  # (C, R): a program's share of the rate
+    acc = np.concatenate([np.zeros((inv.shape[0], 1)), np.cumsum(inv[:, busy - 1] * np.diff(t), axis=1)], axis=1)
+    c = np.asarray(curve, dtype=np.int64)
+    lo, hi = np.searchsorted(t, start), np.searchsorted(t, end)
+    span = end - start
+    mean = np.where(span > 0, (acc[c, hi] - acc[c, lo]) / np.where(span > 0, span, 1.0), inv[c, 0])
+    return 1.0 / mean
+
+
+def _schedule_shared(c: dict, p: Profile, calls_per_graph: int) -> dict:
+    """``_schedule_tasks``, and where ``cost.USE_TASK_STREAM_SHARE`` is on, again STREAM_SHARE_PASSES
+    times, each task's DRAM part at h + STREAM_SHARE_STEP x (``lifetime_h`` of the previous pass's
+    timeline - h), h the correction it had there (the first pass: the busy programs at its start);
+    a cohort's tasks keep their one-shot rate (cost.USE_TASK_DEEP_READ)."""
+    if not cost.USE_TASK_STREAM_SHARE:
+        return _schedule_tasks(c, p, calls_per_graph)
+    out = _schedule_tasks(c, p, calls_per_graph, timeline=True)
+    for j in range(STREAM_SHARE_PASSES):
+        life = lifetime_h(out["_start"], out["_end"], c["h_curves"], c["curve"])
+        out = _schedule_tasks(c, p, calls_per_graph, h_over=out["_h"] + STREAM_SHARE_STEP * (life - out["_h"]),
+                              timeline=j < STREAM_SHARE_PASSES - 1)
+    return out
+
+
+def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarray | None = None,
+                    timeline: bool = False) -> dict:
     """``predict_task_plan``'s result from the task costs ``c`` (``task_costs``): list scheduling in
-    ticket order on the resident programs."""
+    ticket order on the resident programs. ``h_over`` (n,): each task's busy-programs correction of its
+    DRAM part (``_schedule_shared``) instead of the one for the programs busy at its start, except a
+    cohort's tasks (cost.USE_TASK_DEEP_READ). ``timeline``: the result carries "_start" / "_end" (s, (n,)),
+    and "_h" (n,), the correction each task's DRAM part was priced at."""
     km = _km(p)
     a = c["arrays"]
     kind, kinds = c["kind"], c["kinds"]
@@ -311,6 +362,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
     dram_l = c["dram_bytes"].tolist()
     target_l = a["counter_target"].astype(np.int64).tolist()
     cohort_left, cohort_n = 0, 0  # tasks still to place of the cohort being released, its programs reading
+    h_over = None if h_over is None else np.asarray(h_over, dtype=np.float64).tolist()
+    h_used = [0.0] * n  # the busy-programs correction each task's DRAM part was priced at
 
     def release(j: int):  # the time task j's waits are all met (no handoff), None while one is not yet known
         t = 0.0
@@ -353,8 +406,9 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
         else:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
-        h_i = h_of[curve_l[i]][min(busy, R - 1)]
-        h_l2 = h_of[0][min(busy, R - 1)]  # the L2-hit part: the grid's curve
+        # cost.USE_TASK_STREAM_SHARE: the DRAM part at its share over the task's lifetime (``lifetime_h``)
+        h_i = h_of[curve_l[i]][min(busy, R - 1)] if h_over is None else h_over[i]
+        h_l2 = h_of[0][min(busy, R - 1)]  # the L2-hit part: the grid's curve, at the programs busy at its start
         if cohort_h is not None and in_cohort[i] and by_wait[i]:
             if cohort_left <= 0:  # a new release: its consecutive tickets freed at the same instant onto idle programs
                 t_rel = release(i)
@@ -369,6 +423,7 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
                 h_i = cohort_h(curve_l[i], cohort_n, dram_l[i])
         elif cohort_left > 0 and not by_wait[i]:
             cohort_left = 0
+        h_used[i] = h_i
         dur = max(comp_l[i], dramP_l[i] * h_i, l2P_l[i] * h_l2, ser_l[i]) + fixed + pre_l[i]
         e = s0 + dur
         start[i], end[i], prog[i] = s0, e, q
@@ -405,4 +460,4 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int) -> dict:
             "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
             "l2_bound_tasks": l2_tasks,
             "dram_bytes": float(c["dram_bytes"].sum()), "l2_hit_bytes": float(c["l2_bytes"].sum()),
-            "system": p.name}
+            "system": p.name, **({"_start": start_a, "_end": end_a, "_h": np.asarray(h_used)} if timeline else {})}
