@@ -519,9 +519,11 @@ USE_TASK_PROLOGUE = True
 #: Re-predicting runs 53-56 (stored rows, not predictions), pooled: median 5.2 -> 5.0%, outside 10% 82 -> 78,
 #: outside 15% 11 -> 11, max 19.6 -> 19.6% (Mixtral T = 8 Zipf -> +6%, concentrated +6 -> -1%; Qwen3 T = 8
 #: Zipf -> +6.5..+9%); it pushes DeepSeek-V3 T = 1 concentrated (run 55) and Qwen3-30B-A3B T = 512
-#: concentrated (run 54) from -8.8 / -9.2 to -10.1%, rows already under-predicted. Off until a GPU run
-#: holds it out (megamoe validate --variant USE_TASK_STREAM_SHARE=on).
-USE_TASK_STREAM_SHARE = False
+#: concentrated (run 54) from -8.8 / -9.2 to -10.1%, rows already under-predicted. With this session's other
+#: switches on (USE_SUSTAINED_DUTY with run BF's table grafted in, USE_WINDOW_ROOFLINE), runs BA-BG pooled:
+#: median 4.6 -> 4.6%, outside 10% 90 -> 83, outside 15% 6 -> 4, max 16.6 -> 15.9% (re-predictions). On from
+#: run BI, which holds out the off variant.
+USE_TASK_STREAM_SHARE = True
 
 
 #: whether the sustained fall (USE_SUSTAINED_CLOCKS) is scaled by the call's MMA duty: its FLOPs over

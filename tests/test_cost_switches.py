@@ -122,7 +122,7 @@ def test_switch_defaults():
     are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
                         "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
-                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False}
+                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": True}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
@@ -884,6 +884,7 @@ def test_stream_share_speeds_up_a_partial_last_wave(monkeypatch):
 
     for name, on in DEFAULTS.items():
         monkeypatch.setattr(cost, name, on)
+    monkeypatch.setattr(cost, "USE_TASK_STREAM_SHARE", False)
     rows = {r["routing"]: r for r in map(json.loads, (RUN53 / "validation_2026-12-02.jsonl").read_text().splitlines())
             if r.get("phase") == "measurement" and r["preset"] == "mixtral-8x7b" and r["T"] == 8
             and r["backend"] == "megakernel"}
