@@ -2,7 +2,7 @@
 
     python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
 
-For each case (preset:T[:concentrated]) the layer runs traced (kernels.megakernel's ``trace``:
+For each case (preset:T[:concentrated | a validation routing, e.g. zipf]) the layer runs traced (kernels.megakernel's ``trace``:
 program, start and end of every ticket; each program's first ticket and exit) in every call of a
 CUDA graph of 8 calls, as the layer is timed (``--eager``: one eager call), and is timed untraced
 beside the multi-launch path. The graph's calls give the kernel's time from its first program in to
@@ -101,6 +101,11 @@ def main(argv=None) -> int:
             w = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
         gen = torch.Generator(device="cuda").manual_seed(7 + T)
         xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
+        if rest and rest[0] != "concentrated":  # a validation routing (zipf, ...): inputs and router steered as
+            from megamoe.scale import routing_bias, steer_inputs  # megamoe validate steers them
+
+            xs, rw = steer_inputs(xs, w.router_weight, routing_bias(cfg, rest[0], 0))
+            w = type(w)(**{**w.arrays(), "router_weight": rw})
         base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
         variants = variant_configs(base, args.variants.split(",") if args.variants else [])
         row = {"case": case, "preset": name, "T": T, **prov}
