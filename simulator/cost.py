@@ -522,8 +522,9 @@ USE_TASK_PROLOGUE = True
 #: concentrated (run 54) from -8.8 / -9.2 to -10.1%, rows already under-predicted. With this session's other
 #: switches on (USE_SUSTAINED_DUTY with run BF's table grafted in, USE_WINDOW_ROOFLINE), runs BA-BG pooled:
 #: median 4.6 -> 4.6%, outside 10% 90 -> 83, outside 15% 6 -> 4, max 16.6 -> 15.9% (re-predictions). On from
-#: run BI, which holds out the off variant.
-USE_TASK_STREAM_SHARE = True
+#: run BI, which held out the off variant: on 4.8% / 21.8% (megakernel 4.9%), off 4.8% / 21.4% (megakernel 4.8%),
+#: no gain where predicted before measured; off again (its four extra scheduling passes cost prediction time).
+USE_TASK_STREAM_SHARE = False
 
 
 #: whether the sustained fall (USE_SUSTAINED_CLOCKS) is scaled by the call's MMA duty: its FLOPs over

@@ -118,11 +118,11 @@ def test_switch_defaults():
     """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
     read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
     prologue is on from runs BA-BB's trace and re-predictions; the sustained fall by MMA duty from run
-    BF's duty graphs and re-predictions; the window roofline from re-predictions of nine runs. These
-    are all of the module's switches."""
+    BF's duty graphs and re-predictions; the window roofline from re-predictions of nine runs; the
+    tasks' stream share off after run BI held it out level. These are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
                         "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
-                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": True}
+                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
