@@ -82,7 +82,9 @@ def switches(settings: dict[str, bool]):
 
 def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
     """(rows predicted again with ``profile`` (predicted_us, stages, dominant replaced), rows left
-    out for lack of counts)."""
+    out for lack of counts). A megakernel row that stored the config it ran (``megakernel_config``,
+    rows since run BJ's commit) is priced with it, not with the config the code would pick now (run BH
+    changed T = 512's router; older rows are priced with today's config)."""
     from megamoe.reference import MoEConfig
     from megamoe.scale import predict_config
 
@@ -94,7 +96,7 @@ def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
         cfg = MoEConfig.preset(r["preset"])  # the whole layer, as the GPU run's CudaLayer.config
         pr = predict_config(cfg, r["counts"], int(r["T"]), r["backend"], profile, device_name=r.get("gpu", "NVIDIA H200"),
                             calls_per_graph=int(r.get("calls_per_graph", 1)), triton_version=r.get("triton"),
-                            reps=r.get("reps"))
+                            reps=r.get("reps"), mk=r.get("megakernel_config"))
         row = {k: v for k, v in r.items() if k not in ("predictions", "busy_us", "tasks", "programs")}
         row.update(pr, profile=profile.name, predictions={profile.name: {k: pr[k] for k in
                                                                          ("predicted_us", "predicted_fixed_us", "dominant")}})

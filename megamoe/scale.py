@@ -402,14 +402,16 @@ def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
 
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
-                   triton_version: str | None = None, reps: int | None = None) -> dict:
+                   triton_version: str | None = None, reps: int | None = None, mk: dict | None = None) -> dict:
     """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
     read only those): total and per-stage (multi) or per-kind (megakernel) us.
     ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
     passes the stored row's, whose run picked its configs by it). ``reps``: the timed replays of the
     measurement (``kernels.bench.graph_time_us``): the calls run before its median replay
     (``calls_before_timed_replay``) start the busy window USE_SUSTAINED_CLOCKS reads; None: the
-    timed graph from idle clocks."""
+    timed graph from idle clocks. ``mk``: the megakernel's config as the measurement ran it (a stored
+    row's ``megakernel_config``; default the config ``kernels.configs.megakernel_config`` gives now);
+    megakernel predictions return the config they priced under "megakernel_config"."""
     import numpy as np
 
     from megamoe.kernels.plan import launch_plan
@@ -436,9 +438,10 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
     from megamoe.kernels import configs as cfgs
 
-    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                interpret=device_name == "cpu-interpreter")
+    if mk is None:
+        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
+                                    interpret=device_name == "cpu-interpreter")
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile, mk=mk)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
                              calls_before=before, read_depth=megakernel_read_depth(mk),
@@ -462,7 +465,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     return {"predicted_us": pred["time_us"], "predicted_fixed_us": pred["fixed_us"] + pred["launch_us"],
             "predicted_stages": stages, "busy_us": pred["busy_us"],
             "tasks": pred["tasks"], "programs": pred["programs"],
-            "dominant": f"{main}:{b}", "dominant_term": term, **sustained}
+            "dominant": f"{main}:{b}", "dominant_term": term, "megakernel_config": mk, **sustained}
 
 
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,

@@ -386,3 +386,36 @@ def test_repredict_switch_sets_a_cost_switch_for_the_run_only(tmp_path, capsys):
     assert "--switch needs --repredict" in capsys.readouterr().err
     assert main(["validate", "--report", str(src), "--repredict", "h200", "--variant", "USE_L2_READ_DEPTH=off"]) == 2
     assert "--variant is for the GPU run" in capsys.readouterr().err
+
+
+def test_repredict_prices_a_megakernel_row_with_the_config_it_ran():
+    """A megakernel row carries the config its prediction priced (``megakernel_config``, the one the
+    kernel ran); re-predicting it uses that config, not the one the code would pick now: a row that
+    ran the T = 512 router walking H (before run BH's split) is priced walking, one without the field
+    with today's split config, and a stored config equal to today's gives today's prediction."""
+    import copy
+
+    import numpy as np
+
+    from megamoe.reference import MoEConfig
+    from megamoe.repredict import repredict_rows
+    from megamoe.scale import predict_config
+
+    p = load_profile("h200")
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    counts = np.zeros(128, np.int64)
+    counts[:8] = 512  # T = 512, every token on the same 8 experts
+    today = predict_config(cfg, counts, 512, "megakernel", p, device_name="NVIDIA H200", calls_per_graph=8)
+    mk = today["megakernel_config"]
+    assert mk["tiles"]["router"]["SPLIT"] > 1  # run BH's default
+    walked = copy.deepcopy(mk)
+    walked["tiles"]["router"].update(SPLIT=1, TOPK_T=walked["tiles"]["router"]["BLOCK_T"])
+    base = {"preset": "qwen3-30b-a3b", "T": 512, "routing": "concentrated", "backend": "megakernel",
+            "counts": counts.tolist(), "measured_us": 150.0, "predicted_us": 1.0, "gpu": "NVIDIA H200",
+            "calls_per_graph": 8}
+    rows = [base, {**base, "megakernel_config": walked}, {**base, "megakernel_config": mk}]
+    (no_field, old, same), skipped = repredict_rows(rows, p)
+    assert skipped == 0
+    assert no_field["predicted_us"] == today["predicted_us"] == same["predicted_us"]
+    assert old["megakernel_config"] == walked and old["predicted_us"] != today["predicted_us"]
+    assert old["tasks"] < no_field["tasks"]  # 16 walking top-k tasks, not 64 logits and 128 top-k tasks
