@@ -319,6 +319,9 @@ VARIANTS = {
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
+    "topk8": (_topk_tokens(8), "top-k tasks of 8 tokens (T = 512's split router: 64 groups for the scan to sum, not 128)"),
+    "topk16": (_topk_tokens(16), "top-k tasks of 16 tokens (32 groups for the scan)"),
+    "topk32": (_topk_tokens(32), "top-k tasks of a whole 32-token block (16 groups for the scan, 16 scatter tasks)"),
     "topk2": (_topk_tokens(2), "top-k tasks of two tokens (bitonic top-k; the align as scan and scatter tasks)"),
     "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
                                       "not cp.async"),
