@@ -592,6 +592,13 @@ def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
 #: 5,171.5, 933.6 / 831.1 / 810.4 (run BG's trace: Qwen3-30B-A3B's 16 top-k tasks walked H for 19.7 us each)
 MEGAKERNEL_SPLIT_MAX_T = 512
 MEGAKERNEL_SPLIT_STEPS = 32
+#: with that split at 16 token blocks, top-k tasks of 16 tokens (32 groups), not 4 (128): the align's one scan
+#: task sums every group's histogram (H200 run BJ's trace, Qwen3-30B-A3B T = 512: 19 us over 128 groups, about 7
+#: over 16 in run BG). Run BK, us, top-k tasks of 4 / 8 / 16 / 32 tokens: Qwen3-30B-A3B 359.8 / 354.0 / 352.7 /
+#: 369.8, every token on the same experts 145.9 / 140.9 / 139.3 / 158.2; Mixtral-8x7B 1,101.5 / 1,128.2 / 1,098.7 /
+#: 1,140.0, 654.1 / 650.6 / 646.7 / 661.1. Up to 128 experts: DeepSeek-V3's 256-expert grouped selection was not
+#: reached by the run (its top-k tasks of 4 tokens stay)
+MEGAKERNEL_TOPK16_MAX_E = 128
 
 
 def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sms: int, interpret: bool) -> dict:
@@ -655,6 +662,8 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     # with one task of 8 rows, 40.5 against 42.2 with every token on the same experts; gpt-oss-120b
     # and Qwen3-235B-A22B within 0.5%)
     topk_t = (1 if T <= 8 else _pow2(T) if T <= 16 else 4) if split > 1 else bt
+    if split > 1 and -(-T // bt) >= 16 and E <= MEGAKERNEL_TOPK16_MAX_E:  # T = 512: fewer groups for the scan
+        topk_t = 16
     # decode: the expert_slice layout this config would take (apply_slices)
     # whether the layer is routed experts only (no shared MLP): what the combine in GEMM 2's tiles
     # (tiles["combine"]["IN_G2"], variant "fcomb") needs

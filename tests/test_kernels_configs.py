@@ -242,8 +242,9 @@ def test_router_prefill_logits_launch():
 def test_megakernel_router_splits_up_to_512_tokens():
     """The megakernel's logits over ranges of H up to MEGAKERNEL_SPLIT_MAX_T tokens (16 blocks of 32,
     where decode_router_split stops): ranges of at most MEGAKERNEL_SPLIT_STEPS BLOCK_H steps, at least 4
-    of them, top-k tasks of 4 tokens, as run BH measured (4 ranges at Qwen3-30B-A3B, 7 at DeepSeek-V3's 224
-    steps); past it each block's top-k task walks H; the multi-launch router at 512 is unchanged."""
+    of them, as run BH measured (4 ranges at Qwen3-30B-A3B, 7 at DeepSeek-V3's 224 steps), top-k tasks of 16
+    tokens up to MEGAKERNEL_TOPK16_MAX_E experts at 16 blocks (run BK), of 4 past it and below 16 blocks; past
+    512 tokens each block's top-k task walks H; the multi-launch router at 512 is unchanged."""
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels.plan import router_launch
 
@@ -251,9 +252,10 @@ def test_megakernel_router_splits_up_to_512_tokens():
         return cfgs.megakernel_config(E, H, 2048, 8, 0, T, num_sms=132)["tiles"]["router"]
 
     assert cfgs.decode_router_split(512, 128, 2048) == 0  # the multi-launch path's rule: 16 blocks walk
-    assert router(128, 2048, 512) == {"BLOCK_T": 32, "BLOCK_H": 64, "SPLIT": 4, "TOPK_T": 4}  # Qwen3-30B-A3B
+    assert router(128, 2048, 512) == {"BLOCK_T": 32, "BLOCK_H": 64, "SPLIT": 4, "TOPK_T": 16}  # Qwen3-30B-A3B (run BK)
     assert router(256, 7168, 512)["SPLIT"] == 7 and router(256, 7168, 512)["TOPK_T"] == 4  # DeepSeek-V3: 224 steps
-    assert router(8, 4096, 512)["SPLIT"] == 4  # Mixtral-8x7B: 64 steps
+    assert router(8, 4096, 512)["SPLIT"] == 4 and router(8, 4096, 512)["TOPK_T"] == 16  # Mixtral-8x7B: 64 steps
+    assert router(128, 2048, 480)["TOPK_T"] == 4  # 15 blocks: groups of 4 as before
     assert router(128, 2048, 513)["SPLIT"] <= 1 and router(128, 2048, 513)["TOPK_T"] == 32
     assert router(128, 2048, 256)["SPLIT"] == cfgs.decode_router_split(256, 128, 2048)  # below: as before
     assert router(128, 512, 512)["SPLIT"] <= 1  # a narrow H walks
