@@ -92,6 +92,17 @@ def _topk_tokens(n: int):
     return f
 
 
+def _topk_groups(n: int):
+    """Top-k tasks of n tokens where the router is split and n divides its token block (the kernel
+    takes no other; unchanged elsewhere): fewer, larger groups for the align's one scan task to sum."""
+    def f(mk):
+        r = mk["tiles"]["router"]
+        if r["SPLIT"] <= 1 or r["BLOCK_T"] % n:
+            return mk
+        return _topk_tokens(n)(mk)
+    return f
+
+
 def _router_split(n: int):
     """The decode router's logits over n ranges of H (tiles.router.SPLIT; whole BLOCK_H steps, so
     reference.tiles.router_ranges may give fewer): more, shorter logits tasks before the top-k task
@@ -319,9 +330,9 @@ VARIANTS = {
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
-    "topk8": (_topk_tokens(8), "top-k tasks of 8 tokens (T = 512's split router: 64 groups for the scan to sum, not 128)"),
-    "topk16": (_topk_tokens(16), "top-k tasks of 16 tokens (32 groups for the scan)"),
-    "topk32": (_topk_tokens(32), "top-k tasks of a whole 32-token block (16 groups for the scan, 16 scatter tasks)"),
+    "topk8": (_topk_groups(8), "top-k tasks of 8 tokens (T = 512's split router: 64 groups for the scan to sum, not 128)"),
+    "topk16": (_topk_groups(16), "top-k tasks of 16 tokens (32 groups for the scan)"),
+    "topk32": (_topk_groups(32), "top-k tasks of a whole 32-token block (16 groups for the scan, 16 scatter tasks)"),
     "topk2": (_topk_tokens(2), "top-k tasks of two tokens (bitonic top-k; the align as scan and scatter tasks)"),
     "tmaw": (_set(tma_weights=True), "the routed GEMM tasks' weight tiles through TMA descriptors (bulk copies), "
                                       "not cp.async"),

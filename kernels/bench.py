@@ -154,7 +154,7 @@ def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> flo
     sampled over the timed replays (``telemetry.ClockSampler``'s summary; left empty without NVML)."""
     import torch
 
-    from .telemetry import ClockSampler
+    from .telemetry import sampled
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -171,20 +171,13 @@ def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> flo
     torch.cuda.synchronize()
     times = []
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sampler = ClockSampler() if clock is not None else None
-    if sampler is not None:
-        sampler.__enter__()
-    try:
+    with sampled(clock):
         for _ in range(reps):
             st.record()
             g.replay()
             en.record()
             en.synchronize()
             times.append(st.elapsed_time(en) * 1e3 / len(inputs))
-    finally:
-        if sampler is not None:
-            sampler.__exit__(None, None, None)
-            clock.update(sampler.summary() or {})
     del g
     return statistics.median(times)
 

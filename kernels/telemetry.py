@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 
 #: seconds between samples (one NVML query takes tens of microseconds; the clock governor moves
 #: in steps of milliseconds)
@@ -92,3 +93,15 @@ class ClockSampler:
 
     def summary(self) -> dict | None:
         return summarize(self.samples)
+
+
+@contextmanager
+def sampled(clock: dict | None, interval_s: float = INTERVAL_S):
+    """Sample while the block runs and leave the summary in ``clock`` (nothing where it is empty:
+    no NVML); ``clock`` None: no sampling at all."""
+    if clock is None:
+        yield
+        return
+    with ClockSampler(interval_s) as s:
+        yield
+    clock.update(s.summary() or {})

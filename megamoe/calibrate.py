@@ -92,8 +92,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from megamoe.reference.config import ROUTERS
 from megamoe.reference.tiles import GEMM_LOOP_FORMS, gemm_loop_form_text
 
@@ -901,18 +899,16 @@ def idle_replay_seconds(replay, pause_s: float, clock: dict | None = None) -> fl
     sampled during the replay (kernels.telemetry; empty without NVML)."""
     import torch
 
-    from megamoe.kernels.telemetry import ClockSampler
+    from megamoe.kernels.telemetry import sampled
 
     torch.cuda.synchronize()
     time.sleep(pause_s)
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with ClockSampler() as sampler:
+    with sampled(clock):
         st.record()
         replay()
         en.record()
         en.synchronize()
-    if clock is not None:
-        clock.update(sampler.summary() or {})
     return st.elapsed_time(en) * 1e-3
 
 
@@ -1000,20 +996,20 @@ def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: floa
 def duty_points(su: dict) -> list[list[float]]:
     """kernel_model.sustained_duty's points from the sustained step's figures ``su``: per duty graph
     [its matmuls' share of the time, (1 - their rate ratio) / (1 - the average ratio of matmuls back
-    to back over as many seconds)] (that average: the work function of ``su["points"]``, linear
-    between them, as cost.sustained_ratio reads it), clipped to [0, 1]; graphs whose back-to-back fall
-    is under 1% (no fall to share) or whose share is not strictly between 0 and 1 are left out."""
-    pts = su.get("points") or []
+    to back over as many seconds)] (that average read on ``su["points"]`` as the cost model reads
+    them, cost.sustained_table_ratio), clipped to [0, 1]; graphs whose back-to-back fall is under 1%
+    (no fall to share) or whose share is not strictly between 0 and 1 are left out."""
+    from megamoe.simulator.cost import sustained_table_ratio
+
+    pts = tuple(tuple(float(x) for x in q) for q in sorted(su.get("points") or []))
     if not pts:
         return []
-    ts = [0.0] + [float(t) for t, _ in pts]
-    ws = [0.0] + [float(t) * float(r) for t, r in pts]
     out = []
     for d in su.get("duty", []):
         t, share = float(d["seconds"]), float(d["matmul_share"])
         if not (t > 0 and 0.0 < share < 1.0):
             continue
-        full = float(np.interp(t, ts, ws)) / t if t <= ts[-1] else float(pts[-1][1])
+        full = sustained_table_ratio(pts, t)
         if 1.0 - full < 0.01:
             continue
         out.append([share, min(max((1.0 - min(float(d["rate_ratio"]), 1.0)) / (1.0 - full), 0.0), 1.0)])

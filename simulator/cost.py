@@ -612,7 +612,12 @@ def sustained_ratio(profile: Profile, busy_s: float, before_s: float = 0.0) -> f
     W(t) = t x r(t), linear between (0, 0) and the points (each segment's slope is the measured rate
     of the graph's last part, between two graph lengths), past the last point at the last segment's
     slope (the clock stays where it fell); the window's ratio is (W(b) - W(a)) / (b - a), at most 1."""
-    tab = _km(profile).sustained_mma
+    return sustained_table_ratio(_km(profile).sustained_mma, busy_s, before_s)
+
+
+def sustained_table_ratio(tab, busy_s: float, before_s: float = 0.0) -> float:
+    """``sustained_ratio`` read on the points ``tab`` ((busy seconds, average ratio from idle), ...)
+    themselves (calibrate's duty points read the step's own points before a profile exists)."""
     if not tab or not busy_s > 0:
         return 1.0
     ts = np.array([0.0] + [t for t, _ in tab])

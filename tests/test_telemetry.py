@@ -59,3 +59,17 @@ def test_clock_lines_lists_long_rows_against_the_highest_clock():
     top = 1980.0  # the T = 4096 row's max, the highest sampled among the rows listed
     assert f"{1600 / top:.3f}" in table[1] and "0.880" in table[1] and "+10.0%" in table[1]
     assert clock_lines([_row(8, "multi", 1980.0, 1.0)]) == []
+
+
+def test_sampled_fills_the_dict_or_does_nothing(monkeypatch):
+    """sampled(d) leaves the summary in d; sampled(None) starts no sampler at all."""
+    calls = []
+    monkeypatch.setattr(telemetry, "_read", lambda device: calls.append(1) or (1980.0, None))
+    d: dict = {}
+    with telemetry.sampled(d, interval_s=0.001):
+        time.sleep(0.01)
+    assert d["sm_clock_mhz"]["max"] == 1980.0 and d["samples"] >= 2
+    calls.clear()
+    with telemetry.sampled(None):
+        time.sleep(0.005)
+    assert calls == []
