@@ -48,6 +48,8 @@ Measured:
     ticket                    one program taking N tickets (slope in N): the atomic round trip
     sm_copy                   gather of N rows of H = 7168 bf16 by 1 .. S copying SMs
     serial steps              one program: R dependent load+dot steps; R dependent top-1 passes
+                              over 16 rows of 128 and of 256 fp32 scores: their median
+                              (serial_reduce_step_s) and each width's, kernel_model.serial_reduce_width
     l2_shared                 P in {S/8, S/2, S, 2S, 3S} programs sweeping one 8 MiB L2-resident set of
                               weight tiles (the GEMM loop's loads), groups of g in {1, 2, 4, 8, 16}
                               consecutive programs reading the same tile at the same step
@@ -635,6 +637,12 @@ def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     return {"points": pts, "row_bytes": H * 2}
 
 
+#: the serial step's (BLOCK_H, BLOCK_E) shapes: the router's load + dot step at BLOCK_H, a top-1 pass over
+#: 16 rows of BLOCK_E fp32 scores (the width); "reduce" keeps one figure per shape, in this order
+#: ("widths" names them; microbench.json files written before it was recorded: this order)
+SERIAL_SHAPES = ((64, 128), (32, 256))
+
+
 def measure_serial(reps: int) -> dict:
     import torch
 
@@ -642,7 +650,7 @@ def measure_serial(reps: int) -> dict:
 
     load, red = [], []
     steps = (4, 64)
-    for bh, be in ((64, 128), (32, 256)):
+    for bh, be in SERIAL_SHAPES:
         w = torch.randn((max(steps) * bh, be), device="cuda", dtype=torch.bfloat16)
         x = torch.randn((16, max(steps) * bh), device="cuda", dtype=torch.bfloat16)
         xs = {s: x[:, :s * bh].contiguous() for s in steps}  # (16, s*BH): the kernel's row stride
@@ -653,7 +661,20 @@ def measure_serial(reps: int) -> dict:
         ts = [graph_seconds(lambda i, s=s, v=v: mb.serial_reduce(v, s), inner=4, reps=reps) for s in steps]
         red.append(_slope(steps, ts)[1])
     return {"serial_load_step_s": statistics.median(load), "serial_reduce_step_s": statistics.median(red),
-            "load": load, "reduce": red}
+            "load": load, "reduce": red, "widths": [be for _, be in SERIAL_SHAPES]}
+
+
+def serial_width_points(serial: dict) -> list:
+    """[[width, s per top-1 pass], ...] of the serial step's per-width passes (``measure_serial``'s "reduce",
+    one per SERIAL_SHAPES width; "widths" where recorded, else SERIAL_SHAPES' order), widths once each,
+    a pass that timed at or below zero left out; [] where the step has none."""
+    red = serial.get("reduce") or []
+    widths = serial.get("widths") or [be for _, be in SERIAL_SHAPES][:len(red)]
+    pts = {}
+    for w, t in zip(widths, red):
+        if t > 0:
+            pts.setdefault(float(w), []).append(float(t))
+    return [[w, statistics.median(ts)] for w, ts in sorted(pts.items())]
 
 
 #: batches whose routing programs the select step times (quick: SELECT_TOKENS_QUICK): 16 tokens, one block of 16
@@ -1082,6 +1103,11 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
     if "serial" in m:
         km["serial_load_step_s"] = num(max(m["serial"]["serial_load_step_s"], 0.0), "s")
         km["serial_reduce_step_s"] = num(max(m["serial"]["serial_reduce_step_s"], 0.0), "s")
+        if serial_width_points(m["serial"]):
+            km["serial_reduce_width"] = table("s", ["width"], serial_width_points(m["serial"]),
+                                              "seconds per dependent top-1 pass of one program over 16 rows of "
+                                              "width fp32 scores (the row's BLOCK_E; serial_reduce_step_s is their "
+                                              "median); read behind cost.USE_REDUCE_STEP_BY_WIDTH")
     if "hbm" in m:
         read_peak = max(p[2] for p in m["hbm"]["points"])
         d["hbm"]["bandwidth_bytes_per_s"] = num(read_peak, "bytes/s")
@@ -1282,6 +1308,8 @@ def summary(m: dict, prof: dict) -> str:
     add("ticket (one program)", "ticket_s", 1e9, "ns", "8.1f")
     add("serial load+dot step", "serial_load_step_s", 1e9, "ns", "8.1f")
     add("serial top-1 pass", "serial_reduce_step_s", 1e9, "ns", "8.1f")
+    for w, t in serial_width_points(m.get("serial", {})):
+        lines.append(f"{f'serial top-1 pass, {int(w)} wide':<36} {t * 1e9:8.1f} ns")
     S = prof["gpu"]["num_sms"]["value"]
     for step, key, label in (("mma", "points", "mma {} {} warps, whole GPU     "),
                              *(("gemm", f"points_{form}", f"gemm {form:<17} {{}} {{}} warps ") for form in GEMM_FORMS),

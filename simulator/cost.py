@@ -434,15 +434,54 @@ def l2_intake_rate(profile: Profile, in_flight, depth) -> float:
     return max(base, float(l2_shared_rate(profile, eq, 1)))
 
 
-def serial_step_s(profile: Profile, kind: str) -> float:
+#: whether a top-k selection's dependent passes (the megakernel's router_topk tasks and, with
+#: tiles["router"]["EACH"], each GEMM 1 task's routing, ``task_cost.task_costs``; the multi-launch
+#: router's "select" steps where the profile has no route_select time for its key, ``predict_stage``)
+#: price at the profile's top-1 pass for their row width (kernel_model.serial_reduce_width at the
+#: experts E padded to a power of two, at least 16: the kernels' BLOCK_E; ``reduce_step_at_width``)
+#: instead of serial_reduce_step_s, the median of calibrate's 128- and 256-wide passes (H200 run 53:
+#: 0.40 and 0.96 us, median 0.68), where the profile has the table; otherwise as before. The other
+#: dependent reductions (align scan / scatter / layout, ALIGN_EACH's, the fused router's align) keep the
+#: scalar. Why: the megakernel trace of run 39 (Qwen3-30B-A3B T = 64 concentrated) timed its 128-wide
+#: passes at ~0.39 us each against the 0.68 priced, and that model's decode megakernel rows are
+#: over-predicted in every run (T = 1 +6..+15%, T = 8 Zipf +10..+17%, T = 64 concentrated +10..+15%).
+#: Off until a GPU run holds it out (re-predictions: simulator/README.md, NOTES-gpu-runs.md).
+USE_REDUCE_STEP_BY_WIDTH = False
+
+
+def reduce_step_at_width(profile: Profile, width: float) -> float | None:
+    """Seconds of one top-1 pass over rows of ``width`` scores: kernel_model.serial_reduce_width,
+    linear in log2 width between its points, clamped at its first and last; None without the table."""
+    tab = _km(profile).serial_reduce_width
+    if not tab:
+        return None
+    xs = [math.log2(float(w)) for w, _ in tab]
+    return float(np.interp(math.log2(max(float(width), 1.0)), xs, [float(t) for _, t in tab]))
+
+
+def selection_width(num_experts: int) -> int:
+    """The width of a top-k selection's score rows: the experts padded to a power of two, at least 16
+    (the routers' and the megakernel's BLOCK_E, kernels/plan.router_blocks, kernels/megakernel)."""
+    return max(16, 1 << max(int(num_experts) - 1, 0).bit_length())
+
+
+def serial_step_s(profile: Profile, kind: str, width: float | None = None) -> float:
     """Seconds of one serial step of ``kind`` "load" (the router's load + dot step) or "reduce"
     (a dependent row reduction): kernel_model.serial_load_step_s / serial_reduce_step_s, one
     program's step, however many programs run such chains at once (the tables by programs,
-    serial_load_step / serial_reduce_step, are recorded, not read)."""
+    serial_load_step / serial_reduce_step, are recorded, not read). ``width``: a "reduce" that is a
+    top-k selection's pass over rows of that many scores (BLOCK_E), read at
+    kernel_model.serial_reduce_width where ``USE_REDUCE_STEP_BY_WIDTH`` is on and the profile has it."""
     km = _km(profile)
     if kind not in ("load", "reduce"):
         raise ValueError(f"kind must be 'load' or 'reduce', got {kind!r}")
-    return km.serial_load_step_s if kind == "load" else km.serial_reduce_step_s
+    if kind == "load":
+        return km.serial_load_step_s
+    if USE_REDUCE_STEP_BY_WIDTH and width:
+        at = reduce_step_at_width(profile, width)
+        if at is not None:
+            return at
+    return km.serial_reduce_step_s
 
 
 def route_select_s(profile: Profile, tile: dict) -> float | None:
@@ -1056,7 +1095,7 @@ def predict_stage(stage: dict, profile: Profile, *, dtype: str = "bf16") -> Stag
     steps = stage.get("serial_steps") or {}
     select_s = route_select_s(profile, tile) if steps.get("select") else None
     if select_s is None:  # no measured selection for this router: its dependent reductions
-        select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce")
+        select_s = float(steps.get("select", 0)) * serial_step_s(profile, "reduce", tile.get("BLOCK_E"))
     serial_s = waves * (float(steps.get("load", 0)) * serial_step_s(profile, "load")
                         + float(steps.get("reduce", 0)) * serial_step_s(profile, "reduce") + select_s)
     extra = {}

@@ -580,6 +580,10 @@ _KM_TABLES = {
     # (optional; at P = 1 the scalars' kernels): recorded, not read by the cost model (it reads the scalars)
     "serial_load_step": ("s", ("programs",)),
     "serial_reduce_step": ("s", ("programs",)),
+    # one program's top-1 pass over rows of ``width`` fp32 scores (the row's BLOCK_E; calibrate step serial:
+    # 128 and 256, whose median is serial_reduce_step_s; optional; H200 run 53: 0.40 us at 128, 0.96 at 256).
+    # Read only behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``)
+    "serial_reduce_width": ("s", ("width",)),
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
     "serial_chain_step": ("s", ("programs",)),
     # one routing program's selection per block of BLOCK_T tokens, by router family (routing.ROUTER_CODES),
@@ -649,6 +653,8 @@ class KernelModel:
     (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
     sustained_duty: ((duty, fraction of the fall at duty 1), ...) by duty (``kernel_model.sustained_duty``),
     or (); read behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``).
+    serial_reduce_width: ((row width, s per top-1 pass), ...) by width (``kernel_model.serial_reduce_width``),
+    or (); read behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``).
     """
 
     hbm_programs: tuple
@@ -699,6 +705,7 @@ class KernelModel:
     hbm_deep_rate: tuple = ()
     sustained_mma: tuple = ()
     sustained_duty: tuple = ()
+    serial_reduce_width: tuple = ()
 
     def gemm_reuse_table(self, loads: str) -> tuple:
         """The reuse grids (((BM, BN, warps), depths, row blocks, rates), ...) of a tile loop that
@@ -772,6 +779,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
         "hbm_deep_read": [],
         "sustained_mma": [],
         "sustained_duty": [],
+        "serial_reduce_width": [],
         **{"gemm_reuse_" + n: [] for n in GEMM_LOADS},
     }
     sources.update(hbm_read=derived + ": HBM rate x min(1, programs / SMs)",
@@ -785,6 +793,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                    hbm_deep_read="none: launches read hbm_read",
                    sustained_mma="none: MMA rates as calibrated (short launches) at any busy duration",
                    sustained_duty="none: the whole sustained fall at any MMA duty",
+                   serial_reduce_width="none: serial_reduce_step_s at every row width",
                    **{"gemm_reuse_" + n: "none: the gemm_" + n + " table at every reuse" for n in GEMM_LOADS})
     calibrated = section is not None
     if section is not None:
@@ -817,6 +826,7 @@ def _kernel_model(section: Any, v: dict) -> KernelModel:
                        hbm_deep_bytes=deep[3], hbm_deep_rate=deep[4],
                        sustained_mma=_sustained(tables["sustained_mma"]),
                        sustained_duty=_sustained(tables["sustained_duty"], "sustained_duty", "duty"),
+                       serial_reduce_width=_by_axis("serial_reduce_width", tables["serial_reduce_width"], "width"),
                        mma=tuple(sorted(tables["mma"])), mma_fp8=tuple(sorted(tables["mma_fp8"])),
                        **{"gemm_" + n: tuple(sorted(tables["gemm_" + n])) for n in GEMM_LOADS},
                        gemm_reuse=tuple((n, _reuse_grids("gemm_reuse_" + n, tables["gemm_reuse_" + n]))
@@ -862,6 +872,14 @@ def _by_programs(key: str, pts: list) -> tuple:
     out = tuple(sorted(pts))
     if len({p[0] for p in out}) != len(out):
         raise ProfileError(f"kernel_model.{key}.points name a program count twice: {[p[0] for p in out]}")
+    return out
+
+
+def _by_axis(key: str, pts: list, over: str) -> tuple:
+    """((x, value), ...) of a one-axis table over ``over``, sorted by x; () for none. Each x once."""
+    out = tuple(sorted(pts))
+    if len({p[0] for p in out}) != len(out):
+        raise ProfileError(f"kernel_model.{key}.points name a {over} twice: {[p[0] for p in out]}")
     return out
 
 

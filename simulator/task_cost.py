@@ -58,6 +58,7 @@ from .cost import (
     mma_rate_per_sm,
     occupancy,
     resolve_profile,
+    selection_width,
     serial_step_s,
 )
 from .hardware import Profile, load_profile
@@ -197,6 +198,8 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     r = a["tiles"]["router"]
     K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
     load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
+    # a top-k selection's passes, over rows of the experts' scores padded to BLOCK_E (cost.USE_REDUCE_STEP_BY_WIDTH)
+    pass_s = serial_step_s(p, "reduce", selection_width(counts.size))
     for k in SERIAL_KINDS:
         m = kind == kinds.index(k)
         if not m.any():
@@ -204,7 +207,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         if k in ("router_logits", "router_topk"):
             steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
             passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
-            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * reduce_s
+            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * pass_s
         elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
             g = np.maximum(a["depth"][m], 1)
             blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
@@ -216,7 +219,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     pre_s = np.zeros(n)
     if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
         m = kind == kinds.index("gemm1")
-        pre_s[m] = (a["topk_passes"] or K) * reduce_s
+        pre_s[m] = (a["topk_passes"] or K) * pass_s
     # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
     # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
     # histogram rows (the scan's steps), which the program keeps for its later tasks

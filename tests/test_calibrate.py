@@ -944,3 +944,29 @@ def _write(prof: dict):
     json.dump(prof, f)
     f.close()
     return f.name
+
+
+def test_serial_step_records_each_widths_pass_as_a_table():
+    """The serial step's per-width top-1 passes ("reduce", one per SERIAL_SHAPES width, "widths" naming
+    them, or their order where a stored microbench.json predates "widths") become
+    kernel_model.serial_reduce_width; the scalar stays their median; a step without them writes no table."""
+    from megamoe.calibrate import SERIAL_SHAPES, build_profile, serial_width_points, summary
+    from megamoe.simulator.hardware import validate
+
+    assert [be for _, be in SERIAL_SHAPES] == [128, 256]
+    prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132,
+            "l2_bytes": 62914560}
+    old = {"serial_load_step_s": 3.7e-7, "serial_reduce_step_s": 6.8e-7, "load": [3.7e-7, 3.7e-7],
+           "reduce": [4.0e-7, 9.6e-7]}
+    new = {**old, "widths": [256, 128], "reduce": [9.6e-7, 4.0e-7]}
+    assert serial_width_points(old) == serial_width_points(new) == [[128.0, 4.0e-7], [256.0, 9.6e-7]]
+    assert serial_width_points({**old, "reduce": [4.0e-7, -1e-9]}) == [[128.0, 4.0e-7]]
+    assert serial_width_points({"serial_load_step_s": 1e-7, "serial_reduce_step_s": 1e-7}) == []
+    for serial in (old, new):
+        p = validate(build_profile(load_profile("h200").to_dict(), {"serial": serial}, prov))
+        assert p.kernel.serial_reduce_width == ((128.0, 4.0e-7), (256.0, 9.6e-7))
+        assert p.kernel.serial_reduce_step_s == pytest.approx(6.8e-7)
+    assert "serial top-1 pass, 128 wide" in summary({"serial": old}, build_profile(load_profile("h200").to_dict(),
+                                                                                {"serial": old}, prov))
+    bare = {"serial_load_step_s": 1e-7, "serial_reduce_step_s": 1e-7}
+    assert "serial_reduce_width" not in build_profile(load_profile("h200").to_dict(), {"serial": bare}, prov)["kernel_model"]

@@ -57,6 +57,7 @@ def _profile(tables: bool = True):
         km["serial_reduce_step"] = _table("s", ["programs"], [[P, float(_reduce_step(P))] for P in (1, 16, 128)])
         km["hbm_deep_read"] = _deep_table()
         km["sustained_mma"] = _table("fraction", ["busy_s"], [list(p) for p in SUSTAINED_POINTS])
+        km["serial_reduce_width"] = _table("s", ["width"], [list(p) for p in REDUCE_WIDTH_POINTS])
     d["kernel_model"] = km
     return validate(d)
 
@@ -64,6 +65,8 @@ def _profile(tables: bool = True):
 #: the sustained-clock table (busy seconds, average ratio from idle): work done W(t) = t x ratio is
 #: 0.01, 0.09, 0.24 at 10, 100, 300 ms, so the marginal ratio is 1 up to 10 ms, 8/9 to 100 ms, 0.75 after
 SUSTAINED_POINTS = ((0.01, 1.0), (0.1, 0.9), (0.3, 0.8))
+#: the top-1 pass by row width (s): 0.4 us at 128 and 1.0 at 256 (around the scalar serial_reduce_step_s, 0.6 us)
+REDUCE_WIDTH_POINTS = ((128.0, 4e-7), (256.0, 1e-6))
 
 
 #: the deep readers' table: a product of linear functions of log2 programs, depth, group and bytes
@@ -100,7 +103,7 @@ def _router_stage():
 
 SWITCHES = ("USE_L2_SHARED_READ", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
             "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE", "USE_SUSTAINED_DUTY",
-            "USE_WINDOW_ROOFLINE", "USE_TASK_STREAM_SHARE")
+            "USE_WINDOW_ROOFLINE", "USE_TASK_STREAM_SHARE", "USE_REDUCE_STEP_BY_WIDTH")
 DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
 #: the switches that read a table of their own (USE_TASK_DEEP_READ's cohorts read the HBM grid where the
 #: profile has no deep table)
@@ -122,7 +125,8 @@ def test_switch_defaults():
     tasks' stream share off after run BI held it out level. These are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
                         "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
-                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False}
+                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False,
+                        "USE_REDUCE_STEP_BY_WIDTH": False}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
@@ -258,7 +262,7 @@ def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
     d = base.to_dict()
     extra = _profile().data["kernel_model"]
     d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step",
-                                                     "hbm_deep_read", "sustained_mma")})
+                                                     "hbm_deep_read", "sustained_mma", "serial_reduce_width")})
     with_tables = validate(d)
     assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
     for name in TABLE_SWITCHES:
@@ -903,3 +907,81 @@ def test_stream_share_speeds_up_a_partial_last_wave(monkeypatch):
     assert abs(on["uniform"] / off["uniform"] - 1) < 0.015
     monkeypatch.setattr(cost, "USE_TASK_STREAM_SHARE", False)
     assert pred(rows["zipf"]) == off["zipf"]
+
+
+def test_reduce_width_table_loads_and_reads_at_a_width():
+    """kernel_model.serial_reduce_width loads sorted by width; read linear in log2 width between its
+    points and clamped at its ends; None without the table; the selection width is E padded to a
+    power of two, at least 16 (BLOCK_E)."""
+    p = _profile()
+    assert p.kernel.serial_reduce_width == REDUCE_WIDTH_POINTS
+    assert _profile(tables=False).kernel.serial_reduce_width == ()
+    assert cost.reduce_step_at_width(_profile(tables=False), 128) is None
+    assert cost.reduce_step_at_width(p, 128) == pytest.approx(4e-7)
+    assert cost.reduce_step_at_width(p, 256) == pytest.approx(1e-6)
+    assert cost.reduce_step_at_width(p, 181.02) == pytest.approx(7e-7, rel=1e-4)  # sqrt(128 x 256): halfway
+    assert cost.reduce_step_at_width(p, 16) == pytest.approx(4e-7)  # clamped below
+    assert cost.reduce_step_at_width(p, 1024) == pytest.approx(1e-6)  # and above
+    assert [cost.selection_width(e) for e in (1, 8, 60, 64, 128, 129, 256)] == [16, 16, 64, 64, 128, 256, 256]
+    d = p.to_dict()
+    d["kernel_model"]["serial_reduce_width"]["points"] = [[128, 4e-7], [128, 5e-7]]
+    with pytest.raises(Exception, match="width twice"):
+        validate(d)
+
+
+def test_reduce_step_by_width_prices_the_topk_passes(monkeypatch):
+    """USE_REDUCE_STEP_BY_WIDTH on: a router_topk task's serial time falls by its passes x (the scalar
+    step - the table's step at BLOCK_E = 128), Qwen3-30B-A3B's 128 experts, K = 8 passes; the other
+    tasks' serial terms stay; off, or without the table, nothing changes; serial_step_s without a width
+    is the scalar either way."""
+    p, q = _profile(), _profile(tables=False)
+    plan = _task_plan()
+    kinds = list(task_cost._plan_arrays(plan)["kinds"])
+    off = task_cost.task_costs(plan, p, num_programs=264)
+    assert task_cost.task_costs(plan, q, num_programs=264)["serial_s"].tolist() == off["serial_s"].tolist()
+    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
+    on = task_cost.task_costs(plan, p, num_programs=264)
+    topk = off["kind"] == kinds.index("router_topk")
+    assert topk.any()
+    passes = plan.topk_passes
+    assert passes == 8
+    assert np.allclose(off["serial_s"][topk] - on["serial_s"][topk], passes * (6e-7 - 4e-7), rtol=0, atol=1e-15)
+    assert on["serial_s"][~topk].tolist() == off["serial_s"][~topk].tolist()
+    assert task_cost.task_costs(plan, q, num_programs=264)["serial_s"].tolist() == off["serial_s"].tolist()
+    assert cost.serial_step_s(p, "reduce") == pytest.approx(6e-7)
+    assert cost.serial_step_s(p, "reduce", 256) == pytest.approx(1e-6)
+    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", False)
+    assert cost.serial_step_s(p, "reduce", 256) == pytest.approx(6e-7)
+
+
+def test_reduce_step_by_width_prices_each_routing_and_the_routers_select(monkeypatch):
+    """With tiles["router"]["EACH"] each GEMM 1 task's pre-step is its passes at the width's step; a
+    multi-launch router stage without a route_select time prices its "select" steps at BLOCK_E's step
+    and its other reductions at the scalar."""
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import task_plan
+
+    p = _profile()
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    tiles = {"router": {"BLOCK_T": 1, "BLOCK_H": 64, "SPLIT": 4, "EACH": 1},
+             "gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, "gemm2": {"BLOCK_N": 64, "BLOCK_K": 128},
+             "shared": {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_N2": 64, "BLOCK_K": 128},
+             "combine": {"BLOCK_T": 1, "BLOCK_H": 1024}, "order": {"GROUP_M": 8}}
+    counts = np.array([1] * 8 + [0] * (cfg.num_experts - 8))
+    plan = task_plan(cfg, counts, 1, tiles, num_programs=132)
+    if not plan.tiles["router"].get("EACH"):
+        pytest.skip("EACH does not apply to this plan")
+    g1 = task_cost._plan_arrays(plan)["kind"] == list(task_cost._plan_arrays(plan)["kinds"]).index("gemm1")
+    off = task_cost.task_costs(plan, p, num_programs=132)["pre_s"]
+    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
+    on = task_cost.task_costs(plan, p, num_programs=132)["pre_s"]
+    assert np.allclose(off[g1] - on[g1], plan.topk_passes * (6e-7 - 4e-7), rtol=0, atol=1e-15)
+    assert on[~g1].tolist() == off[~g1].tolist()
+    stage = dict(_router_stage(), tile=dict(BLOCK_T=16, BLOCK_E=256, num_warps=4),
+                 serial_steps={"load": 56, "reduce": 2, "select": 8})
+    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", False)
+    s_off = cost.predict_stage(stage, p).serial_us
+    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
+    s_on = cost.predict_stage(stage, p).serial_us
+    waves = cost.predict_stage(stage, p).waves
+    assert s_on - s_off == pytest.approx(waves * 8 * (1e-6 - 6e-7) * 1e6)
