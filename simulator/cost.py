@@ -110,7 +110,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..reference.sizes import ffn_flops, ffn_params, long_dtype, row_bytes, weight_bytes_per_element
-from ..reference.tiles import route_select_key
+from ..reference.tiles import route_select_key, tile_ids
 from .hardware import GEMM_LOADS, KernelModel, Profile, load_profile
 
 #: Activation / weight element formats the rack model takes (16-bit and wider formats run as bf16).
@@ -936,14 +936,8 @@ def launch_order_dram(stage: dict) -> np.ndarray | None:
     m = np.arange(M)
     first = np.ones(M, dtype=bool)  # the block is its expert's first in its group
     first[1:] = (expert[1:] != expert[:-1]) | (m[1:] % gm == 0)
-    parts = []
-    for g0 in range(0, M, gm):  # a group's programs: column by column over its row blocks
-        blk = slice(g0, min(g0 + gm, M))
-        d = np.full((ncol, blk.stop - blk.start), out)
-        d[0, :] += a
-        d[:, first[blk]] += b
-        parts.append(d.ravel())
-    return np.concatenate(parts)
+    blk, col = tile_ids(np.arange(M * ncol), M, ncol, gm)  # each program's row block and column, in launch order
+    return out + a * (col == 0) + b * first[blk]
 
 
 #: positions of the sliding window summed into one entry of ``window_shares`` (the window's programs /

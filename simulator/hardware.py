@@ -866,15 +866,6 @@ def _deep_grid(pts: list) -> tuple:
     return n, d, g, m, rate
 
 
-def _by_programs(key: str, pts: list) -> tuple:
-    """((programs, value), ...) of a one-axis table over programs, by programs; () for none. Each
-    program count once."""
-    out = tuple(sorted(pts))
-    if len({p[0] for p in out}) != len(out):
-        raise ProfileError(f"kernel_model.{key}.points name a program count twice: {[p[0] for p in out]}")
-    return out
-
-
 def _by_axis(key: str, pts: list, over: str) -> tuple:
     """((x, value), ...) of a one-axis table over ``over``, sorted by x; () for none. Each x once."""
     out = tuple(sorted(pts))
@@ -883,13 +874,16 @@ def _by_axis(key: str, pts: list, over: str) -> tuple:
     return out
 
 
+def _by_programs(key: str, pts: list) -> tuple:
+    """((programs, value), ...) of a one-axis table over programs (``_by_axis``)."""
+    return _by_axis(key, pts, "program count")
+
+
 def _sustained(pts: list, key: str = "sustained_mma", over: str = "busy duration") -> tuple:
     """((busy seconds, ratio), ...) of kernel_model.sustained_mma by busy seconds (or of ``key``,
-    sustained_duty, by duty), () for none: each point once, every ratio at most 1 (a fraction of the
-    short-launch rate, or of the whole fall)."""
-    out = tuple(sorted(pts))
-    if len({p[0] for p in out}) != len(out):
-        raise ProfileError(f"kernel_model.{key}.points name a {over} twice: {[p[0] for p in out]}")
+    sustained_duty, by duty), () for none: each point once (``_by_axis``), every ratio at most 1 (a
+    fraction of the short-launch rate, or of the whole fall)."""
+    out = _by_axis(key, pts, over)
     for busy, ratio in out:
         if ratio > 1:
             raise ProfileError(f"kernel_model.{key}: the ratio at {busy:g} must be at most 1, got {ratio:g}")
