@@ -88,6 +88,9 @@ re-predictions of stored rows found no better were removed with their code (simu
                             (the programs executing around it, time-averaged, by re-running the list
                             schedule) instead of the share for the programs busy at its start: a phase's
                             last, partial wave streams faster as the other programs finish
+    USE_REDUCE_STEP_BY_WIDTH  (on after run BL) a top-k selection's dependent passes at the calibrated
+                            top-1 pass for their row width (kernel_model.serial_reduce_width,
+                            ``reduce_step_at_width``), not the median of the 128- and 256-wide passes
     USE_SUSTAINED_CLOCKS    a plan's MMA (compute) terms divided by the sustained-clock ratio
                             (kernel_model.sustained_mma, calibrate step sustained: a dense cuBLAS
                             GEMM's average rate over busy seconds from idle / its short-launch rate)
@@ -445,8 +448,9 @@ def l2_intake_rate(profile: Profile, in_flight, depth) -> float:
 #: scalar. Why: the megakernel trace of run 39 (Qwen3-30B-A3B T = 64 concentrated) timed its 128-wide
 #: passes at ~0.39 us each against the 0.68 priced, and that model's decode megakernel rows are
 #: over-predicted in every run (T = 1 +6..+15%, T = 8 Zipf +10..+17%, T = 64 concentrated +10..+15%).
-#: Off until a GPU run holds it out (re-predictions: simulator/README.md, NOTES-gpu-runs.md).
-USE_REDUCE_STEP_BY_WIDTH = False
+#: On since H200 run BL (64) held it out: median 4.3 -> 4.2% over 108 configurations, megakernel rows
+#: 5.4 -> 4.7%, the same one row outside 15% (NOTES-gpu-runs.md, simulator/README.md).
+USE_REDUCE_STEP_BY_WIDTH = True
 
 
 def reduce_step_at_width(profile: Profile, width: float) -> float | None:

@@ -122,11 +122,12 @@ def test_switch_defaults():
     read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
     prologue is on from runs BA-BB's trace and re-predictions; the sustained fall by MMA duty from run
     BF's duty graphs and re-predictions; the window roofline from re-predictions of nine runs; the
-    tasks' stream share off after run BI held it out level. These are all of the module's switches."""
+    tasks' stream share off after run BI held it out level; the top-k passes by row width on after run BL
+    held it out. These are all of the module's switches."""
     assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
                         "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
                         "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False,
-                        "USE_REDUCE_STEP_BY_WIDTH": False}
+                        "USE_REDUCE_STEP_BY_WIDTH": True}
     assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
 
 
