@@ -81,6 +81,19 @@ def _gemm_tiles(n1: int, n2: int | None, k: int, tma: bool):
     return f
 
 
+def _gemm2_deep(mk):
+    """GEMM 2's BLOCK_K as deep as the stage count allows (configs.deep_gemm2_block_k), at decode
+    (BLOCK_M <= 64; prefill tiles unchanged): GEMM 2 tasks keep as many weight bytes in flight as GEMM 1's."""
+    from megamoe.kernels.configs import deep_gemm2_block_k
+
+    t = mk["tiles"]
+    if t["gemm1"]["BLOCK_M"] > 64 or t["gemm1"].get("SLICE"):
+        return mk
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["gemm2"]["BLOCK_K"] = deep_gemm2_block_k(mk["tiles"], not mk.get("routed_only", True))
+    return mk
+
+
 def _topk_tokens(n: int):
     """Top-k tasks of n tokens each (tiles.router.TOPK_T): at T = 8 the default is one task of 8
     rows taking K dependent maxima; n <= 2 spreads them over programs as bitonic top-ks, at the
@@ -329,6 +342,8 @@ VARIANTS = {
                                 "from the top-k tasks' histograms and the routing"),
     "align1": (_set(align_one=True), "T = 1: the align from the token's picks' ranks (align._align_one), no scan over "
                "the experts"),
+    "k2deep": (_gemm2_deep, "decode: GEMM 2's BLOCK_K as deep as the stage count allows (up to 256), so that its "
+                            "tasks keep GEMM 1's weight bytes in flight"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
     "topk8": (_topk_groups(8), "top-k tasks of 8 tokens (T = 512's split router: 64 groups for the scan to sum, not 128)"),
     "topk16": (_topk_groups(16), "top-k tasks of 16 tokens (32 groups for the scan)"),

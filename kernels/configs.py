@@ -576,6 +576,29 @@ def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
                if shared else 0)
 
 
+#: the deepest GEMM 2 step a decode megakernel takes: the TMA box's largest dimension (256 elements)
+GEMM2_MAX_BLOCK_K = 256
+
+
+def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
+    """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two, from
+    its BLOCK_K up to GEMM2_MAX_BLOCK_K, whose stage keeps the stage count that the largest task's
+    stage sets (decode_stages of decode_stage_bytes). Stages are sized by GEMM 1's gate and up tiles,
+    so a GEMM 2 task with the same BLOCK_K keeps half of GEMM 1's weight bytes in flight or less
+    (Mixtral-8x7B T = 8: 32 KiB a program against 128), and its streaming is bound by latency
+    (H200 run BM's trace: GEMM 2's 448 tasks read 822 MB in 292 us, 2.8 TB/s; GEMM 1's 4.4)."""
+    t = {k: dict(v) for k, v in tiles.items()}
+    base = decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes))
+    best = k = t["gemm2"]["BLOCK_K"]
+    while 2 * k <= GEMM2_MAX_BLOCK_K:
+        k *= 2
+        t["gemm2"]["BLOCK_K"] = k
+        if decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes)) < base:
+            break
+        best = k
+    return best
+
+
 def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
     """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to
     ``most`` (a program streams about stages - 1 of them ahead; H200 run E: gpt-oss-120b T = 1

@@ -687,3 +687,53 @@ def test_tma_weights_compute_what_the_pointer_loads_compute(case, rng):
     _g, _a, kwargs, _y, _s = build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg,
                                           _with_stream_k({**base, "tma_weights": True}, True))
     assert kwargs["TMA_W"] is False
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
+@pytest.mark.parametrize("case", ["one_chunk", "two_chunks"])
+def test_gemm2_deeper_than_gemm1(case, tma, rng):
+    """GEMM 2's BLOCK_K apart from GEMM 1's (configs.deep_gemm2_block_k at decode): 64 over I = 36 is one
+    masked step, 16 three steps with a partial one; the layer matches the float64 reference with poisoned
+    outputs overwritten, every token on the same experts and T = 0 included, by pointer loads and TMA."""
+    import copy
+
+    from megamoe.kernels.megakernel import megakernel_config
+
+    fields, T, _why = CASES[case]
+    cfg = MoEConfig(**{**BASE, **fields})
+    for bk2 in (64, 16):
+        for T_, zero in ((T, False), (T, True), (0, False)):
+            x, w = _cpu(cfg, T_, rng, router_zero=zero)
+            mk = copy.deepcopy(megakernel_config(cfg, T_, torch.float32, torch.device("cpu")))
+            mk["tiles"]["gemm2"]["BLOCK_K"] = bk2
+            mk["tma_weights"] = tma
+            out = torch.full((T_, cfg.hidden_size), float("nan"))
+            y, ran = _mk(cfg, x, w, mk=mk, out=out, record=True)
+            assert not y.isnan().any()
+            if T_:
+                ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+                assert_close(y, ref.y, "float32", f"{case} BLOCK_K2={bk2} zero={zero}")
+                counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+                plan = task_plan(cfg, counts, T_, mk["tiles"], num_programs=ran["programs"])
+                np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tiles_per_expert("gemm2"))
+
+
+def test_deep_gemm2_block_k_keeps_the_stage_count():
+    """The decode rule: GEMM 2's step deepens while the stage count that GEMM 1's stage sets holds, up to the
+    TMA box's 256; where GEMM 2's stage already matches GEMM 1's it stays."""
+    from megamoe.kernels.configs import GEMM2_MAX_BLOCK_K, decode_stage_bytes, decode_stages, deep_gemm2_block_k
+
+    def tiles(bn1, bn2, bk):
+        return {"gemm1": {"BLOCK_M": 16, "BLOCK_N": bn1, "BLOCK_K": bk}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
+                "shared": {"BLOCK_M": 16, "BLOCK_N1": 64, "BLOCK_K": bk}}
+
+    # Mixtral-8x7B T = 8: 128-column GEMM 1 tiles, 64-column GEMM 2 tiles at 128 deep -> 256
+    t = tiles(128, 64, 128)
+    assert deep_gemm2_block_k(t, False) == 256 == GEMM2_MAX_BLOCK_K
+    deep = {**t, "gemm2": {"BLOCK_N": 64, "BLOCK_K": 256}}
+    assert decode_stages(decode_stage_bytes(deep, False)) == decode_stages(decode_stage_bytes(t, False))
+    # Qwen3-30B-A3B T = 1: GEMM 2's 128 x 128 stage is GEMM 1's already
+    assert deep_gemm2_block_k(tiles(64, 128, 128), False) == 128
+    # never shallower than it was, and the input is not changed
+    t = tiles(32, 128, 256)
+    assert deep_gemm2_block_k(t, True) == 256 and t["gemm2"]["BLOCK_K"] == 256
