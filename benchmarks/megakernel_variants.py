@@ -94,6 +94,21 @@ def _gemm2_deep(mk):
     return mk
 
 
+def _gemm2_wide(mk):
+    """GEMM 2 tiles of 256 columns (half the tasks, each re-reading its rows half as often; stages refitted
+    at decode): H200 run BM's traces, Qwen3-30B-A3B T = 64's 2,032 GEMM 2 tasks of 196 KB at 7.2 us each and
+    Mixtral-8x7B T = 512's 128 x 128 tasks reading their 3.7 MB of rows beside 3.7 MB of weights."""
+    from megamoe.kernels.configs import decode_stage_bytes, decode_stages
+
+    if mk["tiles"]["gemm1"].get("SLICE"):
+        return mk
+    mk = copy.deepcopy(mk)
+    mk["tiles"]["gemm2"]["BLOCK_N"] = 256
+    if mk["tiles"]["gemm1"]["BLOCK_M"] <= 64:
+        mk["num_stages"] = decode_stages(decode_stage_bytes(mk["tiles"], not mk.get("routed_only", True)))
+    return mk
+
+
 def _topk_tokens(n: int):
     """Top-k tasks of n tokens each (tiles.router.TOPK_T): at T = 8 the default is one task of 8
     rows taking K dependent maxima; n <= 2 spreads them over programs as bitonic top-ks, at the
@@ -344,6 +359,7 @@ VARIANTS = {
                "the experts"),
     "k2deep": (_gemm2_deep, "decode: GEMM 2's BLOCK_K as deep as the stage count allows (up to 256), so that its "
                             "tasks keep GEMM 1's weight bytes in flight"),
+    "g2wide": (_gemm2_wide, "GEMM 2 tiles of 256 columns: half the tasks, each re-reading its rows half as often"),
     "topk1": (_topk_tokens(1), "top-k tasks of one token (bitonic top-k; the align as scan and scatter tasks)"),
     "topk8": (_topk_groups(8), "top-k tasks of 8 tokens (T = 512's split router: 64 groups for the scan to sum, not 128)"),
     "topk16": (_topk_groups(16), "top-k tasks of 16 tokens (32 groups for the scan)"),
