@@ -5,6 +5,11 @@
 For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
   - ``walk``: the routing programs walking H themselves, 32 tokens each (no logits launch; the
     path before the prefill logits launch, ``plan.router_launch(split=0)``),
+  - ``walk_h128``, ``walk_h256``: the same walk in fewer, wider steps of H (``router_launch(split=0,
+    block_h=...)``: 16 and 8 steps of Qwen3-30B-A3B's 2048 where ``walk`` takes 32 of 64 columns;
+    issue 10's hypothesis: the step count, not the bytes, sets the walk's time); only up to
+    WALK_MAX_E experts (over 128, two pipeline buffers of the E x 256 weight tile pass Hopper's
+    227 KiB of shared memory),
   - ``oldsel``: the default's launches with the routing program's selection before session 12 (4 or 8
     warps, K maxima), beside the default's (configs.router_warps, router_bitonic; the picks must agree),
   - ``tiles``: a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
@@ -14,7 +19,8 @@ For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
     the walk at prefill),
 each alone and followed by the align (scan and scatter), beside the whole layer (multi-launch, the
 default router) in the same run: router + align as a share of the layer with that router (the default's measured; the
-others derived, the layer less the default's router + align plus their own: ``derived`` names them). The two routers' top-k experts are
+others derived, the layer less the default's router + align plus their own: ``derived`` names them). The top-k
+experts of ``walk`` and ``tiles``, of ``oldsel`` and the default, and of each ``walk_hNN`` and the default are
 compared (they sum the same fp32 products in another order: a pick may differ only where two
 scores tie to float32 rounding; the count of such tokens is printed). Needs a CUDA GPU. With --out
 writes DIR/router.jsonl, a row per (preset, T), with provenance.
@@ -26,6 +32,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+#: the wider steps of the walk timed beside ``walk``'s (configs.router_block_h), as candidates "walk_h<BLOCK_H>"
+WALK_BLOCK_H = (128, 256)
+#: experts up to which they are timed (the routing program's BLOCK_E): the walk keeps two pipeline buffers
+#: of (32 + BLOCK_E) x BLOCK_H bf16, at 256 columns 160 KiB over 128 experts and 288 KiB over 256, past
+#: Hopper's 227 KiB (compiled for sm_90 by Triton 3.9 without a GPU; there, over 128 experts at 4 warps,
+#: 255 registers and 6 spill stores at 256 columns, 168 registers and none at 128, 166 at 64)
+WALK_MAX_E = 128
 
 
 def run_case(name: str, T: int, reps: int) -> dict:
@@ -56,8 +70,13 @@ def run_case(name: str, T: int, reps: int) -> dict:
                 # router_bitonic now)
                 "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, bitonic=False,
                                         warps=cfgs.router_warps(0, sp.router["BLOCK_E"], walks=True))}
+    wide = [f"walk_h{bh}" for bh in WALK_BLOCK_H if launches["walk"]["BLOCK_E"] <= WALK_MAX_E]
+    for tag in wide:  # the walk in fewer, wider steps: its warps and tokens as walk's
+        launches[tag] = router_launch(T, E, H, K, cfg.n_group, split=0, block_h=int(tag[len("walk_h"):]))
     row = {"preset": name, "T": T, "reps": reps,
-           "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")}}
+           "tiles_launch": {k: launches["tiles"][k] for k in ("logits_grid", "LOGITS_T", "BLOCK_H", "SPLIT")},
+           "walk_launches": {t: {k: launches[t][k] for k in ("BLOCK_H", "num_warps", "BLOCK_T")}
+                             for t in ("walk", *wide)}}
     picks = {}
     for tag, rl in launches.items():
         meta, hist, block_t = align_buffers(T, K, E, bm, dev)
@@ -82,13 +101,16 @@ def run_case(name: str, T: int, reps: int) -> dict:
     row["tokens_picking_differently"] = int((picks["walk"] != picks["tiles"]).any(dim=1).sum())
     # the same partials in the same order: the two selections must pick the same experts for every token
     row["oldsel_tokens_picking_differently"] = int((picks["oldsel"] != picks["default"]).any(dim=1).sum())
+    for tag in wide:  # the same products summed in other steps: ties to float32 rounding may differ
+        row[f"{tag}_tokens_picking_differently"] = int((picks[tag] != picks["default"]).any(dim=1).sum())
     row["select_launch"] = {k: launches["default"][k] for k in ("num_warps", "BITONIC", "SPLIT")}
     row["layer_us"] = kb.graph_time_us(lambda x: moe_forward(x, w, cfg, backend="multi"), xs, reps)
     # the layer with another router: derived, the layer less the default's router + align plus the other's
     row["layer_default_us"] = row["layer_us"]
-    for o in ("walk", "tiles", "oldsel"):
+    others = ("walk", "tiles", "oldsel", *wide)
+    for o in others:
         row[f"layer_{o}_us"] = row["layer_us"] - row["default_router_align_us"] + row[f"{o}_router_align_us"]
-    row["derived"] = ["layer_walk_us", "layer_tiles_us", "layer_oldsel_us"]
+    row["derived"] = [f"layer_{o}_us" for o in others]
     return row
 
 
@@ -114,13 +136,15 @@ def main(argv=None) -> int:
     for name in args.presets.split(","):
         for T in (int(t) for t in args.tokens.split(",")):
             r = {**run_case(name, T, args.reps), **prov}
-            share = {k: 100 * r[f"{k}_router_align_us"] / r[f"layer_{k}_us"] for k in ("walk", "tiles", "default", "oldsel")}
+            tags = ("default", "oldsel", "walk", *(t for t in r["walk_launches"] if t != "walk"), "tiles")
+            share = {k: 100 * r[f"{k}_router_align_us"] / r[f"layer_{k}_us"] for k in tags}
+            differ = "".join(f", {t}/default {r[f'{t}_tokens_picking_differently']}" for t in tags if t.startswith("walk_h"))
             print(f"{name:16s} {T:6d}  router alone / + align (share of the layer), us: "
                   + " | ".join(f"{k} {fmt_num(r[f'{k}_router_us'], '7.1f')} / {fmt_num(r[f'{k}_router_align_us'], '7.1f')}"
-                               f" ({share[k]:4.1f}%)" for k in ("default", "oldsel", "walk", "tiles"))
+                               f" ({share[k]:4.1f}%)" for k in tags)
                   + f" | layer {fmt_num(r['layer_us'], '9.1f')} us | default {r['select_launch']} | tokens picking "
                   f"differently: walk/tiles {r['tokens_picking_differently']}, oldsel/default "
-                  f"{r['oldsel_tokens_picking_differently']}", flush=True)
+                  f"{r['oldsel_tokens_picking_differently']}{differ}", flush=True)
             if out:
                 with out.open("a") as f:
                     f.write(json.dumps(r) + "\n")

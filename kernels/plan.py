@@ -143,11 +143,11 @@ def _triton_version() -> str:
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
                 deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None,
-                shared_gemm: dict | None = None, fp8: str | None = None) -> LaunchPlan:
+                shared_gemm: dict | None = None, fp8: str | None = None, router: dict | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
     torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
-    ``num_sms``, ``gemm``, ``shared_gemm`` and ``fp8`` as for ``static_plan``. ``dtype`` is x's (and
+    ``num_sms``, ``gemm``, ``shared_gemm``, ``fp8`` and ``router`` as for ``static_plan``. ``dtype`` is x's (and
     y's); with ``fp8`` the expert GEMMs read e4m3 weights with their block scales
     (``reference.sizes.weight_bytes_per_element``) and, for "weights+act", write and read e4m3
     activations with a float32 scale per 128 (``reference.sizes.row_bytes``) and multiply in fp8."""
@@ -172,7 +172,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     tv = triton_version or _triton_version()
     b = dtype_bytes(dtype)
     sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic,
-                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm, fp8=fp8)
+                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm, fp8=fp8, router=router)
     # bytes per element of the expert weights and of the activation between the GEMMs, and the MMA format
     wb = weight_bytes_per_element("fp8_e4m3") if fp8 else float(b)
     fp8_act = fp8 == "weights+act"
@@ -398,7 +398,7 @@ def describe(plan: LaunchPlan) -> str:
 
 def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
                   split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None,
-                  warps: int | None = None, bitonic: bool | None = None) -> dict:
+                  warps: int | None = None, bitonic: bool | None = None, block_h: int | None = None) -> dict:
     """The router's launches for T tokens: chunks C of BLOCK_T (the routing program's tokens and the
     align's chunk), BLOCK_E/K/G, warps, and the split-H logits launch: SPLIT ranges of H_PER_SPLIT
     columns (SPLIT = 0: none, the routing program walks H itself) over tiles of LOGITS_T tokens and
@@ -406,7 +406,10 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     128-token tiles (configs.router_logits_tile; default configs.router_prefill) or the routing blocks.
     ``split`` overrides the ranges (configs.prefill_router_split / decode_router_split; whole BLOCK_H
     steps may give fewer; 0: no logits launch). The routing program's warps (configs.router_warps) and
-    top-k (BITONIC: configs.router_bitonic, else K maxima) are overridable for side-by-side runs."""
+    top-k (BITONIC: configs.router_bitonic, else K maxima) are overridable for side-by-side runs, and so
+    is the step of a routing program that walks H (``block_h``, a power of two >= 16, default
+    configs.router_block_h; only where there is no logits launch, whose step is router_logits_tile's):
+    its E x BLOCK_H weight tile is what each of its cdiv(H, BLOCK_H) dependent steps loads."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, _pow2(E))
     if tiles is None:
@@ -414,9 +417,13 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     if split is None:
         split = (cfgs.prefill_router_split(T, E, H, interpret=interpret, num_sms=num_sms) if tiles
                  else cfgs.decode_router_split(T, E, H, interpret=interpret))
-    lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret, tiles=tiles)
-    if not split:  # the routing program walks H: its own step (router_block_h), its own tokens
-        lt, block_h = bt, cfgs.router_block_h(E, H, interpret=interpret)
+    if block_h is not None and (split or block_h < 16 or block_h & (block_h - 1)):
+        raise ValueError(f"router_launch: block_h={block_h} is the walking routing program's step, a power of "
+                         f"two >= 16, and needs split=0 (got split={split}: a logits launch walks H instead)")
+    if split:
+        lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret, tiles=tiles)
+    else:  # the routing program walks H: its own step (router_block_h unless asked), its own tokens
+        lt, block_h = bt, block_h or cfgs.router_block_h(E, H, interpret=interpret)
     h_per, sp = H, 0
     if split > 0:
         h_per = cdiv(cdiv(H, split), block_h) * block_h
@@ -545,7 +552,8 @@ class StaticPlan:
 
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
                 triton_version: str | None = None, deterministic: bool = True, num_sms: int | None = None,
-                gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None) -> StaticPlan:
+                gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None,
+                router: dict | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
     interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
 
@@ -554,15 +562,35 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
     routed experts instead of the tuned one (a benchmark's or a test's candidate; checked as a
     tuned entry is), ``shared_gemm`` the same for the shared MLP. ``fp8``: None, "weights" or
     "weights+act" (FP8 expert weights, and activations quantized too): every GEMM entry through
-    ``fp8_entry``."""
+    ``fp8_entry``. ``router``: a ``router_launch`` dict instead of the default one (a benchmark's
+    candidate: bench_router.py's walking router at another BLOCK_H, ``router_launch(..., split=0,
+    block_h=128)``), with the default's keys and chunks (C, BLOCK_T: the align and its buffers are
+    sized from them); the launch plan's router stages, and so the cost model, then read its sizes."""
     if fp8 not in FP8_MODES:
         raise ValueError(f"fp8 must be one of {list(FP8_MODES)}, got {fp8!r}")
     interpret = device_name == "cpu-interpreter"
     sms = int(num_sms or (cfgs.INTERPRETER_SMS if interpret else cfgs.DEFAULT_SMS))
     keys = [None if g is None else json.dumps(cfgs.check_entry(g, f"static_plan({what}=...)"), sort_keys=True)
             for what, g in (("gemm", gemm), ("shared_gemm", shared_gemm))]
+    rkey = None if router is None else _router_key(router, config, int(T), interpret, sms)
     return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic),
-                        sms, *keys, fp8)
+                        sms, *keys, fp8, rkey)
+
+
+def _router_key(router: dict, config, T: int, interpret: bool, num_sms: int) -> tuple:
+    """A router launch given to ``static_plan``, checked against the default one and made hashable
+    (its grids as tuples, as ``router_launch`` makes them, also where it came through JSON)."""
+    E, K, H = config.num_experts, config.top_k, config.hidden_size
+    default = router_launch(T, E, H, K, config.n_group, interpret=interpret, num_sms=num_sms)
+    if set(router) != set(default):
+        raise ValueError(f"static_plan(router=...): want the keys of router_launch {sorted(default)}, "
+                         f"got {sorted(router)}")
+    for k in ("BLOCK_T", "C", "grid"):
+        if tuple(np.atleast_1d(router[k])) != tuple(np.atleast_1d(default[k])):
+            raise ValueError(f"static_plan(router=...): {k}={router[k]} is not the layer's {default[k]} "
+                             "(the align and its buffers are sized from the router's chunks)")
+    return tuple(sorted((k, tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else v)
+                        for k, v in router.items()))
 
 
 FP8_MODES = (None, "weights", "weights+act")
@@ -716,14 +744,15 @@ def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp
 
 @lru_cache(maxsize=256)
 def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json,
-                 fp8=None) -> StaticPlan:
+                 fp8=None, router_key=None) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
     g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
-    rl = router_launch(T, E, H, K, config.n_group, interpret=interpret, num_sms=num_sms)
+    rl = dict(router_key) if router_key else router_launch(T, E, H, K, config.n_group, interpret=interpret,
+                                                           num_sms=num_sms)
     P_max = cfgs.max_padded_rows(T * K, E, bm)
     B_max = P_max // bm
     al = align_launch(rl["C"], K, E, rl["BLOCK_T"], bm, B_max)

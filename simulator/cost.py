@@ -465,7 +465,7 @@ def reduce_step_at_width(profile: Profile, width: float) -> float | None:
 
 def selection_width(num_experts: int) -> int:
     """The width of a top-k selection's score rows: the experts padded to a power of two, at least 16
-    (the routers' and the megakernel's BLOCK_E, kernels/plan.router_blocks, kernels/megakernel)."""
+    (the routers' and the megakernel's BLOCK_E, kernels/plan.router_launch, kernels/megakernel)."""
     return max(16, 1 << max(int(num_experts) - 1, 0).bit_length())
 
 
