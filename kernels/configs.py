@@ -585,8 +585,9 @@ def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
     its BLOCK_K up to GEMM2_MAX_BLOCK_K, whose stage keeps the stage count that the largest task's
     stage sets (decode_stages of decode_stage_bytes). Stages are sized by GEMM 1's gate and up tiles,
     so a GEMM 2 task with the same BLOCK_K keeps half of GEMM 1's weight bytes in flight or less
-    (Mixtral-8x7B T = 8: 32 KiB a program against 128), and its streaming is bound by latency
-    (H200 run BM's trace: GEMM 2's 448 tasks read 822 MB in 292 us, 2.8 TB/s; GEMM 1's 4.4)."""
+    (Mixtral-8x7B T = 8: 32 KiB a program against 128). The hypothesis, not yet measured (megakernel
+    variant "k2deep", benchmarks/steps/run_bn.txt): that GEMM 2 streams at the rate of its bytes in
+    flight (H200 run BM's trace: GEMM 2's 448 tasks read 822 MB in 292 us, 2.8 TB/s; GEMM 1's 4.4)."""
     t = {k: dict(v) for k, v in tiles.items()}
     base = decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes))
     best = k = t["gemm2"]["BLOCK_K"]
