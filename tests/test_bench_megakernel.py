@@ -165,3 +165,29 @@ def test_variant_configs_of_no_names_is_the_default_alone():
     base = cfgs.megakernel_config(128, 2048, 768, 8, 0, 64, num_sms=132)
     assert [n for n, _ in mv.variant_configs(base, [])] == ["default"]
     assert len(mv.variant_configs(base, None)) > 2
+
+
+def test_gemm2_variants_change_only_gemm2():
+    """k2deep (Mixtral-8x7B T = 8: GEMM 2's step 128 -> 256 at the same stages; unchanged where GEMM 2's stage is
+    GEMM 1's already, Qwen3-30B-A3B T = 1) and g2wide (256-column GEMM 2 tiles; prefill stages kept) change GEMM 2's
+    tiles alone, into layouts task_layout takes."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.reference import MoEConfig
+    from megamoe.reference.tiles import task_layout
+
+    mv = _load("megakernel_variants")
+    cfg = MoEConfig.preset("mixtral-8x7b")
+    args = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, cfg.shared_intermediate_size)
+    for T, name, want in ((8, "k2deep", {"BLOCK_K": 256}), (512, "g2wide", {"BLOCK_N": 256}), (8, "g2wide", {"BLOCK_N": 256})):
+        base = cfgs.megakernel_config(*args, T, num_sms=132)
+        mk = dict(mv.variant_configs(base, [name]))[name]
+        assert mk["tiles"]["gemm2"] == {**base["tiles"]["gemm2"], **want}, (T, name)
+        assert {k: v for k, v in mk["tiles"].items() if k != "gemm2"} == {k: v for k, v in base["tiles"].items()
+                                                                          if k != "gemm2"}
+        if name == "k2deep" or T == 512:
+            assert mk["num_stages"] == base["num_stages"]
+        task_layout(cfg, T, mk["tiles"])
+    q = MoEConfig.preset("qwen3-30b-a3b")
+    base = cfgs.megakernel_config(q.num_experts, q.hidden_size, q.intermediate_size, q.top_k, q.shared_intermediate_size,
+                                  1, num_sms=132)
+    assert [n for n, _ in mv.variant_configs(base, ["k2deep"])] == ["default"]
