@@ -375,6 +375,8 @@ VARIANTS = {
     "fp8cast": (_set(fp8_convert="cast"), "FP8: e4m3 -> bf16 by Triton's cast (two F2F per pair on the conversion pipe)"),
     "fp8bits": (_set(fp8_convert="bits"), "FP8: e4m3 -> bf16 by bit moves and one bf16x2 multiply (inline PTX), "
                                           "not Triton's cast (two F2F per pair on the conversion pipe)"),
+    "fp8tma": (_set(tma_weights=True), "FP8: the routed GEMM tasks' e4m3 weight tiles through TMA descriptors "
+               "(kernels/fp8_tma_tiles.py), not cp.async"),
     "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
     "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
     "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
@@ -396,11 +398,11 @@ MID_VARIANTS = ("sk",)
 #: ... and from T = 512 on (where the megakernel ran 0.6-0.8x the multi path, same tiles: runs L, O)
 PREFILL_VARIANTS = ("tmaw", "bm128")
 #: the variants timed with FP8 weights (bench_megakernel.py --fp8 weights --variants), at every variant T
-FP8_VARIANTS = ("fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
+FP8_VARIANTS = ("fp8tma", "fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
 #: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
 #: for more stages; the scale prefetch and GEMM 2's tiles remain
-FP8A_VARIANTS = ("fp8pf", "fp8pf_bn128")
+FP8A_VARIANTS = ("fp8tma", "fp8pf", "fp8pf_bn128")
 
 
 def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:

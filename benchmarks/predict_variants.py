@@ -1,7 +1,7 @@
 """The cost model's prediction of megakernel variants against the default, before a GPU run times them.
 
     python benchmarks/predict_variants.py --profile benchmarks/results/validation_2026-12-01_run26/profile.json \
-        --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated]
+        --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated] [--fp8 weights+act]
 
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
 experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default config
@@ -25,13 +25,24 @@ from megakernel_variants import variant_configs  # noqa: E402
 PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b")
 
 
-def predict(cfg, counts, T: int, mk: dict, profile, calls: int) -> float:
-    """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan)."""
+def predict(cfg, counts, T: int, mk: dict, profile, calls: int, fp8: str | None = None) -> float:
+    """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan);
+    ``fp8`` ("weights" / "weights+act"): the plan's weight bytes e4m3 with their block scales (and
+    its activation bytes one a code, the MMA rate fp8's, with "weights+act")."""
+    from megamoe.reference.tiles import task_plan
     from megamoe.scale import megakernel_task_plan
+    from megamoe.simulator.cost import weight_bytes_per_element
     from megamoe.simulator.task_cost import predict_task_plan
 
     plan, warps, loads = megakernel_task_plan(cfg, counts, T, device_name="NVIDIA H200", profile=profile, mk=mk)
-    return predict_task_plan(plan, profile, num_warps=warps, calls_per_graph=calls, weight_loads=loads)["time_us"]
+    dtype = "bf16"
+    if fp8:
+        act8 = fp8 == "weights+act"
+        plan = task_plan(cfg, counts, T, mk["tiles"], act_bytes=1 if act8 else 2,
+                         weight_bytes=weight_bytes_per_element("fp8_e4m3"), num_programs=plan.num_programs)
+        dtype = "fp8" if act8 else "bf16"
+    return predict_task_plan(plan, profile, num_warps=warps, calls_per_graph=calls, weight_loads=loads,
+                             dtype=dtype)["time_us"]
 
 
 def main(argv=None) -> int:
@@ -46,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--calls", type=int, default=8)
     p.add_argument("--routing", choices=("uniform", "concentrated"), default="uniform")
+    p.add_argument("--fp8", choices=("weights", "weights+act"), default=None,
+                   help="the FP8 megakernel (bench_megakernel.py --fp8) and its FP8 variants")
     a = p.parse_args(argv)
     prof = load_profile(a.profile)
     rng = np.random.default_rng(0)
@@ -59,9 +72,9 @@ def main(argv=None) -> int:
                 idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
                 counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
             base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                          cfg.shared_intermediate_size, T, num_sms=prof.num_sms)
+                                          cfg.shared_intermediate_size, T, num_sms=prof.num_sms, fp8=a.fp8)
             runs = variant_configs(base, a.variants.split(","))
-            us = {v: predict(cfg, counts, T, mk, prof, a.calls) for v, mk in runs}
+            us = {v: predict(cfg, counts, T, mk, prof, a.calls, a.fp8) for v, mk in runs}
             d = us["default"]
             print(f"{name} T={T} {a.routing}: default {d:.1f} us" + "".join(f", {v} {u:.1f} ({u / d:.2f})"
                                                              for v, u in us.items() if v != "default"))

@@ -524,6 +524,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = FP8_BLOCK
         if not interpret and t["gemm1"]["BLOCK_M"] <= 64:  # decode: the stages within STAGE_BYTES, e4m3 weights
             mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
+        mk["tma_weights"] = FP8_TMA_WEIGHTS
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
@@ -560,6 +561,12 @@ def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
 #: megakernel at Qwen3-30B-A3B T = 1, 46.2 us with Triton's cast, 36.4 with the bit moves, whose
 #: values are the cast's for every finite code (tests/test_kernels_fp8.py, on the H200 in run P)
 FP8_CONVERT_DEFAULT = "bits"
+
+#: the FP8 megakernel's routed GEMM tasks read their e4m3 weight tiles through TMA descriptors
+#: (fp8_tma_tiles.py; megakernel variant "fp8tma"), not cp.async. Off until an H200 run measures it:
+#: before it, the FP8 tasks had no TMA path, and weight-only FP8 at Qwen3-30B-A3B T = 1 ran in the
+#: bf16 megakernel's time with half its bytes (run P: 35.7 us against 36.6)
+FP8_TMA_WEIGHTS = False
 
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10

@@ -89,6 +89,7 @@ from .align import (
 )
 from .configs import FP8_CONVERT_DEFAULT
 from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
+from .fp8_tma_tiles import _gemm1_fp8_tmaw_tile, _gemm2_fp8_tmaw_tile
 from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
@@ -221,8 +222,8 @@ def _megakernel(
     # top-k by ranking every expert at once (config "topk_rank"), or by a bitonic top-k (config
     # "topk_bitonic"; routing._route_block)
     RANK: tl.constexpr, BITONIC: tl.constexpr,
-    # the routed GEMM tasks' weight tiles through TMA descriptors (config "tma_weights"; bf16, whole
-    # tiles): bulk copies, not a program's cp.async stream
+    # the routed GEMM tasks' weight tiles through TMA descriptors (config "tma_weights"; whole tiles,
+    # e4m3 ones with FP8: fp8_tma_tiles.py): bulk copies, not a program's cp.async stream
     TMA_W: tl.constexpr,
     # a batch of one token aligns from its picks' ranks (config "align_one"; align._align_one)
     ALIGN1: tl.constexpr,
@@ -417,7 +418,12 @@ def _megakernel(
                         tl.debug_barrier()  # this program's row stores before the tile's loads of them
                     else:
                         e = tl.load(block_expert_ptr + b)
-                    if FP8:
+                    if FP8 and TMA_W:
+                        _gemm1_fp8_tmaw_tile(x_ptr, gu_desc, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
+                                             padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_guse,
+                                             stride_gusn, stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB,
+                                             SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT)
+                    elif FP8:
                         _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
                                         stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
@@ -487,7 +493,12 @@ def _megakernel(
                             if tl.atomic_add(sync_ptr + OFF_G1 + b, 0, sem="relaxed") < N1:
                                 _prefetch_rows(dn_ptr, e, n * BN2, tl.minimum(BN2, H - n * BN2), H, I, True, NCHUNK)
                         _wait(sync_ptr + OFF_G1 + b, N1, BACKOFF)
-                        if FP8:
+                        if FP8 and TMA_W:
+                            _gemm2_fp8_tmaw_tile(act_ptr, act_sc_ptr, dn_desc, dns_ptr, dnb_ptr, pairs_ptr,
+                                                 padded_pair_ptr, topk_w_ptr, b, n, e, T, H, I, I, stride_acs,
+                                                 stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
+                                                 False, False, FP8_A, IEEE, KB, BM, BN2, BK2, CVT)
+                        elif FP8:
                             _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
                                             topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
                                             stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
@@ -772,11 +783,12 @@ def transposed_down(down: torch.Tensor) -> torch.Tensor:
 
 
 def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, streamed: bool, fp8: str | None) -> tuple:
-    """(gate_up descriptor, down descriptor) for config "tma_weights" (whole bf16/fp16/fp32 tiles;
-    contiguous weights whose rows are 16-byte multiples, as TMA needs), else (None, None).
-    gate_up (E, 2I, H) is seen as (E*2I, H) in (BLOCK_N1, BLOCK_K1) blocks, down (E, H, I) as
-    (E*H, I) in (BLOCK_N2, BLOCK_K2) blocks; zero-filled past the ends."""
-    if not mk.get("tma_weights") or streamed or fp8 is not None:
+    """(gate_up descriptor, down descriptor) for config "tma_weights" (whole tiles of bf16/fp16/fp32
+    weights, or of e4m3 ones with ``fp8``: fp8_tma_tiles.py; contiguous weights whose rows are
+    16-byte multiples, as TMA needs), else (None, None). gate_up (E, 2I, H) is seen as (E*2I, H) in
+    (BLOCK_N1, BLOCK_K1) blocks, down (E, H, I) as (E*H, I) in (BLOCK_N2, BLOCK_K2) blocks;
+    zero-filled past the ends."""
+    if not mk.get("tma_weights") or streamed:
         return None, None
     if not (gate_up.is_contiguous() and down.is_contiguous()
             and (gate_up.shape[-1] * gate_up.element_size()) % 16 == 0

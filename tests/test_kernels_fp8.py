@@ -321,6 +321,9 @@ FP8_VARIANT_CASES = [
     ("fp8fast", "weights", 0, None, "no tokens"),
     ("fp8fast", "weights", 1, None, "one token: one K step ahead of a single row"),
     ("fp8fast_bn128", "weights", 13, None, "128-column tiles: a tile past N (I = 136) and mid-block up rows"),
+    ("fp8tma", "weights+act", 13, None, "e4m3 weight tiles through TMA descriptors, e4m3 x e4m3 products"),
+    ("fp8tma", "weights", 1, None, "TMA weight tiles converted to the rows' dtype, one token"),
+    ("fp8tma", "weights", 0, None, "no tokens"),
 ]
 
 
@@ -695,3 +698,31 @@ def test_quantize_x_in_the_launch_plan_and_not_for_input_scaling():
                          torch.empty((8, 128), dtype=f8), torch.empty((8, 1)), {}, None, sp.gemm["gemm1"],
                          activation="silu_gated", alpha=1.0, limit=1.0, scale_input=True, dense=True, num_m=1,
                          x_q=(torch.empty((4, 256), dtype=f8), torch.empty((4, 2))))
+
+
+@pytest.mark.parametrize("fp8", ["weights+act", "weights"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_tma_weights_compute_what_the_pointer_loads_compute(case, fp8, rng, device):
+    """Config "tma_weights" with FP8 (kernels/fp8_tma_tiles.py): the routed GEMM tasks read their e4m3
+    weight tiles through TMA descriptors and scale them by the same per-column values, so the layer
+    is bitwise the pointer tiles' (the same products in the same order), and within the FP8
+    tolerance of the reference; biases and the clamp, Llama 4's input scaling, a shared MLP. TMA
+    needs rows of 16-byte multiples: H = 208 and I = 144 (e4m3: one byte a code) still end in
+    partial scale blocks, and the up rows start mid-block."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
+
+    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    x = rng.standard_normal((13, cfg.hidden_size))
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    base = megakernel_config(cfg, 13, device.torch_dtype(), torch.device(device.name), fp8=fp8)
+    _g, _a, kwargs, _y, _s = build_launch(device.tensor(x), wt, cfg, {**base, "tma_weights": True}, fp8=fp8)
+    assert kwargs["TMA_W"] is True
+    ys = {}
+    for tma in (False, True):
+        out = torch.full((13, cfg.hidden_size), float("nan"), device=device.name, dtype=device.torch_dtype())
+        ys[tma] = megakernel_forward(device.tensor(x), wt, cfg, mk={**base, "tma_weights": tma}, fp8=fp8, out=out)
+    assert torch.equal(ys[True], ys[False]), f"{case} {fp8}: TMA weight tiles differ from the pointer tiles"
+    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg,
+                      fp8_activations=fp8 == "weights+act")
+    _check(device, ys[True].cpu(), ref, fp8 == "weights+act", f"{case} {fp8} tma_weights")

@@ -1,0 +1,114 @@
+"""The megakernel's FP8 GEMM tiles with the weights through TMA descriptors (config "tma_weights").
+
+Shape legend: T tokens, E experts, H hidden, I expert width (N: a GEMM's output width, KD: its
+depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
+
+They compute exactly what fp8_gemm's pointer tiles compute (_gemm1_fp8_xq_tile with XQ off,
+_gemm2_fp8_tile without split-K), per 128-deep K step kt:
+
+    FP8_A:      acc += dot(a8, w8) * sa[:, None] * sw[None, :]    (e4m3 x e4m3, fp32)
+    weights:    acc += dot(a, bf16(w8)) * sw[None, :]             (fp8_gemm._e4m3_to, CVT)
+
+with the same per-column weight scales (fp8_gemm._band_scale: one uniform load per scale block the
+tile touches, the values the pointer tiles gather per column), so the two are interchangeable per
+task. What differs is how the e4m3 weight tile gets into shared memory: one bulk copy of a
+(BLOCK_N, KB) box per K step (zero past KD; rows past N read the next rows, which the stores
+mask), not a program's cp.async stream of 16-byte pieces. The rows (x, or GEMM 1's h written in
+this launch through the generic proxy) stay pointer loads, as grouped_gemm._gemm2_tmaw_tile's.
+
+Why: the bf16 megakernel takes TMA weights at decode (H200 run T), while the FP8 one streamed by
+cp.async (megakernel.weight_descriptors took none for FP8); at decode the layer is the weights'
+bytes, and FP8 halves them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fp8_gemm import _band_scale, _e4m3_to, _fp8a_part, _gemm1_fp8_epilogue, _quantize_groups
+from .grouped_gemm import _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start
+
+
+@triton.jit
+def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
+    """One K step's scaled product of rows a (BM, KB) and the weight tile b (KB, BN): FP8_A, a
+    holds e4m3 codes with row scales sa; else a in the activation dtype and b converted to it."""
+    if FP8_A:
+        return _fp8a_part(a, b, sa, sw)
+    elif IEEE:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
+    else:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
+
+
+@triton.jit
+def _gemm1_fp8_tmaw_tile(
+    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
+):
+    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): the e4m3 gate and up tiles
+    (BLOCK_N, KB) through w_desc over gate_up as (E*2N, KD), their scales ws (E, ceil(2N / KB),
+    ceil(KD / KB)); x rows by pointers (FP8_A: quantized per K step, h quantized into out / outs
+    by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB."""
+    rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
+        x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
+    row_g = e * (2 * N) + pid_n * BLOCK_N
+    ws_e = ws_ptr + e.to(tl.int64) * stride_wse
+    last = tl.cdiv(2 * N, KB) - 1
+    if FP8_A and SCALE_INPUT:  # Llama 4: the routing weight scales the row before it is quantized
+        pair = tl.load(padded_pair_ptr + rows)
+        in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
+        bg = w_desc.load([row_g, kt * BLOCK_K])
+        bu = w_desc.load([row_g + N, kt * BLOCK_K])
+        sg = _band_scale(ws_e, pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
+        su = _band_scale(ws_e, N + pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
+        if FP8_A:
+            a32 = a.to(tl.float32)
+            if SCALE_INPUT:
+                a32 = a32 * in_sc[:, None]
+            a, sa = _quantize_groups(a32)
+        acc_g += _fp8_step(a, bg.T, sa, sg, FP8_A, IEEE, CVT)
+        acc_u += _fp8_step(a, bu.T, sa, su, FP8_A, IEEE, CVT)
+        a_ptrs += BLOCK_K
+    _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
+                        padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
+                        ACT, HAS_BIAS, SCALE_INPUT, FP8_A)
+
+
+@triton.jit
+def _gemm2_fp8_tmaw_tile(
+    a_ptr, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_at, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
+    K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
+    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
+):
+    """One GEMM 2 tile (no split-K): the e4m3 down tiles (BLOCK_N, KB) through w_desc over down as
+    (E*N, KD) with their scales ws (E, ceil(N / KB), ceil(KD / KB)); the activation rows by
+    pointers (FP8_A: e4m3 codes with their scales as_ptr (rows, ceil(KD / KB))). BLOCK_K == KB."""
+    row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, _, row_w = _gemm2_tile_start(
+        a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
+    ws_e = ws_ptr + e.to(tl.int64) * stride_wse
+    last = tl.cdiv(N, KB) - 1
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
+        b = w_desc.load([row_w, kt * BLOCK_K])
+        sw = _band_scale(ws_e, pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
+        if FP8_A:
+            sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
+        acc += _fp8_step(a, b.T, sa, sw, FP8_A, IEEE, CVT)
+        a_ptrs += BLOCK_K
+    _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
+                    scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
