@@ -525,6 +525,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
         if not interpret and t["gemm1"]["BLOCK_M"] <= 64:  # decode: the stages within STAGE_BYTES, e4m3 weights
             mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
         mk["tma_weights"] = FP8_TMA_WEIGHTS
+        mk["fp8_swap_ab"] = FP8_SWAP_AB and fp8 == "weights+act"
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
@@ -567,6 +568,14 @@ FP8_CONVERT_DEFAULT = "bits"
 #: before it, the FP8 tasks had no TMA path, and weight-only FP8 at Qwen3-30B-A3B T = 1 ran in the
 #: bf16 megakernel's time with half its bytes (run P: 35.7 us against 36.6)
 FP8_TMA_WEIGHTS = False
+
+#: with FP8 activations and TMA weights, the GEMM tasks compute weights x rows (fp8_tma_tiles._fp8a_swapped;
+#: variant "fp8swap"): an e4m3 wgmma (the weight tile fills its M of 64) where 16 rows x weights is an
+#: mma.sync that Triton 3.6 runs in fp16 on sm_90. H200 run BO (the unswapped FP8-activation megakernel,
+#: Qwen3-30B-A3B): T = 1 88.4 us against the bf16 megakernel's 32.7, T = 8 244.6 against 147.7; its GEMM 1
+#: K step 1,076 SASS instructions (64 HMMA, 144 F2FP conversions; compile_report.py --fp8 weights+act).
+#: Off until measured
+FP8_SWAP_AB = False
 
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10

@@ -43,17 +43,29 @@ def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.con
 
 
 @triton.jit
+def _fp8a_swapped(b, aq, sa, sw):
+    """One K step of FP8 activations with the operands swapped: dot(b, aq.T) of the e4m3 weight tile
+    b (BN, KB) and codes aq (BM, KB), fp32 (BN, BM), times the row scales sa (BM,) then the column
+    scales sw (BN,): _fp8a_part's product transposed, scaled in its order. With BM < 64 rows the
+    weights fill wgmma's M of 64 (an e4m3 wgmma, both operands K-major in shared memory), where
+    dot(aq, b) of 16 rows is an mma.sync that Triton 3.6 runs in fp16 on sm_90 (every code
+    converted, the products four times the instructions: compile_report.py, session 17)."""
+    return tl.dot(b, aq.T) * sa[None, :] * sw[:, None]
+
+
+@triton.jit
 def _gemm1_fp8_tmaw_tile(
     x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, SWAP: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): the e4m3 gate and up tiles
     (BLOCK_N, KB) through w_desc over gate_up as (E*2N, KD), their scales ws (E, ceil(2N / KB),
     ceil(KD / KB)); x rows by pointers (FP8_A: quantized per K step, h quantized into out / outs
-    by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB."""
+    by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB. SWAP (FP8_A): the products as
+    (BLOCK_N, BLOCK_M) (_fp8a_swapped), transposed once for the epilogue."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -64,6 +76,8 @@ def _gemm1_fp8_tmaw_tile(
         in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_gt = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # SWAP: the transposed sums
+    acc_ut = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
         bg = w_desc.load([row_g, kt * BLOCK_K])
@@ -76,9 +90,16 @@ def _gemm1_fp8_tmaw_tile(
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]
             a, sa = _quantize_groups(a32)
-        acc_g += _fp8_step(a, bg.T, sa, sg, FP8_A, IEEE, CVT)
-        acc_u += _fp8_step(a, bu.T, sa, su, FP8_A, IEEE, CVT)
+        if SWAP:
+            acc_gt += _fp8a_swapped(bg, a, sa, sg)
+            acc_ut += _fp8a_swapped(bu, a, sa, su)
+        else:
+            acc_g += _fp8_step(a, bg.T, sa, sg, FP8_A, IEEE, CVT)
+            acc_u += _fp8_step(a, bu.T, sa, su, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
+    if SWAP:
+        acc_g = acc_gt.T
+        acc_u = acc_ut.T
     _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
                         padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
                         ACT, HAS_BIAS, SCALE_INPUT, FP8_A)
@@ -91,16 +112,18 @@ def _gemm2_fp8_tmaw_tile(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, SWAP: tl.constexpr,
 ):
     """One GEMM 2 tile (no split-K): the e4m3 down tiles (BLOCK_N, KB) through w_desc over down as
     (E*N, KD) with their scales ws (E, ceil(N / KB), ceil(KD / KB)); the activation rows by
-    pointers (FP8_A: e4m3 codes with their scales as_ptr (rows, ceil(KD / KB))). BLOCK_K == KB."""
+    pointers (FP8_A: e4m3 codes with their scales as_ptr (rows, ceil(KD / KB))). BLOCK_K == KB.
+    SWAP (FP8_A) as _gemm1_fp8_tmaw_tile's."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, _, row_w = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     ws_e = ws_ptr + e.to(tl.int64) * stride_wse
     last = tl.cdiv(N, KB) - 1
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # SWAP: the transposed sum
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
         b = w_desc.load([row_w, kt * BLOCK_K])
@@ -108,7 +131,12 @@ def _gemm2_fp8_tmaw_tile(
         sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A:
             sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
-        acc += _fp8_step(a, b.T, sa, sw, FP8_A, IEEE, CVT)
+        if SWAP:
+            acc_t += _fp8a_swapped(b, a, sa, sw)
+        else:
+            acc += _fp8_step(a, b.T, sa, sw, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
+    if SWAP:
+        acc = acc_t.T
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
                     scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)

@@ -216,6 +216,9 @@ def _megakernel(
     # FP8 converts the codes (config "fp8_convert": 0 Triton's cast, 1 / 2 bit moves, fp8_gemm._e4m3_to),
     # SPF: the weight (and activation) scales loaded a K step ahead (config "fp8_scale_prefetch")
     FP8: tl.constexpr, FP8_A: tl.constexpr, CVT: tl.constexpr, SPF: tl.constexpr,
+    # FP8_A with TMA_W: the GEMM tasks' products as weights x rows (config "fp8_swap_ab";
+    # fp8_tma_tiles._fp8a_swapped: an e4m3 wgmma where a 16-row product would be an fp16 mma.sync)
+    F8SWAP: tl.constexpr,
     # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
     # "prefetch_wait"; prefetch.py), NCHUNK threads per program
     PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
@@ -422,7 +425,7 @@ def _megakernel(
                         _gemm1_fp8_tmaw_tile(x_ptr, gu_desc, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                              padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_guse,
                                              stride_gusn, stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB,
-                                             SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT)
+                                             SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT, F8SWAP)
                     elif FP8:
                         _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
                                         padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
@@ -497,7 +500,7 @@ def _megakernel(
                             _gemm2_fp8_tmaw_tile(act_ptr, act_sc_ptr, dn_desc, dns_ptr, dnb_ptr, pairs_ptr,
                                                  padded_pair_ptr, topk_w_ptr, b, n, e, T, H, I, I, stride_acs,
                                                  stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                                 False, False, FP8_A, IEEE, KB, BM, BN2, BK2, CVT)
+                                                 False, False, FP8_A, IEEE, KB, BM, BN2, BK2, CVT, F8SWAP)
                         elif FP8:
                             _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
                                             topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
@@ -746,6 +749,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
         CVT=fp8_convert_code(mk, on_gpu) if fp8 == "weights" else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
+        F8SWAP=fp8_a and bool(mk.get("fp8_swap_ab", False)),
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),

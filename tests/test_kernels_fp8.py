@@ -324,6 +324,7 @@ FP8_VARIANT_CASES = [
     ("fp8tma", "weights+act", 13, None, "e4m3 weight tiles through TMA descriptors, e4m3 x e4m3 products"),
     ("fp8tma", "weights", 1, None, "TMA weight tiles converted to the rows' dtype, one token"),
     ("fp8tma", "weights", 0, None, "no tokens"),
+    ("fp8swap", "weights+act", 13, None, "weights x rows: the products transposed (TMA falls back at H = 200)"),
 ]
 
 
@@ -726,3 +727,41 @@ def test_fp8_tma_weights_compute_what_the_pointer_loads_compute(case, fp8, rng, 
     ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg,
                       fp8_activations=fp8 == "weights+act")
     _check(device, ys[True].cpu(), ref, fp8 == "weights+act", f"{case} {fp8} tma_weights")
+
+
+@pytest.mark.parametrize("T", [0, 1, 13, 29])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
+    """Config "fp8_swap_ab" (FP8 activations, TMA weights): every GEMM task computes weights x rows
+    (fp8_tma_tiles._fp8a_swapped) and transposes its sums once. The same products and scales as the
+    unswapped tiles, summed by another matmul layout, so float32 rounding apart from them, and
+    within the FP8 tolerance of the reference; poisoned outputs overwritten; T = 0, one token, and
+    at T = 29 every token on expert 3 first (most experts empty). H = 208, I = 144 (16-byte rows
+    for TMA, partial scale blocks)."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
+
+    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    if T == 29:
+        rw = np.full_like(w8.router_weight, -1.0)
+        rw[3] = 1.0
+        w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    x = np.abs(rng.standard_normal((T, cfg.hidden_size))) if T == 29 else rng.standard_normal((T, cfg.hidden_size))
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    base = {**megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8="weights+act"),
+            "tma_weights": True}
+    swap = {**base, "fp8_swap_ab": True}
+    if T:
+        kwargs = build_launch(device.tensor(x), wt, cfg, swap, fp8="weights+act")[2]
+        assert kwargs["TMA_W"] is True and kwargs["F8SWAP"] is True
+    y0 = megakernel_forward(device.tensor(x), wt, cfg, mk=base, fp8="weights+act")
+    out = torch.full((T, cfg.hidden_size), float("nan"), device=device.name, dtype=device.torch_dtype())
+    y1 = megakernel_forward(device.tensor(x), wt, cfg, mk=swap, fp8="weights+act", out=out)
+    assert y1.shape == (T, cfg.hidden_size) and not y1.isnan().any()
+    if not T:
+        return
+    if device.dtype == "float32":  # the same codes and scales, another summation layout
+        torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
+    _check(device, y1.cpu(), ref, True, f"{case} T={T} fp8_swap_ab")
+    assert torch.equal(y1, megakernel_forward(device.tensor(x), wt, cfg, mk=swap, fp8="weights+act"))
