@@ -379,6 +379,10 @@ VARIANTS = {
                "(kernels/fp8_tma_tiles.py), not cp.async"),
     "fp8swap": (_set(tma_weights=True, fp8_swap_ab=True), "FP8 activations: fp8tma with the products as weights x "
                 "rows (an e4m3 wgmma; 16 rows x weights is an fp16 mma.sync on sm_90)"),
+    "fp8xq": (_set(tma_weights=True, fp8_x_once=True), "FP8 activations: fp8tma with x quantized once by the router "
+              "tasks, the GEMM 1 tasks loading its codes (no quantization in their K steps)"),
+    "fp8xqswap": (_set(tma_weights=True, fp8_x_once=True, fp8_swap_ab=True), "FP8 activations: fp8xq and fp8swap "
+                  "together"),
     "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
     "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
     "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
@@ -404,7 +408,7 @@ FP8_VARIANTS = ("fp8tma", "fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
 #: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
 #: for more stages; the scale prefetch and GEMM 2's tiles remain
-FP8A_VARIANTS = ("fp8tma", "fp8swap", "fp8pf", "fp8pf_bn128")
+FP8A_VARIANTS = ("fp8tma", "fp8swap", "fp8xq", "fp8xqswap", "fp8pf", "fp8pf_bn128")
 
 
 def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:

@@ -308,6 +308,24 @@ def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
     return 64 if max(16, _pow2(E)) <= 128 else 32
 
 
+#: the multi-launch routing program that walks H itself takes steps of WALK_WIDE_BLOCK_H columns from
+#: WALK_WIDE_MIN_T tokens on, up to WALK_WIDE_MAX_E experts (two pipeline buffers of (32 + BLOCK_E) x 128
+#: bf16 stay within shared memory). H200 run BN (bench_router.py, Qwen3-30B-A3B, router alone, us, steps of
+#: 64 / 128 / 256): T = 4096 21.6 / 18.6 / 20.1, T = 16384 60.6 / 52.3 / 70.9 (the default then walked 64)
+WALK_WIDE_BLOCK_H = 128
+WALK_WIDE_MIN_T = 4096
+WALK_WIDE_MAX_E = 128
+
+
+def walk_block_h(T: int, E: int, H: int, *, interpret: bool = False) -> int:
+    """H columns per step of a multi-launch routing program that walks H itself (no logits launch):
+    WALK_WIDE_BLOCK_H at prefill (T >= WALK_WIDE_MIN_T, at most WALK_WIDE_MAX_E experts), else
+    router_block_h."""
+    if not interpret and T >= WALK_WIDE_MIN_T and max(16, _pow2(E)) <= WALK_WIDE_MAX_E:
+        return WALK_WIDE_BLOCK_H
+    return router_block_h(E, H, interpret=interpret)
+
+
 def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
     """H ranges the decode router's logits are split into (0: none; the megakernel's router tasks
     and the multi-launch path below ROUTER_PREFILL_BLOCKS token blocks). Decode has one or two token
@@ -526,6 +544,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
         mk["tma_weights"] = FP8_TMA_WEIGHTS
         mk["fp8_swap_ab"] = FP8_SWAP_AB and fp8 == "weights+act"
+        mk["fp8_x_once"] = FP8_X_ONCE and fp8 == "weights+act"
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
@@ -577,6 +596,13 @@ FP8_TMA_WEIGHTS = False
 #: Off until measured
 FP8_SWAP_AB = False
 
+#: with FP8 activations, x is quantized once per call by the router tasks (fp8_tma_tiles._quantize_x_rows;
+#: variant "fp8xq"), not in every K step of every GEMM 1 task. Why: run BO's FP8-activation megakernel took
+#: 89.2 us at Qwen3-30B-A3B T = 1 where the FP8-activation multi-launch path (x quantized once, by a launch of its
+#: own) took 51.8, and the swapped GEMM 1's K step is 763 SASS instructions with the quantization (GEMM 2's,
+#: which reads codes, 163; compile_report.py, sm_90). Off until measured
+FP8_X_ONCE = False
+
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10
 
@@ -595,15 +621,24 @@ def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
 #: the deepest GEMM 2 step a decode megakernel takes: the TMA box's largest dimension (256 elements)
 GEMM2_MAX_BLOCK_K = 256
 
+#: from this T on (to MEGAKERNEL_SPLIT_MAX_T), the megakernel's GEMM 2 tiles are GEMM2_WIDE_BLOCK_N columns wide:
+#: half the tasks, each re-reading its rows half as often. H200 run BN (variant "g2wide", us, 128 / 256 columns):
+#: Mixtral-8x7B T = 512 1,125.0 / 1,061.4, every token on the same experts 663.6 / 578.3; Qwen3-30B-A3B T = 512
+#: 360.0 / 336.9; at T = 64 Mixtral-8x7B 686.5 / 681.5 and 215.9 / 212.4 (within the spread: left at 64 and below)
+GEMM2_WIDE_MIN_T = 64
+GEMM2_WIDE_BLOCK_N = 256
+
 
 def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
     """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two, from
     its BLOCK_K up to GEMM2_MAX_BLOCK_K, whose stage keeps the stage count that the largest task's
     stage sets (decode_stages of decode_stage_bytes). Stages are sized by GEMM 1's gate and up tiles,
     so a GEMM 2 task with the same BLOCK_K keeps half of GEMM 1's weight bytes in flight or less
-    (Mixtral-8x7B T = 8: 32 KiB a program against 128). The hypothesis, not yet measured (megakernel
-    variant "k2deep", benchmarks/steps/run_bn.txt): that GEMM 2 streams at the rate of its bytes in
-    flight (H200 run BM's trace: GEMM 2's 448 tasks read 822 MB in 292 us, 2.8 TB/s; GEMM 1's 4.4)."""
+    (Mixtral-8x7B T = 8: 32 KiB a program against 128; H200 run BM's trace: GEMM 2's 448 tasks read
+    822 MB in 292 us, 2.8 TB/s, GEMM 1's 4.4). The default up to 16 tokens (BLOCK_M 16) since H200 run
+    BN (variant "k2deep", us, 128 / 256 deep): Mixtral-8x7B T = 8 583.7 / 552.2, every token on the same
+    experts 186.1 / 177.2, T = 1 178.0 / 177.8; DeepSeek-V3 routed T = 1 200.6 / 192.6, T = 8 1,075.1 /
+    1,061.0, 188.5 / 183.5 (Qwen3-30B-A3B T = 1 keeps 128: 256 would cost a stage). Unmeasured at T = 64."""
     t = {k: dict(v) for k, v in tiles.items()}
     base = decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes))
     best = k = t["gemm2"]["BLOCK_K"]
@@ -684,8 +719,12 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
             bn1, bn2 = max(bn1, 64), max(bn2, 64)
         sbn1 = _fit(Is, -(-T // bm), P, (128, 64, 32)) if Is else 64
         sbn2 = _fit(H, -(-T // bm), P, (128, 64, 32)) if Is else 64
+        if GEMM2_WIDE_MIN_T < T <= MEGAKERNEL_SPLIT_MAX_T:
+            bn2 = GEMM2_WIDE_BLOCK_N
         tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
                  "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_K": bk}}
+        bk2 = deep_gemm2_block_k(tiles, bool(Is)) if bm == 16 else bk
+        tiles["gemm2"]["BLOCK_K"] = bk2
         # 8 warps with 64-row blocks: H200 run Q, T = 512, against 4: Qwen3-30B-A3B 388 us against
         # 445 (uniform), 179 against 233 (every token on the same experts); gpt-oss-120b 1,636
         # against 1,686, 321 against 401; run R, T = 64: Qwen3-30B 320.6 against 343.1, 51.9
@@ -696,6 +735,9 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     else:
         bn1 = bn2 = sbn1 = sbn2 = 128
         bk, warps, stages = 64, 8, 3
+        bk2 = bk
+        if T <= MEGAKERNEL_SPLIT_MAX_T:
+            bn2 = GEMM2_WIDE_BLOCK_N
     # decode: top-k tasks select over as few rows as there are tokens (one at T = 1), not BLOCK_T;
     # past 16 tokens, groups of 4 spread the selection over programs
     # (top-k tasks of one token up to T = 8: H200 run V, Qwen3-30B-A3B T = 8, 157.2 us against 159.2
@@ -713,7 +755,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         extra["slice_tiles_tma"] = slice_tiles(I, H, T, K, blocks, P, Is, combine["BLOCK_T"], exact=True)
     return {**extra, "tiles": {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t},
                       "gemm1": {"BLOCK_M": bm, "BLOCK_N": bn1, "BLOCK_K": bk},
-                      "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk},
+                      "gemm2": {"BLOCK_N": bn2, "BLOCK_K": bk2},
                       "shared": {"BLOCK_M": bm, "BLOCK_N1": sbn1, "BLOCK_N2": sbn2, "BLOCK_K": bk},
                       "combine": combine,
                       # whole tiles: stream-K segments (kernels/stream_k.py, variant "sk") measured

@@ -43,6 +43,26 @@ def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.con
 
 
 @triton.jit
+def _quantize_x_rows(x_ptr, xq_ptr, xs_ptr, t0, T, h_lo, h_hi, H, stride_xt, stride_qt, stride_st,
+                     KB: tl.constexpr, BLOCK_T: tl.constexpr):
+    """x's e4m3 codes and scales for tokens t0 .. t0 + BLOCK_T - 1, the KB-column groups that start in
+    [h_lo, h_hi) (XQ: a router task's share, so that every group of every token is quantized once
+    per call): codes into xq (T, H), one scale per group into xs (T, ceil(H / KB)), as the GEMM 1
+    tiles would quantize them in their K steps (the row block's x in fp32, zero past H)."""
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
+    t64 = offs_t.to(tl.int64)
+    offs_k = tl.arange(0, KB)
+    for g in range(tl.cdiv(h_lo, KB), tl.minimum(tl.cdiv(h_hi, KB), tl.cdiv(H, KB))):
+        cols = g * KB + offs_k
+        m = t_mask[:, None] & (cols < H)[None, :]
+        a = tl.load(x_ptr + t64[:, None] * stride_xt + cols[None, :], mask=m, other=0.0)
+        q, sc = _quantize_groups(a.to(tl.float32))
+        tl.store(xq_ptr + t64[:, None] * stride_qt + cols[None, :], q, mask=m)
+        tl.store(xs_ptr + t64 * stride_st + g, sc, mask=t_mask)
+
+
+@triton.jit
 def _fp8a_swapped(b, aq, sa, sw):
     """One K step of FP8 activations with the operands swapped: dot(b, aq.T) of the e4m3 weight tile
     b (BN, KB) and codes aq (BM, KB), fp32 (BN, BM), times the row scales sa (BM,) then the column
@@ -55,17 +75,20 @@ def _fp8a_swapped(b, aq, sa, sw):
 
 @triton.jit
 def _gemm1_fp8_tmaw_tile(
-    x_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
-    pid_m, pid_n, e, T, N, KD, stride_xt, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha, limit,
+    x_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
+    pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha,
+    limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
-    FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
+    FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, SWAP: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): the e4m3 gate and up tiles
     (BLOCK_N, KB) through w_desc over gate_up as (E*2N, KD), their scales ws (E, ceil(2N / KB),
     ceil(KD / KB)); x rows by pointers (FP8_A: quantized per K step, h quantized into out / outs
-    by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB. SWAP (FP8_A): the products as
-    (BLOCK_N, BLOCK_M) (_fp8a_swapped), transposed once for the epilogue."""
+    by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB. XQ (FP8_A, not SCALE_INPUT):
+    x_ptr holds x's codes (T, KD) and xs_ptr their scales (T, ceil(KD / KB)) (_quantize_x_rows: the
+    codes the K steps would compute), loaded instead of quantized in every K step. SWAP (FP8_A): the
+    products as (BLOCK_N, BLOCK_M) (_fp8a_swapped), transposed once for the epilogue."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -85,7 +108,9 @@ def _gemm1_fp8_tmaw_tile(
         sg = _band_scale(ws_e, pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
         su = _band_scale(ws_e, N + pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
         sa = tl.zeros((BLOCK_M,), tl.float32)
-        if FP8_A:
+        if FP8_A and XQ:
+            sa = tl.load(xs_ptr + tok.to(tl.int64) * stride_xs + kt, mask=row_mask, other=0.0)
+        elif FP8_A:
             a32 = a.to(tl.float32)
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]

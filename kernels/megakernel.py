@@ -88,8 +88,8 @@ from .align import (
     align_blocks,
 )
 from .configs import FP8_CONVERT_DEFAULT
-from .fp8_gemm import _gemm1_fp8_tile, _gemm2_fp8_tile, convert_code
-from .fp8_tma_tiles import _gemm1_fp8_tmaw_tile, _gemm2_fp8_tmaw_tile
+from .fp8_gemm import _gemm1_fp8_tile, _gemm1_fp8_xq_tile, _gemm2_fp8_tile, convert_code
+from .fp8_tma_tiles import _gemm1_fp8_tmaw_tile, _gemm2_fp8_tmaw_tile, _quantize_x_rows
 from .grouped_gemm import (
     ACT_CODES,
     _act_epilogue,
@@ -187,6 +187,8 @@ def _megakernel(
     # FP8 (FP8: e4m3 weights): block scales of the weights, scales of the e4m3 activations (FP8_A)
     gus_ptr, dns_ptr, sgus_ptr, sdns_ptr, act_sc_ptr, act_s_sc_ptr, stride_guse, stride_gusn, stride_dnse,
     stride_dnsn, stride_sgusn, stride_sdnsn, stride_acs, stride_assc,
+    # XQ: x's e4m3 codes (T, H) and scales (T, ceil(H / 128)), written by the router tasks
+    xq_ptr, xs_ptr, stride_xs,
     # sizes and strides
     T, H, E, I, Is, G, B_MAX, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn,
     stride_dnb, scaling, alpha, limit, H_PER,
@@ -219,6 +221,9 @@ def _megakernel(
     # FP8_A with TMA_W: the GEMM tasks' products as weights x rows (config "fp8_swap_ab";
     # fp8_tma_tiles._fp8a_swapped: an e4m3 wgmma where a 16-row product would be an fp16 mma.sync)
     F8SWAP: tl.constexpr,
+    # FP8_A (not SCALE_INPUT): x quantized once, by the router tasks (config "fp8_x_once";
+    # fp8_tma_tiles._quantize_x_rows), not in every K step of every GEMM 1 task
+    XQ: tl.constexpr,
     # a GEMM 2 task that must wait for its GEMM 1 prefetches its weight tile into L2 first (config
     # "prefetch_wait"; prefetch.py), NCHUNK threads per program
     PF_WAIT: tl.constexpr, NCHUNK: tl.constexpr,
@@ -262,6 +267,9 @@ def _megakernel(
                     c = t // SPLIT
                     _router_partial(x_ptr, rw_ptr, sgw_ptr, part_ptr, sg_part_ptr, c, t % SPLIT, T, H, E, stride_xt,
                                     stride_rw, H_PER, HAS_SG, IEEE, R_BT, R_BE, R_BH)
+                    if XQ:  # x's FP8 groups that start in this task's H range, for the GEMM 1 tasks
+                        _quantize_x_rows(x_ptr, xq_ptr, xs_ptr, c * R_BT, T, (t % SPLIT) * H_PER,
+                                         (t % SPLIT + 1) * H_PER, H, stride_xt, H, stride_xs, KB, R_BT)
                     _signal(sync_ptr + OFF_LOGITS + c)
                     _record(stats_ptr, K_LOGITS, 0, E, RECORD)
             elif t < F_SCAN:  # router_topk (group g of R_TT tokens)
@@ -278,6 +286,8 @@ def _megakernel(
                         sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
                         R_BG, RANK, BITONIC)
+                if XQ and SPLIT == 0:  # (no logits tasks) x's FP8 groups of this task's tokens
+                    _quantize_x_rows(x_ptr, xq_ptr, xs_ptr, g * R_TT, T, 0, H, H, stride_xt, H, stride_xs, KB, R_TT)
                 t_routed = _now(TRACE)
                 if FUSED:  # one chunk holds every token: align here, then the layout is known
                     if ALIGN1:  # one token: from its picks' ranks (align._align_one)
@@ -422,15 +432,17 @@ def _megakernel(
                     else:
                         e = tl.load(block_expert_ptr + b)
                     if FP8 and TMA_W:
-                        _gemm1_fp8_tmaw_tile(x_ptr, gu_desc, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
-                                             padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_guse,
-                                             stride_gusn, stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB,
-                                             SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT, F8SWAP)
+                        _gemm1_fp8_tmaw_tile(xq_ptr if XQ else x_ptr, xs_ptr, gu_desc, gus_ptr, gub_ptr, act_ptr,
+                                             act_sc_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, T, I,
+                                             H, H if XQ else stride_xt, stride_xs, stride_guse, stride_gusn,
+                                             stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB, SCALE_INPUT,
+                                             False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT, F8SWAP)
                     elif FP8:
-                        _gemm1_fp8_tile(x_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr, act_sc_ptr, padded_token_ptr,
-                                        padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gue,
-                                        stride_gun, stride_guse, stride_gusn, stride_gub, I, stride_acs, alpha, limit,
-                                        ACT, HAS_GUB, SCALE_INPUT, False, FP8_A, IEEE, KB, BM, BN1, BK1, CVT, SPF)
+                        _gemm1_fp8_xq_tile(xq_ptr if XQ else x_ptr, xs_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr,
+                                           act_sc_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H,
+                                           H if XQ else stride_xt, stride_xs, stride_gue, stride_gun, stride_guse,
+                                           stride_gusn, stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB,
+                                           SCALE_INPUT, False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT, SPF)
                     elif TMA_W:
                         _gemm1_tma_tile(x_ptr, gu_desc, gub_ptr, act_ptr, padded_token_ptr, padded_pair_ptr,
                                         topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gub, I, alpha, limit, ACT,
@@ -680,6 +692,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     act_s = torch.empty((T, Is), device=dev, dtype=adt) if shared else None
     act_sc = torch.empty((P_max, triton.cdiv(I, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a else None
     act_s_sc = torch.empty((T, triton.cdiv(Is, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a and shared else None
+    xq_on = fp8_a and bool(mk.get("fp8_x_once", False)) and not config.weight_on_input
+    xq = torch.empty((T, H), device=dev, dtype=torch.float8_e4m3fn) if xq_on else None
+    xs = torch.empty((T, triton.cdiv(H, FP8_BLOCK)), device=dev, dtype=f32) if xq_on else None
     gus, dns = weights.gate_up_scale_inv if fp8 else None, weights.down_scale_inv if fp8 else None
     sgus = weights.shared_gate_up_scale_inv if fp8 and shared else None
     sdns = weights.shared_down_scale_inv if fp8 and shared else None
@@ -724,6 +739,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         gus, dns, sgus, sdns, act_sc, act_s_sc, 0 if gus is None else gus.stride(0), 0 if gus is None else gus.stride(1), 0 if dns is None else dns.stride(0), 0 if dns is None else dns.stride(1),
         0 if sgus is None else sgus.stride(0), 0 if sdns is None else sdns.stride(0),
         0 if act_sc is None else act_sc.stride(0), 0 if act_s_sc is None else act_s_sc.stride(0),
+        xq if xq_on else x, xs if xq_on else x, 0 if xs is None else xs.stride(0),  # (x: placeholders, unread)
         T, H, E, I, Is, G, lay.b_max, x.stride(0), 0 if rw is None else rw.stride(0), gu.stride(0), gu.stride(1),
         0 if gub is None else gub.stride(0), dn.stride(0), dn.stride(1), 0 if dnb is None else dnb.stride(0),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
@@ -749,7 +765,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
         CVT=fp8_convert_code(mk, on_gpu) if fp8 == "weights" else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
-        F8SWAP=fp8_a and bool(mk.get("fp8_swap_ab", False)),
+        F8SWAP=fp8_a and bool(mk.get("fp8_swap_ab", False)), XQ=xq_on,
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),

@@ -409,7 +409,8 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     top-k (BITONIC: configs.router_bitonic, else K maxima) are overridable for side-by-side runs, and so
     is the step of a routing program that walks H (``block_h``, a power of two >= 16, default
     configs.router_block_h; only where there is no logits launch, whose step is router_logits_tile's):
-    its E x BLOCK_H weight tile is what each of its cdiv(H, BLOCK_H) dependent steps loads."""
+    its E x BLOCK_H weight tile is what each of its cdiv(H, BLOCK_H) dependent steps loads (default
+    configs.walk_block_h: wider steps at prefill)."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, _pow2(E))
     if tiles is None:
@@ -423,7 +424,7 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     if split:
         lt, block_h = cfgs.router_logits_tile(T, E, H, interpret=interpret, tiles=tiles)
     else:  # the routing program walks H: its own step (router_block_h unless asked), its own tokens
-        lt, block_h = bt, block_h or cfgs.router_block_h(E, H, interpret=interpret)
+        lt, block_h = bt, block_h or cfgs.walk_block_h(T, E, H, interpret=interpret)
     h_per, sp = H, 0
     if split > 0:
         h_per = cdiv(cdiv(H, split), block_h) * block_h

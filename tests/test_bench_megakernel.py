@@ -168,26 +168,36 @@ def test_variant_configs_of_no_names_is_the_default_alone():
 
 
 def test_gemm2_variants_change_only_gemm2():
-    """k2deep (Mixtral-8x7B T = 8: GEMM 2's step 128 -> 256 at the same stages; unchanged where GEMM 2's stage is
-    GEMM 1's already, Qwen3-30B-A3B T = 1) and g2wide (256-column GEMM 2 tiles; prefill stages kept) change GEMM 2's
-    tiles alone, into layouts task_layout takes."""
+    """k2deep and g2wide are the defaults where H200 run BN measured them faster: GEMM 2's step 256 at
+    Mixtral-8x7B T = 8 (the stages unchanged), 256-column GEMM 2 tiles at T = 512 (Mixtral-8x7B's
+    128-row tiles, Qwen3-30B-A3B's 64-row ones), so the variants there are the default itself; at T = 8
+    g2wide still changes GEMM 2's tiles alone, into a layout task_layout takes. Qwen3-30B-A3B T = 1
+    keeps 128 deep (256 would cost a stage) and 64 tokens keep 64 deep and GEMM 2's fitted width."""
     from megamoe.kernels import configs as cfgs
     from megamoe.reference import MoEConfig
     from megamoe.reference.tiles import task_layout
 
     mv = _load("megakernel_variants")
-    cfg = MoEConfig.preset("mixtral-8x7b")
-    args = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, cfg.shared_intermediate_size)
-    for T, name, want in ((8, "k2deep", {"BLOCK_K": 256}), (512, "g2wide", {"BLOCK_N": 256}), (8, "g2wide", {"BLOCK_N": 256})):
-        base = cfgs.megakernel_config(*args, T, num_sms=132)
-        mk = dict(mv.variant_configs(base, [name]))[name]
-        assert mk["tiles"]["gemm2"] == {**base["tiles"]["gemm2"], **want}, (T, name)
-        assert {k: v for k, v in mk["tiles"].items() if k != "gemm2"} == {k: v for k, v in base["tiles"].items()
-                                                                          if k != "gemm2"}
-        if name == "k2deep" or T == 512:
-            assert mk["num_stages"] == base["num_stages"]
-        task_layout(cfg, T, mk["tiles"])
-    q = MoEConfig.preset("qwen3-30b-a3b")
-    base = cfgs.megakernel_config(q.num_experts, q.hidden_size, q.intermediate_size, q.top_k, q.shared_intermediate_size,
-                                  1, num_sms=132)
-    assert [n for n, _ in mv.variant_configs(base, ["k2deep"])] == ["default"]
+
+    def mk_of(name, T):
+        cfg = MoEConfig.preset(name)
+        return cfg, cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                           cfg.shared_intermediate_size, T, num_sms=132)
+
+    cfg, base8 = mk_of("mixtral-8x7b", 8)
+    assert base8["tiles"]["gemm2"]["BLOCK_K"] == 256
+    assert [n for n, _ in mv.variant_configs(base8, ["k2deep"])] == ["default"]
+    mk = dict(mv.variant_configs(base8, ["g2wide"]))["g2wide"]
+    assert mk["tiles"]["gemm2"] == {**base8["tiles"]["gemm2"], "BLOCK_N": 256}
+    assert {k: v for k, v in mk["tiles"].items() if k != "gemm2"} == {k: v for k, v in base8["tiles"].items()
+                                                                      if k != "gemm2"}
+    task_layout(cfg, 8, mk["tiles"])
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
+        cfg, base = mk_of(name, 512)
+        assert base["tiles"]["gemm2"]["BLOCK_N"] == 256, name
+        assert [n for n, _ in mv.variant_configs(base, ["g2wide"])] == ["default"]
+        task_layout(cfg, 512, base["tiles"])
+    _, q1 = mk_of("qwen3-30b-a3b", 1)
+    assert q1["tiles"]["gemm2"]["BLOCK_K"] == 128
+    _, q64 = mk_of("qwen3-30b-a3b", 64)
+    assert q64["tiles"]["gemm2"]["BLOCK_K"] == 64 and q64["tiles"]["gemm2"]["BLOCK_N"] < 256

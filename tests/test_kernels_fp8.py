@@ -325,6 +325,8 @@ FP8_VARIANT_CASES = [
     ("fp8tma", "weights", 1, None, "TMA weight tiles converted to the rows' dtype, one token"),
     ("fp8tma", "weights", 0, None, "no tokens"),
     ("fp8swap", "weights+act", 13, None, "weights x rows: the products transposed (TMA falls back at H = 200)"),
+    ("fp8xq", "weights+act", 13, None, "x quantized once by the router tasks, GEMM 1 loading the codes"),
+    ("fp8xqswap", "weights+act", 1, None, "both, one token"),
 ]
 
 
@@ -765,3 +767,40 @@ def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
     ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
     _check(device, y1.cpu(), ref, True, f"{case} T={T} fp8_swap_ab")
     assert torch.equal(y1, megakernel_forward(device.tensor(x), wt, cfg, mk=swap, fp8="weights+act"))
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
+@pytest.mark.parametrize("T", [0, 1, 13, 29])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_x_quantized_once_by_the_router_tasks(case, T, tma, rng, device):
+    """Config "fp8_x_once" (FP8 activations): the router tasks quantize x once (the logits tasks their
+    H range's groups where the router is split, T = 1 and 13 here; the top-k tasks all of H for their
+    tokens where it is not, T = 29) and the GEMM 1 tasks load the codes: the same codes and scales as
+    quantizing in every K step, so the layer is bitwise the same, pointer and TMA weight tiles alike
+    (H = 208, I = 144). Llama 4's input scaling quantizes x times the routing weight, per pair: there
+    the switch is ignored. T = 0, and every token on expert 3 first at T = 29."""
+    from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
+
+    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    if T == 29:
+        rw = np.full_like(w8.router_weight, -1.0)
+        rw[3] = 1.0
+        w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    x = rng.standard_normal((T, cfg.hidden_size))
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    base = {**megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8="weights+act"),
+            "tma_weights": tma}
+    once = {**base, "fp8_x_once": True}
+    if T:
+        kwargs = build_launch(device.tensor(x), wt, cfg, once, fp8="weights+act")[2]
+        assert kwargs["XQ"] is (not cfg.weight_on_input)
+        assert kwargs["TMA_W"] is tma
+    y0 = megakernel_forward(device.tensor(x), wt, cfg, mk=base, fp8="weights+act")
+    out = torch.full((T, cfg.hidden_size), float("nan"), device=device.name, dtype=device.torch_dtype())
+    y1 = megakernel_forward(device.tensor(x), wt, cfg, mk=once, fp8="weights+act", out=out)
+    assert y1.shape == (T, cfg.hidden_size) and not y1.isnan().any()
+    assert torch.equal(y1, y0), f"{case} T={T}: x quantized once differs from quantized in the K steps"
+    if T:
+        ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
+        _check(device, y1.cpu(), ref, True, f"{case} T={T} fp8_x_once")

@@ -222,3 +222,20 @@ def test_gemm_shared_bytes_match_the_compiled_kernels(preset, T):
             assert plan.stage(name).shared_bytes == COMPILED_SHARED[preset, T, name]
     fp8 = launch_plan(cfg, T, counts=counts, device_name="NVIDIA H200", triton_version="3.6.0", fp8="weights")
     assert fp8.stage("gemm1").shared_bytes is None
+
+
+def test_walking_router_takes_wide_steps_at_prefill_only():
+    """configs.walk_block_h: the multi-launch routing program that walks H itself steps 128 columns at a
+    time from WALK_WIDE_MIN_T tokens on, up to WALK_WIDE_MAX_E experts (H200 run BN, Qwen3-30B-A3B); decode,
+    more experts, an explicit block_h and the interpreter keep their steps."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.plan import router_launch
+
+    E, H, K = 128, 2048, 8  # Qwen3-30B-A3B: 32 walking steps of 64, so no prefill logits launch
+    for T in (cfgs.WALK_WIDE_MIN_T, 16384):
+        r = router_launch(T, E, H, K)
+        assert r["SPLIT"] == 0 and r["BLOCK_H"] == cfgs.WALK_WIDE_BLOCK_H, T
+        assert router_launch(T, E, H, K, split=0, block_h=64)["BLOCK_H"] == 64
+    assert router_launch(cfgs.WALK_WIDE_MIN_T // 2, E, H, K, split=0)["BLOCK_H"] == cfgs.router_block_h(E, H)
+    assert router_launch(4096, 256, H, K, split=0)["BLOCK_H"] == cfgs.router_block_h(256, H)
+    assert router_launch(4096, E, H, K, split=0, interpret=True)["BLOCK_H"] == cfgs.router_block_h(E, H, interpret=True)
