@@ -760,13 +760,16 @@ def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> d
 
 
 #: the hbm_deep step's readers (kernels/microbench_deep.deep_read, 16-row tiles, 4 warps): (BLOCK_N,
-#: BLOCK_K, num_stages, gated), keeping deep_read_depth bytes of weight tiles in flight: 48 KiB (the hbm
+#: BLOCK_K, num_stages, gated), keeping deep_read_depth bytes of weight tiles in flight: 32 KiB (the decode
+#: megakernel's GEMM 2 tasks of 64 x 128 at 3 stages, Mixtral-8x7B T = 8 before run BN; read behind
+#: cost.USE_SHALLOW_DEEP_READ; full step only), 48 KiB (the hbm
 #: step's reader: stream_tile's 64 x 128 at 4 stages, one tile a step), 96 KiB (GEMM 1's 16 x 64 x 128
 #: loop at 4 stages: qwen3-30b-a3b T = 1), 128 KiB (16 x 128 x 128 at 3 stages: qwen3-30b-a3b T = 64),
 #: 192 KiB (the same at 4 stages). sm_90 compile (Triton 3.9): each one's shared memory is its depth and
 #: a 4 KiB A tile (200,704 bytes at 192 KiB: one program per SM; 53,248 at 48 KiB)
-HBM_DEEP_READERS = ((64, 128, 4, False), (64, 128, 4, True), (128, 128, 3, True), (128, 128, 4, True))
-HBM_DEEP_READERS_QUICK = (HBM_DEEP_READERS[0], HBM_DEEP_READERS[2])
+HBM_DEEP_READERS = ((64, 128, 3, False), (64, 128, 4, False), (64, 128, 4, True), (128, 128, 3, True),
+                    (128, 128, 4, True))
+HBM_DEEP_READERS_QUICK = ((64, 128, 4, False), (128, 128, 3, True))
 #: sharing groups (g consecutive programs reading the same tiles at once) and bytes each program reads
 HBM_DEEP_GROUPS = (1, 2, 4)
 HBM_DEEP_GROUPS_QUICK = (1, 4)

@@ -88,6 +88,10 @@ re-predictions of stored rows found no better were removed with their code (simu
                             (the programs executing around it, time-averaged, by re-running the list
                             schedule) instead of the share for the programs busy at its start: a phase's
                             last, partial wave streams faster as the other programs finish
+    USE_SHALLOW_DEEP_READ   (off) USE_TASK_DEEP_READ's deep table also for GEMM tasks keeping less in flight than
+                            the hbm grid's reader (HBM_GRID_READER_DEPTH_BYTES), where the profile measured a
+                            shallower reader (calibrate's hbm_deep step: 32 KiB since session 17;
+                            ``deep_table_covers``), not the grid's 48 KiB rate
     USE_REDUCE_STEP_BY_WIDTH  (on after run BL) a top-k selection's dependent passes at the calibrated
                             top-1 pass for their row width (kernel_model.serial_reduce_width,
                             ``reduce_step_at_width``), not the median of the 128- and 256-wide passes
@@ -698,12 +702,30 @@ def stage_flops(stage: dict) -> float:
     return float(stage.get("flops_per_tile", 0.0)) * tiles
 
 
+#: bytes of weight tiles one program of the hbm step's reader keeps in flight (stream_tile's 64 x 128 bf16
+#: tiles at 4 stages, 3 buffers of 16 KiB, as kernels/plan.gemm_shared_bytes counts them): what the hbm grid
+#: (hbm_rate, hbm_stream_rate) prices every read at, and the deep table's shallowest reader before session 17
+HBM_GRID_READER_DEPTH_BYTES = 48 << 10
+#: whether the deep table also prices GEMM tasks shallower than the grid's reader (``deep_table_covers``).
+#: Why: H200 run BM's trace, Mixtral-8x7B T = 8: GEMM 2's tasks, 32 KiB of weights in flight a program, read at
+#: 2.8 TB/s where GEMM 1's (128 KiB) read at 4.4 and the model priced both near the grid's 48 KiB rate; run BN
+#: measured those tasks 64 KiB deep 5% faster (variant k2deep) where the model predicted no change. Off until a
+#: validation run holds it out (it needs a profile whose hbm_deep step measured the 32 KiB reader)
+USE_SHALLOW_DEEP_READ = False
+
+
 def deep_table_covers(profile: Profile, depth: float) -> bool:
-    """Whether the profile has the deep readers' table and ``depth`` (weight bytes a program keeps in
-    flight) is above its shallowest reader's (the hbm grid's reader, 48 KiB; at or below it the
-    grid prices the read)."""
+    """Whether the profile has the deep readers' table and it prices ``depth`` (weight bytes a program
+    keeps in flight): above the hbm grid's reader (HBM_GRID_READER_DEPTH_BYTES; at it the grid prices
+    the read) and above the table's shallowest reader; with ``USE_SHALLOW_DEEP_READ`` also from a
+    shallower reader than the grid's, where the profile measured one, up to the grid's depth."""
     km = _km(profile)
-    return bool(km.hbm_deep_rate and depth and depth > km.hbm_deep_depths[0])
+    if not (km.hbm_deep_rate and depth):
+        return False
+    lo = km.hbm_deep_depths[0]
+    if depth > max(lo, HBM_GRID_READER_DEPTH_BYTES):
+        return True
+    return bool(USE_SHALLOW_DEEP_READ and lo <= depth < HBM_GRID_READER_DEPTH_BYTES)
 
 
 def _log2_interp(axes: tuple, table, point) -> float:
