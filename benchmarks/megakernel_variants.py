@@ -383,6 +383,8 @@ VARIANTS = {
               "tasks, the GEMM 1 tasks loading its codes (no quantization in their K steps)"),
     "fp8xqswap": (_set(tma_weights=True, fp8_x_once=True, fp8_swap_ab=True), "FP8 activations: fp8xq and fp8swap "
                   "together"),
+    "fp8xqswapp": (_set(tma_weights=True, fp8_x_once=True, fp8_swap_ab=True, fp8_precise_acc=True),
+                   "FP8 activations: fp8xqswap with the e4m3 wgmma's sums promoted to fp32 every 32 products"),
     "fp8pf": (_set(fp8_scale_prefetch=True), "FP8: the next K step's weight scales loaded during this one"),
     "fp8fast": (_fp8_fast(), "FP8: fp8bits and fp8pf together"),
     "fp8fast_st": (_fp8_fast(max_stages=10), "FP8: fp8fast with the stages the decode budget holds of e4m3 "
@@ -408,7 +410,7 @@ FP8_VARIANTS = ("fp8tma", "fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
 #: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
 #: for more stages; the scale prefetch and GEMM 2's tiles remain
-FP8A_VARIANTS = ("fp8tma", "fp8swap", "fp8xq", "fp8xqswap", "fp8pf", "fp8pf_bn128")
+FP8A_VARIANTS = ("fp8tma", "fp8swap", "fp8xq", "fp8xqswap", "fp8xqswapp", "fp8pf", "fp8pf_bn128")
 
 
 def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:

@@ -62,15 +62,27 @@ def _quantize_x_rows(x_ptr, xq_ptr, xs_ptr, t0, T, h_lo, h_hi, H, stride_xt, str
         tl.store(xs_ptr + t64 * stride_st + g, sc, mask=t_mask)
 
 
+#: with SWAP 2, the e4m3 wgmma's sums are added into fp32 after every this many products of the K step
+#: (tl.dot's max_num_imprecise_acc): one k32 wgmma. Triton's default on sm_90 (2^30) lets the tensor cores
+#: accumulate a whole 128-deep step in their reduced-precision e4m3 accumulation
+PRECISE_ACC_K = tl.constexpr(32)
+
+
 @triton.jit
-def _fp8a_swapped(b, aq, sa, sw):
+def _fp8a_swapped(b, aq, sa, sw, PRECISE: tl.constexpr):
     """One K step of FP8 activations with the operands swapped: dot(b, aq.T) of the e4m3 weight tile
     b (BN, KB) and codes aq (BM, KB), fp32 (BN, BM), times the row scales sa (BM,) then the column
     scales sw (BN,): _fp8a_part's product transposed, scaled in its order. With BM < 64 rows the
     weights fill wgmma's M of 64 (an e4m3 wgmma, both operands K-major in shared memory), where
     dot(aq, b) of 16 rows is an mma.sync that Triton 3.6 runs in fp16 on sm_90 (every code
-    converted, the products four times the instructions: compile_report.py, session 17)."""
-    return tl.dot(b, aq.T) * sa[None, :] * sw[:, None]
+    converted, the products four times the instructions: compile_report.py, session 17). PRECISE:
+    the wgmma's sums promoted to fp32 every PRECISE_ACC_K products (H200 run BP measured the swapped
+    layer's errors 1.5-2.6x the unswapped one's; the hypothesis: the e4m3 accumulation)."""
+    if PRECISE:
+        p = tl.dot(b, aq.T, max_num_imprecise_acc=PRECISE_ACC_K)
+    else:
+        p = tl.dot(b, aq.T)
+    return p * sa[None, :] * sw[:, None]
 
 
 @triton.jit
@@ -87,8 +99,9 @@ def _gemm1_fp8_tmaw_tile(
     ceil(KD / KB)); x rows by pointers (FP8_A: quantized per K step, h quantized into out / outs
     by fp8_gemm's epilogue). BLOCK_K == KB; FP8_A: BLOCK_N == KB. XQ (FP8_A, not SCALE_INPUT):
     x_ptr holds x's codes (T, KD) and xs_ptr their scales (T, ceil(KD / KB)) (_quantize_x_rows: the
-    codes the K steps would compute), loaded instead of quantized in every K step. SWAP (FP8_A): the
-    products as (BLOCK_N, BLOCK_M) (_fp8a_swapped), transposed once for the epilogue."""
+    codes the K steps would compute), loaded instead of quantized in every K step. SWAP (FP8_A; 1, or 2
+    with the sums promoted to fp32 every PRECISE_ACC_K products): the products as (BLOCK_N, BLOCK_M)
+    (_fp8a_swapped), transposed once for the epilogue."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -116,8 +129,8 @@ def _gemm1_fp8_tmaw_tile(
                 a32 = a32 * in_sc[:, None]
             a, sa = _quantize_groups(a32)
         if SWAP:
-            acc_gt += _fp8a_swapped(bg, a, sa, sg)
-            acc_ut += _fp8a_swapped(bu, a, sa, su)
+            acc_gt += _fp8a_swapped(bg, a, sa, sg, SWAP == 2)
+            acc_ut += _fp8a_swapped(bu, a, sa, su, SWAP == 2)
         else:
             acc_g += _fp8_step(a, bg.T, sa, sg, FP8_A, IEEE, CVT)
             acc_u += _fp8_step(a, bu.T, sa, su, FP8_A, IEEE, CVT)
@@ -157,7 +170,7 @@ def _gemm2_fp8_tmaw_tile(
         if FP8_A:
             sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
         if SWAP:
-            acc_t += _fp8a_swapped(b, a, sa, sw)
+            acc_t += _fp8a_swapped(b, a, sa, sw, SWAP == 2)
         else:
             acc += _fp8_step(a, b.T, sa, sw, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K

@@ -219,7 +219,8 @@ def _megakernel(
     # SPF: the weight (and activation) scales loaded a K step ahead (config "fp8_scale_prefetch")
     FP8: tl.constexpr, FP8_A: tl.constexpr, CVT: tl.constexpr, SPF: tl.constexpr,
     # FP8_A with TMA_W: the GEMM tasks' products as weights x rows (config "fp8_swap_ab";
-    # fp8_tma_tiles._fp8a_swapped: an e4m3 wgmma where a 16-row product would be an fp16 mma.sync)
+    # fp8_tma_tiles._fp8a_swapped: an e4m3 wgmma where a 16-row product would be an fp16 mma.sync);
+    # 2: its sums promoted to fp32 every 32 products (config "fp8_precise_acc")
     F8SWAP: tl.constexpr,
     # FP8_A (not SCALE_INPUT): x quantized once, by the router tasks (config "fp8_x_once";
     # fp8_tma_tiles._quantize_x_rows), not in every K step of every GEMM 1 task
@@ -765,7 +766,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         TRACE=trace is not None, GIVEN=routing is not None, SW=SYNC_STRIDE, BACKOFF=mk.get("backoff_ns", 0) if dev.type == "cuda" else 0,
         NEXT=bool(mk.get("next_ticket", False)), SK=lay.streamed, FP8=fp8 is not None, FP8_A=fp8_a,
         CVT=fp8_convert_code(mk, on_gpu) if fp8 == "weights" else 0, SPF=bool(mk.get("fp8_scale_prefetch", False)) and fp8 is not None,
-        F8SWAP=fp8_a and bool(mk.get("fp8_swap_ab", False)), XQ=xq_on,
+        F8SWAP=(2 if mk.get("fp8_precise_acc") else 1) if fp8_a and mk.get("fp8_swap_ab") else 0, XQ=xq_on,
         PF_WAIT=bool(mk.get("prefetch_wait", False)) and not lay.streamed and prefetch_available(dev)
         and prefetch_rows_ok(dn), NCHUNK=32 * mk["num_warps"],
         RANK=bool(mk.get("topk_rank", False)) and cfgs.rank_topk_fits(r_tt, block_e),

@@ -697,7 +697,7 @@ def test_hbm_deep_step_times_every_reader_program_group_and_size(monkeypatch):
         quick = calibrate.measure_hbm_deep(1, 132, quick=True)
         fail = 96 << 10
         failed = calibrate.measure_hbm_deep(1, 132)
-    depths = [48 << 10, 96 << 10, 128 << 10, 192 << 10]
+    depths = [32 << 10, 48 << 10, 96 << 10, 128 << 10, 192 << 10]
     assert [p[:4] for p in full["points"]] == [[P, d, g, b] for d in depths for P in (16, 33, 66, 132)
                                                for g in calibrate.HBM_DEEP_GROUPS for b in calibrate.HBM_DEEP_SIZES]
     for P, d, g, b, r in full["points"]:  # the 5 us of launch overhead taken off, as the hbm step does
@@ -707,7 +707,7 @@ def test_hbm_deep_step_times_every_reader_program_group_and_size(monkeypatch):
                                                 for g in (1, 4) for b in (256 << 10, 4 << 20)]
     assert full["shared_bytes"]["128x128x3 gated"] == 12345 and full["readers"]["64x128x4"] == 48 << 10
     assert "failed" not in full and list(failed["failed"]) == ["64x128x4 gated"]
-    assert sorted({p[1] for p in failed["points"]}) == [48 << 10, 128 << 10, 192 << 10]
+    assert sorted({p[1] for p in failed["points"]}) == [32 << 10, 48 << 10, 128 << 10, 192 << 10]
     assert calibrate.hbm_deep_programs(132) == [16, 33, 66, 132] and calibrate.hbm_deep_programs(8) == [1, 2, 4, 8]
 
 

@@ -327,6 +327,7 @@ FP8_VARIANT_CASES = [
     ("fp8swap", "weights+act", 13, None, "weights x rows: the products transposed (TMA falls back at H = 200)"),
     ("fp8xq", "weights+act", 13, None, "x quantized once by the router tasks, GEMM 1 loading the codes"),
     ("fp8xqswap", "weights+act", 1, None, "both, one token"),
+    ("fp8xqswapp", "weights+act", 13, None, "both, the wgmma's sums promoted to fp32 every 32 products"),
 ]
 
 
@@ -755,7 +756,7 @@ def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
     swap = {**base, "fp8_swap_ab": True}
     if T:
         kwargs = build_launch(device.tensor(x), wt, cfg, swap, fp8="weights+act")[2]
-        assert kwargs["TMA_W"] is True and kwargs["F8SWAP"] is True
+        assert kwargs["TMA_W"] is True and kwargs["F8SWAP"] == 1
     y0 = megakernel_forward(device.tensor(x), wt, cfg, mk=base, fp8="weights+act")
     out = torch.full((T, cfg.hidden_size), float("nan"), device=device.name, dtype=device.torch_dtype())
     y1 = megakernel_forward(device.tensor(x), wt, cfg, mk=swap, fp8="weights+act", out=out)
@@ -767,6 +768,13 @@ def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
     ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
     _check(device, y1.cpu(), ref, True, f"{case} T={T} fp8_swap_ab")
     assert torch.equal(y1, megakernel_forward(device.tensor(x), wt, cfg, mk=swap, fp8="weights+act"))
+    if T == 13:  # the sums promoted to fp32 every 32 products (config "fp8_precise_acc"; variant fp8xqswapp)
+        precise = {**swap, "fp8_precise_acc": True}
+        assert build_launch(device.tensor(x), wt, cfg, precise, fp8="weights+act")[2]["F8SWAP"] == 2
+        y2 = megakernel_forward(device.tensor(x), wt, cfg, mk=precise, fp8="weights+act")
+        _check(device, y2.cpu(), ref, True, f"{case} T={T} fp8_precise_acc")
+        if device.dtype == "float32":
+            torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])

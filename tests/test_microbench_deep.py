@@ -50,15 +50,18 @@ def test_deep_read_streams_each_groups_region(dtype):
 
 def test_deep_read_depths_are_the_plans_pipeline_formula():
     """A reader's depth is plan.gemm_shared_bytes of its tile without A bytes (16-row tiles:
-    num_stages - 1 buffers): the calibrate step's readers keep 48, 96, 128 and 192 KiB in flight, the
-    first the hbm step's reader (stream_tile's 64 x 128 tiles at 4 stages), the third Qwen3-30B-A3B
-    T = 64's GEMM 1 loop."""
+    num_stages - 1 buffers): the calibrate step's readers keep 32, 48, 96, 128 and 192 KiB in flight, the
+    first the decode megakernel's GEMM 2 tasks before run BN (64 x 128 at 3 stages: cost.USE_SHALLOW_DEEP_READ),
+    the second the hbm step's reader (stream_tile's 64 x 128 tiles at 4 stages: cost.HBM_GRID_READER_DEPTH_BYTES),
+    the fourth Qwen3-30B-A3B T = 64's GEMM 1 loop; the quick step keeps the grid's reader first."""
     from megamoe.calibrate import HBM_DEEP_READERS, HBM_DEEP_READERS_QUICK
     from megamoe.kernels.microbench_deep import deep_read_depth
+    from megamoe.simulator import cost
 
     depths = [deep_read_depth(bn, bk, st, gated=g) for bn, bk, st, g in HBM_DEEP_READERS]
-    assert depths == [48 << 10, 96 << 10, 128 << 10, 192 << 10]
-    assert set(HBM_DEEP_READERS_QUICK) <= set(HBM_DEEP_READERS) and HBM_DEEP_READERS_QUICK[0] == HBM_DEEP_READERS[0]
+    assert depths == [32 << 10, 48 << 10, 96 << 10, 128 << 10, 192 << 10]
+    assert depths[1] == cost.HBM_GRID_READER_DEPTH_BYTES
+    assert set(HBM_DEEP_READERS_QUICK) <= set(HBM_DEEP_READERS) and HBM_DEEP_READERS_QUICK[0] == HBM_DEEP_READERS[1]
     assert deep_read_depth(64, 128, 4, block_m=64) == 4 * 64 * 128 * 2  # wgmma tiles: num_stages buffers
 
 
