@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels.fp8_weights import to_fp8
     from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
-    from megamoe.numerics import check_numerics
+    from megamoe.numerics import check_numerics, sampled_reference
 
     args = parse_args(argv)
     fp8 = args.fp8
@@ -145,10 +145,14 @@ def main(argv=None) -> int:
                        "fp8": fp8, "floor_matmul": mm_kind if mm_rate else None,
                        **prov, **{f"ceiling_{k}": v for k, v in ceil.items()}}
                 ours = ww8 if fp8 else ww  # the weights of the rows' megakernel and multi-launch path
+                refs = {}  # the float64 reference on the sampled tokens, once per weights for every check of the row
 
-                def check(y, x=xs[0], wts=ours, cfg=cfg, d=d):
+                def check(y, x=xs[0], wts=ours, cfg=cfg, d=d, refs=refs):
+                    if "ours" not in refs:
+                        refs["ours"] = sampled_reference(x, wts, cfg, sample=8, fp8_activations=fp8_act if fp8 else None)
                     return check_numerics(x, y, wts, cfg, dtype="fp8_e4m3" if fp8 else "bfloat16", sample=8,
-                                          topk_idx=d["topk_idx"], fp8_activations=fp8_act if fp8 else None)
+                                          topk_idx=d["topk_idx"], fp8_activations=fp8_act if fp8 else None,
+                                          reference=refs["ours"])
 
                 for backend in ("megakernel", "multi"):
                     run_backend(row, backend, lambda a, b=backend, wts=ours, cfg=cfg: kmoe.moe_forward(

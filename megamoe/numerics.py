@@ -133,20 +133,55 @@ def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_a
     return y + shared_forward(x, lazy, config, fp8_activations=fp8_activations), r.topk_idx
 
 
+@dataclass(frozen=True)
+class SampledReference:
+    """The reference layer on the tokens ``check_numerics`` samples: rows (S,) of x, y_ref (S, H)
+    float64, ref_idx (S, K); computed once (``sampled_reference``) and given to every check of the
+    same x and weights (a benchmark's backends and variants), since copying each picked expert to
+    float64 is most of a check's time on large presets."""
+
+    rows: np.ndarray
+    y_ref: np.ndarray
+    ref_idx: np.ndarray
+
+
+def sample_rows(T: int, sample: int, seed: int) -> np.ndarray:
+    """The sorted token rows a check with ``sample`` and ``seed`` compares on T tokens."""
+    return np.sort(np.random.default_rng(seed).choice(T, size=min(sample, T), replace=False))
+
+
+def sampled_reference(x, weights: MoEWeights, config: MoEConfig, *, sample: int = 16, seed: int = 0,
+                      fp8_activations: bool | None = None) -> SampledReference:
+    """``check_numerics``'s reference for x (T >= 1 tokens): the rows it samples and the reference
+    layer on them (``reference_on_tokens``)."""
+    rows = sample_rows(int(x.shape[0]), sample, seed)
+    y_ref, ref_idx = reference_on_tokens(x[rows], weights, config, fp8_activations=fp8_activations)
+    return SampledReference(rows, y_ref, ref_idx)
+
+
 def check_numerics(x, y, weights: MoEWeights, config: MoEConfig, *, dtype: str, sample: int = 16,
-                   seed: int = 0, topk_idx=None, fp8_activations: bool | None = None) -> NumericsReport:
+                   seed: int = 0, topk_idx=None, fp8_activations: bool | None = None,
+                   reference: SampledReference | None = None) -> NumericsReport:
     """Compare a kernel's y (T, H) with the reference on ``sample`` tokens drawn with ``seed``.
 
     x, y: the kernel's input and output (torch or NumPy); ``topk_idx`` (T, K), if given, is the
     kernel's routing, reported as the fraction of the reference's choices it agrees with. FP8
     weights: the reference's FP8 layer (``reference_on_tokens``; ``dtype="fp8_e4m3"`` for its tolerance).
+    ``reference``: ``sampled_reference`` of the same x, weights, sample, seed and fp8_activations,
+    computed once for several checks (its rows must be the ones this check samples).
     """
     T = int(x.shape[0])
     if T == 0:
         tmax, trms = tolerance_for(dtype)
         return NumericsReport(dtype, 0, ErrorReport(0.0, 0.0), tmax, trms, float("nan"))
-    rows = np.sort(np.random.default_rng(seed).choice(T, size=min(sample, T), replace=False))
-    y_ref, ref_idx = reference_on_tokens(x[rows], weights, config, fp8_activations=fp8_activations)
+    rows = sample_rows(T, sample, seed)
+    if reference is None:
+        y_ref, ref_idx = reference_on_tokens(x[rows], weights, config, fp8_activations=fp8_activations)
+    elif not np.array_equal(reference.rows, rows):
+        raise ValueError(f"check_numerics: the reference was sampled on rows {reference.rows.tolist()}, this check "
+                         f"samples {rows.tolist()} (T={T}, sample={sample}, seed={seed}): pass the same sample and seed")
+    else:
+        y_ref, ref_idx = reference.y_ref, reference.ref_idx
     err = normalized_error(_to_f64(y[rows]), y_ref)
     agree = float("nan")
     if topk_idx is not None:

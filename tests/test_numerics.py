@@ -65,3 +65,23 @@ def test_sampled_reference_of_fp8_weights(fp8_activations, rng):
     assert tw.gate_up.dtype == torch.float8_e4m3fn
     rep = check_numerics(x, full.y, tw, c, dtype="fp8_e4m3", sample=9, fp8_activations=fp8_activations)
     assert rep.ok and rep.error.max_err < 1e-12
+
+
+def test_a_reference_computed_once_serves_every_check_of_the_same_tokens(rng):
+    """sampled_reference: the rows and reference a check samples, computed once (bench_megakernel.py's backends
+    and variants share it): the same report as computing it in the check; a reference of other rows (another
+    seed or sample) is refused by name, not compared against the wrong tokens."""
+    from megamoe.numerics import sampled_reference
+
+    cfg = MoEConfig(hidden_size=48, intermediate_size=40, num_experts=6, top_k=2)
+    w = random_weights(cfg, seed=3)
+    x = rng.standard_normal((23, cfg.hidden_size))
+    y = moe_forward(x, w, cfg) * (1 + 1e-3 * rng.standard_normal((23, cfg.hidden_size)))
+    ref = sampled_reference(x, w, cfg, sample=8, seed=5)
+    assert ref.rows.tolist() == sorted(ref.rows.tolist()) and len(ref.rows) == 8
+    idx = moe_forward(x, w, cfg, details=True).routing.topk_idx
+    alone = check_numerics(x, y, w, cfg, dtype="bfloat16", sample=8, seed=5, topk_idx=idx)
+    shared = check_numerics(x, y, w, cfg, dtype="bfloat16", sample=8, seed=5, topk_idx=idx, reference=ref)
+    assert shared == alone and shared.ok and shared.routing_agreement == 1.0
+    with pytest.raises(ValueError, match=r"sampled on rows \[.*\], this check samples"):
+        check_numerics(x, y, w, cfg, dtype="bfloat16", sample=8, seed=6, reference=ref)
