@@ -438,6 +438,20 @@ def _band_scale(s_ptr, first, last, kb, stride_sn, KB: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
+def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales): the
+    (BLOCK_N, BLOCK_K) boxes of w_desc (gate_up as (E*2N, KD)) at rows row_g and row_g + N, and the
+    per-row scales of the bands from weight rows first and N + first (_band_scale; ws_e: the expert's
+    scales, last: its last scale block row)."""
+    bg = w_desc.load([row_g, kt * BLOCK_K])
+    bu = w_desc.load([row_g + N, kt * BLOCK_K])
+    sg = _band_scale(ws_e, first, last, kt, stride_wsn, KB, BLOCK_N)
+    su = _band_scale(ws_e, N + first, last, kt, stride_wsn, KB, BLOCK_N)
+    return bg, bu, sg, su
+
+
+@triton.jit
 def _gemm1_fp8_tma_tile(
     x_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot, stride_os, alpha,
@@ -465,10 +479,8 @@ def _gemm1_fp8_tma_tile(
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
-        bg = w_desc.load([row_g, kt * BLOCK_K])
-        bu = w_desc.load([row_g + N, kt * BLOCK_K])
-        sg = _band_scale(ws_e, pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
-        su = _band_scale(ws_e, N + pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
+        bg, bu, sg, su = _gate_up_tma_step(w_desc, ws_e, row_g, pid_n * BLOCK_N, kt, N, last, stride_wsn, KB,
+                                           BLOCK_N, BLOCK_K)
         if XQ:
             aq = a
             sa = tl.load(xs_ptrs + kt, mask=row_mask, other=0.0)

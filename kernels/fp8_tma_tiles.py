@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fp8_gemm import _band_scale, _e4m3_to, _fp8a_part, _gemm1_fp8_epilogue, _quantize_groups
+from .fp8_gemm import _band_scale, _e4m3_to, _fp8a_part, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
 from .grouped_gemm import _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start
 
 
@@ -116,10 +116,8 @@ def _gemm1_fp8_tmaw_tile(
     acc_ut = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < KD - kt * BLOCK_K)[None, :], other=0.0)
-        bg = w_desc.load([row_g, kt * BLOCK_K])
-        bu = w_desc.load([row_g + N, kt * BLOCK_K])
-        sg = _band_scale(ws_e, pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
-        su = _band_scale(ws_e, N + pid_n * BLOCK_N, last, kt, stride_wsn, KB, BLOCK_N)
+        bg, bu, sg, su = _gate_up_tma_step(w_desc, ws_e, row_g, pid_n * BLOCK_N, kt, N, last, stride_wsn, KB,
+                                           BLOCK_N, BLOCK_K)
         sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A and XQ:
             sa = tl.load(xs_ptr + tok.to(tl.int64) * stride_xs + kt, mask=row_mask, other=0.0)

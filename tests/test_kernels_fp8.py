@@ -732,6 +732,23 @@ def test_fp8_tma_weights_compute_what_the_pointer_loads_compute(case, fp8, rng, 
     _check(device, ys[True].cpu(), ref, fp8 == "weights+act", f"{case} {fp8} tma_weights")
 
 
+def _tma_case(case: str, T: int, rng, device, tma: bool):
+    """(config, FP8 weights, them on the device, the FP8-activation megakernel config with "tma_weights"
+    ``tma``) of CASES[case] with rows TMA can copy (H = 208, I = 144: 16-byte multiples of e4m3 codes,
+    still partial scale blocks); at T = 29 every token's top choice is expert 3."""
+    from megamoe.kernels.megakernel import megakernel_config
+
+    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
+    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
+    if T == 29:
+        rw = np.full_like(w8.router_weight, -1.0)
+        rw[3] = 1.0
+        w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    base = {**megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8="weights+act"),
+            "tma_weights": tma}
+    return cfg, w8, w8.to_torch(device.name, device.torch_dtype()), base
+
+
 @pytest.mark.parametrize("T", [0, 1, 13, 29])
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
@@ -741,18 +758,10 @@ def test_fp8_swapped_products_match_the_reference(case, T, rng, device):
     within the FP8 tolerance of the reference; poisoned outputs overwritten; T = 0, one token, and
     at T = 29 every token on expert 3 first (most experts empty). H = 208, I = 144 (16-byte rows
     for TMA, partial scale blocks)."""
-    from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
+    from megamoe.kernels.megakernel import build_launch, megakernel_forward
 
-    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
-    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
-    if T == 29:
-        rw = np.full_like(w8.router_weight, -1.0)
-        rw[3] = 1.0
-        w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    cfg, w8, wt, base = _tma_case(case, T, rng, device, True)
     x = np.abs(rng.standard_normal((T, cfg.hidden_size))) if T == 29 else rng.standard_normal((T, cfg.hidden_size))
-    wt = w8.to_torch(device.name, device.torch_dtype())
-    base = {**megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8="weights+act"),
-            "tma_weights": True}
     swap = {**base, "fp8_swap_ab": True}
     if T:
         kwargs = build_launch(device.tensor(x), wt, cfg, swap, fp8="weights+act")[2]
@@ -787,18 +796,10 @@ def test_fp8_x_quantized_once_by_the_router_tasks(case, T, tma, rng, device):
     quantizing in every K step, so the layer is bitwise the same, pointer and TMA weight tiles alike
     (H = 208, I = 144). Llama 4's input scaling quantizes x times the routing weight, per pair: there
     the switch is ignored. T = 0, and every token on expert 3 first at T = 29."""
-    from megamoe.kernels.megakernel import build_launch, megakernel_config, megakernel_forward
+    from megamoe.kernels.megakernel import build_launch, megakernel_forward
 
-    cfg = MoEConfig(**{**BASE, "hidden_size": 208, "intermediate_size": 144, **CASES[case][0]})
-    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
-    if T == 29:
-        rw = np.full_like(w8.router_weight, -1.0)
-        rw[3] = 1.0
-        w8 = type(w8)(**{**w8.arrays(), "router_weight": rw})
+    cfg, w8, wt, base = _tma_case(case, T, rng, device, tma)
     x = rng.standard_normal((T, cfg.hidden_size))
-    wt = w8.to_torch(device.name, device.torch_dtype())
-    base = {**megakernel_config(cfg, T, device.torch_dtype(), torch.device(device.name), fp8="weights+act"),
-            "tma_weights": tma}
     once = {**base, "fp8_x_once": True}
     if T:
         kwargs = build_launch(device.tensor(x), wt, cfg, once, fp8="weights+act")[2]
