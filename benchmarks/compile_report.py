@@ -3,6 +3,7 @@
     python benchmarks/compile_report.py qwen3-30b-a3b:1 deepseek-v3:1 [--warps 8] [--stages 3]
     python benchmarks/compile_report.py mixtral-8x7b:512 deepseek-v3:16384 --gemm current tma128
     python benchmarks/compile_report.py deepseek-v3:1 deepseek-v3:4096 --gemm current --fp8 weights+act
+    python benchmarks/compile_report.py qwen3-30b-a3b:4096 --gemm current --fp8 weights+act --fp8a-tiles default m128
     python benchmarks/compile_report.py qwen3-30b-a3b:1 --fp8 weights --variants default fp8fast --dump DIR --loops
     python benchmarks/compile_report.py qwen3-30b-a3b:1 --variants default rank bitonic --set tiles.router.TOPK_T=4
 
@@ -23,6 +24,8 @@ which take precedence with FP8 activations); the PTX count "fp8.mma" tells wheth
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync). The weight-only GEMMs
 compile with the GPU's e4m3 conversion (configs.FP8_CONVERT_DEFAULT on a GPU: inline PTX), not the
 interpreter's that this machine's CPU tensors would give them (before that fix, their figures were CVT 1's).
+``--fp8a-tiles NAME ...`` (with ``--fp8 weights+act``) compiles each 128-row tile candidate of the fp8a
+GEMMs (plan.FP8A_TILE_CANDIDATES; "default" for the default tiles).
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
 ``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
 compiles named variants of megakernel_variants.py ("default" for none); each report then also
@@ -275,21 +278,29 @@ def gemm_candidate(name: str, cfg, T: int) -> dict:
 
 
 def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | None = None,
-                  dump: str | None = None) -> list[dict]:
+                  dump: str | None = None, fp8a_tiles: str | None = None) -> list[dict]:
     """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90
-    (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act"); ``dump``: a folder for
-    each kernel's IRs, PTX and SASS (DIR/<case>.<candidate>.<gemm>.<ext>)."""
+    (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act"; ``fp8a_tiles``: a 128-row tile
+    candidate of the fp8a GEMMs, plan.FP8A_TILE_CANDIDATES, set as plan.FP8A_TILES while the plan is made);
+    ``dump``: a folder for each kernel's IRs, PTX and SASS (DIR/<case>.<candidate>.<gemm>.<ext>)."""
     import torch
 
     from megamoe.kernels import bench as kb
-    from megamoe.kernels.plan import static_plan
+    from megamoe.kernels import plan
     from megamoe.reference import MoEConfig
 
     # the preset as benchmarked; with FP8, whole (DeepSeek-V3's shared MLP too: its dense GEMMs compile apart)
     cfg = MoEConfig.preset(name) if fp8 else kb.bench_config(name)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     entry = gemm_candidate(candidate, cfg, T)
-    sp = static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
+    old_tiles = plan.FP8A_TILES
+    plan.FP8A_TILES = fp8a_tiles
+    plan._static_plan.cache_clear()  # (it does not key on FP8A_TILES)
+    try:
+        sp = plan.static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
+    finally:
+        plan.FP8A_TILES = old_tiles
+        plan._static_plan.cache_clear()
     bf, i32 = torch.bfloat16, torch.int32
     meta = {k: torch.empty(n, dtype=i32) for k, n in (("padded_token", sp.P_max), ("padded_pair", sp.P_max),
                                                       ("block_expert", sp.B_max), ("padded_offsets", E + 1))}
@@ -314,7 +325,7 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
 
             kwargs = {**kwargs, "CVT": convert_code(FP8_CONVERT_DEFAULT, True) if kwargs["CVT"] else 0}
         tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        cand = candidate + (f"+fp8:{fp8}" if fp8 else "")
+        cand = candidate + (f"+fp8:{fp8}" if fp8 else "") + (f"+{fp8a_tiles}" if fp8a_tiles else "")
         where = (dump, _case_file(f"{name}:{T}.{cand}.{gemm}")) if dump else None
         out.append({"case": f"{name}:{T}", "candidate": cand, "gemm": gemm,
                     "kernel": fn.__name__, "variant": c["variant"], "tile": tile, "grid": grid[0],
@@ -490,6 +501,9 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="the FP8 GEMMs (e4m3 weights with block scales; activations too): with --gemm the "
                         "multi-launch GEMMs, else the megakernel's FP8 tiles")
+    p.add_argument("--fp8a-tiles", nargs="+", default=[None], metavar="NAME",
+                   help="with --gemm and --fp8 weights+act: 128-row tile candidates of the fp8a GEMMs "
+                        "(plan.FP8A_TILE_CANDIDATES; 'default' for the default tiles) to compile each")
     p.add_argument("--variants", nargs="+", default=[None], metavar="NAME",
                    help="megakernel variants (megakernel_variants.VARIANTS) to compile instead of the default "
                         "('default' for the default itself)")
@@ -501,15 +515,19 @@ def main(argv=None) -> int:
     p.add_argument("--trace", action="store_true", help="compile the traced megakernel (kernels.megakernel's trace: "
                    "%%globaltimer stamps per task, per program and of the first top-k task)")
     a = p.parse_args(argv)
+    if a.fp8a_tiles != [None] and (not a.gemm or a.fp8 != "weights+act"):
+        p.error("--fp8a-tiles needs --gemm and --fp8 weights+act")
     sets = parse_sets(a.set)
     for c in a.cases:
         name, T = c.split(":")
         if a.gemm:
             for cand in a.gemm:
-                for r in compile_gemms(name, int(T), cand, fp8=a.fp8, dump=a.dump):
-                    print(r, flush=True)
-                    if a.dump and a.loops:
-                        _print_loops(a.dump, f"{r['case']}.{r['candidate']}.{r['gemm']}")
+                for tiles in a.fp8a_tiles:
+                    for r in compile_gemms(name, int(T), cand, fp8=a.fp8, dump=a.dump,
+                                           fp8a_tiles=None if tiles == "default" else tiles):
+                        print(r, flush=True)
+                        if a.dump and a.loops:
+                            _print_loops(a.dump, f"{r['case']}.{r['candidate']}.{r['gemm']}")
         else:
             for v in a.variants:
                 r = compile_case(name, int(T), a.warps, a.stages, fp8=a.fp8, dump=a.dump,

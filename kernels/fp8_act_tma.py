@@ -42,6 +42,10 @@ group in the epilogue), BLOCK_M 64 (GEMM 1: acc_g, acc_u, the in-flight and the 
 products, 4 x 32 fp32 a thread at 8 warps; at 128 rows they would be 4 x 64 and spill), GEMM 2
 64 x 256 (two 128-column halves). x must be quantized once (XQ; not SCALE_INPUT: Llama 4's routing
 weight scales rows before quantizing, it keeps fp8_gemm's kernels).
+
+128-row tile candidates (plan.FP8A_TILE_CANDIDATES, plan.FP8A_TILES; off until measured): GEMM 1
+128 x 128 with PIPE 0 (acc_g, acc_u and one product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with
+PIPE or 128 x 256 with CHAIN ("PIPE" 2, _gemm2_fp8a_tile); plan.py has their compile figures.
 """
 
 from __future__ import annotations
@@ -171,7 +175,14 @@ def _gemm2_fp8a_tile(
     (BLOCK_N / 2, KB) through w_desc over down as (E*N, KD) (zero past KD and past the last row),
     each half within one scale block (BLOCK_N / 2 divides KB), its scale one load per K step.
     Padding rows read whatever GEMM 1 left there (their scale loads are masked); they only reach
-    masked output rows. Each half goes through grouped_gemm's epilogue."""
+    masked output rows. Each half goes through grouped_gemm's epilogue.
+
+    PIPE 1: half 0's product carried to the next K step (module docstring). PIPE 2, CHAIN (a 128-row
+    tile candidate, plan.FP8A_TILE_CANDIDATES): half 0's product scaled at once, half 1's wgmma started
+    from half 0's scaled sum x 0 (_fresh), so it waits for that scaling and takes the product's
+    registers: one product live (128 x 256 tiles: 241 registers, no spills, sm_90, Triton 3.9), where
+    without it (PIPE 0) both wgmmas were issued before either product was scaled (255 and 76 spill
+    stores). The same sums as PIPE 0 and 1 in the same order."""
     HALF: tl.constexpr = BLOCK_N // 2
     row_mask, tok, slot, srow, _, _, _, a_row, _, row_a, _ = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, HALF, BLOCK_K)
@@ -191,16 +202,19 @@ def _gemm2_fp8a_tile(
         b0 = w_desc.load([row_w0, kt * BLOCK_K])
         b1 = w_desc.load([row_w0 + HALF, kt * BLOCK_K])
         sa = tl.load(sa_ptrs + kt, mask=row_mask, other=0.0)
-        if PIPE:
+        if PIPE == 1:
             p1 = tl.dot(a, b1.T)  # synchronous: its wait also completes the previous step's p0
             acc0 = _scaled(acc0, p0, c0)
             p0 = tl.dot(a, b0.T, _fresh(acc0))  # in flight under the scaling below
             c0 = sa * tl.load(s0_ptr + kt)
+        elif PIPE == 2:  # CHAIN: half 1's product starts from half 0's scaled sum x 0 (one product live)
+            acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
+            p1 = tl.dot(a, b1.T, _fresh(acc0))
         else:
             acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
             p1 = tl.dot(a, b1.T)
         acc1 = _scaled(acc1, p1, sa * tl.load(s1_ptr + kt))
-    if PIPE:
+    if PIPE == 1:
         acc0 = _scaled(acc0, p0, c0)
     offs_n0 = n0 + tl.arange(0, HALF)  # (_gemm2_tile_start's offs_n / offs_bn are a HALF-wide tile's)
     _gemm2_epilogue(acc0, row_mask, tok, slot, srow, e, pid_m * 0, offs_n0, offs_n0 % N, T, N,
@@ -236,16 +250,23 @@ def is_fp8a(cfg: dict) -> bool:
     return cfg.get("variant") == "tma_persistent" and bool(cfg.get("FP8A", 0))
 
 
+#: the "PIPE" values each GEMM takes: 0 off, 1 PIPE (module docstring), 2 CHAIN (GEMM 2: _gemm2_fp8a_tile)
+PIPE_MODES = {"gemm1": (0, 1), "gemm2": (0, 1, 2)}
+
+
 def check_fp8a(cfg: dict, gemm: str, depth: int) -> None:
     """The tiles these kernels take (plan.fp8_entry makes them): BLOCK_K = 128, GEMM 1 BLOCK_N = 128,
-    GEMM 2 BLOCK_N halves dividing 128, no split-K, e4m3 rows of ``depth`` codes in 16-byte strides."""
+    GEMM 2 BLOCK_N halves dividing 128, no split-K, e4m3 rows of ``depth`` codes in 16-byte strides,
+    "PIPE" one of PIPE_MODES[gemm]."""
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     ok = bk == FP8_BLOCK and cfg.get("SPLIT_K", 1) == 1 and depth % 16 == 0
     ok = ok and (bn == FP8_BLOCK if gemm == "gemm1" else (bn % 2 == 0 and FP8_BLOCK % (bn // 2) == 0))
+    ok = ok and cfg.get("PIPE", 1) in PIPE_MODES[gemm]
     if not ok:
         raise ValueError(f"the fp8a persistent FP8 {gemm} needs BLOCK_K={FP8_BLOCK}, no split-K, "
-                         f"{'BLOCK_N=128' if gemm == 'gemm1' else 'BLOCK_N/2 dividing 128'} and rows of a multiple "
-                         f"of 16 codes, got {cfg} over {depth} codes (plan.fp8_entry makes such an entry)")
+                         f"{'BLOCK_N=128' if gemm == 'gemm1' else 'BLOCK_N/2 dividing 128'}, PIPE in "
+                         f"{PIPE_MODES[gemm]} and rows of a multiple of 16 codes, got {cfg} over {depth} codes "
+                         "(plan.fp8_entry makes such an entry)")
 
 
 def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str,
@@ -264,7 +285,7 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
         raise ValueError(f"fp8a GEMM 1 needs x's scales {[T, -(-KD // FP8_BLOCK)]} and h's scales, got "
                          f"{list(xs.shape)}, {None if out_scale is None else list(out_scale.shape)}")
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, DENSE=dense, EVEN_K=KD % FP8_BLOCK == 0,
-                  UP_BAND=N % FP8_BLOCK == 0, PIPE=bool(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"],
+                  UP_BAND=N % FP8_BLOCK == 0, PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"],
                   BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
                   FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (xq, xs, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out,
@@ -285,7 +306,7 @@ def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: d
     check_fp8a(cfg, "gemm2", KD)
     BK, BN = cfg["BLOCK_K"], cfg["BLOCK_N"]
     kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
-                  PIPE=bool(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK,
+                  PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK,
                   GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
     args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), act_scale,

@@ -636,6 +636,54 @@ FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "1") != "0"
 FP8A_MAX_BLOCK_M = 64
 FP8A_STAGES = 4
 FP8A_MAX_BLOCK_N2 = 256
+#: 128-row tile candidates of fp8_act_tma's GEMMs (issue 12, prefill), UNMEASURED and off until a GPU run
+#: (benchmarks/bench_fp8a.py times each beside the default): name -> the keys fp8_entry sets on its fp8a entries,
+#: {"gemm1": {...}, "gemm2": {...}}, where both GEMMs are fp8a ones (BLOCK_M the same in both: the align pads to
+#: it). At 128 rows each of the two warpgroups (8 warps) owns 64 rows, so its wgmma is 64 x 128 (64 x 64 at the
+#: default 64 rows, where the warpgroups split the columns), and a product kept in flight by PIPE no longer
+#: fits: GEMM 1 runs with PIPE 0, GEMM 2 either 128 x 128 in 64-column halves with PIPE ("m128") or 128 x 256 in
+#: 128-column halves with CHAIN ("m128c", fp8_act_tma._gemm2_fp8a_tile: one product live at a time).
+#: Compiled for sm_90 (compile_report.py qwen3-30b-a3b:4096 deepseek-v3:4096 --gemm current --fp8 weights+act
+#: --fp8a-tiles default m128 m128c --dump DIR --loops; Triton 3.9 here, the same figures at both presets):
+#: registers, spill stores, then per 128-deep K step SASS instructions and QGMMA (shape per warpgroup):
+#:     GEMM 1 default 64 x 128 PIPE   210, 0, 262, 8 (64 x 64)
+#:     GEMM 1 128 x 128 PIPE 0        255, 9 (per tile, outside the K loop: kept for the epilogue), 302, 8 (64 x 128)
+#:     GEMM 2 default 64 x 256 PIPE   185, 0, 247, 8 (64 x 64)
+#:     GEMM 2 m128 128 x 128 PIPE     186, 0, 248, 8 (64 x 64)
+#:     GEMM 2 m128c 128 x 256 CHAIN   241, 0, 325 (64 FMUL of _fresh among them), 8 (64 x 128)
+#: Rejected, spilling in the K loop: GEMM 1 128 x 128 with PIPE (255, 90, 436 with 70 local accesses a step);
+#: GEMM 2 128 x 256 with PIPE 0 (both wgmmas issued before either product is scaled: 255, 76, 308 with 42) and
+#: with PIPE (255, 67, 367 with 38).
+FP8A_TILE_CANDIDATES = {
+    "m128": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 128, "PIPE": 1}},
+    "m128c": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 256, "PIPE": 2}},
+}
+#: The candidate fp8_entry applies (None: the default tiles above). MEGAMOE_FP8A_TILES=NAME in the environment
+#: sets it for a process (read here only, at import); a benchmark sets it per variant and clears the
+#: static-plan cache, which does not key on it.
+FP8A_TILES = os.environ.get("MEGAMOE_FP8A_TILES") or None
+
+
+def fp8a_tiles(name: str) -> dict:
+    """FP8A_TILE_CANDIDATES[name] (a copy), checked: both GEMMs set the same BLOCK_M."""
+    if name not in FP8A_TILE_CANDIDATES:
+        raise ValueError(f"unknown fp8a tile candidate {name!r}; known: {sorted(FP8A_TILE_CANDIDATES)}")
+    c = FP8A_TILE_CANDIDATES[name]
+    if c["gemm1"].get("BLOCK_M") != c["gemm2"].get("BLOCK_M"):
+        raise ValueError(f"fp8a tile candidate {name!r}: both GEMMs share BLOCK_M (the align pads to it), got {c}")
+    return {g: dict(c[g]) for g in ("gemm1", "gemm2")}
+
+
+def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
+    """Set tile candidate ``name`` on fp8a entries g1, g2 (in place), their stages FP8A_STAGES (or the
+    candidate's) within FP8_SMEM_BUDGET_BYTES, each stage's A tile counted in e4m3: the fp8a GEMM 1 reads
+    x quantized once (so a layer whose GEMM 1 reads bf16 x, Llama 4's input-scaled one, is no place for
+    a candidate: its 128-row stages would not fit)."""
+    over = fp8a_tiles(name)
+    for g, o, n_w in ((g1, over["gemm1"], 2), (g2, over["gemm2"], 1)):
+        g.update(o)
+        stage = g["BLOCK_M"] * g["BLOCK_K"] + n_w * g["BLOCK_N"] * g["BLOCK_K"]
+        g["num_stages"] = max(1, min(o.get("num_stages", FP8A_STAGES), FP8_SMEM_BUDGET_BYTES // stage))
 
 
 #: Weight-only FP8 at prefill through persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
@@ -693,7 +741,8 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     ``fp8a`` (default FP8A_TMA_PREFILL, on): with FP8 activations, fp8_act_tma's persistent GEMMs
     where the entry is "tma_persistent" as for ``tma`` (config key "FP8A": 1, "PIPE": 1), BLOCK_M at most
     FP8A_MAX_BLOCK_M, GEMM 2's BLOCK_N at most FP8A_MAX_BLOCK_N2 (a power of two, halves dividing
-    128), FP8A_STAGES stages within the budget."""
+    128), FP8A_STAGES stages within the budget; with FP8A_TILES set (off by default) and both GEMMs
+    fp8a, that 128-row tile candidate of FP8A_TILE_CANDIDATES instead (``_fp8a_candidate``)."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
@@ -732,6 +781,8 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
         stage = g["BLOCK_M"] * g["BLOCK_K"] * a_bytes + w_tile
         converted = w_tile * xb if g["variant"] == "tma_persistent" and fp8 == "weights" else 0
         g["num_stages"] = max(1, min(g["num_stages"], (FP8_SMEM_BUDGET_BYTES - converted) // stage))
+    if a_on and both and FP8A_TILES:  # a 128-row tile candidate (off by default)
+        _fp8a_candidate(g1, g2, FP8A_TILES)
     return {"gemm1": g1, "gemm2": g2}
 
 

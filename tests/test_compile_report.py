@@ -83,3 +83,13 @@ def test_loop_report_counts_the_innermost_loop(cr):
     lp = loops[0]
     assert lp["source"] == "fp8_gemm.py:199" and lp["instructions"] == 4
     assert (lp["HMMA"], lp["F2F"], lp["F2FP"], lp["LDGSTS"], lp["LDG"]) == (1, 1, 1, 0, 0)
+
+
+@pytest.mark.parametrize("argv", [["qwen3-30b-a3b:4096", "--fp8a-tiles", "m128"],
+                                  ["qwen3-30b-a3b:4096", "--gemm", "current", "--fp8", "weights", "--fp8a-tiles", "m128"]],
+                         ids=["no-gemm", "weights-only"])
+def test_fp8a_tiles_need_the_fp8a_gemms(cr, argv):
+    """--fp8a-tiles names tile candidates of the fp8a GEMMs: it needs --gemm and --fp8 weights+act."""
+    with pytest.raises(SystemExit) as e:
+        cr.main(argv)
+    assert e.value.code == 2

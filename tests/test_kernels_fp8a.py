@@ -29,17 +29,26 @@ GEMM_CASES = {
 }
 
 
-def _entries(H: int, I: int, device, pipe: int = 1) -> tuple[dict, dict]:
-    """(pointer, fp8a) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry)."""
+def _entries(H: int, I: int, device, pipe: int = 1, pipe2: int | None = None,
+             tiles: str | None = None) -> tuple[dict, dict]:
+    """(pointer, fp8a) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry);
+    the fp8a one with PIPE ``pipe`` (GEMM 2: ``pipe2`` if given), or with ``tiles`` a tile candidate
+    of plan.FP8A_TILE_CANDIDATES as fp8_entry makes it (plan.FP8A_TILES set while it does)."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels.plan import fp8_entry
+    from megamoe.kernels import plan
 
     base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    ptr = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False, fp8a=False)
-    new = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), fp8a=True)
+    ptr = plan.fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False, fp8a=False)
+    old = plan.FP8A_TILES
+    plan.FP8A_TILES = tiles
+    try:
+        new = plan.fp8_entry(base, "weights+act", device.dtype, depths=(H, I), fp8a=True)
+    finally:
+        plan.FP8A_TILES = old
     assert ptr["gemm1"]["variant"] == ptr["gemm2"]["variant"] == "pointer"
     assert new["gemm1"]["FP8A"] == new["gemm2"]["FP8A"] == 1
-    new = {g: dict(c, PIPE=pipe) for g, c in new.items()}
+    if tiles is None:
+        new = {"gemm1": dict(new["gemm1"], PIPE=pipe), "gemm2": dict(new["gemm2"], PIPE=pipe if pipe2 is None else pipe2)}
     return ptr, new
 
 
@@ -104,10 +113,19 @@ def test_fp8a_gemms_match_reference_and_pointer(case, rng, device):
     assert_fp8a_pairs_match_reference(got[2], x, w8, idx, tw, cfg, device.dtype, f"fp8a GEMMs, {case}")
 
 
+def _assert_same(got, want) -> None:
+    """Two runs of both GEMMs, (h codes, h scales, pair rows) each, bit for bit."""
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[2], want[2])
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-def test_fp8a_pipe_off_equals_on(rng, device):
-    """PIPE (the gate product, and GEMM 2's first half, carried to the next K step) changes when each
-    product is scaled, not what is added: the same codes, scales and pairs bit for bit."""
+@pytest.mark.parametrize("pipe,pipe2", [(0, 0), (0, 2)], ids=["off", "chain"])
+def test_fp8a_pipe_modes_equal_pipe_on(pipe, pipe2, rng, device):
+    """PIPE (the gate product, and GEMM 2's first half, carried to the next K step) and GEMM 2's CHAIN
+    (half 1's product started from half 0's scaled sum x 0) change when each product is scaled, not
+    what is added: the same codes, scales and pairs bit for bit as PIPE on."""
     T, I = 21, 144
     cfg = MoEConfig(hidden_size=208, intermediate_size=I, num_experts=5, top_k=2)
     E, K, H = cfg.num_experts, cfg.top_k, cfg.hidden_size
@@ -117,10 +135,60 @@ def test_fp8a_pipe_off_equals_on(rng, device):
     wt = random_weights(cfg, seed=5, fp8=True).to_torch(device.name, device.torch_dtype())
     sms = 3 if device.name == "cpu" else None
     on = _gemms(device, wt, x, idx, tw, _entries(H, I, device, pipe=1)[1], E, K, H, I, sms)
-    off = _gemms(device, wt, x, idx, tw, _entries(H, I, device, pipe=0)[1], E, K, H, I, sms)
-    assert torch.equal(on[0].view(torch.uint8), off[0].view(torch.uint8))
-    assert torch.equal(on[1], off[1])
-    assert torch.equal(on[2], off[2])
+    other = _gemms(device, wt, x, idx, tw, _entries(H, I, device, pipe=pipe, pipe2=pipe2)[1], E, K, H, I, sms)
+    _assert_same(other, on)
+
+
+#: name -> (T, routing, H, I, why): the 128-row tile candidates' cases
+TILE_CASES = {
+    "odd": (21, "random", 208, 144, "the last K step partial, the up band straddling two scale blocks, GEMM 2's "
+                                    "last column tile partial"),
+    "aligned": (37, "random", 256, 256, "one weight scale per band and K step, whole column tiles"),
+    "one_expert": (133, "one", 208, 256, "every token on expert 3 first, then expert 1: three experts get no rows, "
+                                         "two get every token, 5 rows past their first 128-row block"),
+    "one_token": (1, "random", 208, 144, "a single token: two row blocks of 127 padding rows"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("case", list(TILE_CASES))
+@pytest.mark.parametrize("tiles", ["m128", "m128c"])
+def test_fp8a_tile_candidates_match_default_and_reference(tiles, case, rng, device):
+    """Each 128-row tile candidate (plan.FP8A_TILE_CANDIDATES: GEMM 1 128 x 128 with PIPE 0, GEMM 2
+    128 x 128 with PIPE or 128 x 256 with CHAIN) against the FP8 reference per pair and against the
+    default fp8a tiles (the same sums per K step in the same order; the valid rows in the same padded
+    order): under the interpreter the same h codes and scales bit for bit and the pairs within a few
+    fp32 ulps (NumPy's float32 matmul, the interpreter's dot, sums in an order that depends on the
+    tile's shape: GEMM 2's columns here 8 per half by default, 64 or 128 in the candidates), on a GPU
+    within an e4m3 step and a bf16 rounding; every output poisoned: every valid row is written."""
+    from megamoe.kernels import plan
+
+    T, routing, H, I, _why = TILE_CASES[case]
+    assert tiles in plan.FP8A_TILE_CANDIDATES
+    cfg = MoEConfig(hidden_size=H, intermediate_size=I, num_experts=5, top_k=2)
+    E, K = cfg.num_experts, cfg.top_k
+    idx = np.tile(np.array([3, 1]), (T, 1)) if routing == "one" else np.stack([rng.permutation(E)[:K]
+                                                                                 for _ in range(T)])
+    tw = rng.uniform(0.1, 1.0, (T, K))
+    x = rng.standard_normal((T, H))
+    w8 = random_weights(cfg, seed=23, fp8=True)
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    _, cand = _entries(H, I, device, tiles=tiles)
+    _, default = _entries(H, I, device)
+    want = plan.fp8a_tiles(tiles)
+    for g in ("gemm1", "gemm2"):
+        assert {k: cand[g][k] for k in want[g]} == want[g] and cand[g]["BLOCK_M"] == 128
+    sms = 3 if device.name == "cpu" else None
+    got = _gemms(device, wt, x, idx, tw, cand, E, K, H, I, sms)
+    ref = _gemms(device, wt, x, idx, tw, default, E, K, H, I, sms)
+    assert np.isfinite(got[2].double().numpy()).all(), "a pair row was left unwritten"
+    assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "an activation row was left unwritten"
+    if device.name == "cpu":
+        assert torch.equal(got[0].view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(got[1], ref[1])
+        torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-6)
+    else:
+        assert_fp8a_gemms_close_on_gpu(got, ref, I)
+    assert_fp8a_pairs_match_reference(got[2], x, w8, idx, tw, cfg, device.dtype, f"fp8a tiles {tiles}, {case}")
 
 
 #: name -> (config fields, why)
@@ -137,10 +205,13 @@ LAYER_CASES = {
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 @pytest.mark.parametrize("T", [0, 19])
-@pytest.mark.parametrize("case", list(LAYER_CASES))
-def test_fp8a_layer_matches_reference(case, T, rng, device, monkeypatch):
+@pytest.mark.parametrize("case,tiles", [(c, None) for c in LAYER_CASES] + [("deepseek", "m128"),
+                                                                          ("swiglu_bias", "m128c")])
+def test_fp8a_layer_matches_reference(case, tiles, T, rng, device, monkeypatch):
     """The layer with FP8A_TMA_PREFILL on and a "tma_persistent" entry: the routed (and shared) GEMMs
-    run fp8_act_tma's kernels and the output matches the FP8 reference; T = 0 launches nothing."""
+    run fp8_act_tma's kernels and the output matches the FP8 reference; T = 0 launches nothing. With
+    ``tiles`` a 128-row tile candidate (plan.FP8A_TILES) on every fp8a GEMM, the shared MLP's too
+    (not Llama 4's layer: its GEMM 1 reads x unquantized, which the candidates' stages do not budget)."""
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels import plan
@@ -150,12 +221,16 @@ def test_fp8a_layer_matches_reference(case, T, rng, device, monkeypatch):
     x = rng.standard_normal((T, cfg.hidden_size))
     entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
     monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", True)
+    monkeypatch.setattr(plan, "FP8A_TILES", tiles)
     plan._static_plan.cache_clear()
     try:
         xt = device.tensor(x)
         sp = kmoe.static_plan_for(cfg, T, xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
                                   fp8="weights+act")
         assert sp.gemm["gemm1"]["FP8A"] == sp.gemm["gemm2"]["FP8A"] == 1
+        if tiles:
+            assert sp.gemm["gemm1"]["BLOCK_M"] == sp.gemm["gemm2"]["BLOCK_M"] == 128
+            assert sp.shared is None or sp.shared["gemm1"]["BLOCK_M"] == 128
         y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp,
                           fp8_activations=True)
     finally:
@@ -203,14 +278,63 @@ def test_fp8a_entry_on_the_h200_table(preset, T):
 
 
 def test_fp8a_launchers_refuse_other_tiles():
-    """check_fp8a: BLOCK_K 128, GEMM 1 BLOCK_N 128, GEMM 2 halves dividing 128, no split-K, 16-code rows."""
+    """check_fp8a: BLOCK_K 128, GEMM 1 BLOCK_N 128, GEMM 2 halves dividing 128, no split-K, 16-code rows,
+    PIPE 0 or 1 (GEMM 2 also 2, CHAIN)."""
     from megamoe.kernels.fp8_act_tma import check_fp8a
 
     ok1 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128)
     check_fp8a(ok1, "gemm1", 2048)
     check_fp8a(dict(ok1, BLOCK_N=256), "gemm2", 768)
+    check_fp8a(dict(ok1, BLOCK_M=128, BLOCK_N=256, PIPE=2), "gemm2", 768)
     for bad, gemm, depth in ((dict(ok1, BLOCK_K=64), "gemm1", 2048), (dict(ok1, BLOCK_N=256), "gemm1", 2048),
                              (dict(ok1, BLOCK_N=512), "gemm2", 768), (dict(ok1, SPLIT_K=2), "gemm2", 768),
-                             (ok1, "gemm1", 2056)):
+                             (ok1, "gemm1", 2056), (dict(ok1, PIPE=2), "gemm1", 2048),
+                             (dict(ok1, PIPE=3), "gemm2", 768)):
         with pytest.raises(ValueError, match="fp8a persistent"):
             check_fp8a(bad, gemm, depth)
+
+
+@pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 16384)])
+@pytest.mark.parametrize("tiles", ["m128", "m128c"])
+def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T, monkeypatch):
+    """plan.FP8A_TILES (None by default unless MEGAMOE_FP8A_TILES names one) sets a tile candidate on the
+    H200 table's prefill fp8a entries: BLOCK_M 128 in both GEMMs and the align, the candidate's keys,
+    stages within the shared-memory budget with x's e4m3 A tiles; the weight-only and pointer entries
+    are untouched; an unknown name is refused."""
+    import os
+
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import plan
+
+    assert plan.FP8A_TILES == (os.environ.get("MEGAMOE_FP8A_TILES") or None)
+    cfg = MoEConfig.preset(preset)
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    base = cfgs.select_config(cfg.num_experts, H, I, cfg.top_k, T, gpu="NVIDIA H200", dtype="bfloat16",
+                              triton_version="3.6.0")
+    if base["gemm1"].get("variant") != "tma_persistent":
+        pytest.skip("the shipped entry is not persistent here")
+    default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    weights_only = plan.fp8_entry(base, "weights", depths=(H, I))
+    pointer = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
+    monkeypatch.setattr(plan, "FP8A_TILES", tiles)
+    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", True)
+    e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    assert e != default
+    for g, n_w in (("gemm1", 2), ("gemm2", 1)):
+        c = e[g]
+        assert {k: c[k] for k in plan.FP8A_TILE_CANDIDATES[tiles][g]} == plan.FP8A_TILE_CANDIDATES[tiles][g]
+        assert c["BLOCK_M"] == 128 and c["FP8A"] == 1 and c["BLOCK_K"] == 128
+        stage = c["BLOCK_M"] * 128 + n_w * c["BLOCK_N"] * 128
+        assert c["num_stages"] == min(plan.FP8A_STAGES, plan.FP8_SMEM_BUDGET_BYTES // stage) == 4
+    assert plan.fp8_entry(base, "weights", depths=(H, I)) == weights_only
+    assert plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False) == pointer
+    plan._static_plan.cache_clear()
+    try:
+        sp = plan.launch_plan(cfg, T, counts=np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts),
+                              triton_version="3.6.0", fp8="weights+act")
+    finally:
+        plan._static_plan.cache_clear()
+    assert sp.block_m == 128 and sp.stage("gemm2").kernel == "_gemm2_fp8a_kernel"
+    monkeypatch.setattr(plan, "FP8A_TILES", "m256")
+    with pytest.raises(ValueError, match="unknown fp8a tile candidate 'm256'"):
+        plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
