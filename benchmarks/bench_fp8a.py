@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fp8_prefill_rows import fp8_check, row_start, run_rows, timed  # noqa: E402
 
 PRESETS = ("qwen3-30b-a3b", "deepseek-v3")
 TOKENS = (4096, 16384)
@@ -89,25 +90,12 @@ def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, rep
     """One (preset, T) row (module docstring); ``weights``: {"bf16": ..., "fp8": ...} device weights.
     ``device`` "cpu": the interpreter in float32, for the tests (they replace the CUDA-graph timer),
     with ``gemm`` the entry every variant starts from (variant_plan); "cuda": bfloat16, tuned entries."""
-    import numpy as np
     import torch
 
-    from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
-    from megamoe.numerics import reference_on_tokens
-    from megamoe.reference import normalized_error, tolerance_for
-    from megamoe.reference.sizes import ffn_flops
 
-    H = cfg.hidden_size
-    gen = torch.Generator(device=device).manual_seed(2000 + T)
-    dt = torch.bfloat16 if device == "cuda" else torch.float32
-    xs = [torch.randn(T, H, device=device, dtype=dt, generator=gen) for _ in range(kb.inputs_per_graph(T))]
-    rows = np.sort(np.random.default_rng(T).choice(T, size=min(sample, T), replace=False))
-    y_ref, _ = reference_on_tokens(xs[0][rows], weights["fp8"], cfg, fp8_activations=True)
-    tmax, trms = tolerance_for("fp8_e4m3")
-    routed_flops = ffn_flops(T * cfg.top_k, H, cfg.intermediate_size)
-    row = {"preset": name, "T": T, "routed_flops": routed_flops, "sampled_tokens": len(rows), "limit_max": tmax,
-           "limit_rms": trms}
+    xs, rows, y_ref, row = row_start(name, cfg, T, weights["fp8"], device=device, seed=2000 + T, sample=sample,
+                                     fp8_activations=True)
     cands, y_fp8a = {}, None
     for v in variants:
         fp8, tiles = VARIANTS[v]
@@ -122,19 +110,14 @@ def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, rep
 
             if fp8 is not None:
                 y = run(xs[0])
-                err = normalized_error(y[rows].double().cpu().numpy(), y_ref)
-                c.update(err_max=err.max_err, err_rms=err.rms_err,
-                         ok=bool(err.max_err <= tmax and err.rms_err <= trms))
+                c.update(fp8_check(y, rows, y_ref, row))
                 if v == "fp8a":
                     y_fp8a = y
                 elif y_fp8a is not None:
                     c.update(bitwise_vs_fp8a=bool(torch.equal(y, y_fp8a)),
                              max_abs_vs_fp8a=float((y.float() - y_fp8a.float()).abs().max()))
                 del y
-            us = kb.graph_time_us(run, xs, reps)
-            prefix = {stop: kb.graph_time_us(lambda a, stop=stop: run(a, stop=stop), xs, reps)
-                      for stop in kb.BREAKDOWN_STOPS}
-            c.update(us=us, stage_us=kb.stage_split(prefix, us), routed_tflops=routed_flops / (us * 1e-6) / 1e12)
+            c.update(timed(run, xs, reps, row["routed_flops"]))
         except Exception as exc:  # noqa: BLE001 - one failed variant must not lose the others
             c["error"] = f"{type(exc).__name__}: {exc}"[:500]
         cands[v] = c
@@ -209,48 +192,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
 
-    import torch
-
-    from megamoe.kernels import bench as kb
-    from megamoe.kernels.fp8_weights import to_fp8
-
-    if not torch.cuda.is_available():
-        print("bench_fp8a needs a CUDA GPU", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows_path = out / "fp8a.jsonl"
-    prov = kb.provenance()
-    print(f"# {prov}", flush=True)
-    print(f"# variants: {args.variants}", flush=True)
-    n_rows = 0
-    for name in args.presets:
-        if time.time() - t0 > args.budget:
-            print(f"# budget spent: skipping {name}", flush=True)
-            continue
-        cfg = kb.bench_config(name)
-        weights = {"bf16": kb.random_device_weights(cfg)}
-        weights["fp8"] = to_fp8(weights["bf16"])  # on the GPU, from the same bf16 weights
-        for T in args.tokens:
-            if time.time() - t0 > args.budget:
-                print(f"# budget spent: skipping {name} T={T}", flush=True)
-                continue
-            try:
-                r = bench_row(name, cfg, weights, T, args.variants, reps=args.reps, sample=args.sample)
-            except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
-                print(f"# {name} T={T} failed: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
-                continue
-            r.update(prov)
-            with rows_path.open("a") as fh:
-                fh.write(json.dumps(r) + "\n")
-            n_rows += 1
-            print("\n".join(fmt_row(r)), flush=True)
-            print(f"#   {time.time() - t0:.0f} s", flush=True)
-        del weights
-        torch.cuda.empty_cache()
-    print(f"# {n_rows} rows in {rows_path}, {time.time() - t0:.0f} s", flush=True)
-    return 0
+    return run_rows("bench_fp8a", args.presets, args.tokens, args.variants, bench_row, fmt_row, reps=args.reps,
+                    sample=args.sample, budget=args.budget, out=args.out, file_name="fp8a.jsonl")
 
 
 if __name__ == "__main__":
