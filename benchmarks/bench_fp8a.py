@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fp8_prefill_rows import fp8_check, row_start, run_rows, timed  # noqa: E402
+from fp8_prefill_rows import fmt_rows, fp8_check, row_start, run_rows, timed  # noqa: E402
 
 PRESETS = ("qwen3-30b-a3b", "deepseek-v3")
 TOKENS = (4096, 16384)
@@ -142,24 +142,15 @@ def _speedups(cands: dict) -> None:
                                          else None for g in ("gemm1", "gemm2")}
 
 
-def fmt_row(r: dict) -> list[str]:
-    from megamoe.kernels.bench import fmt_num as f
+def _vs_fp8a(c: dict) -> str:
+    """A candidate's output against fp8a's, for its printed line."""
+    if "bitwise_vs_fp8a" not in c:
+        return ""
+    return "  = fp8a" if c["bitwise_vs_fp8a"] else f"  vs fp8a {c['max_abs_vs_fp8a']:.1e}"
 
-    out = [f"{r['preset']} T={r['T']} (routed {r['routed_flops'] / 1e9:.0f} GFLOP, {r['sampled_tokens']} tokens "
-           f"checked against the FP8 reference)"]
-    for v, c in r["candidates"].items():
-        if "error" in c:
-            out.append(f"    {v:<12} failed: {c['error'][:300]}")
-            continue
-        st = c["stage_us"]
-        num = "" if "ok" not in c else (f"  err max {c['err_max']:.1e} rms {c['err_rms']:.1e}"
-                                         + ("" if c["ok"] else "  NUMERICS FAIL"))
-        if "bitwise_vs_fp8a" in c:
-            num += "  = fp8a" if c["bitwise_vs_fp8a"] else f"  vs fp8a {c['max_abs_vs_fp8a']:.1e}"
-        out.append(f"    {v:<12} {f(c['us'], '9.1f')} us  x bf16 {f(c.get('speedup_vs_bf16'), '5.2f')}  "
-                   f"x fp8a {f(c.get('speedup_vs_fp8a'), '5.2f')}  gemm1 {f(st['gemm1'], '8.1f')}  "
-                   f"gemm2 {f(st['gemm2'], '8.1f')}  rest {f(st['router+align'] + st['combine'], '6.1f')}{num}")
-    return out
+
+def fmt_row(r: dict) -> list[str]:
+    return fmt_rows(r, "fp8a", "fp8a", _vs_fp8a)
 
 
 def parse_args(argv=None):

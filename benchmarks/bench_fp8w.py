@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fp8_prefill_rows import fp8_check, row_start, run_rows, timed  # noqa: E402
+from fp8_prefill_rows import fmt_rows, fp8_check, row_start, run_rows, timed  # noqa: E402
 
 PRESETS = ("qwen3-30b-a3b", "deepseek-v3")
 TOKENS = (4096, 16384)
@@ -112,21 +112,7 @@ def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, rep
 
 
 def fmt_row(r: dict) -> list[str]:
-    from megamoe.kernels.bench import fmt_num as f
-
-    out = [f"{r['preset']} T={r['T']} (routed {r['routed_flops'] / 1e9:.0f} GFLOP, {r['sampled_tokens']} tokens "
-           f"checked against the FP8 reference)"]
-    for v, c in r["candidates"].items():
-        if "error" in c:
-            out.append(f"    {v:<14} failed: {c['error'][:300]}")
-            continue
-        st = c["stage_us"]
-        num = "" if "ok" not in c else (f"  err max {c['err_max']:.1e} rms {c['err_rms']:.1e}"
-                                         + ("" if c["ok"] else "  NUMERICS FAIL"))
-        out.append(f"    {v:<14} {f(c['us'], '9.1f')} us  x bf16 {f(c.get('speedup_vs_bf16'), '5.2f')}  "
-                   f"x pointer {f(c.get('speedup_vs_fp8w_pointer'), '5.2f')}  gemm1 {f(st['gemm1'], '8.1f')}  "
-                   f"gemm2 {f(st['gemm2'], '8.1f')}  rest {f(st['router+align'] + st['combine'], '6.1f')}{num}")
-    return out
+    return fmt_rows(r, "fp8w_pointer", "pointer")
 
 
 def main(argv=None) -> int:

@@ -62,6 +62,28 @@ def timed(run, xs, reps: int, routed_flops: float) -> dict:
     return {"us": us, "stage_us": kb.stage_split(prefix, us), "routed_tflops": routed_flops / (us * 1e-6) / 1e12}
 
 
+def fmt_rows(r: dict, base: str, label: str, extra=None) -> list[str]:
+    """A row as printed lines: its header, then a line per variant (its time, its speedups against bf16 and
+    against variant ``base``, shown as ``label``, its GEMM stages and the rest, its check; ``extra(c)``: more
+    text for a variant's line), or the variant's error."""
+    from megamoe.kernels.bench import fmt_num as f
+
+    out = [f"{r['preset']} T={r['T']} (routed {r['routed_flops'] / 1e9:.0f} GFLOP, {r['sampled_tokens']} tokens "
+           f"checked against the FP8 reference)"]
+    for v, c in r["candidates"].items():
+        if "error" in c:
+            out.append(f"    {v:<14} failed: {c['error'][:300]}")
+            continue
+        st = c["stage_us"]
+        num = "" if "ok" not in c else (f"  err max {c['err_max']:.1e} rms {c['err_rms']:.1e}"
+                                         + ("" if c["ok"] else "  NUMERICS FAIL"))
+        out.append(f"    {v:<14} {f(c['us'], '9.1f')} us  x bf16 {f(c.get('speedup_vs_bf16'), '5.2f')}  "
+                   f"x {label} {f(c.get(f'speedup_vs_{base}'), '5.2f')}  gemm1 {f(st['gemm1'], '8.1f')}  "
+                   f"gemm2 {f(st['gemm2'], '8.1f')}  rest {f(st['router+align'] + st['combine'], '6.1f')}{num}"
+                   + (extra(c) if extra else ""))
+    return out
+
+
 def run_rows(tool: str, presets, tokens, variants, bench_row, fmt_row, *, reps: int, sample: int, budget: float,
              out: str, file_name: str) -> int:
     """The rows of every preset and T (``bench_row(name, cfg, weights, T, variants, reps=, sample=)``, weights

@@ -242,15 +242,10 @@ def test_fp8a_layer_matches_reference(case, tiles, T, rng, device, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the plan (no kernel runs)
-@pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("deepseek-v3", 16384),
-                                      ("mixtral-8x7b", 16384)])
-def test_fp8a_entry_on_the_h200_table(preset, T):
-    """fp8_entry with fp8a on the shipped H200 table's prefill entries: both GEMMs persistent with
-    FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128 (whole h groups), GEMM 2 at most 256 columns in
-    halves within one scale block, 4 stages within the shared-memory budget; the launch plan names
-    fp8_act_tma's kernels; off (the default) the entry is what it was."""
+def _shipped_persistent_entry(preset: str, T: int):
+    """(config, H, I, the tuned bf16 entry shipped for the H200) of ``preset`` at T; skipped where that entry is not
+    the persistent TMA one (fp8a's GEMMs take its place only there)."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
 
     cfg = MoEConfig.preset(preset)
     H, I = cfg.hidden_size, cfg.intermediate_size
@@ -258,6 +253,19 @@ def test_fp8a_entry_on_the_h200_table(preset, T):
                               triton_version="3.6.0")
     if base["gemm1"].get("variant") != "tma_persistent":
         pytest.skip("the shipped entry is not persistent here")
+    return cfg, H, I, base
+
+
+@pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("deepseek-v3", 16384),
+                                      ("mixtral-8x7b", 16384)])
+def test_fp8a_entry_on_the_h200_table(preset, T):
+    """fp8_entry with fp8a on the shipped H200 table's prefill entries: both GEMMs persistent with
+    FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128 (whole h groups), GEMM 2 at most 256 columns in
+    halves within one scale block, 4 stages within the shared-memory budget; the launch plan names
+    fp8_act_tma's kernels; off (the default) the entry is what it was."""
+    from megamoe.kernels import plan
+
+    cfg, H, I, base = _shipped_persistent_entry(preset, T)
     e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
     g1, g2 = e["gemm1"], e["gemm2"]
     assert g1["variant"] == g2["variant"] == "tma_persistent" and g1["FP8A"] == g2["FP8A"] == g1["PIPE"] == 1
@@ -303,16 +311,10 @@ def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T, monkeypatch):
     are untouched; an unknown name is refused."""
     import os
 
-    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import plan
 
     assert plan.FP8A_TILES == (os.environ.get("MEGAMOE_FP8A_TILES") or None)
-    cfg = MoEConfig.preset(preset)
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    base = cfgs.select_config(cfg.num_experts, H, I, cfg.top_k, T, gpu="NVIDIA H200", dtype="bfloat16",
-                              triton_version="3.6.0")
-    if base["gemm1"].get("variant") != "tma_persistent":
-        pytest.skip("the shipped entry is not persistent here")
+    cfg, H, I, base = _shipped_persistent_entry(preset, T)
     default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
     weights_only = plan.fp8_entry(base, "weights", depths=(H, I))
     pointer = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
