@@ -19,10 +19,9 @@ files oldest first). Rows that failed (no megakernel or multi time) are listed a
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
-from pathlib import Path
+
+from table_rows import emit, fmt, load_keyed, md_table, missing_files, provenance
 
 #: the presets held to the 1.5x-over-multi target at T = 1
 FAST_T1_PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b")
@@ -54,27 +53,15 @@ def targets(row: dict) -> list[tuple[str, bool]]:
 
 def load_rows(paths: list[str]) -> list[dict]:
     """bf16 rows of the files, one per (preset, T, routing), the later file's where they repeat."""
-    keyed = {}
-    for p in paths:
-        for line in Path(p).read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if r.get("fp8"):
-                continue
-            keyed[(r["preset"], int(r["T"]), r["routing"])] = r
+    keyed = load_keyed(paths, lambda r: (r["preset"], int(r["T"]), r["routing"]), keep=lambda r: not r.get("fp8"))
     return [keyed[k] for k in sorted(keyed, key=lambda k: (k[0], k[1], k[2] != "uniform"))]
-
-
-def _f(v, fmt="{:,.1f}") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
 def table(rows: list[dict]) -> str:
     """The markdown table and a count of the targets met."""
-    head = ("| preset | T | routing | floor us | megakernel us | multi us | PyTorch us | mk / floor | "
-            "multi / mk | targets (met: yes / no) |\n|---|---|---|---|---|---|---|---|---|---|")
-    lines, met, held = [head], 0, 0
+    head = ["preset", "T", "routing", "floor us", "megakernel us", "multi us", "PyTorch us", "mk / floor",
+            "multi / mk", "targets (met: yes / no)"]
+    body, met, held = [], 0, 0
     for r in rows:
         mk, multi = r.get("megakernel_us"), r.get("multi_us")
         ts = targets(r)
@@ -83,17 +70,14 @@ def table(rows: list[dict]) -> str:
         tcell = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in ts) or "-"
         if mk is None:
             tcell = "megakernel failed: " + str(r.get("megakernel_error", "?"))[:80]
-        lines.append(f"| {r['preset']} | {r['T']} | {r['routing']} | {_f(r['floor_us'])} | {_f(mk)} | {_f(multi)} | "
-                     f"{_f(r.get('torch_us'))} | {_f(mk / r['floor_us'] if mk else None, '{:.2f}')} | "
-                     f"{_f(multi / mk if mk and multi else None, '{:.2f}')} | {tcell} |")
+        body.append([r["preset"], str(r["T"]), r["routing"], fmt(r["floor_us"]), fmt(mk), fmt(multi),
+                     fmt(r.get("torch_us")), fmt(mk / r["floor_us"] if mk else None, "{:.2f}"),
+                     fmt(multi / mk if mk and multi else None, "{:.2f}"), tcell])
     have = {(r["preset"], int(r["T"]), r["routing"]) for r in rows}
     missing = [f"{p} T = {T} {routing}" for p in sorted({r["preset"] for r in rows}) for T, routing in GRID
                if (p, T, routing) not in have]
-    prov = sorted({(r.get("gpu"), r.get("torch"), r.get("triton"), (r.get("commit") or "")[:7], (r.get("date") or "")[:10])
-                   for r in rows})
-    src = "; ".join(f"{g}, torch {t}, Triton {tr}, commit {c}, {d}" for g, t, tr, c, d in prov)
     gap = f"\nNot measured: {', '.join(missing)}.\n" if missing else ""
-    return "\n".join(lines) + f"\n\nTargets met: {met} of {held}. Measured on: {src}.\n" + gap
+    return md_table(head, body) + f"\n\nTargets met: {met} of {held}. Measured on: {provenance(rows)}.\n" + gap
 
 
 def main(argv=None) -> int:
@@ -101,13 +85,10 @@ def main(argv=None) -> int:
     p.add_argument("rows", nargs="+", help="bench_megakernel.py's megakernel.jsonl files, oldest first")
     p.add_argument("--md", help="also write the table to this file")
     a = p.parse_args(argv)
-    missing = [r for r in a.rows if not Path(r).is_file()]
+    missing = missing_files(a.rows)
     if missing:
         p.error(f"no such rows file: {', '.join(missing)}")
-    text = table(load_rows(a.rows))
-    print(text, end="")
-    if a.md:
-        Path(a.md).write_text(text)
+    emit(table(load_rows(a.rows)), a.md)
     return 0
 
 
