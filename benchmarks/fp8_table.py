@@ -46,43 +46,10 @@ included), then the rows' commit notes.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-# --------------------------------------------------------------------------- generic helpers
-# (private, for any table of stored rows; to be replaced by benchmarks/table_rows.py)
-
-
-def _read_jsonl(path: str | Path) -> list[dict]:
-    """The JSON rows of a .jsonl file, blank lines left out."""
-    import json
-
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def _provenance(row: dict) -> tuple:
-    """(gpu, torch, triton, commit, day) of a row: the run it came from, as the provenance line shows it."""
-    return (row.get("gpu"), row.get("torch"), row.get("triton"), (row.get("commit") or "")[:7],
-            (row.get("date") or "")[:10])
-
-
-def _provenance_line(provs) -> str:
-    """'Measured on: ...' over the distinct provenance tuples (_provenance)."""
-    return "Measured on: " + "; ".join(f"{g}, torch {t}, Triton {tr}, commit {c}, {d}"
-                                       for g, t, tr, c, d in sorted(set(provs), key=str)) + "."
-
-
-def _f(v, fmt="{:,.1f}") -> str:
-    """A number for a cell, or "-" where there is none."""
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-
-
-def _markdown(head: list[str], cells: list[list[str]]) -> str:
-    """A markdown table: the header, its rule, a line per row of cells."""
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells])
-
+from table_rows import emit, fmt, md_table, missing_files, provenance_text, read_jsonl, run_of
 
 # --------------------------------------------------------------------------- FP8 rows -> lines
 
@@ -98,7 +65,7 @@ def _line(row: dict, src: str, mode: str, backend: str, us, ok=None, err_max=Non
     """One FP8 line of a row: its key fields, FP8 time and check, where it came from."""
     return {"preset": row["preset"], "T": int(row["T"]), "routing": row.get("routing") or "uniform", "mode": mode,
             "backend": backend, "detail": detail, "us": us, "ok": ok, "err_max": err_max, "error": error,
-            "source": src, "prov": {_provenance(row)}, "note": row.get("commit_note"), "bf16": {}, "paired": False}
+            "source": src, "prov": {run_of(row)}, "note": row.get("commit_note"), "bf16": {}, "paired": False}
 
 
 def _decode_lines(row: dict, src: str) -> tuple[list[dict], dict]:
@@ -173,7 +140,7 @@ def _run_key(row: dict) -> tuple:
 def load_lines(paths: list[str]) -> tuple[list[dict], list[str]]:
     """(the table's lines, one per key with the last row read winning; the skipped rows, why). bf16 rows of
     every file are indexed first, so that an FP8 row can be paired with its run's bf16 row in another file."""
-    rows = [(Path(p).stem, r) for p in paths for r in _read_jsonl(p)]
+    rows = [(Path(p).stem, r) for p in paths for r in read_jsonl(p)]
     bf16_runs = {}
     for _, r in rows:
         if r.get("preset") is not None and "T" in r and (t := _bf16_times(r)):
@@ -192,7 +159,7 @@ def load_lines(paths: list[str]) -> tuple[list[dict], list[str]]:
         if paired:
             found = bf16_runs.get(_run_key(r), {})
             bf16 = {k: us for k, (us, _) in found.items()}
-            provs = {_provenance(b) for _, b in found.values()}
+            provs = {run_of(b) for _, b in found.values()}
         if not bf16:
             skipped.append(f"{what}: no bf16 time in the row or in a bf16 row of the same run")
             continue
@@ -244,7 +211,7 @@ def _target_cell(line: dict) -> str:
 
 def _bf16_cell(line: dict, k: str) -> str:
     us = line["bf16"].get(k)
-    return _f(us) + (" †" if us is not None and line["paired"] else "")
+    return fmt(us) + (" †" if us is not None and line["paired"] else "")
 
 
 def table(lines: list[dict], skipped: list[str]) -> str:
@@ -253,20 +220,20 @@ def table(lines: list[dict], skipped: list[str]) -> str:
     head = ["preset", "T", "routing", "FP8", "backend / variant", "bf16 megakernel us", "bf16 multi us", "FP8 us",
             "speedup vs faster bf16", "err_max", "ok", "target (met)", "rows"]
     cells = [[ln["preset"], str(ln["T"]), ln["routing"], ln["mode"], ln["backend"] + ln["detail"],
-              _bf16_cell(ln, "megakernel"), _bf16_cell(ln, "multi"), _f(ln["us"]), _f(speedup(ln), "{:.2f}x"),
-              _f(ln["err_max"], "{:.1e}"), "-" if ln["ok"] is None else ("yes" if ln["ok"] else "FAILED"),
+              _bf16_cell(ln, "megakernel"), _bf16_cell(ln, "multi"), fmt(ln["us"]), fmt(speedup(ln), "{:.2f}x"),
+              fmt(ln["err_max"], "{:.1e}"), "-" if ln["ok"] is None else ("yes" if ln["ok"] else "FAILED"),
               _target_cell(ln), ln["source"]] for ln in lines]
     held = [(ln, t) for ln in lines if (t := target(ln))]
     cases = {}
     for ln, (_, met, _) in held:
         k = (ln["preset"], ln["T"], ln["routing"], ln["mode"])
         cases[k] = cases.get(k, False) or met
-    out = [_markdown(head, cells), "",
+    out = [md_table(head, cells), "",
            "speedup: the faster of the two bf16 paths of the same run (the lower bf16 column) over the FP8 time. "
            "† bf16 from a separate bf16 row of the same run (same preset, T, routing, commit, day, GPU), paired.",
            f"Targets met: {sum(t[1] for _, t in held)} of {len(held)} lines; "
            f"{sum(cases.values())} of {len(cases)} cases (preset, T, routing, FP8 mode) met by at least one line.",
-           _provenance_line(p for ln in lines for p in ln["prov"])]
+           "Measured on: " + provenance_text(p for ln in lines for p in ln["prov"]) + "."]
     notes = sorted({ln["note"] for ln in lines if ln["note"]})
     out += [f"Commit note in the rows: {n}" for n in notes]
     out.append(f"Skipped: {len(skipped)} rows" + (": " + "; ".join(skipped) if skipped else "") + ".")
@@ -279,13 +246,10 @@ def main(argv=None) -> int:
                                            "bench_fp8a.py, megamoe bench; oldest first")
     p.add_argument("--md", help="also write the table to this file")
     a = p.parse_args(argv)
-    missing = [r for r in a.rows if not Path(r).is_file()]
+    missing = missing_files(a.rows)
     if missing:
         p.error(f"no such rows file: {', '.join(missing)}")
-    text = table(*load_lines(a.rows))
-    print(text, end="")
-    if a.md:
-        Path(a.md).write_text(text)
+    emit(table(*load_lines(a.rows)), a.md)
     return 0
 
 

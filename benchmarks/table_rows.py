@@ -13,19 +13,21 @@ from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 
 
+def read_jsonl(path) -> list[dict]:
+    """The JSON rows of a .jsonl file, in file order, blank lines left out."""
+    import json
+
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def load_keyed(paths: Iterable[str], key: Callable[[dict], Hashable],
                keep: Callable[[dict], bool] | None = None) -> dict:
     """{key(row): row} over the JSONL files in the order given: where a key repeats, the later row
-    (the later file's, or the later line's in one file). Blank lines are skipped; rows ``keep``
-    refuses are left out before they can replace another."""
-    import json
-
+    (the later file's, or the later line's in one file). Rows ``keep`` refuses are left out before
+    they can replace another."""
     keyed = {}
     for p in paths:
-        for line in Path(p).read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
+        for r in read_jsonl(p):
             if keep is None or keep(r):
                 keyed[key(r)] = r
     return keyed
@@ -43,13 +45,21 @@ def md_table(header: list[str], body: Iterable[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def provenance(rows: Iterable[dict]) -> str:
-    """Where the rows were measured: each distinct (GPU, torch, Triton, commit, date), sorted, as
-    "GPU, torch T, Triton V, commit C, DATE" joined by "; " (commit to 7 characters, date to the day)."""
-    prov = {(r.get("gpu"), r.get("torch"), r.get("triton"), (r.get("commit") or "")[:7], (r.get("date") or "")[:10])
-            for r in rows}
+def run_of(row: dict) -> tuple:
+    """(GPU, torch, Triton, commit to 7 characters, date to the day): the run a row came from."""
+    return (row.get("gpu"), row.get("torch"), row.get("triton"), (row.get("commit") or "")[:7],
+            (row.get("date") or "")[:10])
+
+
+def provenance_text(runs: Iterable[tuple]) -> str:
+    """The distinct runs (``run_of`` tuples), sorted, as "GPU, torch T, Triton V, commit C, DATE" joined by "; "."""
     return "; ".join(f"{g}, torch {t}, Triton {tr}, commit {c}, {d}"
-                     for g, t, tr, c, d in sorted(prov, key=lambda k: tuple("" if v is None else str(v) for v in k)))
+                     for g, t, tr, c, d in sorted(set(runs), key=lambda k: tuple("" if v is None else str(v) for v in k)))
+
+
+def provenance(rows: Iterable[dict]) -> str:
+    """Where the rows were measured: ``provenance_text`` of their runs."""
+    return provenance_text(run_of(r) for r in rows)
 
 
 def missing_files(paths: Iterable[str]) -> list[str]:
