@@ -1,6 +1,6 @@
 """The megakernel issue's table and targets, from bench_megakernel.py's rows (no GPU needed).
 
-    python benchmarks/megakernel_table.py ROWS.jsonl [ROWS2.jsonl ...] [--md OUT.md]
+    python benchmarks/megakernel_table.py ROWS.jsonl [ROWS2.jsonl ...] [--adopt NAME[@T,T...] ...] [--md OUT.md]
 
 One line per (preset, T, routing): the floor, the megakernel, the multi-launch path and the plain
 PyTorch pipeline (us, CUDA-graph replays measured in one run), their ratios, and each target of the
@@ -14,6 +14,11 @@ megakernel issue that the row is held to, met or not:
 
 Where a (preset, T, routing) appears in more than one file, the last file's row is taken (list the
 files oldest first). Rows that failed (no megakernel or multi time) are listed as such.
+
+``--adopt NAME[@T,...]``: a variant that has since become the default (at the T listed, or at every T).
+A row that timed it, checked against the reference (``ok``), shows the variant's time as the megakernel's,
+marked with a dagger and named under the table: it is the default's configuration of today, measured
+side by side with the rest of that row. Rows that did not time it keep the default of their run.
 """
 
 from __future__ import annotations
@@ -51,6 +56,30 @@ def targets(row: dict) -> list[tuple[str, bool]]:
     return out
 
 
+def parse_adopt(specs: list[str]) -> dict[str, set[int] | None]:
+    """{variant name: the T it is adopted at (None: every T)} from "NAME" or "NAME@T,T" strings."""
+    out = {}
+    for spec in specs:
+        name, _, ts = spec.partition("@")
+        try:
+            out[name] = {int(t) for t in ts.split(",")} if ts else None
+        except ValueError:
+            raise ValueError(f"--adopt {spec!r}: expected NAME or NAME@T,T... with integer T") from None
+    return out
+
+
+def adopt(row: dict, adopted: dict[str, set[int] | None]) -> dict:
+    """The row with an adopted variant's time (the first listed that the row timed and passed) as its
+    megakernel time, ``adopted`` naming it; the row itself where none applies."""
+    for name, ts in adopted.items():
+        if ts is not None and int(row["T"]) not in ts:
+            continue
+        v = next((v for v in row.get("variants") or [] if v.get("name") == name), None)
+        if v and v.get("ok") and v.get("us") is not None:
+            return {**row, "megakernel_us": v["us"], "adopted": name}
+    return row
+
+
 def load_rows(paths: list[str]) -> list[dict]:
     """bf16 rows of the files, one per (preset, T, routing), the later file's where they repeat."""
     keyed = load_keyed(paths, lambda r: (r["preset"], int(r["T"]), r["routing"]), keep=lambda r: not r.get("fp8"))
@@ -58,7 +87,7 @@ def load_rows(paths: list[str]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown table and a count of the targets met."""
+    """The markdown table and a count of the targets met (a dagger marks an adopted variant's time)."""
     head = ["preset", "T", "routing", "floor us", "megakernel us", "multi us", "PyTorch us", "mk / floor",
             "multi / mk", "targets (met: yes / no)"]
     body, met, held = [], 0, 0
@@ -70,25 +99,36 @@ def table(rows: list[dict]) -> str:
         tcell = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in ts) or "-"
         if mk is None:
             tcell = "megakernel failed: " + str(r.get("megakernel_error", "?"))[:80]
-        body.append([r["preset"], str(r["T"]), r["routing"], fmt(r["floor_us"]), fmt(mk), fmt(multi),
+        body.append([r["preset"], str(r["T"]), r["routing"], fmt(r["floor_us"]),
+                     fmt(mk) + (" †" if r.get("adopted") else ""), fmt(multi),
                      fmt(r.get("torch_us")), fmt(mk / r["floor_us"] if mk else None, "{:.2f}"),
                      fmt(multi / mk if mk and multi else None, "{:.2f}"), tcell])
     have = {(r["preset"], int(r["T"]), r["routing"]) for r in rows}
     missing = [f"{p} T = {T} {routing}" for p in sorted({r["preset"] for r in rows}) for T, routing in GRID
                if (p, T, routing) not in have]
     gap = f"\nNot measured: {', '.join(missing)}.\n" if missing else ""
-    return md_table(head, body) + f"\n\nTargets met: {met} of {held}. Measured on: {provenance(rows)}.\n" + gap
+    took = sorted({(r["adopted"], r["preset"], int(r["T"]), r["routing"]) for r in rows if r.get("adopted")})
+    dag = ("\n† the time of a variant that is the default now, measured in that row's run: "
+           + "; ".join(f"{p} T = {T} {routing}: {name}" for name, p, T, routing in took) + ".\n") if took else ""
+    return (md_table(head, body) + f"\n\nTargets met: {met} of {held}. Measured on: {provenance(rows)}.\n"
+            + dag + gap)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("rows", nargs="+", help="bench_megakernel.py's megakernel.jsonl files, oldest first")
+    p.add_argument("--adopt", nargs="*", default=[], metavar="NAME[@T,...]",
+                   help="variants that are the default now (at those T): their times stand for the megakernel's")
     p.add_argument("--md", help="also write the table to this file")
     a = p.parse_args(argv)
     missing = missing_files(a.rows)
     if missing:
         p.error(f"no such rows file: {', '.join(missing)}")
-    emit(table(load_rows(a.rows)), a.md)
+    try:
+        adopted = parse_adopt(a.adopt)
+    except ValueError as e:
+        p.error(str(e))
+    emit(table([adopt(r, adopted) for r in load_rows(a.rows)]), a.md)
     return 0
 
 

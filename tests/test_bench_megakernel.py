@@ -201,3 +201,27 @@ def test_gemm2_variants_change_only_gemm2():
     assert q1["tiles"]["gemm2"]["BLOCK_K"] == 128
     _, q64 = mk_of("qwen3-30b-a3b", 64)
     assert q64["tiles"]["gemm2"]["BLOCK_K"] == 64 and q64["tiles"]["gemm2"]["BLOCK_N"] < 256
+
+
+def test_megakernel_table_adopts_a_variant_that_became_the_default():
+    """megakernel_table.py --adopt NAME[@T,...]: a row that timed the variant and passed its check
+    shows the variant's time as the megakernel's (its targets judged on it, marked and named); a
+    failed variant, another T, or a row without the variant keeps the run's default; a bad T is refused."""
+    mt = _load("megakernel_table")
+    base = {"gpu": "G", "torch": "t", "triton": "3.6.0", "commit": "abcdef0", "date": "2026-12-03",
+            "routing": "uniform", "floor_us": 100.0, "multi_us": 110.0}
+    rows = [{**base, "preset": "mixtral-8x7b", "T": 8, "megakernel_us": 120.0,
+             "variants": [{"name": "deep", "us": 105.0, "ok": True}]},
+            {**base, "preset": "mixtral-8x7b", "T": 64, "megakernel_us": 120.0,
+             "variants": [{"name": "deep", "us": 105.0, "ok": True}]},
+            {**base, "preset": "qwen3-30b-a3b", "T": 8, "megakernel_us": 120.0,
+             "variants": [{"name": "deep", "us": 90.0, "ok": False}]}]
+    adopted = mt.parse_adopt(["deep@8"])
+    out = [mt.adopt(r, adopted) for r in rows]
+    assert [r["megakernel_us"] for r in out] == [105.0, 120.0, 120.0]
+    assert dict(mt.targets(out[0]))["<= 1.08 x floor"] and not dict(mt.targets(rows[0]))["<= 1.08 x floor"]
+    text = mt.table(out)
+    assert "105.0 †" in text and "mixtral-8x7b T = 8 uniform: deep" in text and "T = 64 uniform: deep" not in text
+    assert mt.parse_adopt(["deep"]) == {"deep": None}
+    with pytest.raises(ValueError, match="deep@x"):
+        mt.parse_adopt(["deep@x"])
