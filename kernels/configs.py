@@ -352,6 +352,11 @@ ROUTER_PREFILL_WALK_STEPS = 32
 #: router and align 256 us as 128 programs walking 224 steps of 32 columns each)
 ROUTER_PREFILL_T = 128
 ROUTER_PREFILL_H = 64
+#: at most this many bytes of the launch's fp32 (tokens, BLOCK_E) accumulator: its store converts the
+#: tile's layout through as much shared memory, and past 256 experts 128 tokens did not fit the H200
+#: (run BU, Kimi-K2 T = 600: "Required: 262144, Hardware limit: 232448"; compiled for sm_90, 128 x 512
+#: takes 262,144 bytes and 528 spill stores, 64 x 512 221,184 and none): fewer tokens per tile there
+ROUTER_PREFILL_ACC_BYTES = 128 << 10
 #: at least this many BLOCK_H steps per H range of a prefill split
 ROUTER_PREFILL_MIN_STEPS = 4
 
@@ -369,12 +374,13 @@ def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
                        tiles: bool | None = None) -> tuple[int, int]:
     """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch: the routing block and
     router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H with ``tiles`` (default
-    router_prefill; the interpreter: 16 x its router_block_h, small tiles)."""
+    router_prefill; fewer tokens where the (tokens, experts) fp32 tile would pass
+    ROUTER_PREFILL_ACC_BYTES; the interpreter: 16 x its router_block_h, small tiles)."""
     if not (router_prefill(T, E, H, interpret=interpret) if tiles is None else tiles):
         return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
     if interpret:
         return 16, router_block_h(E, H, interpret=True)
-    return ROUTER_PREFILL_T, ROUTER_PREFILL_H
+    return min(ROUTER_PREFILL_T, max(16, ROUTER_PREFILL_ACC_BYTES // (4 * max(16, _pow2(E))))), ROUTER_PREFILL_H
 
 
 def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:

@@ -53,7 +53,7 @@ def pinned_entries(names=tuple(PRESETS)) -> dict:
 def test_the_default_router_entries_are_pinned(name):
     """No default moves unnoticed: every preset's static-plan router and launch-plan router stages at T = 512,
     4096, 16384 are the pinned ones (those before ``block_h`` existed, but Qwen3-30B-A3B's and Qwen1.5-MoE's walks
-    at 4096 and 16384: 128 columns a step since run BN)."""
+    at 4096 and 16384: 128 columns a step since run BN; Kimi-K2's logits tiles: 64 tokens since run BU)."""
     want = json.loads(PINNED.read_text())["cases"]
     got = pinned_entries([name])
     for T in PINNED_T:
