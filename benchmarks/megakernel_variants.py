@@ -377,10 +377,15 @@ VARIANTS = {
                                           "not Triton's cast (two F2F per pair on the conversion pipe)"),
     "fp8tma": (_set(tma_weights=True), "FP8: the routed GEMM tasks' e4m3 weight tiles through TMA descriptors "
                "(kernels/fp8_tma_tiles.py), not cp.async"),
-    "fp8swap": (_set(tma_weights=True, fp8_swap_ab=True), "FP8 activations: fp8tma with the products as weights x "
-                "rows (an e4m3 wgmma; 16 rows x weights is an fp16 mma.sync on sm_90)"),
+    "fp8swap": (_set(tma_weights=True, fp8_x_once=False, fp8_swap_ab=True), "FP8 activations: fp8tma with the "
+                "products as weights x rows (an e4m3 wgmma; 16 rows x weights is an fp16 mma.sync on sm_90), x "
+                "quantized in every K step (run BP)"),
     "fp8xq": (_set(tma_weights=True, fp8_x_once=True), "FP8 activations: fp8tma with x quantized once by the router "
-              "tasks, the GEMM 1 tasks loading its codes (no quantization in their K steps)"),
+              "tasks, the GEMM 1 tasks loading its codes (no quantization in their K steps; the default since run BU)"),
+    "fp8xstep": (_set(fp8_x_once=False), "FP8 activations: x quantized in every K step of every GEMM 1 task (the "
+                 "default before run BU)"),
+    "fp8ptr": (_set(tma_weights=False), "FP8 activations: the e4m3 weight tiles by cp.async pointer loads, not TMA "
+               "(x quantized once)"),
     "fp8xqswap": (_set(tma_weights=True, fp8_x_once=True, fp8_swap_ab=True), "FP8 activations: fp8xq and fp8swap "
                   "together"),
     "fp8xqswapp": (_set(tma_weights=True, fp8_x_once=True, fp8_swap_ab=True, fp8_precise_acc=True),
@@ -410,7 +415,7 @@ FP8_VARIANTS = ("fp8tma", "fp8cast", "fp8st", "fp8fast", "fp8fast_bn128")
 #: with FP8 activations too (--fp8 weights+act): the products are e4m3 x e4m3, so the conversion
 #: option does nothing there (the kernel takes CVT 0), and GEMM 1's 128-column tiles leave no room
 #: for more stages; the scale prefetch and GEMM 2's tiles remain
-FP8A_VARIANTS = ("fp8tma", "fp8swap", "fp8xq", "fp8xqswap", "fp8xqswapp", "fp8pf", "fp8pf_bn128")
+FP8A_VARIANTS = ("fp8xstep", "fp8ptr", "fp8xqswap", "fp8xqswapp", "fp8pf", "fp8pf_bn128")
 
 
 def variant_names(T: int, fp8: str | None = None) -> tuple[str, ...]:

@@ -548,7 +548,7 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = FP8_BLOCK
         if not interpret and t["gemm1"]["BLOCK_M"] <= 64:  # decode: the stages within STAGE_BYTES, e4m3 weights
             mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
-        mk["tma_weights"] = FP8_TMA_WEIGHTS
+        mk["tma_weights"] = FP8_TMA_WEIGHTS[fp8]
         mk["fp8_swap_ab"] = FP8_SWAP_AB and fp8 == "weights+act"
         mk["fp8_x_once"] = FP8_X_ONCE and fp8 == "weights+act"
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
@@ -589,25 +589,28 @@ def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
 FP8_CONVERT_DEFAULT = "bits"
 
 #: the FP8 megakernel's routed GEMM tasks read their e4m3 weight tiles through TMA descriptors
-#: (fp8_tma_tiles.py; megakernel variant "fp8tma"), not cp.async. Off until an H200 run measures it:
-#: before it, the FP8 tasks had no TMA path, and weight-only FP8 at Qwen3-30B-A3B T = 1 ran in the
-#: bf16 megakernel's time with half its bytes (run P: 35.7 us against 36.6)
-FP8_TMA_WEIGHTS = False
+#: (fp8_tma_tiles.py; megakernel variant "fp8tma"), not cp.async, per FP8 mode. H200 run BO, Qwen3-30B-A3B:
+#: weight-only 1.01-1.02x the pointer tiles' time (off); with FP8 activations 0.95-0.98x, and on with
+#: FP8_X_ONCE, the pair measured together (run BU, below)
+FP8_TMA_WEIGHTS = {"weights": False, "weights+act": True}
 
 #: with FP8 activations and TMA weights, the GEMM tasks compute weights x rows (fp8_tma_tiles._fp8a_swapped;
 #: variant "fp8swap"): an e4m3 wgmma (the weight tile fills its M of 64) where 16 rows x weights is an
-#: mma.sync that Triton 3.6 runs in fp16 on sm_90. H200 run BO (the unswapped FP8-activation megakernel,
-#: Qwen3-30B-A3B): T = 1 88.4 us against the bf16 megakernel's 32.7, T = 8 244.6 against 147.7; its GEMM 1
-#: K step 1,076 SASS instructions (64 HMMA, 144 F2FP conversions; compile_report.py --fp8 weights+act).
-#: Off until measured
+#: mma.sync that Triton 3.6 runs in fp16 on sm_90. Off: faster but outside the FP8 tolerance at T = 8 on the
+#: H200. Run BP (x quantized per step): T = 1 89.2 -> 77.3 us, T = 8 245.0 -> 225.8 with max error 1.0e-2
+#: against 3.9e-3; run BU (x quantized once, variant "fp8xqswap"): T = 1 40.2 -> 35.6, T = 8 127.0 -> 122.5 with
+#: 1.01e-2 (fails); with the sums promoted to fp32 every 32 products ("fp8xqswapp") 42.6 and 131.9 with
+#: 9.0e-3: the tensor cores' e4m3 accumulation is not the main cause of the swap's error
 FP8_SWAP_AB = False
 
 #: with FP8 activations, x is quantized once per call by the router tasks (fp8_tma_tiles._quantize_x_rows;
-#: variant "fp8xq"), not in every K step of every GEMM 1 task. Why: run BO's FP8-activation megakernel took
-#: 89.2 us at Qwen3-30B-A3B T = 1 where the FP8-activation multi-launch path (x quantized once, by a launch of its
-#: own) took 51.8, and the swapped GEMM 1's K step is 763 SASS instructions with the quantization (GEMM 2's,
-#: which reads codes, 163; compile_report.py, sm_90). Off until measured
-FP8_X_ONCE = False
+#: variant "fp8xq"), not in every K step of every GEMM 1 task (run BO's default: 89.2 us at Qwen3-30B-A3B T = 1
+#: where the multi-launch path, x quantized once by a launch of its own, took 51.8). Bitwise the same layer
+#: (interpreter tests; on the H200 the same error against the reference). H200 run BU, Qwen3-30B-A3B, us,
+#: per-step quantization / once (with TMA weights) / the bf16 megakernel / the FP8-activation multi-launch path:
+#: T = 1 87.3 / 40.2 / 33.1 / 50.5; T = 8 243.3 / 127.0 / 151.4 / 102.0; every token on the same experts
+#: 71.9 / 41.1 / 36.9 / 48.5
+FP8_X_ONCE = True
 
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10

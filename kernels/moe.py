@@ -456,8 +456,9 @@ def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backe
            fp8_activations: bool = False) -> torch.Tensor:
     if weights.is_fp8 or fp8_activations:
         fp8 = fp8_mode(weights, fp8_activations)
-        # "auto" keeps FP8 on the multi-launch path. H200 run BO, Qwen3-30B-A3B, us, FP8 megakernel / multi-launch:
-        # FP8 activations T = 1 88.4 / 51.1, T = 8 244.6 / 100.5; weight-only T = 1 35.5 / 44.2, T = 8 161.4 / 108.4
+        # "auto" keeps FP8 on the multi-launch path: only Qwen3-30B-A3B has FP8 megakernel rows, and there the
+        # megakernel wins at T = 1 only. H200, us, FP8 megakernel / multi-launch: FP8 activations (run BU, x quantized
+        # once) T = 1 40.2 / 50.5, T = 8 127.0 / 102.0; weight-only (run BO) T = 1 35.5 / 44.2, T = 8 161.4 / 108.4
         if backend == "megakernel":
             from .megakernel import megakernel_forward
 
@@ -514,7 +515,7 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
 
     FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
     float32 128 x 128 block scales) run the FP8 GEMMs of fp8_gemm.py on the multi-launch backend
-    ("auto" picks it; "megakernel" raises). ``fp8_activations`` as the reference's: None follows the
+    ("auto" picks it), or the megakernel's FP8 tiles with backend="megakernel". ``fp8_activations`` as the reference's: None follows the
     weights (DeepSeek-V3's scheme, GEMM inputs quantized per token per 128 columns), False is
     weight-only FP8; True with float weights is refused.
     """

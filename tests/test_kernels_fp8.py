@@ -321,11 +321,11 @@ FP8_VARIANT_CASES = [
     ("fp8fast", "weights", 0, None, "no tokens"),
     ("fp8fast", "weights", 1, None, "one token: one K step ahead of a single row"),
     ("fp8fast_bn128", "weights", 13, None, "128-column tiles: a tile past N (I = 136) and mid-block up rows"),
-    ("fp8tma", "weights+act", 13, None, "e4m3 weight tiles through TMA descriptors, e4m3 x e4m3 products"),
+    ("fp8ptr", "weights+act", 13, None, "e4m3 weight tiles by pointer loads (the default: TMA), e4m3 x e4m3 products"),
     ("fp8tma", "weights", 1, None, "TMA weight tiles converted to the rows' dtype, one token"),
     ("fp8tma", "weights", 0, None, "no tokens"),
-    ("fp8swap", "weights+act", 13, None, "weights x rows: the products transposed (TMA falls back at H = 200)"),
-    ("fp8xq", "weights+act", 13, None, "x quantized once by the router tasks, GEMM 1 loading the codes"),
+    ("fp8xqswap", "weights+act", 13, None, "weights x rows: the products transposed (TMA falls back at H = 200)"),
+    ("fp8xstep", "weights+act", 13, None, "x quantized in every GEMM 1 K step (the default: once, by the router tasks)"),
     ("fp8xqswap", "weights+act", 1, None, "both, one token"),
     ("fp8xqswapp", "weights+act", 13, None, "both, the wgmma's sums promoted to fp32 every 32 products"),
 ]
@@ -799,6 +799,8 @@ def test_fp8_x_quantized_once_by_the_router_tasks(case, T, tma, rng, device):
     from megamoe.kernels.megakernel import build_launch, megakernel_forward
 
     cfg, w8, wt, base = _tma_case(case, T, rng, device, tma)
+    assert base["fp8_x_once"]  # the default since H200 run BU
+    base = {**base, "fp8_x_once": False}  # quantized in every K step, the way before it
     x = rng.standard_normal((T, cfg.hidden_size))
     once = {**base, "fp8_x_once": True}
     if T:
