@@ -412,13 +412,14 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
     x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Every rank of
-    ``group`` calls it with its own T (0 allowed), on buffers from ``SymmetricBuffers.allocate``.
+    ``group`` calls it with its own T (0 allowed), on buffers from ``SymmetricBuffers.allocate`` (or, in
+    a group of one process, ``SymmetricBuffers.emulated(1, ...)[0]``).
     traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
     all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
     num_programs: programs of the copy kernel (its SMs, 4 per SM by default).
     """
     check_transport_env()
-    if isinstance(buffers, SymmetricBuffers) and buffers.emulated:
+    if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
         raise EPInputError("these buffers are emulated (every rank in this process): run them with "
                            "ep_moe_experts_emulated")
     rank, R = dist.get_rank(group), dist.get_world_size(group)
