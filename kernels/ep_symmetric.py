@@ -24,7 +24,9 @@ flags[LANDED, c] = the last call whose partial rows rank c has pushed here. Its 
                 summed ranks ascending (kernels.ep.combine_partials): bitwise ep_moe_experts' y
 
 Flags carry epochs (call counters kept on the device, bumped by the signal kernel itself), so they
-need no reset between calls and a replay needs no host op; every wait is ">= epoch". One call never
+need no reset between calls and no flag kernel takes a value from the host (a CUDA-graph replay of
+them needs no host op; the compute phase's host planning still syncs today); every wait is
+">= epoch". One call never
 overwrites what a peer still reads: s repacks its send buffers (call n+1) only after every peer's
 LANDED flag of call n, which a peer raises only after all its pulls of call n; c pushes call n+1's
 rows into s's combine buffer only after pulling s's rows of call n+1, which s offers only after its
@@ -33,7 +35,9 @@ combine of call n. So the ranks drift apart by less than one call.
 Flag kernels (Triton, one program): ``_signal_kernel`` writes with tl.atomic_xchg(sem="release",
 scope="sys"); waits (``ep_pull.wait_flag``, in the pull's copy kernel and ``_wait_kernel``) read with
 tl.atomic_add(flag, 0, sem="acquire", scope="sys"): Triton 3.6 (the GPU image's) has sem and scope
-on atomic_cas / xchg / add but no atomic load (3.9's tl.atomic_load / atomic_poll). A release in the
+on atomic_cas / xchg / add but no atomic load (3.9's tl.atomic_load / atomic_poll); for sm_90 both
+compile them to atom.global.sys.release.exch and ld.global.sys.acquire (their PTX, read on a CPU
+machine: compiled, never run on a GPU). A release in the
 signal kernel publishes the writes of the kernels before it on the stream (the pack's copies, the
 push's remote stores): stream order, then a system-scope release. Every wait is bounded: at most
 ``spin_limit`` polls per program, after which it records the peer and the value read in a status
@@ -42,7 +46,8 @@ word, and the host raises FlagTimeoutError (rank, peer, flag, epoch) at the next
 
 Two ways to get the buffers:
     SymmetricBuffers.allocate(...)   one rank's, torch symmetric memory (symm_mem.empty + rendezvous;
-                                     the peers' addresses from the handle's buffer_ptrs), one process
+                                     the peers' addresses: the handle's buffer_ptrs plus the tensor's
+                                     offset in its segment), one process
                                      per GPU; sized for max_tokens per rank (the worst case: S = T *
                                      min(K, R), N = T * R), allocated once
     SymmetricBuffers.emulated(R, ...) R ranks' buffers in one process: CPU tensors for the Triton

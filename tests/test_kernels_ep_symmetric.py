@@ -322,6 +322,54 @@ def _three_rank_plan():
     return plan_pull(np.ones((3, 3), np.int64), 16, 4)
 
 
+_COMPILE = r"""
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+from compile_report import compile_kernel  # drops TRITON_INTERPRET before triton loads
+import torch
+from megamoe.kernels import ep_pull, ep_symmetric as es
+
+i64 = lambda n: torch.empty(n, dtype=torch.int64)
+launches = {
+    "signal": (es._signal_kernel, (i64(4), i64(1), 5), {"R": 4}),
+    "wait": (es._wait_kernel, (i64(8), 4, i64(1), 1000, i64(3)), {"KIND": 2}),
+    "pull": (ep_pull._copy_rows_kernel, (torch.empty((8, 64), dtype=torch.bfloat16), i64(4), i64(16), 0, 4, i64(4),
+                                         i64(1), 1000, i64(3)),
+             {"W": 64, "PUSH": False, "ALIGNED": True, "WAIT": True, "BLOCK_R": 8, "BLOCK_W": 64}),
+}
+out = {}
+for name, (fn, args, kw) in launches.items():
+    compile_kernel(fn, args, {"num_warps": 4, "num_stages": 1, **kw}, dump=(sys.argv[2], name))
+    ptx = open(f"{sys.argv[2]}/{name}.ptx").read()
+    out[name] = {"release.exch": len(re.findall(r"atom\.global\.sys\.release\.exch\.b64", ptx)),
+                 "acquire.ld": len(re.findall(r"ld\.global\.sys\.acquire\.b64", ptx)),
+                 "relaxed.cas": len(re.findall(r"atom\.global\.relaxed\.gpu\.cas\.b64", ptx))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_flag_kernels_compile_for_hopper(tmp_path):
+    """The flag kernels and the waiting copy kernel compiled for sm_90 by this Triton and its ptxas (no GPU;
+    the interpreter accepts code the compiler refuses): one system-scope release exchange per peer, system-scope
+    acquire loads for every poll, the status word's compare-and-swap."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchload import BENCH
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE, str(BENCH), str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    assert got["signal"] == {"release.exch": 4, "acquire.ld": 0, "relaxed.cas": 0}  # R = 4 peers, unrolled
+    for name in ("wait", "pull"):  # the first poll and the loop's
+        assert got[name]["acquire.ld"] >= 2 and got[name]["relaxed.cas"] == 1 and got[name]["release.exch"] == 0
+
+
 # --------------------------------------------------------------------------- several GPUs (one process each)
 GPU_SCENARIOS = {2: ["two-ranks"], 3: ["three-eplb", "three-random"], 4: ["four-rr", "four-hot", "four-one-rank"]}
 
