@@ -422,6 +422,9 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
     all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
     num_programs: programs of the copy kernel (its SMs, 4 per SM by default).
+    The checks that depend on every rank's routing (the buffers' room) give the same answer on every
+    rank, so all of them raise together; a rank that raises on its own inputs (a wrong dtype) before
+    it signals leaves its peers to a FlagTimeoutError after their spin limit.
     """
     check_transport_env()
     if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
