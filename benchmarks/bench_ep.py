@@ -25,6 +25,17 @@ NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) 
 With ``--nccl-channels a,b`` each R runs once per NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS value
 (NCCL's SMs per collective: the baseline's stand-in for communication SMs).
 
+``--transport all_to_all,symmetric`` (the default: both in one spawn) also measures the one-sided
+layer (``kernels.ep_symmetric``: torch symmetric memory allocated once per spawn for the largest T,
+pulls and push-backs by the copy kernel behind ready flags), one row per case and transport:
+    dispatch     pack + signal + pull of x, topk_idx and topk_weights rows (host planning excluded)
+    combine      push-back + signal + wait + the per-token sum (the call's first phases run untimed)
+    layer        ``ep_moe_experts_symmetric`` whole (counts all-gathered, as the baseline exchanges them)
+    checks       bitwise determinism, and bitwise equality with the all-to-all layer's y
+``--copy-programs a,b`` sweeps the copy kernel's programs (its communication SMs; default 4 per SM).
+It needs CUDA symmetric memory: ``--cpu-smoke`` measures it only with ``--ranks 1`` (the rank's
+buffers emulated, its kernels under TRITON_INTERPRET=1), a check of the script.
+
 Rows are JSON lines with provenance (``kernels.bench.provenance``: GPU, versions, commit, dirty, date).
 ``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU).
 """
@@ -42,6 +53,7 @@ from functools import partial
 from pathlib import Path
 
 ROUTINGS = ("uniform", "skewed", "zipf:1.2", "hot:2:0.5")
+TRANSPORTS = ("all_to_all", "symmetric")
 PLACEMENTS = ("contiguous", "round_robin", "eplb")
 SYSTEM = "hgx-h200"
 
@@ -75,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulator routings (workload.parse_routing)")
     p.add_argument("--placement", type=_names(PLACEMENTS), default=["contiguous", "eplb"])
     p.add_argument("--nccl-channels", type=_ints, default=None, help="NCCL channel counts to sweep (default: NCCL's)")
+    p.add_argument("--transport", type=_names(TRANSPORTS), default=list(TRANSPORTS),
+                   help="all_to_all (NCCL) and/or symmetric (one-sided, torch symmetric memory)")
+    p.add_argument("--copy-programs", type=_ints, default=None,
+                   help="the symmetric transport's copy-kernel programs to sweep (default: 4 per SM)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", default=SYSTEM, help="simulator profile for the prediction")
@@ -151,19 +167,22 @@ def _shard(cfg, wl, rank: int, R: int, device, seed: int):
                    alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
 
 
-def _slowest_median_s(fn, reps: int, device) -> float:
-    """Median over reps of the slowest rank's seconds for fn() (barrier before, CUDA synchronized)."""
+def _slowest_median_s(fn, reps: int, device, setup=None) -> float:
+    """Median over reps of the slowest rank's seconds for fn() (barrier before, CUDA synchronized);
+    with ``setup``, fn(setup()) with setup() run untimed before the barrier."""
     import torch
     import torch.distributed as dist
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()  # warm
+    call = fn if setup is None else (lambda: fn(setup()))
+    call()  # warm
     times = []
     for _ in range(reps):
+        arg = None if setup is None else setup()
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        fn()
+        fn() if setup is None else fn(arg)
         sync()
         t = torch.tensor([time.perf_counter() - t0], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -184,6 +203,7 @@ def _worker(rank: int, R: int, job: dict) -> None:
     if rank == 0:
         prov = provenance() if cuda else {"gpu": None, "torch": torch.__version__, **git_state(),
                                           "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    bufs = _symmetric_buffers(job) if "symmetric" in job["transports"] else None
     for case, pred in zip(job["cases"], job["predictions"]):
         cfg, wl = workload(case)
         sched, same = schedule(wl)
@@ -194,42 +214,108 @@ def _worker(rank: int, R: int, job: dict) -> None:
         tw = torch.softmax(torch.randn((T, K), device=dev, generator=g), dim=-1)
         topk = wl.slot_topk_idx[rank * T:(rank + 1) * T]
         y1 = ep_moe_experts(x, topk, tw, shard, transport="all_to_all")
-        y2 = ep_moe_experts(x, topk, tw, shard, transport="all_to_all")
-        det = torch.tensor([int(torch.equal(y1, y2))], device=dev)
-        dist.all_reduce(det, op=dist.ReduceOp.MIN)
-        sp, rp = sched.send[rank], sched.recv[rank]
-        send_splits, recv_splits = sp.send_counts.tolist(), rp.recv_counts.tolist()
-        rows = x[torch.from_numpy(sp.send_token).to(dev)]
-        back = torch.empty((rp.num_recv, H), device=dev, dtype=torch.bfloat16)  # combine's partial rows
-        reps = job["reps"]
-        dispatch_s = _slowest_median_s(partial(exchange, rows, send_splits, recv_splits, "all_to_all"), reps, dev)
-        combine_s = _slowest_median_s(partial(exchange, back, recv_splits, send_splits, "all_to_all"), reps, dev)
-        layer_s = _slowest_median_s(partial(ep_moe_experts, x, topk, tw, shard, transport="all_to_all"), reps, dev)
         traffic = sched.traffic()
         off = traffic.copy()
         off[range(R), range(R)] = 0
         busiest_bytes = int(max(off.sum(axis=1).max(), off.sum(axis=0).max())) * H * 2
-        if rank == 0:
-            row = {"kind": "measured", **case, **prov, "num_gpus_visible": torch.cuda.device_count(),
-                   "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-                   "backend": "nccl" if cuda else "gloo", "nccl_channels": job["channels"],
-                   "transport_env": {k: os.environ.get(k) for k in TRANSPORT_ENV}, "dtype": "bfloat16",
-                   "dispatch_us": dispatch_s * 1e6, "combine_us": combine_s * 1e6, "layer_us": layer_s * 1e6,
-                   "busiest_rank_offrank_bytes": busiest_bytes,
-                   "dispatch_bytes_per_s": busiest_bytes / dispatch_s if dispatch_s else None,
-                   "combine_bytes_per_s": busiest_bytes / combine_s if combine_s else None,
-                   "traffic_rows": traffic.tolist(), "bitwise_deterministic": bool(det.item()),
-                   "schedule_matches_simulator": same, "reps": job["reps"],
-                   "prediction": {k: pred.get(k) for k in ("system", "predicted_layer_us", "predicted_dispatch_us",
-                                                           "predicted_combine_us", "predicted_expert_us")}}
-            if pred.get("predicted_layer_us"):
-                row["layer_ratio"] = row["layer_us"] / pred["predicted_layer_us"]
-            with open(job["out"], "a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"R={R} T={T} {case['routing']}/{case['placement']}: dispatch {row['dispatch_us']:.1f} us, "
-                  f"combine {row['combine_us']:.1f} us, layer {row['layer_us']:.1f} us "
-                  f"(predicted {pred.get('predicted_layer_us') or float('nan'):.1f}), det {row['bitwise_deterministic']}",
-                  flush=True)
+        reps = job["reps"]
+        base = {"kind": "measured", **case, **(prov or {}), "num_gpus_visible": torch.cuda.device_count(),
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                "backend": "nccl" if cuda else "gloo", "nccl_channels": job["channels"],
+                "transport_env": {k: os.environ.get(k) for k in TRANSPORT_ENV}, "dtype": "bfloat16",
+                "busiest_rank_offrank_bytes": busiest_bytes, "traffic_rows": traffic.tolist(),
+                "schedule_matches_simulator": same, "reps": reps,
+                "prediction": {k: pred.get(k) for k in ("system", "predicted_layer_us", "predicted_dispatch_us",
+                                                        "predicted_combine_us", "predicted_expert_us")}}
+        if "all_to_all" in job["transports"]:
+            y2 = ep_moe_experts(x, topk, tw, shard, transport="all_to_all")
+            det = torch.tensor([int(torch.equal(y1, y2))], device=dev)
+            dist.all_reduce(det, op=dist.ReduceOp.MIN)
+            sp, rp = sched.send[rank], sched.recv[rank]
+            send_splits, recv_splits = sp.send_counts.tolist(), rp.recv_counts.tolist()
+            rows = x[torch.from_numpy(sp.send_token).to(dev)]
+            back = torch.empty((rp.num_recv, H), device=dev, dtype=torch.bfloat16)  # combine's partial rows
+            times = (_slowest_median_s(partial(exchange, rows, send_splits, recv_splits, "all_to_all"), reps, dev),
+                     _slowest_median_s(partial(exchange, back, recv_splits, send_splits, "all_to_all"), reps, dev),
+                     _slowest_median_s(partial(ep_moe_experts, x, topk, tw, shard, transport="all_to_all"), reps, dev))
+            if rank == 0:
+                _emit(job, R, case, pred, base, times, {"transport": "all_to_all", "bitwise_deterministic":
+                                                        bool(det.item())})
+        for programs in (job["copy_programs"] if bufs is not None else []):
+            times, checks = _measure_symmetric(bufs, shard, x, topk, tw, traffic, y1, programs, reps, dev)
+            if rank == 0:
+                _emit(job, R, case, pred, base, times,
+                      {"transport": "symmetric", "copy_programs": programs, **checks,
+                       "symmetric_max_tokens": bufs.layout.max_tokens, "symmetric_bytes": bufs.layout.total_bytes})
+
+
+def _symmetric_buffers(job: dict):
+    """This rank's symmetric buffers, once per spawn: room for the largest T of the job's cases."""
+    import torch
+
+    from megamoe.kernels.ep_symmetric import SymmetricBuffers
+
+    cfg, _ = workload(job["cases"][0])  # one preset per run: H and K are the same in every case
+    T = max(c["tokens_per_rank"] for c in job["cases"])
+    if job["device"] == "cpu":  # --cpu-smoke, one rank: its buffers emulated, the kernels interpreted
+        return SymmetricBuffers.emulated(1, T, cfg.hidden_size, cfg.top_k, torch.bfloat16)[0]
+    return SymmetricBuffers.allocate(T, cfg.hidden_size, cfg.top_k, torch.bfloat16)
+
+
+def _measure_symmetric(bufs, shard, x, topk, tw, traffic, y_a2a, programs, reps: int, dev):
+    """(dispatch_s, combine_s, layer_s) of the one-sided layer, and its checks against itself and all_to_all.
+
+    Dispatch: a call's pack + pull (its planning untimed). Combine: a call's push + finish, its first
+    phases run untimed. Every rep is synchronized and barriered, so a rank never repacks a send buffer
+    that a peer still pulls from, even when a rep runs only part of a call (the flags' epochs stay
+    in step: every rank runs the same phases)."""
+    import torch
+    import torch.distributed as dist
+
+    from megamoe.kernels.ep_symmetric import SymmetricStep, ep_moe_experts_symmetric
+
+    def step():
+        return SymmetricStep(bufs, shard, x, topk, tw, traffic, num_programs=programs)
+
+    def dispatch(s):
+        s.pack()
+        s.pull()
+
+    def computed():
+        s = step()
+        for phase in ("pack", "pull", "compute"):
+            getattr(s, phase)()
+        return s
+
+    def combine(s):
+        s.push()
+        s.finish()
+
+    layer = partial(ep_moe_experts_symmetric, x, topk, tw, shard, bufs, num_programs=programs)
+    y1, y2 = layer(), layer()
+    ok = torch.tensor([int(torch.equal(y1, y2)), int(torch.equal(y1, y_a2a))], device=dev)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    times = (_slowest_median_s(dispatch, reps, dev, setup=step), _slowest_median_s(combine, reps, dev, setup=computed),
+             _slowest_median_s(layer, reps, dev))
+    return times, {"bitwise_deterministic": bool(ok[0].item()), "bitwise_equal_all_to_all": bool(ok[1].item())}
+
+
+def _emit(job: dict, R: int, case: dict, pred: dict, base: dict, times, extra: dict) -> None:
+    """Rank 0: one measured row (times: dispatch, combine, layer seconds) to the file and a line to stdout."""
+    dispatch_s, combine_s, layer_s = times
+    busiest = base["busiest_rank_offrank_bytes"]
+    row = {**base, **extra, "dispatch_us": dispatch_s * 1e6, "combine_us": combine_s * 1e6, "layer_us": layer_s * 1e6,
+           "dispatch_bytes_per_s": busiest / dispatch_s if dispatch_s else None,
+           "combine_bytes_per_s": busiest / combine_s if combine_s else None}
+    if pred.get("predicted_layer_us"):
+        row["layer_ratio"] = row["layer_us"] / pred["predicted_layer_us"]
+    with open(job["out"], "a") as f:
+        f.write(json.dumps(row) + "\n")
+    more = f", equal to all_to_all {row['bitwise_equal_all_to_all']}" if "bitwise_equal_all_to_all" in row else ""
+    print(f"R={R} T={case['tokens_per_rank']} {case['routing']}/{case['placement']} {row['transport']}: dispatch "
+          f"{row['dispatch_us']:.1f} us, combine {row['combine_us']:.1f} us, layer {row['layer_us']:.1f} us "
+          f"(predicted {pred.get('predicted_layer_us') or float('nan'):.1f}), det {row['bitwise_deterministic']}{more}",
+          flush=True)
 
 
 def _write(out: Path, row: dict) -> None:
@@ -248,11 +334,12 @@ def main(argv=None) -> int:
         ranks = [2, 4, 8]
     out = Path(args.out) if args.out else (Path(__file__).resolve().parent / "results"
                                            / f"ep_{_dt.date.today().isoformat()}.jsonl")
+    transports = list(dict.fromkeys(args.transport))
     if args.dry_run:
         for R in ranks:
             for c in cases(args, R):
                 print(json.dumps(c))
-        print(f"bench_ep: would write {out}", file=sys.stderr)
+        print(f"bench_ep: would write {out}, transports {', '.join(transports)}", file=sys.stderr)
         return 0
     if args.predict_only:
         for R in ranks:
@@ -282,11 +369,21 @@ def main(argv=None) -> int:
             except ImportError as e:  # simpy missing: measure anyway, say why there is no prediction
                 preds.append({"kind": "prediction", **c, "error": f"{type(e).__name__}: {e}"})
             _write(out, preds[-1])
-        for ch in args.nccl_channels or [None]:
+        for i, ch in enumerate(args.nccl_channels or [None]):
             if ch is not None:
                 os.environ["NCCL_MIN_NCHANNELS"] = os.environ["NCCL_MAX_NCHANNELS"] = str(ch)
+            # the one-sided transport uses no NCCL channels (but the counts' all-gather): measured once;
+            # on CPU processes there is no symmetric memory, so only one rank (its buffers emulated)
+            ts = transports if i == 0 and not (args.cpu_smoke and R > 1) else [t for t in transports
+                                                                                if t != "symmetric"]
+            if len(ts) < len(transports) and i == 0:
+                print(f"bench_ep: R={R}: the symmetric transport needs CUDA symmetric memory (on CPU processes, "
+                      f"R = 1 only): not measured", file=sys.stderr)
+            if not ts:
+                continue
             job = {"cases": cs, "predictions": preds, "reps": args.reps, "out": str(out), "channels": ch,
-                   "device": "cpu" if args.cpu_smoke else "cuda"}
+                   "device": "cpu" if args.cpu_smoke else "cuda", "transports": ts,
+                   "copy_programs": args.copy_programs or [None]}
             launch(_worker, R, (job,), backend="gloo" if args.cpu_smoke else "nccl", timeout_s=args.timeout_s)
     print(f"bench_ep: rows in {out}")
     return 0

@@ -9,13 +9,15 @@ Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch n
     ep_moe_experts(x, topk_idx, topk_weights, shard)      the routed experts expert-parallel (kernels.ep)
     pull_rows_triton(pull, rank, send_buffers, recv)      one rank's one-sided pulls of plan_pull (kernels.ep_pull)
     push_rows_triton(pull, rank, partial, combine_buffers) its push-backs (kernels.ep_pull)
+    ep_moe_experts_symmetric(x, topk_idx, topk_weights, shard, buffers)  one-sided, through symmetric
+                                                          memory (kernels.ep_symmetric, SymmetricBuffers)
 Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
 megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
 configs.py + configs/*.json (tuned launch configs, megakernel tiles, auto's backend table), plan.py,
 moe.py (the torch ops), checks.py (the routing check of moe_experts), hf_experts.py (transformers
 backend), microbench.py (calibration kernels), bench.py, fp8_weights.py (FP8 block quantization on the
 device, for bench), ep.py (expert parallelism over torch.distributed), ep_pull.py (its one-sided
-copy kernel).
+copy kernel), ep_symmetric.py (the one-sided layer: symmetric buffers, ready flags).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _LAZY = {
     "shard_weights": ("ep", "shard_weights"),
     "pull_rows_triton": ("ep_pull", "pull_rows_triton"),
     "push_rows_triton": ("ep_pull", "push_rows_triton"),
+    "ep_moe_experts_symmetric": ("ep_symmetric", "ep_moe_experts_symmetric"),
+    "SymmetricBuffers": ("ep_symmetric", "SymmetricBuffers"),
 }
 
 __all__ = sorted(_LAZY)

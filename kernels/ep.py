@@ -21,19 +21,13 @@ The transport is ``all_to_all_single`` (NCCL on GPUs, gloo on CPU). Where a back
 ``all_to_all_p2p`` builds the same exchange from isend/irecv, visiting peers in the schedule's
 peer order (each rank starts with a different peer); ``transport="p2p"`` forces it.
 
-The one-sided variant (symmetric memory, communication programs in the megakernel) is not built:
-``ep_moe_experts_symmetric`` raises NotImplementedError. Its schedule is ``reference.ep.plan_pull``,
-built on the host before launch from the (R, R) traffic matrix alone: each destination d pulls, for
-each peer s in peer_order(d, R) (itself first, then d+1, ...), its rows from s's send buffer
-(``pull_src``, ``pull_src_row``, ``pull_rows``) into its own receive buffer at ``pull_dst_row``, so
-the receive buffer ends up in all_to_all's layout (sources ascending) though it is filled in peer
-order; after the local experts each rank pushes its partial rows back into every source's combine
-buffer (``push_*``, again in its own peer order) in the send buffer's layout, where combine_row
-indexes them. Copies are cut into messages of at most ``max_rows`` rows; all arrays are int64 with
-CSR offsets per rank (``pull_offsets``, ``push_offsets``). At step i every rank reads (writes) a
-different peer and no two copies touch the same rows, so no handshake is needed, only a ready flag
-per buffer. ``reference.ep.ep_experts_forward(..., transport="pull")`` emulates it exactly: bitwise
-the all-to-all path's result.
+The one-sided variant is ``kernels.ep_symmetric.ep_moe_experts_symmetric``: the same steps, but each
+destination pulls its rows from the peers' send buffers in torch symmetric memory (kernels/ep_pull.py's
+copy kernel, ``reference.ep.plan_pull``'s schedule, peers in each rank's peer order) after a ready
+flag per peer, and pushes its partial rows back into the sources' combine buffers; its local experts
+and sums are this module's ``local_partials`` and ``combine_partials``, so its y is bitwise this
+one's. Tested under the Triton interpreter with every rank emulated in one process; the run on
+several GPUs (tests/test_kernels_ep_symmetric.py's GPU test, benchmarks/bench_ep.py) is what is left.
 
 Every process must run with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 (``TRANSPORT_ENV``; the launcher in megamoe/ep.py sets them).
@@ -63,11 +57,16 @@ class EPInputError(ValueError):
     """An input of the expert-parallel layer is unusable; the message says which and why."""
 
 
+class TransportEnvError(EPInputError, RuntimeError):
+    """A variable of ``TRANSPORT_ENV`` is unset or has another value in this process."""
+
+
 def check_transport_env() -> None:
-    """Raise unless every variable of ``TRANSPORT_ENV`` has its value in this process."""
+    """Raise TransportEnvError (an EPInputError and a RuntimeError) unless every variable of
+    ``TRANSPORT_ENV`` has its value in this process."""
     bad = {k: os.environ.get(k) for k, v in TRANSPORT_ENV.items() if os.environ.get(k) != v}
     if bad:
-        raise RuntimeError(f"expert parallelism needs {TRANSPORT_ENV} in every process; here {bad}. "
+        raise TransportEnvError(f"expert parallelism needs {TRANSPORT_ENV} in every process; here {bad}. "
                            f"Launch through megamoe.ep.launch (or set them before torch.distributed starts).")
 
 
@@ -224,6 +223,47 @@ def _sum_rows(rows: torch.Tensor, index: np.ndarray) -> torch.Tensor:
     return acc
 
 
+def resolve_backend(backend: str, x: torch.Tensor) -> str:
+    """"kernels" or "torch" for ``backend`` ("auto": the kernels on CUDA, torch on the CPU)."""
+    if backend not in BACKENDS:
+        raise EPInputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "kernels" if x.is_cuda else "torch"
+    return backend
+
+
+def check_routing(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor) -> np.ndarray:
+    """(T, K) int64 slot ids as a host array, after checking x (T, H), topk_idx and topk_weights (T, K)."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        raise EPInputError(f"x must be a [T, H] tensor, got {type(x).__name__} of shape "
+                           f"{list(getattr(x, 'shape', []))}")
+    T = x.shape[0]
+    idx_np = (topk_idx.detach().cpu().numpy() if isinstance(topk_idx, torch.Tensor) else np.asarray(topk_idx))
+    if idx_np.ndim != 2 or idx_np.shape[0] != T or tuple(topk_weights.shape) != idx_np.shape:
+        raise EPInputError(f"topk_idx and topk_weights must both be [T={T}, K], got {list(idx_np.shape)} and "
+                           f"{list(topk_weights.shape)}")
+    return idx_np.astype(np.int64)
+
+
+def local_partials(rx: torch.Tensor, ridx: np.ndarray, rw: torch.Tensor, recv_counts, shard: EPShard, backend: str,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Step 3 on the received rows: rx (N, H), ridx (N, K) int64 slot ids (host), rw (N, K) fp32, recv_counts
+    (R,) rows from each source -> (N, H) partial rows in ``dtype``: 0 + w_k * expert_k(row), k ascending."""
+    dev = rx.device
+    rp = plan_receive(ridx, recv_counts, shard.slot_rank, shard.rank)
+    pr = torch.from_numpy(rp.pair_row).to(dev)
+    pk = torch.from_numpy(rp.pair_k).to(dev)
+    out = _local_experts(rx[pr].contiguous(), rw[pr, pk].contiguous(), torch.from_numpy(rp.pair_local).to(dev),
+                         shard, rp.counts, backend)
+    return _sum_rows(out, rp.row_pair).to(dtype)
+
+
+def combine_partials(back: torch.Tensor, combine_row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """Step 4's sum: back (N, H) rows in the send layout, combine_row (T, R) -> y (T, H) in ``dtype``,
+    y[t] = 0 + back[combine_row[t, d]] over ranks d ascending, in fp32."""
+    return _sum_rows(back, combine_row).to(dtype)
+
+
 def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard, group=None, *,
                    transport: str = "auto", backend: str = "auto") -> torch.Tensor:
     """The routed experts, expert-parallel.  x: (T, H) this rank's tokens; topk_idx: (T, K) slot ids
@@ -232,21 +272,13 @@ def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard:
     Collective: every rank of ``group`` calls it, each with its own T (0 allowed).
     ``backend``: "kernels" (moe_experts), "torch" (a loop of torch GEMMs), "auto" (kernels on CUDA).
     """
-    if backend not in BACKENDS:
-        raise EPInputError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        backend = "kernels" if x.is_cuda else "torch"
+    backend = resolve_backend(backend, x)
     transport = resolve_transport(transport, group)
     rank, R = dist.get_rank(group), dist.get_world_size(group)
     if (rank, R) != (shard.rank, shard.num_ranks):
         raise EPInputError(f"shard is for rank {shard.rank} of {shard.num_ranks}, this is rank {rank} of {R}")
-    T, H = x.shape
-    idx_np = (topk_idx.detach().cpu().numpy() if isinstance(topk_idx, torch.Tensor) else np.asarray(topk_idx))
-    if idx_np.ndim != 2 or idx_np.shape[0] != T or tuple(topk_weights.shape) != idx_np.shape:
-        raise EPInputError(f"topk_idx and topk_weights must both be [T={T}, K], got {list(idx_np.shape)} and "
-                           f"{list(topk_weights.shape)}")
-    idx_np = idx_np.astype(np.int64)
-    K = idx_np.shape[1]
+    idx_np = check_routing(x, topk_idx, topk_weights)
+    T, K = idx_np.shape
     dev = x.device
     sp = plan_send(idx_np, shard.slot_rank, R, rank)
     # 1. counts: what each peer sends me
@@ -266,28 +298,12 @@ def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard:
     ridx = exchange(idx_t[send_tok], send_splits, recv_splits, transport, group)
     rw = exchange(w32[send_tok], send_splits, recv_splits, transport, group)
     # 3. the local pairs, by local slot; one partial row per received row
-    rp = plan_receive(ridx.cpu().numpy(), recv_counts, shard.slot_rank, rank)
-    pr = torch.from_numpy(rp.pair_row).to(dev)
-    pk = torch.from_numpy(rp.pair_k).to(dev)
-    out = _local_experts(rx[pr].contiguous(), rw[pr, pk].contiguous(), torch.from_numpy(rp.pair_local).to(dev),
-                         shard, rp.counts, backend)
-    partial = _sum_rows(out, rp.row_pair).to(x.dtype)
+    partial = local_partials(rx, ridx.cpu().numpy(), rw, recv_counts, shard, backend, x.dtype)
     # 4. combine: partial rows back where they came from, summed over ranks ascending
     back = exchange(partial, recv_splits, send_splits, transport, group)
-    return _sum_rows(back, sp.combine_row).to(x.dtype)
+    return combine_partials(back, sp.combine_row, x.dtype)
 
 
-def ep_moe_experts_symmetric(*args, **kwargs):
-    """The one-sided variant: not built yet (see the module docstring and issue 13, part 1b)."""
-    raise NotImplementedError(
-        "one-sided expert parallelism through torch symmetric memory is not built yet. The transport exists: "
-        "kernels.ep_pull's Triton copy kernel (pull_rows_triton / push_rows_triton) executes reference.ep.plan_pull's "
-        "schedule from a table of the peers' buffer addresses, checked bitwise against reference.ep.pull_rows / "
-        "push_rows under the Triton interpreter. Missing: the symmetric-memory allocation of the send, receive and "
-        "combine buffers, and the multi-GPU run; use ep_moe_experts (all_to_all over NCCL) "
-        "meanwhile")
-
-
-__all__ = ["BACKENDS", "TRANSPORTS", "TRANSPORT_ENV", "EPInputError", "EPShard", "all_to_all_p2p",
-           "check_transport_env", "ep_moe_experts", "ep_moe_experts_symmetric", "exchange", "peer_order",
-           "resolve_transport", "shard_weights"]
+__all__ = ["BACKENDS", "TRANSPORTS", "TRANSPORT_ENV", "EPInputError", "EPShard", "TransportEnvError", "all_to_all_p2p",
+           "check_routing", "check_transport_env", "combine_partials", "ep_moe_experts", "exchange", "local_partials",
+           "peer_order", "resolve_backend", "resolve_transport", "shard_weights"]

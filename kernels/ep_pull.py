@@ -12,6 +12,8 @@ chunks of at most ``max_rows`` rows. This module executes one rank's share on th
         rows dst_row:dst_row+rows of this rank's receive buffer
     push_rows_triton(pull, rank, partial, combine_buffers) combine: for each push copy (peer, src_row,
         dst_row, rows), rows of this rank's partial buffer -> peer's combine buffer
+    launch_copies(copies, local, peers, push=...)          the launch under both, from a ready table of
+        peer addresses (what kernels.ep_symmetric.SymmetricBuffers holds), optionally after ready flags
 
 Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``.
 
@@ -40,14 +42,19 @@ a multiple of 16 bytes / element size the compiler sees 16-byte aligned, contigu
 16-byte vector loads and stores (the peers' base addresses carry a ``tl.multiple_of(., 16)`` hint
 when all of them are 16-byte aligned, as symmetric-memory allocations are).
 
-What this does not do (see kernels/ep.py ``ep_moe_experts_symmetric``): allocate the buffers in
-symmetric memory, and the ready flags (a peer's send buffer packed before it is pulled, every push
-landed before combine reads its buffer): the caller orders the launches (a barrier) meanwhile.
+Ready flags. ``launch_copies(..., ready=ReadyWait(...))`` makes every program poll the peer's ready
+flag (``wait_flag``: tl.atomic_add(flag, 0, sem="acquire", scope="sys"), compiled by Triton 3.6 and
+3.9 to ld.global.sys.acquire) before its first copy from that peer, up to ``spin_limit`` polls; a
+wait that runs out is written to a status word (``note_timeout``) for the host to raise on, and the
+copies go on, so a kernel never hangs. The buffers, the flags and the whole layer are
+kernels/ep_symmetric.py's (``SymmetricBuffers``, ``ep_moe_experts_symmetric``), tested with every rank
+emulated in one process; only the run on several GPUs is left.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -66,13 +73,37 @@ INTERPRET_PROGRAMS = 3
 
 
 @triton.jit
-def _copy_rows_kernel(local, peers, copies, lo, hi, W: tl.constexpr, PUSH: tl.constexpr, ALIGNED: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+def wait_flag(flag, epoch, budget):
+    """Poll the int64 ``flag`` (acquire, system scope) until it reaches ``epoch`` or ``budget`` more polls
+    are spent -> (the last value read, the budget left). The read is an atomic add of 0: Triton 3.6 has
+    no atomic load (3.9's tl.atomic_load / atomic_poll are not in the GPU image's 3.6)."""
+    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    while (v < epoch) & (budget > 0):
+        v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        budget -= 1
+    return v, budget
+
+
+@triton.jit
+def note_timeout(status, peer, value, kind):
+    """Record the first timed-out wait in ``status`` ((3,) int64: peer + 1, the value read, the flag kind)."""
+    if tl.atomic_cas(status, peer * 0, peer + 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(status + 1, value)
+        tl.store(status + 2, kind)
+
+
+@triton.jit
+def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, status, W: tl.constexpr,
+                      PUSH: tl.constexpr, ALIGNED: tl.constexpr, WAIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_W: tl.constexpr):
     """Copies lo:hi of ``copies`` ((C, 4) int64 rows: peer, src_row, dst_row, rows), in order.
 
     local: this rank's buffer (pull: the receive buffer, written; push: the partial buffer, read);
     peers: (R,) int64 base addresses of the peers' buffers (pull: send buffers, read; push:
     combine buffers, written). Rows of W contiguous elements in every buffer.
+    WAIT: before its first copy from a peer, each program polls ``flags[peer]`` (this rank's (R,)
+    int64 ready flags) until it reaches ``epoch[0]``, at most ``spin_limit`` polls in all; a wait that
+    runs out is recorded in ``status`` (``note_timeout``, kind 1) and the copies go on (the host raises).
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -80,11 +111,21 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, W: tl.constexpr, PUSH: tl.co
     r_off = tl.arange(0, BLOCK_R)
     w_off = tl.arange(0, BLOCK_W)
     base = pid * 0  # tiles of the copies before this one (int32, carried over the copies)
+    if WAIT:
+        want = tl.load(epoch)
+        budget = spin_limit
+        prev = (pid * 0 - 1).to(tl.int64)  # the peer of the last copy waited for
     for c in range(lo, hi):
         peer = tl.load(copies + c * 4 + 0)
         src_row = tl.load(copies + c * 4 + 1)
         dst_row = tl.load(copies + c * 4 + 2)
         n = tl.load(copies + c * 4 + 3).to(tl.int32)
+        if WAIT:
+            if peer != prev:
+                seen, budget = wait_flag(flags + peer, want, budget)
+                if seen < want:
+                    note_timeout(status, peer, seen, 1)
+                prev = peer
         remote = tl.load(peers + peer).to(tl.pointer_type(local.dtype.element_ty))
         if ALIGNED:
             remote = tl.multiple_of(remote, 16)
@@ -171,32 +212,70 @@ def _check_device(t: torch.Tensor) -> None:
         raise InputError(f"the buffers must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {t.device}")
 
 
-def _launch(table: np.ndarray, lo: int, hi: int, local: torch.Tensor, remotes: list[torch.Tensor], push: bool,
-            num_programs: int | None) -> None:
+@dataclass(frozen=True)
+class ReadyWait:
+    """What a pull waits on: flags (R,) int64 (this rank's ready flags, one per peer), epoch: a 1-element
+    int64 tensor (the value to reach), spin_limit: polls per program at most, status: (3,) int64."""
+
+    flags: torch.Tensor
+    epoch: torch.Tensor
+    spin_limit: int
+    status: torch.Tensor
+
+
+def _check_num_programs(num_programs) -> None:
     if num_programs is not None and (isinstance(num_programs, bool) or not isinstance(num_programs, int)
                                      or num_programs < 1):  # checked even where there is nothing to copy
         raise InputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
+
+
+def launch_copies(copies: np.ndarray, local: torch.Tensor, peers: torch.Tensor, *, push: bool, aligned: bool,
+                  num_programs: int | None = None, copies_dev: torch.Tensor | None = None,
+                  ready: ReadyWait | None = None) -> None:
+    """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``: one rank's).
+
+    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 tensor
+    on local's device, the base address of each peer's buffer of local's dtype and row width (what a
+    symmetric allocation gives); aligned: every peer address is a multiple of 16; copies_dev: the
+    same rows already on the device (else copied there); ready: make each program wait for a peer's
+    ready flag before its first copy from that peer (pulls only).
+    """
+    _check_num_programs(num_programs)
     W = _row_width(local)
-    if hi <= lo or W == 0:
+    if len(copies) == 0 or W == 0:
         return
     dev = local.device
-    ptrs = [int(b.data_ptr()) for b in remotes]
-    peers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
-    mine = np.ascontiguousarray(table[lo:hi])  # this rank's copies only go to the device
-    copies = torch.from_numpy(mine).to(dev)
+    if copies_dev is None:
+        copies_dev = torch.from_numpy(np.ascontiguousarray(copies)).to(dev)
     block_w = min(triton.next_power_of_2(W), MAX_BLOCK_W)
-    longest = int(mine[:, 3].max())
+    longest = int(copies[:, 3].max())
     block_r = max(1, min(triton.next_power_of_2(longest), TILE_ELEMENTS // block_w))
-    tiles = int((-(-mine[:, 3] // block_r)).sum()) * -(-W // block_w)
+    tiles = int((-(-copies[:, 3] // block_r)).sum()) * -(-W // block_w)
     if num_programs is None:
         if dev.type == "cuda":
             num_programs = torch.cuda.get_device_properties(dev).multi_processor_count * PROGRAMS_PER_SM
         else:
             num_programs = INTERPRET_PROGRAMS
     grid = (max(1, min(num_programs, tiles)),)
-    aligned = all(p % 16 == 0 for p in ptrs)
-    _copy_rows_kernel[grid](local, peers, copies, 0, len(mine), W=W, PUSH=push, ALIGNED=aligned, BLOCK_R=block_r,
-                            BLOCK_W=block_w)
+    if ready is None:  # the wait arguments are not read: any int64 tensor of the device stands in
+        flags = epoch = status = peers
+        spin_limit = 0
+    else:
+        flags, epoch, spin_limit, status = ready.flags, ready.epoch, ready.spin_limit, ready.status
+    _copy_rows_kernel[grid](local, peers, copies_dev, 0, len(copies), flags, epoch, spin_limit, status, W=W,
+                            PUSH=push, ALIGNED=aligned, WAIT=ready is not None, BLOCK_R=block_r, BLOCK_W=block_w)
+
+
+def _launch(table: np.ndarray, lo: int, hi: int, local: torch.Tensor, remotes: list[torch.Tensor], push: bool,
+            num_programs: int | None) -> None:
+    """The copies lo:hi of ``table`` between ``local`` and the tensors ``remotes`` (one per rank)."""
+    _check_num_programs(num_programs)
+    if hi <= lo or _row_width(local) == 0:
+        return
+    ptrs = [int(b.data_ptr()) for b in remotes]
+    peers = torch.tensor(ptrs, dtype=torch.int64, device=local.device)
+    launch_copies(table[lo:hi], local, peers, push=push, aligned=all(p % 16 == 0 for p in ptrs),
+                  num_programs=num_programs)
 
 
 def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Tensor],
@@ -254,4 +333,5 @@ def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combi
     return list(combine_buffers)
 
 
-__all__ = ["copy_table", "pull_rows_triton", "push_rows_triton"]
+__all__ = ["ReadyWait", "copy_table", "launch_copies", "note_timeout", "pull_rows_triton", "push_rows_triton",
+           "wait_flag"]

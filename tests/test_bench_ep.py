@@ -24,7 +24,8 @@ def test_dry_run_lists_every_case(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--ranks", "0"], ["--tokens", "a,b"], ["--routing", "bogus"],
-                                  ["--placement", "everywhere"]], ids=["zero-ranks", "tokens", "routing", "placement"])
+                                  ["--placement", "everywhere"], ["--transport", "nvshmem"], ["--copy-programs", "0"]],
+                         ids=["zero-ranks", "tokens", "routing", "placement", "transport", "copy-programs"])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as e:
         _bench_ep().main(["--dry-run", *argv])
@@ -59,3 +60,23 @@ def test_cpu_smoke_runs_the_measuring_code(tmp_path, monkeypatch):
     assert meas["bitwise_deterministic"] is True and meas["schedule_matches_simulator"] is True
     assert meas["backend"] == "gloo" and meas["layer_us"] > 0 and meas["prediction"]["predicted_layer_us"] > 0
     assert sum(map(sum, meas["traffic_rows"])) > 0
+
+
+@pytest.mark.interpret
+def test_cpu_smoke_runs_the_symmetric_transport(tmp_path, monkeypatch):
+    """One rank (its symmetric buffers emulated, the copy and flag kernels interpreted): a row per transport
+    and copy-program count, the one-sided layer bitwise the all-to-all one; two ranks skip it (no symmetric
+    memory between CPU processes)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_ep
+
+    out = tmp_path / "smoke.jsonl"
+    rc = bench_ep.main(["--cpu-smoke", "--ranks", "1", "--tokens", "8", "--routing", "skewed", "--placement",
+                        "contiguous", "--reps", "1", "--copy-programs", "1,3", "--timeout-s", "90", "--out", str(out)])
+    assert rc == 0
+    pred, a2a, *sym = [json.loads(s) for s in out.read_text().splitlines()]
+    assert pred["kind"] == "prediction" and a2a["transport"] == "all_to_all"
+    assert [r["transport"] for r in sym] == ["symmetric"] * 2 and [r["copy_programs"] for r in sym] == [1, 3]
+    for r in sym:
+        assert r["bitwise_equal_all_to_all"] is True and r["bitwise_deterministic"] is True
+        assert r["dispatch_us"] > 0 and r["combine_us"] > 0 and r["layer_us"] > 0 and r["symmetric_max_tokens"] == 8

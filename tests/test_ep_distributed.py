@@ -111,13 +111,6 @@ def test_launch_times_out_instead_of_hanging():
         launch(_hang, 2, backend="gloo", timeout_s=5)
 
 
-def test_symmetric_variant_is_a_clear_stub():
-    from megamoe.kernels.ep import ep_moe_experts_symmetric
-
-    with pytest.raises(NotImplementedError, match="symmetric memory"):
-        ep_moe_experts_symmetric()
-
-
 def _worker_kernels(rank: int, R: int, out_dir: str) -> None:
     """The contiguous scenario with the single-GPU kernels (moe_experts) as the local expert path."""
     from megamoe.ep import ep_layer, placement_arrays

@@ -216,9 +216,29 @@ def test_bad_inputs_are_named(device, monkeypatch):
             pull_rows_triton(ps, 0, sends)
 
 
-def test_symmetric_stub_names_the_kernel():
-    from megamoe.kernels.ep import ep_moe_experts_symmetric
+def test_pulls_wait_for_each_peers_ready_flag(rng, device):
+    """launch_copies with a ReadyWait: each program polls a peer's flag before its first copy from it; a flag
+    below the epoch is polled spin_limit times, then recorded (peer + 1, the value read, kind 1) and the copies
+    still run (the caller raises); flags at or past the epoch pass at once."""
+    from megamoe.kernels.ep_pull import ReadyWait, copy_table, launch_copies
 
-    with pytest.raises(NotImplementedError, match="kernels.ep_pull") as e:
-        ep_moe_experts_symmetric()
-    assert "symmetric-memory allocation" in str(e.value) and "multi-GPU run" in str(e.value)
+    ps = plan_pull(_traffic("three-random"), 24, 2, max_rows=2)
+    d = 2
+    sends = [_rows(rng, n, 24, device, None) for n in ps.send_rows]
+    want = pull_rows(ps, [_bits(s) for s in sends])[d]
+    peers = torch.tensor([s.data_ptr() for s in sends], dtype=torch.int64, device=device.name)
+    mine = copy_table(ps, push=False)[ps.pulls(d)]
+    assert set(mine[:, 0].tolist()) >= {0, 2}  # rank 2 pulls from rank 0 and from itself
+
+    def pull(flags: list[int]):
+        recv = _poisoned(ps.recv_rows[d], 24, device, None)
+        status = torch.zeros(3, dtype=torch.int64, device=device.name)
+        ready = ReadyWait(torch.tensor(flags, dtype=torch.int64, device=device.name),
+                          torch.tensor([5], dtype=torch.int64, device=device.name), 4, status)
+        launch_copies(mine, recv, peers, push=False, aligned=False, num_programs=2, ready=ready)
+        return recv, status.tolist()
+
+    recv, status = pull([5, 5, 6])
+    assert status == [0, 0, 0] and np.array_equal(_bits(recv), want)
+    recv, status = pull([4, 9, 5])  # rank 0 is a call behind
+    assert status == [1, 4, 1] and np.array_equal(_bits(recv), want)

@@ -1,0 +1,471 @@
+"""One-sided expert parallelism: ep_moe_experts with pulls and push-backs through symmetric memory.
+
+Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
+buffer, N rows of a receive buffer, C_r the copies of one rank.
+
+Every rank owns one symmetric allocation (``SymmetricBuffers``, ``BufferLayout``): its send buffers
+(x rows (S, H), topk_idx rows (S, K) int64, topk_weights rows (S, K) fp32, in plan_send's layout),
+its combine buffer (S, H) (the send layout: what the peers push back) and its flags (2, R) int64,
+row READY: flags[READY, s] = the last call whose send buffers rank s has packed, row LANDED:
+flags[LANDED, c] = the last call whose partial rows rank c has pushed here. Its receive buffers
+(N, H), (N, K), (N, K) are its own memory: only it writes them. A call of one rank
+(``SymmetricStep``) runs five phases, in this order:
+
+    1. pack     x, topk_idx, topk_weights rows into the send buffers (plan_send's order); signal
+                READY: epoch[READY] += 1, written into flags[READY, rank] of every peer
+    2. pull     this rank's copies of reference.ep.plan_pull (kernels.ep_pull's copy kernel), peers in
+                its peer order (itself first): each program polls flags[READY, peer] until it reaches
+                epoch[READY] before its first copy from that peer (topk_idx rows, then weights, then x)
+    3. compute  plan_receive on the received slot ids (a host sync) and the local experts, exactly as
+                ep_moe_experts (kernels.ep.local_partials): one partial row per received row
+    4. push     the partial rows into each source's combine buffer (plan_pull's push copies); signal
+                LANDED: epoch[LANDED] += 1, written into flags[LANDED, rank] of every peer
+    5. finish   wait until flags[LANDED, c] reaches epoch[LANDED] for every c; y = the combine rows
+                summed ranks ascending (kernels.ep.combine_partials): bitwise ep_moe_experts' y
+
+Flags carry epochs (call counters kept on the device, bumped by the signal kernel itself), so they
+need no reset between calls and no flag kernel takes a value from the host (a CUDA-graph replay of
+them needs no host op; the compute phase's host planning still syncs today); every wait is
+">= epoch". One call never
+overwrites what a peer still reads: s repacks its send buffers (call n+1) only after every peer's
+LANDED flag of call n, which a peer raises only after all its pulls of call n; c pushes call n+1's
+rows into s's combine buffer only after pulling s's rows of call n+1, which s offers only after its
+combine of call n. So the ranks drift apart by less than one call.
+
+Flag kernels (Triton, one program): ``_signal_kernel`` writes with tl.atomic_xchg(sem="release",
+scope="sys"); waits (``ep_pull.wait_flag``, in the pull's copy kernel and ``_wait_kernel``) read with
+tl.atomic_add(flag, 0, sem="acquire", scope="sys"): Triton 3.6 (the GPU image's) has sem and scope
+on atomic_cas / xchg / add but no atomic load (3.9's tl.atomic_load / atomic_poll); for sm_90 both
+compile them to atom.global.sys.release.exch and ld.global.sys.acquire (their PTX, read on a CPU
+machine: compiled, never run on a GPU). A release in the
+signal kernel publishes the writes of the kernels before it on the stream (the pack's copies, the
+push's remote stores): stream order, then a system-scope release. Every wait is bounded: at most
+``spin_limit`` polls per program, after which it records the peer and the value read in a status
+word, and the host raises FlagTimeoutError (rank, peer, flag, epoch) at the next phase that syncs
+(compute, finish) instead of hanging.
+
+Two ways to get the buffers:
+    SymmetricBuffers.allocate(...)   one rank's, torch symmetric memory (symm_mem.empty + rendezvous;
+                                     the peers' addresses: the handle's buffer_ptrs plus the tensor's
+                                     offset in its segment), one process
+                                     per GPU; sized for max_tokens per rank (the worst case: S = T *
+                                     min(K, R), N = T * R), allocated once
+    SymmetricBuffers.emulated(R, ...) R ranks' buffers in one process: CPU tensors for the Triton
+                                     interpreter (CI), or one GPU's memory (the compiled kernels);
+                                     ``ep_moe_experts_emulated`` runs every rank's phase 1, then every
+                                     rank's phase 2, and so on, so no rank ever waits on a flag that a
+                                     later phase sets (one process cannot deadlock)
+``ep_moe_experts_symmetric`` is the layer in one process of a multi-GPU group (the (R, R) traffic
+given, or all-gathered from the ranks' send counts). Not yet run on several GPUs: the symmetric
+allocation, the cross-GPU flags and copies are tested here only through the emulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from ..reference.ep import PullSchedule, plan_pull, plan_send
+from .ep import (
+    EPInputError,
+    EPShard,
+    check_routing,
+    check_transport_env,
+    combine_partials,
+    local_partials,
+    resolve_backend,
+)
+from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_timeout, wait_flag
+
+#: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
+READY, LANDED = 0, 1
+FLAG_NAMES = ("send-ready", "push-landed")
+#: polls per program before a wait gives up: set flags read at the first poll under the emulation; on a
+#: GPU about a minute at 0.25 us a poll (unmeasured), beyond a peer's first-call JIT compilation
+EMULATED_SPIN_LIMIT = 8
+GPU_SPIN_LIMIT = 1 << 28
+#: byte alignment of each region of the symmetric allocation
+ALIGN = 256
+
+
+class FlagTimeoutError(RuntimeError):
+    """A bounded flag wait ran out: a peer never signalled this call (it raised, hangs, or is elsewhere)."""
+
+
+@triton.jit
+def _signal_kernel(peer_flags, epoch, slot, R: tl.constexpr):
+    """epoch[0] += 1, then write it into word ``slot`` of every peer's flags (release, system scope).
+    peer_flags: (R,) int64 base addresses of the peers' flag regions."""
+    e = tl.load(epoch) + 1
+    tl.store(epoch, e)
+    for p in range(R):
+        flag = tl.load(peer_flags + p).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(flag + slot, e, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_kernel(flags, n, epoch, spin_limit, status, KIND: tl.constexpr):
+    """Wait until flags[i] >= epoch[0] for i < n (acquire, system scope), ``spin_limit`` polls in all."""
+    want = tl.load(epoch)
+    budget = spin_limit
+    for i in range(n):
+        seen, budget = wait_flag(flags + i, want, budget)
+        if seen < want:
+            note_timeout(status, want * 0 + i, seen, KIND)
+
+
+def _region(offset: int, nbytes: int) -> tuple[int, int]:
+    return offset, -(-(offset + nbytes) // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets.
+
+    Room for any routing of at most ``max_tokens`` tokens per rank: a token sends at most one row to
+    each of min(K, R) ranks (S = send_rows), and a rank receives at most one row per token of every
+    rank (N = recv_rows; the receive buffers are local memory, not in the allocation). dtype: x's
+    (and the combine rows') torch dtype.
+    """
+
+    num_ranks: int
+    max_tokens: int
+    hidden_size: int
+    top_k: int
+    dtype: torch.dtype
+
+    def __post_init__(self):
+        for name in ("num_ranks", "max_tokens", "hidden_size", "top_k"):
+            v, least = getattr(self, name), 0 if name == "max_tokens" else 1
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+                raise EPInputError(f"{name} must be an integer >= {least}, got {v!r}")
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise EPInputError(f"dtype must be a floating torch.dtype (x's), got {self.dtype!r}")
+
+    @property
+    def send_rows(self) -> int:
+        return int(self.max_tokens) * min(int(self.top_k), int(self.num_ranks))
+
+    @property
+    def recv_rows(self) -> int:
+        return int(self.max_tokens) * int(self.num_ranks)
+
+    def regions(self) -> dict[str, tuple[int, tuple[int, ...], torch.dtype]]:
+        """name -> (byte offset, shape, dtype) of every region of the allocation."""
+        S, H, K, R = self.send_rows, self.hidden_size, self.top_k, self.num_ranks
+        shapes = {"send_x": ((S, H), self.dtype), "send_idx": ((S, K), torch.int64),
+                  "send_w": ((S, K), torch.float32), "combine": ((S, H), self.dtype), "flags": ((2, R), torch.int64)}
+        out, off = {}, 0
+        for name, (shape, dt) in shapes.items():
+            start, off = _region(off, int(np.prod(shape)) * dt.itemsize)
+            out[name] = (start, shape, dt)
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        start, shape, dt = self.regions()["flags"]
+        return _region(start, int(np.prod(shape)) * dt.itemsize)[1]
+
+
+class SymmetricBuffers:
+    """One rank's buffers and the addresses of its peers' (see the module docstring).
+
+    Views of the symmetric allocation: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32,
+    combine (S, H), flags (2, R) int64. Local: recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch
+    (2,) int64 (the calls signalled, per flag row), status (3,) int64 (the first timed-out wait: peer
+    + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 tensor of every rank's address of
+    region ``name``, on this rank's device (what kernels.ep_pull.launch_copies takes).
+    """
+
+    def __init__(self, rank: int, layout: BufferLayout, storage: torch.Tensor, bases: list[int], *,
+                 spin_limit: int, emulated: bool, keep: tuple = ()):
+        self.rank, self.num_ranks, self.layout = rank, layout.num_ranks, layout
+        self.device, self.emulated, self.spin_limit = storage.device, emulated, int(spin_limit)
+        self._keep = (storage, *keep)  # the allocation (and the peers' or the handle) live as long as these views
+        self.peers, self.aligned = {}, {}
+        for name, (off, shape, dt) in layout.regions().items():
+            setattr(self, name, storage[off:off + int(np.prod(shape)) * dt.itemsize].view(dt).view(shape))
+            addrs = [b + off for b in bases]
+            self.peers[name] = torch.tensor(addrs, dtype=torch.int64, device=self.device)
+            self.aligned[name] = all(a % 16 == 0 for a in addrs)
+        N, H, K = layout.recv_rows, layout.hidden_size, layout.top_k
+        self.recv_x = torch.empty((N, H), dtype=layout.dtype, device=self.device)
+        self.recv_idx = torch.empty((N, K), dtype=torch.int64, device=self.device)
+        self.recv_w = torch.empty((N, K), dtype=torch.float32, device=self.device)
+        self.epoch = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self.status = torch.zeros(3, dtype=torch.int64, device=self.device)
+        self.calls = [0, 0]  # host copy of epoch, for messages
+        self.broken = False
+
+    @classmethod
+    def allocate(cls, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, group=None, *,
+                 device=None, spin_limit: int = GPU_SPIN_LIMIT) -> SymmetricBuffers:
+        """This rank's buffers in torch symmetric memory (collective over ``group``; one process per GPU,
+        torch.distributed initialized, TRANSPORT_ENV set: megamoe.ep.launch(..., backend="nccl"))."""
+        check_transport_env()
+        if not dist.is_available() or not dist.is_initialized():
+            raise EPInputError("SymmetricBuffers.allocate needs torch.distributed initialized (one process per GPU: "
+                               "megamoe.ep.launch with backend='nccl'); SymmetricBuffers.emulated runs in one process")
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if device.type != "cuda":
+            raise EPInputError(f"symmetric memory lives on a CUDA device, got {device}")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        rank, R = dist.get_rank(group), dist.get_world_size(group)
+        layout = BufferLayout(R, max_tokens, hidden_size, top_k, dtype)
+        group_name = (group if group is not None else dist.group.WORLD).group_name
+        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11):  # deprecated (a no-op) since 2.11
+            symm_mem.enable_symm_mem_for_group(group_name)
+        storage = symm_mem.empty(layout.total_bytes, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(storage, group_name)
+        bases = [int(p) for p in handle.buffer_ptrs]
+        # the tensor's place in its symmetric segment (0 unless a pool shares the segment), the same on every rank
+        offset = storage.data_ptr() - bases[rank]
+        if len(bases) != R or offset < 0:
+            raise RuntimeError(f"symmetric memory gave {len(bases)} buffer addresses for {R} ranks and this rank's "
+                               f"tensor at {offset} bytes from its own: cannot address the peers")
+        storage.zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier(group=group)  # every rank's flags are zero before any peer signals into them
+        return cls(rank, layout, storage, [b + offset for b in bases], spin_limit=spin_limit, emulated=False,
+                   keep=(handle,))
+
+    @classmethod
+    def emulated(cls, num_ranks: int, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, *,
+                 device="cpu", spin_limit: int = EMULATED_SPIN_LIMIT) -> list[SymmetricBuffers]:
+        """R ranks' buffers in this process, on one device: CPU tensors under TRITON_INTERPRET=1 (CI), or
+        one GPU's memory (the compiled kernels, flags included, without a second GPU)."""
+        device = torch.device(device)
+        if device.type == "cpu" and not _interpreting():
+            raise EPInputError("emulated buffers on the CPU: the Triton kernels run there only with TRITON_INTERPRET=1 "
+                               "set before triton is imported")
+        if device.type not in ("cpu", "cuda"):
+            raise EPInputError(f"emulated buffers live on the CPU or a CUDA device, got {device}")
+        layout = BufferLayout(num_ranks, max_tokens, hidden_size, top_k, dtype)
+        storages = [torch.zeros(layout.total_bytes, dtype=torch.uint8, device=device) for _ in range(layout.num_ranks)]
+        bases = [int(s.data_ptr()) for s in storages]
+        return [cls(r, layout, storages[r], bases, spin_limit=spin_limit, emulated=True, keep=tuple(storages))
+                for r in range(layout.num_ranks)]
+
+    def poison(self) -> None:
+        """Every byte of the send, combine and receive buffers 0xFF (NaN in every float dtype, -1 in
+        int64); the flags, epoch and status are left alone."""
+        for t in (self.send_x, self.send_idx, self.send_w, self.combine, self.recv_x, self.recv_idx, self.recv_w):
+            t.view(torch.uint8).fill_(255)
+
+    def check_fits(self, pull: PullSchedule) -> None:
+        """EPInputError unless every rank's rows of ``pull`` fit (the same answer on every rank)."""
+        lay = self.layout
+        if pull.num_ranks != self.num_ranks:
+            raise EPInputError(f"the schedule is for {pull.num_ranks} ranks, the buffers for {self.num_ranks}")
+        for what, rows, room in (("sends", pull.send_rows, lay.send_rows), ("receives", pull.recv_rows, lay.recv_rows)):
+            if rows.size and int(rows.max()) > room:
+                r = int(rows.argmax())
+                raise EPInputError(f"buffers too small for this routing: rank {r} {what} {int(rows.max())} rows, the "
+                                   f"buffers hold {room} (allocated for {lay.max_tokens} tokens per rank); allocate them "
+                                   f"for more tokens")
+
+    def signal(self, kind: int) -> None:
+        """Bump epoch[kind] and publish it in flags[kind, rank] of every peer."""
+        self.calls[kind] += 1
+        _signal_kernel[(1,)](self.peers["flags"], self.epoch[kind:kind + 1], kind * self.num_ranks + self.rank,
+                             R=self.num_ranks)
+
+    def ready_wait(self) -> ReadyWait:
+        """The pull's wait: flags[READY, peer] >= epoch[READY]."""
+        return ReadyWait(self.flags[READY], self.epoch[READY:READY + 1], self.spin_limit, self.status)
+
+    def wait_landed(self) -> None:
+        """Wait (on the device) until every rank's pushes of this call landed here."""
+        _wait_kernel[(1,)](self.flags[LANDED], self.num_ranks, self.epoch[LANDED:LANDED + 1], self.spin_limit,
+                           self.status, KIND=LANDED + 1)
+
+    def raise_on_timeout(self) -> None:
+        """FlagTimeoutError if a wait ran out (reads the status word: a sync on a GPU)."""
+        peer, seen, kind = (int(v) for v in self.status.tolist())
+        if peer:
+            self.broken = True
+            k = kind - 1
+            raise FlagTimeoutError(
+                f"rank {self.rank} waited for rank {peer - 1}'s {FLAG_NAMES[k]} flag of call {self.calls[k]} and "
+                f"read {seen} after {self.spin_limit} polls (the spin limit): rank {peer - 1} did not signal this "
+                f"call (it raised, hangs, or runs another call). These buffers are unusable now: make new ones.")
+
+
+def _check_traffic(traffic, num_ranks: int, rank: int, send_counts: np.ndarray) -> np.ndarray:
+    t = np.asarray(traffic)
+    if t.shape != (num_ranks, num_ranks) or t.dtype.kind not in "iu" or (t.size and t.min() < 0):
+        raise EPInputError(f"traffic must be an (R, R) = ({num_ranks}, {num_ranks}) array of row counts >= 0, got "
+                           f"{t.dtype} {list(t.shape)}")
+    if not np.array_equal(t[rank], send_counts):
+        raise EPInputError(f"traffic row {rank} is {t[rank].tolist()} but this rank's routing sends "
+                           f"{send_counts.tolist()} rows")
+    return t.astype(np.int64)
+
+
+class SymmetricStep:
+    """One rank's part of one call, in phases called in this order: pack, pull, compute, push, finish.
+
+    x: (T, H) in the buffers' dtype, on their device; topk_idx: (T, K) slot ids (distinct per row);
+    topk_weights: (T, K) float; traffic: (R, R) rows [src, dst] of every rank (its row ``rank`` must
+    be this routing's send counts) or a callable taking this rank's (R,) send counts and returning it.
+    """
+
+    PHASES = ("pack", "pull", "compute", "push", "finish")
+
+    def __init__(self, buffers: SymmetricBuffers, shard: EPShard, x: torch.Tensor, topk_idx, topk_weights, traffic, *,
+                 max_rows: int | None = None, backend: str = "auto", num_programs: int | None = None):
+        if not isinstance(buffers, SymmetricBuffers):
+            raise EPInputError(f"buffers must be SymmetricBuffers, got {type(buffers).__name__}")
+        if buffers.broken:
+            raise EPInputError(f"the buffers of rank {buffers.rank} are unusable after a flag timeout: make new ones")
+        lay, rank, R = buffers.layout, buffers.rank, buffers.num_ranks
+        if (shard.rank, shard.num_ranks) != (rank, R):
+            raise EPInputError(f"shard is for rank {shard.rank} of {shard.num_ranks}, the buffers for rank {rank} of {R}")
+        self.backend = resolve_backend(backend, x)
+        idx = check_routing(x, topk_idx, topk_weights)
+        T, K = idx.shape
+        if (x.shape[1], K, x.dtype) != (lay.hidden_size, lay.top_k, lay.dtype) or x.device != buffers.device:
+            raise EPInputError(f"x is {x.dtype} [T, H={x.shape[1]}] on {x.device} with K={K}, the buffers are for "
+                               f"{lay.dtype} H={lay.hidden_size}, K={lay.top_k} on {buffers.device}")
+        self.buffers, self.shard, self.x, self.num_programs = buffers, shard, x, num_programs
+        self.send = plan_send(idx, shard.slot_rank, R, rank)
+        traffic = _check_traffic(traffic(self.send.send_counts) if callable(traffic) else traffic, R, rank,
+                                 self.send.send_counts)
+        self.plan = plan_pull(traffic, lay.hidden_size, x.element_size(), max_rows=max_rows, meta_bytes=K * 12)
+        buffers.check_fits(self.plan)
+        dev = x.device
+        self.pulls = copy_table(self.plan, push=False)[self.plan.pulls(rank)]
+        self.pushes = copy_table(self.plan, push=True)[self.plan.pushes(rank)]
+        self._pulls_dev = torch.from_numpy(self.pulls).to(dev)
+        self._pushes_dev = torch.from_numpy(self.pushes).to(dev)
+        self.idx = torch.from_numpy(idx).to(dev)
+        self.w = topk_weights.to(device=dev, dtype=torch.float32).reshape(T, K)
+        self.partial = None
+        self._next = 0
+
+    def _enter(self, phase: str) -> None:
+        want = self.PHASES[self._next] if self._next < len(self.PHASES) else "none (the call is over)"
+        if phase != want:
+            raise RuntimeError(f"rank {self.buffers.rank}: phase {phase!r} called out of order, the next is {want!r}")
+        self._next += 1
+
+    def pack(self) -> None:
+        """This rank's rows into its send buffers; signal READY."""
+        self._enter("pack")
+        b, n = self.buffers, self.send.num_send
+        if n:
+            tok = torch.from_numpy(self.send.send_token).to(self.x.device)
+            b.send_x[:n] = self.x[tok]
+            b.send_idx[:n] = self.idx[tok]
+            b.send_w[:n] = self.w[tok]
+        b.signal(READY)
+
+    def pull(self) -> None:
+        """The rows for this rank from every peer, each after that peer's READY flag."""
+        self._enter("pull")
+        b = self.buffers
+        for i, (local, name) in enumerate(((b.recv_idx, "send_idx"), (b.recv_w, "send_w"), (b.recv_x, "send_x"))):
+            launch_copies(self.pulls, local, b.peers[name], push=False, aligned=b.aligned[name],
+                          num_programs=self.num_programs, copies_dev=self._pulls_dev,
+                          ready=b.ready_wait() if i == 0 else None)
+
+    def compute(self) -> None:
+        """The local experts on the received rows (host planning, as ep_moe_experts)."""
+        self._enter("compute")
+        b, rank = self.buffers, self.buffers.rank
+        b.raise_on_timeout()
+        n = int(self.plan.recv_rows[rank])
+        self.partial = local_partials(b.recv_x[:n], b.recv_idx[:n].cpu().numpy(), b.recv_w[:n],
+                                      self.plan.traffic[:, rank], self.shard, self.backend, self.x.dtype)
+
+    def push(self) -> None:
+        """The partial rows into their sources' combine buffers; signal LANDED."""
+        self._enter("push")
+        b = self.buffers
+        launch_copies(self.pushes, self.partial, b.peers["combine"], push=True, aligned=b.aligned["combine"],
+                      num_programs=self.num_programs, copies_dev=self._pushes_dev)
+        b.signal(LANDED)
+
+    def finish(self) -> torch.Tensor:
+        """Wait for every rank's pushes, then y (T, H) in x's dtype."""
+        self._enter("finish")
+        b = self.buffers
+        b.wait_landed()
+        b.raise_on_timeout()
+        return combine_partials(b.combine[:self.send.num_send], self.send.combine_row, self.x.dtype)
+
+
+def _gather_traffic(group, device):
+    """A callable: this rank's (R,) send counts -> the (R, R) traffic, all-gathered over ``group``."""
+    def gather(counts: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(counts).to(device)
+        rows = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(rows, t, group=group)
+        return torch.stack(rows).cpu().numpy()
+    return gather
+
+
+def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard,
+                             buffers: SymmetricBuffers, group=None, *, traffic=None, max_rows: int | None = None,
+                             backend: str = "auto", num_programs: int | None = None) -> torch.Tensor:
+    """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
+
+    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Every rank of
+    ``group`` calls it with its own T (0 allowed), on buffers from ``SymmetricBuffers.allocate`` (or, in
+    a group of one process, ``SymmetricBuffers.emulated(1, ...)[0]``).
+    traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
+    all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
+    num_programs: programs of the copy kernel (its SMs, 4 per SM by default).
+    The checks that depend on every rank's routing (the buffers' room) give the same answer on every
+    rank, so all of them raise together; a rank that raises on its own inputs (a wrong dtype) before
+    it signals leaves its peers to a FlagTimeoutError after their spin limit.
+    """
+    check_transport_env()
+    if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
+        raise EPInputError("these buffers are emulated (every rank in this process): run them with "
+                           "ep_moe_experts_emulated")
+    rank, R = dist.get_rank(group), dist.get_world_size(group)
+    if isinstance(buffers, SymmetricBuffers) and (rank, R) != (buffers.rank, buffers.num_ranks):
+        raise EPInputError(f"buffers are for rank {buffers.rank} of {buffers.num_ranks}, this is rank {rank} of {R}")
+    step = SymmetricStep(buffers, shard, x, topk_idx, topk_weights,
+                         _gather_traffic(group, x.device) if traffic is None else traffic,
+                         max_rows=max_rows, backend=backend, num_programs=num_programs)
+    step.pack()
+    step.pull()
+    step.compute()
+    step.push()
+    return step.finish()
+
+
+def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_rows: int | None = None,
+                            backend: str = "torch", num_programs: int | None = None) -> list[torch.Tensor]:
+    """Every rank of ``SymmetricBuffers.emulated`` in this process: R lists of x (T_r, H), topk_idx, topk_weights
+    and shards -> R arrays y (T_r, H). Phase by phase over the ranks (every pack, then every pull, ...)."""
+    R = len(buffers)
+    if not R or any(not isinstance(b, SymmetricBuffers) or not b.emulated for b in buffers):
+        raise EPInputError("buffers must be the list SymmetricBuffers.emulated returned")
+    if [b.rank for b in buffers] != list(range(R)) or buffers[0].num_ranks != R:
+        raise EPInputError(f"buffers must be ranks 0..{buffers[0].num_ranks - 1} in order, got ranks "
+                           f"{[b.rank for b in buffers]}")
+    for name, v in (("xs", xs), ("topk_idx", topk_idx), ("topk_weights", topk_weights), ("shards", shards)):
+        if len(v) != R:
+            raise EPInputError(f"need one of {name} per rank: got {len(v)} for {R} ranks")
+    counts = [plan_send(check_routing(xs[r], topk_idx[r], topk_weights[r]), shards[r].slot_rank, R, r).send_counts
+              for r in range(R)]
+    traffic = np.stack(counts)
+    steps = [SymmetricStep(buffers[r], shards[r], xs[r], topk_idx[r], topk_weights[r], traffic, max_rows=max_rows,
+                           backend=backend, num_programs=num_programs) for r in range(R)]
+    for phase in SymmetricStep.PHASES[:-1]:
+        for s in steps:
+            getattr(s, phase)()
+    return [s.finish() for s in steps]
+
+
+__all__ = ["EMULATED_SPIN_LIMIT", "GPU_SPIN_LIMIT", "LANDED", "READY", "BufferLayout", "FlagTimeoutError",
+           "SymmetricBuffers", "SymmetricStep", "ep_moe_experts_emulated", "ep_moe_experts_symmetric"]
