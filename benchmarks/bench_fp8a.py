@@ -9,8 +9,10 @@ Per (preset, T) row (kernels.bench.bench_config's layer: DeepSeek-V3's routed ex
 on the same NI fresh bf16 inputs and the same weights (bf16, and e4m3 with 128 x 128 block scales
 quantized from them on the GPU, kernels.fp8_weights.to_fp8):
     variants   VARIANTS: "bf16" the tuned bf16 layer; "fp8a" FP8 weights and activations as they run by
-               default (fp8_act_tma's persistent GEMMs, plan.FP8A_TMA_PREFILL, 64-row tiles); "fp8a_<name>"
-               the same with tile candidate <name> of plan.FP8A_TILE_CANDIDATES (plan.FP8A_TILES set)
+               default (fp8_act_tma's persistent GEMMs, plan.FP8A_TMA_PREFILL; plan.FP8A_DEFAULT_TILES at
+               the 128-row prefill entries); "fp8a_<name>" the same with tile candidate <name> of
+               plan.FP8A_TILE_CANDIDATES (plan.FP8A_TILES set), "fp8a_m64" with the 64-row tiles
+               (plan.FP8A_NO_CANDIDATE)
     numerics   every FP8 variant's output on S sampled tokens against the reference's FP8 layer with FP8
                activations (megamoe.numerics.reference_on_tokens, computed once per row),
                TOLERANCES["fp8_e4m3"]; each candidate's whole output against fp8a's on the same input
@@ -41,11 +43,12 @@ TOKENS = (4096, 16384)
 
 
 def _variants() -> dict:
-    """variant -> (FP8 mode, tile candidate of plan.FP8A_TILE_CANDIDATES or None)."""
-    from megamoe.kernels.plan import FP8A_TILE_CANDIDATES
+    """variant -> (FP8 mode, plan.FP8A_TILES: a tile candidate of plan.FP8A_TILE_CANDIDATES, plan.FP8A_NO_CANDIDATE,
+    or None for the default)."""
+    from megamoe.kernels.plan import FP8A_NO_CANDIDATE, FP8A_TILE_CANDIDATES
 
     return {"bf16": (None, None), "fp8a": ("weights+act", None),
-            **{f"fp8a_{name}": ("weights+act", name) for name in FP8A_TILE_CANDIDATES}}
+            **{f"fp8a_{name}": ("weights+act", name) for name in (FP8A_NO_CANDIDATE, *FP8A_TILE_CANDIDATES)}}
 
 
 VARIANTS = _variants()
@@ -72,10 +75,10 @@ def variant_plan(cfg, T: int, variant: str, x, gemm: dict | None = None):
     {"gemm1", "gemm2"} entry to start from instead of the tuned one (the tests' interpreter tiles).
     A tile candidate needs a layer that quantizes x once (plan.quantizes_x; not Llama 4's)."""
     from megamoe.kernels import moe as kmoe
-    from megamoe.kernels.plan import quantizes_x
+    from megamoe.kernels.plan import FP8A_NO_CANDIDATE, quantizes_x
 
     fp8, tiles = VARIANTS[variant]
-    if tiles and not quantizes_x(cfg, fp8):
+    if tiles and tiles != FP8A_NO_CANDIDATE and not quantizes_x(cfg, fp8):
         raise ValueError(f"{variant}: the fp8a tile candidates need x quantized once (this layer scales x by the "
                          "routing weight before quantizing it)")
     with _switches(tiles):

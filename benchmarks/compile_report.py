@@ -25,7 +25,7 @@ the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync).
 compile with the GPU's e4m3 conversion (configs.FP8_CONVERT_DEFAULT on a GPU: inline PTX), not the
 interpreter's that this machine's CPU tensors would give them (before that fix, their figures were CVT 1's).
 ``--fp8a-tiles NAME ...`` (with ``--fp8 weights+act``) compiles each 128-row tile candidate of the fp8a
-GEMMs (plan.FP8A_TILE_CANDIDATES; "default" for the default tiles).
+GEMMs (plan.FP8A_TILE_CANDIDATES; "m64" for the 64-row tiles, "default" for the default tiles: m128c at 128-row entries).
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
 ``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
 compiles named variants of megakernel_variants.py ("default" for none); each report then also
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
                         "multi-launch GEMMs, else the megakernel's FP8 tiles")
     p.add_argument("--fp8a-tiles", nargs="+", default=[None], metavar="NAME",
                    help="with --gemm and --fp8 weights+act: 128-row tile candidates of the fp8a GEMMs "
-                        "(plan.FP8A_TILE_CANDIDATES; 'default' for the default tiles) to compile each")
+                        "(plan.FP8A_TILE_CANDIDATES, 'm64' the 64-row tiles; 'default' the default) to compile each")
     p.add_argument("--variants", nargs="+", default=[None], metavar="NAME",
                    help="megakernel variants (megakernel_variants.VARIANTS) to compile instead of the default "
                         "('default' for the default itself)")

@@ -43,7 +43,8 @@ products, 4 x 32 fp32 a thread at 8 warps; at 128 rows they would be 4 x 64 and 
 64 x 256 (two 128-column halves). x must be quantized once (XQ; not SCALE_INPUT: Llama 4's routing
 weight scales rows before quantizing, it keeps fp8_gemm's kernels).
 
-128-row tile candidates (plan.FP8A_TILE_CANDIDATES, plan.FP8A_TILES; off until measured): GEMM 1
+128-row tile candidates (plan.FP8A_TILE_CANDIDATES; plan.FP8A_DEFAULT_TILES, m128c, at the 128-row prefill
+entries since H200 run BT; plan.FP8A_TILES overrides): GEMM 1
 128 x 128 with PIPE 0 (acc_g, acc_u and one product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with
 PIPE or 128 x 256 with CHAIN ("PIPE" 2, _gemm2_fp8a_tile); plan.py has their compile figures.
 """

@@ -636,8 +636,8 @@ FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "1") != "0"
 FP8A_MAX_BLOCK_M = 64
 FP8A_STAGES = 4
 FP8A_MAX_BLOCK_N2 = 256
-#: 128-row tile candidates of fp8_act_tma's GEMMs (issue 12, prefill), UNMEASURED and off until a GPU run
-#: (benchmarks/bench_fp8a.py times each beside the default): name -> the keys fp8_entry sets on its fp8a entries,
+#: 128-row tile candidates of fp8_act_tma's GEMMs (issue 12, prefill; benchmarks/bench_fp8a.py times each
+#: beside the 64-row tiles; m128c the default at prefill since H200 run BT, FP8A_DEFAULT_TILES below): name -> the keys fp8_entry sets on its fp8a entries,
 #: {"gemm1": {...}, "gemm2": {...}}, where both GEMMs are fp8a ones (BLOCK_M the same in both: the align pads to
 #: it). At 128 rows each of the two warpgroups (8 warps) owns 64 rows, so its wgmma is 64 x 128 (64 x 64 at the
 #: default 64 rows, where the warpgroups split the columns), and a product kept in flight by PIPE no longer
@@ -658,10 +658,32 @@ FP8A_TILE_CANDIDATES = {
     "m128": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 128, "PIPE": 1}},
     "m128c": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 256, "PIPE": 2}},
 }
-#: The candidate fp8_entry applies (None: the default tiles above). MEGAMOE_FP8A_TILES=NAME in the environment
+#: The candidate fp8_entry applies by default where the tuned bf16 entry has 128-row tiles (the prefill
+#: buckets) and the layer quantizes x once. H200 run BT (bench_fp8a.py, commit e2b28c2), layer us, 64-row tiles /
+#: m128 / m128c, every output bitwise the 64-row tiles': Qwen3-30B-A3B T = 4096 732.1 / 754.2 / 705.5, T = 16384
+#: 2,587.8 / 2,374.4 / 2,200.5; DeepSeek-V3 routed T = 4096 6,291.9 / 6,370.4 / 6,035.9 (bf16: 720.2, 2,269.9,
+#: 8,348.6). Unmeasured elsewhere (DeepSeek-V3 T = 16384, Mixtral-8x7B T >= 512).
+FP8A_DEFAULT_TILES = "m128c"
+#: ... where the tuned bf16 entry's BLOCK_M is at least this
+FP8A_DEFAULT_TILES_MIN_M = 128
+#: FP8A_TILES's name for "no candidate": the 64-row tiles above everywhere
+FP8A_NO_CANDIDATE = "m64"
+#: The candidate fp8_entry applies instead of that default: a name of FP8A_TILE_CANDIDATES (at every fp8a
+#: entry), FP8A_NO_CANDIDATE, or None (FP8A_DEFAULT_TILES as above). MEGAMOE_FP8A_TILES=NAME in the environment
 #: sets it for a process (read here only, at import); a benchmark sets it per variant and clears the
 #: static-plan cache, which does not key on it.
 FP8A_TILES = os.environ.get("MEGAMOE_FP8A_TILES") or None
+
+
+def fp8a_tiles_for(entry: dict, x_once: bool = True) -> str | None:
+    """The tile candidate fp8_entry sets on the fp8a GEMMs made from bf16 ``entry`` (None: the 64-row tiles):
+    FP8A_TILES if set, else FP8A_DEFAULT_TILES where the entry's GEMM 1 has FP8A_DEFAULT_TILES_MIN_M rows or more;
+    never where the layer does not quantize x once (``x_once`` False: Llama 4's input scaling, whose bf16 A
+    tiles a 128-row stage does not fit)."""
+    if not x_once:
+        return None
+    name = FP8A_TILES or (FP8A_DEFAULT_TILES if entry["gemm1"]["BLOCK_M"] >= FP8A_DEFAULT_TILES_MIN_M else None)
+    return None if name == FP8A_NO_CANDIDATE else name
 
 
 def fp8a_tiles(name: str) -> dict:
@@ -718,7 +740,8 @@ def fp8_tma_ok(g: dict, depth: int | None) -> bool:
 
 
 def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: tuple[int, int] | None = None,
-              tma: bool | None = None, tma_weights: bool | None = None, fp8a: bool | None = None) -> dict:
+              tma: bool | None = None, tma_weights: bool | None = None, fp8a: bool | None = None,
+              x_once: bool = True) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
     K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
     whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
@@ -741,8 +764,9 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
     ``fp8a`` (default FP8A_TMA_PREFILL, on): with FP8 activations, fp8_act_tma's persistent GEMMs
     where the entry is "tma_persistent" as for ``tma`` (config key "FP8A": 1, "PIPE": 1), BLOCK_M at most
     FP8A_MAX_BLOCK_M, GEMM 2's BLOCK_N at most FP8A_MAX_BLOCK_N2 (a power of two, halves dividing
-    128), FP8A_STAGES stages within the budget; with FP8A_TILES set (off by default) and both GEMMs
-    fp8a, that 128-row tile candidate of FP8A_TILE_CANDIDATES instead (``_fp8a_candidate``)."""
+    128), FP8A_STAGES stages within the budget; where both GEMMs are fp8a, the 128-row tile candidate that
+    ``fp8a_tiles_for(entry, x_once)`` names instead (``_fp8a_candidate``): FP8A_DEFAULT_TILES at the 128-row
+    prefill entries unless FP8A_TILES says otherwise; ``x_once``: the layer quantizes x once (quantizes_x)."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
@@ -781,17 +805,18 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
         stage = g["BLOCK_M"] * g["BLOCK_K"] * a_bytes + w_tile
         converted = w_tile * xb if g["variant"] == "tma_persistent" and fp8 == "weights" else 0
         g["num_stages"] = max(1, min(g["num_stages"], (FP8_SMEM_BUDGET_BYTES - converted) // stage))
-    if a_on and both and FP8A_TILES:  # a 128-row tile candidate (off by default)
-        _fp8a_candidate(g1, g2, FP8A_TILES)
+    tiles = fp8a_tiles_for(entry, x_once) if a_on and both else None
+    if tiles:  # a 128-row tile candidate
+        _fp8a_candidate(g1, g2, tiles)
     return {"gemm1": g1, "gemm2": g2}
 
 
-def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp8=None):
+def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp8=None, x_once=True):
     if given_json is None:
         g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
     else:
         g = cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
-    return fp8_entry(g, fp8, dtype, depths=(H, I))
+    return fp8_entry(g, fp8, dtype, depths=(H, I), x_once=x_once)
 
 
 @lru_cache(maxsize=256)
@@ -799,7 +824,8 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
                  fp8=None, router_key=None) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
-    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8)
+    x_once = quantizes_x(config, fp8)
+    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8, x_once)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
@@ -813,7 +839,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
-        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8)
+        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8, x_once)
         sg2 = dict(sg["gemm2"], SPLIT_K=split2)
         if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
             sg2["variant"] = "pointer"
@@ -823,7 +849,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
             shared_act = act_launch(Is, sg["gemm1"]["BLOCK_M"], shared_m)
     atomic = not deterministic and (KS > 1 or split2 > 1)
     combine = combine_launch(T, H) if (atomic or KS > 1 or split2 > 1) and T else None
-    quant = quantize_launch(T, H, interpret=interpret) if quantizes_x(config, fp8) and T else None
+    quant = quantize_launch(T, H, interpret=interpret) if x_once and T else None
     return StaticPlan(T=T, gemm=g, shared=sg, router=rl, align=al, act=act, shared_act=shared_act, combine=combine,
                       P_max=P_max, B_max=B_max, shared_m=shared_m, split2=split2, atomic=atomic, KS=KS,
                       num_sms=num_sms, fp8=fp8, quant=quant)

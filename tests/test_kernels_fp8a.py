@@ -258,15 +258,26 @@ def _shipped_persistent_entry(preset: str, T: int):
 
 @pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("deepseek-v3", 16384),
                                       ("mixtral-8x7b", 16384)])
-def test_fp8a_entry_on_the_h200_table(preset, T):
-    """fp8_entry with fp8a on the shipped H200 table's prefill entries: both GEMMs persistent with
-    FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128 (whole h groups), GEMM 2 at most 256 columns in
-    halves within one scale block, 4 stages within the shared-memory budget; the launch plan names
-    fp8_act_tma's kernels; off (the default) the entry is what it was."""
+def test_fp8a_entry_on_the_h200_table(preset, T, monkeypatch):
+    """fp8_entry with fp8a on the shipped H200 table's prefill entries, with the 64-row tiles
+    (plan.FP8A_NO_CANDIDATE): both GEMMs persistent with FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128
+    (whole h groups), GEMM 2 at most 256 columns in halves within one scale block, 4 stages within the
+    shared-memory budget; the launch plan names fp8_act_tma's kernels; off, the entry is what it was.
+    By default (FP8A_TILES unset) these 128-row entries take FP8A_DEFAULT_TILES (m128c, since run BT),
+    unless the layer does not quantize x once."""
     from megamoe.kernels import plan
 
     cfg, H, I, base = _shipped_persistent_entry(preset, T)
+    monkeypatch.setattr(plan, "FP8A_TILES", None)
+    assert base["gemm1"]["BLOCK_M"] >= plan.FP8A_DEFAULT_TILES_MIN_M
+    by_default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    not_once = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True, x_once=False)
+    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_DEFAULT_TILES)
+    assert by_default == plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    assert by_default["gemm1"]["BLOCK_M"] == by_default["gemm2"]["BLOCK_M"] == 128
+    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_NO_CANDIDATE)
     e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    assert not_once == e
     g1, g2 = e["gemm1"], e["gemm2"]
     assert g1["variant"] == g2["variant"] == "tma_persistent" and g1["FP8A"] == g2["FP8A"] == g1["PIPE"] == 1
     assert g1["BLOCK_M"] == g2["BLOCK_M"] <= plan.FP8A_MAX_BLOCK_M
@@ -305,7 +316,8 @@ def test_fp8a_launchers_refuse_other_tiles():
 @pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 16384)])
 @pytest.mark.parametrize("tiles", ["m128", "m128c"])
 def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T, monkeypatch):
-    """plan.FP8A_TILES (None by default unless MEGAMOE_FP8A_TILES names one) sets a tile candidate on the
+    """plan.FP8A_TILES (None by default unless MEGAMOE_FP8A_TILES names one) sets a tile candidate (against the
+    64-row tiles, plan.FP8A_NO_CANDIDATE) on the
     H200 table's prefill fp8a entries: BLOCK_M 128 in both GEMMs and the align, the candidate's keys,
     stages within the shared-memory budget with x's e4m3 A tiles; the weight-only and pointer entries
     are untouched; an unknown name is refused."""
@@ -315,6 +327,7 @@ def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T, monkeypatch):
 
     assert plan.FP8A_TILES == (os.environ.get("MEGAMOE_FP8A_TILES") or None)
     cfg, H, I, base = _shipped_persistent_entry(preset, T)
+    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_NO_CANDIDATE)
     default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
     weights_only = plan.fp8_entry(base, "weights", depths=(H, I))
     pointer = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
