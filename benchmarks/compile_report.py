@@ -122,6 +122,20 @@ def apply_sets(mk: dict, sets: dict) -> dict:
 def compile_case(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
                  mk: dict | None = None, fp8: str | None = None, dump: str | None = None,
                  variant: str | None = None, sets: dict | None = None, traced: bool = False) -> dict:
+    from megamoe.kernels import megakernel as mkm
+
+    case, args, kwargs = megakernel_launch(name, T, warps, stages, sms, mk, fp8, variant, sets, traced)
+    return {"case": case, **compile_kernel(mkm._megakernel, args, kwargs, dump=dump and (dump, case),
+                                           sections=SECTIONS)}
+
+
+def megakernel_launch(name: str, T: int, warps: int | None = None, stages: int | None = None, sms: int = 132,
+                      mk: dict | None = None, fp8: str | None = None, variant: str | None = None,
+                      sets: dict | None = None, traced: bool = False, *, config=None,
+                      device: str = "cpu") -> tuple[str, tuple, dict]:
+    """(case, args, kwargs) of the megakernel's launch for the preset at T as megakernel_forward builds it
+    on a GPU of ``sms`` SMs (``build_launch``, on tensors of the right dtypes on ``device``: "meta" allocates
+    nothing); ``config``: a MoEConfig instead of the preset as benchmarked (kernels.bench.bench_config)."""
     import torch
 
     from megamoe.kernels import bench as kb
@@ -131,12 +145,13 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     from megamoe.reference.tiles import task_layout
     from megamoe.reference.weights import SCALE_FIELDS
 
-    cfg = kb.bench_config(name)
+    cfg = config or kb.bench_config(name)
     fp8_fields = set(SCALE_FIELDS.values()) if fp8 else set()
-    w = {k: torch.empty(s, dtype=torch.float8_e4m3fn if k in fp8_fields else torch.bfloat16)
+    w = {k: torch.empty(s, dtype=torch.float8_e4m3fn if k in fp8_fields else torch.bfloat16, device=device)
          for k, s in expected_shapes(cfg).items() if s is not None}
     if fp8:
-        w.update({k: torch.empty(s, dtype=torch.float32) for k, s in expected_scale_shapes(cfg).items() if s is not None})
+        w.update({k: torch.empty(s, dtype=torch.float32, device=device)
+                  for k, s in expected_scale_shapes(cfg).items() if s is not None})
     w = MoEWeights(**w)
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
@@ -148,16 +163,16 @@ def compile_case(name: str, T: int, warps: int | None = None, stages: int | None
     mk = apply_sets(mk, sets or {})
     mk = {**mk, "num_warps": warps or mk["num_warps"], "num_stages": stages or mk["num_stages"]}
     lay = task_layout(cfg, T, mk["tiles"])
-    x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16)
+    x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16, device=device)
     nprog = min(sms * mk["occupancy"], lay.max_tasks)
-    trace = torch.empty((mkm.trace_rows(cfg, T, mk, nprog)[0], 3), dtype=torch.int64) if traced else None
+    trace = (torch.empty((mkm.trace_rows(cfg, T, mk, nprog)[0], 3), dtype=torch.int64, device=device) if traced
+             else None)
     _grid, args, kwargs, _y, _stats = mkm.build_launch(
-        x, w, cfg, mk, nprog=nprog, sync=torch.zeros(lay.sync_words, dtype=torch.int32), fp8=fp8, gpu=True,
-        trace=trace)
+        x, w, cfg, mk, nprog=nprog, sync=torch.zeros(lay.sync_words, dtype=torch.int32, device=device), fp8=fp8,
+        gpu=True, trace=trace)
     tag = " ".join(f"{k}={v}" for k, v in (sets or {}).items()) + (" traced" if traced else "")
     case = f"{name}:{T}" + (f" fp8:{fp8}" if fp8 else "") + (f" {variant}" if variant else "") + (f" {tag}" if tag else "")
-    return {"case": case, **compile_kernel(mkm._megakernel, args, kwargs, dump=dump and (dump, case),
-                                           sections=SECTIONS)}
+    return case, args, kwargs
 
 
 def compile_kernel(fn, args, kwargs, dump: tuple[str, str] | None = None, sections: dict | None = None) -> dict:
@@ -165,19 +180,20 @@ def compile_kernel(fn, args, kwargs, dump: tuple[str, str] | None = None, sectio
     warps and stages) for sm_90 as the JIT would specialize it; -> warps, stages, resources, PTX
     counts, SASS spill instructions (and per section of ``sections``, see ``section_counts``).
     ``dump`` (DIR, case): write the kernel's IRs, PTX and SASS to DIR/<case>.<ext> (``dump_asm``)."""
+    return compile_spec(fn, launch_spec(fn, args, kwargs), dump=dump, sections=sections)
+
+
+def launch_spec(fn, args, kwargs) -> dict:
+    """What the JIT compiles a launch of ``fn`` as (its positional args, keyword constexprs, num_warps and
+    num_stages): {"signature": {arg: type or "constexpr"}, "constexprs": {arg: value}, "divisible": [indices
+    of the args specialized as 16-byte aligned pointers / integers divisible by 16], "num_warps", "num_stages"}.
+    Picklable, with no tensors: two launches with equal specs compile to the same kernel."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.compiler import ASTSource
 
     kwargs = dict(kwargs)
     opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}
     vals = {**dict(zip(fn.arg_names, args)), **kwargs}
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = CUDABackend(target)
-    signature, constexprs, attrs = {}, {}, {}
+    signature, constexprs, divisible = {}, {}, []
     nospec = set(getattr(fn, "do_not_specialize", ()) or ())
     for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
         v = vals[n]
@@ -188,8 +204,23 @@ def compile_kernel(fn, args, kwargs, dump: tuple[str, str] | None = None, sectio
         # what the JIT infers at a launch: 16-byte aligned pointers, integers divisible by 16
         if n not in nospec and i not in nospec and isinstance(v, (int, torch.Tensor)) and not isinstance(v, bool) and (
                 isinstance(v, torch.Tensor) or v % 16 == 0):
-            attrs[(i,)] = backend.parse_attr("D")
-    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=opts)
+            divisible.append(i)
+    return {"signature": signature, "constexprs": constexprs, "divisible": divisible, **opts}
+
+
+def compile_spec(fn, spec: dict, dump: tuple[str, str] | None = None, sections: dict | None = None) -> dict:
+    """``compile_kernel`` of a launch given as its ``launch_spec``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+
+    opts = {k: spec[k] for k in ("num_warps", "num_stages")}
+    target = GPUTarget("cuda", 90, 32)
+    backend = CUDABackend(target)
+    attrs = {(i,): backend.parse_attr("D") for i in spec["divisible"]}
+    src = ASTSource(fn, dict(spec["signature"]), dict(spec["constexprs"]), attrs)
+    k = triton.compile(src, target=target, options=opts)
     ptx = k.asm.get("ptx", "")
     if dump:
         dump_asm(k.asm, *dump)
@@ -319,11 +350,7 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
         todo += [("shared_gemm1", s1, sp.shared["gemm1"]), ("shared_gemm2", s2, sp.shared["gemm2"])]
     out = []
     for gemm, (fn, grid, args, kwargs), c in todo:
-        if "CVT" in kwargs:  # the CPU tensors here gave the interpreter's conversion: compile the GPU's (0 stays)
-            from megamoe.kernels.configs import FP8_CONVERT_DEFAULT
-            from megamoe.kernels.fp8_gemm import convert_code
-
-            kwargs = {**kwargs, "CVT": convert_code(FP8_CONVERT_DEFAULT, True) if kwargs["CVT"] else 0}
+        kwargs = gpu_convert(kwargs)
         tile = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         cand = candidate + (f"+fp8:{fp8}" if fp8 else "") + (f"+{fp8a_tiles}" if fp8a_tiles else "")
         where = (dump, _case_file(f"{name}:{T}.{cand}.{gemm}")) if dump else None
@@ -331,6 +358,17 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
                     "kernel": fn.__name__, "variant": c["variant"], "tile": tile, "grid": grid[0],
                     **compile_kernel(fn, args, kwargs, dump=where)})
     return out
+
+
+def gpu_convert(kwargs: dict) -> dict:
+    """An FP8 GEMM launch's kwargs with the GPU's e4m3 conversion: CPU (or meta) tensors give the launchers the
+    interpreter's CVT code (fp8_gemm.py keys it on the device); a GPU's is configs.FP8_CONVERT_DEFAULT's (0 stays)."""
+    if "CVT" not in kwargs:
+        return kwargs
+    from megamoe.kernels.configs import FP8_CONVERT_DEFAULT
+    from megamoe.kernels.fp8_gemm import convert_code
+
+    return {**kwargs, "CVT": convert_code(FP8_CONVERT_DEFAULT, True) if kwargs["CVT"] else 0}
 
 
 def _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms):
