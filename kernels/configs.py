@@ -548,6 +548,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             t["gemm1"]["BLOCK_N"] = t["shared"]["BLOCK_N1"] = FP8_BLOCK
         if not interpret and t["gemm1"]["BLOCK_M"] <= 64:  # decode: the stages within STAGE_BYTES, e4m3 weights
             mk["num_stages"] = decode_stages(decode_stage_bytes(t, bool(Is), weight_bytes=1), least=2)
+            if fp8 == "weights" and Is and t["gemm1"]["BLOCK_M"] == 64 and t["shared"]["BLOCK_N1"] >= 128:
+                mk["num_stages"] = min(mk["num_stages"], FP8_WIDE_SHARED_MAX_STAGES)
         mk["tma_weights"] = FP8_TMA_WEIGHTS[fp8]
         mk["fp8_swap_ab"] = FP8_SWAP_AB and fp8 == "weights+act"
         mk["fp8_x_once"] = FP8_X_ONCE and fp8 == "weights+act"
@@ -611,6 +613,15 @@ FP8_SWAP_AB = False
 #: T = 1 87.3 / 40.2 / 33.1 / 50.5; T = 8 243.3 / 127.0 / 151.4 / 102.0; every token on the same experts
 #: 71.9 / 41.1 / 36.9 / 48.5
 FP8_X_ONCE = True
+
+#: the weight-only FP8 megakernel's stages at most where 64-row tiles meet a shared MLP whose GEMM 1 tile is
+#: 128 columns wide. Compiled for sm_90 (benchmarks/compile_audit.py, session 18; Triton 3.9 here, no GPU):
+#: Kimi-K2 and DeepSeek-V3 at T = 400 and 512 took 327,680 bytes of shared memory at 4 stages, past the
+#: H200's 232,448 a block (OutOfResources at launch: backend="megakernel" with weight-only FP8), and 229,376
+#: at 3. decode_stage_bytes counts 49,152 bytes a stage there (e4m3 weights): the excess is something the
+#: compiler adds for this shape that the stage arithmetic does not model (Llama-4-Maverick, the same tiles
+#: with top-1 routing, took 229,376 at 4 stages). tests/test_router_compile.py compiles one such case
+FP8_WIDE_SHARED_MAX_STAGES = 3
 
 #: shared memory the decode megakernel's pipeline stages may take, bytes
 STAGE_BYTES = 160 << 10

@@ -1,7 +1,9 @@
-"""The multi-launch router's prefill logits launch of every preset, compiled for Hopper (sm_90) on
-this machine (a compile, not a run): within an H200 SM's shared memory and without spills. Run BU
-(H200) found Kimi-K2's 128 x 512 fp32 tile past the limit at T = 600, an OutOfResources raised from
-inside the launch; configs.ROUTER_PREFILL_ACC_BYTES bounds the tile since."""
+"""Launches the H200 refused, or the compile audit (benchmarks/compile_audit.py) flagged, compiled for Hopper
+(sm_90) on this machine (a compile, not a run): within an H200 block's shared memory. Run BU (H200) found the
+multi-launch router's prefill logits launch for Kimi-K2 (a 128 x 512 fp32 tile) past the limit at T = 600, an
+OutOfResources raised from inside the launch (configs.ROUTER_PREFILL_ACC_BYTES bounds the tile since); the
+audit found the weight-only FP8 megakernel of Kimi-K2 and DeepSeek-V3 past it at T = 400-512
+(configs.FP8_WIDE_SHARED_MAX_STAGES)."""
 
 from __future__ import annotations
 
@@ -74,3 +76,37 @@ def test_prefill_logits_launches_compile_within_an_h200_sm():
     compiled = json.loads(r.stdout.strip().splitlines()[-1])
     for (key, who), (shared, spills) in zip(launches.items(), compiled):
         assert shared <= H200_BLOCK_SHARED and spills == 0, (who, key, shared, spills)
+
+
+_COMPILE_MK = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import compile_audit as ca
+from megamoe.reference import MoEConfig
+out = []
+for name, T, fp8 in json.loads(sys.argv[2]):
+    spec, _occ = ca.megakernel_spec(MoEConfig.preset(name), name, T, fp8)
+    r = ca.compile_entry(spec)
+    out.append([r.get("shared"), r.get("regs"), r.get("error")])
+print(json.dumps(out))
+"""
+
+
+def test_fp8_weight_megakernel_with_a_wide_shared_mlp_fits_an_h200_sm():
+    """The compile audit's one finding (session 18): the weight-only FP8 megakernel of Kimi-K2 (its shared MLP,
+    64-row tiles, a 128-column shared GEMM 1 tile) at T = 512 took 327,680 bytes of shared memory at 4 stages;
+    configs.FP8_WIDE_SHARED_MAX_STAGES keeps it within an H200 block (a compile for sm_90, no GPU)."""
+    from megamoe.kernels import configs as cfgs
+
+    cfg = MoEConfig.preset("kimi-k2")
+    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                cfg.shared_intermediate_size, 512, num_sms=132, fp8="weights")
+    assert mk["tiles"]["shared"]["BLOCK_N1"] == 128 and mk["tiles"]["gemm1"]["BLOCK_M"] == 64
+    assert mk["num_stages"] <= cfgs.FP8_WIDE_SHARED_MAX_STAGES
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    r = subprocess.run([sys.executable, "-c", _COMPILE_MK, bench, json.dumps([["kimi-k2", 512, "weights"]])],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (shared, regs, error), = json.loads(r.stdout.strip().splitlines()[-1])
+    assert error is None and shared <= H200_BLOCK_SHARED and regs <= 255, (shared, regs, error)
