@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchload import load_benchmark
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 _AUDIT = r"""
@@ -84,8 +86,7 @@ def test_audit_dedups_compiles_and_flags_past_the_h200_limits():
 
 
 def test_flags_occupancy_and_limits():
-    sys.path.insert(0, str(BENCH))
-    import compile_audit as ca
+    ca = load_benchmark("compile_audit")  # the environment as it was: compile_audit drops TRITON_INTERPRET
 
     spec = {"num_warps": 8, "num_stages": 3}
     assert ca.flags({"spec": spec, "shared": 232448, "regs": 255}) == []
@@ -100,8 +101,7 @@ def test_flags_occupancy_and_limits():
 
 def test_rows_read_back_and_summarize_joined(tmp_path):
     """Rows written (gzip) and read back are the same; --render joins audit files into one summary."""
-    sys.path.insert(0, str(BENCH))
-    import compile_audit as ca
+    ca = load_benchmark("compile_audit")  # the environment as it was: compile_audit drops TRITON_INTERPRET
 
     rows = [{"kernel": "_megakernel", "path": "megakernel", "status": "flagged", "flags": ["shared 327680 > 232448"],
              "shared": 327680, "regs": 255, "spill_stores": 3, "num_warps": 8, "num_stages": 4, "cases": ["a:512:weights"],
