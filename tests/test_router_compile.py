@@ -37,6 +37,17 @@ print(json.dumps(out))
 """
 
 
+def _compiled(script: str, cases: list) -> list:
+    """``script``'s JSON answer for ``cases`` (JSON), run in a process without TRITON_INTERPRET (a compile for
+    sm_90 needs the kernels defined for the GPU) with benchmarks/ as its first argument."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    r = subprocess.run([sys.executable, "-c", script, bench, json.dumps(cases)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _prefill_launches() -> dict:
     """{(LOGITS_T, BLOCK_E, BLOCK_H, warps): (preset, T, H, E, H_PER_SPLIT)} of the presets' prefill logits launches."""
     out = {}
@@ -67,13 +78,7 @@ def test_prefill_logits_launches_compile_within_an_h200_sm():
     """Compiled for sm_90 (Triton's own ptxas, no GPU): each distinct prefill logits launch of the
     presets fits an H200 block's shared memory and spills nothing."""
     launches = _prefill_launches()
-    args = [[*k, T, H, E, hps] for k, (_, T, H, E, hps) in launches.items()]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    r = subprocess.run([sys.executable, "-c", _COMPILE, bench, json.dumps(args)], capture_output=True, text=True,
-                       env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    compiled = json.loads(r.stdout.strip().splitlines()[-1])
+    compiled = _compiled(_COMPILE, [[*k, T, H, E, hps] for k, (_, T, H, E, hps) in launches.items()])
     for (key, who), (shared, spills) in zip(launches.items(), compiled):
         assert shared <= H200_BLOCK_SHARED and spills == 0, (who, key, shared, spills)
 
@@ -103,10 +108,5 @@ def test_fp8_weight_megakernel_with_a_wide_shared_mlp_fits_an_h200_sm():
                                 cfg.shared_intermediate_size, 512, num_sms=132, fp8="weights")
     assert mk["tiles"]["shared"]["BLOCK_N1"] == 128 and mk["tiles"]["gemm1"]["BLOCK_M"] == 64
     assert mk["num_stages"] <= cfgs.FP8_WIDE_SHARED_MAX_STAGES
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    r = subprocess.run([sys.executable, "-c", _COMPILE_MK, bench, json.dumps([["kimi-k2", 512, "weights"]])],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (shared, regs, error), = json.loads(r.stdout.strip().splitlines()[-1])
+    (shared, regs, error), = _compiled(_COMPILE_MK, [["kimi-k2", 512, "weights"]])
     assert error is None and shared <= H200_BLOCK_SHARED and regs <= 255, (shared, regs, error)
