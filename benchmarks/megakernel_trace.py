@@ -1,6 +1,7 @@
 """Where the megakernel's time goes: per-task timestamps (%globaltimer) of one launch, by kind.
 
     python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
+        [--fp8 weights|weights+act]
 
 For each case (preset:T[:concentrated | a validation routing, e.g. zipf]) the layer runs traced (kernels.megakernel's ``trace``:
 program, start and end of every ticket; each program's first ticket and exit) in every call of a
@@ -11,7 +12,9 @@ and the replayed time disagreed by up to 3 us between variants). Per kind: tasks
 start and last end relative to the launch's first start; the launch span and the programs' busy
 fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
 "task_weight_bytes"). ``--variants a,b`` traces named variants of megakernel_variants.py too. Rows go to
-DIR/trace.jsonl with GPU, versions, commit and date.
+DIR/trace.jsonl with GPU, versions, commit and date. ``--fp8``: the FP8 megakernel (e4m3 weights with
+128 x 128 block scales quantized on the GPU from the same bf16 weights, kernels/fp8_weights.py; with
+FP8 activations too), its plan's weight and activation bytes FP8's, beside the same multi-launch path.
 """
 
 from __future__ import annotations
@@ -73,8 +76,10 @@ def main(argv=None) -> int:
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.fp8_weights import to_fp8
     from megamoe.kernels.megakernel import megakernel_config, megakernel_forward, trace_rows
     from megamoe.reference.tiles import KINDS, task_plan
+    from megamoe.simulator.cost import weight_bytes_per_element
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -83,7 +88,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--eager", action="store_true", help="trace one eager call (before run AG's session: the "
                    "default then), not every call of the timed graph")
+    p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
+                   help="trace the FP8 megakernel (and time the FP8 multi-launch path beside it)")
     args = p.parse_args(argv)
+    fp8 = args.fp8
+    act8 = fp8 == "weights+act"
+    plan_bytes = ({"act_bytes": 1 if act8 else 2, "weight_bytes": weight_bytes_per_element("fp8_e4m3")}
+                  if fp8 else {})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = kb.provenance()
@@ -96,6 +107,8 @@ def main(argv=None) -> int:
             weights.clear()
             torch.cuda.empty_cache()
             weights[name] = kb.random_device_weights(cfg)
+            if fp8:  # the router stays bf16 (to_fp8)
+                weights[name] = to_fp8(weights[name])
         w = weights[name]
         if rest and rest[0] == "concentrated":
             w = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
@@ -106,28 +119,29 @@ def main(argv=None) -> int:
 
             xs, rw = steer_inputs(xs, w.router_weight, routing_bias(cfg, rest[0], 0))
             w = type(w)(**{**w.arrays(), "router_weight": rw})
-        base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device)
+        base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device, fp8=fp8)
         variants = variant_configs(base, args.variants.split(",") if args.variants else [])
-        row = {"case": case, "preset": name, "T": T, **prov}
-        row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg: kmoe.moe_forward(a, w, cfg, backend="multi",
-                                                                                     check=False), xs, args.reps)
+        row = {"case": case, "preset": name, "T": T, "fp8": fp8, **prov}
+        fa = act8 if fp8 else None
+        row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg, fa=fa: kmoe.moe_forward(
+            a, w, cfg, backend="multi", check=False, fp8_activations=fa), xs, args.reps)
         counts = np.bincount(kmoe.moe_forward_details(xs[0], w, cfg)["topk_idx"].cpu().numpy().ravel(),
                              minlength=cfg.num_experts)
         for label, mk in variants:
             try:
-                _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True)
-                plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"])
+                _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True, fp8=fp8)
+                plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"], **plan_bytes)
                 rows, mt = trace_rows(cfg, T, mk, ran["programs"])
                 P = ran["programs"]
                 if args.eager:  # one eager call, traced
                     tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
-                    megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr)
+                    megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr, fp8=fp8)
                     torch.cuda.synchronize()
                     traced_us, graph = None, {}
                 else:  # every call of a graph of len(xs) calls traced, each into its own buffer, as the layer is timed
                     trs = [torch.zeros((rows, 3), device="cuda", dtype=torch.int64) for _ in xs]
                     traced_us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(
-                        a[0], w, cfg, mk=mk, trace=a[1]), list(zip(xs, trs)), args.reps)
+                        a[0], w, cfg, mk=mk, trace=a[1], fp8=fp8), list(zip(xs, trs)), args.reps)
                     torch.cuda.synchronize()
                     graph = graph_edges([t.cpu().numpy()[mt:mt + P] for t in trs])
                     tr = trs[0]  # the first call's tasks (the routing of xs[0], which the plan counts)
@@ -136,7 +150,8 @@ def main(argv=None) -> int:
                 summ = summarize(trn, plan.kind, KINDS)
                 summ.update(program_phases(trn, tra[mt:mt + P], tra[mt + P]))
                 summ.update(graph, traced_us=traced_us)
-                us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk), xs, args.reps)
+                us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk, fp8=fp8),
+                                      xs, args.reps)
                 t0 = int(trn[:, 1].min())
                 tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
                 row[label] = {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"],

@@ -440,6 +440,11 @@ def variant_configs(base: dict, names=None) -> list[tuple[str, dict]]:
     """[(name, config)] for the default and each named variant that differs from it (``names`` None:
     every variant; an empty list: the default alone, as megakernel_trace.py asks without --variants)."""
     out = [("default", base)]
+    names = None if names is None else [n for n in names if n != "default"]  # "default": always first
+    unknown = [n for n in (names or ()) if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown megakernel variant(s) {', '.join(map(repr, unknown))}; "
+                         f"expected names from: {', '.join(sorted(VARIANTS))}")
     for n in (VARIANTS if names is None else names):
         mk = _fit_router_switches(VARIANTS[n][0](base))
         if mk != base and all(mk != m for _, m in out):
