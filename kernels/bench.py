@@ -17,8 +17,8 @@ Per (preset, T, dtype) row, all in one run on one GPU:
                  torch._grouped_mm, weighted index_add), captured and timed the same way
 ``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales,
 quantized on the GPU from the same bf16 weights (fp8_weights.py); the same with FP8 activations.
-FP8 runs on the multi-launch backend under ``--backend auto`` and on the megakernel with
-``--backend megakernel`` (its FP8 tiles, fp8_gemm.py's); the rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
+FP8 runs where ``--backend auto`` sends it (the FP8 mode's measured table, configs.select_backend;
+the multi-launch backend where there is none) and on the megakernel with ``--backend megakernel`` (its FP8 tiles, fp8_gemm.py's); the rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
 ``speedup_vs_bf16`` (the bf16 row's time on the same backend over theirs).
 Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
 a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
@@ -394,7 +394,7 @@ def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
 
 def skip_reason(dtype: str, backend: str) -> str | None:
     """Why rows of ``dtype`` are not run on ``backend`` (None: they run; every dtype runs on every
-    backend since the megakernel has FP8 tiles: "auto" runs FP8 on the multi-launch path)."""
+    backend since the megakernel has FP8 tiles; "auto" as moe_forward picks)."""
     if dtype not in DTYPES:
         return f"dtype {dtype!r} is not one of {list(DTYPES)}"
     return None
@@ -442,7 +442,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
         config = kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device)
     else:
-        ran = "megakernel" if backend == "megakernel" else "multi"  # auto: the multi path (FP8 megakernel untimed)
+        ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)  # auto: backend_fp8's
         if ran == "multi":
             config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
         else:

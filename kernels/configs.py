@@ -51,7 +51,9 @@ INTERPRETER_SMS = 3
 DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
 #: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
-FILE_OPTIONAL = ("backend",)
+FILE_OPTIONAL = ("backend", "backend_fp8")
+#: the FP8 modes "backend_fp8" keys its tables by (moe.fp8_mode's names)
+FP8_MODES = ("weights", "weights+act")
 
 
 class KernelConfigError(ValueError):
@@ -841,27 +843,39 @@ def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:
 MEGAKERNEL_MAX_T = 0
 
 
-def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str) -> str:
+def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
+                   fp8: str | None = None) -> str:
     """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
-    {bucket: name}, written from ``megamoe bench`` rows of both backends) where it has this shape,
-    else the megakernel for T <= MEGAKERNEL_MAX_T."""
-    table = _backends(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
+    {bucket: name}, written by benchmarks/pick_backend.py from same-run rows of both backends) where it
+    has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8`` ("weights" / "weights+act"):
+    the FP8 layer's table of that mode (``backend_fp8``, from bench_megakernel.py --fp8 rows), else the
+    multi-launch path (the FP8 megakernel is chosen only where a run measured it faster)."""
+    table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
     if table:
         return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]
-    return "megakernel" if T <= MEGAKERNEL_MAX_T else "multi"
+    return "megakernel" if fp8 is None and T <= MEGAKERNEL_MAX_T else "multi"
 
 
 @cache
-def _backends(gpu: str, dtype: str, triton_version: str) -> dict:
+def _backends(gpu: str, dtype: str, triton_version: str, fp8: str | None = None) -> dict:
     p = config_path(gpu, dtype, triton_version)
     if not p.exists():
         return {}
-    d = json.loads(p.read_text()).get("backend", {})
+    d = json.loads(p.read_text())
+    where = "backend"
+    if fp8 is None:
+        d = d.get("backend", {})
+    else:
+        modes = d.get("backend_fp8", {})
+        bad = sorted(set(modes) - set(FP8_MODES))
+        if bad or fp8 not in FP8_MODES:
+            raise KernelConfigError(f"{p}: backend_fp8 modes must be of {list(FP8_MODES)}, got {bad or [fp8]}")
+        d, where = modes.get(fp8, {}), f"backend_fp8[{fp8!r}]"
     out = {}
     for sk, buckets in d.items():
         for b, name in buckets.items():
             if not b.isdigit() or int(b) not in T_BUCKETS or name not in ("megakernel", "multi"):
-                raise KernelConfigError(f"{p}: backend[{sk!r}][{b!r}] = {name!r}: want a bucket of {T_BUCKETS} "
+                raise KernelConfigError(f"{p}: {where}[{sk!r}][{b!r}] = {name!r}: want a bucket of {T_BUCKETS} "
                                         "and 'megakernel' or 'multi'")
             out.setdefault(sk, {})[int(b)] = name
     return out

@@ -441,25 +441,26 @@ def _config_from_json(s: str) -> MoEConfig:
 BACKENDS = ("auto", "megakernel", "multi")
 
 
-def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device) -> str:
+def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
+                    fp8: str | None = None) -> str:
     """"megakernel" or "multi": ``backend`` itself, or for "auto" the faster one for this shape and
-    T bucket as the tuned configs record it (configs.select_backend)."""
+    T bucket as the tuned configs record it (configs.select_backend; ``fp8`` the FP8 mode's table)."""
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend != "auto":
         return backend
     return cfgs.select_backend(config.num_experts, config.hidden_size, config.intermediate_size, config.top_k, T,
-                               gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__)
+                               gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__,
+                               fp8=fp8)
 
 
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
            fp8_activations: bool = False) -> torch.Tensor:
     if weights.is_fp8 or fp8_activations:
         fp8 = fp8_mode(weights, fp8_activations)
-        # "auto" keeps FP8 on the multi-launch path: only Qwen3-30B-A3B has FP8 megakernel rows, and there the
-        # megakernel wins at T = 1 only. H200, us, FP8 megakernel / multi-launch: FP8 activations (run BU, x quantized
-        # once) T = 1 40.2 / 50.5, T = 8 127.0 / 102.0; weight-only (run BO) T = 1 35.5 / 44.2, T = 8 161.4 / 108.4
-        if backend == "megakernel":
+        # "auto": the FP8 mode's own table (tuned file's backend_fp8, written by benchmarks/pick_backend.py from
+        # bench_megakernel.py --fp8 rows, where a run timed both backends); the multi-launch path elsewhere
+        if resolve_backend(backend, config, x.shape[0], x.dtype, x.device, fp8=fp8) == "megakernel":
             from .megakernel import megakernel_forward
 
             return megakernel_forward(x, weights, config, fp8=fp8)
@@ -515,7 +516,8 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
 
     FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
     float32 128 x 128 block scales) run the FP8 GEMMs of fp8_gemm.py on the multi-launch backend
-    ("auto" picks it), or the megakernel's FP8 tiles with backend="megakernel". ``fp8_activations`` as the reference's: None follows the
+    or the megakernel's FP8 tiles with backend="megakernel"; "auto" reads the FP8 mode's measured
+    table (configs.select_backend, ``backend_fp8``), else the multi-launch backend. ``fp8_activations`` as the reference's: None follows the
     weights (DeepSeek-V3's scheme, GEMM inputs quantized per token per 128 columns), False is
     weight-only FP8; True with float weights is refused.
     """

@@ -268,3 +268,60 @@ def test_align_warps_follow_the_expert_block():
 
     assert align_launch(128, 8, 256, 32, 128, 510)["num_warps"] == 4 and ALIGN_WARPS4_MAX_E == 256
     assert align_launch(128, 8, 384, 32, 128, 510)["num_warps"] == 8
+
+
+def test_auto_backend_reads_each_fp8_modes_own_table(tmp_path, monkeypatch):
+    """FP8 weights: backend="auto" follows the file's backend_fp8 table of that mode (not the bf16 one)
+    and the multi-launch path where that mode has no table; a mode the kernels do not know is named."""
+    from megamoe.kernels import configs as cfgs
+
+    table = tmp_path / "table.json"
+    table.write_text('{"gpu": "g", "dtype": "bfloat16", "triton": "t", "configs": {}, '
+                     '"backend": {"E256_H7168_I2048_K8": {"1": "multi"}}, '
+                     '"backend_fp8": {"weights+act": {"E256_H7168_I2048_K8": {"1": "megakernel", "8": "multi"}}}}')
+    monkeypatch.setattr(cfgs, "config_path", lambda *a: table)
+    cfgs._backends.cache_clear()
+    kw = dict(gpu="g", dtype="bfloat16", triton_version="t")
+    try:
+        assert cfgs.load_file(table) == {}                                   # the key is allowed in a tuned file
+        assert cfgs.select_backend(256, 7168, 2048, 8, 1, **kw) == "multi"   # bf16: its own table
+        assert cfgs.select_backend(256, 7168, 2048, 8, 1, fp8="weights+act", **kw) == "megakernel"
+        assert cfgs.select_backend(256, 7168, 2048, 8, 9, fp8="weights+act", **kw) == "multi"
+        assert cfgs.select_backend(256, 7168, 2048, 8, 1, fp8="weights", **kw) == "multi"  # no table for the mode
+        with pytest.raises(cfgs.KernelConfigError, match="backend_fp8 modes must be of"):
+            cfgs.select_backend(256, 7168, 2048, 8, 1, fp8="int4", **kw)
+    finally:
+        cfgs._backends.cache_clear()
+
+
+def test_pick_backend_writes_only_the_tables_its_rows_fill(tmp_path, monkeypatch):
+    """benchmarks/pick_backend.py: FP8 rows (bench_megakernel.py --fp8) fill backend_fp8[mode], bf16 rows
+    "backend"; a table no row fills is kept as it was; the faster backend needs the margin."""
+    import json
+
+    from benchload import load_benchmark
+
+    from megamoe.kernels import configs as cfgs
+
+    pb = load_benchmark("pick_backend")
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"gpu": "g", "dtype": "bfloat16", "triton": "t", "configs": {},
+                                 "backend": {"E8_H4096_I14336_K2": {"1": "megakernel"}}}))
+    monkeypatch.setattr(cfgs, "config_path", lambda *a: tuned)
+    row = dict(gpu="g", triton="t", preset="deepseek-v3", routing="uniform")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in [
+        {**row, "T": 1, "fp8": "weights+act", "megakernel_us": 150.0, "multi_us": 170.0},
+        {**row, "T": 8, "fp8": "weights+act", "megakernel_us": 700.0, "multi_us": 710.0},   # inside the 3% margin
+        {**row, "T": 8, "fp8": "weights+act", "routing": "concentrated", "megakernel_us": 1.0, "multi_us": 9.0},
+    ]) + "\n")
+    try:
+        assert pb.main([str(rows)]) == 0
+        d = json.loads(tuned.read_text())
+        assert d["backend"] == {"E8_H4096_I14336_K2": {"1": "megakernel"}}      # bf16's table untouched
+        assert d["backend_fp8"] == {"weights+act": {"E256_H7168_I2048_K8": {"1": "megakernel", "8": "multi"}}}
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({**row, "T": 1, "fp8": "int4", "megakernel_us": 1.0, "multi_us": 2.0}) + "\n")
+        assert pb.main([str(bad)]) == 2
+    finally:
+        cfgs._backends.cache_clear()
