@@ -620,9 +620,13 @@ FP8_X_ONCE = True
 #: 128 columns wide. Compiled for sm_90 (benchmarks/compile_audit.py, session 18; Triton 3.9 here, no GPU):
 #: Kimi-K2 and DeepSeek-V3 at T = 400 and 512 took 327,680 bytes of shared memory at 4 stages, past the
 #: H200's 232,448 a block (OutOfResources at launch: backend="megakernel" with weight-only FP8), and 229,376
-#: at 3. decode_stage_bytes counts 49,152 bytes a stage there (e4m3 weights): the excess is something the
-#: compiler adds for this shape that the stage arithmetic does not model (Llama-4-Maverick, the same tiles
-#: with top-1 routing, took 229,376 at 4 stages). tests/test_router_compile.py compiles one such case
+#: at 3. decode_stage_bytes counts 49,152 bytes a stage there (e4m3 weights); the excess, 98,304 bytes, is the
+#: router tasks' pipelined weight tiles (3 x 32 x 512 bf16 for Kimi-K2's 384 experts, read from the TTGIR:
+#: the persistent loop's pipelined buffers are allocated for the whole kernel, so they sit beside the GEMM
+#: stages; Llama-4-Maverick's are 3 x 32 x 64, and it took 229,376 at 4 stages with the same GEMM tiles).
+#: decode_stage_bytes budgets the GEMM stages alone; counting the router's pipeline there would make this
+#: cap a rule, and would move measured configs (not done without a GPU run that times them).
+#: tests/test_router_compile.py compiles one such case
 FP8_WIDE_SHARED_MAX_STAGES = 3
 
 #: shared memory the decode megakernel's pipeline stages may take, bytes
