@@ -125,7 +125,10 @@ def test_phases_move_the_reference_rows(device):
     xt, twt = _tensors(xs, tw, device)
     bufs = _buffers(R, 24, device)  # more room than needed: the tails must stay untouched
     counts = np.stack([plan_send(s, shards[r].slot_rank, R, r).send_counts for r, s in enumerate(slots)])
-    steps = [SymmetricStep(bufs[r], shards[r], xt[r], slots[r], twt[r], counts, max_rows=2) for r in range(R)]
+    # the local experts by the same torch GEMMs as _all_to_all_path ("auto" takes the Triton kernels on a GPU,
+    # whose sums are not the torch GEMMs' bits: H200 run BV failed the last check below so, every copy equal)
+    steps = [SymmetricStep(bufs[r], shards[r], xt[r], slots[r], twt[r], counts, max_rows=2, backend="torch")
+             for r in range(R)]
     plan = steps[0].plan
     for s in steps:
         s.pack()
@@ -150,7 +153,8 @@ def test_phases_move_the_reference_rows(device):
         np.testing.assert_array_equal(b.combine[:n].cpu().view(torch.int32).numpy(), back[r])
         assert torch.isnan(b.combine[n:].float()).all()
     ys = [s.finish() for s in steps]
-    assert all(torch.equal(y, w) for y, w in zip(ys, _all_to_all_path(xt, slots, twt, shards)))
+    for r, (y, w) in enumerate(zip(ys, _all_to_all_path(xt, slots, twt, shards))):
+        assert torch.equal(y, w), f"rank {r}: max |y - all-to-all| = {(y.float() - w.float()).abs().max().item():.3e}"
     with pytest.raises(RuntimeError, match="phase 'finish' called out of order, the next is 'none"):
         steps[0].finish()
 
