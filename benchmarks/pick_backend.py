@@ -1,6 +1,6 @@
 """Write backend="auto"'s table from measured rows: per shape and T bucket, the faster backend.
 
-    python benchmarks/pick_backend.py ROWS.jsonl [ROWS.jsonl ...] [--margin 0.03]
+    python benchmarks/pick_backend.py ROWS.jsonl [ROWS.jsonl ...] [--margin 0.03] [--adopt NAME[@T,...] ...]
 
 Reads bench_megakernel.py rows and ``megamoe validate`` rows (phase "measurement", one per
 backend; paired by preset, T and routing), uniform routing only (the table is keyed by shape and
@@ -14,6 +14,8 @@ FP8 rows (bench_megakernel.py --fp8 weights|weights+act: the FP8 megakernel and 
 path in one row, its ``fp8`` field the mode) go to that mode's table, ``backend_fp8[mode]`` of the
 same file, read by backend="auto" with FP8 weights. Only the tables the given rows fill are
 rewritten: bf16 rows replace "backend", each FP8 mode's rows its own table, the rest is kept.
+``--adopt NAME[@T,...]`` (megakernel_table.py's): a bench_megakernel.py variant that has since become
+the default stands for the megakernel's time in the rows that timed it (and passed its check).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megakernel_table import adopt, parse_adopt  # noqa: E402
 
 
 def paired(rows: list[dict]) -> list[dict]:
@@ -62,8 +67,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("rows", nargs="+")
     p.add_argument("--margin", type=float, default=0.03)
+    p.add_argument("--adopt", nargs="*", default=[], metavar="NAME[@T,...]",
+                   help="variants that became the default since the rows were measured (megakernel_table.py's)")
     a = p.parse_args(argv)
-    rows = [json.loads(line) for f in a.rows for line in Path(f).read_text().splitlines() if line.strip()]
+    try:
+        adopted = parse_adopt(a.adopt)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    rows = [adopt(json.loads(line), adopted) for f in a.rows for line in Path(f).read_text().splitlines()
+            if line.strip()]
     if not rows:
         print(f"{' '.join(a.rows)}: no rows", file=sys.stderr)
         return 2

@@ -312,7 +312,8 @@ def test_pick_backend_writes_only_the_tables_its_rows_fill(tmp_path, monkeypatch
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps(r) for r in [
         {**row, "T": 1, "fp8": "weights+act", "megakernel_us": 150.0, "multi_us": 170.0},
-        {**row, "T": 8, "fp8": "weights+act", "megakernel_us": 700.0, "multi_us": 710.0},   # inside the 3% margin
+        {**row, "T": 8, "fp8": "weights+act", "megakernel_us": 700.0, "multi_us": 710.0,   # inside the 3% margin,
+         "variants": [{"name": "newdef", "us": 600.0, "ok": True}]},                       # unless adopted
         {**row, "T": 8, "fp8": "weights+act", "routing": "concentrated", "megakernel_us": 1.0, "multi_us": 9.0},
     ]) + "\n")
     try:
@@ -320,6 +321,9 @@ def test_pick_backend_writes_only_the_tables_its_rows_fill(tmp_path, monkeypatch
         d = json.loads(tuned.read_text())
         assert d["backend"] == {"E8_H4096_I14336_K2": {"1": "megakernel"}}      # bf16's table untouched
         assert d["backend_fp8"] == {"weights+act": {"E256_H7168_I2048_K8": {"1": "megakernel", "8": "multi"}}}
+        assert pb.main([str(rows), "--adopt", "newdef@8"]) == 0      # the variant, now the default, is 600 us
+        assert json.loads(tuned.read_text())["backend_fp8"]["weights+act"]["E256_H7168_I2048_K8"]["8"] == "megakernel"
+        assert pb.main([str(rows), "--adopt", "newdef@x"]) == 2
         bad = tmp_path / "bad.jsonl"
         bad.write_text(json.dumps({**row, "T": 1, "fp8": "int4", "megakernel_us": 1.0, "multi_us": 2.0}) + "\n")
         assert pb.main([str(bad)]) == 2
