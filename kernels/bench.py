@@ -438,17 +438,15 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         touched.append(int((d["counts"] > 0).sum().item()))
     et = sum(touched) / len(touched)
     kmoe.check_inputs(xs[0], w, cfg)
+    ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)  # FP8: backend_fp8's table
     if fp8 is None:
-        ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device)
         config = kmoe.kernel_config(cfg, T, torch.bfloat16, xs[0].device)
+    elif ran == "multi":
+        config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
     else:
-        ran = kmoe.resolve_backend(backend, cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)  # auto: backend_fp8's
-        if ran == "multi":
-            config = kmoe.static_plan_for(cfg, T, xs[0].dtype, xs[0].device, deterministic, fp8=fp8).gemm
-        else:
-            from .megakernel import megakernel_config
+        from .megakernel import megakernel_config
 
-            config = megakernel_config(cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)
+        config = megakernel_config(cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)
     ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False,
                                                     backend=ran, fp8_activations=fp8_act), xs, reps)
     flops, byt = floor_terms(cfg, T, et, dtype)
