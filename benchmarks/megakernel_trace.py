@@ -122,9 +122,8 @@ def main(argv=None) -> int:
         base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device, fp8=fp8)
         variants = variant_configs(base, args.variants.split(",") if args.variants else [])
         row = {"case": case, "preset": name, "T": T, "fp8": fp8, **prov}
-        fa = act8 if fp8 else None
-        row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg, fa=fa: kmoe.moe_forward(
-            a, w, cfg, backend="multi", check=False, fp8_activations=fa), xs, args.reps)
+        row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg: kmoe.moe_forward(
+            a, w, cfg, backend="multi", check=False, fp8_activations=act8), xs, args.reps)
         counts = np.bincount(kmoe.moe_forward_details(xs[0], w, cfg)["topk_idx"].cpu().numpy().ravel(),
                              minlength=cfg.num_experts)
         for label, mk in variants:
