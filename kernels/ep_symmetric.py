@@ -71,6 +71,7 @@ import triton
 import triton.language as tl
 
 from ..reference.ep import PullSchedule, plan_pull, plan_send
+from ..reference.ep_tasks import pair_positions, slot_pair_counts
 from .ep import (
     EPInputError,
     EPShard,
@@ -80,6 +81,7 @@ from .ep import (
     local_partials,
     resolve_backend,
 )
+from .ep_fused import device_plan, launch_fused, plan_for
 from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_timeout, wait_flag
 
 #: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
@@ -159,7 +161,8 @@ class BufferLayout:
         """name -> (byte offset, shape, dtype) of every region of the allocation."""
         S, H, K, R = self.send_rows, self.hidden_size, self.top_k, self.num_ranks
         shapes = {"send_x": ((S, H), self.dtype), "send_idx": ((S, K), torch.int64),
-                  "send_w": ((S, K), torch.float32), "combine": ((S, H), self.dtype), "flags": ((2, R), torch.int64)}
+                  "send_w": ((S, K), torch.float32), "send_pos": ((S, K), torch.int64), "combine": ((S, H), self.dtype),
+                  "flags": ((2, R), torch.int64)}
         out, off = {}, 0
         for name, (shape, dt) in shapes.items():
             start, off = _region(off, int(np.prod(shape)) * dt.itemsize)
@@ -176,6 +179,7 @@ class SymmetricBuffers:
     """One rank's buffers and the addresses of its peers' (see the module docstring).
 
     Views of the symmetric allocation: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32,
+    send_pos (S, K) int64 (each pair's position among the sender's rows of its slot: the fused launch's),
     combine (S, H), flags (2, R) int64. Local: recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch
     (2,) int64 (the calls signalled, per flag row), status (3,) int64 (the first timed-out wait: peer
     + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 tensor of every rank's address of
@@ -255,7 +259,8 @@ class SymmetricBuffers:
     def poison(self) -> None:
         """Every byte of the send, combine and receive buffers 0xFF (NaN in every float dtype, -1 in
         int64); the flags, epoch and status are left alone."""
-        for t in (self.send_x, self.send_idx, self.send_w, self.combine, self.recv_x, self.recv_idx, self.recv_w):
+        for t in (self.send_x, self.send_idx, self.send_w, self.send_pos, self.combine, self.recv_x, self.recv_idx,
+                  self.recv_w):
             t.view(torch.uint8).fill_(255)
 
     def check_fits(self, pull: PullSchedule) -> None:
@@ -314,12 +319,19 @@ class SymmetricStep:
     x: (T, H) in the buffers' dtype, on their device; topk_idx: (T, K) slot ids (distinct per row);
     topk_weights: (T, K) float; traffic: (R, R) rows [src, dst] of every rank (its row ``rank`` must
     be this routing's send counts) or a callable taking this rank's (R,) send counts and returning it.
+
+    fused: phases pull, compute and push are one persistent launch (kernels/ep_fused.py, the plan of
+    reference.ep_tasks.plan_fused_ep): the copies overlap the expert tiles and nothing syncs with the
+    host between pack and finish. It needs ``slot_counts``: the (R, P) rows of every rank per slot
+    (its row ``rank`` this routing's), or a callable taking this rank's (P,) counts and returning
+    them. The pull phase launches it, compute does nothing, push signals LANDED.
     """
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
 
     def __init__(self, buffers: SymmetricBuffers, shard: EPShard, x: torch.Tensor, topk_idx, topk_weights, traffic, *,
-                 max_rows: int | None = None, backend: str = "auto", num_programs: int | None = None):
+                 max_rows: int | None = None, backend: str = "auto", num_programs: int | None = None,
+                 fused: bool = False, slot_counts=None):
         if not isinstance(buffers, SymmetricBuffers):
             raise EPInputError(f"buffers must be SymmetricBuffers, got {type(buffers).__name__}")
         if buffers.broken:
@@ -348,6 +360,25 @@ class SymmetricStep:
         self.w = topk_weights.to(device=dev, dtype=torch.float32).reshape(T, K)
         self.partial = None
         self._next = 0
+        self.fused = bool(fused)
+        if self.fused:
+            if self.backend != "kernels":
+                raise EPInputError(f"fused=True runs the Triton kernels: backend must be 'kernels' or 'auto', got "
+                                   f"{backend!r}")
+            P = shard.num_slots
+            mine = slot_pair_counts(idx, P)
+            counts = np.asarray(slot_counts(mine) if callable(slot_counts) else slot_counts)
+            if slot_counts is None or counts.shape != (R, P) or counts.dtype.kind not in "iu":
+                raise EPInputError(f"fused=True needs slot_counts: the (R, P) = ({R}, {P}) integer rows of every "
+                                   f"rank per slot, got {None if slot_counts is None else list(counts.shape)}")
+            if not np.array_equal(counts[rank], mine):
+                raise EPInputError(f"slot_counts row {rank} is {counts[rank].tolist()} but this rank's routing has "
+                                   f"{mine.tolist()} rows per slot")
+            self.pos = torch.from_numpy(pair_positions(idx, P)).to(dev)
+            n_recv = int(self.plan.recv_rows[rank])
+            pairs = int(counts[:, shard.slots].sum())
+            self.fused_plan, self.tiles = plan_for(shard, self.plan, counts.astype(np.int64), K, x.dtype, dev, pairs)
+            self.fused_buffers = device_plan(self.fused_plan, shard.slot_rank, n_recv, x.dtype, dev)
 
     def _enter(self, phase: str) -> None:
         want = self.PHASES[self._next] if self._next < len(self.PHASES) else "none (the call is over)"
@@ -364,12 +395,18 @@ class SymmetricStep:
             b.send_x[:n] = self.x[tok]
             b.send_idx[:n] = self.idx[tok]
             b.send_w[:n] = self.w[tok]
+            if self.fused:
+                b.send_pos[:n] = self.pos[tok]
         b.signal(READY)
 
     def pull(self) -> None:
         """The rows for this rank from every peer, each after that peer's READY flag."""
         self._enter("pull")
         b = self.buffers
+        if self.fused:  # pulls, the local experts and the push-backs: one launch
+            launch_fused(self.fused_plan, self.tiles, self.fused_buffers, self.shard, b, self._pulls_dev,
+                         self._pushes_dev, int(self.plan.recv_rows[b.rank]), num_programs=self.num_programs)
+            return
         for i, (local, name) in enumerate(((b.recv_idx, "send_idx"), (b.recv_w, "send_w"), (b.recv_x, "send_x"))):
             launch_copies(self.pulls, local, b.peers[name], push=False, aligned=b.aligned[name],
                           num_programs=self.num_programs, copies_dev=self._pulls_dev,
@@ -378,6 +415,8 @@ class SymmetricStep:
     def compute(self) -> None:
         """The local experts on the received rows (host planning, as ep_moe_experts)."""
         self._enter("compute")
+        if self.fused:  # done by the pull phase's launch
+            return
         b, rank = self.buffers, self.buffers.rank
         b.raise_on_timeout()
         n = int(self.plan.recv_rows[rank])
@@ -388,6 +427,9 @@ class SymmetricStep:
         """The partial rows into their sources' combine buffers; signal LANDED."""
         self._enter("push")
         b = self.buffers
+        if self.fused:  # the launch pushed; publish it
+            b.signal(LANDED)
+            return
         launch_copies(self.pushes, self.partial, b.peers["combine"], push=True, aligned=b.aligned["combine"],
                       num_programs=self.num_programs, copies_dev=self._pushes_dev)
         b.signal(LANDED)
@@ -413,7 +455,8 @@ def _gather_traffic(group, device):
 
 def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard,
                              buffers: SymmetricBuffers, group=None, *, traffic=None, max_rows: int | None = None,
-                             backend: str = "auto", num_programs: int | None = None) -> torch.Tensor:
+                             backend: str = "auto", num_programs: int | None = None,
+                             fused: bool = False) -> torch.Tensor:
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
     x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Every rank of
@@ -421,7 +464,9 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     a group of one process, ``SymmetricBuffers.emulated(1, ...)[0]``).
     traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
     all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
-    num_programs: programs of the copy kernel (its SMs, 4 per SM by default).
+    num_programs: programs of the copy kernel (its SMs, 4 per SM by default), or of the fused launch.
+    fused: pulls, local experts and push-backs in one launch (kernels/ep_fused.py); the (R, P) slot counts
+    are all-gathered with the traffic (one gather), so ``traffic`` given is ignored then.
     The checks that depend on every rank's routing (the buffers' room) give the same answer on every
     rank, so all of them raise together; a rank that raises on its own inputs (a wrong dtype) before
     it signals leaves its peers to a FlagTimeoutError after their spin limit.
@@ -433,9 +478,18 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     rank, R = dist.get_rank(group), dist.get_world_size(group)
     if isinstance(buffers, SymmetricBuffers) and (rank, R) != (buffers.rank, buffers.num_ranks):
         raise EPInputError(f"buffers are for rank {buffers.rank} of {buffers.num_ranks}, this is rank {rank} of {R}")
+    if fused:
+        idx = check_routing(x, topk_idx, topk_weights)
+        mine = np.concatenate([plan_send(idx, shard.slot_rank, R, rank).send_counts,
+                               slot_pair_counts(idx, shard.num_slots)])
+        both = _gather_traffic(group, x.device)(mine)  # (R, R + P): send counts, then rows per slot
+        traffic, slot_counts = both[:, :R], both[:, R:]
+    else:
+        slot_counts = None
     step = SymmetricStep(buffers, shard, x, topk_idx, topk_weights,
                          _gather_traffic(group, x.device) if traffic is None else traffic,
-                         max_rows=max_rows, backend=backend, num_programs=num_programs)
+                         max_rows=max_rows, backend=backend, num_programs=num_programs, fused=fused,
+                         slot_counts=slot_counts)
     step.pack()
     step.pull()
     step.compute()
@@ -444,9 +498,12 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
 
 
 def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_rows: int | None = None,
-                            backend: str = "torch", num_programs: int | None = None) -> list[torch.Tensor]:
+                            backend: str = "torch", num_programs: int | None = None, fused: bool = False,
+                            steps_out: list | None = None) -> list[torch.Tensor]:
     """Every rank of ``SymmetricBuffers.emulated`` in this process: R lists of x (T_r, H), topk_idx, topk_weights
-    and shards -> R arrays y (T_r, H). Phase by phase over the ranks (every pack, then every pull, ...)."""
+    and shards -> R arrays y (T_r, H). Phase by phase over the ranks (every pack, then every pull, ...).
+    fused: each rank's pull, compute and push as one launch (SymmetricStep's ``fused``; backend "kernels").
+    steps_out: a list that receives the R SymmetricSteps (for tests that read their plans and buffers)."""
     R = len(buffers)
     if not R or any(not isinstance(b, SymmetricBuffers) or not b.emulated for b in buffers):
         raise EPInputError("buffers must be the list SymmetricBuffers.emulated returned")
@@ -456,11 +513,14 @@ def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_
     for name, v in (("xs", xs), ("topk_idx", topk_idx), ("topk_weights", topk_weights), ("shards", shards)):
         if len(v) != R:
             raise EPInputError(f"need one of {name} per rank: got {len(v)} for {R} ranks")
-    counts = [plan_send(check_routing(xs[r], topk_idx[r], topk_weights[r]), shards[r].slot_rank, R, r).send_counts
-              for r in range(R)]
-    traffic = np.stack(counts)
+    idx = [check_routing(xs[r], topk_idx[r], topk_weights[r]) for r in range(R)]
+    traffic = np.stack([plan_send(idx[r], shards[r].slot_rank, R, r).send_counts for r in range(R)])
+    slots = np.stack([slot_pair_counts(idx[r], shards[r].num_slots) for r in range(R)]) if fused else None
     steps = [SymmetricStep(buffers[r], shards[r], xs[r], topk_idx[r], topk_weights[r], traffic, max_rows=max_rows,
-                           backend=backend, num_programs=num_programs) for r in range(R)]
+                           backend=backend, num_programs=num_programs, fused=fused, slot_counts=slots)
+             for r in range(R)]
+    if steps_out is not None:
+        steps_out.extend(steps)
     for phase in SymmetricStep.PHASES[:-1]:
         for s in steps:
             getattr(s, phase)()
