@@ -12,11 +12,13 @@ Public names:
     build_topology                                                        (topology)
     predict_launch_plan                                                   (cost: a kernel's launch plan)
     predict_task_plan                                                     (task_cost: the megakernel's task plan)
+    predict_fused_ep, predict_ep_layer                                    (ep_task_cost: the fused EP launch)
 Nothing runs on import.
 """
 
 from .analytic import Estimate, estimate_workload
 from .cost import predict_launch_plan
+from .ep_task_cost import predict_ep_layer, predict_fused_ep
 from .hardware import Profile, ProfileError, available_profiles, load_profile, override
 from .placement import Placement, make_placement
 from .simulate import SimResult, simulate, simulate_single_gpu_kernel, simulate_workload
@@ -27,5 +29,6 @@ from .workload import TraceError, Workload, build_workload, calibrate_zipf, pars
 __all__ = [
     "Estimate", "Placement", "Profile", "ProfileError", "SimResult", "TraceError", "Workload", "available_profiles",
     "build_topology", "build_workload", "calibrate_zipf", "estimate_workload", "load_profile", "make_placement", "override",
-    "parse_routing", "predict_launch_plan", "predict_task_plan", "simulate", "simulate_single_gpu_kernel", "simulate_workload",
+    "parse_routing", "predict_ep_layer", "predict_fused_ep", "predict_launch_plan", "predict_task_plan", "simulate",
+    "simulate_single_gpu_kernel", "simulate_workload",
 ]

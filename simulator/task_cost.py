@@ -277,12 +277,21 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     p = resolve_profile(profile, overrides)
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
                    read_depth=read_depth, weight_depth=weight_depth)
-    out = _schedule_shared(c, p, calls_per_graph)
+    return schedule_costs(c, p, calls_per_graph, calls_before)
+
+
+def schedule_costs(c: dict, p: Profile, calls_per_graph: int = 1, calls_before: float = 0.0,
+                   timeline: bool = False) -> dict:
+    """``predict_task_plan``'s result from task costs ``c`` (``task_costs``, or a caller's costs in its
+    format, as simulator/ep_task_cost.py gives them): ``_schedule_shared``, then where
+    USE_SUSTAINED_CLOCKS applies, the tasks' MMA at the clocks of the busy window, scheduled again.
+    ``timeline``: the result also carries "_start" / "_end" / "_h" (``_schedule_tasks``)."""
+    out = _schedule_shared(c, p, calls_per_graph, timeline)
     ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
                              float(np.sum(c["arrays"]["flops"], dtype=np.float64)))
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
         if ratio < 1:
-            out = _schedule_shared({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph)
+            out = _schedule_shared({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph, timeline)
         out["sustained_ratio"] = ratio
     return out
 
@@ -319,18 +328,19 @@ def lifetime_h(start: np.ndarray, end: np.ndarray, h_curves: np.ndarray, curve: 
     return 1.0 / mean
 
 
-def _schedule_shared(c: dict, p: Profile, calls_per_graph: int) -> dict:
+def _schedule_shared(c: dict, p: Profile, calls_per_graph: int, timeline: bool = False) -> dict:
     """``_schedule_tasks``, and where ``cost.USE_TASK_STREAM_SHARE`` is on, again STREAM_SHARE_PASSES
     times, each task's DRAM part at h + STREAM_SHARE_STEP x (``lifetime_h`` of the previous pass's
     timeline - h), h the correction it had there (the first pass: the busy programs at its start);
-    a cohort's tasks keep their one-shot rate (cost.USE_TASK_DEEP_READ)."""
+    a cohort's tasks keep their one-shot rate (cost.USE_TASK_DEEP_READ). ``timeline``: the last pass's
+    "_start" / "_end" / "_h" kept in the result."""
     if not cost.USE_TASK_STREAM_SHARE:
-        return _schedule_tasks(c, p, calls_per_graph)
+        return _schedule_tasks(c, p, calls_per_graph, timeline=timeline)
     out = _schedule_tasks(c, p, calls_per_graph, timeline=True)
     for j in range(STREAM_SHARE_PASSES):
         life = lifetime_h(out["_start"], out["_end"], c["h_curves"], c["curve"])
         out = _schedule_tasks(c, p, calls_per_graph, h_over=out["_h"] + STREAM_SHARE_STEP * (life - out["_h"]),
-                              timeline=j < STREAM_SHARE_PASSES - 1)
+                              timeline=timeline or j < STREAM_SHARE_PASSES - 1)
     return out
 
 
