@@ -15,11 +15,12 @@ with CUDA events, the middle of its call:
     phased   pull (three copy launches) + compute (host sync, plan_receive, moe_experts on the local
              pairs, the partial sum) + push (a copy launch) + the LANDED signal
     fused    the one launch of kernels/ep_fused.py (pulls, pair placement, GEMM tiles, push-backs)
-             + the LANDED signal
+             + the LANDED signal, copies cut by reference.ep_tasks.auto_max_rows (the fused default)
+    fused_uncut  the same with one copy per peer (each copy one task on one program)
 
 then every rank finishes (untimed). A row per (case, path) with each rank's median over --reps and the
-slowest rank's; checks: the fused y bitwise the phased y on every rank (the same GEMM tiles), bitwise
-from call to call, finite. The fused plan's task counts and bytes are recorded beside the times, and,
+slowest rank's; checks: every path's y bitwise the first path's on every rank (the same GEMM tiles),
+bitwise from call to call, finite. The fused plan's task counts and bytes are recorded beside the times, and,
 where ``simulator.ep_task_cost`` is present, its prediction for the same plan on the ``h200`` profile
 (peer bytes as local HBM traffic), made before the timing.
 ``--cpu-smoke``: a layer shrunk to H=64, I=32 under the interpreter, one rep: a check of the script.
@@ -52,22 +53,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", default="contiguous")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--paths", default="phased,fused,fused_uncut",
+                   help="phased, fused (copies cut by reference.ep_tasks.auto_max_rows), fused_uncut (one copy per peer)")
     p.add_argument("--budget", type=float, default=0.0, help="seconds: start no case past this (0: no limit)")
     p.add_argument("--cpu-smoke", action="store_true", help="shrunk layer under TRITON_INTERPRET=1, one rep")
     return p
 
 
-def _predict(plans) -> dict | None:
-    """The cost model's fused-launch times of these plans on the h200 profile, where it exists."""
-    try:
-        from megamoe.simulator.ep_task_cost import predict_fused_ep
-    except ImportError:
-        return None
-    per_rank = [predict_fused_ep(p, "h200")["makespan_s"] * 1e6 for p in plans]
-    return {"predicted_fused_us": per_rank, "predicted_fused_slowest_us": max(per_rank)}
+def _predict(plans, programs: int) -> dict:
+    """The cost model's fused-launch times of these plans (simulator.ep_task_cost), made before the timing:
+    on the ``h200`` profile with every peer byte moved as local HBM traffic (what the emulation does), and
+    on ``hgx-h200`` as planned (NVLink), for reference."""
+    import dataclasses
+
+    import numpy as np
+
+    from megamoe.simulator.ep_task_cost import predict_fused_ep
+
+    local = [dataclasses.replace(p, in_bytes=p.in_bytes + p.link_bytes, link_bytes=np.zeros_like(p.link_bytes))
+             for p in plans]
+    here = [predict_fused_ep(p, "h200", num_programs=programs)["time_s"] * 1e6 for p in local]
+    nvl = [predict_fused_ep(p, "hgx-h200", num_programs=programs)["time_s"] * 1e6 for p in plans]
+    return {"predicted_fused_us": here, "predicted_fused_slowest_us": max(here),
+            "predicted_hgx_h200_fused_us": nvl}
 
 
-def run_case(case: dict, reps: int, dev) -> list[dict]:
+PATHS = ("phased", "fused", "fused_uncut")
+
+
+def run_case(case: dict, reps: int, dev, paths=PATHS) -> list[dict]:
     import numpy as np
     import torch
     from bench_ep import _shard, workload
@@ -92,9 +106,11 @@ def run_case(case: dict, reps: int, dev) -> list[dict]:
     bufs = SymmetricBuffers.emulated(R, T, H, K, dt, device=dev)
     cuda = dev.type == "cuda"
 
-    def call(fused: bool, times: list | None):
+    def call(path: str, times: list | None):
+        fused = path != "phased"
+        max_rows = T * R if path == "fused_uncut" else None  # a copy never holds more than T rows
         steps = [SymmetricStep(bufs[r], shards[r], xs[r], topk[r], tws[r], traffic, backend="kernels", fused=fused,
-                               slot_counts=slots if fused else None) for r in range(R)]
+                               slot_counts=slots if fused else None, max_rows=max_rows) for r in range(R)]
         for s in steps:
             s.pack()
         for r, s in enumerate(steps):
@@ -116,16 +132,18 @@ def run_case(case: dict, reps: int, dev) -> list[dict]:
                 times[r].append(us)
         return [s.finish() for s in steps], steps
 
+    from megamoe.kernels.ep_fused import fused_programs
+
     rows = []
     ys = {}
-    for path in ("phased", "fused"):
-        fused = path == "fused"
-        y1, steps = call(fused, None)  # warm (compiles)
-        y2, _ = call(fused, None)
-        pred = _predict([s.fused_plan for s in steps]) if fused else None
+    for path in paths:
+        fused = path != "phased"
+        y1, steps = call(path, None)  # warm (compiles)
+        y2, _ = call(path, None)
+        pred = _predict([s.fused_plan for s in steps], fused_programs(dev)) if fused else None
         times = [[] for _ in range(R)]
         for _ in range(reps):
-            call(fused, times)
+            call(path, times)
         med = [statistics.median(t) for t in times]
         ys[path] = y1
         row = {"kind": "measured", **case, "path": path, "emulated_ranks_on_one_gpu": True, "rank_us": med,
@@ -134,14 +152,16 @@ def run_case(case: dict, reps: int, dev) -> list[dict]:
                "finite": all(bool(torch.isfinite(y.float()).all()) for y in y1), "traffic_rows": traffic.tolist()}
         if fused:
             plans = [s.fused_plan for s in steps]
-            row.update(tasks=[p.tasks_per_kind() for p in plans], tiles=steps[0].tiles,
-                       peer_bytes=[float(p.link_bytes.sum()) for p in plans], **(pred or {}))
+            row.update(tasks=[p.tasks_per_kind() for p in plans], tiles=steps[0].tiles, max_rows=steps[0].plan.max_rows,
+                       peer_bytes=[float(p.link_bytes.sum()) for p in plans],
+                       weight_bytes=[float(s.shard.gate_up.nbytes + s.shard.down.nbytes) for s in steps], **pred)
         rows.append(row)
-    same = all(torch.equal(a, b) for a, b in zip(ys["phased"], ys["fused"]))
-    diff = max(float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-               for a, b in zip(ys["phased"], ys["fused"]))
+    first = ys[paths[0]]
     for row in rows:
-        row.update(fused_bitwise_phased=same, fused_phased_max_abs_diff=diff)
+        other = ys[row["path"]]
+        row.update(bitwise_equal_to=paths[0], bitwise_equal=all(torch.equal(a, b) for a, b in zip(first, other)),
+                   max_abs_diff=max([float((a.float() - b.float()).abs().max()) for a, b in zip(first, other)
+                                     if a.numel()] or [0.0]))
     return rows
 
 
@@ -163,6 +183,11 @@ def main(argv=None) -> int:
     prov = provenance() if dev.type == "cuda" else {"gpu": None, "torch": torch.__version__, **git_state()}
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "rows.jsonl"
+    paths = tuple(p for p in args.paths.split(",") if p)
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        print(f"bench_ep_fused: unknown path(s) {bad or args.paths!r}; known: {', '.join(PATHS)}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     extra = {"shrunk": True} if args.cpu_smoke else {}
     for R in args.ranks:
@@ -172,16 +197,17 @@ def main(argv=None) -> int:
                 continue
             case = {"preset": args.preset, "ranks": R, "tokens_per_rank": T, "routing": args.routing,
                     "placement": args.placement, "seed": args.seed, **extra}
-            rows = run_case(case, 1 if args.cpu_smoke else args.reps, dev)
+            rows = run_case(case, 1 if args.cpu_smoke else args.reps, dev, paths)
             for row in rows:
                 row.update(prov)
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 pred = row.get("predicted_fused_slowest_us")
-                print(f"R={R} T={T} {row['path']:6s} slowest rank {row['slowest_rank_us']:9.1f} us  mean "
-                      f"{row['mean_rank_us']:9.1f} us" + (f"  predicted {pred:8.1f}" if pred else "") +
-                      f"  det {row['bitwise_deterministic']} finite {row['finite']} fused==phased "
-                      f"{row['fused_bitwise_phased']} (max diff {row['fused_phased_max_abs_diff']:.3g})", flush=True)
+                print(f"R={R} T={T} {row['path']:11s} max_rows {row.get('max_rows', '-')!s:>4}  slowest rank "
+                      f"{row['slowest_rank_us']:9.1f} us  mean {row['mean_rank_us']:9.1f} us" +
+                      (f"  predicted {pred:8.1f}" if pred else "") +
+                      f"  det {row['bitwise_deterministic']} finite {row['finite']} =={row['bitwise_equal_to']} "
+                      f"{row['bitwise_equal']} (max diff {row['max_abs_diff']:.3g})", flush=True)
     return 0
 
 

@@ -16,13 +16,13 @@ For each case (preset, R, T, routing, placement, max_rows) on the ``--system`` p
               (bf16 rows, topk_idx + topk_weights + positions as metadata, copies of at most max_rows
               rows), slot_pair_counts, reference.ep_tasks.plan_fused_ep with the GEMM tiles
               kernels/ep_fused.fused_tiles picks (kernels.configs.select_config for P_r local slots, one
-              pick per pair, T = the rank's pairs, "NVIDIA H200", bfloat16, Triton 3.6.0; the default
-              64 / 128 / 128 tiles, 4 warps, where kernels.configs does not import), num_programs = SMs
+              pick per pair, T = the rank's pairs, "NVIDIA H200", bfloat16, Triton 3.6.0), num_programs = SMs
               (launch_fused's default); simulator.ep_task_cost.predict_ep_layer; plus the same layer
               start as the bulk row (schedules.layer_start_s), so the two layer times compare
 
-``--max-rows``: none (one copy per peer, plan_pull's default), an integer, or auto: ceil(the most rows a
-rank receives / programs), so one wave of copies fills the launch's programs (the per-program copy
+``--max-rows``: none (one copy per peer, plan_pull's default), an integer, or auto (the fused step's
+default, reference.ep_tasks.auto_max_rows: ceil(the most rows a rank receives / programs)), so one wave
+of copies fills the launch's programs (the per-program copy
 rate is capped, simulator/ep_task_cost.py). Prints one line per case; ``--out`` appends JSON lines
 (``"kind": "prediction", "schedule": "fused_ep"``).
 """
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -40,8 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ep  # noqa: E402
 
 SYSTEM = bench_ep.SYSTEM
-#: the fused launch's tiles where kernels.configs cannot be imported: BLOCK_M, GEMM 1's BLOCK_N, GEMM 2's
-DEFAULT_TILES = {"BM": 64, "BN1": 128, "BN2": 128, "num_warps": 4}
 
 
 def _max_rows(text: str) -> list:
@@ -74,15 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fused_tiles(P_r: int, H: int, I: int, pairs: int) -> dict:
     """kernels/ep_fused.fused_tiles' pick for an H200 in bfloat16 (Triton 3.6.0, the GPU image's)."""
-    try:
-        from megamoe.kernels.configs import select_config
-    except ImportError:  # kernels.configs not importable here: the defaults above
-        return dict(DEFAULT_TILES)
-    cfg = select_config(max(P_r, 1), H, I, 1, max(pairs, 1), gpu="NVIDIA H200", dtype="bfloat16",
-                        triton_version="3.6.0", interpret=False)
-    g1, g2 = cfg["gemm1"], cfg["gemm2"]
-    return {"BM": g1["BLOCK_M"], "BN1": g1["BLOCK_N"], "BN2": g2["BLOCK_N"],
-            "num_warps": max(g1["num_warps"], g2["num_warps"])}
+    from megamoe.kernels.ep_fused import fused_tiles_of
+
+    return fused_tiles_of(P_r, H, I, pairs, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0",
+                          interpret=False)
 
 
 def fused_plans(cfg, wl, max_rows, programs: int):
@@ -90,7 +82,7 @@ def fused_plans(cfg, wl, max_rows, programs: int):
     import numpy as np
 
     from megamoe.reference.ep import local_slots, plan_pull
-    from megamoe.reference.ep_tasks import plan_fused_ep, slot_pair_counts
+    from megamoe.reference.ep_tasks import auto_max_rows, plan_fused_ep, slot_pair_counts
 
     sched, _ = bench_ep.schedule(wl)
     R, T = wl.num_gpus, wl.tokens_per_gpu
@@ -98,7 +90,7 @@ def fused_plans(cfg, wl, max_rows, programs: int):
     slot_rank = wl.placement.slot_rank.astype(np.int64)
     P = slot_rank.size
     if max_rows == "auto":
-        max_rows = max(1, math.ceil(int(sched.traffic().sum(axis=0).max()) / programs))
+        max_rows = auto_max_rows(sched.traffic(), programs)
     pull = plan_pull(sched, H, 2, max_rows=None if max_rows == "none" else max_rows, meta_bytes=K * (8 + 4 + 8))
     counts = np.stack([slot_pair_counts(wl.slot_topk_idx[r * T:(r + 1) * T], P) for r in range(R)])
     plans, tiles = [], []

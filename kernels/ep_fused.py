@@ -182,18 +182,25 @@ def _ep_fused_kernel(
 
 
 # --------------------------------------------------------------------------- host side
-def fused_tiles(shard: EPShard, num_pairs: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """The GEMM tiles of the fused launch: the multi-launch path's entry for the local shape (P_r slots,
-    one pick per pair, ``num_pairs`` rows: what kernels.ep.local_partials' moe_experts call selects),
-    GEMM 2 on GEMM 1's row block (the pair layout is padded once)."""
-    from .moe import DTYPES, device_name
-
-    P_r, H, I = shard.gate_up.shape[0], shard.gate_up.shape[2], shard.down.shape[2]
-    cfg = cfgs.select_config(max(P_r, 1), H, I, 1, max(num_pairs, 1), gpu=device_name(device), dtype=DTYPES[dtype],
-                             triton_version=triton.__version__, interpret=device.type == "cpu")
+def fused_tiles_of(P_r: int, H: int, I: int, num_pairs: int, *, gpu: str, dtype: str, triton_version: str,
+                   interpret: bool) -> dict:
+    """The GEMM tiles of the fused launch: the multi-launch path's entry for the local shape (P_r slots, one
+    pick per pair, ``num_pairs`` rows: what kernels.ep.local_partials' moe_experts call selects), GEMM 2 on
+    GEMM 1's row block (the pair layout is padded once). The cost model's predictions read this too."""
+    cfg = cfgs.select_config(max(P_r, 1), H, I, 1, max(num_pairs, 1), gpu=gpu, dtype=dtype,
+                             triton_version=triton_version, interpret=interpret)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
     return {"BM": g1["BLOCK_M"], "BN1": g1["BLOCK_N"], "BK1": g1["BLOCK_K"], "BN2": g2["BLOCK_N"],
             "BK2": g2["BLOCK_K"], "num_warps": max(g1["num_warps"], g2["num_warps"])}
+
+
+def fused_tiles(shard: EPShard, num_pairs: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """``fused_tiles_of`` for this shard on this device."""
+    from .moe import DTYPES, device_name
+
+    return fused_tiles_of(shard.gate_up.shape[0], shard.gate_up.shape[2], shard.down.shape[2], num_pairs,
+                          gpu=device_name(device), dtype=DTYPES[dtype], triton_version=triton.__version__,
+                          interpret=device.type == "cpu")
 
 
 def plan_for(shard: EPShard, pull, slot_counts: np.ndarray, top_k: int, dtype: torch.dtype, device: torch.device,
@@ -206,6 +213,11 @@ def plan_for(shard: EPShard, pull, slot_counts: np.ndarray, top_k: int, dtype: t
                          act_bytes=torch.empty(0, dtype=dtype).element_size(),
                          weight_bytes=shard.gate_up.element_size())
     return plan, tiles
+
+
+def fused_programs(device: torch.device) -> int:
+    """The fused launch's programs by default: one per SM on a GPU, INTERPRET_PROGRAMS under the interpreter."""
+    return INTERPRET_PROGRAMS if device.type == "cpu" else device_sms(device)
 
 
 @dataclass
@@ -255,7 +267,7 @@ def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShar
         raise EPInputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
     dev = bufs.device
     if num_programs is None:
-        num_programs = INTERPRET_PROGRAMS if dev.type == "cpu" else device_sms(dev)
+        num_programs = fused_programs(dev)
     grid = (max(1, min(num_programs, plan.num_tasks)),)
     H, K = plan.hidden_size, plan.top_k
     cp_w = min(triton.next_power_of_2(H), MAX_COPY_W)
@@ -281,4 +293,4 @@ def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShar
         num_warps=tiles["num_warps"])
 
 
-__all__ = ["FusedBuffers", "device_plan", "fused_tiles", "launch_fused", "plan_for"]
+__all__ = ["FusedBuffers", "device_plan", "fused_programs", "fused_tiles", "fused_tiles_of", "launch_fused", "plan_for"]

@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 
 from ..reference.ep import PullSchedule, plan_pull, plan_send
-from ..reference.ep_tasks import pair_positions, slot_pair_counts
+from ..reference.ep_tasks import auto_max_rows, pair_positions, slot_pair_counts
 from .ep import (
     EPInputError,
     EPShard,
@@ -81,7 +81,7 @@ from .ep import (
     local_partials,
     resolve_backend,
 )
-from .ep_fused import device_plan, launch_fused, plan_for
+from .ep_fused import device_plan, fused_programs, launch_fused, plan_for
 from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_timeout, wait_flag
 
 #: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
@@ -322,7 +322,8 @@ class SymmetricStep:
 
     fused: phases pull, compute and push are one persistent launch (kernels/ep_fused.py, the plan of
     reference.ep_tasks.plan_fused_ep): the copies overlap the expert tiles and nothing syncs with the
-    host between pack and finish. It needs ``slot_counts``: the (R, P) rows of every rank per slot
+    host between pack and finish; its copies are cut to ``reference.ep_tasks.auto_max_rows`` rows unless
+    ``max_rows`` says otherwise (one copy is one task of one program). It needs ``slot_counts``: the (R, P) rows of every rank per slot
     (its row ``rank`` this routing's), or a callable taking this rank's (P,) counts and returning
     them. The pull phase launches it, compute does nothing, push signals LANDED.
     """
@@ -349,6 +350,9 @@ class SymmetricStep:
         self.send = plan_send(idx, shard.slot_rank, R, rank)
         traffic = _check_traffic(traffic(self.send.send_counts) if callable(traffic) else traffic, R, rank,
                                  self.send.send_counts)
+        self.fused = bool(fused)
+        if self.fused and max_rows is None:  # cut the copies so that the launch's programs share them
+            max_rows = auto_max_rows(traffic, num_programs or fused_programs(x.device))
         self.plan = plan_pull(traffic, lay.hidden_size, x.element_size(), max_rows=max_rows, meta_bytes=K * 12)
         buffers.check_fits(self.plan)
         dev = x.device
@@ -360,7 +364,6 @@ class SymmetricStep:
         self.w = topk_weights.to(device=dev, dtype=torch.float32).reshape(T, K)
         self.partial = None
         self._next = 0
-        self.fused = bool(fused)
         if self.fused:
             if self.backend != "kernels":
                 raise EPInputError(f"fused=True runs the Triton kernels: backend must be 'kernels' or 'auto', got "

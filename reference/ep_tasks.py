@@ -71,6 +71,16 @@ def slot_pair_counts(topk_idx, num_slots: int) -> np.ndarray:
     return np.bincount(idx.reshape(-1), minlength=num_slots).astype(np.int64)
 
 
+def auto_max_rows(traffic, num_programs: int) -> int:
+    """Rows per copy for a fused launch of ``num_programs`` programs: ceil(the most rows any rank receives /
+    num_programs), at least 1, so that one wave of one rank's pull tasks spans the programs (each copy is
+    one task on one program; uncut, R programs would move all the rows). The same on every rank (it
+    reads the gathered (R, R) traffic only), as plan_pull's max_rows must be."""
+    t = as_index_array("traffic", traffic, (None, None), np.iinfo(np.int64).max)
+    P = _positive("num_programs", num_programs)
+    return max(1, -(-int(t.sum(axis=0).max(initial=0)) // P))
+
+
 def _positive(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
         raise InputError(f"{name} must be an integer >= 1, got {v!r}")
@@ -323,5 +333,5 @@ def place_pairs(plan: FusedEPPlan, pull: PullSchedule, recv_idx, recv_pos, slot_
     return padded_row, padded_pair
 
 
-__all__ = ["EP_KINDS", "FusedEPPlan", "check_ticket_order", "pair_positions", "place_pairs", "plan_fused_ep",
+__all__ = ["EP_KINDS", "FusedEPPlan", "auto_max_rows", "check_ticket_order", "pair_positions", "place_pairs", "plan_fused_ep",
            "slot_pair_counts"]
