@@ -74,6 +74,13 @@ E, K = 5, 2
 RNG_SEED, WEIGHT_SEED = 20261129, 23
 
 
+def _precise() -> bool:
+    """Whether the fp8a GEMMs promote their e4m3 sums every few products (MEGAMOE_FP8A_PRECISE, read at import)."""
+    from megamoe.kernels.fp8_act_tma import FP8A_PRECISE
+
+    return bool(FP8A_PRECISE)
+
+
 def make_inputs(case: str, seed: int):
     """(cfg, x (T, H) float64, idx (T, K), tw (T, K), FP8 weights) of ``case`` at ``seed``."""
     from megamoe.reference import MoEConfig, random_weights
@@ -208,6 +215,7 @@ def probe_row(case: str, tiles: str, seed: int, dev: str, dtype: str, num_sms) -
     T, _, H, _ = CASES[case]
     return {
         "case": case, "tiles": tiles, "seed": seed, "T": T, "H": H, "I": I, "dtype": dtype,
+        "fp8a_precise": _precise(),
         "config": {g: {k: entry[g][k] for k in ("BLOCK_M", "BLOCK_N", "PIPE", "num_warps", "num_stages")}
                    for g in ("gemm1", "gemm2")},
         "written": written, "err_max": err.max_err, "err_rms": err.rms_err, "limit_max": tmax, "limit_rms": trms,

@@ -51,11 +51,14 @@ PIPE or 128 x 256 with CHAIN ("PIPE" 2, _gemm2_fp8a_tile); plan.py has their com
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 from ..reference.sizes import FP8_BLOCK
 from .fp8_gemm import _band_scale, _gemm1_fp8_epilogue
+from .fp8_tma_tiles import PRECISE_ACC_K
 from .grouped_gemm import (
     _descriptor,
     _gemm1_tile_start,
@@ -66,6 +69,10 @@ from .grouped_gemm import (
     device_sms,
 )
 from .plan import gemm_grid
+
+#: MEGAMOE_FP8A_PRECISE=1 (read at import): both fp8a GEMMs promote the e4m3 wgmma's sums to fp32 every
+#: PRECISE_ACC_K products (_dot8); off by default until an H200 run times it (run BZ: accuracy and cost)
+FP8A_PRECISE = os.environ.get("MEGAMOE_FP8A_PRECISE", "0") == "1"
 
 
 @triton.jit
@@ -88,12 +95,25 @@ def _fresh(acc):
 
 
 @triton.jit
+def _dot8(a, b, acc, PRECISE: tl.constexpr):
+    """tl.dot of e4m3 tiles into fp32 (from acc, or zero when None). PRECISE: the wgmma's sums promoted to
+    fp32 every PRECISE_ACC_K products (tl.dot's max_num_imprecise_acc); off, Triton's sm_90 default lets the
+    tensor cores accumulate the whole 128-deep K step in their reduced-precision e4m3 accumulation (H200
+    run BY: GEMM 1's h up to 9-12 e4m3 steps from the float64 reference's)."""
+    if PRECISE:
+        return tl.dot(a, b, acc, max_num_imprecise_acc=PRECISE_ACC_K)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _gemm1_fp8a_tile(
     xq_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot, stride_os,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) gathered
     by pointer with their scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles (BLOCK_N, KB)
@@ -122,13 +142,13 @@ def _gemm1_fp8a_tile(
         bu = w_desc.load([row_g + N, kt * BLOCK_K])
         sg = tl.load(sg_ptr + kt)
         if PIPE:
-            pu = tl.dot(a, bu.T)  # synchronous: its wait also completes the previous step's gate product
+            pu = _dot8(a, bu.T, None, PRECISE)  # synchronous: its wait also completes the previous step's gate product
             acc_g = _scaled(acc_g, pg, cg)
-            pg = tl.dot(a, bg.T, _fresh(acc_g))  # in flight under the scaling below and the next step's loads
+            pg = _dot8(a, bg.T, _fresh(acc_g), PRECISE)  # in flight under the scaling below and the next step's loads
             cg = sa * sg
         else:
-            acc_g = _scaled(acc_g, tl.dot(a, bg.T), sa * sg)
-            pu = tl.dot(a, bu.T)
+            acc_g = _scaled(acc_g, _dot8(a, bg.T, None, PRECISE), sa * sg)
+            pu = _dot8(a, bu.T, None, PRECISE)
         if UP_BAND:
             acc_u = _scaled(acc_u, pu, sa * tl.load(su_ptr + kt))
         else:  # the up band straddles two scale blocks (N % KB != 0): a scale per column
@@ -149,7 +169,7 @@ def _gemm1_fp8a_kernel(
     stride_be, stride_ot, stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
+    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """Persistent FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x
     N tiles in grouped_gemm._gemm1_tma_kernel's order."""
@@ -160,7 +180,7 @@ def _gemm1_fp8a_kernel(
         _gemm1_fp8a_tile(xq_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr,
                          padded_pair_ptr, topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse,
                          stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, DENSE, EVEN_K,
-                         UP_BAND, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K)
+                         UP_BAND, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K, PRECISE)
 
 
 @triton.jit
@@ -169,7 +189,7 @@ def _gemm2_fp8a_tile(
     pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr,
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """One GEMM 2 tile: h's e4m3 rows (contiguous in padded order) through a_desc over (rows, KD)
     with their scales as_ptr (rows, ceil(KD / KB)), the e4m3 down weights as two column halves
@@ -204,16 +224,16 @@ def _gemm2_fp8a_tile(
         b1 = w_desc.load([row_w0 + HALF, kt * BLOCK_K])
         sa = tl.load(sa_ptrs + kt, mask=row_mask, other=0.0)
         if PIPE == 1:
-            p1 = tl.dot(a, b1.T)  # synchronous: its wait also completes the previous step's p0
+            p1 = _dot8(a, b1.T, None, PRECISE)  # synchronous: its wait also completes the previous step's p0
             acc0 = _scaled(acc0, p0, c0)
-            p0 = tl.dot(a, b0.T, _fresh(acc0))  # in flight under the scaling below
+            p0 = _dot8(a, b0.T, _fresh(acc0), PRECISE)  # in flight under the scaling below
             c0 = sa * tl.load(s0_ptr + kt)
         elif PIPE == 2:  # CHAIN: half 1's product starts from half 0's scaled sum x 0 (one product live)
-            acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
-            p1 = tl.dot(a, b1.T, _fresh(acc0))
+            acc0 = _scaled(acc0, _dot8(a, b0.T, None, PRECISE), sa * tl.load(s0_ptr + kt))
+            p1 = _dot8(a, b1.T, _fresh(acc0), PRECISE)
         else:
-            acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
-            p1 = tl.dot(a, b1.T)
+            acc0 = _scaled(acc0, _dot8(a, b0.T, None, PRECISE), sa * tl.load(s0_ptr + kt))
+            p1 = _dot8(a, b1.T, None, PRECISE)
         acc1 = _scaled(acc1, p1, sa * tl.load(s1_ptr + kt))
     if PIPE == 1:
         acc0 = _scaled(acc0, p0, c0)
@@ -232,7 +252,7 @@ def _gemm2_fp8a_kernel(
     K: tl.constexpr, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr,
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr,
+    FLATTEN: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """Persistent FP8 GEMM 2, walking its tiles as _gemm1_fp8a_kernel does."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
@@ -241,7 +261,7 @@ def _gemm2_fp8a_kernel(
         pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm2_fp8a_tile(a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                          pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
-                         K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K)
+                         K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K, PRECISE)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -288,7 +308,8 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, DENSE=dense, EVEN_K=KD % FP8_BLOCK == 0,
                   UP_BAND=N % FP8_BLOCK == 0, PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"],
                   BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-                  FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  FLATTEN=bool(cfg.get("FLATTEN", 0)), PRECISE=FP8A_PRECISE, num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     args = (xq, xs, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out,
             out_scale, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
             meta.get("padded_offsets"), topk_w, T, N, KD, w.shape[0], xq.stride(0), xs.stride(0), w_scale.stride(0),
@@ -308,8 +329,8 @@ def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: d
     BK, BN = cfg["BLOCK_K"], cfg["BLOCK_N"]
     kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
                   PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK,
-                  GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
+                  GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), PRECISE=FP8A_PRECISE,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), act_scale,
             _descriptor(w, w.shape[0] * N, BN // 2, BK), w_scale, bias, out, meta.get("padded_pair"),
             meta.get("block_expert"), meta.get("padded_offsets"), scale, T, N, KD, w.shape[0],
