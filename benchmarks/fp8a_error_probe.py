@@ -74,11 +74,11 @@ E, K = 5, 2
 RNG_SEED, WEIGHT_SEED = 20261129, 23
 
 
-def _precise() -> bool:
-    """Whether the fp8a GEMMs promote their e4m3 sums every few products (MEGAMOE_FP8A_PRECISE, read at import)."""
+def _precise() -> int:
+    """Products between the fp8a GEMMs' fp32 promotions, 0 for none (MEGAMOE_FP8A_PRECISE, read at import)."""
     from megamoe.kernels.fp8_act_tma import FP8A_PRECISE
 
-    return bool(FP8A_PRECISE)
+    return int(FP8A_PRECISE)
 
 
 def make_inputs(case: str, seed: int):

@@ -70,9 +70,13 @@ from .grouped_gemm import (
 )
 from .plan import gemm_grid
 
-#: MEGAMOE_FP8A_PRECISE=1 (read at import): both fp8a GEMMs promote the e4m3 wgmma's sums to fp32 every
-#: PRECISE_ACC_K products (_dot8); off by default until an H200 run times it (run BZ: accuracy and cost)
-FP8A_PRECISE = os.environ.get("MEGAMOE_FP8A_PRECISE", "0") == "1"
+#: MEGAMOE_FP8A_PRECISE=N (read at import; 1 means PRECISE_ACC_K, 32): both fp8a GEMMs promote the e4m3
+#: wgmma's sums to fp32 every N products (_dot8); 0, the default: H200 run BZ measured N = 32 within the FP8
+#: tolerance on every probe case but 2.37x slower at Qwen3-30B-A3B T = 4096 (1,674.6 against 706.8 us)
+_PRECISE_ENV = os.environ.get("MEGAMOE_FP8A_PRECISE", "0").strip()
+if _PRECISE_ENV not in ("0", "1", "32", "64"):
+    raise ValueError(f"MEGAMOE_FP8A_PRECISE must be 0 (off), 1 (every 32 products), 32 or 64, got {_PRECISE_ENV!r}")
+FP8A_PRECISE = PRECISE_ACC_K.value if _PRECISE_ENV == "1" else int(_PRECISE_ENV)
 
 
 @triton.jit
@@ -96,12 +100,12 @@ def _fresh(acc):
 
 @triton.jit
 def _dot8(a, b, acc, PRECISE: tl.constexpr):
-    """tl.dot of e4m3 tiles into fp32 (from acc, or zero when None). PRECISE: the wgmma's sums promoted to
-    fp32 every PRECISE_ACC_K products (tl.dot's max_num_imprecise_acc); off, Triton's sm_90 default lets the
-    tensor cores accumulate the whole 128-deep K step in their reduced-precision e4m3 accumulation (H200
-    run BY: GEMM 1's h up to 9-12 e4m3 steps from the float64 reference's)."""
-    if PRECISE:
-        return tl.dot(a, b, acc, max_num_imprecise_acc=PRECISE_ACC_K)
+    """tl.dot of e4m3 tiles into fp32 (from acc, or zero when None). PRECISE > 0: the wgmma's sums promoted
+    to fp32 every PRECISE products (tl.dot's max_num_imprecise_acc; 32 = one k32 wgmma); 0, Triton's sm_90
+    default lets the tensor cores accumulate the whole 128-deep K step in their reduced-precision e4m3
+    accumulation (H200 run BY: GEMM 1's h up to 9-12 e4m3 steps from the float64 reference's)."""
+    if PRECISE > 0:
+        return tl.dot(a, b, acc, max_num_imprecise_acc=PRECISE)
     else:
         return tl.dot(a, b, acc)
 
