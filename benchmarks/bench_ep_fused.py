@@ -18,7 +18,9 @@ with CUDA events, the middle of its call:
              + the LANDED signal, copies cut by reference.ep_tasks.auto_max_rows (the fused default)
     fused_uncut  the same with one copy per peer (each copy one task on one program)
 
-then every rank finishes (untimed). A row per (case, path) with each rank's median over --reps and the
+then every rank finishes (untimed). ``--trace``: one more call of each fused path with every task's
+%globaltimer stamps (kernels.ep_fused.trace_summary: per kind, the mean wait before a task's work, the
+mean work, the first start and the last end), per rank, printed and in the row's "trace". A row per (case, path) with each rank's median over --reps and the
 slowest rank's; checks: every path's y bitwise the first path's on every rank (the same GEMM tiles),
 bitwise from call to call, finite. The fused plan's task counts and bytes are recorded beside the times, and,
 where ``simulator.ep_task_cost`` is present, its prediction for the same plan on the ``h200`` profile
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paths", default="phased,fused,fused_uncut",
                    help="phased, fused (copies cut by reference.ep_tasks.auto_max_rows), fused_uncut (one copy per peer)")
+    p.add_argument("--trace", action="store_true",
+                   help="after the timing, one traced call of each fused path: per-kind waits and work per rank")
     p.add_argument("--budget", type=float, default=0.0, help="seconds: start no case past this (0: no limit)")
     p.add_argument("--cpu-smoke", action="store_true", help="shrunk layer under TRITON_INTERPRET=1, one rep")
     return p
@@ -72,16 +76,18 @@ def _predict(plans, programs: int) -> dict:
 
     local = [dataclasses.replace(p, in_bytes=p.in_bytes + p.link_bytes, link_bytes=np.zeros_like(p.link_bytes))
              for p in plans]
-    here = [predict_fused_ep(p, "h200", num_programs=programs)["time_s"] * 1e6 for p in local]
+    here = [predict_fused_ep(p, "h200", num_programs=programs) for p in local]
     nvl = [predict_fused_ep(p, "hgx-h200", num_programs=programs)["time_s"] * 1e6 for p in plans]
-    return {"predicted_fused_us": here, "predicted_fused_slowest_us": max(here),
+    us = [h["time_s"] * 1e6 for h in here]
+    spans = [{k: [a * 1e6, b * 1e6] for k, (a, b) in h["span_s"].items()} for h in here]
+    return {"predicted_fused_us": us, "predicted_fused_slowest_us": max(us), "predicted_spans_us": spans,
             "predicted_hgx_h200_fused_us": nvl}
 
 
 PATHS = ("phased", "fused", "fused_uncut")
 
 
-def run_case(case: dict, reps: int, dev, paths=PATHS) -> list[dict]:
+def run_case(case: dict, reps: int, dev, paths=PATHS, trace: bool = False) -> list[dict]:
     import numpy as np
     import torch
     from bench_ep import _shard, workload
@@ -106,13 +112,15 @@ def run_case(case: dict, reps: int, dev, paths=PATHS) -> list[dict]:
     bufs = SymmetricBuffers.emulated(R, T, H, K, dt, device=dev)
     cuda = dev.type == "cuda"
 
-    def call(path: str, times: list | None):
+    def call(path: str, times: list | None, traces: list | None = None):
         fused = path != "phased"
         max_rows = T * R if path == "fused_uncut" else None  # a copy never holds more than T rows
         steps = [SymmetricStep(bufs[r], shards[r], xs[r], topk[r], tws[r], traffic, backend="kernels", fused=fused,
                                slot_counts=slots if fused else None, max_rows=max_rows) for r in range(R)]
         for s in steps:
             s.pack()
+            if traces is not None:
+                s.trace = torch.zeros((s.fused_plan.num_tasks, 4), dtype=torch.int64, device=dev)
         for r, s in enumerate(steps):
             if cuda:
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -130,7 +138,12 @@ def run_case(case: dict, reps: int, dev, paths=PATHS) -> list[dict]:
                 us = (time.perf_counter() - t0) * 1e6
             if times is not None:
                 times[r].append(us)
-        return [s.finish() for s in steps], steps
+        ys = [s.finish() for s in steps]
+        if traces is not None:
+            from megamoe.kernels.ep_fused import trace_summary
+
+            traces.extend(trace_summary(s.fused_plan, s.trace) for s in steps)
+        return ys, steps
 
     from megamoe.kernels.ep_fused import fused_programs
 
@@ -150,6 +163,10 @@ def run_case(case: dict, reps: int, dev, paths=PATHS) -> list[dict]:
                "slowest_rank_us": max(med), "mean_rank_us": sum(med) / R, "reps": reps,
                "bitwise_deterministic": all(torch.equal(a, b) for a, b in zip(y1, y2)),
                "finite": all(bool(torch.isfinite(y.float()).all()) for y in y1), "traffic_rows": traffic.tolist()}
+        if fused and trace and cuda:
+            summaries = []
+            call(path, None, summaries)
+            row["trace"] = summaries
         if fused:
             plans = [s.fused_plan for s in steps]
             row.update(tasks=[p.tasks_per_kind() for p in plans], tiles=steps[0].tiles, max_rows=steps[0].plan.max_rows,
@@ -197,7 +214,7 @@ def main(argv=None) -> int:
                 continue
             case = {"preset": args.preset, "ranks": R, "tokens_per_rank": T, "routing": args.routing,
                     "placement": args.placement, "seed": args.seed, **extra}
-            rows = run_case(case, 1 if args.cpu_smoke else args.reps, dev, paths)
+            rows = run_case(case, 1 if args.cpu_smoke else args.reps, dev, paths, args.trace)
             for row in rows:
                 row.update(prov)
                 with open(out, "a") as f:
@@ -208,6 +225,10 @@ def main(argv=None) -> int:
                       (f"  predicted {pred:8.1f}" if pred else "") +
                       f"  det {row['bitwise_deterministic']} finite {row['finite']} =={row['bitwise_equal_to']} "
                       f"{row['bitwise_equal']} (max diff {row['max_abs_diff']:.3g})", flush=True)
+                for r, tr in enumerate(row.get("trace", [])):
+                    print(f"    rank {r}: span {tr['span']:8.1f} us  " + "  ".join(
+                        f"{k} n {v['n']} wait {v['wait']:.1f} work {v['work']:.1f} [{v['start']:.1f}, {v['end']:.1f}]"
+                        for k, v in tr.items() if k != "span"), flush=True)
     return 0
 
 

@@ -49,7 +49,7 @@ from . import configs as cfgs
 from .ep import EPInputError, EPShard
 from .ep_pull import note_timeout, wait_flag
 from .grouped_gemm import ACT_CODES, _gemm1_tile, _gemm2_tile, _ieee, device_sms
-from .megakernel import _signal, _wait
+from .megakernel import _now, _signal, _wait
 
 #: int32 words between two counters of the sync buffer (one 128-byte line each on a GPU)
 SYNC_STRIDE = 32
@@ -151,13 +151,17 @@ def _ep_fused_kernel(
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, ACT: tl.constexpr, HAS_B1: tl.constexpr,
     HAS_B2: tl.constexpr, IEEE: tl.constexpr, WAIT_READY: tl.constexpr, ALIGNED_X: tl.constexpr,
     ALIGNED_C: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr,
-    BK2: tl.constexpr, CP_R: tl.constexpr, CP_W: tl.constexpr, SW: tl.constexpr,
+    BK2: tl.constexpr, CP_R: tl.constexpr, CP_W: tl.constexpr, SW: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
-    """Every task of a FusedEPPlan, tickets in order (module docstring)."""
+    """Every task of a FusedEPPlan, tickets in order (module docstring). TRACE (GPU only): row t of the
+    int64 (num_tasks, 4) trace gets ticket t's (program, taken, waits done, finished) in ns."""
+    pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     while t < num_tasks:
+        t_taken = _now(TRACE)
         for w in range(tl.load(wptr_ptr + t), tl.load(wptr_ptr + t + 1)):
             _wait(sync_ptr + SW * (1 + tl.load(wcnt_ptr + w)), tl.load(wtgt_ptr + w), 0)
+        t_ready = _now(TRACE)
         kind = tl.load(kind_ptr + t)
         a = tl.load(arg_ptr + t)
         if kind == 0:
@@ -178,6 +182,11 @@ def _ep_fused_kernel(
             _push_task(a, pushes_ptr, pcomb_ptr, out_ptr, ridx_ptr, local_of_ptr, H, K, ALIGNED_C, CP_R, CP_W)
         for s in range(tl.load(sptr_ptr + t), tl.load(sptr_ptr + t + 1)):
             _signal(sync_ptr + SW * (1 + tl.load(scnt_ptr + s)))
+        if TRACE:
+            tl.store(trace_ptr + 4 * t, pid.to(tl.int64))
+            tl.store(trace_ptr + 4 * t + 1, t_taken)
+            tl.store(trace_ptr + 4 * t + 2, t_ready)
+            tl.store(trace_ptr + 4 * t + 3, _now(TRACE))
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
 
 
@@ -257,11 +266,18 @@ def device_plan(plan: FusedEPPlan, slot_rank: np.ndarray, N: int, dtype: torch.d
 
 
 def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShard, bufs, pulls_dev: torch.Tensor,
-                 pushes_dev: torch.Tensor, N: int, *, num_programs: int | None = None) -> None:
+                 pushes_dev: torch.Tensor, N: int, *, num_programs: int | None = None,
+                 trace: torch.Tensor | None = None) -> None:
     """One launch of ``plan`` on this rank's SymmetricBuffers ``bufs`` (kernels/ep_symmetric.py): its pulls
-    wait for the peers' READY flags (bufs.ready_wait), its pushes write the peers' combine buffers."""
+    wait for the peers' READY flags (bufs.ready_wait), its pushes write the peers' combine buffers.
+    trace: an int64 (num_tasks, 4) tensor on a GPU to receive every task's (program, taken, waits done,
+    finished) %globaltimer ns (``trace_summary`` reads it)."""
     if plan.num_tasks == 0:
         return
+    if trace is not None and (trace.device.type != "cuda" or trace.dtype != torch.int64
+                              or tuple(trace.shape) != (plan.num_tasks, 4)):
+        raise EPInputError(f"trace must be an int64 ({plan.num_tasks}, 4) tensor on a GPU (the timer is PTX), got "
+                           f"{trace.dtype} {list(trace.shape)} on {trace.device}")
     if num_programs is not None and (isinstance(num_programs, bool) or not isinstance(num_programs, int)
                                      or num_programs < 1):
         raise EPInputError(f"num_programs must be an integer >= 1, got {num_programs!r}")
@@ -290,7 +306,31 @@ def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShar
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, IEEE=_ieee(bufs.recv_x), WAIT_READY=True,
         ALIGNED_X=bufs.aligned["send_x"], ALIGNED_C=bufs.aligned["combine"], BM=tiles["BM"], BN1=tiles["BN1"],
         BK1=tiles["BK1"], BN2=tiles["BN2"], BK2=tiles["BK2"], CP_R=cp_r, CP_W=cp_w, SW=SYNC_STRIDE,
-        num_warps=tiles["num_warps"])
+        trace_ptr=fb.sync if trace is None else trace, TRACE=trace is not None, num_warps=tiles["num_warps"])
 
 
-__all__ = ["FusedBuffers", "device_plan", "fused_programs", "fused_tiles", "fused_tiles_of", "launch_fused", "plan_for"]
+def trace_summary(plan: FusedEPPlan, trace) -> dict:
+    """Per task kind of a traced launch (``launch_fused(trace=...)``), in us from the first task taken:
+    {kind: {n, wait (mean us from taken to waits done), work (mean us from waits done to finished),
+    start (first taken), end (last finished)}} and "span" (first taken to last finished)."""
+    from ..reference.ep_tasks import EP_KINDS
+
+    tr = np.asarray(trace.cpu() if isinstance(trace, torch.Tensor) else trace, dtype=np.int64)
+    if tr.shape != (plan.num_tasks, 4):
+        raise EPInputError(f"trace must have shape ({plan.num_tasks}, 4), got {list(tr.shape)}")
+    if plan.num_tasks == 0:
+        return {"span": 0.0}
+    t0 = tr[:, 1].min()
+    us = (tr[:, 1:] - t0) / 1e3
+    out = {"span": float(us[:, 2].max())}
+    for i, k in enumerate(EP_KINDS):
+        m = plan.kind == i
+        if m.any():
+            out[k] = {"n": int(m.sum()), "wait": float((us[m, 1] - us[m, 0]).mean()),
+                      "work": float((us[m, 2] - us[m, 1]).mean()), "start": float(us[m, 0].min()),
+                      "end": float(us[m, 2].max())}
+    return out
+
+
+__all__ = ["FusedBuffers", "device_plan", "fused_programs", "fused_tiles", "fused_tiles_of", "launch_fused", "plan_for",
+           "trace_summary"]

@@ -364,6 +364,7 @@ class SymmetricStep:
         self.w = topk_weights.to(device=dev, dtype=torch.float32).reshape(T, K)
         self.partial = None
         self._next = 0
+        self.trace = None  # fused: an int64 (tasks, 4) GPU tensor set before pull() records the launch's tasks
         if self.fused:
             if self.backend != "kernels":
                 raise EPInputError(f"fused=True runs the Triton kernels: backend must be 'kernels' or 'auto', got "
@@ -408,7 +409,8 @@ class SymmetricStep:
         b = self.buffers
         if self.fused:  # pulls, the local experts and the push-backs: one launch
             launch_fused(self.fused_plan, self.tiles, self.fused_buffers, self.shard, b, self._pulls_dev,
-                         self._pushes_dev, int(self.plan.recv_rows[b.rank]), num_programs=self.num_programs)
+                         self._pushes_dev, int(self.plan.recv_rows[b.rank]), num_programs=self.num_programs,
+                         trace=self.trace)
             return
         for i, (local, name) in enumerate(((b.recv_idx, "send_idx"), (b.recv_w, "send_w"), (b.recv_x, "send_x"))):
             launch_copies(self.pulls, local, b.peers[name], push=False, aligned=b.aligned[name],

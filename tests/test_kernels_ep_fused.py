@@ -108,3 +108,29 @@ def test_fused_needs_matching_slot_counts(device):
     with pytest.raises(EPInputError, match="backend must be 'kernels'"):
         SymmetricStep(bufs[0], shards[0], xt[0], slots[0], twt[0], traffic, fused=True, backend="torch",
                       slot_counts=bad)
+
+
+def test_trace_summary_reads_the_ticket_rows(device):
+    """trace_summary on a hand-made trace: per kind counts, mean waits and work, spans (us); a bad shape named;
+    a trace on the CPU refused by name (the timer is PTX)."""
+    from megamoe.kernels.ep import EPInputError
+    from megamoe.kernels.ep_fused import launch_fused, trace_summary
+
+    steps = []
+    _run(device, "two-ranks", 1, steps=steps)
+    plan = steps[0].fused_plan
+    n = plan.num_tasks
+    taken = np.arange(n, dtype=np.int64) * 1000 + 5000  # ticket t taken at 5 + t us, waits 0.5 us, works 2 us
+    trace = np.stack([np.zeros(n, np.int64), taken, taken + 500, taken + 2500], axis=1)
+    s = trace_summary(plan, trace)
+    assert s["span"] == pytest.approx((n - 1) + 2.5)
+    for k, cnt in plan.tasks_per_kind().items():
+        if cnt:
+            assert s[k]["n"] == cnt and s[k]["wait"] == pytest.approx(0.5) and s[k]["work"] == pytest.approx(2.0)
+    with pytest.raises(EPInputError, match="trace must have shape"):
+        trace_summary(plan, trace[:-1])
+    if device.name == "cpu":
+        st = steps[0]
+        with pytest.raises(EPInputError, match="trace must be an int64"):
+            launch_fused(plan, st.tiles, st.fused_buffers, st.shard, st.buffers, st._pulls_dev, st._pushes_dev,
+                         int(st.plan.recv_rows[0]), trace=torch.zeros((n, 4), dtype=torch.int64))
