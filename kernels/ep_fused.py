@@ -47,7 +47,7 @@ import triton.language as tl
 from ..reference.ep_tasks import FusedEPPlan, plan_fused_ep
 from . import configs as cfgs
 from .ep import EPInputError, EPShard
-from .ep_pull import note_timeout, wait_flag
+from .ep_pull import note_timeout, row_tile, wait_flag
 from .grouped_gemm import ACT_CODES, _gemm1_tile, _gemm2_tile, _ieee, device_sms
 from .megakernel import _now, _signal, _wait
 
@@ -82,19 +82,16 @@ def _pull_task(c, pulls_ptr, px_ptr, pidx_ptr, pw_ptr, ppos_ptr, rx_ptr, ridx_pt
     ids = tl.load(pidx_ptr + peer).to(tl.pointer_type(tl.int64))
     ws = tl.load(pw_ptr + peer).to(tl.pointer_type(tl.float32))
     ps = tl.load(ppos_ptr + peer).to(tl.pointer_type(tl.int64))
-    r_off = tl.arange(0, CP_R)
-    w_off = tl.arange(0, CP_W)
     NB_W: tl.constexpr = (H + CP_W - 1) // CP_W
     for t in range(0, tl.cdiv(n, CP_R) * NB_W):
-        rows = (t // NB_W) * CP_R + r_off
-        cols = (t % NB_W) * CP_W + w_off
+        rows, cols = row_tile(t, H, CP_R, CP_W)
         m = (rows < n)[:, None] & (cols < H)[None, :]
         s_off = (src_row + rows).to(tl.int64)[:, None] * H + cols[None, :]
         d_off = (dst_row + rows).to(tl.int64)[:, None] * H + cols[None, :]
         tl.store(rx_ptr + d_off, tl.load(xs + s_off, mask=m), mask=m)
     kk = tl.arange(0, KP)
     for rb in range(0, tl.cdiv(n, CP_R)):
-        rows = rb * CP_R + r_off
+        rows = rb * CP_R + tl.arange(0, CP_R)
         m = (rows < n)[:, None] & (kk < K)[None, :]
         s_off = (src_row + rows).to(tl.int64)[:, None] * K + kk[None, :]
         d_row = (dst_row + rows).to(tl.int64)
@@ -121,12 +118,9 @@ def _push_task(c, pushes_ptr, pcomb_ptr, out_ptr, ridx_ptr, local_of_ptr,
     dst = tl.load(pcomb_ptr + peer).to(tl.pointer_type(out_ptr.dtype.element_ty))
     if ALIGNED:
         dst = tl.multiple_of(dst, 16)
-    r_off = tl.arange(0, CP_R)
-    w_off = tl.arange(0, CP_W)
     NB_W: tl.constexpr = (H + CP_W - 1) // CP_W
     for t in range(0, tl.cdiv(n, CP_R) * NB_W):
-        rows = (t // NB_W) * CP_R + r_off
-        cols = (t % NB_W) * CP_W + w_off
+        rows, cols = row_tile(t, H, CP_R, CP_W)
         r_ok = rows < n
         c_ok = cols < H
         r = (src_row + rows).to(tl.int64)

@@ -93,6 +93,14 @@ def note_timeout(status, peer, value, kind):
 
 
 @triton.jit
+def row_tile(t, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Tile t of a copy of rows W elements wide, tiles row block by row block, each cut in column blocks:
+    -> (rows (BLOCK_R,), cols (BLOCK_W,)) relative to the copy's first row (the copies' masks are theirs)."""
+    NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
+    return (t // NB_W) * BLOCK_R + tl.arange(0, BLOCK_R), (t % NB_W) * BLOCK_W + tl.arange(0, BLOCK_W)
+
+
+@triton.jit
 def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, status, W: tl.constexpr,
                       PUSH: tl.constexpr, ALIGNED: tl.constexpr, WAIT: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_W: tl.constexpr):
@@ -108,8 +116,6 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, st
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
-    r_off = tl.arange(0, BLOCK_R)
-    w_off = tl.arange(0, BLOCK_W)
     base = pid * 0  # tiles of the copies before this one (int32, carried over the copies)
     if WAIT:
         want = tl.load(epoch)
@@ -138,8 +144,7 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, st
         ntiles = ((n + BLOCK_R - 1) // BLOCK_R) * NB_W
         first = (pid - base % nprog + nprog) % nprog  # this program's first tile of the copy
         for t in range(first, ntiles, nprog):
-            rows = (t // NB_W) * BLOCK_R + r_off
-            cols = (t % NB_W) * BLOCK_W + w_off
+            rows, cols = row_tile(t, W, BLOCK_R, BLOCK_W)
             mask = (rows < n)[:, None] & (cols < W)[None, :]
             s_off = (src_row + rows).to(tl.int64)[:, None] * W + cols[None, :]
             d_off = (dst_row + rows).to(tl.int64)[:, None] * W + cols[None, :]
@@ -334,4 +339,4 @@ def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combi
 
 
 __all__ = ["ReadyWait", "copy_table", "launch_copies", "note_timeout", "pull_rows_triton", "push_rows_triton",
-           "wait_flag"]
+           "row_tile", "wait_flag"]
