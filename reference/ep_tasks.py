@@ -259,7 +259,8 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
     order = sorted(range(B), key=lambda b: (int(block_steps[b, 1]), b))
     for b in order:
         j = int(block_slot[b])
-        w = [(c_pulled + q, int(target[c_pulled + q])) for q in range(int(block_steps[b, 0]), int(block_steps[b, 1]) + 1)]
+        w = [(c_pulled + q, int(target[c_pulled + q])) for q in range(int(block_steps[b, 0]), int(block_steps[b, 1]) + 1)
+             if target[c_pulled + q]]  # a step with no copies has nothing to wait for
         for t in range(n1):
             cols = min(BN1, I - t * BN1)
             add(GEMM1, b, t, w, [c_g1 + b], rows=int(real[b]), weight_bytes=2 * cols * H * weight_bytes,
