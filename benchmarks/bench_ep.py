@@ -32,7 +32,13 @@ pulls and push-backs by the copy kernel behind ready flags), one row per case an
     combine      push-back + signal + wait + the per-token sum (the call's first phases run untimed)
     layer        ``ep_moe_experts_symmetric`` whole (counts all-gathered, as the baseline exchanges them)
     checks       bitwise determinism, and bitwise equality with the all-to-all layer's y
-``--copy-programs a,b`` sweeps the copy kernel's programs (its communication SMs; default 4 per SM).
+``fused`` (in the default too) measures ``ep_moe_experts_symmetric(..., fused=True)``: each rank's pulls,
+local experts and push-backs as one launch (kernels/ep_fused.py), one row per case with the layer time
+(dispatch and combine are inside the launch: no separate figures) and the same checks; its prediction,
+``predict_ep_fused.predict`` on the same profile (simulator.ep_task_cost, the same plans), is written as
+a ``"schedule": "fused_ep"`` prediction row before any measurement and copied into the measured row.
+``--copy-programs a,b`` sweeps the copy kernel's programs (its communication SMs; default 4 per SM), and
+the fused launch's programs (default one per SM).
 It needs CUDA symmetric memory: ``--cpu-smoke`` measures it only with ``--ranks 1`` (the rank's
 buffers emulated, its kernels under TRITON_INTERPRET=1), a check of the script.
 
@@ -53,7 +59,7 @@ from functools import partial
 from pathlib import Path
 
 ROUTINGS = ("uniform", "skewed", "zipf:1.2", "hot:2:0.5")
-TRANSPORTS = ("all_to_all", "symmetric")
+TRANSPORTS = ("all_to_all", "symmetric", "fused")
 PLACEMENTS = ("contiguous", "round_robin", "eplb")
 SYSTEM = "hgx-h200"
 
@@ -150,6 +156,17 @@ def predict(case: dict, system: str = SYSTEM) -> dict:
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
 
 
+def predict_fused(case: dict, system: str = SYSTEM) -> dict:
+    """The fused launch's prediction row for one case (predict_ep_fused.predict, copies cut as the fused
+    step cuts them by default)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from predict_ep_fused import predict as predict_fused_ep
+
+    return predict_fused_ep(case, "auto", system)
+
+
 def _shard(cfg, wl, rank: int, R: int, device, seed: int):
     """Random bf16 weights of this rank's slots only, made on its GPU (a whole layer need not fit)."""
     import torch
@@ -203,7 +220,8 @@ def _worker(rank: int, R: int, job: dict) -> None:
     if rank == 0:
         prov = provenance() if cuda else {"gpu": None, "torch": torch.__version__, **git_state(),
                                           "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
-    bufs = _symmetric_buffers(job) if "symmetric" in job["transports"] else None
+    one_sided = [t for t in job["transports"] if t in ("symmetric", "fused")]
+    bufs = _symmetric_buffers(job) if one_sided else None
     for case, pred in zip(job["cases"], job["predictions"]):
         cfg, wl = workload(case)
         sched, same = schedule(wl)
@@ -241,12 +259,16 @@ def _worker(rank: int, R: int, job: dict) -> None:
             if rank == 0:
                 _emit(job, R, case, pred, base, times, {"transport": "all_to_all", "bitwise_deterministic":
                                                         bool(det.item())})
-        for programs in (job["copy_programs"] if bufs is not None else []):
-            times, checks = _measure_symmetric(bufs, shard, x, topk, tw, traffic, y1, programs, reps, dev)
-            if rank == 0:
-                _emit(job, R, case, pred, base, times,
-                      {"transport": "symmetric", "copy_programs": programs, **checks,
-                       "symmetric_max_tokens": bufs.layout.max_tokens, "symmetric_bytes": bufs.layout.total_bytes})
+        for transport in one_sided:
+            for programs in job["copy_programs"]:
+                measure = _measure_symmetric if transport == "symmetric" else _measure_fused
+                times, checks = measure(bufs, shard, x, topk, tw, traffic, y1, programs, reps, dev)
+                if rank == 0:
+                    extra = {"prediction_fused": job["predictions_fused"].get(_case_key(case))} if transport == "fused" \
+                        else {}
+                    _emit(job, R, case, pred, base, times,
+                          {"transport": transport, "copy_programs": programs, **checks, **extra,
+                           "symmetric_max_tokens": bufs.layout.max_tokens, "symmetric_bytes": bufs.layout.total_bytes})
 
 
 def _symmetric_buffers(job: dict):
@@ -300,20 +322,51 @@ def _measure_symmetric(bufs, shard, x, topk, tw, traffic, y_a2a, programs, reps:
     return times, {"bitwise_deterministic": bool(ok[0].item()), "bitwise_equal_all_to_all": bool(ok[1].item())}
 
 
+def _measure_fused(bufs, shard, x, topk, tw, traffic, y_a2a, programs, reps: int, dev):
+    """(None, None, layer_s) of the fused one-sided layer (its dispatch and combine run inside one launch), and
+    its checks against itself and all_to_all; ``programs``: the fused launch's (None: one per SM)."""
+    import torch
+    import torch.distributed as dist
+
+    from megamoe.kernels.ep_symmetric import ep_moe_experts_symmetric
+
+    layer = partial(ep_moe_experts_symmetric, x, topk, tw, shard, bufs, num_programs=programs, fused=True)
+    y1, y2 = layer(), layer()
+    ok = torch.tensor([int(torch.equal(y1, y2)), int(torch.equal(y1, y_a2a))], device=dev)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return (None, None, _slowest_median_s(layer, reps, dev)), {"bitwise_deterministic": bool(ok[0].item()),
+                                                               "bitwise_equal_all_to_all": bool(ok[1].item())}
+
+
+def _case_key(case: dict) -> str:
+    return json.dumps(case, sort_keys=True)
+
+
 def _emit(job: dict, R: int, case: dict, pred: dict, base: dict, times, extra: dict) -> None:
-    """Rank 0: one measured row (times: dispatch, combine, layer seconds) to the file and a line to stdout."""
+    """Rank 0: one measured row (times: dispatch, combine, layer seconds; None where not separate) to the
+    file and a line to stdout."""
     dispatch_s, combine_s, layer_s = times
+
+    def us(s):
+        return None if s is None else s * 1e6
+
     busiest = base["busiest_rank_offrank_bytes"]
-    row = {**base, **extra, "dispatch_us": dispatch_s * 1e6, "combine_us": combine_s * 1e6, "layer_us": layer_s * 1e6,
+    row = {**base, **extra, "dispatch_us": us(dispatch_s), "combine_us": us(combine_s), "layer_us": layer_s * 1e6,
            "dispatch_bytes_per_s": busiest / dispatch_s if dispatch_s else None,
            "combine_bytes_per_s": busiest / combine_s if combine_s else None}
     if pred.get("predicted_layer_us"):
         row["layer_ratio"] = row["layer_us"] / pred["predicted_layer_us"]
+    fused_pred = (extra.get("prediction_fused") or {}).get("predicted_layer_us")
+    if fused_pred:
+        row["layer_ratio_fused"] = row["layer_us"] / fused_pred
     with open(job["out"], "a") as f:
         f.write(json.dumps(row) + "\n")
     more = f", equal to all_to_all {row['bitwise_equal_all_to_all']}" if "bitwise_equal_all_to_all" in row else ""
+    def f1(v):
+        return "-" if v is None else f"{v:.1f}"
+
     print(f"R={R} T={case['tokens_per_rank']} {case['routing']}/{case['placement']} {row['transport']}: dispatch "
-          f"{row['dispatch_us']:.1f} us, combine {row['combine_us']:.1f} us, layer {row['layer_us']:.1f} us "
+          f"{f1(row['dispatch_us'])} us, combine {f1(row['combine_us'])} us, layer {row['layer_us']:.1f} us "
           f"(predicted {pred.get('predicted_layer_us') or float('nan'):.1f}), det {row['bitwise_deterministic']}{more}",
           flush=True)
 
@@ -345,6 +398,8 @@ def main(argv=None) -> int:
         for R in ranks:
             for c in cases(args, R):
                 _write(out, predict(c, args.system))
+                if "fused" in transports:
+                    _write(out, predict_fused(c, args.system))
         return 0
     import torch
 
@@ -369,19 +424,28 @@ def main(argv=None) -> int:
             except ImportError as e:  # simpy missing: measure anyway, say why there is no prediction
                 preds.append({"kind": "prediction", **c, "error": f"{type(e).__name__}: {e}"})
             _write(out, preds[-1])
+        fused_preds = {}
+        if "fused" in transports and not (args.cpu_smoke and R > 1):  # the fused launch's too, before measuring
+            for c in cs:
+                try:
+                    fused_preds[_case_key(c)] = predict_fused(c, args.system)
+                except ImportError as e:
+                    fused_preds[_case_key(c)] = {"kind": "prediction", "schedule": "fused_ep", **c,
+                                                 "error": f"{type(e).__name__}: {e}"}
+                _write(out, fused_preds[_case_key(c)])
         for i, ch in enumerate(args.nccl_channels or [None]):
             if ch is not None:
                 os.environ["NCCL_MIN_NCHANNELS"] = os.environ["NCCL_MAX_NCHANNELS"] = str(ch)
             # the one-sided transport uses no NCCL channels (but the counts' all-gather): measured once;
             # on CPU processes there is no symmetric memory, so only one rank (its buffers emulated)
             ts = transports if i == 0 and not (args.cpu_smoke and R > 1) else [t for t in transports
-                                                                                if t != "symmetric"]
+                                                                                if t not in ("symmetric", "fused")]
             if len(ts) < len(transports) and i == 0:
-                print(f"bench_ep: R={R}: the symmetric transport needs CUDA symmetric memory (on CPU processes, "
-                      f"R = 1 only): not measured", file=sys.stderr)
+                print(f"bench_ep: R={R}: the symmetric and fused transports need CUDA symmetric memory (on CPU "
+                      f"processes, R = 1 only): not measured", file=sys.stderr)
             if not ts:
                 continue
-            job = {"cases": cs, "predictions": preds, "reps": args.reps, "out": str(out), "channels": ch,
+            job = {"cases": cs, "predictions": preds, "predictions_fused": fused_preds, "reps": args.reps, "out": str(out), "channels": ch,
                    "device": "cpu" if args.cpu_smoke else "cuda", "transports": ts,
                    "copy_programs": args.copy_programs or [None]}
             launch(_worker, R, (job,), backend="gloo" if args.cpu_smoke else "nccl", timeout_s=args.timeout_s)

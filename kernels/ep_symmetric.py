@@ -340,7 +340,8 @@ class SymmetricStep:
         lay, rank, R = buffers.layout, buffers.rank, buffers.num_ranks
         if (shard.rank, shard.num_ranks) != (rank, R):
             raise EPInputError(f"shard is for rank {shard.rank} of {shard.num_ranks}, the buffers for rank {rank} of {R}")
-        self.backend = resolve_backend(backend, x)
+        # the fused launch exists only as Triton kernels: "auto" takes them on the CPU too (the interpreter's)
+        self.backend = "kernels" if fused and backend == "auto" else resolve_backend(backend, x)
         idx = check_routing(x, topk_idx, topk_weights)
         T, K = idx.shape
         if (x.shape[1], K, x.dtype) != (lay.hidden_size, lay.top_k, lay.dtype) or x.device != buffers.device:
@@ -369,6 +370,9 @@ class SymmetricStep:
             if self.backend != "kernels":
                 raise EPInputError(f"fused=True runs the Triton kernels: backend must be 'kernels' or 'auto', got "
                                    f"{backend!r}")
+            if x.device.type == "cpu" and not _interpreting():
+                raise EPInputError("fused=True on CPU tensors runs the Triton kernels under the interpreter only: set "
+                                   "TRITON_INTERPRET=1 before triton is imported")
             P = shard.num_slots
             mine = slot_pair_counts(idx, P)
             counts = np.asarray(slot_counts(mine) if callable(slot_counts) else slot_counts)
