@@ -134,3 +134,18 @@ def test_trace_summary_reads_the_ticket_rows(device):
         with pytest.raises(EPInputError, match="trace must be an int64"):
             launch_fused(plan, st.tiles, st.fused_buffers, st.shard, st.buffers, st._pulls_dev, st._pushes_dev,
                          int(st.plan.recv_rows[0]), trace=torch.zeros((n, 4), dtype=torch.int64))
+
+
+def test_fused_on_cpu_needs_the_interpreter(device, monkeypatch):
+    """CPU tensors without TRITON_INTERPRET: a clear error before any launch, not a crash in the kernel."""
+    from megamoe.kernels import ep_symmetric
+    from megamoe.kernels.ep import EPInputError
+
+    if device.name != "cpu":
+        pytest.skip("a CPU case")
+    w, xs, slots, tw, placement, shards = _inputs("two-ranks", device)
+    xt, twt = _tensors(xs, tw, device)
+    bufs = _buffers(2, max(x.shape[0] for x in xs), device)
+    monkeypatch.setattr(ep_symmetric, "_interpreting", lambda: False)
+    with pytest.raises(EPInputError, match="TRITON_INTERPRET=1"):
+        ep_symmetric.ep_moe_experts_emulated(xt, slots, twt, shards, bufs, backend="kernels", fused=True)
