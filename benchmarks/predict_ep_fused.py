@@ -82,7 +82,7 @@ def fused_plans(cfg, wl, max_rows, programs: int):
     import numpy as np
 
     from megamoe.reference.ep import local_slots, plan_pull
-    from megamoe.reference.ep_tasks import auto_max_rows, plan_fused_ep, slot_pair_counts
+    from megamoe.reference.ep_tasks import META_BYTES_PER_PICK, auto_max_rows, plan_fused_ep, slot_pair_counts
 
     sched, _ = bench_ep.schedule(wl)
     R, T = wl.num_gpus, wl.tokens_per_gpu
@@ -91,7 +91,7 @@ def fused_plans(cfg, wl, max_rows, programs: int):
     P = slot_rank.size
     if max_rows == "auto":
         max_rows = auto_max_rows(sched.traffic(), programs)
-    pull = plan_pull(sched, H, 2, max_rows=None if max_rows == "none" else max_rows, meta_bytes=K * (8 + 4 + 8))
+    pull = plan_pull(sched, H, 2, max_rows=None if max_rows == "none" else max_rows, meta_bytes=K * META_BYTES_PER_PICK)
     counts = np.stack([slot_pair_counts(wl.slot_topk_idx[r * T:(r + 1) * T], P) for r in range(R)])
     plans, tiles = [], []
     for r in range(R):

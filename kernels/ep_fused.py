@@ -63,18 +63,17 @@ INTERPRET_PROGRAMS = 3
 @triton.jit
 def _pull_task(c, pulls_ptr, px_ptr, pidx_ptr, pw_ptr, ppos_ptr, rx_ptr, ridx_ptr, rw_ptr, flags_ptr, epoch_ptr,
                spin_limit, status_ptr, local_of_ptr, src_base_ptr, prow_ptr, ppair_ptr, rank, R, P_R,
-               H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WAIT_READY: tl.constexpr,
+               H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                ALIGNED: tl.constexpr, CP_R: tl.constexpr, CP_W: tl.constexpr):
     """Pull copy c of this rank (module docstring)."""
     peer = tl.load(pulls_ptr + c * 4)
     src_row = tl.load(pulls_ptr + c * 4 + 1)
     dst_row = tl.load(pulls_ptr + c * 4 + 2)
     n = tl.load(pulls_ptr + c * 4 + 3).to(tl.int32)
-    if WAIT_READY:
-        want = tl.load(epoch_ptr)
-        seen, _left = wait_flag(flags_ptr + peer, want, spin_limit)
-        if seen < want:
-            note_timeout(status_ptr, peer, seen, 1)
+    want = tl.load(epoch_ptr)
+    seen, _left = wait_flag(flags_ptr + peer, want, spin_limit)
+    if seen < want:
+        note_timeout(status_ptr, peer, seen, 1)
     q = (peer - rank + R) % R
     xs = tl.load(px_ptr + peer).to(tl.pointer_type(rx_ptr.dtype.element_ty))
     if ALIGNED:
@@ -143,7 +142,7 @@ def _ep_fused_kernel(
     w1_ptr, b1_ptr, h_ptr, w2_ptr, b2_ptr, out_ptr,
     rank, R, N, NPAD, P_R, stride_w1e, stride_w1n, stride_b1e, stride_w2e, stride_w2n, stride_b2e, alpha, limit,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, ACT: tl.constexpr, HAS_B1: tl.constexpr,
-    HAS_B2: tl.constexpr, IEEE: tl.constexpr, WAIT_READY: tl.constexpr, ALIGNED_X: tl.constexpr,
+    HAS_B2: tl.constexpr, IEEE: tl.constexpr, ALIGNED_X: tl.constexpr,
     ALIGNED_C: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr,
     BK2: tl.constexpr, CP_R: tl.constexpr, CP_W: tl.constexpr, SW: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
@@ -161,7 +160,7 @@ def _ep_fused_kernel(
         if kind == 0:
             _pull_task(a, pulls_ptr, px_ptr, pidx_ptr, pw_ptr, ppos_ptr, rx_ptr, ridx_ptr, rw_ptr, flags_ptr,
                        epoch_ptr, spin_limit, status_ptr, local_of_ptr, src_base_ptr, prow_ptr, ppair_ptr, rank, R,
-                       P_R, H, K, KP, WAIT_READY, ALIGNED_X, CP_R, CP_W)
+                       P_R, H, K, KP, ALIGNED_X, CP_R, CP_W)
         elif kind == 1:
             e = tl.load(block_slot_ptr + a)
             _gemm1_tile(rx_ptr, w1_ptr, b1_ptr, h_ptr, h_ptr, prow_ptr, ppair_ptr, rw_ptr, a, tl.load(tile_ptr + t),
@@ -206,10 +205,11 @@ def fused_tiles(shard: EPShard, num_pairs: int, dtype: torch.dtype, device: torc
                           interpret=device.type == "cpu")
 
 
-def plan_for(shard: EPShard, pull, slot_counts: np.ndarray, top_k: int, dtype: torch.dtype, device: torch.device,
-             num_pairs: int) -> tuple[FusedEPPlan, dict]:
-    """(the plan, its tiles) of this rank's fused launch; num_pairs: the pairs it computes (picks the tiles)."""
-    tiles = fused_tiles(shard, num_pairs, dtype, device)
+def plan_for(shard: EPShard, pull, slot_counts: np.ndarray, top_k: int, dtype: torch.dtype,
+             device: torch.device) -> tuple[FusedEPPlan, dict]:
+    """(the plan, its tiles) of this rank's fused launch; the tiles are picked for the pairs it computes
+    (slot_counts' columns of its slots)."""
+    tiles = fused_tiles(shard, int(np.asarray(slot_counts)[:, shard.slots].sum()), dtype, device)
     plan = plan_fused_ep(pull, shard.rank, slot_counts, shard.slot_rank, top_k=top_k,
                          hidden_size=shard.gate_up.shape[2], intermediate_size=shard.down.shape[2],
                          block_m=tiles["BM"], block_n1=tiles["BN1"], block_n2=tiles["BN2"],
@@ -297,7 +297,7 @@ def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShar
         gu.stride(0), gu.stride(1), 0 if b1 is None else b1.stride(0), dn.stride(0), dn.stride(1),
         0 if b2 is None else b2.stride(0), float(shard.alpha), float(shard.limit),
         H=H, I=plan.intermediate_size, K=K, KP=triton.next_power_of_2(K), ACT=ACT_CODES[shard.activation],
-        HAS_B1=b1 is not None, HAS_B2=b2 is not None, IEEE=_ieee(bufs.recv_x), WAIT_READY=True,
+        HAS_B1=b1 is not None, HAS_B2=b2 is not None, IEEE=_ieee(bufs.recv_x),
         ALIGNED_X=bufs.aligned["send_x"], ALIGNED_C=bufs.aligned["combine"], BM=tiles["BM"], BN1=tiles["BN1"],
         BK1=tiles["BK1"], BN2=tiles["BN2"], BK2=tiles["BK2"], CP_R=cp_r, CP_W=cp_w, SW=SYNC_STRIDE,
         trace_ptr=fb.sync if trace is None else trace, TRACE=trace is not None, num_warps=tiles["num_warps"])

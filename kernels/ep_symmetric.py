@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 
 from ..reference.ep import PullSchedule, plan_pull, plan_send
-from ..reference.ep_tasks import auto_max_rows, pair_positions, slot_pair_counts
+from ..reference.ep_tasks import META_BYTES_PER_PICK, auto_max_rows, pair_positions, slot_pair_counts
 from .ep import (
     EPInputError,
     EPShard,
@@ -323,9 +323,9 @@ class SymmetricStep:
     fused: phases pull, compute and push are one persistent launch (kernels/ep_fused.py, the plan of
     reference.ep_tasks.plan_fused_ep): the copies overlap the expert tiles and nothing syncs with the
     host between pack and finish; its copies are cut to ``reference.ep_tasks.auto_max_rows`` rows unless
-    ``max_rows`` says otherwise (one copy is one task of one program). It needs ``slot_counts``: the (R, P) rows of every rank per slot
-    (its row ``rank`` this routing's), or a callable taking this rank's (P,) counts and returning
-    them. The pull phase launches it, compute does nothing, push signals LANDED.
+    ``max_rows`` says otherwise (one copy is one task of one program). It needs ``slot_counts``: the
+    (R, P) rows of every rank per slot (its row ``rank`` this routing's), or a callable taking this
+    rank's (P,) counts and returning them. The pull phase launches it, compute does nothing, push signals LANDED.
     """
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
@@ -354,7 +354,8 @@ class SymmetricStep:
         self.fused = bool(fused)
         if self.fused and max_rows is None:  # cut the copies so that the launch's programs share them
             max_rows = auto_max_rows(traffic, num_programs or fused_programs(x.device))
-        self.plan = plan_pull(traffic, lay.hidden_size, x.element_size(), max_rows=max_rows, meta_bytes=K * 12)
+        meta = K * (META_BYTES_PER_PICK if self.fused else 12)  # topk_idx and weights (and the fused positions)
+        self.plan = plan_pull(traffic, lay.hidden_size, x.element_size(), max_rows=max_rows, meta_bytes=meta)
         buffers.check_fits(self.plan)
         dev = x.device
         self.pulls = copy_table(self.plan, push=False)[self.plan.pulls(rank)]
@@ -383,10 +384,9 @@ class SymmetricStep:
                 raise EPInputError(f"slot_counts row {rank} is {counts[rank].tolist()} but this rank's routing has "
                                    f"{mine.tolist()} rows per slot")
             self.pos = torch.from_numpy(pair_positions(idx, P)).to(dev)
-            n_recv = int(self.plan.recv_rows[rank])
-            pairs = int(counts[:, shard.slots].sum())
-            self.fused_plan, self.tiles = plan_for(shard, self.plan, counts.astype(np.int64), K, x.dtype, dev, pairs)
-            self.fused_buffers = device_plan(self.fused_plan, shard.slot_rank, n_recv, x.dtype, dev)
+            self.fused_plan, self.tiles = plan_for(shard, self.plan, counts.astype(np.int64), K, x.dtype, dev)
+            self.fused_buffers = device_plan(self.fused_plan, shard.slot_rank, int(self.plan.recv_rows[rank]), x.dtype,
+                                             dev)
 
     def _enter(self, phase: str) -> None:
         want = self.PHASES[self._next] if self._next < len(self.PHASES) else "none (the call is over)"

@@ -47,6 +47,9 @@ import numpy as np
 from ._checks import InputError, as_index_array
 from .ep import PullSchedule, _check_rank, _check_slot_rank, _check_topk, local_slots, peer_order
 
+#: bytes a dispatched row carries per pick besides x: topk_idx (int64), topk_weights (fp32) and the pair's
+#: position (int64); plan_pull's meta_bytes for the fused launch is top_k times this
+META_BYTES_PER_PICK = 8 + 4 + 8
 #: task kinds in ticket order; ``kind`` holds their index
 EP_KINDS = ("pull", "gemm1", "gemm2", "push")
 PULL, GEMM1, GEMM2, PUSH = range(len(EP_KINDS))
@@ -181,7 +184,8 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
                   weight_bytes: float = 2.0) -> FusedEPPlan:
     """The fused launch of ``rank`` (module docstring).
 
-    pull: plan_pull's schedule (its traffic the ranks' dispatched rows); slot_counts: (R, P) rows of
+    pull: plan_pull's schedule (its traffic the ranks' dispatched rows; its dispatch and combine row
+    bytes, meta_bytes = top_k x META_BYTES_PER_PICK, price the copies); slot_counts: (R, P) rows of
     every source per slot (``slot_pair_counts`` of each rank, stacked); slot_rank: (P,) the placement;
     block_m / block_n1 / block_n2: the GEMMs' row block and column tiles (GEMM 1's over I, GEMM 2's
     over H); act_bytes: bytes of an x / h element; weight_bytes: bytes of a weight element (the cost
@@ -237,7 +241,7 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
     for b in range(B):
         target[c_g2 + block_steps[b, 0]:c_g2 + block_steps[b, 1] + 1] += n2
     kind, arg, tile, waits, signals = [], [], [], [], []
-    row_bytes = H * act_bytes + K * (8 + 4 + 8)  # x, topk_idx, topk_weights, positions
+    row_bytes, back_bytes = pull.dispatch_row_bytes, pull.combine_row_bytes
     cost = {k: [] for k in ("rows", "link_bytes", "weight_bytes", "in_bytes", "out_bytes", "flops", "weight_id")}
 
     def add(k, a, t, w, s, **c):
@@ -279,8 +283,8 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
         w = [(c_g2 + q, int(target[c_g2 + q]))] if target[c_g2 + q] else []
         src = int(steps[q])
         pairs_per_row = pairs_in[src] / max(int(rows_in[src]), 1)
-        add(PUSH, i, 0, w, [], rows=n, link_bytes=0.0 if q == 0 else n * H * act_bytes,
-            in_bytes=n * pairs_per_row * H * act_bytes, out_bytes=n * H * act_bytes if q == 0 else 0.0)
+        add(PUSH, i, 0, w, [], rows=n, link_bytes=0.0 if q == 0 else n * back_bytes,
+            in_bytes=n * pairs_per_row * H * act_bytes, out_bytes=n * back_bytes if q == 0 else 0.0)
     wait_ptr, wl = _csr(waits)
     signal_ptr, sl = _csr(signals)
     i64 = dict(dtype=np.int64)
@@ -334,5 +338,5 @@ def place_pairs(plan: FusedEPPlan, pull: PullSchedule, recv_idx, recv_pos, slot_
     return padded_row, padded_pair
 
 
-__all__ = ["EP_KINDS", "FusedEPPlan", "auto_max_rows", "check_ticket_order", "pair_positions", "place_pairs", "plan_fused_ep",
+__all__ = ["EP_KINDS", "META_BYTES_PER_PICK", "FusedEPPlan", "auto_max_rows", "check_ticket_order", "pair_positions", "place_pairs", "plan_fused_ep",
            "slot_pair_counts"]
