@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
-import pytest
+#: The checkout's root. Its folders ``reference/``, ``simulator/`` and ``kernels/`` install as
+#: ``megamoe.*``; under their bare names they would shadow installed distributions (PyPI's
+#: ``kernels``, which transformers imports). ``python -m pytest`` puts the working directory first on
+#: ``sys.path``, so the root is taken off it here, before any test imports anything: the tests see the
+#: installed package only, whichever way pytest was started.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+for _name in ("reference", "simulator", "kernels"):
+    _mod = sys.modules.get(_name)
+    if _mod is not None and str(getattr(_mod, "__file__", "") or "").startswith(str(ROOT)):
+        del sys.modules[_name]
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 
 def _has_cuda() -> bool:
@@ -71,3 +85,19 @@ KERNEL_DEVICES = [KernelDevice("cuda", "bfloat16")] if HAS_CUDA else [KernelDevi
 def device(request) -> KernelDevice:
     """The kernel tests' device: CUDA where there is a GPU, else the CPU under TRITON_INTERPRET=1."""
     return request.param
+
+
+def pytest_sessionstart(session):
+    """Print the versions this run resolved (also under -q), so a log says what it tested against."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ("megamoe", "numpy", "torch", "triton", "transformers", "kernels", "simpy", "numba", "dask", "pandas")
+    found = []
+    for n in names:
+        try:
+            found.append(f"{n} {version(n)}")
+        except PackageNotFoundError:
+            found.append(f"{n} absent")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("resolved: " + ", ".join(found))

@@ -15,6 +15,7 @@ Checked against transformers 5.24 (torch 2.13 CPU); the suite skips without tran
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,26 @@ class Family:
     route_dtype: str  # precision transformers' router computes in (sets the tolerance of check 2)
     why: str
 
+    def classes(self):
+        """(config class, block class), or a skip naming what this transformers version lacks. Any other
+        failure to import (a broken dependency, a shadowed package) is an error, not a skip."""
+        name = f"transformers.models.{self.module}"
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise
+            pytest.skip(f"transformers {transformers.__version__} has no module {name}")
+        missing = [c for c in (self.config_cls, self.block_cls) if not hasattr(mod, c)]
+        if missing:
+            pytest.skip(f"transformers {transformers.__version__} lacks {', '.join(missing)} in {name}")
+        return getattr(mod, self.config_cls), getattr(mod, self.block_cls)
+
     def build(self):
-        mod = __import__(f"transformers.models.{self.module}", fromlist=[self.config_cls, self.block_cls])
-        cfg = getattr(mod, self.config_cls)(**self.config_kwargs)
+        config_cls, block_cls = self.classes()
+        cfg = config_cls(**self.config_kwargs)
         torch.manual_seed(0)
-        block = getattr(mod, self.block_cls)(cfg).double().eval()
+        block = block_cls(cfg).double().eval()
         gen = torch.Generator().manual_seed(20261129)
         with torch.no_grad():  # every parameter and buffer (incl. e_score_correction_bias) random, O(1) outputs
             for t in [*block.parameters(), *block.buffers()]:
@@ -107,10 +123,7 @@ FAMILIES = {
 
 def _load(name: str):
     fam = FAMILIES[name]
-    try:
-        hf_cfg, block = fam.build()
-    except (ImportError, AttributeError) as exc:  # family absent from this transformers version
-        pytest.skip(f"transformers {transformers.__version__} lacks {fam.block_cls}: {exc}")
+    hf_cfg, block = fam.build()
     cfg = MoEConfig.from_hf(hf_cfg.to_dict())
     weights = MoEWeights.from_hf(block.state_dict(), cfg)
     return fam, block, cfg, weights
