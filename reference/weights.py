@@ -227,6 +227,8 @@ def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_b
     Raises if the layer would need more than ``max_bytes`` of float64 (a full DeepSeek-V3 layer
     is ~90 GB): use a smaller config (``config.replace(num_experts=..., hidden_size=...)``).
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     shapes = {k: v for k, v in expected_shapes(config).items() if v is not None}
     need = 8 * sum(int(np.prod(s)) for s in shapes.values())
     if need > max_bytes:
