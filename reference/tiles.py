@@ -28,8 +28,7 @@ are no align_scan and align_scatter tasks: every task past the static ones reads
 histograms itself once topk = G (the row blocks B and, for a GEMM task, its block's expert), and each
 GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its expert, in token
 order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
-becomes top-k -> GEMM 1 (H200 run AL's trace, Qwen3-30B-A3B T = 64: the scan and the scatter held
-GEMM 1 back 8.5 us).
+becomes top-k -> GEMM 1.
 
 With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
 gemm1 and gemm2, and no task waits for another GEMM task:
