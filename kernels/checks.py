@@ -24,14 +24,14 @@ A duplicate is a slot whose id an earlier slot of the same token already holds: 
 is kept. A -1 ("no expert", as some routers mask slots) is out of range: masked slots are not
 supported yet.
 
-Outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs the check and the
-layer, reads the flag (one small device-to-host copy) and raises ``KernelInputError`` naming the
-token, slot and value of the first bad slot. Inside a capture (``torch.cuda.is_current_stream_
-capturing()``) the host cannot read the flag: the check kernel is captured with the layer, so at
-every replay bad slots are sanitized as above (the layer is the good slots' sum; never an
-out-of-bounds access) and recorded in a second, sticky per-device flag. Read it after replay with
-``check_captured_routing(device)``, which raises the same error (and clears the flag). Under
-torch.compile the flag is not read either (no graph break); the routing is still sanitized.
+With ``check=True`` outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs
+the check and the layer, reads the flag (one small device-to-host copy, which waits for the GPU)
+and raises ``KernelInputError`` naming the token, slot and value of the first bad slot. Inside a
+capture (``torch.cuda.is_current_stream_capturing()``), under torch.compile (no graph break) and
+with ``check=False`` the host does not read: bad slots are sanitized as above (the layer is the
+good slots' sum; never an out-of-bounds access) and recorded in a second, sticky per-device flag.
+Read it where the caller synchronizes anyway (after a replay, after a step) with
+``check_captured_routing(device)``, which raises the same error (and clears the flag).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def new_flag(device) -> torch.Tensor:
 
 
 def flag_for(device, captured: bool) -> torch.Tensor:
-    """The per-device flag: the eager one (reset per call) or the sticky one of captured graphs.
+    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread calls).
 
     Made on first use; make the first call on a device outside capture (the usual warm-up), so
     that the flag is an ordinary allocation and not part of a graph's memory pool."""
@@ -259,8 +259,9 @@ def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=
 
 
 def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:
-    """After replaying a graph that captured ``moe_experts``: raise ``KernelInputError`` for the
-    first bad slot any replay met since the last clear (the sticky flag; see the module docstring).
+    """After replaying a graph that captured ``moe_experts``, or after calls with ``check=False`` or
+    under torch.compile: raise ``KernelInputError`` for the first bad slot any of them met since the
+    last clear (the sticky flag; see the module docstring).
     Call it outside capture; ``clear`` resets the flag afterwards (also when it raises)."""
     key_dev = torch.device(device)
     flag = flag_for(key_dev, captured=True)

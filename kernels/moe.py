@@ -290,11 +290,12 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
-             limit: float, deterministic: bool, backend: str = "multi") -> torch.Tensor:
+             limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
     """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
     y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
     topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
-    recorded in the device's flag (the sticky one inside a CUDA-graph capture) and contribute 0."""
+    recorded in the device's flag (the sticky one when ``sticky`` or inside a CUDA-graph capture)
+    and contribute 0."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -302,7 +303,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, checks.capturing(dev)))
+    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, sticky or checks.capturing(dev)))
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
@@ -339,15 +340,15 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
 def _experts_op(
     x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str, alpha: float, limit: float,
-    deterministic: bool, backend: str,
+    deterministic: bool, backend: str, sticky: bool = False,
 ) -> torch.Tensor:
     return _experts(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit,
-                    deterministic, backend)
+                    deterministic, backend, sticky)
 
 
 @_experts_op.register_fake
 def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit, deterministic,
-      backend):
+      backend, sticky=False):
     return torch.empty_like(x)
 
 
@@ -364,11 +365,12 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
     in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
     -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
-    and, outside capture, one read of a 48-byte flag. Inside a CUDA-graph capture nothing is read:
-    at each replay bad slots get an unused expert and weight 0 (never an out-of-bounds access, the
-    output is the good slots' sum) and are recorded in a sticky flag; call
-    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` after replay to raise the
-    error. ``check=False`` skips the flag read (the routing is sanitized all the same).
+    and, with ``check=True`` outside capture, one read of a 48-byte flag, which waits for the GPU.
+    Inside a CUDA-graph capture, under torch.compile or with ``check=False`` nothing is read (no
+    host synchronization): bad slots get an unused expert and weight 0 (never an out-of-bounds
+    access, the output is the good slots' sum) and are recorded in a sticky flag; call
+    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` at a point where the caller
+    synchronizes anyway (after replay, after a step) to raise the error.
 
     ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
     "megakernel" (one persistent launch whose top-k tasks read this routing; checked under the
@@ -421,7 +423,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
         gate_up.contiguous(), down.contiguous(),
         None if gate_up_bias is None else gate_up_bias.contiguous(),
         None if down_bias is None else down_bias.contiguous(),
-        activation, float(alpha), float(limit), bool(deterministic), backend,
+        activation, float(alpha), float(limit), bool(deterministic), backend, not read,
     )
     if read:
         checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)
