@@ -16,8 +16,6 @@ from ._checks import InputError
 from .config import MoEConfig
 from .fp8 import WEIGHT_BLOCK, check_e4m3_values, check_scales, scale_shape
 
-# ====================================================================== state dicts
-
 # Keys relative to the MoE module. Every key of a checkpoint that belongs to an MoE layer matches one.
 _KEY_RE = re.compile(
     r"(?P<router>gate|router)\.(?P<rparam>weight|bias|e_score_correction_bias)"

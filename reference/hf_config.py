@@ -14,8 +14,6 @@ from typing import Any
 from ._checks import ConfigError
 from .sizes import WEIGHT_DTYPES
 
-# ====================================================================== config.json
-
 
 def read_json(path: str | Path) -> dict[str, Any]:
     """The JSON object in ``path``; ``ConfigError`` naming the file if missing, unreadable or not an object."""
