@@ -14,7 +14,7 @@ Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch n
 Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
 megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
 configs.py + configs/*.json (tuned launch configs, megakernel tiles, auto's backend table), plan.py,
-moe.py (the torch ops), checks.py (the routing check of moe_experts), hf_experts.py (transformers
+moe.py (the torch ops), checks.py (the weights' check against the config, the routing check of moe_experts), hf_experts.py (transformers
 backend), microbench.py (calibration kernels), bench.py, fp8_weights.py (FP8 block quantization on the
 device, for bench), ep.py (expert parallelism over torch.distributed), ep_pull.py (its one-sided
 copy kernel), ep_symmetric.py (the one-sided layer: symmetric buffers, ready flags).
@@ -31,7 +31,7 @@ _LAZY = {
     "check_captured_routing": ("checks", "check_captured_routing"),
     "register_transformers": ("hf_experts", "register"),
     "check_inputs": ("moe", "check_inputs"),
-    "KernelInputError": ("moe", "KernelInputError"),
+    "KernelInputError": ("checks", "KernelInputError"),
     "launch_plan": ("plan", "launch_plan"),
     "LaunchPlan": ("plan", "LaunchPlan"),
     "Stage": ("plan", "Stage"),

@@ -1,6 +1,14 @@
-"""The routing check of ``moe_experts``: a routing made elsewhere, made safe on the device.
+"""The kernels' input checks: the weights against the config (``check_weights``, once per binding)
+and the routing of ``moe_experts`` (a routing made elsewhere, made safe on the device).
 
-Shape legend: T tokens, E experts, K top-k (slots per token).
+Shape legend: T tokens, E experts, K top-k (slots per token), H hidden, I expert width.
+
+``check_weights(weights, config, device, dtype)`` raises ``KernelInputError`` naming the tensor, its
+shape and the expected one (the reference's ``MoEWeights.validate``), a wrong dtype, device or
+layout, and FP8 block scales that are not finite and > 0 (the reference's rule,
+``reference.fp8.check_scales``). The scale values are read once per scale tensor (one small
+reduction and one read to the host; a tensor changed in place is read again), never inside a
+CUDA-graph capture or under torch.compile.
 
 ``moe_experts`` takes expert ids and weights from outside (a transformers MoE block's router). The
 align kernels trust them: an id outside [0, E) or an expert twice in one token's row makes them
@@ -16,21 +24,82 @@ A duplicate is a slot whose id an earlier slot of the same token already holds: 
 is kept. A -1 ("no expert", as some routers mask slots) is out of range: masked slots are not
 supported yet.
 
-Outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs the check and the
-layer, reads the flag (one small device-to-host copy) and raises ``KernelInputError`` naming the
-token, slot and value of the first bad slot. Inside a capture (``torch.cuda.is_current_stream_
-capturing()``) the host cannot read the flag: the check kernel is captured with the layer, so at
-every replay bad slots are sanitized as above (the layer is the good slots' sum; never an
-out-of-bounds access) and recorded in a second, sticky per-device flag. Read it after replay with
-``check_captured_routing(device)``, which raises the same error (and clears the flag). Under
-torch.compile the flag is not read either (no graph break); the routing is still sanitized.
+With ``check=True`` outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs
+the check and the layer, reads the flag (one small device-to-host copy, which waits for the GPU)
+and raises ``KernelInputError`` naming the token, slot and value of the first bad slot. Inside a
+capture (``torch.cuda.is_current_stream_capturing()``), under torch.compile (no graph break) and
+with ``check=False`` the host does not read: bad slots are sanitized as above (the layer is the
+good slots' sum; never an out-of-bounds access) and recorded in a second, sticky per-device flag.
+Read it where the caller synchronizes anyway (after a replay, after a step) with
+``check_captured_routing(device)``, which raises the same error (and clears the flag).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
+
+from ..reference import InputError
+from ..reference.config import MoEConfig
+from ..reference.weights import SCALE_FIELDS, MoEWeights
+
+
+class KernelInputError(ValueError):
+    """An input of the fused MoE layer is unusable; the message says which and why."""
+
+
+_scales_ok: dict[int, tuple[weakref.ref, int]] = {}  # id(scale tensor) -> (the tensor, its _version), checked
+
+
+def check_weights(weights, config, device: torch.device, dtype: torch.dtype) -> None:
+    """Raise ``KernelInputError`` unless ``weights`` (``MoEWeights.to_torch``) fit ``config``: every
+    tensor the config has and no other, of the reference's shape, on ``device``, contiguous, in
+    ``dtype`` (FP8 expert weights float8_e4m3fn, their scales float32 and finite and > 0)."""
+    if not isinstance(config, MoEConfig):
+        raise KernelInputError(f"config must be a MoEConfig, got {type(config).__name__}")
+    if not isinstance(weights, MoEWeights):
+        raise KernelInputError(f"weights must be a MoEWeights (MoEWeights.to_torch(...)), got {type(weights).__name__}")
+    try:  # presence and shapes: the reference's own check of the canonical layout
+        weights.validate(config)
+    except InputError as exc:
+        raise KernelInputError(f"{exc} (config {config.describe()})") from None
+    fp8 = set(SCALE_FIELDS.values()) if weights.is_fp8 else set()
+    for name, t in weights.arrays().items():
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
+        if t.device != device:
+            raise KernelInputError(f"weights.{name} is on {t.device}, x on {device}: both must be on one device")
+        if name in SCALE_FIELDS or name in fp8:
+            want = torch.float32 if name in SCALE_FIELDS else torch.float8_e4m3fn
+            if t.dtype != want:
+                why = ("FP8 block scales are float32" if name in SCALE_FIELDS else
+                       "FP8 expert weights are float8_e4m3fn (MoEWeights.to_torch keeps them so)")
+                raise KernelInputError(f"weights.{name} has dtype {t.dtype}, expected {want}: {why}")
+        elif t.dtype != dtype:
+            raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {dtype}: they must agree")
+        if not t.is_contiguous():
+            raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
+    if weights.is_fp8 and not torch.compiler.is_compiling() and not capturing(device):
+        for name in SCALE_FIELDS:
+            if getattr(weights, name) is not None:
+                _check_scale_values(f"weights.{name}", getattr(weights, name))
+
+
+def _check_scale_values(name: str, s: torch.Tensor) -> None:
+    """FP8 scales finite and > 0 (reference.fp8.check_scales), read once per tensor and version."""
+    seen = _scales_ok.get(id(s))
+    if seen is not None and seen[0]() is s and seen[1] == s._version:
+        return
+    bad = ~(torch.isfinite(s) & (s > 0))
+    if bool(bad.any()):
+        i = tuple(int(j) for j in bad.nonzero()[0].tolist())
+        raise KernelInputError(f"{name} (shape {list(s.shape)}) must be finite and > 0, got {s[i].item()} at index {i}")
+    key = id(s)
+    _scales_ok[key] = (weakref.ref(s, lambda _: _scales_ok.pop(key, None)), s._version)
+
 
 KINDS = ("out_of_range", "duplicate", "non_finite_weight")
 _NONE = 2**63 - 1  # no bad slot of this kind yet
@@ -107,7 +176,7 @@ def new_flag(device) -> torch.Tensor:
 
 
 def flag_for(device, captured: bool) -> torch.Tensor:
-    """The per-device flag: the eager one (reset per call) or the sticky one of captured graphs.
+    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread calls).
 
     Made on first use; make the first call on a device outside capture (the usual warm-up), so
     that the flag is an ordinary allocation and not part of a graph's memory pool."""
@@ -184,16 +253,15 @@ def describe_flag(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: to
 
 
 def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=None, topk_weights=None) -> None:
-    from .moe import KernelInputError  # moe imports this module
-
     msg = describe_flag(flag, num_experts, top_k, topk_idx, topk_weights)
     if msg:
         raise KernelInputError(msg)
 
 
 def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:
-    """After replaying a graph that captured ``moe_experts``: raise ``KernelInputError`` for the
-    first bad slot any replay met since the last clear (the sticky flag; see the module docstring).
+    """After replaying a graph that captured ``moe_experts``, or after calls with ``check=False`` or
+    under torch.compile: raise ``KernelInputError`` for the first bad slot any of them met since the
+    last clear (the sticky flag; see the module docstring).
     Call it outside capture; ``clear`` resets the flag afterwards (also when it raises)."""
     key_dev = torch.device(device)
     flag = flag_for(key_dev, captured=True)

@@ -31,13 +31,13 @@ from functools import cache, lru_cache
 import torch
 import triton
 
-from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
 from ..reference.weights import FIELDS, SCALE_FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
+from .checks import KernelInputError, check_weights
 from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
 from .plan import router_launch, static_plan
@@ -45,10 +45,6 @@ from .routing import launch_router
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 INT32_MAX = 2**31 - 1
-
-
-class KernelInputError(ValueError):
-    """An input of the fused MoE layer is unusable; the message says which and why."""
 
 
 def _interpret() -> bool:
@@ -117,54 +113,50 @@ def check_inputs(x, weights, config) -> None:
         raise KernelInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != config.hidden_size:
         raise KernelInputError(f"x must have shape [T, {config.hidden_size}] (hidden_size of {config.name!r}), got {list(x.shape)}")
-    if x.dtype not in DTYPES:
-        raise KernelInputError(f"x dtype must be one of bfloat16, float16, float32, got {x.dtype}")
-    T, H, I, E, K = x.shape[0], config.hidden_size, config.intermediate_size, config.num_experts, config.top_k
-    KS = K + (1 if config.num_shared_experts else 0)
-    bm = 128
+    _check_sizes(x.shape[0], _dims(config))
+    _check_place(x.device, x.dtype)
+    if not x.is_contiguous():
+        raise KernelInputError(f"x must be contiguous, got strides {list(x.stride())}")
+    check_weights(weights, config, x.device, x.dtype)
+
+
+def _dims(config: MoEConfig) -> tuple[int, ...]:
+    """(H, I, E, K, KS, Is) of ``config`` as plain ints (what ``_check_sizes`` reads)."""
+    K = config.top_k
+    return (config.hidden_size, config.intermediate_size, config.num_experts, K,
+            K + (1 if config.num_shared_experts else 0), config.shared_intermediate_size)
+
+
+def _check_sizes(T: int, dims: tuple[int, ...]) -> None:
+    """Every buffer of a call on T tokens within 32-bit indexing; ``dims`` from ``_dims(config)``."""
+    H, I, E, K, KS, Is = dims
     sizes = {
         "x (T*H)": T * H,
         "pair buffer (T*KS*H)": T * KS * H,
-        "activation buffer (P_max*I)": cfgs.max_padded_rows(T * K, E, bm) * I,
+        "activation buffer (P_max*I)": cfgs.max_padded_rows(T * K, E, 128) * I,
         "one expert's gate_up (2I*H)": 2 * I * H,
-        "shared activation (T*Is)": T * config.shared_intermediate_size,
+        "shared activation (T*Is)": T * Is,
         "pairs (T*K)": T * K,
     }
     for what, n in sizes.items():
         if n > INT32_MAX:
             raise KernelInputError(f"{what} = {n} elements overflows 32-bit indexing (max {INT32_MAX}); split the batch")
-    if x.device.type == "cuda":
-        if x.dtype == torch.float32:
+
+
+def _check_place(device: torch.device, dtype: torch.dtype) -> None:
+    """x's dtype and device (the weights' too) are ones the kernels run on."""
+    if dtype not in DTYPES:
+        raise KernelInputError(f"x dtype must be one of bfloat16, float16, float32, got {dtype}")
+    if device.type == "cuda":
+        if dtype == torch.float32:
             raise KernelInputError("float32 on CUDA is not supported: use bfloat16 or float16")
-    elif x.device.type == "cpu":
+    elif device.type == "cpu":
         if not _interpret():
             raise KernelInputError("x is on the CPU: the Triton kernels run there only with TRITON_INTERPRET=1 set before triton is imported")
-        if x.dtype == torch.bfloat16:
+        if dtype == torch.bfloat16:
             raise KernelInputError("bfloat16 on the CPU interpreter gives wrong dot products: use float32 or float16 there")
     else:
-        raise KernelInputError(f"x must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {x.device}")
-    if not x.is_contiguous():
-        raise KernelInputError(f"x must be contiguous, got strides {list(x.stride())}")
-    try:  # presence and shapes: the reference's own check of the canonical layout
-        weights.validate(config)
-    except InputError as exc:
-        raise KernelInputError(str(exc)) from None
-    fp8 = set(SCALE_FIELDS.values()) if weights.is_fp8 else set()
-    for name, t in weights.arrays().items():
-        if not isinstance(t, torch.Tensor):
-            raise KernelInputError(f"weights.{name} must be a torch.Tensor (MoEWeights.to_torch), got {type(t).__name__}")
-        if t.device != x.device:
-            raise KernelInputError(f"weights.{name} is on {t.device}, x on {x.device}: both must be on one device")
-        if name in SCALE_FIELDS or name in fp8:
-            want = torch.float32 if name in SCALE_FIELDS else torch.float8_e4m3fn
-            if t.dtype != want:
-                why = ("FP8 block scales are float32" if name in SCALE_FIELDS else
-                       "FP8 expert weights are float8_e4m3fn (MoEWeights.to_torch keeps them so)")
-                raise KernelInputError(f"weights.{name} has dtype {t.dtype}, expected {want}: {why}")
-        elif t.dtype != x.dtype:
-            raise KernelInputError(f"weights.{name} has dtype {t.dtype}, x has {x.dtype}: they must agree")
-        if not t.is_contiguous():
-            raise KernelInputError(f"weights.{name} must be contiguous, got strides {list(t.stride())}")
+        raise KernelInputError(f"x must be on a CUDA device (or the CPU under TRITON_INTERPRET=1), got {device}")
 
 
 def fp8_mode(weights: MoEWeights, fp8_activations: bool) -> str | None:
@@ -298,11 +290,12 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
-             limit: float, deterministic: bool, backend: str = "multi") -> torch.Tensor:
+             limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
     """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
     y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
     topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
-    recorded in the device's flag (the sticky one inside a CUDA-graph capture) and contribute 0."""
+    recorded in the device's flag (the sticky one when ``sticky`` or inside a CUDA-graph capture)
+    and contribute 0."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -310,7 +303,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, checks.capturing(dev)))
+    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, sticky or checks.capturing(dev)))
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
@@ -347,15 +340,15 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
 def _experts_op(
     x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str, alpha: float, limit: float,
-    deterministic: bool, backend: str,
+    deterministic: bool, backend: str, sticky: bool = False,
 ) -> torch.Tensor:
     return _experts(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit,
-                    deterministic, backend)
+                    deterministic, backend, sticky)
 
 
 @_experts_op.register_fake
 def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activation, alpha, limit, deterministic,
-      backend):
+      backend, sticky=False):
     return torch.empty_like(x)
 
 
@@ -372,11 +365,12 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
     in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
     -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
-    and, outside capture, one read of a 48-byte flag. Inside a CUDA-graph capture nothing is read:
-    at each replay bad slots get an unused expert and weight 0 (never an out-of-bounds access, the
-    output is the good slots' sum) and are recorded in a sticky flag; call
-    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` after replay to raise the
-    error. ``check=False`` skips the flag read (the routing is sanitized all the same).
+    and, with ``check=True`` outside capture, one read of a 48-byte flag, which waits for the GPU.
+    Inside a CUDA-graph capture, under torch.compile or with ``check=False`` nothing is read (no
+    host synchronization): bad slots get an unused expert and weight 0 (never an out-of-bounds
+    access, the output is the good slots' sum) and are recorded in a sticky flag; call
+    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` at a point where the caller
+    synchronizes anyway (after replay, after a step) to raise the error.
 
     ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
     "megakernel" (one persistent launch whose top-k tasks read this routing; checked under the
@@ -384,9 +378,12 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     """
     if backend not in ("multi", "megakernel"):
         raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
-    for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
-        if not isinstance(t, torch.Tensor):
-            raise KernelInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t, what in (("x", x, "(T, H)"), ("topk_idx", topk_idx, "(T, K) of integer expert ids"),
+                          ("topk_weights", topk_weights, "(T, K) float"), ("gate_up", gate_up, "(E, 2I, H)"),
+                          ("down", down, "(E, H, I)"), ("gate_up_bias", gate_up_bias, "(E, 2I) or None"),
+                          ("down_bias", down_bias, "(E, H) or None")):
+        if not isinstance(t, torch.Tensor) and not (t is None and name.endswith("_bias")):
+            raise KernelInputError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
     if x.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3:
         raise KernelInputError(f"x must be [T, H], gate_up [E, 2I, H], down [E, H, I]; got {list(x.shape)}, "
                                f"{list(gate_up.shape)}, {list(down.shape)}")
@@ -394,6 +391,10 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     E, I2, H2 = gate_up.shape
     if H2 != H or I2 % 2 or tuple(down.shape) != (E, H, I2 // 2):
         raise KernelInputError(f"shapes disagree: x {list(x.shape)}, gate_up {list(gate_up.shape)}, down {list(down.shape)}")
+    for name, t, want in (("gate_up_bias", gate_up_bias, (E, I2)), ("down_bias", down_bias, (E, H))):
+        if t is not None and tuple(t.shape) != want:
+            raise KernelInputError(f"{name} must have shape {list(want)} (gate_up {list(gate_up.shape)}), "
+                                   f"got {list(t.shape)}")
     if topk_idx.dim() != 2 or topk_idx.shape[0] != T or tuple(topk_weights.shape) != tuple(topk_idx.shape):
         raise KernelInputError(f"topk_idx and topk_weights must both be [T={T}, K], got {list(topk_idx.shape)} "
                                f"and {list(topk_weights.shape)}")
@@ -422,7 +423,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
         gate_up.contiguous(), down.contiguous(),
         None if gate_up_bias is None else gate_up_bias.contiguous(),
         None if down_bias is None else down_bias.contiguous(),
-        activation, float(alpha), float(limit), bool(deterministic), backend,
+        activation, float(alpha), float(limit), bool(deterministic), backend, not read,
     )
     if read:
         checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)
@@ -548,26 +549,34 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
          fp8_activations: bool | None = None):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
-    For torch.compile and CUDA graphs: the closure holds only tensors, a string and a bool, so
-    tracing never meets the config or weights dataclasses (torch 2.11's dynamo cannot rebuild
-    frozen dataclasses). Inputs are checked per call on their shape, dtype and device only.
+    The weights are checked against the config here, once (``checks.check_weights``: shapes,
+    dtypes, device, FP8 scales); x takes the weights' dtype and device. For torch.compile and CUDA
+    graphs: the closure holds only tensors, a string and a bool, so tracing never meets the config
+    or weights dataclasses (torch 2.11's dynamo cannot rebuild frozen dataclasses). Each call
+    checks x's shape, dtype and device on the host only.
     """
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    rw = getattr(weights, "router_weight", None)
+    dev, dt = getattr(rw, "device", None), getattr(rw, "dtype", None)
+    check_weights(weights, config, dev, dt)
+    _check_place(dev, dt)
     cj = config_json(config)
     ts = tuple(getattr(weights, f) for f in ("router_weight", "gate_up", "down", "router_bias", "score_bias",
                                               "gate_up_bias", "down_bias", "shared_gate_up", "shared_down",
                                               "shared_gate"))
-    H, dev, dt = config.hidden_size, weights.router_weight.device, weights.router_weight.dtype
-    det = bool(deterministic)
-    if backend not in BACKENDS:
-        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    H, det, dims = config.hidden_size, bool(deterministic), _dims(config)
     fp8_act = _fp8_activations(weights, fp8_activations)
     if weights.is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
     scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
-            raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {list(x.shape)} {x.dtype} on {x.device}")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
+            got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {got}")
+        if not torch.compiler.is_compiling():
+            _check_sizes(x.shape[0], dims)
         return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend, *scales, fp8_act)
 
     return f

@@ -1,4 +1,4 @@
-"""Input checks shared by the reference stages: clear errors instead of NumPy tracebacks."""
+"""Input checks shared by the reference stages (and their two errors): clear errors instead of NumPy tracebacks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import numpy as np
 
 class InputError(ValueError):
     """An input array has a bad shape, dtype or value; the message names it and what was expected."""
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value; the message names the field and what was expected."""
 
 
 def as_float_array(name: str, a, shape: tuple, *, finite: bool = True) -> np.ndarray:

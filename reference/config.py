@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._checks import ConfigError
+from .hf_config import hf_config_fields, read_json
+from .presets import PRESETS, preset_fields
+from .sizes import DTYPE_BYTES, WEIGHT_DTYPES, expert_params, ffn_params, layer_flops
+
 #: Router families. Each is documented in ``routing.py``.
 ROUTERS = (
     "softmax_topk",  # Mixtral, Qwen2/3-MoE: softmax over E, top-k, optional renormalization
@@ -29,14 +34,8 @@ ACTIVATIONS = ("silu_gated", "clamped_swiglu")
 #: Value that masked groups get in the grouped top-k: -inf (transformers 5, DeepSeek's inference code, vLLM,
 #: SGLang; the default) or 0.0 (transformers 4.x and DeepSeek's first remote code).
 GROUP_MASKS = ("zero", "neg_inf")
-#: Storage dtypes of the weights (the reference always computes in float64).
-WEIGHT_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
-#: Bytes per element of each weight dtype.
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}
-
-
-class ConfigError(ValueError):
-    """A config field has a bad value; the message names the field and what was expected."""
+__all__ = ["ACTIVATIONS", "DTYPE_BYTES", "GROUP_MASKS", "ROUTERS", "WEIGHT_DTYPES", "ConfigError", "MoEConfig",
+           "config_to_json"]
 
 
 @dataclass(frozen=True)
@@ -173,20 +172,14 @@ class MoEConfig:
     @property
     def expert_params(self) -> int:
         """Parameters of one routed expert: gate+up [2I, H] and down [H, I] (+ biases)."""
-        from .sizes import expert_params
-
         return expert_params(self)
 
     @property
     def shared_params(self) -> int:
-        from .sizes import ffn_params
-
         return ffn_params(self.hidden_size, self.shared_intermediate_size)
 
     def flops_per_token(self) -> int:
         """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""
-        from .sizes import layer_flops
-
         return int(layer_flops(self, 1, router=False))
 
     def replace(self, **changes: Any) -> MoEConfig:
@@ -214,22 +207,20 @@ class MoEConfig:
     @classmethod
     def preset(cls, name: str) -> MoEConfig:
         """A public model's MoE layer by name; ``presets.PRESETS`` lists them."""
-        from .presets import get_preset
-
-        return get_preset(name)
+        return cls(name=name, **preset_fields(name))
 
     @classmethod
     def from_hf(cls, config: dict[str, Any] | str | Path) -> MoEConfig:
-        """From a transformers-style config dict or a path to a config.json (see ``hf.py``)."""
-        from .hf import config_from_hf
-
-        return config_from_hf(config)
+        """From a transformers-style config dict or a path to a config.json (``hf.config_from_hf``)."""
+        fields, where = hf_config_fields(config)
+        try:
+            return cls(**fields)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     @classmethod
     def load(cls, spec: str | Path) -> MoEConfig:
         """A preset name, a megamoe config JSON (``to_dict`` output) or a HF config.json path."""
-        from .presets import PRESETS
-
         if isinstance(spec, str) and spec in PRESETS:
             return cls.preset(spec)
         path = Path(spec)
@@ -237,8 +228,6 @@ class MoEConfig:
             raise ConfigError(
                 f"{str(spec)!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file"
             )
-        from .hf import read_json
-
         d = read_json(path)
         try:
             if "hidden_size" in d and "intermediate_size" in d and "model_type" not in d and "top_k" in d:

@@ -41,6 +41,7 @@ Public names:
     e4m3_decode(codes)                  uint8 codes -> float64 values
     e4m3_round(x, saturate=True)        the nearest e4m3 value, as float64
     check_e4m3_values(name, a)          InputError unless every value of ``a`` is an e4m3 value
+    check_scales(name, s)               InputError unless every scale is finite and > 0
     quantize_weight_blocks(w, block)    (..., R, C) -> codes (..., R, C) uint8, scale_inv (..., Rb, Cb) float32
     dequantize_weight_blocks(q, s, block)  codes or e4m3 values, scale_inv -> (..., R, C) float64
     quantize_activations(x, group)      (T, C) -> codes (T, C) uint8, scale (T, ceil(C / group)) float32
@@ -228,11 +229,17 @@ def _scales(name: str, s, want: tuple[int, ...]) -> np.ndarray:
         raise InputError(f"{name} must be a float array, got dtype {s.dtype}")
     if s.shape != want:
         raise InputError(f"{name} must have shape {list(want)} (one scale per block), got {list(s.shape)}")
-    s = s.astype(np.float64)
-    bad = ~np.isfinite(s) | (s < 0)
+    return check_scales(name, s)
+
+
+def check_scales(name: str, s) -> np.ndarray:
+    """``s`` as float64, after checking that every scale is finite and > 0 (a quantizer's scales are
+    at least AMAX_FLOOR / E4M3_MAX; a NaN, negative or zero scale is a corrupt checkpoint)."""
+    s = np.asarray(s, dtype=np.float64)
+    bad = ~(np.isfinite(s) & (s > 0))
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
-        raise InputError(f"{name} must be finite and >= 0, got {s[i]} at index {i}")
+        raise InputError(f"{name} (shape {list(s.shape)}) must be finite and > 0, got {s[i]} at index {i}")
     return s
 
 

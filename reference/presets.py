@@ -7,7 +7,9 @@ experts, bf16 weights.
 
 from __future__ import annotations
 
-from .config import ConfigError, MoEConfig
+from typing import Any
+
+from ._checks import ConfigError
 
 _PRESET_FIELDS: dict[str, dict] = {
     # softmax over 8 experts, top-2, always renormalized
@@ -52,9 +54,9 @@ _PRESET_FIELDS: dict[str, dict] = {
 PRESETS: tuple[str, ...] = tuple(_PRESET_FIELDS)
 
 
-def get_preset(name: str) -> MoEConfig:
+def preset_fields(name: str) -> dict[str, Any]:
+    """The ``MoEConfig`` fields of preset ``name`` (``MoEConfig.preset(name)`` builds it)."""
     try:
-        fields = _PRESET_FIELDS[name]
+        return dict(_PRESET_FIELDS[name])
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
-    return MoEConfig(name=name, **fields)

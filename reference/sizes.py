@@ -2,7 +2,7 @@
 
 Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width.
 
-Dtype names: the long names of ``config.WEIGHT_DTYPES`` ("bfloat16", "float16", "float32",
+Dtype names: the long names of ``WEIGHT_DTYPES`` ("bfloat16", "float16", "float32",
 "fp8_e4m3") or the short ones the simulator uses ("bf16", "fp16", "fp32", "fp8"). fp8 activation rows
 carry one float32 scale per ``FP8_BLOCK`` values (the DeepEP / DeepSeek format); fp8 weight matrices
 one float32 ``scale_inv`` per ``FP8_BLOCK`` x ``FP8_BLOCK`` block, partial blocks included
@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 
-from .config import DTYPE_BYTES
-
+#: Storage dtypes of the weights (the reference always computes in float64).
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
+#: Bytes per element of each weight dtype.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}
+#: Rows and columns of one FP8 scale block (weights: FP8_BLOCK x FP8_BLOCK; activations: 1 x FP8_BLOCK).
 FP8_BLOCK = 128
 SCALE_BYTES = 4  # one float32 scale
 SHORT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "fp8_e4m3"}

@@ -28,8 +28,7 @@ are no align_scan and align_scatter tasks: every task past the static ones reads
 histograms itself once topk = G (the row blocks B and, for a GEMM task, its block's expert), and each
 GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its expert, in token
 order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
-becomes top-k -> GEMM 1 (H200 run AL's trace, Qwen3-30B-A3B T = 64: the scan and the scatter held
-GEMM 1 back 8.5 us).
+becomes top-k -> GEMM 1.
 
 With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
 gemm1 and gemm2, and no task waits for another GEMM task:
@@ -710,6 +709,32 @@ def _w(n: int, *pairs) -> np.ndarray:
     return np.stack(cols, axis=1) if cols else np.zeros((n, 0, 2), np.int64)
 
 
+def _add_shared_gemm1(bld: _Builder, T: int, H: int, Is: int, Ms: int, ns1: int, sh: dict, group_m: int,
+                      ab: int, wb: float) -> np.ndarray:
+    """The shared MLP's GEMM 1 tasks (static: Ms row blocks x ns1 column blocks); their counters (Ms,)."""
+    sh1_c = np.array([bld.counter(f"shared1[{m}]", ns1) for m in range(Ms)], np.int64)
+    mm, nn = tile_ids(np.arange(Ms * ns1), Ms, ns1, group_m)
+    srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
+    ncol = np.minimum(sh["BLOCK_N1"], Is - nn * sh["BLOCK_N1"])
+    bld.add("shared_gemm1", Ms * ns1, block=mm, n_tile=nn, rows=srows, tile_m=sh["BLOCK_M"],
+            tile_n=2 * sh["BLOCK_N1"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=srows * H * ab,
+            out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * 2 * sh["BLOCK_N1"] * H,
+            weight_id=20_000 + nn, signal=sh1_c[mm])
+    return sh1_c
+
+
+def _add_combine(bld: _Builder, T: int, H: int, K: int, KS: int, n1: int, sl: int, n: int, cb: dict, ab: int,
+                 ready: tuple) -> None:
+    """The n combine tasks (token block x column block), each waiting for every GEMM 2 (``ready``);
+    sliced, they sum n1 fp32 slabs per routed slot."""
+    tt, hh = np.divmod(np.arange(n), cdiv(H, cb["BLOCK_H"]))
+    trows = np.minimum(cb["BLOCK_T"], T - tt * cb["BLOCK_T"])
+    hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
+    bld.add("combine", n, _w(n, ready), block=tt, n_tile=hh, rows=trows, tile_m=cb["BLOCK_T"],
+            tile_n=cb["BLOCK_H"], in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
+            out_bytes=trows * hcol * ab)
+
+
 def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight_bytes: float | None = None,
               num_programs: int = 1, routing_given: bool = False) -> TaskPlan:
     """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
@@ -784,14 +809,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     # ---- shared MLP, GEMM 1 (static)
     Ms, ns1, ns2 = lay.shared_m_blocks, lay.ns1, lay.ns2
     if shared:
-        sh1_c = np.array([bld.counter(f"shared1[{m}]", ns1) for m in range(Ms)], np.int64)
-        mm, nn = tile_ids(np.arange(Ms * ns1), Ms, ns1, group_m)
-        srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
-        ncol = np.minimum(sh["BLOCK_N1"], Is - nn * sh["BLOCK_N1"])
-        bld.add("shared_gemm1", Ms * ns1, block=mm, n_tile=nn, rows=srows, tile_m=sh["BLOCK_M"],
-                tile_n=2 * sh["BLOCK_N1"], depth=H, weight_bytes=2 * ncol * H * wb, in_bytes=srows * H * ab,
-                out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * 2 * sh["BLOCK_N1"] * H,
-                weight_id=20_000 + nn, signal=sh1_c[mm])
+        sh1_c = _add_shared_gemm1(bld, T, H, Is, Ms, ns1, sh, group_m, ab, wb)
 
     # ---- routed row blocks (dynamic: from the counts)
     bm = g1["BLOCK_M"]
@@ -860,15 +878,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
                            block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 
-    # ---- combine
-    nct = cdiv(H, cb["BLOCK_H"])
-    tt, hh = np.divmod(np.arange(lay.combine_tasks), nct)
-    trows = np.minimum(cb["BLOCK_T"], T - tt * cb["BLOCK_T"])
-    hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
-    bld.add("combine", lay.combine_tasks, _w(lay.combine_tasks, (g2_c, g2_total)), block=tt, n_tile=hh,
-            rows=trows, tile_m=cb["BLOCK_T"], tile_n=cb["BLOCK_H"],
-            in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
-            out_bytes=trows * hcol * ab)
+    _add_combine(bld, T, H, K, KS, n1, sl, lay.combine_tasks, cb, ab, (g2_c, g2_total))
     arrays = bld.build()
     if layout_in:  # each program's first dynamic ticket, when the programs take the tickets in order
         arrays["in_bytes"][lay.s0:lay.s0 + max(1, int(num_programs))] += layout_in

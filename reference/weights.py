@@ -43,6 +43,9 @@ import numpy as np
 
 from ._checks import InputError, check_shape
 from .config import MoEConfig
+from .fp8 import WEIGHT_BLOCK, check_scales, dequantize_weight_blocks, e4m3_decode, quantize_weight_blocks, scale_shape
+from .hf_checkpoint import hf_weight_fields
+from .tolerance import round_to_dtype
 
 #: Field names in canonical order (the tensors of the float layer; the torch op takes them in this order).
 FIELDS = (
@@ -76,8 +79,6 @@ def expected_shapes(config: MoEConfig) -> dict[str, tuple[int, ...] | None]:
 
 def expected_scale_shapes(config: MoEConfig) -> dict[str, tuple[int, ...] | None]:
     """Shape of every FP8 scale field for ``config`` (128 x 128 blocks); None where it must be absent."""
-    from .fp8 import WEIGHT_BLOCK, scale_shape
-
     shapes = expected_shapes(config)
     return {k: None if shapes[w] is None else scale_shape(shapes[w], WEIGHT_BLOCK) for k, w in SCALE_FIELDS.items()}
 
@@ -148,7 +149,8 @@ class MoEWeights:
     def to_torch(self, device=None, dtype=None) -> MoEWeights:
         """The same weights as torch tensors on ``device`` in ``dtype`` (default float32), contiguous.
 
-        FP8 weights stay ``torch.float8_e4m3fn`` and their scales float32, whatever ``dtype`` says:
+        FP8 scales held on the host are checked here (finite and > 0, ``fp8.check_scales``); the kernels
+        check those already on a GPU. FP8 weights stay ``torch.float8_e4m3fn`` and their scales float32, whatever ``dtype`` says:
         casting the scales would change the weights, and a kernel that ignored them would be wrong
         silently (``dequantize().to_torch(...)`` gives plain weights instead).
         """
@@ -162,6 +164,8 @@ class MoEWeights:
 
         out = {}
         for k, a in self.arrays().items():
+            if k in SCALE_FIELDS and not (isinstance(a, torch.Tensor) and a.device.type != "cpu"):
+                check_scales(f"MoEWeights.{k}", a.numpy() if isinstance(a, torch.Tensor) else a)
             to = torch.float32 if k in SCALE_FIELDS else torch.float8_e4m3fn if k in quantized else dtype
             out[k] = tensor(a).to(device=device, dtype=to).contiguous()
         return dataclasses.replace(self, **out)
@@ -170,16 +174,12 @@ class MoEWeights:
         """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype).
 
         FP8 scales are left as they are (e4m3 values are exact in every dtype rounded to here)."""
-        from .tolerance import round_to_dtype
-
         return dataclasses.replace(self, **{k: round_to_dtype(np.asarray(a, np.float64), dtype)
                                             for k, a in self.arrays().items() if k not in SCALE_FIELDS})
 
     def to_fp8(self) -> MoEWeights:
         """The expert weights (routed and shared) quantized to e4m3 in 128 x 128 blocks (``fp8.py``),
         held as float64 e4m3 values with float32 ``*_scale_inv``; the router and biases unchanged."""
-        from .fp8 import e4m3_decode, quantize_weight_blocks
-
         if self.is_fp8:
             raise InputError("MoEWeights.to_fp8: the weights are FP8 already")
         out = {}
@@ -193,14 +193,12 @@ class MoEWeights:
     def dequantize(self) -> MoEWeights:
         """FP8 weights as plain float64 weights (value * scale_inv per block), scales dropped;
         float weights unchanged."""
-        from .fp8 import dequantize_weight_blocks
-
         if not self.is_fp8:
             return self
         out = {}
         for k, w in SCALE_FIELDS.items():
             if getattr(self, k) is not None:
-                out[w] = dequantize_weight_blocks(getattr(self, w), getattr(self, k))
+                out[w] = dequantize_weight_blocks(getattr(self, w), check_scales(f"MoEWeights.{k}", getattr(self, k)))
                 out[k] = None
         return dataclasses.replace(self, **out)
 
@@ -211,10 +209,10 @@ class MoEWeights:
 
     @classmethod
     def from_hf(cls, state_dict, config: MoEConfig, prefix: str | None = None) -> MoEWeights:
-        """From a HF checkpoint's state dict for one MoE layer (see ``hf.weights_from_hf``)."""
-        from .hf import weights_from_hf
-
-        return weights_from_hf(state_dict, config, prefix=prefix)
+        """From a HF checkpoint's state dict for one MoE layer (``hf.weights_from_hf`` documents it)."""
+        if not isinstance(config, MoEConfig):
+            raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")
+        return cls(**hf_weight_fields(state_dict, config, prefix)).validate(config)
 
 
 def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_bytes: int = 2 << 30) -> MoEWeights:
@@ -227,6 +225,8 @@ def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_b
     Raises if the layer would need more than ``max_bytes`` of float64 (a full DeepSeek-V3 layer
     is ~90 GB): use a smaller config (``config.replace(num_experts=..., hidden_size=...)``).
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     shapes = {k: v for k, v in expected_shapes(config).items() if v is not None}
     need = 8 * sum(int(np.prod(s)) for s in shapes.values())
     if need > max_bytes:

@@ -566,7 +566,8 @@ def test_fp8_bad_values_and_scales_are_named():
                                          r"hold float8 e4m3 values"):
         weights_from_hf(bad, cfg)
     neg = dict(sd, **{"experts.0.down_proj.weight_scale_inv": -torch.ones(2, 2)})
-    with pytest.raises(InputError, match=r"'experts.0.down_proj.weight_scale_inv'\] must be finite and >= 0, got -1.0"):
+    with pytest.raises(InputError, match=r"'experts.0.down_proj.weight_scale_inv'\] \(shape \[2, 2\]\) must be finite "
+                                         r"and > 0, got -1.0"):
         weights_from_hf(neg, cfg)
 
 

@@ -30,6 +30,9 @@ T = 6
 
 @pytest.fixture
 def layer(rng, device):
+    from megamoe.kernels import checks
+
+    checks._init(checks.flag_for(device.name, captured=True))  # no bad slot left by an earlier test
     w = random_weights(CFG, seed=1)
     x = rng.standard_normal((T, CFG.hidden_size))
     idx = np.stack([rng.permutation(CFG.num_experts)[:CFG.top_k] for _ in range(T)])
@@ -135,6 +138,19 @@ def test_sticky_flag_of_captured_graphs(layer, device, monkeypatch):
                                                r"2 bad slots in all"):
         checks.check_captured_routing(device.name, num_experts=CFG.num_experts, top_k=CFG.top_k)
     checks.check_captured_routing(device.name, num_experts=CFG.num_experts, top_k=CFG.top_k)  # cleared
+
+
+def test_unread_calls_report_at_the_callers_sync(layer, device):
+    """check=False reads nothing (no host synchronization); the bad slot is not lost: the sticky
+    flag holds it until check_captured_routing, where the caller synchronizes anyway."""
+    from megamoe.kernels import KernelInputError, checks
+
+    x, w, idx, tw = layer
+    _call(device, x, w, idx, tw, check=False)
+    checks.check_captured_routing(device.name, num_experts=CFG.num_experts, top_k=CFG.top_k)  # a good routing
+    _call(device, x, w, *_bad("out_of_range", idx, tw), check=False)  # no error here
+    with pytest.raises(KernelInputError, match=r"topk_idx\[3, 1\] = 10 \(token 3, slot 1\) is outside \[0, 7\)"):
+        checks.check_captured_routing(device.name, num_experts=CFG.num_experts, top_k=CFG.top_k)
 
 
 def test_too_many_slots_or_wrong_dtypes(layer, device):

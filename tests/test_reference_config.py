@@ -95,3 +95,35 @@ def test_flops_per_token():
     c = MoEConfig.preset("deepseek-v3")
     # 8 routed + 1 shared expert, 3 matrices of H x I each, 2 FLOPs per multiply-add
     assert c.flops_per_token() == 2 * 3 * 7168 * 2048 * 9
+
+
+def test_random_weights_refuses_a_negative_seed():
+    """NumPy's generator refuses negative seeds with a traceback of its own; the message names the argument."""
+    from megamoe.reference import InputError, random_weights
+
+    cfg = MoEConfig(hidden_size=8, intermediate_size=4, num_experts=4, top_k=2)
+    for seed in (-1, 1.5, "0"):
+        with pytest.raises(InputError, match=f"seed must be a non-negative integer, got {seed!r}"):
+            random_weights(cfg, seed=seed)
+
+
+def test_reference_modules_import_one_way():
+    """No import cycle inside reference/ (every `from .x import` line, function-level ones included)."""
+    import re
+    from pathlib import Path
+
+    import megamoe.reference as ref
+
+    root = Path(ref.__file__).parent
+    edges = {f.stem: set(re.findall(r"^\s*from \.(\w+) import", f.read_text(), re.M)) for f in root.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, f"import cycle: {' -> '.join(path[path.index(m):] + (m,))}"
+        if m not in done:
+            for n in edges.get(m, ()):
+                visit(n, path + (m,))
+            done.add(m)
+
+    for m in edges:
+        visit(m, ())

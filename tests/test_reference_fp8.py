@@ -230,7 +230,12 @@ def test_quantization_is_idempotent(rng):
     (lambda: dequantize_weight_blocks(np.full((2, 2), 0x7F, np.uint8), np.ones((1, 1))),
      r"q holds the e4m3 NaN code 0x7f at index \(0, 0\)"),
     (lambda: dequantize_weight_blocks(np.zeros((2, 2), np.uint8), -np.ones((1, 1))),
-     r"scale_inv must be finite and >= 0, got -1.0"),
+     r"scale_inv \(shape \[1, 1\]\) must be finite and > 0, got -1.0 at index \(0, 0\)"),
+    # a zero or NaN scale comes from no quantizer (AMAX_FLOOR keeps every scale > 0): a corrupt checkpoint
+    (lambda: dequantize_weight_blocks(np.zeros((2, 2), np.uint8), np.zeros((1, 1))),
+     r"scale_inv \(shape \[1, 1\]\) must be finite and > 0, got 0.0"),
+    (lambda: dequantize_weight_blocks(np.zeros((2, 2), np.uint8), np.full((1, 1), np.nan)),
+     r"scale_inv \(shape \[1, 1\]\) must be finite and > 0, got nan"),
     (lambda: dequantize_activations(np.zeros((2, 4), np.int16), np.ones((2, 1))),
      r"q must be uint8 e4m3 codes or float e4m3 values, got dtype int16"),
 ])

@@ -138,6 +138,11 @@ def test_fp8_weights_are_validated(rng):
         moe_forward(x, dataclasses.replace(w8, down_scale_inv=w8.down_scale_inv[..., :1]), c)
     with pytest.raises(InputError, match=r"MoEWeights.gate_up must hold float8 e4m3 values"):
         moe_forward(x, dataclasses.replace(w8, gate_up=w8.dequantize().gate_up), c)  # scaled values with scales
+    for v in (np.nan, -1.0, 0.0):  # a corrupt checkpoint's scales: the layer would be NaN, flipped or zero
+        bad = dataclasses.replace(w8, down_scale_inv=np.full_like(w8.down_scale_inv, v))
+        with pytest.raises(InputError, match=rf"MoEWeights.down_scale_inv \(shape \[8, 2, 2\]\) must be finite and > 0, "
+                                             rf"got {v} at index \(0, 0, 0\)"):
+            moe_forward(x, bad, c)
     no_shared = c.replace(num_shared_experts=0, shared_intermediate_size=0)
     w_ns = random_weights(no_shared, seed=7, fp8=True)
     with pytest.raises(InputError, match=r"MoEWeights.shared_down_scale_inv is given but config"):
@@ -154,6 +159,10 @@ def test_to_torch_keeps_fp8(rng):
     x = rng.standard_normal((3, c.hidden_size))
     # the float8 tensors read back as the same values: the same layer
     np.testing.assert_array_equal(moe_forward(x, w8.to_torch(dtype=torch.float64), c), moe_forward(x, w8, c))
+    # host scales are checked on conversion, before they reach a device
+    bad = dataclasses.replace(w8, gate_up_scale_inv=np.full_like(w8.gate_up_scale_inv, np.nan))
+    with pytest.raises(InputError, match=r"MoEWeights.gate_up_scale_inv \(shape .*\) must be finite and > 0, got nan"):
+        bad.to_torch()
 
 
 # ---------------------------------------------------------------------- what FP8 costs, and the kernel row
