@@ -539,7 +539,7 @@ def test_l2_reader_depth_is_the_shared_read_steps_reader():
     import inspect
 
     pytest.importorskip("triton")
-    from megamoe.kernels import microbench_shared as ms
+    from megamoe.calibrate import microbench_shared as ms
 
     stages = inspect.signature(ms.l2_shared_read).parameters["num_stages"].default
     assert (stages - 1) * 64 * 128 * 2 == cost.L2_SHARED_READER_DEPTH_BYTES
