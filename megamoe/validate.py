@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from .grid import BACKENDS, ROUTINGS, SCALE_PRESETS, SCALE_TOKENS, shrink_for_interpreter
-from .measure import COMPARE_PROFILES, CONFIG_TIMEOUT_S
+from .measure import COMPARE_PROFILES, CONFIG_TIMEOUT_S, measure_grid
 from .report import borrow_counts, load_outcomes, stage_group, write_report
 
 DEFAULT_MODELS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
@@ -404,8 +404,7 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from megamoe.reference import PRESETS
-
+    """``megamoe validate``: the option checks, then the report, the GPU run or the per-layer check."""
     if args.counts_from and not args.repredict:
         print("megamoe validate: --counts-from needs --repredict PROFILE", file=sys.stderr)
         return 2
@@ -424,69 +423,83 @@ def run(args: argparse.Namespace) -> int:
         print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
         return 2
     if args.report:
-        src = Path(args.report)
-        if not src.exists():
-            print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
-            return 2
-        rows, failed = load_outcomes(src)
-        if not rows:
-            print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
-            return 2
-        out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
-        notes = ()
-        if args.repredict:
-            from megamoe.simulator.hardware import load_profile
-
-            from .repredict import parse_switches, repredict_rows, switch_note, switches
-
-            try:
-                settings = parse_switches(getattr(args, "switch", None))
-            except ValueError as e:
-                print(f"megamoe validate: {e}", file=sys.stderr)
-                return 2
-            profile = load_profile(args.repredict)
-            borrowed = 0
-            if args.counts_from:
-                rows, borrowed = borrow_counts(rows, args.counts_from)
-            with switches(settings):
-                rows, skipped = repredict_rows(rows, profile)
-            if not rows:
-                print(f"megamoe validate: no row of {src} carries counts (pairs per expert): nothing "
-                      "to predict again", file=sys.stderr)
-                return 2
-            out = Path(args.out) if args.out else out / f"repredicted-{profile.name}"
-            notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
-                     f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
-                     "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
-                                           "configurations' routings)",) if borrowed else ()) + \
-                switch_note(settings, "this re-prediction")
-        write_report(rows, out, failures=failed, notes=notes)
-        return 0
+        return _run_report(args)
     if args.from_bench:
         return run_from_bench(Path(args.from_bench), args)
     scale = (_has_cuda() or args.scale) and not args.numerics
     args.models = args.models or (SCALE_PRESETS if scale else DEFAULT_MODELS)
     args.tokens = args.tokens or (",".join(map(str, SCALE_TOKENS)) if scale else DEFAULT_TOKENS)
     if scale:
-        bad = scale_args_problem(args)
-        if bad:
-            print(f"megamoe validate: {bad}", file=sys.stderr)
-            return 2
-        if not _has_cuda():  # --scale on the CPU: before triton is imported
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-        from .measure import measure_grid
+        return _run_grid(args)
+    return _run_layers(args)
 
-        args.out = args.out or "validate-out"
-        from .repredict import parse_switches, parse_variants, switches
+
+def _run_report(args: argparse.Namespace) -> int:
+    """``--report DIR`` (with ``--repredict PROFILE``: the stored rows predicted again first)."""
+    src = Path(args.report)
+    if not src.exists():
+        print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
+        return 2
+    rows, failed = load_outcomes(src)
+    if not rows:
+        print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
+    notes = ()
+    if args.repredict:
+        from megamoe.simulator.hardware import load_profile
+
+        from .repredict import parse_switches, repredict_rows, switch_note, switches
 
         try:
-            args.cost_switches = parse_switches(getattr(args, "switch", None))
-            args.variants = parse_variants(getattr(args, "variant", None))
+            settings = parse_switches(getattr(args, "switch", None))
         except ValueError as e:
             print(f"megamoe validate: {e}", file=sys.stderr)
             return 2
-        with switches(args.cost_switches):  # the predictions, made before each measurement, with these switches
-            return measure_grid(args)
+        profile = load_profile(args.repredict)
+        borrowed = 0
+        if args.counts_from:
+            rows, borrowed = borrow_counts(rows, args.counts_from)
+        with switches(settings):
+            rows, skipped = repredict_rows(rows, profile)
+        if not rows:
+            print(f"megamoe validate: no row of {src} carries counts (pairs per expert): nothing "
+                  "to predict again", file=sys.stderr)
+            return 2
+        out = Path(args.out) if args.out else out / f"repredicted-{profile.name}"
+        notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
+                 f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
+                 "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
+                                       "configurations' routings)",) if borrowed else ()) + \
+            switch_note(settings, "this re-prediction")
+    write_report(rows, out, failures=failed, notes=notes)
+    return 0
+
+
+def _run_grid(args: argparse.Namespace) -> int:
+    """The GPU run (``megamoe.measure``), or ``--scale`` on the CPU under the interpreter."""
+    bad = scale_args_problem(args)
+    if bad:
+        print(f"megamoe validate: {bad}", file=sys.stderr)
+        return 2
+    if not _has_cuda():  # --scale on the CPU: before triton is imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    args.out = args.out or "validate-out"
+    from .repredict import parse_switches, parse_variants, switches
+
+    try:
+        args.cost_switches = parse_switches(getattr(args, "switch", None))
+        args.variants = parse_variants(getattr(args, "variant", None))
+    except ValueError as e:
+        print(f"megamoe validate: {e}", file=sys.stderr)
+        return 2
+    with switches(args.cost_switches):  # the predictions, made before each measurement, with these switches
+        return measure_grid(args)
+
+
+def _run_layers(args: argparse.Namespace) -> int:
+    """Per (model, T): the kernel's numerics against the reference, and its launch plan's prediction."""
+    from megamoe.reference import PRESETS
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in PRESETS]
