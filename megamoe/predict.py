@@ -28,7 +28,7 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: 
 def megakernel_read_depth(mk: dict) -> int:
     """Bytes of operand tiles one megakernel program keeps in flight: its GEMM 1 tasks' pipeline
     buffers (``kernels.plan.gemm_shared_bytes`` of the gemm1 tile at the config's num_stages, bf16
-    rows, gate and up weight tiles), which the cost model's USE_L2_READ_DEPTH reads."""
+    rows, gate and up weight tiles): the depth the cost model's L2 reads are priced at."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1 = mk["tiles"]["gemm1"]
@@ -38,9 +38,9 @@ def megakernel_read_depth(mk: dict) -> int:
 def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
     """{GEMM kind: weight bytes one megakernel program keeps in flight in its loop}: the pipeline
     buffers' weight tiles (``kernels.plan.gemm_shared_bytes`` with no A bytes, the hbm_deep step's
-    depth, ``kernels.microbench_deep.deep_read_depth``) of GEMM 1 (gate and up tiles) and GEMM 2 at
-    the config's num_stages and GEMM 1's BLOCK_M, ``w_bytes`` a weight element; the cost model's
-    USE_TASK_DEEP_READ reads it. Qwen3-30B-A3B T = 64 (64 x 128 x 64, 5 stages): 163,840 and 81,920."""
+    depth) of GEMM 1 (gate and up tiles) and GEMM 2 at the config's num_stages and GEMM 1's BLOCK_M,
+    ``w_bytes`` a weight element; the cost model prices its GEMM tasks' DRAM reads at it.
+    Qwen3-30B-A3B T = 64 (64 x 128 x 64, 5 stages): 163,840 and 81,920."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1, g2, st = mk["tiles"]["gemm1"], mk["tiles"]["gemm2"], int(mk.get("num_stages", 1))
@@ -56,7 +56,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
     passes the stored row's, whose run picked its configs by it). ``reps``: the timed replays of the
     measurement (``kernels.bench.graph_time_us``): the calls run before its median replay
-    (``calls_before_timed_replay``) start the busy window USE_SUSTAINED_CLOCKS reads; None: the
+    (``calls_before_timed_replay``) start the busy window of the sustained-clock term; None: the
     timed graph from idle clocks. ``mk``: the megakernel's config as the measurement ran it (a stored
     row's ``megakernel_config``; default the config ``kernels.configs.megakernel_config`` gives now);
     megakernel predictions return the config they priced under "megakernel_config"."""
