@@ -52,8 +52,8 @@ def test_bad_stage_is_named():
 
 
 def test_measured_overrides_reproduce_the_measured_rates():
+    from megamoe.layer_check import measured_overrides
     from megamoe.simulator.cost import gemm_efficiency
-    from megamoe.validate import measured_overrides
 
     ov = measured_overrides({"read_bytes_per_s": 4.4e12, "matmul_flops_per_s": 700e12})
     p = load_profile("h200")
@@ -140,7 +140,7 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
 def test_bench_rows_of_each_dtype_get_their_launch_plan():
     """``validate --from-bench`` on fp8 rows: the FP8 plan (e4m3 weight bytes; fp8 MMA with FP8
     activations). Decode reads weights: about half the bf16 time; the run's FP8 matmul rate is used."""
-    from megamoe.validate import measured_overrides, predict_bench_row
+    from megamoe.layer_check import measured_overrides, predict_bench_row
 
     base = {"preset": "deepseek-v3", "T": 8, "ours_us": 100.0, "deterministic": True,
             "ceiling_read_bytes_per_s": 4.4e12, "ceiling_matmul_flops_per_s": 7e14}
@@ -165,7 +165,7 @@ def test_bench_row_stages_group_the_plan_as_the_prefixes_measure_them():
     compared with the plan's stages grouped as validate.STAGE_GROUPS: Kimi K2's shared MLP runs
     inside the GEMM 2 prefix, so its stages count in "gemm2"; the groups sum to the layer's stages."""
     from megamoe.kernels.bench import stage_split
-    from megamoe.validate import predict_bench_row
+    from megamoe.layer_check import predict_bench_row
 
     row = {"preset": "kimi-k2", "T": 64, "ours_us": 400.0, "deterministic": True,
            "stage_us": stage_split({"align": 30.0, "gemm1": 230.0, "gemm2": 390.0}, 400.0)}
