@@ -40,7 +40,7 @@ def repredicted(run: str, settings: dict[str, bool], profile_file: str = "profil
     folder, where it has one, else profile.json) under ``settings``."""
     from megamoe.repredict import repredict_rows, switches
     from megamoe.simulator.hardware import load_profile
-    from megamoe.validate import load_rows
+    from megamoe.report import load_rows
 
     d = run_dir(run)
     with switches(settings):

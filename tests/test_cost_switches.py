@@ -511,7 +511,7 @@ def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(
     the row's reps reads the ratio of that window, without reps the timed graph's from idle."""
     from megamoe.kernels.bench import WARMUP_CALLS, calls_before_timed_replay
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
+    from megamoe.predict import predict_config
 
     assert WARMUP_CALLS == 2
     assert calls_before_timed_replay(8, 5) == 26 and calls_before_timed_replay(2, 5) == 8
@@ -723,7 +723,7 @@ def test_megakernel_weight_depth_is_the_deep_readers_depth():
     counts its readers' (microbench_deep.deep_read_depth's gemm_shared_bytes with no A bytes): Qwen3-30B-A3B
     T = 64 (64 x 128 x 64 gated GEMM 1 and 128 x 64 GEMM 2 tiles, 5 stages of wgmma: 5 buffers)."""
     from megamoe.kernels.plan import gemm_shared_bytes
-    from megamoe.scale import megakernel_weight_depth
+    from megamoe.predict import megakernel_weight_depth
 
     mk = {"num_stages": 5, "tiles": {"gemm1": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64},
                                      "gemm2": {"BLOCK_N": 128, "BLOCK_K": 64}}}
@@ -889,7 +889,7 @@ def test_stream_share_speeds_up_a_partial_last_wave(monkeypatch):
     (+12% -> +6% against the measurement); off, the single-pass schedule's exactly. The uniform row
     (784 tasks: a last wave of 124) moves by less than 1.5%."""
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
+    from megamoe.predict import predict_config
 
     for name, on in DEFAULTS.items():
         monkeypatch.setattr(cost, name, on)
