@@ -88,7 +88,7 @@ def test_warm_scheduler_names_every_outcome(tmp_path):
             Job("huge", 1, (("ok", "m"),), 1e6)]  # more than the memory: runs alone
     logs = []
     st = run_jobs(jobs, folder=tmp_path / "warm", layer_kind="fake", seed=0, procs=2, memory_bytes=100.0,
-                  deadline=time.monotonic() + 30, config_timeout_s=1.0, log=logs.append,
+                  deadline=time.monotonic() + 120, config_timeout_s=5.0, log=logs.append,
                   argv=lambda p: [sys.executable, str(worker), str(p)], poll_s=0.02)
     assert st["p/T=1/ok/m"] == "ok" and st["p/T=1/err/m"].startswith("error: ValueError")
     assert st["p/T=1/crash/m"] == "crashed (exit 9)"
@@ -248,13 +248,30 @@ def test_a_lost_context_ends_the_run_and_resume_goes_on(tmp_path):
     assert any("interrupted" in f["failure"] for f in rep["failed"])
 
 
-def test_the_budget_stops_new_configurations_and_the_report_is_still_written(tmp_path, capsys):
+def test_the_budget_stops_new_configurations_and_the_report_is_still_written(tmp_path, capsys, monkeypatch):
+    """On a virtual clock that each timing advances by 1 s, a configuration starts while its estimate
+    and the 15 s kept for the report fit in the 19 s budget: the first of its (T, backend) is estimated
+    at 2 s (starts at 0 and 1 s), a later one at the last one's 1 s (at 2 and 3 s); at 4 s none fits."""
+    import functools
+    import types
+
+    from megamoe import measure
+
+    now = [0.0]
+
+    class OneSecondLayer(FakeLayer):
+        def time_us(self, *a):
+            now[0] += 1.0
+            return super().time_us(*a)
+
+    monkeypatch.setattr(measure, "Budget", functools.partial(Budget, clock=lambda: now[0]))
+    monkeypatch.setattr(measure, "command_start", lambda: 0.0)
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     out = tmp_path / "v"
-    layer = FakeLayer(seconds=0.3)
-    assert measure_grid(_args(out, budget=19.0), layer=layer) == 0  # 15 of them kept for the report
+    assert measure_grid(_args(out, budget=19.0), layer=OneSecondLayer()) == 0
     rows = _rows(out)
     measured = [r for r in rows if r["phase"] == "measurement"]
-    assert 1 <= len(measured) < 16
+    assert len(measured) == 4
     rep = json.loads((out / "report.json").read_text())
     assert rep["run"]["stop_reason"].startswith("budget") and len(rep["run"]["not_reached"]) == 16 - len(measured)
     assert rep["configurations"] == len(measured)
@@ -306,7 +323,7 @@ def test_the_watchdog_records_a_hung_configuration_and_writes_the_report(tmp_pat
     exits = []
     monkeypatch.setattr(measure, "Watchdog", functools.partial(Watchdog, exit=exits.append, poll_s=0.01))
     out = tmp_path / "v"
-    layer = FakeLayer(seconds=0.5)  # every call "hangs" past the 0.2 s timeout; the fake exit lets it go on
+    layer = FakeLayer(seconds=2.0)  # every call "hangs" 10x past the 0.2 s timeout; the fake exit lets it go on
     measure_grid(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", config_timeout=0.2), layer=layer)
     assert exits and exits[0] == 4
     rows = _rows(out)
