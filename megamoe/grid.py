@@ -11,8 +11,8 @@ from dataclasses import dataclass
 #: presets that differ in what the model must get right: Qwen3-30B-A3B (128 small experts: fixed
 #: and serial costs), Mixtral-8x7B (8 large experts: weight streaming and compute), DeepSeek-V3
 #: (256 grouped sigmoid experts and a shared expert; 22 GB of weights). T <= 4096 alone is 90.
-SCALE_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
-SCALE_TOKENS = (1, 8, 64, 512, 4096, 16384)
+GRID_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
+GRID_TOKENS = (1, 8, 64, 512, 4096, 16384)
 ROUTINGS = ("uniform", "zipf", "concentrated")
 BACKENDS = ("multi", "megakernel")
 #: the interpreter's shrunken layer: small, not tile multiples

@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from .grid import BACKENDS, ROUTINGS, SCALE_PRESETS, SCALE_TOKENS
+from .grid import BACKENDS, GRID_PRESETS, GRID_TOKENS, ROUTINGS
 from .layer_check import format_row, predict_bench_row, validate_one
 from .measure import COMPARE_PROFILES, CONFIG_TIMEOUT_S, measure_grid
 from .report import borrow_counts, load_outcomes, write_report
@@ -51,7 +51,7 @@ The GPU run (a CUDA GPU and no --numerics): every configuration preset x T x rou
 each predicted (row written) before it is measured (row written again), into
 DIR/validation_<date>.jsonl, then DIR/report.md, report.json and scatter.png.
 
-Default configuration set: presets {SCALE_PRESETS} x T {','.join(map(str, SCALE_TOKENS))}
+Default configuration set: presets {GRID_PRESETS} x T {','.join(map(str, GRID_TOKENS))}
 x routings {','.join(ROUTINGS)} x backends {','.join(BACKENDS)} = 108 configurations, T-major (all
 presets at T=1, then T=8, ...), so a budget that runs out still leaves every preset measured at the
 smaller T (T <= 4096 alone is 90). Three presets rather than five because a megakernel
@@ -70,10 +70,10 @@ and --resume in the same --out goes on with what is left in a fresh process.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = GPU_RUN_HELP
-    parser.add_argument("--models", default=None, help=f"comma-separated presets (default: GPU run {SCALE_PRESETS}; "
+    parser.add_argument("--models", default=None, help=f"comma-separated presets (default: GPU run {GRID_PRESETS}; "
                         f"CPU or --numerics {DEFAULT_MODELS})")
     parser.add_argument("--tokens", default=None, help="comma-separated T (default: GPU run "
-                        f"{','.join(map(str, SCALE_TOKENS))}; CPU or --numerics {DEFAULT_TOKENS}, without a GPU capped at 64)")
+                        f"{','.join(map(str, GRID_TOKENS))}; CPU or --numerics {DEFAULT_TOKENS}, without a GPU capped at 64)")
     parser.add_argument("--routings", default=",".join(ROUTINGS), help=f"GPU run: routings (default {','.join(ROUTINGS)})")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"GPU run: backends (default {','.join(BACKENDS)})")
     parser.add_argument("--profile", default=None, help="calibrated profile JSON (megamoe calibrate); overrides --system "
@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no kernel run: predict the rows a `megamoe bench` run measured and compare")
 
 
-def scale_args_problem(args: argparse.Namespace) -> str | None:
+def grid_args_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the GPU run's options (None if nothing), before any GPU work."""
     from megamoe.reference import PRESETS
     from megamoe.simulator import ProfileError, load_profile
@@ -261,10 +261,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_report(args)
     if args.from_bench:
         return run_from_bench(Path(args.from_bench), args)
-    scale = (_has_cuda() or args.scale) and not args.numerics
-    args.models = args.models or (SCALE_PRESETS if scale else DEFAULT_MODELS)
-    args.tokens = args.tokens or (",".join(map(str, SCALE_TOKENS)) if scale else DEFAULT_TOKENS)
-    if scale:
+    grid = (_has_cuda() or args.scale) and not args.numerics
+    args.models = args.models or (GRID_PRESETS if grid else DEFAULT_MODELS)
+    args.tokens = args.tokens or (",".join(map(str, GRID_TOKENS)) if grid else DEFAULT_TOKENS)
+    if grid:
         return _run_grid(args)
     return _run_layers(args)
 
@@ -313,7 +313,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 def _run_grid(args: argparse.Namespace) -> int:
     """The GPU run (``megamoe.measure``), or ``--scale`` on the CPU under the interpreter."""
-    bad = scale_args_problem(args)
+    bad = grid_args_problem(args)
     if bad:
         print(f"megamoe validate: {bad}", file=sys.stderr)
         return 2

@@ -660,14 +660,14 @@ def test_mma_step_measures_the_small_tiles_the_tuned_launches_run():
     import numpy as np
 
     from megamoe.calibrate.compute import MMA_TABLE_SHAPES
-    from megamoe.grid import SCALE_PRESETS
+    from megamoe.grid import GRID_PRESETS
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference import MoEConfig
     from megamoe.simulator import cost
 
     measured = {(bm, bn, w) for bm, bn, w, _ in MMA_TABLE_SHAPES}
     missing = set()
-    for name in SCALE_PRESETS.split(","):
+    for name in GRID_PRESETS.split(","):
         cfg = MoEConfig.preset(name)
         for T in (64, 512, 4096, 16384):
             counts = np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts)
