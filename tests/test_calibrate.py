@@ -34,8 +34,13 @@ def test_microbench_kernels_compute_what_they_claim():
     # the L2 form: 5 programs over the regions of 2, each cycling 2 of its K tiles 3.5 times
     mb.stream_tile(w, 5, 16 * 16 * 4 * 7, block_n=16, block_k=16, block_m=16, num_stages=1, check=True,
                    wrap_bytes=16 * 16 * 4 * 2, wrap_programs=2)
-    with pytest.raises(ValueError, match="positive multiple"):
-        mb.stream_tile(w, 1, 1000, block_n=16, block_k=16)
+    tile = 16 * 16 * w.element_size()
+    for bad, match in ((dict(bytes_per_program=1000), "must be a positive multiple of"),
+                       (dict(bytes_per_program=tile, wrap_bytes=tile // 2), "wrap_bytes=.* must be a positive multiple"),
+                       (dict(bytes_per_program=tile, wrap_programs=0), "wrap_programs must be >= 1"),
+                       (dict(bytes_per_program=64 * tile), "reads past the end of w")):
+        with pytest.raises(ValueError, match=match):
+            mb.stream_tile(w, 1, block_n=16, block_k=16, **bad)
     mb.empty(x)
     mb.handoff(7, 1, "cpu", check=True)  # the interpreter runs programs one by one: one program
     mb.barrier(5, 1, "cpu", check=True)
