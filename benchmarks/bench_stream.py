@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
 
     from megamoe.calibrate import flushed_seconds
-    from megamoe.kernels import microbench as mb
+    from megamoe.calibrate import microbench as mb
     from megamoe.kernels.bench import provenance
 
     if not torch.cuda.is_available():

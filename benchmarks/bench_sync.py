@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sync.py [--out DIR] [--reps 5]
 
-Runs only the handoff, barrier and ticket microbenchmarks of ``megamoe.kernels.microbench`` (global
+Runs only the handoff, barrier and ticket microbenchmarks of ``megamoe.calibrate.microbench`` (global
 int32 counters, ``tl.atomic_add(..., sem="release")`` after ``tl.debug_barrier()``, spins on
 ``tl.atomic_add(ptr, 0, sem="acquire")``) and prints the figures; with ``--out`` also writes
 ``DIR/sync.json`` with the raw points and provenance. Needs a CUDA GPU; about 10 s.

@@ -71,7 +71,7 @@ import importlib, os, sys
 smoke = sys.argv[1] == "1"
 for mod in ("numpy", "torch", "triton", "simpy", "networkx", "numba", "matplotlib", "megamoe",
             "megamoe.reference", "megamoe.simulator", "megamoe.kernels.moe", "megamoe.kernels.megakernel",
-            "megamoe.kernels.microbench", "megamoe.scale", "megamoe.warm"):
+            "megamoe.calibrate.microbench", "megamoe.measure", "megamoe.warm"):
     m = importlib.import_module(mod)
     print(mod, getattr(m, "__version__", ""), getattr(m, "__file__", ""))
 import torch

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         gen = torch.Generator(device="cuda").manual_seed(7 + T)
         xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
         if rest and rest[0] != "concentrated":  # a validation routing (zipf, ...): inputs and router steered as
-            from megamoe.scale import routing_bias, steer_inputs  # megamoe validate steers them
+            from megamoe.grid import routing_bias, steer_inputs  # megamoe validate steers them
 
             xs, rw = steer_inputs(xs, w.router_weight, routing_bias(cfg, rest[0], 0))
             w = type(w)(**{**w.arrays(), "router_weight": rw})

@@ -29,8 +29,8 @@ def predict(cfg, counts, T: int, mk: dict, profile, calls: int, fp8: str | None 
     """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan);
     ``fp8`` ("weights" / "weights+act"): the plan's weight bytes e4m3 with their block scales (and
     its activation bytes one a code, the MMA rate fp8's, with "weights+act")."""
+    from megamoe.predict import megakernel_task_plan
     from megamoe.reference.tiles import task_plan
-    from megamoe.scale import megakernel_task_plan
     from megamoe.simulator.cost import weight_bytes_per_element
     from megamoe.simulator.task_cost import predict_task_plan
 

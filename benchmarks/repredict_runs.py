@@ -38,9 +38,9 @@ def errors(rows: list[dict]) -> dict[tuple, float]:
 def repredicted(run: str, settings: dict[str, bool], profile_file: str = "profile.json") -> dict[tuple, float]:
     """Errors of run ``run``'s rows predicted again with its own profile (``profile_file`` in the run's
     folder, where it has one, else profile.json) under ``settings``."""
+    from megamoe.report import load_rows
     from megamoe.repredict import repredict_rows, switches
     from megamoe.simulator.hardware import load_profile
-    from megamoe.validate import load_rows
 
     d = run_dir(run)
     with switches(settings):

@@ -6,7 +6,7 @@ process (``python -m megamoe.warm JOB.json``), because Triton compiles on one co
 Up to ``procs`` jobs run at once, and only as many as the GPU's free memory holds: each process
 makes its preset's weights (DeepSeek-V3's are 22 GB), so the largest jobs start first and smaller
 ones fill the memory and cores left. A job runs exactly what the measuring process will (the
-same ``megamoe.scale`` layer: steered inputs, the kernels' routing, ``moe_forward`` per backend),
+same ``megamoe.layers`` layer: steered inputs, the kernels' routing, ``moe_forward`` per backend),
 so every specialization it compiles is the one that will be launched; it writes a status line
 before and after each configuration:
 
@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .grid import Configuration
+
 MAX_PARTS = 2  # a job's configurations go to a new process at most this many times
 
 
@@ -52,13 +54,11 @@ class Job:
         return f"{self.preset}_T{self.T}" + (f"_part{self.part}" if self.part else "")
 
     def keys(self) -> list[str]:
-        from .scale import Configuration
-
         return [Configuration(self.preset, self.T, r, b).key for r, b in self.pairs]
 
 
 def plan_jobs(configs, bytes_of: Callable[[str, int], float]) -> list[Job]:
-    """One job per (preset, T) of ``configs`` (scale.Configuration), largest memory first, then
+    """One job per (preset, T) of ``configs`` (grid.Configuration), largest memory first, then
     largest T (the slowest compiles); ``bytes_of(preset, T)`` estimates a job's GPU memory."""
     pairs: dict[tuple, list] = {}
     for c in configs:
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         status.write(json.dumps(ev) + "\n")
         status.flush()
 
-    from .scale import Configuration, make_layer
+    from .layers import make_layer
 
     layer = make_layer(job["layer"])
     T, seed = int(job["T"]), int(job["seed"])

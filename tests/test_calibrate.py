@@ -16,7 +16,7 @@ from megamoe.simulator.task_cost import predict_task_plan
 @pytest.mark.interpret
 def test_microbench_kernels_compute_what_they_claim():
     pytest.importorskip("triton")
-    from megamoe.kernels import microbench as mb
+    from megamoe.calibrate import microbench as mb
 
     x = torch.randn(8 * 256)
     mb.stream_read(x, 4, 512, block=128, offset=0, check=True)  # 4 programs x 1 KiB-ish each
@@ -34,9 +34,13 @@ def test_microbench_kernels_compute_what_they_claim():
     # the L2 form: 5 programs over the regions of 2, each cycling 2 of its K tiles 3.5 times
     mb.stream_tile(w, 5, 16 * 16 * 4 * 7, block_n=16, block_k=16, block_m=16, num_stages=1, check=True,
                    wrap_bytes=16 * 16 * 4 * 2, wrap_programs=2)
-    with pytest.raises(ValueError, match="positive multiple"):
-        mb.stream_tile(w, 1, 1000, block_n=16, block_k=16)
-    assert not mb.tma_available(w.device)  # only a CUDA GPU of capability 9.0+ times the TMA reader
+    tile = 16 * 16 * w.element_size()
+    for bad, match in ((dict(bytes_per_program=1000), "must be a positive multiple of"),
+                       (dict(bytes_per_program=tile, wrap_bytes=tile // 2), "wrap_bytes=.* must be a positive multiple"),
+                       (dict(bytes_per_program=tile, wrap_programs=0), "wrap_programs must be >= 1"),
+                       (dict(bytes_per_program=64 * tile), "reads past the end of w")):
+        with pytest.raises(ValueError, match=match):
+            mb.stream_tile(w, 1, block_n=16, block_k=16, **bad)
     mb.empty(x)
     mb.handoff(7, 1, "cpu", check=True)  # the interpreter runs programs one by one: one program
     mb.barrier(5, 1, "cpu", check=True)
@@ -51,37 +55,11 @@ def test_microbench_kernels_compute_what_they_claim():
         mb.stream_read(x, 1, 100, block=128)
 
 
-@pytest.mark.interpret
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_tma_stream_reader_reads_what_the_pointer_reader_reads(dtype):
-    """stream_tile_tma (weight tiles through a TMA descriptor) streams the same rows as stream_tile,
-    with and without a wrap (checked against torch), and refuses bad sizes with the same errors."""
-    from megamoe.kernels import microbench as mb
-
-    w = torch.randn(4 * 16 * 32).to(dtype)
-    tile = 16 * 16 * w.element_size()
-    kw = dict(block_n=16, block_k=16, block_m=16, num_stages=1, check=True)
-    out = mb.stream_tile_tma(w, 3, 2 * tile, **kw)  # 3 programs, 2 K tiles each
-    assert torch.equal(out, mb.stream_tile(w, 3, 2 * tile, **kw))
-    # the L2 form: 5 programs over the regions of 2, each cycling 2 of its K tiles 3.5 times
-    out = mb.stream_tile_tma(w, 5, 7 * tile, wrap_bytes=2 * tile, wrap_programs=2, **kw)
-    assert torch.equal(out, mb.stream_tile(w, 5, 7 * tile, wrap_bytes=2 * tile, wrap_programs=2, **kw))
-    for bad, match in ((dict(bytes_per_program=tile + 4), "must be a positive multiple of"),
-                       (dict(bytes_per_program=tile, wrap_bytes=tile // 2), "wrap_bytes=.* must be a positive multiple"),
-                       (dict(bytes_per_program=tile, wrap_programs=0), "wrap_programs must be >= 1"),
-                       (dict(bytes_per_program=64 * tile), "reads past the end of w")):
-        for fn in (mb.stream_tile, mb.stream_tile_tma):
-            with pytest.raises(ValueError, match=match):
-                fn(w, 1, block_n=16, block_k=16, **bad)
-    with pytest.raises(ValueError, match="TMA needs 16-byte aligned rows"):
-        mb.stream_tile_tma(w[1:], 1, tile, block_n=16, block_k=16)
-
-
 def test_dense_gemm_microbench_computes_a_gemm():
     """The dense GEMM microbenchmark (every loop form: a tile per program or persistent programs,
     fewer than the tiles; pointer or TMA loads) against torch, odd tile counts and a grouped order
     whose last group is short (output poisoned first); bad shapes and forms are refused by name."""
-    from megamoe.kernels.microbench_gemm import LOADS, dense_gemm
+    from megamoe.calibrate.microbench_gemm import LOADS, dense_gemm
 
     a, w = torch.randn(80, 96), torch.randn(96, 96)  # 5 row blocks: groups of 2, 2, 1
     for form, gated in ((f, v.gated) for f, v in LOADS.items()):
@@ -116,9 +94,6 @@ def _fake_measurements(S=132):
                  "points_tma": [[128, 128, 8, d, 3e12] for d in (256, 4096)],
                  "points_tma_persistent": [[128, 128, 8, d, 3.5e12] for d in (256, 4096)],
                  "points_pointer_persistent_gated": [[128, 256, 8, d, 2.5e12] for d in (256, 4096)]},
-        "gemm_reuse": {"points_tma_ab_persistent": [[128, 256, 8, d, r, 1e12 * (1 + r / 8)] for d in (2048, 7168)
-                                                    for r in (1, 2, 4, 8, 16)],
-                       "experts": {"tma_ab_persistent 128x256x8 depth 2048": 33}},
         "mma_fp8": {"points": [[16, 64, 4, d, 1.2e12 + d * 1e8] for d in (256, 4096)]
                     + [[128, 128, 8, d, 7e12 + d * 1e8] for d in (256, 4096)]},
         "copy": {"points": [[1, 9e10], [16, 7e10], [S, 3e10]]},
@@ -128,9 +103,6 @@ def _fake_measurements(S=132):
                                  for g in (1, 4, 8)]},
         "hbm_deep": {"points": [[n, d, g, b, _deep_rate(n, d, g, b)] for n in (16, 33, 66, S)
                                 for d in (48 << 10, 128 << 10) for g in (1, 4) for b in (256 << 10, 4 << 20)]},
-        "serial_programs": {"load": [[n, 5e-8 * (1 + n / 128)] for n in (1, 16, 64, S)],
-                            "reduce": [[n, 3e-8 * (1 + n / 256)] for n in (1, 16, 64, S)],
-                            "chain": [[n, 9e-8 * (1 + n / 64)] for n in (1, 16, 64, S)]},
         "sustained": _fake_sustained(),
     }
 
@@ -154,7 +126,8 @@ def _fake_sustained():
 
 
 def test_calibrated_profile_loads_and_drives_the_cost_model(tmp_path):
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
 
     prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132,
             "l2_bytes": 62914560}
@@ -194,7 +167,7 @@ def test_calibrate_without_a_gpu_says_so(capsys):
 
 
 def test_budget_plans_full_quick_or_no_step():
-    from megamoe.calibrate import STEP_COST_S, STEPS, plan_step
+    from megamoe.calibrate.plan import STEP_COST_S, STEPS, plan_step
 
     assert plan_step("launch", 1e9, quick=False) == "full"
     assert plan_step("launch", 1e9, quick=True) == "quick"
@@ -204,7 +177,8 @@ def test_budget_plans_full_quick_or_no_step():
 
 
 def test_profile_from_some_steps_keeps_the_base_numbers_of_the_others():
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.hardware import validate
 
     prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
@@ -222,7 +196,8 @@ def test_profile_from_some_steps_keeps_the_base_numbers_of_the_others():
 def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, monkeypatch, capsys):
     """The run loop with the GPU parts replaced: a step that raises is recorded, the others go on,
     and the profile written loads."""
-    from megamoe import calibrate
+    from megamoe.calibrate import driver as calibrate
+    from megamoe.calibrate.plan import STEPS
     from megamoe.cli import main
 
     fake = _fake_measurements()
@@ -240,8 +215,8 @@ def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, mon
     monkeypatch.setattr(calibrate, "_measure", measure)
     monkeypatch.setattr(calibrate, "_cuda_alive", lambda: True)
     assert main(["calibrate", "--out", str(tmp_path / "cal"), "--budget", "1000"]) == 0
-    assert [s[0] for s in seen] == list(calibrate.STEPS) and not any(q for _, q, _ in seen)
-    assert [w for *_, w in seen] == [False] + [True] * (len(calibrate.STEPS) - 1)  # rewritten after every step
+    assert [s[0] for s in seen] == list(STEPS) and not any(q for _, q, _ in seen)
+    assert [w for *_, w in seen] == [False] + [True] * (len(STEPS) - 1)  # rewritten after every step
     prof = json.loads((tmp_path / "cal" / "profile.json").read_text())
     assert prof["calibration"]["errors"] == {"copy": "RuntimeError: out of resources"}
     assert prof["calibration"]["not_measured"] == ["copy"]
@@ -257,7 +232,8 @@ def test_calibrate_run_records_a_failed_step_and_writes_after_each(tmp_path, mon
 def test_fp8_mma_points_travel_to_the_profile_and_drive_fp8_rates():
     """microbench.json's mma_fp8 points -> kernel_model.mma_fp8 -> mma_rate_per_sm(dtype="fp8"),
     unscaled; without them fp8 is the bf16 table x the fp8/bf16 peak ratio (the profile's peaks)."""
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.hardware import validate
 
     prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
@@ -307,30 +283,11 @@ def test_sustained_dense_rate_caps_the_tile_table_and_stream_rate_is_marginal(tm
                                                          hbm_rate(p1, 132, 1 << 20)))
 
 
-def test_pointer_load_table_is_recorded_not_read(tmp_path):
-    """The L2-fed pointer-load table is kept in the profile for diagnosis, and the rate every kernel
-    reads is the mma table's (run M: reading it doubled the prefill predictions)."""
-    from megamoe.calibrate import build_profile
-
-    prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132}
-    m = _fake_measurements()
-    m["mma"]["points_pointer"] = [[16, 64, 4, d, 1.0e12] for d in (256, 4096)] + [[128, 128, 8, d, 2e12]
-                                                                                  for d in (256, 4096)]
-    prof = build_profile(load_profile("h200").to_dict(), m, prov)
-    assert "mma_pointer" in prof["kernel_model"]
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(prof))
-    p = load_profile(str(path))
-    assert mma_rate_per_sm(p, 128, 128, 256, 8) == pytest.approx(4e12 + 256 * 1e8)
-    del m["mma"]["points_pointer"]
-    path.write_text(json.dumps(build_profile(load_profile("h200").to_dict(), m, prov)))
-    assert mma_rate_per_sm(load_profile(str(path)), 128, 128, 1024, 8) == mma_rate_per_sm(p, 128, 128, 1024, 8)
-
-
 def test_dense_gemm_tables_price_pointer_and_tma_tiles(tmp_path):
     """microbench.json's gemm points -> kernel_model.gemm_pointer / gemm_tma -> the rate a kernel
     of that load kind reads; "any" and profiles without them read the on-chip mma table."""
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
 
     prov = {"gpu": "NVIDIA H200", "torch": "x", "triton": "y", "commit": "c", "date": "2026-12-02", "num_sms": 132}
     m = _fake_measurements()
@@ -367,19 +324,19 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
-from megamoe.kernels.microbench_gemm import _dense_gemm_kernel as fn
+from megamoe.calibrate.microbench_gemm import _dense_gemm_kernel as fn
 
 target = GPUTarget("cuda", 90, 32)
-ints = {"M": 4096, "N": 4096, "K": 1024, "R": 32}
+ints = {"M": 4096, "N": 4096, "K": 1024}
 nospec = set(getattr(fn, "do_not_specialize", ()) or ())
 out = {}
-for persistent, flat in ((False, False), (True, False), (True, True)):
+for persistent, flat in ((False, False), (True, True)):
     signature, constexprs, attrs = {}, {}, {}
     for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
         if p.is_constexpr or n in ("w_desc", "a_desc"):
             signature[n] = "constexpr"
             constexprs[n] = {"w_desc": None, "a_desc": None, "PERSISTENT": persistent, "TMA": False, "TMA_A": False,
-                             "GATED": persistent, "FLAT": flat, "GROUPED": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
+                             "GATED": persistent, "FLAT": flat, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}[n]
             continue
         signature[n] = "i32" if n in ints else "*bf16"
         if n not in nospec and i not in nospec and (n not in ints or ints[n] % 16 == 0):
@@ -394,9 +351,9 @@ print(json.dumps(out))
 
 def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     """Compiled for sm_90 as the JIT specializes a launch (16-byte aligned pointers, integers
-    divisible by 16 unless do_not_specialize), the pointer-load tile loop, one tile per program,
-    persistent, and persistent with the walk flattened into the K loop, is cp.async-pipelined into wgmma, with no scalar global loads: run N's table
-    came from a kernel whose K was not specialized, and measured 37-160 TFLOP/s of scalar loads.
+    divisible by 16 unless do_not_specialize), the pointer-load tile loop, one tile per program and
+    persistent with the walk flattened into the K loop, is cp.async-pipelined into wgmma, with no
+    scalar global loads (a K left unspecialized compiles to scalar loads).
     (In a process without TRITON_INTERPRET: the kernel calls a jitted tile function.)"""
     import os
     import subprocess
@@ -408,124 +365,6 @@ def test_dense_gemm_microbench_compiles_to_a_pipelined_tile_loop():
     counts = json.loads(r.stdout.strip().splitlines()[-1])
     for persistent, (cp_async, wgmma, ld_global) in counts.items():
         assert cp_async > 0 and wgmma > 0 and ld_global == 0, (persistent, counts)
-
-
-_COMPILE_STREAM = r"""
-import json, re
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
-from triton.compiler import ASTSource
-from megamoe.kernels.microbench import _stream_tile_kernel, _stream_tile_tma_kernel
-
-target = GPUTarget("cuda", 90, 32)
-out = {}
-for name, fn in (("pointer", _stream_tile_kernel), ("tma", _stream_tile_tma_kernel)):
-    signature, constexprs, attrs = {}, {}, {}
-    nospec = set(getattr(fn, "do_not_specialize", ()) or ())
-    for i, (p, n) in enumerate(zip(fn.params, fn.arg_names)):
-        if p.is_constexpr:
-            signature[n] = "constexpr"
-            constexprs[n] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}[n]  # calibrate's reader tile
-            continue
-        signature[n] = {"w_desc": "tensordesc<bf16[64,128]>", "w_ptr": "*bf16", "a_ptr": "*bf16",
-                        "out_ptr": "*fp32"}.get(n, "i32")
-        if signature[n].startswith("*") and n not in nospec:
-            attrs[(i,)] = CUDABackend(target).parse_attr("D")  # as the JIT marks a 16-byte aligned pointer
-    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                       options={"num_warps": 4, "num_stages": 4})
-    ptx = k.asm["ptx"]
-    out[name] = [len(re.findall(p, ptx)) for p in (r"cp\.async\.bulk\.tensor", r"cp\.async\.cg")]
-print(json.dumps(out))
-"""
-
-
-def test_tma_stream_reader_compiles_to_tma_loads_for_hopper():
-    """Compiled for sm_90 (4 stages, calibrate's 64 x 128 bf16 weight tiles), the TMA reader's
-    weight loads are bulk tensor copies (cp.async.bulk.tensor) and none are cp.async, where the
-    pointer reader's are all cp.async: the two tables compare the two load paths. (In a process
-    without TRITON_INTERPRET; a compile, not a run: the GPU run must still check it runs.)"""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_STREAM], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    counts = json.loads(r.stdout.strip().splitlines()[-1])
-    assert counts["tma"][0] > 0 and counts["tma"][1] == 0, counts
-    assert counts["pointer"][0] == 0 and counts["pointer"][1] > 0, counts
-
-
-def _fake_hbm_step(monkeypatch, *, tma: bool, tma_fails: bool = False, S: int = 4):
-    """calibrate.measure_hbm (quick) with the GPU replaced: each reader's fake time is its launch
-    overhead (5 us) + bytes at its own rate (plain 1, tile 2, TMA 3 TB/s)."""
-    from megamoe import calibrate
-    from megamoe.kernels import microbench as mb
-
-    rate = {"plain": 1e12, "tile": 2e12, "tma": 3e12}
-    last = {}
-
-    def reader(kind):
-        def run(x, P, n, **kw):
-            if kind == "tma" and tma_fails:
-                raise RuntimeError("no TMA here")
-            last["t"] = 5e-6 + P * n * (2 if kind == "plain" else 1) / rate[kind]
-        return run
-
-    def empty(x):
-        last["t"] = 5e-6
-
-    def timed(fn, **kw):
-        fn() if "inner" not in kw else fn(0)
-        return last["t"]
-
-    with monkeypatch.context() as mp:
-        mp.setattr(mb, "stream_read", reader("plain"))
-        mp.setattr(mb, "stream_tile", reader("tile"))
-        mp.setattr(mb, "stream_tile_tma", reader("tma"))
-        mp.setattr(mb, "empty", empty)
-        mp.setattr(mb, "tma_available", lambda device: tma)
-        mp.setattr(calibrate, "flushed_seconds", timed)
-        mp.setattr(calibrate, "graph_seconds", timed)
-        mp.setattr(torch, "ones", lambda *a, **kw: torch.zeros(1))  # no CUDA buffer: the fakes read nothing
-        return calibrate.measure_hbm(1, S, 1e-6, quick=True)
-
-
-def test_hbm_step_keeps_its_table_and_times_the_tma_reader_apart(monkeypatch, tmp_path):
-    """measure_hbm: the main table is the best of the pointer-load readers, whether the TMA reader
-    runs or not (so profiles' main tables do not change); the TMA reader's best times make their
-    own table (its overhead taken off as for the others) and kernel_model.hbm_read_tma, which the
-    loader reads (the cost model does not); without TMA on the GPU, or when the TMA reader fails, no TMA table."""
-    from megamoe.calibrate import build_profile, summary
-    from megamoe.simulator.hardware import validate
-
-    with_tma = _fake_hbm_step(monkeypatch, tma=True)
-    without = _fake_hbm_step(monkeypatch, tma=False)
-    failed = _fake_hbm_step(monkeypatch, tma=True, tma_fails=True)
-    assert with_tma["points"] == without["points"] == failed["points"]
-    assert all(r["best"] == "tile_s4" and r["best_tma"] == "tma_s4" for r in with_tma["readers"])
-    assert [p[:2] for p in with_tma["points_tma"]] == [p[:2] for p in with_tma["points"]]
-    for P, b, r in with_tma["points_tma"]:
-        assert r == pytest.approx(P * b / max(P * b / 3e12, 0.5 * (5e-6 + P * b / 3e12)))
-    assert "points_tma" not in without and without["tma_skipped"].startswith("no TMA on this GPU")
-    assert "points_tma" not in failed and failed["tma_skipped"] == "RuntimeError: no TMA here"
-    prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
-    m = _fake_measurements()
-    m["hbm"] = {**m["hbm"], "points_tma": [[n, b, 1.5 * r] for n, b, r in m["hbm"]["points"]]}
-    prof = build_profile(load_profile("h200").to_dict(), m, prov)
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(prof))
-    p = load_profile(str(path))
-    assert prof["kernel_model"]["hbm_read_tma"]["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
-    assert p.kernel.hbm_tma_programs == p.kernel.hbm_programs and p.kernel.hbm_tma_bytes == p.kernel.hbm_bytes
-    tma_rates = [r for row in p.kernel.hbm_tma_rate for r in row]  # loaded; the cost model does not read it
-    assert tma_rates == pytest.approx([1.5 * r for row in p.kernel.hbm_rate for r in row])
-    assert prof["hbm"]["bandwidth_bytes_per_s"]["value"] == max(r for *_, r in m["hbm"]["points"])  # main table's
-    assert "TMA reader" in summary(m, prof)
-    del m["hbm"]["points_tma"]
-    prof = build_profile(load_profile("h200").to_dict(), m, prov)
-    assert "hbm_read_tma" not in prof["kernel_model"] and validate(prof).kernel.hbm_tma_rate == ()
 
 
 def _fake_timed(last):
@@ -540,8 +379,8 @@ def _fake_timed(last):
 def test_l2_shared_step_times_every_program_count_and_group(monkeypatch):
     """measure_l2_shared with fake timings (gap + bytes at a rate of P and g): its points are
     [P, g, bytes/s] with the launch gap taken off, over S/8, S/2, S, 2S programs and the groups."""
-    from megamoe import calibrate
-    from megamoe.kernels import microbench_shared as ms
+    from megamoe.calibrate import memory as calibrate
+    from megamoe.calibrate import microbench_shared as ms
 
     last, seen = {}, []
 
@@ -562,87 +401,40 @@ def test_l2_shared_step_times_every_program_count_and_group(monkeypatch):
     assert {per for *_, per in seen} == {calibrate.L2_SHARED_PER_PROGRAM}
 
 
-def test_serial_programs_step_is_the_slope_per_program_count(monkeypatch):
-    """measure_serial_programs with fake timings (fixed + steps x a per-step time of P): the
-    slope in steps per P for the load step, the dependent chain and the top-1 pass."""
-    from megamoe import calibrate
-    from megamoe.kernels import microbench_shared as ms
-
-    last = {}
-    step = {"load": lambda P: 4e-7 * (1 + P / 100), "chain": lambda P: 9e-7 * (1 + P / 50),
-            "reduce": lambda P: 6e-7}
-
-    def fake_load(x, w, P, s, *, chain=False, **kw):
-        last["t"] = 2e-6 + s * step["chain" if chain else "load"](P)
-
-    def fake_reduce(v, P, s, **kw):
-        last["t"] = 1e-6 + s * step["reduce"](P)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(ms, "serial_load_many", fake_load)
-        mp.setattr(ms, "serial_reduce_many", fake_reduce)
-        mp.setattr(ms, "chain_table", lambda s, device: None)
-        mp.setattr(calibrate, "graph_seconds", _fake_timed(last))
-        for name in ("randn", "empty"):
-            mp.setattr(torch, name, lambda *a, **kw: torch.zeros(1))
-        out = calibrate.measure_serial_programs(1, 132)
-    for key in ("load", "chain", "reduce"):
-        assert [P for P, _ in out[key]] == [1, 16, 64, 132, 264]
-        for P, t in out[key]:
-            assert t == pytest.approx(step[key](P))
-
-
-def test_shared_read_and_serial_tables_travel_to_the_profile(tmp_path):
-    """microbench.json's l2_shared and serial_programs -> kernel_model.l2_shared_read (a grid over
-    programs x sharing group; read by the cost model behind its switches), serial_load_step,
-    serial_reduce_step and serial_chain_step (recorded, not read), each with the calibrate source; the scalars
-    stay the serial step's; a step not measured writes none of them."""
-    from megamoe.calibrate import build_profile, summary
+def test_shared_read_table_travels_to_the_profile(tmp_path):
+    """microbench.json's l2_shared -> kernel_model.l2_shared_read (a grid over programs x sharing
+    group) with the calibrate source; a table that does not fill its grid is refused by name; a step
+    not measured writes none."""
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.hardware import ProfileError, validate
 
     prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
     m = _fake_measurements()
     prof = build_profile(load_profile("h200").to_dict(), m, prov)
     km = prof["kernel_model"]
-    src = "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
-    for key, over in (("l2_shared_read", ["programs", "sharing_group"]), ("serial_load_step", ["programs"]),
-                      ("serial_reduce_step", ["programs"]), ("serial_chain_step", ["programs"])):
-        assert km[key]["source"] == src and km[key]["over"] == over, key
-    assert km["l2_shared_read"]["unit"] == "bytes/s" and km["serial_load_step"]["unit"] == "s"
+    assert km["l2_shared_read"]["source"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"
+    assert km["l2_shared_read"]["over"] == ["programs", "sharing_group"] and km["l2_shared_read"]["unit"] == "bytes/s"
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof))
     k = load_profile(str(path)).kernel
     assert k.l2_shared_programs == (16.0, 66.0, 132.0, 264.0) and k.l2_shared_groups == (1.0, 4.0, 8.0)
     assert k.l2_shared_rate[2][1] == pytest.approx(5e12 + 132 * 1e10 + 4 * 2e11)  # (132 programs, g = 4)
-    assert k.serial_load_steps == tuple((float(n), 5e-8 * (1 + n / 128)) for n in (1, 16, 64, 132))
-    assert k.serial_reduce_steps[-1] == (132.0, pytest.approx(3e-8 * (1 + 132 / 256)))
-    assert k.serial_load_step_s == 5e-8 and k.serial_reduce_step_s == 3e-8  # the scalars: the serial step's
-    assert k.sources["serial_load_step"] == src
-    text = summary(m, prof)
-    assert "L2 shared read, 132 programs, g = 1/4/8" in text and "serial chain step, 16 programs" in text
-    # a table that does not fill its grid is refused by name
+    assert "L2 shared read, 132 programs, g = 1/4/8" in summary(m, prof)
     bad = json.loads(json.dumps(prof))
     bad["kernel_model"]["l2_shared_read"]["points"].pop()
     with pytest.raises(ProfileError, match="l2_shared_read.points must fill a grid of programs x sharing_group"):
         validate(bad)
-    # a serial point timed at or below zero is left out of its table
-    m2 = _fake_measurements()
-    m2["serial_programs"]["load"][0][1] = -1e-9
-    prof2 = build_profile(load_profile("h200").to_dict(), m2, prov)
-    assert [p[0] for p in prof2["kernel_model"]["serial_load_step"]["points"]] == [16.0, 64.0, 132.0]
-    # not measured: no tables, and the kernel model has none
-    m3 = {k2: v for k2, v in _fake_measurements().items() if k2 not in ("l2_shared", "serial_programs")}
+    m3 = {k2: v for k2, v in _fake_measurements().items() if k2 != "l2_shared"}
     prof3 = build_profile(load_profile("h200").to_dict(), m3, prov)
-    assert not {"l2_shared_read", "serial_load_step", "serial_reduce_step", "serial_chain_step"} & set(prof3["kernel_model"])
-    assert prof3["calibration"]["not_measured"] == ["l2_shared", "serial_programs"]
-    k3 = validate(prof3).kernel
-    assert k3.l2_shared_rate == () and k3.serial_load_steps == () and k3.serial_reduce_steps == ()
+    assert "l2_shared_read" not in prof3["kernel_model"] and prof3["calibration"]["not_measured"] == ["l2_shared"]
+    assert validate(prof3).kernel.l2_shared_rate == ()
 
 
 def test_launch_fit_takes_each_graph_size_median_over_rounds():
-    """A first round taken at idle clocks (run AK: one kernel's graph 24.4 us, sixteen's 12.2 us) does
+    """A first round taken at idle clocks (one kernel's graph 24.4 us, sixteen's 12.2 us) does
     not move the fit: each size's median over the rounds, then fixed + N x gap by least squares."""
-    from megamoe.calibrate import LAUNCH_GRAPH_SIZES, launch_fit
+    from megamoe.calibrate.latency import LAUNCH_GRAPH_SIZES, launch_fit
 
     ns = LAUNCH_GRAPH_SIZES
     true = [10e-6 + n * 0.4e-6 for n in ns]
@@ -659,9 +451,9 @@ def test_hbm_deep_step_times_every_reader_program_group_and_size(monkeypatch):
     P, depth, g): [P, depth, g, b, bytes/s] over S/8 .. S programs (at most one per SM), the readers'
     depths, the groups and sizes, the overhead taken off; the quick form's smaller grid; a reader that
     fails leaves out its depth only, named under "failed"."""
-    from megamoe import calibrate
-    from megamoe.kernels import microbench as mb
-    from megamoe.kernels import microbench_deep as md
+    from megamoe.calibrate import memory as calibrate
+    from megamoe.calibrate import microbench as mb
+    from megamoe.calibrate import microbench_deep as md
 
     last, seen = {}, []
 
@@ -716,7 +508,8 @@ def test_hbm_deep_table_travels_to_the_profile_and_the_loader_checks_its_grid(tm
     sharing group x bytes per program, the calibrate source) -> the kernel model's grid, which the
     deep rate reads at its points; the summary names it; a grid with a hole, a group below 1 or a
     step not measured: refused, or no table."""
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.cost import deep_read_rate
     from megamoe.simulator.hardware import HBM_DEEP_AXES, ProfileError, validate
 
@@ -758,7 +551,7 @@ def test_sustained_step_times_each_graph_once_after_a_pause(monkeypatch):
     (quick: 20, 60, 300), shortest first, each replayed once after SUSTAINED_PAUSE_S idle, the full
     form's shortest once more; its points are each graph's average rate / the best, its marginal
     rates the extra matmuls' between two graphs."""
-    from megamoe import calibrate
+    from megamoe.calibrate import sustained as calibrate
 
     per = SUSTAINED_FLOPS / 800e12  # 1.374 ms
     replays = []
@@ -810,7 +603,8 @@ def test_sustained_table_travels_to_the_profile_and_the_loader_checks_it(tmp_pat
     calibrate source) -> the kernel model's table, which cost.sustained_ratio reads at its points;
     the summary names it; a ratio above 1 or a busy duration twice is refused; not measured: no
     table, and the ratio is 1."""
-    from megamoe.calibrate import build_profile, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.cost import sustained_ratio
     from megamoe.simulator.hardware import ProfileError, validate
 
@@ -845,10 +639,10 @@ def test_sustained_table_travels_to_the_profile_and_the_loader_checks_it(tmp_pat
 
 
 def test_median_of_passes_keeps_each_points_middle_rate_in_the_first_sweeps_order():
-    """The gemm steps' sweeps: a point dipping (a transient clock drop, run AW) or peaking in one
+    """The gemm steps' sweeps: a point dipping (a transient clock drop) or peaking in one
     sweep takes the middle rate of three; fields that are not tables are the first sweep's; the
     spread is the largest best / worst ratio of a point; one pass returns the sweep as it is."""
-    from megamoe.calibrate import median_of_passes
+    from megamoe.calibrate.driver import median_of_passes
 
     sweeps = iter([
         {"points_tma": [[128, 256, 8, 1024, 3.0], [64, 128, 4, 256, 2.0]], "failed": {"x": "why"}},
@@ -870,15 +664,15 @@ def test_mma_step_measures_the_small_tiles_the_tuned_launches_run():
     tile reads another shape's rate (before: 32 x (2 x 128) at 8 warps read 16 x 128 at 4)."""
     import numpy as np
 
-    from megamoe.calibrate import MMA_TABLE_SHAPES
+    from megamoe.calibrate.compute import MMA_TABLE_SHAPES
+    from megamoe.grid import GRID_PRESETS
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference import MoEConfig
-    from megamoe.scale import SCALE_PRESETS
     from megamoe.simulator import cost
 
     measured = {(bm, bn, w) for bm, bn, w, _ in MMA_TABLE_SHAPES}
     missing = set()
-    for name in SCALE_PRESETS.split(","):
+    for name in GRID_PRESETS.split(","):
         cfg = MoEConfig.preset(name)
         for T in (64, 512, 4096, 16384):
             counts = np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts)
@@ -894,7 +688,8 @@ def test_mma_step_measures_the_small_tiles_the_tuned_launches_run():
 
 
 def test_duty_fit_takes_the_reads_out_of_the_matmuls_time():
-    from megamoe.calibrate import duty_fit, sustained_summary
+    from megamoe.calibrate.summary import sustained_summary
+    from megamoe.calibrate.sustained import duty_fit
 
     per_read = 1e-4
     # 100 matmuls, each followed by 10 reads: 0.1 s of reads; the matmuls at 0.9 of the reference rate
@@ -913,7 +708,8 @@ def test_duty_points_travel_to_the_profile():
     average over as many seconds), clipped to [0, 1]; graphs with no back-to-back fall to share, or a
     share of 0 or 1, left out; build_profile writes them as kernel_model.sustained_duty, which the
     loader reads and cost.duty_fall interpolates; without duty graphs no table."""
-    from megamoe.calibrate import build_profile, duty_points
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.sustained import duty_points
     from megamoe.simulator.cost import duty_fall, sustained_ratio
 
     prov = {"gpu": "NVIDIA H200", "date": "2026-12-02", "num_sms": 132}
@@ -950,7 +746,9 @@ def test_serial_step_records_each_widths_pass_as_a_table():
     """The serial step's per-width top-1 passes ("reduce", one per SERIAL_SHAPES width, "widths" naming
     them, or their order where a stored microbench.json predates "widths") become
     kernel_model.serial_reduce_width; the scalar stays their median; a step without them writes no table."""
-    from megamoe.calibrate import SERIAL_SHAPES, build_profile, serial_width_points, summary
+    from megamoe.calibrate import build_profile
+    from megamoe.calibrate.latency import SERIAL_SHAPES, serial_width_points
+    from megamoe.calibrate.summary import summary
     from megamoe.simulator.hardware import validate
 
     assert [be for _, be in SERIAL_SHAPES] == [128, 256]

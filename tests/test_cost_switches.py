@@ -510,8 +510,8 @@ def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(
     median replay of 5 is the third: 2 + NI x 3 calls before it (NI = 8: 26); predict_config with
     the row's reps reads the ratio of that window, without reps the timed graph's from idle."""
     from megamoe.kernels.bench import WARMUP_CALLS, calls_before_timed_replay
+    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
 
     assert WARMUP_CALLS == 2
     assert calls_before_timed_replay(8, 5) == 26 and calls_before_timed_replay(2, 5) == 8
@@ -539,7 +539,7 @@ def test_l2_reader_depth_is_the_shared_read_steps_reader():
     import inspect
 
     pytest.importorskip("triton")
-    from megamoe.kernels import microbench_shared as ms
+    from megamoe.calibrate import microbench_shared as ms
 
     stages = inspect.signature(ms.l2_shared_read).parameters["num_stages"].default
     assert (stages - 1) * 64 * 128 * 2 == cost.L2_SHARED_READER_DEPTH_BYTES
@@ -723,7 +723,7 @@ def test_megakernel_weight_depth_is_the_deep_readers_depth():
     counts its readers' (microbench_deep.deep_read_depth's gemm_shared_bytes with no A bytes): Qwen3-30B-A3B
     T = 64 (64 x 128 x 64 gated GEMM 1 and 128 x 64 GEMM 2 tiles, 5 stages of wgmma: 5 buffers)."""
     from megamoe.kernels.plan import gemm_shared_bytes
-    from megamoe.scale import megakernel_weight_depth
+    from megamoe.predict import megakernel_weight_depth
 
     mk = {"num_stages": 5, "tiles": {"gemm1": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64},
                                      "gemm2": {"BLOCK_N": 128, "BLOCK_K": 64}}}
@@ -888,8 +888,8 @@ def test_stream_share_speeds_up_a_partial_last_wave(monkeypatch):
     tasks stream at the share of the programs still reading, so the prediction drops by more than 4%
     (+12% -> +6% against the measurement); off, the single-pass schedule's exactly. The uniform row
     (784 tasks: a last wave of 124) moves by less than 1.5%."""
+    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
 
     for name, on in DEFAULTS.items():
         monkeypatch.setattr(cost, name, on)

@@ -78,7 +78,7 @@ def _worker(rank: int, R: int, out_dir: str) -> None:
 def test_ep_layer_matches_reference(tmp_path, R):
     from megamoe.ep import launch
 
-    launch(_worker, R, (str(tmp_path),), backend="gloo", timeout_s=90)
+    launch(_worker, R, (str(tmp_path),), backend="gloo", timeout_s=600)  # a hang guard only
     for name in SCENARIOS:
         w, xs, placement = _inputs(name, R)
         for r in range(R):
@@ -134,7 +134,7 @@ def test_ep_layer_with_the_kernels_under_the_interpreter(tmp_path):
 
     assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest; the spawned ranks inherit it
     R = 2
-    launch(_worker_kernels, R, (str(tmp_path),), backend="gloo", timeout_s=120)
+    launch(_worker_kernels, R, (str(tmp_path),), backend="gloo", timeout_s=600)  # a hang guard only
     w, xs, _ = _inputs("contiguous", R)
     for r in range(R):
         assert_close(np.load(tmp_path / f"kernels_{r}.npy"), moe_forward(xs[r], w, CFG), "float32",

@@ -53,7 +53,8 @@ def test_sampled_reference_of_fp8_weights(fp8_activations, rng):
     """FP8 weights as the benchmarks hold them (torch float8_e4m3fn codes, float32 scales): the
     sampled reference is the reference's FP8 layer on those rows, shared MLP included."""
     torch = pytest.importorskip("torch")
-    c = tiny("deepseek-v3").replace(hidden_size=136, intermediate_size=130, shared_intermediate_size=40)
+    # 32 experts in 8 groups (grouped top-k still picks across groups); 136, 130: a partial 128-block of scales
+    c = tiny("deepseek-v3").replace(hidden_size=136, intermediate_size=130, shared_intermediate_size=40, num_experts=32)
     w8 = random_weights(c, seed=2, fp8=True)
     x = rng.standard_normal((9, c.hidden_size))
     rows = np.array([1, 4, 8])

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.interpret
 def test_route_select_routes_every_block(name, device):
     """R blocks of BT tokens in one program: every token gets K distinct experts in range (softmax_topk:
     torch.topk's); the launcher refuses logits of another shape, naming the shape it wants."""
-    from megamoe.kernels.microbench_route import route_select
+    from megamoe.calibrate.microbench_route import route_select
 
     if device.name != "cpu":
         pytest.skip("the interpreter's test (calibrate times it on the GPU)")
@@ -40,7 +40,7 @@ def test_select_cases_cover_the_presets_once():
     """One case per distinct key; DeepSeek-V3's grouped router and Qwen3's plain one both there, with
     the routers' 1-based family numbers (a profile table's values are positive)."""
     from megamoe.calibrate import select_cases
-    from megamoe.kernels.microbench_route import select_key
+    from megamoe.calibrate.microbench_route import select_key
 
     cases = select_cases()
     keys = [k for k, _, _ in cases]
@@ -65,7 +65,7 @@ def test_the_router_stage_reads_the_measured_selection(tmp_path):
     """A profile with a route_select point for DeepSeek-V3's routing program prices its router stage's
     serial term as that time (plus its other steps); without the point (Qwen3-30B-A3B), as topk_passes
     serial reduce steps, as before the table."""
-    from megamoe.kernels.microbench_route import select_key
+    from megamoe.calibrate.microbench_route import select_key
     from megamoe.reference.tiles import topk_passes
     from megamoe.simulator.cost import predict_stage, route_select_s, serial_step_s
     from megamoe.simulator.hardware import load_profile
@@ -92,7 +92,7 @@ def test_a_walking_routing_program_is_not_priced_from_the_table(tmp_path):
     """The table times routing programs that sum a logits launch's partials, at their warps; Qwen3-30B-A3B's
     prefill routing programs walk H at other warps (configs.router_warps(walks=True)): their stage carries
     no key, so a table point for the same sizes prices its decode stage only."""
-    from megamoe.kernels.microbench_route import select_key
+    from megamoe.calibrate.microbench_route import select_key
     from megamoe.simulator.cost import route_select_s
     from megamoe.simulator.hardware import load_profile
 

@@ -158,7 +158,7 @@ def test_every_gemm_loop_form_has_a_table_a_field_and_fallbacks_among_the_forms(
 
     import numpy as np
 
-    from megamoe.kernels.microbench_gemm import LOADS
+    from megamoe.calibrate.microbench_gemm import LOADS
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference import MoEConfig
     from megamoe.reference.tiles import GEMM_LOOP_FORMS

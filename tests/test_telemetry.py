@@ -6,7 +6,7 @@ import time
 import pytest
 
 from megamoe.kernels import telemetry
-from megamoe.validate import clock_lines
+from megamoe.report import clock_lines
 
 
 def test_summarize_figures():

@@ -52,8 +52,8 @@ def test_bad_stage_is_named():
 
 
 def test_measured_overrides_reproduce_the_measured_rates():
+    from megamoe.layer_check import measured_overrides
     from megamoe.simulator.cost import gemm_efficiency
-    from megamoe.validate import measured_overrides
 
     ov = measured_overrides({"read_bytes_per_s": 4.4e12, "matmul_flops_per_s": 700e12})
     p = load_profile("h200")
@@ -140,7 +140,7 @@ def test_report_rebuilds_from_stored_rows(tmp_path, capsys):
 def test_bench_rows_of_each_dtype_get_their_launch_plan():
     """``validate --from-bench`` on fp8 rows: the FP8 plan (e4m3 weight bytes; fp8 MMA with FP8
     activations). Decode reads weights: about half the bf16 time; the run's FP8 matmul rate is used."""
-    from megamoe.validate import measured_overrides, predict_bench_row
+    from megamoe.layer_check import measured_overrides, predict_bench_row
 
     base = {"preset": "deepseek-v3", "T": 8, "ours_us": 100.0, "deterministic": True,
             "ceiling_read_bytes_per_s": 4.4e12, "ceiling_matmul_flops_per_s": 7e14}
@@ -165,7 +165,7 @@ def test_bench_row_stages_group_the_plan_as_the_prefixes_measure_them():
     compared with the plan's stages grouped as validate.STAGE_GROUPS: Kimi K2's shared MLP runs
     inside the GEMM 2 prefix, so its stages count in "gemm2"; the groups sum to the layer's stages."""
     from megamoe.kernels.bench import stage_split
-    from megamoe.validate import predict_bench_row
+    from megamoe.layer_check import predict_bench_row
 
     row = {"preset": "kimi-k2", "T": 64, "ours_us": 400.0, "deterministic": True,
            "stage_us": stage_split({"align": 30.0, "gemm1": 230.0, "gemm2": 390.0}, 400.0)}
@@ -185,9 +185,9 @@ def test_stored_rows_predicted_again_from_their_counts():
     same as a prediction from a routing with those counts; rows without counts are left out."""
     import numpy as np
 
+    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
     from megamoe.repredict import repredict_rows
-    from megamoe.scale import predict_config
     from megamoe.simulator.hardware import load_profile
 
     counts = np.zeros(128, np.int64)
@@ -216,7 +216,7 @@ def test_repredict_needs_stored_rows(capsys):
 
 def test_rows_from_validate_log_rebuild_the_report(tmp_path):
     """benchmarks/rows_from_validate_log.py turns validate's progress lines into rows that
-    ``megamoe validate --report`` reads (run AC's rows were lost, its log was not)."""
+    ``megamoe validate --report`` reads (for a run whose rows were lost and whose log was not)."""
     from benchload import load_benchmark
 
     from megamoe.cli import main
@@ -251,7 +251,7 @@ def test_likely_cause_names_the_stage_with_the_largest_gap_and_its_term():
     """A multi row with measured stages: the group whose gap (same sign as the layer's error)
     is largest, its plan stage with the most predicted time, and that stage's term (recorded by
     the prediction, or named from its bound)."""
-    from megamoe.validate import likely_cause
+    from megamoe.report import likely_cause
 
     pred = {"router_logits": {"us": 6.0, "bound": "memory", "term": "HBM streaming (x)"},
             "router": {"us": 6.0, "bound": "serial"},
@@ -271,10 +271,10 @@ def test_likely_cause_names_the_stage_with_the_largest_gap_and_its_term():
 
 
 def test_likely_cause_leaves_out_a_stage_measured_below_zero():
-    """A stage measured at or below zero (the layer's graph faster than its prefix's, H200 run BA:
+    """A stage measured at or below zero (the layer's graph faster than its prefix's, as
     Mixtral-8x7B T = 4096's combine at -525 us) is never the largest gap: the cause names the
     largest real gap and says the prefixes disagree there; with no real stage left it says so."""
-    from megamoe.validate import likely_cause
+    from megamoe.report import likely_cause
 
     pred = {"router": {"us": 6.0, "bound": "serial"}, "gemm1": {"us": 60.0, "bound": "compute"},
             "gemm2": {"us": 30.0, "bound": "compute"}, "combine": {"us": 4.0, "bound": "memory"}}
@@ -289,7 +289,7 @@ def test_likely_cause_leaves_out_a_stage_measured_below_zero():
 
 
 def test_likely_cause_without_stages_says_so_and_names_the_dominant_term():
-    from megamoe.validate import likely_cause
+    from megamoe.report import likely_cause
 
     mk = _outlier(backend="megakernel", predicted_us=120.0,
                   predicted_stages={"router_topk": {"us": 6.0, "bound": "serial"},
@@ -304,19 +304,19 @@ def test_likely_cause_without_stages_says_so_and_names_the_dominant_term():
 
 
 def test_predictions_record_the_term_they_are_bound_by():
-    """scale.predict_config: every multi stage and megakernel kind carries its bound's term
+    """predict.predict_config: every multi stage and megakernel kind carries its bound's term
     (cost.term_name; a memory-bound launch names which memory term), and the row its dominant_term."""
     import numpy as np
 
+    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
     from megamoe.simulator.cost import BOUND_TERMS, MEMORY_TERMS
 
     counts = np.zeros(128, np.int64)
     counts[:8] = 64  # every token on the same 8 experts: GEMM 1's 1 MB tiles, two on some SMs
     from pathlib import Path
 
-    p = load_profile(Path(__file__).parents[1] / "benchmarks/results/validation_2026-12-01_run26/profile.json")
+    p = load_profile(Path(__file__).parent / "data" / "validation" / "h200_calibrated_profile.json")
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     terms = set(BOUND_TERMS.values()) | set(MEMORY_TERMS.values())
     for backend in ("multi", "megakernel"):
@@ -330,7 +330,7 @@ def test_counts_borrowed_for_rows_rebuilt_from_a_log(tmp_path):
     """--counts-from: rows without counts (rebuilt from a log) take the same configuration's counts
     from another run's rows, and --repredict predicts them; without --repredict it is refused."""
     from megamoe.cli import main
-    from megamoe.validate import borrow_counts
+    from megamoe.report import borrow_counts
 
     counts = [0] * 128
     for e in (3, 9, 40, 41, 77, 100, 101, 127):
@@ -391,15 +391,15 @@ def test_repredict_switch_sets_a_cost_switch_for_the_run_only(tmp_path, capsys):
 def test_repredict_prices_a_megakernel_row_with_the_config_it_ran():
     """A megakernel row carries the config its prediction priced (``megakernel_config``, the one the
     kernel ran); re-predicting it uses that config, not the one the code would pick now: a row that
-    ran the T = 512 router walking H (before run BH's split) is priced walking, one without the field
+    ran the T = 512 router walking H (before the split router) is priced walking, one without the field
     with today's split config, and a stored config equal to today's gives today's prediction."""
     import copy
 
     import numpy as np
 
+    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
     from megamoe.repredict import repredict_rows
-    from megamoe.scale import predict_config
 
     p = load_profile("h200")
     cfg = MoEConfig.preset("qwen3-30b-a3b")
@@ -407,7 +407,7 @@ def test_repredict_prices_a_megakernel_row_with_the_config_it_ran():
     counts[:8] = 512  # T = 512, every token on the same 8 experts
     today = predict_config(cfg, counts, 512, "megakernel", p, device_name="NVIDIA H200", calls_per_graph=8)
     mk = today["megakernel_config"]
-    assert mk["tiles"]["router"]["SPLIT"] > 1  # run BH's default
+    assert mk["tiles"]["router"]["SPLIT"] > 1  # today's default: the split router
     walked = copy.deepcopy(mk)
     walked["tiles"]["router"].update(SPLIT=1, TOPK_T=walked["tiles"]["router"]["BLOCK_T"])
     base = {"preset": "qwen3-30b-a3b", "T": 512, "routing": "concentrated", "backend": "megakernel",

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from megamoe.deadline import Budget, Watchdog
-from megamoe.scale import CONTEXT_LOST_EXIT, Configuration, configurations, run_scale
+from megamoe.grid import Configuration, configurations
+from megamoe.measure import CONTEXT_LOST_EXIT, measure_grid
 from megamoe.warm import Job, plan_jobs, run_jobs
 
 
@@ -87,7 +88,7 @@ def test_warm_scheduler_names_every_outcome(tmp_path):
             Job("huge", 1, (("ok", "m"),), 1e6)]  # more than the memory: runs alone
     logs = []
     st = run_jobs(jobs, folder=tmp_path / "warm", layer_kind="fake", seed=0, procs=2, memory_bytes=100.0,
-                  deadline=time.monotonic() + 30, config_timeout_s=1.0, log=logs.append,
+                  deadline=time.monotonic() + 120, config_timeout_s=5.0, log=logs.append,
                   argv=lambda p: [sys.executable, str(worker), str(p)], poll_s=0.02)
     assert st["p/T=1/ok/m"] == "ok" and st["p/T=1/err/m"].startswith("error: ValueError")
     assert st["p/T=1/crash/m"] == "crashed (exit 9)"
@@ -138,8 +139,8 @@ class FakeLayer:
         return [np.full(3, float(T))] * n, {"routing": routing}
 
     def routing(self, x, ws, cfg):
+        from megamoe.grid import routing_bias
         from megamoe.reference import select_experts
-        from megamoe.scale import routing_bias
 
         T = int(x[0])
         logits = np.random.default_rng(T).standard_normal((T, cfg.num_experts)) + routing_bias(cfg, ws["routing"])
@@ -207,7 +208,7 @@ def _rows(out):
 def test_each_configuration_is_predicted_then_measured_and_a_failure_is_a_row(tmp_path, capsys):
     out = tmp_path / "v"
     bad = "mixtral-8x7b/T=8/concentrated/megakernel"
-    assert run_scale(_args(out), layer=FakeLayer(fail=[bad])) == 0
+    assert measure_grid(_args(out), layer=FakeLayer(fail=[bad])) == 0
     rows = _rows(out)
     assert len(rows) == 2 * 16  # a prediction row, then a measurement or failure row, per configuration
     for pred, meas in zip(rows[::2], rows[1::2]):
@@ -230,7 +231,7 @@ def test_each_configuration_is_predicted_then_measured_and_a_failure_is_a_row(tm
 def test_a_lost_context_ends_the_run_and_resume_goes_on(tmp_path):
     out = tmp_path / "v"
     lost = "mixtral-8x7b/T=1/uniform/megakernel"
-    assert run_scale(_args(out), layer=FakeLayer(lose_context_at=lost)) == CONTEXT_LOST_EXIT
+    assert measure_grid(_args(out), layer=FakeLayer(lose_context_at=lost)) == CONTEXT_LOST_EXIT
     rows = _rows(out)
     assert rows[-1]["phase"] == "failed" and "illegal memory access" in rows[-1]["failure"]
     done = {Configuration(r["preset"], r["T"], r["routing"], r["backend"]).key for r in rows if r["phase"] != "prediction"}
@@ -240,20 +241,37 @@ def test_a_lost_context_ends_the_run_and_resume_goes_on(tmp_path):
     with (out / "validation_2000-01-01.jsonl").open("w") as f:
         f.write(json.dumps(hung) + "\n" + '{"preset": "cut sho')  # and a line cut short
     layer = FakeLayer()
-    assert run_scale(_args(out, resume=True), layer=layer) == 0
+    assert measure_grid(_args(out, resume=True), layer=layer) == 0
     assert "mixtral-8x7b/T=1/concentrated/multi" not in layer.calls and len(layer.calls) == 16 - 6 - 1
     rep = json.loads((out / "report.json").read_text())
     assert rep["configurations"] == 14 and len(rep["failed"]) == 2
     assert any("interrupted" in f["failure"] for f in rep["failed"])
 
 
-def test_the_budget_stops_new_configurations_and_the_report_is_still_written(tmp_path, capsys):
+def test_the_budget_stops_new_configurations_and_the_report_is_still_written(tmp_path, capsys, monkeypatch):
+    """On a virtual clock that each timing advances by 1 s, a configuration starts while its estimate
+    and the 15 s kept for the report fit in the 19 s budget: the first of its (T, backend) is estimated
+    at 2 s (starts at 0 and 1 s), a later one at the last one's 1 s (at 2 and 3 s); at 4 s none fits."""
+    import functools
+    import types
+
+    from megamoe import measure
+
+    now = [0.0]
+
+    class OneSecondLayer(FakeLayer):
+        def time_us(self, *a):
+            now[0] += 1.0
+            return super().time_us(*a)
+
+    monkeypatch.setattr(measure, "Budget", functools.partial(Budget, clock=lambda: now[0]))
+    monkeypatch.setattr(measure, "command_start", lambda: 0.0)
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     out = tmp_path / "v"
-    layer = FakeLayer(seconds=0.3)
-    assert run_scale(_args(out, budget=19.0), layer=layer) == 0  # 15 of them kept for the report
+    assert measure_grid(_args(out, budget=19.0), layer=OneSecondLayer()) == 0
     rows = _rows(out)
     measured = [r for r in rows if r["phase"] == "measurement"]
-    assert 1 <= len(measured) < 16
+    assert len(measured) == 4
     rep = json.loads((out / "report.json").read_text())
     assert rep["run"]["stop_reason"].startswith("budget") and len(rep["run"]["not_reached"]) == 16 - len(measured)
     assert rep["configurations"] == len(measured)
@@ -268,7 +286,7 @@ def test_a_crash_in_the_compile_ahead_is_not_measured(tmp_path, monkeypatch):
                                                               crashed: "crashed (exit -11)"})
     out = tmp_path / "v"
     layer = FakeLayer()
-    assert run_scale(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", warm=True), layer=layer) == 0
+    assert measure_grid(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", warm=True), layer=layer) == 0
     assert layer.calls == ["qwen3-30b-a3b/T=1/uniform/multi"]
     last = _rows(out)[-1]
     assert last["phase"] == "failed" and "crashed (exit -11)" in last["failure"]
@@ -277,36 +295,36 @@ def test_a_crash_in_the_compile_ahead_is_not_measured(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- the real loop, interpreted
 @pytest.mark.interpret
 @pytest.mark.slow
-def test_scale_run_under_the_interpreter_end_to_end(tmp_path):
-    """``--scale`` on the CPU: compile-ahead processes, the kernels' routing, both backends, the
-    report. The interpreter's times mean nothing; the machinery is what is checked."""
+def test_grid_run_under_the_interpreter_end_to_end(tmp_path):
+    """``--scale`` on the CPU: compile-ahead processes, the kernels' routing steered (concentrated:
+    the steering shows in the experts touched), both backends, the report. The interpreter's times
+    mean nothing; the machinery is what is checked."""
     pytest.importorskip("triton")
     from megamoe.cli import main
 
     out = tmp_path / "v"
-    rc = main(["validate", "--scale", "--models", "mixtral-8x7b", "--tokens", "3", "--routings", "uniform,concentrated",
+    rc = main(["validate", "--scale", "--models", "mixtral-8x7b", "--tokens", "3", "--routings", "concentrated",
                "--out", str(out), "--budget", "300", "--warm-procs", "2"])
     assert rc == 0
     rows = [r for r in _rows(out) if r["phase"] == "measurement"]
-    assert len(rows) == 4
-    conc = [r for r in rows if r["routing"] == "concentrated"]
-    assert all(r["experts_touched"] == 2 for r in conc)  # the steered router: every token on experts 0..K-1
+    assert len(rows) == 2 and {r["backend"] for r in rows} == {"multi", "megakernel"}
+    assert all(r["experts_touched"] == 2 for r in rows)  # the steered router: every token on experts 0..K-1
     assert all(r["rel_diff_vs_multi"] < 1e-5 for r in rows if r["backend"] == "megakernel")  # float32
     status = json.loads((out / "warm" / "warm_status.json").read_text())["status"]
-    assert set(status.values()) == {"ok"} and len(status) == 4
+    assert set(status.values()) == {"ok"} and len(status) == 2
     assert (out / "scatter.png").stat().st_size > 1000
 
 
 def test_the_watchdog_records_a_hung_configuration_and_writes_the_report(tmp_path, monkeypatch):
     import functools
 
-    from megamoe import scale
+    from megamoe import measure
 
     exits = []
-    monkeypatch.setattr(scale, "Watchdog", functools.partial(Watchdog, exit=exits.append, poll_s=0.01))
+    monkeypatch.setattr(measure, "Watchdog", functools.partial(Watchdog, exit=exits.append, poll_s=0.01))
     out = tmp_path / "v"
-    layer = FakeLayer(seconds=0.5)  # every call "hangs" past the 0.2 s timeout; the fake exit lets it go on
-    run_scale(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", config_timeout=0.2), layer=layer)
+    layer = FakeLayer(seconds=2.0)  # every call "hangs" 10x past the 0.2 s timeout; the fake exit lets it go on
+    measure_grid(_args(out, models="qwen3-30b-a3b", tokens="1", routings="uniform", config_timeout=0.2), layer=layer)
     assert exits and exits[0] == 4
     rows = _rows(out)
     assert rows[1]["phase"] == "failed" and "watchdog ended the run" in rows[1]["failure"]
@@ -317,10 +335,10 @@ def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path)
     """Each measured multi-launch row has its stages as measured (prefix differences; the combine
     is the layer less the GEMM 2 prefix), the megakernel rows none, and the report's per-stage
     table compares them with the summed predicted stages of each group; --no-stages skips them."""
-    from megamoe.validate import STAGE_GROUPS, load_rows, report_stats, stage_group
+    from megamoe.report import STAGE_GROUPS, load_rows, report_stats, stage_group
 
     out = tmp_path / "v"
-    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b"), layer=FakeLayer()) == 0
+    assert measure_grid(_args(out, tokens="8", models="qwen3-30b-a3b"), layer=FakeLayer()) == 0
     rows = [r for r in _rows(out) if r["phase"] == "measurement"]
     multi = [r for r in rows if r["backend"] == "multi"]
     assert multi and all(set(r["measured_stages_us"]) == set(STAGE_GROUPS) for r in multi)
@@ -331,7 +349,7 @@ def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path)
     assert set(st) == set(STAGE_GROUPS) and all(e["configurations"] == len(multi) for e in st.values())
     assert "Multi-launch stages, predicted vs measured" in (out / "report.md").read_text()
     out2 = tmp_path / "v2"
-    assert run_scale(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
+    assert measure_grid(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
     assert not any("measured_stages_us" in r for r in _rows(out2))
 
 
@@ -340,14 +358,14 @@ def test_idle_before_leaves_the_gpu_idle_before_each_timing(tmp_path):
     multi row (three here), and the rows say so; by default nothing idles."""
     out = tmp_path / "v"
     layer = FakeLayer()
-    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b", routings="uniform", idle_before=0.25),
+    assert measure_grid(_args(out, tokens="8", models="qwen3-30b-a3b", routings="uniform", idle_before=0.25),
                      layer=layer) == 0
     multi, mk = "qwen3-30b-a3b/T=8/uniform/multi", "qwen3-30b-a3b/T=8/uniform/megakernel"
     assert layer.calls == ["idle 0.25", multi, "idle 0.25", "idle 0.25", "idle 0.25", "idle 0.25", mk]
     rows = [r for r in _rows(out) if r["phase"] == "measurement"]
     assert len(rows) == 2 and all(r["idle_before_s"] == 0.25 for r in rows)
     plain = FakeLayer()
-    assert run_scale(_args(tmp_path / "w", tokens="8", models="qwen3-30b-a3b", routings="uniform"), layer=plain) == 0
+    assert measure_grid(_args(tmp_path / "w", tokens="8", models="qwen3-30b-a3b", routings="uniform"), layer=plain) == 0
     assert not any(c.startswith("idle") for c in plain.calls)
     assert not any("idle_before_s" in r for r in _rows(tmp_path / "w"))
 
@@ -365,7 +383,7 @@ def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path
     args.cost_switches = settings
     before = cost.USE_L2_MANY_READERS
     with switches(settings):
-        assert run_scale(args, layer=FakeLayer()) == 0
+        assert measure_grid(args, layer=FakeLayer()) == 0
     assert cost.USE_L2_MANY_READERS == before
     rows = _rows(out)
     assert rows and all(r["cost_switches"] == settings for r in rows if r["phase"] == "prediction")
@@ -385,15 +403,15 @@ def test_variants_are_predicted_before_the_measurement_and_reported(tmp_path):
     """--variant: one more prediction per row with the first profile and those cost switches, in the
     prediction row written before the measurement, with its error after and its own line in the
     report; the switches are back to their defaults after the run."""
+    from megamoe.report import load_rows, report_stats
     from megamoe.repredict import parse_variants
     from megamoe.simulator import cost
-    from megamoe.validate import load_rows, report_stats
 
     variants = parse_variants(["USE_SUSTAINED_CLOCKS=on", "USE_L2_READ_DEPTH=on,USE_SUSTAINED_CLOCKS=off"])
     assert list(variants) == ["sustained_clocks", "l2_read_depth+no-sustained_clocks"]
     before = cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH
     out = tmp_path / "v"
-    assert run_scale(_args(out, tokens="8", models="qwen3-30b-a3b", variants=variants), layer=FakeLayer()) == 0
+    assert measure_grid(_args(out, tokens="8", models="qwen3-30b-a3b", variants=variants), layer=FakeLayer()) == 0
     assert (cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH) == before
     rows = _rows(out)
     names = {"h200+sustained_clocks", "h200+l2_read_depth+no-sustained_clocks"}

@@ -9,8 +9,6 @@ Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices
     _stream_tile_kernel   P programs each stream their own weight rows through the GEMM tiles'
                           pipelined load + dot loop (HBM read rate against bytes per program and
                           programs in flight, as the decode GEMMs read weights)
-    _stream_tile_tma_kernel  the same, the weight tiles through a TMA tensor descriptor (as the
-                          "tma_*" GEMM loops and the megakernel's TMA weights read them; Hopper+)
     _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
                           operands spread over Q copies (tensor rate with the operand loads)
     _mma_resident_kernel  P programs multiply one on-chip BM x BK by BK x BN pair ``steps`` times
@@ -69,24 +67,6 @@ def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles, k_wrap, p_wrap,
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kt in range(k_tiles):
         acc = tl.dot(a, tl.load(w + (kt % k_wrap) * BLOCK_K), acc)
-    tl.store(out_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
-
-
-@triton.jit(do_not_specialize=["k_tiles"])
-def _stream_tile_tma_kernel(w_desc, a_ptr, out_ptr, k_tiles, k_wrap, p_wrap,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``_stream_tile_kernel``'s reads, each weight tile a (BLOCK_N, BLOCK_K) block of ``w_desc``
-    (a descriptor over the weights seen as (rows, k_wrap x BLOCK_K)): program p's rows start at
-    (p mod p_wrap) x BLOCK_N, its K step kt reads columns (kt mod k_wrap) x BLOCK_K on."""
-    pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    row = (pid % p_wrap) * BLOCK_N
-    a = tl.load(a_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :])
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for kt in range(k_tiles):
-        acc = tl.dot(a, w_desc.load([row, (kt % k_wrap) * BLOCK_K]).T, acc)
     tl.store(out_ptr + pid.to(tl.int64) * BLOCK_M * BLOCK_N + offs_m[:, None] * BLOCK_N + offs_n[None, :], acc)
 
 
@@ -245,15 +225,6 @@ def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block
     return out
 
 
-def tma_available(device) -> bool:
-    """Whether ``stream_tile_tma`` can be timed on this torch device: a CUDA GPU of compute
-    capability 9.0 or newer (Hopper's TMA; the capability test of kernels/prefetch.py). The
-    interpreter runs it on CPU tensors, for the tests only."""
-    if getattr(device, "type", str(device).split(":")[0]) != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block_n: int = 64, block_k: int = 128,
                 block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False,
                 wrap_bytes: int | None = None, wrap_programs: int | None = None) -> torch.Tensor:
@@ -261,25 +232,7 @@ def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block
     K-contiguous rows through load + dot (``_stream_tile_kernel``) -> (programs, BM, BN) fp32.
     ``wrap_bytes`` / ``wrap_programs``: program p reads the wrap_bytes region of program
     p mod wrap_programs over and over (an L2-resident footprint of wrap_bytes x wrap_programs)."""
-    return _stream_tile(w, programs, bytes_per_program, block_n, block_k, block_m, num_warps, num_stages, check,
-                        wrap_bytes, wrap_programs, tma=False)
-
-
-def stream_tile_tma(w: torch.Tensor, programs: int, bytes_per_program: int, *, block_n: int = 64, block_k: int = 128,
-                    block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False,
-                    wrap_bytes: int | None = None, wrap_programs: int | None = None) -> torch.Tensor:
-    """``stream_tile`` with the weight tiles loaded through a TMA tensor descriptor
-    (``_stream_tile_tma_kernel``; Hopper or newer, see ``tma_available``): the same programs, bytes,
-    wraps, checks and errors. The descriptor covers w's first min(programs, wrap_programs) x block_n
-    rows of k_wrap x block_k values (rows 16-byte strided, as TMA needs)."""
-    return _stream_tile(w, programs, bytes_per_program, block_n, block_k, block_m, num_warps, num_stages, check,
-                        wrap_bytes, wrap_programs, tma=True)
-
-
-def _stream_tile(w, programs, bytes_per_program, block_n, block_k, block_m, num_warps, num_stages, check,
-                 wrap_bytes, wrap_programs, *, tma: bool) -> torch.Tensor:
-    """``stream_tile`` (tma False) or ``stream_tile_tma``: one validation, one launch, one check."""
-    what = "stream_tile_tma" if tma else "stream_tile"
+    what = "stream_tile"
     tile = block_n * block_k * w.element_size()
     k_tiles = bytes_per_program // tile
     if k_tiles < 1 or k_tiles * tile != bytes_per_program:
@@ -297,19 +250,8 @@ def _stream_tile(w, programs, bytes_per_program, block_n, block_k, block_m, num_
     regions = min(programs, p_wrap)
     a = torch.ones((block_m, block_k), device=w.device, dtype=w.dtype)
     out = torch.empty((programs, block_m, block_n), device=w.device, dtype=torch.float32)
-    if tma:
-        from .grouped_gemm import _descriptor
-
-        if kd * w.element_size() % 16 or w.data_ptr() % 16:
-            raise ValueError(f"{what}: TMA needs 16-byte aligned rows: w at {w.data_ptr() % 16} past 16 bytes, "
-                             f"rows of {kd * w.element_size()} bytes")
-        rows = w.reshape(-1)[:regions * block_n * kd].view(regions * block_n, kd)
-        _stream_tile_tma_kernel[(programs,)](_descriptor(rows, regions * block_n, block_n, block_k), a, out, k_tiles,
-                                             k_wrap, p_wrap, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                             num_warps=num_warps, num_stages=num_stages)
-    else:
-        _stream_tile_kernel[(programs,)](w, a, out, k_tiles, k_wrap, p_wrap, BLOCK_M=block_m, BLOCK_N=block_n,
-                                         BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    _stream_tile_kernel[(programs,)](w, a, out, k_tiles, k_wrap, p_wrap, BLOCK_M=block_m, BLOCK_N=block_n,
+                                     BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     if check:  # program p's row sums: its region's K tiles kt mod k_wrap for kt < k_tiles
         reg = w.reshape(-1)[:regions * block_n * kd].view(-1, block_n, k_wrap, block_k).float()
         times = torch.tensor([(k_tiles - i + k_wrap - 1) // k_wrap for i in range(k_wrap)], device=w.device)

@@ -16,9 +16,8 @@ once), BM/BN/BK tile sizes, D bytes a program keeps in flight (its pipeline buff
                         same step and the groups read apart (the l2_shared step's layout, here from
                         a cold L2)
 
-Why (simulator/README.md, findings of 2026-12-02, helper outliers): the hbm step's grid is read by
-programs keeping 48 KB in flight, so at 132 programs it gives 4.21 TB/s where a GEMM program per SM
-keeping 120 KB streams 4.49 (Mixtral-8x7B T = 8 GEMM 1).
+The hbm step's grid is read by programs keeping 48 KiB in flight; a GEMM program per SM keeping
+more streams faster, which this table measures.
 
 The launcher checks what the kernel computed against torch (``check=True``): under
 ``TRITON_INTERPRET=1`` on tiny sizes the tests check it; only ``megamoe calibrate`` times it.
@@ -30,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from megamoe.kernels.plan import gemm_shared_bytes
+
 from .microbench import _check
-from .plan import gemm_shared_bytes
 
 
 # --------------------------------------------------------------------------- kernel

@@ -10,11 +10,9 @@ Shape legend: BT tokens a routing program holds (router_block_t), E experts, BE 
     route_select          its launcher (calibrate step "select": kernel_model.route_select, seconds
                           per block from the slope in R, so the launch is not in it).
 
-Why it exists (H200 run AR, ``benchmarks/profile_launches.py``): the multi-launch router's routing
-program was priced as topk_passes x the serial step's top-1 pass (0.68 us, 16 rows of a plain
-max / argmax), and measured 3-5x that: DeepSeek-V3's grouped selection over 32 x 256 scores took
-about 50 us a program beyond its loads, Qwen3-30B-A3B's about 15. The selection is the routers' own
-code on random logits, timed alone, as ``microbench_gemm`` times the GEMMs' own tile loops.
+The multi-launch router's selection costs several times the serial step's top-1 passes (grouped
+selection, biases, renormalization), so it is measured as the routers' own code on random logits,
+timed alone, as ``microbench_gemm`` times the GEMMs' own tile loops.
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.tiles import route_select_key
-from .plan import router_launch
-from .routing import ROUTER_CODES, _route_block
+from megamoe.kernels.plan import router_launch
+from megamoe.kernels.routing import ROUTER_CODES, _route_block
+from megamoe.reference.tiles import route_select_key
 
 
 @triton.jit(do_not_specialize=["T", "rounds"])
