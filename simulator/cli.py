@@ -151,12 +151,15 @@ def size_problem(args) -> str | None:
     if args.slots is not None and args.slots > E * G:
         return (f"--slots {args.slots:,}: at most {E * G:,} (every one of the {E} experts on every one of the {G} "
                 f"GPUs)")
+    if args.comm_sms is None and p.rack is not None and p.rack.comm_sms >= p.num_sms:
+        return (f"--sms {p.num_sms} leaves no SM for compute with {args.system}'s {p.rack.comm_sms} communication SMs: "
+                f"give --comm-sms below {p.num_sms}")
     wd = args.weight_dtype or args.dtype
     per_gpu = -(-E // G) * expert_bytes(cfg, wd) + (0 if args.no_shared else shared_bytes(cfg, wd))
     if per_gpu > p.hbm_capacity_bytes:
         return (f"--model {args.model}: its {wd} weights need {per_gpu / 1e9:,.3g} GB per GPU "
                 f"({-(-E // G)} of {E} experts on each of {G} GPUs{'' if args.no_shared else ' and the shared expert'}), "
-                f"more than the {p.hbm_capacity_bytes / 1e9:,.0f} GB of HBM of a {p.name} GPU")
+                f"more than the {p.hbm_capacity_bytes / 1e9:,.0f} GB of HBM of a {args.system} GPU")
     return None
 
 
