@@ -15,6 +15,8 @@ from pathlib import Path
 
 #: Largest JSON, TOML or JSONL input read whole, bytes.
 MAX_INPUT_BYTES = 256 * 2**20
+#: Most tokens of one measured layer ``--from-bench`` predicts (megamoe bench measures up to 16384).
+MAX_BENCH_T = 2**20
 
 
 class InputError(ValueError):
@@ -102,6 +104,7 @@ def check_validate(args: argparse.Namespace) -> None:
                          "rows: give one of them")
     check_text_file("--report", args.report, folder_ok=True)
     check_text_file("--from-bench", args.from_bench)
+    check_bench_sizes(args.from_bench)
     check_text_file("--counts-from", args.counts_from, folder_ok=True)
     for flag in ("--profile", "--repredict", "--system"):
         check_text_file(flag, getattr(args, flag[2:].replace("-", "_")), parse_json=True)
@@ -118,6 +121,21 @@ def check_validate(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} {v}: must be >= 1")
     # --report and the GPU run write a folder; --from-bench and the CPU run append to a JSONL file
     check_writable("--out", args.out, folder=True if args.report else (False if args.from_bench else None))
+
+
+def check_bench_sizes(path) -> None:
+    """Refuse a ``--from-bench`` row whose T no single GPU's layer holds, naming the file and line."""
+    if path is None or not Path(path).is_file():
+        return
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # the command names lines that are not JSON
+        T = r.get("T") if isinstance(r, dict) else None
+        if isinstance(T, (int, float)) and not isinstance(T, bool) and T > MAX_BENCH_T:
+            raise InputError(f"--from-bench {path}:{n}: T={T:,} tokens; a measured layer has at most "
+                             f"{MAX_BENCH_T:,}")
 
 
 def check_simulate(args: argparse.Namespace) -> None:

@@ -435,11 +435,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
             return 2
         rows, failed = load_outcomes(src)
+        from .report_rows import scan, summary
+
+        skipped = summary(*scan(_row_files(src)))
+        for line in skipped:
+            print(f"megamoe validate: {line}", file=sys.stderr)
         if not rows:
             print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
             return 2
         out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
-        notes = ()
+        notes = tuple(skipped)
         if args.repredict:
             from megamoe.simulator.hardware import load_profile
 
@@ -465,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
                      f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
                      "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
                                            "configurations' routings)",) if borrowed else ()) + \
-                switch_note(settings, "this re-prediction")
+                switch_note(settings, "this re-prediction") + tuple(skipped)
         write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:
@@ -610,17 +615,19 @@ def _last_rows(src: str | Path) -> tuple[dict, dict]:
     """({key: last row with predicted_us and measured_us}, {key: last row}) of a jsonl file or of
     every validation_*.jsonl (else *.jsonl) in a folder. Lines that are not JSON objects (one cut
     short when a run was killed) are skipped."""
+    from .report_rows import row_problem
+
     measured: dict = {}
     last: dict = {}
     for p in _row_files(Path(src)):
-        for line in p.read_text().splitlines():
+        for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
             if not line.strip():
                 continue
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if not isinstance(r, dict) or "T" not in r:
+            if not isinstance(r, dict) or "T" not in r or row_problem(r):  # counted by report_rows.scan
                 continue
             r.setdefault("routing", "uniform")
             r.setdefault("backend", "multi")
