@@ -116,7 +116,7 @@ def check_validate(args: argparse.Namespace) -> None:
     _positive("--config-timeout", args.config_timeout)
     if not args.idle_before >= 0:
         raise InputError(f"--idle-before {args.idle_before}: must be >= 0 seconds")
-    for flag, v in (("--reps", args.reps), ("--sample", args.sample), ("--warm-procs", args.warm_procs)):
+    for flag, v in (("--reps", args.reps), ("--warm-procs", args.warm_procs)):
         if v is not None and v < 1:
             raise InputError(f"{flag} {v}: must be >= 1")
     # --report and the GPU run write a folder; --from-bench and the CPU run append to a JSONL file
@@ -139,8 +139,8 @@ def check_bench_sizes(path) -> None:
 
 
 def check_simulate(args: argparse.Namespace) -> None:
-    check_text_file("--model", args.model, parse_json=True)
-    check_text_file("--system", args.system, parse_json=True)
+    check_text_file("--model", args.model, parse_json=True, folder_ok=True)  # the loaders name a folder
+    check_text_file("--system", args.system, parse_json=True, folder_ok=True)
 
 
 def check_sweep(args: argparse.Namespace) -> None:

@@ -126,8 +126,6 @@ def check_options(args) -> str | None:
     if args.minibatch is not None and args.schedule == "bulk":
         return (f"--minibatch {args.minibatch} has no effect under --schedule bulk (it moves every token at once); "
                 "drop it or use --schedule fused")
-    if args.slots is not None and args.placement != "eplb":
-        return f"--slots {args.slots} has effect only with --placement eplb (got --placement {args.placement})"
     if args.sms is not None and args.sms < 2:
         return f"--sms {args.sms}: a GPU needs at least 2 SMs (at least one copies and one computes)"
     if args.sms is not None and args.comm_sms is not None and args.comm_sms >= args.sms:
