@@ -119,8 +119,13 @@ def check_validate(args: argparse.Namespace) -> None:
     for flag, v in (("--reps", args.reps), ("--warm-procs", args.warm_procs)):
         if v is not None and v < 1:
             raise InputError(f"{flag} {v}: must be >= 1")
-    # --report and the GPU run write a folder; --from-bench and the CPU run append to a JSONL file
-    check_writable("--out", args.out, folder=True if args.report else (False if args.from_bench else None))
+    # --report and the GPU run (or --scale) write a folder; --from-bench and the CPU run append to a JSONL file
+    folder = True if args.report else (False if args.from_bench else None)
+    if folder is None and args.out is not None and Path(args.out).is_dir() and not args.scale:
+        from .validate import _has_cuda
+
+        folder = True if _has_cuda() else False
+    check_writable("--out", args.out, folder=folder)
 
 
 def check_bench_sizes(path) -> None:

@@ -19,6 +19,15 @@ import pytest
 
 from megamoe.cli import main
 
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 SMALL = ["--model", "qwen3-30b-a3b", "--system", "hgx-h200"]
 BIG_GRID = ["--tokens-per-gpu", ",".join(map(str, range(1, 201))), "--seed", ",".join(map(str, range(100))),
             "--comm-sms", ",".join(map(str, range(1, 101)))]  # 2,000,000 points
@@ -40,6 +49,9 @@ CASES = [
     (["validate", "--from-bench", "HUGET"], "T=100,000,000 tokens; a measured layer has at most 1,048,576"),
     (["validate", "--report", "DIR", "--out", "FILE"], "--out 'FILE' is a file; give a folder"),
     (["validate", "--report", "DIR", "--out", "FILE/x"], "cannot be made: 'FILE' is not a folder"),
+    pytest.param(["validate", "--models", "mixtral-8x7b", "--tokens", "1", "--out", "DIR"],
+                 "--out 'DIR' is a folder; give a file", marks=pytest.mark.skipif(
+                     _cuda(), reason="with a GPU, validate's --out is the GPU run's folder")),
     # validate's options are checked on any machine, before it looks for a GPU
     (["validate", "--budget", "-5"], "--budget -5.0: must be a positive number"),
     (["validate", "--routings", "bogus"], "--routings 'bogus': give a comma-separated subset of"),
@@ -99,7 +111,11 @@ def paths(tmp_path):
     return {k: str(v) for k, v in p.items()}
 
 
-@pytest.mark.parametrize("argv,fragment", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def _id(case) -> str:
+    return " ".join((case.values if hasattr(case, "values") else case)[0])[:60]
+
+
+@pytest.mark.parametrize("argv,fragment", CASES, ids=[_id(c) for c in CASES])
 def test_refused_in_one_line(argv, fragment, paths, capsys, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
 
