@@ -188,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     one_shot = argv is None  # the process's own command line: it ends with this command
     argv = list(sys.argv[1:] if argv is None else argv)
+    # numba's compiled kernels go to the user's cache, not the installed source tree (read when numba loads)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(user_cache_dir() / "numba"))
     if one_shot:  # the modules the command imports live until exit: no cyclic collection while importing
         gc.disable()  # them, and none walks them later (gc.freeze); about 0.1 s of a ``megamoe simulate``
     parser = build_parser(load=argv[0] if argv and argv[0] in SUBCOMMANDS else None)
@@ -199,7 +201,6 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help()
         return 0
     what = getattr(args, "what", args.command)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(user_cache_dir() / "numba"))  # not the installed source tree
     try:
         from . import guards
 

@@ -178,7 +178,8 @@ def compile_notice():
             if not self.said:
                 self.said = True
                 cache = os.environ.get("NUMBA_CACHE_DIR") or "beside the sources"
-                _log(f"compiling the simulator's numba kernels once (about 15 s; cached in {cache})")
+                _log(f"compiling the simulator's numba kernels once, after an install or upgrade (tens of "
+                     f"seconds; then cached in {cache})")
 
         def on_end(self, ev):
             pass

@@ -235,3 +235,21 @@ def test_notebook_04_quotes_no_computed_number_and_writes_to_a_temporary_folder(
 def test_spec_error_type_for_the_api():
     with pytest.raises(SpecError, match=r"\[grid\] minibatch = 0"):
         parse_spec({"grid": {"minibatch": [0, 64]}})
+
+
+def test_best_shows_every_axis_that_varied_across_two_sweeps(tmp_path, capsys):
+    """Two sweeps into one folder, the second adding a routing the first left at its default: the
+    table shows the routing column (no two rows alike), the first sweep's rows as 'skewed'."""
+    out = tmp_path / "out"
+    base = ["sweep", *("--model", "qwen3-30b-a3b", "--system", "hgx-h200"), "--analytic", "--workers", "0",
+            "--no-plot", "--quiet", "--out", str(out)]
+    assert main([*base, "--tokens-per-gpu", "8", "--placement", "contiguous,eplb"]) == 0
+    assert main([*base, "--tokens-per-gpu", "8", "--placement", "contiguous,eplb", "--routing", "uniform"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "--best", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "layer_time_us" in line and not line.startswith("best"))
+    assert lines[at].split()[:2] == ["placement", "routing"]
+    rows = [line.split()[:2][::-1] for line in lines[at + 1:]]
+    assert sorted(map(tuple, rows)) == [("skewed", "contiguous"), ("skewed", "eplb"), ("uniform", "contiguous"),
+                                        ("uniform", "eplb")]

@@ -189,8 +189,15 @@ def best(results, objective: str = "layer_time_us", top: int = 10, within: str |
     return top_df
 
 
+def with_defaults(df):
+    """``df`` with the options a row left out (NaN) shown as the default they took."""
+    fill = {c: OPTIONS[c].default for c in input_columns(df) if c in OPTIONS and OPTIONS[c].default is not None}
+    return df.astype({c: object for c in fill}).fillna(fill) if fill else df
+
+
 def varied_columns(df) -> list[str]:
-    """The input columns whose value differs between rows of ``df`` (missing counts as a value)."""
+    """The input columns whose value differs between rows of ``df`` (a left-out option as its default)."""
+    df = with_defaults(df)
     return [c for c in input_columns(df) if df[c].astype(str).nunique(dropna=False) > 1]
 
 

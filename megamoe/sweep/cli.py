@@ -208,7 +208,7 @@ def _raise_interrupt(signum, frame):  # SIGTERM stops a sweep as Ctrl-C does: fi
 def _print_best(top, df, objective: str, console=None) -> None:
     from megamoe.cli import make_console
 
-    from . import input_columns, varied_columns
+    from . import input_columns, varied_columns, with_defaults
 
     console = console or make_console()
     ins = varied_columns(df) or input_columns(df)[:4]
@@ -222,4 +222,4 @@ def _print_best(top, df, objective: str, console=None) -> None:
         head += (f" (up to {top.attrs['top']} per {per}, ranked within each: a layer's time grows with its batch, "
                  "so across batches the smallest would always win)")
     console.print(head + ":", markup=False)
-    console.print(top[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}"), markup=False)
+    console.print(with_defaults(top)[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}"), markup=False)
