@@ -437,14 +437,14 @@ def run(args: argparse.Namespace) -> int:
         rows, failed = load_outcomes(src)
         from .report_rows import scan, summary
 
-        skipped = summary(*scan(_row_files(src)))
-        for line in skipped:
+        unusable = summary(*scan(_row_files(src)))
+        for line in unusable:
             print(f"megamoe validate: {line}", file=sys.stderr)
         if not rows:
             print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
             return 2
         out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
-        notes = tuple(skipped)
+        notes = tuple(unusable)
         if args.repredict:
             from megamoe.simulator.hardware import load_profile
 
@@ -470,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
                      f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
                      "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
                                            "configurations' routings)",) if borrowed else ()) + \
-                switch_note(settings, "this re-prediction") + tuple(skipped)
+                switch_note(settings, "this re-prediction") + tuple(unusable)
         write_report(rows, out, failures=failed, notes=notes)
         return 0
     if args.from_bench:
