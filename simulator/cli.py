@@ -212,6 +212,10 @@ def run(args) -> int:
     except (ProfileError, TraceError, ValueError, OSError) as exc:
         print(f"megamoe simulate: error: {exc}", file=sys.stderr)
         return 2
+    except RecursionError:
+        print(f"megamoe simulate: error: --model {args.model} or --system {args.system}: JSON nested too deeply to "
+              "read", file=sys.stderr)
+        return 2
     if args.trace:
         try:
             r.write_trace(args.trace)
