@@ -137,7 +137,6 @@ def size_problem(args) -> str | None:
     """Refuse, with the estimate, a model whose weights fit no GPU of the system or more --slots than
     every expert on every GPU; None if the sizes are possible."""
     from megamoe.reference import MoEConfig
-    from megamoe.reference.sizes import expert_bytes, shared_bytes
 
     from .hardware import load_profile, override
 
@@ -152,13 +151,22 @@ def size_problem(args) -> str | None:
     if args.comm_sms is None and p.rack is not None and p.rack.comm_sms >= p.num_sms:
         return (f"--sms {p.num_sms} leaves no SM for compute with {args.system}'s {p.rack.comm_sms} communication SMs: "
                 f"give --comm-sms below {p.num_sms}")
-    wd = args.weight_dtype or args.dtype
-    per_gpu = -(-E // G) * expert_bytes(cfg, wd) + (0 if args.no_shared else shared_bytes(cfg, wd))
-    if per_gpu > p.hbm_capacity_bytes:
-        return (f"--model {args.model}: its {wd} weights need {per_gpu / 1e9:,.3g} GB per GPU "
-                f"({-(-E // G)} of {E} experts on each of {G} GPUs{'' if args.no_shared else ' and the shared expert'}), "
-                f"more than the {p.hbm_capacity_bytes / 1e9:,.0f} GB of HBM of a {args.system} GPU")
-    return None
+    bad = weights_problem(cfg, p, args.weight_dtype or args.dtype, not args.no_shared, args.system)
+    return f"--model {args.model}: {bad}" if bad else None
+
+
+def weights_problem(cfg, profile, weight_dtype: str, shared: bool, system: str) -> str | None:
+    """Why the layer's weights fit no GPU of ``profile`` (its routed experts spread evenly, the shared
+    expert on every GPU), with the estimate; None if they fit."""
+    from megamoe.reference.sizes import expert_bytes, shared_bytes
+
+    E, G = cfg.num_experts, profile.num_gpus
+    per_gpu = -(-E // G) * expert_bytes(cfg, weight_dtype) + (shared_bytes(cfg, weight_dtype) if shared else 0)
+    if per_gpu <= profile.hbm_capacity_bytes:
+        return None
+    return (f"its {weight_dtype} weights need {per_gpu / 1e9:,.3g} GB per GPU ({-(-E // G)} of {E} experts on each "
+            f"of {G} GPUs{' and the shared expert' if shared else ''}), more than the "
+            f"{profile.hbm_capacity_bytes / 1e9:,.0f} GB of HBM of a {system} GPU")
 
 
 def _log(line: str) -> None:

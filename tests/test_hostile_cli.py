@@ -79,6 +79,8 @@ CASES = [
       "--dry-run"], "slots = 100,000,008: at most 18,432 for deepseek-v3 on 72 GPUs"),
     (["simulate", "--slots", "100000008", "--placement", "eplb", "--analytic"], "--slots 100,000,008: at most 18,432"),
     (["simulate", "--model", "HUGE", "--analytic"], "more than the 186 GB of HBM of a gb200-nvl72 GPU"),
+    (["sweep", "--model", "HUGE", "--tokens-per-gpu", "8,16", "--out", "OUT", "--dry-run"],
+     "weights need 6.14e+13 GB per GPU (4 of 256 experts on each of 72 GPUs and the shared expert)"),
     # numbers that name the wrong input or none
     (["simulate", "--sms", "1", "--analytic"], "--sms 1: a GPU needs at least 2 SMs"),
     (["simulate", "--sms", "4", "--analytic"], "--sms 4 leaves no SM for compute with gb200-nvl72's 40 communication"),

@@ -313,7 +313,7 @@ def parse_spec(data: dict) -> Spec:
     _check_size(spec)
     _check_minibatch(spec)
     _check_profiles(spec)
-    _check_slots(spec)
+    _check_sizes(spec)
     return spec
 
 
@@ -346,21 +346,28 @@ def _check_minibatch(spec: Spec) -> None:
                         "drop it or sweep schedule = fused too")
 
 
-def _check_slots(spec: Spec) -> None:
-    """Refuse slots beyond every expert on every GPU (E x G) of some model and system of the grid."""
-    slots = [v for v in _values(spec, "slots") if v is not None]
-    if not slots:
-        return
+def _check_sizes(spec: Spec) -> None:
+    """Refuse a model whose weights fit no GPU of a system of the grid (with the estimate), and slots
+    beyond every expert on every GPU (E x G)."""
     from megamoe.reference import MoEConfig
+    from megamoe.simulator.cli import weights_problem
 
+    slots = [v for v in _values(spec, "slots") if v is not None]
     names = ["system", *(n for n in [*spec.fixed, *spec.grid] if n not in OPTIONS)]
+    dtypes = {w or d for w in _values(spec, "weight-dtype") for d in _values(spec, "dtype")}
+    shared = {not v for v in _values(spec, "no-shared")}
     for model in _values(spec, "model"):
-        E = MoEConfig.load(model).num_experts
+        cfg = MoEConfig.load(model)
+        E = cfg.num_experts
         for combo in itertools.product(*(_values(spec, n) for n in names)):
-            G = resolve_profile(dict(zip(names, combo))).num_gpus
-            if max(slots) > E * G:
+            p = resolve_profile(dict(zip(names, combo)))
+            G = p.num_gpus
+            if slots and max(slots) > E * G:
                 raise SpecError(f"slots = {max(slots):,}: at most {E * G:,} for {model} on {G} GPUs (every one of its "
                                 f"{E} experts on every GPU)")
+            for wd, sh in itertools.product(sorted(dtypes), sorted(shared)):
+                if bad := weights_problem(cfg, p, wd, sh, combo[0] or OPTIONS["system"].default):
+                    raise SpecError(f"model = {model!r}: {bad}")
 
 
 def _check_profiles(spec: Spec) -> None:
