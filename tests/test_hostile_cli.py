@@ -3,9 +3,10 @@ and what is allowed (exit code 2, no traceback), before any work; or gets what a
 
 The table runs ``megamoe.cli.main`` in-process; every case is refused before a simulation, a sweep
 or a kernel starts, so the whole table takes seconds. Paths in the table: DEEP (JSON nested 100,000
-deep), BIN (random bytes), EMPTY (an empty file), DIR (an empty folder), FILE (a text file), BADPQ
-(a folder whose results.parquet is not Parquet), DONE (a folder holding two sweep rows), HUGE (a
-config of hidden size 1e18), HUGET (a bench row of T = 1e8), OUT (a folder that does not exist yet).
+deep), DEEPSPEC (a SPEC naming DEEP as its model), BIN (random bytes), EMPTY (an empty file), DIR
+(an empty folder), FILE (a text file), BADPQ (a folder whose results.parquet is not Parquet), DONE
+(a folder holding two sweep rows), HUGE (a config of hidden size 1e18), HUGET (a bench row of
+T = 1e8), OUT (a folder that does not exist yet).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ CASES = [
     (["simulate", "--model", "DEEP", "--analytic"], "--model 'DEEP': JSON nested too deeply"),
     (["simulate", "--system", "DEEP", "--analytic"], "--system 'DEEP': JSON nested too deeply"),
     (["info", "--assumptions", "DEEP"], "--assumptions 'DEEP': JSON nested too deeply"),
+    (["sweep", "DEEPSPEC", "--dry-run"], "[grid] model = 'DEEP': JSON nested too deeply to read"),
     (["info", "--assumptions", ""], "--assumptions '': empty"),
     (["info", "--json"], "give --system NAME"),
     # files that are not what they should be
@@ -95,9 +97,10 @@ def paths(tmp_path):
     from megamoe.reference import MoEConfig
     from megamoe.sweep.store import Store
 
-    p = {k: tmp_path / k.lower() for k in ("DEEP", "BIN", "EMPTY", "DIR", "FILE", "BADPQ", "DONE", "HUGE", "HUGET",
-                                           "OUT")}
+    names = ("DEEPSPEC", "DEEP", "BIN", "EMPTY", "DIR", "FILE", "BADPQ", "DONE", "HUGE", "HUGET", "OUT")
+    p = {k: tmp_path / k.lower() for k in names}
     p["DEEP"].write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    p["DEEPSPEC"].write_text(f'[grid]\nmodel = ["{p["DEEP"]}"]\nseed = [0, 1]\n')
     p["BIN"].write_bytes(bytes(range(256)) * 8)
     p["EMPTY"].write_text("")
     p["DIR"].mkdir()

@@ -70,7 +70,10 @@ def _model(v: Any) -> str:
 
     if not isinstance(v, str):
         raise ValueError("must be a preset name or a config JSON path")
-    MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+    try:
+        MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
     return v
 
 
@@ -79,7 +82,10 @@ def _system(v: Any) -> str:
 
     if not isinstance(v, str):
         raise ValueError("must be a profile name or a profile JSON path")
-    load_profile(v)
+    try:
+        load_profile(v)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
     return v
 
 
