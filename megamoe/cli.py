@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 
@@ -44,12 +45,33 @@ def _assumptions(name: str) -> int:
     return 0
 
 
+def _profile_json(name: str) -> int:
+    """``megamoe info --system PROFILE --json``: the profile as a JSON file ``--system`` loads back."""
+    import json
+
+    from megamoe.simulator.hardware import ProfileError, load_profile
+
+    try:
+        data = load_profile(name).data
+    except ProfileError as exc:
+        print(f"megamoe info: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(data, indent=1))
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from megamoe.reference import PRESETS, MoEConfig
 
-    if getattr(args, "assumptions", None):
+    if args.json and not args.system:
+        print("megamoe info: error: --json prints a profile: give --system NAME (e.g. --system gb200-nvl72 --json "
+              "> my-rack.json)", file=sys.stderr)
+        return 2
+    if args.system:
+        return _profile_json(args.system)
+    if args.assumptions is not None:
         return _assumptions(args.assumptions)
     console = make_console()
     console.print(f"[bold]megamoe[/bold] {__version__}  (python {sys.version.split()[0]})")
@@ -117,6 +139,9 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="versions, GPU, model presets and hardware profiles")
     p.add_argument("--assumptions", metavar="PROFILE", help="list the profile's numbers flagged as assumptions "
                    "(name or JSON file), with their sources")
+    p.add_argument("--system", metavar="PROFILE", help="with --json: print the profile (name or JSON file) as JSON, "
+                   "to edit and give back to --system, e.g. megamoe info --system gb200-nvl72 --json > my-rack.json")
+    p.add_argument("--json", action="store_true", help="with --system: print the profile as JSON")
     p.set_defaults(func=_info)
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -126,6 +151,19 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
             if mod is not None:
                 mod.add_arguments(p)
     return parser
+
+
+#: The inputs that set a command's size, named when it runs out of memory.
+SIZE_INPUTS = {"simulate": "--tokens-per-gpu, --slots or the --model's sizes",
+               "sweep": "fewer grid points, --tokens-per-gpu or --slots",
+               "validate": "--tokens, or the T of the --from-bench / --report rows",
+               "bench": "--tokens", "calibrate": "--budget"}
+
+
+def user_cache_dir() -> Path:
+    """megamoe's cache folder: $XDG_CACHE_HOME/megamoe, else ~/.cache/megamoe."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "megamoe"
 
 
 def _ours(exc: BaseException) -> bool:
@@ -150,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     one_shot = argv is None  # the process's own command line: it ends with this command
     argv = list(sys.argv[1:] if argv is None else argv)
+    # numba's compiled kernels go to the user's cache, not the installed source tree (read when numba loads)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(user_cache_dir() / "numba"))
     if one_shot:  # the modules the command imports live until exit: no cyclic collection while importing
         gc.disable()  # them, and none walks them later (gc.freeze); about 0.1 s of a ``megamoe simulate``
     parser = build_parser(load=argv[0] if argv and argv[0] in SUBCOMMANDS else None)
@@ -162,12 +202,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     what = getattr(args, "what", args.command)
     try:
+        from . import guards
+
+        guards.check(what, args)
         if hasattr(args, "func"):
             return args.func(args)
         mod = _delegate(args.module, args.what)
         if mod is None:
             return 2
-        return int(mod.run(args) or 0)
+        rc = int(mod.run(args) or 0)
+        if rc == 2 and what in ("bench", "calibrate") and guards.cuda_missing():
+            print(f"megamoe {what}: {guards.CPU_ALTERNATIVES}", file=sys.stderr)
+        return rc
     except KeyboardInterrupt:
         print(f"megamoe {what}: interrupted", file=sys.stderr)
         return 130
@@ -175,8 +221,11 @@ def _main(argv: Sequence[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except MemoryError:
-        print(f"megamoe {what}: error: out of memory; try a smaller size (e.g. fewer --tokens-per-gpu)",
+        print(f"megamoe {what}: error: out of memory; try a smaller size ({SIZE_INPUTS.get(what, 'smaller inputs')})",
               file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"megamoe {what}: error: an input is nested too deeply to read (JSON or TOML nesting)", file=sys.stderr)
         return 2
     except Exception as exc:
         if not _ours(exc):

@@ -63,17 +63,19 @@ def _last_rows(src: str | Path) -> tuple[dict, dict]:
     """({key: last row with predicted_us and measured_us}, {key: last row}) of a jsonl file or of
     every validation_*.jsonl (else *.jsonl) in a folder. Lines that are not JSON objects (one cut
     short when a run was killed) are skipped."""
+    from .report_rows import row_problem
+
     measured: dict = {}
     last: dict = {}
     for p in _row_files(Path(src)):
-        for line in p.read_text().splitlines():
+        for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
             if not line.strip():
                 continue
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if not isinstance(r, dict) or "T" not in r:
+            if not isinstance(r, dict) or "T" not in r or row_problem(r):  # counted by report_rows.scan
                 continue
             r.setdefault("routing", "uniform")
             r.setdefault("backend", "multi")

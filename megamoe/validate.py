@@ -276,11 +276,17 @@ def _run_report(args: argparse.Namespace) -> int:
         print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
         return 2
     rows, failed = load_outcomes(src)
+    from .report import _row_files
+    from .report_rows import scan, summary
+
+    unusable = summary(*scan(_row_files(src)))
+    for line in unusable:
+        print(f"megamoe validate: {line}", file=sys.stderr)
     if not rows:
         print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
-    notes = ()
+    notes = tuple(unusable)
     if args.repredict:
         from megamoe.simulator.hardware import load_profile
 
@@ -306,7 +312,7 @@ def _run_report(args: argparse.Namespace) -> int:
                  f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
                  "measurements.",) + ((f"{borrowed} rows took their counts from {args.counts_from} (the same "
                                        "configurations' routings)",) if borrowed else ()) + \
-            switch_note(settings, "this re-prediction")
+            switch_note(settings, "this re-prediction") + tuple(unusable)
     write_report(rows, out, failures=failed, notes=notes)
     return 0
 

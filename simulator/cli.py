@@ -11,6 +11,8 @@ default skew, implausible profile numbers, the size of a long run and its progre
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import sys
 
@@ -20,16 +22,17 @@ from .placement import POLICIES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--system", default="gb200-nvl72", help="profile name (gb200-nvl72, gb300-nvl72, hgx-h200, h200) or JSON file")
-    a("--model", default="deepseek-v3", help="MoEConfig preset or config.json path")
+    a("--system", default="gb200-nvl72", help="profile name (gb200-nvl72, gb300-nvl72, hgx-h200, h200) or JSON file "
+      "(make one with: megamoe info --system gb200-nvl72 --json > my-rack.json) (default gb200-nvl72)")
+    a("--model", default="deepseek-v3", help="MoEConfig preset or config.json path (default deepseek-v3)")
     a("--tokens-per-gpu", type=int, default=4096, help="tokens each GPU starts with (default 4096)")
     a("--routing", default="skewed",
       help="uniform | skewed[:R] (R = by-expert (max-mean)/mean, default 10.9, clamped where E/K leaves "
            "no room) | zipf:S | hot:F[:N] | trace:FILE | router (default skewed)")
     a("--routing-trace", metavar="FILE", help="shortcut for --routing trace:FILE (npz key topk_idx, or CSV)")
     a("--placement", default="contiguous", choices=POLICIES, help="expert placement (default contiguous)")
-    a("--slots", type=int, help="physical expert slots for eplb (default E + E/8 rounded up to a multiple of G)")
-    a("--schedule", default="fused", choices=("fused", "bulk"), help="fused megakernel or bulk-synchronous")
+    a("--slots", type=int, help="physical expert slots for --placement eplb (default E + E/8 rounded up to a multiple of G)")
+    a("--schedule", default="fused", choices=("fused", "bulk"), help="fused megakernel or bulk-synchronous (default fused)")
     a("--comm-sms", type=int, help="SMs given to communication (default: the profile's megakernel.comm_sms, 40)")
     a("--minibatch", type=int,
       help="tokens per GPU per pipelined minibatch (default: the profile's megakernel.minibatch_tokens, 4096)")
@@ -48,22 +51,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sms", type=int, help="SMs per GPU")
     g.add_argument("--hbm-bandwidth", type=float, help="HBM bytes/s")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any profile number, e.g. --set link.payload_efficiency=0.9 (repeatable)")
+                   help="any profile number as section.key or an alias, e.g. --set link.payload_efficiency=0.9 "
+                   "(repeatable)")
     a("--trace", metavar="FILE", help="write a Chrome-trace/Perfetto JSON timeline to FILE")
     a("--analytic", action="store_true", help="the analytic bound only (no event model; milliseconds)")
     a("--json", action="store_true", help="print JSON instead of a table")
     a("--links", action="store_true", help="with --json: include every link's bytes and utilization")
 
 
-def _overrides(args) -> dict:
-    from .hardware import parse_assignment
+#: The hardware flags and the profile override each sets.
+HARDWARE_FLAGS = {"gpus": "--gpus", "link_bandwidth": "--link-bandwidth", "link_latency": "--link-latency",
+                  "sms": "--sms", "hbm_bandwidth": "--hbm-bandwidth"}
 
-    o = {"gpus": args.gpus, "link_bandwidth": args.link_bandwidth, "link_latency": args.link_latency,
-         "sms": args.sms, "hbm_bandwidth": args.hbm_bandwidth}
+
+def key_path(name: str) -> str | None:
+    """The profile key path (``link.payload_efficiency``) an override name or alias sets, or None."""
+    from .hardware import ALIASES, SCHEMA
+
+    path = ALIASES.get(name, name.replace("__", "."))
+    sec, _, key = path.partition(".")
+    return path if sec in SCHEMA and key in SCHEMA[sec] else None
+
+
+def _overrides(args) -> dict:
+    """{override name: value} from the hardware flags and every ``--set``; a key set twice is refused."""
+    from .hardware import ALIASES, ProfileError, parse_assignment
+
+    o = {k: getattr(args, k) for k in HARDWARE_FLAGS if getattr(args, k) is not None}
+    given = {key_path(k): HARDWARE_FLAGS[k] for k in o}
     for s in args.set:
         k, v = parse_assignment(s)
+        path = key_path(k)
+        if path is None:
+            raise ProfileError(f"--set {s.split('=', 1)[0].strip()}: not a profile key; give section.key "
+                               f"(e.g. link.payload_efficiency) or one of {', '.join(sorted(ALIASES))}")
+        if path in given:
+            raise ProfileError(f"--set {s} and {given[path]} both set {path}: give it once")
+        given[path] = f"--set {s}"
         o[k] = v
-    return {k: v for k, v in o.items() if v is not None}
+    return o
 
 
 def _comm_work(text):
@@ -88,11 +114,86 @@ def check_options(args) -> str | None:
             return f"--trace {args.trace}: the directory {str(t.parent)!r} does not exist"
     if args.routing_trace and args.routing != "skewed":
         return f"--routing-trace and --routing {args.routing} both give the routing: use one"
+    kind, _, rest = args.routing.partition(":")
+    if kind != "trace" and rest:
+        for part in rest.split(":"):
+            try:
+                bad = not math.isfinite(float(part))
+            except ValueError:
+                bad = False  # not a number: the routing parser names it
+            if bad:
+                return f"--routing {args.routing}: {part} is not a finite number"
+    if args.minibatch is not None and args.schedule == "bulk":
+        return (f"--minibatch {args.minibatch} has no effect under --schedule bulk (it moves every token at once); "
+                "drop it or use --schedule fused")
+    if args.sms is not None and args.sms < 2:
+        return f"--sms {args.sms}: a GPU needs at least 2 SMs (at least one copies and one computes)"
+    if args.sms is not None and args.comm_sms is not None and args.comm_sms >= args.sms:
+        return f"--comm-sms {args.comm_sms} must leave at least one of the --sms {args.sms} SMs for compute"
     return None
+
+
+def size_problem(args) -> str | None:
+    """Refuse, with the estimate, a model whose weights fit no GPU of the system or more --slots than
+    every expert on every GPU; None if the sizes are possible."""
+    from megamoe.reference import MoEConfig
+
+    from .hardware import load_profile, override
+
+    cfg = MoEConfig.load(args.model)
+    p = load_profile(args.system)
+    o = _overrides(args)
+    p = override(p, **o) if o else p
+    G, E = p.num_gpus, cfg.num_experts
+    if args.slots is not None and args.slots > E * G:
+        return (f"--slots {args.slots:,}: at most {E * G:,} (every one of the {E} experts on every one of the {G} "
+                f"GPUs)")
+    if args.comm_sms is None and p.rack is not None and p.rack.comm_sms >= p.num_sms:
+        return (f"--sms {p.num_sms} leaves no SM for compute with {args.system}'s {p.rack.comm_sms} communication SMs: "
+                f"give --comm-sms below {p.num_sms}")
+    bad = weights_problem(cfg, p, args.weight_dtype or args.dtype, not args.no_shared, args.system)
+    return f"--model {args.model}: {bad}" if bad else None
+
+
+def weights_problem(cfg, profile, weight_dtype: str, shared: bool, system: str) -> str | None:
+    """Why the layer's weights fit no GPU of ``profile`` (its routed experts spread evenly, the shared
+    expert on every GPU), with the estimate; None if they fit."""
+    from megamoe.reference.sizes import expert_bytes, shared_bytes
+
+    E, G = cfg.num_experts, profile.num_gpus
+    per_gpu = -(-E // G) * expert_bytes(cfg, weight_dtype) + (shared_bytes(cfg, weight_dtype) if shared else 0)
+    if per_gpu <= profile.hbm_capacity_bytes:
+        return None
+    return (f"its {weight_dtype} weights need {per_gpu / 1e9:,.3g} GB per GPU ({-(-E // G)} of {E} experts on each "
+            f"of {G} GPUs{' and the shared expert' if shared else ''}), more than the "
+            f"{profile.hbm_capacity_bytes / 1e9:,.0f} GB of HBM of a {system} GPU")
 
 
 def _log(line: str) -> None:
     print(f"megamoe simulate: {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def compile_notice():
+    """Say once on stderr when numba compiles the simulator's kernels (a cache miss: the first run
+    after an install or an upgrade); a run that loads them from the cache says nothing."""
+    from numba.core import event
+
+    class Notice(event.Listener):
+        said = False
+
+        def on_start(self, ev):
+            if not self.said:
+                self.said = True
+                cache = os.environ.get("NUMBA_CACHE_DIR") or "beside the sources"
+                _log(f"compiling the simulator's numba kernels once, after an install or upgrade (tens of "
+                     f"seconds; then cached in {cache})")
+
+        def on_end(self, ev):
+            pass
+
+    with event.install_listener("numba:compile", Notice()):
+        yield
 
 
 def run(args) -> int:
@@ -106,16 +207,29 @@ def run(args) -> int:
         return 2
     routing = f"trace:{args.routing_trace}" if args.routing_trace else args.routing
     try:
-        r = simulate(args.model, args.system, args.tokens_per_gpu, routing=routing, placement=args.placement,
-                     schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
-                     weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
-                     num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
-                     analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log)
-        if args.trace:
-            r.write_trace(args.trace)
+        bad = size_problem(args)
+        if bad:
+            print(f"megamoe simulate: error: {bad}", file=sys.stderr)
+            return 2
+        with compile_notice():
+            r = simulate(args.model, args.system, args.tokens_per_gpu, routing=routing, placement=args.placement,
+                         schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
+                         weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
+                         num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
+                         analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log)
     except (ProfileError, TraceError, ValueError, OSError) as exc:
         print(f"megamoe simulate: error: {exc}", file=sys.stderr)
         return 2
+    except RecursionError:
+        print(f"megamoe simulate: error: --model {args.model} or --system {args.system}: JSON nested too deeply to "
+              "read", file=sys.stderr)
+        return 2
+    if args.trace:
+        try:
+            r.write_trace(args.trace)
+        except OSError as exc:
+            print(f"megamoe simulate: error: --trace {args.trace}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(r.to_json(links=args.links))
     else:

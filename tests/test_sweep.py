@@ -98,7 +98,12 @@ def test_tiny_grid_on_a_local_cluster_of_two_workers(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sweep", "--best", str(out), "--top", "3", "--objective", "exposed_comm_us"]) == 0
     printed = capsys.readouterr().out
-    assert "best 3 of 8 points by exposed_comm_us" in printed
+    # ranked within each token count (a layer's time grows with its batch), every axis that varied shown
+    assert "best 6 of 8 points by exposed_comm_us (up to 3 per tokens-per-gpu, ranked within each" in printed
+    header = next(line for line in printed.splitlines() if "layer_time_us" in line).split()
+    assert header[:3] == ["tokens-per-gpu", "schedule", "placement"]
+    top = best(out, "exposed_comm_us", 3)
+    assert top.attrs["ranked_within"] == "tokens-per-gpu" and list(top["tokens-per-gpu"]) == [8, 8, 8, 32, 32, 32]
 
 
 def test_resume_runs_only_new_points_and_reads_parts_of_a_killed_run(tmp_path):
@@ -175,6 +180,76 @@ def test_old_grid_flags_build_the_same_grid_as_a_spec(tmp_path):
     assert set(load_results(out)["point_id"]) == {p.point_id for p in same.points()}
 
 
+def test_only_the_axes_given_vary_and_rows_name_model_and_system(tmp_path, capsys):
+    """Flags give the grid: 2 x 2 x 2 = 8 points, nothing added; the rest keep simulate's defaults,
+    said on stderr; rows carry the model and system even where they were left at their defaults."""
+    out = tmp_path / "out"
+    rc = main(["sweep", "--analytic", "--tokens-per-gpu", "8,16", "--placement", "contiguous,eplb",
+               "--comm-sms", "16,40", "--workers", "0", "--no-plot", "--out", str(out)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "fixed at simulate's defaults: model=deepseek-v3, system=gb200-nvl72, routing=skewed" in err
+    df = load_results(out)
+    assert len(df) == 8
+    assert set(df["model"]) == {"deepseek-v3"} and set(df["system"]) == {"gb200-nvl72"}
+
+
+def test_plot_title_names_model_and_system(tmp_path):
+    pytest.importorskip("matplotlib")
+    from megamoe.sweep import plot
+
+    spec = parse_spec({"fixed": {"analytic": True}, "grid": {"tokens-per-gpu": [8, 16]}})
+    df = run_sweep(spec, tmp_path, workers=0, progress=False, plot=False)
+    titles = []
+    from matplotlib.figure import Figure
+
+    orig = Figure.suptitle
+
+    def keep(self, text, **kw):
+        titles.append(text)
+        return orig(self, text, **kw)
+
+    Figure.suptitle = keep
+    try:
+        plot.plot(df, spec, tmp_path / "p.png")
+    finally:
+        Figure.suptitle = orig
+    assert "model=deepseek-v3" in titles[0] and "system=gb200-nvl72" in titles[0]
+
+
+def test_notebook_04_quotes_no_computed_number_and_writes_to_a_temporary_folder():
+    """Its prose says what the printed figures show without quoting them (so a rerun cannot
+    contradict it), and it writes its config and sweep under a temporary folder."""
+    import re
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" /
+                     "04_placement_sweep_kimi_k3_like.ipynb").read_text())
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    reading = prose[prose.index("## Reading"):]
+    assert not re.findall(r"\d[\d.,]*\s*(?:us\b|%)", reading)
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "tempfile.mkdtemp" in code and 'Path("kimi-k3-like.json")' not in code and '"sweep-kimi' not in code
+
+
 def test_spec_error_type_for_the_api():
     with pytest.raises(SpecError, match=r"\[grid\] minibatch = 0"):
         parse_spec({"grid": {"minibatch": [0, 64]}})
+
+
+def test_best_shows_every_axis_that_varied_across_two_sweeps(tmp_path, capsys):
+    """Two sweeps into one folder, the second adding a routing the first left at its default: the
+    table shows the routing column (no two rows alike), the first sweep's rows as 'skewed'."""
+    out = tmp_path / "out"
+    base = ["sweep", *("--model", "qwen3-30b-a3b", "--system", "hgx-h200"), "--analytic", "--workers", "0",
+            "--no-plot", "--quiet", "--out", str(out)]
+    assert main([*base, "--tokens-per-gpu", "8", "--placement", "contiguous,eplb"]) == 0
+    assert main([*base, "--tokens-per-gpu", "8", "--placement", "contiguous,eplb", "--routing", "uniform"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "--best", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "layer_time_us" in line and not line.startswith("best"))
+    assert lines[at].split()[:2] == ["placement", "routing"]
+    rows = [line.split()[:2][::-1] for line in lines[at + 1:]]
+    assert sorted(map(tuple, rows)) == [("skewed", "contiguous"), ("skewed", "eplb"), ("uniform", "contiguous"),
+                                        ("uniform", "eplb")]

@@ -5,23 +5,22 @@
     megamoe sweep --best DIR [--objective layer_time_us|exposed_comm_us] [--top N]
 
 Without a SPEC, each option flag takes a comma-separated list (one value: fixed; several: a grid
-axis) and ``--set KEY=V1,V2`` sweeps a profile field; options not given take the old defaults grid
-(DEFAULT_GRID). Every error that can be found before running (bad SPEC, ``--out`` a file, a missing
-dependency) is one line on stderr and exit code 2; failing points are recorded and the sweep goes on.
+axis) and ``--set KEY=V1,V2`` sweeps a profile field; only the options given vary, the others keep
+``megamoe simulate``'s defaults (said on stderr). Every error that can be found before running (bad
+SPEC, ``--out`` a file, a missing dependency, a grid or --workers too large, a folder another sweep
+is writing) is one line on stderr and exit code 2; failing points are recorded and the sweep goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 
 from .spec import OPTIONS, PROFILE_FLAGS
 
-#: The grid of a bare ``megamoe sweep`` (no SPEC), as in earlier versions.
-DEFAULT_GRID = {"tokens-per-gpu": "128,512,2048,4096", "routing": "uniform,skewed",
-                "placement": "contiguous,eplb", "schedule": "bulk,fused"}
 _BOOL_FLAGS = ("analytic", "no-shared")
 
 
@@ -39,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--quiet", action="store_true", help="no progress")
     b = parser.add_argument_group("ranking results")
     b.add_argument("--best", metavar="DIR", help="print the best points of a finished (or partial) sweep in DIR")
-    b.add_argument("--objective", default="layer_time_us", help="column to minimize (layer_time_us, exposed_comm_us)")
-    b.add_argument("--top", type=int, default=10, help="how many points (default 10)")
+    b.add_argument("--objective", default="layer_time_us", help="numeric column to minimize (layer_time_us, "
+                   "exposed_comm_us, ...); where tokens-per-gpu varies, points are ranked within each token count")
+    b.add_argument("--top", type=int, default=10, help="how many points (per token count where it varies; default 10)")
     g = parser.add_argument_group("the grid as flags (instead of a SPEC): comma-separated values")
     for name, opt in OPTIONS.items():
         if name in _BOOL_FLAGS:
@@ -66,7 +66,7 @@ def _value(text: str):
 
 
 def spec_from_flags(args: argparse.Namespace) -> dict:
-    """The SPEC dict the flags describe; DEFAULT_GRID fills the options not given."""
+    """The SPEC dict the flags describe: only the options given; the others keep simulate's defaults."""
     from .spec import SpecError
 
     given: dict[str, str] = {}
@@ -79,8 +79,11 @@ def spec_from_flags(args: argparse.Namespace) -> dict:
         if not eq:
             raise SpecError(f"--set expects KEY=V1,V2, got {s!r}")
         given[key.strip()] = vals
+    if not given:
+        raise SpecError("nothing to sweep: give a SPEC file or the grid as flags, e.g. --tokens-per-gpu 128,1024 "
+                        "--placement contiguous,eplb")
     fixed, grid = {}, {}
-    for name, text in {**DEFAULT_GRID, **given}.items():
+    for name, text in given.items():
         items = [i for i in text.split(",")]
         if any(not i.strip() for i in items):
             raise SpecError(f"--{name}: empty item in {text!r}")
@@ -90,6 +93,17 @@ def spec_from_flags(args: argparse.Namespace) -> dict:
         else:
             grid[name] = vals
     return {"fixed": fixed, "grid": grid}
+
+
+def defaults_note(spec) -> str:
+    """The options a flag-built sweep leaves at simulate's defaults, as one line."""
+    left = [f"{n}={o.default}" for n, o in OPTIONS.items() if o.default is not None and n not in spec.columns
+            and n not in _BOOL_FLAGS]
+    return "fixed at simulate's defaults: " + ", ".join(left) if left else ""
+
+
+#: A Dask scheduler address: [protocol://]host:port.
+ADDRESS = re.compile(r"([a-z]+://)?[^\s/:]+(:\d+)|[a-z]+://\S+")
 
 
 def _flags_given(args: argparse.Namespace) -> list[str]:
@@ -103,11 +117,16 @@ def _error(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import SweepError, as_spec, best, check_dependencies, check_out, load_results
+    from . import SweepError, as_spec, best, check_dependencies, check_out, check_workers, load_results
     from .spec import SpecError
 
     try:
         if args.best:
+            if args.spec or _flags_given(args) or args.dry_run or args.retry_failed:
+                given = [args.spec or "", *_flags_given(args), *(["--dry-run"] if args.dry_run else []),
+                         *(["--retry-failed"] if args.retry_failed else [])]
+                raise SweepError(f"--best ranks the results already in {args.best!r} and runs nothing: drop "
+                                 f"{' '.join(g for g in given if g)} (or drop --best to run a sweep)")
             check_dependencies(("pandas", "pyarrow"))
             from pathlib import Path
 
@@ -127,10 +146,19 @@ def run(args: argparse.Namespace) -> int:
         check_dependencies(tuple(n for n in ("dask", "distributed", "pyarrow", "pandas", "matplotlib")
                                  if not (args.no_plot and n == "matplotlib")))
         out = check_out(args.out)
-        if args.workers is not None and args.workers < 0:
-            raise SweepError(f"--workers must be >= 0, got {args.workers}")
+        check_workers(args.workers, args.scheduler)
+        if args.scheduler is not None and not ADDRESS.fullmatch(args.scheduler):
+            raise SweepError(f"--scheduler {args.scheduler!r}: give a Dask scheduler address, e.g. tcp://host:8786")
+        if args.retry_failed:
+            from .store import Store
+
+            if not out.is_dir() or Store(out).read().empty:
+                raise SweepError(f"--retry-failed: {str(out)!r} holds no results of an earlier run; give that run's "
+                                 "--out (or drop --retry-failed to start a sweep)")
     except (SpecError, SweepError) as exc:
         return _error(str(exc))
+    if not args.spec and not args.quiet and defaults_note(spec):
+        print(f"megamoe sweep: {defaults_note(spec)}", file=sys.stderr)
     if args.dry_run:
         from .store import Store
 
@@ -160,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         ok = df[df["error"].isna()] if "error" in df else df
         if not ok.empty:
             _print_best(best(ok, "layer_time_us", 5), ok, "layer_time_us", console)
-        errs = df["error"].dropna()
+        errs = df["error"].dropna() if "error" in df else df.iloc[:0]
         if len(errs):
             console.print(f"{len(errs)} points failed, e.g. {errs.iloc[0]}", markup=False)
         plot_note = " and sweep.png" if (out / "sweep.png").exists() and not args.no_plot else ""
@@ -180,13 +208,18 @@ def _raise_interrupt(signum, frame):  # SIGTERM stops a sweep as Ctrl-C does: fi
 def _print_best(top, df, objective: str, console=None) -> None:
     from megamoe.cli import make_console
 
-    from . import input_columns
+    from . import input_columns, varied_columns, with_defaults
 
     console = console or make_console()
-    ins = [c for c in input_columns(df) if df[c].astype(str).nunique() > 1] or input_columns(df)[:4]
+    ins = varied_columns(df) or input_columns(df)[:4]
     cols = [*ins, "layer_time_us", "exposed_comm_us", "expert_compute_us", "load_imbalance_wait_us"]
     if objective not in cols:
         cols.append(objective)
     cols = [c for c in dict.fromkeys(cols) if c in top.columns]
-    console.print(f"best {len(top)} of {len(df)} points by {objective}:", markup=False)
-    console.print(top[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}"), markup=False)
+    per = top.attrs.get("ranked_within")
+    head = f"best {len(top)} of {len(df)} points by {objective}"
+    if per:
+        head += (f" (up to {top.attrs['top']} per {per}, ranked within each: a layer's time grows with its batch, "
+                 "so across batches the smallest would always win)")
+    console.print(head + ":", markup=False)
+    console.print(with_defaults(top)[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}"), markup=False)

@@ -55,7 +55,10 @@ def plot(df, spec, path: str | Path, objective: str = "layer_time_us") -> Path |
     fig.colorbar(sc, ax=ax, label=label)
     for extra in flat[n:]:
         extra.set_visible(False)
-    fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
+    from .spec import OPTIONS
+
+    named = {"model": OPTIONS["model"].default, "system": OPTIONS["system"].default, **spec.fixed}
+    fixed = ", ".join(f"{k}={v}" for k, v in named.items() if k not in spec.grid)
     failed = len(df) - len(ok)
     title = f"Sweep of {len(ok)} points" + (f" ({failed} failed)" if failed else "") + (f": {fixed}" if fixed else "")
     fig.suptitle("\n".join(textwrap.wrap(title, 40 * cols)), fontsize=10)

@@ -112,6 +112,7 @@ def execute(spec: Spec, out: str | Path, *, workers: int = 2, scheduler: str | N
 def _failed_row(p: Point, exc: BaseException) -> dict:
     from .worker import OUTPUTS
 
-    row = {"point_id": p.point_id, **p.options, **dict.fromkeys(OUTPUTS)}
+    c = p.canonical()
+    row = {"point_id": p.point_id, "model": c["model"], "system": c["system"], **p.options, **dict.fromkeys(OUTPUTS)}
     row["error"] = f"{type(exc).__name__}: {exc}"
     return row

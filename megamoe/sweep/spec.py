@@ -70,7 +70,10 @@ def _model(v: Any) -> str:
 
     if not isinstance(v, str):
         raise ValueError("must be a preset name or a config JSON path")
-    MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+    try:
+        MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
     return v
 
 
@@ -79,7 +82,10 @@ def _system(v: Any) -> str:
 
     if not isinstance(v, str):
         raise ValueError("must be a profile name or a profile JSON path")
-    load_profile(v)
+    try:
+        load_profile(v)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
     return v
 
 
@@ -143,6 +149,10 @@ OPTIONS: dict[str, Option] = {
 PROFILE_FLAGS = {"gpus": "gpus", "sms": "sms", "link-bandwidth": "link_bandwidth", "link-latency": "link_latency",
                  "hbm-bandwidth": "hbm_bandwidth"}
 TABLES = ("fixed", "grid")
+#: Most points one sweep may have (the list of points alone takes about 20 us per point to build).
+MAX_POINTS = 1_000_000
+#: Points per second and worker, roughly, to estimate a grid's time: analytic bound, event model.
+RATE_ANALYTIC, RATE_EVENT = 5_000, 5
 #: Options that decide the workload (routing, placement, per-GPU work): points that agree on them
 #: share one built workload.
 WORKLOAD_OPTIONS = ("model", "tokens-per-gpu", "routing", "placement", "slots", "minibatch", "seed")
@@ -272,6 +282,8 @@ def parse_spec(data: dict) -> Spec:
     """Check a SPEC given as a dict ``{"fixed": {...}, "grid": {...}}``."""
     if not isinstance(data, dict):
         raise SpecError(f"a SPEC is a table with [fixed] and [grid], got {type(data).__name__}")
+    if not any(data.values()):
+        raise SpecError("the SPEC is empty: give a [grid] table of lists (and a [fixed] table of single values)")
     unknown = [k for k in data if k not in TABLES]
     if unknown:
         raise SpecError(f"unknown table [{unknown[0]}]; a SPEC has only {', '.join(f'[{t}]' for t in TABLES)}")
@@ -304,8 +316,64 @@ def parse_spec(data: dict) -> Spec:
         if p:
             paths[p] = name
     spec = Spec(fixed, grid)
+    _check_size(spec)
+    _check_minibatch(spec)
     _check_profiles(spec)
+    _check_sizes(spec)
     return spec
+
+
+def _check_size(spec: Spec) -> None:
+    """Refuse, with an estimate, a grid of more than MAX_POINTS points (before any point is made)."""
+    n = len(spec)
+    if n <= MAX_POINTS:
+        return
+    analytic = spec.fixed.get("analytic", False) is True
+    hours = n / (RATE_ANALYTIC if analytic else RATE_EVENT) / 3600
+    shape = " x ".join(f"{len(v)} {k}" for k, v in spec.grid.items())
+    raise SpecError(f"the grid has {n:,} points ({shape}): at most {MAX_POINTS:,} in one sweep (this one would take "
+                    f"about {hours:,.0f} worker-hours{' with the analytic bound' if analytic else ''}); narrow an "
+                    "axis or split the grid")
+
+
+def _values(spec: Spec, name: str) -> list:
+    if name in spec.grid:
+        return spec.grid[name]
+    return [spec.fixed.get(name, OPTIONS[name].default if name in OPTIONS else None)]
+
+
+def _check_minibatch(spec: Spec) -> None:
+    """A minibatch changes nothing under the bulk schedule: refuse it where every point is bulk."""
+    from megamoe.simulator.schedules import normalize_schedule
+
+    mb = [v for v in _values(spec, "minibatch") if v not in (None, "auto")]
+    if mb and all(normalize_schedule(s) == "bulk" for s in _values(spec, "schedule")):
+        raise SpecError(f"minibatch = {mb[0]!r} has no effect under schedule = bulk (it moves every token at once); "
+                        "drop it or sweep schedule = fused too")
+
+
+def _check_sizes(spec: Spec) -> None:
+    """Refuse a model whose weights fit no GPU of a system of the grid (with the estimate), and slots
+    beyond every expert on every GPU (E x G)."""
+    from megamoe.reference import MoEConfig
+    from megamoe.simulator.cli import weights_problem
+
+    slots = [v for v in _values(spec, "slots") if v is not None]
+    names = ["system", *(n for n in [*spec.fixed, *spec.grid] if n not in OPTIONS)]
+    dtypes = {w or d for w in _values(spec, "weight-dtype") for d in _values(spec, "dtype")}
+    shared = {not v for v in _values(spec, "no-shared")}
+    for model in _values(spec, "model"):
+        cfg = MoEConfig.load(model)
+        E = cfg.num_experts
+        for combo in itertools.product(*(_values(spec, n) for n in names)):
+            p = resolve_profile(dict(zip(names, combo)))
+            G = p.num_gpus
+            if slots and max(slots) > E * G:
+                raise SpecError(f"slots = {max(slots):,}: at most {E * G:,} for {model} on {G} GPUs (every one of its "
+                                f"{E} experts on every GPU)")
+            for wd, sh in itertools.product(sorted(dtypes), sorted(shared)):
+                if bad := weights_problem(cfg, p, wd, sh, combo[0] or OPTIONS["system"].default):
+                    raise SpecError(f"model = {model!r}: {bad}")
 
 
 def _check_profiles(spec: Spec) -> None:
@@ -349,9 +417,13 @@ def load_spec(path: str | Path) -> Spec:
     if not path.is_file():
         raise SpecError(f"SPEC {str(path)!r} is not a file")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"SPEC {str(path)!r} is not a text file (binary or not UTF-8)") from None
+    except RecursionError:
+        raise SpecError(f"SPEC {str(path)!r}: tables nested too deeply to read") from None
     try:
         return parse_spec(data)
     except SpecError as exc:

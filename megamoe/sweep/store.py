@@ -41,6 +41,21 @@ def _write_atomic(table, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+class StoreError(ValueError):
+    """A file of an output folder cannot be read as Parquet; the message names it."""
+
+
+def _read(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise StoreError(f"{path} is not a readable Parquet file ({str(exc).splitlines()[0][:120]}); "
+                         "move it away to start that folder afresh") from None
+
+
 class Store:
     """The rows of one output folder."""
 
@@ -65,10 +80,9 @@ class Store:
     def _table(self):
         """(all rows, deduplicated by point_id keeping the last; the parts that went in)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         parts = self._parts()
-        tables = ([pq.read_table(self.results)] if self.results.exists() else []) + [pq.read_table(p) for p in parts]
+        tables = ([_read(self.results)] if self.results.exists() else []) + [_read(p) for p in parts]
         if not tables:
             return None, parts
         t = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

@@ -196,11 +196,11 @@ def _shape(row: dict, imb: dict, w) -> None:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One point as a flat row: the inputs as given, then ``OUTPUTS``; never raises."""
-    row: dict[str, Any] = {"point_id": point.point_id, **point.options}
+    c = canonical(point.options)
+    row: dict[str, Any] = {"point_id": point.point_id, "model": c["model"], "system": c["system"], **point.options}
     row.update(dict.fromkeys(OUTPUTS))
     row["_options"] = point.options
     t0 = time.perf_counter()
-    c = canonical(point.options)
     row["mode"] = "analytic" if c["analytic"] else "event"
     try:
         (_analytic_point if c["analytic"] else _event_point)(c, row)
