@@ -76,7 +76,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     },
 }
 
-# ---------------------------------------------------------------------------- rack model (issue 8, rack half)
+# ---------------------------------------------------------------------------- rack model
 # Communication SMs as a throughput curve and the megakernel's plan: what the rack schedules read.
 #   comm.*        B(n) = r * n_eff(n),  n_eff(n) = (n^-p + n_sat^-p)^(-1/p),  n_sat = port / r
 #                 (r = sm.copy_bytes_per_s, p = comm.saturation_exponent); each message (one token
@@ -553,13 +553,11 @@ _KM_TABLES = {
     # per SM, each keeping bytes_in_flight of weight tiles in its pipeline, groups of g consecutive
     # programs reading the same tiles at once, from a cold L2 (kernels/microbench_deep.py, calibrate step
     # hbm_deep; optional): bytes/s the programs read (P x bytes_per_program / s; g > 1: g x the DRAM
-    # bytes). The points fill a grid of the four axes. Read only behind cost.USE_TASK_DEEP_READ (the
-    # megakernel's GEMM tasks)
+    # bytes). The points fill a grid of the four axes. Read by the megakernel's GEMM tasks (depth_rates)
     "hbm_deep_read": ("bytes/s", HBM_DEEP_AXES),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
-    # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
-    # 128 x 128 where the megakernel's own pointer tiles reach 459; read, it doubled prefill predictions)
+    # recorded for diagnosis, not read: L2-fed tiles by pointer loads (docs/cost-model.md)
     "mma_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     # a dense GEMM of each tile loop form (kernels/microbench_gemm.py, reference.tiles.GEMM_LOOP_FORMS):
     # a tile per program or persistent programs, pointer or TMA loads, and "_gated": GEMM 1's tile,
@@ -574,15 +572,14 @@ _KM_TABLES = {
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
     # L2-resident weight tiles read by P programs at once, groups of g consecutive programs reading
     # the same tile at the same step (kernels/microbench_shared.py; optional): aggregate bytes/s.
-    # Read only behind cost.USE_L2_SHARED_READ (the L2-hit bytes of grouped GEMMs)
+    # Read by the L2-hit bytes of grouped GEMMs and the L2 reads by depth (depth_rates)
     "l2_shared_read": ("bytes/s", ("programs", "sharing_group")),
     # the router's load + dot step and the top-k pass with P programs running them at once
     # (optional; at P = 1 the scalars' kernels): recorded, not read by the cost model (it reads the scalars)
     "serial_load_step": ("s", ("programs",)),
     "serial_reduce_step": ("s", ("programs",)),
     # one program's top-1 pass over rows of ``width`` fp32 scores (the row's BLOCK_E; calibrate step serial:
-    # 128 and 256, whose median is serial_reduce_step_s; optional; H200 run 53: 0.40 us at 128, 0.96 at 256).
-    # Read only behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``)
+    # 128 and 256, whose median is serial_reduce_step_s; optional). Read by ``rates.reduce_step_at_width``
     "serial_reduce_width": ("s", ("width",)),
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
     "serial_chain_step": ("s", ("programs",)),
@@ -592,13 +589,12 @@ _KM_TABLES = {
     "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC")),
     # a dense bf16 GEMM's (cuBLAS) average rate over busy_s seconds of back-to-back matmuls started
     # from idle clocks, as a fraction (at most 1) of its short-launch rate (calibrate step sustained;
-    # optional): the SM clock falls under sustained MMA (H200 run AT: 705 TFLOP/s over 300 ms against
-    # 797 over 22 ms). Read only behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``)
+    # optional): the SM clock falls under sustained MMA. Read by ``clocks.sustained_ratio``
     "sustained_mma": ("fraction", ("busy_s",)),
     # the sustained fall at a duty: matmuls a fraction "duty" of a long graph's time, HBM reads between
     # (calibrate step sustained, full form), as the fraction of the fall of matmuls back to back over the
-    # same seconds: (1 - rate ratio at the duty) / (1 - sustained_mma at that busy_s) (optional; H200 run
-    # BF: 0.13 at duty 0.5, 0.6 at 0.75). Read only behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``)
+    # same seconds: (1 - rate ratio at the duty) / (1 - sustained_mma at that busy_s) (optional). Read by
+    # ``clocks.duty_fall``
     "sustained_duty": ("fraction", ("duty",)),
 }
 
@@ -638,23 +634,22 @@ class KernelModel:
     of n programs sharing tiles in groups of m (``kernel_model.l2_shared_read``), or ();
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
     serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads the shared-read table
-    behind its switches (cost.USE_L2_SHARED_READ, cost.USE_L2_READ_DEPTH) and the serial steps'
-    tables not at all (recorded; it reads the scalars).
+    (``depth_rates``) and the serial steps' tables not at all (recorded; it reads the scalars).
     route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC, s per block), ...) (``kernel_model.
     route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
     hbm_deep_programs (n,), hbm_deep_depths (d,), hbm_deep_groups (g,), hbm_deep_bytes (m,),
     hbm_deep_rate (n, d, g, m): the deep readers' bytes/s (``kernel_model.hbm_deep_read``) by
-    programs, bytes in flight per program, sharing group and bytes per program, or (); read behind
-    cost.USE_TASK_DEEP_READ (``cost.deep_read_rate``, ``cost.deep_stream_rate``).
+    programs, bytes in flight per program, sharing group and bytes per program, or (); read by
+    ``depth_rates.deep_read_rate`` and ``depth_rates.deep_stream_rate``.
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
     recorded, not read by the cost model (``gemm_reuse_table``).
     sustained_mma: ((busy seconds, average rate / short-launch rate), ...) by busy seconds
-    (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
+    (``kernel_model.sustained_mma``), or (); read by ``clocks.sustained_ratio``.
     sustained_duty: ((duty, fraction of the fall at duty 1), ...) by duty (``kernel_model.sustained_duty``),
-    or (); read behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``).
+    or (); read by ``clocks.duty_fall``.
     serial_reduce_width: ((row width, s per top-1 pass), ...) by width (``kernel_model.serial_reduce_width``),
-    or (); read behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``).
+    or (); read by ``rates.reduce_step_at_width``.
     """
 
     hbm_programs: tuple
