@@ -294,10 +294,10 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, timeline: bool = 
     and "_h" (n,), the correction each task's DRAM part was priced at."""
     km = _km(p)
     a = c["arrays"]
-    kind, kinds = c["kind"], c["kinds"]
+    kind = c["kind"]
     n = kind.size
     R = c["resident"]
-    comp, memP, ser = c["compute_s"], c["memory_P_s"], c["serial_s"]
+    comp, ser = c["compute_s"], c["serial_s"]
     h_curves, curve_l = c["h_curves"], c["curve"].tolist()
     fixed = c["fixed_s"]
     handoff = km.flag_handoff_s
@@ -384,6 +384,20 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, timeline: bool = 
         heapq.heappush(heap, (e, q, i))
         bisect.insort(free_sorted, e)
     start_a, end_a = np.asarray(start), np.asarray(end)
+    out = _summary(c, p, calls_per_graph, start_a, end_a, pred, by_wait)
+    if timeline:
+        out.update(_start=start_a, _end=end_a, _h=np.asarray(h_used))
+    return out
+
+
+def _summary(c: dict, p: Profile, calls_per_graph: int, start_a: np.ndarray, end_a: np.ndarray, pred: list,
+             by_wait: list) -> dict:
+    """``predict_task_plan``'s result from a schedule: each task's start and end (s, (n,)), the task whose
+    end decided its start (``pred``, -1: the launch) and whether that was a wait (``by_wait``)."""
+    km = _km(p)
+    kind, kinds = c["kind"], c["kinds"]
+    n = kind.size
+    comp, memP, ser = c["compute_s"], c["memory_P_s"], c["serial_s"]
     dur_a = end_a - start_a
     busy_us = {k: float(dur_a[kind == j].sum() * 1e6) for j, k in enumerate(kinds)}
     crit_us = {k: 0.0 for k in kinds}
@@ -397,8 +411,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, timeline: bool = 
         if gap > 0:
             crit_us["handoff" if by_wait[i] else kinds[kind[i]]] += float(gap) * 1e6
         i = j
-    mem_eff = memP  # at every resident program busy: h = 1 on every curve
-    which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
+    # the bound at every resident program busy: h = 1 on every curve
+    which = np.argmax(np.stack([comp, memP, ser]), axis=0) if n else np.zeros(0, int)
     bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
              for j, k in enumerate(kinds) if (kind == j).any()}
     l2b = c["l2_bound"] & (which == 1)  # memory-bound tasks whose L2-hit bytes set the memory time
@@ -408,8 +422,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, timeline: bool = 
     launch_us = km.launch_gap_s * 1e6
     fixed_us = km.graph_fixed_s * 1e6 / max(1, calls_per_graph)
     return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6, "span_us": span_us,
-            "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": R,
+            "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": c["resident"],
             "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
             "l2_bound_tasks": l2_tasks,
             "dram_bytes": float(c["dram_bytes"].sum()), "l2_hit_bytes": float(c["l2_bytes"].sum()),
-            "system": p.name, **({"_start": start_a, "_end": end_a, "_h": np.asarray(h_used)} if timeline else {})}
+            "system": p.name}
