@@ -76,8 +76,8 @@ def switch_note(settings: dict[str, bool], what: str) -> tuple[str, ...]:
 
 @contextmanager
 def switches(settings: dict[str, bool]):
-    """The ``CostOptions`` of ``settings`` (parse_switches) for the block: yields the options object
-    to pass to the prediction functions (``options=``)."""
+    """The ``CostOptions`` of ``settings`` (parse_switches) for the block, yielded: a field added to
+    CostOptions is passed from here to the prediction functions that read it (none while it has no field)."""
     from megamoe.simulator.cost import CostOptions
 
     yield CostOptions(**settings)

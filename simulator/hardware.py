@@ -422,9 +422,7 @@ def assumptions(profile: str | Path | Profile) -> list[dict]:
     return out
 
 
-#: What real GPUs and fabrics have had, widened by about ten times each way (key path -> (lo, hi),
-#: in the key's unit). A number outside is legal but most likely a unit slip (GB/s for bytes/s):
-#: ``plausibility_warnings`` names it. Zero latencies and launch costs are idealizations, not slips.
+#: key path -> (lo, hi) in the key's unit: real hardware's range widened ten times (``plausibility_warnings``)
 PLAUSIBLE = {
     "link.bandwidth_per_direction_bytes_per_s": (1e9, 1e12),
     "link.latency_s": (1e-8, 1e-4),
@@ -534,15 +532,11 @@ _KM_SCALARS = {
     # shared memory one SM holds for its resident programs; recorded, not read by the cost model
     "sm_shared_memory_bytes": _Num("bytes", 0, 1e9),
 }
-#: an SM's shared memory where a profile's kernel_model does not say: Hopper (compute capability
-#: 9.0) and data-center Blackwell (10.0) have 228 KiB per SM (CUDA C++ Programming Guide, technical
-#: specifications per compute capability), of which 1 KiB is reserved per resident block
+#: an SM's shared memory, bytes, where a profile does not say (Hopper's and data-center Blackwell's 228 KiB)
 SM_SHARED_MEMORY_BYTES = 228 * 1024
 #: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
 GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
-#: the axes of the deep readers' table (kernel_model.hbm_deep_read): programs (one per SM), the weight
-#: bytes each keeps in flight (its pipeline buffers), consecutive programs reading the same tiles at once,
-#: bytes each reads
+#: the axes of the deep readers' table (kernel_model.hbm_deep_read)
 HBM_DEEP_AXES = ("programs_in_flight", "bytes_in_flight", "sharing_group", "bytes_per_program")
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
@@ -599,10 +593,7 @@ _KM_TABLES = {
 }
 
 
-#: how a GEMM tile loop loads its operands (a reference.tiles.GEMM_LOOP_FORMS form) -> the
-#: dense-GEMM tables (kernel_model.gemm_<name>, kernels/microbench_gemm.py) that price it, best
-#: first: its own loop's, then the nearest measured before it existed (profiles calibrated before
-#: the persistent and gated loops were measured)
+#: a tile loop form (reference.tiles.GEMM_LOOP_FORMS) -> the dense-GEMM tables that price it, its own first
 GEMM_LOADS = {
     "pointer": ("pointer",),
     "pointer_gated": ("pointer_gated", "pointer"),

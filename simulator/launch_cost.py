@@ -47,13 +47,11 @@ from .rates import (
     waves_s,
 )
 
-#: the model terms a prediction's time can be bound by, as the validation report names them: a
-#: stage's or task's bound ("compute", "serial", "launch"; "wait": a megakernel kind on the
-#: critical path through its waits) and, for "memory", which memory term (StagePrediction.memory_term;
-#: a task's "l2" where its L2-hit bytes set its memory time, else "hbm")
+#: the validation report's name of each bound a stage or task can have ("wait": a kind on the critical path)
 BOUND_TERMS = {"compute": "MMA rate (the tile loop's dense-GEMM / mma table)",
                "serial": "dependent serial steps (serial_load_step_s, serial_reduce_step_s)",
                "launch": "launch gap and graph fixed cost", "wait": "waits on counters and flag handoffs"}
+#: the report's name of each memory term (StagePrediction.memory_term; a task's: "l2" or "hbm")
 MEMORY_TERMS = {"hbm": "HBM streaming (DRAM bytes at the calibrated read curve, hbm_read)",
                 "l2": "L2-hit bytes at the calibrated L2 rate (a launch's: the shared-read table "
                       "l2_shared_read where calibrated; otherwise l2_bandwidth_bytes_per_s)",
