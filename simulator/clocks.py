@@ -75,7 +75,7 @@ def mma_duty(profile: Profile, flops: float, call_s: float) -> float | None:
     return min(max(float(flops), 0.0) / (call_s * rate), 1.0)
 
 
-def _sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, calls_before: float,
+def sustained_scale(profile: Profile, call_s: float, calls_per_graph: int, calls_before: float,
                      flops: float | None = None) -> float | None:
     """``sustained_ratio`` over the busy window of a call of ``call_s`` (``busy_window_s``) where
     the profile has the table, else None (nothing scaled); its fall scaled by ``duty_fall`` at the

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..reference.sizes import row_bytes, weight_bytes_per_element
-from .clocks import _sustained_scale, busy_window_s, duty_fall, mma_duty, sustained_ratio, sustained_table_ratio
+from .clocks import busy_window_s, duty_fall, mma_duty, sustained_ratio, sustained_scale, sustained_table_ratio
 from .depth_rates import (
     HBM_GRID_READER_DEPTH_BYTES,
     L2_READERS_EDGE,
@@ -102,7 +102,7 @@ __all__ = [
     "BOUND_TERMS", "DEFAULT_GROUP_M", "DTYPES", "GATED_KINDS", "GEMM_KINDS", "GEMM_TABLE_MIN_ROWS",
     "HBM_GRID_READER_DEPTH_BYTES", "L2_READERS_EDGE", "L2_SHARED_READER_DEPTH_BYTES", "MEGAKERNEL_LOADS",
     "MEMORY_TERMS", "STAGE_KEYS", "WINDOW_STEPS", "ZERO_COST", "CostOptions", "GemmCost", "StagePrediction",
-    "_km", "_nearest_shape", "_of_kinds", "_sustained_scale", "_work_tile", "busy_window_s", "compute_dtype",
+    "_km", "_nearest_shape", "_of_kinds", "sustained_scale", "_work_tile", "busy_window_s", "compute_dtype",
     "deep_read_rate", "deep_stream_rate", "deep_table_covers", "dram_bytes", "duty_fall", "ffn_cost",
     "ffn_roofline_s", "ffn_row_bytes", "gemm_efficiency", "grouped_dram_bytes", "hbm_peak", "hbm_rate",
     "hbm_stream_rate", "l2_intake_rate", "l2_readers", "l2_shared_rate", "launch_order_dram", "launch_read_s",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..reference.tiles import tile_ids
-from .clocks import _sustained_scale
+from .clocks import sustained_scale
 from .depth_rates import l2_intake_rate, l2_readers, l2_shared_rate
 from .hardware import Profile, load_profile, override
 from .rates import (
@@ -349,7 +349,7 @@ def predict_launch_plan(stages: list[dict], system: str | Profile = "h200", *, d
     preds = [predict_stage(s, p, dtype=dtype) for s in stages]
     fixed_us = _km(p).graph_fixed_s * 1e6 / max(1, calls_per_graph) if stages else 0.0
     out = {}
-    ratio = _sustained_scale(p, (sum(s.time_us for s in preds) + fixed_us) * 1e-6, calls_per_graph, calls_before,
+    ratio = sustained_scale(p, (sum(s.time_us for s in preds) + fixed_us) * 1e-6, calls_per_graph, calls_before,
                              sum(stage_flops(s) for s in stages))
     if ratio is not None:  # the MMA terms at the clocks of the busy window (the call's time as calibrated)
         preds = [replace(s, compute_us=s.compute_us / ratio) for s in preds]

@@ -38,7 +38,7 @@ import heapq
 import numpy as np
 
 from ..reference.tiles import TASK_ROUND_TRIPS, scan_block
-from .clocks import _sustained_scale
+from .clocks import sustained_scale
 from .depth_rates import deep_read_rate, deep_stream_rate, deep_table_covers, l2_intake_rate
 from .hardware import Profile, load_profile
 from .launch_cost import resolve_profile
@@ -279,7 +279,7 @@ def schedule_costs(c: dict, p: Profile, calls_per_graph: int = 1, calls_before: 
     profile has the sustained-clock table, the tasks' MMA at the clocks of the busy window, scheduled again.
     ``timeline``: the result also carries "_start" / "_end" / "_h" (``_schedule_tasks``)."""
     out = _schedule_tasks(c, p, calls_per_graph, timeline)
-    ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
+    ratio = sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
                              float(np.sum(c["arrays"]["flops"], dtype=np.float64)))
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
         if ratio < 1:
