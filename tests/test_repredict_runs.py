@@ -57,3 +57,33 @@ def test_options_parse_refuses_every_name_while_none_is_under_study():
     assert parse_switches([]) == {} and parse_variants(None) == {} and switch_note({}, "x") == ()
     with switches({}) as options:
         assert options == CostOptions()
+
+
+def test_options_parse_names_values_and_variants(monkeypatch):
+    """With a stand-in CostOptions of two fields: NAME=on|off (1/0, true/false) per field, a variant's
+    label its settings (off ones "no-"), and an unknown name, a bad value, an empty or a repeated
+    variant refused by name; ``switches`` yields the options object of the settings."""
+    import dataclasses
+
+    from megamoe.repredict import parse_switches, parse_variants, switch_note, switches
+    from megamoe.simulator import cost
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        deep: bool = False
+        wide: bool = True
+
+    monkeypatch.setattr(cost, "CostOptions", Options)
+    assert parse_switches(["deep=on", "wide=0"]) == {"deep": True, "wide": False}
+    assert list(parse_variants(["deep=true", "deep=on,wide=off"])) == ["deep", "deep+no-wide"]
+    assert switch_note({"deep": True}, "this run") == ("cost options set for this run: deep=on",)
+    with switches({"deep": True}) as options:
+        assert options == Options(deep=True)
+    for specs, match in ((["nope=on"], "unknown cost option 'nope'; the options: deep, wide"),
+                         (["deep=maybe"], "expected deep=on or deep=off")):
+        with pytest.raises(ValueError, match=match):
+            parse_switches(specs)
+    with pytest.raises(ValueError, match="expected NAME=on"):
+        parse_variants([""])
+    with pytest.raises(ValueError, match="repeats the variant 'deep'"):
+        parse_variants(["deep=on", "deep=1"])
