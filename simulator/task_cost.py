@@ -127,6 +127,48 @@ def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, resident: int,
     return curve, np.stack(stream), one_shot
 
 
+def _serial_terms(p: Profile, a: dict, kind: np.ndarray, kinds: list, counts: np.ndarray,
+                  resident: int) -> tuple[np.ndarray, np.ndarray]:
+    """(serial_s, pre_s) (n,) of a task plan's arrays ``a``: the router and align kinds' dependent load /
+    reduce steps (SERIAL_KINDS), and a GEMM 1 task's own routing or alignment before its K loop."""
+    n = kind.size
+    serial_s = np.zeros(n)
+    r = a["tiles"]["router"]
+    K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
+    load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
+    # a top-k selection's passes, over rows of the experts' scores padded to BLOCK_E
+    pass_s = serial_step_s(p, "reduce", selection_width(counts.size))
+    for k in SERIAL_KINDS:
+        m = kind == kinds.index(k)
+        if not m.any():
+            continue
+        if k in ("router_logits", "router_topk"):
+            steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
+            passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
+            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * pass_s
+        elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
+            g = np.maximum(a["depth"][m], 1)
+            blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
+            serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
+        else:
+            serial_s[m] = K * reduce_s
+    # tiles["router"]["EACH"]: each GEMM 1 task routes the token itself before its K loop (the top-k
+    # task's selection passes, in series with the task's streaming, not overlapped with it)
+    pre_s = np.zeros(n)
+    if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
+        m = kind == kinds.index("gemm1")
+        pre_s[m] = (a["topk_passes"] or K) * pass_s
+    # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
+    # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
+    # histogram rows (the scan's steps), which the program keeps for its later tasks
+    if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
+        g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
+        G = max(1, int((kind == kinds.index("router_topk")).sum()))
+        pre_s[g1] += 2 * reduce_s
+        pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
+    return serial_s, pre_s
+
+
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
                dtype: str = "bf16", weight_loads: str = "pointer", read_depth: float = 0.0,
                weight_depth: dict | None = None) -> dict:
@@ -188,40 +230,7 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
         mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
         l2_bound = mem_l2 > mem_P
         mem_l2_P = mem_l2
-    serial_s = np.zeros(n)
-    r = a["tiles"]["router"]
-    K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
-    load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
-    # a top-k selection's passes, over rows of the experts' scores padded to BLOCK_E
-    pass_s = serial_step_s(p, "reduce", selection_width(counts.size))
-    for k in SERIAL_KINDS:
-        m = kind == kinds.index(k)
-        if not m.any():
-            continue
-        if k in ("router_logits", "router_topk"):
-            steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
-            passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
-            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * pass_s
-        elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
-            g = np.maximum(a["depth"][m], 1)
-            blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
-            serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
-        else:
-            serial_s[m] = K * reduce_s
-    # tiles["router"]["EACH"]: each GEMM 1 task routes the token itself before its K loop (the top-k
-    # task's selection passes, in series with the task's streaming, not overlapped with it)
-    pre_s = np.zeros(n)
-    if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
-        m = kind == kinds.index("gemm1")
-        pre_s[m] = (a["topk_passes"] or K) * pass_s
-    # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
-    # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
-    # histogram rows (the scan's steps), which the program keeps for its later tasks
-    if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
-        g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
-        G = max(1, int((kind == kinds.index("router_topk")).sum()))
-        pre_s[g1] += 2 * reduce_s
-        pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
+    serial_s, pre_s = _serial_terms(p, a, kind, kinds, counts, resident)
     # the busy-programs correction of the memory term: mem(n) = max(dram_P x h[curve, n], l2_P x h[0, n])
     # (the L2 part keeps the grid's curve); a cohort's DRAM part at cohort_h(curve, n, its DRAM bytes)
     # instead (``_schedule_tasks``)
