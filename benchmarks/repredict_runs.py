@@ -1,13 +1,16 @@
 """Re-predict several stored validation runs at once, each with its own calibrated profile, and
 print each run's error statistics and the rows that stay furthest off.
 
-    python benchmarks/repredict_runs.py [--runs 53,54,55,56] [--switch USE_X=on ...] [--worst 10]
-                                        [--rows deepseek-v3:512:zipf:multi ...]
+    python benchmarks/repredict_runs.py [--runs 53,54,55,56 | --runs DIR,DIR] [--switch NAME=on ...]
+                                        [--worst 10] [--rows deepseek-v3:512:zipf:multi ...]
 
 This is how a cost-model change is tried on measurements already made (every run's rows were
 predicted before they were measured; these re-predictions are not). A change that looks better
 here still has to be held out by a fresh GPU run (``megamoe validate --variant``) before its
-figures are quoted. Reads only; writes nothing.
+figures are quoted. A run is a folder of validation rows and the profile.json calibrated with them,
+named by its path or by its number (a ``validation_*_run<N>`` folder anywhere under
+benchmarks/results). ``--switch`` sets ``simulator.cost.CostOptions`` fields (megamoe/repredict.py).
+Reads only; writes nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_RUNS = "53,54,55,56"
 
 
-def run_dir(run: str) -> Path:
-    """The folder of validation run ``run`` (its number, as in results/validation_<date>_run<N>)."""
-    hits = sorted(RESULTS.glob(f"validation_*_run{run}"))
+def run_dir(run: str | Path) -> Path:
+    """The folder of validation run ``run``: a folder path, or a run number (a validation_<date>_run<N>
+    folder anywhere under benchmarks/results)."""
+    if Path(run).is_dir():
+        return Path(run)
+    hits = sorted(RESULTS.rglob(f"validation_*_run{run}"))
     if not hits:
         raise SystemExit(f"no results/validation_*_run{run} folder; the runs stored: "
-                         + ", ".join(sorted(p.name.rsplit("_run", 1)[-1] for p in RESULTS.glob("validation_*_run*"))))
+                         + ", ".join(sorted(p.name.rsplit("_run", 1)[-1] for p in RESULTS.rglob("validation_*_run*"))))
     return hits[-1]
 
 
@@ -35,7 +41,7 @@ def errors(rows: list[dict]) -> dict[tuple, float]:
             for r in rows}
 
 
-def repredicted(run: str, settings: dict[str, bool], profile_file: str = "profile.json") -> dict[tuple, float]:
+def repredicted(run: str | Path, settings: dict[str, bool], profile_file: str = "profile.json") -> dict[tuple, float]:
     """Errors of run ``run``'s rows predicted again with its own profile (``profile_file`` in the run's
     folder, where it has one, else profile.json) under ``settings``."""
     from megamoe.report import load_rows
@@ -62,8 +68,9 @@ def main(argv=None) -> None:
     from megamoe.repredict import parse_switches
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"run numbers, comma-separated (default {DEFAULT_RUNS})")
-    ap.add_argument("--switch", action="append", default=[], help="USE_NAME=on|off for the re-prediction")
+    ap.add_argument("--runs", default=DEFAULT_RUNS,
+                    help=f"run numbers or folders, comma-separated (default {DEFAULT_RUNS})")
+    ap.add_argument("--switch", action="append", default=[], help="NAME=on|off (a CostOptions field) for the re-prediction")
     ap.add_argument("--worst", type=int, default=10, help="rows listed per run, furthest off first")
     ap.add_argument("--profile-file", default="profile.json",
                     help="the profile file in each run's folder (runs without it: profile.json), e.g. "

@@ -135,7 +135,7 @@ def provenance() -> dict:
 # --------------------------------------------------------------------------- timing
 def inputs_per_graph(T: int) -> int:
     """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls; every timing of
-    the layer and the cost model's amortized graph cost (megamoe.scale, calls_per_graph) read this."""
+    the layer and the cost model's amortized graph cost (megamoe.predict, calls_per_graph) read this."""
     return 8 if T <= 512 else (4 if T <= 4096 else 2)
 
 

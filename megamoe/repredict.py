@@ -1,56 +1,65 @@
 """Predict the stored rows of a validation run again, offline, with another profile.
 
-    megamoe validate --report DIR --repredict PROFILE [--out DIR2] [--switch USE_NAME=on|off ...]
+    megamoe validate --report DIR --repredict PROFILE [--out DIR2] [--switch NAME=on|off ...]
 
-Rows written since run K carry ``counts`` (pairs per expert of the routing that ran), which is all
-the launch and task plans need (``scale.predict_config`` takes them): each measured configuration
-is predicted again with PROFILE (a profile name or a calibrated profile.json) and the report is
-written as for a GPU run, under a note that says these are re-predictions of stored measurements, not predictions made before them.
-A cost-model change tried this way still needs a fresh GPU run (predict, then measure) before its
-figures are quoted. Rows without counts are left out and counted.
-``--switch`` sets a cost-model switch (``simulator/cost.py``'s ``USE_*``) for the re-prediction only
-(``switches``): how a switch still off is tried on stored rows before a GPU run holds it out.
+Rows that carry ``counts`` (pairs per expert of the routing that ran) hold all the launch and task
+plans need (``scale.predict_config`` takes them): each measured configuration is predicted again with
+PROFILE (a profile name or a calibrated profile.json) and the report is written as for a GPU run,
+under a note that says these are re-predictions of stored measurements, not predictions made before
+them. A cost-model change tried this way still needs a fresh GPU run (predict, then measure) before
+its figures are quoted. Rows without counts are left out and counted.
+
+``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` (the alternatives of the
+cost model still under study) by name; with none under study, any name is an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
+
+_VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+
+
+def option_names() -> list[str]:
+    """The names ``--switch`` / ``--variant`` take: the boolean fields of ``CostOptions``."""
+    from megamoe.simulator.cost import CostOptions
+
+    return sorted(f.name for f in dataclasses.fields(CostOptions))
 
 
 def parse_switches(specs) -> dict[str, bool]:
-    """{"USE_NAME": bool} from "USE_NAME=on|off" strings (also 1/0, true/false); an unknown name
-    (not a ``USE_*`` switch of simulator/cost.py) or value is a ValueError naming the choices."""
-    from megamoe.simulator import cost
-
-    known = sorted(k for k in vars(cost) if k.startswith("USE_") and isinstance(getattr(cost, k), bool))
-    values = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+    """{name: bool} from "NAME=on|off" strings (also 1/0, true/false); a name that is not a field of
+    ``CostOptions`` or a bad value is a ValueError naming the choices."""
+    known = option_names()
     out = {}
     for spec in specs or ():
         name, sep, val = str(spec).partition("=")
         name = name.strip()
+        if not known:
+            raise ValueError(f"unknown cost option {name!r}: no cost-model options are under study")
         if name not in known:
-            raise ValueError(f"unknown cost switch {name!r}; the switches: {', '.join(known)}")
-        if not sep or val.strip().lower() not in values:
+            raise ValueError(f"unknown cost option {name!r}; the options: {', '.join(known)}")
+        if not sep or val.strip().lower() not in _VALUES:
             raise ValueError(f"--switch {spec!r}: expected {name}=on or {name}=off")
-        out[name] = values[val.strip().lower()]
+        out[name] = _VALUES[val.strip().lower()]
     return out
 
 
 def variant_label(settings: dict[str, bool]) -> str:
-    """A variant's name in a row's predictions: its switches without the USE_ prefix, lower case,
-    joined by "+", an off switch prefixed "no-" (USE_L2_READ_DEPTH=on, USE_SUSTAINED_CLOCKS=off ->
-    "l2_read_depth+no-sustained_clocks")."""
-    return "+".join(("" if v else "no-") + k.removeprefix("USE_").lower() for k, v in settings.items())
+    """A variant's name in a row's predictions: its options, lower case, joined by "+", an off option
+    prefixed "no-" (a=on, b=off -> "a+no-b")."""
+    return "+".join(("" if v else "no-") + k.lower() for k, v in settings.items())
 
 
 def parse_variants(specs) -> dict[str, dict[str, bool]]:
-    """{label: settings} from --variant strings, each "USE_A=on[,USE_B=off...]" (parse_switches per
-    part); an empty one or two that name the same settings are a ValueError."""
+    """{label: settings} from --variant strings, each "A=on[,B=off...]" (parse_switches per part); an
+    empty one or two that name the same settings are a ValueError."""
     out: dict[str, dict[str, bool]] = {}
     for spec in specs or ():
         settings = parse_switches(p for p in str(spec).split(",") if p.strip())
         if not settings:
-            raise ValueError(f"--variant {spec!r}: expected USE_NAME=on|off[,USE_OTHER=on|off...]")
+            raise ValueError(f"--variant {spec!r}: expected NAME=on|off[,OTHER=on|off...]")
         label = variant_label(settings)
         if label in out:
             raise ValueError(f"--variant {spec!r} repeats the variant {label!r}")
@@ -59,34 +68,27 @@ def parse_variants(specs) -> dict[str, dict[str, bool]]:
 
 
 def switch_note(settings: dict[str, bool], what: str) -> tuple[str, ...]:
-    """The report note naming the switches ``settings`` set for ``what`` (none: no note)."""
+    """The report note naming the options ``settings`` set for ``what`` (none: no note)."""
     if not settings:
         return ()
-    return (f"cost switches set for {what}: " + ", ".join(f"{k}={'on' if v else 'off'}" for k, v in settings.items()),)
+    return (f"cost options set for {what}: " + ", ".join(f"{k}={'on' if v else 'off'}" for k, v in settings.items()),)
 
 
 @contextmanager
 def switches(settings: dict[str, bool]):
-    """Set simulator/cost.py's switches to ``settings`` (parse_switches) inside the block, restore after."""
-    from megamoe.simulator import cost
+    """The ``CostOptions`` of ``settings`` (parse_switches) for the block, yielded: a field added to
+    CostOptions is passed from here to the prediction functions that read it (none while it has no field)."""
+    from megamoe.simulator.cost import CostOptions
 
-    old = {k: getattr(cost, k) for k in settings}
-    try:
-        for k, v in settings.items():
-            setattr(cost, k, v)
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(cost, k, v)
+    yield CostOptions(**settings)
 
 
 def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
     """(rows predicted again with ``profile`` (predicted_us, stages, dominant replaced), rows left
-    out for lack of counts). A megakernel row that stored the config it ran (``megakernel_config``,
-    rows since run BJ's commit) is priced with it, not with the config the code would pick now (run BH
-    changed T = 512's router; older rows are priced with today's config)."""
+    out for lack of counts). A megakernel row that stored the config it ran (``megakernel_config``)
+    is priced with it, not with the config the code would pick now."""
     from megamoe.reference import MoEConfig
-    from megamoe.scale import predict_config
+    from megamoe.predict import predict_config
 
     out, skipped = [], 0
     for r in rows:

@@ -146,7 +146,7 @@ class LoopForm(NamedTuple):
 #: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
 #: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
 #: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
-#: during this tile's epilogue. kernels/microbench_gemm.py measures each form, the cost model reads
+#: during this tile's epilogue. megamoe/calibrate/microbench_gemm.py measures each form, the cost model reads
 #: each one's table.
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),

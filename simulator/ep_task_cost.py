@@ -16,7 +16,7 @@ Per task (``ep_task_costs``, vectorized; every rate from ``cost`` / ``hardware``
     gemm1, gemm2  task_cost's GEMM tile as it is: gemm1 is the megakernel's gated "gemm1" kind (tile
                   BM x 2 BN1 over depth H), gemm2 its "gemm2" kind (BM x BN2 over I); compute =
                   flops / (mma_rate_per_sm(tile) / programs per SM) plus the task's dependent round
-                  trips (cost.USE_TASK_PROLOGUE); memory = weight slice + rows read + rows written
+                  trips; memory = weight slice + rows read + rows written
                   (less L2 hits: weight slices keyed by (slot, GEMM, column tile), rows by (GEMM, row
                   block)) at the HBM stream rate per program (hbm_stream_rate(Pres) / Pres), corrected
                   for the programs busy when the task starts; duration = max(compute, memory)
@@ -34,8 +34,8 @@ Per task (``ep_task_costs``, vectorized; every rate from ``cost`` / ``hardware``
 
 m, the copies sharing the port: first min(link copies of the kind, Pres) (all of them at once, as
 the pulls are: they are the first tickets), then STREAM_SHARE_PASSES times the mean of r(m(t)) over
-each copy's lifetime on the previous schedule (``task_cost.lifetime_h`` over the copies of its
-direction), damped by STREAM_SHARE_STEP (task_cost's fixed-point scheme for shared HBM streams).
+each copy's lifetime on the previous schedule (``lifetime_h`` over the copies of its direction),
+damped by STREAM_SHARE_STEP.
 
 Schedule (``predict_fused_ep``): ``task_cost.schedule_costs``: the tickets in order over the Pres
 resident programs (default P = S x occupancy(num_warps), task_cost's); a task starts when its
@@ -71,15 +71,47 @@ import numpy as np
 from ..reference.ep import PullSchedule
 from ..reference.ep_tasks import EP_KINDS, GEMM1, GEMM2, PULL, PUSH, FusedEPPlan
 from ..reference.tiles import KINDS
-from .cost import _km, launch_read_s, occupancy, resolve_profile, transfer_s
 from .hardware import Profile
-from .task_cost import STREAM_SHARE_PASSES, STREAM_SHARE_STEP, lifetime_h, schedule_costs, task_costs
+from .launch_cost import resolve_profile
+from .rates import _km, launch_read_s, occupancy, transfer_s
+from .task_cost import schedule_costs, task_costs
+
+#: list-scheduling passes after the first that move each copy's link rate to its lifetime's mean
+STREAM_SHARE_PASSES = 4
+#: the weight of each pass's lifetime rate against the rate the pass before priced at (damping)
+STREAM_SHARE_STEP = 0.5
 
 #: the kind list of the plan handed to ``task_costs``: the megakernel's (its "gemm1" / "gemm2" are
 #: what it prices as GEMM tiles; its other kinds must be named even with no task), then the copies
 COST_KINDS = tuple(KINDS) + ("pull", "push")
 #: EP_KINDS index -> COST_KINDS index
 _TO_COST = np.array([COST_KINDS.index(k) for k in EP_KINDS], np.int64)
+
+
+def lifetime_h(start: np.ndarray, end: np.ndarray, h_curves: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """Each task's busy-programs correction over its whole lifetime on a timeline (start, end (n,) s):
+    1 / the time average over [start_i, end_i] of 1 / h[curve_i, n(t) - 1], n(t) the tasks executing
+    at t (started and not ended: a program waiting on a counter reads nothing), h_curves (C, R) as
+    ``task_cost.task_costs`` gives them. 1 / h is a program's share of the read rate (relative to every resident
+    program streaming), so its time average is the rate the task's bytes progress at while the
+    programs around it start and stop. -> (n,)."""
+    n = start.size
+    if n == 0:
+        return np.zeros(0)
+    R = h_curves.shape[1]
+    t = np.unique(np.concatenate([start, end]))
+    d = np.zeros(t.size)
+    np.add.at(d, np.searchsorted(t, start), 1.0)
+    np.add.at(d, np.searchsorted(t, end), -1.0)
+    busy = np.clip(np.cumsum(d)[:-1], 1, R).astype(np.int64)  # tasks executing on [t_k, t_k+1)
+    inv = 1.0 / np.maximum(h_curves, 1e-30)  # (C, R): a program's share of the rate
+    acc = np.concatenate([np.zeros((inv.shape[0], 1)), np.cumsum(inv[:, busy - 1] * np.diff(t), axis=1)], axis=1)
+    c = np.asarray(curve, dtype=np.int64)
+    lo, hi = np.searchsorted(t, start), np.searchsorted(t, end)
+    span = end - start
+    mean = np.where(span > 0, (acc[c, hi] - acc[c, lo]) / np.where(span > 0, span, 1.0), inv[c, 0])
+    return 1.0 / mean
+
 
 
 def _check_plan(plan) -> FusedEPPlan:

@@ -12,7 +12,7 @@ where coef is the fraction of the flow's bytes that cross r (1 for the flow's ow
 for each remote port of a many-to-one coflow). The allocation is max-min fair: raise every unfrozen
 flow's rate together until some resource is full, freeze the flows through it, repeat
 (progressive filling, ``fill``). ``maxmin_rates`` is the same filling on a CSR incidence and an
-active mask, and ``maxmin_rates_py`` the plain round-by-round algorithm that the tests hold it to.
+active mask (the tests hold it to a plain round-by-round twin).
 
 The kernels ``Fabric`` (``entities``) steps with are here too: ``start_flows`` and ``end_flows``
 (flows start and end), ``advance`` (deliveries over a step) and ``step_rates`` (the index takes in and lets go of flows,
@@ -347,25 +347,3 @@ def maxmin_rates(cap, ptr, res, coef, active):
     rate = np.zeros(res_w.shape[0])
     load = fill(cap, res_w, coef_w, run, *idx.arrays, rate)
     return rate, load
-
-
-def maxmin_rates_py(cap, flows: list[dict[int, float]]) -> np.ndarray:
-    """Plain-Python progressive filling on a list of {resource: coef} flows; tests compare against it."""
-    cap = np.asarray(cap, float)
-    rem = cap.copy()
-    rate = np.zeros(len(flows))
-    unfrozen = set(range(len(flows)))
-    while unfrozen:
-        w = np.zeros(cap.size)
-        for f in unfrozen:
-            for r, c in flows[f].items():
-                w[r] += c
-        mask = w > 0
-        inc = float(np.min(rem[mask] / w[mask]))
-        rem -= inc * w
-        full = {r for r in np.nonzero(mask & (rem <= _SAT * cap))[0]}
-        for f in list(unfrozen):
-            rate[f] += inc
-            if any(r in full and c > 0 for r, c in flows[f].items()):
-                unfrozen.discard(f)
-    return rate

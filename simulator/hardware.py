@@ -76,7 +76,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     },
 }
 
-# ---------------------------------------------------------------------------- rack model (issue 8, rack half)
+# ---------------------------------------------------------------------------- rack model
 # Communication SMs as a throughput curve and the megakernel's plan: what the rack schedules read.
 #   comm.*        B(n) = r * n_eff(n),  n_eff(n) = (n^-p + n_sat^-p)^(-1/p),  n_sat = port / r
 #                 (r = sm.copy_bytes_per_s, p = comm.saturation_exponent); each message (one token
@@ -422,9 +422,7 @@ def assumptions(profile: str | Path | Profile) -> list[dict]:
     return out
 
 
-#: What real GPUs and fabrics have had, widened by about ten times each way (key path -> (lo, hi),
-#: in the key's unit). A number outside is legal but most likely a unit slip (GB/s for bytes/s):
-#: ``plausibility_warnings`` names it. Zero latencies and launch costs are idealizations, not slips.
+#: key path -> (lo, hi) in the key's unit: real hardware's range widened ten times (``plausibility_warnings``)
 PLAUSIBLE = {
     "link.bandwidth_per_direction_bytes_per_s": (1e9, 1e12),
     "link.latency_s": (1e-8, 1e-4),
@@ -534,15 +532,11 @@ _KM_SCALARS = {
     # shared memory one SM holds for its resident programs; recorded, not read by the cost model
     "sm_shared_memory_bytes": _Num("bytes", 0, 1e9),
 }
-#: an SM's shared memory where a profile's kernel_model does not say: Hopper (compute capability
-#: 9.0) and data-center Blackwell (10.0) have 228 KiB per SM (CUDA C++ Programming Guide, technical
-#: specifications per compute capability), of which 1 KiB is reserved per resident block
+#: an SM's shared memory, bytes, where a profile does not say (Hopper's and data-center Blackwell's 228 KiB)
 SM_SHARED_MEMORY_BYTES = 228 * 1024
 #: the axes of the reuse tables (kernel_model.gemm_reuse_<form>)
 GEMM_REUSE_AXES = ("BLOCK_M", "BLOCK_N", "num_warps", "depth", "row_blocks")
-#: the axes of the deep readers' table (kernel_model.hbm_deep_read): programs (one per SM), the weight
-#: bytes each keeps in flight (its pipeline buffers), consecutive programs reading the same tiles at once,
-#: bytes each reads
+#: the axes of the deep readers' table (kernel_model.hbm_deep_read)
 HBM_DEEP_AXES = ("programs_in_flight", "bytes_in_flight", "sharing_group", "bytes_per_program")
 _KM_TABLES = {
     "hbm_read": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
@@ -551,62 +545,55 @@ _KM_TABLES = {
     "hbm_read_tma": ("bytes/s", ("programs_in_flight", "bytes_per_program")),
     # HBM read by programs that keep more in flight than hbm_read's reader (48 KiB): P programs of one
     # per SM, each keeping bytes_in_flight of weight tiles in its pipeline, groups of g consecutive
-    # programs reading the same tiles at once, from a cold L2 (kernels/microbench_deep.py, calibrate step
+    # programs reading the same tiles at once, from a cold L2 (megamoe/calibrate/microbench_deep.py, calibrate step
     # hbm_deep; optional): bytes/s the programs read (P x bytes_per_program / s; g > 1: g x the DRAM
-    # bytes). The points fill a grid of the four axes. Read only behind cost.USE_TASK_DEEP_READ (the
-    # megakernel's GEMM tasks)
+    # bytes). The points fill a grid of the four axes. Read by the megakernel's GEMM tasks (depth_rates)
     "hbm_deep_read": ("bytes/s", HBM_DEEP_AXES),
     "mma": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
     "mma_fp8": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),  # e4m3 x e4m3, fp32 accumulate
-    # recorded for diagnosis, not read: L2-fed tiles by pointer loads (run M: 205-333 TFLOP/s at
-    # 128 x 128 where the megakernel's own pointer tiles reach 459; read, it doubled prefill predictions)
+    # recorded for diagnosis, not read: L2-fed tiles by pointer loads (docs/cost-model.md)
     "mma_pointer": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")),
-    # a dense GEMM of each tile loop form (kernels/microbench_gemm.py, reference.tiles.GEMM_LOOP_FORMS):
+    # a dense GEMM of each tile loop form (megamoe/calibrate/microbench_gemm.py, reference.tiles.GEMM_LOOP_FORMS):
     # a tile per program or persistent programs, pointer or TMA loads, and "_gated": GEMM 1's tile,
     # gate and up accumulators over one row tile, BLOCK_N their columns together
     **{f"gemm_{form}": ("flop/s per SM", ("BLOCK_M", "BLOCK_N", "num_warps", "depth")) for form in GEMM_LOOP_FORMS},
     # grouped GEMMs whose weight tiles are each read by ``row_blocks`` row blocks, weights from HBM
-    # (kernels/microbench_gemm.reuse_gemm, calibrate step gemm_reuse; optional), per loop form: each
+    # (megamoe/calibrate/microbench_gemm.reuse_gemm, calibrate step gemm_reuse; optional), per loop form: each
     # (BLOCK_M, BLOCK_N, num_warps) shape's points fill a grid of depth x row_blocks. Recorded, not
     # read by the cost model
     **{f"gemm_reuse_{form}": ("flop/s per SM", GEMM_REUSE_AXES) for form in GEMM_LOOP_FORMS},
     "occupancy": ("programs per SM", ("num_warps",)),
     "sm_copy": ("bytes/s per SM", ("copying_sms",)),
     # L2-resident weight tiles read by P programs at once, groups of g consecutive programs reading
-    # the same tile at the same step (kernels/microbench_shared.py; optional): aggregate bytes/s.
-    # Read only behind cost.USE_L2_SHARED_READ (the L2-hit bytes of grouped GEMMs)
+    # the same tile at the same step (megamoe/calibrate/microbench_shared.py; optional): aggregate bytes/s.
+    # Read by the L2-hit bytes of grouped GEMMs and the L2 reads by depth (depth_rates)
     "l2_shared_read": ("bytes/s", ("programs", "sharing_group")),
     # the router's load + dot step and the top-k pass with P programs running them at once
     # (optional; at P = 1 the scalars' kernels): recorded, not read by the cost model (it reads the scalars)
     "serial_load_step": ("s", ("programs",)),
     "serial_reduce_step": ("s", ("programs",)),
     # one program's top-1 pass over rows of ``width`` fp32 scores (the row's BLOCK_E; calibrate step serial:
-    # 128 and 256, whose median is serial_reduce_step_s; optional; H200 run 53: 0.40 us at 128, 0.96 at 256).
-    # Read only behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``)
+    # 128 and 256, whose median is serial_reduce_step_s; optional). Read by ``rates.reduce_step_at_width``
     "serial_reduce_width": ("s", ("width",)),
     # recorded, not read: the load step as a dependent chain (each step's address from the last load)
     "serial_chain_step": ("s", ("programs",)),
     # one routing program's selection per block of BLOCK_T tokens, by router family (routing.ROUTER_CODES),
-    # BLOCK_E, K, groups, tokens and top-k way (kernels/microbench_route.py; optional): the multi-launch router's selection
+    # BLOCK_E, K, groups, tokens and top-k way (megamoe/calibrate/microbench_route.py; optional): the multi-launch router's selection
     # where a key matches, else topk_passes x serial_reduce_step_s
     "route_select": ("s", ("router", "BLOCK_E", "K", "N_GROUP", "BLOCK_T", "BITONIC")),
     # a dense bf16 GEMM's (cuBLAS) average rate over busy_s seconds of back-to-back matmuls started
     # from idle clocks, as a fraction (at most 1) of its short-launch rate (calibrate step sustained;
-    # optional): the SM clock falls under sustained MMA (H200 run AT: 705 TFLOP/s over 300 ms against
-    # 797 over 22 ms). Read only behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``)
+    # optional): the SM clock falls under sustained MMA. Read by ``clocks.sustained_ratio``
     "sustained_mma": ("fraction", ("busy_s",)),
     # the sustained fall at a duty: matmuls a fraction "duty" of a long graph's time, HBM reads between
     # (calibrate step sustained, full form), as the fraction of the fall of matmuls back to back over the
-    # same seconds: (1 - rate ratio at the duty) / (1 - sustained_mma at that busy_s) (optional; H200 run
-    # BF: 0.13 at duty 0.5, 0.6 at 0.75). Read only behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``)
+    # same seconds: (1 - rate ratio at the duty) / (1 - sustained_mma at that busy_s) (optional). Read by
+    # ``clocks.duty_fall``
     "sustained_duty": ("fraction", ("duty",)),
 }
 
 
-#: how a GEMM tile loop loads its operands (a reference.tiles.GEMM_LOOP_FORMS form) -> the
-#: dense-GEMM tables (kernel_model.gemm_<name>, kernels/microbench_gemm.py) that price it, best
-#: first: its own loop's, then the nearest measured before it existed (profiles calibrated before
-#: the persistent and gated loops were measured)
+#: a tile loop form (reference.tiles.GEMM_LOOP_FORMS) -> the dense-GEMM tables that price it, its own first
 GEMM_LOADS = {
     "pointer": ("pointer",),
     "pointer_gated": ("pointer_gated", "pointer"),
@@ -638,23 +625,22 @@ class KernelModel:
     of n programs sharing tiles in groups of m (``kernel_model.l2_shared_read``), or ();
     serial_load_steps, serial_reduce_steps: ((programs, s per step), ...) (``kernel_model.
     serial_load_step`` / ``serial_reduce_step``), or (); the cost model reads the shared-read table
-    behind its switches (cost.USE_L2_SHARED_READ, cost.USE_L2_READ_DEPTH) and the serial steps'
-    tables not at all (recorded; it reads the scalars).
+    (``depth_rates``) and the serial steps' tables not at all (recorded; it reads the scalars).
     route_select: ((router code, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC, s per block), ...) (``kernel_model.
     route_select``), or (): the multi-launch routing program's selection (cost.route_select_s).
     hbm_deep_programs (n,), hbm_deep_depths (d,), hbm_deep_groups (g,), hbm_deep_bytes (m,),
     hbm_deep_rate (n, d, g, m): the deep readers' bytes/s (``kernel_model.hbm_deep_read``) by
-    programs, bytes in flight per program, sharing group and bytes per program, or (); read behind
-    cost.USE_TASK_DEEP_READ (``cost.deep_read_rate``, ``cost.deep_stream_rate``).
+    programs, bytes in flight per program, sharing group and bytes per program, or (); read by
+    ``depth_rates.deep_read_rate`` and ``depth_rates.deep_stream_rate``.
     gemm_reuse: ((loop form, (((BLOCK_M, BLOCK_N, num_warps), depths (d,), row blocks (r,), flop/s
     per SM (d, r)), ...)), ...) by form and shape (``kernel_model.gemm_reuse_<form>``), or ();
     recorded, not read by the cost model (``gemm_reuse_table``).
     sustained_mma: ((busy seconds, average rate / short-launch rate), ...) by busy seconds
-    (``kernel_model.sustained_mma``), or (); read behind cost.USE_SUSTAINED_CLOCKS (``cost.sustained_ratio``).
+    (``kernel_model.sustained_mma``), or (); read by ``clocks.sustained_ratio``.
     sustained_duty: ((duty, fraction of the fall at duty 1), ...) by duty (``kernel_model.sustained_duty``),
-    or (); read behind cost.USE_SUSTAINED_DUTY (``cost.duty_fall``).
+    or (); read by ``clocks.duty_fall``.
     serial_reduce_width: ((row width, s per top-1 pass), ...) by width (``kernel_model.serial_reduce_width``),
-    or (); read behind cost.USE_REDUCE_STEP_BY_WIDTH (``cost.reduce_step_at_width``).
+    or (); read by ``rates.reduce_step_at_width``.
     """
 
     hbm_programs: tuple

@@ -15,22 +15,19 @@ slice and gathered rows unless the same weight_id (or row block) was read within
 The terms (``task_costs``, one entry per task, vectorized):
 
     compute   flops / (mma(tile, rows of its expert) / share), the tile-loop table of its weight loads
-              (``cost.MEGAKERNEL_LOADS``), plus its dependent round trips x ticket_s where
-              ``cost.USE_TASK_PROLOGUE``; divided by the sustained-clock ratio where
-              ``cost.USE_SUSTAINED_CLOCKS`` (``predict_task_plan`` schedules again)
+              (``MEGAKERNEL_LOADS``), plus its dependent round trips x ticket_s; divided by the
+              sustained-clock ratio (``clocks``; ``predict_task_plan`` schedules again)
     memory    DRAM bytes / (stream(R) / R) x h(n), h the busy-programs correction of its read curve
-              (``task_read_curves``: the grid's, or the deep readers' by weight depth and a cohort's
-              one-shot rate where ``cost.USE_TASK_DEEP_READ``), and L2-hit bytes at the L2 intake
-              rate (``cost.l2_intake_rate``, ``cost.USE_L2_READ_DEPTH``) on the grid's curve
+              (``task_read_curves``: the grid's, or the deep readers' by weight depth, and a
+              cohort's one-shot rate), and L2-hit bytes at the L2 intake rate by the programs'
+              read depth (``depth_rates.l2_intake_rate``) on the grid's curve
     serial    the router and align kinds' dependent load / reduce steps (``SERIAL_KINDS``)
     pre       a GEMM 1 task's own routing or alignment before its K loop (tiles["router"] EACH,
               ALIGN_EACH)
     duration  max(compute, memory, serial) + task_overhead + ticket + pre
 
 ``_schedule_tasks`` places them in ticket order on the R resident programs; the plan's time is the
-makespan plus the launch gap and the CUDA graph's fixed cost per call. The primitives and the
-``USE_*`` switches live in ``cost``, read here at call time (``cost.USE_*``), so setting them on
-``cost`` (``megamoe.repredict.switches``, tests' monkeypatch) changes these predictions.
+makespan plus the launch gap and the CUDA graph's fixed cost per call.
 """
 
 from __future__ import annotations
@@ -41,27 +38,21 @@ import heapq
 import numpy as np
 
 from ..reference.tiles import TASK_ROUND_TRIPS, scan_block
-from . import cost
-from .cost import (
-    GATED_KINDS,
-    GEMM_KINDS,
-    MEGAKERNEL_LOADS,
-    _km,
-    _of_kinds,
-    _sustained_scale,
-    deep_read_rate,
-    deep_stream_rate,
-    deep_table_covers,
-    hbm_rate,
-    hbm_stream_rate,
-    l2_intake_rate,
-    mma_rate_per_sm,
-    occupancy,
-    resolve_profile,
-    selection_width,
-    serial_step_s,
-)
+from .clocks import sustained_scale
+from .depth_rates import deep_read_rate, deep_stream_rate, deep_table_covers, l2_intake_rate
 from .hardware import Profile, load_profile
+from .launch_cost import resolve_profile
+from .rates import _km, hbm_rate, hbm_stream_rate, mma_rate_per_sm, occupancy, selection_width, serial_step_s
+
+#: how the megakernel's GEMM tasks load their operands (hardware.GEMM_LOADS), by its weight loads
+#: ("pointer": cp.async; "tma": descriptors, config "tma_weights"; rows by pointer either way), in
+#: persistent programs that walk the tickets; GEMM 1 tasks with gate and up accumulators, the others one
+MEGAKERNEL_LOADS = {"pointer": {"gated": "pointer_persistent_gated", "other": "pointer_persistent"},
+                    "tma": {"gated": "tma_persistent_gated", "other": "tma_persistent"}}
+#: the megakernel's task kinds with gate and up accumulators
+GATED_KINDS = ("gemm1", "shared_gemm1", "expert_slice")
+#: the megakernel's GEMM task kinds: their gathered rows are an operand an L2 model can re-hit
+GEMM_KINDS = ("gemm1", "gemm2", "shared_gemm1", "shared_gemm2", "expert_slice")
 
 _PLAN_ARRAYS = ("kind", "expert", "block", "rows", "tile_m", "tile_n", "depth", "weight_bytes", "in_bytes",
                 "out_bytes", "flops", "weight_id", "signal_ptr", "signal_counter", "wait_ptr", "wait_counter", "wait_target",
@@ -69,6 +60,12 @@ _PLAN_ARRAYS = ("kind", "expert", "block", "rows", "tile_m", "tile_n", "depth", 
 #: serial per-task work of the router and align kinds (assumption: one dependent load step per
 #: BLOCK_H of the reduction, one row reduction per top-k pass / scanned chunk / scattered slot)
 SERIAL_KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter")
+
+
+def _of_kinds(kind: np.ndarray, kinds: list, names) -> np.ndarray:
+    """(n,) bool: the tasks (kind codes into ``kinds``, a plan's list) of a kind in ``names``
+    (names the plan does not have match nothing: a stored plan of older kinds)."""
+    return np.isin(kind, [kinds.index(k) for k in names if k in kinds])
 
 
 def _plan_arrays(plan) -> dict:
@@ -107,8 +104,7 @@ def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, resident: int,
     """The HBM rates a task plan's tasks read at: (curve (n,) int, the curve of each task; stream (C, R)
     float, curve c's aggregate bytes/s with 1..R programs busy streaming back to back; one_shot, C
     functions (programs, bytes each) -> aggregate bytes/s of that many programs starting together).
-    Curve 0: the grid's (``hbm_stream_rate``, ``hbm_rate``); with ``cost.USE_TASK_DEEP_READ`` on, one more
-    curve per weight depth of the GEMM kinds that the deep table covers (``weight_depth`` {kind: weight
+    Curve 0: the grid's (``hbm_stream_rate``, ``hbm_rate``); one more curve per weight depth of the GEMM kinds that the deep table covers (``weight_depth`` {kind: weight
     bytes a program keeps in flight}, ``deep_table_covers``): ``deep_stream_rate`` / ``deep_read_rate``
     at that depth, group 1."""
     R = max(1, int(resident))
@@ -116,20 +112,61 @@ def task_read_curves(p: Profile, kind: np.ndarray, kinds: list, resident: int,
     curve = np.zeros(kind.size, np.int64)
     stream = [np.asarray(hbm_stream_rate(p, nn), dtype=np.float64)]
     one_shot = [lambda n, b: float(hbm_rate(p, n, b))]
-    if cost.USE_TASK_DEEP_READ:
-        by_depth: dict = {}
-        for k, d in sorted((weight_depth or {}).items()):
-            if k not in kinds or k not in GEMM_KINDS or not deep_table_covers(p, d):
-                continue
-            m = kind == kinds.index(k)
-            if not m.any():
-                continue
-            if d not in by_depth:
-                by_depth[d] = len(stream)
-                stream.append(np.array([deep_stream_rate(p, x, d, 1) for x in nn]))
-                one_shot.append(lambda n, b, d=d: deep_read_rate(p, n, d, 1, b))
-            curve[m] = by_depth[d]
+    by_depth: dict = {}
+    for k, d in sorted((weight_depth or {}).items()):
+        if k not in kinds or k not in GEMM_KINDS or not deep_table_covers(p, d):
+            continue
+        m = kind == kinds.index(k)
+        if not m.any():
+            continue
+        if d not in by_depth:
+            by_depth[d] = len(stream)
+            stream.append(np.array([deep_stream_rate(p, x, d, 1) for x in nn]))
+            one_shot.append(lambda n, b, d=d: deep_read_rate(p, n, d, 1, b))
+        curve[m] = by_depth[d]
     return curve, np.stack(stream), one_shot
+
+
+def _serial_terms(p: Profile, a: dict, kind: np.ndarray, kinds: list, counts: np.ndarray,
+                  resident: int) -> tuple[np.ndarray, np.ndarray]:
+    """(serial_s, pre_s) (n,) of a task plan's arrays ``a``: the router and align kinds' dependent load /
+    reduce steps (SERIAL_KINDS), and a GEMM 1 task's own routing or alignment before its K loop."""
+    n = kind.size
+    serial_s = np.zeros(n)
+    r = a["tiles"]["router"]
+    K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
+    load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
+    # a top-k selection's passes, over rows of the experts' scores padded to BLOCK_E
+    pass_s = serial_step_s(p, "reduce", selection_width(counts.size))
+    for k in SERIAL_KINDS:
+        m = kind == kinds.index(k)
+        if not m.any():
+            continue
+        if k in ("router_logits", "router_topk"):
+            steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
+            passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
+            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * pass_s
+        elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
+            g = np.maximum(a["depth"][m], 1)
+            blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
+            serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
+        else:
+            serial_s[m] = K * reduce_s
+    # tiles["router"]["EACH"]: each GEMM 1 task routes the token itself before its K loop (the top-k
+    # task's selection passes, in series with the task's streaming, not overlapped with it)
+    pre_s = np.zeros(n)
+    if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
+        m = kind == kinds.index("gemm1")
+        pre_s[m] = (a["topk_passes"] or K) * pass_s
+    # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
+    # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
+    # histogram rows (the scan's steps), which the program keeps for its later tasks
+    if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
+        g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
+        G = max(1, int((kind == kinds.index("router_topk")).sum()))
+        pre_s[g1] += 2 * reduce_s
+        pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
+    return serial_s, pre_s
 
 
 def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | None = None, num_warps: int = 4,
@@ -167,12 +204,11 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
                                         dtype=dtype, loads=loads)
     rate = rate / share
     compute_s = np.where(flops > 0, flops / np.asarray(rate, dtype=np.float64) if n else 0.0, 0.0)
-    if cost.USE_TASK_PROLOGUE:  # the routed GEMM tasks' dependent round trips, in series with their MMA
-        trips = np.zeros(n)
-        for k, r in TASK_ROUND_TRIPS.items():
-            if k in kinds:
-                trips[kind == kinds.index(k)] = r
-        compute_s = compute_s + np.where(flops > 0, trips * km.ticket_s, 0.0)
+    trips = np.zeros(n)  # the routed GEMM tasks' dependent round trips, in series with their MMA
+    for k, r in TASK_ROUND_TRIPS.items():
+        if k in kinds:
+            trips[kind == kinds.index(k)] = r
+    compute_s = compute_s + np.where(flops > 0, trips * km.ticket_s, 0.0)
     window = km.l2_resident_fraction * p.l2_bytes
     wb = a["weight_bytes"].astype(np.float64)
     ib = a["in_bytes"].astype(np.float64)
@@ -190,64 +226,29 @@ def task_costs(plan, profile: Profile | str = "h200", *, num_programs: int | Non
     l2_bound = np.zeros(n, bool)  # the task's L2-hit bytes at the L2 rate outlast its DRAM bytes
     mem_l2_P = np.zeros(n)  # its L2-hit bytes' time, `resident` streaming
     if km.l2_bandwidth_bytes_per_s > 0:
-        # USE_L2_READ_DEPTH: the programs' bytes in flight (read_depth) read the shared-read table
+        # the programs' bytes in flight (read_depth) read the shared-read table
         mem_l2 = l2 * resident / l2_intake_rate(p, resident, read_depth)
         l2_bound = mem_l2 > mem_P
         mem_l2_P = mem_l2
-    serial_s = np.zeros(n)
-    r = a["tiles"]["router"]
-    K = int(counts.sum() // max(a["num_tokens"], 1)) if a["num_tokens"] else 0
-    load_s, reduce_s = serial_step_s(p, "load"), serial_step_s(p, "reduce")
-    # a top-k selection's passes, over rows of the experts' scores padded to BLOCK_E (cost.USE_REDUCE_STEP_BY_WIDTH)
-    pass_s = serial_step_s(p, "reduce", selection_width(counts.size))
-    for k in SERIAL_KINDS:
-        m = kind == kinds.index(k)
-        if not m.any():
-            continue
-        if k in ("router_logits", "router_topk"):
-            steps = np.ceil(a["depth"][m] / r["BLOCK_H"])
-            passes = a["topk_passes"] or K  # the selection's dependent reductions (reference.tiles.topk_passes)
-            serial_s[m] = steps * load_s + (passes if k == "router_topk" else 0) * pass_s
-        elif k == "align_scan":  # depth: the histogram rows (top-k groups) it scans, scan_block per step
-            g = np.maximum(a["depth"][m], 1)
-            blk = np.array([scan_block(int(x)) for x in g], dtype=np.float64)
-            serial_s[m] = (np.ceil(g / blk) + 2) * reduce_s
-        else:
-            serial_s[m] = K * reduce_s
-    # tiles["router"]["EACH"]: each GEMM 1 task routes the token itself before its K loop (the top-k
-    # task's selection passes, in series with the task's streaming, not overlapped with it)
-    pre_s = np.zeros(n)
-    if a["tiles"]["router"].get("EACH") and "gemm1" in kinds:
-        m = kind == kinds.index("gemm1")
-        pre_s[m] = (a["topk_passes"] or K) * pass_s
-    # tiles["router"]["ALIGN_EACH"]: each GEMM 1 task ranks the routing's pairs and places its block's
-    # rows (two reductions) before its K loop; a program's first one also sums the top-k tasks' G
-    # histogram rows (the scan's steps), which the program keeps for its later tasks
-    if a["tiles"]["router"].get("ALIGN_EACH") and "gemm1" in kinds:
-        g1 = np.nonzero(kind == kinds.index("gemm1"))[0]
-        G = max(1, int((kind == kinds.index("router_topk")).sum()))
-        pre_s[g1] += 2 * reduce_s
-        pre_s[g1[:resident]] += (np.ceil(G / scan_block(G)) + 2) * reduce_s
+    serial_s, pre_s = _serial_terms(p, a, kind, kinds, counts, resident)
     # the busy-programs correction of the memory term: mem(n) = max(dram_P x h[curve, n], l2_P x h[0, n])
-    # (the L2 part keeps the grid's curve); a cohort's DRAM part (cost.USE_TASK_DEEP_READ) at
-    # cohort_h(curve, n, its DRAM bytes) instead (``_schedule_tasks``)
+    # (the L2 part keeps the grid's curve); a cohort's DRAM part at cohort_h(curve, n, its DRAM bytes)
+    # instead (``_schedule_tasks``)
     nn = np.arange(1, resident + 1, dtype=np.float64)
     h_curves = (nn / resident) * rate_R[:, None] / stream
-    cohort_h = None
-    if cost.USE_TASK_DEEP_READ:
-        memo: dict = {}
+    memo: dict = {}
 
-        def cohort_h(c: int, n: int, b: float) -> float:
-            key = (c, n, round(b))
-            if key not in memo:
-                memo[key] = (n / resident) * float(rate_R[c]) / max(one_shot[c](n, max(b, 1.0)), 1e-30)
-            return memo[key]
+    def cohort_h(c: int, n: int, b: float) -> float:
+        key = (c, n, round(b))
+        if key not in memo:
+            memo[key] = (n / resident) * float(rate_R[c]) / max(one_shot[c](n, max(b, 1.0)), 1e-30)
+        return memo[key]
     return {"kind": kind, "kinds": kinds, "compute_s": compute_s, "memory_P_s": np.maximum(mem_P, mem_l2_P),
             "dram_P_s": mem_P, "l2_P_s": mem_l2_P, "serial_s": serial_s,
             "pre_s": pre_s,
             "fixed_s": km.task_overhead_s + km.ticket_s, "dram_bytes": dram, "l2_bytes": l2, "h": h_curves[0],
             "h_curves": h_curves, "curve": curve, "cohort_h": cohort_h,
-            "cohort": gemm if cost.USE_TASK_DEEP_READ else np.zeros(n, bool), "l2_bound": l2_bound,
+            "cohort": gemm, "l2_bound": l2_bound,
             "programs": P, "resident": resident, "arrays": a}
 
 
@@ -266,13 +267,13 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
     "system"}. ``busy_us`` sums task durations (program time); the critical path is the chain of
     tasks (and handoffs) that ends last, so its terms sum to the makespan. ``weight_loads``: how
     the GEMM tasks load their weights, "pointer" or "tma" (MEGAKERNEL_LOADS: the tile-loop tables
-    read). ``calls_before``: calls run back to back before the timed replay (read only by
-    USE_SUSTAINED_CLOCKS, ``busy_window_s``: the tasks' compute times divided by ``sustained_ratio``
+    read). ``calls_before``: calls run back to back before the timed replay (``clocks.busy_window_s``:
+    the tasks' compute times divided by ``sustained_ratio``
     over the window of the makespan as calibrated, then scheduled again; "sustained_ratio" in the result).
     ``read_depth``: bytes of operand tiles a program keeps in flight (its GEMM tasks' pipeline buffers;
-    read only by USE_L2_READ_DEPTH, ``l2_intake_rate``; 0: the calibrated reader's). ``weight_depth``:
+    ``l2_intake_rate``; 0: the calibrated reader's). ``weight_depth``:
     {GEMM kind: weight bytes one program keeps in flight in that kind's loop} (read only by
-    cost.USE_TASK_DEEP_READ, ``task_read_curves``; a kind left out: the grid's reader).
+    ``task_read_curves``; a kind left out: the grid's reader).
     """
     p = resolve_profile(profile, overrides)
     c = task_costs(plan, p, num_programs=num_programs, num_warps=num_warps, dtype=dtype, weight_loads=weight_loads,
@@ -283,80 +284,29 @@ def predict_task_plan(plan, profile: Profile | str = "h200", *, num_programs: in
 def schedule_costs(c: dict, p: Profile, calls_per_graph: int = 1, calls_before: float = 0.0,
                    timeline: bool = False) -> dict:
     """``predict_task_plan``'s result from task costs ``c`` (``task_costs``, or a caller's costs in its
-    format, as simulator/ep_task_cost.py gives them): ``_schedule_shared``, then where
-    USE_SUSTAINED_CLOCKS applies, the tasks' MMA at the clocks of the busy window, scheduled again.
+    format, as simulator/ep_task_cost.py gives them): ``_schedule_tasks``, then where the
+    profile has the sustained-clock table, the tasks' MMA at the clocks of the busy window, scheduled again.
     ``timeline``: the result also carries "_start" / "_end" / "_h" (``_schedule_tasks``)."""
-    out = _schedule_shared(c, p, calls_per_graph, timeline)
-    ratio = _sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
+    out = _schedule_tasks(c, p, calls_per_graph, timeline)
+    ratio = sustained_scale(p, out["time_us"] * 1e-6, calls_per_graph, calls_before,
                              float(np.sum(c["arrays"]["flops"], dtype=np.float64)))
     if ratio is not None:  # the tasks' MMA at the clocks of the busy window, scheduled again
         if ratio < 1:
-            out = _schedule_shared({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph, timeline)
+            out = _schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, calls_per_graph, timeline)
         out["sustained_ratio"] = ratio
     return out
 
 
-#: list-scheduling passes after the first where ``cost.USE_TASK_STREAM_SHARE`` is on, and the weight of
-#: each pass's lifetime shares against the shares the pass before priced at (the fixed point is approached
-#: by halves: undamped, a phase's tail and the phase after it trade places from one pass to the next)
-STREAM_SHARE_PASSES = 4
-STREAM_SHARE_STEP = 0.5
-
-
-def lifetime_h(start: np.ndarray, end: np.ndarray, h_curves: np.ndarray, curve: np.ndarray) -> np.ndarray:
-    """Each task's busy-programs correction over its whole lifetime on a timeline (start, end (n,) s):
-    1 / the time average over [start_i, end_i] of 1 / h[curve_i, n(t) - 1], n(t) the tasks executing
-    at t (started and not ended: a program waiting on a counter reads nothing), h_curves (C, R) as
-    ``task_costs`` gives them. 1 / h is a program's share of the read rate (relative to every resident
-    program streaming), so its time average is the rate the task's bytes progress at while the
-    programs around it start and stop. -> (n,)."""
-    n = start.size
-    if n == 0:
-        return np.zeros(0)
-    R = h_curves.shape[1]
-    t = np.unique(np.concatenate([start, end]))
-    d = np.zeros(t.size)
-    np.add.at(d, np.searchsorted(t, start), 1.0)
-    np.add.at(d, np.searchsorted(t, end), -1.0)
-    busy = np.clip(np.cumsum(d)[:-1], 1, R).astype(np.int64)  # tasks executing on [t_k, t_k+1)
-    inv = 1.0 / np.maximum(h_curves, 1e-30)  # (C, R): a program's share of the rate
-    acc = np.concatenate([np.zeros((inv.shape[0], 1)), np.cumsum(inv[:, busy - 1] * np.diff(t), axis=1)], axis=1)
-    c = np.asarray(curve, dtype=np.int64)
-    lo, hi = np.searchsorted(t, start), np.searchsorted(t, end)
-    span = end - start
-    mean = np.where(span > 0, (acc[c, hi] - acc[c, lo]) / np.where(span > 0, span, 1.0), inv[c, 0])
-    return 1.0 / mean
-
-
-def _schedule_shared(c: dict, p: Profile, calls_per_graph: int, timeline: bool = False) -> dict:
-    """``_schedule_tasks``, and where ``cost.USE_TASK_STREAM_SHARE`` is on, again STREAM_SHARE_PASSES
-    times, each task's DRAM part at h + STREAM_SHARE_STEP x (``lifetime_h`` of the previous pass's
-    timeline - h), h the correction it had there (the first pass: the busy programs at its start);
-    a cohort's tasks keep their one-shot rate (cost.USE_TASK_DEEP_READ). ``timeline``: the last pass's
-    "_start" / "_end" / "_h" kept in the result."""
-    if not cost.USE_TASK_STREAM_SHARE:
-        return _schedule_tasks(c, p, calls_per_graph, timeline=timeline)
-    out = _schedule_tasks(c, p, calls_per_graph, timeline=True)
-    for j in range(STREAM_SHARE_PASSES):
-        life = lifetime_h(out["_start"], out["_end"], c["h_curves"], c["curve"])
-        out = _schedule_tasks(c, p, calls_per_graph, h_over=out["_h"] + STREAM_SHARE_STEP * (life - out["_h"]),
-                              timeline=timeline or j < STREAM_SHARE_PASSES - 1)
-    return out
-
-
-def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarray | None = None,
-                    timeline: bool = False) -> dict:
+def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, timeline: bool = False) -> dict:
     """``predict_task_plan``'s result from the task costs ``c`` (``task_costs``): list scheduling in
-    ticket order on the resident programs. ``h_over`` (n,): each task's busy-programs correction of its
-    DRAM part (``_schedule_shared``) instead of the one for the programs busy at its start, except a
-    cohort's tasks (cost.USE_TASK_DEEP_READ). ``timeline``: the result carries "_start" / "_end" (s, (n,)),
+    ticket order on the resident programs. ``timeline``: the result carries "_start" / "_end" (s, (n,)),
     and "_h" (n,), the correction each task's DRAM part was priced at."""
     km = _km(p)
     a = c["arrays"]
-    kind, kinds = c["kind"], c["kinds"]
+    kind = c["kind"]
     n = kind.size
     R = c["resident"]
-    comp, memP, ser = c["compute_s"], c["memory_P_s"], c["serial_s"]
+    comp, ser = c["compute_s"], c["serial_s"]
     h_curves, curve_l = c["h_curves"], c["curve"].tolist()
     fixed = c["fixed_s"]
     handoff = km.flag_handoff_s
@@ -375,7 +325,6 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarra
     dram_l = c["dram_bytes"].tolist()
     target_l = a["counter_target"].astype(np.int64).tolist()
     cohort_left, cohort_n = 0, 0  # tasks still to place of the cohort being released, its programs reading
-    h_over = None if h_over is None else np.asarray(h_over, dtype=np.float64).tolist()
     h_used = [0.0] * n  # the busy-programs correction each task's DRAM part was priced at
 
     def release(j: int):  # the time task j's waits are all met (no handoff), None while one is not yet known
@@ -419,8 +368,7 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarra
         else:
             s0, pred[i] = t_free, last
         busy = R - bisect.bisect_right(free_sorted, s0)  # other programs still working at s0
-        # cost.USE_TASK_STREAM_SHARE: the DRAM part at its share over the task's lifetime (``lifetime_h``)
-        h_i = h_of[curve_l[i]][min(busy, R - 1)] if h_over is None else h_over[i]
+        h_i = h_of[curve_l[i]][min(busy, R - 1)]  # the DRAM part: its curve, at the programs busy at its start
         h_l2 = h_of[0][min(busy, R - 1)]  # the L2-hit part: the grid's curve, at the programs busy at its start
         if cohort_h is not None and in_cohort[i] and by_wait[i]:
             if cohort_left <= 0:  # a new release: its consecutive tickets freed at the same instant onto idle programs
@@ -445,6 +393,20 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarra
         heapq.heappush(heap, (e, q, i))
         bisect.insort(free_sorted, e)
     start_a, end_a = np.asarray(start), np.asarray(end)
+    out = _summary(c, p, calls_per_graph, start_a, end_a, pred, by_wait)
+    if timeline:
+        out.update(_start=start_a, _end=end_a, _h=np.asarray(h_used))
+    return out
+
+
+def _summary(c: dict, p: Profile, calls_per_graph: int, start_a: np.ndarray, end_a: np.ndarray, pred: list,
+             by_wait: list) -> dict:
+    """``predict_task_plan``'s result from a schedule: each task's start and end (s, (n,)), the task whose
+    end decided its start (``pred``, -1: the launch) and whether that was a wait (``by_wait``)."""
+    km = _km(p)
+    kind, kinds = c["kind"], c["kinds"]
+    n = kind.size
+    comp, memP, ser = c["compute_s"], c["memory_P_s"], c["serial_s"]
     dur_a = end_a - start_a
     busy_us = {k: float(dur_a[kind == j].sum() * 1e6) for j, k in enumerate(kinds)}
     crit_us = {k: 0.0 for k in kinds}
@@ -458,8 +420,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarra
         if gap > 0:
             crit_us["handoff" if by_wait[i] else kinds[kind[i]]] += float(gap) * 1e6
         i = j
-    mem_eff = memP  # at every resident program busy: h = 1 on every curve
-    which = np.argmax(np.stack([comp, mem_eff, ser]), axis=0) if n else np.zeros(0, int)
+    # the bound at every resident program busy: h = 1 on every curve
+    which = np.argmax(np.stack([comp, memP, ser]), axis=0) if n else np.zeros(0, int)
     bound = {k: {b: int(((kind == j) & (which == bi)).sum()) for bi, b in enumerate(("compute", "memory", "serial"))}
              for j, k in enumerate(kinds) if (kind == j).any()}
     l2b = c["l2_bound"] & (which == 1)  # memory-bound tasks whose L2-hit bytes set the memory time
@@ -469,8 +431,8 @@ def _schedule_tasks(c: dict, p: Profile, calls_per_graph: int, h_over: np.ndarra
     launch_us = km.launch_gap_s * 1e6
     fixed_us = km.graph_fixed_s * 1e6 / max(1, calls_per_graph)
     return {"time_us": makespan * 1e6 + launch_us + fixed_us, "makespan_us": makespan * 1e6, "span_us": span_us,
-            "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": R,
+            "launch_us": launch_us, "fixed_us": fixed_us, "programs": c["programs"], "resident_programs": c["resident"],
             "tasks": n, "busy_us": busy_us, "critical_path_us": crit_us, "bound_tasks": bound,
             "l2_bound_tasks": l2_tasks,
             "dram_bytes": float(c["dram_bytes"].sum()), "l2_hit_bytes": float(c["l2_bytes"].sum()),
-            "system": p.name, **({"_start": start_a, "_end": end_a, "_h": np.asarray(h_used)} if timeline else {})}
+            "system": p.name}

@@ -42,11 +42,11 @@ from .placement import Placement, assign_slots, make_placement
 ROUTINGS = ("uniform", "skewed", "zipf", "hot", "trace", "router")
 DEFAULT_SKEW_IMBALANCE = 10.9  # TensorRT-LLM, DeepSeek-R1 EP32 on GB200, by expert, no load balancing
 MAX_MINIBATCHES = 64
-#: Measured on the 2-core CI machine (DeepSeek-V3 on NVL72, 1024 and 4096 tokens per GPU): the
-#: workload build's peak memory per token-expert pair and its time per pair, and the reference
-#: router's time per token x hidden x expert (float64 matmul and top-k). Used for the size guard.
+#: the workload build's peak memory per token-expert pair, bytes (the size guard's estimate)
 BUILD_BYTES_PER_PAIR = 110
+#: the workload build's time per token-expert pair, s (the size guard's estimate)
 BUILD_S_PER_PAIR = 4.5e-7
+#: the reference router's time per token x hidden x expert, s (the size guard's estimate)
 ROUTER_S_PER_THE = 1.1e-10
 
 

@@ -326,9 +326,7 @@ def _predictions(p):
 def test_the_tma_table_is_recorded_not_read():
     """kernel_model.hbm_read_tma loads (a grid, checked as the others) and is not read: launch plans
     with pointer and TMA loop forms and task plans with pointer and TMA weights predict as without
-    it, here with a TMA table twice as fast as the main one. (It was read behind
-    cost.USE_TMA_READ_TABLE, off since H200 run AG, which validated worse with it: 7.3% median
-    against 6.3% without; the switch was removed, simulator/README.md.)"""
+    it, here with a TMA table twice as fast as the main one (docs/cost-model.md: why it is not read)."""
     pts = [[1, 1e4, 1e9], [1, 1e7, 2e10], [132, 1e4, 1e12], [132, 1e7, 4e12]]
     p2 = _calibrated(hbm_read_tma={"unit": "bytes/s", "over": ["programs_in_flight", "bytes_per_program"],
                                    "source": "test", "points": [[n, b, 2 * r] for n, b, r in pts]})

@@ -1,5 +1,5 @@
 """The routing program's selection as calibrate times it and the cost model prices it: the microbenchmark
-(kernels/microbench_route.py) under the interpreter, its table in a calibrated profile, and the router
+(megamoe/calibrate/microbench_route.py) under the interpreter, its table in a calibrated profile, and the router
 stage priced from the table where its key matches, from the dependent reductions where not."""
 
 from __future__ import annotations

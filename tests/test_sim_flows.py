@@ -7,7 +7,29 @@ import pytest
 import simpy
 
 from megamoe.simulator.entities import Fabric
-from megamoe.simulator.flows import maxmin_rates, maxmin_rates_py
+from megamoe.simulator.flows import _SAT, maxmin_rates
+
+
+def maxmin_rates_py(cap, flows: list[dict[int, float]]) -> np.ndarray:
+    """Plain-Python progressive filling on a list of {resource: coef} flows: the oracle ``maxmin_rates`` is held to."""
+    cap = np.asarray(cap, float)
+    rem = cap.copy()
+    rate = np.zeros(len(flows))
+    unfrozen = set(range(len(flows)))
+    while unfrozen:
+        w = np.zeros(cap.size)
+        for f in unfrozen:
+            for r, c in flows[f].items():
+                w[r] += c
+        mask = w > 0
+        inc = float(np.min(rem[mask] / w[mask]))
+        rem -= inc * w
+        full = {r for r in np.nonzero(mask & (rem <= _SAT * cap))[0]}
+        for f in list(unfrozen):
+            rate[f] += inc
+            if any(r in full and c > 0 for r, c in flows[f].items()):
+                unfrozen.discard(f)
+    return rate
 
 
 def _csr(flows):

@@ -158,7 +158,7 @@ def test_the_profile_reproduces_its_calibration_points():
     p = load_profile(cal.SYSTEM)
     shape = cal.fit_shape(p.port_bytes_per_s)
     assert shape["exponent"] == pytest.approx(p.rack.saturation_exponent, rel=1e-3)
-    assert np.allclose(shape["ratio_model_over_measured"], 1.0, atol=0.01)  # HybridEP's three points
+    assert np.allclose(shape["ratio_model_over_measured"], 1.0, atol=0.01)  # DeepEP V1's three points (quoted by HybridEP's document)
     t = cal.mok_layer_s(p.sm_copy_bytes_per_s, p.rack.saturation_exponent)
     assert t == pytest.approx(cal.MOK["layer_s"], rel=0.01)  # Mixture-of-Kittens at 8 communication SMs
 

@@ -1,12 +1,10 @@
-"""The cost model's switches: the launches' L2 hits at the shared-read table (cost.USE_L2_SHARED_READ)
-and that table past 2S programs (USE_L2_MANY_READERS), the sustained-clock ratio of the MMA terms
-(USE_SUSTAINED_CLOCKS), the L2 reads by bytes in flight (USE_L2_READ_DEPTH), the megakernel tasks' HBM
-reads by depth and by cohort (USE_TASK_DEEP_READ): their defaults (USE_L2_SHARED_READ on since run AH;
-USE_SUSTAINED_CLOCKS, USE_L2_READ_DEPTH and USE_TASK_DEEP_READ since runs AW-AY; USE_L2_MANY_READERS
-off); each changes only the terms it names when on and the profile has its table, and nothing where
-the profile has none. The tables that the removed switches read are still calibrated and loaded, and
-read by nothing (``test_recorded_tables_are_not_read``). The tests of the mechanics start from every
-switch off (the ``_all_off`` fixture)."""
+"""The cost model's terms that read the profile's measured tables, on synthetic profiles whose
+tables are exact functions (so a reading can be worked by hand): the launches' L2 hits at the
+shared-read table, the L2 reads by bytes in flight, the megakernel tasks' HBM reads by depth and by
+cohort, the tasks' dependent round trips, the sliding-window roofline, the sustained clocks and the
+MMA duty, the top-k passes by row width; and that the tables a calibration records but the model does
+not read change nothing (``test_recorded_tables_are_not_read``, on a stored H200 profile:
+tests/data/cost/README.md)."""
 
 from __future__ import annotations
 
@@ -17,11 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megamoe.simulator import cost, load_profile, task_cost
+from megamoe.simulator import cost, ep_task_cost, launch_cost, load_profile, task_cost
 from megamoe.simulator.hardware import validate
 
-SRC = "synthetic (tests/test_cost_switches.py)"
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-01_run26"
+SRC = "synthetic (tests/test_cost_terms.py)"
+STORED = Path(__file__).resolve().parent / "data" / "cost" / "h200"
+#: every table ``_profile`` adds
+TABLES = ("l2_shared_read", "serial_load_step", "serial_reduce_step", "hbm_deep_read", "sustained_mma",
+          "serial_reduce_width")
 
 
 def _num(v, unit):
@@ -46,7 +47,9 @@ def _reduce_step(P):
     return 6e-7 * (1 + np.log2(P) / 16)
 
 
-def _profile(tables: bool = True):
+def _profile(tables: bool = True, without: tuple = ()):
+    """h200's profile with a synthetic kernel model: the L2 and serial scalars, and with ``tables`` the
+    tables of TABLES but those named in ``without``."""
     d = load_profile("h200").to_dict()
     km = {"l2_bandwidth_bytes_per_s": _num(7.8e12, "bytes/s"), "serial_load_step_s": _num(4e-7, "s"),
           "serial_reduce_step_s": _num(6e-7, "s")}
@@ -58,6 +61,8 @@ def _profile(tables: bool = True):
         km["hbm_deep_read"] = _deep_table()
         km["sustained_mma"] = _table("fraction", ["busy_s"], [list(p) for p in SUSTAINED_POINTS])
         km["serial_reduce_width"] = _table("s", ["width"], [list(p) for p in REDUCE_WIDTH_POINTS])
+        for k in without:
+            del km[k]
     d["kernel_model"] = km
     return validate(d)
 
@@ -101,85 +106,33 @@ def _router_stage():
                 bytes_per_tile=4096.0, flops_per_tile=0.0, serial_steps={"load": 56, "reduce": 8})
 
 
-SWITCHES = ("USE_L2_SHARED_READ", "USE_SUSTAINED_CLOCKS", "USE_L2_READ_DEPTH", "USE_TASK_DEEP_READ",
-            "USE_L2_MANY_READERS", "USE_TASK_PROLOGUE", "USE_SUSTAINED_DUTY",
-            "USE_WINDOW_ROOFLINE", "USE_TASK_STREAM_SHARE", "USE_REDUCE_STEP_BY_WIDTH", "USE_SHALLOW_DEEP_READ")
-DEFAULTS = {name: getattr(cost, name) for name in SWITCHES}  # at import, before any test patches them
-#: the switches that read a table of their own (USE_TASK_DEEP_READ's cohorts read the HBM grid where the
-#: profile has no deep table)
-TABLE_SWITCHES = tuple(n for n in SWITCHES if n not in ("USE_TASK_DEEP_READ", "USE_TASK_PROLOGUE", "USE_WINDOW_ROOFLINE",
-                                                          "USE_TASK_STREAM_SHARE"))
-
-
-@pytest.fixture(autouse=True)
-def _all_off(monkeypatch):
-    for name in SWITCHES:
-        monkeypatch.setattr(cost, name, False)
-
-
-def test_switch_defaults():
-    """Run AH validated the launches' shared-read L2 hits, runs AW-AY the sustained clocks, the L2
-    read depth and the tasks' deep reads together; run BA kept USE_L2_MANY_READERS off; the tasks'
-    prologue is on from runs BA-BB's trace and re-predictions; the sustained fall by MMA duty from run
-    BF's duty graphs and re-predictions; the window roofline from re-predictions of nine runs; the
-    tasks' stream share off after run BI held it out level; the top-k passes by row width on after run BL
-    held it out; the shallow deep reads off until a validation holds them out. These are all of the module's
-    switches."""
-    assert DEFAULTS == {"USE_L2_SHARED_READ": True, "USE_SUSTAINED_CLOCKS": True, "USE_L2_READ_DEPTH": True,
-                        "USE_TASK_DEEP_READ": True, "USE_L2_MANY_READERS": False, "USE_TASK_PROLOGUE": True,
-                        "USE_SUSTAINED_DUTY": True, "USE_WINDOW_ROOFLINE": True, "USE_TASK_STREAM_SHARE": False,
-                        "USE_REDUCE_STEP_BY_WIDTH": True, "USE_SHALLOW_DEEP_READ": False}
-    assert sorted(k for k in vars(cost) if k.startswith("USE_")) == sorted(SWITCHES)
-
-
-def test_many_readers_off_reads_the_table_at_most_at_its_old_edge(monkeypatch):
-    """A shared-read table measured to 3S: on, 330 and 396 programs read past 2S (and clamp at 3S);
-    off, every count past 2S reads the 2S row, as a profile whose table ends at 2S reads it; below
-    2S both agree."""
+# --------------------------------------------------------------------------- the L2 shared-read table
+def test_l2_shared_rate_reads_the_table_up_to_2S_programs():
+    """A shared-read table measured to 3S: every count past 2S (L2_READERS_EDGE) reads the 2S row, as a
+    profile whose table ends at 2S reads it; below, bilinear in log2; arrays are each capped."""
     d = _profile().to_dict()
     S = _profile().num_sms
     progs = (S // 8, S, 2 * S, 3 * S)
     d["kernel_model"]["l2_shared_read"] = _table("bytes/s", ["programs", "sharing_group"],
                                                  [[P, g, float(_l2(P, g))] for P in progs for g in (1, 4, 16)])
     p = validate(d)
-    monkeypatch.setattr(cost, "USE_L2_MANY_READERS", True)
-    assert cost.l2_shared_rate(p, 3 * S, 4) == pytest.approx(_l2(3 * S, 4))
-    assert cost.l2_shared_rate(p, 10 * S, 4) == pytest.approx(_l2(3 * S, 4))
-    between = cost.l2_shared_rate(p, 2.5 * S, 1)
-    assert _l2(2 * S, 1) < between < _l2(3 * S, 1)
-    low = cost.l2_shared_rate(p, S, 4)
-    monkeypatch.setattr(cost, "USE_L2_MANY_READERS", False)
+    assert cost.L2_READERS_EDGE == 2
     assert cost.l2_shared_rate(p, 3 * S, 4) == pytest.approx(_l2(2 * S, 4))
     assert cost.l2_shared_rate(p, 2.5 * S, 1) == pytest.approx(_l2(2 * S, 1))
-    assert cost.l2_shared_rate(p, S, 4) == low
-    rates = cost.l2_shared_rate(p, np.array([S, 3 * S]), 1)  # arrays: each capped
+    assert cost.l2_shared_rate(p, S, 4) == pytest.approx(_l2(S, 4))
+    rates = cost.l2_shared_rate(p, np.array([S, 3 * S]), 1)
     assert rates == pytest.approx([_l2(S, 1), _l2(2 * S, 1)])
 
 
-def test_launch_shared_read_leaves_the_task_plans(monkeypatch):
-    """USE_L2_SHARED_READ prices a launch's hits only: a task plan's L2 hits keep
-    l2_bandwidth_bytes_per_s."""
-    p = _profile()
-    plan = _task_plan()
-    off = task_cost.task_costs(plan, p, num_programs=264)
-    assert (off["l2_bytes"] > 0).any()
-    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)
-    assert np.array_equal(task_cost.task_costs(plan, p, num_programs=264)["memory_P_s"], off["memory_P_s"])
-
-
-def test_shared_read_rate_and_serial_steps_read_as_documented(monkeypatch):
-    """The shared-read table at its points, bilinear in log2, clamped; the L2 re-read rate off or
-    without the table. The serial steps are the one-program scalars whether or not the profile has
-    the per-program-count tables (recorded, not read)."""
+def test_shared_read_rate_and_serial_steps_read_as_documented():
+    """The shared-read table at its points, bilinear in log2, clamped; None without it. The serial steps
+    are the one-program scalars whether or not the profile has the per-program-count tables (recorded,
+    not read)."""
     p = _profile()
     assert cost.l2_shared_rate(p, 64, 4) == pytest.approx(_l2(64, 4))  # a grid point
     assert cost.l2_shared_rate(p, 32, 8) == pytest.approx(_l2(32, 8))  # bilinear in log2: exact here
     assert cost.l2_shared_rate(p, 1024, 64) == pytest.approx(_l2(256, 16))  # clamped at the edges
     assert cost.l2_shared_rate(_profile(tables=False), 64, 4) is None
-    assert cost.l2_hit_rate(p, 64, 4) == 7.8e12  # off: the L2 re-read rate, table or not
-    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)
-    assert cost.l2_hit_rate(p, 64, 4) == pytest.approx(_l2(64, 4))
-    assert cost.l2_hit_rate(_profile(tables=False), 64, 4) == 7.8e12  # on, but no table
     assert p.kernel.serial_load_steps and p.kernel.serial_reduce_steps
     assert cost.serial_step_s(p, "load") == 4e-7 and cost.serial_step_s(p, "reduce") == 6e-7
     r = cost.predict_stage(_router_stage(), p)
@@ -188,18 +141,30 @@ def test_shared_read_rate_and_serial_steps_read_as_documented(monkeypatch):
         cost.serial_step_s(p, "scan")
 
 
-def test_l2_switch_prices_only_the_grouped_gemms_l2_hits(monkeypatch):
-    p = _profile()
+def test_task_plans_l2_hits_keep_the_l2_rate():
+    """The shared-read table prices a launch's hits only: a task plan's L2 hits (at read depth 0) keep
+    l2_bandwidth_bytes_per_s, table or not."""
+    plan = _task_plan()
+    with_table = task_cost.task_costs(plan, _profile(), num_programs=264)
+    assert (with_table["l2_bytes"] > 0).any()
+    without = task_cost.task_costs(plan, _profile(without=("l2_shared_read",)), num_programs=264)
+    assert np.array_equal(with_table["memory_P_s"], without["memory_P_s"])
+
+
+def test_grouped_gemms_l2_hits_read_the_shared_read_table():
+    """A grouped GEMM launch's L2 hits, split by sharing group as grouped_dram_bytes counts them, each
+    part at the table's rate for the programs in flight; without the table at l2_bandwidth. Only the
+    memory term moves; the router launch (no L2 hits) is the same either way."""
+    p, bare = _profile(), _profile(without=("l2_shared_read",))
     g, r = _gemm_stage(), _router_stage()
-    off_g, off_r = cost.predict_stage(g, p), cost.predict_stage(r, p)
+    plain_g = cost.predict_stage(g, bare)
     P = g["active_programs"]
     hit = P * g["bytes_per_tile"] - cost.dram_bytes(g)
     hbm = cost.launch_read_s(p, cost.dram_bytes(g), P, 264)
     intake = cost.sm_ingest_s(P, g["bytes_per_tile"], p)
-    assert off_g.memory_us == pytest.approx(max(hbm, hit / 7.8e12, intake) * 1e6)
+    assert plain_g.memory_us == pytest.approx(max(hbm, hit / 7.8e12, intake) * 1e6)
     assert intake >= hit / 7.8e12  # at one rate the SMs' intake is never below the L2-hit term
-    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)
-    on_g, on_r = cost.predict_stage(g, p), cost.predict_stage(r, p)
+    on_g = cost.predict_stage(g, p)
     # by hand: n = 224 programs in flight (of 264 slots); weight hits of the 3-block expert in a
     # group of 3, of the 10-block one 7 per N tile in its group of 8 and 1 in its group of 2;
     # row hits 15 per row block, in groups of min(16, 224 // min(8, blocks)) = 16
@@ -212,10 +177,8 @@ def test_l2_switch_prices_only_the_grouped_gemms_l2_hits(monkeypatch):
     g_small = dict(g, tile=dict(g["tile"], num_warps=8))  # 1 program per SM: 224 programs in 2 waves, 132 in flight
     assert cost.predict_stage(g_small, p).memory_us * 1e-6 >= cost.stage_l2_hit_s(g_small, hit, 132, p)
     for f in ("compute_us", "serial_us", "launch_us", "overhead_us", "waves", "occupancy"):
-        assert getattr(on_g, f) == getattr(off_g, f), f
-    assert on_r == off_r  # no L2 hits: the router launch is untouched
-    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", False)
-    assert cost.predict_stage(g, p) == off_g
+        assert getattr(on_g, f) == getattr(plain_g, f), f
+    assert cost.predict_stage(r, p) == cost.predict_stage(r, bare)
 
 
 def _task_plan():
@@ -230,18 +193,6 @@ def _task_plan():
     return task_plan(cfg, counts, 64, tiles, num_programs=264)
 
 
-def test_switches_on_without_tables_predict_as_today(monkeypatch):
-    """A profile without the new tables: the table switches on predict exactly what they predict off,
-    launch plans and task plans."""
-    q = _profile(tables=False)
-    plan = _task_plan()
-    stages = [_gemm_stage(), _router_stage()]
-    off = (cost.predict_launch_plan(stages, q), task_cost.predict_task_plan(plan, q, num_programs=264))
-    for name in TABLE_SWITCHES:
-        monkeypatch.setattr(cost, name, True)
-    assert (cost.predict_launch_plan(stages, q), task_cost.predict_task_plan(plan, q, num_programs=264)) == off
-
-
 def _repredicted(rows, profile):
     from megamoe.repredict import repredict_rows
 
@@ -250,46 +201,36 @@ def _repredicted(rows, profile):
                        for r in out], sort_keys=True, default=str)
 
 
-@pytest.mark.skipif(not (RUN / "profile.json").exists(), reason="stored run 26 not in this checkout")
-def test_stored_rows_repredict_identically_with_the_switches_off(monkeypatch):
-    """Stored rows of H200 run 26 (multi and megakernel, the router-heavy and L2-heavy ones)
-    re-predicted with its profile: the same with the switches on (its profile has no tables), and
-    with the tables added while the switches are off."""
-    rows = [json.loads(line) for line in (RUN / "validation_2026-12-01.jsonl").read_text().splitlines() if line.strip()]
-    pick = {("deepseek-v3", 512, "zipf"), ("qwen3-30b-a3b", 64, "zipf"), ("deepseek-v3", 64, "concentrated")}
-    rows = [r for r in rows if (r["preset"], r["T"], r["routing"]) in pick and r.get("profile") == "h200-calibrated"]
-    assert len(rows) >= 4
-    base = load_profile(str(RUN / "profile.json"))
-    want = _repredicted(rows, base)
-    d = base.to_dict()
-    extra = _profile().data["kernel_model"]
-    d["kernel_model"].update({k: extra[k] for k in ("l2_shared_read", "serial_load_step", "serial_reduce_step",
-                                                     "hbm_deep_read", "sustained_mma", "serial_reduce_width")})
-    with_tables = validate(d)
-    assert _repredicted(rows, with_tables) == want  # switches off: the tables are not read
-    for name in TABLE_SWITCHES:
-        monkeypatch.setattr(cost, name, True)
-    assert _repredicted(rows, base) == want  # on, but the profile has no tables
-    assert _repredicted(rows, with_tables) != want  # on, with tables: they are read
+def _stored_rows() -> list[dict]:
+    rows = [json.loads(line) for line in (STORED / "validation.jsonl").read_text().splitlines() if line.strip()]
+    assert len(rows) == 8
+    return rows
 
 
-RUN53 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run53"
-#: the kernel_model tables a calibration records that the cost model does not read (those of the
-#: removed switches, simulator/README.md "Removed switches", with gemm_reuse_<form>; mma_pointer never was)
+def test_stored_rows_repredict_as_pinned():
+    """Eight stored H200 rows (Qwen3-30B-A3B T = 1, 64, 4096 and DeepSeek-V3 T = 512, Zipf, both paths)
+    re-predicted with their run's profile give the pinned times to the last bits (pinned_us.json, written
+    when the cost model's switches were folded in: any change to a default-path term shows here)."""
+    from megamoe.repredict import repredict_rows
+
+    pinned = json.loads((STORED / "pinned_us.json").read_text())
+    out, skipped = repredict_rows(_stored_rows(), load_profile(str(STORED / "profile.json")))
+    assert skipped == 0
+    got = {f"{r['preset']}:{r['T']}:{r['routing']}:{r['backend']}": r["predicted_us"] for r in out}
+    assert got == pytest.approx(pinned, rel=1e-12, abs=0.0)
+
+
+#: the kernel_model tables a calibration records that the cost model does not read
 RECORDED_NOT_READ = ("hbm_read_tma", "serial_load_step", "serial_reduce_step", "serial_chain_step", "mma_pointer")
 
 
-@pytest.mark.skipif(not (RUN53 / "profile.json").exists(), reason="stored run 53 not in this checkout")
-def test_recorded_tables_are_not_read(monkeypatch):
-    """Run 53's profile has every recorded table (the TMA reader's HBM grid, the reuse tables, the
-    serial steps by programs): its rows, both paths, decode and prefill, pointer and TMA weights,
-    re-predict with the switches at their defaults exactly as with those tables taken out of the
-    profile and the SM's shared memory (sm_shared_memory_bytes, not read either) set to 1 KiB."""
-    rows = [json.loads(line) for line in (RUN53 / "validation_2026-12-02.jsonl").read_text().splitlines() if line.strip()]
-    pick = {("qwen3-30b-a3b", T, "zipf") for T in (1, 64, 4096)} | {("deepseek-v3", 512, "zipf")}
-    rows = [r for r in rows if r.get("phase") == "measurement" and (r["preset"], r["T"], r["routing"]) in pick]
-    assert len(rows) == 2 * len(pick)
-    full = load_profile(str(RUN53 / "profile.json"))
+def test_recorded_tables_are_not_read():
+    """A stored H200 profile with every recorded table (the TMA reader's HBM grid, the reuse tables, the
+    serial steps by programs) and eight of its rows, both paths, decode and prefill: they re-predict
+    exactly as with those tables taken out of the profile and the SM's shared memory
+    (sm_shared_memory_bytes, not read either) set to 1 KiB."""
+    rows = _stored_rows()
+    full = load_profile(str(STORED / "profile.json"))
     d = full.to_dict()
     km = d["kernel_model"]
     gone = [k for k in km if k in RECORDED_NOT_READ or k.startswith("gemm_reuse_")]
@@ -299,8 +240,6 @@ def test_recorded_tables_are_not_read(monkeypatch):
     km["sm_shared_memory_bytes"] = _num(1024, "bytes")
     stripped = validate(d)
     assert stripped.kernel.hbm_tma_rate == () and stripped.kernel.gemm_reuse == () and full.kernel.gemm_reuse
-    for name, on in DEFAULTS.items():
-        monkeypatch.setattr(cost, name, on)
     assert _repredicted(rows, full) == _repredicted(rows, stripped)
 
 
@@ -315,8 +254,8 @@ def test_deep_rate_reads_as_documented():
     """deep_read_rate: the table at its points, multilinear in log2 between them (exact on the
     synthetic table), clamped at its edges, and above its programs (one per SM) at least the grid's
     rate of the same programs; deep_stream_rate: the marginal rate between the two largest reads
-    (hbm_stream_rate's rule) at each node. deep_table_covers: the table there and a depth above its
-    shallowest reader's."""
+    (hbm_stream_rate's rule) at each node. deep_table_covers: the table there and a depth above both
+    its shallowest reader's and the hbm grid's reader's."""
     p = _deep_profile()
     f = cost.deep_read_rate
     assert f(p, 32, 96 << 10, 4, 1 << 20) == pytest.approx(_deep(32, 96 << 10, 4, 1 << 20))  # a point
@@ -331,6 +270,12 @@ def test_deep_rate_reads_as_documented():
     assert cost.deep_table_covers(p, (48 << 10) + 1) and not cost.deep_table_covers(p, 48 << 10)
     assert not cost.deep_table_covers(p, 0.0)
     assert not cost.deep_table_covers(load_profile("h200"), 128 << 10)  # no table
+    d = p.to_dict()  # a table measured from a 32 KiB reader: still only above the grid's 48 KiB reader
+    d["kernel_model"]["hbm_deep_read"] = _table("bytes/s", DEEP_AXES, [
+        [P, dd, g, b, float(_deep(P, dd, g, b))] for P in DEEP_GRID[0] for dd in (32 << 10, *DEEP_GRID[1])
+        for g in DEEP_GRID[2] for b in DEEP_GRID[3]])
+    shallow = validate(d)
+    assert [cost.deep_table_covers(shallow, x) for x in (32 << 10, 48 << 10, 64 << 10)] == [False, False, True]
 
 
 # --------------------------------------------------------------------------- sustained clocks
@@ -361,19 +306,16 @@ def _compute_bound_stage():
                 tiles_per_expert=(512,))
 
 
-def test_sustained_switch_scales_only_the_mma_terms(monkeypatch):
-    """On, with the table: each stage's compute term divided by the busy window's ratio, nothing
-    else; a memory-bound stage keeps its time; the window starts later with more calls before it,
-    so the same plan predicts slower (not faster) as they grow; off, or no table: as before."""
-    p, q = _profile(), _profile(tables=False)
+def test_sustained_clocks_scale_only_the_mma_terms():
+    """With the table: each stage's compute term divided by the busy window's ratio, nothing else; a
+    memory-bound stage keeps its time; the window starts later with more calls before it, so the same
+    plan predicts slower (not faster) as they grow; without the table: no ratio."""
+    p, bare = _profile(), _profile(without=("sustained_mma",))
     stages = [_compute_bound_stage(), _gemm_stage(), _router_stage()]
-    off = cost.predict_launch_plan(stages, p, calls_per_graph=4, calls_before=30)
+    off = cost.predict_launch_plan(stages, bare, calls_per_graph=4, calls_before=30)
     call_s = off["time_us"] * 1e-6
     assert "sustained_ratio" not in off
-    assert cost.predict_launch_plan(stages, p, calls_per_graph=4) == off  # calls_before alone changes nothing
-    off_q = cost.predict_launch_plan(stages, q, calls_per_graph=4, calls_before=30)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
-    assert cost.predict_launch_plan(stages, q, calls_per_graph=4, calls_before=30) == off_q  # no table
+    assert cost.predict_launch_plan(stages, bare, calls_per_graph=4) == off  # calls_before alone changes nothing
     on = cost.predict_launch_plan(stages, p, calls_per_graph=4, calls_before=30)
     before_s, busy_s = cost.busy_window_s(call_s, 4, 30)
     ratio = cost.sustained_ratio(p, busy_s, before_s)
@@ -390,13 +332,13 @@ def test_sustained_switch_scales_only_the_mma_terms(monkeypatch):
     assert times == sorted(times) and times[-1] > times[0]
 
 
-def test_sustained_switch_scales_only_the_tasks_compute(monkeypatch):
-    """A task plan under the switch: its tasks' compute times divided by the ratio of the makespan's
-    busy window, scheduled again; memory and serial terms as before."""
-    p = _profile()
+def test_sustained_clocks_scale_only_the_tasks_compute():
+    """A task plan: its tasks' compute times divided by the ratio of the makespan's busy window,
+    scheduled again; memory and serial terms as without the table."""
+    p, bare = _profile(), _profile(without=("sustained_mma",))
     plan = _task_plan()
-    off = task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    off = task_cost.predict_task_plan(plan, bare, num_programs=264, calls_per_graph=8, calls_before=3000)
+    assert "sustained_ratio" not in off
     on = task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000)
     before_s, busy_s = cost.busy_window_s(off["time_us"] * 1e-6, 8, 3000)
     ratio = cost.sustained_ratio(p, busy_s, before_s)
@@ -405,18 +347,17 @@ def test_sustained_switch_scales_only_the_tasks_compute(monkeypatch):
     want = task_cost._schedule_tasks({**c, "compute_s": c["compute_s"] / ratio}, p, 8)
     assert {k: v for k, v in on.items() if k != "sustained_ratio"} == want
     assert on["time_us"] >= off["time_us"] and on["dram_bytes"] == off["dram_bytes"]
-    assert task_cost.predict_task_plan(plan, p, num_programs=264) != off  # a shorter window: a smaller change
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
-    assert task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000) == off
+    assert task_cost.predict_task_plan(plan, p, num_programs=264) != on  # a shorter window: a smaller change
 
 
-#: the duty table (matmuls' share of a long graph, fraction of the back-to-back fall), H200 run BF's shape
+#: the duty table (matmuls' share of a long graph, fraction of the back-to-back fall)
 DUTY_POINTS = ((0.5, 0.125), (0.75, 0.625))
 
 
-def _duty_profile(rate: float = 8e14):
+def _duty_profile(rate: float = 8e14, duty: bool = True):
     d = _profile().to_dict()
-    d["kernel_model"]["sustained_duty"] = _table("fraction", ["duty"], [list(q) for q in DUTY_POINTS])
+    if duty:
+        d["kernel_model"]["sustained_duty"] = _table("fraction", ["duty"], [list(q) for q in DUTY_POINTS])
     d["kernel_model"]["mma_sustained_flops_per_s"] = _num(rate, "flop/s")
     return validate(d)
 
@@ -435,24 +376,20 @@ def test_duty_fall_and_mma_duty_read_as_documented():
     assert cost.mma_duty(p, 4e11, 0.0) is None and cost.mma_duty(_duty_profile(0.0), 4e11, 1e-3) is None
 
 
-def test_duty_switch_shrinks_the_fall_by_the_calls_mma_duty(monkeypatch):
-    """USE_SUSTAINED_DUTY on (with USE_SUSTAINED_CLOCKS): the busy window's fall 1 - ratio times
-    duty_fall at the call's duty, its FLOPs (stage_flops) over its time as calibrated x the dense
-    rate; a launch plan and a task plan alike; a lower dense rate (a higher duty) keeps more of the
-    fall; the duty switch alone changes nothing."""
-    p = _duty_profile()
+def test_the_duty_table_shrinks_the_fall_by_the_calls_mma_duty():
+    """The busy window's fall 1 - ratio times duty_fall at the call's duty, its FLOPs (stage_flops) over
+    its time as calibrated x the dense rate; a launch plan and a task plan alike; a lower dense rate (a
+    higher duty) keeps more of the fall; without the sustained table the duty table changes nothing."""
+    p, whole_p = _duty_profile(), _duty_profile(duty=False)
     stages = [_compute_bound_stage(), _gemm_stage(), _router_stage()]
     kw = dict(calls_per_graph=4, calls_before=30)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", True)
-    assert "sustained_ratio" not in cost.predict_launch_plan(stages, p, **kw)  # the clocks switch off
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", False)
-    whole = cost.predict_launch_plan(stages, p, **kw)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", True)
+    d = p.to_dict()
+    del d["kernel_model"]["sustained_mma"]
+    assert "sustained_ratio" not in cost.predict_launch_plan(stages, validate(d), **kw)
+    whole = cost.predict_launch_plan(stages, whole_p, **kw)
     on = cost.predict_launch_plan(stages, p, **kw)
     plain = cost.predict_launch_plan(stages, p)  # no window: the call's own time as calibrated
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", False)
-    call_s = cost.predict_launch_plan(stages, p, **kw)["time_us"] * 1e-6
+    call_s = cost.predict_launch_plan(stages, validate(d), **kw)["time_us"] * 1e-6
     flops = sum(cost.stage_flops(s) for s in stages)
     assert flops == pytest.approx(2.0 * 128 * 256 * 7168 * 512 + sum(cost.stage_flops(s) for s in stages[1:]))
     duty = cost.mma_duty(p, flops, call_s)
@@ -460,69 +397,31 @@ def test_duty_switch_shrinks_the_fall_by_the_calls_mma_duty(monkeypatch):
     want = 1.0 - (1.0 - whole["sustained_ratio"]) * cost.duty_fall(p, duty)
     assert on["sustained_ratio"] == pytest.approx(want) and whole["sustained_ratio"] < want < 1.0
     assert on["time_us"] < whole["time_us"] and plain["time_us"] <= on["time_us"]
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
     busier = cost.predict_launch_plan(stages, _duty_profile(rate=4e14), **kw)
     assert busier["sustained_ratio"] < on["sustained_ratio"]
     plan = _task_plan()
-    t_whole, t_on = [], []
-    for flag, acc in ((False, t_whole), (True, t_on)):
-        monkeypatch.setattr(cost, "USE_SUSTAINED_DUTY", flag)
-        acc.append(task_cost.predict_task_plan(plan, p, num_programs=264, calls_per_graph=8, calls_before=3000))
-    assert t_whole[0]["sustained_ratio"] <= t_on[0]["sustained_ratio"] <= 1.0
+    t_whole, t_on = (task_cost.predict_task_plan(plan, q, num_programs=264, calls_per_graph=8, calls_before=3000)
+                     for q in (whole_p, p))
+    assert t_whole["sustained_ratio"] <= t_on["sustained_ratio"] <= 1.0
 
 
-RUN46 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "validation_2026-12-02_run46"
-#: run AT's bench_sustained figures merged into run 46's profile (benchmarks/sustained_profile.py)
-RUN46_SUSTAINED = RUN46.parent / "repredict_sustained_2026-12-02_run46" / "profile.json"
-
-
-@pytest.mark.skipif(not RUN46_SUSTAINED.exists(), reason="stored run 46 not in this checkout")
-def test_sustained_switch_on_stored_rows_of_run46(monkeypatch):
-    """Run 46's rows with run AT's bench table: off, as with run 46's own profile (no table); on,
-    DeepSeek-V3's prefill rows (graphs of 8-24 ms calls after warm-up and earlier replays) predict
-    slower, T = 16384 more than T = 512's short calls, whose ratio is nearer 1; decode untouched."""
-    from megamoe.repredict import repredict_rows
-
-    pick = {("deepseek-v3", T, "uniform", b) for T in (1, 512, 4096, 16384) for b in ("multi", "megakernel")}
-    rows = [json.loads(line) for line in (RUN46 / "validation_2026-12-02.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("phase") == "measurement" and (r["preset"], r["T"], r["routing"], r["backend"]) in pick]
-    assert len(rows) == len(pick)
-    base, table = load_profile(str(RUN46 / "profile.json")), load_profile(str(RUN46_SUSTAINED))
-    want = _repredicted(rows, base)
-    assert _repredicted(rows, table) == want  # off: the table is not read
-    off, _ = repredict_rows(rows, base)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
-    assert _repredicted(rows, base) == want  # on, no table
-    out, _ = repredict_rows(rows, table)
-    by = {(r["T"], r["backend"]): r for r in out}
-    was = {(r["T"], r["backend"]): r for r in off}
-    for b in ("multi", "megakernel"):
-        assert by[(1, b)]["predicted_us"] == pytest.approx(was[(1, b)]["predicted_us"], rel=1e-9)
-        assert by[(16384, b)]["predicted_us"] > was[(16384, b)]["predicted_us"] * 1.05
-        # (both reach the table's lowest ratio, 0.859 with run AT's table: equal to float rounding, which session 17's
-        # megakernel tiles at T = 512 tipped)
-        assert by[(16384, b)]["predicted_sustained_ratio"] <= by[(512, b)]["predicted_sustained_ratio"] * (1 + 1e-12)
-        assert by[(512, b)]["predicted_sustained_ratio"] < 1
-
-
-def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(monkeypatch):
+def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays():
     """graph_time_us runs 2 eager calls, one untimed replay and the timed ones back to back; its
     median replay of 5 is the third: 2 + NI x 3 calls before it (NI = 8: 26); predict_config with
     the row's reps reads the ratio of that window, without reps the timed graph's from idle."""
     from megamoe.kernels.bench import WARMUP_CALLS, calls_before_timed_replay
-    from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
+    from megamoe.predict import predict_config
 
     assert WARMUP_CALLS == 2
     assert calls_before_timed_replay(8, 5) == 26 and calls_before_timed_replay(2, 5) == 8
     assert calls_before_timed_replay(4, 4) == 2 + 4 * 2.5 and calls_before_timed_replay(1, 1) == 2
-    p = _profile()
+    p, bare = _profile(), _profile(without=("sustained_mma",))
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     counts = np.full(cfg.num_experts, 4096 * cfg.top_k // cfg.num_experts)
     kw = dict(device_name="NVIDIA H200", calls_per_graph=4, triton_version="3.6.0")
-    off = predict_config(cfg, counts, 4096, "multi", p, reps=5, **kw)
-    assert off == predict_config(cfg, counts, 4096, "multi", p, **kw) and "predicted_sustained_ratio" not in off
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
+    off = predict_config(cfg, counts, 4096, "multi", bare, reps=5, **kw)
+    assert off == predict_config(cfg, counts, 4096, "multi", bare, **kw) and "predicted_sustained_ratio" not in off
     on = predict_config(cfg, counts, 4096, "multi", p, reps=5, **kw)
     idle = predict_config(cfg, counts, 4096, "multi", p, **kw)
     call_s = off["predicted_us"] * 1e-6
@@ -535,7 +434,7 @@ def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(
 def test_l2_reader_depth_is_the_shared_read_steps_reader():
     """L2_SHARED_READER_DEPTH_BYTES is what the l2_shared step's reader keeps in flight: its launcher's
     default stages less one (16-row mma.sync tiles, kernels/plan.gemm_shared_bytes' rule) of the
-    calibrate step's 64 x 128 bf16 weight tiles (the tile microbench.json records)."""
+    calibrate step's 64 x 128 bf16 weight tiles."""
     import inspect
 
     pytest.importorskip("triton")
@@ -543,21 +442,15 @@ def test_l2_reader_depth_is_the_shared_read_steps_reader():
 
     stages = inspect.signature(ms.l2_shared_read).parameters["num_stages"].default
     assert (stages - 1) * 64 * 128 * 2 == cost.L2_SHARED_READER_DEPTH_BYTES
-    mb = RUN46 / "microbench.json"
-    if mb.exists():
-        assert json.loads(mb.read_text())["measurements"]["l2_shared"]["tile"] == [64, 128]
 
 
-def test_l2_read_depth_readers_and_intake_rate(monkeypatch):
-    """Off: the table's programs are the programs in flight and the intake is l2_bandwidth. On: a
-    program deeper than the reader counts depth / 48 KiB readers (none shallower: as off); the
-    intake's aggregate rate is at least l2_bandwidth, the table's at those readers and group 1 above
-    it; a profile without the table keeps l2_bandwidth."""
+def test_l2_read_depth_readers_and_intake_rate():
+    """A program deeper than the reader counts depth / 48 KiB readers (none shallower); the intake's
+    aggregate rate is at least l2_bandwidth, the table's at those readers and group 1 above it; a
+    profile without the table keeps l2_bandwidth."""
     p, bare = _profile(), _profile(tables=False)
     d = cost.L2_SHARED_READER_DEPTH_BYTES
-    assert cost.l2_readers(132, 3 * d) == 132 and cost.l2_intake_rate(p, 132, 3 * d) == 7.8e12
-    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
-    assert cost.l2_readers(132, d) == 132 and cost.l2_readers(132, 0) == 132
+    assert cost.l2_readers(132, d) == 132 and cost.l2_readers(132, 0) == 132 and cost.l2_readers(0, None) == 1
     assert cost.l2_readers(64, 3 * d) == pytest.approx(192)
     assert cost.l2_intake_rate(p, 64, 3 * d) == pytest.approx(max(7.8e12, _l2(192, 1)))
     assert cost.l2_intake_rate(p, 16, 2 * d) == 7.8e12  # the table's 32 readers: below l2_bandwidth
@@ -566,30 +459,25 @@ def test_l2_read_depth_readers_and_intake_rate(monkeypatch):
 
 
 def test_l2_read_depth_prices_only_deep_launches_l2_terms(monkeypatch):
-    """On: a launch whose buffers hold 3 readers' bytes reads its L2-hit bytes at the table's rate for
-    3 x its programs in flight and the SMs' intake at the table's rate there (above l2_bandwidth);
-    compute, HBM, waves untouched. A launch at the reader's depth, or without shared_bytes, as off."""
-    monkeypatch.setattr(cost, "USE_L2_SHARED_READ", True)  # its default: the launches' hits at the table
+    """A launch whose buffers hold 3 readers' bytes reads its L2-hit bytes at the table's rate for 3 x its
+    programs in flight and the SMs' intake at the table's rate there (where above l2_bandwidth); compute,
+    HBM, waves untouched. A launch at the reader's depth prices as one without shared_bytes."""
     p = _profile()
     d = cost.L2_SHARED_READER_DEPTH_BYTES
-    deep, shallow = {**_gemm_stage(), "shared_bytes": 3 * d}, {**_gemm_stage(), "shared_bytes": d}
-    off = {k: cost.predict_stage(s, p) for k, s in (("deep", deep), ("shallow", shallow), ("none", _gemm_stage()))}
+    deep, shallow, none = {**_gemm_stage(), "shared_bytes": 3 * d}, {**_gemm_stage(), "shared_bytes": d}, _gemm_stage()
+    got = {k: cost.predict_stage(s, p) for k, s in (("deep", deep), ("shallow", shallow), ("none", none))}
+    assert got["shallow"] == got["none"]
     hit = 224 * deep["bytes_per_tile"] - cost.dram_bytes(deep)
-    l2_off = cost.stage_l2_hit_s(deep, hit, 224, p)
-    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
-    on = {k: cost.predict_stage(s, p) for k, s in (("deep", deep), ("shallow", shallow), ("none", _gemm_stage()))}
-    assert on["shallow"] == off["shallow"] and on["none"] == off["none"]
-    # by hand: the same split of the hits (sharing groups of 224 in flight) as off, each part at the
-    # table's rate for 3 x 224 = 672 programs
-    table = cost.l2_shared_rate
-    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", False)
-    monkeypatch.setattr(cost, "l2_shared_rate", lambda prof, P, g: table(prof, 3 * np.asarray(P), g))
-    want_l2 = cost.stage_l2_hit_s(deep, hit, 224, p)
-    monkeypatch.setattr(cost, "l2_shared_rate", table)
-    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
-    assert cost.stage_l2_hit_s(deep, hit, 224, p) == pytest.approx(want_l2) and want_l2 < l2_off
+    shallow_l2 = cost.stage_l2_hit_s(none, hit, 224, p)
+    # by hand: the same split of the hits (sharing groups of 224 in flight), each part at the table's
+    # rate for 3 x 224 = 672 programs
+    table = launch_cost.l2_shared_rate
+    monkeypatch.setattr(launch_cost, "l2_shared_rate", lambda prof, P, g: table(prof, 3 * np.asarray(P), g))
+    want_l2 = cost.stage_l2_hit_s(none, hit, 224, p)
+    monkeypatch.setattr(launch_cost, "l2_shared_rate", table)
+    assert cost.stage_l2_hit_s(deep, hit, 224, p) == pytest.approx(want_l2) and want_l2 < shallow_l2
     # the intake: the table at 672 readers is clamped at its 256 (6.0 TB/s), below l2_bandwidth (7.8):
-    # as off; with an l2_bandwidth of 4 TB/s, the table's 6.0
+    # l2_bandwidth; with an l2_bandwidth of 4 TB/s, the table's 6.0
     assert cost.stage_intake_s(deep, 224, 224, p) == cost.sm_ingest_s(224, deep["bytes_per_tile"], p)
     low = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, l2_bandwidth_bytes_per_s=4e12))
     want_in = cost.sm_ingest_s(224, deep["bytes_per_tile"], low, float(_l2(256, 1)))
@@ -597,36 +485,34 @@ def test_l2_read_depth_prices_only_deep_launches_l2_terms(monkeypatch):
     assert want_in < cost.sm_ingest_s(224, deep["bytes_per_tile"], low)
     hbm = cost.launch_read_s(p, cost.dram_bytes(deep), 224, 264)
     want_in = cost.sm_ingest_s(224, deep["bytes_per_tile"], p)
-    assert on["deep"].memory_us == pytest.approx(max(hbm, want_l2, want_in) * 1e6)
+    assert got["deep"].memory_us == pytest.approx(max(hbm, want_l2, want_in) * 1e6)
     for f in ("compute_us", "serial_us", "launch_us", "overhead_us", "waves", "occupancy"):
-        assert getattr(on["deep"], f) == getattr(off["deep"], f), f
+        assert getattr(got["deep"], f) == getattr(got["none"], f), f
 
 
-def test_l2_read_depth_prices_only_the_tasks_l2_hits(monkeypatch):
-    """A task plan: off, or on at read_depth 0 / the reader's, as today; on with deep programs, the
-    tasks' L2-hit bytes at l2_intake_rate (faster here), their DRAM and compute terms untouched."""
+def test_l2_read_depth_prices_only_the_tasks_l2_hits():
+    """A task plan at read_depth 0 or the reader's prices its L2 hits at l2_bandwidth; with deep
+    programs at l2_intake_rate (faster here), their DRAM and compute terms untouched."""
     p = _profile()
     p = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, l2_bandwidth_bytes_per_s=4e12))
     plan = _task_plan()
     deep = 4 * cost.L2_SHARED_READER_DEPTH_BYTES
-    off = task_cost.task_costs(plan, p, num_programs=132)
-    assert task_cost.task_costs(plan, p, num_programs=132, read_depth=deep)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
-    monkeypatch.setattr(cost, "USE_L2_READ_DEPTH", True)
-    for depth in (0.0, float(cost.L2_SHARED_READER_DEPTH_BYTES)):
-        assert task_cost.task_costs(plan, p, num_programs=132, read_depth=depth)["memory_P_s"].tolist() == off["memory_P_s"].tolist()
+    base = task_cost.task_costs(plan, p, num_programs=132)
+    at_reader = task_cost.task_costs(plan, p, num_programs=132, read_depth=float(cost.L2_SHARED_READER_DEPTH_BYTES))
+    assert at_reader["memory_P_s"].tolist() == base["memory_P_s"].tolist()
     on = task_cost.task_costs(plan, p, num_programs=132, read_depth=deep)
-    np.testing.assert_array_equal(on["compute_s"], off["compute_s"])
-    np.testing.assert_array_equal(on["dram_bytes"], off["dram_bytes"])
-    assert (on["memory_P_s"] <= off["memory_P_s"]).all()
+    np.testing.assert_array_equal(on["compute_s"], base["compute_s"])
+    np.testing.assert_array_equal(on["dram_bytes"], base["dram_bytes"])
+    assert (on["memory_P_s"] <= base["memory_P_s"]).all()
     rate = cost.l2_intake_rate(p, 132, deep)
     assert rate == pytest.approx(_l2(256, 1)) and rate > 4e12  # 528 readers: the table's edge
-    assert off["l2_bound"].any()
+    assert base["l2_bound"].any()
     # the L2-bound tasks at l2_bytes x resident / the rate; the others keep their DRAM time
-    b = off["l2_bound"]
-    np.testing.assert_allclose(on["memory_P_s"][b], np.maximum(off["l2_bytes"][b] * 132 / rate,
+    b = base["l2_bound"]
+    np.testing.assert_allclose(on["memory_P_s"][b], np.maximum(base["l2_bytes"][b] * 132 / rate,
                                                                on["memory_P_s"][b]))
-    assert (on["memory_P_s"][b] < off["memory_P_s"][b]).all()
-    np.testing.assert_array_equal(on["memory_P_s"][~b], off["memory_P_s"][~b])
+    assert (on["memory_P_s"][b] < base["memory_P_s"][b]).all()
+    np.testing.assert_array_equal(on["memory_P_s"][~b], base["memory_P_s"][~b])
 
 
 # --------------------------------------------------------------------------- the megakernel tasks' reads by depth and cohort
@@ -648,21 +534,17 @@ def _cohort_plan(m: int, *, weight_bytes: float = 1 << 20, num_programs: int = 1
             "tiles": {"router": {"BLOCK_H": 64}}, "num_programs": num_programs, "num_tokens": 1, "topk_passes": 1}
 
 
-def test_task_read_curves_read_the_deep_table_only_where_it_covers_the_depth(monkeypatch):
-    """task_read_curves: off, the grid's curve whatever weight_depth says; on, the GEMM kinds whose
-    weight depth the deep table covers (above its 48 KiB reader) stream at deep_stream_rate(n, depth, 1)
-    and start together at deep_read_rate; shallower kinds, kinds without a depth and a profile without
-    the table keep the grid's."""
+def test_task_read_curves_read_the_deep_table_only_where_it_covers_the_depth():
+    """task_read_curves: the GEMM kinds whose weight depth the deep table covers (above its 48 KiB
+    reader) stream at deep_stream_rate(n, depth, 1) and start together at deep_read_rate; shallower
+    kinds, kinds without a depth and a profile without the table keep the grid's."""
     p = _deep_profile()
     plan = _cohort_plan(8)
     kind, kinds = plan["kind"].astype(np.int64), plan["kinds"]
     deep = {"gemm1": 160 << 10, "gemm2": 80 << 10}
     curve, stream, one = task_cost.task_read_curves(p, kind, kinds, 132, deep)
-    assert curve.tolist() == [0] * kind.size and stream.shape == (1, 132)
-    np.testing.assert_array_equal(stream[0], cost.hbm_stream_rate(p, np.arange(1, 133, dtype=np.float64)))
-    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
-    curve, stream, one = task_cost.task_read_curves(p, kind, kinds, 132, deep)
     assert curve.tolist() == [0] + [1] * 8 and stream.shape == (2, 132)  # no gemm2 tasks: no curve for it
+    np.testing.assert_array_equal(stream[0], cost.hbm_stream_rate(p, np.arange(1, 133, dtype=np.float64)))
     assert stream[1][47] == pytest.approx(cost.deep_stream_rate(p, 48, 160 << 10, 1))
     assert one[1](48, 1 << 20) == pytest.approx(cost.deep_read_rate(p, 48, 160 << 10, 1, 1 << 20))
     assert one[0](48, 1 << 20) == pytest.approx(cost.hbm_rate(p, 48, 1 << 20))
@@ -672,26 +554,21 @@ def test_task_read_curves_read_the_deep_table_only_where_it_covers_the_depth(mon
 
 
 @pytest.mark.parametrize("m", [48, 132], ids=["48-few-programs", "132-every-sm"])
-def test_a_cohort_released_together_reads_at_the_one_shot_rate(monkeypatch, m):
-    """m GEMM 1 tasks released by one top-k task onto idle programs: off, the first placed sees 1 program
-    busy and the last m, each at the grid's marginal rate for those; on, every one of them reads its
-    bytes at the one-shot rate of m programs (the deep table at its depth), so they end together at
-    top-k end + handoff + b / (deep_read_rate(m, d, 1, b) / m) + the task's fixed cost."""
+def test_a_cohort_released_together_reads_at_the_one_shot_rate(m):
+    """m GEMM 1 tasks released by one top-k task onto idle programs each read their bytes at the one-shot
+    rate of m programs (the deep table at its depth), so they end together at top-k end + handoff +
+    b / (deep_read_rate(m, d, 1, b) / m) + the task's fixed cost; without the deep table, at the grid's
+    one-shot rate."""
     p = _deep_profile()
     plan = _cohort_plan(m)
     d, b = 160 << 10, float(1 << 20)
-    off = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
-    assert off == task_cost.predict_task_plan(plan, p)  # off: weight_depth is not read
-    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
     on = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
     km = p.kernel
-    topk_end = off["span_us"]["router_topk"][1]
-    assert on["span_us"]["router_topk"] == off["span_us"]["router_topk"]
+    topk_end = on["span_us"]["router_topk"][1]
     task = b / (cost.deep_read_rate(p, m, d, 1, b) / m) + km.task_overhead_s + km.ticket_s
     start = topk_end + km.flag_handoff_s * 1e6  # the cohort's tasks on other programs than the top-k's
     assert on["span_us"]["gemm1"][0] == pytest.approx(topk_end)  # the top-k's own program: no handoff
     assert on["span_us"]["gemm1"][1] == pytest.approx(start + task * 1e6)
-    # without the deep table: the same cohort at the grid's one-shot rate of m programs
     q = load_profile("h200")
     q_on = task_cost.predict_task_plan(plan, q)
     grid = b / (float(cost.hbm_rate(q, m, b)) / m) + q.kernel.task_overhead_s + q.kernel.ticket_s
@@ -699,12 +576,11 @@ def test_a_cohort_released_together_reads_at_the_one_shot_rate(monkeypatch, m):
                                                        + q.kernel.flag_handoff_s * 1e6 + grid * 1e6)
 
 
-def test_tasks_that_start_apart_are_no_cohort(monkeypatch):
+def test_tasks_that_start_apart_are_no_cohort():
     """More tasks than programs: the ones placed as programs free up stream at the deep table's marginal
     rate for the programs busy (no cohort of one); a cohort's L2-hit part keeps the grid's curve, so
     tasks whose weights hit in L2 are not charged a one-shot ramp on their L2 bytes."""
     p = _deep_profile()
-    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
     plan = _cohort_plan(12, num_programs=4)  # 4 programs: the top-k's and 3 idle, 12 GEMM 1 tasks
     d, b = 160 << 10, float(1 << 20)
     on = task_cost.predict_task_plan(plan, p, weight_depth={"gemm1": d})
@@ -734,31 +610,30 @@ def test_megakernel_weight_depth_is_the_deep_readers_depth():
     assert megakernel_weight_depth(mk16)["gemm1"] == deep_reader == 3 * 2 * 64 * 128 * 2  # mma.sync: stages - 1
 
 
-def test_task_prologue_adds_its_round_trips_to_the_routed_gemm_tasks_compute_only(monkeypatch):
-    """USE_TASK_PROLOGUE: each GEMM 1 / GEMM 2 task's compute term grows by TASK_ROUND_TRIPS of its kind
-    x the profile's ticket_s; its memory terms and every other kind's terms do not change."""
+def test_task_prologue_adds_its_round_trips_to_the_routed_gemm_tasks_compute_only():
+    """Each GEMM 1 / GEMM 2 task's compute term carries TASK_ROUND_TRIPS of its kind x the profile's
+    ticket_s (against a profile whose ticket is 0); its memory terms and every other kind's terms do
+    not change."""
     from megamoe.reference.tiles import TASK_ROUND_TRIPS
 
     d = _profile().to_dict()
     d["kernel_model"]["ticket_s"] = _num(6.5e-7, "s")
     p = validate(d)
     plan = _task_plan()
-    off = task_cost.task_costs(plan, p, num_programs=264)
-    assert np.array_equal(off["compute_s"], task_cost.task_costs(plan, _profile(), num_programs=264)["compute_s"])
-    monkeypatch.setattr(cost, "USE_TASK_PROLOGUE", True)
+    base = task_cost.task_costs(plan, _profile(), num_programs=264)
+    assert cost._km(_profile()).ticket_s == 0
     on = task_cost.task_costs(plan, p, num_programs=264)
-    kinds = off["kinds"]
+    kinds = base["kinds"]
     ticket = cost._km(p).ticket_s
-    assert ticket > 0
     for k in kinds:
-        m = off["kind"] == kinds.index(k)
+        m = base["kind"] == kinds.index(k)
         if not m.any():
             continue
-        want = off["compute_s"][m] + (TASK_ROUND_TRIPS.get(k, 0) * ticket if k in TASK_ROUND_TRIPS else 0.0)
+        want = base["compute_s"][m] + (TASK_ROUND_TRIPS.get(k, 0) * ticket if k in TASK_ROUND_TRIPS else 0.0)
         assert on["compute_s"][m] == pytest.approx(want, rel=1e-12, abs=0.0), k
     assert set(TASK_ROUND_TRIPS) <= set(kinds) and all(v > 0 for v in TASK_ROUND_TRIPS.values())
     for key in ("memory_P_s", "dram_P_s", "l2_P_s", "serial_s", "pre_s"):
-        assert np.array_equal(on[key], off[key]), key
+        assert np.array_equal(on[key], base[key]), key
 
 
 # --------------------------------------------------------------------------- the window roofline
@@ -810,55 +685,45 @@ def test_window_shares_slide_over_the_programs_in_flight():
     assert cost.window_shares(st, 6) == () and cost.window_shares(st, 8) == ()
 
 
-def test_window_roofline_keeps_a_skewed_launchs_parts_apart(monkeypatch):
+def test_window_roofline_keeps_a_skewed_launchs_parts_apart():
     """The heavy expert's programs (weights shared by 8 row blocks) and the light experts' (every
-    weight tile from DRAM) are not in flight together: on, the launch takes the sum over the window's
-    positions of its largest term share, more than its largest whole-launch term; the terms themselves
-    are unchanged."""
+    weight tile from DRAM) are not in flight together: the launch takes the sum over the window's
+    positions of its largest term share, more than its largest whole-launch term."""
     p = _profile()
     st = _skewed_stage()
-    off = cost.predict_stage(st, p)
-    assert off.window_shares == () and off.windows_us == 0.0
-    assert off.time_us == pytest.approx(max(off.compute_us, off.memory_us, off.serial_us) + off.launch_us
-                                        + off.overhead_us)
-    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
     on = cost.predict_stage(st, p)
-    for f in ("compute_us", "memory_us", "serial_us", "launch_us", "overhead_us", "waves", "memory_term"):
-        assert getattr(on, f) == getattr(off, f), f
     slots = p.num_sms * cost.occupancy(p, 8)
     assert on.waves == 2 and slots < st["active_programs"] and on.window_shares
     hbm, l2, intake = on.memory_terms_us
     assert max(hbm, l2, intake) == pytest.approx(on.memory_us)
     want = sum(max(fp * on.compute_us, fd * hbm, fl * l2, fp * intake) for fp, fd, fl in on.window_shares)
     assert on.windows_us == pytest.approx(want)
-    assert want > 1.05 * max(off.compute_us, off.memory_us)  # the two parts do not hide each other
+    assert want > 1.05 * max(on.compute_us, on.memory_us)  # the two parts do not hide each other
     assert on.time_us == pytest.approx(want + on.launch_us + on.overhead_us)
     assert on.to_dict()["windows_us"] == pytest.approx(want)
 
 
-def test_window_roofline_leaves_even_and_single_wave_launches(monkeypatch):
-    """A launch whose every window holds the same mix (32 experts of one row block), a launch of one
-    wave and the router stage (no grouped L2 model) predict the same on and off."""
+def test_window_roofline_leaves_even_and_single_wave_launches():
+    """A launch whose every window holds the same mix (32 experts of one row block) takes its
+    whole-launch roofline; a launch of one wave and the router stage (no grouped L2 model) have no
+    windows."""
     p = _profile()
-    stages = [_skewed_stage(blocks=(1,) * 32), _skewed_stage(blocks=(1,) * 8), _router_stage()]
-    off = [cost.predict_stage(s, p) for s in stages]
-    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
-    on = [cost.predict_stage(s, p) for s in stages]
-    assert on[0].waves > 1 and on[0].window_shares
-    assert on[0].time_us == pytest.approx(off[0].time_us, rel=1e-9)
-    assert on[1] == off[1] and on[1].waves == 1
-    assert on[2] == off[2]
+    even, single, router = (cost.predict_stage(s, p) for s in
+                            (_skewed_stage(blocks=(1,) * 32), _skewed_stage(blocks=(1,) * 8), _router_stage()))
+    assert even.waves > 1 and even.window_shares
+    assert even.time_us == pytest.approx(max(even.compute_us, even.memory_us, even.serial_us) + even.launch_us
+                                         + even.overhead_us, rel=1e-9)
+    assert single.waves == 1 and single.window_shares == () and single.windows_us == 0.0
+    assert router.window_shares == ()
 
 
-def test_window_roofline_keeps_the_sustained_clocks(monkeypatch):
-    """With USE_SUSTAINED_CLOCKS the plan's compute terms are divided by the ratio after the stages are
-    priced: the windows' compute shares follow (windows_us from the scaled compute term). Three times
-    the FLOPs, so that the heavy expert's part is bound by its MMA."""
+def test_window_roofline_keeps_the_sustained_clocks():
+    """The plan's compute terms are divided by the sustained ratio after the stages are priced: the
+    windows' compute shares follow (windows_us from the scaled compute term). Three times the FLOPs, so
+    that the heavy expert's part is bound by its MMA."""
     p = _profile()
     st = dict(_skewed_stage(), flops_per_tile=3 * _skewed_stage()["flops_per_tile"])
-    monkeypatch.setattr(cost, "USE_WINDOW_ROOFLINE", True)
     s0 = cost.predict_stage(st, p)
-    monkeypatch.setattr(cost, "USE_SUSTAINED_CLOCKS", True)
     slow = cost.predict_launch_plan([st], p, calls_per_graph=8, calls_before=2000)
     ratio = slow["sustained_ratio"]
     assert ratio < 0.99
@@ -869,51 +734,18 @@ def test_window_roofline_keeps_the_sustained_clocks(monkeypatch):
     assert s1["windows_us"] == pytest.approx(want) and want > s0.windows_us
 
 
-# --------------------------------------------------------------------------- the tasks' share over their lives
 def test_lifetime_share_averages_a_programs_rate_over_the_tasks_life():
-    """HBM saturated by one program (h = n / R): task A runs [0, 2] us, B [0, 1] us, so A streams with
-    two programs for its first half (a share of 2) and alone for its second (4): 1 / mean(1 / h) = 1/3;
-    B, two programs all its life: 1/2. A task waiting on a counter (not yet started) counts for nothing."""
+    """ep_task_cost.lifetime_h, HBM saturated by one program (h = n / R): task A runs [0, 2] us, B [0, 1]
+    us, so A streams with two programs for its first half (a share of 2) and alone for its second (4):
+    1 / mean(1 / h) = 1/3; B, two programs all its life: 1/2. A task not yet started counts for nothing."""
     h = np.array([[0.25, 0.5, 0.75, 1.0]])  # (C = 1, R = 4)
-    got = task_cost.lifetime_h(np.array([0.0, 0.0]), np.array([2e-6, 1e-6]), h, np.zeros(2, np.int64))
+    got = ep_task_cost.lifetime_h(np.array([0.0, 0.0]), np.array([2e-6, 1e-6]), h, np.zeros(2, np.int64))
     assert got == pytest.approx([1 / 3, 1 / 2])
-    got = task_cost.lifetime_h(np.array([0.0, 0.0, 3e-6]), np.array([2e-6, 1e-6, 4e-6]), h, np.zeros(3, np.int64))
+    got = ep_task_cost.lifetime_h(np.array([0.0, 0.0, 3e-6]), np.array([2e-6, 1e-6, 4e-6]), h, np.zeros(3, np.int64))
     assert got == pytest.approx([1 / 3, 1 / 2, 1 / 4])  # the third starts after both: alone
 
 
-@pytest.mark.skipif(not (RUN53 / "profile.json").exists(), reason="stored run 53 not in this checkout")
-def test_stream_share_speeds_up_a_partial_last_wave(monkeypatch):
-    """Run 53's Mixtral-8x7B T = 8 Zipf megakernel row (448 GEMM 1 tasks on 132 programs: 3.4 waves,
-    memory-bound), the other switches at their defaults: with USE_TASK_STREAM_SHARE the last wave's 52
-    tasks stream at the share of the programs still reading, so the prediction drops by more than 4%
-    (+12% -> +6% against the measurement); off, the single-pass schedule's exactly. The uniform row
-    (784 tasks: a last wave of 124) moves by less than 1.5%."""
-    from megamoe.predict import predict_config
-    from megamoe.reference import MoEConfig
-
-    for name, on in DEFAULTS.items():
-        monkeypatch.setattr(cost, name, on)
-    monkeypatch.setattr(cost, "USE_TASK_STREAM_SHARE", False)
-    rows = {r["routing"]: r for r in map(json.loads, (RUN53 / "validation_2026-12-02.jsonl").read_text().splitlines())
-            if r.get("phase") == "measurement" and r["preset"] == "mixtral-8x7b" and r["T"] == 8
-            and r["backend"] == "megakernel"}
-    prof = load_profile(str(RUN53 / "profile.json"))
-
-    def pred(r):
-        return predict_config(MoEConfig.preset(r["preset"]), r["counts"], 8, "megakernel", prof, device_name=r["gpu"],
-                              calls_per_graph=int(r["calls_per_graph"]), triton_version=r.get("triton"),
-                              reps=r.get("reps"))["predicted_us"]
-
-    off = {k: pred(rows[k]) for k in ("zipf", "uniform")}
-    monkeypatch.setattr(cost, "USE_TASK_STREAM_SHARE", True)
-    on = {k: pred(rows[k]) for k in ("zipf", "uniform")}
-    assert on["zipf"] < 0.96 * off["zipf"]
-    assert abs(on["zipf"] - rows["zipf"]["measured_us"]) < abs(off["zipf"] - rows["zipf"]["measured_us"])
-    assert abs(on["uniform"] / off["uniform"] - 1) < 0.015
-    monkeypatch.setattr(cost, "USE_TASK_STREAM_SHARE", False)
-    assert pred(rows["zipf"]) == off["zipf"]
-
-
+# --------------------------------------------------------------------------- the top-k passes by row width
 def test_reduce_width_table_loads_and_reads_at_a_width():
     """kernel_model.serial_reduce_width loads sorted by width; read linear in log2 width between its
     points and clamped at its ends; None without the table; the selection width is E padded to a
@@ -934,39 +766,32 @@ def test_reduce_width_table_loads_and_reads_at_a_width():
         validate(d)
 
 
-def test_reduce_step_by_width_prices_the_topk_passes(monkeypatch):
-    """USE_REDUCE_STEP_BY_WIDTH on: a router_topk task's serial time falls by its passes x (the scalar
-    step - the table's step at BLOCK_E = 128), Qwen3-30B-A3B's 128 experts, K = 8 passes; the other
-    tasks' serial terms stay; off, or without the table, nothing changes; serial_step_s without a width
-    is the scalar either way."""
-    p, q = _profile(), _profile(tables=False)
+def test_topk_passes_price_at_their_row_width():
+    """A router_topk task's serial time is its passes x the table's step at BLOCK_E = 128 (Qwen3-30B-A3B's
+    128 experts, K = 8 passes), not the scalar; the other tasks' serial terms are the scalar's either way;
+    serial_step_s without a width is the scalar."""
+    p, q = _profile(), _profile(without=("serial_reduce_width",))
     plan = _task_plan()
     kinds = list(task_cost._plan_arrays(plan)["kinds"])
-    off = task_cost.task_costs(plan, p, num_programs=264)
-    assert task_cost.task_costs(plan, q, num_programs=264)["serial_s"].tolist() == off["serial_s"].tolist()
-    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
+    scalar = task_cost.task_costs(plan, q, num_programs=264)
     on = task_cost.task_costs(plan, p, num_programs=264)
-    topk = off["kind"] == kinds.index("router_topk")
-    assert topk.any()
-    passes = plan.topk_passes
-    assert passes == 8
-    assert np.allclose(off["serial_s"][topk] - on["serial_s"][topk], passes * (6e-7 - 4e-7), rtol=0, atol=1e-15)
-    assert on["serial_s"][~topk].tolist() == off["serial_s"][~topk].tolist()
-    assert task_cost.task_costs(plan, q, num_programs=264)["serial_s"].tolist() == off["serial_s"].tolist()
+    topk = scalar["kind"] == kinds.index("router_topk")
+    assert topk.any() and plan.topk_passes == 8
+    assert np.allclose(scalar["serial_s"][topk] - on["serial_s"][topk], 8 * (6e-7 - 4e-7), rtol=0, atol=1e-15)
+    assert on["serial_s"][~topk].tolist() == scalar["serial_s"][~topk].tolist()
     assert cost.serial_step_s(p, "reduce") == pytest.approx(6e-7)
     assert cost.serial_step_s(p, "reduce", 256) == pytest.approx(1e-6)
-    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", False)
-    assert cost.serial_step_s(p, "reduce", 256) == pytest.approx(6e-7)
+    assert cost.serial_step_s(q, "reduce", 256) == pytest.approx(6e-7)
 
 
-def test_reduce_step_by_width_prices_each_routing_and_the_routers_select(monkeypatch):
+def test_each_routing_and_the_routers_select_price_at_the_row_width():
     """With tiles["router"]["EACH"] each GEMM 1 task's pre-step is its passes at the width's step; a
     multi-launch router stage without a route_select time prices its "select" steps at BLOCK_E's step
     and its other reductions at the scalar."""
     from megamoe.reference import MoEConfig
     from megamoe.reference.tiles import task_plan
 
-    p = _profile()
+    p, q = _profile(), _profile(without=("serial_reduce_width",))
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     tiles = {"router": {"BLOCK_T": 1, "BLOCK_H": 64, "SPLIT": 4, "EACH": 1},
              "gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, "gemm2": {"BLOCK_N": 64, "BLOCK_K": 128},
@@ -974,56 +799,13 @@ def test_reduce_step_by_width_prices_each_routing_and_the_routers_select(monkeyp
              "combine": {"BLOCK_T": 1, "BLOCK_H": 1024}, "order": {"GROUP_M": 8}}
     counts = np.array([1] * 8 + [0] * (cfg.num_experts - 8))
     plan = task_plan(cfg, counts, 1, tiles, num_programs=132)
-    if not plan.tiles["router"].get("EACH"):
-        pytest.skip("EACH does not apply to this plan")
+    assert plan.tiles["router"].get("EACH")
     g1 = task_cost._plan_arrays(plan)["kind"] == list(task_cost._plan_arrays(plan)["kinds"]).index("gemm1")
-    off = task_cost.task_costs(plan, p, num_programs=132)["pre_s"]
-    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
+    scalar = task_cost.task_costs(plan, q, num_programs=132)["pre_s"]
     on = task_cost.task_costs(plan, p, num_programs=132)["pre_s"]
-    assert np.allclose(off[g1] - on[g1], plan.topk_passes * (6e-7 - 4e-7), rtol=0, atol=1e-15)
-    assert on[~g1].tolist() == off[~g1].tolist()
+    assert np.allclose(scalar[g1] - on[g1], plan.topk_passes * (6e-7 - 4e-7), rtol=0, atol=1e-15)
+    assert on[~g1].tolist() == scalar[~g1].tolist()
     stage = dict(_router_stage(), tile=dict(BLOCK_T=16, BLOCK_E=256, num_warps=4),
                  serial_steps={"load": 56, "reduce": 2, "select": 8})
-    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", False)
-    s_off = cost.predict_stage(stage, p).serial_us
-    monkeypatch.setattr(cost, "USE_REDUCE_STEP_BY_WIDTH", True)
-    s_on = cost.predict_stage(stage, p).serial_us
-    waves = cost.predict_stage(stage, p).waves
-    assert s_on - s_off == pytest.approx(waves * 8 * (1e-6 - 6e-7) * 1e6)
-
-
-def _shallow_profile():
-    """_profile's tables with the deep readers' table measured from 32 KiB (calibrate's hbm_deep step since
-    session 17): the same function of depth, so the 32 KiB reader reads 12.5% slower than the 48 KiB one."""
-    d = _profile().to_dict()
-    pts = [[P, dd, g, b, float(_deep(P, dd, g, b))] for P in DEEP_GRID[0] for dd in (32 << 10, *DEEP_GRID[1])
-           for g in DEEP_GRID[2] for b in DEEP_GRID[3]]
-    d["kernel_model"]["hbm_deep_read"] = _table("bytes/s", DEEP_AXES, pts)
-    return validate(d)
-
-
-def test_shallow_deep_read_prices_tasks_below_the_grids_reader(monkeypatch):
-    """USE_SHALLOW_DEEP_READ: with a 32 KiB reader in the deep table, depths from it up to the hbm grid's
-    reader (HBM_GRID_READER_DEPTH_BYTES) read the table, not the grid; off, or with a table that starts at
-    the grid's reader (every profile before session 17), exactly as before: the grid below and at 48 KiB,
-    the table above. Under the shallowest reader the grid still prices the read."""
-    monkeypatch.setattr(cost, "USE_TASK_DEEP_READ", True)
-    shallow, old = _shallow_profile(), _profile()
-    grid = cost.HBM_GRID_READER_DEPTH_BYTES
-    assert grid == 48 << 10
-    for on in (False, True):
-        monkeypatch.setattr(cost, "USE_SHALLOW_DEEP_READ", on)
-        assert [cost.deep_table_covers(old, d) for d in (16 << 10, 32 << 10, grid, 64 << 10)] == [False, False, False,
-                                                                                                True]
-        assert [cost.deep_table_covers(shallow, d) for d in (16 << 10, 32 << 10, 40 << 10, grid, 64 << 10)] == [
-            False, on, on, False, True]
-    # what it changes: a task plan whose GEMM tasks keep 32 KiB in flight reads slower, the deep table's 32 KiB point
-    plan = _task_plan()
-    depth = {"gemm1": 32 << 10, "gemm2": 32 << 10}
-    monkeypatch.setattr(cost, "USE_SHALLOW_DEEP_READ", False)
-    off = task_cost.predict_task_plan(plan, shallow, num_programs=264, weight_depth=depth)["time_us"]
-    assert off == task_cost.predict_task_plan(plan, old, num_programs=264, weight_depth=depth)["time_us"]
-    monkeypatch.setattr(cost, "USE_SHALLOW_DEEP_READ", True)
-    on = task_cost.predict_task_plan(plan, shallow, num_programs=264, weight_depth=depth)["time_us"]
-    assert on != off
-    assert task_cost.predict_task_plan(plan, old, num_programs=264, weight_depth=depth)["time_us"] == off
+    s_on, s_scalar = cost.predict_stage(stage, p), cost.predict_stage(stage, q)
+    assert s_on.serial_us - s_scalar.serial_us == pytest.approx(s_on.waves * 8 * (1e-6 - 6e-7) * 1e6)
