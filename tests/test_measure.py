@@ -370,68 +370,86 @@ def test_idle_before_leaves_the_gpu_idle_before_each_timing(tmp_path):
     assert not any("idle_before_s" in r for r in _rows(tmp_path / "w"))
 
 
-def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path):
-    """``--switch`` in the GPU run: the predictions, made before each measurement, are made with the switch
-    set, the prediction rows carry ``cost_switches`` and the report's note names them; the switch is restored
-    afterwards."""
-    from megamoe.repredict import switches
+@pytest.fixture
+def study_options(monkeypatch):
+    """A stand-in ``CostOptions`` of two fields: the cost model has no alternative under study today, so
+    the plumbing of ``--switch`` / ``--variant`` is checked with this one."""
+    import dataclasses
+
     from megamoe.simulator import cost
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        deep: bool = False
+        wide: bool = True
+
+    monkeypatch.setattr(cost, "CostOptions", Options)
+    return Options
+
+
+def test_a_switch_set_for_the_run_is_in_its_predictions_rows_and_report(tmp_path, study_options):
+    """``--switch`` in the GPU run: the prediction rows, written before each measurement, carry
+    ``cost_switches`` and the report's note names them."""
+    from megamoe.repredict import switches
+
     out = tmp_path / "v"
-    settings = {"USE_L2_MANY_READERS": True}
+    settings = {"deep": True}
     args = _args(out, models="qwen3-30b-a3b", tokens="8", routings="uniform", backends="multi")
     args.cost_switches = settings
-    before = cost.USE_L2_MANY_READERS
-    with switches(settings):
+    with switches(settings) as options:
+        assert options == study_options(deep=True)
         assert measure_grid(args, layer=FakeLayer()) == 0
-    assert cost.USE_L2_MANY_READERS == before
     rows = _rows(out)
     assert rows and all(r["cost_switches"] == settings for r in rows if r["phase"] == "prediction")
-    assert "USE_L2_MANY_READERS=on" in (out / "report.md").read_text()
+    assert "deep=on" in (out / "report.md").read_text()
 
 
-def test_switch_without_a_run_that_predicts_is_refused(capsys, monkeypatch):
+def test_switch_without_a_run_that_predicts_is_refused(capsys, monkeypatch, study_options):
     from megamoe import validate
     from megamoe.cli import main
 
     monkeypatch.setattr(validate, "_has_cuda", lambda: False)
-    assert main(["validate", "--switch", "USE_SUSTAINED_CLOCKS=on", "--models", "qwen3-30b-a3b", "--tokens", "1"]) == 2
+    assert main(["validate", "--switch", "deep=on", "--models", "qwen3-30b-a3b", "--tokens", "1"]) == 2
     assert "--switch needs --repredict PROFILE or the GPU run" in capsys.readouterr().err
 
 
-def test_variants_are_predicted_before_the_measurement_and_reported(tmp_path):
-    """--variant: one more prediction per row with the first profile and those cost switches, in the
-    prediction row written before the measurement, with its error after and its own line in the
-    report; the switches are back to their defaults after the run."""
+def test_variants_are_predicted_before_the_measurement_and_reported(tmp_path, study_options):
+    """--variant: one more prediction per row with the first profile and those options, in the
+    prediction row written before the measurement, with its error after and its own line in the report."""
     from megamoe.report import load_rows, report_stats
     from megamoe.repredict import parse_variants
-    from megamoe.simulator import cost
 
-    variants = parse_variants(["USE_SUSTAINED_CLOCKS=on", "USE_L2_READ_DEPTH=on,USE_SUSTAINED_CLOCKS=off"])
-    assert list(variants) == ["sustained_clocks", "l2_read_depth+no-sustained_clocks"]
-    before = cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH
+    variants = parse_variants(["deep=on", "deep=on,wide=off"])
+    assert list(variants) == ["deep", "deep+no-wide"]
     out = tmp_path / "v"
     assert measure_grid(_args(out, tokens="8", models="qwen3-30b-a3b", variants=variants), layer=FakeLayer()) == 0
-    assert (cost.USE_SUSTAINED_CLOCKS, cost.USE_L2_READ_DEPTH) == before
     rows = _rows(out)
-    names = {"h200+sustained_clocks", "h200+l2_read_depth+no-sustained_clocks"}
+    names = {"h200+deep", "h200+deep+no-wide"}
     pred = [r for r in rows if r["phase"] == "prediction"]
     meas = [r for r in rows if r["phase"] == "measurement"]
     assert pred and all(names <= set(r["predictions"]) for r in pred)
     assert all(all("error" not in r["predictions"][n] for n in names) for r in pred)
     assert meas and all(isinstance(r["predictions"][n]["error"], float) for r in meas for n in names)
-    assert all(r["cost_variants"]["sustained_clocks"] == {"USE_SUSTAINED_CLOCKS": True} for r in meas)
+    assert all(r["cost_variants"]["deep"] == {"deep": True} for r in meas)
     by = report_stats(load_rows(out))["by_profile"]
     assert names <= set(by) and all(by[n]["configurations"] == len(meas) for n in names)
-    assert "the variant h200+sustained_clocks" in (out / "report.md").read_text()
+    assert "the variant h200+deep" in (out / "report.md").read_text()
 
 
-@pytest.mark.parametrize("spec, match", [("", "expected USE_NAME"), ("USE_NOPE=on", "unknown cost switch"),
-                                         ("USE_L2_READ_DEPTH=maybe", "expected USE_L2_READ_DEPTH=on")])
-def test_a_bad_variant_is_named(spec, match):
+@pytest.mark.parametrize("spec, match", [("", "expected NAME=on"), ("nope=on", "unknown cost option"),
+                                         ("deep=maybe", "expected deep=on")])
+def test_a_bad_variant_is_named(spec, match, study_options):
     from megamoe.repredict import parse_variants
 
     with pytest.raises(ValueError, match=match):
         parse_variants([spec])
     with pytest.raises(ValueError, match="repeats"):
-        parse_variants(["USE_L2_READ_DEPTH=on", "USE_L2_READ_DEPTH=on"])
+        parse_variants(["deep=on", "deep=on"])
+
+
+def test_no_option_is_under_study_today():
+    """The shipped CostOptions has no field: every --variant name is refused, saying why."""
+    from megamoe.repredict import parse_variants
+
+    with pytest.raises(ValueError, match="no cost-model options are under study"):
+        parse_variants(["USE_L2_READ_DEPTH=on"])
