@@ -188,7 +188,7 @@ def calls_before_timed_replay(ni: int, reps: int) -> float:
     (reps - 1) / 2 timed replays before the middle one (half-way between the two middle ones for an
     even reps). Later replays run after more busy time (and, where the SM clock falls, slower), so
     the median is the middle replay's. The cost model's busy window (``simulator.cost.busy_window_s``,
-    read behind USE_SUSTAINED_CLOCKS) starts there."""
+    read by the sustained-clock term) starts there."""
     ni, reps = max(int(ni), 1), max(int(reps), 1)
     return min(WARMUP_CALLS, ni) + ni * (1 + (reps - 1) / 2)
 

@@ -10,7 +10,7 @@ This is the one place that reads both the kernels and the simulator. Three runs:
   ``megamoe.measure``; the report (``megamoe.report``: report.json, report.md, scatter.png) at the end;
 - ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows; with ``--repredict PROFILE``
   the stored measurements predicted again with another profile (megamoe/repredict.py), with
-  ``--switch USE_NAME=on|off`` a cost-model switch set for that re-prediction only;
+  ``--switch NAME=on|off`` a cost-model option (``simulator.cost.CostOptions``) for that re-prediction only;
 - without a GPU, or with ``--numerics`` on one (``megamoe.layer_check``): per (model, T), the
   kernel runs the layer, its output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
   and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
@@ -108,13 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repredict", metavar="PROFILE", default=None,
                         help="with --report: predict the stored rows again with this profile (name or profile.json), "
                              "offline, from the counts the rows carry; the report says so (megamoe/repredict.py)")
-    parser.add_argument("--switch", action="append", default=[], metavar="USE_NAME=on|off",
-                        help="with --repredict: set a cost-model switch (simulator/cost.py USE_*) for this "
+    parser.add_argument("--switch", action="append", default=[], metavar="NAME=on|off",
+                        help="with --repredict: set a cost-model option (a field of simulator.cost.CostOptions) for this "
                              "re-prediction; in the GPU run (or --scale): for its predictions, made before each "
                              "measurement (rows carry cost_switches); repeatable; the report's note lists them")
-    parser.add_argument("--variant", action="append", default=[], metavar="USE_A=on[,USE_B=off...]",
+    parser.add_argument("--variant", action="append", default=[], metavar="A=on[,B=off...]",
                         help="in the GPU run (or --scale): one more prediction per row, made before the measurement "
-                             "with the first profile and these cost switches on top of --switch, stored under "
+                             "with the first profile and these cost options on top of --switch, stored under "
                              "predictions['<profile>+<label>'] so that the report gives its statistics too: several "
                              "model variants held out by one measurement; repeatable")
     parser.add_argument("--counts-from", metavar="DIR_OR_JSONL", default=None,

@@ -89,7 +89,7 @@ KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 #: gathered A loads can start, and signals its row block after its stores (a release); GEMM 2 waits for
 #: its row block's GEMM 1 tiles (the expert id load beside it), loads its pair indices, and signals.
 #: Nothing else runs on the SM meanwhile (one program per SM at prefill): the cost model prices them in
-#: series with the task's MMA, at the calibrated atomic round trip (simulator.task_cost, cost.USE_TASK_PROLOGUE).
+#: series with the task's MMA, at the calibrated atomic round trip (simulator.task_cost's prologue term).
 TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
 
 #: the tile keys ``tiles`` must give, per part
