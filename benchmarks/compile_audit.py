@@ -38,8 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+from compile_report import compile_spec, gpu_convert, launch_spec, megakernel_launch  # beside this script
+
 os.environ.pop("TRITON_INTERPRET", None)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: an H200 block's shared memory at most (bytes, 227 KiB: the OutOfResources limit of run BU)
 H200_BLOCK_SHARED = 232448
@@ -134,7 +135,6 @@ def layer_launches(cfg, T: int, fp8: str | None, *, deterministic: bool = True, 
 def spec_of(fn, args, kwargs) -> dict:
     """The launch as compile_report.launch_spec has it, plus the kernel's module and name (what a worker
     imports), with the default warps and stages where the launch gave none."""
-    from compile_report import gpu_convert, launch_spec
 
     kwargs = {"num_warps": 4, "num_stages": 3, **gpu_convert(kwargs)}
     base = getattr(fn, "fn", fn)
@@ -192,7 +192,6 @@ def collect(configs: dict, tokens, modes, *, multi: bool = True, megakernel: boo
 
 def megakernel_spec(cfg, name: str, T: int, fp8: str | None, sms: int = SMS) -> tuple[dict, int]:
     """(spec, occupancy) of the megakernel's launch for ``cfg`` at T (megakernel_forward's config on an H200)."""
-    from compile_report import megakernel_launch
 
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import megakernel as mkm
@@ -206,7 +205,6 @@ def megakernel_spec(cfg, name: str, T: int, fp8: str | None, sms: int = SMS) -> 
 # --------------------------------------------------------------------------- compiles
 def compile_entry(spec: dict) -> dict:
     """Compile one launch spec for sm_90 (in a worker): its resources, or {"error": ...}."""
-    from compile_report import compile_spec
 
     t0 = time.monotonic()
     try:

@@ -156,7 +156,6 @@ def megakernel_launch(name: str, T: int, warps: int | None = None, stages: int |
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
     if variant:  # a named variant of the default (megakernel_variants.VARIANTS)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from megakernel_variants import VARIANTS
 
         mk = VARIANTS[variant][0](mk)

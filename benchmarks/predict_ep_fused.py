@@ -30,13 +30,11 @@ rate is capped, simulator/ep_task_cost.py). Prints one line per case; ``--out`` 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_ep  # noqa: E402
+import bench_ep  # the benchmark beside this script (its folder is the script's sys.path[0])
 
 SYSTEM = bench_ep.SYSTEM
 
@@ -69,73 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fused_tiles(P_r: int, H: int, I: int, pairs: int) -> dict:
-    """kernels/ep_fused.fused_tiles' pick for an H200 in bfloat16 (Triton 3.6.0, the GPU image's)."""
-    from megamoe.kernels.ep_fused import fused_tiles_of
-
-    return fused_tiles_of(P_r, H, I, pairs, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0",
-                          interpret=False)
-
-
-def fused_plans(cfg, wl, max_rows, programs: int):
-    """(pull schedule, the R ranks' FusedEPPlan, their tiles, the max_rows used) of a workload."""
-    import numpy as np
-
-    from megamoe.reference.ep import local_slots, plan_pull
-    from megamoe.reference.ep_tasks import META_BYTES_PER_PICK, auto_max_rows, plan_fused_ep, slot_pair_counts
-
-    sched, _ = bench_ep.schedule(wl)
-    R, T = wl.num_gpus, wl.tokens_per_gpu
-    H, I, K = cfg.hidden_size, cfg.intermediate_size, cfg.top_k
-    slot_rank = wl.placement.slot_rank.astype(np.int64)
-    P = slot_rank.size
-    if max_rows == "auto":
-        max_rows = auto_max_rows(sched.traffic(), programs)
-    pull = plan_pull(sched, H, 2, max_rows=None if max_rows == "none" else max_rows, meta_bytes=K * META_BYTES_PER_PICK)
-    counts = np.stack([slot_pair_counts(wl.slot_topk_idx[r * T:(r + 1) * T], P) for r in range(R)])
-    plans, tiles = [], []
-    for r in range(R):
-        slots = local_slots(slot_rank, r)
-        t = fused_tiles(slots.size, H, I, int(counts[:, slots].sum()))
-        plans.append(plan_fused_ep(pull, r, counts, slot_rank, top_k=K, hidden_size=H, intermediate_size=I,
-                                   block_m=t["BM"], block_n1=t["BN1"], block_n2=t["BN2"], act_bytes=2,
-                                   weight_bytes=2.0))
-        tiles.append(t)
-    return pull, plans, tiles, max_rows
-
-
-def predict(case: dict, max_rows, system: str = SYSTEM) -> dict:
-    """One row: the fused EP layer's prediction and bench_ep's bulk-synchronous one for the same case."""
-    from megamoe.simulator.ep_task_cost import predict_ep_layer
-    from megamoe.simulator.hardware import load_profile, override
-    from megamoe.simulator.schedules import layer_start_s
-
-    bulk = bench_ep.predict(case, system)
-    cfg, wl = bench_ep.workload(case)
-    p = override(load_profile(system), gpus=case["ranks"])
-    programs = p.num_sms  # kernels/ep_fused.launch_fused: one program per SM
-    pull, plans, tiles, used = fused_plans(cfg, wl, max_rows, programs)
-    layer = predict_ep_layer(plans, pull, case["tokens_per_rank"], p, num_programs=programs,
-                             num_warps=[t["num_warps"] for t in tiles])
-    start = layer_start_s(p, cfg, case["tokens_per_rank"])
-    slow = layer["ranks"][layer["slowest_rank"]]
-    us = 1e6
-    fused_us = (layer["time_s"] + start) * us
-    return {"kind": "prediction", "schedule": "fused_ep", **case, "system": system, "max_rows": used,
-            "programs": programs, "tiles": tiles, "predicted_layer_us": fused_us,
-            "terms_us": {"start": start * us, **{k: v * us for k, v in layer["terms_s"].items()}},
-            "fused_launch_us": [t * us for t in layer["fused_time_s"]], "slowest_rank": layer["slowest_rank"],
-            "slowest_tasks": plans[layer["slowest_rank"]].tasks_per_kind(),
-            "slowest_busy_us": {k: v * us for k, v in slow["busy_s"].items()},
-            "slowest_span_us": {k: [a * us, b * us] for k, (a, b) in slow["span_s"].items()},
-            "slowest_critical_path_us": {k: v * us for k, v in slow["critical_path_s"].items()},
-            "slowest_link_bytes": slow["link_bytes"],
-            "bulk": {k: bulk.get(k) for k in ("predicted_layer_us", "predicted_dispatch_us", "predicted_combine_us",
-                                              "predicted_expert_us", "schedule_matches_simulator")},
-            "fused_over_bulk": fused_us / bulk["predicted_layer_us"] if bulk.get("predicted_layer_us") else None,
-            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
-
-
 def line(row: dict) -> str:
     span = row["slowest_span_us"]
     ends = ", ".join(f"{k} {span[k][1]:.1f}" for k in ("pull", "gemm1", "gemm2", "push") if k in span)
@@ -154,7 +85,7 @@ def main(argv=None) -> int:
         for case in bench_ep.cases(argparse.Namespace(preset=args.preset, tokens=args.tokens, routing=args.routing,
                                                       placement=args.placement, seed=args.seed, cpu_smoke=False), R):
             for mr in args.max_rows:
-                row = predict(case, mr, args.system)
+                row = bench_ep.predict_fused(case, mr, args.system)
                 print(line(row), flush=True)
                 if out is not None:
                     out.parent.mkdir(parents=True, exist_ok=True)

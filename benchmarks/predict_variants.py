@@ -14,13 +14,9 @@ validate times them). No GPU; the printed lines go into NOTES-gpu-runs.md before
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megakernel_variants import variant_configs  # noqa: E402
+from megakernel_variants import variant_configs
 
 PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b")
 

@@ -374,7 +374,8 @@ def fill_readme(text: str, index) -> str:
         pat = re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(?:.*?\n)??(<!-- /results -->)", re.S)
         if not pat.search(text):
             raise SystemExit(f"README.md: no <!-- results:{name} --> ... <!-- /results --> markers")
-        text = pat.sub(lambda m: m.group(1) + fn(index) + "\n" + m.group(2), text)
+        table = fn(index)
+        text = pat.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text)
     return text
 
 
