@@ -1,8 +1,8 @@
 """Expert parallelism on one multi-GPU host: dispatch/combine bandwidth and layer time, against the model.
 
-    source benchmarks/device_env.sh   # on the GPU machine (MEGAMOE_COMMIT set first)
+    source benchmarks/device.sh   # on a copied tree on the GPU machine (MEGAMOE_COMMIT set first)
     python benchmarks/bench_ep.py --ranks 2,4,8 --tokens 128,512,2048,8192 --routing uniform,skewed \
-        --placement contiguous,eplb --out benchmarks/results/ep_<run>.jsonl
+        --placement contiguous,eplb --out ep.jsonl
 
 Shape legend: R ranks (GPUs), T tokens per rank, E experts, P slots, K top-k, H hidden.
 
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", default=SYSTEM, help="simulator profile for the prediction")
-    p.add_argument("--out", default=None, help="JSON-lines file (default benchmarks/results/ep_<date>.jsonl)")
+    p.add_argument("--out", default=None, help="JSON-lines file (default benchmarks/results/ep_<date>.jsonl; a kept result goes to results/<gpu>/<question>/)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="per spawn of R processes")
     p.add_argument("--dry-run", action="store_true", help="print the cases, run nothing")
     p.add_argument("--predict-only", action="store_true", help="write the prediction rows only (no GPU)")

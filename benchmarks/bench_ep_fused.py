@@ -1,6 +1,6 @@
 """Each rank's part of the one-sided EP layer on ONE GPU, its ranks emulated: the fused launch against the phases.
 
-    source benchmarks/device_env.sh   # on the GPU machine (MEGAMOE_COMMIT set first)
+    source benchmarks/device.sh   # on a copied tree on the GPU machine (MEGAMOE_COMMIT set first)
     python benchmarks/bench_ep_fused.py --out DIR --preset qwen3-30b-a3b --ranks 2,4,8 --tokens 128,1024
 
 Shape legend: R emulated ranks, T tokens per rank, H hidden, K top-k.

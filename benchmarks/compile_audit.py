@@ -1,6 +1,6 @@
 """Compile every Triton launch the MoE layer can make on an H200 for sm_90 (no GPU) and flag the ones past a block's limits.
 
-    python benchmarks/compile_audit.py --out benchmarks/results/compile_audit_2026-12-03
+    python benchmarks/compile_audit.py --out benchmarks/results/h200/compile_audit
     python benchmarks/compile_audit.py --presets kimi-k2 llama4-maverick --tokens 512 600 --modes bf16 weights+act
     python benchmarks/compile_audit.py --no-megakernel --budget 600 --jobs 2
 
@@ -18,7 +18,7 @@ compiled once, for sm_90 with Triton's own ptxas (compile_report.compile_spec), 
 TRITON_INTERPRET; each records its shared memory (``k.metadata.shared``), registers and SASS spill stores
 (STL), and is flagged when:
 
-    shared > H200_BLOCK_SHARED (232,448 B: Triton raises OutOfResources at the launch, as H200 run BU did),
+    shared > H200_BLOCK_SHARED (232,448 B: Triton raises OutOfResources at the launch, as measured on an H200),
     registers > 255, the compile failed, or (megakernel) the SM cannot hold its ``occupancy`` programs
     (the persistent programs wait on each other: all must be resident).
 
@@ -42,7 +42,7 @@ from compile_report import compile_spec, gpu_convert, launch_spec, megakernel_la
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-#: an H200 block's shared memory at most (bytes, 227 KiB: the OutOfResources limit of run BU)
+#: an H200 block's shared memory at most (bytes, 227 KiB: the OutOfResources limit measured on an H200)
 H200_BLOCK_SHARED = 232448
 #: an H200 SM's shared memory (228 KiB; each resident block also takes 1 KiB of it) and registers
 H200_SM_SHARED = 233472

@@ -1,6 +1,6 @@
 """The cost model's prediction of megakernel variants against the default, before a GPU run times them.
 
-    python benchmarks/predict_variants.py --profile benchmarks/results/validation_2026-12-01_run26/profile.json \
+    python benchmarks/predict_variants.py --profile benchmarks/results/h200/validation/profile.json \
         --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated] [--fp8 weights+act]
 
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
