@@ -101,7 +101,7 @@ def provenance(rows: list[dict]) -> dict:
                      "commit": p.get("commit") or p.get("git_commit"), "date": (p.get("date") or "")[:10] or None})
     out = {k: _most_common(f[k] for f in flat) for k in ("device", "commit", "date")}
     if out["commit"]:
-        out["commit"] = out["commit"][:7] + out["commit"][40:]  # a 40-hex id shortened; a suffix ("+final") kept
+        out["commit"] = re.sub(r"^([0-9a-f]{7})[0-9a-f]*", r"\1", out["commit"])  # 7 hex digits; a suffix kept
     out["versions"] = {k: v for k in ("torch", "triton", "cuda", "python", "numba")
                        if (v := _most_common(f[k] for f in flat))}
     return out
