@@ -8,7 +8,7 @@ experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default confi
 (kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
 plans (reference.tiles.task_plan) priced by simulator.task_cost.predict_task_plan with the profile (a
 calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
-validate times them). No GPU; the printed lines go into NOTES-gpu-runs.md before the run.
+validate times them). No GPU: the printed lines are the prediction to hold the GPU run against.
 """
 
 from __future__ import annotations
