@@ -338,7 +338,7 @@ def table_cpu(index) -> str:
 
 def table_index(index) -> str:
     body = [[e["gpu"], e["question"], f"[{Path(e['path']).name}](../benchmarks/results/{e['path']})", str(e["date"]),
-             str(e["commit"]), ", ".join(f"{k} {v}" for k, v in e["versions"].items() if k in ("torch", "triton", "cuda"))]
+             str(e["commit"] or "-"), ", ".join(f"{k} {v}" for k, v in e["versions"].items() if k in ("torch", "triton", "cuda"))]
             for e in index]
     return md_table(["gpu", "question", "result", "date", "commit", "versions"], body)
 
