@@ -200,13 +200,13 @@ def _err_stats(errs: list[float]) -> str:
     return f"{statistics.median(a):.1f}% / {max(a):.1f}% / {sum(x > 15 for x in a)}"
 
 
-def validation_rows(index):
-    es = entries(index, "h200", "validation")
+def validation_rows(index, gpu: str):
+    es = entries(index, gpu, "validation")
     return es, [r for r in rows_of(es) if r.get("phase") == "measurement" and r.get("measured_us")]
 
 
-def table_h200_layer(index, routings=("uniform",)) -> str:
-    es, rows = validation_rows(index)
+def table_layer(index, gpu: str, routings=("uniform",)) -> str:
+    es, rows = validation_rows(index, gpu)
     Ts = sorted({r["T"] for r in rows})
     by = {(r["preset"], r["routing"], r["T"], r["backend"]): r for r in rows}
     body = []
@@ -229,8 +229,8 @@ def table_h200_layer(index, routings=("uniform",)) -> str:
     return "\n\n".join([md_table(header, body), summary, prov_text(es)])
 
 
-def table_h200_accuracy(index) -> str:
-    es, rows = validation_rows(index)
+def table_accuracy(index, gpu: str) -> str:
+    es, rows = validation_rows(index, gpu)
     body = []
     for preset in dict.fromkeys(r["preset"] for r in rows):
         for backend in ("megakernel", "multi"):
@@ -343,14 +343,26 @@ def table_index(index) -> str:
     return md_table(["gpu", "question", "result", "date", "commit", "versions"], body)
 
 
-README_TABLES = {"h200": lambda ix: table_h200_layer(ix), "gb200-nvl72": table_gb200}
+def validated_gpus(index) -> list[str]:
+    """The GPUs with a stored validation, in path order."""
+    return list(dict.fromkeys(e["gpu"] for e in index if e["question"] == "validation"))
+
+
+def readme_tables(index) -> dict:
+    """README marker name -> table: each validated GPU's layer table, and the rack's predictions."""
+    out = {gpu: (lambda ix, g=gpu: table_layer(ix, g)) for gpu in validated_gpus(index)}
+    out["gb200-nvl72"] = table_gb200
+    return out
 
 
 def results_md(index) -> str:
-    sections = [
-        ("H200: the cost model, predicted before measured", table_h200_accuracy),
-        ("H200: the layer, megakernel and multi-launch (every routing)",
-         lambda ix: table_h200_layer(ix, ("uniform", "zipf", "concentrated"))),
+    sections = []
+    for gpu in validated_gpus(index):
+        name = gpu.upper()
+        sections += [(f"{name}: the cost model, predicted before measured", lambda ix, g=gpu: table_accuracy(ix, g)),
+                     (f"{name}: the layer, megakernel and multi-launch (every routing)",
+                      lambda ix, g=gpu: table_layer(ix, g, ("uniform", "zipf", "concentrated")))]
+    sections += [
         ("H200: the multi-launch layer against its floor", table_h200_kernels),
         ("H200: the megakernel against multi-launch, PyTorch and the floor", table_h200_megakernel),
         ("H200: prefill", table_h200_prefill),
@@ -370,10 +382,10 @@ def results_md(index) -> str:
 
 
 def fill_readme(text: str, index) -> str:
-    for name, fn in README_TABLES.items():
+    for name, fn in readme_tables(index).items():
         pat = re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(?:.*?\n)??(<!-- /results -->)", re.S)
         if not pat.search(text):
-            raise SystemExit(f"README.md: no <!-- results:{name} --> ... <!-- /results --> markers")
+            raise SystemExit(f"README.md: no <!-- results:{name} --> ... <!-- /results --> markers: add the two lines where its table goes")
         table = fn(index)
         text = pat.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text)
     return text
