@@ -180,8 +180,8 @@ def prov_text(entries: list[dict]) -> str:
     return "Provenance: " + "; ".join(f"{head}: {'; '.join(runs)}" for head, runs in groups.items()) + "."
 
 
-def entries(index: list[dict], gpu: str, question: str, name_re: str = "") -> list[dict]:
-    return [e for e in index if e["gpu"] == gpu and e["question"] == question and re.search(name_re, e["path"])]
+def entries(index: list[dict], gpu: str, question: str) -> list[dict]:
+    return [e for e in index if e["gpu"] == gpu and e["question"] == question]
 
 
 def rows_of(es: list[dict]) -> list[dict]:
@@ -193,6 +193,12 @@ def rows_of(es: list[dict]) -> list[dict]:
             p = sorted(p.glob("*.jsonl"))[0]
         out += read_rows(p)
     return out
+
+
+def having(es: list[dict], *keys: str) -> tuple[list[dict], list[dict]]:
+    """The entries whose rows carry every one of ``keys`` (what a table needs), and those rows."""
+    kept = [e for e in es if all(k in rows_of([e])[0] for k in keys)]
+    return kept, rows_of(kept)
 
 
 def _err_stats(errs: list[float]) -> str:
@@ -245,8 +251,7 @@ def table_accuracy(index, gpu: str) -> str:
 
 
 def table_h200_kernels(index) -> str:
-    es = entries(index, "h200", "kernels", r"kernels_")
-    rows = rows_of(es)
+    es, rows = having(entries(index, "h200", "kernels"), "ours_over_floor")
     Ts = sorted({r["T"] for r in rows})
     by = {(r["preset"], r["T"]): r for r in rows}
     body = [[_name(p), *[f"{by[(p, T)]['ours_over_floor']:.2f}" if (p, T) in by else "-" for T in Ts]]
@@ -271,8 +276,7 @@ def table_h200_megakernel(index) -> str:
 
 
 def table_h200_prefill(index) -> str:
-    es = entries(index, "h200", "prefill", r"prefill_")
-    rows = rows_of(es)
+    es, rows = having(entries(index, "h200", "prefill"), "ideal_us", "best_us")
     body = [[_name(r["preset"]), str(r["T"]), _us(r["floor_us"]), _us(r["ideal_us"]), _us(r["best_us"]),
              _us(r["torch_us"]), f"{r['ideal_us'] / r['best_us']:.2f}"] for r in rows]
     return "\n\n".join([md_table(["preset", "T", "floor us", "ideal grouped GEMM us", "ours us", "PyTorch us",
@@ -280,8 +284,7 @@ def table_h200_prefill(index) -> str:
 
 
 def table_h200_fp8(index) -> str:
-    es = entries(index, "h200", "fp8_prefill", r"fp8_.*run50")
-    rows = rows_of(es)
+    es, rows = having(entries(index, "h200", "fp8_prefill"), "dtype", "ours_us")
     by = {(r["preset"], r["T"], r["dtype"]): r for r in rows}
     body = []
     for (p, T, dt), r in by.items():
@@ -290,8 +293,7 @@ def table_h200_fp8(index) -> str:
             body.append([_name(p), str(T), _us(r["ours_us"]), _us(f8["ours_us"]), f"{r['ours_us'] / f8['ours_us']:.2f}"])
     out = [md_table(["preset (routed experts)", "T", "bf16 us", "FP8 weights and activations us", "speedup"], body),
            prov_text(es)]
-    es2 = entries(index, "h200", "fp8_decode", r"xq")
-    rows2 = rows_of(es2)
+    es2, rows2 = having(entries(index, "h200", "fp8_decode"), "bf16_megakernel_us")
     body2 = [[_name(r["preset"]), str(r["T"]), r.get("routing", "uniform"), _us(r["megakernel_us"]), _us(r["multi_us"]),
               _us(r.get("bf16_megakernel_us"))] for r in rows2]
     out += [md_table(["preset", "T", "routing", "FP8 megakernel us", "FP8 multi-launch us", "bf16 megakernel us"], body2),
@@ -300,8 +302,8 @@ def table_h200_fp8(index) -> str:
 
 
 def table_gb200(index) -> str:
-    es = entries(index, "gb200-nvl72", "scenarios", r"\.jsonl$")
-    rows = [r for r in rows_of(es) if r.get("part") == "grid"]
+    es, rows = having(entries(index, "gb200-nvl72", "scenarios"), "part", "layer_us")
+    rows = [r for r in rows if r.get("part") == "grid"]
     by = {(r["model"], r["tokens_per_gpu"], r["routing"].split(":")[0], r["placement"], r["schedule"]): r["layer_us"]
           for r in rows}
     cases = [("uniform", "contiguous"), ("skewed", "contiguous"), ("skewed", "eplb")]
