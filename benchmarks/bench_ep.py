@@ -35,7 +35,7 @@ pulls and push-backs by the copy kernel behind ready flags), one row per case an
 ``fused`` (in the default too) measures ``ep_moe_experts_symmetric(..., fused=True)``: each rank's pulls,
 local experts and push-backs as one launch (kernels/ep_fused.py), one row per case with the layer time
 (dispatch and combine are inside the launch: no separate figures) and the same checks; its prediction,
-``predict_ep_fused.predict`` on the same profile (simulator.ep_task_cost, the same plans), is written as
+``predict_fused`` on the same profile (simulator.ep_task_cost, the same plans), is written as
 a ``"schedule": "fused_ep"`` prediction row before any measurement and copied into the measured row.
 ``--copy-programs a,b`` sweeps the copy kernel's programs (its communication SMs; default 4 per SM), and
 the fused launch's programs (default one per SM).
@@ -43,7 +43,18 @@ It needs CUDA symmetric memory: ``--cpu-smoke`` measures it only with ``--ranks 
 buffers emulated, its kernels under TRITON_INTERPRET=1), a check of the script.
 
 Rows are JSON lines with provenance (``kernels.bench.provenance``: GPU, versions, commit, dirty, date).
-``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU).
+``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU) and prints,
+per case, the fused layer's prediction beside the bulk-synchronous one:
+
+    python benchmarks/bench_ep.py --predict-only --transport fused --ranks 2,4,8 --tokens 128,2048 \
+        --routing uniform,skewed --placement contiguous --max-rows auto,none --out FILE
+
+The fused prediction: every rank's plan as kernels/ep_symmetric.py's fused step builds it
+(reference.ep.plan_pull: bf16 rows, topk_idx + topk_weights + positions as metadata, copies of at most
+max_rows rows; reference.ep_tasks.plan_fused_ep with the GEMM tiles kernels/ep_fused.fused_tiles_of picks
+for an H200 in bfloat16), priced by simulator.ep_task_cost.predict_ep_layer, plus the same layer start as
+the bulk row (schedules.layer_start_s). ``--max-rows``: none (one copy per peer), an integer, or auto (the
+fused step's default, reference.ep_tasks.auto_max_rows: one wave of copies fills the launch's programs).
 """
 
 from __future__ import annotations
@@ -84,6 +95,20 @@ def _names(allowed):
     return parse
 
 
+def _max_rows(text: str) -> list:
+    out = []
+    for s in (x.strip() for x in text.split(",") if x.strip()):
+        if s in ("none", "auto"):
+            out.append(s)
+        elif s.isdigit() and int(s) > 0:
+            out.append(int(s))
+        else:
+            raise argparse.ArgumentTypeError(f"max rows must be none, auto or a positive integer, got {s!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected none, auto or positive integers, got {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="qwen3-30b-a3b", help="model preset (kernels.bench.bench_config)")
@@ -104,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=540.0, help="per spawn of R processes")
     p.add_argument("--dry-run", action="store_true", help="print the cases, run nothing")
     p.add_argument("--predict-only", action="store_true", help="write the prediction rows only (no GPU)")
+    p.add_argument("--max-rows", type=_max_rows, default=["auto"],
+                   help="--predict-only's fused predictions: rows per copy, none, auto or N (a list)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="run the measuring code on the CPU (gloo, torch experts, a layer shrunk to H=64, I=32): "
                         "a check of this script, not a measurement")
@@ -428,6 +455,17 @@ def _emit(job: dict, R: int, case: dict, pred: dict, base: dict, times, extra: d
           flush=True)
 
 
+def line(row: dict) -> str:
+    span = row["slowest_span_us"]
+    ends = ", ".join(f"{k} {span[k][1]:.1f}" for k in ("pull", "gemm1", "gemm2", "push") if k in span)
+    b = row["bulk"]
+    return (f"{row['preset']} R={row['ranks']} T={row['tokens_per_rank']} {row['routing']}/{row['placement']} "
+            f"max_rows={row['max_rows']}: fused {row['predicted_layer_us']:.1f} us (launch "
+            f"{row['terms_us']['fused']:.1f} on rank {row['slowest_rank']}, ends: {ends or 'no tasks'}) | bulk "
+            f"{b['predicted_layer_us']:.1f} us (dispatch {b['predicted_dispatch_us']:.1f}, expert "
+            f"{b['predicted_expert_us']:.1f}, combine {b['predicted_combine_us']:.1f})")
+
+
 def _write(out: Path, row: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a") as f:
@@ -456,7 +494,10 @@ def main(argv=None) -> int:
             for c in cases(args, R):
                 _write(out, predict(c, args.system))
                 if "fused" in transports:
-                    _write(out, predict_fused(c, system=args.system))
+                    for mr in args.max_rows:
+                        row = predict_fused(c, mr, args.system)
+                        print(line(row), flush=True)
+                        _write(out, row)
         return 0
     import torch
 
