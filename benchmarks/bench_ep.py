@@ -1,8 +1,8 @@
 """Expert parallelism on one multi-GPU host: dispatch/combine bandwidth and layer time, against the model.
 
-    source benchmarks/device_env.sh   # on the GPU machine (MEGAMOE_COMMIT set first)
+    source benchmarks/device.sh   # on a copied tree on the GPU machine (MEGAMOE_COMMIT set first)
     python benchmarks/bench_ep.py --ranks 2,4,8 --tokens 128,512,2048,8192 --routing uniform,skewed \
-        --placement contiguous,eplb --out benchmarks/results/ep_<run>.jsonl
+        --placement contiguous,eplb --out ep.jsonl
 
 Shape legend: R ranks (GPUs), T tokens per rank, E experts, P slots, K top-k, H hidden.
 
@@ -35,7 +35,7 @@ pulls and push-backs by the copy kernel behind ready flags), one row per case an
 ``fused`` (in the default too) measures ``ep_moe_experts_symmetric(..., fused=True)``: each rank's pulls,
 local experts and push-backs as one launch (kernels/ep_fused.py), one row per case with the layer time
 (dispatch and combine are inside the launch: no separate figures) and the same checks; its prediction,
-``predict_ep_fused.predict`` on the same profile (simulator.ep_task_cost, the same plans), is written as
+``predict_fused`` on the same profile (simulator.ep_task_cost, the same plans), is written as
 a ``"schedule": "fused_ep"`` prediction row before any measurement and copied into the measured row.
 ``--copy-programs a,b`` sweeps the copy kernel's programs (its communication SMs; default 4 per SM), and
 the fused launch's programs (default one per SM).
@@ -43,7 +43,18 @@ It needs CUDA symmetric memory: ``--cpu-smoke`` measures it only with ``--ranks 
 buffers emulated, its kernels under TRITON_INTERPRET=1), a check of the script.
 
 Rows are JSON lines with provenance (``kernels.bench.provenance``: GPU, versions, commit, dirty, date).
-``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU).
+``--dry-run`` prints the cases and exits; ``--predict-only`` writes the prediction rows (CPU) and prints,
+per case, the fused layer's prediction beside the bulk-synchronous one:
+
+    python benchmarks/bench_ep.py --predict-only --transport fused --ranks 2,4,8 --tokens 128,2048 \
+        --routing uniform,skewed --placement contiguous --max-rows auto,none --out FILE
+
+The fused prediction: every rank's plan as kernels/ep_symmetric.py's fused step builds it
+(reference.ep.plan_pull: bf16 rows, topk_idx + topk_weights + positions as metadata, copies of at most
+max_rows rows; reference.ep_tasks.plan_fused_ep with the GEMM tiles kernels/ep_fused.fused_tiles_of picks
+for an H200 in bfloat16), priced by simulator.ep_task_cost.predict_ep_layer, plus the same layer start as
+the bulk row (schedules.layer_start_s). ``--max-rows``: none (one copy per peer), an integer, or auto (the
+fused step's default, reference.ep_tasks.auto_max_rows: one wave of copies fills the launch's programs).
 """
 
 from __future__ import annotations
@@ -84,6 +95,20 @@ def _names(allowed):
     return parse
 
 
+def _max_rows(text: str) -> list:
+    out = []
+    for s in (x.strip() for x in text.split(",") if x.strip()):
+        if s in ("none", "auto"):
+            out.append(s)
+        elif s.isdigit() and int(s) > 0:
+            out.append(int(s))
+        else:
+            raise argparse.ArgumentTypeError(f"max rows must be none, auto or a positive integer, got {s!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected none, auto or positive integers, got {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="qwen3-30b-a3b", help="model preset (kernels.bench.bench_config)")
@@ -100,10 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", default=SYSTEM, help="simulator profile for the prediction")
-    p.add_argument("--out", default=None, help="JSON-lines file (default benchmarks/results/ep_<date>.jsonl)")
+    p.add_argument("--out", default=None, help="JSON-lines file (default benchmarks/results/ep_<date>.jsonl; a kept result goes to results/<gpu>/<question>/)")
     p.add_argument("--timeout-s", type=float, default=540.0, help="per spawn of R processes")
     p.add_argument("--dry-run", action="store_true", help="print the cases, run nothing")
     p.add_argument("--predict-only", action="store_true", help="write the prediction rows only (no GPU)")
+    p.add_argument("--max-rows", type=_max_rows, default=["auto"],
+                   help="--predict-only's fused predictions: rows per copy, none, auto or N (a list)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="run the measuring code on the CPU (gloo, torch experts, a layer shrunk to H=64, I=32): "
                         "a check of this script, not a measurement")
@@ -156,15 +183,72 @@ def predict(case: dict, system: str = SYSTEM) -> dict:
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
 
 
-def predict_fused(case: dict, system: str = SYSTEM) -> dict:
-    """The fused launch's prediction row for one case (predict_ep_fused.predict, copies cut as the fused
-    step cuts them by default)."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    from predict_ep_fused import predict as predict_fused_ep
+def fused_tiles(P_r: int, H: int, I: int, pairs: int) -> dict:
+    """kernels/ep_fused.fused_tiles' pick for an H200 in bfloat16 (Triton 3.6.0, the GPU image's)."""
+    from megamoe.kernels.ep_fused import fused_tiles_of
 
-    return predict_fused_ep(case, "auto", system)
+    return fused_tiles_of(P_r, H, I, pairs, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0",
+                          interpret=False)
+
+
+def fused_plans(cfg, wl, max_rows, programs: int):
+    """(pull schedule, the R ranks' FusedEPPlan, their tiles, the max_rows used) of a workload."""
+    import numpy as np
+
+    from megamoe.reference.ep import local_slots, plan_pull
+    from megamoe.reference.ep_tasks import META_BYTES_PER_PICK, auto_max_rows, plan_fused_ep, slot_pair_counts
+
+    sched, _ = schedule(wl)
+    R, T = wl.num_gpus, wl.tokens_per_gpu
+    H, I, K = cfg.hidden_size, cfg.intermediate_size, cfg.top_k
+    slot_rank = wl.placement.slot_rank.astype(np.int64)
+    P = slot_rank.size
+    if max_rows == "auto":
+        max_rows = auto_max_rows(sched.traffic(), programs)
+    pull = plan_pull(sched, H, 2, max_rows=None if max_rows == "none" else max_rows, meta_bytes=K * META_BYTES_PER_PICK)
+    counts = np.stack([slot_pair_counts(wl.slot_topk_idx[r * T:(r + 1) * T], P) for r in range(R)])
+    plans, tiles = [], []
+    for r in range(R):
+        slots = local_slots(slot_rank, r)
+        t = fused_tiles(slots.size, H, I, int(counts[:, slots].sum()))
+        plans.append(plan_fused_ep(pull, r, counts, slot_rank, top_k=K, hidden_size=H, intermediate_size=I,
+                                   block_m=t["BM"], block_n1=t["BN1"], block_n2=t["BN2"], act_bytes=2,
+                                   weight_bytes=2.0))
+        tiles.append(t)
+    return pull, plans, tiles, max_rows
+
+
+def predict_fused(case: dict, max_rows="auto", system: str = SYSTEM) -> dict:
+    """One row: the fused EP layer's prediction (copies of at most ``max_rows`` rows: none, auto or N; auto
+    as the fused step cuts them by default) and the bulk-synchronous one for the same case."""
+    from megamoe.simulator.ep_task_cost import predict_ep_layer
+    from megamoe.simulator.hardware import load_profile, override
+    from megamoe.simulator.schedules import layer_start_s
+
+    bulk = predict(case, system)
+    cfg, wl = workload(case)
+    p = override(load_profile(system), gpus=case["ranks"])
+    programs = p.num_sms  # kernels/ep_fused.launch_fused: one program per SM
+    pull, plans, tiles, used = fused_plans(cfg, wl, max_rows, programs)
+    layer = predict_ep_layer(plans, pull, case["tokens_per_rank"], p, num_programs=programs,
+                             num_warps=[t["num_warps"] for t in tiles])
+    start = layer_start_s(p, cfg, case["tokens_per_rank"])
+    slow = layer["ranks"][layer["slowest_rank"]]
+    us = 1e6
+    fused_us = (layer["time_s"] + start) * us
+    return {"kind": "prediction", "schedule": "fused_ep", **case, "system": system, "max_rows": used,
+            "programs": programs, "tiles": tiles, "predicted_layer_us": fused_us,
+            "terms_us": {"start": start * us, **{k: v * us for k, v in layer["terms_s"].items()}},
+            "fused_launch_us": [t * us for t in layer["fused_time_s"]], "slowest_rank": layer["slowest_rank"],
+            "slowest_tasks": plans[layer["slowest_rank"]].tasks_per_kind(),
+            "slowest_busy_us": {k: v * us for k, v in slow["busy_s"].items()},
+            "slowest_span_us": {k: [a * us, b * us] for k, (a, b) in slow["span_s"].items()},
+            "slowest_critical_path_us": {k: v * us for k, v in slow["critical_path_s"].items()},
+            "slowest_link_bytes": slow["link_bytes"],
+            "bulk": {k: bulk.get(k) for k in ("predicted_layer_us", "predicted_dispatch_us", "predicted_combine_us",
+                                              "predicted_expert_us", "schedule_matches_simulator")},
+            "fused_over_bulk": fused_us / bulk["predicted_layer_us"] if bulk.get("predicted_layer_us") else None,
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
 
 
 def _shard(cfg, wl, rank: int, R: int, device, seed: int):
@@ -371,6 +455,17 @@ def _emit(job: dict, R: int, case: dict, pred: dict, base: dict, times, extra: d
           flush=True)
 
 
+def line(row: dict) -> str:
+    span = row["slowest_span_us"]
+    ends = ", ".join(f"{k} {span[k][1]:.1f}" for k in ("pull", "gemm1", "gemm2", "push") if k in span)
+    b = row["bulk"]
+    return (f"{row['preset']} R={row['ranks']} T={row['tokens_per_rank']} {row['routing']}/{row['placement']} "
+            f"max_rows={row['max_rows']}: fused {row['predicted_layer_us']:.1f} us (launch "
+            f"{row['terms_us']['fused']:.1f} on rank {row['slowest_rank']}, ends: {ends or 'no tasks'}) | bulk "
+            f"{b['predicted_layer_us']:.1f} us (dispatch {b['predicted_dispatch_us']:.1f}, expert "
+            f"{b['predicted_expert_us']:.1f}, combine {b['predicted_combine_us']:.1f})")
+
+
 def _write(out: Path, row: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a") as f:
@@ -399,7 +494,10 @@ def main(argv=None) -> int:
             for c in cases(args, R):
                 _write(out, predict(c, args.system))
                 if "fused" in transports:
-                    _write(out, predict_fused(c, args.system))
+                    for mr in args.max_rows:
+                        row = predict_fused(c, mr, args.system)
+                        print(line(row), flush=True)
+                        _write(out, row)
         return 0
     import torch
 
@@ -428,7 +526,7 @@ def main(argv=None) -> int:
         if "fused" in transports and not (args.cpu_smoke and R > 1):  # the fused launch's too, before measuring
             for c in cs:
                 try:
-                    fused_preds[_case_key(c)] = predict_fused(c, args.system)
+                    fused_preds[_case_key(c)] = predict_fused(c, system=args.system)
                 except ImportError as e:
                     fused_preds[_case_key(c)] = {"kind": "prediction", "schedule": "fused_ep", **c,
                                                  "error": f"{type(e).__name__}: {e}"}

@@ -1,6 +1,6 @@
 """Each rank's part of the one-sided EP layer on ONE GPU, its ranks emulated: the fused launch against the phases.
 
-    source benchmarks/device_env.sh   # on the GPU machine (MEGAMOE_COMMIT set first)
+    source benchmarks/device.sh   # on a copied tree on the GPU machine (MEGAMOE_COMMIT set first)
     python benchmarks/bench_ep_fused.py --out DIR --preset qwen3-30b-a3b --ranks 2,4,8 --tokens 128,1024
 
 Shape legend: R emulated ranks, T tokens per rank, H hidden, K top-k.
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ep import _shard, workload  # the benchmark beside this script (its folder is sys.path[0])
 
 
 def _ints(text: str) -> list[int]:
@@ -90,7 +90,6 @@ PATHS = ("phased", "fused", "fused_uncut")
 def run_case(case: dict, reps: int, dev, paths=PATHS, trace: bool = False) -> list[dict]:
     import numpy as np
     import torch
-    from bench_ep import _shard, workload
 
     from megamoe.kernels.ep_symmetric import SymmetricBuffers, SymmetricStep
     from megamoe.reference.ep import plan_send

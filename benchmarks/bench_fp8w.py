@@ -30,10 +30,8 @@ import argparse
 import contextlib
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fp8_prefill_rows import fmt_rows, fp8_check, row_start, run_rows, timed  # noqa: E402
+from fp8_prefill_rows import fmt_rows, fp8_check, row_start, run_rows, timed
 
 PRESETS = ("qwen3-30b-a3b", "deepseek-v3")
 TOKENS = (4096, 16384)

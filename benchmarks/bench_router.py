@@ -10,7 +10,7 @@ For each preset and T, CUDA-graph times (``kernels.bench.graph_time_us``) of
     issue 10's hypothesis: the step count, not the bytes, sets the walk's time); only up to
     WALK_MAX_E experts (over 128, two pipeline buffers of the E x 256 weight tile pass Hopper's
     227 KiB of shared memory),
-  - ``oldsel``: the default's launches with the routing program's selection before session 12 (4 or 8
+  - ``oldsel``: the default's launches with the routing program's earlier selection (4 or 8
     warps, K maxima), beside the default's (configs.router_warps, router_bitonic; the picks must agree),
   - ``tiles``: a split-H logits launch of 128-token tiles (``configs.router_logits_tile``,
     ``configs.prefill_router_split``), then the routing programs summing its partials (the default
@@ -65,7 +65,7 @@ def run_case(name: str, T: int, reps: int) -> dict:
                 "tiles": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, tiles=True),
                 # what the layer runs (moe.py's static plan): the decode split below ROUTER_PREFILL_BLOCKS blocks
                 "default": sp.router,
-                # the default's launches with the routing program's selection before session 12: the warps a
+                # the default's launches with the routing program's earlier selection: the warps a
                 # walking program keeps (4 up to 128 experts, else 8) and K maxima (configs.router_warps /
                 # router_bitonic now)
                 "oldsel": router_launch(T, E, H, K, cfg.n_group, num_sms=sp.num_sms, bitonic=False,

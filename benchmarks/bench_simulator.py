@@ -12,10 +12,10 @@ bytecode) and as an installed package runs it, bytecode written by a first run
 Times are medians of ``--repeats`` runs after a warm-up that compiles the numba functions. The
 workload build (routing, placement, the reference's dispatch plan and rank traffic) is timed apart
 from the event model, stage by stage. Appends one JSON line per run to
-benchmarks/results/simulator_speed.jsonl with date, machine, versions and the code (HEAD commit, dirty
+benchmarks/results/cpu/simulator_speed/simulator_speed.jsonl with date, machine, versions and the code (HEAD commit, dirty
 flag, hash of git diff HEAD: ``megamoe.kernels.bench.git_state``).
 
-    python benchmarks/bench_simulator.py [--repeats 3] [--out benchmarks/results/simulator_speed.jsonl]
+    python benchmarks/bench_simulator.py [--repeats 3] [--out benchmarks/results/cpu/simulator_speed/simulator_speed.jsonl]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _provenance() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/results/simulator_speed.jsonl")
+    ap.add_argument("--out", default="benchmarks/results/cpu/simulator_speed/simulator_speed.jsonl")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]  # other jobs on the 2 cores slow every figure below
 

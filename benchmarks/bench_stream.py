@@ -5,7 +5,7 @@
 At decode the megakernel runs one program per SM, and each streams its weight tiles through the
 GEMM tiles' pipelined load + dot loop. The calibration's reader (megamoe.calibrate.microbench.stream_tile, the
 same loop on K-contiguous weight rows against a 16-row A) reached 3.72 TB/s with 132 programs of
-1 MiB each and 4.12 with 4 MiB (H200 run M), against 4.48 with two programs per SM: about 31 GB/s
+1 MiB each and 4.12 with 4 MiB (H200), against 4.48 with two programs per SM: about 31 GB/s
 per program where HBM needs 34 from each of 132. This sweeps what a program keeps in flight
 (pipeline stages x stage bytes: BLOCK_N x BLOCK_K weights) and programs per SM, from a cold L2,
 to say whether deeper pipelines or a second program per SM would lift the decode layer's rate.

@@ -3,8 +3,7 @@
     python benchmarks/bench_sustained.py [--out DIR] [--size 8192] [--counts 1,4,16,64,192] [--pause 2]
 
 The validation measures the layer in CUDA graphs of several calls (DeepSeek-V3 T = 16384: ~190 ms a
-graph), where its prefill GEMMs ran 13-25% slower than the same kernels eager (H200 runs AQ against
-AR/AS, helper outliers' finding in simulator/README.md), while the calibrated MMA rates come from
+graph), where its prefill GEMMs ran 13-25% slower than the same kernels eager (on an H200), while the calibrated MMA rates come from
 short launches. If the SM clock falls under sustained load (power or heat), a GEMM's rate depends on
 how long it has been running. This times graphs of N back-to-back bf16 matmuls (size^3 each; cuBLAS,
 so the figure is the hardware's, not our kernels'), each graph replayed after a pause that lets the

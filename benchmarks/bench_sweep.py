@@ -12,7 +12,7 @@ Each part runs from an empty output folder, so the figure includes the cluster s
 compile in every worker, the workload builds, writing Parquet and the plot: the wall time a user
 waits for ``megamoe sweep SPEC --out DIR``. Where the time goes is read off the rows: the sum of
 ``workload_s`` (workload builds) and of ``wall_s`` (the points, builds included) over the workers.
-Appends one JSON line per part to benchmarks/results/sweep_speed.jsonl with date, machine, versions
+Appends one JSON line per part to benchmarks/results/cpu/sweep_speed/sweep_speed.jsonl with date, machine, versions
 and git commit.
 
     python benchmarks/bench_sweep.py [--part event|analytic|both] [--workers 2]
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--part", choices=("event", "analytic", "both"), default="both")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keep", type=Path, help="write the sweep here instead of a temporary folder")
-    ap.add_argument("--results", type=Path, default=Path(__file__).with_name("results") / "sweep_speed.jsonl")
+    ap.add_argument("--results", type=Path, default=Path(__file__).with_name("results") / "cpu" / "sweep_speed" / "sweep_speed.jsonl")
     args = ap.parse_args()
     prov = _provenance()
     for part in (("analytic", "event") if args.part == "both" else (args.part,)):

@@ -1,6 +1,6 @@
 """Compile every Triton launch the MoE layer can make on an H200 for sm_90 (no GPU) and flag the ones past a block's limits.
 
-    python benchmarks/compile_audit.py --out benchmarks/results/compile_audit_2026-12-03
+    python benchmarks/compile_audit.py --out benchmarks/results/h200/compile_audit
     python benchmarks/compile_audit.py --presets kimi-k2 llama4-maverick --tokens 512 600 --modes bf16 weights+act
     python benchmarks/compile_audit.py --no-megakernel --budget 600 --jobs 2
 
@@ -18,7 +18,7 @@ compiled once, for sm_90 with Triton's own ptxas (compile_report.compile_spec), 
 TRITON_INTERPRET; each records its shared memory (``k.metadata.shared``), registers and SASS spill stores
 (STL), and is flagged when:
 
-    shared > H200_BLOCK_SHARED (232,448 B: Triton raises OutOfResources at the launch, as H200 run BU did),
+    shared > H200_BLOCK_SHARED (232,448 B: Triton raises OutOfResources at the launch, as measured on an H200),
     registers > 255, the compile failed, or (megakernel) the SM cannot hold its ``occupancy`` programs
     (the persistent programs wait on each other: all must be resident).
 
@@ -38,10 +38,11 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compile_report import compile_spec, gpu_convert, launch_spec, megakernel_launch  # beside this script
 
-#: an H200 block's shared memory at most (bytes, 227 KiB: the OutOfResources limit of run BU)
+os.environ.pop("TRITON_INTERPRET", None)
+
+#: an H200 block's shared memory at most (bytes, 227 KiB: the OutOfResources limit measured on an H200)
 H200_BLOCK_SHARED = 232448
 #: an H200 SM's shared memory (228 KiB; each resident block also takes 1 KiB of it) and registers
 H200_SM_SHARED = 233472
@@ -134,7 +135,6 @@ def layer_launches(cfg, T: int, fp8: str | None, *, deterministic: bool = True, 
 def spec_of(fn, args, kwargs) -> dict:
     """The launch as compile_report.launch_spec has it, plus the kernel's module and name (what a worker
     imports), with the default warps and stages where the launch gave none."""
-    from compile_report import gpu_convert, launch_spec
 
     kwargs = {"num_warps": 4, "num_stages": 3, **gpu_convert(kwargs)}
     base = getattr(fn, "fn", fn)
@@ -192,7 +192,6 @@ def collect(configs: dict, tokens, modes, *, multi: bool = True, megakernel: boo
 
 def megakernel_spec(cfg, name: str, T: int, fp8: str | None, sms: int = SMS) -> tuple[dict, int]:
     """(spec, occupancy) of the megakernel's launch for ``cfg`` at T (megakernel_forward's config on an H200)."""
-    from compile_report import megakernel_launch
 
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import megakernel as mkm
@@ -206,7 +205,6 @@ def megakernel_spec(cfg, name: str, T: int, fp8: str | None, sms: int = SMS) -> 
 # --------------------------------------------------------------------------- compiles
 def compile_entry(spec: dict) -> dict:
     """Compile one launch spec for sm_90 (in a worker): its resources, or {"error": ...}."""
-    from compile_report import compile_spec
 
     t0 = time.monotonic()
     try:

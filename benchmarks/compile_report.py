@@ -156,7 +156,6 @@ def megakernel_launch(name: str, T: int, warps: int | None = None, stages: int |
     mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
     if variant:  # a named variant of the default (megakernel_variants.VARIANTS)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from megakernel_variants import VARIANTS
 
         mk = VARIANTS[variant][0](mk)
@@ -344,8 +343,8 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
     else:
         l1, l2 = _launches(sp, cfg, T, x, act, gu, dn, meta, topk_w, pairs, sms)
     todo = [("gemm1", l1, g1), ("gemm2", l2, g2)]
-    if fp8 and sp.shared:  # the shared MLP's dense GEMMs (no align metadata: None pointers; H200 run AD
-        # found a load through one that the routed GEMMs never compile)
+    if fp8 and sp.shared:  # the shared MLP's dense GEMMs (no align metadata: None pointers; on an H200
+        # a load through one faulted that the routed GEMMs never compile)
         s1, s2 = _fp8_shared_launches(sp, cfg, T, x, pairs, fp8, sms)
         todo += [("shared_gemm1", s1, sp.shared["gemm1"]), ("shared_gemm2", s2, sp.shared["gemm2"])]
     out = []

@@ -13,14 +13,13 @@
 #    timeout), `--resume` in a fresh process while at least 60 s are left; then the report from
 #    every row (validate writes it itself unless it was killed)
 # OUT/driver.log says what ran, its exit code and its seconds.
-# It leaves about 13 files under OUT: on the workplace's device tool, which returns at most 8 files
-# from $OUT, run it through benchmarks/device_steps.sh (one archive); run AC, straight under $OUT,
-# got its logs back and lost its rows, report and plot (NOTES-gpu-runs.md). TOTAL_SECONDS must cover
-# calibrate (about 60 s), the compile-ahead of every configuration's kernels (about 75 s on a
-# machine whose Triton cache is cold) and the 108 measurements (about 45 s): 320 s leaves room;
-# run AB's 265 s reached 15 configurations.
+# It leaves about 13 files under OUT: on a device tool that returns a limited number of files, run it
+# as a step of benchmarks/device.sh (one archive). TOTAL_SECONDS must cover calibrate (about 60 s),
+# the compile-ahead of every configuration's kernels (about 75 s on a machine whose Triton cache is
+# cold) and the 108 measurements (about 45 s): 320 s leaves room.
 #
-# Environment: PYTHON (default python3) with the package importable (PYTHONPATH); MEGAMOE_COMMIT
+# Environment: PYTHON (default python3) with the package importable (pip install, or
+# `source benchmarks/device.sh` on a copied tree); MEGAMOE_COMMIT
 # (and MEGAMOE_DIRTY, MEGAMOE_DIFF_SHA256) for the rows' provenance on a copied tree;
 # TRITON_CACHE_DIR (default .triton-cache in the repository, ignored by git, so a second call on a
 # machine that stayed warm compiles nothing); CALIBRATE_BUDGET (default 150); VALIDATE_ARGS and
@@ -131,8 +130,7 @@ done
 if [ "$rc" = 124 ] || [ "$rc" = 137 ] || [ ! -f "$OUT/validate/report.md" ]; then
     run report 60 "$PY" -m megamoe validate --report "$OUT/validate" || log "no report: no measured rows"
 fi
-# the compile-ahead's per-job logs go into one archive: the device tool returns a limited number
-# of files, and run F lost its rows and report to the count (NOTES-gpu-runs.md)
+# the compile-ahead's per-job logs go into one archive: a device tool may return a limited number of files
 if [ -d "$OUT/validate/warm" ]; then
     tar czf "$OUT/validate/warm.tgz" -C "$OUT/validate" warm && rm -rf "$OUT/validate/warm"
 fi

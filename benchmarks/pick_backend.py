@@ -25,8 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megakernel_table import adopt, parse_adopt  # noqa: E402
+from megakernel_table import adopt, parse_adopt
 
 
 def paired(rows: list[dict]) -> list[dict]:

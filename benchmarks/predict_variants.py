@@ -1,6 +1,6 @@
 """The cost model's prediction of megakernel variants against the default, before a GPU run times them.
 
-    python benchmarks/predict_variants.py --profile benchmarks/results/validation_2026-12-01_run26/profile.json \
+    python benchmarks/predict_variants.py --profile benchmarks/results/h200/validation/profile.json \
         --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated] [--fp8 weights+act]
 
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
@@ -8,19 +8,15 @@ experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default confi
 (kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
 plans (reference.tiles.task_plan) priced by simulator.task_cost.predict_task_plan with the profile (a
 calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
-validate times them). No GPU; the printed lines go into NOTES-gpu-runs.md before the run.
+validate times them). No GPU: the printed lines are the prediction to hold the GPU run against.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megakernel_variants import variant_configs  # noqa: E402
+from megakernel_variants import variant_configs
 
 PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b")
 

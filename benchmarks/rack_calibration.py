@@ -16,7 +16,7 @@ The curve (``simulator.hardware.comm_sm_curve``): B(n) = P * ((n s / P)^-p + 1)^
    5.07 ms. Only this point is fitted; the rest of that kernel's curve is held out for review.
 
 Prints the model against both points and appends one JSON line with provenance to
-benchmarks/results/rack_calibration.jsonl.
+benchmarks/results/gb200-nvl72/rack_calibration/rack_calibration.jsonl.
 
     python benchmarks/rack_calibration.py [--no-write]
 """
@@ -119,7 +119,7 @@ def _provenance() -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "rack_calibration.jsonl"))
+    ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "gb200-nvl72" / "rack_calibration" / "rack_calibration.jsonl"))
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     from megamoe.simulator.hardware import load_profile

@@ -7,7 +7,7 @@ contiguous vs EPLB placement (E + E/8 slots), bulk-synchronous vs fused (the pro
 trade-off sweeps on DeepSeek-V3 at 4096 tokens, skewed, EPLB, fused: minibatch size and
 communication SMs; and fp8 for the same case.
 
-Writes benchmarks/results/simulator_scenarios.md (tables) and .jsonl (one record per run).
+Writes benchmarks/results/gb200-nvl72/scenarios/simulator_scenarios.md (tables) and .jsonl (one record per run).
 
     python benchmarks/simulator_scenarios.py [--quick]   # --quick: 128 tokens only
 """
@@ -63,7 +63,7 @@ SWEEP_COLS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="128 tokens per GPU only")
-    ap.add_argument("--out", default="benchmarks/results/simulator_scenarios")
+    ap.add_argument("--out", default="benchmarks/results/gb200-nvl72/scenarios/simulator_scenarios")
     args = ap.parse_args()
 
     from megamoe.reference import MoEConfig

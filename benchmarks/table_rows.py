@@ -1,9 +1,9 @@
 """What the scripts that turn stored benchmark rows into a markdown table share (no GPU needed).
 
-megakernel_table.py and prefill_table.py read JSONL files of rows, listed oldest first, keep one
-row per key (the later file's, so a re-run replaces what it measured again and leaves the rest),
-write the rows as a markdown table and end with where they were measured. Those steps are here,
-once, so each table script holds only its own columns and targets.
+megakernel_table.py reads JSONL files of rows, listed oldest first, keeps one row per key (the
+later file's, so a re-run replaces what it measured again and leaves the rest), writes the rows as
+a markdown table and ends with where they were measured. Those steps are here, so the table
+script holds only its own columns and targets.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/device_steps.sh (one device call as named steps) on this machine: each step under its
+"""benchmarks/device.sh run as steps (one device call as named steps) on this machine: each step under its
 own limit, its output in its folder, everything packed after every step, steps past the total
 budget not started; and benchmarks/bench_stream.py's refusal without a GPU."""
 
@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_steps.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device.sh"
 
 
 def test_steps_run_under_their_limits_and_are_packed(tmp_path):

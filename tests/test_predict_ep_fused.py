@@ -1,4 +1,5 @@
-"""benchmarks/predict_ep_fused.py without GPUs: one tiny case, its rows beside bench_ep.py's prediction."""
+"""benchmarks/bench_ep.py --predict-only without GPUs: the fused layer's prediction rows of one tiny case,
+beside the bulk-synchronous prediction."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from benchload import load_benchmark
 
 def test_one_tiny_case_writes_fused_and_bulk_rows(tmp_path, capsys):
     out = tmp_path / "fused.jsonl"
-    rc = load_benchmark("predict_ep_fused").main(["--ranks", "2", "--tokens", "16", "--routing", "skewed",
-                                                  "--max-rows", "auto,none", "--out", str(out)])
+    rc = load_benchmark("bench_ep").main(["--predict-only", "--transport", "fused", "--ranks", "2", "--tokens", "16",
+                                          "--routing", "skewed", "--placement", "contiguous",
+                                          "--max-rows", "auto,none", "--out", str(out)])
     assert rc == 0
-    rows = [json.loads(s) for s in out.read_text().splitlines()]
+    every = [json.loads(s) for s in out.read_text().splitlines()]
+    assert [r["schedule"] for r in every] == ["bulk", "fused_ep", "fused_ep"]  # the bulk row first, once
+    rows = every[1:]
     assert [r["max_rows"] for r in rows] == [1, "none"]  # auto: the most rows a rank receives over 132 programs
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 2 and all("fused" in s and "bulk" in s for s in printed)
@@ -33,5 +37,5 @@ def test_one_tiny_case_writes_fused_and_bulk_rows(tmp_path, capsys):
                          ids=["zero-rows", "word", "zero-ranks"])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as e:
-        load_benchmark("predict_ep_fused").main(argv)
+        load_benchmark("bench_ep").main(["--predict-only", *argv])
     assert e.value.code == 2
