@@ -87,8 +87,8 @@ def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
     """(rows predicted again with ``profile`` (predicted_us, stages, dominant replaced), rows left
     out for lack of counts). A megakernel row that stored the config it ran (``megakernel_config``)
     is priced with it, not with the config the code would pick now."""
-    from megamoe.reference import MoEConfig
     from megamoe.predict import predict_config
+    from megamoe.reference import MoEConfig
 
     out, skipped = [], 0
     for r in rows:

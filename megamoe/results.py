@@ -1,4 +1,5 @@
-"""Stored results, read back for notebooks and reports: ``benchmarks/results/*.jsonl``.
+"""Stored results, read back for notebooks and reports: ``benchmarks/results/<gpu>/<question>/*.jsonl``
+(listed in ``benchmarks/results/index.jsonl``).
 
 Each row carries its provenance (GPU, versions, commit, date); these helpers only select and
 reshape, so a notebook plots what a command in ``benchmarks/`` measured, nothing typed by hand.
@@ -13,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def load_rows(name: str | Path) -> list[dict]:
-    """The JSON lines of ``name`` (a path, or a file name in benchmarks/results)."""
+    """The JSON lines of ``name`` (a path, or a path under benchmarks/results such as ``h200/megakernel/x.jsonl``)."""
     path = Path(name)
     if not path.exists():
         path = RESULTS / name

@@ -410,8 +410,8 @@ def test_the_validation_window_starts_after_the_warm_up_and_the_earlier_replays(
     median replay of 5 is the third: 2 + NI x 3 calls before it (NI = 8: 26); predict_config with
     the row's reps reads the ratio of that window, without reps the timed graph's from idle."""
     from megamoe.kernels.bench import WARMUP_CALLS, calls_before_timed_replay
-    from megamoe.reference import MoEConfig
     from megamoe.predict import predict_config
+    from megamoe.reference import MoEConfig
 
     assert WARMUP_CALLS == 2
     assert calls_before_timed_replay(8, 5) == 26 and calls_before_timed_replay(2, 5) == 8

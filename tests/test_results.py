@@ -27,11 +27,6 @@ def test_missing_file_is_named():
         load_rows("no-such.jsonl")
 
 
-def test_shipped_megakernel_rows_read():
-    rows = load_rows("megakernel_2026-12-01_run3.jsonl")
-    assert megakernel_ratios(rows) and all(r["megakernel_over_floor"] > 0 for r in megakernel_ratios(rows))
-
-
 def test_machine_names_cpu_cores_platform():
     from megamoe.results import machine
 

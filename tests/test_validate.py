@@ -214,32 +214,6 @@ def test_repredict_needs_stored_rows(capsys):
     assert "--repredict needs --report" in capsys.readouterr().err
 
 
-def test_rows_from_validate_log_rebuild_the_report(tmp_path):
-    """benchmarks/rows_from_validate_log.py turns validate's progress lines into rows that
-    ``megamoe validate --report`` reads (for a run whose rows were lost and whose log was not)."""
-    from benchload import load_benchmark
-
-    from megamoe.cli import main
-
-    mod = load_benchmark("rows_from_validate_log")
-    (tmp_path / "validate.log").write_text(
-        "megamoe validate: 2 configurations, 2 to run; budget 99 s; profiles h200-calibrated, h200; NVIDIA H200\n"
-        "[   1.0 s]   1/2 qwen3-30b-a3b  T=1      uniform      multi      pred       47.0 us (h200 26.8)"
-        "  meas       44.7 us  err +5.1%  (0.1 s)\n"
-        "[   2.0 s]   2/2 qwen3-30b-a3b  T=64     zipf         megakernel pred       60.0 us (h200 50.0)"
-        "  meas       80.0 us  err -25.0%  vs multi 1.0e-04  (0.2 s)\n")
-    (tmp_path / "preflight.txt").write_text("torch 2.11.0+cu130 /x\ntriton 3.6.0 /y\n"
-                                            "gpu NVIDIA H200, 132 SMs, 140 GiB (139 free)\n"
-                                            "code {'commit': 'abc1234', 'dirty': False, 'diff_sha256': None}\n")
-    assert mod.main([str(tmp_path)]) == 0
-    rows = [json.loads(x) for x in (tmp_path / "validation_from_log.jsonl").read_text().splitlines()]
-    assert [(r["T"], r["backend"], r["measured_us"]) for r in rows] == [(1, "multi", 44.7), (64, "megakernel", 80.0)]
-    assert rows[1]["error"] == pytest.approx(-0.25) and rows[0]["predictions"]["h200"]["predicted_us"] == 26.8
-    assert rows[0]["gpu"] == "NVIDIA H200" and rows[0]["commit"] == "abc1234" and rows[0]["from_log"]
-    assert main(["validate", "--report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
-    assert "| qwen3-30b-a3b | 64 | zipf | megakernel |" in (tmp_path / "rep" / "report.md").read_text()
-
-
 def _outlier(**kw) -> dict:
     r = {"preset": "qwen3-30b-a3b", "T": 64, "routing": "zipf", "backend": "multi", "predicted_us": 80.0,
          "measured_us": 100.0}
