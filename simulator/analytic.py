@@ -127,12 +127,11 @@ def rack_terms(profile: Profile, config, tokens_per_gpu: int, *, comm_sms: int |
                dispatch_dtype: str = "bf16", comm_work: tuple | None = None, start_s: float | None = None) -> dict:
     """The rack model's keyword arguments of ``estimate`` for a workload of ``config`` at
     ``tokens_per_gpu``: the communication SMs' copy rate (``schedules.comm_model``; default SMs from
-    the profile's ``megakernel.comm_sms``, default work ``simulate.default_comm_work``), the copy
+    the profile's ``megakernel.comm_sms``, default work ``schedules.default_comm_work``), the copy
     cost per byte pulled and pushed, the fixed start (``schedules.layer_start_s``, unless given:
     it reads only the GPU side of the profile, so sweeps cache it) and the barrier."""
     from .cost import normalize_dtype
-    from .schedules import comm_model, layer_start_s
-    from .simulate import default_comm_work
+    from .schedules import comm_model, default_comm_work, layer_start_s
 
     ad = normalize_dtype(dispatch_dtype)
     n = profile.rack.comm_sms if comm_sms is None else comm_sms

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from .cost import normalize_dtype
 from .entities import Fabric, Span
 
 SCHEDULES = ("bulk", "fused")
@@ -163,6 +164,11 @@ def check_comm_work(comm_work) -> tuple:
     if bad:
         raise ValueError(f"comm_work must be among {COMM_WORK}, got {bad}")
     return tuple(comm_work)
+
+
+def default_comm_work(dispatch_dtype: str) -> tuple:
+    """What communication SMs do besides copying in a forward pass: quantize rows pulled as fp8."""
+    return ("quantize",) if normalize_dtype(dispatch_dtype) == "fp8" else ()
 
 
 def comm_model(profile, num_sms: int, dispatch_dtype: str, hidden: int, comm_work=()) -> CommModel:

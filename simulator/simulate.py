@@ -28,7 +28,15 @@ from megamoe.reference import MoEConfig
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
 from .cost import ffn_cost, normalize_dtype, row_bytes
 from .hardware import Profile, load_profile, override, plausibility_warnings
-from .schedules import RESOLUTION, Capacities, build_layer_work, check_comm_work, normalize_schedule, run_schedule
+from .schedules import (
+    RESOLUTION,
+    Capacities,
+    build_layer_work,
+    check_comm_work,
+    default_comm_work,
+    normalize_schedule,
+    run_schedule,
+)
 from .topology import uniform_link_bytes
 from .workload import (
     BUILD_BYTES_PER_PAIR,
@@ -53,11 +61,6 @@ def default_minibatch(tokens_per_gpu: int, system: str | Path | Profile = "gb200
 def default_comm_sms(system: str | Path | Profile = "gb200-nvl72") -> int:
     """Communication SMs when none are given: the profile's ``megakernel.comm_sms``."""
     return load_profile(system).rack.comm_sms
-
-
-def default_comm_work(dispatch_dtype: str) -> tuple:
-    """What communication SMs do besides copying in a forward pass: quantize rows pulled as fp8."""
-    return ("quantize",) if normalize_dtype(dispatch_dtype) == "fp8" else ()
 
 
 def check_comm_sms(comm_sms: int | None, profile: Profile) -> int:
