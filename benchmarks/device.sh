@@ -5,7 +5,7 @@
 #   export MEGAMOE_COMMIT=<commit the tree was copied from> MEGAMOE_DIRTY=0; source benchmarks/device.sh
 #     The copied tree's .git may be stale (it would name the wrong commit), so it is moved aside and
 #     rows take MEGAMOE_COMMIT (kernels.bench.git_state); the package is reached as megamoe.* through
-#     symlinks and PYTHONPATH, without pip install; simpy, which the GPU image lacks, comes as a wheel
+#     symlinks in /tmp/site (on PYTHONPATH; the checkout's root is not), without pip install; simpy, which the GPU image lacks, comes as a wheel
 #     in .whl/ (carried with the tree).
 #
 # Run: a list of steps in one device call, each under its own time limit, packing what they wrote
@@ -26,7 +26,10 @@ if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then
     mv .git /tmp/git.stale 2>/dev/null || true
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     for d in reference simulator kernels; do ln -sfn ../$d megamoe/$d; done
-    export PYTHONPATH=$PWD:/tmp/site
+    # megamoe is reached through /tmp/site, never through the checkout's root on sys.path (its folders
+    # would shadow installed distributions by their bare names; tests/conftest.py takes the root off)
+    ln -sfn "$PWD/megamoe" /tmp/site/megamoe
+    export PYTHONPATH=/tmp/site
     return 0
 fi
 
