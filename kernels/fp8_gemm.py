@@ -97,7 +97,7 @@ import triton.language as tl
 
 from ..reference import fp8 as fp8_ref
 from ..reference.sizes import FP8_BLOCK
-from .configs import FP8_CONVERT_DEFAULT
+from .megakernel_config import FP8_CONVERT_DEFAULT
 from .grouped_gemm import (
     _act_epilogue,
     _act_values,

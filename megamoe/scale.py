@@ -364,7 +364,7 @@ def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: 
     launches with (``kernels.configs.megakernel_config``, or the config ``mk``; P = SMs x occupancy,
     never more than the tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps,
     weight loads: "tma" where the config reads the weights through descriptors, else "pointer")."""
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
     if mk is None:
@@ -436,7 +436,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as cfgs
 
     if mk is None:
         mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
