@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
     p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--eager", action="store_true", help="trace one eager call (before run AG's session: the "
-                   "default then), not every call of the timed graph")
+    p.add_argument("--eager", action="store_true", help="trace one eager call, "
+                   "not every call of the timed graph")
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="trace the FP8 megakernel (and time the FP8 multi-launch path beside it)")
     args = p.parse_args(argv)

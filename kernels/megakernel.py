@@ -113,6 +113,8 @@ ALIGN_FIELDS = ("FUSED", "BLOCK_B", "BLOCK_PAD", "BLOCK_C", "GIVEN", "ROUTE_EACH
 EXPERT_FIELDS = ("ACT", "HAS_GUB", "HAS_DNB", "SCALE_INPUT", "G2_SCALE", "SHARED", "KS", "IEEE")
 FP8_FIELDS = ("FP8", "FP8_A", "CVT", "XQ", "TMA_W")
 TOOL_FIELDS = ("RECORD", "TRACE")
+CONSTEXPR_GROUPS = {"TILES": TILE_FIELDS, "ROUTE": ROUTE_FIELDS, "ALIGN": ALIGN_FIELDS, "EXPERT": EXPERT_FIELDS,
+                    "FP8S": FP8_FIELDS, "TOOLS": TOOL_FIELDS}
 
 
 @triton.jit
@@ -671,12 +673,15 @@ def _constexprs(x, weights, config, mk: dict, lay: TaskLayout, *, fp8, on_gpu: b
     fp8s = dict(FP8=fp8 is not None, FP8_A=fp8_a, CVT=fp8_convert_code(on_gpu) if fp8 == "weights" else 0,
                 XQ=fp8_a and not config.weight_on_input, TMA_W=tma)
     tools = dict(RECORD=record, TRACE=trace is not None)
-    groups = ((tile, TILE_FIELDS), (route, ROUTE_FIELDS), (align, ALIGN_FIELDS), (expert, EXPERT_FIELDS),
-              (fp8s, FP8_FIELDS), (tools, TOOL_FIELDS))
-    assert all(tuple(d) == f for d, f in groups), "a constexpr group out of its FIELDS order"
-    names = ("TILES", "ROUTE", "ALIGN", "EXPERT", "FP8S", "TOOLS")
-    return {**{n: tuple(d.values()) for n, (d, _f) in zip(names, groups)},
-            "num_warps": mk["num_warps"], "num_stages": mk["num_stages"]}
+    groups = dict(zip(CONSTEXPR_GROUPS, (tile, route, align, expert, fp8s, tools)))
+    assert all(tuple(d) == CONSTEXPR_GROUPS[n] for n, d in groups.items()), "a constexpr group out of its order"
+    return {**{n: tuple(d.values()) for n, d in groups.items()}, "num_warps": mk["num_warps"],
+            "num_stages": mk["num_stages"]}
+
+
+def constexpr_values(kwargs: dict) -> dict:
+    """The constexprs of a launch's kwargs (``build_launch``) by name, its groups unpacked."""
+    return {f: v for n, fields in CONSTEXPR_GROUPS.items() for f, v in zip(fields, kwargs[n])}
 
 
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,

@@ -161,7 +161,7 @@ def _interpret_config(T: int, bt: int, block_h: int, split: int, combine: dict) 
                       "gemm2": {"BLOCK_N": 16, "BLOCK_K": 32},
                       "shared": {"BLOCK_M": 16, "BLOCK_N1": 16, "BLOCK_N2": 16, "BLOCK_K": 32},
                       "combine": combine,
-                      "order": {"GROUP_M": 2, "STREAM_K": 0}},
+                      "order": {"GROUP_M": 2}},
             "num_warps": 4, "num_stages": 1, "occupancy": 1}
 
 
@@ -221,7 +221,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
     if split > 1 and -(-T // bt) >= 16 and E <= MEGAKERNEL_TOPK16_MAX_E:
         topk_t = 16
     tiles = {"router": {"BLOCK_T": bt, "BLOCK_H": block_h, "SPLIT": max(split, 1), "TOPK_T": topk_t}, **tiles,
-             "combine": combine, "order": {"GROUP_M": 8, "STREAM_K": 0}}
+             "combine": combine, "order": {"GROUP_M": 8}}
     return {"routed_only": not Is, "single_token": T == 1, "tiles": tiles, "num_warps": warps, "num_stages": stages,
             "occupancy": 1,
             "tma_weights": megakernel_tma_weights(tiles["gemm1"]["BLOCK_N"], tiles["gemm2"]["BLOCK_N"],
