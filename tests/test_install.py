@@ -54,9 +54,8 @@ def test_transformers_hub_kernels_integration_imports():
     pytest.importorskip("transformers")
     if not _installed("kernels"):
         pytest.skip("the PyPI distribution 'kernels' is not installed, so nothing can shadow it")
-    import transformers.integrations.hub_kernels as hub
-
     import kernels  # noqa: F401  (PyPI's)
+    import transformers.integrations.hub_kernels as hub
 
     assert not Path(kernels.__file__).resolve().is_relative_to(ROOT)
     assert hub is not None
