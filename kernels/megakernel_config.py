@@ -11,45 +11,71 @@ config the kernel launches with. A config is a dict::
      "routed_only": bool, "single_token": bool}
 
 ``tma_weights``: the routed GEMM tasks read their weight tiles through TMA descriptors (else by
-cp.async pointer loads). Why each threshold has its value is in docs/megakernel.md.
+cp.async pointer loads). The hand-set thresholds are data, each with its source
+(configs/megakernel.json); the choices and their evidence are in docs/megakernel.md.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import align_each_takes, route_each_takes
 from .configs import _pow2, decode_router_split, router_block_h, router_block_t
 
+#: the hand-set thresholds: name -> {"value", "unit", "source"} (the measurement that set it)
+THRESHOLDS_PATH = Path(__file__).parent / "configs" / "megakernel.json"
+_THRESHOLD_NAMES = ("route_each_max_experts", "align_each_max_t", "bitonic_topk_max_tokens", "bitonic_topk_max_keys",
+                    "fp8_wide_shared_max_stages", "stage_bytes", "gemm2_max_block_k", "gemm2_wide_min_t",
+                    "gemm2_wide_block_n", "split_max_t", "split_steps", "topk16_max_experts", "tma_weight_tile_bytes")
+
+
+def load_thresholds(path: Path = THRESHOLDS_PATH) -> dict[str, int]:
+    """name -> value of the megakernel's thresholds file; exactly the names of _THRESHOLD_NAMES, each
+    a positive integer with a unit and a source, else a ValueError that names the key."""
+    d = json.loads(Path(path).read_text())
+    if set(d) != set(_THRESHOLD_NAMES):
+        raise ValueError(f"{path}: want exactly the keys {sorted(_THRESHOLD_NAMES)}, got {sorted(d)}")
+    out = {}
+    for k, v in d.items():
+        if not (isinstance(v, dict) and set(v) == {"value", "unit", "source"} and isinstance(v["value"], int)
+                and not isinstance(v["value"], bool) and v["value"] > 0 and v["unit"] and v["source"]):
+            raise ValueError(f"{path}: {k!r} must be {{'value': a positive int, 'unit': ..., 'source': ...}}, got {v!r}")
+        out[k] = v["value"]
+    return out
+
+
+_T = load_thresholds()
 #: T = 1: every GEMM 1 task routes the token itself (tiles["router"]["EACH"]) up to this many experts
-ROUTE_EACH_MAX_EXPERTS = 128
+ROUTE_EACH_MAX_EXPERTS = _T["route_each_max_experts"]
 #: the most tokens at which the default config takes tiles["router"]["ALIGN_EACH"]
-ALIGN_EACH_MAX_T = 64
+ALIGN_EACH_MAX_T = _T["align_each_max_t"]
 #: the bitonic top-k (routing._route_block's BITONIC) for top-k tasks of at most this many tokens
-BITONIC_TOPK_MAX_TOKENS = 2
+BITONIC_TOPK_MAX_TOKENS = _T["bitonic_topk_max_tokens"]
 #: ... and at most this many keys (tokens x BLOCK_E) per task
-BITONIC_TOPK_MAX_KEYS = 1 << 9
+BITONIC_TOPK_MAX_KEYS = _T["bitonic_topk_max_keys"]
+#: pipeline stages at most of the weight-only FP8 megakernel with 64-row tiles and a 128-column shared GEMM 1
+FP8_WIDE_SHARED_MAX_STAGES = _T["fp8_wide_shared_max_stages"]
+#: shared memory the decode megakernel's pipeline stages may take, bytes
+STAGE_BYTES = _T["stage_bytes"]
+#: the deepest GEMM 2 step a decode megakernel takes, elements
+GEMM2_MAX_BLOCK_K = _T["gemm2_max_block_k"]
+#: above this T (to MEGAKERNEL_SPLIT_MAX_T) GEMM 2 tiles are GEMM2_WIDE_BLOCK_N columns wide
+GEMM2_WIDE_MIN_T = _T["gemm2_wide_min_t"]
+GEMM2_WIDE_BLOCK_N = _T["gemm2_wide_block_n"]
+#: the router's logits split over H up to this many tokens, in ranges of at most MEGAKERNEL_SPLIT_STEPS BLOCK_H steps
+MEGAKERNEL_SPLIT_MAX_T = _T["split_max_t"]
+MEGAKERNEL_SPLIT_STEPS = _T["split_steps"]
+#: with that split at 16+ token blocks, top-k tasks of 16 tokens up to this many experts (4 above)
+MEGAKERNEL_TOPK16_MAX_E = _T["topk16_max_experts"]
+#: the smallest weight tile (BLOCK_N x BLOCK_K bf16 bytes) whose TMA copies the megakernel takes
+TMA_WEIGHT_TILE_BYTES = _T["tma_weight_tile_bytes"]
 #: how weight-only FP8 converts e4m3 codes, in both backends (fp8_gemm.convert_code's names)
 FP8_CONVERT_DEFAULT = "bits"
 #: whether the FP8 megakernel's routed GEMM tasks read their e4m3 weight tiles through TMA, per FP8 mode
 FP8_TMA_WEIGHTS = {"weights": False, "weights+act": True}
-#: pipeline stages at most of the weight-only FP8 megakernel with 64-row tiles and a 128-column shared GEMM 1
-FP8_WIDE_SHARED_MAX_STAGES = 3
-#: shared memory the decode megakernel's pipeline stages may take, bytes
-STAGE_BYTES = 160 << 10
-#: the deepest GEMM 2 step a decode megakernel takes: the TMA box's largest dimension, elements
-GEMM2_MAX_BLOCK_K = 256
-#: above this T (to MEGAKERNEL_SPLIT_MAX_T) GEMM 2 tiles are GEMM2_WIDE_BLOCK_N columns wide
-GEMM2_WIDE_MIN_T = 64
-GEMM2_WIDE_BLOCK_N = 256
-#: the router's logits split over H up to this many tokens, in ranges of at most MEGAKERNEL_SPLIT_STEPS BLOCK_H steps
-MEGAKERNEL_SPLIT_MAX_T = 512
-MEGAKERNEL_SPLIT_STEPS = 32
-#: with that split at 16+ token blocks, top-k tasks of 16 tokens up to this many experts (4 above)
-MEGAKERNEL_TOPK16_MAX_E = 128
-#: the smallest weight tile (BLOCK_N x BLOCK_K bf16 bytes) whose TMA copies the megakernel takes
-TMA_WEIGHT_TILE_BYTES = 16 << 10
 
 
 def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...]) -> int:

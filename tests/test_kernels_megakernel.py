@@ -566,3 +566,21 @@ def test_deep_gemm2_block_k_keeps_the_stage_count():
     # never shallower than it was, and the input is not changed
     t = tiles(32, 128, 256)
     assert deep_gemm2_block_k(t, True) == 256 and t["gemm2"]["BLOCK_K"] == 256
+
+
+def test_thresholds_file_is_checked(tmp_path):
+    """kernels/configs/megakernel.json: every threshold with a value, a unit and a source; a missing or
+    extra key, or a value that is not a positive integer, is refused by name."""
+    import json
+
+    from megamoe.kernels import megakernel_config as mkc
+
+    d = json.loads(mkc.THRESHOLDS_PATH.read_text())
+    assert mkc.load_thresholds()["stage_bytes"] == mkc.STAGE_BYTES == d["stage_bytes"]["value"]
+    bad = tmp_path / "t.json"
+    for broken, match in (({k: v for k, v in d.items() if k != "split_steps"}, "exactly the keys"),
+                          ({**d, "split_steps": {**d["split_steps"], "value": 0}}, "'split_steps'"),
+                          ({**d, "stage_bytes": {"value": 1, "unit": "bytes"}}, "'stage_bytes'")):
+        bad.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=match):
+            mkc.load_thresholds(bad)
