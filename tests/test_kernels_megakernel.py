@@ -315,17 +315,17 @@ def test_poisoned_output_is_overwritten_and_calls_repeat_bitwise(rng):
     each call, so calls repeat bitwise identically (what CUDA-graph replay relies on)."""
     from megamoe.kernels.megakernel import _SYNC
 
-    fields, T, _ = CASES["two_chunks"]
+    fields, T, _ = CASES["one_chunk"]
     cfg = MoEConfig(**{**BASE, **fields})
     x, w = _cpu(cfg, T, rng)
     outs = []
-    for _ in range(3):
+    for _ in range(2):
         y = torch.full((T, cfg.hidden_size), float("nan"))
         _mk(cfg, x, w, out=y)
         assert torch.isfinite(y).all()
         assert all(int(b.abs().sum()) == 0 for b in _SYNC.values())
         outs.append(y)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_no_tokens(rng):
@@ -449,8 +449,7 @@ def _tied(cfg, w):
 
 #: (router, T, tokens per top-k task): every family at T = 1; T = 13 in two-token tasks for a
 #: logits router, a router bias and the gathered weights of the grouped one
-BITONIC_RUNS = [(r, 1, 1) for r in TOPK_ROUTERS] + [(r, 13, 2) for r in ("softmax_topk", "topk_softmax_bias",
-                                                                          "sigmoid_grouped")]
+BITONIC_RUNS = [(r, 1, 1) for r in TOPK_ROUTERS] + [("sigmoid_grouped", 13, 2)]
 
 
 @pytest.mark.parametrize("router, T, topk_t", BITONIC_RUNS, ids=[f"{r}-T{T}" for r, T, _ in BITONIC_RUNS])
@@ -484,7 +483,7 @@ def test_bitonic_topk_only_for_one_or_two_token_tasks():
     assert not bitonic_topk_fits(4, 128) and not bitonic_topk_fits(16, 128) and not bitonic_topk_fits(2, 512)
 
 
-@pytest.mark.parametrize("case", ["one_chunk", "two_chunks", "top1_input"])
+@pytest.mark.parametrize("case", ["one_chunk", "top1_input"])
 def test_tma_weights_compute_what_the_pointer_loads_compute(case, rng):
     """Config "tma_weights": the routed GEMM tasks read their weight tiles through TMA descriptors
     (gate_up as (E*2I, H), down as (E*H, I); I = 36 is not a multiple of the 16-column tiles, so
@@ -514,32 +513,32 @@ def test_tma_weights_compute_what_the_pointer_loads_compute(case, rng):
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
-@pytest.mark.parametrize("case", ["one_chunk", "two_chunks"])
-def test_gemm2_deeper_than_gemm1(case, tma, rng):
+def test_gemm2_deeper_than_gemm1(tma, rng):
     """GEMM 2's BLOCK_K apart from GEMM 1's (configs.deep_gemm2_block_k at decode): 64 over I = 36 is one
     masked step, 16 three steps with a partial one; the layer matches the float64 reference with poisoned
-    outputs overwritten, every token on the same experts and T = 0 included, by pointer loads and TMA."""
+    outputs overwritten, every token on the same experts and T = 0 included, by pointer loads and TMA
+    (I = 36: one chunk, a shared MLP)."""
     import copy
 
     from megamoe.kernels.megakernel import megakernel_config
 
+    case = "one_chunk"
     fields, T, _why = CASES[case]
     cfg = MoEConfig(**{**BASE, **fields})
-    for bk2 in (64, 16):
-        for T_, zero in ((T, False), (T, True), (0, False)):
-            x, w = _cpu(cfg, T_, rng, router_zero=zero)
-            mk = copy.deepcopy(megakernel_config(cfg, T_, torch.float32, torch.device("cpu")))
-            mk["tiles"]["gemm2"]["BLOCK_K"] = bk2
-            mk["tma_weights"] = tma
-            out = torch.full((T_, cfg.hidden_size), float("nan"))
-            y, ran = _mk(cfg, x, w, mk=mk, out=out, record=True)
-            assert not y.isnan().any()
-            if T_:
-                ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
-                assert_close(y, ref.y, "float32", f"{case} BLOCK_K2={bk2} zero={zero}")
-                counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
-                plan = task_plan(cfg, counts, T_, mk["tiles"], num_programs=ran["programs"])
-                np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tiles_per_expert("gemm2"))
+    for bk2, T_, zero in ((64, T, False), (16, T, False), (16, T, True), (16, 0, False)):
+        x, w = _cpu(cfg, T_, rng, router_zero=zero)
+        mk = copy.deepcopy(megakernel_config(cfg, T_, torch.float32, torch.device("cpu")))
+        mk["tiles"]["gemm2"]["BLOCK_K"] = bk2
+        mk["tma_weights"] = tma
+        out = torch.full((T_, cfg.hidden_size), float("nan"))
+        y, ran = _mk(cfg, x, w, mk=mk, out=out, record=True)
+        assert not y.isnan().any()
+        if T_:
+            ref = moe_forward(round_to_dtype(x, "float32"), w.round_to("float32"), cfg, details=True)
+            assert_close(y, ref.y, "float32", f"{case} BLOCK_K2={bk2} zero={zero}")
+            counts = np.bincount(ref.routing.topk_idx.ravel(), minlength=cfg.num_experts)
+            plan = task_plan(cfg, counts, T_, mk["tiles"], num_programs=ran["programs"])
+            np.testing.assert_array_equal(ran["gemm2_per_expert"], plan.tiles_per_expert("gemm2"))
 
 
 def test_deep_gemm2_block_k_keeps_the_stage_count():
