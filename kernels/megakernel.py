@@ -501,6 +501,7 @@ def _megakernel(
 # --------------------------------------------------------------------------- host side
 _SYNC: dict = {}
 _LAYOUT: dict = {}
+_CAPTURED: list = []
 
 
 def trace_rows(config, T: int, mk: dict, nprog: int) -> tuple[int, int]:
@@ -536,8 +537,9 @@ def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
 
 def layout_buffer(device: torch.device, words: tuple[int, ...]) -> torch.Tensor:
     """The layout words as an int32 tensor on ``device``, made once per distinct layout and kept
-    (read-only to the kernel, so a CUDA graph may hold it); on a GPU copied from pinned memory,
-    which a capture may record."""
+    (read-only to the kernel, so a CUDA graph may hold it); on a GPU copied from pinned memory. A
+    layout first met inside a CUDA-graph capture gets a tensor for the graph alone (its copy is part
+    of the graph, and runs only when the graph does)."""
     key = (str(device), words)
     buf = _LAYOUT.get(key)
     if buf is None:
@@ -545,6 +547,9 @@ def layout_buffer(device: torch.device, words: tuple[int, ...]) -> torch.Tensor:
         if device.type == "cuda":
             host = host.pin_memory()
             buf = (torch.empty_like(host, device=device).copy_(host, non_blocking=True), host)
+            if torch.cuda.is_current_stream_capturing():
+                _CAPTURED.append(buf)  # the pinned source outlives the graph's copy
+                return buf[0]
         else:
             buf = (host, host)
         _LAYOUT[key] = buf
@@ -790,8 +795,8 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     (trace_rows(...)[0], 3) tensor that receives (program, start ns, end ns) of every task run, each
     program's first ticket and exit, and the first top-k task's phases (trace_rows). ``routing``:
     (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
-    instead of SMs x occupancy (tests). ``fp8``: None,
-    "weights" or "weights+act" (see build_launch; moe.py checks the FP8 weights and picks it)."""
+    instead of SMs x occupancy (tests). ``fp8``: None, "weights" or "weights+act" (see build_launch;
+    moe.py checks the FP8 weights and picks it)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
