@@ -193,10 +193,10 @@ def collect(configs: dict, tokens, modes, *, multi: bool = True, megakernel: boo
 def megakernel_spec(cfg, name: str, T: int, fp8: str | None, sms: int = SMS) -> tuple[dict, int]:
     """(spec, occupancy) of the megakernel's launch for ``cfg`` at T (megakernel_forward's config on an H200)."""
 
-    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import megakernel as mkm
+    from megamoe.kernels import megakernel_config as mkc
 
-    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+    mk = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                 cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
     _case, args, kwargs = megakernel_launch(name, T, sms=sms, mk=mk, fp8=fp8, config=cfg, device="meta")
     return spec_of(mkm._megakernel, args, kwargs), mk["occupancy"]

@@ -139,8 +139,8 @@ def megakernel_launch(name: str, T: int, warps: int | None = None, stages: int |
     import torch
 
     from megamoe.kernels import bench as kb
-    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import megakernel as mkm
+    from megamoe.kernels import megakernel_config as mkc
     from megamoe.reference import MoEWeights, expected_scale_shapes, expected_shapes
     from megamoe.reference.tiles import task_layout
     from megamoe.reference.weights import SCALE_FIELDS
@@ -153,7 +153,7 @@ def megakernel_launch(name: str, T: int, warps: int | None = None, stages: int |
         w.update({k: torch.empty(s, dtype=torch.float32, device=device)
                   for k, s in expected_scale_shapes(cfg).items() if s is not None})
     w = MoEWeights(**w)
-    mk = mk or cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+    mk = mk or mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                       cfg.shared_intermediate_size, T, num_sms=sms, fp8=fp8)
     if variant:  # a named variant of the default (megakernel_variants.VARIANTS)
         from megakernel_variants import VARIANTS
@@ -364,8 +364,8 @@ def gpu_convert(kwargs: dict) -> dict:
     interpreter's CVT code (fp8_gemm.py keys it on the device); a GPU's is configs.FP8_CONVERT_DEFAULT's (0 stays)."""
     if "CVT" not in kwargs:
         return kwargs
-    from megamoe.kernels.configs import FP8_CONVERT_DEFAULT
     from megamoe.kernels.fp8_gemm import convert_code
+    from megamoe.kernels.megakernel_config import FP8_CONVERT_DEFAULT
 
     return {**kwargs, "CVT": convert_code(FP8_CONVERT_DEFAULT, True) if kwargs["CVT"] else 0}
 

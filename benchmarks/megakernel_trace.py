@@ -7,8 +7,8 @@ For each case (preset:T[:concentrated | a validation routing, e.g. zipf]) the la
 program, start and end of every ticket; each program's first ticket and exit) in every call of a
 CUDA graph of 8 calls, as the layer is timed (``--eager``: one eager call), and is timed untraced
 beside the multi-launch path. The graph's calls give the kernel's time from its first program in to
-its last out and the gap to the next call's first program (H200 runs AE and AF: one eager call's span
-and the replayed time disagreed by up to 3 us between variants). Per kind: tasks, mean task time (wait included), first
+its last out and the gap to the next call's first program (one eager call's span and the replayed
+time can disagree by microseconds). Per kind: tasks, mean task time (wait included), first
 start and last end relative to the launch's first start; the launch span and the programs' busy
 fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
 "task_weight_bytes"). ``--variants a,b`` traces named variants of megakernel_variants.py too. Rows go to
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
     p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--eager", action="store_true", help="trace one eager call (before run AG's session: the "
-                   "default then), not every call of the timed graph")
+    p.add_argument("--eager", action="store_true", help="trace one eager call, "
+                   "not every call of the timed graph")
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="trace the FP8 megakernel (and time the FP8 multi-launch path beside it)")
     args = p.parse_args(argv)

@@ -23,7 +23,7 @@ import numpy as np
 
 def main(argv=None) -> int:
     from megamoe.kernels import bench as kb
-    from megamoe.kernels.configs import megakernel_weight_loads
+    from megamoe.kernels.megakernel_config import megakernel_weight_loads
     from megamoe.reference.tiles import task_plan
     from megamoe.simulator.task_cost import predict_task_plan
 

@@ -43,7 +43,7 @@ def predict(cfg, counts, T: int, mk: dict, profile, calls: int, fp8: str | None 
 
 def main(argv=None) -> int:
     from megamoe.kernels import bench as kb
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as mkc
     from megamoe.simulator.hardware import load_profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             else:
                 idx = np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in range(T)])
                 counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
-            base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+            base = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                           cfg.shared_intermediate_size, T, num_sms=prof.num_sms, fp8=a.fp8)
             runs = variant_configs(base, a.variants.split(","))
             us = {v: predict(cfg, counts, T, mk, prof, a.calls, a.fp8) for v, mk in runs}

@@ -97,7 +97,6 @@ import triton.language as tl
 
 from ..reference import fp8 as fp8_ref
 from ..reference.sizes import FP8_BLOCK
-from .configs import FP8_CONVERT_DEFAULT
 from .grouped_gemm import (
     _act_epilogue,
     _act_values,
@@ -112,6 +111,7 @@ from .grouped_gemm import (
     _routed_tile,
     device_sms,
 )
+from .megakernel_config import FP8_CONVERT_DEFAULT
 from .plan import gemm_grid
 
 E4M3_MAX = tl.constexpr(fp8_ref.E4M3_MAX)

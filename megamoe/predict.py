@@ -9,10 +9,10 @@ from __future__ import annotations
 
 def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: dict | None = None):
     """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
-    launches with (``kernels.configs.megakernel_config``, or the config ``mk``; P = SMs x occupancy,
+    launches with (``kernels.megakernel_config.megakernel_config``, or the config ``mk``; P = SMs x occupancy,
     never more than the tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps,
     weight loads: "tma" where the config reads the weights through descriptors, else "pointer")."""
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
     if mk is None:
@@ -58,7 +58,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     measurement (``kernels.bench.graph_time_us``): the calls run before its median replay
     (``calls_before_timed_replay``) start the busy window of the sustained-clock term; None: the
     timed graph from idle clocks. ``mk``: the megakernel's config as the measurement ran it (a stored
-    row's ``megakernel_config``; default the config ``kernels.configs.megakernel_config`` gives now);
+    row's ``megakernel_config``; default the config ``kernels.megakernel_config.megakernel_config`` gives now);
     megakernel predictions return the config they priced under "megakernel_config"."""
     import numpy as np
 
@@ -85,7 +85,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as cfgs
 
     if mk is None:
         mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,

@@ -30,6 +30,10 @@ GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its
 order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
 becomes top-k -> GEMM 1.
 
+Three layouts are planned here but not run by the megakernel (it refuses them; the plans price stored
+result rows of configs that had them): expert_slice tasks (``tiles["gemm1"]["SLICE"]``), stream-K
+segments (``tiles["order"]["STREAM_K"]``) and the combine in GEMM 2's tiles (``tiles["combine"]["IN_G2"]``).
+
 With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
 gemm1 and gemm2, and no task waits for another GEMM task:
 
@@ -60,7 +64,7 @@ GEMM tasks are *segments* (``segment_bounds``): a phase's J tiles x KT K tiles l
 U units, segment q taking units [q U // Q, (q + 1) U // Q). Q = J (the default) makes each segment
 one whole tile; ``tiles["order"]["STREAM_K"] = 1`` makes Q the launch's programs (stream-K: each
 program the same K steps, however many tiles there are), and a tile split between segments is
-finished by whichever of its pieces comes last (kernels/stream_k.py). A segment signals the
+finished by whichever of its pieces comes last. A segment signals the
 counter of every tile it finishes: in the plan, a tile split over segments is finished by its
 last segment.
 
@@ -258,7 +262,7 @@ def stream_k(tiles: dict) -> bool:
 def route_each_takes(tiles: dict) -> bool:
     """Whether tiles["router"]["EACH"] (GEMM 1 tasks route the token themselves) can apply to this
     layout: GEMM 1 and GEMM 2 tiles, whole (no expert_slice tasks, no stream-K segments). With one
-    token and a split router besides, ``task_layout`` takes EACH; configs.route_each and the
+    token and a split router besides, ``task_layout`` takes EACH; megakernel_config.route_each and the
     benchmarks' variants ask this before setting or keeping it."""
     return not slice_width(tiles) and not stream_k(tiles)
 

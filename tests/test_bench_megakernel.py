@@ -1,5 +1,5 @@
-"""benchmarks/bench_megakernel.py and megakernel_variants.py without a GPU: the --fp8 option, its
-warm-up jobs, the FP8 variants' configs and the printed row."""
+"""benchmarks/bench_megakernel.py, megakernel_variants.py and megakernel_table.py without a GPU: the
+--fp8 option, its warm-up jobs, the variants' configs, the printed row and the table's targets."""
 
 from __future__ import annotations
 
@@ -36,58 +36,49 @@ def test_variant_names_option_names_the_variants_timed():
     """--variant-names replaces the per-T defaults in the warm-up and the timing; an unknown name is
     refused before any GPU work."""
     bm, mv = _load("bench_megakernel"), _load("megakernel_variants")
-    a = bm.parse_args(["--out", "x", "--variants", "--variant-tokens", "8,64", "--variant-names", "sk,n64tma"])
-    assert a.variant_names == "sk,n64tma"
+    a = bm.parse_args(["--out", "x", "--variants", "--variant-tokens", "8,64", "--variant-names", "noaeach,ptrw"])
+    assert a.variant_names == "noaeach,ptrw"
     with pytest.raises(SystemExit):
-        bm.parse_args(["--out", "x", "--variant-names", "sk,nosuch"])
-    jobs = mv.warm_jobs(["qwen3-30b-a3b"], [64], [8, 64], names=("sk", "n64tma"))
-    assert [j[1:3] for j in jobs[1:]] == [(8, "sk"), (8, "n64tma"), (64, "sk"), (64, "n64tma")]
+        bm.parse_args(["--out", "x", "--variant-names", "noaeach,nosuch"])
+    jobs = mv.warm_jobs(["qwen3-30b-a3b"], [64], [8, 64], names=("noaeach", "ptrw"))
+    assert [j[1:3] for j in jobs[1:]] == [(8, "noaeach"), (8, "ptrw"), (64, "noaeach"), (64, "ptrw")]
 
 
-@pytest.mark.parametrize("name,T", [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8), ("gpt-oss-120b", 1)])
-def test_fp8_variants_are_distinct_legal_configs(name, T):
-    """Each FP8 variant of the H200 decode config is a config of its own that the FP8 megakernel
-    takes (BLOCK_K 128, no stream-K), within Hopper's shared memory at its stages."""
+@pytest.mark.parametrize("fp8", ["weights", "weights+act"])
+def test_fp8_variants_are_distinct_legal_configs(fp8):
+    """Each FP8 variant of the H200 decode config (Qwen3-30B-A3B T = 1) is a config of its own that the
+    FP8 megakernel takes (BLOCK_K 128), its weight loads the other way than the default's."""
     from megamoe.kernels import bench as kb
-    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as mkc
     from megamoe.kernels.megakernel import check_fp8_tiles
 
     mv = _load("megakernel_variants")
-    c = kb.bench_config(name)
-    base = cfgs.megakernel_config(c.num_experts, c.hidden_size, c.intermediate_size, c.top_k,
-                                  c.shared_intermediate_size, T, num_sms=132, fp8="weights")
-    got = mv.variant_configs(base, mv.FP8_VARIANTS)
-    assert [n for n, _ in got] == ["default", *mv.FP8_VARIANTS]
-    for n, mk in got:
-        check_fp8_tiles(mk, "weights")
-        stage = cfgs.decode_stage_bytes(mk["tiles"], True, weight_bytes=1)
-        assert mk["num_stages"] * stage <= 227 << 10, n
-    d = dict(got)
-    assert d["fp8cast"]["fp8_convert"] == "cast" and d["fp8fast"]["fp8_scale_prefetch"]
-    assert d["fp8st"]["num_stages"] > base["num_stages"] and not d["fp8st"]["fp8_scale_prefetch"]
-    assert d["fp8fast_bn128"]["tiles"]["gemm1"]["BLOCK_N"] == 128
+    c = kb.bench_config("qwen3-30b-a3b")
+    base = mkc.megakernel_config(c.num_experts, c.hidden_size, c.intermediate_size, c.top_k,
+                                 c.shared_intermediate_size, 1, num_sms=132, fp8=fp8)
+    names = mv.variant_names(1, fp8)
+    got = mv.variant_configs(base, names)
+    assert [n for n, _ in got] == ["default", *names]
+    for _n, mk in got:
+        check_fp8_tiles(mk, fp8)
+    assert all(mk["tma_weights"] != base["tma_weights"] for _n, mk in got[1:])
 
 
 def test_fp8_convert_constexpr():
     """"bits" is inline PTX on a GPU (CVT 2), Triton integer ops under the interpreter (1), nothing
-    with FP8 activations (e4m3 x e4m3 products); an unknown value names the key."""
+    with FP8 activations (e4m3 x e4m3 products)."""
     import torch
 
-    from megamoe.kernels.megakernel import build_launch, megakernel_config
+    from megamoe.kernels.megakernel import build_launch, constexpr_values, megakernel_config
     from megamoe.reference import MoEConfig, random_weights
 
     cfg = MoEConfig(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
     wt = random_weights(cfg, seed=3, fp8=True).to_torch("cpu", torch.float32)
     x = torch.zeros((3, 200))
-    def mk(fp8):
-        return {**megakernel_config(cfg, 3, torch.float32, torch.device("cpu"), fp8=fp8), "fp8_convert": "bits",
-                "fp8_scale_prefetch": True}
-
     for fp8, gpu, cvt in (("weights", True, 2), ("weights", False, 1), ("weights+act", True, 0)):
-        kw = build_launch(x, wt, cfg, mk(fp8), fp8=fp8, gpu=gpu)[2]
-        assert (kw["CVT"], kw["SPF"]) == (cvt, True), (fp8, gpu)
-    with pytest.raises(ValueError, match=r"'fp8_convert' must be one of \['cast', 'bits'\], got 'ptx'"):
-        build_launch(x, wt, cfg, {**mk("weights"), "fp8_convert": "ptx"}, fp8="weights")
+        mk = megakernel_config(cfg, 3, torch.float32, torch.device("cpu"), fp8=fp8)
+        kw = build_launch(x, wt, cfg, mk, fp8=fp8, gpu=gpu)[2]
+        assert constexpr_values(kw)["CVT"] == cvt, (fp8, gpu)
 
 
 def test_fp8_row_prints_the_speedup():
@@ -95,7 +86,7 @@ def test_fp8_row_prints_the_speedup():
     row = {"preset": "qwen3-30b-a3b", "T": 1, "routing": "uniform", "floor_us": 10.0, "fp8": "weights",
            "megakernel_us": 20.0, "multi_us": 30.0, "bf16_megakernel_us": 36.0, "bf16_over_fp8": 1.8,
            "megakernel_ok": True, "multi_ok": True, "bf16_megakernel_ok": True,
-           "variants": [{"name": "fp8fast", "us": 18.0, "ok": True}]}
+           "variants": [{"name": "tmaw", "us": 18.0, "ok": True}]}
     s = bm.fmt_row(row)
     assert "bf16-mk      36.0" in s and "bf16/fp8  1.80" in s and "best variant 18.0" in s and "torch" not in s
 
@@ -139,9 +130,8 @@ def test_megakernel_table_holds_each_row_to_its_targets(tmp_path):
 
 def test_every_t1_variant_gives_a_layout_the_kernel_takes():
     """At T = 1 the default routes the token in every GEMM 1 task (tiles["router"]["EACH"]); each
-    variant's config must still be one task_layout accepts (run AJ's trace of "sk" was refused:
-    stream-K segments with EACH)."""
-    from megamoe.kernels import configs as cfgs
+    variant's config must still be one task_layout accepts."""
+    from megamoe.kernels import megakernel_config as cfgs
     from megamoe.reference import MoEConfig
     from megamoe.reference.tiles import task_layout
 
@@ -150,57 +140,20 @@ def test_every_t1_variant_gives_a_layout_the_kernel_takes():
     base = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                   cfg.shared_intermediate_size, 1, num_sms=132)
     assert base["tiles"]["router"].get("EACH") == 1
-    names = [n for n in mv.VARIANTS if not n.startswith("fp8")]
-    for _name, mk in mv.variant_configs(base, names):
+    for _name, mk in mv.variant_configs(base, list(mv.VARIANTS)):
         task_layout(cfg, 1, mk["tiles"])  # raises InputError for a layout the kernel refuses
     assert dict(mv.variant_configs(base, ["noreach"]))["noreach"]["tiles"]["router"].get("EACH") is None
 
 
 def test_variant_configs_of_no_names_is_the_default_alone():
-    """megakernel_trace.py without --variants asks for [] and must trace the default only (run AL
-    traced every variant of its first case and ran out of time); None still means every variant."""
-    from megamoe.kernels import configs as cfgs
+    """megakernel_trace.py without --variants asks for [] and must trace the default only; None still
+    means every variant that differs from the default."""
+    from megamoe.kernels import megakernel_config as cfgs
 
     mv = _load("megakernel_variants")
     base = cfgs.megakernel_config(128, 2048, 768, 8, 0, 64, num_sms=132)
     assert [n for n, _ in mv.variant_configs(base, [])] == ["default"]
     assert len(mv.variant_configs(base, None)) > 2
-
-
-def test_gemm2_variants_change_only_gemm2():
-    """k2deep and g2wide are the defaults where H200 run BN measured them faster: GEMM 2's step 256 at
-    Mixtral-8x7B T = 8 (the stages unchanged), 256-column GEMM 2 tiles at T = 512 (Mixtral-8x7B's
-    128-row tiles, Qwen3-30B-A3B's 64-row ones), so the variants there are the default itself; at T = 8
-    g2wide still changes GEMM 2's tiles alone, into a layout task_layout takes. Qwen3-30B-A3B T = 1
-    keeps 128 deep (256 would cost a stage) and 64 tokens keep 64 deep and GEMM 2's fitted width."""
-    from megamoe.kernels import configs as cfgs
-    from megamoe.reference import MoEConfig
-    from megamoe.reference.tiles import task_layout
-
-    mv = _load("megakernel_variants")
-
-    def mk_of(name, T):
-        cfg = MoEConfig.preset(name)
-        return cfg, cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                           cfg.shared_intermediate_size, T, num_sms=132)
-
-    cfg, base8 = mk_of("mixtral-8x7b", 8)
-    assert base8["tiles"]["gemm2"]["BLOCK_K"] == 256
-    assert [n for n, _ in mv.variant_configs(base8, ["k2deep"])] == ["default"]
-    mk = dict(mv.variant_configs(base8, ["g2wide"]))["g2wide"]
-    assert mk["tiles"]["gemm2"] == {**base8["tiles"]["gemm2"], "BLOCK_N": 256}
-    assert {k: v for k, v in mk["tiles"].items() if k != "gemm2"} == {k: v for k, v in base8["tiles"].items()
-                                                                      if k != "gemm2"}
-    task_layout(cfg, 8, mk["tiles"])
-    for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
-        cfg, base = mk_of(name, 512)
-        assert base["tiles"]["gemm2"]["BLOCK_N"] == 256, name
-        assert [n for n, _ in mv.variant_configs(base, ["g2wide"])] == ["default"]
-        task_layout(cfg, 512, base["tiles"])
-    _, q1 = mk_of("qwen3-30b-a3b", 1)
-    assert q1["tiles"]["gemm2"]["BLOCK_K"] == 128
-    _, q64 = mk_of("qwen3-30b-a3b", 64)
-    assert q64["tiles"]["gemm2"]["BLOCK_K"] == 64 and q64["tiles"]["gemm2"]["BLOCK_N"] < 256
 
 
 def test_megakernel_table_adopts_a_variant_that_became_the_default():

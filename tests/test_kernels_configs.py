@@ -7,6 +7,7 @@ import json
 import pytest
 
 from megamoe.kernels import configs as cfgs
+from megamoe.kernels import megakernel_config as mkc
 
 GOOD = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
 
@@ -20,7 +21,7 @@ def _write(tmp_path, entry, **top):
 
 
 def test_shipped_files_load():
-    files = sorted(cfgs.CONFIG_DIR.glob("*.json"))
+    files = sorted(cfgs.CONFIG_DIR.glob("*__*__triton-*.json"))  # the tuned files (megakernel.json: thresholds)
     assert files, "no tuned configs shipped"
     for f in files:
         data = cfgs.load_file(f)
@@ -93,7 +94,7 @@ def test_auto_backend_reads_the_measured_table(tmp_path, monkeypatch):
 def test_decode_stages_fit_the_stage_budget():
     """decode_stage_bytes: the largest GEMM task's A tile plus its weight tiles; decode_stages: as
     many as fit in STAGE_BYTES, between ``least`` and 6."""
-    from megamoe.kernels.configs import STAGE_BYTES, decode_stage_bytes, decode_stages
+    from megamoe.kernels.megakernel_config import STAGE_BYTES, decode_stage_bytes, decode_stages
 
     tiles = {"gemm1": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, "gemm2": {"BLOCK_N": 128, "BLOCK_K": 128},
              "shared": {"BLOCK_M": 16, "BLOCK_N1": 128, "BLOCK_K": 128}}
@@ -110,7 +111,7 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
     or more (Qwen3-30B-A3B at T = 1: 64 x 128; 128-row blocks at T = 4096, run V), and so at decode
     for gpt-oss-120b and Qwen3-235B-A22B, whose decode tiles are 64 columns or more (run U:
     32-column cp.async tiles slower than 64-column TMA tiles); off under the interpreter's tiny tiles."""
-    from megamoe.kernels.configs import megakernel_config
+    from megamoe.kernels.megakernel_config import megakernel_config
     from megamoe.reference import MoEConfig
 
     def mk(name, T, **kw):
@@ -125,7 +126,7 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
     assert mk("gpt-oss-120b", 8)["tma_weights"]
     assert mk("qwen3-30b-a3b", 4096)["tma_weights"]
     # the cost model's name for them (simulator.cost.MEGAKERNEL_LOADS)
-    from megamoe.kernels.configs import megakernel_weight_loads
+    from megamoe.kernels.megakernel_config import megakernel_weight_loads
     from megamoe.simulator.cost import MEGAKERNEL_LOADS
 
     assert megakernel_weight_loads(mk("qwen3-30b-a3b", 1)) == "tma" and megakernel_weight_loads({}) == "pointer"
@@ -134,56 +135,22 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
     assert not mk("qwen3-30b-a3b", 1, interpret=True).get("tma_weights")
 
 
-def test_slice_width_fills_the_waves():
-    """expert_slice widths (configs.slice_width): the slices of the touched experts come within 3% of
-    the best wave fill, the widest such multiple of 8; the shared MLP counts as slices of its bytes."""
-    from megamoe.kernels.configs import SLICE_MAX, apply_slices, megakernel_config, slice_width
-
-    assert slice_width(768, 8, 132) == 48  # Qwen3-30B-A3B at T = 1: 8 x 16 = 128 slices
-    assert slice_width(2880, 4, 132) == 88  # gpt-oss-120b: 4 x 33 = 132
-    for I, blocks in ((768, 8), (2880, 4), (14336, 2), (2048, 8), (100, 3)):
-        w = slice_width(I, blocks, 132)
-        assert w % 8 == 0 and 16 <= w <= SLICE_MAX
-    assert slice_width(2048, 8, 132, other_columns=2048) != slice_width(2048, 8, 132)
-    mk = megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
-    sliced = apply_slices(mk)
-    assert sliced["tiles"]["gemm1"]["SLICE"] == 48 and sliced["tiles"]["gemm1"]["BLOCK_N"] == 64
-    assert sliced["two_gemm"]["tiles"] == mk["tiles"] and apply_slices(sliced) is sliced
-    assert "slice_tiles" not in megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132, fp8="weights")
-
-
-def test_exact_slice_widths_divide_the_expert_width():
-    """slice_width(exact=True), the TMA slices' widths: a multiple of 8 that divides I (gpt-oss-120b:
-    96, not 88), 0 where none does; apply_slices(tma=True) then leaves the config as it is, and
-    otherwise marks it "slice_tma" with that width."""
-    from megamoe.kernels.configs import apply_slices, megakernel_config, slice_tiles, slice_width
-
-    assert slice_width(2880, 4, 132, exact=True) == 96 and 2880 % 96 == 0
-    assert slice_width(768, 8, 132, exact=True) == 48
-    assert slice_width(36, 3, 132, exact=True) == 0 and slice_tiles(36, 40, 1, 3, 3, 132, 0, 1, exact=True) == {}
-    mk = megakernel_config(128, 2880, 2880, 4, 0, 1, num_sms=132)
-    t = apply_slices(mk, tma=True)
-    assert t["slice_tma"] and t["tiles"]["gemm1"]["SLICE"] == 96 and "slice_tma" not in apply_slices(mk)
-    bare = {k: v for k, v in mk.items() if k != "slice_tiles_tma"}
-    assert apply_slices(bare, tma=True) is bare
-
-
 def test_one_token_is_routed_by_every_gemm1_task_up_to_128_experts():
     """T = 1, bf16, the logits computed in the kernel: every GEMM 1 task routes the token itself
     (tiles["router"]["EACH"]) where E <= ROUTE_EACH_MAX_EXPERTS; not with 256 experts (DeepSeek-V3's
     grouped selection spills in every GEMM 1 task), FP8, a given routing or more than one token."""
     def each(E, T=1, **kw):
-        mk = cfgs.megakernel_config(E, 2048, 768, 8, 0, T, num_sms=132, **kw)
+        mk = mkc.megakernel_config(E, 2048, 768, 8, 0, T, num_sms=132, **kw)
         return mk["tiles"]["router"].get("EACH", 0)
 
-    assert cfgs.ROUTE_EACH_MAX_EXPERTS == 128
+    assert mkc.ROUTE_EACH_MAX_EXPERTS == 128
     assert each(128) == 1 and each(8) == 1
     assert each(256) == 0
     assert each(128, T=2) == 0 and each(128, T=8) == 0
     assert each(128, fp8="weights") == 0
     assert each(128, routing_given=True) == 0
-    mk = cfgs.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
-    assert cfgs.route_each(mk) == mk  # applying it twice changes nothing
+    mk = mkc.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
+    assert mkc.route_each(mk) == mk  # applying it twice changes nothing
 
 
 def test_each_applies_only_to_whole_two_gemm_tiles():
@@ -194,14 +161,14 @@ def test_each_applies_only_to_whole_two_gemm_tiles():
 
     from megamoe.reference.tiles import route_each_takes
 
-    mk = cfgs.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
+    mk = mkc.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
     assert route_each_takes(mk["tiles"])
     for part, key, v in (("gemm1", "SLICE", 48), ("order", "STREAM_K", 1)):
         other = copy.deepcopy(mk)
         other["tiles"]["router"].pop("EACH")
         other["tiles"][part][key] = v
         assert not route_each_takes(other["tiles"])
-        assert cfgs.route_each(other) == other and "EACH" not in other["tiles"]["router"]
+        assert mkc.route_each(other) == other and "EACH" not in other["tiles"]["router"]
 
 
 def test_router_prefill_logits_launch():
@@ -210,6 +177,7 @@ def test_router_prefill_logits_launch():
     decode_router_split); otherwise 128-token x 64-column tiles with H split until tiles x ranges fill
     the SMs, never below ROUTER_PREFILL_MIN_STEPS steps a range, and whole BLOCK_H steps; split=0 walks H."""
     from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as mkc
     from megamoe.kernels.plan import router_launch
 
     E, H, K = 256, 7168, 8  # DeepSeek-V3
@@ -235,7 +203,7 @@ def test_router_prefill_logits_launch():
     assert router_launch(4096, 128, 4096, 8, num_sms=132)["logits_grid"] == (32, 4)  # Qwen3-235B-A22B: 64 steps
     walk = router_launch(4096, E, H, K, 8, split=0)
     assert walk["SPLIT"] == 0 and walk["LOGITS_T"] == walk["BLOCK_T"] and walk["BLOCK_H"] == cfgs.router_block_h(E, H)
-    mk = cfgs.megakernel_config(E, H, 2048, K, 0, 4096, num_sms=132)
+    mk = mkc.megakernel_config(E, H, 2048, K, 0, 4096, num_sms=132)
     assert mk["tiles"]["router"]["SPLIT"] <= 1  # the megakernel's prefill router walks H (decode_router_split)
 
 
@@ -246,10 +214,11 @@ def test_megakernel_router_splits_up_to_512_tokens():
     tokens up to MEGAKERNEL_TOPK16_MAX_E experts at 16 blocks (run BK), of 4 past it and below 16 blocks; past
     512 tokens each block's top-k task walks H; the multi-launch router at 512 is unchanged."""
     from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import megakernel_config as mkc
     from megamoe.kernels.plan import router_launch
 
     def router(E, H, T):
-        return cfgs.megakernel_config(E, H, 2048, 8, 0, T, num_sms=132)["tiles"]["router"]
+        return mkc.megakernel_config(E, H, 2048, 8, 0, T, num_sms=132)["tiles"]["router"]
 
     assert cfgs.decode_router_split(512, 128, 2048) == 0  # the multi-launch path's rule: 16 blocks walk
     assert router(128, 2048, 512) == {"BLOCK_T": 32, "BLOCK_H": 64, "SPLIT": 4, "TOPK_T": 16}  # Qwen3-30B-A3B (run BK)

@@ -178,7 +178,7 @@ def test_router_serial_steps_count_the_selections_reductions():
     """The router stage's and the megakernel's top-k tasks' dependent reductions are
     reference.tiles.topk_passes: K maxima, and for grouped routing the two group maxima and the
     topk_group group picks (DeepSeek-V3: 8 + 2 + 4)."""
-    from megamoe.kernels.configs import megakernel_config
+    from megamoe.kernels.megakernel_config import megakernel_config
     from megamoe.kernels.plan import launch_plan
     from megamoe.reference.tiles import task_plan, topk_passes
 

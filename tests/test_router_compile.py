@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from megamoe.kernels import configs as cfgs
+from megamoe.kernels import megakernel_config as mkc
 from megamoe.kernels.plan import router_launch
 from megamoe.reference import PRESETS, MoEConfig
 
@@ -101,12 +102,10 @@ def test_fp8_weight_megakernel_with_a_wide_shared_mlp_fits_an_h200_sm():
     """The compile audit's one finding (session 18): the weight-only FP8 megakernel of Kimi-K2 (its shared MLP,
     64-row tiles, a 128-column shared GEMM 1 tile) at T = 512 took 327,680 bytes of shared memory at 4 stages;
     configs.FP8_WIDE_SHARED_MAX_STAGES keeps it within an H200 block (a compile for sm_90, no GPU)."""
-    from megamoe.kernels import configs as cfgs
-
     cfg = MoEConfig.preset("kimi-k2")
-    mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+    mk = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                 cfg.shared_intermediate_size, 512, num_sms=132, fp8="weights")
     assert mk["tiles"]["shared"]["BLOCK_N1"] == 128 and mk["tiles"]["gemm1"]["BLOCK_M"] == 64
-    assert mk["num_stages"] <= cfgs.FP8_WIDE_SHARED_MAX_STAGES
+    assert mk["num_stages"] <= mkc.FP8_WIDE_SHARED_MAX_STAGES
     (shared, regs, error), = _compiled(_COMPILE_MK, [["kimi-k2", 512, "weights"]])
     assert error is None and shared <= H200_BLOCK_SHARED and regs <= 255, (shared, regs, error)
