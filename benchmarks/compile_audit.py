@@ -65,7 +65,7 @@ CHOSEN_BY = {
     "_scan_experts_kernel": "plan.align_launch", "_layout_kernel": "plan.align_launch (align_blocks)",
     "_scatter_pairs_kernel": "plan.align_launch", "_quantize_x_kernel": "plan.quantize_launch",
     "_act_kernel": "plan.act_launch", "_combine_kernel": "plan.combine_launch",
-    "_megakernel": "configs.megakernel_config",
+    "_megakernel": "megakernel_config.megakernel_config",
 }
 GEMM_CHOSEN_BY = "configs.select_config (H200 tuned entry) through plan.fp8_entry with FP8 (plan._gemm_entry)"
 

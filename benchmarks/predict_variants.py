@@ -5,7 +5,7 @@
 
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
 experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default config
-(kernels.configs.megakernel_config) and each named variant of megakernel_variants.py, their task
+(kernels.megakernel_config.megakernel_config) and each named variant of megakernel_variants.py, their task
 plans (reference.tiles.task_plan) priced by simulator.task_cost.predict_task_plan with the profile (a
 calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
 validate times them). No GPU: the printed lines are the prediction to hold the GPU run against.

@@ -7,11 +7,11 @@ from benchload import load_benchmark
 
 def test_predicts_each_variant_beside_the_default(capsys):
     mod = load_benchmark("predict_variants")
-    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "1,64", "--variants", "slice,rsplit32"]) == 0
+    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "1,64", "--variants", "noreach,ptrw"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
-    assert "slice" in lines[0] and "rsplit32" in lines[0]  # T = 1: both apply
-    assert "slice" not in lines[1]  # T = 64 has no expert_slice layout: the variant equals the default
+    assert "noreach" in lines[0] and "ptrw" in lines[0]  # T = 1: both apply
+    assert "noreach" not in lines[1]  # T = 64 has no route-each layout: the variant equals the default
     assert float(lines[0].split("default ")[1].split(" us")[0]) > 0
 
 
@@ -23,10 +23,10 @@ def test_concentrated_routing_puts_every_token_on_the_first_k_experts(capsys, mo
     real = mod.predict
     monkeypatch.setattr(mod, "predict", lambda cfg, counts, *a, **k: (seen.append(counts.copy()),
                                                                       real(cfg, counts, *a, **k))[1])
-    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "64", "--variants", "sk",
+    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "64", "--variants", "noaeach",
                      "--routing", "concentrated"]) == 0
     assert "T=64 concentrated" in capsys.readouterr().out
     assert all(c[:8].tolist() == [64] * 8 and not c[8:].any() for c in seen)
     seen.clear()
-    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "64", "--variants", "sk"]) == 0
+    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "64", "--variants", "noaeach"]) == 0
     assert all((c > 0).sum() > 8 and c.sum() == 64 * 8 for c in seen)
