@@ -66,6 +66,7 @@ from .grouped_gemm import (
 )
 from .plan import gemm_grid
 
+
 @triton.jit
 def _scaled(acc, p, c):
     """acc + p * c[:, None]: a K step's product p scaled by its rows' scales c = sa * sw (one FFMA)."""

@@ -40,7 +40,6 @@ from .grouped_gemm import (
 )
 from .plan import gemm_grid
 
-
 #: _e4m3_folded's inline PTX (CVT 2): four codes in $2 moved into two pairs of the target as _E4M3X4_PTX
 #: does (code x 2^-BIAS, exact), then each pair times the fold factor f = s x 2^BIAS split in two values of
 #: the target, hi ($3: codes 0, 1; $4: codes 2, 3) and lo ($5, $6): t = c * lo, out = fma(c, hi, t)
