@@ -250,7 +250,7 @@ def test_unsupported_combinations_are_named(rng, device):
 
 
 def test_fp8_entry_sizes_the_tiles():
-    """Block sizes come from plan.fp8_entry: K tiles of one scale block, GEMM 1 whole groups of h."""
+    """Block sizes come from fp8_plan.fp8_entry: K tiles of one scale block, GEMM 1 whole groups of h."""
     from megamoe.kernels.plan import static_plan
 
     cfg = MoEConfig(**BASE)
@@ -261,7 +261,7 @@ def test_fp8_entry_sizes_the_tiles():
         assert sp.gemm["gemm1"]["SPLIT_K"] == 1 and sp.split2 == 2
         assert bn is None or sp.gemm["gemm1"]["BLOCK_N"] == bn
     # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
-    from megamoe.kernels.plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
+    from megamoe.kernels.fp8_plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
 
     big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
     for fp8, a2 in (("weights", 2), ("weights+act", 1)):

@@ -148,7 +148,7 @@ TILE_CASES = {
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 @pytest.mark.parametrize("tiles,case", [("m128", "odd"), ("m128c", "one_expert")])
 def test_fp8a_tile_candidates_match_default_and_reference(tiles, case, rng, device):
-    """Each 128-row tile candidate (plan.FP8A_TILE_CANDIDATES: GEMM 1 128 x 128 with PIPE 0, GEMM 2
+    """Each 128-row tile candidate (fp8_plan.FP8A_TILE_CANDIDATES: GEMM 1 128 x 128 with PIPE 0, GEMM 2
     128 x 128 with PIPE or 128 x 256 with CHAIN) against the FP8 reference per pair and against the
     default fp8a tiles (the same sums per K step in the same order; the valid rows in the same padded
     order): under the interpreter the same h codes and scales bit for bit and the pairs within a few
