@@ -276,7 +276,7 @@ def test_fp8_entry_sizes_the_tiles():
 
 @triton.jit
 def _convert(src, dst, CVT: tl.constexpr, N: tl.constexpr):
-    """fp8_gemm._e4m3_to alone: N codes to dst's dtype."""
+    """fp8_common._e4m3_to alone: N codes to dst's dtype."""
     o = tl.arange(0, N)
     tl.store(dst + o, _e4m3_to(tl.load(src + o), dst.dtype.element_ty, CVT))
 
@@ -352,11 +352,11 @@ def test_megakernel_fp8_variants(variant, fp8, T, xdt, rng, device):
 
 
 def test_both_backends_read_one_fp8_conversion_choice():
-    """The e4m3 conversion is chosen in one place (configs.FP8_CONVERT_DEFAULT, fp8_gemm.FP8_CONVERT):
+    """The e4m3 conversion is chosen in one place (configs.FP8_CONVERT_DEFAULT, fp8_common.FP8_CONVERT):
     the megakernel's config default and the multi-launch GEMMs' CVT come from it; FP8 activations
     convert nothing (CVT 0); an unknown name is refused by name."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import fp8_gemm as fg
+    from megamoe.kernels import fp8_common as fg
     from megamoe.kernels.megakernel import fp8_convert_code, megakernel_config
 
     assert fg.convert_code("bits", True) == 2 and fg.convert_code("bits", False) == 1

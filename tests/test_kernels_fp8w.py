@@ -298,7 +298,7 @@ def test_fp8_entry_sizes_the_persistent_weight_only_gemms():
 
 @triton.jit
 def _fold(src, s_ptr, dst, CVT: tl.constexpr, R: tl.constexpr, N: tl.constexpr):
-    """fp8_gemm._e4m3_folded alone: an (R, N) tile of codes and R row scales -> dst's dtype."""
+    """fp8w_tma._e4m3_folded alone: an (R, N) tile of codes and R row scales -> dst's dtype."""
     r = tl.arange(0, R)
     n = tl.arange(0, N)
     w = tl.load(src + r[:, None] * N + n[None, :])
