@@ -111,7 +111,7 @@ def test_fp8w_gemms_match_the_fp8_reference(case, swap, rng, device):
     x = rng.standard_normal((T, H))
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     wd = w8.dequantize()
-    for dtype in _dtypes(device):
+    for dtype in (_dtypes(device) if case == "random" else [device.dtype]):  # the half dtype once
         wt = w8.to_torch(device.name, device.torch_dtype(dtype))
         entry = _entry(device, dtype, H, I, swap=swap)
         assert entry["gemm1"]["SWAP_AB"] == entry["gemm2"]["SWAP_AB"] == int(swap)
