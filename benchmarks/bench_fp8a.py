@@ -9,10 +9,9 @@ Per (preset, T) row (kernels.bench.bench_config's layer: DeepSeek-V3's routed ex
 on the same NI fresh bf16 inputs and the same weights (bf16, and e4m3 with 128 x 128 block scales
 quantized from them on the GPU, kernels.fp8_weights.to_fp8):
     variants   VARIANTS: "bf16" the tuned bf16 layer; "fp8a" FP8 weights and activations as they run by
-               default (fp8_act_tma's persistent GEMMs, plan.FP8A_TMA_PREFILL; plan.FP8A_DEFAULT_TILES at
-               the 128-row prefill entries); "fp8a_<name>" the same with tile candidate <name> of
-               plan.FP8A_TILE_CANDIDATES (plan.FP8A_TILES set), "fp8a_m64" with the 64-row tiles
-               (plan.FP8A_NO_CANDIDATE)
+               default (fp8_act_tma's persistent GEMMs; fp8_plan.FP8A_DEFAULT_TILES at the 128-row prefill
+               entries); "fp8a_<name>" the same with tile set <name> of fp8_plan.FP8A_TILE_CANDIDATES
+               (FP8Options(fp8a_tiles=name)), "fp8a_m64" with the 64-row tiles (fp8_plan.FP8A_NO_CANDIDATE)
     numerics   every FP8 variant's output on S sampled tokens against the reference's FP8 layer with FP8
                activations (megamoe.numerics.reference_on_tokens, computed once per row),
                TOLERANCES["fp8_e4m3"]; each candidate's whole output against fp8a's on the same input
@@ -21,7 +20,7 @@ quantized from them on the GPU, kernels.fp8_weights.to_fp8):
     timing     the whole layer and its prefixes (router+align, GEMM 1, GEMM 2, combine: kernels.bench's
                BREAKDOWN_STOPS / stage_split), CUDA-graph replays of the NI inputs, median per call
                (kernels.bench.graph_time_us); speedups against bf16 and against fp8a, whole layer and per GEMM
-Each variant's static plan is built with the plan's switches set for it (``_switches``) and run through
+Each variant's static plan is built with its FP8Options (``variant_plan``) and run through
 kernels.moe._forward, so what runs is the launch plan's. Rows go to DIR/fp8a.jsonl as they are made
 (provenance: GPU, versions, commit, date), a table per row is printed; ``--budget`` seconds from the
 start bounds the run (rows not started by then are skipped and said so).
@@ -30,7 +29,6 @@ start bounds the run (rows not started by then are skipped and said so).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -41,9 +39,9 @@ TOKENS = (4096, 16384)
 
 
 def _variants() -> dict:
-    """variant -> (FP8 mode, plan.FP8A_TILES: a tile candidate of plan.FP8A_TILE_CANDIDATES, plan.FP8A_NO_CANDIDATE,
-    or None for the default)."""
-    from megamoe.kernels.plan import FP8A_NO_CANDIDATE, FP8A_TILE_CANDIDATES
+    """variant -> (FP8 mode, FP8Options.fp8a_tiles: a tile set of fp8_plan.FP8A_TILE_CANDIDATES,
+    fp8_plan.FP8A_NO_CANDIDATE, or None for the default)."""
+    from megamoe.kernels.fp8_plan import FP8A_NO_CANDIDATE, FP8A_TILE_CANDIDATES
 
     return {"bf16": (None, None), "fp8a": ("weights+act", None),
             **{f"fp8a_{name}": ("weights+act", name) for name in (FP8A_NO_CANDIDATE, *FP8A_TILE_CANDIDATES)}}
@@ -52,35 +50,22 @@ def _variants() -> dict:
 VARIANTS = _variants()
 
 
-@contextlib.contextmanager
-def _switches(tiles: str | None):
-    """plan.FP8A_TMA_PREFILL on and plan.FP8A_TILES = ``tiles`` for the plans made inside; the static-plan
-    cache cleared on the way in and out (it does not key on them)."""
-    from megamoe.kernels import plan
-
-    old = plan.FP8A_TMA_PREFILL, plan.FP8A_TILES
-    plan.FP8A_TMA_PREFILL, plan.FP8A_TILES = True, tiles
-    plan._static_plan.cache_clear()
-    try:
-        yield
-    finally:
-        plan.FP8A_TMA_PREFILL, plan.FP8A_TILES = old
-        plan._static_plan.cache_clear()
-
-
 def variant_plan(cfg, T: int, variant: str, x, gemm: dict | None = None):
     """The static plan of ``variant`` (VARIANTS) for x (T, H) on its device and dtype; ``gemm``: the
     {"gemm1", "gemm2"} entry to start from instead of the tuned one (the tests' interpreter tiles).
     A tile candidate needs a layer that quantizes x once (plan.quantizes_x; not Llama 4's)."""
     from megamoe.kernels import moe as kmoe
-    from megamoe.kernels.plan import FP8A_NO_CANDIDATE, quantizes_x
+    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8A_NO_CANDIDATE, FP8Options
+    from megamoe.kernels.plan import quantizes_x
 
     fp8, tiles = VARIANTS[variant]
     if tiles and tiles != FP8A_NO_CANDIDATE and not quantizes_x(cfg, fp8):
         raise ValueError(f"{variant}: the fp8a tile candidates need x quantized once (this layer scales x by the "
                          "routing weight before quantizing it)")
-    with _switches(tiles):
-        sp = kmoe.static_plan_for(cfg, T, x.dtype, x.device, True, fp8=fp8, gemm=gemm)
+    sp = plan.static_plan(cfg, T, dtype=kmoe.DTYPES[x.dtype], device_name=kmoe.device_name(x.device),
+                          num_sms=kmoe.device_sms(x.device), fp8=fp8, gemm=gemm,
+                          fp8_options=FP8Options(fp8a_tiles=tiles))
     if fp8 and not all(sp.gemm[g].get("FP8A") for g in ("gemm1", "gemm2")):
         raise ValueError(f"{variant}: the plan's GEMMs are not fp8_act_tma's ({sp.gemm}): no 'tma_persistent' entry")
     return sp

@@ -8,17 +8,17 @@ Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, S sampled 
 Per (preset, T) row (kernels.bench.bench_config's layer: DeepSeek-V3's routed experts, as `megamoe bench`),
 on the same NI fresh bf16 inputs and the same weights (bf16, and e4m3 with 128 x 128 block scales
 quantized from them on the GPU, kernels.fp8_weights.to_fp8):
-    variants   VARIANTS: "bf16" the tuned bf16 layer; "fp8w_pointer" weight-only FP8 as it runs by default
-               (plan.FP8W_TMA_PREFILL off: fp8_gemm's 64-row pointer GEMMs); "fp8w_tma" the persistent
-               TMA GEMMs with the block scale folded into the weights (the switch on; SWAP_AB as
-               plan.FP8W_TMA_SWAP_AB); "fp8w_tma_b" the same with SWAP_AB off (the folded weights as
-               wgmma's B operand from shared memory)
+    variants   VARIANTS: "bf16" the tuned bf16 layer; "fp8w_pointer" weight-only FP8 through fp8_gemm's
+               64-row pointer GEMMs (the tuned entry made "pointer"); "fp8w_tma" the persistent TMA GEMMs
+               with the block scale folded into the weights (the default; SWAP_AB as
+               fp8_plan.FP8W_TMA_SWAP_AB); "fp8w_tma_b" the same with SWAP_AB off (FP8Options(swap_ab=False):
+               the folded weights as wgmma's B operand from shared memory)
     numerics   every FP8 variant's output on S sampled tokens against the reference's weight-only FP8
                layer (megamoe.numerics.reference_on_tokens, computed once per row), TOLERANCES["fp8_e4m3"]
     timing     the whole layer and its prefixes (router+align, GEMM 1, GEMM 2, combine: kernels.bench's
                BREAKDOWN_STOPS / stage_split), CUDA-graph replays of the NI inputs, median per call
                (kernels.bench.graph_time_us); speedups against bf16 and against fp8w_pointer
-Each variant's static plan is built with the plan's switches set for it (``_switches``) and run through
+Each variant's static plan is built from its entry and FP8Options (``variant_plan``) and run through
 kernels.moe._forward, so what runs is the launch plan's. Rows go to DIR/fp8w.jsonl as they are made
 (provenance: GPU, versions, commit, date), a table per row is printed; ``--budget`` seconds from the
 start bounds the run (rows not started by then are skipped and said so).
@@ -27,7 +27,6 @@ start bounds the run (rows not started by then are skipped and said so).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -35,37 +34,29 @@ from fp8_prefill_rows import fmt_rows, fp8_check, row_start, run_rows, timed
 
 PRESETS = ("qwen3-30b-a3b", "deepseek-v3")
 TOKENS = (4096, 16384)
-#: variant -> (FP8 mode, weight-only persistent GEMMs, SWAP_AB (None: plan.FP8W_TMA_SWAP_AB))
+#: variant -> (FP8 mode, weight-only persistent GEMMs, SWAP_AB (None: fp8_plan.FP8W_TMA_SWAP_AB))
 VARIANTS = {"bf16": (None, False, None), "fp8w_pointer": ("weights", False, None),
             "fp8w_tma": ("weights", True, None), "fp8w_tma_b": ("weights", True, False)}
-
-
-@contextlib.contextmanager
-def _switches(tma_weights: bool, swap: bool | None):
-    """plan.FP8W_TMA_PREFILL (and plan.FP8W_TMA_SWAP_AB unless None) set for the plans made inside;
-    the static-plan cache cleared on the way in and out (it does not key on them)."""
-    from megamoe.kernels import plan
-
-    old = plan.FP8W_TMA_PREFILL, plan.FP8W_TMA_SWAP_AB
-    plan.FP8W_TMA_PREFILL = tma_weights
-    if swap is not None:
-        plan.FP8W_TMA_SWAP_AB = swap
-    plan._static_plan.cache_clear()
-    try:
-        yield
-    finally:
-        plan.FP8W_TMA_PREFILL, plan.FP8W_TMA_SWAP_AB = old
-        plan._static_plan.cache_clear()
 
 
 def variant_plan(cfg, T: int, variant: str, x, gemm: dict | None = None):
     """The static plan of ``variant`` (VARIANTS) for x (T, H) on its device and dtype; ``gemm``: the
     {"gemm1", "gemm2"} entry to start from instead of the tuned one (the tests' interpreter tiles)."""
+    from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe as kmoe
+    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8Options
 
     fp8, tma, swap = VARIANTS[variant]
-    with _switches(tma, swap):
-        return kmoe.static_plan_for(cfg, T, x.dtype, x.device, True, fp8=fp8, gemm=gemm)
+    dtype, dev = kmoe.DTYPES[x.dtype], kmoe.device_name(x.device)
+    if fp8 is not None and not tma:  # the pointer FP8 GEMMs: the same entry, not persistent
+        if gemm is None:
+            gemm = cfgs.select_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, T, gpu=dev,
+                                      dtype=dtype, triton_version=plan._triton_version(),
+                                      interpret=dev == "cpu-interpreter")
+        gemm = {g: dict(c, variant="pointer", FLATTEN=0) for g, c in gemm.items()}
+    return plan.static_plan(cfg, T, dtype=dtype, device_name=dev, num_sms=kmoe.device_sms(x.device), fp8=fp8,
+                            gemm=gemm, fp8_options=FP8Options() if swap is None else FP8Options(swap_ab=swap))
 
 
 def bench_row(name: str, cfg, weights: dict, T: int, variants: list[str], *, reps: int, sample: int,

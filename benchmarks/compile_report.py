@@ -17,15 +17,13 @@ tell whether the inner loops are pipelined (cp.async, TMA loads cp.async.bulk.te
 mma.sync) and whether registers went to local memory. Costs no device time; this machine's Triton
 may differ from the GPU machine's, so the figures are a guide, not the GPU's report.
 ``--fp8 weights`` / ``--fp8 weights+act`` compiles the FP8 GEMMs (fp8_gemm.py) instead, the
-candidate's entry through plan.fp8_entry (BLOCK_K 128 ...; with MEGAMOE_FP8_TMA=1 in the environment
-and a "tma_persistent" candidate, the persistent TMA FP8 GEMMs of plan.FP8_TMA_PREFILL; with MEGAMOE_FP8W_TMA=1,
-weight-only, those of plan.FP8W_TMA_PREFILL; with MEGAMOE_FP8A_TMA=1, fp8_act_tma's of plan.FP8A_TMA_PREFILL,
-which take precedence with FP8 activations); the PTX count "fp8.mma" tells whether
+candidate's entry through fp8_plan.fp8_entry (BLOCK_K 128 ...; with a "tma_persistent" candidate the
+persistent FP8 GEMMs: fp8_act_tma's with FP8 activations, fp8w_tma's weight-only); the PTX count "fp8.mma" tells whether
 the e4m3 x e4m3 products reach the tensor cores as FP8 MMAs (wgmma or mma.sync). The weight-only GEMMs
 compile with the GPU's e4m3 conversion (configs.FP8_CONVERT_DEFAULT on a GPU: inline PTX), not the
 interpreter's that this machine's CPU tensors would give them (before that fix, their figures were CVT 1's).
 ``--fp8a-tiles NAME ...`` (with ``--fp8 weights+act``) compiles each 128-row tile candidate of the fp8a
-GEMMs (plan.FP8A_TILE_CANDIDATES; "m64" for the 64-row tiles, "default" for the default tiles: m128c at 128-row entries).
+GEMMs (fp8_plan.FP8A_TILE_CANDIDATES; "m64" for the 64-row tiles, "default" for the default tiles: m128c at 128-row entries).
 For the megakernel, ``--set KEY=VALUE`` changes its config (a top-level key such as
 ``topk_rank=1``, or a tile key such as ``tiles.router.TOPK_T=4``) and ``--variants NAME ...``
 compiles named variants of megakernel_variants.py ("default" for none); each report then also
@@ -311,26 +309,21 @@ def compile_gemms(name: str, T: int, candidate: str, sms: int = 132, fp8: str | 
                   dump: str | None = None, fp8a_tiles: str | None = None) -> list[dict]:
     """GEMM 1 and GEMM 2 of the preset's routed experts at T with the candidate's configs, compiled for sm_90
     (``fp8``: the FP8 GEMMs of fp8_gemm.py, "weights" or "weights+act"; ``fp8a_tiles``: a 128-row tile
-    candidate of the fp8a GEMMs, plan.FP8A_TILE_CANDIDATES, set as plan.FP8A_TILES while the plan is made);
+    set of the fp8a GEMMs, fp8_plan.FP8A_TILE_CANDIDATES, passed as FP8Options(fp8a_tiles=...));
     ``dump``: a folder for each kernel's IRs, PTX and SASS (DIR/<case>.<candidate>.<gemm>.<ext>)."""
     import torch
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8Options
     from megamoe.reference import MoEConfig
 
     # the preset as benchmarked; with FP8, whole (DeepSeek-V3's shared MLP too: its dense GEMMs compile apart)
     cfg = MoEConfig.preset(name) if fp8 else kb.bench_config(name)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     entry = gemm_candidate(candidate, cfg, T)
-    old_tiles = plan.FP8A_TILES
-    plan.FP8A_TILES = fp8a_tiles
-    plan._static_plan.cache_clear()  # (it does not key on FP8A_TILES)
-    try:
-        sp = plan.static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8)
-    finally:
-        plan.FP8A_TILES = old_tiles
-        plan._static_plan.cache_clear()
+    sp = plan.static_plan(cfg, T, dtype="bfloat16", triton_version="3.6.0", num_sms=sms, gemm=entry, fp8=fp8,
+                          fp8_options=FP8Options(fp8a_tiles=fp8a_tiles))
     bf, i32 = torch.bfloat16, torch.int32
     meta = {k: torch.empty(n, dtype=i32) for k, n in (("padded_token", sp.P_max), ("padded_pair", sp.P_max),
                                                       ("block_expert", sp.B_max), ("padded_offsets", E + 1))}
@@ -540,7 +533,7 @@ def main(argv=None) -> int:
                         "multi-launch GEMMs, else the megakernel's FP8 tiles")
     p.add_argument("--fp8a-tiles", nargs="+", default=[None], metavar="NAME",
                    help="with --gemm and --fp8 weights+act: 128-row tile candidates of the fp8a GEMMs "
-                        "(plan.FP8A_TILE_CANDIDATES, 'm64' the 64-row tiles; 'default' the default) to compile each")
+                        "(fp8_plan.FP8A_TILE_CANDIDATES, 'm64' the 64-row tiles; 'default' the default) to compile each")
     p.add_argument("--variants", nargs="+", default=[None], metavar="NAME",
                    help="megakernel variants (megakernel_variants.VARIANTS) to compile instead of the default "
                         "('default' for the default itself)")

@@ -8,10 +8,10 @@ Shape legend: T tokens, E = 5 experts, K = 2 top-k, H hidden, I expert width, P 
 
 Why: on the H200 (run 73) test_fp8a_tile_candidates_match_default_and_reference failed at one_expert for
 m128 and m128c (max 1.82e-2 > 1.5e-2, rms 4.93e-3 > 5e-3); the test never checks the 64-row tiles against
-the reference on the GPU (its "default" there is tma_entry(128) with FP8A_TILES unset, hence
+the reference on the GPU (its "default" there is tma_entry(128) with no tile set named, hence
 plan.FP8A_DEFAULT_TILES' 128-row tiles with PIPE 1 put back: not the 64-row ones). Here every tile set is
-measured the same way: "m64" the 64-row tiles (plan.FP8A_NO_CANDIDATE, set explicitly), "m128" and "m128c"
-the candidates of plan.FP8A_TILE_CANDIDATES (on the GPU from tma_entry(128), as the test; under the
+measured the same way: "m64" the 64-row tiles (fp8_plan.FP8A_NO_CANDIDATE, set explicitly), "m128" and "m128c"
+the candidates of fp8_plan.FP8A_TILE_CANDIDATES (on the GPU from tma_entry(128), as the test; under the
 interpreter from tma_entry(64, interpret=True), whose GEMM 2 keeps 16-column tiles at 64 rows).
 
 Per (case, tiles, seed) row, both fp8a GEMMs on their own (x quantized once by the kernel, as the layer
@@ -74,13 +74,6 @@ E, K = 5, 2
 RNG_SEED, WEIGHT_SEED = 20261129, 23
 
 
-def _precise() -> int:
-    """Products between the fp8a GEMMs' fp32 promotions, 0 for none (MEGAMOE_FP8A_PRECISE, read at import)."""
-    from megamoe.kernels.fp8_act_tma import FP8A_PRECISE
-
-    return int(FP8A_PRECISE)
-
-
 def make_inputs(case: str, seed: int):
     """(cfg, x (T, H) float64, idx (T, K), tw (T, K), FP8 weights) of ``case`` at ``seed``."""
     from megamoe.reference import MoEConfig, random_weights
@@ -98,18 +91,13 @@ def make_inputs(case: str, seed: int):
 
 
 def fp8a_entry(tiles: str, H: int, I: int, dev: str, dtype: str) -> dict:
-    """The fp8a {"gemm1", "gemm2"} entry of tile set ``tiles`` (plan.fp8_entry with plan.FP8A_TILES = tiles)."""
+    """The fp8a {"gemm1", "gemm2"} entry of tile set ``tiles`` (fp8_plan.fp8_entry with FP8Options(fp8a_tiles=tiles))."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8A_NO_CANDIDATE, FP8Options, fp8_entry
 
     base = cfgs.tma_entry(64, interpret=True) if dev == "cpu" else cfgs.tma_entry(128)
-    old = plan.FP8A_TILES
-    plan.FP8A_TILES = tiles
-    try:
-        entry = plan.fp8_entry(base, "weights+act", dtype, depths=(H, I), fp8a=True)
-    finally:
-        plan.FP8A_TILES = old
-    want_m = 64 if tiles == plan.FP8A_NO_CANDIDATE else 128
+    entry = fp8_entry(base, "weights+act", dtype, depths=(H, I), options=FP8Options(fp8a_tiles=tiles))
+    want_m = 64 if tiles == FP8A_NO_CANDIDATE else 128
     assert all(entry[g].get("FP8A") == 1 and entry[g]["BLOCK_M"] == want_m for g in entry), entry
     return entry
 
@@ -215,7 +203,6 @@ def probe_row(case: str, tiles: str, seed: int, dev: str, dtype: str, num_sms) -
     T, _, H, _ = CASES[case]
     return {
         "case": case, "tiles": tiles, "seed": seed, "T": T, "H": H, "I": I, "dtype": dtype,
-        "fp8a_precise": _precise(),
         "config": {g: {k: entry[g][k] for k in ("BLOCK_M", "BLOCK_N", "PIPE", "num_warps", "num_stages")}
                    for g in ("gemm1", "gemm2")},
         "written": written, "err_max": err.max_err, "err_rms": err.rms_err, "limit_max": tmax, "limit_rms": trms,

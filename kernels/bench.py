@@ -31,13 +31,33 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .ceilings import (  # noqa: F401 - re-exported: `megamoe bench`'s pieces, as the scripts import them
+    DTYPES,
+    MATMUL_N,
+    floor_matmul_rate,
+    floor_terms,
+    fp8_matmul_rate,
+    ideal_grouped_rate,
+    measure_ceilings,
+)
+from .measure import (  # noqa: F401
+    BREAKDOWN_STOPS,
+    WARMUP_CALLS,
+    bench_config,
+    calls_before_timed_replay,
+    graph_time_us,
+    inputs_per_graph,
+    random_device_weights,
+    stage_split,
+)
+from .provenance import REPO, ProvenanceError, git_state, provenance  # noqa: F401
+from .torch_moe import torch_moe, torch_route  # noqa: F401
+from .tune import tune
 
 PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 TOKENS = (1, 8, 64, 512, 4096, 16384)
@@ -50,346 +70,6 @@ VLLM_US = {
     ("deepseek-v3", 1): 208.6, ("deepseek-v3", 8): 1289.2, ("deepseek-v3", 64): 4456.5,
     ("deepseek-v3", 512): 5524.3, ("deepseek-v3", 4096): 9692.2, ("deepseek-v3", 16384): 29554.7,
 }
-REPO = Path(__file__).resolve().parent.parent
-#: --dtype names -> the layer's FP8 mode (kernels.plan.FP8_MODES): None, "weights", "weights+act"
-DTYPES = {"bf16": None, "fp8": "weights", "fp8-act": "weights+act"}
-#: side of the square FP8 and bf16 matmuls of the ceilings
-MATMUL_N = 8192
-
-
-def bench_config(name: str):
-    """The preset as benchmarked: DeepSeek-V3's routed experts only (as in vLLM's figures)."""
-    from ..reference import MoEConfig
-
-    cfg = MoEConfig.preset(name)
-    if name == "deepseek-v3":
-        cfg = cfg.replace(num_shared_experts=0, shared_intermediate_size=0)
-    return cfg
-
-
-# --------------------------------------------------------------------------- provenance
-class ProvenanceError(ValueError):
-    """The commit given for a results row is not one anybody could check out."""
-
-
-def _git(*argv: str, repo: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *argv], cwd=repo, capture_output=True, timeout=30)
-
-
-def git_state(repo: Path = REPO) -> dict:
-    """{"commit", "dirty", "diff_sha256"}: the code a results row was made with.
-
-    ``commit`` is the full HEAD commit (one that exists, so it can be checked out); ``dirty`` is
-    True when tracked files differ from it (untracked files are not counted), and then
-    ``diff_sha256`` is the SHA-256 of ``git diff HEAD`` (binary), so that a run from the same
-    uncommitted changes can be recognized; None when clean. Without git or outside a checkout (a
-    copied tree, as on the GPU machines) the three come from MEGAMOE_COMMIT (7 to 40 hex digits;
-    anything else, like ``bd5693b+final``, is refused), MEGAMOE_DIRTY (0 or 1) and
-    MEGAMOE_DIFF_SHA256, set from the checkout the tree was copied from::
-
-        MEGAMOE_COMMIT=$(git rev-parse HEAD) MEGAMOE_DIRTY=$(git diff HEAD --quiet; echo $?) \
-        MEGAMOE_DIFF_SHA256=$(git diff HEAD --binary | sha256sum | cut -c1-64)
-
-    and ``commit`` is "unknown" when neither is there.
-    """
-    import hashlib
-    import re
-
-    try:
-        head = _git("rev-parse", "--verify", "HEAD", repo=repo)
-        top = _git("rev-parse", "--show-toplevel", repo=repo)
-        inside = head.returncode == 0 and Path(top.stdout.decode().strip()).resolve() == Path(repo).resolve()
-    except (OSError, subprocess.SubprocessError):
-        inside = False
-    if inside:
-        diff = _git("diff", "HEAD", "--binary", repo=repo).stdout
-        return {"commit": head.stdout.decode().strip(), "dirty": bool(diff),
-                "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None}
-    commit = os.environ.get("MEGAMOE_COMMIT")
-    if commit is None:
-        return {"commit": "unknown", "dirty": None, "diff_sha256": None}
-    if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
-        raise ProvenanceError(f"MEGAMOE_COMMIT={commit!r} is not a commit id (7 to 40 hex digits); give "
-                              f"$(git rev-parse HEAD) and mark local changes with MEGAMOE_DIRTY=1 and "
-                              f"MEGAMOE_DIFF_SHA256")
-    dirty = os.environ.get("MEGAMOE_DIRTY")
-    if dirty not in (None, "0", "1"):
-        raise ProvenanceError(f"MEGAMOE_DIRTY={dirty!r} must be 0 or 1")
-    sha = os.environ.get("MEGAMOE_DIFF_SHA256") or None
-    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ProvenanceError(f"MEGAMOE_DIFF_SHA256={sha!r} must be 64 hex digits (sha256sum of git diff HEAD)")
-    return {"commit": commit, "dirty": None if dirty is None else dirty == "1", "diff_sha256": sha}
-
-
-def provenance() -> dict:
-    """GPU, versions, date and ``git_state()`` (commit, dirty, diff_sha256) for a results row."""
-    import torch
-    import triton
-
-    return {
-        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        **git_state(), "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
-
-
-# --------------------------------------------------------------------------- timing
-def inputs_per_graph(T: int) -> int:
-    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls; every timing of
-    the layer and the cost model's amortized graph cost (megamoe.predict, calls_per_graph) read this."""
-    return 8 if T <= 512 else (4 if T <= 4096 else 2)
-
-
-#: eager calls ``graph_time_us`` makes before it captures the graph
-WARMUP_CALLS = 2
-
-
-def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> float:
-    """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
-
-    The warm-up calls and the capture run on the same side stream, so that what a call keeps per
-    stream (the megakernel's zeroed sync words, ``megakernel.sync_buffer``) is made once outside
-    the capture and the graph holds the kernels alone, as an eager call would run them. In order:
-    WARMUP_CALLS eager calls, the capture, one untimed replay, ``reps`` timed replays, all back to
-    back (``calls_before_timed_replay``). ``clock``, a dict, is filled with the SM clock and power
-    sampled over the timed replays (``telemetry.ClockSampler``'s summary; left empty without NVML)."""
-    import torch
-
-    from .telemetry import sampled
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for a in inputs[:WARMUP_CALLS]:
-            fn(a)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for a in inputs:
-            fn(a)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with sampled(clock):
-        for _ in range(reps):
-            st.record()
-            g.replay()
-            en.record()
-            en.synchronize()
-            times.append(st.elapsed_time(en) * 1e3 / len(inputs))
-    del g
-    return statistics.median(times)
-
-
-def calls_before_timed_replay(ni: int, reps: int) -> float:
-    """Calls ``graph_time_us`` runs back to back before the replay whose time is its median, for a
-    graph of ``ni`` calls timed ``reps`` times: the warm-up calls, the untimed replay and the
-    (reps - 1) / 2 timed replays before the middle one (half-way between the two middle ones for an
-    even reps). Later replays run after more busy time (and, where the SM clock falls, slower), so
-    the median is the middle replay's. The cost model's busy window (``simulator.cost.busy_window_s``,
-    read by the sustained-clock term) starts there."""
-    ni, reps = max(int(ni), 1), max(int(reps), 1)
-    return min(WARMUP_CALLS, ni) + ni * (1 + (reps - 1) / 2)
-
-
-def _read_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _stream_read(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        pid = tl.program_id(0)
-        acc = tl.zeros((BLOCK,), tl.float32)
-        base = pid.to(tl.int64) * BLOCK * ITERS
-        for i in range(ITERS):
-            offs = base + i * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-    return _stream_read
-
-
-def fp8_matmul_rate(n: int = MATMUL_N) -> float:
-    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, fp32 accumulate: A row-major,
-    B column-major (as _scaled_mm requires), per-tensor float32 scales of 1."""
-    import torch
-    import triton
-
-    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
-    one = torch.ones((), device="cuda", dtype=torch.float32)
-    ms = triton.testing.do_bench(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                                 warmup=50, rep=300, return_mode="median")
-    return 2 * n**3 / (ms * 1e-3)
-
-
-def measure_ceilings() -> dict:
-    """Streaming-read bytes/s (best of a few grids), bf16 matmul FLOP/s and FP8 matmul FLOP/s
-    (``fp8_matmul_flops_per_s``; None with ``fp8_matmul_error`` where _scaled_mm fails), measured now."""
-    import torch
-    import triton
-
-    kern = _read_kernel()
-    n = (4 << 30) // 2
-    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    best_bw = 0.0
-    for block, iters in ((4096, 8), (8192, 4), (2048, 16)):
-        nprog = triton.cdiv(n, block * iters)
-        out = torch.empty(nprog, device="cuda", dtype=torch.float32)
-        ms = triton.testing.do_bench(lambda nprog=nprog, out=out, block=block, iters=iters: kern[(nprog,)](
-                                         x, out, n, BLOCK=block, ITERS=iters, num_warps=8),
-                                     warmup=25, rep=200, return_mode="median")
-        best_bw = max(best_bw, n * 2 / (ms * 1e-3))
-    m = MATMUL_N
-    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    ceil = {"read_bytes_per_s": best_bw, "matmul_flops_per_s": 2 * m**3 / (ms * 1e-3)}
-    try:
-        ceil["fp8_matmul_flops_per_s"] = fp8_matmul_rate(m)
-    except Exception as exc:  # noqa: BLE001 - no FP8 matmul here: fp8 rows get no FP8 floor
-        ceil.update(fp8_matmul_flops_per_s=None, fp8_matmul_error=f"{type(exc).__name__}: {exc}"[:300])
-    torch.cuda.empty_cache()
-    return ceil
-
-
-def ideal_grouped_rate(cfg, T: int, reps: int = 20) -> float:
-    """FLOP/s of torch.bmm over E experts of m = ceil(T*K/E) rows (gate/up then down): the ideal."""
-    import torch
-
-    E, H, I, K = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k
-    m = max(1, math.ceil(T * K / E))
-    dt = torch.bfloat16
-    xa = torch.randn(E, m, H, device="cuda", dtype=dt)
-    wgu = torch.randn(E, H, 2 * I, device="cuda", dtype=dt)
-    ha = torch.randn(E, m, I, device="cuda", dtype=dt)
-    wd = torch.randn(E, I, H, device="cuda", dtype=dt)
-
-    def f(_):
-        torch.bmm(xa, wgu)
-        torch.bmm(ha, wd)
-
-    us = graph_time_us(f, [None, None], reps)
-    flops = 2 * E * m * (H * 2 * I + I * H)
-    return flops / (us * 1e-6)
-
-
-# --------------------------------------------------------------------------- PyTorch pipeline
-def torch_route(x, w, cfg):
-    import torch
-
-    logits = (x @ w.router_weight.t()).float()
-    if w.router_bias is not None:
-        logits = logits + w.router_bias.float()
-    K, E = cfg.top_k, cfg.num_experts
-    if cfg.router == "softmax_topk":
-        p = torch.softmax(logits, dim=-1)
-        tw, ti = torch.topk(p, K, dim=-1)
-        if cfg.norm_topk_prob:
-            tw = tw / tw.sum(-1, keepdim=True)
-    elif cfg.router == "topk_softmax":
-        tl_, ti = torch.topk(logits, K, dim=-1)
-        tw = torch.softmax(tl_, dim=-1)
-    elif cfg.router == "sigmoid_top1_input":
-        tl_, ti = torch.topk(logits, K, dim=-1)
-        tw = torch.sigmoid(tl_)
-    else:
-        s = torch.sigmoid(logits)
-        b = s + w.score_bias.float() if w.score_bias is not None else s
-        if cfg.n_group > 1:
-            T = b.shape[0]
-            gs = b.view(T, cfg.n_group, -1).topk(2, dim=-1)[0].sum(-1)
-            gi = gs.topk(cfg.topk_group, dim=-1)[1]
-            keep = torch.zeros_like(gs).scatter_(1, gi, 1.0).repeat_interleave(E // cfg.n_group, dim=1)
-            b = b.masked_fill(keep == 0, 0.0 if cfg.group_mask == "zero" else float("-inf"))
-        ti = b.topk(K, dim=-1)[1]
-        tw = s.gather(1, ti)
-        if cfg.norm_topk_prob:
-            tw = tw / (tw.sum(-1, keepdim=True) + 1e-20)
-        tw = tw * cfg.routed_scaling_factor
-    return tw, ti
-
-
-def torch_moe(x, w, cfg):
-    """The plain PyTorch layer: route, sort by expert, torch._grouped_mm twice, weighted index_add."""
-    import torch
-    import torch.nn.functional as F
-
-    from .torch_ffn import gated_activation
-
-    T, H = x.shape
-    E, K, I = cfg.num_experts, cfg.top_k, cfg.intermediate_size
-    tw, ti = torch_route(x, w, cfg)
-    flat = ti.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    sorted_e = flat[order]
-    tok = order // K
-    counts = torch.zeros(E, device=x.device, dtype=torch.int32).scatter_add_(
-        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    xs = x[tok]
-    wflat = tw.reshape(-1)[order]
-    if cfg.weight_on_input:
-        xs = (xs.float() * wflat[:, None]).to(x.dtype)
-    h = torch._grouped_mm(xs, w.gate_up.transpose(1, 2), offs=offs)
-    if w.gate_up_bias is not None:
-        h = h + w.gate_up_bias[sorted_e]
-    a = gated_activation(h, I, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
-    o = torch._grouped_mm(a.contiguous(), w.down.transpose(1, 2), offs=offs)
-    if w.down_bias is not None:
-        o = o + w.down_bias[sorted_e]
-    if not cfg.weight_on_input:
-        o = o * wflat[:, None].to(o.dtype)
-    y = torch.zeros(T, H, device=x.device, dtype=x.dtype).index_add_(0, tok, o)
-    if cfg.num_shared_experts:
-        Is = cfg.shared_intermediate_size
-        hs = x @ w.shared_gate_up.t()
-        ys = (F.silu(hs[:, :Is]) * hs[:, Is:]) @ w.shared_down.t()
-        if w.shared_gate is not None:
-            ys = ys * torch.sigmoid(x @ w.shared_gate)[:, None]
-        y = y + ys
-    return y
-
-
-# --------------------------------------------------------------------------- weights and floor
-def random_device_weights(cfg, seed: int = 0):
-    """bf16 weights on the GPU, N(0, 1/fan_in), made on the device (a full DeepSeek-V3 layer is 22 GB)."""
-    import torch
-
-    from ..reference import MoEWeights, expected_shapes
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    fan = {"router_weight": H, "gate_up": H, "down": I, "shared_gate_up": H,
-           "shared_down": max(cfg.shared_intermediate_size, 1), "shared_gate": H}
-    out = {}
-    for name, shape in expected_shapes(cfg).items():
-        if shape is None:
-            continue
-        t = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-        scale = fan[name] ** -0.5 if name in fan else (0.05 if name == "score_bias" else 0.1)
-        out[name] = t.mul_(scale)
-    return MoEWeights(**out)
-
-
-def floor_terms(cfg, T: int, experts_touched: float, dtype: str = "bf16") -> tuple[float, float]:
-    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y
-    (``reference.sizes``: the one place expert bytes and FLOPs are counted); ``dtype`` a ``DTYPES``
-    name: fp8 rows count e4m3 weights with their block scales, x and y in bf16 all the same."""
-    from ..reference.sizes import layer_bytes, layer_flops
-
-    wd = "bfloat16" if DTYPES[dtype] is None else "fp8_e4m3"
-    return layer_flops(cfg, T), layer_bytes(cfg, T, experts_touched, wd, io_dtype="bfloat16")
-
-
-def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
-    """(which, FLOP/s) of the floor's compute term: the FP8 matmul rate when the activations are FP8
-    too, the bf16 one otherwise (weight-only FP8 converts the weights and multiplies in bf16);
-    None where the FP8 rate was not measured."""
-    if DTYPES[dtype] == "weights+act":
-        return "fp8", ceil.get("fp8_matmul_flops_per_s")
-    return "bf16", ceil["matmul_flops_per_s"]
 
 
 def skip_reason(dtype: str, backend: str) -> str | None:
@@ -398,18 +78,6 @@ def skip_reason(dtype: str, backend: str) -> str | None:
     if dtype not in DTYPES:
         return f"dtype {dtype!r} is not one of {list(DTYPES)}"
     return None
-
-
-#: the multi-launch pipeline's prefixes the per-stage breakdown times (kernels.moe._forward's stop_after)
-BREAKDOWN_STOPS = ("align", "gemm1", "gemm2")
-
-
-def stage_split(prefix_us: dict, total_us: float) -> dict:
-    """The multi-launch path's stages from the times of its prefixes (BREAKDOWN_STOPS -> us) and
-    of the whole layer: router+align, GEMM 1, GEMM 2 (with the shared MLP), combine, each the
-    difference of two times (so noise where the two are large and the stage small)."""
-    return {"router+align": prefix_us["align"], "gemm1": prefix_us["gemm1"] - prefix_us["align"],
-            "gemm2": prefix_us["gemm2"] - prefix_us["gemm1"], "combine": total_us - prefix_us["gemm2"]}
 
 
 # --------------------------------------------------------------------------- one row
@@ -532,145 +200,6 @@ def dtype_rows(run_one, dtypes, backend: str, emit, key: dict, log=print) -> Non
             if bf16["backend"] == r["backend"]:
                 r["speedup_vs_bf16"] = bf16["ours_us"] / r["ours_us"]
         emit(r)
-
-
-# --------------------------------------------------------------------------- tuning
-def _candidates(rows_per_expert: float) -> tuple[list[dict], list[dict]]:
-    """(gemm1 candidates, gemm2 candidates) for a T bucket; a pair must share BLOCK_M.
-
-    Decode streams weights (narrow N tiles, deep K, many programs); in between, BLOCK_M decides how
-    often an expert's weights are re-read (once per row block); prefill wants 64-128 row tiles."""
-    def c(bm, bn, bk, nw, ns, sk=1):
-        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=nw, num_stages=ns, SPLIT_K=sk)
-
-    if rows_per_expert <= 4:
-        shapes = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 4), (128, 128, 4, 3),
-                  (64, 64, 4, 5), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (32, 128, 4, 4, 2), (32, 128, 4, 4, 4),
-                  (128, 128, 4, 3, 2), (128, 128, 4, 3, 4), (64, 256, 4, 3, 2))
-        return [c(16, *t) for t in shapes], [c(16, *t) for t in shapes]
-    if rows_per_expert <= 64:
-        shapes = ((64, 128, 4, 3), (32, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3))
-        bms = (16, 32, 64)
-        return [c(bm, *t) for bm in bms for t in shapes], [c(bm, *t) for bm in bms for t in shapes]
-    s1 = ((128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4))
-    s2 = ((256, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 4))
-    return [c(bm, *t) for bm in (64, 128) for t in s1], [c(bm, *t) for bm in (64, 128) for t in s2]
-
-
-def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
-    """Best (gemm1, gemm2) for this shape at T: each GEMM timed alone on the real routing, per BLOCK_M,
-    as CUDA-graph replays (graph_time_us), the way the layer runs, not eager launches."""
-    import torch
-    import triton
-
-    from . import configs as cfgs
-    from .align import launch_align
-    from .grouped_gemm import launch_gemm1, launch_gemm2
-    from .routing import launch_router
-
-    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    c1, c2 = _candidates(T * K / E)
-    g1s = {json.dumps(a, sort_keys=True): a for a in c1}
-    g2s = {json.dumps(b, sort_keys=True): b for b in c2}
-    dev = x.device
-    i32 = torch.int32
-    block_t = cfgs.router_block_t(T, E)
-    C = triton.cdiv(T, block_t)
-    topk_idx = torch.empty((T, K), device=dev, dtype=i32)
-    topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
-    hist = torch.empty((C, E), device=dev, dtype=i32)
-    launch_router(x, w, cfg, topk_idx, topk_w, hist, None, block_t)
-    metas = {}
-    for bm in sorted({a["BLOCK_M"] for a in g1s.values()}):
-        P_max = cfgs.max_padded_rows(T * K, E, bm)
-        meta = {k: torch.empty(n, device=dev, dtype=i32) for k, n in (
-            ("chunk_base", (C, E)), ("counts", (E,)), ("padded_offsets", (E + 1,)), ("padded_token", (P_max,)),
-            ("padded_pair", (P_max,)), ("block_expert", (P_max // bm,)), ("pair_dest", (T * K,)))}
-        launch_align(topk_idx, hist, E, block_t, bm, meta)
-        act = torch.randn((P_max, I), device=dev, dtype=torch.bfloat16)
-        metas[bm] = (meta, act, P_max // bm)
-    outs = {}
-
-    def in_graph_ms(f):
-        """ms per launch of f, as the layer runs it: 4 launches captured in a CUDA graph, median of replays."""
-        return graph_time_us(lambda _a: f(), [None] * 4, max(5, reps)) / 1e3
-
-    def out_for(split):
-        if split not in outs:
-            outs[split] = torch.empty((split * T * K, H), device=dev,
-                                      dtype=torch.float32 if split > 1 else torch.bfloat16)
-        return outs[split]
-
-    def t1(c):
-        meta, act, nm = metas[c["BLOCK_M"]]
-        f = lambda: launch_gemm1(x, w.gate_up, w.gate_up_bias, act, meta, topk_w, c,  # noqa: E731
-                                 activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit,
-                                 scale_input=cfg.weight_on_input, dense=False, num_m=nm)
-        return in_graph_ms(f)
-
-    def t2(c):
-        meta, act, nm = metas[c["BLOCK_M"]]
-        sk = c.get("SPLIT_K", 1)
-        out = out_for(sk)
-        f = lambda: launch_gemm2(act, w.down, w.down_bias, out, meta, None if cfg.weight_on_input else topk_w, c,  # noqa: E731
-                                 T=T, K=K, KS=K, dense=False, atomic=False, num_m=nm, split=sk)
-        return in_graph_ms(f)
-
-    res1, res2 = {}, {}
-    for k, c in g1s.items():
-        try:
-            res1[k] = t1(c)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
-            log(f"    gemm1 {c} failed: {type(exc).__name__}")
-    for k, c in g2s.items():
-        try:
-            res2[k] = t2(c)
-        except Exception as exc:  # noqa: BLE001
-            log(f"    gemm2 {c} failed: {type(exc).__name__}")
-    best = None
-    for bm in metas:
-        b1 = min(((v, k) for k, v in res1.items() if g1s[k]["BLOCK_M"] == bm), default=None)
-        b2 = min(((v, k) for k, v in res2.items() if g2s[k]["BLOCK_M"] == bm), default=None)
-        if b1 and b2 and (best is None or b1[0] + b2[0] < best[0]):
-            best = (b1[0] + b2[0], g1s[b1[1]], g2s[b2[1]], b1[0], b2[0])
-    if best is None:
-        raise RuntimeError(f"no config ran for {cfg.name} T={T}")
-    log(f"    T={T}: gemm1 {best[3]*1e3:.1f} us {best[1]}  gemm2 {best[4]*1e3:.1f} us {best[2]}")
-    return {"gemm1": best[1], "gemm2": best[2]}
-
-
-def tune(presets, tokens, log=print, budget_s: float = 480.0) -> Path:
-    """Tune every (preset shape, T bucket) and write the tuned JSON (merged with what is there)."""
-    import torch
-    import triton
-
-    from . import configs as cfgs
-
-    gpu = torch.cuda.get_device_name(0)
-    path = cfgs.config_path(gpu, "bfloat16", triton.__version__)
-    data = {"gpu": gpu, "dtype": "bfloat16", "triton": triton.__version__, "configs": {}}
-    if path.exists():
-        data = json.loads(path.read_text())
-    t0 = time.time()
-    for name in presets:
-        cfg = bench_config(name)
-        w = random_device_weights(cfg)
-        key = cfgs.shape_key(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
-        log(f"tuning {name} ({key})")
-        for T in tokens:
-            if time.time() - t0 > budget_s:
-                log(f"  tuning budget of {budget_s:.0f} s spent: stopping before {name} T={T}")
-                break
-            entry = tune_shape(cfg, w, T, log=log)
-            data["configs"].setdefault(key, {})[str(cfgs.bucket_of(T))] = entry
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        del w
-        torch.cuda.empty_cache()
-    cfgs._tuned.cache_clear()
-    cfgs.load_file(path)  # fail loudly now if what was written is malformed
-    return path
 
 
 # --------------------------------------------------------------------------- CLI

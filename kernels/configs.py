@@ -30,6 +30,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from .thresholds import Thresholds
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -66,6 +68,11 @@ def slug(name: str) -> str:
 
 def config_path(gpu: str, dtype: str, triton_version: str) -> Path:
     return CONFIG_DIR / f"{slug(gpu)}__{dtype}__triton-{triton_version}.json"
+
+
+def pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def bucket_of(T: int) -> int:
@@ -259,29 +266,35 @@ def candidate_entry(name: str, *, interpret: bool = False) -> dict | None:
 
 def router_block_t(T: int, E: int) -> int:
     """Tokens per routing program, which is also the align kernels' chunk."""
-    return 16 if T <= 16 else 32  # 32: more programs in flight for prefill (each walks all of H)
+    return 16 if T <= 16 else 32
 
 
-#: the routing program's warps: enough that a thread holds at most ROUTER_SCORES_PER_THREAD of the block's
-#: (BLOCK_T, BLOCK_E) scores, from 4 up to ROUTER_MAX_WARPS. Its selection is straight-line code whose
-#: length scales with the scores a thread holds, and one program per SM is latency-bound. Compiled for
-#: sm_90 (Triton 3.6), SASS instructions a thread: DeepSeek-V3 32 tokens 10,112 at 8 warps (255 registers,
-#: 20 spill stores, 72 barriers) -> 4,808 at 16 with the bitonic top-k (104 registers, no spills, 31);
-#: 16 tokens (decode, 28 partials) 6,216 -> 3,112; Qwen3-30B-A3B 32 tokens from 8 partials 6,080 at 4
-#: warps -> 1,544 at 16; gpt-oss-120b 3,392 -> 952. H200 run AR: DeepSeek-V3's routing program 49.5 us at
-#: T = 8 and 52.4 at T = 4096, Qwen3-30B-A3B's 19.1 at T = 8.
-ROUTER_SCORES_PER_THREAD = 8
-ROUTER_MAX_WARPS = 16
-#: the routing program's warps where it walks H itself (no logits launch), over 128 experts and up to 128:
-#: H200 run AT, Qwen3-30B-A3B's prefill walk (32 steps of 64 columns) at 16 warps 27.6 / 80.5 us at T = 4096 /
-#: 16384 against 24.0 / 53.5 at 4 (run AS); the selection is a small share of a walking program
-ROUTER_WALK_WARPS = (8, 4)
-#: widest score row the top-k's K maxima keep inside one warp (32 lanes x 4): past it every maximum is a
-#: cross-warp reduction and the routing program takes the bitonic top-k (routing._topk_bitonic; sm_90,
-#: DeepSeek-V3 32 tokens at 16 warps: 70 barriers -> 31, 5,176 -> 4,808 instructions; at 128 experts
-#: the two are level, 1,544 / 1,600). Not where one program also aligns (one chunk): with the fused align
-#: the bitonic routing program compiles to 32 registers and 6,848 spill stores (DeepSeek-V3, 8 tokens).
-ROUTER_MAXIMA_MAX_E = 128
+_TH = Thresholds("router")  # configs/thresholds.json: each value's unit and evidence
+#: scores of the routing block one thread holds at most (sizes the routing program's warps)
+ROUTER_SCORES_PER_THREAD = _TH["ROUTER_SCORES_PER_THREAD"]
+#: the routing program's warps at most
+ROUTER_MAX_WARPS = _TH["ROUTER_MAX_WARPS"]
+#: the routing program's warps where it walks H itself: (over 128 experts, up to 128)
+ROUTER_WALK_WARPS = _TH["ROUTER_WALK_WARPS"]
+#: widest score row (BLOCK_E) whose top-k takes K maxima; wider ones take the bitonic top-k
+ROUTER_MAXIMA_MAX_E = _TH["ROUTER_MAXIMA_MAX_E"]
+#: H columns per step of a walking routing program at prefill (from WALK_WIDE_MIN_T tokens, up to
+#: WALK_WIDE_MAX_E experts)
+WALK_WIDE_BLOCK_H = _TH["WALK_WIDE_BLOCK_H"]
+WALK_WIDE_MIN_T = _TH["WALK_WIDE_MIN_T"]
+WALK_WIDE_MAX_E = _TH["WALK_WIDE_MAX_E"]
+#: token blocks from which the router's logits are a prefill launch of their own, where a routing
+#: program would walk more than ROUTER_PREFILL_WALK_STEPS steps of H
+ROUTER_PREFILL_BLOCKS = _TH["ROUTER_PREFILL_BLOCKS"]
+ROUTER_PREFILL_WALK_STEPS = _TH["ROUTER_PREFILL_WALK_STEPS"]
+#: tokens and H columns per program step of that launch
+ROUTER_PREFILL_T = _TH["ROUTER_PREFILL_T"]
+ROUTER_PREFILL_H = _TH["ROUTER_PREFILL_H"]
+#: bytes of that launch's fp32 (tokens, BLOCK_E) accumulator at most (fewer tokens past it)
+ROUTER_PREFILL_ACC_BYTES = _TH["ROUTER_PREFILL_ACC_BYTES"]
+#: BLOCK_H steps per H range of a prefill split at least
+ROUTER_PREFILL_MIN_STEPS = _TH["ROUTER_PREFILL_MIN_STEPS"]
+_TH.close()
 
 
 def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
@@ -291,7 +304,7 @@ def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
     if walks:
         return ROUTER_WALK_WARPS[block_e <= 128]
     want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
-    return max(4, min(ROUTER_MAX_WARPS, _pow2(want)))
+    return max(4, min(ROUTER_MAX_WARPS, pow2(want)))
 
 
 def router_bitonic(block_e: int, k: int, chunks: int) -> bool:
@@ -302,24 +315,15 @@ def router_bitonic(block_e: int, k: int, chunks: int) -> bool:
 def router_block_h(E: int, H: int, *, interpret: bool = False) -> int:
     """H columns per step of the router's logit loop (the interpreter: fewer, larger steps)."""
     if interpret:
-        return max(16, min(128, _pow2(H)))
-    return 64 if max(16, _pow2(E)) <= 128 else 32
-
-
-#: the multi-launch routing program that walks H itself takes steps of WALK_WIDE_BLOCK_H columns from
-#: WALK_WIDE_MIN_T tokens on, up to WALK_WIDE_MAX_E experts (two pipeline buffers of (32 + BLOCK_E) x 128
-#: bf16 stay within shared memory). H200 run BN (bench_router.py, Qwen3-30B-A3B, router alone, us, steps of
-#: 64 / 128 / 256): T = 4096 21.6 / 18.6 / 20.1, T = 16384 60.6 / 52.3 / 70.9 (the default then walked 64)
-WALK_WIDE_BLOCK_H = 128
-WALK_WIDE_MIN_T = 4096
-WALK_WIDE_MAX_E = 128
+        return max(16, min(128, pow2(H)))
+    return 64 if max(16, pow2(E)) <= 128 else 32
 
 
 def walk_block_h(T: int, E: int, H: int, *, interpret: bool = False) -> int:
     """H columns per step of a multi-launch routing program that walks H itself (no logits launch):
     WALK_WIDE_BLOCK_H at prefill (T >= WALK_WIDE_MIN_T, at most WALK_WIDE_MAX_E experts), else
     router_block_h."""
-    if not interpret and T >= WALK_WIDE_MIN_T and max(16, _pow2(E)) <= WALK_WIDE_MAX_E:
+    if not interpret and T >= WALK_WIDE_MIN_T and max(16, pow2(E)) <= WALK_WIDE_MAX_E:
         return WALK_WIDE_BLOCK_H
     return router_block_h(E, H, interpret=interpret)
 
@@ -334,29 +338,7 @@ def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> i
     if C >= 16 or H < 1024:
         return 0
     block_h = router_block_h(E, H)
-    return max(2, min(64, -(-H // (8 * block_h))))  # 2 or 4 steps measured no better (run 6)
-
-
-#: token blocks (router_block_t) from which the multi-launch router's logits are a prefill GEMM launch
-#: of their own (the interpreter: from 2, so that CI runs it at T = 17 on), where the routing programs
-#: would walk more than ROUTER_PREFILL_WALK_STEPS steps of H (router_block_h) each. H200 run AP
-#: (bench_router.py, router alone, walking / tiles): DeepSeek-V3 (224 steps) 2.2-2.3x faster at T = 512-16384,
-#: Qwen3-235B-A22B and Mixtral (64) 1.16-2.8x but Mixtral 0.94x at 16384, gpt-oss-120b (45) 1.16-1.32x,
-#: Qwen3-30B-A3B (32) 0.88-0.99x: the extra launch and partials cost more than a 32-step walk saves.
-ROUTER_PREFILL_BLOCKS = 16
-ROUTER_PREFILL_WALK_STEPS = 32
-#: tokens and H columns per program of that launch: (128, E) x (E, 64) MMA steps, so the router weights
-#: are read once per 128 tokens, not per 32-token routing block (DeepSeek-V3 routed T = 4096, H200 run AO:
-#: router and align 256 us as 128 programs walking 224 steps of 32 columns each)
-ROUTER_PREFILL_T = 128
-ROUTER_PREFILL_H = 64
-#: at most this many bytes of the launch's fp32 (tokens, BLOCK_E) accumulator: its store converts the
-#: tile's layout through as much shared memory, and past 256 experts 128 tokens did not fit the H200
-#: (run BU, Kimi-K2 T = 600: "Required: 262144, Hardware limit: 232448"; compiled for sm_90, 128 x 512
-#: takes 262,144 bytes and 528 spill stores, 64 x 512 221,184 and none): fewer tokens per tile there
-ROUTER_PREFILL_ACC_BYTES = 128 << 10
-#: at least this many BLOCK_H steps per H range of a prefill split
-ROUTER_PREFILL_MIN_STEPS = 4
+    return max(2, min(64, -(-H // (8 * block_h))))  # about 8 steps each (docs/kernels.md)
 
 
 def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
@@ -378,7 +360,7 @@ def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
         return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
     if interpret:
         return 16, router_block_h(E, H, interpret=True)
-    return min(ROUTER_PREFILL_T, max(16, ROUTER_PREFILL_ACC_BYTES // (4 * max(16, _pow2(E))))), ROUTER_PREFILL_H
+    return min(ROUTER_PREFILL_T, max(16, ROUTER_PREFILL_ACC_BYTES // (4 * max(16, pow2(E))))), ROUTER_PREFILL_H
 
 
 def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:

@@ -16,10 +16,8 @@ through TMA descriptors, GEMM 1's x rows gathered by pointer in e4m3 from the qu
 (fp8_gemm._quantize_x_kernel: codes and scales), GEMM 2's h rows and their codes through a
 descriptor (GEMM 1's epilogue writes h already quantized: fp8_gemm._gemm1_fp8_epilogue).
 
-Why not fp8_gemm._gemm*_fp8_tma_kernel (MEGAMOE_FP8_TMA=1, 0.90x bf16 at Qwen3-30B-A3B T = 4096):
-per 128-deep step its K loop (Triton 3.6, sm_90) issues the gate wgmma, waits for it (pendings 0),
-issues the up wgmma, waits again, then scales each product element with an FMUL and an FFMA
-(sa[:, None] * sw[None, :] a full tile): 307 instructions per step with the tensor cores idle
+Per 128-deep K step a K loop that waits for each wgmma and then scales every product element
+with an FMUL and an FFMA (sa[:, None] * sw[None, :], a full tile) leaves the tensor cores idle
 during the scaling. Here:
   * the weight scale of a band is ONE value per K step (a tile's 128 weight rows lie in one scale
     block: GEMM 1's gate band always, its up band when N % 128 == 0 (UP_BAND), GEMM 2's halves of
@@ -43,23 +41,21 @@ products, 4 x 32 fp32 a thread at 8 warps; at 128 rows they would be 4 x 64 and 
 64 x 256 (two 128-column halves). x must be quantized once (XQ; not SCALE_INPUT: Llama 4's routing
 weight scales rows before quantizing, it keeps fp8_gemm's kernels).
 
-128-row tile candidates (plan.FP8A_TILE_CANDIDATES; plan.FP8A_DEFAULT_TILES, m128c, at the 128-row prefill
-entries since H200 run BT; plan.FP8A_TILES overrides): GEMM 1
-128 x 128 with PIPE 0 (acc_g, acc_u and one product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with
-PIPE or 128 x 256 with CHAIN ("PIPE" 2, _gemm2_fp8a_tile); plan.py has their compile figures.
+128-row tile sets (plan.FP8A_TILE_CANDIDATES; plan.FP8A_DEFAULT_TILES at the 128-row prefill
+entries, or the set an FP8Options names): GEMM 1 128 x 128 with PIPE 0 (acc_g, acc_u and one
+product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with PIPE or 128 x 256 with CHAIN ("PIPE" 2,
+_gemm2_fp8a_tile); docs/kernels.md has their compile figures.
 """
 
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
 
 from ..reference.sizes import FP8_BLOCK
-from .fp8_gemm import _band_scale, _gemm1_fp8_epilogue
-from .fp8_tma_tiles import PRECISE_ACC_K
+from .fp8_common import _band_scale, _gemm1_fp8_epilogue
 from .grouped_gemm import (
+    ACT_CODES,
     _descriptor,
     _gemm1_tile_start,
     _gemm2_epilogue,
@@ -69,14 +65,6 @@ from .grouped_gemm import (
     device_sms,
 )
 from .plan import gemm_grid
-
-#: MEGAMOE_FP8A_PRECISE=N (read at import; 1 means PRECISE_ACC_K, 32): both fp8a GEMMs promote the e4m3
-#: wgmma's sums to fp32 every N products (_dot8); 0, the default: H200 run BZ measured N = 32 within the FP8
-#: tolerance on every probe case but 2.37x slower at Qwen3-30B-A3B T = 4096 (1,674.6 against 706.8 us)
-_PRECISE_ENV = os.environ.get("MEGAMOE_FP8A_PRECISE", "0").strip()
-if _PRECISE_ENV not in ("0", "1", "32", "64"):
-    raise ValueError(f"MEGAMOE_FP8A_PRECISE must be 0 (off), 1 (every 32 products), 32 or 64, got {_PRECISE_ENV!r}")
-FP8A_PRECISE = PRECISE_ACC_K.value if _PRECISE_ENV == "1" else int(_PRECISE_ENV)
 
 
 @triton.jit
@@ -99,25 +87,12 @@ def _fresh(acc):
 
 
 @triton.jit
-def _dot8(a, b, acc, PRECISE: tl.constexpr):
-    """tl.dot of e4m3 tiles into fp32 (from acc, or zero when None). PRECISE > 0: the wgmma's sums promoted
-    to fp32 every PRECISE products (tl.dot's max_num_imprecise_acc; 32 = one k32 wgmma); 0, Triton's sm_90
-    default lets the tensor cores accumulate the whole 128-deep K step in their reduced-precision e4m3
-    accumulation (H200 run BY: GEMM 1's h up to 9-12 e4m3 steps from the float64 reference's)."""
-    if PRECISE > 0:
-        return tl.dot(a, b, acc, max_num_imprecise_acc=PRECISE)
-    else:
-        return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _gemm1_fp8a_tile(
     xq_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr,
     pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse, stride_wsn, stride_be, stride_ot, stride_os,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISE: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) gathered
     by pointer with their scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles (BLOCK_N, KB)
@@ -146,13 +121,13 @@ def _gemm1_fp8a_tile(
         bu = w_desc.load([row_g + N, kt * BLOCK_K])
         sg = tl.load(sg_ptr + kt)
         if PIPE:
-            pu = _dot8(a, bu.T, None, PRECISE)  # synchronous: its wait also completes the previous step's gate product
+            pu = tl.dot(a, bu.T)  # synchronous: its wait also completes the previous step's gate product
             acc_g = _scaled(acc_g, pg, cg)
-            pg = _dot8(a, bg.T, _fresh(acc_g), PRECISE)  # in flight under the scaling below and the next step's loads
+            pg = tl.dot(a, bg.T, _fresh(acc_g))  # in flight under the scaling below and the next step's loads
             cg = sa * sg
         else:
-            acc_g = _scaled(acc_g, _dot8(a, bg.T, None, PRECISE), sa * sg)
-            pu = _dot8(a, bu.T, None, PRECISE)
+            acc_g = _scaled(acc_g, tl.dot(a, bg.T), sa * sg)
+            pu = tl.dot(a, bu.T)
         if UP_BAND:
             acc_u = _scaled(acc_u, pu, sa * tl.load(su_ptr + kt))
         else:  # the up band straddles two scale blocks (N % KB != 0): a scale per column
@@ -173,7 +148,7 @@ def _gemm1_fp8a_kernel(
     stride_be, stride_ot, stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, PRECISE: tl.constexpr,
+    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Persistent FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x
     N tiles in grouped_gemm._gemm1_tma_kernel's order."""
@@ -184,7 +159,7 @@ def _gemm1_fp8a_kernel(
         _gemm1_fp8a_tile(xq_ptr, xs_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr,
                          padded_pair_ptr, topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_wse,
                          stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, DENSE, EVEN_K,
-                         UP_BAND, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K, PRECISE)
+                         UP_BAND, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -193,7 +168,7 @@ def _gemm2_fp8a_tile(
     pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
     K: tl.constexpr, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr,
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One GEMM 2 tile: h's e4m3 rows (contiguous in padded order) through a_desc over (rows, KD)
     with their scales as_ptr (rows, ceil(KD / KB)), the e4m3 down weights as two column halves
@@ -228,16 +203,16 @@ def _gemm2_fp8a_tile(
         b1 = w_desc.load([row_w0 + HALF, kt * BLOCK_K])
         sa = tl.load(sa_ptrs + kt, mask=row_mask, other=0.0)
         if PIPE == 1:
-            p1 = _dot8(a, b1.T, None, PRECISE)  # synchronous: its wait also completes the previous step's p0
+            p1 = tl.dot(a, b1.T)  # synchronous: its wait also completes the previous step's p0
             acc0 = _scaled(acc0, p0, c0)
-            p0 = _dot8(a, b0.T, _fresh(acc0), PRECISE)  # in flight under the scaling below
+            p0 = tl.dot(a, b0.T, _fresh(acc0))  # in flight under the scaling below
             c0 = sa * tl.load(s0_ptr + kt)
         elif PIPE == 2:  # CHAIN: half 1's product starts from half 0's scaled sum x 0 (one product live)
-            acc0 = _scaled(acc0, _dot8(a, b0.T, None, PRECISE), sa * tl.load(s0_ptr + kt))
-            p1 = _dot8(a, b1.T, _fresh(acc0), PRECISE)
+            acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
+            p1 = tl.dot(a, b1.T, _fresh(acc0))
         else:
-            acc0 = _scaled(acc0, _dot8(a, b0.T, None, PRECISE), sa * tl.load(s0_ptr + kt))
-            p1 = _dot8(a, b1.T, None, PRECISE)
+            acc0 = _scaled(acc0, tl.dot(a, b0.T), sa * tl.load(s0_ptr + kt))
+            p1 = tl.dot(a, b1.T)
         acc1 = _scaled(acc1, p1, sa * tl.load(s1_ptr + kt))
     if PIPE == 1:
         acc0 = _scaled(acc0, p0, c0)
@@ -256,7 +231,7 @@ def _gemm2_fp8a_kernel(
     K: tl.constexpr, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr,
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, PRECISE: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     """Persistent FP8 GEMM 2, walking its tiles as _gemm1_fp8a_kernel does."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
@@ -265,13 +240,13 @@ def _gemm2_fp8a_kernel(
         pid_m, pid_n, e = _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE, GROUP_M)
         _gemm2_fp8a_tile(a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                          pid_m, pid_n, e, T, N, KD, stride_as, stride_wse, stride_wsn, stride_be, stride_ot,
-                         K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K, PRECISE)
+                         K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, PIPE, KB, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 # --------------------------------------------------------------------------- launchers
 def is_fp8a(cfg: dict) -> bool:
     """Whether a GEMM config asks for these kernels: variant "tma_persistent" with "FP8A" 1
-    (plan.fp8_entry's with FP8 activations and plan.FP8A_TMA_PREFILL)."""
+    (plan.fp8_entry's with FP8 activations)."""
     return cfg.get("variant") == "tma_persistent" and bool(cfg.get("FP8A", 0))
 
 
@@ -300,8 +275,6 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
     scales (T, ceil(H/128)) fp32) from fp8_gemm.launch_quantize_x; w (E, 2N, H) float8_e4m3fn with
     w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes of h and out_scale
     (P, ceil(N/128)) fp32; ``num_sms`` programs (default: the device's SMs)."""
-    from .grouped_gemm import ACT_CODES
-
     xq, xs = x_q
     T, KD = xq.shape
     N = w.shape[1] // 2
@@ -312,7 +285,7 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
     kwargs = dict(ACT=ACT_CODES[activation], HAS_BIAS=bias is not None, DENSE=dense, EVEN_K=KD % FP8_BLOCK == 0,
                   UP_BAND=N % FP8_BLOCK == 0, PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"],
                   BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-                  FLATTEN=bool(cfg.get("FLATTEN", 0)), PRECISE=FP8A_PRECISE, num_warps=cfg["num_warps"],
+                  FLATTEN=bool(cfg.get("FLATTEN", 0)), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
     args = (xq, xs, _descriptor(w, w.shape[0] * 2 * N, cfg["BLOCK_N"], cfg["BLOCK_K"]), w_scale, bias, out,
             out_scale, meta.get("padded_token"), meta.get("padded_pair"), meta.get("block_expert"),
@@ -333,7 +306,7 @@ def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: d
     BK, BN = cfg["BLOCK_K"], cfg["BLOCK_N"]
     kwargs = dict(K=K, KS=KS, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, DENSE=dense, ATOMIC=atomic,
                   PIPE=int(cfg.get("PIPE", 1)), KB=FP8_BLOCK, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=BN, BLOCK_K=BK,
-                  GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)), PRECISE=FP8A_PRECISE,
+                  GROUP_M=cfg["GROUP_M"], FLATTEN=bool(cfg.get("FLATTEN", 0)),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (_descriptor(act, act.shape[0], cfg["BLOCK_M"], BK), act_scale,
             _descriptor(w, w.shape[0] * N, BN // 2, BK), w_scale, bias, out, meta.get("padded_pair"),

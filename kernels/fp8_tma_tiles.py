@@ -7,18 +7,17 @@ They compute exactly what fp8_gemm's pointer tiles compute (_gemm1_fp8_xq_tile w
 _gemm2_fp8_tile without split-K), per 128-deep K step kt:
 
     FP8_A:      acc += dot(a8, w8) * sa[:, None] * sw[None, :]    (e4m3 x e4m3, fp32)
-    weights:    acc += dot(a, bf16(w8)) * sw[None, :]             (fp8_gemm._e4m3_to, CVT)
+    weights:    acc += dot(a, bf16(w8)) * sw[None, :]             (fp8_common._e4m3_to, CVT)
 
-with the same per-column weight scales (fp8_gemm._band_scale: one uniform load per scale block the
+with the same per-column weight scales (fp8_common._band_scale: one uniform load per scale block the
 tile touches, the values the pointer tiles gather per column), so the two are interchangeable per
 task. What differs is how the e4m3 weight tile gets into shared memory: one bulk copy of a
 (BLOCK_N, KB) box per K step (zero past KD; rows past N read the next rows, which the stores
 mask), not a program's cp.async stream of 16-byte pieces. The rows (x, or GEMM 1's h written in
 this launch through the generic proxy) stay pointer loads, as grouped_gemm._gemm2_tmaw_tile's.
 
-Why: the bf16 megakernel takes TMA weights at decode (H200 run T), while the FP8 one streamed by
-cp.async (megakernel.weight_descriptors took none for FP8); at decode the layer is the weights'
-bytes, and FP8 halves them.
+Why: at decode the layer is the weights' bytes, FP8 halves them, and bulk copies stream them with
+fewer instructions than cp.async (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fp8_gemm import _band_scale, _e4m3_to, _fp8a_part, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
+from .fp8_common import _band_scale, _e4m3_to, _fp8a_part, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
 from .grouped_gemm import _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start
 
 
@@ -75,9 +74,8 @@ def _fp8a_swapped(b, aq, sa, sw, PRECISE: tl.constexpr):
     scales sw (BN,): _fp8a_part's product transposed, scaled in its order. With BM < 64 rows the
     weights fill wgmma's M of 64 (an e4m3 wgmma, both operands K-major in shared memory), where
     dot(aq, b) of 16 rows is an mma.sync that Triton 3.6 runs in fp16 on sm_90 (every code
-    converted, the products four times the instructions: compile_report.py, session 17). PRECISE:
-    the wgmma's sums promoted to fp32 every PRECISE_ACC_K products (H200 run BP measured the swapped
-    layer's errors 1.5-2.6x the unswapped one's; the hypothesis: the e4m3 accumulation)."""
+    converted, the products four times the instructions). PRECISE: the wgmma's sums promoted to
+    fp32 every PRECISE_ACC_K products (the megakernel's "fp8_precise_acc")."""
     if PRECISE:
         p = tl.dot(b, aq.T, max_num_imprecise_acc=PRECISE_ACC_K)
     else:

@@ -406,7 +406,7 @@ def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.conste
     """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
     wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
     # one branch each (no early return: Triton 3.6 compiles the code after a constexpr branch's
-    # return too, and loads through the None that the dense GEMMs pass; H200 run AD)
+    # return too, and loads through the None that the dense GEMMs pass)
     if DENSE:
         n = tl.cdiv(T, BLOCK_M)
     else:

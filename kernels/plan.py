@@ -20,7 +20,6 @@ the padded rows the tensor cores really compute (2 per multiply-add).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -28,9 +27,11 @@ import numpy as np
 
 from ..reference.config import ROUTERS
 from ..reference.sizes import FP8_BLOCK, dtype_bytes, row_bytes, weight_bytes_per_element
-from ..reference.tiles import cdiv, scan_block, topk_passes
+from ..reference.tiles import cdiv, max_row_blocks, scan_block, topk_passes
 from . import configs as cfgs
-from .configs import _pow2
+from .configs import pow2
+from .fp8_plan import FP8_MODES, FP8Options, fp8_entry
+from .thresholds import Thresholds
 
 
 @dataclass(frozen=True)
@@ -143,11 +144,12 @@ def _triton_version() -> str:
 def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dtype: str = "bfloat16",
                 device_name: str = "NVIDIA H200", triton_version: str | None = None,
                 deterministic: bool = True, num_sms: int | None = None, gemm: dict | None = None,
-                shared_gemm: dict | None = None, fp8: str | None = None, router: dict | None = None) -> LaunchPlan:
+                shared_gemm: dict | None = None, fp8: str | None = None, router: dict | None = None,
+                fp8_options: FP8Options | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
     torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
-    ``num_sms``, ``gemm``, ``shared_gemm``, ``fp8`` and ``router`` as for ``static_plan``. ``dtype`` is x's (and
+    ``num_sms``, ``gemm``, ``shared_gemm``, ``fp8``, ``router`` and ``fp8_options`` as for ``static_plan``. ``dtype`` is x's (and
     y's); with ``fp8`` the expert GEMMs read e4m3 weights with their block scales
     (``reference.sizes.weight_bytes_per_element``) and, for "weights+act", write and read e4m3
     activations with a float32 scale per 128 (``reference.sizes.row_bytes``) and multiply in fp8."""
@@ -172,7 +174,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
     tv = triton_version or _triton_version()
     b = dtype_bytes(dtype)
     sp = static_plan(config, T, dtype=dtype, device_name=device_name, triton_version=tv, deterministic=deterministic,
-                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm, fp8=fp8, router=router)
+                     num_sms=num_sms, gemm=gemm, shared_gemm=shared_gemm, fp8=fp8, router=router,
+                     fp8_options=fp8_options)
     # bytes per element of the expert weights and of the activation between the GEMMs, and the MMA format
     wb = weight_bytes_per_element("fp8_e4m3") if fp8 else float(b)
     fp8_act = fp8 == "weights+act"
@@ -288,21 +291,18 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
 GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_gemm2_kernel",
                 ("gemm1", "tma_persistent"): "_gemm1_tma_kernel", ("gemm2", "tma_persistent"): "_gemm2_tma_kernel",
                 ("gemm1", "fp8"): "_gemm1_fp8_kernel", ("gemm2", "fp8"): "_gemm2_fp8_kernel",
-                ("gemm1", "fp8_tma"): "_gemm1_fp8_tma_kernel", ("gemm2", "fp8_tma"): "_gemm2_fp8_tma_kernel",
                 ("gemm1", "fp8w_tma"): "_gemm1_fp8w_tma_kernel", ("gemm2", "fp8w_tma"): "_gemm2_fp8w_tma_kernel",
                 ("gemm1", "fp8a_tma"): "_gemm1_fp8a_kernel", ("gemm2", "fp8a_tma"): "_gemm2_fp8a_kernel"}
 
 
 def _kernel_key(g: dict, fp8) -> str:
-    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8"; persistent:
-    "fp8_tma" with FP8 activations, "fp8w_tma" weight-only)."""
+    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8" the pointer
+    ones; persistent: "fp8a_tma" with FP8 activations, "fp8w_tma" weight-only)."""
     if not fp8:
         return g["variant"]
     if g.get("variant") != "tma_persistent":
         return "fp8"
-    if fp8 == "weights+act" and g.get("FP8A"):  # fp8_act_tma's (Llama 4's GEMM 1, SCALE_INPUT, runs fp8_tma's)
-        return "fp8a_tma"
-    return "fp8_tma" if fp8 == "weights+act" else "fp8w_tma"
+    return "fp8a_tma" if fp8 == "weights+act" else "fp8w_tma"
 
 
 def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int) -> int:
@@ -332,7 +332,7 @@ def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS,
     ab = float(b) if ab is None else ab
     xb = float(b) if xb is None else xb
     # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
-    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs, FP8_TMA_PREFILL / FP8W_TMA_PREFILL)
+    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs)
     tma1 = g1.get("variant") == "tma_persistent"
     tma2 = g2.get("variant") == "tma_persistent"
     out = []
@@ -412,7 +412,7 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     its E x BLOCK_H weight tile is what each of its cdiv(H, BLOCK_H) dependent steps loads (default
     configs.walk_block_h: wider steps at prefill)."""
     bt = cfgs.router_block_t(T, E)
-    block_e = max(16, _pow2(E))
+    block_e = max(16, pow2(E))
     if tiles is None:
         tiles = cfgs.router_prefill(T, E, H, interpret=interpret)
     if split is None:
@@ -435,32 +435,28 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
     if bitonic is None:
         bitonic = cfgs.router_bitonic(block_e, K, C)
     return {"C": C, "grid": (C,), "logits_grid": (cdiv(T, lt) if T else 0, sp), "BLOCK_T": bt, "LOGITS_T": lt,
-            "BLOCK_E": block_e, "BLOCK_H": block_h, "BLOCK_K": max(2, _pow2(K)), "BLOCK_G": max(2, _pow2(n_group)),
+            "BLOCK_E": block_e, "BLOCK_H": block_h, "BLOCK_K": max(2, pow2(K)), "BLOCK_G": max(2, pow2(n_group)),
             "SPLIT": sp, "H_PER_SPLIT": h_per, "num_warps": warps, "BITONIC": bool(bitonic),
             "logits_warps": 8 if lt * block_e > 4096 or block_e > 128 else 4}
 
 
 def align_blocks(E: int, block_m: int, B_max: int) -> dict:
     """Block sizes of the align code (shared by the router's fused single-chunk path)."""
-    block_e = max(16, _pow2(E))
-    return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, _pow2(max(B_max, 1)))),
-                BLOCK_PAD=max(2, _pow2(block_m)))
+    block_e = max(16, pow2(E))
+    return dict(BLOCK_E=block_e, BLOCK_B=max(16, min(64 if block_e <= 128 else 32, pow2(max(B_max, 1)))),
+                BLOCK_PAD=max(2, pow2(block_m)))
 
 
-#: the widest expert block the align kernels run in 4 warps: the one-program-per-chunk scatter (align._scatter_kernel)
-#: of 32 tokens x 512 experts (Kimi K2's 384) spills 133 stores at 4 warps and none at 8 (sm_90, Triton 3.6;
-#: DeepSeek-V3's 256: 205 registers, no spills). The multi-launch scatter has its own warps, ALIGN_SCATTER_WARPS
-ALIGN_WARPS4_MAX_E = 256
-#: experts per program of the multi-launch path's scan (align._scan_experts_kernel) and its chunk rows a step
-ALIGN_SCAN_EXPERTS = 16
-ALIGN_SCAN_CHUNKS = 64
-#: pairs per program of the multi-launch scatter (align._scatter_pairs_kernel) and its warps. sm_90, Triton
-#: 3.6, 32-token chunks of K = 8 (BLOCK_J 256): 48 registers, no spills, 614 SASS instructions a thread
-#: (BLOCK_P 64: 80 and 1044; 16: 31 and 344 but 22K warp instructions a chunk against 19.6K); the
-#: one-program-per-chunk _scatter_kernel it replaces: 205 registers, 7185 (DeepSeek-V3), 204 and
-#: 7829 at 8 warps (Kimi K2)
-ALIGN_SCATTER_PAIRS = 32
-ALIGN_SCATTER_WARPS = 4
+_TH = Thresholds("align")  # configs/thresholds.json: each value's unit and evidence
+#: the widest expert block (BLOCK_E) the align kernels run in 4 warps (8 past it)
+ALIGN_WARPS4_MAX_E = _TH["ALIGN_WARPS4_MAX_E"]
+#: experts per program of the multi-launch scan, and its chunk rows a step
+ALIGN_SCAN_EXPERTS = _TH["ALIGN_SCAN_EXPERTS"]
+ALIGN_SCAN_CHUNKS = _TH["ALIGN_SCAN_CHUNKS"]
+#: pairs per program of the multi-launch scatter, and its warps
+ALIGN_SCATTER_PAIRS = _TH["ALIGN_SCATTER_PAIRS"]
+ALIGN_SCATTER_WARPS = _TH["ALIGN_SCATTER_WARPS"]
+_TH.close()
 
 
 def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
@@ -469,11 +465,11 @@ def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int)
     them with the chunk's BLOCK_J) launches, and the histogram kernel's sizes. BLOCK_C: the megakernel's
     one-task scan's step (reference.tiles.scan_block)."""
     bl = align_blocks(E, block_m, B_max)
-    block_j = _pow2(block_t * K)
+    block_j = pow2(block_t * K)
     block_p = min(ALIGN_SCATTER_PAIRS, block_j)
     return {**bl, "BLOCK_M": block_m, "BLOCK_T": block_t, "BLOCK_C": scan_block(C),
-            "BLOCK_EX": ALIGN_SCAN_EXPERTS, "BLOCK_CS": max(2, min(ALIGN_SCAN_CHUNKS, _pow2(C))),
-            "BLOCK_K": max(2, _pow2(K)), "scan_grid": (cdiv(E, ALIGN_SCAN_EXPERTS),),
+            "BLOCK_EX": ALIGN_SCAN_EXPERTS, "BLOCK_CS": max(2, min(ALIGN_SCAN_CHUNKS, pow2(C))),
+            "BLOCK_K": max(2, pow2(K)), "scan_grid": (cdiv(E, ALIGN_SCAN_EXPERTS),),
             "layout_grid": (cdiv(max(B_max, 1), bl["BLOCK_B"]),), "hist_grid": (C,),
             "BLOCK_P": block_p, "BLOCK_J": block_j, "scatter_grid": (C, cdiv(block_t * K, block_p)),
             "scatter_warps": ALIGN_SCATTER_WARPS, "num_warps": 4 if bl["BLOCK_E"] <= ALIGN_WARPS4_MAX_E else 8}
@@ -481,13 +477,13 @@ def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int)
 
 def act_launch(I: int, block_m: int, num_m: int) -> dict:
     """The split-K activation kernel after GEMM 1: BLOCK_N columns of I per program."""
-    bn = min(128, _pow2(I))
+    bn = min(128, pow2(I))
     return {"BLOCK_M": block_m, "BLOCK_N": bn, "grid": (num_m * cdiv(I, bn),), "num_warps": 4}
 
 
 def combine_launch(T: int, H: int) -> dict:
     """The combine's blocks: BLOCK_T tokens x BLOCK_H columns per program."""
-    block_h = min(1024, _pow2(H))
+    block_h = min(1024, pow2(H))
     block_t = 1 if T < 256 else 4
     return {"BLOCK_T": block_t, "BLOCK_H": block_h, "grid": (cdiv(T, block_t), cdiv(H, block_h)), "num_warps": 4}
 
@@ -554,7 +550,7 @@ class StaticPlan:
 def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "NVIDIA H200",
                 triton_version: str | None = None, deterministic: bool = True, num_sms: int | None = None,
                 gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None,
-                router: dict | None = None) -> StaticPlan:
+                router: dict | None = None, fp8_options: FP8Options | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
     interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
 
@@ -566,7 +562,8 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
     ``fp8_entry``. ``router``: a ``router_launch`` dict instead of the default one (a benchmark's
     candidate: bench_router.py's walking router at another BLOCK_H, ``router_launch(..., split=0,
     block_h=128)``), with the default's keys and chunks (C, BLOCK_T: the align and its buffers are
-    sized from them); the launch plan's router stages, and so the cost model, then read its sizes."""
+    sized from them); the launch plan's router stages, and so the cost model, then read its sizes.
+    ``fp8_options``: the FP8 GEMMs' choices a benchmark varies (fp8_plan.FP8Options; None: the defaults)."""
     if fp8 not in FP8_MODES:
         raise ValueError(f"fp8 must be one of {list(FP8_MODES)}, got {fp8!r}")
     interpret = device_name == "cpu-interpreter"
@@ -575,7 +572,7 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
             for what, g in (("gemm", gemm), ("shared_gemm", shared_gemm))]
     rkey = None if router is None else _router_key(router, config, int(T), interpret, sms)
     return _static_plan(config, int(T), dtype, device_name, triton_version or _triton_version(), bool(deterministic),
-                        sms, *keys, fp8, rkey)
+                        sms, *keys, fp8, rkey, fp8_options)
 
 
 def _router_key(router: dict, config, T: int, interpret: bool, num_sms: int) -> tuple:
@@ -594,244 +591,28 @@ def _router_key(router: dict, config, T: int, interpret: bool, num_sms: int) -> 
                         for k, v in router.items()))
 
 
-FP8_MODES = (None, "weights", "weights+act")
-
-
-#: Shared memory the FP8 GEMMs' pipeline stages may take (bytes): what the bf16 TMA GEMM 1 runs with on
-#: the H200 (196,640 B at 4 stages, compile_report), below Hopper's 227 KB with room for the epilogue.
-FP8_SMEM_BUDGET_BYTES = 196 * 1024
-#: Row tiles of the FP8 GEMMs at most: each K tile's product is kept apart from the accumulator until
-#: it is scaled, so a tile holds two fp32 (BM, BN) sets (GEMM 1: four); at BM = 128 they spill. (The
-#: weight-only persistent GEMMs fold the scale into the weights instead: FP8W_TMA_MAX_BLOCK_M.)
-FP8_MAX_BLOCK_M = 64
-
-
-#: FP8 activations at prefill through the persistent TMA GEMMs (fp8_gemm._gemm1_fp8_tma_kernel /
-#: _gemm2_fp8_tma_kernel: e4m3 weight tiles, and GEMM 2's e4m3 rows, by TMA, e4m3 x e4m3 wgmma).
-#: OFF by default: compiled for sm_90 (benchmarks/compile_report.py) and tested under the interpreter,
-#: but UNMEASURED on the GPU. MEGAMOE_FP8_TMA=1 in the environment turns it on for a process (read
-#: here only, at import; fp8_entry's ``tma`` overrides it per call) so that a benchmark can time both.
-FP8_TMA_PREFILL = os.environ.get("MEGAMOE_FP8_TMA", "") == "1"
-#: Row tiles of the persistent FP8 GEMMs at most (both GEMMs, and the align, share BLOCK_M): at 128
-#: rows GEMM 1's K loop spills under Triton 3.6 for sm_90 (255 registers, 129 LDL/STL per K step:
-#: gate, up and their per-K-tile partials, 4 x 64 fp32 a thread; still 16 reading x quantized once),
-#: at 64 it does not (compile_report)
-FP8_TMA_MAX_BLOCK_M = 64
-
-
-#: FP8 activations at prefill through fp8_act_tma's persistent GEMMs (issue 12: _gemm1_fp8a_kernel /
-#: _gemm2_fp8a_kernel; config key "FP8A" on a "tma_persistent" entry): one weight scale per 128-row band
-#: and K step (one FFMA per product element), each K step's second wgmma in flight while the first's
-#: product is scaled ("PIPE"), 4 stages. ON by default since H200 run AX (50; NOTES-gpu-runs.md): whole
-#: layer with FP8 activations against the pointer FP8 GEMMs 1.21x / 1.28x faster at Qwen3-30B-A3B T = 4096 /
-#: 16384, 1.15x / 1.15x at DeepSeek-V3 (1.00x / 0.94x / 1.31x / 1.17x bf16), its GPU tests passing.
-#: MEGAMOE_FP8A_TMA=0 in the environment turns it off for a process (read here only, at import;
-#: fp8_entry's ``fp8a`` overrides it per call); it takes precedence over FP8_TMA_PREFILL (both need a
-#: "tma_persistent" entry).
-FP8A_TMA_PREFILL = os.environ.get("MEGAMOE_FP8A_TMA", "1") != "0"
-#: Their row tiles at most (GEMM 1 holds gate, up and two products in flight: 4 x 32 fp32 a thread at
-#: 64 rows and 8 warps), their pipeline stages at most (a 64 x 128 x 128 GEMM 1 stage is 40 KB: A 8 KB,
-#: gate and up 16 KB each) and GEMM 2's column tiles at most (two halves of at most 128 rows, each in
-#: one weight scale block)
-FP8A_MAX_BLOCK_M = 64
-FP8A_STAGES = 4
-FP8A_MAX_BLOCK_N2 = 256
-#: 128-row tile candidates of fp8_act_tma's GEMMs (issue 12, prefill; benchmarks/bench_fp8a.py times each
-#: beside the 64-row tiles; m128c the default at prefill since H200 run BT, FP8A_DEFAULT_TILES below): name -> the keys fp8_entry sets on its fp8a entries,
-#: {"gemm1": {...}, "gemm2": {...}}, where both GEMMs are fp8a ones (BLOCK_M the same in both: the align pads to
-#: it). At 128 rows each of the two warpgroups (8 warps) owns 64 rows, so its wgmma is 64 x 128 (64 x 64 at the
-#: default 64 rows, where the warpgroups split the columns), and a product kept in flight by PIPE no longer
-#: fits: GEMM 1 runs with PIPE 0, GEMM 2 either 128 x 128 in 64-column halves with PIPE ("m128") or 128 x 256 in
-#: 128-column halves with CHAIN ("m128c", fp8_act_tma._gemm2_fp8a_tile: one product live at a time).
-#: Compiled for sm_90 (compile_report.py qwen3-30b-a3b:4096 deepseek-v3:4096 --gemm current --fp8 weights+act
-#: --fp8a-tiles default m128 m128c --dump DIR --loops; Triton 3.9 here, the same figures at both presets):
-#: registers, spill stores, then per 128-deep K step SASS instructions and QGMMA (shape per warpgroup):
-#:     GEMM 1 default 64 x 128 PIPE   210, 0, 262, 8 (64 x 64)
-#:     GEMM 1 128 x 128 PIPE 0        255, 9 (per tile, outside the K loop: kept for the epilogue), 302, 8 (64 x 128)
-#:     GEMM 2 default 64 x 256 PIPE   185, 0, 247, 8 (64 x 64)
-#:     GEMM 2 m128 128 x 128 PIPE     186, 0, 248, 8 (64 x 64)
-#:     GEMM 2 m128c 128 x 256 CHAIN   241, 0, 325 (64 FMUL of _fresh among them), 8 (64 x 128)
-#: Rejected, spilling in the K loop: GEMM 1 128 x 128 with PIPE (255, 90, 436 with 70 local accesses a step);
-#: GEMM 2 128 x 256 with PIPE 0 (both wgmmas issued before either product is scaled: 255, 76, 308 with 42) and
-#: with PIPE (255, 67, 367 with 38).
-FP8A_TILE_CANDIDATES = {
-    "m128": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 128, "PIPE": 1}},
-    "m128c": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 256, "PIPE": 2}},
-}
-#: The candidate fp8_entry applies by default where the tuned bf16 entry has 128-row tiles (the prefill
-#: buckets) and the layer quantizes x once. H200 run BT (bench_fp8a.py, commit e2b28c2), layer us, 64-row tiles /
-#: m128 / m128c, every output bitwise the 64-row tiles': Qwen3-30B-A3B T = 4096 732.1 / 754.2 / 705.5, T = 16384
-#: 2,587.8 / 2,374.4 / 2,200.5; DeepSeek-V3 routed T = 4096 6,291.9 / 6,370.4 / 6,035.9 (bf16: 720.2, 2,269.9,
-#: 8,348.6). Unmeasured elsewhere (DeepSeek-V3 T = 16384, Mixtral-8x7B T >= 512).
-FP8A_DEFAULT_TILES = "m128c"
-#: ... where the tuned bf16 entry's BLOCK_M is at least this
-FP8A_DEFAULT_TILES_MIN_M = 128
-#: FP8A_TILES's name for "no candidate": the 64-row tiles above everywhere
-FP8A_NO_CANDIDATE = "m64"
-#: The candidate fp8_entry applies instead of that default: a name of FP8A_TILE_CANDIDATES (at every fp8a
-#: entry), FP8A_NO_CANDIDATE, or None (FP8A_DEFAULT_TILES as above). MEGAMOE_FP8A_TILES=NAME in the environment
-#: sets it for a process (read here only, at import); a benchmark sets it per variant and clears the
-#: static-plan cache, which does not key on it.
-FP8A_TILES = os.environ.get("MEGAMOE_FP8A_TILES") or None
-
-
-def fp8a_tiles_for(entry: dict, x_once: bool = True) -> str | None:
-    """The tile candidate fp8_entry sets on the fp8a GEMMs made from bf16 ``entry`` (None: the 64-row tiles):
-    FP8A_TILES if set, else FP8A_DEFAULT_TILES where the entry's GEMM 1 has FP8A_DEFAULT_TILES_MIN_M rows or more;
-    never where the layer does not quantize x once (``x_once`` False: Llama 4's input scaling, whose bf16 A
-    tiles a 128-row stage does not fit)."""
-    if not x_once:
-        return None
-    name = FP8A_TILES or (FP8A_DEFAULT_TILES if entry["gemm1"]["BLOCK_M"] >= FP8A_DEFAULT_TILES_MIN_M else None)
-    return None if name == FP8A_NO_CANDIDATE else name
-
-
-def fp8a_tiles(name: str) -> dict:
-    """FP8A_TILE_CANDIDATES[name] (a copy), checked: both GEMMs set the same BLOCK_M."""
-    if name not in FP8A_TILE_CANDIDATES:
-        raise ValueError(f"unknown fp8a tile candidate {name!r}; known: {sorted(FP8A_TILE_CANDIDATES)}")
-    c = FP8A_TILE_CANDIDATES[name]
-    if c["gemm1"].get("BLOCK_M") != c["gemm2"].get("BLOCK_M"):
-        raise ValueError(f"fp8a tile candidate {name!r}: both GEMMs share BLOCK_M (the align pads to it), got {c}")
-    return {g: dict(c[g]) for g in ("gemm1", "gemm2")}
-
-
-def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
-    """Set tile candidate ``name`` on fp8a entries g1, g2 (in place), their stages FP8A_STAGES (or the
-    candidate's) within FP8_SMEM_BUDGET_BYTES, each stage's A tile counted in e4m3: the fp8a GEMM 1 reads
-    x quantized once (so a layer whose GEMM 1 reads bf16 x, Llama 4's input-scaled one, is no place for
-    a candidate: its 128-row stages would not fit)."""
-    over = fp8a_tiles(name)
-    for g, o, n_w in ((g1, over["gemm1"], 2), (g2, over["gemm2"], 1)):
-        g.update(o)
-        stage = g["BLOCK_M"] * g["BLOCK_K"] + n_w * g["BLOCK_N"] * g["BLOCK_K"]
-        g["num_stages"] = max(1, min(o.get("num_stages", FP8A_STAGES), FP8_SMEM_BUDGET_BYTES // stage))
-
-
-#: Weight-only FP8 at prefill through persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
-#: _gemm2_fp8w_tma_kernel: e4m3 weight tiles by TMA, each K tile's block scale folded into the weights
-#: before a bf16 wgmma, so one accumulator per output as the bf16 GEMMs, and 128-row tiles fit).
-#: ON by default since its GPU tests passed (H200 runs AO, AP; NOTES-gpu-runs.md): 1.36-1.55x the pointer
-#: FP8 GEMMs' layer at Qwen3-30B-A3B T = 4096 and 16384 (run AM; still 0.57-0.60x bf16's).
-#: MEGAMOE_FP8W_TMA=0 in the environment turns it off for a process (read here only, at import;
-#: fp8_entry's ``tma_weights`` overrides it per call).
-FP8W_TMA_PREFILL = os.environ.get("MEGAMOE_FP8W_TMA", "") != "0"
-#: Row tiles of the weight-only persistent FP8 GEMMs at most: one accumulator per output (the scale is
-#: folded into the weights), so the bf16 GEMMs' 128 rows (compile_report, Triton 3.6, sm_90: no spills)
-FP8W_TMA_MAX_BLOCK_M = 128
-#: Their K tile: the bf16 GEMMs' 64, half a scale block (FP8_BLOCK % FP8W_TMA_BLOCK_K == 0: each K tile in
-#: one block), so that a stage, and the weight tile converted in registers, is half of a 128-deep one's
-FP8W_TMA_BLOCK_K = 64
-#: Their MMA operands swapped (config key "SWAP_AB", fp8_gemm._fp8w_mma): the weights converted in
-#: registers are wgmma's A operand (out^T = W @ x^T), read from registers, so the MMAs run asynchronously
-#: under the next K step's conversion; not swapped, the converted tile is B, stored to shared memory,
-#: and each K step waits for its wgmma (compile_report: pendings 0) before converting the next
-FP8W_TMA_SWAP_AB = True
-#: Column tiles of the swapped GEMMs at most: the accumulator (BN, BM) with the register operand spills
-#: at GEMM 2's 256 columns (Triton 3.6, sm_90: 16 STL), not at 128
-FP8W_TMA_SWAP_MAX_BLOCK_N = 128
-
-
-def fp8_tma_ok(g: dict, depth: int | None) -> bool:
-    """Whether a bf16 GEMM config ``g`` becomes a persistent FP8 GEMM: its variant is "tma_persistent",
-    no split-K, and e4m3 rows of ``depth`` (the K extent) have the 16-byte strides TMA needs."""
-    return (g.get("variant") == "tma_persistent" and g.get("SPLIT_K", 1) == 1 and depth is not None
-            and depth % 16 == 0)
-
-
-def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: tuple[int, int] | None = None,
-              tma: bool | None = None, tma_weights: bool | None = None, fp8a: bool | None = None,
-              x_once: bool = True) -> dict:
-    """A {"gemm1", "gemm2"} entry as the FP8 GEMMs (fp8_gemm.py) take it: BLOCK_K = FP8_BLOCK (each
-    K tile in one scale block), the pointer variant, GEMM 1 without split-K (its epilogue finishes
-    whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (it quantizes h in whole 128-column
-    groups); BLOCK_M at most FP8_MAX_BLOCK_M (both GEMMs: the align pads to it) and num_stages cut
-    to FP8_SMEM_BUDGET_BYTES. GEMM 2 keeps its split-K (splits fall on K tiles, hence on scale
-    blocks). ``dtype``: x's (GEMM 1's A tiles, and the activation's without FP8 activations).
-
-    ``tma`` (default FP8_TMA_PREFILL, off): with FP8 activations a GEMM whose entry is variant
-    "tma_persistent" (``fp8_tma_ok`` on ``depths`` = (H, I), GEMM 1's and GEMM 2's K extents; None:
-    neither) keeps that variant (fp8_gemm's persistent kernels), BLOCK_M at most FP8_TMA_MAX_BLOCK_M
-    when both GEMMs do.
-
-    ``tma_weights`` (default FP8W_TMA_PREFILL, on): the same for weight-only FP8 (fp8_gemm's
-    _gemm*_fp8w_tma_kernel, the block scale folded into the weights): BLOCK_K = FP8W_TMA_BLOCK_K,
-    BLOCK_M at most FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, "SWAP_AB" =
-    FP8W_TMA_SWAP_AB (then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N), and each stage's budget
-    leaves room for the weight tiles converted to x's dtype (in shared memory for the wgmma, or for
-    the layout conversion to its register operand).
-
-    ``fp8a`` (default FP8A_TMA_PREFILL, on): with FP8 activations, fp8_act_tma's persistent GEMMs
-    where the entry is "tma_persistent" as for ``tma`` (config key "FP8A": 1, "PIPE": 1), BLOCK_M at most
-    FP8A_MAX_BLOCK_M, GEMM 2's BLOCK_N at most FP8A_MAX_BLOCK_N2 (a power of two, halves dividing
-    128), FP8A_STAGES stages within the budget; where both GEMMs are fp8a, the 128-row tile candidate that
-    ``fp8a_tiles_for(entry, x_once)`` names instead (``_fp8a_candidate``): FP8A_DEFAULT_TILES at the 128-row
-    prefill entries unless FP8A_TILES says otherwise; ``x_once``: the layer quantizes x once (quantizes_x)."""
-    if fp8 is None:
-        return entry
-    xb = dtype_bytes(dtype)
-    H, I = depths or (None, None)
-    a_on = fp8 == "weights+act" and (FP8A_TMA_PREFILL if fp8a is None else fp8a)
-    if fp8 == "weights+act":
-        on = a_on or (FP8_TMA_PREFILL if tma is None else tma)
-        caps = (FP8A_MAX_BLOCK_M if a_on else FP8_TMA_MAX_BLOCK_M, FP8_BLOCK)
-    else:
-        on = FP8W_TMA_PREFILL if tma_weights is None else tma_weights
-        caps = (FP8W_TMA_MAX_BLOCK_M, FP8W_TMA_BLOCK_K)
-    v1 = "tma_persistent" if on and fp8_tma_ok(entry["gemm1"], H) else "pointer"
-    v2 = "tma_persistent" if on and fp8_tma_ok(entry["gemm2"], I) else "pointer"
-    both = v1 == v2 == "tma_persistent"
-    bm = min(entry["gemm1"]["BLOCK_M"], caps[0] if both else FP8_MAX_BLOCK_M)
-    bk1, bk2 = (caps[1] if v == "tma_persistent" else FP8_BLOCK for v in (v1, v2))
-    g1 = dict(entry["gemm1"], BLOCK_M=bm, BLOCK_K=bk1, SPLIT_K=1, variant=v1)
-    if fp8 == "weights+act":
-        g1["BLOCK_N"] = FP8_BLOCK
-    g2 = dict(entry["gemm2"], BLOCK_M=bm, BLOCK_K=bk2, variant=v2)
-    for g in (g1, g2):
-        if fp8 == "weights" and g["variant"] == "tma_persistent":
-            g["SWAP_AB"] = int(FP8W_TMA_SWAP_AB)
-            if FP8W_TMA_SWAP_AB:
-                g["BLOCK_N"] = min(g["BLOCK_N"], FP8W_TMA_SWAP_MAX_BLOCK_N)
-    # per stage: the A tile (x's dtype; GEMM 2's e4m3 with FP8 activations) and the e4m3 weight
-    # tiles (GEMM 1: gate and up); the weight-only persistent GEMMs' converted weight tiles once
-    for g in (g1, g2) if a_on else ():
-        if g["variant"] == "tma_persistent":
-            g.update(FP8A=1, PIPE=1, num_stages=max(g["num_stages"], FP8A_STAGES))
-    if a_on and g2["variant"] == "tma_persistent":
-        g2["BLOCK_N"] = min(max(2, 1 << (int(g2["BLOCK_N"]) - 1).bit_length()), FP8A_MAX_BLOCK_N2)
-    a2 = 1 if fp8 == "weights+act" else xb
-    for g, a_bytes, n_w in ((g1, xb, 2), (g2, a2, 1)):
-        w_tile = n_w * g["BLOCK_N"] * g["BLOCK_K"]
-        stage = g["BLOCK_M"] * g["BLOCK_K"] * a_bytes + w_tile
-        converted = w_tile * xb if g["variant"] == "tma_persistent" and fp8 == "weights" else 0
-        g["num_stages"] = max(1, min(g["num_stages"], (FP8_SMEM_BUDGET_BYTES - converted) // stage))
-    tiles = fp8a_tiles_for(entry, x_once) if a_on and both else None
-    if tiles:  # a 128-row tile candidate
-        _fp8a_candidate(g1, g2, tiles)
-    return {"gemm1": g1, "gemm2": g2}
-
-
-def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp8=None, x_once=True):
+def _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, given_json, fp8=None, x_once=True,
+                fp8_options=None):
     if given_json is None:
         g = cfgs.select_config(E, H, I, K, T, gpu=device_name, dtype=dtype, triton_version=tv, interpret=interpret)
     else:
         g = cfgs.resolve_variants(json.loads(given_json), H, I, dtype)
-    return fp8_entry(g, fp8, dtype, depths=(H, I), x_once=x_once)
+    return fp8_entry(g, fp8, dtype, depths=(H, I), x_once=x_once, options=fp8_options or FP8Options())
 
 
 @lru_cache(maxsize=256)
 def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm_json, shared_json,
-                 fp8=None, router_key=None) -> StaticPlan:
+                 fp8=None, router_key=None, fp8_options=None) -> StaticPlan:
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     interpret = device_name == "cpu-interpreter"
     x_once = quantizes_x(config, fp8)
-    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8, x_once)
+    g = _gemm_entry(E, H, I, K, T, dtype, device_name, tv, interpret, gemm_json, fp8, x_once, fp8_options)
     bm = g["gemm1"]["BLOCK_M"]
     shared = config.num_shared_experts > 0
     KS = K + (1 if shared else 0)
     rl = dict(router_key) if router_key else router_launch(T, E, H, K, config.n_group, interpret=interpret,
                                                            num_sms=num_sms)
-    P_max = cfgs.max_padded_rows(T * K, E, bm)
+    P_max = max_row_blocks(T * K, E, bm) * bm
     B_max = P_max // bm
     al = align_launch(rl["C"], K, E, rl["BLOCK_T"], bm, B_max)
     act = act_launch(I, bm, B_max) if g["gemm1"].get("SPLIT_K", 1) > 1 else None
@@ -839,7 +620,7 @@ def _static_plan(config, T, dtype, device_name, tv, deterministic, num_sms, gemm
     sg, shared_act, shared_m = None, None, 0
     if shared:
         Is = config.shared_intermediate_size
-        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8, x_once)
+        sg = _gemm_entry(1, H, Is, 1, T, dtype, device_name, tv, interpret, shared_json, fp8, x_once, fp8_options)
         sg2 = dict(sg["gemm2"], SPLIT_K=split2)
         if split2 > 1:  # the shared GEMM 2 writes the routed one's split slabs: the pointer kernel
             sg2["variant"] = "pointer"

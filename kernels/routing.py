@@ -238,7 +238,7 @@ def _route_block(
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
             # constexpr only (E is a runtime value: a test on it would compile both branches, and the
-            # reshape fails to compile where BLOCK_E > E; H200 run I): groups tile E = N_GROUP x PER_GROUP
+            # reshape fails to compile where BLOCK_E > E): groups tile E = N_GROUP x PER_GROUP
             if BLOCK_E == PER_GROUP * N_GROUP and BLOCK_G == N_GROUP:
                 # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
                 k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))

@@ -1,8 +1,7 @@
 """The GPU's SM clock and board power, sampled in a thread while timed work runs.
 
-Why: the H200 lowers its SM clock under long dense-MMA work (calibrate's ``sustained`` step: 1,980
-MHz over the first 20 ms, 1,500 after 160 ms), and the cost model prices that fall from a
-microbenchmark (the cost model's sustained-clock term). Whether a measured layer really ran at
+Why: a GPU lowers its SM clock under long dense-MMA work (calibrate's ``sustained`` step measures
+it), and the cost model prices that fall from a microbenchmark. Whether a measured layer really ran at
 the clock the model assumed is only known if the measurement records it: ``graph_time_us(...,
 clock=d)`` fills ``d`` with this module's ``summary``. A diagnostic beside the measurement, never an
 input to a prediction.

@@ -15,11 +15,11 @@ def bf():
 
 
 def test_variants_are_bf16_the_default_and_every_candidate(bf):
-    from megamoe.kernels import plan
+    from megamoe.kernels import fp8_plan
 
     assert list(bf.VARIANTS)[:2] == ["bf16", "fp8a"]
     assert {v: t for v, (_, t) in bf.VARIANTS.items() if t} == {
-        f"fp8a_{n}": n for n in (plan.FP8A_NO_CANDIDATE, *plan.FP8A_TILE_CANDIDATES)}
+        f"fp8a_{n}": n for n in (fp8_plan.FP8A_NO_CANDIDATE, *fp8_plan.FP8A_TILE_CANDIDATES)}
     assert all(fp8 == "weights+act" for v, (fp8, _) in bf.VARIANTS.items() if v != "bf16")
 
 
@@ -52,29 +52,27 @@ def test_without_a_gpu_it_says_so(bf, tmp_path, capsys):
 def test_row_times_every_variant_and_checks_them(bf, monkeypatch, device):
     """One row on a tiny layer under the interpreter (its CUDA-graph timer replaced by a constant): bf16,
     the default fp8a tiles and every candidate ran the layer, the FP8 ones within the FP8 reference's
-    tolerance and the candidates within a few fp32 ulps of fp8a, from plans made with the switches they
-    name, which the row records; the switches are as they were after it."""
+    tolerance and the candidates within a few fp32 ulps of fp8a, from plans made with the tile sets they
+    name (FP8Options), which the row records."""
     if device.name != "cpu":
         pytest.skip("the GPU run is the benchmark itself")
     from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8A_NO_CANDIDATE
 
     monkeypatch.setattr(kb, "graph_time_us", lambda fn, xs, reps: 100.0)
-    before = plan.FP8A_TMA_PREFILL, plan.FP8A_TILES
     cfg = MoEConfig(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2)
     w = random_weights(cfg, seed=43)
     weights = {"bf16": w.to_torch("cpu", torch.float32), "fp8": w.to_fp8().to_torch("cpu", torch.float32)}
     r = bf.bench_row("tiny", cfg, weights, 19, list(bf.VARIANTS), reps=1, sample=5, device="cpu",
                      gemm=cfgs.tma_entry(16, interpret=True))
-    assert (plan.FP8A_TMA_PREFILL, plan.FP8A_TILES) == before
     c = r["candidates"]
     assert all("error" not in c[v] for v in bf.VARIANTS), c
     assert all(c[v]["ok"] for v in bf.VARIANTS if v != "bf16"), c
     assert c["fp8a"]["config"]["gemm1"]["BLOCK_M"] == 16 and c["fp8a"]["tiles"] is None
     for v, (_, tiles) in bf.VARIANTS.items():
         if tiles:
-            rows = 16 if tiles == plan.FP8A_NO_CANDIDATE else 128  # the interpreter's 16-row entry, or a candidate's
+            rows = 16 if tiles == FP8A_NO_CANDIDATE else 128  # the interpreter's 16-row entry, or a candidate's
             assert c[v]["tiles"] == tiles and c[v]["config"]["gemm2"]["BLOCK_M"] == rows
             assert c[v]["max_abs_vs_fp8a"] < 1e-5, c[v]
             assert c[v]["gemm_speedup_vs_fp8a"] == {"gemm1": None, "gemm2": None}  # (constant timer: 0 us stages)

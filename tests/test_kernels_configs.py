@@ -26,6 +26,35 @@ def test_shipped_files_load():
     for f in files:
         data = cfgs.load_file(f)
         assert data, f
+    assert sorted(p.name for p in cfgs.CONFIG_DIR.glob("*.json")) == sorted([f.name for f in files] + ["thresholds.json"])
+
+
+def test_thresholds_load_strictly(tmp_path):
+    """configs/thresholds.json: every value with a unit and a source; a value a module reads that the file
+    lacks, one the file has that nothing reads, and an entry without its source are errors, loudly."""
+    from megamoe.kernels import thresholds as th
+
+    d = th.load()
+    assert set(d) == {"router", "align", "fp8"}
+    assert all(e["source"].strip() and e["unit"] for sec in d.values() for e in sec.values())
+    assert cfgs.ROUTER_PREFILL_T == d["router"]["ROUTER_PREFILL_T"]["value"]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"router": {"A": {"value": 1, "unit": "u", "source": "s"},
+                                        "B": {"value": [8, 4], "unit": "u", "source": "s"}}}))
+    t = th.Thresholds("router", p)
+    assert t["B"] == (8, 4)
+    with pytest.raises(th.ThresholdError, match=r"section 'router' lacks 'C'"):
+        t["C"]
+    with pytest.raises(th.ThresholdError, match=r"values nothing reads: \['A'\]"):
+        t.close()
+    with pytest.raises(th.ThresholdError, match=r"no section 'fp8'"):
+        th.Thresholds("fp8", p)
+    p.write_text(json.dumps({"router": {"A": {"value": 1, "unit": "u"}}}))
+    with pytest.raises(th.ThresholdError, match=r"router.A must have exactly the keys \['value', 'unit', 'source'\]"):
+        th.Thresholds("router", p)
+    p.write_text(json.dumps({"router": {"A": {"value": 1, "unit": "u", "source": " "}}}))
+    with pytest.raises(th.ThresholdError, match=r"non-empty source"):
+        th.Thresholds("router", p)
 
 
 def test_unknown_key_fails_loudly(tmp_path):

@@ -48,8 +48,8 @@ def _poisoned(n: int, H: int, device, dtype) -> torch.Tensor:
     return torch.full((int(n), H), float("nan"), dtype=device.torch_dtype(dtype), device=device.name)
 
 
-@pytest.mark.parametrize("max_rows", [None, 1, 3], ids=lambda m: f"max_rows={m}")
-@pytest.mark.parametrize("name", [s[0] for s in SCENARIOS])
+#: every scenario once, the row caps taken in turn (None: no cap; 1 and 3: copies split into pieces)
+@pytest.mark.parametrize("name,max_rows", [(s[0], (None, 1, 3)[i % 3]) for i, s in enumerate(SCENARIOS)])
 def test_pull_and_push_equal_the_reference(rng, device, name, max_rows):
     """Every destination's pulls and every rank's push-backs: bitwise reference.ep.pull_rows / push_rows."""
     from megamoe.kernels.ep_pull import pull_rows_triton, push_rows_triton
@@ -114,7 +114,7 @@ def test_one_push_writes_only_its_rows(rng, device):
             np.testing.assert_array_equal(_bits(got)[mine], want[s][mine])
 
 
-@pytest.mark.parametrize("num_programs", [1, 2, 5, 64])
+@pytest.mark.parametrize("num_programs", [1, 5])  # one program walks all; several, one past the copies
 def test_the_grid_does_not_change_the_bits(rng, device, num_programs):
     """One program or many (tiles dealt round-robin across copies): the same receive buffers."""
     from megamoe.kernels.ep_pull import pull_rows_triton

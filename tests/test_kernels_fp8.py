@@ -26,22 +26,10 @@ pytestmark = pytest.mark.interpret
 import triton  # noqa: E402  (after conftest.py chose the interpreter)
 import triton.language as tl  # noqa: E402
 from pairs import (  # noqa: E402
-    assert_fp8a_gemms_close_on_gpu,
-    assert_fp8a_pairs_match_reference,
     pair_rows_reference,
 )
 
-from megamoe.kernels.fp8_gemm import _e4m3_to, _quantize_groups  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _pointer_and_first_tma_fp8_gemms(monkeypatch):
-    """This file tests the pointer FP8 GEMMs and the first persistent ones (FP8_TMA_PREFILL); the
-    persistent FP8-activation GEMMs that take precedence at prefill by default (plan.FP8A_TMA_PREFILL)
-    have their own file, tests/test_kernels_fp8a.py."""
-    from megamoe.kernels import plan
-
-    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", False)
+from megamoe.kernels.fp8_common import _e4m3_to, _quantize_groups  # noqa: E402
 
 BASE = dict(hidden_size=200, intermediate_size=136, num_experts=5, top_k=2)
 
@@ -84,9 +72,14 @@ def _check(device, y, ref, fp8_activations, what):
     return rep
 
 
-@pytest.mark.parametrize("backend", ["multi", "megakernel"])
-@pytest.mark.parametrize("fp8_activations", [True, False], ids=["w8a8", "w8"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,fp8_activations,backend", [
+    ("deepseek", True, "multi"),  # grouped router and a shared MLP, both quantized
+    ("deepseek", False, "megakernel"),  # weight-only FP8 in the megakernel, shared MLP included
+    ("swiglu_bias", False, "multi"),  # biases and clamp on the weight-only path
+    ("swiglu_bias", True, "megakernel"),  # ... before h is quantized, in the megakernel
+    ("input_scaled", True, "multi"),  # Llama 4: x scaled by the routing weight before it is quantized
+    ("input_scaled", True, "megakernel"),  # the same in the megakernel
+])
 def test_layer_matches_fp8_reference(case, fp8_activations, backend, rng, device):
     cfg = MoEConfig(**{**BASE, **CASES[case][0]})
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
@@ -95,9 +88,9 @@ def test_layer_matches_fp8_reference(case, fp8_activations, backend, rng, device
     _check(device, y, ref, fp8_activations, f"{case} fp8_activations={fp8_activations} {backend}")
 
 
-@pytest.mark.parametrize("T", [0, 1, 29])
+@pytest.mark.parametrize("T", [0, 29])
 def test_megakernel_fp8_edges_and_plan(T, rng, device):
-    """The FP8 megakernel: T = 0, one token, and every token on expert 3 (most experts empty); the
+    """The FP8 megakernel: T = 0 and every token on expert 3 (most experts empty); the
     tasks it ran are the plan's; its output within the FP8 tolerance and repeated bitwise."""
     from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
     from megamoe.reference.tiles import KINDS, task_plan
@@ -257,7 +250,7 @@ def test_unsupported_combinations_are_named(rng, device):
 
 
 def test_fp8_entry_sizes_the_tiles():
-    """Block sizes come from plan.fp8_entry: K tiles of one scale block, GEMM 1 whole groups of h."""
+    """Block sizes come from fp8_plan.fp8_entry: K tiles of one scale block, GEMM 1 whole groups of h."""
     from megamoe.kernels.plan import static_plan
 
     cfg = MoEConfig(**BASE)
@@ -268,7 +261,7 @@ def test_fp8_entry_sizes_the_tiles():
         assert sp.gemm["gemm1"]["SPLIT_K"] == 1 and sp.split2 == 2
         assert bn is None or sp.gemm["gemm1"]["BLOCK_N"] == bn
     # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
-    from megamoe.kernels.plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
+    from megamoe.kernels.fp8_plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
 
     big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
     for fp8, a2 in (("weights", 2), ("weights+act", 1)):
@@ -283,7 +276,7 @@ def test_fp8_entry_sizes_the_tiles():
 
 @triton.jit
 def _convert(src, dst, CVT: tl.constexpr, N: tl.constexpr):
-    """fp8_gemm._e4m3_to alone: N codes to dst's dtype."""
+    """fp8_common._e4m3_to alone: N codes to dst's dtype."""
     o = tl.arange(0, N)
     tl.store(dst + o, _e4m3_to(tl.load(src + o), dst.dtype.element_ty, CVT))
 
@@ -352,7 +345,7 @@ def test_megakernel_fp8_variants(variant, fp8, T, xdt, rng, device):
 
 
 def test_both_backends_read_one_fp8_conversion_choice():
-    """The e4m3 conversion is chosen in one place (configs.FP8_CONVERT_DEFAULT, fp8_gemm.FP8_CONVERT):
+    """The e4m3 conversion is chosen in one place (configs.FP8_CONVERT_DEFAULT, fp8_common.FP8_CONVERT):
     the megakernel's config default and the multi-launch GEMMs' CVT come from it; FP8 activations
     convert nothing (CVT 0); an unknown name is refused by name."""
     from megamoe.kernels import fp8_gemm as fg
@@ -370,25 +363,10 @@ def test_both_backends_read_one_fp8_conversion_choice():
     assert fp8_convert_code(False) == fg.convert_code(mkc.FP8_CONVERT_DEFAULT, False)
 
 
-# --------------------------------------------------------------------------- persistent TMA FP8 GEMMs
-#: sizes for the persistent TMA FP8 GEMMs: e4m3 rows need 16-byte strides (H, I multiples of 16), still
-#: not multiples of 128 (partial last scale blocks; GEMM 1's up rows start mid-block at 144)
+# --------------------------------------------------------------------------- x quantized once
+#: sizes where the persistent FP8 GEMMs could run: e4m3 rows need 16-byte strides (H, I multiples of 16),
+#: still not multiples of 128 (partial last scale blocks; GEMM 1's up rows start mid-block at 144)
 TMA_BASE = dict(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2)
-
-
-def _tma_entries(H: int, I: int, device) -> tuple[dict, dict]:
-    """(pointer, persistent) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry
-    with tma off and on)."""
-    from megamoe.kernels import configs as cfgs
-    from megamoe.kernels.plan import fp8_entry
-
-    base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    ptr = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False)
-    tma = fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=True)
-    assert ptr["gemm1"]["variant"] == ptr["gemm2"]["variant"] == "pointer"
-    assert tma["gemm1"]["variant"] == tma["gemm2"]["variant"] == "tma_persistent"
-    assert tma["gemm1"]["BLOCK_M"] == tma["gemm2"]["BLOCK_M"]
-    return ptr, tma
 
 
 def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms, quantize_x=False):
@@ -416,114 +394,6 @@ def _fp8_gemms(device, wt, x, idx, tw, entry, block_m, E, K, H, I, num_sms, quan
     return act.cpu()[:n_rows][valid], act_s.cpu()[:n_rows][valid], pairs.cpu()
 
 
-#: name -> (T, routing, why)
-TMA_GEMM_CASES = {
-    "random": (21, "random", "random distinct experts per token; 3 programs walk several tiles each"),
-    "one_expert": (37, "one", "every token on expert 3 first, then expert 1: three experts get no rows"),
-    "one_token": (1, "random", "a single token: one row block per expert used, most of it padding"),
-}
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("case", list(TMA_GEMM_CASES))
-def test_tma_fp8_gemms_match_pointer_and_reference(case, rng, device):
-    """The persistent TMA FP8 GEMMs (FP8 activations) against the FP8 reference and the pointer
-    FP8 GEMMs (the same arithmetic: the same codes, scales and sums) on a given routing, every
-    output buffer poisoned with NaN: every valid activation row and pair row is written."""
-
-    T, routing, _why = TMA_GEMM_CASES[case]
-    cfg = MoEConfig(**TMA_BASE)
-    E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
-    if routing == "one":
-        idx = np.tile(np.array([3, 1]), (T, 1))
-    else:
-        idx = np.stack([rng.permutation(E)[:K] for _ in range(T)])
-    tw = rng.uniform(0.1, 1.0, (T, K))
-    x = rng.standard_normal((T, H))
-    w8 = random_weights(cfg, seed=21, fp8=True)
-    wt = w8.to_torch(device.name, device.torch_dtype())
-    ptr, tma = _tma_entries(H, I, device)
-    sms = 3 if device.name == "cpu" else None
-    got = _fp8_gemms(device, wt, x, idx, tw, tma, tma["gemm1"]["BLOCK_M"], E, K, H, I, sms)
-    want = _fp8_gemms(device, wt, x, idx, tw, ptr, ptr["gemm1"]["BLOCK_M"], E, K, H, I, sms)
-    assert np.isfinite(got[2].double().numpy()).all(), "a pair row was left unwritten"
-    assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "an activation row was left unwritten"
-    # the pointer GEMMs' codes, scales and sums (rows in the same padded order: the same BLOCK_M); the
-    # interpreter's e4m3 dot is exact, so equal there; on a GPU within a bf16 rounding (and one e4m3
-    # step of h where an fp32 sum's last bit moved a code)
-    assert tma["gemm1"]["BLOCK_M"] == ptr["gemm1"]["BLOCK_M"]
-    if device.name == "cpu":
-        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
-        assert torch.equal(got[1], want[1])
-        torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
-    else:
-        assert_fp8a_gemms_close_on_gpu(got, want, I)
-    assert_fp8a_pairs_match_reference(got[2], x, w8, idx, tw, cfg, device.dtype, f"persistent FP8 GEMMs, {case}")
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("case", ["deepseek", "input_scaled"])
-def test_tma_fp8_layer_matches_reference(case, rng, device, monkeypatch):
-    """The layer with FP8_TMA_PREFILL on and a "tma_persistent" entry: the routed and the shared
-    MLP's GEMMs run the persistent FP8 kernels (the dense ones too) and match the FP8 reference."""
-    from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import moe as kmoe
-    from megamoe.kernels import plan
-
-    fields = {**CASES[case][0]}
-    if fields.get("shared_intermediate_size"):
-        fields["shared_intermediate_size"] = 80  # 16-byte e4m3 rows for the shared GEMM 2's descriptors
-    cfg = MoEConfig(**{**TMA_BASE, **fields})
-    w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
-    x = rng.standard_normal((19, cfg.hidden_size))
-    entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    monkeypatch.setattr(plan, "FP8_TMA_PREFILL", True)
-    plan._static_plan.cache_clear()
-    try:
-        xt = device.tensor(x)
-        sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
-                                  fp8="weights+act")
-        assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "tma_persistent"
-        assert sp.shared["gemm1"]["variant"] == "tma_persistent"
-        y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp,
-                          fp8_activations=True)
-    finally:
-        plan._static_plan.cache_clear()
-    ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
-    assert_close(y.cpu(), ref, "fp8_e4m3", f"persistent FP8 layer {case}")
-
-
-def test_fp8_tma_off_by_default_leaves_fp8_entry_unchanged():
-    """FP8_TMA_PREFILL is off (unless MEGAMOE_FP8_TMA=1): fp8_entry gives the pointer FP8 GEMMs of
-    before for every mode, tuned "tma_persistent" entries included; on, only FP8 activations with
-    a "tma_persistent" entry and TMA-able depths get the persistent kernels. (The weight-only
-    persistent GEMMs, FP8W_TMA_PREFILL, are held off here: test_kernels_fp8w tests them.)"""
-    import os
-
-    from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
-
-    assert plan.FP8_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8_TMA", "") == "1")
-    for entry in (cfgs.tma_entry(128), cfgs.tma_entry(64), cfgs.default_config(8, 2048, 768, 2, 4096)):
-        for fp8 in ("weights", "weights+act"):
-            off = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=False, tma_weights=False)
-            assert off["gemm1"]["variant"] == off["gemm2"]["variant"] == "pointer"
-            assert off["gemm1"]["BLOCK_M"] == min(entry["gemm1"]["BLOCK_M"], plan.FP8_MAX_BLOCK_M)
-            assert plan.fp8_entry(entry, fp8) == off  # no depths: no TMA whatever the flags
-            if not plan.FP8_TMA_PREFILL:
-                assert plan.fp8_entry(entry, fp8, depths=(2048, 768), tma_weights=False) == off
-            on = plan.fp8_entry(entry, fp8, depths=(2048, 768), tma=True, tma_weights=False)
-            if fp8 == "weights":
-                assert on == off
-        assert plan.fp8_entry(entry, "weights+act", depths=(2056, 776), tma=True) == \
-            plan.fp8_entry(entry, "weights+act", depths=(2056, 776), tma=False)  # 8-byte e4m3 rows: no TMA
-    big = MoEConfig(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8)
-    if not plan.FP8_TMA_PREFILL:
-        sp = plan.static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8="weights+act")
-        assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "pointer"
-
-
-# --------------------------------------------------------------------------- x quantized once (quantize_x)
 def _quantized_x(device, xt, rows_extra: int = 0):
     """x's codes and scales from fp8_gemm.launch_quantize_x with the plan's launch sizes; both buffers
     poisoned (NaN codes 0x7F, NaN scales) and ``rows_extra`` rows longer than T, views of the first T."""
@@ -571,80 +441,58 @@ def test_quantize_x_equals_the_reference_and_the_k_loop(T, H, rng, device):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("case", ["random", "one_expert"])
-def test_gemm1_reading_quantized_x_equals_the_k_loop(case, rng, device):
-    """Both FP8 GEMM 1s (pointer and persistent) reading x's codes and scales (XQ) against the same
-    GEMMs quantizing x in their K loop, every output poisoned: the same activation codes and scales
-    bit for bit (the same codes, the same sums) and the same pair rows under the interpreter."""
-    T, routing, _why = TMA_GEMM_CASES[case]
+def test_gemm1_reading_quantized_x_equals_the_k_loop(rng, device):
+    """The pointer FP8 GEMM 1 reading x's codes and scales (XQ) against the same GEMM quantizing x in its
+    K loop, every output poisoned, every token on experts 3 and 1 (three experts get no rows): the same
+    activation codes and scales bit for bit and the same pair rows under the interpreter. (fp8_act_tma's
+    GEMM 1 always reads the codes: test_kernels_fp8a.)"""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.fp8_plan import fp8_entry
+
+    T = 37
     cfg = MoEConfig(**TMA_BASE)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
-    idx = np.tile(np.array([3, 1]), (T, 1)) if routing == "one" else np.stack([rng.permutation(E)[:K]
-                                                                                 for _ in range(T)])
+    idx = np.tile(np.array([3, 1]), (T, 1))
     tw = rng.uniform(0.1, 1.0, (T, K))
     x = rng.standard_normal((T, H))
     wt = random_weights(cfg, seed=23, fp8=True).to_torch(device.name, device.torch_dtype())
-    sms = 3 if device.name == "cpu" else None
-    for entry in _tma_entries(H, I, device):
-        bm = entry["gemm1"]["BLOCK_M"]
-        got = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, sms, quantize_x=True)
-        want = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, sms)
-        what = entry["gemm1"]["variant"]
-        assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), f"{what}: a row left unwritten"
-        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)), what
-        assert torch.equal(got[1], want[1]), what
-        if device.name == "cpu":
-            assert torch.equal(got[2], want[2]), what
-
-
-def _layer_both_ways(device, cfg, x, w8, plan_kw, monkeypatch, tma: bool):
-    """The layer with the static plan's x quantization (quant) and with it taken out (GEMM 1 quantizing
-    in its K loop, as before): (y with, y without, the plan)."""
-    import dataclasses
-
-    from megamoe.kernels import moe as kmoe
-    from megamoe.kernels import plan
-
-    monkeypatch.setattr(plan, "FP8_TMA_PREFILL", tma)
-    plan._static_plan.cache_clear()
-    try:
-        xt = device.tensor(x)
-        sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, fp8="weights+act", **plan_kw)
-        wt = w8.to_torch(device.name, device.torch_dtype())
-        y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=True)
-        y0 = kmoe._forward(xt, wt, cfg, True, plan=dataclasses.replace(sp, quant=None), fp8_activations=True)
-    finally:
-        plan._static_plan.cache_clear()
-    return y, y0, sp
+    base = cfgs.default_config(E, H, I, K, T, interpret=device.name == "cpu")
+    entry = fp8_entry({g: dict(c, SPLIT_K=1) for g, c in base.items()}, "weights+act", device.dtype, depths=(H, I))
+    bm = entry["gemm1"]["BLOCK_M"]
+    got = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, None, quantize_x=True)
+    want = _fp8_gemms(device, wt, x, idx, tw, entry, bm, E, K, H, I, None)
+    assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all(), "a row left unwritten"
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(got[1], want[1])
+    if device.name == "cpu":
+        assert torch.equal(got[2], want[2])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("variant", ["pointer", "tma_persistent"])
-@pytest.mark.parametrize("case", ["deepseek", "swiglu_bias"])
-def test_layer_with_quantized_x_equals_the_k_loop(case, variant, rng, device, monkeypatch):
-    """The layer with FP8 activations quantizes x once (plan stage "quantize_x") and both GEMM 1s
-    (routed, shared) read the codes: the output equals the K-loop quantization's (bitwise under the
-    interpreter) and the FP8 reference, with the pointer and the persistent GEMMs; T and H odd."""
-    from megamoe.kernels import configs as cfgs
+def test_layer_with_quantized_x_equals_the_k_loop(rng, device):
+    """The layer with FP8 activations quantizes x once (plan stage "quantize_x") and both pointer GEMM 1s
+    (routed, shared) read the codes: the output equals the K-loop quantization's (the plan's quant taken
+    out; bitwise under the interpreter) and the FP8 reference; DeepSeek-V3's layer, T and H odd."""
+    import dataclasses
 
-    fields = {**CASES[case][0]}
-    if fields.get("shared_intermediate_size"):
-        fields["shared_intermediate_size"] = 80
-    cfg = MoEConfig(**{**TMA_BASE, **fields})
+    from megamoe.kernels import moe as kmoe
+
+    cfg = MoEConfig(**{**TMA_BASE, **CASES["deepseek"][0], "shared_intermediate_size": 80})
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     x = rng.standard_normal((19, cfg.hidden_size))
-    kw = {}
-    if variant == "tma_persistent":
-        entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-        kw = dict(gemm=entry, shared_gemm=entry)
-    y, y0, sp = _layer_both_ways(device, cfg, x, w8, kw, monkeypatch, variant == "tma_persistent")
-    assert sp.quant is not None and sp.gemm["gemm1"]["variant"] == variant
+    xt = device.tensor(x)
+    sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, fp8="weights+act")
+    wt = w8.to_torch(device.name, device.torch_dtype())
+    y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=True)
+    y0 = kmoe._forward(xt, wt, cfg, True, plan=dataclasses.replace(sp, quant=None), fp8_activations=True)
+    assert sp.quant is not None
     if device.name == "cpu":
+        assert sp.gemm["gemm1"]["variant"] == "pointer"
         assert torch.equal(y, y0)
     else:
         torch.testing.assert_close(y, y0, rtol=2**-6, atol=1e-3)
     ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
-    assert_close(y.cpu(), ref, "fp8_e4m3", f"quantized x, {case} {variant}")
+    assert_close(y.cpu(), ref, "fp8_e4m3", "quantized x, deepseek")
 
 
 def test_quantize_x_in_the_launch_plan_and_not_for_input_scaling():
@@ -689,8 +537,8 @@ def test_quantize_x_in_the_launch_plan_and_not_for_input_scaling():
                          x_q=(torch.empty((4, 256), dtype=f8), torch.empty((4, 2))))
 
 
-@pytest.mark.parametrize("fp8", ["weights+act", "weights"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,fp8", [("deepseek", "weights+act"), ("swiglu_bias", "weights"),
+                                     ("input_scaled", "weights+act")])  # each epilogue once, both modes
 def test_fp8_tma_weights_compute_what_the_pointer_loads_compute(case, fp8, rng, device):
     """Config "tma_weights" with FP8 (kernels/fp8_tma_tiles.py): the routed GEMM tasks read their e4m3
     weight tiles through TMA descriptors and scale them by the same per-column values, so the layer
@@ -734,9 +582,12 @@ def _tma_case(case: str, T: int, rng, device, tma: bool):
     return cfg, w8, w8.to_torch(device.name, device.torch_dtype()), base
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
-@pytest.mark.parametrize("T", [0, 1, 13, 29])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,T,tma", [
+    ("deepseek", 13, True),  # split router: the logits tasks quantize their H range; TMA weight tiles
+    ("swiglu_bias", 29, False),  # router not split: the top-k tasks quantize all of H; pointer weight tiles
+    ("input_scaled", 1, True),  # Llama 4: x scaled per pair before quantizing, in GEMM 1
+    ("deepseek", 0, False),  # no tokens
+], ids=["split-tma", "whole-ptr", "input_scaled", "T0"])
 def test_fp8_x_quantized_once_by_the_router_tasks(case, T, tma, rng, device):
     """FP8 activations: the router tasks quantize x once (the logits tasks their H range's groups where
     the router is split, T = 1 and 13 here; the top-k tasks all of H for their tokens where it is not,

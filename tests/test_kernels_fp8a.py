@@ -1,4 +1,4 @@
-"""fp8_act_tma's persistent FP8 GEMMs (FP8 weights and activations at prefill, plan.FP8A_TMA_PREFILL)
+"""fp8_act_tma's persistent FP8 GEMMs (FP8 weights and activations at a "tma_persistent" entry)
 against the reference's FP8 layer and against fp8_gemm's pointer FP8 GEMMs.
 
 Under the interpreter x is float32 and the e4m3 dot is exact in fp32, so these check the tile walk,
@@ -23,28 +23,24 @@ pytestmark = pytest.mark.interpret
 #: name -> (T, routing, I, why)
 GEMM_CASES = {
     "random": (21, "random", 144, "random distinct experts per token; the up band straddles two scale blocks"),
-    "aligned": (21, "random", 256, "I % 128 == 0: one weight scale per band and K step (the H200 presets)"),
-    "one_expert": (37, "one", 256, "every token on expert 3 first, then expert 1: three experts get no rows"),
-    "one_token": (1, "random", 144, "a single token: one row block per expert used, most of it padding"),
+    "one_expert": (37, "one", 256, "I % 128 == 0 (one weight scale per band and K step, as the H200 presets); "
+                                   "every token on experts 3 and 1: three experts get no rows"),
 }
 
 
 def _entries(H: int, I: int, device, pipe: int = 1, pipe2: int | None = None,
              tiles: str | None = None) -> tuple[dict, dict]:
-    """(pointer, fp8a) FP8-activation entries from one "tma_persistent" bf16 entry (plan.fp8_entry);
-    the fp8a one with PIPE ``pipe`` (GEMM 2: ``pipe2`` if given), or with ``tiles`` a tile candidate
-    of plan.FP8A_TILE_CANDIDATES as fp8_entry makes it (plan.FP8A_TILES set while it does)."""
+    """(pointer, fp8a) FP8-activation entries (fp8_plan.fp8_entry) from one bf16 entry, "pointer" and
+    "tma_persistent"; the fp8a one with PIPE ``pipe`` (GEMM 2: ``pipe2`` if given), or with ``tiles`` a
+    tile set of fp8_plan.FP8A_TILE_CANDIDATES as fp8_entry makes it (FP8Options.fp8a_tiles)."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8A_NO_CANDIDATE, FP8Options, fp8_entry
 
     base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    ptr = plan.fp8_entry(base, "weights+act", device.dtype, depths=(H, I), tma=False, fp8a=False)
-    old = plan.FP8A_TILES
-    plan.FP8A_TILES = tiles
-    try:
-        new = plan.fp8_entry(base, "weights+act", device.dtype, depths=(H, I), fp8a=True)
-    finally:
-        plan.FP8A_TILES = old
+    ptr = fp8_entry({g: dict(c, variant="pointer") for g, c in base.items()}, "weights+act", device.dtype,
+                    depths=(H, I))
+    new = fp8_entry(base, "weights+act", device.dtype, depths=(H, I),
+                    options=FP8Options(fp8a_tiles=tiles or FP8A_NO_CANDIDATE))
     assert ptr["gemm1"]["variant"] == ptr["gemm2"]["variant"] == "pointer"
     assert new["gemm1"]["FP8A"] == new["gemm2"]["FP8A"] == 1
     if tiles is None:
@@ -121,11 +117,12 @@ def _assert_same(got, want) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("pipe,pipe2", [(0, 0), (0, 2)], ids=["off", "chain"])
-def test_fp8a_pipe_modes_equal_pipe_on(pipe, pipe2, rng, device):
+def test_fp8a_pipe_modes_equal_pipe_on(rng, device):
     """PIPE (the gate product, and GEMM 2's first half, carried to the next K step) and GEMM 2's CHAIN
     (half 1's product started from half 0's scaled sum x 0) change when each product is scaled, not
-    what is added: the same codes, scales and pairs bit for bit as PIPE on."""
+    what is added: the same codes, scales and pairs bit for bit as PIPE on (GEMM 1 PIPE 0, GEMM 2 CHAIN:
+    the two modes the 128-row tile sets run)."""
+    pipe, pipe2 = 0, 2
     T, I = 21, 144
     cfg = MoEConfig(hidden_size=208, intermediate_size=I, num_experts=5, top_k=2)
     E, K, H = cfg.num_experts, cfg.top_k, cfg.hidden_size
@@ -143,28 +140,25 @@ def test_fp8a_pipe_modes_equal_pipe_on(pipe, pipe2, rng, device):
 TILE_CASES = {
     "odd": (21, "random", 208, 144, "the last K step partial, the up band straddling two scale blocks, GEMM 2's "
                                     "last column tile partial"),
-    "aligned": (37, "random", 256, 256, "one weight scale per band and K step, whole column tiles"),
     "one_expert": (133, "one", 208, 256, "every token on expert 3 first, then expert 1: three experts get no rows, "
                                          "two get every token, 5 rows past their first 128-row block"),
-    "one_token": (1, "random", 208, 144, "a single token: two row blocks of 127 padding rows"),
 }
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("case", list(TILE_CASES))
-@pytest.mark.parametrize("tiles", ["m128", "m128c"])
+@pytest.mark.parametrize("tiles,case", [("m128", "odd"), ("m128c", "one_expert")])
 def test_fp8a_tile_candidates_match_default_and_reference(tiles, case, rng, device):
-    """Each 128-row tile candidate (plan.FP8A_TILE_CANDIDATES: GEMM 1 128 x 128 with PIPE 0, GEMM 2
+    """Each 128-row tile candidate (fp8_plan.FP8A_TILE_CANDIDATES: GEMM 1 128 x 128 with PIPE 0, GEMM 2
     128 x 128 with PIPE or 128 x 256 with CHAIN) against the FP8 reference per pair and against the
     default fp8a tiles (the same sums per K step in the same order; the valid rows in the same padded
     order): under the interpreter the same h codes and scales bit for bit and the pairs within a few
     fp32 ulps (NumPy's float32 matmul, the interpreter's dot, sums in an order that depends on the
     tile's shape: GEMM 2's columns here 8 per half by default, 64 or 128 in the candidates), on a GPU
     within an e4m3 step and a bf16 rounding; every output poisoned: every valid row is written."""
-    from megamoe.kernels import plan
+    from megamoe.kernels import fp8_plan
 
     T, routing, H, I, _why = TILE_CASES[case]
-    assert tiles in plan.FP8A_TILE_CANDIDATES
+    assert tiles in fp8_plan.FP8A_TILE_CANDIDATES
     cfg = MoEConfig(hidden_size=H, intermediate_size=I, num_experts=5, top_k=2)
     E, K = cfg.num_experts, cfg.top_k
     idx = np.tile(np.array([3, 1]), (T, 1)) if routing == "one" else np.stack([rng.permutation(E)[:K]
@@ -175,7 +169,7 @@ def test_fp8a_tile_candidates_match_default_and_reference(tiles, case, rng, devi
     wt = w8.to_torch(device.name, device.torch_dtype())
     _, cand = _entries(H, I, device, tiles=tiles)
     _, default = _entries(H, I, device)
-    want = plan.fp8a_tiles(tiles)
+    want = fp8_plan.fp8a_tiles(tiles)
     for g in ("gemm1", "gemm2"):
         assert {k: cand[g][k] for k in want[g]} == want[g] and cand[g]["BLOCK_M"] == 128
     sms = 3 if device.name == "cpu" else None
@@ -199,42 +193,39 @@ LAYER_CASES = {
     "swiglu_bias": (dict(router="topk_softmax", router_bias=True, activation="clamped_swiglu", expert_bias=True,
                          swiglu_limit=1.5), "gpt-oss epilogue: biases and the clamp act before h is quantized"),
     "input_scaled": (dict(router="sigmoid_top1_input", top_k=1, num_shared_experts=1, shared_intermediate_size=24),
-                     "Llama 4: x scaled before it is quantized: GEMM 1 keeps fp8_gemm's persistent kernel"),
+                     "Llama 4: x scaled before it is quantized: GEMM 1 runs fp8_gemm's pointer kernel"),
 }
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("T", [0, 19])
-@pytest.mark.parametrize("case,tiles", [(c, None) for c in LAYER_CASES] + [("deepseek", "m128"),
-                                                                          ("swiglu_bias", "m128c")])
-def test_fp8a_layer_matches_reference(case, tiles, T, rng, device, monkeypatch):
-    """The layer with FP8A_TMA_PREFILL on and a "tma_persistent" entry: the routed (and shared) GEMMs
-    run fp8_act_tma's kernels and the output matches the FP8 reference; T = 0 launches nothing. With
-    ``tiles`` a 128-row tile candidate (plan.FP8A_TILES) on every fp8a GEMM, the shared MLP's too
-    (not Llama 4's layer: its GEMM 1 reads x unquantized, which the candidates' stages do not budget)."""
+@pytest.mark.parametrize("case,tiles,T", [
+    ("deepseek", None, 19),  # grouped router, the shared MLP's dense GEMMs on the fp8a kernels too
+    ("swiglu_bias", "m128c", 19),  # biases and clamp before h is quantized, at the default prefill tile set
+    ("input_scaled", None, 19),  # Llama 4: the pointer GEMM 1 (x scaled before quantizing) beside the fp8a GEMM 2
+    ("deepseek", "m128", 0),  # T = 0 launches nothing; the other tile set
+])
+def test_fp8a_layer_matches_reference(case, tiles, T, rng, device):
+    """The layer with a "tma_persistent" entry: the routed (and shared) GEMMs run fp8_act_tma's kernels
+    and the output matches the FP8 reference. With ``tiles`` a 128-row tile set (FP8Options.fp8a_tiles)
+    on every fp8a GEMM, the shared MLP's too."""
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8Options
 
     cfg = MoEConfig(**{**dict(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2), **LAYER_CASES[case][0]})
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     x = rng.standard_normal((T, cfg.hidden_size))
     entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", True)
-    monkeypatch.setattr(plan, "FP8A_TILES", tiles)
-    plan._static_plan.cache_clear()
-    try:
-        xt = device.tensor(x)
-        sp = kmoe.static_plan_for(cfg, T, xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
-                                  fp8="weights+act")
-        assert sp.gemm["gemm1"]["FP8A"] == sp.gemm["gemm2"]["FP8A"] == 1
-        if tiles:
-            assert sp.gemm["gemm1"]["BLOCK_M"] == sp.gemm["gemm2"]["BLOCK_M"] == 128
-            assert sp.shared is None or sp.shared["gemm1"]["BLOCK_M"] == 128
-        y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp,
-                          fp8_activations=True)
-    finally:
-        plan._static_plan.cache_clear()
+    xt = device.tensor(x)
+    sp = plan.static_plan(cfg, T, dtype=kmoe.DTYPES[xt.dtype], device_name=kmoe.device_name(xt.device),
+                          num_sms=kmoe.device_sms(xt.device), gemm=entry, shared_gemm=entry, fp8="weights+act",
+                          fp8_options=FP8Options(fp8a_tiles=tiles))
+    assert sp.gemm["gemm2"]["FP8A"] == 1 and sp.gemm["gemm1"].get("FP8A", 0) == int(not cfg.weight_on_input)
+    if tiles:
+        assert sp.gemm["gemm1"]["BLOCK_M"] == sp.gemm["gemm2"]["BLOCK_M"] == 128
+        assert sp.shared is None or sp.shared["gemm1"]["BLOCK_M"] == 128
+    y = kmoe._forward(xt, w8.to_torch(device.name, device.torch_dtype()), cfg, True, plan=sp, fp8_activations=True)
     assert tuple(y.shape) == (T, cfg.hidden_size)
     if T:
         ref = ref_forward(round_to_dtype(x, device.dtype), w8.round_to(device.dtype), cfg, fp8_activations=True)
@@ -258,40 +249,32 @@ def _shipped_persistent_entry(preset: str, T: int):
 
 @pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("deepseek-v3", 16384),
                                       ("mixtral-8x7b", 16384)])
-def test_fp8a_entry_on_the_h200_table(preset, T, monkeypatch):
-    """fp8_entry with fp8a on the shipped H200 table's prefill entries, with the 64-row tiles
-    (plan.FP8A_NO_CANDIDATE): both GEMMs persistent with FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128
-    (whole h groups), GEMM 2 at most 256 columns in halves within one scale block, 4 stages within the
-    shared-memory budget; the launch plan names fp8_act_tma's kernels; off, the entry is what it was.
-    By default (FP8A_TILES unset) these 128-row entries take FP8A_DEFAULT_TILES (m128c, since run BT),
-    unless the layer does not quantize x once."""
+def test_fp8a_entry_on_the_h200_table(preset, T):
+    """fp8_entry on the shipped H200 table's prefill entries, with the 64-row tiles (FP8A_NO_CANDIDATE):
+    both GEMMs persistent with FP8A and PIPE, BLOCK_M 64, GEMM 1 128 x 128 (whole h groups), GEMM 2 at
+    most 256 columns in halves within one scale block, 4 stages within the shared-memory budget; the
+    launch plan names fp8_act_tma's kernels. By default these 128-row entries take FP8A_DEFAULT_TILES,
+    unless the layer does not quantize x once (then its GEMM 1 is the pointer one)."""
+    from megamoe.kernels import fp8_plan as fp
     from megamoe.kernels import plan
 
     cfg, H, I, base = _shipped_persistent_entry(preset, T)
-    monkeypatch.setattr(plan, "FP8A_TILES", None)
-    assert base["gemm1"]["BLOCK_M"] >= plan.FP8A_DEFAULT_TILES_MIN_M
-    by_default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
-    not_once = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True, x_once=False)
-    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_DEFAULT_TILES)
-    assert by_default == plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    assert base["gemm1"]["BLOCK_M"] >= fp.FP8A_DEFAULT_TILES_MIN_M
+    by_default = fp.fp8_entry(base, "weights+act", depths=(H, I))
+    assert by_default == fp.fp8_entry(base, "weights+act", depths=(H, I),
+                                      options=fp.FP8Options(fp8a_tiles=fp.FP8A_DEFAULT_TILES))
     assert by_default["gemm1"]["BLOCK_M"] == by_default["gemm2"]["BLOCK_M"] == 128
-    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_NO_CANDIDATE)
-    e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
-    assert not_once == e
+    e = fp.fp8_entry(base, "weights+act", depths=(H, I), options=fp.FP8Options(fp8a_tiles=fp.FP8A_NO_CANDIDATE))
+    not_once = fp.fp8_entry(base, "weights+act", depths=(H, I), x_once=False)
+    assert not_once["gemm1"]["variant"] == "pointer" and not_once["gemm2"] == dict(e["gemm2"], BLOCK_M=64)
     g1, g2 = e["gemm1"], e["gemm2"]
     assert g1["variant"] == g2["variant"] == "tma_persistent" and g1["FP8A"] == g2["FP8A"] == g1["PIPE"] == 1
-    assert g1["BLOCK_M"] == g2["BLOCK_M"] <= plan.FP8A_MAX_BLOCK_M
+    assert g1["BLOCK_M"] == g2["BLOCK_M"] <= fp.FP8A_MAX_BLOCK_M
     assert (g1["BLOCK_N"], g1["BLOCK_K"], g2["BLOCK_K"]) == (128, 128, 128)
     assert g2["BLOCK_N"] <= 256 and 128 % (g2["BLOCK_N"] // 2) == 0
     for g, w in ((g1, 2), (g2, 1)):
         stage = g["BLOCK_M"] * 128 + w * g["BLOCK_N"] * 128
-        assert g["num_stages"] == min(plan.FP8A_STAGES, plan.FP8_SMEM_BUDGET_BYTES // stage) >= 3
-    off = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
-    assert "FP8A" not in off["gemm1"] and off["gemm1"]["variant"] == "pointer"
-    default = plan.fp8_entry(base, "weights+act", depths=(H, I), tma=False)
-    assert default == (plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True, tma=False)
-                       if plan.FP8A_TMA_PREFILL else off)
-    assert plan.fp8_entry(base, "weights", depths=(H, I), fp8a=True) == plan.fp8_entry(base, "weights", depths=(H, I))
+        assert g["num_stages"] == min(fp.FP8A_STAGES, fp.FP8_SMEM_BUDGET_BYTES // stage) >= 3
     kinds = {g: plan.GEMM_KERNELS[g, plan._kernel_key(c, "weights+act")] for g, c in (("gemm1", g1), ("gemm2", g2))}
     assert kinds == {"gemm1": "_gemm1_fp8a_kernel", "gemm2": "_gemm2_fp8a_kernel"}
 
@@ -313,43 +296,32 @@ def test_fp8a_launchers_refuse_other_tiles():
             check_fp8a(bad, gemm, depth)
 
 
-@pytest.mark.parametrize("preset,T", [("qwen3-30b-a3b", 4096), ("deepseek-v3", 16384)])
-@pytest.mark.parametrize("tiles", ["m128", "m128c"])
-def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T, monkeypatch):
-    """plan.FP8A_TILES (None by default unless MEGAMOE_FP8A_TILES names one) sets a tile candidate (against the
-    64-row tiles, plan.FP8A_NO_CANDIDATE) on the
-    H200 table's prefill fp8a entries: BLOCK_M 128 in both GEMMs and the align, the candidate's keys,
-    stages within the shared-memory budget with x's e4m3 A tiles; the weight-only and pointer entries
-    are untouched; an unknown name is refused."""
-    import os
-
+@pytest.mark.parametrize("tiles,preset,T", [("m128", "qwen3-30b-a3b", 4096), ("m128c", "deepseek-v3", 16384)])
+def test_fp8a_tile_candidates_in_the_plan(tiles, preset, T):
+    """FP8Options.fp8a_tiles sets a tile set (against the 64-row tiles, FP8A_NO_CANDIDATE) on the H200
+    table's prefill fp8a entries: BLOCK_M 128 in both GEMMs and the align, the set's keys, stages within
+    the shared-memory budget with x's e4m3 A tiles; the weight-only entry is untouched; the launch plan
+    takes the options; an unknown name is refused."""
+    from megamoe.kernels import fp8_plan as fp
     from megamoe.kernels import plan
 
-    assert plan.FP8A_TILES == (os.environ.get("MEGAMOE_FP8A_TILES") or None)
     cfg, H, I, base = _shipped_persistent_entry(preset, T)
-    monkeypatch.setattr(plan, "FP8A_TILES", plan.FP8A_NO_CANDIDATE)
-    default = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
-    weights_only = plan.fp8_entry(base, "weights", depths=(H, I))
-    pointer = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False)
-    monkeypatch.setattr(plan, "FP8A_TILES", tiles)
-    monkeypatch.setattr(plan, "FP8A_TMA_PREFILL", True)
-    e = plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+    default = fp.fp8_entry(base, "weights+act", depths=(H, I), options=fp.FP8Options(fp8a_tiles=fp.FP8A_NO_CANDIDATE))
+    weights_only = fp.fp8_entry(base, "weights", depths=(H, I))
+    e = fp.fp8_entry(base, "weights+act", depths=(H, I), options=fp.FP8Options(fp8a_tiles=tiles))
     assert e != default
     for g, n_w in (("gemm1", 2), ("gemm2", 1)):
         c = e[g]
-        assert {k: c[k] for k in plan.FP8A_TILE_CANDIDATES[tiles][g]} == plan.FP8A_TILE_CANDIDATES[tiles][g]
+        assert {k: c[k] for k in fp.FP8A_TILE_CANDIDATES[tiles][g]} == fp.FP8A_TILE_CANDIDATES[tiles][g]
         assert c["BLOCK_M"] == 128 and c["FP8A"] == 1 and c["BLOCK_K"] == 128
         stage = c["BLOCK_M"] * 128 + n_w * c["BLOCK_N"] * 128
-        assert c["num_stages"] == min(plan.FP8A_STAGES, plan.FP8_SMEM_BUDGET_BYTES // stage) == 4
-    assert plan.fp8_entry(base, "weights", depths=(H, I)) == weights_only
-    assert plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=False, tma=False) == pointer
-    plan._static_plan.cache_clear()
-    try:
-        sp = plan.launch_plan(cfg, T, counts=np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts),
-                              triton_version="3.6.0", fp8="weights+act")
-    finally:
-        plan._static_plan.cache_clear()
-    assert sp.block_m == 128 and sp.stage("gemm2").kernel == "_gemm2_fp8a_kernel"
-    monkeypatch.setattr(plan, "FP8A_TILES", "m256")
-    with pytest.raises(ValueError, match="unknown fp8a tile candidate 'm256'"):
-        plan.fp8_entry(base, "weights+act", depths=(H, I), fp8a=True)
+        assert c["num_stages"] == min(fp.FP8A_STAGES, fp.FP8_SMEM_BUDGET_BYTES // stage) == 4
+    assert fp.fp8_entry(base, "weights", depths=(H, I), options=fp.FP8Options(fp8a_tiles=tiles)) == weights_only
+    counts = np.full(cfg.num_experts, T * cfg.top_k // cfg.num_experts)
+    lp = plan.launch_plan(cfg, T, counts=counts, triton_version="3.6.0", fp8="weights+act",
+                          fp8_options=fp.FP8Options(fp8a_tiles=tiles))
+    assert lp.block_m == 128 and lp.stage("gemm2").kernel == "_gemm2_fp8a_kernel"
+    assert lp.stage("gemm2").tile == plan.static_plan(cfg, T, triton_version="3.6.0", fp8="weights+act",
+                                                      fp8_options=fp.FP8Options(fp8a_tiles=tiles)).gemm["gemm2"]
+    with pytest.raises(ValueError, match="unknown fp8a tile set 'm256'"):
+        fp.FP8Options(fp8a_tiles="m256")

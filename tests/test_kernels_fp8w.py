@@ -1,7 +1,7 @@
-"""Weight-only FP8 at prefill through the persistent TMA GEMMs (fp8_gemm._gemm1_fp8w_tma_kernel /
+"""Weight-only FP8 at prefill through the persistent TMA GEMMs (fp8w_tma._gemm1_fp8w_tma_kernel /
 _gemm2_fp8w_tma_kernel: each K tile's block scale folded into the e4m3 weights before the dot) against
-the reference's FP8 layer (weight-only: ``fp8_activations=False``), and the switch that selects them
-(plan.FP8W_TMA_PREFILL, on unless env MEGAMOE_FP8W_TMA=0; fp8_entry's ``tma_weights``).
+the reference's FP8 layer (weight-only: ``fp8_activations=False``), and the entry that selects them
+(a "tma_persistent" entry through fp8_plan.fp8_entry; FP8Options.swap_ab the operand order).
 
 Under the interpreter x is float32 (the folded weight is code x s rounded to float32, so the
 ``float32`` row holds too) and float16 (the weight rounded to float16 once: the ``fp8_e4m3`` row);
@@ -16,8 +16,6 @@ the plan keeps the pointer kernels there and the launcher names the depth.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -34,7 +32,7 @@ import triton  # noqa: E402  (after conftest.py chose the interpreter)
 import triton.language as tl  # noqa: E402
 from pairs import pair_rows_reference  # noqa: E402
 
-from megamoe.kernels.fp8_gemm import _e4m3_folded  # noqa: E402
+from megamoe.kernels.fp8w_tma import _e4m3_folded  # noqa: E402
 
 TMA_BASE = dict(hidden_size=208, intermediate_size=144, num_experts=5, top_k=2)
 
@@ -48,22 +46,17 @@ GEMM_CASES = {
 
 
 def _entry(device, dtype: str, H: int, I: int, *, block_n: int | None = None, swap: bool | None = None) -> dict:
-    """The weight-only persistent entry plan.fp8_entry makes from a "tma_persistent" bf16 entry (the
+    """The weight-only persistent entry fp8_plan.fp8_entry makes from a "tma_persistent" bf16 entry (the
     interpreter's tiny tiles, or the H200's 128-row ones); ``block_n`` overrides both GEMMs' BLOCK_N
-    before fp8_entry, ``swap`` plan.FP8W_TMA_SWAP_AB."""
+    before fp8_entry, ``swap`` FP8Options.swap_ab (None: the default)."""
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8Options, fp8_entry
 
     base = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
     if block_n:
         base = {g: dict(c, BLOCK_N=block_n) for g, c in base.items()}
-    old = plan.FP8W_TMA_SWAP_AB
-    try:
-        if swap is not None:
-            plan.FP8W_TMA_SWAP_AB = swap
-        entry = plan.fp8_entry(base, "weights", dtype, depths=(H, I), tma_weights=True)
-    finally:
-        plan.FP8W_TMA_SWAP_AB = old
+    opts = FP8Options() if swap is None else FP8Options(swap_ab=swap)
+    entry = fp8_entry(base, "weights", dtype, depths=(H, I), options=opts)
     assert entry["gemm1"]["variant"] == entry["gemm2"]["variant"] == "tma_persistent"
     return entry
 
@@ -104,8 +97,8 @@ def _dtypes(device) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("swap", [True, False], ids=["swap_ab", "b_operand"])
-@pytest.mark.parametrize("case", list(GEMM_CASES))
+@pytest.mark.parametrize("case,swap", [("random", True), ("one_expert", False), ("one_token", True),
+                                       ("no_tokens", False)])  # each routing once, both operand orders
 def test_fp8w_gemms_match_the_fp8_reference(case, swap, rng, device):
     """The weight-only persistent GEMMs on a given routing, every output poisoned with NaN: every
     routed activation row and every pair row written, the pairs within the FP8 tolerance of the
@@ -118,7 +111,7 @@ def test_fp8w_gemms_match_the_fp8_reference(case, swap, rng, device):
     x = rng.standard_normal((T, H))
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     wd = w8.dequantize()
-    for dtype in _dtypes(device):
+    for dtype in (_dtypes(device) if case == "random" else [device.dtype]):  # the half dtype once
         wt = w8.to_torch(device.name, device.torch_dtype(dtype))
         entry = _entry(device, dtype, H, I, swap=swap)
         assert entry["gemm1"]["SWAP_AB"] == entry["gemm2"]["SWAP_AB"] == int(swap)
@@ -141,7 +134,7 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
     holds 16 gate rows and 112 masked ones) with both operand orders: the same pair rows as the
     pointer FP8 GEMMs (which scale the fp32 products instead; float32 under the interpreter: within
     float32's rounding) and the FP8 reference."""
-    from megamoe.kernels.plan import fp8_entry
+    from megamoe.kernels.fp8_plan import fp8_entry
 
     cfg = MoEConfig(**TMA_BASE)
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
@@ -152,7 +145,7 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
     w8 = random_weights(cfg, seed=29, fp8=True)
     dtype = device.dtype
     wt = w8.to_torch(device.name, device.torch_dtype(dtype))
-    ptr = fp8_entry(_entry(device, dtype, H, I), "weights", dtype, tma_weights=False)  # no depths: pointer
+    ptr = fp8_entry(_entry(device, dtype, H, I), "weights", dtype)  # no depths: pointer
     ptr = {g: dict(c, variant="pointer", BLOCK_K=128) for g, c in ptr.items()}
     _, want = _fp8w_gemms(device, dtype, wt, x, idx, tw, ptr, E, K, H, I)
     for swap in (True, False):
@@ -164,7 +157,7 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         else:  # bf16: the folded weights are rounded to bf16 (the pointer GEMMs' are exact), so elements
             # near zero differ by more than any elementwise rtol; by the project's metric both are bf16
-            # pipelines of the same layer. H200 run AN, elementwise rtol 2^-6 / atol 1e-3: 276 of 7904
+            # pipelines of the same layer. On an H200, elementwise rtol 2^-6 / atol 1e-3: 276 of 7904
             # elements (3.5%) apart, max 0.0117; a NumPy emulation of the two roundings (this seed):
             # 3.5%, max 0.0156, normalized error max 8.2e-3 / rms 4.6e-3
             assert_close(got.double().cpu().numpy(), want.double().cpu().numpy(), "bfloat16",
@@ -176,13 +169,12 @@ def test_fp8w_bands_straddle_scale_blocks_and_equal_the_pointer_gemms(rng, devic
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 @pytest.mark.parametrize("case", ["deepseek", "swiglu_bias", "input_scaled"])
-def test_fp8w_layer_matches_the_fp8_reference(case, rng, device, monkeypatch):
-    """The layer with FP8W_TMA_PREFILL on and a "tma_persistent" entry: the routed and the shared MLP's
-    GEMMs run the weight-only persistent kernels (the dense ones too) and match the reference's
-    weight-only FP8 layer, in float32 and float16 (bfloat16 and float16 on CUDA)."""
+def test_fp8w_layer_matches_the_fp8_reference(case, rng, device):
+    """The layer with a "tma_persistent" entry: the routed and the shared MLP's GEMMs run the weight-only
+    persistent kernels (the dense ones too) and match the reference's weight-only FP8 layer, in
+    float32 and (DeepSeek-V3's layer) float16 (bfloat16 and float16 on CUDA)."""
     from megamoe.kernels import configs as cfgs
     from megamoe.kernels import moe as kmoe
-    from megamoe.kernels import plan
 
     fields = {
         "deepseek": dict(num_experts=8, router="sigmoid_grouped_topk", n_group=4, topk_group=2,
@@ -195,41 +187,36 @@ def test_fp8w_layer_matches_the_fp8_reference(case, rng, device, monkeypatch):
     w8 = random_weights(cfg, seed=int(rng.integers(1 << 30)), fp8=True)
     x = rng.standard_normal((23, cfg.hidden_size))
     entry = cfgs.tma_entry(16, interpret=True) if device.name == "cpu" else cfgs.tma_entry(128)
-    monkeypatch.setattr(plan, "FP8W_TMA_PREFILL", True)
-    plan._static_plan.cache_clear()
-    try:
-        for dtype in _dtypes(device):
-            xt = device.tensor(x, dtype)
-            sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
-                                      fp8="weights")
-            assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "tma_persistent"
-            if cfg.num_shared_experts:
-                assert sp.shared["gemm1"]["variant"] == "tma_persistent"
-            wt = w8.to_torch(device.name, device.torch_dtype(dtype))
-            y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=False)
-            ref = ref_forward(round_to_dtype(x, dtype), w8.round_to(dtype), cfg, fp8_activations=False)
-            assert_close(y.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}")
-            if dtype == "float32":
-                assert_close(y.cpu(), ref, "float32", f"fp8w layer {case}")
-            if case == "swiglu_bias":  # GEMM 2 adding into fp32 y with atomics (deterministic=False)
-                spa = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, False, gemm=entry, fp8="weights")
-                assert spa.atomic and spa.gemm["gemm2"]["variant"] == "tma_persistent"
-                ya = kmoe._forward(xt, wt, cfg, False, plan=spa, fp8_activations=False)
-                assert_close(ya.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}, atomic GEMM 2")
-    finally:
-        plan._static_plan.cache_clear()
+    for dtype in (_dtypes(device) if case == "deepseek" else [device.dtype]):
+        xt = device.tensor(x, dtype)
+        sp = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, True, gemm=entry, shared_gemm=entry,
+                                  fp8="weights")
+        assert sp.gemm["gemm1"]["variant"] == sp.gemm["gemm2"]["variant"] == "tma_persistent"
+        if cfg.num_shared_experts:
+            assert sp.shared["gemm1"]["variant"] == "tma_persistent"
+        wt = w8.to_torch(device.name, device.torch_dtype(dtype))
+        y = kmoe._forward(xt, wt, cfg, True, plan=sp, fp8_activations=False)
+        ref = ref_forward(round_to_dtype(x, dtype), w8.round_to(dtype), cfg, fp8_activations=False)
+        assert_close(y.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}")
+        if dtype == "float32":
+            assert_close(y.cpu(), ref, "float32", f"fp8w layer {case}")
+        if case == "swiglu_bias":  # GEMM 2 adding into fp32 y with atomics (deterministic=False)
+            spa = kmoe.static_plan_for(cfg, x.shape[0], xt.dtype, xt.device, False, gemm=entry, fp8="weights")
+            assert spa.atomic and spa.gemm["gemm2"]["variant"] == "tma_persistent"
+            ya = kmoe._forward(xt, wt, cfg, False, plan=spa, fp8_activations=False)
+            assert_close(ya.cpu(), ref, "fp8_e4m3", f"fp8w layer {case} {dtype}, atomic GEMM 2")
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="interpreter only")
-@pytest.mark.parametrize("on", [True, False], ids=["switch_on", "switch_off"])
-def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
-    """With FP8W_TMA_PREFILL on, the weight-only layer launches _gemm*_fp8w_tma_kernel (routed and
-    shared), off the pointer FP8 GEMMs, and in both cases exactly what launch_plan(fp8="weights")
-    lists, with its grids and block sizes."""
+@pytest.mark.parametrize("on", [True, False], ids=["persistent", "pointer"])
+def test_entry_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
+    """With a "tma_persistent" entry the weight-only layer launches _gemm*_fp8w_tma_kernel (routed and
+    shared), with a "pointer" one the pointer FP8 GEMMs, and in both cases exactly what
+    launch_plan(fp8="weights") lists, with its grids and block sizes."""
     import importlib
 
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import launch_plan, plan
+    from megamoe.kernels import launch_plan
     from megamoe.kernels import moe as kmoe
 
     cfg = MoEConfig(**{**TMA_BASE, "num_experts": 7, "top_k": 3, "num_shared_experts": 1,
@@ -237,24 +224,21 @@ def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
     w = random_weights(cfg, seed=31, fp8=True).to_torch("cpu", torch.float32)
     x = torch.from_numpy(rng.standard_normal((13, cfg.hidden_size))).float()
     entry = cfgs.tma_entry(16, interpret=True)
+    if not on:
+        entry = {g: dict(c, variant="pointer") for g, c in entry.items()}
     names = ("_gemm1_fp8w_tma_kernel", "_gemm2_fp8w_tma_kernel", "_gemm1_fp8_kernel", "_gemm2_fp8_kernel")
     kernels = {"_router_kernel": "routing", "_scan_experts_kernel": "align", "_layout_kernel": "align",
                "_scatter_pairs_kernel": "align", "_router_logits_kernel": "routing",
-               "_combine_kernel": "grouped_gemm", **{n: "fp8_gemm" for n in names}}
-    monkeypatch.setattr(plan, "FP8W_TMA_PREFILL", on)
-    plan._static_plan.cache_clear()
+               "_combine_kernel": "grouped_gemm", **{n: "fp8w_tma" if "fp8w" in n else "fp8_gemm" for n in names}}
     log: list = []
-    try:
-        sp = kmoe.static_plan_for(cfg, 13, x.dtype, x.device, True, gemm=entry, shared_gemm=entry, fp8="weights")
-        for name, mod in kernels.items():
-            m = importlib.import_module(f"megamoe.kernels.{mod}")
-            monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
-        kmoe._forward(x, w, cfg, True, plan=sp, fp8_activations=False)
-        topk_idx = kmoe.moe_forward_details(x, w, cfg)["topk_idx"].numpy()
-        lp = launch_plan(cfg, topk_idx=topk_idx, dtype="float32", device_name="cpu-interpreter", fp8="weights",
-                         gemm=entry, shared_gemm=entry)
-    finally:
-        plan._static_plan.cache_clear()
+    sp = kmoe.static_plan_for(cfg, 13, x.dtype, x.device, True, gemm=entry, shared_gemm=entry, fp8="weights")
+    for name, mod in kernels.items():
+        m = importlib.import_module(f"megamoe.kernels.{mod}")
+        monkeypatch.setattr(m, name, LaunchRecorder(getattr(m, name), name, log))
+    kmoe._forward(x, w, cfg, True, plan=sp, fp8_activations=False)
+    topk_idx = kmoe.moe_forward_details(x, w, cfg)["topk_idx"].numpy()
+    lp = launch_plan(cfg, topk_idx=topk_idx, dtype="float32", device_name="cpu-interpreter", fp8="weights",
+                     gemm=entry, shared_gemm=entry)
     gemms = [(n, g, b) for n, g, b in log if "gemm" in n]
     want = ["_gemm1_fp8w_tma_kernel", "_gemm2_fp8w_tma_kernel"] * 2 if on else \
         ["_gemm1_fp8_kernel", "_gemm2_fp8_kernel"] * 2
@@ -268,77 +252,53 @@ def test_switch_chooses_the_kernels_the_launch_plan_lists(on, rng, monkeypatch):
         assert st.mma_dtype == "bf16" and st.loads.startswith("tma") == on
 
 
-def test_fp8_entry_sizes_the_persistent_weight_only_gemms(monkeypatch):
-    """plan.fp8_entry with tma_weights: the H200's prefill entry becomes 128-row persistent GEMMs with
+def test_fp8_entry_sizes_the_persistent_weight_only_gemms():
+    """fp8_plan.fp8_entry, weight-only: the H200's prefill entry becomes 128-row persistent GEMMs with
     BLOCK_K = FP8W_TMA_BLOCK_K, SWAP_AB and GEMM 2's columns capped, stages within the budget with
     the converted tiles; either GEMM's depth not a multiple of 16 keeps both at the pointer kernels'
-    64 rows; FP8 activations ignore tma_weights; off (the default) the entry of before."""
+    64 rows; a "pointer" entry stays one (BLOCK_K 128, no SWAP_AB); the launch plan names the kernels."""
     from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import fp8_plan as fp
     from megamoe.kernels import plan
 
-    assert plan.FP8W_TMA_PREFILL == (os.environ.get("MEGAMOE_FP8W_TMA", "") != "0")
-    assert plan.FP8_BLOCK % plan.FP8W_TMA_BLOCK_K == 0
+    assert fp.FP8_BLOCK % fp.FP8W_TMA_BLOCK_K == 0
     entry = cfgs.select_config(128, 2048, 768, 8, 4096, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
     assert entry["gemm1"]["variant"] == entry["gemm2"]["variant"] == "tma_persistent"
-    on = plan.fp8_entry(entry, "weights", depths=(2048, 768), tma_weights=True)
-    off = plan.fp8_entry(entry, "weights", depths=(2048, 768), tma_weights=False)
+    on = fp.fp8_entry(entry, "weights", depths=(2048, 768))
+    off = fp.fp8_entry({g: dict(c, variant="pointer", FLATTEN=0) for g, c in entry.items()}, "weights",
+                       depths=(2048, 768))
     for g in ("gemm1", "gemm2"):
         c = on[g]
-        assert c["variant"] == "tma_persistent" and c["BLOCK_M"] == plan.FP8W_TMA_MAX_BLOCK_M
-        assert c["BLOCK_K"] == plan.FP8W_TMA_BLOCK_K and c["SWAP_AB"] == int(plan.FP8W_TMA_SWAP_AB)
-        assert c["BLOCK_N"] <= plan.FP8W_TMA_SWAP_MAX_BLOCK_N or not plan.FP8W_TMA_SWAP_AB
+        assert c["variant"] == "tma_persistent" and c["BLOCK_M"] == fp.FP8W_TMA_MAX_BLOCK_M
+        assert c["BLOCK_K"] == fp.FP8W_TMA_BLOCK_K and c["SWAP_AB"] == int(fp.FP8W_TMA_SWAP_AB)
+        assert c["BLOCK_N"] <= fp.FP8W_TMA_SWAP_MAX_BLOCK_N or not fp.FP8W_TMA_SWAP_AB
         n_w = 2 if g == "gemm1" else 1
         w_tile = n_w * c["BLOCK_N"] * c["BLOCK_K"]
-        assert c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] * 2 + w_tile) + 2 * w_tile <= plan.FP8_SMEM_BUDGET_BYTES
+        assert c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] * 2 + w_tile) + 2 * w_tile <= fp.FP8_SMEM_BUDGET_BYTES
         assert off[g]["variant"] == "pointer" and off[g]["BLOCK_K"] == 128 and "SWAP_AB" not in off[g]
-        assert off[g]["BLOCK_M"] == plan.FP8_MAX_BLOCK_M
-    assert plan.fp8_entry(entry, "weights", depths=(2048, 768)) == (on if plan.FP8W_TMA_PREFILL else off)
+        assert off[g]["BLOCK_M"] == fp.FP8_MAX_BLOCK_M
+    b_operand = fp.fp8_entry(entry, "weights", depths=(2048, 768), options=fp.FP8Options(swap_ab=False))
+    assert b_operand["gemm2"]["SWAP_AB"] == 0 and b_operand["gemm2"]["BLOCK_N"] == entry["gemm2"]["BLOCK_N"]
     for depths in ((2056, 768), (2048, 776), None):  # 8-byte rows of e4m3 codes (or no depths): no TMA
-        odd = plan.fp8_entry(entry, "weights", depths=depths, tma_weights=True)
-        assert odd["gemm1"]["BLOCK_M"] == plan.FP8_MAX_BLOCK_M
+        odd = fp.fp8_entry(entry, "weights", depths=depths)
+        assert odd["gemm1"]["BLOCK_M"] == fp.FP8_MAX_BLOCK_M
         assert [odd[g]["variant"] for g in ("gemm1", "gemm2")] != ["tma_persistent"] * 2
-    act = plan.fp8_entry(entry, "weights+act", depths=(2048, 768), tma=False, tma_weights=True, fp8a=False)
-    assert act["gemm1"]["variant"] == act["gemm2"]["variant"] == "pointer"
-    pointer_entry = cfgs.default_config(128, 2048, 768, 8, 4096)  # a "pointer" entry stays one
-    assert plan.fp8_entry(pointer_entry, "weights", depths=(2048, 768), tma_weights=True) == \
-        plan.fp8_entry(pointer_entry, "weights", depths=(2048, 768), tma_weights=False)
-    # the H200's launch plan of Qwen3-30B-A3B at T = 4096: the switch picks the kernels, e4m3 weight bytes
+    # the H200's launch plan of Qwen3-30B-A3B at T = 4096: the entry picks the kernels, e4m3 weight bytes
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     counts = np.full(128, 4096 * 8 // 128)
-    for switch, kernels, bm in ((True, ("_gemm1_fp8w_tma_kernel", "_gemm2_fp8w_tma_kernel"), 128),
-                                (False, ("_gemm1_fp8_kernel", "_gemm2_fp8_kernel"), 64)):
-        monkeypatch.setattr(plan, "FP8W_TMA_PREFILL", switch)
-        plan._static_plan.cache_clear()
-        try:
-            lp = plan.launch_plan(cfg, 4096, counts=counts, fp8="weights", triton_version="3.6.0")
-        finally:
-            plan._static_plan.cache_clear()
+    for gemm, kernels, bm in ((None, ("_gemm1_fp8w_tma_kernel", "_gemm2_fp8w_tma_kernel"), 128),
+                              ({g: dict(c, variant="pointer", FLATTEN=0) for g, c in entry.items()},
+                               ("_gemm1_fp8_kernel", "_gemm2_fp8_kernel"), 64)):
+        lp = plan.launch_plan(cfg, 4096, counts=counts, fp8="weights", triton_version="3.6.0", gemm=gemm)
         g1, g2 = lp.stage("gemm1"), lp.stage("gemm2")
         assert (g1.kernel, g2.kernel) == kernels and lp.block_m == bm
         assert g1.operand_bytes_per_tile["b"] == pytest.approx(2 * g1.tile["BLOCK_N"] * 2048 * (1 + 4 / 128**2))
-        assert (g1.grid == (132,)) == switch  # persistent: one program per SM of an H200
-
-
-def test_env_var_turns_the_switch_off_at_import():
-    """FP8W_TMA_PREFILL is on unless MEGAMOE_FP8W_TMA=0 in the process (read once, at import): the static
-    plan of Qwen3-30B-A3B at T = 4096 on an H200 runs the weight-only persistent GEMMs, or with 0 the
-    pointer FP8 GEMMs."""
-    code = ("from megamoe.kernels import plan\n"
-            "from megamoe.reference import MoEConfig\n"
-            "sp = plan.static_plan(MoEConfig.preset('qwen3-30b-a3b'), 4096, fp8='weights', triton_version='3.6.0')\n"
-            "print(plan.FP8W_TMA_PREFILL, sp.gemm['gemm1']['variant'], sp.gemm['gemm1']['BLOCK_M'])\n")
-    for value, want in (("1", "True tma_persistent 128"), (None, "True tma_persistent 128"),
-                        ("0", "False pointer 64")):
-        env = {k: v for k, v in os.environ.items() if k != "MEGAMOE_FP8W_TMA"}
-        if value is not None:
-            env["MEGAMOE_FP8W_TMA"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.split() == want.split(), out.stderr[-2000:]
+        assert (g1.grid == (132,)) == (gemm is None)  # persistent: one program per SM of an H200
 
 
 @triton.jit
 def _fold(src, s_ptr, dst, CVT: tl.constexpr, R: tl.constexpr, N: tl.constexpr):
-    """fp8_gemm._e4m3_folded alone: an (R, N) tile of codes and R row scales -> dst's dtype."""
+    """fp8w_tma._e4m3_folded alone: an (R, N) tile of codes and R row scales -> dst's dtype."""
     r = tl.arange(0, R)
     n = tl.arange(0, N)
     w = tl.load(src + r[:, None] * N + n[None, :])
@@ -362,7 +322,7 @@ def test_the_fold_rounds_code_times_scale_once(dtype, device):
     1, the interpreter's; the cast, CVT 0), and with the inline PTX (CVT 2, GPU) within one ulp of
     code x s correctly rounded (bfloat16: nearly always equal to it; float16, whose correction
     term underflows for small weights: a few percent one ulp off)."""
-    from megamoe.kernels.fp8_gemm import fold_scale_max
+    from megamoe.kernels.fp8w_tma import fold_scale_max
 
     if dtype == "bfloat16" and device.name == "cpu":
         pytest.skip("the interpreter computes bfloat16 on its uint16 bits (toolchain facts): GPU only")
@@ -400,7 +360,8 @@ def test_bad_inputs_are_named(rng, device):
     """Clear errors: a block scale past fold_scale_max for x's dtype (float16: the folded weight
     past 65504; the check runs again after the scales change in place), a K tile that does not divide
     the scale block, an entry without SWAP_AB, e4m3 rows TMA cannot read (H = 200), split-K."""
-    from megamoe.kernels.fp8_gemm import fold_scale_max, launch_gemm1_fp8, launch_gemm2_fp8
+    from megamoe.kernels.fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8
+    from megamoe.kernels.fp8w_tma import fold_scale_max
     from megamoe.kernels.moe import align_only
 
     cfg = MoEConfig(**TMA_BASE)
@@ -457,29 +418,27 @@ def test_bench_fp8w_row_times_old_and_new_and_checks_both(monkeypatch, device):
     """benchmarks/bench_fp8w.py's row on a tiny layer under the interpreter (its CUDA-graph timer
     replaced by a constant): bf16, the pointer FP8 GEMMs and the persistent ones (both operand
     orders) each ran the layer, the FP8 ones within the FP8 reference's tolerance, from plans made
-    with the switches they name, which the row records; the switches are as they were after it."""
+    with the entries and options they name, which the row records."""
     if device.name != "cpu":
         pytest.skip("the GPU run is the benchmark itself")
     from benchload import load_benchmark
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import configs as cfgs
-    from megamoe.kernels import plan
+    from megamoe.kernels.fp8_plan import FP8W_TMA_SWAP_AB
 
     bf = load_benchmark("bench_fp8w")
     monkeypatch.setattr(kb, "graph_time_us", lambda fn, xs, reps: 100.0)
-    before = plan.FP8W_TMA_PREFILL, plan.FP8W_TMA_SWAP_AB
     cfg = MoEConfig(**TMA_BASE)
     w = random_weights(cfg, seed=41)
     weights = {"bf16": w.to_torch("cpu", torch.float32), "fp8": w.to_fp8().to_torch("cpu", torch.float32)}
     r = bf.bench_row("tiny", cfg, weights, 19, list(bf.VARIANTS), reps=1, sample=5, device="cpu",
                      gemm=cfgs.tma_entry(16, interpret=True))
-    assert (plan.FP8W_TMA_PREFILL, plan.FP8W_TMA_SWAP_AB) == before
     c = r["candidates"]
     assert all("error" not in c[v] for v in bf.VARIANTS), c
     assert all(c[v]["ok"] for v in ("fp8w_pointer", "fp8w_tma", "fp8w_tma_b")), c
     assert c["fp8w_pointer"]["config"]["gemm1"]["variant"] == "pointer"
-    assert c["fp8w_tma"]["config"]["gemm1"]["SWAP_AB"] == int(plan.FP8W_TMA_SWAP_AB)
+    assert c["fp8w_tma"]["config"]["gemm1"]["SWAP_AB"] == int(FP8W_TMA_SWAP_AB)
     assert c["fp8w_tma_b"]["config"]["gemm2"]["SWAP_AB"] == 0
     assert c["fp8w_tma"]["speedup_vs_bf16"] == c["fp8w_tma"]["speedup_vs_fp8w_pointer"] == 1.0
     assert set(c["bf16"]["stage_us"]) == {"router+align", "gemm1", "gemm2", "combine"}

@@ -35,7 +35,7 @@ def test_plan_is_importable_without_torch_or_triton():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="interpreter only")
-@pytest.mark.parametrize("T,shared", [(13, True), (37, False), (2, True)])
+@pytest.mark.parametrize("T,shared", [(37, False), (2, True)])  # three router chunks; one chunk (the router aligns) with a shared MLP
 def test_plan_matches_launches(T, shared, rng, monkeypatch):
     """Same kernels in the same order with the same grids; active GEMM programs = routed blocks."""
     import importlib

@@ -34,7 +34,7 @@ def test_router_warps_and_top_k_way():
     assert walk["SPLIT"] == 0 and walk["num_warps"] == cfgs.router_warps(32, 128, walks=True) == 4
 
 
-@pytest.mark.parametrize("T", [33, 70])
+@pytest.mark.parametrize("T", [33])  # two routing blocks (the bitonic top-k needs more than one), the last of one token
 def test_bitonic_and_maxima_store_the_same(T, rng, device):
     from megamoe.kernels.moe import align_buffers
     from megamoe.kernels.plan import router_launch
