@@ -51,9 +51,8 @@ def key_of(row: dict) -> str:
 
 
 def routing_bias(cfg, routing: str, seed: int = 0):
-    """(E,) logit bias that steers the layer's own router: 0 (uniform), Zipf(1.2)-like preferences
-    (zipf), or +30 on the K experts 0..K-1 (concentrated: every token on the same K experts; they
-    share one expert group, so grouped top-k keeps them)."""
+    """(E,) logit bias steering the layer's router: 0 (uniform), Zipf(1.2)-like (zipf), or +30 on
+        experts 0..K-1 (concentrated; one expert group, so grouped top-k keeps them)."""
     import numpy as np
 
     E, K = cfg.num_experts, cfg.top_k

@@ -1,24 +1,8 @@
 """``megamoe validate``: run the real kernel and the simulator on the same launch plan, and compare.
 
-Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, S sampled tokens.
-
-This is the one place that reads both the kernels and the simulator. Three runs:
-
-- on a GPU (``megamoe validate --profile DIR/profile.json --out DIR2``): presets x T x routing x
-  backend, each configuration predicted from the calibrated profile (and from ``h200`` as
-  written) before it is measured; compile-ahead, budget, watchdog and resume in
-  ``megamoe.measure``; the report (``megamoe.report``: report.json, report.md, scatter.png) at the end;
-- ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows; with ``--repredict PROFILE``
-  the stored measurements predicted again with another profile (megamoe/repredict.py), with
-  ``--switch NAME=on|off`` a cost-model option (``simulator.cost.CostOptions``) for that re-prediction only;
-- without a GPU, or with ``--numerics`` on one (``megamoe.layer_check``): per (model, T), the
-  kernel runs the layer, its output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
-  and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
-  simulator's launch model (``megamoe.simulator.cost.predict_launch_plan``). Without a GPU the
-  kernels run under ``TRITON_INTERPRET=1`` on a shrunken layer in float32: numerics and
-  predictions only. On a GPU the layer is also timed and each kernel's time read from the torch
-  profiler, with the prediction made twice: from the ``h200`` profile and with the HBM and
-  matmul rates measured in this run.
+Three runs: on a GPU, the grid predicted then measured (``megamoe.measure``); ``--report`` (with
+``--repredict``), the report from stored rows (``megamoe.report``); without a GPU or with
+``--numerics``, per (model, T) numerics and the launch plan's prediction (``megamoe.layer_check``).
 """
 
 from __future__ import annotations

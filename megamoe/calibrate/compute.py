@@ -1,7 +1,5 @@
 """Calibration steps that measure tensor rates: tiles on chip and L2-fed (bf16, fp8), and every
 tile-loop form in a dense GEMM from HBM.
-
-Shape legend: S SMs, P programs.
 """
 
 from __future__ import annotations
@@ -38,10 +36,9 @@ def _occupancy(kernel, warps: int) -> int | None:
 
 
 def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Tensor rate per SM by tile shape and depth: the best of the operands held on chip
-    (``mma_resident``: the tensor cores alone) and P = 8S programs over Q = 16 L2-resident operand
-    copies at 3 and 4 pipeline stages ("points"); the occupancy of the compiled kernels; the dense
-    bf16 GEMM's sustained rate (cuBLAS), which caps the table."""
+    """Tensor rate per SM by tile shape and depth: the best of operands on chip (``mma_resident``)
+        and 8S programs over 16 L2-resident operand copies at 3 and 4 stages ("points"); the compiled
+        kernels' occupancy; the dense bf16 GEMM's sustained rate (cuBLAS), which caps the table."""
     import torch
 
     from . import microbench as mb
@@ -104,10 +101,8 @@ def _mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, qu
 
 
 def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """FP8 tensor rate per SM (e4m3 x e4m3, fp32 accumulate) by tile shape and depth, at the bf16
-    step's shapes and depths: operands held on chip (``mma_resident``: the tensor cores alone), 8S
-    programs. The L2-fed variant is left out: its B tile is N-contiguous, which FP8 wgmma cannot
-    take without a transpose the MoE GEMMs do not do."""
+    """FP8 tensor rate per SM (e4m3 x e4m3, fp32 accumulate) at the bf16 step's shapes and depths,
+        operands on chip, 8S programs (no L2-fed variant: FP8 wgmma takes no N-contiguous B)."""
     import torch
 
     from . import microbench as mb
@@ -147,11 +142,9 @@ GEMM_DEPTHS = (256, 1024, 4096, 16384)
 
 
 def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM, C (4096, 4096) =
-    A (4096, depth) @ W (4096, depth)^T in grouped order, operands from HBM
-    (microbench_gemm.py), for each loop form of microbench_gemm.LOADS: "points_<form>"
-    (one tile per program or persistent programs, S of them; operands by pointer loads or
-    through TMA). A GEMM, not the MoE kernels: no gather, no routing, no epilogue but the store."""
+    """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM C (4096, 4096) =
+        A (4096, depth) @ W (4096, depth)^T from HBM, per loop form of microbench_gemm.LOADS:
+        "points_<form>"."""
     import torch
 
     from .microbench_gemm import LOADS, dense_gemm

@@ -1,7 +1,5 @@
 """Calibration steps that measure latencies: the launch gap, flag handoff / grid barrier / ticket,
 one program's serial steps, and the routing program's selection.
-
-Shape legend: P programs, S SMs, R rounds.
 """
 
 from __future__ import annotations
@@ -107,9 +105,8 @@ def measure_serial(reps: int) -> dict:
 
 
 def serial_width_points(serial: dict) -> list:
-    """[[width, s per top-1 pass], ...] of the serial step's per-width passes (``measure_serial``'s "reduce",
-    one per SERIAL_SHAPES width; "widths" where recorded, else SERIAL_SHAPES' order), widths once each,
-    a pass that timed at or below zero left out; [] where the step has none."""
+    """[[width, s per top-1 pass], ...] from ``measure_serial``'s "reduce" (widths from "widths", else
+        SERIAL_SHAPES' order), each width once, passes at or below zero left out; [] where none."""
     red = serial.get("reduce") or []
     widths = serial.get("widths") or [be for _, be in SERIAL_SHAPES][:len(red)]
     pts = {}

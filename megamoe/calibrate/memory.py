@@ -1,7 +1,5 @@
 """Calibration steps that measure memory rates: HBM streaming reads (plain and deep readers), L2
 re-reads and shared reads, and the SMs' gather copy.
-
-Shape legend: P programs, S SMs, g sharing group.
 """
 
 from __future__ import annotations
@@ -10,10 +8,9 @@ from .timing import event_seconds, flushed_seconds, graph_seconds
 
 
 def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Streaming-read rate over (programs, bytes per program), each point one launch timed from a
-    cold L2 (``flushed_seconds``): the best of the plain-load reader and the GEMM-loop reader
-    (``stream_tile`` at 3 and 4 pipeline stages), so the table is what a well-built kernel reaches.
-    The L2 rate from a graph of launches re-reading 16 MiB."""
+    """Streaming-read rate over (programs, bytes per program), one launch per point from a cold L2
+        (``flushed_seconds``): the best of the plain-load and the GEMM-loop reader (3 and 4 stages);
+        plus the L2 re-read rate (``measure_l2``)."""
     import torch
 
     from . import microbench as mb
@@ -42,9 +39,8 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
 
 
 def measure_l2(reps: int, S: int, gap_s: float, x, stages) -> dict:
-    """L2 re-read rate: 8S programs re-reading the same 16 MiB of ``x`` (plain loads), and 2S programs
-    each cycling 1 MiB of GEMM-loop loads through its own 128 KiB of a 16 MiB footprint (the grouped
-    GEMMs' operand re-reads): the better of the two."""
+    """L2 re-read rate: the better of 8S programs re-reading 16 MiB of ``x`` and 2S programs each
+        cycling GEMM-loop loads through its own 128 KiB of a 16 MiB footprint."""
     from . import microbench as mb
 
     block = 1024
@@ -84,19 +80,14 @@ L2_SHARED_GROUPS = (1, 2, 4, 8, 16)
 
 
 def l2_shared_programs(S: int, quick: bool = False) -> list[int]:
-    """The program counts of the shared-read step: S/8, S/2, S, 2S, 3S (quick: S/2 and S). 3S: the
-    readers that 8-warp GEMM programs keeping 144-200 KiB in flight, one per SM, are worth
-    (cost.l2_readers: 400-550 of the 48 KiB reader)."""
+    """The shared-read step's program counts: S/8, S/2, S, 2S, 3S (quick: S/2 and S)."""
     return sorted({max(1, S // 2), S} if quick else {max(1, S // 8), max(1, S // 2), S, 2 * S, 3 * S})
 
 
 def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Aggregate L2 read rate of P programs sharing one L2-resident working set, groups of g
-    consecutive programs reading the same tile at the same step (``l2_shared_read``: the GEMM
-    loop's pipelined load + dot, 4 stages as the L2 step's best reader): "points" [P, g, bytes/s].
-    Graphs of 8 launches (the set warm in L2 from the warm-up launches), the launch gap taken off:
-    programs reading the same weight tiles at once (grouped GEMM order) get more from L2 than
-    programs re-reading their own data (l2_bandwidth_bytes_per_s)."""
+    """Aggregate L2 read rate of P programs sharing one L2-resident working set in groups of g
+        consecutive programs reading the same tile at once (``l2_shared_read``, 4 stages): "points"
+        [P, g, bytes/s], from graphs of 8 launches less the launch gap."""
     import torch
 
     from . import microbench_shared as ms
@@ -135,15 +126,10 @@ def hbm_deep_programs(S: int, quick: bool = False) -> list[int]:
 
 
 def measure_hbm_deep(reps: int, S: int, quick: bool = False) -> dict:
-    """HBM read rate of programs that keep more in flight than the hbm step's reader: per reader of
-    HBM_DEEP_READERS (its depth D: deep_read_depth), P programs of ``hbm_deep_programs`` (<= S: one
-    per SM), groups of g consecutive programs reading the same tiles at once, b bytes each, one
-    launch timed from a cold L2 (``flushed_seconds``, the hbm step's), its launch overhead (an empty
-    kernel timed the same way) taken off as there -> "points": [[P, D, g, b, P x b / s], ...]
-    (g > 1: g x the DRAM bytes/s). A reader that fails (compile, shared memory) leaves its depth out
-    ("failed") so that the others still fill a grid; "shared_bytes": the compiler's shared memory per
-    reader (its depth and the A tile). The hbm grid's reader keeps 48 KiB in flight, the GEMMs'
-    programs up to 200 KiB."""
+    """HBM read rate of programs keeping more in flight than the hbm step's reader: per reader of
+        HBM_DEEP_READERS (depth D = deep_read_depth), P programs (<= S), groups of g, b bytes each, one
+        launch from a cold L2 less an empty launch's overhead -> "points" [[P, D, g, b, P x b / s], ...].
+        A reader that fails is listed in "failed"; "shared_bytes": the compiler's shared memory per reader."""
     import torch
 
     from . import microbench as mb

@@ -56,15 +56,9 @@ def _event_median(fn, reps: int, before=None) -> float:
 
 
 def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float:
-    """Median seconds of one fn() with nothing of its data in L2.
-
-    Per repetition the GPU is first kept busy (``torch.cuda._sleep``, about 1 ms) while the host
-    queues a read of ``flush_bytes`` (which evicts L2), the start event, fn and the end event:
-    the events then time fn alone, from a cold L2 and without the host's launch latency. (Replaying
-    a graph of a few reads instead would serve the small ones from L2: their few MiB stay there
-    from one replay to the next.) The flush reads (a max over the buffer), so the lines it leaves
-    are clean: a zero-fill (runs up to J) left L2 full of dirty lines whose write-back then
-    slowed the timed kernel's first reads."""
+    """Median seconds of one fn() with nothing of its data in L2: per repetition the GPU sleeps
+        (~1 ms) while the host queues an L2-evicting read of ``flush_bytes``, the events and fn, so the
+        events time fn alone from a cold L2."""
     import torch
 
     scratch = torch.ones(flush_bytes // 4, device="cuda", dtype=torch.int32)

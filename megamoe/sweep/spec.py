@@ -1,11 +1,8 @@
 """The sweep SPEC: a ``[fixed]`` table of simulate options and a ``[grid]`` table of lists.
 
-Options are spelled as on the ``megamoe simulate`` command line (``tokens-per-gpu``, ``comm-sms``,
-``link-bandwidth``, ...) plus any ``--set`` profile field (``link_bandwidth``,
-``link.payload_efficiency``, ``gpu.l2_bytes``). Everything is checked here, value by value, before
-anything runs; a bad table, option or value raises ``SpecError`` naming it. Combinations that
-cannot run (``comm-sms`` above a system's SM count, too many minibatches) are left to the points,
-which record the simulator's error and let the sweep go on.
+Options are spelled as on ``megamoe simulate``'s command line, plus any ``--set`` profile field.
+Every value is checked before anything runs (``SpecError`` names it); combinations the simulator
+refuses are left to the points.
 
     spec = load_spec("grid.toml")          # or parse_spec({"fixed": {...}, "grid": {...}})
     points = spec.points()                 # [Point(point_id, options)], in grid order
