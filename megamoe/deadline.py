@@ -64,7 +64,7 @@ class Budget:
 
 class Watchdog:
     """Ends the process when an armed step overruns: ``arm(seconds, what)`` before the step,
-        ``disarm()`` after. On firing: ``on_fire(what)`` (errors printed), a line on stderr, ``os._exit(code)``."""
+    ``disarm()`` after. On firing: ``on_fire(what)`` (errors printed), a line on stderr, ``os._exit(code)``."""
 
     def __init__(self, on_fire: Callable[[str], None] | None = None, *, code: int = WATCHDOG_EXIT,
                  exit: Callable[[int], None] = os._exit, poll_s: float = 0.2, name: str = "megamoe"):
@@ -77,7 +77,7 @@ class Watchdog:
         self._deadline: float | None = None
         self._what = ""
         self._seconds = 0.0
-        self.fired: str | None = None
+
         self._stop = False
         self._thread = threading.Thread(target=self._watch, name="megamoe-watchdog", daemon=True)
         self._thread.start()
@@ -111,7 +111,7 @@ class Watchdog:
                     continue
                 what, seconds = self._what, self._seconds
                 self._deadline = None
-            self.fired = what
+
             if self.on_fire is not None:
                 try:
                     self.on_fire(what)

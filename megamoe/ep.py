@@ -44,7 +44,7 @@ def _entry(rank: int, fn, nprocs: int, port: int, backend: str, args: tuple, pg_
 
 def launch(fn, nprocs: int, args: tuple = (), *, backend: str = "gloo", timeout_s: float = 120.0) -> None:
     """Run ``fn(rank, nprocs, *args)`` (a module-level function) in ``nprocs`` spawned processes of
-        one process group. Raises the first child's error, or TimeoutError after ``timeout_s``."""
+    one process group. Raises the first child's error, or TimeoutError after ``timeout_s``."""
     import torch.multiprocessing as mp
 
     from megamoe.kernels.ep import TRANSPORT_ENV
@@ -99,7 +99,7 @@ def shared_mlp(x, w, cfg):
 
 def ep_layer(x, w, cfg, shard, placement, group=None, *, transport: str = "auto", backend: str = "auto"):
     """The MoE layer on this rank's tokens, experts expert-parallel. x: (T, H) -> y (T, H), x's dtype.
-        ``w``: the router and shared weights (tensors in x's dtype); ``shard``: ``kernels.ep.shard_weights``'s."""
+    ``w``: the router and shared weights (tensors in x's dtype); ``shard``: ``kernels.ep.shard_weights``'s."""
     from megamoe.kernels.bench import torch_route
     from megamoe.kernels.ep import ep_moe_experts
 

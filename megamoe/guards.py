@@ -26,7 +26,7 @@ def _shown(value) -> str:
 
 def check_text_file(flag: str, value, *, parse_json: bool = False, folder_ok: bool = False) -> None:
     """Refuse ``value`` (given to ``flag``) when it exists but is not a readable text file (a folder
-        unless ``folder_ok``, a device, binary, too large) or, with ``parse_json``, nests too deep."""
+    unless ``folder_ok``, a device, binary, too large) or, with ``parse_json``, nests too deep."""
     if value is None:
         return
     if not str(value).strip():

@@ -14,7 +14,7 @@ from .report import stage_group
 
 def measured_overrides(ceilings: dict, system: str = "h200") -> dict:
     """Profile overrides from this run's rates: HBM = the streaming-read rate; the bf16 (and fp8)
-        peak rescaled so the profile's efficiency at the largest tile gives the measured matmul rate."""
+    peak rescaled so the profile's efficiency at the largest tile gives the measured matmul rate."""
     from megamoe.simulator import load_profile
     from megamoe.simulator.cost import gemm_efficiency
 
@@ -115,9 +115,9 @@ def validate_one(model: str, T: int, *, gpu: bool, seed: int = 0, sample: int = 
 
 def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict:
     """The simulator's prediction for a ``megamoe bench`` row, without a GPU: routing drawn as the
-        bench's (logits ~ N(0, 1), ``seed``), so the plan is statistically equivalent, not identical.
-        Returns the measured time, predictions with the profile and with the run's rates, and whether
-        the GEMM tiles match; fp8 rows (``row["dtype"]``) get the FP8 launch plan."""
+    bench's (logits ~ N(0, 1), ``seed``), so the plan is statistically equivalent, not identical.
+    Returns the measured time, predictions with the profile and with the run's rates, and whether
+    the GEMM tiles match; fp8 rows (``row["dtype"]``) get the FP8 launch plan."""
     import numpy as np
 
     from megamoe.kernels.bench import DTYPES, bench_config

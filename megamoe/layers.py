@@ -14,6 +14,15 @@ import time
 from .grid import routing_bias, shrink_for_interpreter, steer_inputs
 
 
+def has_cuda() -> bool:
+    """Whether torch is installed and sees a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 class CudaLayer:
     """Weights, steered inputs, the kernels' routing, forward and CUDA-graph timing, in bf16 on the GPU."""
 
@@ -75,7 +84,7 @@ class CudaLayer:
 
     def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
         """The multi-launch path's stages (kernels.bench.stage_split): CUDA-graph times of its prefixes
-                and ``total_us``; each after ``idle_s`` seconds idle where above 0."""
+        and ``total_us``; each after ``idle_s`` seconds idle where above 0."""
         from megamoe.kernels import moe as kmoe
         from megamoe.kernels.bench import BREAKDOWN_STOPS, graph_time_us, stage_split
 
@@ -121,7 +130,7 @@ class CudaLayer:
 
     def job_bytes(self, cfg, T: int) -> float:
         """GPU memory estimated for a compile-ahead process of (cfg, T): weights and one forward's
-                buffers, plus a quarter, plus 1.5 GB of context."""
+        buffers, plus a quarter, plus 1.5 GB of context."""
         H, I, K, E = cfg.hidden_size, cfg.intermediate_size, cfg.top_k, cfg.num_experts
         KS = K + (1 if cfg.num_shared_experts else 0)
         fwd = (3 * T * H * 2 + T * KS * H * 4 + (T * K + min(E, T * K) * 128) * I * 2
@@ -131,7 +140,7 @@ class CudaLayer:
 
 class InterpreterLayer(CudaLayer):
     """The same loop on the CPU under TRITON_INTERPRET=1, the preset shrunk, float32; ``time_us``
-        is one call's wall time (meaningless)."""
+    is one call's wall time (meaningless)."""
 
     kind = "interpreter"
     device = "cpu"

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import warm
 from .deadline import Budget, Watchdog, command_start
 from .grid import Configuration, calls_per_graph, configurations, key_of
-from .layers import CudaLayer, WeightCache, make_layer
+from .layers import CudaLayer, WeightCache, has_cuda, make_layer
 from .predict import predict_config
 from .report import load_outcomes, write_report
 
@@ -42,9 +42,9 @@ CONTEXT_LOST_EXIT = 3  # the exit code when the CUDA context was lost
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,
                 reps: int | None = None, variants: dict | None = None) -> dict:
     """The row's prediction fields: the first profile's at the top level and every profile's under
-        ``predictions[name]``; each of ``variants`` ({label: cost switches}) with the first profile
-        under ``predictions[f"{name}+{label}"]``. A prediction that raises gets ``{"failure": ...}``.
-        ``counts`` go into the row too."""
+    ``predictions[name]``; each of ``variants`` ({label: cost switches}) with the first profile
+    under ``predictions[f"{name}+{label}"]``. A prediction that raises gets ``{"failure": ...}``.
+    ``counts`` go into the row too."""
     from .repredict import switches
 
     out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
@@ -183,12 +183,12 @@ def progress_line(state: RunState, budget: Budget, c: Configuration, row: dict, 
 
 def measure_grid(args, layer: CudaLayer | None = None) -> int:
     """The GPU run. ``layer``: the device side (default CUDA if present, else the interpreter).
-        Returns 0 or CONTEXT_LOST_EXIT; the watchdog exits from its own thread."""
+    Returns 0 or CONTEXT_LOST_EXIT; the watchdog exits from its own thread."""
     import datetime as dt
 
     budget = Budget(args.budget, start=command_start())  # the seconds spent importing count too
     if layer is None:
-        layer = make_layer("cuda" if _cuda() else "interpreter")
+        layer = make_layer("cuda" if has_cuda() else "interpreter")
     profiles = _profiles(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -281,7 +281,7 @@ def measure_grid(args, layer: CudaLayer | None = None) -> int:
 
 def _exit_on_sigterm():
     """Make SIGTERM raise SystemExit(143) in the main thread; returns the replaced handler (None off
-        the main thread)."""
+    the main thread)."""
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -418,13 +418,6 @@ def run_summary(state: RunState, budget: Budget, measured: list, failed: list, p
             "warm_s": round(state.warm_s, 1), "stop_reason": state.stop_reason, "by_profile": per_profile,
             "max_rel_diff_vs_multi": max(diffs) if diffs else None, "notes": notes, "lines": lines}
 
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def _log(s: str) -> None:

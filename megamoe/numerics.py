@@ -35,23 +35,6 @@ def _to_f64(a) -> np.ndarray | None:
     return np.asarray(a, dtype=np.float64)
 
 
-class _LazyFP8Experts:
-    """``view[e]``: expert e's FP8 weight (e4m3 codes times their 128 x 128 block scales) as float64 NumPy,
-    dequantized on first use."""
-
-    def __init__(self, codes, scale_inv):
-        self._codes, self._scale_inv = codes, scale_inv
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __getitem__(self, e) -> np.ndarray:
-        from megamoe.reference.fp8 import dequantize_weight_blocks
-
-        e = int(e)
-        if e not in self._cache:
-            self._cache[e] = dequantize_weight_blocks(_to_f64(self._codes[e]), _to_f64(self._scale_inv[e]))
-        return self._cache[e]
-
-
 def _dequantized(codes, scale_inv) -> np.ndarray | None:
     from megamoe.reference.fp8 import dequantize_weight_blocks
 
@@ -59,16 +42,18 @@ def _dequantized(codes, scale_inv) -> np.ndarray | None:
 
 
 class _LazyExperts:
-    """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use."""
+    """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use;
+    with ``scale_inv``, FP8 codes dequantized by their 128 x 128 block scales."""
 
-    def __init__(self, stacked):
-        self._stacked = stacked
+    def __init__(self, stacked, scale_inv=None):
+        self._stacked, self._scale_inv = stacked, scale_inv
         self._cache: dict[int, np.ndarray] = {}
 
     def __getitem__(self, e) -> np.ndarray:
         e = int(e)
         if e not in self._cache:
-            self._cache[e] = _to_f64(self._stacked[e])
+            s = self._stacked[e]
+            self._cache[e] = _to_f64(s) if self._scale_inv is None else _dequantized(s, self._scale_inv[e])
         return self._cache[e]
 
 
@@ -98,17 +83,17 @@ class NumericsReport:
 def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_activations: bool | None = None):
     """The reference layer on S rows. x_rows: (S, H) -> (y (S, H) float64, topk_idx (S, K)).
 
-        ``weights`` may hold torch tensors on any device (only picked experts are copied). FP8 weights
-        (``weights.is_fp8``) give the reference's FP8 layer; ``fp8_activations`` as
-        ``reference.moe_forward``'s (None: follow the weights)."""
+    ``weights`` may hold torch tensors on any device (only picked experts are copied). FP8 weights
+    (``weights.is_fp8``) give the reference's FP8 layer; ``fp8_activations`` as
+    ``reference.moe_forward``'s (None: follow the weights)."""
     x = _to_f64(x_rows)
     fp8_activations = weights.is_fp8 if fp8_activations is None else fp8_activations
     router_weight = _to_f64(weights.router_weight)
     r = route(x, router_weight, config, _to_f64(weights.router_bias), _to_f64(weights.score_bias))
     plan = plan_dispatch(r.topk_idx, config.num_experts)
     if weights.is_fp8:
-        experts = dict(gate_up=_LazyFP8Experts(weights.gate_up, weights.gate_up_scale_inv),
-                       down=_LazyFP8Experts(weights.down, weights.down_scale_inv),
+        experts = dict(gate_up=_LazyExperts(weights.gate_up, weights.gate_up_scale_inv),
+                       down=_LazyExperts(weights.down, weights.down_scale_inv),
                        shared_gate_up=_dequantized(weights.shared_gate_up, weights.shared_gate_up_scale_inv),
                        shared_down=_dequantized(weights.shared_down, weights.shared_down_scale_inv))
     else:
@@ -128,7 +113,7 @@ def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_a
 @dataclass(frozen=True)
 class SampledReference:
     """The reference on the tokens ``check_numerics`` samples: rows (S,), y_ref (S, H) float64,
-        ref_idx (S, K); computed once and shared by checks of the same x and weights."""
+    ref_idx (S, K); computed once and shared by checks of the same x and weights."""
 
     rows: np.ndarray
     y_ref: np.ndarray
@@ -154,9 +139,9 @@ def check_numerics(x, y, weights: MoEWeights, config: MoEConfig, *, dtype: str, 
                    reference: SampledReference | None = None) -> NumericsReport:
     """Compare a kernel's y (T, H) with the reference on ``sample`` tokens drawn with ``seed``.
 
-        x, y: torch or NumPy; ``topk_idx`` (T, K): the kernel's routing, reported as the fraction of
-        the reference's choices it agrees with. ``reference``: ``sampled_reference`` of the same
-        inputs (its rows must be the ones this check samples)."""
+    x, y: torch or NumPy; ``topk_idx`` (T, K): the kernel's routing, reported as the fraction of
+    the reference's choices it agrees with. ``reference``: ``sampled_reference`` of the same
+    inputs (its rows must be the ones this check samples)."""
     T = int(x.shape[0])
     if T == 0:
         tmax, trms = tolerance_for(dtype)

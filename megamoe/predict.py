@@ -9,24 +9,30 @@ from __future__ import annotations
 
 def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: dict | None = None):
     """The megakernel's task plan with the kernel's tiles, warps and programs (the config ``mk`` or
-        ``megakernel_config``'s; P = SMs x occupancy, at most the tasks) -> (TaskPlan, num_warps,
-        weight loads "tma" or "pointer")."""
+    ``megakernel_config``'s; P = SMs x occupancy, at most the tasks) -> (TaskPlan, num_warps,
+    weight loads "tma" or "pointer")."""
     from megamoe.kernels import megakernel_config as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
-    if mk is None:
-        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                    interpret=device_name == "cpu-interpreter")
+    mk = mk or _megakernel_config(cfg, T, device_name, profile)
     lay = task_layout(cfg, T, mk["tiles"])
     P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
     return (task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4)),
             cfgs.megakernel_weight_loads(mk))
 
 
+def _megakernel_config(cfg, T: int, device_name: str, profile) -> dict:
+    """The config ``kernels.megakernel_config`` picks for this layer and T."""
+    from megamoe.kernels.megakernel_config import megakernel_config
+
+    return megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                             cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
+                             interpret=device_name == "cpu-interpreter")
+
+
 def megakernel_read_depth(mk: dict) -> int:
     """Bytes of operand tiles a megakernel program keeps in flight: its gemm1 tile's pipeline
-        buffers (``gemm_shared_bytes``, bf16 rows, gate and up weight tiles)."""
+    buffers (``gemm_shared_bytes``, bf16 rows, gate and up weight tiles)."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1 = mk["tiles"]["gemm1"]
@@ -35,7 +41,7 @@ def megakernel_read_depth(mk: dict) -> int:
 
 def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
     """{GEMM kind: weight bytes a megakernel program keeps in flight}: ``gemm_shared_bytes`` with no
-        A bytes for gemm1 (gate and up) and gemm2 at the config's num_stages; ``w_bytes`` per element."""
+    A bytes for gemm1 (gate and up) and gemm2 at the config's num_stages; ``w_bytes`` per element."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1, g2, st = mk["tiles"]["gemm1"], mk["tiles"]["gemm2"], int(mk.get("num_stages", 1))
@@ -47,9 +53,9 @@ def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
                    triton_version: str | None = None, reps: int | None = None, mk: dict | None = None) -> dict:
     """Prediction for one configuration from its pairs per expert ``counts`` (E,): total and
-        per-stage (multi) or per-kind (megakernel) us. ``triton_version``: the tuned table's (default
-        this Triton). ``reps``: the measurement's timed replays (None: from idle clocks). ``mk``: the
-        megakernel config the measurement ran (default the current one), returned under "megakernel_config"."""
+    per-stage (multi) or per-kind (megakernel) us. ``triton_version``: the tuned table's (default
+    this Triton). ``reps``: the measurement's timed replays (None: from idle clocks). ``mk``: the
+    megakernel config the measurement ran (default the current one), returned under "megakernel_config"."""
     import numpy as np
 
     from megamoe.kernels.bench import calls_before_timed_replay
@@ -75,12 +81,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
-    from megamoe.kernels import megakernel_config as cfgs
-
-    if mk is None:
-        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                    interpret=device_name == "cpu-interpreter")
+    mk = mk or _megakernel_config(cfg, T, device_name, profile)
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile, mk=mk)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
                              calls_before=before, read_depth=megakernel_read_depth(mk),

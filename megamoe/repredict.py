@@ -79,7 +79,7 @@ def switches(settings: dict[str, bool]):
 
 def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
     """(rows predicted again with ``profile``, rows left out for lack of counts); a megakernel row
-        that stored its ``megakernel_config`` is priced with it."""
+    that stored its ``megakernel_config`` is priced with it."""
     from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
 

@@ -39,8 +39,8 @@ GEMM_PASSES = 3
 
 def median_of_passes(measure, passes: int) -> dict:
     """``measure()`` run ``passes`` times: each "points_*" point (keyed by every field but the
-        rate) keeps the median rate (upper median of an even count); other fields are the first sweep's;
-        "pass_spread": per table the largest best / worst rate of a point."""
+    rate) keeps the median rate (upper median of an even count); other fields are the first sweep's;
+    "pass_spread": per table the largest best / worst rate of a point."""
     runs = [measure() for _ in range(max(1, int(passes)))]
     out = dict(runs[0])
     spread = {}

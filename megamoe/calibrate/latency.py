@@ -106,7 +106,7 @@ def measure_serial(reps: int) -> dict:
 
 def serial_width_points(serial: dict) -> list:
     """[[width, s per top-1 pass], ...] from ``measure_serial``'s "reduce" (widths from "widths", else
-        SERIAL_SHAPES' order), each width once, passes at or below zero left out; [] where none."""
+    SERIAL_SHAPES' order), each width once, passes at or below zero left out; [] where none."""
     red = serial.get("reduce") or []
     widths = serial.get("widths") or [be for _, be in SERIAL_SHAPES][:len(red)]
     pts = {}

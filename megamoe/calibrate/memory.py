@@ -9,8 +9,8 @@ from .timing import event_seconds, flushed_seconds, graph_seconds
 
 def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     """Streaming-read rate over (programs, bytes per program), one launch per point from a cold L2
-        (``flushed_seconds``): the best of the plain-load and the GEMM-loop reader (3 and 4 stages);
-        plus the L2 re-read rate (``measure_l2``)."""
+    (``flushed_seconds``): the best of the plain-load and the GEMM-loop reader (3 and 4 stages);
+    plus the L2 re-read rate (``measure_l2``)."""
     import torch
 
     from . import microbench as mb
@@ -40,7 +40,7 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
 
 def measure_l2(reps: int, S: int, gap_s: float, x, stages) -> dict:
     """L2 re-read rate: the better of 8S programs re-reading 16 MiB of ``x`` and 2S programs each
-        cycling GEMM-loop loads through its own 128 KiB of a 16 MiB footprint."""
+    cycling GEMM-loop loads through its own 128 KiB of a 16 MiB footprint."""
     from . import microbench as mb
 
     block = 1024
@@ -86,8 +86,8 @@ def l2_shared_programs(S: int, quick: bool = False) -> list[int]:
 
 def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     """Aggregate L2 read rate of P programs sharing one L2-resident working set in groups of g
-        consecutive programs reading the same tile at once (``l2_shared_read``, 4 stages): "points"
-        [P, g, bytes/s], from graphs of 8 launches less the launch gap."""
+    consecutive programs reading the same tile at once (``l2_shared_read``, 4 stages): "points"
+    [P, g, bytes/s], from graphs of 8 launches less the launch gap."""
     import torch
 
     from . import microbench_shared as ms
@@ -127,9 +127,9 @@ def hbm_deep_programs(S: int, quick: bool = False) -> list[int]:
 
 def measure_hbm_deep(reps: int, S: int, quick: bool = False) -> dict:
     """HBM read rate of programs keeping more in flight than the hbm step's reader: per reader of
-        HBM_DEEP_READERS (depth D = deep_read_depth), P programs (<= S), groups of g, b bytes each, one
-        launch from a cold L2 less an empty launch's overhead -> "points" [[P, D, g, b, P x b / s], ...].
-        A reader that fails is listed in "failed"; "shared_bytes": the compiler's shared memory per reader."""
+    HBM_DEEP_READERS (depth D = deep_read_depth), P programs (<= S), groups of g, b bytes each, one
+    launch from a cold L2 less an empty launch's overhead -> "points" [[P, D, g, b, P x b / s], ...].
+    A reader that fails is listed in "failed"; "shared_bytes": the compiler's shared memory per reader."""
     import torch
 
     from . import microbench as mb

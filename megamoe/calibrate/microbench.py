@@ -29,8 +29,8 @@ def _stream_read_kernel(x_ptr, out_ptr, n_iters, offset, BLOCK: tl.constexpr):
 def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles, k_wrap, p_wrap,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program p streams BLOCK_N K-contiguous weight rows of k_wrap x BLOCK_K values (those of
-        program p mod p_wrap) through the GEMM load + dot loop against a small A, k_tiles K steps
-        (cycling k_wrap): HBM read rate without a wrap, L2 rate with one that fits in L2."""
+    program p mod p_wrap) through the GEMM load + dot loop against a small A, k_tiles K steps
+    (cycling k_wrap): HBM read rate without a wrap, L2 rate with one that fits in L2."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -203,8 +203,8 @@ def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block
                 block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False,
                 wrap_bytes: int | None = None, wrap_programs: int | None = None) -> torch.Tensor:
     """``programs`` programs each stream ``bytes_per_program`` of w (flat) as block_n K-contiguous
-        rows through load + dot -> (programs, BM, BN) fp32. ``wrap_bytes`` / ``wrap_programs``: program
-        p rereads the wrap_bytes region of program p mod wrap_programs."""
+    rows through load + dot -> (programs, BM, BN) fp32. ``wrap_bytes`` / ``wrap_programs``: program
+    p rereads the wrap_bytes region of program p mod wrap_programs."""
     what = "stream_tile"
     tile = block_n * block_k * w.element_size()
     k_tiles = bytes_per_program // tile
@@ -236,7 +236,7 @@ def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block
 def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_warps: int = 4, num_stages: int = 3,
         check: bool = False, out: torch.Tensor | None = None):
     """a[q] (BM, depth) @ b[q] (depth, BN) per program, q = program mod Q, for a (Q, BM, depth) and
-        b (Q, depth, BN) (2-D: Q = 1) -> ((programs, BM, BN), compiled kernel)."""
+    b (Q, depth, BN) (2-D: Q = 1) -> ((programs, BM, BN), compiled kernel)."""
     a3, b3 = (a[None], b[None]) if a.dim() == 2 else (a, b)
     pairs, BM, depth = a3.shape
     BN = b3.shape[2]
@@ -255,7 +255,7 @@ def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_wa
 def mma_resident(a: torch.Tensor, b: torch.Tensor, programs: int, steps: int, *, num_warps: int = 4,
                  check: bool = False, out: torch.Tensor | None = None):
     """``steps`` x a (BM, BK) @ b (BK, BN) per program, operands on chip -> ((programs, BM, BN),
-        compiled kernel). float8_e4m3fn a and b give fp32 c (unless ``out``); else c in a's dtype."""
+    compiled kernel). float8_e4m3fn a and b give fp32 c (unless ``out``); else c in a's dtype."""
     BM, BK = a.shape
     BN = b.shape[1]
     fp8 = a.dtype == torch.float8_e4m3fn

@@ -25,7 +25,7 @@ from .microbench import _check
 def _deep_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, group, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GATED: tl.constexpr):
     """Program p reads region p // group of w: (1 + GATED) x BLOCK_N rows of k_tiles x BLOCK_K
-        values (gate rows, then up rows) into acc += a @ tile^T, so out[p] holds the rows' sums."""
+    values (gate rows, then up rows) into acc += a @ tile^T, so out[p] holds the rows' sums."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -51,7 +51,7 @@ def _deep_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, group, BLOCK_M: tl.constex
 def deep_read_depth(block_n: int, block_k: int, num_stages: int, *, gated: bool = False, block_m: int = 16,
                     elem_bytes: int = 2) -> int:
     """Weight bytes one ``_deep_read_kernel`` program keeps in flight (``plan.gemm_shared_bytes``
-        with no A bytes): (num_stages - 1) x (1 + gated) x BN x BK x elem_bytes for 16-row tiles."""
+    with no A bytes): (num_stages - 1) x (1 + gated) x BN x BK x elem_bytes for 16-row tiles."""
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": num_stages}
     return gemm_shared_bytes(cfg, 0.0, float(elem_bytes), 2 if gated else 1)
 
@@ -60,8 +60,8 @@ def deep_read(w: torch.Tensor, programs: int, bytes_per_program: int, *, group: 
               block_k: int = 128, num_stages: int = 4, gated: bool = False, block_m: int = 16, num_warps: int = 4,
               a: torch.Tensor | None = None, out: torch.Tensor | None = None, check: bool = False):
     """``programs`` programs each stream ``bytes_per_program`` of w (flat), groups of ``group``
-        reading the same region (ceil(programs / group) regions back to back) -> ((programs, BM, BN)
-        fp32 row sums, compiled kernel). ``a``: the (BM, BK) ones multiplied by (made here if None)."""
+    reading the same region (ceil(programs / group) regions back to back) -> ((programs, BM, BN)
+    fp32 row sums, compiled kernel). ``a``: the (BM, BK) ones multiplied by (made here if None)."""
     if programs < 1 or group < 1:
         raise ValueError(f"programs and group must be >= 1, got {programs} and {group}")
     tiles = 2 if gated else 1

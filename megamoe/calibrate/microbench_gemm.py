@@ -23,7 +23,7 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
                 GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr):
     """Tile ``tile`` of C = A @ W^T in grouped order. GATED: W is (2N, K), gate rows then up rows,
-        C = silu(A @ Wg^T) * (A @ Wu^T)."""
+    C = silu(A @ Wg^T) * (A @ Wu^T)."""
     pid_m, pid_n = _tile_ids(tile, M // BLOCK_M, N // BLOCK_N, GROUP_M)  # the MoE GEMMs' grouped order
     w_row = pid_n * BLOCK_N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -61,7 +61,7 @@ def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT:
                        TMA_A: tl.constexpr, GATED: tl.constexpr, FLAT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One tile per program, or (PERSISTENT) tiles pid, pid + programs, .... K is specialized
-        (divisible by 16, the row loads vectorize)."""
+    (divisible by 16, the row loads vectorize)."""
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0), flatten=FLAT):
             _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, GATED, BLOCK_M,
@@ -79,8 +79,8 @@ def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, 
                num_stages: int, loads: str = "pointer", programs: int | None = None, group_m: int = 8,
                out: torch.Tensor | None = None, check: bool = False):
     """C = a (M, K) @ w (N, K)^T -> (C (M, N) in a's dtype, compiled kernel); a gated form takes w
-        (2N, K) and gives silu(a @ wg^T) * (a @ wu^T). M, N, K multiples of the block sizes.
-        ``loads``: a key of LOADS; ``programs``: the persistent grid (default min(SMs, tiles))."""
+    (2N, K) and gives silu(a @ wg^T) * (a @ wu^T). M, N, K multiples of the block sizes.
+    ``loads``: a key of LOADS; ``programs``: the persistent grid (default min(SMs, tiles))."""
     if loads not in LOADS:
         raise ValueError(f"loads must be one of {sorted(LOADS)}, got {loads!r}")
     M, K = a.shape

@@ -48,8 +48,8 @@ def select_key(config, tokens: int) -> tuple[float, ...]:
 def route_select(logits: torch.Tensor, config, tokens: int, rounds: int, *, rb=None, sb=None,
                  check: bool = False) -> torch.Tensor:
     """One program routes ``rounds`` blocks of ``logits`` (rounds x block_t, E) fp32 as the routing
-        program of a ``tokens``-token batch of ``config`` -> topk_idx (rounds x block_t, K) int32.
-        ``rb`` / ``sb``: router / score bias (E,). ``check``: softmax_topk picks equal torch.topk's."""
+    program of a ``tokens``-token batch of ``config`` -> topk_idx (rounds x block_t, K) int32.
+    ``rb`` / ``sb``: router / score bias (E,). ``check``: softmax_topk picks equal torch.topk's."""
     T, E = logits.shape
     K = config.top_k
     rl = select_launch(config, tokens)  # the routing program's sizes, warps and top-k way

@@ -38,7 +38,7 @@ def _l2_shared_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, num_tiles, group, spr
 
 def l2_shared_layout(num_tiles: int, programs: int, group: int) -> tuple[int, int]:
     """(groups, spread): ceil(P / g) groups start ``spread`` = num_tiles // groups tiles apart.
-        ValueError where the working set has fewer tiles than groups."""
+    ValueError where the working set has fewer tiles than groups."""
     if programs < 1 or group < 1:
         raise ValueError(f"programs and group must be >= 1, got {programs} and {group}")
     groups = -(-programs // group)
@@ -51,7 +51,7 @@ def l2_shared_layout(num_tiles: int, programs: int, group: int) -> tuple[int, in
 def l2_shared_read(w: torch.Tensor, programs: int, group: int, bytes_per_program: int, *, num_warps: int = 4,
                    num_stages: int = 4, block_m: int = 16, check: bool = False) -> torch.Tensor:
     """``programs`` programs each read ``bytes_per_program`` of w (T, BN, BK), groups of ``group``
-        reading the same tile at once -> (programs, BM, BN) fp32."""
+    reading the same tile at once -> (programs, BM, BN) fp32."""
     if w.dim() != 3:
         raise ValueError(f"w must be (tiles, BLOCK_N, BLOCK_K), got shape {list(w.shape)}")
     T, bn, bk = w.shape

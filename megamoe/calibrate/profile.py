@@ -12,7 +12,7 @@ from .sustained import SUSTAINED_PAUSE_S, SUSTAINED_SIZE, duty_points
 
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
     """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``; steps
-        missing from ``m`` keep the base's numbers and are named in ``calibration.not_measured``."""
+    missing from ``m`` keep the base's numbers and are named in ``calibration.not_measured``."""
     import copy
 
     src = f"measured by megamoe calibrate on {prov['gpu']} {prov['date']}"

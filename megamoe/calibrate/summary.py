@@ -18,7 +18,7 @@ def _best_by_shape(points) -> list:
 
 def hbm_deep_summary(deep: dict) -> list[str]:
     """The hbm_deep step's lines: per depth and group, TB/s at each program count for the largest
-        bytes per program."""
+    bytes per program."""
     pts = deep.get("points", [])
     if not pts:
         return []
@@ -36,7 +36,7 @@ def hbm_deep_summary(deep: dict) -> list[str]:
 
 def sustained_summary(su: dict) -> list[str]:
     """The sustained step's lines: per graph its seconds, rate and ratio to the best, and its last
-        part's rate."""
+    part's rate."""
     last = {round(t1, 9): (t1 - t0, r) for t0, t1, r in su.get("marginal", [])}
     lines = []
     for (_, t, r), (_, ratio) in zip(su.get("rates", []), su.get("points", [])):

@@ -51,7 +51,7 @@ def matmul_graph(a, b, c, count: int, between=None):
 
 def idle_replay_seconds(replay, pause_s: float, clock: dict | None = None) -> float:
     """Seconds of one ``replay()`` between CUDA events after ``pause_s`` idle; ``clock`` (a dict)
-        gets the SM clock and power sampled meanwhile (empty without NVML)."""
+    gets the SM clock and power sampled meanwhile (empty without NVML)."""
     import torch
 
     from megamoe.kernels.telemetry import sampled
@@ -85,9 +85,9 @@ def sustained_counts(per_matmul_s: float, busy_s) -> list[int]:
 
 def sustained_fit(flops: float, timed, recheck=None) -> dict:
     """Figures from ``timed`` ([[matmuls N, s, SM clock], ...], N ascending; ``flops`` per matmul):
-        "rates" [[N, s, flop/s]], "reference_flops_per_s" (best average rate), "points" [[s, rate /
-        reference]], "marginal" [[s short, s long, flop/s of the extra matmuls]]; with ``recheck``
-        (the shortest graph again), "recovery" = first s / recheck s."""
+    "rates" [[N, s, flop/s]], "reference_flops_per_s" (best average rate), "points" [[s, rate /
+    reference]], "marginal" [[s short, s long, flop/s of the extra matmuls]]; with ``recheck``
+    (the shortest graph again), "recovery" = first s / recheck s."""
     rates = [[int(n), float(t), n * flops / t] for n, t, *_ in timed]
     ref = max(r for *_, r in rates)
     out = {"rates": rates, "reference_flops_per_s": ref, "points": [[t, r / ref] for _, t, r in rates],
@@ -102,8 +102,8 @@ def sustained_fit(flops: float, timed, recheck=None) -> dict:
 
 def measure_sustained(reps: int, quick: bool = False) -> dict:
     """A dense bf16 GEMM's rate by how long it has run: per SUSTAINED_BUSY_S duration a graph of N
-        SUSTAINED_SIZE^3 matmuls replayed once after SUSTAINED_PAUSE_S idle, shortest first (full form:
-        the shortest again last) -> ``sustained_fit``. ``reps`` is unused."""
+    SUSTAINED_SIZE^3 matmuls replayed once after SUSTAINED_PAUSE_S idle, shortest first (full form:
+    the shortest again last) -> ``sustained_fit``. ``reps`` is unused."""
     import torch
 
     n = SUSTAINED_SIZE
@@ -128,8 +128,8 @@ def measure_sustained(reps: int, quick: bool = False) -> dict:
 
 def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: float) -> list[dict]:
     """Per duty graph of ``timed`` ([[duty, N, reads per matmul k, s, mean SM MHz or None], ...]):
-        its seconds, the matmuls' share and their rate (time less N x k x ``per_read_s``) over
-        ``reference_flops_per_s``."""
+    its seconds, the matmuls' share and their rate (time less N x k x ``per_read_s``) over
+    ``reference_flops_per_s``."""
     out = []
     for duty, count, k, t, mhz in timed:
         mm_s = max(t - count * k * per_read_s, 1e-9)
@@ -141,8 +141,8 @@ def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: floa
 
 def duty_points(su: dict) -> list[list[float]]:
     """kernel_model.sustained_duty points from ``su``: per duty graph [matmul share, (1 - rate ratio)
-        / (1 - back-to-back ratio over as many seconds)] clipped to [0, 1]; graphs with under 1%
-        back-to-back fall or a share not inside (0, 1) are left out."""
+    / (1 - back-to-back ratio over as many seconds)] clipped to [0, 1]; graphs with under 1%
+    back-to-back fall or a share not inside (0, 1) are left out."""
     from megamoe.simulator.cost import sustained_table_ratio
 
     pts = tuple(tuple(float(x) for x in q) for q in sorted(su.get("points") or []))

@@ -57,8 +57,8 @@ def _event_median(fn, reps: int, before=None) -> float:
 
 def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float:
     """Median seconds of one fn() with nothing of its data in L2: per repetition the GPU sleeps
-        (~1 ms) while the host queues an L2-evicting read of ``flush_bytes``, the events and fn, so the
-        events time fn alone from a cold L2."""
+    (~1 ms) while the host queues an L2-evicting read of ``flush_bytes``, the events and fn, so the
+    events time fn alone from a cold L2."""
     import torch
 
     scratch = torch.ones(flush_bytes // 4, device="cuda", dtype=torch.int32)

@@ -111,8 +111,8 @@ def run_sweep(spec: Spec | dict | str | Path, out: str | Path = "sweep-out", *, 
               plot: bool = True):
     """Run the points of ``spec`` not yet in ``out`` and return this spec's rows as a DataFrame.
 
-        ``workers``: LocalCluster processes (default the CPU count; 0: in this process);
-        ``scheduler``: an existing Dask scheduler's address. ``out`` is locked while the sweep writes it."""
+    ``workers``: LocalCluster processes (default the CPU count; 0: in this process);
+    ``scheduler``: an existing Dask scheduler's address. ``out`` is locked while the sweep writes it."""
     import os
 
     from .progress import Progress
@@ -156,8 +156,8 @@ def rows_of(spec: Spec, df):
 def best(results, objective: str = "layer_time_us", top: int = 10, within: str | None = "tokens-per-gpu"):
     """The ``top`` points with the smallest ``objective`` (failed points left out), as a DataFrame.
 
-        ``results``: a DataFrame or an output folder. Where ``within`` (default tokens-per-gpu) takes
-        several values, the ``top`` of each value; ``attrs["ranked_within"]`` names it (else None)."""
+    ``results``: a DataFrame or an output folder. Where ``within`` (default tokens-per-gpu) takes
+    several values, the ``top`` of each value; ``attrs["ranked_within"]`` names it (else None)."""
     import pandas as pd
 
     df = results if hasattr(results, "columns") else load_results(results)
