@@ -20,8 +20,6 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     stages = (4,) if quick else (3, 4)
     block = 1024  # bf16 values per load: 2 KiB
     x = torch.ones(max(progs) * max(sizes) // 2, device="cuda", dtype=torch.bfloat16)
-    # a single launch timed between events carries its own overhead: measured on an empty kernel
-    # the same way and taken off each point
     t_empty = flushed_seconds(lambda: mb.empty(x), reps=reps)
     pts, best = [], []
     for P in progs:
@@ -72,8 +70,7 @@ def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     return {"points": pts, "row_bytes": H * 2}
 
 
-#: the shared-read step's working set: 8 MiB of 64 x 128 bf16 tiles (512 tiles: the 3S = 396 groups
-#: of one program each on the H200 still read apart), read 1 MiB per program per launch
+#: the shared-read step's working set (64 x 128 bf16 tiles), bytes per program per launch, groups
 L2_SHARED_SET_BYTES = 8 << 20
 L2_SHARED_PER_PROGRAM = 1 << 20
 L2_SHARED_GROUPS = (1, 2, 4, 8, 16)
@@ -105,10 +102,8 @@ def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> d
     return {"points": pts, "set_bytes": L2_SHARED_SET_BYTES, "bytes_per_program": per, "tile": [bn, bk]}
 
 
-#: the hbm_deep step's readers (microbench_deep.deep_read, 16-row tiles, 4 warps): (BLOCK_N, BLOCK_K,
-#: num_stages, gated), keeping deep_read_depth bytes of weight tiles in flight: 32 KiB (64 x 128 at 3
-#: stages, full step only), 48 KiB (the hbm step's reader), 96 KiB (GEMM 1's 16 x 64 x 128 loop at 4
-#: stages), 128 KiB (16 x 128 x 128 at 3 stages), 192 KiB (the same at 4 stages)
+#: the hbm_deep step's readers (deep_read, 16-row tiles): (BLOCK_N, BLOCK_K, num_stages, gated), keeping
+#: 32, 48, 96, 128 and 192 KiB in flight (deep_read_depth)
 HBM_DEEP_READERS = ((64, 128, 3, False), (64, 128, 4, False), (64, 128, 4, True), (128, 128, 3, True),
                     (128, 128, 4, True))
 HBM_DEEP_READERS_QUICK = ((64, 128, 4, False), (128, 128, 3, True))
@@ -120,8 +115,7 @@ HBM_DEEP_SIZES_QUICK = (256 << 10, 4 << 20)
 
 
 def hbm_deep_programs(S: int, quick: bool = False) -> list[int]:
-    """The program counts of the hbm_deep step: S/8, S/4, S/2, S (quick: S/4 and S); at most S, so
-    that the GPU runs one program per SM (H200: 16, 33, 66, 132)."""
+    """The hbm_deep step's program counts: S/8, S/4, S/2, S (quick: S/4 and S): one per SM at most."""
     return sorted({max(1, S // 4), S} if quick else {max(1, S // 8), max(1, S // 4), max(1, S // 2), S})
 
 

@@ -8,22 +8,19 @@ import time
 
 from .timing import graph_seconds
 
-#: the sustained step's busy durations (s): graphs of back-to-back matmuls about this long (the
-#: validation's graphs: 1-50 ms); the shortest long enough that a replay's fixed cost does not count
+#: the sustained step's busy durations (s): graphs of back-to-back matmuls about this long
 SUSTAINED_BUSY_S = (0.005, 0.02, 0.06, 0.15, 0.3)
 SUSTAINED_BUSY_S_QUICK = (0.02, 0.06, 0.3)
-#: seconds idle before each replay, long enough for the clocks to recover; the full step checks it (``recovery``)
+#: seconds idle before each replay (the clocks recover; the full step checks it: ``recovery``)
 SUSTAINED_PAUSE_S = 1.5
 #: rows = columns = depth of the sustained step's matmuls (the mma step's dense GEMM)
 SUSTAINED_SIZE = 8192
 
 
-#: the sustained step's duty-cycled graphs (full form only): (fraction of the graph's time in the
-#: matmuls, seconds of the graph). Each matmul is followed by HBM reads (sums of a large buffer, few SMs'
-#: worth of arithmetic) for the rest: whether the clock falls as far when the tensor cores work only part
-#: of the time (the validation's layers run their MMA at 0.5-0.8 of the dense GEMM's rate)
+#: the duty-cycled graphs (full form only): (share of the graph's time in matmuls, seconds), each
+#: matmul followed by HBM reads for the rest
 SUSTAINED_DUTY = ((0.5, 0.3), (0.75, 0.3))
-#: elements (bf16) of the buffer the duty graphs' reads sum: 512 MiB, ~0.12 ms a sum at 4.4 TB/s
+#: elements (bf16) of the buffer the duty graphs' reads sum (512 MiB)
 SUSTAINED_READ_ELEMS = 1 << 28
 
 

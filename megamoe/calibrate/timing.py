@@ -30,12 +30,7 @@ def graph_seconds(fn, *, inner: int = 4, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
-def event_seconds(fn, *, reps: int = 5) -> float:
-    """Median seconds of fn() between CUDA events (for single long launches that reset themselves)."""
-    return _event_median(fn, reps)
-
-
-def _event_median(fn, reps: int, before=None) -> float:
+def event_seconds(fn, *, reps: int = 5, before=None) -> float:
     """Median seconds of fn() between two CUDA events over ``reps`` runs after one warm-up;
     ``before()`` (if given) is queued ahead of each start event."""
     import torch
@@ -70,7 +65,7 @@ def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float
             sleep(2_000_000)
         torch.amax(scratch, dim=0, out=sink)
 
-    return _event_median(fn, reps, flush)
+    return event_seconds(fn, reps=reps, before=flush)
 
 
 def slope(xs, ts) -> tuple[float, float]:
