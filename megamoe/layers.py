@@ -23,6 +23,17 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def cuda_alive() -> bool:
+    """Whether the CUDA context still works (an illegal address or a device assert poisons it)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
 class CudaLayer:
     """Weights, steered inputs, the kernels' routing, forward and CUDA-graph timing, in bf16 on the GPU."""
 
@@ -109,12 +120,7 @@ class CudaLayer:
         self.torch.cuda.synchronize()
 
     def alive(self) -> bool:
-        """Whether the CUDA context still works (an illegal address or a device assert poisons it)."""
-        try:
-            self.torch.cuda.synchronize()
-            return float(self.torch.ones(1, device=self.device).add_(1).item()) == 2.0
-        except Exception:  # noqa: BLE001 - any failure here means the context is gone
-            return False
+        return cuda_alive()
 
     def free(self) -> None:
         self.torch.cuda.empty_cache()

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from megamoe.layers import cuda_alive as _cuda_alive
+
 from .compute import measure_gemm, measure_mma, measure_mma_fp8
 from .latency import measure_launch, measure_select, measure_serial, measure_sync
 from .memory import measure_copy, measure_hbm, measure_hbm_deep, measure_l2_shared
@@ -81,15 +83,6 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         raise ValueError(f"unknown step {name!r}")
     return steps[name]()
 
-
-def _cuda_alive() -> bool:
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
-    except Exception:  # noqa: BLE001 - any failure: the context is gone
-        return False
 
 
 def run(args: argparse.Namespace) -> int:

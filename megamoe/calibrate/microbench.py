@@ -182,6 +182,14 @@ def _check(ok: bool, what: str) -> None:
         raise AssertionError(f"microbench {what}: result disagrees with torch")
 
 
+def _k_steps(nbytes: int, step: int, what: str = "", name: str = "bytes_per_program") -> int:
+    """nbytes // step; ValueError unless ``nbytes`` is a positive multiple of ``step`` (``what``: its make-up)."""
+    n = nbytes // step
+    if n < 1 or n * step != nbytes:
+        raise ValueError(f"{name}={nbytes} must be a positive multiple of {step}" + (f" ({what})" if what else ""))
+    return n
+
+
 def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block: int = 1024, offset: int = 0,
                 num_warps: int = 4, check: bool = False) -> torch.Tensor:
     """Each of ``programs`` programs sums ``elems_per_program`` (a multiple of ``block``) values of x
@@ -207,13 +215,8 @@ def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block
     p rereads the wrap_bytes region of program p mod wrap_programs."""
     what = "stream_tile"
     tile = block_n * block_k * w.element_size()
-    k_tiles = bytes_per_program // tile
-    if k_tiles < 1 or k_tiles * tile != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
-                         f"(block_n x block_k x {w.element_size()} bytes)")
-    k_wrap = k_tiles if wrap_bytes is None else wrap_bytes // tile
-    if k_wrap < 1 or k_wrap * tile != (bytes_per_program if wrap_bytes is None else wrap_bytes):
-        raise ValueError(f"wrap_bytes={wrap_bytes} must be a positive multiple of {tile}")
+    k_tiles = _k_steps(bytes_per_program, tile, f"block_n x block_k x {w.element_size()} bytes")
+    k_wrap = k_tiles if wrap_bytes is None else _k_steps(wrap_bytes, tile, name="wrap_bytes")
     p_wrap = programs if wrap_programs is None else int(wrap_programs)
     if p_wrap < 1:
         raise ValueError(f"wrap_programs must be >= 1, got {wrap_programs}")

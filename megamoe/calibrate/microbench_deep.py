@@ -17,7 +17,7 @@ import triton.language as tl
 
 from megamoe.kernels.plan import gemm_shared_bytes
 
-from .microbench import _check
+from .microbench import _check, _k_steps
 
 
 # --------------------------------------------------------------------------- kernel
@@ -66,10 +66,7 @@ def deep_read(w: torch.Tensor, programs: int, bytes_per_program: int, *, group: 
         raise ValueError(f"programs and group must be >= 1, got {programs} and {group}")
     tiles = 2 if gated else 1
     step = tiles * block_n * block_k * w.element_size()  # bytes of one K step
-    k_tiles = bytes_per_program // step
-    if k_tiles < 1 or k_tiles * step != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {step} "
-                         f"({tiles} x {block_n} x {block_k} x {w.element_size()} bytes)")
+    k_tiles = _k_steps(bytes_per_program, step, f"{tiles} x {block_n} x {block_k} x {w.element_size()} bytes")
     regions = -(-programs // group)
     if regions * bytes_per_program > w.numel() * w.element_size():
         raise ValueError(f"deep_read: {regions} regions of {bytes_per_program} bytes read past the end of w "

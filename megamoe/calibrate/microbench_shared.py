@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .microbench import _check
+from .microbench import _check, _k_steps
 
 
 # --------------------------------------------------------------------------- kernels
@@ -56,10 +56,7 @@ def l2_shared_read(w: torch.Tensor, programs: int, group: int, bytes_per_program
         raise ValueError(f"w must be (tiles, BLOCK_N, BLOCK_K), got shape {list(w.shape)}")
     T, bn, bk = w.shape
     tile = bn * bk * w.element_size()
-    k_tiles = bytes_per_program // tile
-    if k_tiles < 1 or k_tiles * tile != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
-                         f"(one {bn} x {bk} tile)")
+    k_tiles = _k_steps(bytes_per_program, tile, f"one {bn} x {bk} tile")
     _, spread = l2_shared_layout(T, programs, group)
     a = torch.ones((block_m, bk), device=w.device, dtype=w.dtype)
     out = torch.empty((programs, block_m, bn), device=w.device, dtype=torch.float32)
