@@ -1,7 +1,5 @@
-"""The front door: ``megamoe info | simulate | bench | validate | sweep``.
-
-Each subcommand imports its room lazily, so ``megamoe simulate`` never needs torch or a GPU and
-``megamoe info`` works with the reference alone.
+"""The front door: ``megamoe info | simulate | bench | validate | sweep``; each subcommand imports its
+room lazily (``megamoe simulate`` needs neither torch nor a GPU).
 """
 
 from __future__ import annotations

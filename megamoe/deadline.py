@@ -1,15 +1,8 @@
 """Wall-time budgets for the GPU runs (``megamoe calibrate``, ``megamoe validate``).
 
-A device call has a hard wall limit, and a GPU hang blocks the main thread in a synchronize that
-never returns, so each run has two guards:
-
-    Budget     seconds since the run started and seconds left; the run asks it before starting
-               a step ("does an estimated 20 s still fit, keeping 15 s for the report?")
-    Watchdog   a daemon thread: when the step it is armed for runs past its deadline, it calls
-               ``on_fire(what)`` (write what is known: a row, the report) and ends the process
-               with ``os._exit(code)``; what was written before survives, and a rerun can resume
-
-Both read ``time.monotonic``. Nothing here imports torch.
+``Budget``: seconds since the start and seconds left, asked before each step. ``Watchdog``: a
+daemon thread that, when an armed step overruns, calls ``on_fire(what)`` and ends the process with
+``os._exit(code)`` (a GPU hang never returns from a synchronize). Both read ``time.monotonic``.
 """
 
 from __future__ import annotations
@@ -71,8 +64,7 @@ class Budget:
 
 class Watchdog:
     """Ends the process when an armed step overruns: ``arm(seconds, what)`` before the step,
-    ``disarm()`` after it. On firing: ``on_fire(what)`` (its errors are printed, not raised), a line
-    on stderr, then ``exit(code)`` (``os._exit``: no cleanup that could block on the GPU)."""
+    ``disarm()`` after. On firing: ``on_fire(what)`` (errors printed), a line on stderr, ``os._exit(code)``."""
 
     def __init__(self, on_fire: Callable[[str], None] | None = None, *, code: int = WATCHDOG_EXIT,
                  exit: Callable[[int], None] = os._exit, poll_s: float = 0.2, name: str = "megamoe"):
@@ -85,7 +77,7 @@ class Watchdog:
         self._deadline: float | None = None
         self._what = ""
         self._seconds = 0.0
-        self.fired: str | None = None
+
         self._stop = False
         self._thread = threading.Thread(target=self._watch, name="megamoe-watchdog", daemon=True)
         self._thread.start()
@@ -119,7 +111,7 @@ class Watchdog:
                     continue
                 what, seconds = self._what, self._seconds
                 self._deadline = None
-            self.fired = what
+
             if self.on_fire is not None:
                 try:
                     self.on_fire(what)

@@ -2,17 +2,9 @@
 
 Shape legend: R ranks, T tokens on one rank, E experts, P slots, K top-k, H hidden.
 
-This joins the rooms below: a placement of the simulator (``simulator.placement``, EPLB included)
-becomes plain arrays (``placement_arrays``) and slot ids per token (``assign_slots``); the kernels'
-``ep_moe_experts`` moves the rows and runs the local experts. ``ep_layer`` is the whole layer on one
-rank: route its own tokens (torch, float32 scores), pick slots, the routed experts expert-parallel,
-the shared MLP on the rank's own tokens.
-
-``launch(fn, nprocs, ...)`` spawns one process per rank (torch.multiprocessing, spawn), sets
-``TRANSPORT_ENV`` (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1)
-in the parent and again in every child before torch.distributed starts, joins on a free TCP port,
-and fails with TimeoutError (children killed) when they run past ``timeout_s``: a hang fails, it
-does not wait forever.
+``ep_layer``: one rank's layer (route its tokens, pick slots of a ``simulator.placement``, the
+kernels' ``ep_moe_experts``, the shared MLP). ``launch``: one spawned process per rank with
+``TRANSPORT_ENV`` set, joined on a free TCP port; TimeoutError (children killed) past ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -51,11 +43,8 @@ def _entry(rank: int, fn, nprocs: int, port: int, backend: str, args: tuple, pg_
 
 
 def launch(fn, nprocs: int, args: tuple = (), *, backend: str = "gloo", timeout_s: float = 120.0) -> None:
-    """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` spawned processes joined in one process group.
-
-    ``fn`` must be importable by name (a module-level function). Raises the first child's error, or
-    TimeoutError after ``timeout_s`` seconds with every child terminated.
-    """
+    """Run ``fn(rank, nprocs, *args)`` (a module-level function) in ``nprocs`` spawned processes of
+    one process group. Raises the first child's error, or TimeoutError after ``timeout_s``."""
     import torch.multiprocessing as mp
 
     from megamoe.kernels.ep import TRANSPORT_ENV
@@ -109,11 +98,8 @@ def shared_mlp(x, w, cfg):
 
 
 def ep_layer(x, w, cfg, shard, placement, group=None, *, transport: str = "auto", backend: str = "auto"):
-    """The MoE layer on this rank's tokens, experts expert-parallel.  x: (T, H) -> y (T, H), x's dtype.
-
-    ``w``: this rank's copy of the router and shared weights (a MoEWeights of tensors in x's dtype;
-    its expert tensors are not read); ``shard``: from ``kernels.ep.shard_weights``.
-    """
+    """The MoE layer on this rank's tokens, experts expert-parallel. x: (T, H) -> y (T, H), x's dtype.
+    ``w``: the router and shared weights (tensors in x's dtype); ``shard``: ``kernels.ep.shard_weights``'s."""
     from megamoe.kernels.bench import torch_route
     from megamoe.kernels.ep import ep_moe_experts
 

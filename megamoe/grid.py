@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the default GPU run: 3 presets x 6 T x 3 routings x 2 backends = 108 configurations. Three
-#: presets that differ in what the model must get right: Qwen3-30B-A3B (128 small experts: fixed
-#: and serial costs), Mixtral-8x7B (8 large experts: weight streaming and compute), DeepSeek-V3
-#: (256 grouped sigmoid experts and a shared expert; 22 GB of weights). T <= 4096 alone is 90.
+#: the default GPU run: 3 presets x 6 T x 3 routings x 2 backends = 108 configurations
 GRID_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
 GRID_TOKENS = (1, 8, 64, 512, 4096, 16384)
 ROUTINGS = ("uniform", "zipf", "concentrated")
@@ -51,9 +48,8 @@ def key_of(row: dict) -> str:
 
 
 def routing_bias(cfg, routing: str, seed: int = 0):
-    """(E,) logit bias that steers the layer's own router: 0 (uniform), Zipf(1.2)-like preferences
-    (zipf), or +30 on the K experts 0..K-1 (concentrated: every token on the same K experts; they
-    share one expert group, so grouped top-k keeps them)."""
+    """(E,) logit bias steering the layer's router: 0 (uniform), Zipf(1.2)-like (zipf), or +30 on
+    experts 0..K-1 (concentrated; one expert group, so grouped top-k keeps them)."""
     import numpy as np
 
     E, K = cfg.num_experts, cfg.top_k

@@ -1,8 +1,5 @@
-"""Checks of the command line's inputs before a command does any work.
-
-Files that are not text, JSON nested too deep to read, paths that cannot be written, options that
-would be ignored or contradict each other: each is refused with one line (``InputError``, which the
-CLI prints as ``megamoe COMMAND: error: ...`` with exit code 2) naming the value and what is allowed.
+"""Checks of the command line's inputs before a command does any work: each bad input is refused
+with one line (``InputError``; the CLI prints ``megamoe COMMAND: error: ...`` and exits 2).
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ def _shown(value) -> str:
 
 
 def check_text_file(flag: str, value, *, parse_json: bool = False, folder_ok: bool = False) -> None:
-    """Refuse ``value`` (a path given to ``flag``) when it exists but is not a readable text file
-    (a folder unless ``folder_ok``, a device, binary, too large) or, with ``parse_json``, is JSON
-    nested too deeply to read. A path that does not exist is left to the command (it may be a name)."""
+    """Refuse ``value`` (given to ``flag``) when it exists but is not a readable text file (a folder
+    unless ``folder_ok``, a device, binary, too large) or, with ``parse_json``, nests too deep."""
     if value is None:
         return
     if not str(value).strip():

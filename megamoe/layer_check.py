@@ -1,6 +1,5 @@
-"""One MoE layer checked: the kernel's output against the float64 reference on sampled tokens, and
-its launch plan priced by the simulator's launch model (on a GPU also timed); and a row that
-``megamoe bench`` measured, predicted without a GPU.
+"""One MoE layer checked: the kernel's output against the float64 reference on sampled tokens, its
+launch plan priced by the simulator (on a GPU also timed); and a ``megamoe bench`` row predicted.
 
 Shape legend: T tokens, E experts, H hidden, I expert width.
 """
@@ -14,9 +13,8 @@ from .report import stage_group
 
 
 def measured_overrides(ceilings: dict, system: str = "h200") -> dict:
-    """Profile overrides from rates measured in this run: HBM = the streaming-read rate; the bf16
-    peak rescaled so that the profile's efficiency at the largest tile gives the measured matmul
-    rate, and the fp8 peak the same way from the FP8 matmul rate where the run measured one."""
+    """Profile overrides from this run's rates: HBM = the streaming-read rate; the bf16 (and fp8)
+    peak rescaled so the profile's efficiency at the largest tile gives the measured matmul rate."""
     from megamoe.simulator import load_profile
     from megamoe.simulator.cost import gemm_efficiency
 
@@ -116,15 +114,10 @@ def validate_one(model: str, T: int, *, gpu: bool, seed: int = 0, sample: int = 
 
 
 def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict:
-    """The simulator's prediction for a row that ``megamoe bench`` measured, without a GPU.
-
-    The bench routed random tokens with random router weights (logits ~ N(0, 1)); the same
-    distribution is drawn here with ``seed``, so the launch plan is statistically equivalent to the
-    measured one, not identical (decode rows, where few experts are touched, vary most). Returns
-    the measured time, the predictions with the profile and with the rates the bench measured in
-    its run, and whether the plan's GEMM tiles are the ones the bench ran. Rows of ``--dtype fp8``
-    or ``fp8-act`` (``row["dtype"]``; bf16 without it) get the FP8 launch plan.
-    """
+    """The simulator's prediction for a ``megamoe bench`` row, without a GPU: routing drawn as the
+    bench's (logits ~ N(0, 1), ``seed``), so the plan is statistically equivalent, not identical.
+    Returns the measured time, predictions with the profile and with the run's rates, and whether
+    the GEMM tiles match; fp8 rows (``row["dtype"]``) get the FP8 launch plan."""
     import numpy as np
 
     from megamoe.kernels.bench import DTYPES, bench_config

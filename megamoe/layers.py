@@ -1,6 +1,6 @@
 """The device side of a validation run: a layer that makes weights and steered inputs, routes, runs
-and times the kernels (``CudaLayer``: bf16 on the GPU; ``InterpreterLayer``: the same loop on the CPU
-under TRITON_INTERPRET=1 on shrunken shapes, timing meaningless, for tests and smoke runs).
+and times the kernels (``CudaLayer``: bf16 on the GPU; ``InterpreterLayer``: the CPU interpreter on
+shrunken shapes, timing meaningless).
 
 Shape legend: T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph.
 """
@@ -12,6 +12,26 @@ import os
 import time
 
 from .grid import routing_bias, shrink_for_interpreter, steer_inputs
+
+
+def has_cuda() -> bool:
+    """Whether torch is installed and sees a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def cuda_alive() -> bool:
+    """Whether the CUDA context still works (an illegal address or a device assert poisons it)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
 
 
 class CudaLayer:
@@ -74,9 +94,8 @@ class CudaLayer:
         return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps, clock=self.last_clock)
 
     def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
-        """The multi-launch path's stages as measured (kernels.bench.stage_split): CUDA-graph times
-        of its prefixes (kernels.moe._forward's ``stop_after``) and ``total_us``, the whole layer's;
-        each prefix after ``idle_s`` seconds idle (``idle``) where that is above 0."""
+        """The multi-launch path's stages (kernels.bench.stage_split): CUDA-graph times of its prefixes
+        and ``total_us``; each after ``idle_s`` seconds idle where above 0."""
         from megamoe.kernels import moe as kmoe
         from megamoe.kernels.bench import BREAKDOWN_STOPS, graph_time_us, stage_split
 
@@ -101,12 +120,7 @@ class CudaLayer:
         self.torch.cuda.synchronize()
 
     def alive(self) -> bool:
-        """Whether the CUDA context still works (an illegal address or a device assert poisons it)."""
-        try:
-            self.torch.cuda.synchronize()
-            return float(self.torch.ones(1, device=self.device).add_(1).item()) == 2.0
-        except Exception:  # noqa: BLE001 - any failure here means the context is gone
-            return False
+        return cuda_alive()
 
     def free(self) -> None:
         self.torch.cuda.empty_cache()
@@ -121,9 +135,8 @@ class CudaLayer:
                      + router_bytes(cfg, "bfloat16"))
 
     def job_bytes(self, cfg, T: int) -> float:
-        """GPU memory a compile-ahead process for (cfg, T) needs, estimated: its weights, one
-        forward's buffers (x and its steered copy, the KS pair rows in up to fp32, y, the padded
-        activation rows, the shared activation), with a quarter more, and 1.5 GB for the context."""
+        """GPU memory estimated for a compile-ahead process of (cfg, T): weights and one forward's
+        buffers, plus a quarter, plus 1.5 GB of context."""
         H, I, K, E = cfg.hidden_size, cfg.intermediate_size, cfg.top_k, cfg.num_experts
         KS = K + (1 if cfg.num_shared_experts else 0)
         fwd = (3 * T * H * 2 + T * KS * H * 4 + (T * K + min(E, T * K) * 128) * I * 2
@@ -132,9 +145,8 @@ class CudaLayer:
 
 
 class InterpreterLayer(CudaLayer):
-    """The same loop on the CPU: Triton's interpreter (TRITON_INTERPRET=1 before triton is
-    imported) on the preset shrunk by ``shrink_for_interpreter``, float32. ``time_us`` is one call's
-    wall time: it exercises the run, it measures nothing."""
+    """The same loop on the CPU under TRITON_INTERPRET=1, the preset shrunk, float32; ``time_us``
+    is one call's wall time (meaningless)."""
 
     kind = "interpreter"
     device = "cpu"

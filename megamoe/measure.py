@@ -2,31 +2,11 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph.
 
-A configuration is (preset, T, routing, backend). The run, in order:
-
-1. compile ahead (``megamoe.warm``, on by default): side-by-side processes, one per (preset, T),
-   run each configuration's kernels once so that Triton's on-disk cache holds them; nothing is
-   timed there. A megakernel configuration compiles in 15-30 s, so this is most of the run;
-2. per configuration, T-major (every preset, routing and backend at T = 1, then at T = 8, ...,
-   so a run cut short by its budget still covers every preset at the smaller T): the layer's own
-   router routes NI steered inputs (``routing_bias``, ``steer_inputs``); the cost model predicts
-   the time from every profile given (the calibrated one first) and the row is written (phase
-   "prediction"); then the layer is timed as a CUDA-graph replay of NI calls (median of --reps)
-   and the row written again (phase "measurement"), or, if anything raised, with phase "failed"
-   and the error. The megakernel's output is compared with the multi-launch path's on the same
-   input (``rel_diff_vs_multi``);
-3. the report (``report.write_report``) from the measured rows, and a summary.
-
-Guards: ``--budget`` (no configuration starts that its estimate says would end inside the 15 s
-kept for the report; the compile-ahead gets at most half the budget); a watchdog per
-configuration (``--config-timeout``, and never past the budget by more than a grace period)
-that writes a failed row and the report, then exits with code 4; a lost CUDA context (an
-illegal address poisons it) ends the run with code 3. ``--resume`` continues in the same folder
-in a fresh process: configurations with an outcome are skipped, and one that has only its
-prediction row (the process ended during it) is recorded as failed, not retried.
-
-The grid is ``megamoe.grid``, the prediction ``megamoe.predict``, the device side a layer of
-``megamoe.layers`` (``CudaLayer``, or ``InterpreterLayer`` on the CPU for tests and smoke runs).
+Compile ahead (``megamoe.warm``); then per configuration, T-major: route NI steered inputs, write
+the prediction row (phase "prediction"), time NI calls as a CUDA-graph replay and write the row
+again (phase "measurement" or "failed"); then the report. Guards: ``--budget``, a watchdog per
+configuration (exit 4), a lost CUDA context (exit 3); ``--resume`` skips configurations with an
+outcome and records one with only its prediction row as failed. See docs/validation.md.
 """
 
 from __future__ import annotations
@@ -45,7 +25,7 @@ from pathlib import Path
 from . import warm
 from .deadline import Budget, Watchdog, command_start
 from .grid import Configuration, calls_per_graph, configurations, key_of
-from .layers import CudaLayer, WeightCache, make_layer
+from .layers import CudaLayer, WeightCache, has_cuda, make_layer
 from .predict import predict_config
 from .report import load_outcomes, write_report
 
@@ -61,12 +41,10 @@ CONTEXT_LOST_EXIT = 3  # the exit code when the CUDA context was lost
 
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,
                 reps: int | None = None, variants: dict | None = None) -> dict:
-    """The row's prediction fields: the first profile's at the top level (``predicted_us``,
-    ``dominant``, ...) and every profile's total under ``predictions[name]``; each of ``variants``
-    ({label: cost switches}, repredict.parse_variants) predicted with the first profile and those
-    switches set, under ``predictions[f"{name}+{label}"]``. A prediction that raises gets
-    ``{"failure": ...}`` there (and, if it is the first profile's, no predicted_us). ``counts`` (pairs
-    per expert) go into the row too: with them it can be predicted again offline."""
+    """The row's prediction fields: the first profile's at the top level and every profile's under
+    ``predictions[name]``; each of ``variants`` ({label: cost switches}) with the first profile
+    under ``predictions[f"{name}+{label}"]``. A prediction that raises gets ``{"failure": ...}``.
+    ``counts`` go into the row too."""
     from .repredict import switches
 
     out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
@@ -204,14 +182,13 @@ def progress_line(state: RunState, budget: Budget, c: Configuration, row: dict, 
 
 
 def measure_grid(args, layer: CudaLayer | None = None) -> int:
-    """The GPU run (module docstring). ``layer``: the device side (default: CUDA if present, else
-    the interpreter). Returns 0, CONTEXT_LOST_EXIT when the CUDA context was lost (rerun with
-    --resume), or exits with the watchdog's code from its thread."""
+    """The GPU run. ``layer``: the device side (default CUDA if present, else the interpreter).
+    Returns 0 or CONTEXT_LOST_EXIT; the watchdog exits from its own thread."""
     import datetime as dt
 
     budget = Budget(args.budget, start=command_start())  # the seconds spent importing count too
     if layer is None:
-        layer = make_layer("cuda" if _cuda() else "interpreter")
+        layer = make_layer("cuda" if has_cuda() else "interpreter")
     profiles = _profiles(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -303,9 +280,8 @@ def measure_grid(args, layer: CudaLayer | None = None) -> int:
 
 
 def _exit_on_sigterm():
-    """SIGTERM (the driver's timeout) raises SystemExit(143) in the main thread, so that the
-    compile-ahead's processes are killed and the report is written on the way out; returns the
-    handler it replaced (None off the main thread, where signals cannot be set)."""
+    """Make SIGTERM raise SystemExit(143) in the main thread; returns the replaced handler (None off
+    the main thread)."""
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -442,13 +418,6 @@ def run_summary(state: RunState, budget: Budget, measured: list, failed: list, p
             "warm_s": round(state.warm_s, 1), "stop_reason": state.stop_reason, "by_profile": per_profile,
             "max_rel_diff_vs_multi": max(diffs) if diffs else None, "notes": notes, "lines": lines}
 
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def _log(s: str) -> None:

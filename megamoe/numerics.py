@@ -2,15 +2,9 @@
 
 Shape legend: T tokens, S sampled tokens, E experts, K top-k, H hidden, I expert width.
 
-Tokens are independent in an MoE layer, so the reference can be run on S sampled tokens of a
-batch of T; and it only needs the weights of the experts those tokens pick. For a full-size layer
-on a GPU (DeepSeek-V3: 256 experts, 22 GB of bf16 weights) that is the difference between copying
-a few hundred MB to the host and copying everything. The reference stages are the public ones of
-``megamoe.reference``; only the weight access is lazy here.
-
-Low-precision inputs are compared against the reference computed from the same rounded values
-(x and weights read back from the device exactly), so the error measured is the kernel's
-arithmetic; thresholds are ``reference.tolerance.TOLERANCES``.
+Tokens are independent, so the reference runs on S sampled tokens with only the experts they pick
+copied to the host. Low-precision inputs are compared with the reference of the same rounded
+values; thresholds are ``reference.tolerance.TOLERANCES``.
 """
 
 from __future__ import annotations
@@ -41,23 +35,6 @@ def _to_f64(a) -> np.ndarray | None:
     return np.asarray(a, dtype=np.float64)
 
 
-class _LazyFP8Experts:
-    """``view[e]``: expert e's FP8 weight (e4m3 codes times their 128 x 128 block scales) as float64 NumPy,
-    dequantized on first use."""
-
-    def __init__(self, codes, scale_inv):
-        self._codes, self._scale_inv = codes, scale_inv
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __getitem__(self, e) -> np.ndarray:
-        from megamoe.reference.fp8 import dequantize_weight_blocks
-
-        e = int(e)
-        if e not in self._cache:
-            self._cache[e] = dequantize_weight_blocks(_to_f64(self._codes[e]), _to_f64(self._scale_inv[e]))
-        return self._cache[e]
-
-
 def _dequantized(codes, scale_inv) -> np.ndarray | None:
     from megamoe.reference.fp8 import dequantize_weight_blocks
 
@@ -65,16 +42,18 @@ def _dequantized(codes, scale_inv) -> np.ndarray | None:
 
 
 class _LazyExperts:
-    """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use."""
+    """``view[e]``: expert e's slice of a stacked (E, ...) tensor as float64 NumPy, copied on first use;
+    with ``scale_inv``, FP8 codes dequantized by their 128 x 128 block scales."""
 
-    def __init__(self, stacked):
-        self._stacked = stacked
+    def __init__(self, stacked, scale_inv=None):
+        self._stacked, self._scale_inv = stacked, scale_inv
         self._cache: dict[int, np.ndarray] = {}
 
     def __getitem__(self, e) -> np.ndarray:
         e = int(e)
         if e not in self._cache:
-            self._cache[e] = _to_f64(self._stacked[e])
+            s = self._stacked[e]
+            self._cache[e] = _to_f64(s) if self._scale_inv is None else _dequantized(s, self._scale_inv[e])
         return self._cache[e]
 
 
@@ -102,21 +81,19 @@ class NumericsReport:
 
 
 def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_activations: bool | None = None):
-    """The reference layer on S rows.  x_rows: (S, H) -> (y (S, H) float64, topk_idx (S, K)).
+    """The reference layer on S rows. x_rows: (S, H) -> (y (S, H) float64, topk_idx (S, K)).
 
-    ``weights`` may hold torch tensors on any device: only the experts the rows pick are copied.
-    FP8 weights (``weights.is_fp8``: e4m3 codes, torch.float8_e4m3fn or their values, with block
-    scales) give the reference's FP8 layer, each picked expert dequantized as it is copied;
-    ``fp8_activations`` as ``reference.moe_forward``'s (None: follow the weights).
-    """
+    ``weights`` may hold torch tensors on any device (only picked experts are copied). FP8 weights
+    (``weights.is_fp8``) give the reference's FP8 layer; ``fp8_activations`` as
+    ``reference.moe_forward``'s (None: follow the weights)."""
     x = _to_f64(x_rows)
     fp8_activations = weights.is_fp8 if fp8_activations is None else fp8_activations
     router_weight = _to_f64(weights.router_weight)
     r = route(x, router_weight, config, _to_f64(weights.router_bias), _to_f64(weights.score_bias))
     plan = plan_dispatch(r.topk_idx, config.num_experts)
     if weights.is_fp8:
-        experts = dict(gate_up=_LazyFP8Experts(weights.gate_up, weights.gate_up_scale_inv),
-                       down=_LazyFP8Experts(weights.down, weights.down_scale_inv),
+        experts = dict(gate_up=_LazyExperts(weights.gate_up, weights.gate_up_scale_inv),
+                       down=_LazyExperts(weights.down, weights.down_scale_inv),
                        shared_gate_up=_dequantized(weights.shared_gate_up, weights.shared_gate_up_scale_inv),
                        shared_down=_dequantized(weights.shared_down, weights.shared_down_scale_inv))
     else:
@@ -135,10 +112,8 @@ def reference_on_tokens(x_rows, weights: MoEWeights, config: MoEConfig, *, fp8_a
 
 @dataclass(frozen=True)
 class SampledReference:
-    """The reference layer on the tokens ``check_numerics`` samples: rows (S,) of x, y_ref (S, H)
-    float64, ref_idx (S, K); computed once (``sampled_reference``) and given to every check of the
-    same x and weights (a benchmark's backends and variants), since copying each picked expert to
-    float64 is most of a check's time on large presets."""
+    """The reference on the tokens ``check_numerics`` samples: rows (S,), y_ref (S, H) float64,
+    ref_idx (S, K); computed once and shared by checks of the same x and weights."""
 
     rows: np.ndarray
     y_ref: np.ndarray
@@ -164,12 +139,9 @@ def check_numerics(x, y, weights: MoEWeights, config: MoEConfig, *, dtype: str, 
                    reference: SampledReference | None = None) -> NumericsReport:
     """Compare a kernel's y (T, H) with the reference on ``sample`` tokens drawn with ``seed``.
 
-    x, y: the kernel's input and output (torch or NumPy); ``topk_idx`` (T, K), if given, is the
-    kernel's routing, reported as the fraction of the reference's choices it agrees with. FP8
-    weights: the reference's FP8 layer (``reference_on_tokens``; ``dtype="fp8_e4m3"`` for its tolerance).
-    ``reference``: ``sampled_reference`` of the same x, weights, sample, seed and fp8_activations,
-    computed once for several checks (its rows must be the ones this check samples).
-    """
+    x, y: torch or NumPy; ``topk_idx`` (T, K): the kernel's routing, reported as the fraction of
+    the reference's choices it agrees with. ``reference``: ``sampled_reference`` of the same
+    inputs (its rows must be the ones this check samples)."""
     T = int(x.shape[0])
     if T == 0:
         tmax, trms = tolerance_for(dtype)

@@ -1,5 +1,5 @@
-"""The cost model's prediction of one validation configuration, from its pairs per expert: the
-multi-launch path's launch plan or the megakernel's task plan, priced by ``megamoe.simulator``.
+"""The cost model's prediction of one validation configuration from its pairs per expert: the
+multi-launch launch plan or the megakernel's task plan, priced by ``megamoe.simulator``.
 
 Shape legend: T tokens, E experts.
 """
@@ -8,27 +8,31 @@ from __future__ import annotations
 
 
 def megakernel_task_plan(cfg, counts, T: int, *, device_name: str, profile, mk: dict | None = None):
-    """The megakernel's task plan for this routing, with the tiles, warps and programs the kernel
-    launches with (``kernels.megakernel_config.megakernel_config``, or the config ``mk``; P = SMs x occupancy,
-    never more than the tasks, as ``kernels.megakernel.num_programs``). -> (TaskPlan, num_warps,
-    weight loads: "tma" where the config reads the weights through descriptors, else "pointer")."""
+    """The megakernel's task plan with the kernel's tiles, warps and programs (the config ``mk`` or
+    ``megakernel_config``'s; P = SMs x occupancy, at most the tasks) -> (TaskPlan, num_warps,
+    weight loads "tma" or "pointer")."""
     from megamoe.kernels import megakernel_config as cfgs
     from megamoe.reference.tiles import task_layout, task_plan
 
-    if mk is None:
-        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                    interpret=device_name == "cpu-interpreter")
+    mk = mk or _megakernel_config(cfg, T, device_name, profile)
     lay = task_layout(cfg, T, mk["tiles"])
     P = max(1, min(profile.num_sms * int(mk.get("occupancy", 1)), lay.max_tasks))
     return (task_plan(cfg, counts, T, mk["tiles"], num_programs=P), int(mk.get("num_warps", 4)),
             cfgs.megakernel_weight_loads(mk))
 
 
+def _megakernel_config(cfg, T: int, device_name: str, profile) -> dict:
+    """The config ``kernels.megakernel_config`` picks for this layer and T."""
+    from megamoe.kernels.megakernel_config import megakernel_config
+
+    return megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                             cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
+                             interpret=device_name == "cpu-interpreter")
+
+
 def megakernel_read_depth(mk: dict) -> int:
-    """Bytes of operand tiles one megakernel program keeps in flight: its GEMM 1 tasks' pipeline
-    buffers (``kernels.plan.gemm_shared_bytes`` of the gemm1 tile at the config's num_stages, bf16
-    rows, gate and up weight tiles): the depth the cost model's L2 reads are priced at."""
+    """Bytes of operand tiles a megakernel program keeps in flight: its gemm1 tile's pipeline
+    buffers (``gemm_shared_bytes``, bf16 rows, gate and up weight tiles)."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1 = mk["tiles"]["gemm1"]
@@ -36,11 +40,8 @@ def megakernel_read_depth(mk: dict) -> int:
 
 
 def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
-    """{GEMM kind: weight bytes one megakernel program keeps in flight in its loop}: the pipeline
-    buffers' weight tiles (``kernels.plan.gemm_shared_bytes`` with no A bytes, the hbm_deep step's
-    depth) of GEMM 1 (gate and up tiles) and GEMM 2 at the config's num_stages and GEMM 1's BLOCK_M,
-    ``w_bytes`` a weight element; the cost model prices its GEMM tasks' DRAM reads at it.
-    Qwen3-30B-A3B T = 64 (64 x 128 x 64, 5 stages): 163,840 and 81,920."""
+    """{GEMM kind: weight bytes a megakernel program keeps in flight}: ``gemm_shared_bytes`` with no
+    A bytes for gemm1 (gate and up) and gemm2 at the config's num_stages; ``w_bytes`` per element."""
     from megamoe.kernels.plan import gemm_shared_bytes
 
     g1, g2, st = mk["tiles"]["gemm1"], mk["tiles"]["gemm2"], int(mk.get("num_stages", 1))
@@ -51,15 +52,10 @@ def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
                    triton_version: str | None = None, reps: int | None = None, mk: dict | None = None) -> dict:
-    """The prediction for one configuration from its pairs per expert ``counts`` (E,) (both plans
-    read only those): total and per-stage (multi) or per-kind (megakernel) us.
-    ``triton_version``: the tuned table's version (default this process's Triton; megamoe.repredict
-    passes the stored row's, whose run picked its configs by it). ``reps``: the timed replays of the
-    measurement (``kernels.bench.graph_time_us``): the calls run before its median replay
-    (``calls_before_timed_replay``) start the busy window of the sustained-clock term; None: the
-    timed graph from idle clocks. ``mk``: the megakernel's config as the measurement ran it (a stored
-    row's ``megakernel_config``; default the config ``kernels.megakernel_config.megakernel_config`` gives now);
-    megakernel predictions return the config they priced under "megakernel_config"."""
+    """Prediction for one configuration from its pairs per expert ``counts`` (E,): total and
+    per-stage (multi) or per-kind (megakernel) us. ``triton_version``: the tuned table's (default
+    this Triton). ``reps``: the measurement's timed replays (None: from idle clocks). ``mk``: the
+    megakernel config the measurement ran (default the current one), returned under "megakernel_config"."""
     import numpy as np
 
     from megamoe.kernels.bench import calls_before_timed_replay
@@ -85,12 +81,7 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
                                      for s in pred["stages"]},
                 "dominant": f"{main['name']}:{main['bound']}",
                 "dominant_term": term_name(main["bound"], main.get("memory_term")), **sustained}
-    from megamoe.kernels import megakernel_config as cfgs
-
-    if mk is None:
-        mk = cfgs.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
-                                    cfg.shared_intermediate_size, T, num_sms=profile.num_sms,
-                                    interpret=device_name == "cpu-interpreter")
+    mk = mk or _megakernel_config(cfg, T, device_name, profile)
     tp, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=device_name, profile=profile, mk=mk)
     pred = predict_task_plan(tp, profile, num_warps=warps, calls_per_graph=calls_per_graph, weight_loads=loads,
                              calls_before=before, read_depth=megakernel_read_depth(mk),

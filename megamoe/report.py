@@ -1,6 +1,6 @@
-"""The validation report: stored rows (measured, each with the prediction made before it) read back,
-their statistics (median and largest |pred - meas| / meas per profile and backend, per-stage errors,
-the configurations outside 15% and their likely cause), and report.json, report.md and scatter.png.
+"""The validation report: stored rows read back, their statistics (median and largest
+|pred - meas| / meas per profile and backend, per-stage errors, configurations outside 15% and
+their likely cause), and report.json, report.md and scatter.png.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import json
 from pathlib import Path
 
 OUTLIER = 0.15  # |pred - meas| / meas beyond which the report lists a configuration
-#: the multi-launch stages as the GPU runs measure them (CUDA-graph times of the pipeline's
-#: prefixes, kernels.bench.stage_split: megamoe bench --breakdown and validate's GPU run), each with
-#: the plan's stages it holds (by name prefix)
+#: the multi-launch stage groups as measured (kernels.bench.stage_split) -> the plan stages' name prefixes
 STAGE_GROUPS = {"router+align": ("router", "align"), "gemm1": ("quantize_x", "gemm1"), "gemm2": ("gemm2", "shared"),
                 "combine": ("combine",)}
 
@@ -22,25 +20,16 @@ def stage_group(name: str) -> str | None:
 
 
 def stage_errors(rows: list[dict]) -> dict:
-    """Per measured stage group of the multi-launch rows that carry ``measured_stages_us``: the
-    signed errors (predicted - measured) / measured of the group's summed predicted stages, and
-    their median, median |error| and max |error|. Groups under 2 us measured are left out (a
-    difference of two graph times is noise there)."""
+    """Per measured stage group of multi-launch rows with ``measured_stages_us``: signed errors of
+    the group's summed predicted stages, their median, median |error| and max |error|. Groups
+    under 2 us measured are left out."""
     import numpy as np
 
     errs: dict[str, list] = {g: [] for g in STAGE_GROUPS}
     for r in rows:
-        meas, pred = r.get("measured_stages_us"), r.get("predicted_stages")
-        if not meas or not pred:
-            continue
-        sums: dict[str, float] = {}
-        for name, v in pred.items():
-            g = stage_group(name)
-            if g:
-                sums[g] = sums.get(g, 0.0) + float(v["us"])
-        for g, m in meas.items():
-            if g in sums and m >= 2.0:
-                errs[g].append(((sums[g] - m) / m, r))
+        for g, (p, m, _) in _stage_gaps(r).items():
+            if m >= 2.0:
+                errs[g].append(((p - m) / m, r))
     out = {}
     for g, es in errs.items():
         if not es:
@@ -60,9 +49,8 @@ def _row_files(src: Path) -> list[Path]:
 
 
 def _last_rows(src: str | Path) -> tuple[dict, dict]:
-    """({key: last row with predicted_us and measured_us}, {key: last row}) of a jsonl file or of
-    every validation_*.jsonl (else *.jsonl) in a folder. Lines that are not JSON objects (one cut
-    short when a run was killed) are skipped."""
+    """({key: last row with predicted_us and measured_us}, {key: last row}) of a jsonl file or a
+    folder's validation_*.jsonl (else *.jsonl); lines that are not JSON objects are skipped."""
     from .report_rows import row_problem
 
     measured: dict = {}
@@ -94,9 +82,8 @@ def load_rows(src: str | Path) -> list[dict]:
 
 
 def borrow_counts(rows: list[dict], src: str | Path) -> tuple[list[dict], int]:
-    """(rows, how many took counts): each row without ``counts`` gets the counts and calls_per_graph
-    of the same (preset, T, routing, backend) among the measured rows of ``src``, where it has them
-    (rows rebuilt from a log lack them; runs with the same seeds route identically)."""
+    """(rows, how many took counts): rows without ``counts`` take counts and calls_per_graph of the
+    same configuration among ``src``'s measured rows."""
     other = {(o["preset"], o["T"], o["routing"], o["backend"]): o for o in load_rows(src) if "counts" in o}
     out, n = [], 0
     for r in rows:
@@ -140,10 +127,8 @@ def _stage_gaps(r: dict) -> dict:
 
 
 def _term_of(stage: dict, r: dict, name: str) -> str:
-    """The model term behind the predicted stage (or task kind) ``name`` of row ``r``: its own
-    ``term`` where the prediction recorded one (rows predicted since this field), else named from
-    its bound, or from the row's ``dominant`` ("part:bound") where that is the same part; rows
-    predicted before the memory terms were told apart say only "memory"."""
+    """The model term behind predicted stage (or task kind) ``name`` of row ``r``: its ``term``,
+    else from its bound or the row's ``dominant`` ("part:bound") for the same part."""
     from megamoe.simulator.cost import term_name
 
     if stage.get("term"):
@@ -160,20 +145,12 @@ def _term_of(stage: dict, r: dict, name: str) -> str:
 
 
 def likely_cause(r: dict) -> str:
-    """Why a configuration is off, as far as the row can tell.
-
-    A multi-launch row with measured stages (``measured_stages_us``): the stage group whose
-    predicted-vs-measured gap (us, the sign of the layer's error first) is largest, its plan stage
-    with the most predicted time and the model term that stage is bound by. Otherwise (the
-    megakernel is one launch; rows rebuilt from a log have no stages) it says there are no
-    per-stage figures and names the prediction's dominant part and term: the critical path's
-    largest task kind (megakernel) or the longest stage (multi), from ``predicted_stages`` or
-    ``dominant``."""
+    """Why a configuration is off, as far as the row can tell: with ``measured_stages_us``, the
+    stage group with the largest gap, its plan stage with the most predicted time and that stage's
+    term; otherwise the prediction's dominant part and term."""
     err = (r["predicted_us"] - r["measured_us"]) / r["measured_us"]
     side = "over-predicted" if err > 0 else "under-predicted"
     gaps = _stage_gaps(r)
-    # a stage measured at or below zero: the graphs of the pipeline's prefixes disagree with the
-    # whole layer's (the layer timed faster than its own prefix), so that difference is noise, not a stage
     noise = {g: v for g, v in gaps.items() if v[1] <= 0}
     gaps = {g: v for g, v in gaps.items() if v[1] > 0}
     said = ""
@@ -245,9 +222,8 @@ def report_stats(rows: list[dict]) -> dict:
 
 
 def write_report(rows: list[dict], out: Path, *, notes=(), failures=(), run: dict | None = None) -> dict:
-    """report.json, report.md and scatter.png in ``out`` from measured ``rows``; ``failures``
-    (rows with phase "failed") are listed with their errors, ``run`` (the GPU run's summary) is
-    kept in report.json. Returns the statistics."""
+    """report.json, report.md and scatter.png in ``out`` from measured ``rows``, listing
+    ``failures``; ``run`` (the GPU run's summary) goes into report.json. Returns the statistics."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     st = report_stats(rows)
@@ -305,10 +281,8 @@ CLOCK_MIN_T = 512
 
 
 def clock_lines(rows: list[dict]) -> list[str]:
-    """The report's section on the SM clock the layers ran at (rows' ``measured_clock``, sampled
-    over the timed replays by kernels.telemetry) beside the fraction of the short-launch MMA rate
-    the cost model assumed (``predicted_sustained_ratio``): the clock's mean over the run's highest
-    clock is the fall the measurement saw. Nothing for rows without the clock (runs before it)."""
+    """The report's section on the SM clock the layers ran at (``measured_clock``) beside the cost
+    model's assumed MMA-rate fraction (``predicted_sustained_ratio``); nothing for rows without it."""
     sel = [r for r in rows if (r.get("measured_clock") or {}).get("sm_clock_mhz") and int(r["T"]) >= CLOCK_MIN_T]
     if not sel:
         return []
@@ -348,8 +322,7 @@ def _scatter(rows: list[dict], path: Path) -> None:
                    c=colours.get(b, "tab:gray"), label=f"{b} ({len(sel)})" + (f", {', '.join(own)}" if own else ""),
                    alpha=0.8)
         values += [v for r in sel for v in (r["measured_us"], r["predicted_us"])]
-        # the other profiles' predictions of the same measurements: hollow markers
-        # (not the cost-switch variants, "<profile>+<label>": the report's lines give their statistics)
+        # the other profiles' predictions (not the "<profile>+<label>" variants): hollow markers
         others = sorted({n for r in sel for n in (r.get("predictions") or {})
                          if n != r.get("profile") and "+" not in n})
         for name, marker in zip(others, "^sDv"):

@@ -1,10 +1,8 @@
 """Which stored validation rows ``megamoe validate --report`` can use, and a count of those it cannot.
 
-A row is a JSON object on one line of a ``validation_*.jsonl`` file. A line that is not a JSON object
-(one cut short when a run was killed) is corrupt; a row whose times are not positive finite numbers
-of at most ``MAX_US`` (a negative, zero, NaN or absurd measurement, a string) or whose key fields
-are of the wrong type is unusable. Both are left out of the statistics and counted, each named by
-file and line, so a report never averages a garbage row in silence.
+A line that is not a JSON object is corrupt; a row whose times are not positive finite numbers of
+at most ``MAX_US`` or whose key fields have the wrong type is unusable. Both are left out and
+counted, named by file and line.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     megamoe validate --report DIR --repredict PROFILE [--out DIR2] [--switch NAME=on|off ...]
 
-Rows that carry ``counts`` (pairs per expert of the routing that ran) hold all the launch and task
-plans need (``scale.predict_config`` takes them): each measured configuration is predicted again with
-PROFILE (a profile name or a calibrated profile.json) and the report is written as for a GPU run,
-under a note that says these are re-predictions of stored measurements, not predictions made before
-them. A cost-model change tried this way still needs a fresh GPU run (predict, then measure) before
-its figures are quoted. Rows without counts are left out and counted.
-
-``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` (the alternatives of the
-cost model still under study) by name; with none under study, any name is an error.
+Rows with ``counts`` are predicted again and the report is written under a note that these are
+re-predictions, not predictions made before the measurements; rows without counts are counted.
+``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` by name.
 """
 
 from __future__ import annotations
@@ -84,9 +78,8 @@ def switches(settings: dict[str, bool]):
 
 
 def repredict_rows(rows: list[dict], profile) -> tuple[list[dict], int]:
-    """(rows predicted again with ``profile`` (predicted_us, stages, dominant replaced), rows left
-    out for lack of counts). A megakernel row that stored the config it ran (``megakernel_config``)
-    is priced with it, not with the config the code would pick now."""
+    """(rows predicted again with ``profile``, rows left out for lack of counts); a megakernel row
+    that stored its ``megakernel_config`` is priced with it."""
     from megamoe.predict import predict_config
     from megamoe.reference import MoEConfig
 

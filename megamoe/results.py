@@ -1,8 +1,5 @@
-"""Stored results, read back for notebooks and reports: ``benchmarks/results/<gpu>/<question>/*.jsonl``
-(listed in ``benchmarks/results/index.jsonl``).
-
-Each row carries its provenance (GPU, versions, commit, date); these helpers only select and
-reshape, so a notebook plots what a command in ``benchmarks/`` measured, nothing typed by hand.
+"""Stored results read back for notebooks and reports: ``benchmarks/results/<gpu>/<question>/*.jsonl``
+(listed in ``benchmarks/results/index.jsonl``); these helpers only select and reshape.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """``megamoe validate``: run the real kernel and the simulator on the same launch plan, and compare.
 
-Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, S sampled tokens.
-
-This is the one place that reads both the kernels and the simulator. Three runs:
-
-- on a GPU (``megamoe validate --profile DIR/profile.json --out DIR2``): presets x T x routing x
-  backend, each configuration predicted from the calibrated profile (and from ``h200`` as
-  written) before it is measured; compile-ahead, budget, watchdog and resume in
-  ``megamoe.measure``; the report (``megamoe.report``: report.json, report.md, scatter.png) at the end;
-- ``--report DIR_or_jsonl`` (no GPU): the same report from stored rows; with ``--repredict PROFILE``
-  the stored measurements predicted again with another profile (megamoe/repredict.py), with
-  ``--switch NAME=on|off`` a cost-model option (``simulator.cost.CostOptions``) for that re-prediction only;
-- without a GPU, or with ``--numerics`` on one (``megamoe.layer_check``): per (model, T), the
-  kernel runs the layer, its output is checked against the float64 reference on S sampled tokens (``megamoe.numerics``),
-  and the kernels' launch plan (``megamoe.kernels.launch_plan``) goes, as plain data, to the
-  simulator's launch model (``megamoe.simulator.cost.predict_launch_plan``). Without a GPU the
-  kernels run under ``TRITON_INTERPRET=1`` on a shrunken layer in float32: numerics and
-  predictions only. On a GPU the layer is also timed and each kernel's time read from the torch
-  profiler, with the prediction made twice: from the ``h200`` profile and with the HBM and
-  matmul rates measured in this run.
+Three runs: on a GPU, the grid predicted then measured (``megamoe.measure``); ``--report`` (with
+``--repredict``), the report from stored rows (``megamoe.report``); without a GPU or with
+``--numerics``, per (model, T) numerics and the launch plan's prediction (``megamoe.layer_check``).
 """
 
 from __future__ import annotations
@@ -31,6 +15,7 @@ from pathlib import Path
 
 from .grid import BACKENDS, GRID_PRESETS, GRID_TOKENS, ROUTINGS
 from .layer_check import format_row, predict_bench_row, validate_one
+from .layers import has_cuda as _has_cuda
 from .measure import COMPARE_PROFILES, CONFIG_TIMEOUT_S, measure_grid
 from .report import borrow_counts, load_outcomes, write_report
 
@@ -38,12 +23,16 @@ DEFAULT_MODELS = "qwen3-30b-a3b,mixtral-8x7b,deepseek-v3"
 DEFAULT_TOKENS = "1,64,512,4096"
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+def _fail(message: str) -> int:
+    """Print ``megamoe validate: message`` on stderr; the exit code 2."""
+    print(f"megamoe validate: {message}", file=sys.stderr)
+    return 2
+
+
+def _append_jsonl(out: Path, row: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 GPU_RUN_HELP = f"""\
@@ -54,10 +43,7 @@ DIR/validation_<date>.jsonl, then DIR/report.md, report.json and scatter.png.
 Default configuration set: presets {GRID_PRESETS} x T {','.join(map(str, GRID_TOKENS))}
 x routings {','.join(ROUTINGS)} x backends {','.join(BACKENDS)} = 108 configurations, T-major (all
 presets at T=1, then T=8, ...), so a budget that runs out still leaves every preset measured at the
-smaller T (T <= 4096 alone is 90). Three presets rather than five because a megakernel
-configuration compiles in 15-30 s: Qwen3-30B-A3B (small experts), Mixtral-8x7B (8 large experts)
-and DeepSeek-V3 (grouped sigmoid routing and a shared expert). On an H200 with a cold Triton cache:
-about 2 min of compile-ahead on 16 cores, then about 1-2 min of measuring.
+smaller T.
 
 --budget S: no configuration starts unless its estimate ends 15 s before S (the report's share);
 the compile-ahead (--warm, on by default) takes at most half of S. A configuration that raises is a
@@ -131,7 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def grid_args_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the GPU run's options (None if nothing), before any GPU work."""
+    """What is wrong with the GPU run's presets, T or profiles (None if nothing), before any GPU
+    work; ``guards.check_validate`` has checked the other options."""
     from megamoe.reference import PRESETS
     from megamoe.simulator import ProfileError, load_profile
 
@@ -144,18 +131,7 @@ def grid_args_problem(args: argparse.Namespace) -> str | None:
         return f"--tokens must be comma-separated integers, got {args.tokens!r}"
     if not tokens or any(t < 1 for t in tokens):
         return f"--tokens must list token counts >= 1 for the GPU run, got {args.tokens!r}"
-    for opt, given, allowed in (("--routings", args.routings, ROUTINGS), ("--backends", args.backends, BACKENDS)):
-        names = [r.strip() for r in given.split(",") if r.strip()]
-        if not names or any(r not in allowed for r in names):
-            return f"{opt} must be a comma-separated subset of {','.join(allowed)}, got {given!r}"
-    if args.reps < 1:
-        return f"--reps must be >= 1, got {args.reps}"
-    if args.budget is not None and not args.budget > 0:
-        return f"--budget must be a positive number of seconds, got {args.budget}"
-    if not args.config_timeout > 0:
-        return f"--config-timeout must be positive, got {args.config_timeout}"
-    if args.warm_procs is not None and args.warm_procs < 1:
-        return f"--warm-procs must be >= 1, got {args.warm_procs}"
+
     for spec in [args.profile or args.system, *(s.strip() for s in (args.compare_profiles or "").split(","))]:
         if spec:
             try:
@@ -193,8 +169,7 @@ def bench_row_problem(r: dict) -> str | None:
 def run_from_bench(path: Path, args: argparse.Namespace) -> int:
     """Compare the simulator's launch model with measured bench rows (deterministic mode)."""
     if not path.exists():
-        print(f"megamoe validate: --from-bench file {str(path)!r} does not exist", file=sys.stderr)
-        return 2
+        return _fail(f"--from-bench file {str(path)!r} does not exist")
     rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -202,24 +177,20 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
         try:
             r = json.loads(line)
         except json.JSONDecodeError as exc:
-            print(f"megamoe validate: {path}:{n}: not JSON ({exc.msg})", file=sys.stderr)
-            return 2
+            return _fail(f"{path}:{n}: not JSON ({exc.msg})")
         if isinstance(r, dict) and "ours_us" in r and r.get("deterministic", True):
             bad = bench_row_problem(r)
             if bad:
-                print(f"megamoe validate: {path}:{n}: {bad}", file=sys.stderr)
-                return 2
+                return _fail(f"{path}:{n}: {bad}")
             rows.append(r)
     if not rows:
-        print(f"megamoe validate: {path} holds no bench rows with 'ours_us'", file=sys.stderr)
-        return 2
+        return _fail(f"{path} holds no bench rows with 'ours_us'")
     from megamoe.simulator import ProfileError, load_profile
 
     try:
         load_profile(args.system)
     except ProfileError as exc:
-        print(f"megamoe validate: --system: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"--system: {exc}")
     out = Path(args.out) if args.out else None
     for r in rows:
         c = predict_bench_row(r, system=args.system, seed=args.seed)
@@ -232,31 +203,23 @@ def run_from_bench(path: Path, args: argparse.Namespace) -> int:
                   f"{c['predicted_us']:9.1f} us (meas/pred {c['ratio']:.2f}){extra}"
                   f"{'' if c['same_tiles'] else '  [tiles differ from the run]'}")
         if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("a") as f:
-                f.write(json.dumps(c) + "\n")
+            _append_jsonl(out, c)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """``megamoe validate``: the option checks, then the report, the GPU run or the per-layer check."""
     if args.counts_from and not args.repredict:
-        print("megamoe validate: --counts-from needs --repredict PROFILE", file=sys.stderr)
-        return 2
+        return _fail("--counts-from needs --repredict PROFILE")
     if args.counts_from and not Path(args.counts_from).exists():
-        print(f"megamoe validate: --counts-from {args.counts_from!r} does not exist", file=sys.stderr)
-        return 2
+        return _fail(f"--counts-from {args.counts_from!r} does not exist")
     if getattr(args, "variant", None) and (args.repredict or args.report or not (_has_cuda() or args.scale)):
-        print("megamoe validate: --variant is for the GPU run (or --scale), whose predictions come before its "
-              "measurements; to re-predict stored rows with other switches, run --repredict once per --switch set",
-              file=sys.stderr)
-        return 2
+        return _fail("--variant is for the GPU run (or --scale), whose predictions come before its "
+                     "measurements; to re-predict stored rows with other switches, run --repredict once per --switch set")
     if getattr(args, "switch", None) and not (args.repredict or _has_cuda() or args.scale):
-        print("megamoe validate: --switch needs --repredict PROFILE or the GPU run (or --scale)", file=sys.stderr)
-        return 2
+        return _fail("--switch needs --repredict PROFILE or the GPU run (or --scale)")
     if args.repredict and not args.report:
-        print("megamoe validate: --repredict needs --report DIR (the stored rows to predict again)", file=sys.stderr)
-        return 2
+        return _fail("--repredict needs --report DIR (the stored rows to predict again)")
     if args.report:
         return _run_report(args)
     if args.from_bench:
@@ -273,8 +236,7 @@ def _run_report(args: argparse.Namespace) -> int:
     """``--report DIR`` (with ``--repredict PROFILE``: the stored rows predicted again first)."""
     src = Path(args.report)
     if not src.exists():
-        print(f"megamoe validate: --report {str(src)!r} does not exist", file=sys.stderr)
-        return 2
+        return _fail(f"--report {str(src)!r} does not exist")
     rows, failed = load_outcomes(src)
     from .report import _row_files
     from .report_rows import scan, summary
@@ -283,8 +245,7 @@ def _run_report(args: argparse.Namespace) -> int:
     for line in unusable:
         print(f"megamoe validate: {line}", file=sys.stderr)
     if not rows:
-        print(f"megamoe validate: {src} holds no rows with predicted_us and measured_us", file=sys.stderr)
-        return 2
+        return _fail(f"{src} holds no rows with predicted_us and measured_us")
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
     notes = tuple(unusable)
     if args.repredict:
@@ -295,8 +256,7 @@ def _run_report(args: argparse.Namespace) -> int:
         try:
             settings = parse_switches(getattr(args, "switch", None))
         except ValueError as e:
-            print(f"megamoe validate: {e}", file=sys.stderr)
-            return 2
+            return _fail(str(e))
         profile = load_profile(args.repredict)
         borrowed = 0
         if args.counts_from:
@@ -304,9 +264,7 @@ def _run_report(args: argparse.Namespace) -> int:
         with switches(settings):
             rows, skipped = repredict_rows(rows, profile)
         if not rows:
-            print(f"megamoe validate: no row of {src} carries counts (pairs per expert): nothing "
-                  "to predict again", file=sys.stderr)
-            return 2
+            return _fail(f"no row of {src} carries counts (pairs per expert): nothing to predict again")
         out = Path(args.out) if args.out else out / f"repredicted-{profile.name}"
         notes = (f"Re-predicted offline with profile {profile.name} from the stored measurements' routings "
                  f"({len(rows)} rows; {skipped} without counts left out): not predictions made before the "
@@ -321,8 +279,7 @@ def _run_grid(args: argparse.Namespace) -> int:
     """The GPU run (``megamoe.measure``), or ``--scale`` on the CPU under the interpreter."""
     bad = grid_args_problem(args)
     if bad:
-        print(f"megamoe validate: {bad}", file=sys.stderr)
-        return 2
+        return _fail(bad)
     if not _has_cuda():  # --scale on the CPU: before triton is imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
     args.out = args.out or "validate-out"
@@ -332,8 +289,7 @@ def _run_grid(args: argparse.Namespace) -> int:
         args.cost_switches = parse_switches(getattr(args, "switch", None))
         args.variants = parse_variants(getattr(args, "variant", None))
     except ValueError as e:
-        print(f"megamoe validate: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     with switches(args.cost_switches):  # the predictions, made before each measurement, with these switches
         return measure_grid(args)
 
@@ -345,22 +301,17 @@ def _run_layers(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in PRESETS]
     if bad:
-        print(f"megamoe validate: unknown model(s) {bad}; presets: {', '.join(PRESETS)}", file=sys.stderr)
-        return 2
+        return _fail(f"unknown model(s) {bad}; presets: {', '.join(PRESETS)}")
     try:
         tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
-        print(f"megamoe validate: --tokens must be comma-separated integers, got {args.tokens!r}", file=sys.stderr)
-        return 2
+        return _fail(f"--tokens must be comma-separated integers, got {args.tokens!r}")
     if any(t < 0 for t in tokens):
-        print(f"megamoe validate: --tokens must be >= 0, got {tokens}", file=sys.stderr)
-        return 2
+        return _fail(f"--tokens must be >= 0, got {tokens}")
     if args.sample < 1:
-        print(f"megamoe validate: --sample must be >= 1 token, got {args.sample}", file=sys.stderr)
-        return 2
+        return _fail(f"--sample must be >= 1 token, got {args.sample}")
     if not 0 <= args.seed < 2**32:
-        print(f"megamoe validate: --seed must be in [0, 2^32), got {args.seed}", file=sys.stderr)
-        return 2
+        return _fail(f"--seed must be in [0, 2^32), got {args.seed}")
     gpu = _has_cuda()
     if not gpu:  # before triton is imported: the interpreter is chosen at import
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -368,8 +319,7 @@ def _run_layers(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
         import triton  # noqa: F401
     except ImportError as exc:
-        print(f"megamoe validate: needs torch and triton (pip install -e '.[gpu]'): {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"needs torch and triton (pip install -e '.[gpu]'): {exc}")
     if not gpu:
         tokens = sorted({min(t, 64) for t in tokens})
         print("no GPU: kernels run under TRITON_INTERPRET=1 on shrunken layers in float32 "
@@ -393,9 +343,7 @@ def _run_layers(args: argparse.Namespace) -> int:
             failed += not r["numerics"]["ok"]
             print(json.dumps(r) if args.json else format_row(r), flush=True)
             if out:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with out.open("a") as f:
-                    f.write(json.dumps(r) + "\n")
+                _append_jsonl(out, r)
     if failed:
         print(f"megamoe validate: {failed} row(s) outside the {'bfloat16' if gpu else 'float32'} tolerance",
               file=sys.stderr)

@@ -1,27 +1,11 @@
 """Compile ahead for ``megamoe validate``: run every configuration's kernels once, side by side, so
 that Triton's on-disk cache holds them before anything is timed.
 
-A job is one (preset, T) and the (routing, backend) pairs to run there; each job is its own
-process (``python -m megamoe.warm JOB.json``), because Triton compiles on one core per process.
-Up to ``procs`` jobs run at once, and only as many as the GPU's free memory holds: each process
-makes its preset's weights (DeepSeek-V3's are 22 GB), so the largest jobs start first and smaller
-ones fill the memory and cores left. A job runs exactly what the measuring process will (the
-same ``megamoe.layers`` layer: steered inputs, the kernels' routing, ``moe_forward`` per backend),
-so every specialization it compiles is the one that will be launched; it writes a status line
-before and after each configuration:
-
-    {"key": "deepseek-v3/T=64/zipf/megakernel", "event": "start" | "ok" | "error", ...}
-
-From those, each configuration ends as one of:
-    "ok"                 it ran: its kernels are in the cache
-    "error: ..."         it raised (the measuring process tries again and records the error)
-    "crashed (exit N)"   its process died during it (not measured: it could take the measuring
-                         process down)
-    "hung: ..."          it ran longer than ``config_timeout_s`` (not measured; the job is killed
-                         and its remaining configurations go on in a new process)
-    "timeout: ..."       the compile-ahead's deadline came during it (measured, compiling then)
-    "not reached"        its job never got to it (measured, compiling then)
-Job logs, job files and ``warm_status.json`` are written to ``folder``.
+A job is one (preset, T) and its (routing, backend) pairs, run as its own process
+(``python -m megamoe.warm JOB.json``) with the measuring process's layer; up to ``procs`` at once,
+within the GPU's free memory, largest first. Each configuration ends "ok", "error: ...",
+"crashed (exit N)", "hung: ..." (past ``config_timeout_s``), "timeout: ..." or "not reached";
+logs, job files and ``warm_status.json`` go to ``folder``.
 """
 
 from __future__ import annotations

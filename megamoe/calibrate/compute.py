@@ -1,7 +1,5 @@
 """Calibration steps that measure tensor rates: tiles on chip and L2-fed (bf16, fp8), and every
 tile-loop form in a dense GEMM from HBM.
-
-Shape legend: S SMs, P programs.
 """
 
 from __future__ import annotations
@@ -14,11 +12,7 @@ from .timing import graph_seconds
 
 MMA_SHAPES = ((16, 64, 4, 128), (16, 128, 4, 128), (32, 64, 4, 128), (64, 64, 4, 64), (64, 128, 4, 64),
               (128, 128, 8, 64), (128, 256, 8, 64))
-#: the on-chip mma step's shapes: MMA_SHAPES and the tuned multi-launch GEMM 1 tiles of under 128 rows
-#: that none of them is: 32 x (2 x 128) at 8 warps (DeepSeek-V3 T = 512, Mixtral-8x7B T = 64), which read
-#: the 16 x 128 x 4 entry on a tie with 64 x 128 x 4 (cost._nearest_shape), 64 x (2 x 128) at 4 warps
-#: (Qwen3-30B-A3B T = 512) and 16 x (2 x 128) at 4 (T = 64); BLOCK_K 64 keeps four stages within shared
-#: memory. Not in the dense-GEMM steps: their tables price 128-row tiles only (cost.GEMM_TABLE_MIN_ROWS)
+#: the on-chip mma step's shapes: MMA_SHAPES and the tuned multi-launch GEMM 1 tiles under 128 rows
 MMA_TABLE_SHAPES = MMA_SHAPES + ((16, 256, 4, 64), (32, 256, 8, 64), (64, 256, 4, 64))
 
 
@@ -38,10 +32,9 @@ def _occupancy(kernel, warps: int) -> int | None:
 
 
 def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Tensor rate per SM by tile shape and depth: the best of the operands held on chip
-    (``mma_resident``: the tensor cores alone) and P = 8S programs over Q = 16 L2-resident operand
-    copies at 3 and 4 pipeline stages ("points"); the occupancy of the compiled kernels; the dense
-    bf16 GEMM's sustained rate (cuBLAS), which caps the table."""
+    """Tensor rate per SM by tile shape and depth: the best of operands on chip (``mma_resident``)
+    and 8S programs over 16 L2-resident operand copies at 3 and 4 stages ("points"); the compiled
+    kernels' occupancy; the dense bf16 GEMM's sustained rate (cuBLAS), which caps the table."""
     import torch
 
     from . import microbench as mb
@@ -51,18 +44,15 @@ def measure_mma(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     P, Q = 8 * S, 16
     pts, occ, failed = [], {}, {}
     for bm, bn, w, bk in shapes:
-        extra = (bm, bn, w, bk) not in MMA_SHAPES
-        if extra:  # one of the small tiles' shapes: its failure drops that shape alone; not in the occupancy
-            try:
-                got = _mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, quick, occ=None)
-            except Exception as exc:  # noqa: BLE001 - the other shapes' table still stands
-                failed[f"{bm}x{bn}x{w}"] = f"{type(exc).__name__}: {exc}"[:300]
-                continue
-        else:
-            got = _mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, quick, occ=occ)
-        pts.extend(got)
-    # the rate a large dense bf16 GEMM sustains (cuBLAS, 8192^3: a microbenchmark, not our kernels)
-    n = 4096 if quick else 8192
+        extra = (bm, bn, w, bk) not in MMA_SHAPES  # a small tile's shape: its failure drops it alone
+        try:
+            pts.extend(_mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, quick,
+                                         occ=None if extra else occ))
+        except Exception as exc:  # noqa: BLE001 - the other shapes' table still stands
+            if not extra:
+                raise
+            failed[f"{bm}x{bn}x{w}"] = f"{type(exc).__name__}: {exc}"[:300]
+    n = 4096 if quick else 8192  # a dense bf16 GEMM (cuBLAS): the rate it sustains
     a, b = (torch.randn((n, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
     t = graph_seconds(lambda i: torch.matmul(a, b), inner=2, reps=reps)
     out = {"points": pts, "occupancy": {w: int(statistics.median(v)) for w, v in occ.items()},
@@ -80,15 +70,13 @@ def _mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, qu
     for d in depths:
         a = torch.randn((Q, bm, d), device="cuda", dtype=torch.bfloat16)
         b = torch.randn((Q, d, bn), device="cuda", dtype=torch.bfloat16)
-        rate = 0.0
-        # the tensor cores alone (operands on chip), at the same depth
-        ar, br = a[0, :, :bk].contiguous(), b[0, :bk, :].contiguous()
-        _, k = mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c)
+        ar, br = a[0, :, :bk].contiguous(), b[0, :bk, :].contiguous()  # operands on chip
+        mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c)
         t = max(graph_seconds(lambda i, ar=ar, br=br, w=w, c=c, d=d, bk=bk:
                               mb.mma_resident(ar, br, P, d // bk, num_warps=w, out=c), inner=4, reps=reps) - gap_s,
                 1e-7)
-        rate = max(rate, P * 2.0 * bm * bn * d / t / S)
-        fed = 0.0  # operands by pointer loads (cp.async) from L2, as kernels without TMA get them
+        rate = P * 2.0 * bm * bn * d / t / S
+        fed = 0.0  # operands by pointer loads from L2
         for st in ((3,) if quick else (3, 4)):
             _, k = mb.mma(a, b, P, block_k=bk, num_warps=w, num_stages=st, out=c)
             t = max(graph_seconds(lambda i, a=a, b=b, bk=bk, w=w, c=c, st=st:
@@ -104,10 +92,8 @@ def _mma_shape_points(mb, torch, bm, bn, w, bk, depths, P, Q, S, reps, gap_s, qu
 
 
 def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """FP8 tensor rate per SM (e4m3 x e4m3, fp32 accumulate) by tile shape and depth, at the bf16
-    step's shapes and depths: operands held on chip (``mma_resident``: the tensor cores alone), 8S
-    programs. The L2-fed variant is left out: its B tile is N-contiguous, which FP8 wgmma cannot
-    take without a transpose the MoE GEMMs do not do."""
+    """FP8 tensor rate per SM (e4m3 x e4m3, fp32 accumulate) at the bf16 step's shapes and depths,
+    operands on chip, 8S programs (no L2-fed variant: FP8 wgmma takes no N-contiguous B)."""
     import torch
 
     from . import microbench as mb
@@ -129,29 +115,20 @@ def measure_mma_fp8(reps: int, S: int, gap_s: float, quick: bool = False) -> dic
     return {"points": pts}
 
 
-#: the dense GEMM microbenchmark's rows and columns (microbench_gemm.py): a 4096 x 4096
-#: output is 7.75 waves of 128 x 128 tiles on 132 SMs, operands of 2-32 MB each (HBM, not L2)
+#: rows and columns of the dense GEMM microbenchmark's output (operands in HBM, not L2)
 GEMM_MN = 4096
-#: its pipeline stages by warps (the MoE kernels': 3 at 8 warps (prefill tiles), 4 below)
+#: its pipeline stages by warps
 GEMM_STAGES = {4: 4, 8: 3}
-
-
-#: the dense GEMM's loop forms (reference.tiles.GEMM_LOOP_FORMS) as the profile's sources say them
+#: the dense GEMM's loop forms -> their text in the profile's sources
 GEMM_FORMS = {name: gemm_loop_form_text(name) for name in GEMM_LOOP_FORMS}
-# a gated form's table row is its whole tile, gate and up: BLOCK_N = twice each accumulator's
-# columns (the launch plan's GEMM 1 work tile), so a shape of MMA_SHAPES runs as two BN / 2 halves
-
-
-#: the dense-GEMM step's depths, up to the deepest GEMM the presets run (Mixtral-8x7B's GEMM 2, 14336)
+#: the dense-GEMM step's depths
 GEMM_DEPTHS = (256, 1024, 4096, 16384)
 
 
 def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM, C (4096, 4096) =
-    A (4096, depth) @ W (4096, depth)^T in grouped order, operands from HBM
-    (microbench_gemm.py), for each loop form of microbench_gemm.LOADS: "points_<form>"
-    (one tile per program or persistent programs, S of them; operands by pointer loads or
-    through TMA). A GEMM, not the MoE kernels: no gather, no routing, no epilogue but the store."""
+    """Tensor rate per SM of each ``MMA_SHAPES`` tile loop in a dense bf16 GEMM C (4096, 4096) =
+    A (4096, depth) @ W (4096, depth)^T from HBM, per loop form of microbench_gemm.LOADS:
+    "points_<form>"."""
     import torch
 
     from .microbench_gemm import LOADS, dense_gemm
@@ -170,8 +147,7 @@ def measure_gemm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
             for form, gated in ((f, v.gated) for f, v in LOADS.items()):
                 if form in failed:
                     continue
-                # gated: two accumulators of bn / 2 columns (w read as gate rows, then up rows), the
-                # GEMM 1 tile loop's stages (4 at 8 warps, as tuned)
+                # gated: a table row is the whole tile, two accumulators of bn / 2 columns
                 stages = GEMM_STAGES[warps] + (1 if gated and warps == 8 else 0)
                 kw = dict(block_m=bm, block_n=bn // 2 if gated else bn, block_k=bk, num_warps=warps,
                           num_stages=stages, loads=form, programs=S, out=c_half if gated else c)

@@ -1,11 +1,7 @@
 """``megamoe calibrate --out DIR``: run the steps the budget allows and write the profile after each.
 
-Writes ``DIR/profile.json`` (``profile.build_profile``: the base profile with every measured number
-replaced and a ``kernel_model`` section of curves) and ``DIR/microbench.json`` (the raw measurements),
-both rewritten after every step, so a run cut short keeps what it measured. ``--budget SECONDS`` plans
-the steps (``plan.plan_step``); a step that raises is recorded (``calibration.errors``) and the others
-go on; a step that does not end in ``STEP_TIMEOUT_S`` is taken for a hang and the watchdog ends the
-process (exit code 4).
+Writes ``DIR/profile.json`` and ``DIR/microbench.json`` after every step. A step that raises is
+recorded (``calibration.errors``); one that outlives ``STEP_TIMEOUT_S`` ends the process (exit 4).
 """
 
 from __future__ import annotations
@@ -15,6 +11,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from megamoe.layers import cuda_alive as _cuda_alive
 
 from .compute import measure_gemm, measure_mma, measure_mma_fp8
 from .latency import measure_launch, measure_select, measure_serial, measure_sync
@@ -42,10 +40,9 @@ GEMM_PASSES = 3
 
 
 def median_of_passes(measure, passes: int) -> dict:
-    """``measure()`` run ``passes`` times; each "points_*" table's point (every field but the last,
-    the rate, as its key) keeps the median of its rates (the upper median of an even count); the
-    other fields are the first sweep's, and "pass_spread" says per table the largest ratio of a
-    point's best rate to its worst."""
+    """``measure()`` run ``passes`` times: each "points_*" point (keyed by every field but the
+    rate) keeps the median rate (upper median of an even count); other fields are the first sweep's;
+    "pass_spread": per table the largest best / worst rate of a point."""
     runs = [measure() for _ in range(max(1, int(passes)))]
     out = dict(runs[0])
     spread = {}
@@ -86,15 +83,6 @@ def _measure(name: str, reps: int, S: int, gap_s: float, quick: bool) -> dict:
         raise ValueError(f"unknown step {name!r}")
     return steps[name]()
 
-
-def _cuda_alive() -> bool:
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
-    except Exception:  # noqa: BLE001 - any failure: the context is gone
-        return False
 
 
 def run(args: argparse.Namespace) -> int:

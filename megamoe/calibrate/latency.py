@@ -1,7 +1,5 @@
 """Calibration steps that measure latencies: the launch gap, flag handoff / grid barrier / ticket,
 one program's serial steps, and the routing program's selection.
-
-Shape legend: P programs, S SMs, R rounds.
 """
 
 from __future__ import annotations
@@ -10,9 +8,9 @@ import statistics
 
 from .timing import event_seconds, graph_seconds, slope
 
-#: empty kernels per graph in the launch step (8: the graphs megamoe validate times hold 8 layer calls)
+#: empty kernels per graph in the launch step
 LAUNCH_GRAPH_SIZES = (1, 8, 16, 64)
-#: rounds over LAUNCH_GRAPH_SIZES, each size's median taken (the first replays run while the clocks rise)
+#: rounds over LAUNCH_GRAPH_SIZES, each size's median taken
 LAUNCH_ROUNDS = 3
 #: seconds of matrix products before the launch step, so that it starts at working clocks
 CLOCK_WARM_S = 0.3
@@ -77,9 +75,7 @@ def measure_sync(reps: int, S: int, quick: bool = False) -> dict:
     return out
 
 
-#: the serial step's (BLOCK_H, BLOCK_E) shapes: the router's load + dot step at BLOCK_H, a top-1 pass over
-#: 16 rows of BLOCK_E fp32 scores (the width); "reduce" keeps one figure per shape, in this order
-#: ("widths" names them; a microbench.json without "widths": this order)
+#: the serial step's (BLOCK_H, BLOCK_E) shapes: load + dot at BLOCK_H, a top-1 pass over 16 x BLOCK_E
 SERIAL_SHAPES = ((64, 128), (32, 256))
 
 
@@ -107,9 +103,8 @@ def measure_serial(reps: int) -> dict:
 
 
 def serial_width_points(serial: dict) -> list:
-    """[[width, s per top-1 pass], ...] of the serial step's per-width passes (``measure_serial``'s "reduce",
-    one per SERIAL_SHAPES width; "widths" where recorded, else SERIAL_SHAPES' order), widths once each,
-    a pass that timed at or below zero left out; [] where the step has none."""
+    """[[width, s per top-1 pass], ...] from ``measure_serial``'s "reduce" (widths from "widths", else
+    SERIAL_SHAPES' order), each width once, passes at or below zero left out; [] where none."""
     red = serial.get("reduce") or []
     widths = serial.get("widths") or [be for _, be in SERIAL_SHAPES][:len(red)]
     pts = {}
@@ -119,9 +114,7 @@ def serial_width_points(serial: dict) -> list:
     return [[w, statistics.median(ts)] for w, ts in sorted(pts.items())]
 
 
-#: batches whose routing programs the select step times (quick: SELECT_TOKENS_QUICK): 16 tokens, one block of 16
-#: (configs.router_block_t); 32, one block of 32; 64, two (where the routing programs of many blocks take
-#: another top-k, configs.router_bitonic)
+#: batch sizes (tokens) whose routing programs the select step times
 SELECT_TOKENS = (16, 32, 64)
 SELECT_TOKENS_QUICK = (64,)
 

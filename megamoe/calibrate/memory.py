@@ -1,7 +1,5 @@
 """Calibration steps that measure memory rates: HBM streaming reads (plain and deep readers), L2
 re-reads and shared reads, and the SMs' gather copy.
-
-Shape legend: P programs, S SMs, g sharing group.
 """
 
 from __future__ import annotations
@@ -10,10 +8,9 @@ from .timing import event_seconds, flushed_seconds, graph_seconds
 
 
 def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Streaming-read rate over (programs, bytes per program), each point one launch timed from a
-    cold L2 (``flushed_seconds``): the best of the plain-load reader and the GEMM-loop reader
-    (``stream_tile`` at 3 and 4 pipeline stages), so the table is what a well-built kernel reaches.
-    The L2 rate from a graph of launches re-reading 16 MiB."""
+    """Streaming-read rate over (programs, bytes per program), one launch per point from a cold L2
+    (``flushed_seconds``): the best of the plain-load and the GEMM-loop reader (3 and 4 stages);
+    plus the L2 re-read rate (``measure_l2``)."""
     import torch
 
     from . import microbench as mb
@@ -23,8 +20,6 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
     stages = (4,) if quick else (3, 4)
     block = 1024  # bf16 values per load: 2 KiB
     x = torch.ones(max(progs) * max(sizes) // 2, device="cuda", dtype=torch.bfloat16)
-    # a single launch timed between events carries its own overhead: measured on an empty kernel
-    # the same way and taken off each point
     t_empty = flushed_seconds(lambda: mb.empty(x), reps=reps)
     pts, best = [], []
     for P in progs:
@@ -42,9 +37,8 @@ def measure_hbm(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
 
 
 def measure_l2(reps: int, S: int, gap_s: float, x, stages) -> dict:
-    """L2 re-read rate: 8S programs re-reading the same 16 MiB of ``x`` (plain loads), and 2S programs
-    each cycling 1 MiB of GEMM-loop loads through its own 128 KiB of a 16 MiB footprint (the grouped
-    GEMMs' operand re-reads): the better of the two."""
+    """L2 re-read rate: the better of 8S programs re-reading 16 MiB of ``x`` and 2S programs each
+    cycling GEMM-loop loads through its own 128 KiB of a 16 MiB footprint."""
     from . import microbench as mb
 
     block = 1024
@@ -76,27 +70,21 @@ def measure_copy(reps: int, S: int, quick: bool = False) -> dict:
     return {"points": pts, "row_bytes": H * 2}
 
 
-#: the shared-read step's working set: 8 MiB of 64 x 128 bf16 tiles (512 tiles: the 3S = 396 groups
-#: of one program each on the H200 still read apart), read 1 MiB per program per launch
+#: the shared-read step's working set (64 x 128 bf16 tiles), bytes per program per launch, groups
 L2_SHARED_SET_BYTES = 8 << 20
 L2_SHARED_PER_PROGRAM = 1 << 20
 L2_SHARED_GROUPS = (1, 2, 4, 8, 16)
 
 
 def l2_shared_programs(S: int, quick: bool = False) -> list[int]:
-    """The program counts of the shared-read step: S/8, S/2, S, 2S, 3S (quick: S/2 and S). 3S: the
-    readers that 8-warp GEMM programs keeping 144-200 KiB in flight, one per SM, are worth
-    (cost.l2_readers: 400-550 of the 48 KiB reader)."""
+    """The shared-read step's program counts: S/8, S/2, S, 2S, 3S (quick: S/2 and S)."""
     return sorted({max(1, S // 2), S} if quick else {max(1, S // 8), max(1, S // 2), S, 2 * S, 3 * S})
 
 
 def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> dict:
-    """Aggregate L2 read rate of P programs sharing one L2-resident working set, groups of g
-    consecutive programs reading the same tile at the same step (``l2_shared_read``: the GEMM
-    loop's pipelined load + dot, 4 stages as the L2 step's best reader): "points" [P, g, bytes/s].
-    Graphs of 8 launches (the set warm in L2 from the warm-up launches), the launch gap taken off:
-    programs reading the same weight tiles at once (grouped GEMM order) get more from L2 than
-    programs re-reading their own data (l2_bandwidth_bytes_per_s)."""
+    """Aggregate L2 read rate of P programs sharing one L2-resident working set in groups of g
+    consecutive programs reading the same tile at once (``l2_shared_read``, 4 stages): "points"
+    [P, g, bytes/s], from graphs of 8 launches less the launch gap."""
     import torch
 
     from . import microbench_shared as ms
@@ -114,10 +102,8 @@ def measure_l2_shared(reps: int, S: int, gap_s: float, quick: bool = False) -> d
     return {"points": pts, "set_bytes": L2_SHARED_SET_BYTES, "bytes_per_program": per, "tile": [bn, bk]}
 
 
-#: the hbm_deep step's readers (microbench_deep.deep_read, 16-row tiles, 4 warps): (BLOCK_N, BLOCK_K,
-#: num_stages, gated), keeping deep_read_depth bytes of weight tiles in flight: 32 KiB (64 x 128 at 3
-#: stages, full step only), 48 KiB (the hbm step's reader), 96 KiB (GEMM 1's 16 x 64 x 128 loop at 4
-#: stages), 128 KiB (16 x 128 x 128 at 3 stages), 192 KiB (the same at 4 stages)
+#: the hbm_deep step's readers (deep_read, 16-row tiles): (BLOCK_N, BLOCK_K, num_stages, gated), keeping
+#: 32, 48, 96, 128 and 192 KiB in flight (deep_read_depth)
 HBM_DEEP_READERS = ((64, 128, 3, False), (64, 128, 4, False), (64, 128, 4, True), (128, 128, 3, True),
                     (128, 128, 4, True))
 HBM_DEEP_READERS_QUICK = ((64, 128, 4, False), (128, 128, 3, True))
@@ -129,21 +115,15 @@ HBM_DEEP_SIZES_QUICK = (256 << 10, 4 << 20)
 
 
 def hbm_deep_programs(S: int, quick: bool = False) -> list[int]:
-    """The program counts of the hbm_deep step: S/8, S/4, S/2, S (quick: S/4 and S); at most S, so
-    that the GPU runs one program per SM (H200: 16, 33, 66, 132)."""
+    """The hbm_deep step's program counts: S/8, S/4, S/2, S (quick: S/4 and S): one per SM at most."""
     return sorted({max(1, S // 4), S} if quick else {max(1, S // 8), max(1, S // 4), max(1, S // 2), S})
 
 
 def measure_hbm_deep(reps: int, S: int, quick: bool = False) -> dict:
-    """HBM read rate of programs that keep more in flight than the hbm step's reader: per reader of
-    HBM_DEEP_READERS (its depth D: deep_read_depth), P programs of ``hbm_deep_programs`` (<= S: one
-    per SM), groups of g consecutive programs reading the same tiles at once, b bytes each, one
-    launch timed from a cold L2 (``flushed_seconds``, the hbm step's), its launch overhead (an empty
-    kernel timed the same way) taken off as there -> "points": [[P, D, g, b, P x b / s], ...]
-    (g > 1: g x the DRAM bytes/s). A reader that fails (compile, shared memory) leaves its depth out
-    ("failed") so that the others still fill a grid; "shared_bytes": the compiler's shared memory per
-    reader (its depth and the A tile). The hbm grid's reader keeps 48 KiB in flight, the GEMMs'
-    programs up to 200 KiB."""
+    """HBM read rate of programs keeping more in flight than the hbm step's reader: per reader of
+    HBM_DEEP_READERS (depth D = deep_read_depth), P programs (<= S), groups of g, b bytes each, one
+    launch from a cold L2 less an empty launch's overhead -> "points" [[P, D, g, b, P x b / s], ...].
+    A reader that fails is listed in "failed"; "shared_bytes": the compiler's shared memory per reader."""
     import torch
 
     from . import microbench as mb

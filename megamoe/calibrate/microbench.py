@@ -1,34 +1,10 @@
-"""Microbenchmark kernels for ``megamoe calibrate``: the numbers of the cost model, never the MoE kernels.
+"""Microbenchmark kernels for ``megamoe calibrate`` (the cost model's numbers, never the MoE kernels).
 
 Shape legend: P programs, S SMs, R rounds, N rows, H row width, BM/BN/BK tile sizes.
 
-Each kernel isolates one mechanism the cost model (``simulator/cost.py``) prices:
-
-    _stream_read_kernel   P programs each read ``n_iters`` x BLOCK contiguous values (plain loads;
-                          the L2 rate on a small buffer)
-    _stream_tile_kernel   P programs each stream their own weight rows through the GEMM tiles'
-                          pipelined load + dot loop (HBM read rate against bytes per program and
-                          programs in flight, as the decode GEMMs read weights)
-    _mma_kernel           P programs each compute a BM x BN tile over ``depth`` from L2-resident
-                          operands spread over Q copies (tensor rate with the operand loads)
-    _mma_resident_kernel  P programs multiply one on-chip BM x BK by BK x BN pair ``steps`` times
-                          (the tensor cores' rate by tile shape, no memory traffic); bf16, or
-                          float8_e4m3fn operands (e4m3 x e4m3, fp32 accumulate)
-    _empty_kernel         nothing (launch gap and graph cost inside a CUDA graph)
-    _handoff_kernel       a token passes from program to program through one global int32 counter
-                          (release add; acquire spin), R handoffs in all (flag handoff latency)
-    _barrier_kernel       every program arrives at one counter and spins until all have, R times
-                          (grid-wide barrier)
-    _ticket_kernel        programs take tickets from one global counter until N are taken
-    _gather_copy_kernel   P programs copy rows src[idx[r]] -> dst[r] of H values (SM-driven copy,
-                          dispatch-like gather)
-    _serial_load_kernel   one program: R dependent steps of load (BT x BH) + dot with (BH x BE)
-    _serial_reduce_kernel one program: R dependent row max / lowest-argmax reductions
-
-The launchers below check what the kernels computed against torch (``check=True``), so that under
-``TRITON_INTERPRET=1`` on tiny sizes CI tests their correctness; only ``megamoe calibrate`` times
-them. The spin kernels need every program resident: under the interpreter (one program at a time)
-they run with one program only.
+Each kernel isolates one mechanism ``simulator/cost.py`` prices (see docs/calibration.md). The
+launchers check the result against torch with ``check=True`` (the interpreter tests); only
+``megamoe calibrate`` times them. The spin kernels need every program resident.
 """
 
 from __future__ import annotations
@@ -52,11 +28,9 @@ def _stream_read_kernel(x_ptr, out_ptr, n_iters, offset, BLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=["k_tiles"])
 def _stream_tile_kernel(w_ptr, a_ptr, out_ptr, k_tiles, k_wrap, p_wrap,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program p streams BLOCK_N weight rows of k_wrap x BLOCK_K values (K-contiguous, as the
-    experts' weights; the rows of program p mod p_wrap) through the GEMM tiles' load + dot loop
-    against a small L1-resident A, k_tiles K steps in all (cycling its k_wrap when k_tiles >
-    k_wrap): with no wrap, the HBM read rate of weight streaming as the decode GEMMs do it
-    (pipelined by num_stages); with a wrap that fits in L2, the L2 rate of the same loads."""
+    """Program p streams BLOCK_N K-contiguous weight rows of k_wrap x BLOCK_K values (those of
+    program p mod p_wrap) through the GEMM load + dot loop against a small A, k_tiles K steps
+    (cycling k_wrap): HBM read rate without a wrap, L2 rate with one that fits in L2."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -208,6 +182,14 @@ def _check(ok: bool, what: str) -> None:
         raise AssertionError(f"microbench {what}: result disagrees with torch")
 
 
+def _k_steps(nbytes: int, step: int, what: str = "", name: str = "bytes_per_program") -> int:
+    """nbytes // step; ValueError unless ``nbytes`` is a positive multiple of ``step`` (``what``: its make-up)."""
+    n = nbytes // step
+    if n < 1 or n * step != nbytes:
+        raise ValueError(f"{name}={nbytes} must be a positive multiple of {step}" + (f" ({what})" if what else ""))
+    return n
+
+
 def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block: int = 1024, offset: int = 0,
                 num_warps: int = 4, check: bool = False) -> torch.Tensor:
     """Each of ``programs`` programs sums ``elems_per_program`` (a multiple of ``block``) values of x
@@ -228,19 +210,13 @@ def stream_read(x: torch.Tensor, programs: int, elems_per_program: int, *, block
 def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block_n: int = 64, block_k: int = 128,
                 block_m: int = 16, num_warps: int = 4, num_stages: int = 4, check: bool = False,
                 wrap_bytes: int | None = None, wrap_programs: int | None = None) -> torch.Tensor:
-    """Each of ``programs`` programs streams ``bytes_per_program`` of w (bf16, flat) as block_n
-    K-contiguous rows through load + dot (``_stream_tile_kernel``) -> (programs, BM, BN) fp32.
-    ``wrap_bytes`` / ``wrap_programs``: program p reads the wrap_bytes region of program
-    p mod wrap_programs over and over (an L2-resident footprint of wrap_bytes x wrap_programs)."""
+    """``programs`` programs each stream ``bytes_per_program`` of w (flat) as block_n K-contiguous
+    rows through load + dot -> (programs, BM, BN) fp32. ``wrap_bytes`` / ``wrap_programs``: program
+    p rereads the wrap_bytes region of program p mod wrap_programs."""
     what = "stream_tile"
     tile = block_n * block_k * w.element_size()
-    k_tiles = bytes_per_program // tile
-    if k_tiles < 1 or k_tiles * tile != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
-                         f"(block_n x block_k x {w.element_size()} bytes)")
-    k_wrap = k_tiles if wrap_bytes is None else wrap_bytes // tile
-    if k_wrap < 1 or k_wrap * tile != (bytes_per_program if wrap_bytes is None else wrap_bytes):
-        raise ValueError(f"wrap_bytes={wrap_bytes} must be a positive multiple of {tile}")
+    k_tiles = _k_steps(bytes_per_program, tile, f"block_n x block_k x {w.element_size()} bytes")
+    k_wrap = k_tiles if wrap_bytes is None else _k_steps(wrap_bytes, tile, name="wrap_bytes")
     p_wrap = programs if wrap_programs is None else int(wrap_programs)
     if p_wrap < 1:
         raise ValueError(f"wrap_programs must be >= 1, got {wrap_programs}")
@@ -262,9 +238,8 @@ def stream_tile(w: torch.Tensor, programs: int, bytes_per_program: int, *, block
 
 def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_warps: int = 4, num_stages: int = 3,
         check: bool = False, out: torch.Tensor | None = None):
-    """``programs`` programs each compute a[q] (BM, depth) @ b[q] (depth, BN), q = program mod Q, for
-    a (Q, BM, depth) and b (Q, depth, BN) (or 2-D: Q = 1) -> ((programs, BM, BN), compiled kernel)
-    so the caller can read registers and shared memory."""
+    """a[q] (BM, depth) @ b[q] (depth, BN) per program, q = program mod Q, for a (Q, BM, depth) and
+    b (Q, depth, BN) (2-D: Q = 1) -> ((programs, BM, BN), compiled kernel)."""
     a3, b3 = (a[None], b[None]) if a.dim() == 2 else (a, b)
     pairs, BM, depth = a3.shape
     BN = b3.shape[2]
@@ -282,10 +257,8 @@ def mma(a: torch.Tensor, b: torch.Tensor, programs: int, *, block_k: int, num_wa
 
 def mma_resident(a: torch.Tensor, b: torch.Tensor, programs: int, steps: int, *, num_warps: int = 4,
                  check: bool = False, out: torch.Tensor | None = None):
-    """``programs`` programs each add a (BM, BK) @ b (BK, BN) ``steps`` times, operands held
-    on chip -> ((programs, BM, BN), compiled kernel): the tensor rate of the tile shape alone.
-    float8_e4m3fn a and b (both) multiply e4m3 x e4m3 into fp32, and c is fp32 unless ``out`` says
-    otherwise; other dtypes give c in a's dtype."""
+    """``steps`` x a (BM, BK) @ b (BK, BN) per program, operands on chip -> ((programs, BM, BN),
+    compiled kernel). float8_e4m3fn a and b give fp32 c (unless ``out``); else c in a's dtype."""
     BM, BK = a.shape
     BN = b.shape[1]
     fp8 = a.dtype == torch.float8_e4m3fn

@@ -1,26 +1,12 @@
-"""Microbenchmark of weight streaming by deep programs (``megamoe calibrate`` step ``hbm_deep``):
-numbers for the cost model, never the MoE kernels.
+"""Microbenchmark of weight streaming by deep programs (``megamoe calibrate`` step ``hbm_deep``).
 
-Shape legend: P programs, S SMs, g sharing group (consecutive programs reading the same tiles at
-once), BM/BN/BK tile sizes, D bytes a program keeps in flight (its pipeline buffers).
+Shape legend: P programs, S SMs, g sharing group, BM/BN/BK tile sizes, D bytes a program keeps in
+flight (its pipeline buffers).
 
-    _deep_read_kernel   P programs stream weight rows from HBM through the GEMM tiles' pipelined
-                        load + dot loop (``microbench._stream_tile_kernel``'s, a loop-invariant
-                        16-row A): per K step one BN x BK weight tile, or two (GATED: gate rows and
-                        up rows, as GEMM 1's loop reads them). With 16-row tiles Triton runs mma.sync
-                        and keeps num_stages - 1 buffers (``plan.gemm_shared_bytes``), so a program
-                        keeps D = ``deep_read_depth`` weight bytes in flight: 48 KiB for the hbm
-                        step's reader (64 x 128, 4 stages), 96-192 KiB for GEMM 1's loops (the
-                        multi-launch decode GEMMs keep 72-196 KiB: one program per SM). Program p
-                        reads region p // g, so the g programs of a group read the same tile at the
-                        same step and the groups read apart (the l2_shared step's layout, here from
-                        a cold L2)
-
-The hbm step's grid is read by programs keeping 48 KiB in flight; a GEMM program per SM keeping
-more streams faster, which this table measures.
-
-The launcher checks what the kernel computed against torch (``check=True``): under
-``TRITON_INTERPRET=1`` on tiny sizes the tests check it; only ``megamoe calibrate`` times it.
+``_deep_read_kernel``: P programs stream weight rows from HBM through the GEMM tiles' pipelined
+load + dot loop, one BN x BK tile per K step or two (GATED: gate and up rows); program p reads
+region p // g, so a group reads the same tile at the same step. ``deep_read`` launches it and
+checks it against torch with ``check=True``.
 """
 
 from __future__ import annotations
@@ -31,16 +17,15 @@ import triton.language as tl
 
 from megamoe.kernels.plan import gemm_shared_bytes
 
-from .microbench import _check
+from .microbench import _check, _k_steps
 
 
 # --------------------------------------------------------------------------- kernel
 @triton.jit(do_not_specialize=["k_tiles", "group"])
 def _deep_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, group, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GATED: tl.constexpr):
-    """Program p reads region r = p // group of w: its (1 + GATED) x BLOCK_N rows of k_tiles x
-    BLOCK_K values (K-contiguous; gate rows, then up rows), BLOCK_K columns a step, into
-    acc += a @ tile^T (a: ones in the launcher, so out[p] holds the rows' sums, gate + up)."""
+    """Program p reads region p // group of w: (1 + GATED) x BLOCK_N rows of k_tiles x BLOCK_K
+    values (gate rows, then up rows) into acc += a @ tile^T, so out[p] holds the rows' sums."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -65,9 +50,8 @@ def _deep_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, group, BLOCK_M: tl.constex
 # --------------------------------------------------------------------------- launcher (with its check)
 def deep_read_depth(block_n: int, block_k: int, num_stages: int, *, gated: bool = False, block_m: int = 16,
                     elem_bytes: int = 2) -> int:
-    """Bytes one ``_deep_read_kernel`` program keeps in flight: its pipeline buffers' weight tiles,
-    ``plan.gemm_shared_bytes`` of the tile with no A bytes (the reader's A is loop-invariant): for
-    16-row tiles (num_stages - 1) x (1 + gated) x BN x BK x elem_bytes."""
+    """Weight bytes one ``_deep_read_kernel`` program keeps in flight (``plan.gemm_shared_bytes``
+    with no A bytes): (num_stages - 1) x (1 + gated) x BN x BK x elem_bytes for 16-row tiles."""
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": num_stages}
     return gemm_shared_bytes(cfg, 0.0, float(elem_bytes), 2 if gated else 1)
 
@@ -75,22 +59,14 @@ def deep_read_depth(block_n: int, block_k: int, num_stages: int, *, gated: bool 
 def deep_read(w: torch.Tensor, programs: int, bytes_per_program: int, *, group: int = 1, block_n: int = 64,
               block_k: int = 128, num_stages: int = 4, gated: bool = False, block_m: int = 16, num_warps: int = 4,
               a: torch.Tensor | None = None, out: torch.Tensor | None = None, check: bool = False):
-    """``programs`` programs each stream ``bytes_per_program`` of w (flat; bf16 on the GPU) through
-    ``_deep_read_kernel``, groups of ``group`` consecutive programs reading the same region ->
-    ((programs, BM, BN) fp32 row sums (the first ``programs`` of ``out`` where given), the compiled
-    kernel: its ``metadata.shared`` is the shared memory the compiler gave the pipeline). The
-    ceil(programs / group) regions lie back to back from w's start, bytes_per_program each (a
-    multiple of (1 + gated) x BN x BK elements). ``a``: the (BM, BK) ones the loop multiplies by,
-    made here where not given (a fill kernel: the calibration passes its own, so that the timed
-    launch is the reader alone)."""
+    """``programs`` programs each stream ``bytes_per_program`` of w (flat), groups of ``group``
+    reading the same region (ceil(programs / group) regions back to back) -> ((programs, BM, BN)
+    fp32 row sums, compiled kernel). ``a``: the (BM, BK) ones multiplied by (made here if None)."""
     if programs < 1 or group < 1:
         raise ValueError(f"programs and group must be >= 1, got {programs} and {group}")
     tiles = 2 if gated else 1
     step = tiles * block_n * block_k * w.element_size()  # bytes of one K step
-    k_tiles = bytes_per_program // step
-    if k_tiles < 1 or k_tiles * step != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {step} "
-                         f"({tiles} x {block_n} x {block_k} x {w.element_size()} bytes)")
+    k_tiles = _k_steps(bytes_per_program, step, f"{tiles} x {block_n} x {block_k} x {w.element_size()} bytes")
     regions = -(-programs // group)
     if regions * bytes_per_program > w.numel() * w.element_size():
         raise ValueError(f"deep_read: {regions} regions of {bytes_per_program} bytes read past the end of w "

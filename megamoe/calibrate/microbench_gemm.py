@@ -2,26 +2,10 @@
 
 Shape legend: M rows, N columns, K depth, BM/BN/BK tile sizes, S SMs.
 
-    _dense_gemm_kernel  C (M, N) = A (M, K) @ W (N, K)^T, one BM x BN tile per program in grouped
-                        order (GROUP_M row blocks share a column band, as the MoE GEMMs walk their
-                        tiles), A and W in HBM (W K-contiguous, as the experts' weights are stored),
-                        the K loop pipelined over ``num_stages``. ``TMA``: W's tiles come through a
-                        tensor descriptor (the weight loads of grouped_gemm's "tma_persistent"
-                        GEMMs), ``TMA_A`` A's too (their GEMM 2); otherwise by pointer loads
-                        (cp.async: the megakernel and the pointer GEMMs). ``PERSISTENT``: one
-                        program per SM walks tiles pid, pid + programs, ... (the persistent GEMMs
-                        and, through its tickets, the megakernel); otherwise one tile per program.
-                        ``GATED``: GEMM 1's tile, gate and up accumulators over one A tile.
-                        ``FLAT``: the persistent walk as ``tl.range(..., flatten=True)``, which
-                        fuses it with each tile's K loop into one pipelined loop (the persistent
-                        GEMMs' config FLATTEN).
-    dense_gemm          the dense GEMM (calibrate step "gemm": kernel_model.gemm_<form>).
-
-Why a dense GEMM: the tile table ``mma`` times the tensor cores on operands already on chip, and an
-L2-fed kernel without operand reuse times the loads alone; a dense GEMM of the same tile loop has what
-both lack: operands streamed from HBM with the L2 reuse of a grouped tile order, the pipelined loads
-competing with the MMAs, waves of tiles and their stores. It is not an MoE kernel: no gather, no
-routing, no epilogue but the store.
+``_dense_gemm_kernel``: C (M, N) = A (M, K) @ W (N, K)^T in grouped tile order from HBM, the K
+loop pipelined. Constexpr forms: ``TMA`` (W through a tensor descriptor), ``TMA_A`` (A too),
+``PERSISTENT`` (one program per SM walks the tiles), ``GATED`` (GEMM 1's gate and up tile),
+``FLAT`` (the persistent walk flattened with the K loop). ``dense_gemm`` is the launcher.
 """
 
 from __future__ import annotations
@@ -38,9 +22,8 @@ from megamoe.reference.tiles import GEMM_LOOP_FORMS
 def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.constexpr, TMA_A: tl.constexpr,
                 GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr):
-    """Tile ``tile`` of C = A @ W^T in grouped order; M, N, K multiples of the tile sizes. GATED:
-    W is (2N, K), gate rows then up rows, and the tile is GEMM 1's: two accumulators over the same
-    A tile, C = silu(A @ Wg^T) * (A @ Wu^T)."""
+    """Tile ``tile`` of C = A @ W^T in grouped order. GATED: W is (2N, K), gate rows then up rows,
+    C = silu(A @ Wg^T) * (A @ Wu^T)."""
     pid_m, pid_n = _tile_ids(tile, M // BLOCK_M, N // BLOCK_N, GROUP_M)  # the MoE GEMMs' grouped order
     w_row = pid_n * BLOCK_N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,9 +60,8 @@ def _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA: tl.cons
 def _dense_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, c_ptr, M, N, K, PERSISTENT: tl.constexpr, TMA: tl.constexpr,
                        TMA_A: tl.constexpr, GATED: tl.constexpr, FLAT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """One tile per program, or (PERSISTENT) tiles pid, pid + programs, ... as the persistent
-    GEMMs walk theirs. K is specialized: its divisibility by 16 lets the row loads vectorize into
-    cp.async (unspecialized, they run as scalar loads)."""
+    """One tile per program, or (PERSISTENT) tiles pid, pid + programs, .... K is specialized
+    (divisible by 16, the row loads vectorize)."""
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), (M // BLOCK_M) * (N // BLOCK_N), tl.num_programs(0), flatten=FLAT):
             _dense_tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, tile, M, N, K, TMA, TMA_A, GATED, BLOCK_M,
@@ -96,13 +78,9 @@ LOADS = GEMM_LOOP_FORMS
 def dense_gemm(a: torch.Tensor, w: torch.Tensor, *, block_m: int, block_n: int, block_k: int, num_warps: int,
                num_stages: int, loads: str = "pointer", programs: int | None = None, group_m: int = 8,
                out: torch.Tensor | None = None, check: bool = False):
-    """C = a (M, K) @ w (N, K)^T by the tile loop above -> (C (M, N) in a's dtype, compiled kernel);
-    a gated form (LOADS) takes w as (2N, K), gate rows then up rows, and gives
-    silu(a @ wg^T) * (a @ wu^T), N columns. M, N, K must be multiples of block_m, block_n,
-    block_k. ``loads`` (a key of LOADS): one tile per program or persistent programs, weights (and
-    rows) through tensor descriptors (Hopper and newer) or by pointer loads; ``programs``: the
-    persistent grid (default: the SM count, at most the tiles). ``check`` compares with torch (the
-    interpreter tests)."""
+    """C = a (M, K) @ w (N, K)^T -> (C (M, N) in a's dtype, compiled kernel); a gated form takes w
+    (2N, K) and gives silu(a @ wg^T) * (a @ wu^T). M, N, K multiples of the block sizes.
+    ``loads``: a key of LOADS; ``programs``: the persistent grid (default min(SMs, tiles))."""
     if loads not in LOADS:
         raise ValueError(f"loads must be one of {sorted(LOADS)}, got {loads!r}")
     M, K = a.shape

@@ -1,18 +1,9 @@
-"""Routing-selection microbenchmark for ``megamoe calibrate``: one routing program's selection as the
-multi-launch router runs it, on synthetic logits.
+"""Routing-selection microbenchmark for ``megamoe calibrate`` (step "select").
 
-Shape legend: BT tokens a routing program holds (router_block_t), E experts, BE = BLOCK_E, R rounds.
+Shape legend: BT tokens a routing program holds, E experts, BE = BLOCK_E, R rounds.
 
-    _route_select_kernel  one program routes R blocks of BT tokens one after the other from fp32 logits
-                          (a split-H partial, as ``routing._router_kernel`` reads them: no walk over H):
-                          ``routing._route_block``'s sum, scores, the router family's selection,
-                          weights and stores, nothing else (no histogram store, no align).
-    route_select          its launcher (calibrate step "select": kernel_model.route_select, seconds
-                          per block from the slope in R, so the launch is not in it).
-
-The multi-launch router's selection costs several times the serial step's top-1 passes (grouped
-selection, biases, renormalization), so it is measured as the routers' own code on random logits,
-timed alone, as ``microbench_gemm`` times the GEMMs' own tile loops.
+``_route_select_kernel``: one program routes R blocks of BT tokens from fp32 logits with
+``routing._route_block``'s selection, weights and stores only; ``route_select`` launches it.
 """
 
 from __future__ import annotations
@@ -56,11 +47,9 @@ def select_key(config, tokens: int) -> tuple[float, ...]:
 
 def route_select(logits: torch.Tensor, config, tokens: int, rounds: int, *, rb=None, sb=None,
                  check: bool = False) -> torch.Tensor:
-    """One program routes ``rounds`` blocks of ``logits`` (rounds x block_t, E) fp32 as the routing program
-    of a ``tokens``-token batch of ``config`` would (select_launch: block_t = its BLOCK_T, its warps and
-    top-k way) -> topk_idx (rounds x block_t, K) int32. ``rb`` / ``sb``: the
-    router bias / score bias (E,) where the family has them. ``check``: the picks of a softmax_topk
-    router equal torch.topk's experts (the interpreter's test; a tie of random logits has measure 0)."""
+    """One program routes ``rounds`` blocks of ``logits`` (rounds x block_t, E) fp32 as the routing
+    program of a ``tokens``-token batch of ``config`` -> topk_idx (rounds x block_t, K) int32.
+    ``rb`` / ``sb``: router / score bias (E,). ``check``: softmax_topk picks equal torch.topk's."""
     T, E = logits.shape
     K = config.top_k
     rl = select_launch(config, tokens)  # the routing program's sizes, warps and top-k way

@@ -1,19 +1,10 @@
-"""Microbenchmark of L2 reads that many programs make at once (``megamoe calibrate`` step
-``l2_shared``): numbers for the cost model, never the MoE kernels.
+"""Microbenchmark of L2 reads that many programs make at once (``megamoe calibrate`` step ``l2_shared``).
 
-Shape legend: P programs, g sharing group (programs reading the same tile at once), T tiles of the
-working set, BM/BN/BK tile sizes.
+Shape legend: P programs, g sharing group, T tiles of the working set, BM/BN/BK tile sizes.
 
-    _l2_shared_read_kernel   P programs sweep one L2-resident working set of T weight tiles
-                             (BN x BK, K-contiguous, as ``microbench._stream_tile_kernel`` reads
-                             them) through the GEMM tiles' pipelined load + dot loop; program p
-                             starts at tile (p // g) x spread, so the g programs of a group (grouped
-                             order, consecutive program ids as GROUP_M row blocks) read the same
-                             tile at the same step and the groups read different tiles: the L2
-                             rate against programs and sharing group (g = 1: nobody shares at once)
-
-The launchers check what the kernels computed against torch (``check=True``): under
-``TRITON_INTERPRET=1`` on tiny sizes the tests check them; only ``megamoe calibrate`` times them.
+``_l2_shared_read_kernel``: P programs sweep one L2-resident set of T weight tiles through the
+GEMM load + dot loop; program p starts at tile (p // g) x spread, so a group reads the same tile at
+the same step and groups read different tiles. ``check=True`` compares with torch.
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .microbench import _check
+from .microbench import _check, _k_steps
 
 
 # --------------------------------------------------------------------------- kernels
@@ -46,9 +37,8 @@ def _l2_shared_read_kernel(w_ptr, a_ptr, out_ptr, k_tiles, num_tiles, group, spr
 
 
 def l2_shared_layout(num_tiles: int, programs: int, group: int) -> tuple[int, int]:
-    """(groups, spread): the ceil(P / g) groups start ``spread`` = num_tiles // groups tiles apart,
-    so that no two groups read the same tile at the same step. ValueError where the working set
-    has fewer tiles than groups (they would share tiles at once beyond g)."""
+    """(groups, spread): ceil(P / g) groups start ``spread`` = num_tiles // groups tiles apart.
+    ValueError where the working set has fewer tiles than groups."""
     if programs < 1 or group < 1:
         raise ValueError(f"programs and group must be >= 1, got {programs} and {group}")
     groups = -(-programs // group)
@@ -60,17 +50,13 @@ def l2_shared_layout(num_tiles: int, programs: int, group: int) -> tuple[int, in
 
 def l2_shared_read(w: torch.Tensor, programs: int, group: int, bytes_per_program: int, *, num_warps: int = 4,
                    num_stages: int = 4, block_m: int = 16, check: bool = False) -> torch.Tensor:
-    """``programs`` programs each read ``bytes_per_program`` of the working set w (T, BN, BK) (T
-    contiguous weight tiles), groups of ``group`` consecutive programs reading the same tile at the
-    same step (``_l2_shared_read_kernel``) -> (programs, BM, BN) fp32."""
+    """``programs`` programs each read ``bytes_per_program`` of w (T, BN, BK), groups of ``group``
+    reading the same tile at once -> (programs, BM, BN) fp32."""
     if w.dim() != 3:
         raise ValueError(f"w must be (tiles, BLOCK_N, BLOCK_K), got shape {list(w.shape)}")
     T, bn, bk = w.shape
     tile = bn * bk * w.element_size()
-    k_tiles = bytes_per_program // tile
-    if k_tiles < 1 or k_tiles * tile != bytes_per_program:
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a positive multiple of {tile} "
-                         f"(one {bn} x {bk} tile)")
+    k_tiles = _k_steps(bytes_per_program, tile, f"one {bn} x {bk} tile")
     _, spread = l2_shared_layout(T, programs, group)
     a = torch.ones((block_m, bk), device=w.device, dtype=w.dtype)
     out = torch.empty((programs, block_m, bn), device=w.device, dtype=torch.float32)

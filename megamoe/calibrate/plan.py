@@ -5,8 +5,7 @@ from __future__ import annotations
 #: the steps in run order; sync last: its spin kernels (every program resident) are the ones that could hang
 STEPS = ("launch", "hbm", "mma", "gemm", "mma_fp8", "copy", "serial", "select", "l2_shared", "hbm_deep",
          "sustained", "sync")
-#: (full, --quick) seconds of each step on an H200 with a cold Triton cache (compiles dominate), about
-#: twice what they take: used only to plan a --budget
+#: (full, --quick) seconds of each step, cold Triton cache, with a margin: used only to plan a --budget
 STEP_COST_S = {"launch": (4.0, 4.0), "hbm": (20.0, 8.0), "mma": (18.0, 8.0), "gemm": (50.0, 18.0),
                "mma_fp8": (6.0, 4.0), "copy": (3.0, 2.0), "serial": (4.0, 3.0), "select": (18.0, 9.0),
                "l2_shared": (3.0, 2.0), "hbm_deep": (5.0, 3.0), "sustained": (20.0, 6.0), "sync": (4.0, 3.0)}

@@ -11,11 +11,8 @@ from .sustained import SUSTAINED_PAUSE_S, SUSTAINED_SIZE, duty_points
 
 
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
-    """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``.
-
-    ``m`` may lack steps (budget spent, or a step failed): their numbers stay the base profile's
-    (the loader derives the kernel model's defaults from them) and ``calibration.not_measured``
-    names them."""
+    """The calibrated profile: ``base`` (profile JSON) with the measured numbers of ``m``; steps
+    missing from ``m`` keep the base's numbers and are named in ``calibration.not_measured``."""
     import copy
 
     src = f"measured by megamoe calibrate on {prov['gpu']} {prov['date']}"

@@ -17,9 +17,8 @@ def _best_by_shape(points) -> list:
 
 
 def hbm_deep_summary(deep: dict) -> list[str]:
-    """The hbm_deep step's lines: per depth and sharing group, TB/s at each program count for the
-    largest bytes per program, e.g. "HBM deep read, 128 KiB in flight, g = 1, 4 MiB each, 16/33/66/132
-    programs  0.80 1.60 3.00 4.40 TB/s"."""
+    """The hbm_deep step's lines: per depth and group, TB/s at each program count for the largest
+    bytes per program."""
     pts = deep.get("points", [])
     if not pts:
         return []
@@ -36,9 +35,8 @@ def hbm_deep_summary(deep: dict) -> list[str]:
 
 
 def sustained_summary(su: dict) -> list[str]:
-    """The sustained step's lines: per graph its seconds, average rate and ratio to the best, and the
-    rate of its last part, e.g. "dense bf16 GEMM from idle, 300 ms   704.6 TFLOP/s x0.884, last 206
-    ms 684.8"."""
+    """The sustained step's lines: per graph its seconds, rate and ratio to the best, and its last
+    part's rate."""
     last = {round(t1, 9): (t1 - t0, r) for t0, t1, r in su.get("marginal", [])}
     lines = []
     for (_, t, r), (_, ratio) in zip(su.get("rates", []), su.get("points", [])):

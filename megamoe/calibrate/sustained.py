@@ -8,22 +8,19 @@ import time
 
 from .timing import graph_seconds
 
-#: the sustained step's busy durations (s): graphs of back-to-back matmuls about this long (the
-#: validation's graphs: 1-50 ms); the shortest long enough that a replay's fixed cost does not count
+#: the sustained step's busy durations (s): graphs of back-to-back matmuls about this long
 SUSTAINED_BUSY_S = (0.005, 0.02, 0.06, 0.15, 0.3)
 SUSTAINED_BUSY_S_QUICK = (0.02, 0.06, 0.3)
-#: seconds idle before each replay, long enough for the clocks to recover; the full step checks it (``recovery``)
+#: seconds idle before each replay (the clocks recover; the full step checks it: ``recovery``)
 SUSTAINED_PAUSE_S = 1.5
 #: rows = columns = depth of the sustained step's matmuls (the mma step's dense GEMM)
 SUSTAINED_SIZE = 8192
 
 
-#: the sustained step's duty-cycled graphs (full form only): (fraction of the graph's time in the
-#: matmuls, seconds of the graph). Each matmul is followed by HBM reads (sums of a large buffer, few SMs'
-#: worth of arithmetic) for the rest: whether the clock falls as far when the tensor cores work only part
-#: of the time (the validation's layers run their MMA at 0.5-0.8 of the dense GEMM's rate)
+#: the duty-cycled graphs (full form only): (share of the graph's time in matmuls, seconds), each
+#: matmul followed by HBM reads for the rest
 SUSTAINED_DUTY = ((0.5, 0.3), (0.75, 0.3))
-#: elements (bf16) of the buffer the duty graphs' reads sum: 512 MiB, ~0.12 ms a sum at 4.4 TB/s
+#: elements (bf16) of the buffer the duty graphs' reads sum (512 MiB)
 SUSTAINED_READ_ELEMS = 1 << 28
 
 
@@ -50,9 +47,8 @@ def matmul_graph(a, b, c, count: int, between=None):
 
 
 def idle_replay_seconds(replay, pause_s: float, clock: dict | None = None) -> float:
-    """Seconds of one ``replay()`` between CUDA events, after the GPU sat idle ``pause_s`` seconds
-    (its clocks back where a short launch finds them); ``clock``, a dict, gets the SM clock and power
-    sampled during the replay (kernels.telemetry; empty without NVML)."""
+    """Seconds of one ``replay()`` between CUDA events after ``pause_s`` idle; ``clock`` (a dict)
+    gets the SM clock and power sampled meanwhile (empty without NVML)."""
     import torch
 
     from megamoe.kernels.telemetry import sampled
@@ -85,12 +81,10 @@ def sustained_counts(per_matmul_s: float, busy_s) -> list[int]:
 
 
 def sustained_fit(flops: float, timed, recheck=None) -> dict:
-    """The sustained step's figures from ``timed`` ([[matmuls N, seconds, SM clock after], ...], N
-    ascending; each matmul ``flops``): "rates" [[N, s, flop/s]]; "reference_flops_per_s", the best
-    average rate (the short-launch rate; the shortest graph carries the replay's fixed cost); "points" [[s, rate / reference]] (kernel_model.sustained_mma); "marginal"
-    [[s of the shorter graph, s of the longer, flop/s of the extra matmuls]] (the rate of the longer
-    graph's last part); with ``recheck`` (the shortest graph timed again after the longest),
-    "recovery": its first seconds / the recheck's (1: the pause restored the clocks)."""
+    """Figures from ``timed`` ([[matmuls N, s, SM clock], ...], N ascending; ``flops`` per matmul):
+    "rates" [[N, s, flop/s]], "reference_flops_per_s" (best average rate), "points" [[s, rate /
+    reference]], "marginal" [[s short, s long, flop/s of the extra matmuls]]; with ``recheck``
+    (the shortest graph again), "recovery" = first s / recheck s."""
     rates = [[int(n), float(t), n * flops / t] for n, t, *_ in timed]
     ref = max(r for *_, r in rates)
     out = {"rates": rates, "reference_flops_per_s": ref, "points": [[t, r / ref] for _, t, r in rates],
@@ -104,13 +98,9 @@ def sustained_fit(flops: float, timed, recheck=None) -> dict:
 
 
 def measure_sustained(reps: int, quick: bool = False) -> dict:
-    """A dense bf16 GEMM's rate by how long it has run: per busy duration of SUSTAINED_BUSY_S (quick:
-    SUSTAINED_BUSY_S_QUICK) a CUDA graph of N back-to-back SUSTAINED_SIZE^3 matmuls (``matmul_graph``,
-    N from the per-matmul time of a short graph at working clocks), one replay after SUSTAINED_PAUSE_S
-    idle (``idle_replay_seconds``), shortest first, with the SM clock after it; the full form times
-    the shortest graph once more after the longest (``recovery``) -> ``sustained_fit``. One replay a
-    point (``reps`` unused): the pauses are the step's time (full ~9.7 s, quick ~4.9 s on an H200). The
-    GPU lowers its SM clock under sustained dense MMA, while the MMA tables come from short launches."""
+    """A dense bf16 GEMM's rate by how long it has run: per SUSTAINED_BUSY_S duration a graph of N
+    SUSTAINED_SIZE^3 matmuls replayed once after SUSTAINED_PAUSE_S idle, shortest first (full form:
+    the shortest again last) -> ``sustained_fit``. ``reps`` is unused."""
     import torch
 
     n = SUSTAINED_SIZE
@@ -134,10 +124,9 @@ def measure_sustained(reps: int, quick: bool = False) -> dict:
 
 
 def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: float) -> list[dict]:
-    """The duty graphs' figures from ``timed`` ([[duty, matmuls N, reads per matmul k, seconds, mean
-    SM clock MHz or None], ...]): per graph its seconds, the matmuls' share of them and their rate
-    (the graph's time less N x k reads at ``per_read_s``, the reads' time at working clocks: HBM-bound,
-    so the SM clock's fall hardly moves it) over ``reference_flops_per_s``."""
+    """Per duty graph of ``timed`` ([[duty, N, reads per matmul k, s, mean SM MHz or None], ...]):
+    its seconds, the matmuls' share and their rate (time less N x k x ``per_read_s``) over
+    ``reference_flops_per_s``."""
     out = []
     for duty, count, k, t, mhz in timed:
         mm_s = max(t - count * k * per_read_s, 1e-9)
@@ -148,11 +137,9 @@ def duty_fit(flops: float, per_read_s: float, timed, reference_flops_per_s: floa
 
 
 def duty_points(su: dict) -> list[list[float]]:
-    """kernel_model.sustained_duty's points from the sustained step's figures ``su``: per duty graph
-    [its matmuls' share of the time, (1 - their rate ratio) / (1 - the average ratio of matmuls back
-    to back over as many seconds)] (that average read on ``su["points"]`` as the cost model reads
-    them, cost.sustained_table_ratio), clipped to [0, 1]; graphs whose back-to-back fall is under 1%
-    (no fall to share) or whose share is not strictly between 0 and 1 are left out."""
+    """kernel_model.sustained_duty points from ``su``: per duty graph [matmul share, (1 - rate ratio)
+    / (1 - back-to-back ratio over as many seconds)] clipped to [0, 1]; graphs with under 1%
+    back-to-back fall or a share not inside (0, 1) are left out."""
     from megamoe.simulator.cost import sustained_table_ratio
 
     pts = tuple(tuple(float(x) for x in q) for q in sorted(su.get("points") or []))

@@ -30,12 +30,7 @@ def graph_seconds(fn, *, inner: int = 4, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
-def event_seconds(fn, *, reps: int = 5) -> float:
-    """Median seconds of fn() between CUDA events (for single long launches that reset themselves)."""
-    return _event_median(fn, reps)
-
-
-def _event_median(fn, reps: int, before=None) -> float:
+def event_seconds(fn, *, reps: int = 5, before=None) -> float:
     """Median seconds of fn() between two CUDA events over ``reps`` runs after one warm-up;
     ``before()`` (if given) is queued ahead of each start event."""
     import torch
@@ -56,15 +51,9 @@ def _event_median(fn, reps: int, before=None) -> float:
 
 
 def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float:
-    """Median seconds of one fn() with nothing of its data in L2.
-
-    Per repetition the GPU is first kept busy (``torch.cuda._sleep``, about 1 ms) while the host
-    queues a read of ``flush_bytes`` (which evicts L2), the start event, fn and the end event:
-    the events then time fn alone, from a cold L2 and without the host's launch latency. (Replaying
-    a graph of a few reads instead would serve the small ones from L2: their few MiB stay there
-    from one replay to the next.) The flush reads (a max over the buffer), so the lines it leaves
-    are clean: a zero-fill (runs up to J) left L2 full of dirty lines whose write-back then
-    slowed the timed kernel's first reads."""
+    """Median seconds of one fn() with nothing of its data in L2: per repetition the GPU sleeps
+    (~1 ms) while the host queues an L2-evicting read of ``flush_bytes``, the events and fn, so the
+    events time fn alone from a cold L2."""
     import torch
 
     scratch = torch.ones(flush_bytes // 4, device="cuda", dtype=torch.int32)
@@ -76,7 +65,7 @@ def flushed_seconds(fn, *, reps: int = 5, flush_bytes: int = 256 << 20) -> float
             sleep(2_000_000)
         torch.amax(scratch, dim=0, out=sink)
 
-    return _event_median(fn, reps, flush)
+    return event_seconds(fn, reps=reps, before=flush)
 
 
 def slope(xs, ts) -> tuple[float, float]:

@@ -6,13 +6,8 @@
                    out="sweep-out", workers=2)           # a pandas DataFrame, one row per point
     best("sweep-out", objective="exposed_comm_us", top=5)
 
-A SPEC (``spec``) is a ``[fixed]`` table of simulate options and a ``[grid]`` table of lists; every
-point is one ``simulate`` (or analytic) call. Rows go to ``OUT/results.parquet`` (``store``), the
-trade-off plot to ``OUT/sweep.png`` (``plot``). The command line is ``megamoe sweep`` (``cli``).
-
-Modules: ``spec`` (the SPEC and its checks), ``worker`` (what runs on a Dask worker), ``runner`` (the
-cluster and the batches), ``store`` (atomic Parquet parts), ``progress``, ``plot``, ``cli``.
-Nothing heavy is imported until a sweep runs.
+Modules: ``spec`` (the SPEC), ``worker`` (a Dask worker's part), ``runner`` (cluster, batches),
+``store`` (atomic Parquet parts), ``progress``, ``plot``, ``cli``.
 """
 
 from __future__ import annotations
@@ -116,10 +111,8 @@ def run_sweep(spec: Spec | dict | str | Path, out: str | Path = "sweep-out", *, 
               plot: bool = True):
     """Run the points of ``spec`` not yet in ``out`` and return this spec's rows as a DataFrame.
 
-    ``workers``: LocalCluster processes (default: the CPU count; 0 runs in this process without Dask);
-    ``scheduler``: address of an existing Dask scheduler instead. Checks everything before it runs;
-    ``out`` is locked while the sweep writes it (a second sweep into it is refused).
-    """
+    ``workers``: LocalCluster processes (default the CPU count; 0: in this process);
+    ``scheduler``: an existing Dask scheduler's address. ``out`` is locked while the sweep writes it."""
     import os
 
     from .progress import Progress
@@ -163,11 +156,8 @@ def rows_of(spec: Spec, df):
 def best(results, objective: str = "layer_time_us", top: int = 10, within: str | None = "tokens-per-gpu"):
     """The ``top`` points with the smallest ``objective`` (failed points left out), as a DataFrame.
 
-    ``results``: a DataFrame from ``run_sweep`` / ``load_results``, or an output folder. Where the
-    column ``within`` (default tokens-per-gpu) takes several values, the ``top`` of each value, in
-    the order of that column: a layer's time grows with its batch, so ranked together the smallest
-    batch would always win. ``attrs["ranked_within"]`` names the column then (None otherwise).
-    """
+    ``results``: a DataFrame or an output folder. Where ``within`` (default tokens-per-gpu) takes
+    several values, the ``top`` of each value; ``attrs["ranked_within"]`` names it (else None)."""
     import pandas as pd
 
     df = results if hasattr(results, "columns") else load_results(results)

@@ -4,11 +4,7 @@
     megamoe sweep --tokens-per-gpu 128,1024 --placement contiguous,eplb --out DIR   # the grid as flags
     megamoe sweep --best DIR [--objective layer_time_us|exposed_comm_us] [--top N]
 
-Without a SPEC, each option flag takes a comma-separated list (one value: fixed; several: a grid
-axis) and ``--set KEY=V1,V2`` sweeps a profile field; only the options given vary, the others keep
-``megamoe simulate``'s defaults (said on stderr). Every error that can be found before running (bad
-SPEC, ``--out`` a file, a missing dependency, a grid or --workers too large, a folder another sweep
-is writing) is one line on stderr and exit code 2; failing points are recorded and the sweep goes on.
+Errors found before running are one line on stderr and exit code 2; failing points are recorded.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The trade-off plot beside ``results.parquet``: one panel per grid axis, and compute against communication.
-
-Axis panels: for each value of an axis, the best, median and worst layer time over every setting of
-the other axes (the spread is what the other axes can do at that value). Last panel: each point's
-busiest-GPU compute (expert compute + imbalance wait) against its exposed communication, coloured by
-layer time: points under the diagonal are compute bound.
+"""The trade-off plot beside ``results.parquet``: per grid axis the best, median and worst layer time
+at each value; last, each point's busiest-GPU compute against its exposed communication.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Run a SPEC's points on Dask: a ``LocalCluster`` by default, an existing scheduler when given one.
-
-Points are grouped by workload (``worker.workload_key``) and sent in batches, so each worker builds
-a workload once and reuses it; each finished batch is written at once (``store.Store.append``), so
-a rerun skips what is done and an interrupted sweep loses only the batches in flight.
-``workers=0`` runs the points in this process without Dask (for debugging).
+"""Run a SPEC's points on Dask (a ``LocalCluster``, or an existing scheduler) in batches grouped by
+workload, each finished batch stored at once; ``workers=0`` runs in this process.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The sweep SPEC: a ``[fixed]`` table of simulate options and a ``[grid]`` table of lists.
 
-Options are spelled as on the ``megamoe simulate`` command line (``tokens-per-gpu``, ``comm-sms``,
-``link-bandwidth``, ...) plus any ``--set`` profile field (``link_bandwidth``,
-``link.payload_efficiency``, ``gpu.l2_bytes``). Everything is checked here, value by value, before
-anything runs; a bad table, option or value raises ``SpecError`` naming it. Combinations that
-cannot run (``comm-sms`` above a system's SM count, too many minibatches) are left to the points,
-which record the simulator's error and let the sweep go on.
+Options are spelled as on ``megamoe simulate``'s command line, plus any ``--set`` profile field.
+Every value is checked before anything runs (``SpecError`` names it); combinations the simulator
+refuses are left to the points.
 
     spec = load_spec("grid.toml")          # or parse_spec({"fixed": {...}, "grid": {...}})
     points = spec.points()                 # [Point(point_id, options)], in grid order
@@ -65,28 +62,27 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return check
 
 
-def _model(v: Any) -> str:
-    from megamoe.reference import MoEConfig
-
+def _loads(v: Any, load: Callable[[str], Any], what: str) -> str:
+    """``v`` if ``load(v)`` accepts it (its own error names the problem otherwise)."""
     if not isinstance(v, str):
-        raise ValueError("must be a preset name or a config JSON path")
+        raise ValueError(f"must be {what}")
     try:
-        MoEConfig.load(v)  # raises ConfigError naming the preset list or the file
+        load(v)
     except RecursionError:
         raise ValueError("JSON nested too deeply to read") from None
     return v
+
+
+def _model(v: Any) -> str:
+    from megamoe.reference import MoEConfig
+
+    return _loads(v, MoEConfig.load, "a preset name or a config JSON path")
 
 
 def _system(v: Any) -> str:
     from megamoe.simulator import load_profile
 
-    if not isinstance(v, str):
-        raise ValueError("must be a profile name or a profile JSON path")
-    try:
-        load_profile(v)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply to read") from None
-    return v
+    return _loads(v, load_profile, "a profile name or a profile JSON path")
 
 
 def _routing(v: Any) -> str:
@@ -381,9 +377,7 @@ def _check_profiles(spec: Spec) -> None:
     from megamoe.simulator.hardware import ProfileError
 
     names = ["system", *(n for n in [*spec.fixed, *spec.grid] if n not in OPTIONS)]
-    axes = [spec.grid[n] if n in spec.grid else [spec.fixed.get(n, OPTIONS["system"].default if n == "system" else None)]
-            for n in names]
-    for combo in itertools.product(*axes):
+    for combo in itertools.product(*(_values(spec, n) for n in names)):
         opts = dict(zip(names, combo))
         try:
             resolve_profile(opts)
@@ -394,13 +388,7 @@ def _check_profiles(spec: Spec) -> None:
 
 def profile_overrides(options: dict) -> dict:
     """{override name: value} for ``hardware.override`` from a point's profile options."""
-    out = {}
-    for name, v in options.items():
-        if name in OPTIONS:
-            continue
-        path = profile_key_path(name)
-        out[path.replace(".", "__")] = v
-    return out
+    return {profile_key_path(n).replace(".", "__"): v for n, v in options.items() if n not in OPTIONS}
 
 
 def resolve_profile(options: dict):

@@ -1,10 +1,5 @@
-"""Where a sweep's rows live: ``DIR/results.parquet`` plus pending parts, every write atomic.
-
-Each finished batch is written at once as ``DIR/parts/part-*.parquet`` (to a temporary name, synced,
-then renamed), so a killed sweep loses only the points in flight. ``compact`` folds the parts into
-``results.parquet`` the same way (temporary file, sync, rename, then the parts are removed); a kill
-between the rename and the removal leaves rows twice, and every reader keeps the last copy of each
-``point_id``. Readers see ``results.parquet`` and the parts together.
+"""Where a sweep's rows live: ``DIR/results.parquet`` plus ``DIR/parts/part-*.parquet``, every write
+atomic (temporary name, sync, rename). Readers see both and keep the last copy of each ``point_id``.
 """
 
 from __future__ import annotations

@@ -2,21 +2,9 @@
 
 Shape legend: G GPUs, B minibatches, P slots.
 
-``run_batch(points)`` takes points that share one workload (model, routing, tokens, placement,
-slots, seed, and for the event model the minibatch) and returns one flat row per point. The
-workload, the profiles and the analytic bound's per-workload pieces are cached in the worker
-process, so a workload is built once per worker however many points use it.
-
-* Event model: ``simulate_workload`` on the cached workload, exactly what ``simulate`` runs.
-* Analytic: the bound of ``simulate(..., analytic_only=True)`` from the public pieces of
-  ``simulator.analytic``: the per-GPU roofline compute is cached per (workload, profile, dtypes),
-  the byte matrices per (workload, dtype), the fixed start of the layer per (workload, profile
-  without its fabric), so a point costs the communication-SM model, one ``estimate`` and the
-  phases' bounds (tens of us).
-  The bound sums over minibatches, so analytic points ignore the minibatch when sharing a workload
-  (the minibatch is still checked as ``simulate`` checks it).
-
-A point that raises gives a row with ``error`` set and the outputs null; the batch goes on.
+``run_batch(points)``: points sharing one workload -> one flat row per point. Workloads, profiles
+and the analytic bound's per-workload pieces are cached per worker process. A point that raises
+gives a row with ``error`` set.
 """
 
 from __future__ import annotations
@@ -176,12 +164,7 @@ def _analytic_point(c: dict, row: dict) -> None:
 
 
 def _compute_key(profile) -> str:
-    """The profile without its fabric (link, switch, switch chips): what a GPU's roofline compute reads.
-
-    Points that differ only in the fabric share the roofline and the layer's fixed start; a test
-    checks the rows against ``simulate(..., analytic_only=True)`` with a link override, which would
-    catch either of them starting to read the fabric.
-    """
+    """The profile without its fabric (link, switch, switch chips): what a GPU's roofline reads."""
     d = {k: v for k, v in profile.data.items() if k not in ("link", "switch", "name", "description")}
     d["system"] = {k: v for k, v in d["system"].items() if k != "num_switch_chips"}
     return json.dumps(d, sort_keys=True, default=str)
