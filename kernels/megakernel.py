@@ -598,9 +598,9 @@ def fp8_convert_code(gpu: bool) -> int:
 def _check_layout(lay: TaskLayout, routing, r_tt: int) -> None:
     """The layouts this kernel runs: GEMM 1 and GEMM 2 tiles, whole; EACH with one-token top-k tasks
     and no routing made elsewhere."""
-    if lay.slice or lay.streamed or lay.off_comb >= 0:
-        raise InputError("the megakernel runs GEMM 1 and GEMM 2 tiles, whole, and combine tasks: no "
-                         "tiles['gemm1']['SLICE'], tiles['order']['STREAM_K'] or tiles['combine']['IN_G2']")
+    if lay.slice or lay.streamed:
+        raise InputError("the megakernel runs GEMM 1 and GEMM 2 tiles, whole: no tiles['gemm1']['SLICE'] or "
+                         "tiles['order']['STREAM_K']")
     if lay.route_each and routing is not None:  # its GEMM 1 tasks would route the token again
         raise InputError("tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves from the logits) "
                          "cannot take a routing made elsewhere; leave EACH out (megakernel_config(..., "

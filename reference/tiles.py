@@ -6,9 +6,8 @@ tokens, B row blocks of BLOCK_M padded rows (plan_dispatch's blocks), N1 / N2 co
 GEMM 1 / GEMM 2, P programs.
 
 One persistent launch of P programs takes tasks from one global ticket counter, in ticket order,
-and a task waits only on counters that tasks with lower tickets signal. So a single program that
-takes every ticket in order finishes the layer (the Triton interpreter runs it that way), and no
-number of programs, resident or not, can deadlock. The kinds, in ticket order:
+and a task waits only on counters that tasks with lower tickets signal, so no number of programs
+can deadlock and one program taking every ticket finishes the layer. The kinds, in ticket order:
 
     kind            one task                             waits on                 signals
     router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
@@ -23,55 +22,21 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
-With ``tiles["router"]["ALIGN_EACH"]`` (G > 1, at most ALIGN_EACH_MAX_PAIRS pairs: decode) there
-are no align_scan and align_scatter tasks: every task past the static ones reads the top-k tasks'
-histograms itself once topk = G (the row blocks B and, for a GEMM task, its block's expert), and each
-GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its expert, in token
-order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
-becomes top-k -> GEMM 1.
+With SPLIT > 1 a top-k group holds TOPK_T tokens (a divisor of BLOCK_T), otherwise the groups are
+the logits chunks (G = C). The tasks up to shared_gemm1 have a fixed count for a given T
+(``task_layout``); the routed row blocks, B = sum_e ceil(c_e / BLOCK_M), come from the counts
+(an expert with no pair gets no task). GEMM tiles are numbered in grouped order (``tile_ids``).
 
-Three layouts are planned here but not run by the megakernel (it refuses them; the plans price stored
-result rows of configs that had them): expert_slice tasks (``tiles["gemm1"]["SLICE"]``), stream-K
-segments (``tiles["order"]["STREAM_K"]``) and the combine in GEMM 2's tiles (``tiles["combine"]["IN_G2"]``).
-
-With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
-gemm1 and gemm2, and no task waits for another GEMM task:
-
-    expert_slice    row block b, slice c of I: GEMM 1's   scatter = G (topk if G=1) g2
-                    S columns, the activation, their
-                    share of GEMM 2 over all of H (fp32,
-                    slab c of the pair buffer)
-
-N1 is then the number of slices, ceil(I / S), and the combine sums N1 slabs per routed slot (the
-shared MLP's slot is in slab 0 only). A GEMM 1 tile and the GEMM 2 tiles that need it are one task,
-so a phase boundary, and GEMM 2's wait for its row block's last GEMM 1 tile, are gone: at T = 1 every
-program streams its slice's gate, up and down weights back to back.
-
-The logits chunks hold BLOCK_T tokens (tl.dot wants 16 rows or more); with SPLIT > 1 a top-k
-group holds TOPK_T tokens (a divisor of BLOCK_T: one token at decode, so the selection works on
-one row instead of sixteen), otherwise groups are the chunks (G = C) and the top-k task computes
-its chunk's logits itself.
-
-Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
-shared_gemm2, gemm2 and combine come after the routed row blocks, whose number B the device learns
-from its own counts after the scan: ``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks, B = sum_e
-ceil(c_e / BLOCK_M), so an expert with no pair gets no task at all. Every task past the static
-ones waits for the scan first (with one group the top-k task aligns and stands in for the scan
-and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
-sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
-
-GEMM tasks are *segments* (``segment_bounds``): a phase's J tiles x KT K tiles laid end to end as
-U units, segment q taking units [q U // Q, (q + 1) U // Q). Q = J (the default) makes each segment
-one whole tile; ``tiles["order"]["STREAM_K"] = 1`` makes Q the launch's programs (stream-K: each
-program the same K steps, however many tiles there are), and a tile split between segments is
-finished by whichever of its pieces comes last. A segment signals the
-counter of every tile it finishes: in the plan, a tile split over segments is finished by its
-last segment.
+Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Two layouts are planned only to price stored
+result rows (the megakernel refuses them): expert_slice tasks (``tiles["gemm1"]["SLICE"]`` = S
+columns of I: GEMM 1's S columns, the activation and their share of GEMM 2 in one task, fp32 slabs
+summed by the combine) and stream-K segments (``tiles["order"]["STREAM_K"]``: a phase's J tiles x
+KT K tiles cut into one segment per program, ``segment_bounds``; a tile split between segments is
+finished, and signalled, by its last piece).
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
-with each task's tile, real rows, bytes and FLOPs and what it waits on: the kernel executes this
-order (kernels/megakernel.py computes the same function on the device) and the simulator's cost
-model reads it. NumPy only.
+with each task's tile, real rows, bytes, FLOPs and waits: kernels/megakernel.py runs this order and
+the simulator's cost model reads it. NumPy only.
 """
 
 from __future__ import annotations
@@ -87,13 +52,8 @@ KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_
          "shared_gemm2", "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
-#: dependent global round trips of a routed GEMM task in kernels/megakernel.py besides its ticket and its
-#: K loop (the dense-GEMM tables time the loop, its pipeline fill and its store): GEMM 1 waits for the
-#: layout and for its rows to be placed (two acquire atomics), loads its block's row indices before the
-#: gathered A loads can start, and signals its row block after its stores (a release); GEMM 2 waits for
-#: its row block's GEMM 1 tiles (the expert id load beside it), loads its pair indices, and signals.
-#: Nothing else runs on the SM meanwhile (one program per SM at prefill): the cost model prices them in
-#: series with the task's MMA, at the calibrated atomic round trip (simulator.task_cost's prologue term).
+#: dependent global round trips of a routed GEMM task besides its ticket and its K loop (waits,
+#: index loads, the signal), priced in series with the task's MMA (simulator.task_cost)
 TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
 
 #: the tile keys ``tiles`` must give, per part
@@ -106,28 +66,24 @@ TILE_KEYS = {
     "order": ("GROUP_M",),
 }
 
-#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (decode: fewer than the
-#: logits chunk's BLOCK_T, which tl.dot needs >= 16; only with SPLIT > 1, and dividing BLOCK_T)
+#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (only with SPLIT > 1,
+#: dividing BLOCK_T)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
 #: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs;
-#: IN_G2, the combine done by GEMM 2's tiles: the last tile of each column block to finish sums that
-#: block's slots for every token (no combine tasks, no wait for the whole of GEMM 2; decode, routed
-#: experts only: no shared MLP, no expert_slice tasks, no stream-K)
-#: EACH (router), one token only: every GEMM 1 task routes the token itself from the logits' partials
-#: (the top-k task's values, stored again), so it waits for the logits, not for the top-k task;
-#: ALIGN_EACH (router), G > 1 top-k tasks and at most ALIGN_EACH_MAX_PAIRS pairs: no scan and scatter
-#: tasks, each GEMM 1 task places its row block's pairs itself (module docstring)
-TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}, "router": {"EACH": 0, "ALIGN_EACH": 0}}
-#: the most (token, slot) pairs T x K with ALIGN_EACH: a GEMM 1 task ranks them all in one vector of
-#: that many lanes (the kernel's BLOCK_P)
+#: EACH (one token, split router): every GEMM 1 task routes the token itself from the logits'
+#: partials, waiting for the logits rather than the top-k task; ALIGN_EACH (G > 1, at most
+#: ALIGN_EACH_MAX_PAIRS pairs): no scan and scatter tasks, each GEMM 1 task places its row block's
+#: pairs itself (ranking its expert's pairs in token order) and every dynamic task reads the top-k
+#: tasks' histograms once topk = G
+TILE_SWITCHES = {"order": {"STREAM_K": 0}, "router": {"EACH": 0, "ALIGN_EACH": 0}}
+#: the most pairs T x K with ALIGN_EACH (one GEMM 1 task ranks them all in one vector: BLOCK_P lanes)
 ALIGN_EACH_MAX_PAIRS = 1024
 #: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
-#: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
+#: multiple of 8, at most GEMM 1's BLOCK_N)
 TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
 
-#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
-#: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
-#: shared1[Ms] packed
+#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE int32 words apart);
+#: then logits[C], g1[B_max], shared1[Ms] packed
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
@@ -142,16 +98,9 @@ class LoopForm(NamedTuple):
     flat: bool
 
 
-#: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
+#: the GEMM tile loops the kernels run, each timed by its own profile table: name -> (persistent
 #: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators over one row tile, the tile loop flattened into the K loop). The pointer GEMMs run
-#: "pointer_gated" / "pointer", the persistent TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent"
-#: (with their config's FLATTEN, the "_flat" forms), the megakernel "pointer_persistent(_gated)" or,
-#: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
-#: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
-#: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
-#: during this tile's epilogue. megamoe/calibrate/microbench_gemm.py measures each form, the cost model reads
-#: each one's table.
+#: accumulators, the tile loop flattened into the K loop by ``tl.range(..., flatten=True)``)
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),
     "pointer_gated": LoopForm(False, False, False, True, False),
@@ -208,9 +157,6 @@ def check_tiles(tiles: dict) -> dict:
             v = tiles[part].get(k, d)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise InputError(f"tiles[{part!r}][{k!r}] must be a non-negative integer, got {v!r}")
-    if combine_in_g2(tiles) and (slice_width(tiles) or stream_k(tiles)):
-        raise InputError("tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) takes GEMM 2 tiles: "
-                         "no tiles['gemm1']['SLICE'], no tiles['order']['STREAM_K']")
     sl = slice_width(tiles)
     if sl and (sl % 8 or sl > tiles["gemm1"]["BLOCK_N"] or stream_k(tiles)):
         raise InputError(f"tiles['gemm1']['SLICE']={sl} must be a multiple of 8 no wider than "
@@ -249,32 +195,15 @@ def slice_width(tiles: dict) -> int:
     return int(tiles["gemm1"].get("SLICE", 0))
 
 
-def combine_in_g2(tiles: dict) -> bool:
-    """Whether GEMM 2's tiles do the combine (tiles["combine"]["IN_G2"]; see TILE_SWITCHES)."""
-    return bool(tiles["combine"].get("IN_G2", 0))
-
-
 def stream_k(tiles: dict) -> bool:
     """Whether the GEMM phases run stream-K segments (tiles["order"]["STREAM_K"])."""
     return bool(tiles["order"].get("STREAM_K", 0))
 
 
 def route_each_takes(tiles: dict) -> bool:
-    """Whether tiles["router"]["EACH"] (GEMM 1 tasks route the token themselves) can apply to this
-    layout: GEMM 1 and GEMM 2 tiles, whole (no expert_slice tasks, no stream-K segments). With one
-    token and a split router besides, ``task_layout`` takes EACH; megakernel_config.route_each and the
-    benchmarks' variants ask this before setting or keeping it."""
+    """Whether the router switches EACH and ALIGN_EACH can apply to this layout: GEMM 1 and GEMM 2
+    tiles, whole (no expert_slice tasks, no stream-K segments)."""
     return not slice_width(tiles) and not stream_k(tiles)
-
-
-def fit_router_switches(tiles: dict) -> dict:
-    """``tiles`` without the router switches that need whole GEMM 1 and GEMM 2 tiles (EACH,
-    ALIGN_EACH) where ``route_each_takes`` says the layout has none (expert_slice tasks or stream-K
-    segments): what a default config becomes when a variant or a test gives it those layouts."""
-    drop = [k for k in ("EACH", "ALIGN_EACH") if tiles["router"].get(k)] if not route_each_takes(tiles) else []
-    if not drop:
-        return tiles
-    return {**tiles, "router": {k: v for k, v in tiles["router"].items() if k not in drop}}
 
 
 def topk_groups(T: int, H: int, tiles: dict) -> int:
@@ -364,9 +293,6 @@ class TaskLayout:
     off_shared1: int
     sync_words: int
     slice: int = 0
-    #: the combine in GEMM 2's tiles (combine_in_g2): one counter per GEMM 2 column block at
-    #: off_comb (n2 words, inside sync_words); -1 when off
-    off_comb: int = -1
     #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1 with a split router)
     route_each: bool = False
     #: GEMM 1 tasks place their own row block's pairs; no scan and scatter tasks (tiles["router"]["ALIGN_EACH"])
@@ -450,11 +376,6 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_g1 = off_logits + C
     off_shared1 = off_g1 + b_max
     n2 = cdiv(H, g2["BLOCK_N"])
-    in_g2 = combine_in_g2(tiles)
-    if in_g2 and Is:
-        raise InputError(f"tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) covers routed experts only; "
-                         f"{config.name} has a shared MLP (shared_intermediate_size={Is})")
-    off_comb = off_shared1 + Ms if in_g2 else -1
     each = bool(tiles["router"].get("EACH", 0))
     if each and (T > 1 or split <= 1 or not route_each_takes(tiles)):
         raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token "
@@ -465,9 +386,9 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
         n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]),
         k2=cdiv(I, g2["BLOCK_K"]),
         streamed=stream_k(tiles), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
-        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T and not in_g2 else 0,
+        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
-        sync_words=off_shared1 + Ms + (n2 if in_g2 else 0), slice=slice_width(tiles), off_comb=off_comb,
+        sync_words=off_shared1 + Ms, slice=slice_width(tiles),
         route_each=each, align_each=align_each,
     )
 
@@ -525,12 +446,6 @@ class TaskPlan:
         """{kind: number of tasks} for every kind in KINDS (zeros included)."""
         n = np.bincount(self.kind.astype(np.int64), minlength=len(KINDS))
         return {k: int(n[i]) for i, k in enumerate(KINDS)}
-
-    def tasks_per_expert(self, kind: str) -> np.ndarray:
-        """(E,) number of tasks of ``kind`` (gemm1 or gemm2) per routed expert (a segment counts
-        for the expert of its first tile)."""
-        m = self.kind == KIND_CODE[kind]
-        return np.bincount(self.expert[m].astype(np.int64), minlength=self.counts.size)
 
     def tiles_per_expert(self, kind: str) -> np.ndarray:
         """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
@@ -657,16 +572,14 @@ def segment_pieces(num_tiles: int, k_tiles: int, num_segments_: int) -> dict:
 
 def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, Q: int, BK: int, D: int, BN: int,
                        N: int, mats: int, bm: int, group_m: int, block_expert, block_rows, ab: int, wb: int,
-                       signal_c, wait_c, wait_all, wait_target: int = 0, signal_cols=None, extra_in=None,
-                       extra_out=None) -> None:
+                       signal_c, wait_c, wait_all, wait_target: int = 0, extra_in=None, extra_out=None) -> None:
     """A GEMM phase's Q segments (``segment_pieces``) as tasks: per segment the sums of its pieces'
     K depth, weight and operand bytes and FLOPs, the expert / block / N tile of its first piece;
     it waits for ``wait_all`` (a (counter, target) every segment waits for) or for wait_c[block]
     = wait_target of each piece's row block, and signals signal_c (an id per row block, or one id)
-    once for each tile it finishes (``signal_cols``: an id per N tile instead). D the reduction
-    length, N the output width, mats 2 for GEMM 1's gate and up. A tile split over segments: its
-    pieces store fp32 sums, its finisher reads them. ``extra_in`` / ``extra_out`` (per tile j, B x
-    n_tiles): bytes its finishing piece also reads and writes (the combine in GEMM 2's tiles)."""
+    once for each tile it finishes. D the reduction length, N the output width, mats 2 for GEMM 1's
+    gate and up. A tile split over segments: its pieces store fp32 sums, its finisher reads them.
+    ``extra_in`` / ``extra_out`` (per tile, B x n_tiles): bytes its finishing piece also reads and writes."""
     pc = segment_pieces(B * n_tiles, k_tiles, Q)
     if not pc["seg"].size:
         return
@@ -690,10 +603,7 @@ def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: 
     per_block = np.ndim(signal_c) > 0
     done = pc["completes"]
     sig_len = np.bincount(pc["seg"][done], minlength=Q)
-    if signal_cols is not None:
-        sig_ids = np.asarray(signal_cols)[nn[done]]
-    else:
-        sig_ids = (np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c)))
+    sig_ids = np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c))
     if wait_c is None:
         wait_len, wait_pairs = np.ones(Q, np.int64), np.tile(np.asarray(wait_all, np.int64), (Q, 1))
     else:  # each piece's row block, once per run of equal blocks
@@ -843,19 +753,17 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 tile_m=bm, tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=3 * ncol * H * wb, in_bytes=rows * H * ab,
                 out_bytes=rows * H * 4, flops=2.0 * bm * 3 * g1["BLOCK_N"] * H,
                 weight_id=(3 << 40) + e.astype(np.int64) * n1 + cc, signal=g2_c)
-    elif lay.route_each:  # each GEMM 1 task routes the token from the logits' partials (the top-k task's
-        # reads and stores again; its serial passes are not priced here)
+    else:  # GEMM 1 tasks; EACH: each routes the token from the logits' partials (the top-k task's reads
+        # and stores again); ALIGN_EACH: each reads the routing's T x K expert ids and writes its block's rows
+        ready, extra = rows_ready, {}
+        if lay.route_each:
+            ready = (logit_c[0], split)
+            extra = dict(extra_in=np.full(B * n1, np.ravel(topk_in)[0]),
+                         extra_out=np.full(B * n1, np.ravel(topk_out)[0]))
+        elif lay.align_each:
+            extra = dict(extra_in=np.full(B * n1, T * K * 4), extra_out=np.full(B * n1, bm * 8))
         _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, (logit_c[0], split),
-                           extra_in=np.full(B * n1, topk_in[0] if np.ndim(topk_in) else topk_in),
-                           extra_out=np.full(B * n1, topk_out[0] if np.ndim(topk_out) else topk_out))
-    elif lay.align_each:
-        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready,
-                           extra_in=np.full(B * n1, T * K * 4), extra_out=np.full(B * n1, bm * 8))
-    else:
-        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
+                           block_expert, block_rows, ab, wb, g1_c, None, ready, **extra)
     if shared:
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
@@ -869,16 +777,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
                 in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
                 flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
-    if not sl and lay.off_comb >= 0:  # the combine in GEMM 2's tiles: per column block, the tile that
-        # completes it (here: the last row block's, in plan order) sums that block's K slots of every token
-        comb_c = np.array([bld.counter(f"comb[{n}]", B) for n in range(n2)], np.int64)
-        bb2, nn2 = tile_ids(np.arange(B * n2), B, n2, group_m)
-        last = bb2 == B - 1
-        hc = np.minimum(g2["BLOCK_N"], H - nn2 * g2["BLOCK_N"])
-        _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1, signal_cols=comb_c,
-                           extra_in=np.where(last, T * K * hc * ab, 0), extra_out=np.where(last, T * hc * ab, 0))
-    elif not sl:
+    if not sl:
         _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
                            block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
 

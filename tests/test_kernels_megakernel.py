@@ -114,7 +114,7 @@ def test_layout_words_and_constexpr_groups(rng):
     assert set(CONSTEXPR_GROUPS) <= set(kwargs) and len(_megakernel.arg_names) <= 100
     assert _const(kwargs, "SPLIT") == (lay.split if lay.split > 1 else 0) and _const(kwargs, "KS") == cfg.top_k + 1
     routed = MoEConfig(**BASE)
-    for part, key in (("gemm1", "SLICE"), ("order", "STREAM_K"), ("combine", "IN_G2")):
+    for part, key in (("gemm1", "SLICE"), ("order", "STREAM_K")):
         bad = megakernel_config(routed, 9, torch.float32, torch.device("cpu"))
         bad["tiles"]["router"].pop("ALIGN_EACH", None)
         bad["tiles"][part][key] = 16 if key == "SLICE" else 1
