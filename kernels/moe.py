@@ -33,7 +33,7 @@ import triton
 
 from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
-from ..reference.weights import FIELDS, SCALE_FIELDS, MoEWeights
+from ..reference.weights import SCALE_FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
@@ -365,15 +365,10 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
 
-    The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
-    in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
-    -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
-    and, with ``check=True`` outside capture, one read of a 48-byte flag, which waits for the GPU.
-    Inside a CUDA-graph capture, under torch.compile or with ``check=False`` nothing is read (no
-    host synchronization): bad slots get an unused expert and weight 0 (never an out-of-bounds
-    access, the output is the good slots' sum) and are recorded in a sticky flag; call
-    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` at a point where the caller
-    synchronizes anyway (after replay, after a step) to raise the error.
+    The routing is checked on the device (kernels/checks.py): an id outside [0, E) (-1 included),
+    an expert twice in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token,
+    slot and value; inside a CUDA-graph capture, under torch.compile or with ``check=False`` bad
+    slots contribute 0 and are recorded for ``checks.check_captured_routing``.
 
     ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
     "megakernel" (one persistent launch whose top-k tasks read this routing).
@@ -433,8 +428,6 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
 
 
 # --------------------------------------------------------------------------- torch op
-_WEIGHT_ARGS = FIELDS  # canonical order of the optional tensors
-
 
 @lru_cache(maxsize=64)
 def _config_from_json(s: str) -> MoEConfig:

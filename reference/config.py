@@ -20,7 +20,7 @@ from typing import Any
 from ._checks import ConfigError
 from .hf_config import hf_config_fields, read_json
 from .presets import PRESETS, preset_fields
-from .sizes import DTYPE_BYTES, WEIGHT_DTYPES, expert_params, ffn_params, layer_flops
+from .sizes import DTYPE_BYTES, WEIGHT_DTYPES, expert_params, layer_flops
 
 #: Router families. Each is documented in ``routing.py``.
 ROUTERS = (
@@ -173,10 +173,6 @@ class MoEConfig:
     def expert_params(self) -> int:
         """Parameters of one routed expert: gate+up [2I, H] and down [H, I] (+ biases)."""
         return expert_params(self)
-
-    @property
-    def shared_params(self) -> int:
-        return ffn_params(self.hidden_size, self.shared_intermediate_size)
 
     def flops_per_token(self) -> int:
         """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""

@@ -252,12 +252,6 @@ def _exclusive_cumsum(a: np.ndarray, axis: int) -> np.ndarray:
     return np.cumsum(a, axis=axis) - a
 
 
-def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """(R,) int64 sums of values[offsets[r]:offsets[r+1]]."""
-    cs = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
-    return cs[offsets[1:]] - cs[offsets[:-1]]
-
-
 def _traffic_of(schedule) -> np.ndarray:
     """(R, R) int64 rows [src, dst] of an EPSchedule (its two sides checked against each other) or of a matrix."""
     if isinstance(schedule, EPSchedule):
@@ -343,10 +337,6 @@ class PullSchedule:
         return int(self.pull_offsets[-1])
 
     @property
-    def num_pushes(self) -> int:
-        return int(self.push_offsets[-1])
-
-    @property
     def buffer_rows(self) -> int:
         """Rows of one symmetric buffer: the largest send or receive buffer of any rank."""
         return int(max(self.send_rows.max(initial=0), self.recv_rows.max(initial=0)))
@@ -358,14 +348,6 @@ class PullSchedule:
     def pushes(self, rank: int) -> slice:
         """The copies ``rank`` performs in combine: a slice of the push_* arrays."""
         return slice(int(self.push_offsets[rank]), int(self.push_offsets[rank + 1]))
-
-    def pull_bytes_per_rank(self) -> np.ndarray:
-        """(R,) int64 bytes each destination pulls (its receive buffer's bytes)."""
-        return _segment_sums(self.pull_bytes, self.pull_offsets)
-
-    def push_bytes_per_rank(self) -> np.ndarray:
-        """(R,) int64 bytes each computing rank pushes back."""
-        return _segment_sums(self.push_bytes, self.push_offsets)
 
 
 def _copies(traffic: np.ndarray, max_rows: int, pull: bool):
