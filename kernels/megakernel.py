@@ -5,50 +5,25 @@ chunks, B routed row blocks (B_max their bound), KS = K (+1 with a shared MLP), 
 
 One launch of P programs (P = SMs x occupancy on a GPU) runs every task of
 ``reference.tiles.task_plan`` in ticket order: each program takes the next ticket from a global
-counter, runs that task, and takes another, until the tickets run out. The task kinds, what they
-wait for and what they signal are in reference/tiles.py; this kernel computes the same function
-on the device (the fixed part from ``task_layout``, passed in as the int32 layout words
-``LAYOUT_WORDS``; the routed row blocks from the counts it computes itself), so the simulator's
-cost model reads exactly the order that runs.
+counter, runs that task, and takes another, until the tickets run out. The kinds, their waits and
+signals, and why any P finishes are in reference/tiles.py; this kernel computes the same plan on
+the device (the fixed part from ``task_layout`` as the int32 ``LAYOUT_WORDS``, the routed row
+blocks from the counts it computes itself), so the cost model reads exactly the order that runs.
 
 Synchronization: int32 counters in one sync buffer (``SYNC_WORDS`` then logits[C], g1[B_max],
 shared1[Ms]). A task that finishes runs a CTA barrier, then one release atomic add on its
-counter; a task that waits spins on an acquire atomic read of its counter, then a CTA barrier.
-A task only waits on counters signalled by lower tickets, and a program holding a ticket is
-running, so by induction every wait ends: any P works (resident or not), and one program taking
-every ticket in order finishes the layer, which is how the Triton interpreter runs it in CI.
-The last program to leave (an exit counter) zeroes the sync words, so the next call, a CUDA-graph
-replay included, starts clean with no host or memset op.
+counter; a task that waits spins on an acquire atomic read, then a CTA barrier. The last program
+to leave zeroes the sync words, so the next call (a CUDA-graph replay included) starts clean.
 
-The per-task code is the multi-launch path's tile helpers (grouped_gemm._gemm1_tile / _gemm2_tile /
-_combine_tile, routing._route_block / _router_partial, align._scan / _scatter_chunk /
-_finish_offsets, fp8_gemm's and fp8_tma_tiles' FP8 tiles), so both backends compute the same
-numbers; the combine sums the KS rows of a token in a fixed order, so the output is bitwise
-identical from run to run.
-
-FP8 (``fp8="weights"`` / ``"weights+act"``): the GEMM tasks run the FP8 tiles (e4m3 weights, block
-scales in the fp32 accumulation; with FP8 activations the router tasks quantize x once per call and
-GEMM 1 quantizes h per 128 columns, GEMM 2 reads the codes); BLOCK_K = 128 (and 128-column GEMM 1
-tiles with FP8 activations).
-
-Differences from the multi-launch path, by design:
-- no launch boundaries: shared-expert tiles run while the router and the align still work, GEMM 2
-  tiles of a row block start as soon as that block's GEMM 1 tiles are done;
-- tasks only for routed rows that exist (from the device's counts), and at T <= 64 one row block
-  per expert (BLOCK_M = 64 covers every row an expert can get), so concentrated routing reads each
-  expert's weights once;
-- tiles["router"]["EACH"] (one token, a split router): every GEMM 1 task routes the token itself
-  from the logits' partials (routing._route_block, align._align_one) instead of waiting for the
-  top-k task, which aligns the same way;
-- tiles["router"]["ALIGN_EACH"] (more than one top-k task): no align_scan and align_scatter tasks;
-  each program's first task past the static ones reads the layout from the top-k tasks' histograms
-  (align._hist_layout, kept for its later tasks), and each GEMM 1 task places its row block's rows
-  from the routing (align._place_block).
-
-Which of these the default config takes, and the evidence, is in docs/megakernel.md.
+The per-task code is the multi-launch path's tile helpers (grouped_gemm, routing, align, fp8_gemm,
+fp8_tma_tiles), so both backends compute the same numbers; the combine sums the KS rows of a token
+in a fixed order, so the output is bitwise identical from run to run. FP8 (``fp8="weights"`` /
+``"weights+act"``): the GEMM tasks run the FP8 tiles, BLOCK_K = 128 (and 128-column GEMM 1 tiles
+with FP8 activations, whose codes the router tasks write once).
 
 ``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
-ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py.
+ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py. Which
+options the default config takes, and the evidence, is in docs/megakernel.md.
 """
 
 from __future__ import annotations
@@ -59,7 +34,7 @@ import triton.language as tl
 
 from ..reference import InputError
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
+from ..reference.tiles import KINDS, SYNC_STRIDE, TaskLayout, scan_block, task_layout, topk_tokens
 from . import megakernel_config as mkc
 from .align import (
     _align_one,
@@ -87,9 +62,7 @@ from .grouped_gemm import (
 )
 from .routing import ROUTER_CODES, _route_block, _router_partial
 
-W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
-                                                       ("ticket", "exited", "topk", "scan", "scatter", "g2"))
-SW = tl.constexpr(SYNC_STRIDE)  # int32 words between two sync words (each on its own 128-byte line)
+SW = tl.constexpr(SYNC_STRIDE)  # int32 words between two sync words: word i of SYNC_WORDS is at SW * i
 KB = tl.constexpr(FP8_BLOCK)  # values per FP8 scale block (weights: KB x KB; activations: KB per row)
 # each kind's code (its index in KINDS), for the record
 K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = (
@@ -276,7 +249,7 @@ def _megakernel(
         a_start = tl.zeros((R_BE,), tl.int32)
         a_incl = tl.zeros((R_BE,), tl.int32)
         a_emask = tl.arange(0, R_BE) < E
-    t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
+    t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # ticket
     while t < MAX_TASKS:
         stop = 0
         t_begin = _now(TRACE)
@@ -319,8 +292,8 @@ def _megakernel(
                                                 BLOCK_PAD)
                         _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e,
                                        padded_token_ptr, padded_pair_ptr, pair_dest_ptr, K, R_TT, R_BE, R_BK)
-                    _signal(sync_ptr + SW * 2)  # W_TOPK
-                    tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # W_SCAN
+                    _signal(sync_ptr + SW * 2)  # topk
+                    tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # scan
                 else:
                     tl.store(hist_ptr + g * E + offs_e, cnt, mask=e_mask)
                     _signal(sync_ptr + SW * 2)
@@ -341,7 +314,7 @@ def _megakernel(
                 _wait(sync_ptr + SW * 3, 1)
                 _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr,
                                pair_dest_ptr, t - F_SCATTER, T, E, K, R_TT, R_BE, R_BK)
-                _signal(sync_ptr + SW * 4)  # W_SCATTER
+                _signal(sync_ptr + SW * 4)  # scatter
                 _record(stats_ptr, K_SCATTER, 0, E, RECORD)
             else:  # shared_gemm1 (m, n)
                 if SHARED:
@@ -362,12 +335,12 @@ def _megakernel(
                 nb = t * 0 + K
             elif ALIGN_EACH:  # the layout from every group's histogram row, read by this program once (no scan task)
                 if a_have == 0:
-                    _wait(sync_ptr + SW * 2, G)  # W_TOPK
+                    _wait(sync_ptr + SW * 2, G)  # topk
                     a_cnt, a_start, a_incl, a_emask, a_nb = _hist_layout(hist_ptr, G, E, BM, R_BE, BLOCK_C)
                     a_have = pid * 0 + 1
                 nb = a_nb
             else:
-                _wait(sync_ptr + SW * 3, 1)  # the layout (W_SCAN)
+                _wait(sync_ptr + SW * 3, 1)  # the layout (scan)
                 nb = tl.load(padded_off_ptr + E) // BM
             kt1 = tl.cdiv(H, BK1)
             kt2 = tl.cdiv(I, BK2)
@@ -388,7 +361,7 @@ def _megakernel(
                                padded_pair_ptr, pair_dest_ptr, BM, R_BK)
                     tl.debug_barrier()  # this program's layout stores before its loads of them
                 else:
-                    _wait(sync_ptr + SW * 3, 1)  # the top-k task's layout (W_SCAN)
+                    _wait(sync_ptr + SW * 3, 1)  # the top-k task's layout (scan)
             if t < b_sh2:  # gemm1 tile (b, n)
                 if not FUSED and not ALIGN_EACH:
                     _wait(sync_ptr + SW * 4, G)  # every group's rows are in place (FUSED: the layout wait did)
@@ -439,7 +412,7 @@ def _megakernel(
                         _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
                                     S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
-                    _signal(sync_ptr + SW * 5)  # W_G2
+                    _signal(sync_ptr + SW * 5)  # g2
                     _record(stats_ptr, K_SH2, 0, E, RECORD)
             elif t < b_comb:  # gemm2 tile (b, n)
                 b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
@@ -491,7 +464,7 @@ def _megakernel(
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid), pid.to(tl.int64))
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 1, p_begin)
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 2, _now(TRACE))
-    gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # W_EXITED
+    gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # exited
     if gone == NPROG - 1:
         offs = tl.arange(0, 1024)
         for i in range(0, SYNC_N, 1024):

@@ -29,15 +29,11 @@ Layouts (what ``all_to_all_single`` needs: buffers grouped by peer id, ascending
         row_pair (N, K)     index of pair (row, k) in the pair order, -1 where slot k is remote:
                             partial[row] = sum_{k asc, row_pair >= 0} w[row, k] * out[row_pair]
 
-The one-sided transport (``plan_pull``, a ``PullSchedule``): instead of all_to_all, each
-destination pulls its rows from the peers' send buffers (symmetric memory), peers in its
-``peer_order``, into the offsets all_to_all would have put them at; the computing ranks push their
-partial rows back the same way into each source's combine buffer (the send buffer's layout). The
-offsets are prefix sums of the (R, R) traffic matrix, so the schedule is built before launch and
-the ranks need no handshake. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers (every row
-written exactly once, any interleaving of the ranks), ``all_to_all_rows`` is what all_to_all
-delivers, and ``ep_experts_forward`` is the whole expert-parallel layer in float64 over either
-transport: the two are bitwise equal.
+The one-sided transport (``plan_pull``, a ``PullSchedule``): each destination pulls its rows from
+the peers' send buffers into the offsets all_to_all would have put them at, and pushes its partial
+rows back the same way. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers,
+``all_to_all_rows`` is what all_to_all delivers, and ``ep_experts_forward`` is the whole
+expert-parallel layer in float64 over either transport: the two are bitwise equal.
 
 Pure NumPy and deterministic; the torch transport (kernels/ep.py) and the simulator read the same
 counts (``traffic`` equals ``dispatch.rank_traffic`` with dedup).
@@ -288,17 +284,15 @@ class PullSchedule:
         combine buffer of s  what the all-to-all back delivers: the send buffer's layout, so
                              ``SendPlan.combine_row`` indexes it
 
-    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` (itself first) with
-    rows for it, ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer
-    at ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read
-    by one destination only. Combine: computing rank c pushes, for each peer s in
-    ``peer_order(c, R)`` with rows from it, ``push_rows`` rows of its partial buffer from
-    ``push_src_row`` into s's combine buffer at ``push_dst_row``; at step i every rank is written
-    by one pusher only. The offsets are prefix sums of the (R, R) traffic matrix alone, so a
-    schedule built before launch needs no exchange of counts and no handshake between peers, only
-    a ready flag per send buffer (packed) and per combine buffer (every push landed) for the data
-    itself. A push writes exactly the rows of the source's send buffer that its pusher pulled, so
-    where the partial rows have the dispatch's row size the combine buffer may be the send buffer.
+    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` with rows for it,
+    ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer at
+    ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read by
+    one destination only. Combine: computing rank c pushes, peers in ``peer_order(c, R)``,
+    ``push_rows`` rows of its partial buffer from ``push_src_row`` into s's combine buffer at
+    ``push_dst_row``. The offsets are prefix sums of the (R, R) traffic matrix alone, so the schedule
+    is built before launch and the ranks need no handshake, only a ready flag per buffer. A push
+    writes exactly the rows its pusher pulled, so with equal row sizes the combine buffer may be the
+    send buffer.
 
     A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most ``max_rows``
     (one message of a communication program each), in order. ``pull_bytes``/``push_bytes`` are each
