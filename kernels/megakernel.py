@@ -481,7 +481,7 @@ def trace_rows(config, T: int, mk: dict, nprog: int) -> tuple[int, int]:
     """(rows of the int64 (rows, 3) ``trace`` buffer, MAX_TASKS): row t < MAX_TASKS is ticket t's
     (program, start ns, end ns); row MAX_TASKS + p is program p's (p, first ticket asked, exit);
     row MAX_TASKS + NPROG the first top-k task's (logits seen, routed, aligned and signalled) ns."""
-    mt = task_layout(config, T, mk["tiles"]).max_tasks_for(nprog)
+    mt = task_layout(config, T, mk["tiles"]).max_tasks
     return mt + nprog + 1, mt
 
 
@@ -503,7 +503,7 @@ def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
 def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
     """The kernel's layout words (LAYOUT_WORDS) for ``lay`` on ``nprog`` programs."""
     f = lay.first
-    return (nprog, lay.max_tasks_for(nprog), lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
+    return (nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
             f["shared_gemm1"], lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words,
             lay.topk_groups, lay.b_max)
 
@@ -569,11 +569,7 @@ def fp8_convert_code(gpu: bool) -> int:
 
 
 def _check_layout(lay: TaskLayout, routing, r_tt: int) -> None:
-    """The layouts this kernel runs: GEMM 1 and GEMM 2 tiles, whole; EACH with one-token top-k tasks
-    and no routing made elsewhere."""
-    if lay.slice or lay.streamed:
-        raise InputError("the megakernel runs GEMM 1 and GEMM 2 tiles, whole: no tiles['gemm1']['SLICE'] or "
-                         "tiles['order']['STREAM_K']")
+    """EACH takes one-token top-k tasks and no routing made elsewhere."""
     if lay.route_each and routing is not None:  # its GEMM 1 tasks would route the token again
         raise InputError("tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves from the logits) "
                          "cannot take a routing made elsewhere; leave EACH out (megakernel_config(..., "
