@@ -31,8 +31,7 @@ ROUTERS = (
 )
 #: Expert activations. Each is documented in ``forward.py``.
 ACTIVATIONS = ("silu_gated", "clamped_swiglu")
-#: Value that masked groups get in the grouped top-k: -inf (transformers 5, DeepSeek's inference code, vLLM,
-#: SGLang; the default) or 0.0 (transformers 4.x and DeepSeek's first remote code).
+#: Value that masked groups get in the grouped top-k (routing.py says who uses which).
 GROUP_MASKS = ("zero", "neg_inf")
 __all__ = ["ACTIVATIONS", "DTYPE_BYTES", "GROUP_MASKS", "ROUTERS", "WEIGHT_DTYPES", "ConfigError", "MoEConfig",
            "config_to_json"]
@@ -57,8 +56,7 @@ class MoEConfig:
         ``router_bias``: the router linear layer has a bias [E] (gpt-oss).
 
     Experts (see ``forward.expert_ffn``):
-        ``activation``: ``silu_gated``: silu(g) * u;  ``clamped_swiglu`` (gpt-oss):
-            g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g).
+        ``activation``: one of ``ACTIVATIONS`` (formulas in ``forward.py``);
         ``swiglu_alpha``, ``swiglu_limit``: the clamped swiglu's constants.
         ``expert_bias``: gate/up and down projections have biases.
 
