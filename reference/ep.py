@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import InputError, as_float_array, as_index_array
+from ._checks import InputError, as_float_array, as_index_array, check_distinct_rows
 from .config import MoEConfig
 from .forward import expert_ffn
 from .weights import MoEWeights
@@ -65,13 +65,7 @@ def _check_slot_rank(slot_rank, num_ranks: int) -> np.ndarray:
 
 
 def _check_topk(topk_idx, num_slots: int) -> np.ndarray:
-    idx = as_index_array("topk_idx", topk_idx, (None, None), num_slots)
-    if idx.shape[0] and idx.shape[1] > 1:
-        s = np.sort(idx, axis=1)
-        dup = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
-        if dup.size:
-            raise InputError(f"topk_idx row {int(dup[0])} names a slot twice: {idx[dup[0]].tolist()}")
-    return idx
+    return check_distinct_rows("topk_idx", as_index_array("topk_idx", topk_idx, (None, None), num_slots), "a slot")
 
 
 def local_slots(slot_rank, rank: int) -> np.ndarray:
