@@ -662,12 +662,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
                  routing: tuple | None = None, fp8: str | None = None, gpu: bool | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
-    device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
-    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device, and ``gpu=True``
-    picks the GPU's constexprs where they differ from the interpreter's). ``routing``:
-    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count.
-    ``fp8``: None, "weights" (e4m3 weights with block scales, activations in x's dtype) or
-    "weights+act" (the router tasks quantize x, GEMM 1 h per 128 columns; GEMM 2 reads e4m3 activations)."""
+    device; the arguments are ``megakernel_forward``'s. ``nprog`` and ``sync`` may be given instead of
+    read off the device and ``gpu=True`` picks the GPU's constexprs (benchmarks/compile_report.py
+    compiles it without a GPU)."""
     T, H = x.shape
     E = config.num_experts
     shared = config.num_shared_experts > 0
@@ -763,9 +760,10 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
     (trace_rows(...)[0], 3) tensor that receives (program, start ns, end ns) of every task run, each
     program's first ticket and exit, and the first top-k task's phases (trace_rows). ``routing``:
-    (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
-    instead of SMs x occupancy (tests). ``fp8``: None, "weights" or "weights+act" (see build_launch;
-    moe.py checks the FP8 weights and picks it)."""
+    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere: the top-k tasks only read and count.
+    ``nprog``: launch that many programs instead of SMs x occupancy (tests). ``fp8``: None, "weights"
+    (e4m3 weights with block scales) or "weights+act" (the router tasks quantize x, GEMM 1 h per 128
+    columns; moe.py checks the FP8 weights and picks it)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
