@@ -582,32 +582,28 @@ def _buffers(x, config, lay: TaskLayout, bm: int, fp8: str | None, routing, shar
     """The kernel's metadata and intermediate buffers on x's device (None where the layer has no use)."""
     T, H = x.shape
     E, K, I, Is = config.num_experts, config.top_k, config.intermediate_size, config.shared_intermediate_size
-    dev, dt = x.device, x.dtype
-    f32, i32 = torch.float32, torch.int32
+    f32, i32, e4m3 = torch.float32, torch.int32, torch.float8_e4m3fn
     G, split, P_max = lay.topk_groups, lay.split, lay.b_max * bm
     fp8_a = fp8 == "weights+act"
-    adt = torch.float8_e4m3fn if fp8_a else dt
+    adt = e4m3 if fp8_a else x.dtype
     xq_on = fp8_a and not config.weight_on_input
-    b = dict(topk_idx=torch.empty((T, K), device=dev, dtype=i32), topk_w=torch.empty((T, K), device=dev, dtype=f32))
+
+    def new(*shape, dtype=i32, when=True):
+        return torch.empty(shape, device=x.device, dtype=dtype) if when else None
+
+    b = dict(topk_idx=new(T, K), topk_w=new(T, K, dtype=f32))
     if routing is not None:
         b["topk_idx"], b["topk_w"] = routing
     b.update(
-        sgate=torch.empty((T,), device=dev, dtype=f32) if sgw is not None else None,
-        part=torch.empty((split, T, E), device=dev, dtype=f32) if split > 1 else None,
-        sg_part=torch.empty((split, T), device=dev, dtype=f32) if split > 1 and sgw is not None else None,
-        hist=torch.empty((G, E), device=dev, dtype=i32), chunk_base=torch.empty((G, E), device=dev, dtype=i32),
-        counts=torch.empty((E,), device=dev, dtype=i32), padded_off=torch.empty((E + 1,), device=dev, dtype=i32),
-        padded_token=torch.empty((P_max,), device=dev, dtype=i32),
-        padded_pair=torch.empty((P_max,), device=dev, dtype=i32),
-        block_expert=torch.empty((lay.b_max,), device=dev, dtype=i32),
-        pair_dest=torch.empty((T * K,), device=dev, dtype=i32),
-        act=torch.empty((P_max, I), device=dev, dtype=adt),
-        act_s=torch.empty((T, Is), device=dev, dtype=adt) if shared else None,
-        act_sc=torch.empty((P_max, triton.cdiv(I, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a else None,
-        act_s_sc=torch.empty((T, triton.cdiv(Is, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a and shared else None,
-        xq=torch.empty((T, H), device=dev, dtype=torch.float8_e4m3fn) if xq_on else None,
-        xs=torch.empty((T, triton.cdiv(H, FP8_BLOCK)), device=dev, dtype=f32) if xq_on else None,
-        pairs=torch.empty((T * (K + int(shared)), H), device=dev, dtype=dt),
+        sgate=new(T, dtype=f32, when=sgw is not None), part=new(split, T, E, dtype=f32, when=split > 1),
+        sg_part=new(split, T, dtype=f32, when=split > 1 and sgw is not None), hist=new(G, E), chunk_base=new(G, E),
+        counts=new(E), padded_off=new(E + 1), padded_token=new(P_max), padded_pair=new(P_max),
+        block_expert=new(lay.b_max), pair_dest=new(T * K), act=new(P_max, I, dtype=adt),
+        act_s=new(T, Is, dtype=adt, when=shared),
+        act_sc=new(P_max, triton.cdiv(I, FP8_BLOCK), dtype=f32, when=fp8_a),
+        act_s_sc=new(T, triton.cdiv(Is, FP8_BLOCK), dtype=f32, when=fp8_a and shared),
+        xq=new(T, H, dtype=e4m3, when=xq_on), xs=new(T, triton.cdiv(H, FP8_BLOCK), dtype=f32, when=xq_on),
+        pairs=new(T * (K + int(shared)), H, dtype=x.dtype),
     )
     return b
 
