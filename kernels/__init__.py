@@ -11,17 +11,7 @@ Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch n
     push_rows_triton(pull, rank, partial, combine_buffers) its push-backs (kernels.ep_pull)
     ep_moe_experts_symmetric(x, topk_idx, topk_weights, shard, buffers)  one-sided, through symmetric
                                                           memory (kernels.ep_symmetric, SymmetricBuffers)
-Files: routing.py (router), align.py (sort/pad pairs by expert), grouped_gemm.py (GEMMs, combine),
-megakernel.py (the whole layer in one persistent launch, running reference.tiles' task plan),
-configs.py + configs/*.json (tuned launch configs, auto's backend table), megakernel_config.py + configs/megakernel.json (the megakernel's tiles),
-thresholds.py + configs/thresholds.json (the hand-set thresholds, with their sources), plan.py (the launch
-plan), fp8_plan.py (the FP8 GEMMs' tiles, FP8Options), fp8_gemm.py / fp8_act_tma.py / fp8w_tma.py (the
-FP8 GEMMs: pointer, FP8 activations at prefill, weight-only at prefill) and fp8_common.py (their shared
-arithmetic), moe.py (the torch ops), checks.py (the weights' check against the config, the routing check of moe_experts), hf_experts.py
-(transformers backend), bench.py (``megamoe bench``, with
-measure.py, ceilings.py, provenance.py, torch_moe.py, tune.py), fp8_weights.py (FP8 block quantization
-on the device), ep.py (expert parallelism over torch.distributed), ep_pull.py (its one-sided copy
-kernel), ep_symmetric.py (the one-sided layer: symmetric buffers, ready flags). docs/kernels.md: why.
+The modules and their jobs: docs/design.md.
 """
 
 from __future__ import annotations

@@ -10,28 +10,20 @@ layout, and FP8 block scales that are not finite and > 0 (the reference's rule,
 reduction and one read to the host; a tensor changed in place is read again), never inside a
 CUDA-graph capture or under torch.compile.
 
-``moe_experts`` takes expert ids and weights from outside (a transformers MoE block's router). The
-align kernels trust them: an id outside [0, E) or an expert twice in one token's row makes them
-write or read outside their buffers. ``_check_kernel`` runs first, one program per BLOCK_T
-tokens, and writes
-    ids (T, K) int32       the ids, every bad slot replaced by the lowest expert not otherwise in
-                           the token's row (so each row stays K distinct ids in [0, E))
-    weights (T, K) fp32    the weights, 0 in every bad slot and where the weight is NaN or inf
-    flag (6,) int64        per kind (out of range, duplicate, non-finite weight): the first bad
-                           slot as (t * K + k) << 32 | its value's low 32 bits (atomic min, so the
-                           lowest slot wins), then the count of bad slots of each kind
-A duplicate is a slot whose id an earlier slot of the same token already holds: the earlier slot
-is kept. A -1 ("no expert", as some routers mask slots) is out of range: masked slots are not
-supported yet.
+``moe_experts`` takes expert ids and weights from outside; the align kernels trust them (an id
+outside [0, E) or an expert twice in a row would make them write outside their buffers). So
+``_check_kernel`` runs first and writes the ids (T, K) int32 with every bad slot replaced by the
+lowest expert not otherwise in the token's row, the weights (T, K) fp32 with 0 in every bad slot
+and where the weight is not finite, and a flag (6,) int64: per kind (out of range, duplicate,
+non-finite weight) the first bad slot as (t * K + k) << 32 | its value's low 32 bits (atomic min),
+then the count of each kind. Of two equal ids the earlier slot is kept. A -1 (a masked slot) is
+out of range: masked slots are not supported yet.
 
-With ``check=True`` outside a CUDA-graph capture ``moe_experts`` resets a per-device flag, runs
-the check and the layer, reads the flag (one small device-to-host copy, which waits for the GPU)
-and raises ``KernelInputError`` naming the token, slot and value of the first bad slot. Inside a
-capture (``torch.cuda.is_current_stream_capturing()``), under torch.compile (no graph break) and
-with ``check=False`` the host does not read: bad slots are sanitized as above (the layer is the
-good slots' sum; never an out-of-bounds access) and recorded in a second, sticky per-device flag.
-Read it where the caller synchronizes anyway (after a replay, after a step) with
-``check_captured_routing(device)``, which raises the same error (and clears the flag).
+With ``check=True`` outside a CUDA-graph capture ``moe_experts`` reads the flag after the layer (one
+small copy that waits for the GPU) and raises ``KernelInputError`` naming the token, slot and value.
+Inside a capture, under torch.compile and with ``check=False`` nothing is read: bad slots contribute
+0 and are recorded in a second, sticky per-device flag, read where the caller synchronizes anyway
+with ``check_captured_routing(device)``, which raises the same error and clears the flag.
 """
 
 from __future__ import annotations

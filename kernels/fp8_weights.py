@@ -3,19 +3,11 @@
 Shape legend: E experts, R, C the rows and columns of one weight matrix ([out, in]);
 Rb = ceil(R / 128), Cb = ceil(C / 128) its scale blocks (the last ones partial where 128 does not divide).
 
-    quantize_weight_blocks(w)  w (..., R, C) any float -> codes (..., R, C) float8_e4m3fn,
-                               scale_inv (..., Rb, Cb) float32
-    to_fp8(weights)            MoEWeights of device tensors -> the same fields as MoEWeights.to_fp8()
-                               gives, as MoEWeights.to_torch keeps them: expert weights float8_e4m3fn,
-                               ``*_scale_inv`` float32; the router, biases and shared gate untouched
-
-The arithmetic is the reference's (its module docstring says why it is part of the definition):
-w rounded to float32; per block s = max(amax |w|, AMAX_FLOOR) / 448 and q = e4m3(w / s), both IEEE
-float32 divisions; e4m3 rounding to nearest even, saturating at +-448 (clamped before the cast, so
-no NaN whatever torch's cast does beyond 448). Both divisions divide by a tensor, never by a
-Python scalar: CUDA's ``a / scalar`` multiplies by the reciprocal, which is not a correctly
-rounded division. ``megamoe bench`` uses it so that a DeepSeek-V3 layer (22 GB in bf16) never
-leaves the GPU; it works on the leading dimension in slices of at most ``chunk_elems`` values.
+The arithmetic is the reference's (reference/fp8.py says why it is part of the definition): w
+rounded to float32, per block s = max(amax |w|, AMAX_FLOOR) / 448 and q = e4m3(w / s), both IEEE
+float32 divisions by a tensor (CUDA's ``a / scalar`` multiplies by the reciprocal, which is not
+correctly rounded), clamped to +-448 before the cast. ``megamoe bench`` uses it so that a large
+layer never leaves the GPU; the leading dimension is taken in slices of ``chunk_elems`` values.
 """
 
 from __future__ import annotations

@@ -5,50 +5,25 @@ chunks, B routed row blocks (B_max their bound), KS = K (+1 with a shared MLP), 
 
 One launch of P programs (P = SMs x occupancy on a GPU) runs every task of
 ``reference.tiles.task_plan`` in ticket order: each program takes the next ticket from a global
-counter, runs that task, and takes another, until the tickets run out. The task kinds, what they
-wait for and what they signal are in reference/tiles.py; this kernel computes the same function
-on the device (the fixed part from ``task_layout``, passed in as the int32 layout words
-``LAYOUT_WORDS``; the routed row blocks from the counts it computes itself), so the simulator's
-cost model reads exactly the order that runs.
+counter, runs that task, and takes another, until the tickets run out. The kinds, their waits and
+signals, and why any P finishes are in reference/tiles.py; this kernel computes the same plan on
+the device (the fixed part from ``task_layout`` as the int32 ``LAYOUT_WORDS``, the routed row
+blocks from the counts it computes itself), so the cost model reads exactly the order that runs.
 
 Synchronization: int32 counters in one sync buffer (``SYNC_WORDS`` then logits[C], g1[B_max],
 shared1[Ms]). A task that finishes runs a CTA barrier, then one release atomic add on its
-counter; a task that waits spins on an acquire atomic read of its counter, then a CTA barrier.
-A task only waits on counters signalled by lower tickets, and a program holding a ticket is
-running, so by induction every wait ends: any P works (resident or not), and one program taking
-every ticket in order finishes the layer, which is how the Triton interpreter runs it in CI.
-The last program to leave (an exit counter) zeroes the sync words, so the next call, a CUDA-graph
-replay included, starts clean with no host or memset op.
+counter; a task that waits spins on an acquire atomic read, then a CTA barrier. The last program
+to leave zeroes the sync words, so the next call (a CUDA-graph replay included) starts clean.
 
-The per-task code is the multi-launch path's tile helpers (grouped_gemm._gemm1_tile / _gemm2_tile /
-_combine_tile, routing._route_block / _router_partial, align._scan / _scatter_chunk /
-_finish_offsets, fp8_gemm's and fp8_tma_tiles' FP8 tiles), so both backends compute the same
-numbers; the combine sums the KS rows of a token in a fixed order, so the output is bitwise
-identical from run to run.
-
-FP8 (``fp8="weights"`` / ``"weights+act"``): the GEMM tasks run the FP8 tiles (e4m3 weights, block
-scales in the fp32 accumulation; with FP8 activations the router tasks quantize x once per call and
-GEMM 1 quantizes h per 128 columns, GEMM 2 reads the codes); BLOCK_K = 128 (and 128-column GEMM 1
-tiles with FP8 activations).
-
-Differences from the multi-launch path, by design:
-- no launch boundaries: shared-expert tiles run while the router and the align still work, GEMM 2
-  tiles of a row block start as soon as that block's GEMM 1 tiles are done;
-- tasks only for routed rows that exist (from the device's counts), and at T <= 64 one row block
-  per expert (BLOCK_M = 64 covers every row an expert can get), so concentrated routing reads each
-  expert's weights once;
-- tiles["router"]["EACH"] (one token, a split router): every GEMM 1 task routes the token itself
-  from the logits' partials (routing._route_block, align._align_one) instead of waiting for the
-  top-k task, which aligns the same way;
-- tiles["router"]["ALIGN_EACH"] (more than one top-k task): no align_scan and align_scatter tasks;
-  each program's first task past the static ones reads the layout from the top-k tasks' histograms
-  (align._hist_layout, kept for its later tasks), and each GEMM 1 task places its row block's rows
-  from the routing (align._place_block).
-
-Which of these the default config takes, and the evidence, is in docs/megakernel.md.
+The per-task code is the multi-launch path's tile helpers (grouped_gemm, routing, align, fp8_gemm,
+fp8_tma_tiles), so both backends compute the same numbers; the combine sums the KS rows of a token
+in a fixed order, so the output is bitwise identical from run to run. FP8 (``fp8="weights"`` /
+``"weights+act"``): the GEMM tasks run the FP8 tiles, BLOCK_K = 128 (and 128-column GEMM 1 tiles
+with FP8 activations, whose codes the router tasks write once).
 
 ``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
-ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py.
+ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py. Which
+options the default config takes, and the evidence, is in docs/megakernel.md.
 """
 
 from __future__ import annotations
@@ -59,7 +34,7 @@ import triton.language as tl
 
 from ..reference import InputError
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import KINDS, SYNC_STRIDE, SYNC_WORDS, TaskLayout, scan_block, task_layout, topk_tokens
+from ..reference.tiles import KINDS, SYNC_STRIDE, TaskLayout, scan_block, task_layout, topk_tokens
 from . import megakernel_config as mkc
 from .align import (
     _align_one,
@@ -87,9 +62,7 @@ from .grouped_gemm import (
 )
 from .routing import ROUTER_CODES, _route_block, _router_partial
 
-W_TICKET, W_EXITED, W_TOPK, W_SCAN, W_SCATTER, W_G2 = (SYNC_WORDS.index(w) for w in
-                                                       ("ticket", "exited", "topk", "scan", "scatter", "g2"))
-SW = tl.constexpr(SYNC_STRIDE)  # int32 words between two sync words (each on its own 128-byte line)
+SW = tl.constexpr(SYNC_STRIDE)  # int32 words between two sync words: word i of SYNC_WORDS is at SW * i
 KB = tl.constexpr(FP8_BLOCK)  # values per FP8 scale block (weights: KB x KB; activations: KB per row)
 # each kind's code (its index in KINDS), for the record
 K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = (
@@ -276,7 +249,7 @@ def _megakernel(
         a_start = tl.zeros((R_BE,), tl.int32)
         a_incl = tl.zeros((R_BE,), tl.int32)
         a_emask = tl.arange(0, R_BE) < E
-    t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # W_TICKET
+    t = tl.atomic_add(sync_ptr + SW * 0, 1, sem="relaxed")  # ticket
     while t < MAX_TASKS:
         stop = 0
         t_begin = _now(TRACE)
@@ -319,8 +292,8 @@ def _megakernel(
                                                 BLOCK_PAD)
                         _scatter_block(tl.where(out_mask, top_idx, -1), offs_t, t_mask, start, offs_e,
                                        padded_token_ptr, padded_pair_ptr, pair_dest_ptr, K, R_TT, R_BE, R_BK)
-                    _signal(sync_ptr + SW * 2)  # W_TOPK
-                    tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # W_SCAN
+                    _signal(sync_ptr + SW * 2)  # topk
+                    tl.atomic_add(sync_ptr + SW * 3, 1, sem="release")  # scan
                 else:
                     tl.store(hist_ptr + g * E + offs_e, cnt, mask=e_mask)
                     _signal(sync_ptr + SW * 2)
@@ -341,7 +314,7 @@ def _megakernel(
                 _wait(sync_ptr + SW * 3, 1)
                 _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr,
                                pair_dest_ptr, t - F_SCATTER, T, E, K, R_TT, R_BE, R_BK)
-                _signal(sync_ptr + SW * 4)  # W_SCATTER
+                _signal(sync_ptr + SW * 4)  # scatter
                 _record(stats_ptr, K_SCATTER, 0, E, RECORD)
             else:  # shared_gemm1 (m, n)
                 if SHARED:
@@ -362,12 +335,12 @@ def _megakernel(
                 nb = t * 0 + K
             elif ALIGN_EACH:  # the layout from every group's histogram row, read by this program once (no scan task)
                 if a_have == 0:
-                    _wait(sync_ptr + SW * 2, G)  # W_TOPK
+                    _wait(sync_ptr + SW * 2, G)  # topk
                     a_cnt, a_start, a_incl, a_emask, a_nb = _hist_layout(hist_ptr, G, E, BM, R_BE, BLOCK_C)
                     a_have = pid * 0 + 1
                 nb = a_nb
             else:
-                _wait(sync_ptr + SW * 3, 1)  # the layout (W_SCAN)
+                _wait(sync_ptr + SW * 3, 1)  # the layout (scan)
                 nb = tl.load(padded_off_ptr + E) // BM
             kt1 = tl.cdiv(H, BK1)
             kt2 = tl.cdiv(I, BK2)
@@ -388,7 +361,7 @@ def _megakernel(
                                padded_pair_ptr, pair_dest_ptr, BM, R_BK)
                     tl.debug_barrier()  # this program's layout stores before its loads of them
                 else:
-                    _wait(sync_ptr + SW * 3, 1)  # the top-k task's layout (W_SCAN)
+                    _wait(sync_ptr + SW * 3, 1)  # the top-k task's layout (scan)
             if t < b_sh2:  # gemm1 tile (b, n)
                 if not FUSED and not ALIGN_EACH:
                     _wait(sync_ptr + SW * 4, G)  # every group's rows are in place (FUSED: the layout wait did)
@@ -439,7 +412,7 @@ def _megakernel(
                         _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
                                     S_EVEN_K2, IEEE, 1, S_BM, S_BN2, S_BK)
-                    _signal(sync_ptr + SW * 5)  # W_G2
+                    _signal(sync_ptr + SW * 5)  # g2
                     _record(stats_ptr, K_SH2, 0, E, RECORD)
             elif t < b_comb:  # gemm2 tile (b, n)
                 b, n = _tile_ids(t - b_g2, nb, N2, GROUP_M)
@@ -491,7 +464,7 @@ def _megakernel(
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid), pid.to(tl.int64))
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 1, p_begin)
         tl.store(trace_ptr + 3 * (MAX_TASKS + pid) + 2, _now(TRACE))
-    gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # W_EXITED
+    gone = tl.atomic_add(sync_ptr + SW * 1, 1, sem="acq_rel")  # exited
     if gone == NPROG - 1:
         offs = tl.arange(0, 1024)
         for i in range(0, SYNC_N, 1024):
@@ -508,7 +481,7 @@ def trace_rows(config, T: int, mk: dict, nprog: int) -> tuple[int, int]:
     """(rows of the int64 (rows, 3) ``trace`` buffer, MAX_TASKS): row t < MAX_TASKS is ticket t's
     (program, start ns, end ns); row MAX_TASKS + p is program p's (p, first ticket asked, exit);
     row MAX_TASKS + NPROG the first top-k task's (logits seen, routed, aligned and signalled) ns."""
-    mt = task_layout(config, T, mk["tiles"]).max_tasks_for(nprog)
+    mt = task_layout(config, T, mk["tiles"]).max_tasks
     return mt + nprog + 1, mt
 
 
@@ -530,7 +503,7 @@ def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
 def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
     """The kernel's layout words (LAYOUT_WORDS) for ``lay`` on ``nprog`` programs."""
     f = lay.first
-    return (nprog, lay.max_tasks_for(nprog), lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
+    return (nprog, lay.max_tasks, lay.s0, f["router_topk"], f["align_scan"], f["align_scatter"],
             f["shared_gemm1"], lay.shared_m_blocks, lay.off_logits, lay.off_g1, lay.off_shared1, lay.sync_words,
             lay.topk_groups, lay.b_max)
 
@@ -596,11 +569,7 @@ def fp8_convert_code(gpu: bool) -> int:
 
 
 def _check_layout(lay: TaskLayout, routing, r_tt: int) -> None:
-    """The layouts this kernel runs: GEMM 1 and GEMM 2 tiles, whole; EACH with one-token top-k tasks
-    and no routing made elsewhere."""
-    if lay.slice or lay.streamed or lay.off_comb >= 0:
-        raise InputError("the megakernel runs GEMM 1 and GEMM 2 tiles, whole, and combine tasks: no "
-                         "tiles['gemm1']['SLICE'], tiles['order']['STREAM_K'] or tiles['combine']['IN_G2']")
+    """EACH takes one-token top-k tasks and no routing made elsewhere."""
     if lay.route_each and routing is not None:  # its GEMM 1 tasks would route the token again
         raise InputError("tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves from the logits) "
                          "cannot take a routing made elsewhere; leave EACH out (megakernel_config(..., "
@@ -613,32 +582,28 @@ def _buffers(x, config, lay: TaskLayout, bm: int, fp8: str | None, routing, shar
     """The kernel's metadata and intermediate buffers on x's device (None where the layer has no use)."""
     T, H = x.shape
     E, K, I, Is = config.num_experts, config.top_k, config.intermediate_size, config.shared_intermediate_size
-    dev, dt = x.device, x.dtype
-    f32, i32 = torch.float32, torch.int32
+    f32, i32, e4m3 = torch.float32, torch.int32, torch.float8_e4m3fn
     G, split, P_max = lay.topk_groups, lay.split, lay.b_max * bm
     fp8_a = fp8 == "weights+act"
-    adt = torch.float8_e4m3fn if fp8_a else dt
+    adt = e4m3 if fp8_a else x.dtype
     xq_on = fp8_a and not config.weight_on_input
-    b = dict(topk_idx=torch.empty((T, K), device=dev, dtype=i32), topk_w=torch.empty((T, K), device=dev, dtype=f32))
+
+    def new(*shape, dtype=i32, when=True):
+        return torch.empty(shape, device=x.device, dtype=dtype) if when else None
+
+    b = dict(topk_idx=new(T, K), topk_w=new(T, K, dtype=f32))
     if routing is not None:
         b["topk_idx"], b["topk_w"] = routing
     b.update(
-        sgate=torch.empty((T,), device=dev, dtype=f32) if sgw is not None else None,
-        part=torch.empty((split, T, E), device=dev, dtype=f32) if split > 1 else None,
-        sg_part=torch.empty((split, T), device=dev, dtype=f32) if split > 1 and sgw is not None else None,
-        hist=torch.empty((G, E), device=dev, dtype=i32), chunk_base=torch.empty((G, E), device=dev, dtype=i32),
-        counts=torch.empty((E,), device=dev, dtype=i32), padded_off=torch.empty((E + 1,), device=dev, dtype=i32),
-        padded_token=torch.empty((P_max,), device=dev, dtype=i32),
-        padded_pair=torch.empty((P_max,), device=dev, dtype=i32),
-        block_expert=torch.empty((lay.b_max,), device=dev, dtype=i32),
-        pair_dest=torch.empty((T * K,), device=dev, dtype=i32),
-        act=torch.empty((P_max, I), device=dev, dtype=adt),
-        act_s=torch.empty((T, Is), device=dev, dtype=adt) if shared else None,
-        act_sc=torch.empty((P_max, triton.cdiv(I, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a else None,
-        act_s_sc=torch.empty((T, triton.cdiv(Is, FP8_BLOCK)), device=dev, dtype=f32) if fp8_a and shared else None,
-        xq=torch.empty((T, H), device=dev, dtype=torch.float8_e4m3fn) if xq_on else None,
-        xs=torch.empty((T, triton.cdiv(H, FP8_BLOCK)), device=dev, dtype=f32) if xq_on else None,
-        pairs=torch.empty((T * (K + int(shared)), H), device=dev, dtype=dt),
+        sgate=new(T, dtype=f32, when=sgw is not None), part=new(split, T, E, dtype=f32, when=split > 1),
+        sg_part=new(split, T, dtype=f32, when=split > 1 and sgw is not None), hist=new(G, E), chunk_base=new(G, E),
+        counts=new(E), padded_off=new(E + 1), padded_token=new(P_max), padded_pair=new(P_max),
+        block_expert=new(lay.b_max), pair_dest=new(T * K), act=new(P_max, I, dtype=adt),
+        act_s=new(T, Is, dtype=adt, when=shared),
+        act_sc=new(P_max, triton.cdiv(I, FP8_BLOCK), dtype=f32, when=fp8_a),
+        act_s_sc=new(T, triton.cdiv(Is, FP8_BLOCK), dtype=f32, when=fp8_a and shared),
+        xq=new(T, H, dtype=e4m3, when=xq_on), xs=new(T, triton.cdiv(H, FP8_BLOCK), dtype=f32, when=xq_on),
+        pairs=new(T * (K + int(shared)), H, dtype=x.dtype),
     )
     return b
 
@@ -693,12 +658,9 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
                  routing: tuple | None = None, fp8: str | None = None, gpu: bool | None = None):
     """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
-    device (``megakernel_forward`` runs it; benchmarks/compile_report.py compiles it without a
-    GPU, so ``nprog`` and ``sync`` can be given instead of read off the device, and ``gpu=True``
-    picks the GPU's constexprs where they differ from the interpreter's). ``routing``:
-    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere; the router's tasks then only count.
-    ``fp8``: None, "weights" (e4m3 weights with block scales, activations in x's dtype) or
-    "weights+act" (the router tasks quantize x, GEMM 1 h per 128 columns; GEMM 2 reads e4m3 activations)."""
+    device; the arguments are ``megakernel_forward``'s. ``nprog`` and ``sync`` may be given instead of
+    read off the device and ``gpu=True`` picks the GPU's constexprs (benchmarks/compile_report.py
+    compiles it without a GPU)."""
     T, H = x.shape
     E = config.num_experts
     shared = config.num_shared_experts > 0
@@ -794,9 +756,10 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
     (trace_rows(...)[0], 3) tensor that receives (program, start ns, end ns) of every task run, each
     program's first ticket and exit, and the first top-k task's phases (trace_rows). ``routing``:
-    (topk_idx, topk_w) made elsewhere (see megakernel_experts). ``nprog``: launch that many programs
-    instead of SMs x occupancy (tests). ``fp8``: None, "weights" or "weights+act" (see build_launch;
-    moe.py checks the FP8 weights and picks it)."""
+    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere: the top-k tasks only read and count.
+    ``nprog``: launch that many programs instead of SMs x occupancy (tests). ``fp8``: None, "weights"
+    (e4m3 weights with block scales) or "weights+act" (the router tasks quantize x, GEMM 1 h per 128
+    columns; moe.py checks the FP8 weights and picks it)."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out

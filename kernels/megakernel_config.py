@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import align_each_takes, route_each_takes
+from ..reference.tiles import align_each_takes
 from .configs import _pow2, decode_router_split, router_block_h, router_block_t
 
 #: the hand-set thresholds: name -> {"value", "unit", "source"} (the measurement that set it)
@@ -92,8 +92,8 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
 def route_each(mk: dict) -> dict:
     """A T = 1 config whose GEMM 1 tasks route the token themselves from the logits' partials
     (tiles["router"]["EACH"] = 1) instead of waiting for the top-k task's align and signal;
-    unchanged unless the config is single-token with a split router and whole GEMM tiles."""
-    if not (mk.get("single_token") and mk["tiles"]["router"]["SPLIT"] > 1 and route_each_takes(mk["tiles"])):
+    unchanged unless the config is single-token with a split router."""
+    if not (mk.get("single_token") and mk["tiles"]["router"]["SPLIT"] > 1):
         return mk
     mk = copy.deepcopy(mk)
     mk["tiles"]["router"]["EACH"] = 1
@@ -256,9 +256,8 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
 
 def megakernel_weight_loads(mk: dict) -> str:
     """How a megakernel config's GEMM tasks load their weights, as the cost model names it
-    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer" (a stored
-    result row's expert_slice config, tiles["gemm1"]["SLICE"], read its weights by pointer)."""
-    return "tma" if mk.get("tma_weights") and not mk["tiles"]["gemm1"].get("SLICE") else "pointer"
+    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer"."""
+    return "tma" if mk.get("tma_weights") else "pointer"
 
 
 def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:

@@ -33,7 +33,7 @@ import triton
 
 from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
-from ..reference.weights import FIELDS, SCALE_FIELDS, MoEWeights
+from ..reference.weights import SCALE_FIELDS, MoEWeights
 from . import checks
 from . import configs as cfgs
 from .align import launch_align, launch_hist
@@ -247,12 +247,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
                      scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms)
     if stop_after == "gemm1":
         return y
-    if atomic:
-        out = torch.zeros((T, H), device=dev, dtype=torch.float32)
-    elif KS == 1 and split2 == 1:
-        out = y
-    else:  # split s, token t, slot k at row s*T*KS + t*KS + k; fp32 when partial sums are stored
-        out = torch.empty((split2 * T * KS, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
+    out = _gemm2_out(y, KS, split2, atomic)
     if fp8:
         launch_gemm2_fp8(act, act_s, weights.down, weights.down_scale_inv, weights.down_bias, out, meta,
                          None if config.weight_on_input else topk_w, g2,
@@ -282,11 +277,27 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
                          num_sms=sp.num_sms)
     if stop_after == "gemm2":
         return y
-    if atomic:
-        launch_combine(out, y, 1, launch=sp.combine)
-    elif out is not y:
-        launch_combine(out, y, KS, split2, launch=sp.combine)
+    _combine(out, y, KS, split2, atomic, sp.combine)
     return y
+
+
+def _gemm2_out(y: torch.Tensor, KS: int, split2: int, atomic: bool) -> torch.Tensor:
+    """GEMM 2's output: an fp32 (T, H) sum (atomic), y itself (KS = 1, no split), else the pair buffer
+    (split2*T*KS, H), split s, token t, slot k at row s*T*KS + t*KS + k (fp32 when split2 > 1)."""
+    T, H = y.shape
+    if atomic:
+        return torch.zeros((T, H), device=y.device, dtype=torch.float32)
+    if KS == 1 and split2 == 1:
+        return y
+    return torch.empty((split2 * T * KS, H), device=y.device, dtype=torch.float32 if split2 > 1 else y.dtype)
+
+
+def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: bool, launch=None) -> None:
+    """y from GEMM 2's output (``_gemm2_out``); nothing to do when GEMM 2 wrote y."""
+    if atomic:
+        launch_combine(out, y, 1, launch=launch)
+    elif out is not y:
+        launch_combine(out, y, KS, split2, launch=launch)
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
@@ -321,18 +332,10 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
                  limit=limit, scale_input=False, dense=False, num_m=B_max)
     split2 = cfg["gemm2"].get("SPLIT_K", 1)
     atomic = not deterministic and (K > 1 or split2 > 1)
-    if atomic:
-        out = torch.zeros((T, H), device=dev, dtype=torch.float32)
-    elif K == 1 and split2 == 1:
-        out = y
-    else:
-        out = torch.empty((split2 * T * K, H), device=dev, dtype=torch.float32 if split2 > 1 else x.dtype)
+    out = _gemm2_out(y, K, split2, atomic)
     launch_gemm2(act, down, down_bias, out, meta, topk_w, cfg["gemm2"], T=T, K=K, KS=K, dense=False,
                  atomic=atomic, num_m=B_max, split=split2)
-    if atomic:
-        launch_combine(out, y, 1)
-    elif out is not y:
-        launch_combine(out, y, K, split2)
+    _combine(out, y, K, split2, atomic)
     return y
 
 
@@ -362,19 +365,13 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
 
-    The routing is checked on the device (kernels/checks.py): an id outside [0, E), an expert twice
-    in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token, slot and value. A
-    -1 is refused by name too: masked slots are not supported yet. The check costs one small kernel
-    and, with ``check=True`` outside capture, one read of a 48-byte flag, which waits for the GPU.
-    Inside a CUDA-graph capture, under torch.compile or with ``check=False`` nothing is read (no
-    host synchronization): bad slots get an unused expert and weight 0 (never an out-of-bounds
-    access, the output is the good slots' sum) and are recorded in a sticky flag; call
-    ``checks.check_captured_routing(device, num_experts=E, top_k=K)`` at a point where the caller
-    synchronizes anyway (after replay, after a step) to raise the error.
+    The routing is checked on the device (kernels/checks.py): an id outside [0, E) (-1 included),
+    an expert twice in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token,
+    slot and value; inside a CUDA-graph capture, under torch.compile or with ``check=False`` bad
+    slots contribute 0 and are recorded for ``checks.check_captured_routing``.
 
     ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
-    "megakernel" (one persistent launch whose top-k tasks read this routing; checked under the
-    interpreter, not yet timed on a GPU, so it is not the default).
+    "megakernel" (one persistent launch whose top-k tasks read this routing).
     """
     if backend not in ("multi", "megakernel"):
         raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
@@ -431,8 +428,6 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
 
 
 # --------------------------------------------------------------------------- torch op
-_WEIGHT_ARGS = FIELDS  # canonical order of the optional tensors
-
 
 @lru_cache(maxsize=64)
 def _config_from_json(s: str) -> MoEConfig:
@@ -457,20 +452,12 @@ def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype,
 
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
            fp8_activations: bool = False) -> torch.Tensor:
-    if weights.is_fp8 or fp8_activations:
-        fp8 = fp8_mode(weights, fp8_activations)
-        # "auto": the FP8 mode's own table (tuned file's backend_fp8, written by benchmarks/pick_backend.py from
-        # bench_megakernel.py --fp8 rows, where a run timed both backends); the multi-launch path elsewhere
-        if resolve_backend(backend, config, x.shape[0], x.dtype, x.device, fp8=fp8) == "megakernel":
-            from .megakernel import megakernel_forward
-
-            return megakernel_forward(x, weights, config, fp8=fp8)
-        return _forward(x, weights, config, deterministic, fp8_activations=fp8_activations)
-    if resolve_backend(backend, config, x.shape[0], x.dtype, x.device) == "megakernel":
+    fp8 = fp8_mode(weights, fp8_activations)  # "auto" then reads the FP8 mode's own table
+    if resolve_backend(backend, config, x.shape[0], x.dtype, x.device, fp8=fp8) == "megakernel":
         from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
 
-        return megakernel_forward(x, weights, config)
-    return _forward(x, weights, config, deterministic)
+        return megakernel_forward(x, weights, config, fp8=fp8)
+    return _forward(x, weights, config, deterministic, fp8_activations=fp8_activations)
 
 
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
@@ -516,11 +503,10 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     input checks (for callers that checked once, e.g. inside a captured graph).
 
     FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
-    float32 128 x 128 block scales) run the FP8 GEMMs of fp8_gemm.py on the multi-launch backend
-    or the megakernel's FP8 tiles with backend="megakernel"; "auto" reads the FP8 mode's measured
-    table (configs.select_backend, ``backend_fp8``), else the multi-launch backend. ``fp8_activations`` as the reference's: None follows the
-    weights (DeepSeek-V3's scheme, GEMM inputs quantized per token per 128 columns), False is
-    weight-only FP8; True with float weights is refused.
+    float32 128 x 128 block scales) run fp8_gemm.py's GEMMs or the megakernel's FP8 tiles; "auto"
+    reads the FP8 mode's own table (configs.select_backend). ``fp8_activations`` as the reference's:
+    None follows the weights (GEMM inputs quantized per token per 128 columns), False is weight-only
+    FP8; True with float weights is refused.
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")

@@ -47,3 +47,13 @@ def as_index_array(name: str, a, shape: tuple, upper: int) -> np.ndarray:
         bad = a[(a < 0) | (a >= upper)][0]
         raise InputError(f"{name} has value {int(bad)} outside [0, {upper})")
     return a
+
+
+def check_distinct_rows(name: str, idx: np.ndarray, what: str) -> np.ndarray:
+    """``idx`` (T, K), after checking that no row names one ``what`` twice."""
+    if idx.shape[0] and idx.shape[1] > 1:
+        s = np.sort(idx, axis=1)
+        dup = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
+        if dup.size:
+            raise InputError(f"{name} row {int(dup[0])} names {what} twice: {idx[dup[0]].tolist()}")
+    return idx

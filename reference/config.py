@@ -20,7 +20,7 @@ from typing import Any
 from ._checks import ConfigError
 from .hf_config import hf_config_fields, read_json
 from .presets import PRESETS, preset_fields
-from .sizes import DTYPE_BYTES, WEIGHT_DTYPES, expert_params, ffn_params, layer_flops
+from .sizes import DTYPE_BYTES, WEIGHT_DTYPES, expert_params, layer_flops
 
 #: Router families. Each is documented in ``routing.py``.
 ROUTERS = (
@@ -31,8 +31,7 @@ ROUTERS = (
 )
 #: Expert activations. Each is documented in ``forward.py``.
 ACTIVATIONS = ("silu_gated", "clamped_swiglu")
-#: Value that masked groups get in the grouped top-k: -inf (transformers 5, DeepSeek's inference code, vLLM,
-#: SGLang; the default) or 0.0 (transformers 4.x and DeepSeek's first remote code).
+#: Value that masked groups get in the grouped top-k (routing.py says who uses which).
 GROUP_MASKS = ("zero", "neg_inf")
 __all__ = ["ACTIVATIONS", "DTYPE_BYTES", "GROUP_MASKS", "ROUTERS", "WEIGHT_DTYPES", "ConfigError", "MoEConfig",
            "config_to_json"]
@@ -57,8 +56,7 @@ class MoEConfig:
         ``router_bias``: the router linear layer has a bias [E] (gpt-oss).
 
     Experts (see ``forward.expert_ffn``):
-        ``activation``: ``silu_gated``: silu(g) * u;  ``clamped_swiglu`` (gpt-oss):
-            g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g).
+        ``activation``: one of ``ACTIVATIONS`` (formulas in ``forward.py``);
         ``swiglu_alpha``, ``swiglu_limit``: the clamped swiglu's constants.
         ``expert_bias``: gate/up and down projections have biases.
 
@@ -173,10 +171,6 @@ class MoEConfig:
     def expert_params(self) -> int:
         """Parameters of one routed expert: gate+up [2I, H] and down [H, I] (+ biases)."""
         return expert_params(self)
-
-    @property
-    def shared_params(self) -> int:
-        return ffn_params(self.hidden_size, self.shared_intermediate_size)
 
     def flops_per_token(self) -> int:
         """Multiply-add FLOPs (2 per MAC) of one token through its K experts and the shared MLP."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import InputError, as_index_array
+from ._checks import InputError, as_index_array, check_distinct_rows
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,8 @@ def plan_dispatch(topk_idx, num_experts: int, block_size: int = 1) -> DispatchPl
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
         raise InputError(f"block_size must be a positive integer, got {block_size!r}")
     num_experts, block_size = int(num_experts), int(block_size)
-    idx = as_index_array("topk_idx", topk_idx, (None, None), num_experts)
+    idx = check_distinct_rows("topk_idx", as_index_array("topk_idx", topk_idx, (None, None), num_experts), "an expert")
     T, K = idx.shape
-    if T and K > 1:
-        s = np.sort(idx, axis=1)
-        dup = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
-        if dup.size:
-            raise InputError(f"topk_idx row {int(dup[0])} names an expert twice: {idx[dup[0]].tolist()}")
     flat = idx.reshape(-1)
     pairs = np.arange(T * K, dtype=np.int64)
     tokens = pairs // K if K else pairs

@@ -29,15 +29,11 @@ Layouts (what ``all_to_all_single`` needs: buffers grouped by peer id, ascending
         row_pair (N, K)     index of pair (row, k) in the pair order, -1 where slot k is remote:
                             partial[row] = sum_{k asc, row_pair >= 0} w[row, k] * out[row_pair]
 
-The one-sided transport (``plan_pull``, a ``PullSchedule``): instead of all_to_all, each
-destination pulls its rows from the peers' send buffers (symmetric memory), peers in its
-``peer_order``, into the offsets all_to_all would have put them at; the computing ranks push their
-partial rows back the same way into each source's combine buffer (the send buffer's layout). The
-offsets are prefix sums of the (R, R) traffic matrix, so the schedule is built before launch and
-the ranks need no handshake. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers (every row
-written exactly once, any interleaving of the ranks), ``all_to_all_rows`` is what all_to_all
-delivers, and ``ep_experts_forward`` is the whole expert-parallel layer in float64 over either
-transport: the two are bitwise equal.
+The one-sided transport (``plan_pull``, a ``PullSchedule``): each destination pulls its rows from
+the peers' send buffers into the offsets all_to_all would have put them at, and pushes its partial
+rows back the same way. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers,
+``all_to_all_rows`` is what all_to_all delivers, and ``ep_experts_forward`` is the whole
+expert-parallel layer in float64 over either transport: the two are bitwise equal.
 
 Pure NumPy and deterministic; the torch transport (kernels/ep.py) and the simulator read the same
 counts (``traffic`` equals ``dispatch.rank_traffic`` with dedup).
@@ -49,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import InputError, as_float_array, as_index_array
+from ._checks import InputError, as_float_array, as_index_array, check_distinct_rows
 from .config import MoEConfig
 from .forward import expert_ffn
 from .weights import MoEWeights
@@ -69,13 +65,7 @@ def _check_slot_rank(slot_rank, num_ranks: int) -> np.ndarray:
 
 
 def _check_topk(topk_idx, num_slots: int) -> np.ndarray:
-    idx = as_index_array("topk_idx", topk_idx, (None, None), num_slots)
-    if idx.shape[0] and idx.shape[1] > 1:
-        s = np.sort(idx, axis=1)
-        dup = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
-        if dup.size:
-            raise InputError(f"topk_idx row {int(dup[0])} names a slot twice: {idx[dup[0]].tolist()}")
-    return idx
+    return check_distinct_rows("topk_idx", as_index_array("topk_idx", topk_idx, (None, None), num_slots), "a slot")
 
 
 def local_slots(slot_rank, rank: int) -> np.ndarray:
@@ -252,12 +242,6 @@ def _exclusive_cumsum(a: np.ndarray, axis: int) -> np.ndarray:
     return np.cumsum(a, axis=axis) - a
 
 
-def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """(R,) int64 sums of values[offsets[r]:offsets[r+1]]."""
-    cs = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
-    return cs[offsets[1:]] - cs[offsets[:-1]]
-
-
 def _traffic_of(schedule) -> np.ndarray:
     """(R, R) int64 rows [src, dst] of an EPSchedule (its two sides checked against each other) or of a matrix."""
     if isinstance(schedule, EPSchedule):
@@ -294,17 +278,15 @@ class PullSchedule:
         combine buffer of s  what the all-to-all back delivers: the send buffer's layout, so
                              ``SendPlan.combine_row`` indexes it
 
-    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` (itself first) with
-    rows for it, ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer
-    at ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read
-    by one destination only. Combine: computing rank c pushes, for each peer s in
-    ``peer_order(c, R)`` with rows from it, ``push_rows`` rows of its partial buffer from
-    ``push_src_row`` into s's combine buffer at ``push_dst_row``; at step i every rank is written
-    by one pusher only. The offsets are prefix sums of the (R, R) traffic matrix alone, so a
-    schedule built before launch needs no exchange of counts and no handshake between peers, only
-    a ready flag per send buffer (packed) and per combine buffer (every push landed) for the data
-    itself. A push writes exactly the rows of the source's send buffer that its pusher pulled, so
-    where the partial rows have the dispatch's row size the combine buffer may be the send buffer.
+    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` with rows for it,
+    ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer at
+    ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read by
+    one destination only. Combine: computing rank c pushes, peers in ``peer_order(c, R)``,
+    ``push_rows`` rows of its partial buffer from ``push_src_row`` into s's combine buffer at
+    ``push_dst_row``. The offsets are prefix sums of the (R, R) traffic matrix alone, so the schedule
+    is built before launch and the ranks need no handshake, only a ready flag per buffer. A push
+    writes exactly the rows its pusher pulled, so with equal row sizes the combine buffer may be the
+    send buffer.
 
     A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most ``max_rows``
     (one message of a communication program each), in order. ``pull_bytes``/``push_bytes`` are each
@@ -343,10 +325,6 @@ class PullSchedule:
         return int(self.pull_offsets[-1])
 
     @property
-    def num_pushes(self) -> int:
-        return int(self.push_offsets[-1])
-
-    @property
     def buffer_rows(self) -> int:
         """Rows of one symmetric buffer: the largest send or receive buffer of any rank."""
         return int(max(self.send_rows.max(initial=0), self.recv_rows.max(initial=0)))
@@ -358,14 +336,6 @@ class PullSchedule:
     def pushes(self, rank: int) -> slice:
         """The copies ``rank`` performs in combine: a slice of the push_* arrays."""
         return slice(int(self.push_offsets[rank]), int(self.push_offsets[rank + 1]))
-
-    def pull_bytes_per_rank(self) -> np.ndarray:
-        """(R,) int64 bytes each destination pulls (its receive buffer's bytes)."""
-        return _segment_sums(self.pull_bytes, self.pull_offsets)
-
-    def push_bytes_per_rank(self) -> np.ndarray:
-        """(R,) int64 bytes each computing rank pushes back."""
-        return _segment_sums(self.push_bytes, self.push_offsets)
 
 
 def _copies(traffic: np.ndarray, max_rows: int, pull: bool):

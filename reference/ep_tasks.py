@@ -15,27 +15,21 @@ persistent launch per rank does the whole exchange and the local experts (kernel
     push     one task per push copy: the partial rows (0 + out[row * K + k] over the local k, k
              ascending, in fp32) stored straight into the source's combine buffer
 
-The pair layout is known before launch. Each source also sends, with every row, the position of the
-row among its own rows routed to each of the row's slots (``pair_positions``: tokens ascending), and
-every rank learns every source's pairs per slot (``slot_pair_counts``, an (R, P) matrix gathered
-with the traffic). So rank d lays out, before launch, slot j's pairs as the rows from its peer step
-0 (itself), then step 1, ... each group in the sender's order, every slot padded to BM rows, and a
-pulled row's pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]``: the kernel needs no
-count, scan or host sync after the rows arrive. The pairs of a slot are plan_receive's pairs of that
-slot, sorted by (peer step, row) instead of by row; every pair's output and every partial row are
-the same numbers either way.
+The pair layout is known before launch: each source sends, with every row, the row's position
+among its own rows routed to each of the row's slots (``pair_positions``), and every rank learns
+every source's pairs per slot (``slot_pair_counts``, gathered with the traffic). Rank d lays out slot
+j's pairs by peer step (itself first), each group in the sender's order, every slot padded to BM
+rows, so a pulled row's pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]`` with no count,
+scan or host sync after the rows arrive.
 
-Dependencies, as counters (``counters``): ``pulled[q]`` (the pull copies of peer step q that finished),
-``g1[b]`` (GEMM 1 tiles of block b), ``g2[q]`` (GEMM 2 tiles finished, counted once for each peer step
-q whose pairs the tile's block holds). A gemm1 task waits for every ``pulled[q]`` of its block's
-steps, a gemm2 task for its block's n1 GEMM 1 tiles, a push to peer step q for ``g2[q]``: every GEMM 2
-tile over a pair of q's rows. Tickets run pulls, then gemm1 (blocks by their last peer step, so the
-blocks of this rank's own rows, pulled first, come first), then gemm2 (same order), then pushes
-(peer order): every wait names counters that only lower tickets signal, so one program taking every
-ticket in order finishes the launch (the Triton interpreter's way) and any number of programs does.
+Counters: ``pulled[q]`` (pull copies of peer step q done), ``g1[b]`` (GEMM 1 tiles of block b),
+``g2[q]`` (GEMM 2 tiles over a pair of step q's rows). A gemm1 task waits for the ``pulled`` of its
+block's steps, a gemm2 task for its block's n1 GEMM 1 tiles, a push to step q for ``g2[q]``. Tickets
+run pulls, gemm1 (blocks by their last peer step), gemm2 (the same order), pushes: every wait names
+counters only lower tickets signal, so any number of programs, one included, finishes the launch.
 
-Pure NumPy, deterministic; the kernel reads ``kind``, ``arg``, ``tile`` and the wait / signal lists as
-they are, and simulator/ep_task_cost.py prices the same tasks.
+Pure NumPy, deterministic; kernels/ep_fused.py reads ``kind``, ``arg``, ``tile`` and the wait /
+signal lists as they are, and simulator/ep_task_cost.py prices the same tasks.
 """
 
 from __future__ import annotations

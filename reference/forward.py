@@ -25,10 +25,8 @@ every expert GEMM is quantized per token (row) per 128 columns to e4m3 and dequa
     GEMM 2 input   the activation's output h (silu(g) * u), 128 of I
     shared MLP     the same two places, on x and on its own h
 
-Everything else is float64: the products and sums of the GEMMs, biases, the activation, the
-routing weights and combine. The router stays in the reference's float64 on the unquantized x and
-router weight (DeepSeek's gate is a bf16 GEMM with float32 scores; FP8 checkpoints do not quantize
-it), as does Qwen2-MoE's shared-expert gate.
+Everything else is float64, the router and Qwen2-MoE's shared-expert gate included (on the
+unquantized x and router weight: FP8 checkpoints do not quantize the router).
 """
 
 from __future__ import annotations
@@ -140,16 +138,9 @@ def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, fp8_activations: b
 
     FP8 weights (``weights.is_fp8``: e4m3 values with 128 x 128 block scales, from an FP8 checkpoint,
     ``random_weights(..., fp8=True)`` or ``weights.to_fp8()``) give the FP8 layer of the module
-    docstring. ``fp8_activations`` chooses whether the GEMM inputs are quantized too; the default
-    (None) follows the weights, which is DeepSeek-V3's scheme (weights and activations in FP8).
-    False with FP8 weights is weight-only FP8; True with float weights quantizes only the activations.
-
-    Why an option here and not a ``MoEConfig`` field: the config says what the model computes
-    (routing, activation, shapes), the same for every precision it is served in; how the weights
-    are stored travels with the weights, as it does in a checkpoint; and whether activations are
-    quantized is a choice of the run, as ``dispatch_dtype`` is one of the simulator's. The same
-    weights can then be run both ways: ``moe_forward(x, w8, c)`` against
-    ``moe_forward(x, w8.dequantize(), c)`` is what FP8 activations cost.
+    docstring. ``fp8_activations``: whether the GEMM inputs are quantized too; None follows the
+    weights (DeepSeek-V3's scheme), False with FP8 weights is weight-only FP8, True with float
+    weights quantizes only the activations.
 
     With ``details=True`` returns an ``MoEOutput`` holding every stage's result (``expert_out`` and
     ``shared_out`` as the FP8 layer computed them).

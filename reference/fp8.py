@@ -22,31 +22,13 @@ values ``a`` is stored as codes q and one float32 ``scale_inv`` s with
     s = max(amax(|a|), AMAX_FLOOR) / 448        q = e4m3(a / s)        a ~= value(q) * s
 
 so the largest value of a block lands at 448. The arithmetic of quantizing is float32's, as a GPU
-does it: ``a`` is rounded to float32, and both divisions are IEEE float32 ones (correctly rounded),
-then the quotient is rounded to e4m3. This is part of the definition, not a detail: e4m3 rounding
-is ill-conditioned at ties, and bf16 inputs land exactly on e4m3 ties often (few mantissa bits on
-both sides of the division), so a float64 quotient and a float32 one give different codes for
-~0.1% of the values; those flips then move the next GEMM's input by ~3e-3 and flip ~1% of its
-codes in turn. A kernel that divides with correct rounding (Triton ``tl.math.div_rn``, CUDA
-``__fdiv_rn``) reproduces these codes bit for bit from the same input values. Dequantization is
-the exact product value(q) * s in float64. Where float32 rounding leaves a / s a hair above 448 it
-saturates. ``AMAX_FLOOR`` (1e-4, as DeepGEMM's casts) keeps all-zero blocks finite: they encode
-to zeros. Weights use 128 x 128 blocks over a matrix's last two dimensions; activations use
-1 x 128 groups (per token, per 128 columns). A size that is not a multiple of the block has a
-partial last block with a scale of its own.
-
-Public names:
-    E4M3_MAX, AMAX_FLOOR, WEIGHT_BLOCK, ACT_GROUP   the constants above
-    e4m3_encode(x, saturate=True)       float values -> uint8 codes (the bits of float8_e4m3fn)
-    e4m3_decode(codes)                  uint8 codes -> float64 values
-    e4m3_round(x, saturate=True)        the nearest e4m3 value, as float64
-    check_e4m3_values(name, a)          InputError unless every value of ``a`` is an e4m3 value
-    check_scales(name, s)               InputError unless every scale is finite and > 0
-    quantize_weight_blocks(w, block)    (..., R, C) -> codes (..., R, C) uint8, scale_inv (..., Rb, Cb) float32
-    dequantize_weight_blocks(q, s, block)  codes or e4m3 values, scale_inv -> (..., R, C) float64
-    quantize_activations(x, group)      (T, C) -> codes (T, C) uint8, scale (T, ceil(C / group)) float32
-    dequantize_activations(q, s, group)    codes or e4m3 values, scale -> (T, C) float64
-    fake_quantize_activations(x, group)    dequantize(quantize(x)): what the FP8 layer feeds a GEMM
+does it: ``a`` is rounded to float32, both divisions are correctly rounded IEEE float32 ones (Triton
+``tl.math.div_rn``, CUDA ``__fdiv_rn``), then the quotient is rounded to e4m3. This is part of the
+definition: bf16 inputs often land exactly on e4m3 ties, so a float64 quotient would give other
+codes. Dequantization is the exact product value(q) * s in float64; where float32 rounding leaves
+a / s a hair above 448 it saturates. ``AMAX_FLOOR`` (1e-4, as DeepGEMM's casts) keeps all-zero
+blocks finite. Weights use 128 x 128 blocks over a matrix's last two dimensions (WEIGHT_BLOCK),
+activations 1 x 128 groups per token (ACT_GROUP); a partial last block has a scale of its own.
 
 NumPy only; torch and ml_dtypes are used by the tests as independent oracles, never here.
 """

@@ -20,9 +20,7 @@ Families, by the config's ``model_type`` (semantics in shared/facts/moe-models.m
     llama4, llama4_text     sigmoid_top1_input     silu_gated       1 x intermediate_size
     kimi_k25                its ``text_config`` (a deepseek_v3 / kimi_k2 config)
 
-DeepSeek's grouped top-k masks the dropped groups with -inf (``group_mask="neg_inf"``): DeepSeek's
-own inference code, vLLM, SGLang and transformers 5 do so; transformers 4.x and DeepSeek's first
-remote code used 0.0. The two differ only when kept biased scores are negative.
+DeepSeek's grouped top-k masks the dropped groups with -inf (``group_mask="neg_inf"``, routing.py).
 
 Checkpoint tensors accepted by ``weights_from_hf`` (keys relative to the MoE module, e.g. after
 ``model.layers.3.mlp.``; torch ``nn.Linear`` weights are [out, in]):
@@ -79,14 +77,11 @@ def config_from_hf(config: Mapping[str, Any] | str | Path) -> MoEConfig:
     """One MoE layer of a transformers model, from its config dict (``PretrainedConfig.to_dict()``
     or a parsed config.json) or the path of a config.json.
 
-    The ``model_type`` picks the semantics (see the module docstring); fields that only describe
-    other layers (attention, dense layers, which layers are MoE) are ignored. ``name`` is the
-    config's ``_name_or_path``, else its model_type. ``weight_dtype`` is the config's ``dtype`` /
-    ``torch_dtype`` when megamoe knows it, else bfloat16 (quantization configs are not read).
-
-    Raises ``ConfigError`` naming the field for a missing or mistyped field, an unknown model_type
-    (listing the supported ones) and a variant megamoe does not model (e.g. DeepSeek with
-    scoring_func softmax or topk_method greedy).
+    The ``model_type`` picks the semantics (module docstring); fields of other layers are ignored.
+    ``name``: ``_name_or_path``, else the model_type; ``weight_dtype``: ``dtype`` / ``torch_dtype``
+    when megamoe knows it, else bfloat16. Raises ``ConfigError`` naming the field for a missing or
+    mistyped field, an unknown model_type (listing the supported ones) and a variant megamoe does
+    not model (e.g. DeepSeek-V3 with scoring_func softmax).
     """
     return MoEConfig.from_hf(config)
 
@@ -94,18 +89,11 @@ def config_from_hf(config: Mapping[str, Any] | str | Path) -> MoEConfig:
 def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: str | None = None) -> MoEWeights:
     """One MoE layer's weights in megamoe's canonical layout (float64 NumPy), from a HF state dict.
 
-    ``state_dict``: {key: torch tensor of any float dtype (bf16, fp8, ...) or NumPy array}, holding
-    the per-expert checkpoint keys or the fused 3-D tensors of transformers' modules (see the
-    module docstring). ``prefix`` selects one layer in a dict holding several, e.g.
-    ``"model.layers.3.mlp."`` or ``"model.layers.3."`` (the MoE module name is then found); keys
-    outside it are ignored. With ``prefix=None`` the one MoE module in the dict is found; a dict
-    holding several layers is an error asking for ``prefix``.
-
-    FP8 checkpoints (float8_e4m3fn weights with ``weight_scale_inv``, see the module docstring) give
-    FP8 weights (``is_fp8``), the scales as stored.
-
-    Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized tensor,
-    and for a missing or misshaped scale of an FP8 checkpoint. The result passes
-    ``MoEWeights.validate(config)``.
+    ``state_dict``: {key: torch tensor of any float dtype or NumPy array}, the keys of the module
+    docstring. ``prefix`` selects one layer in a dict holding several, e.g. ``"model.layers.3.mlp."``
+    or ``"model.layers.3."``; with None the one MoE module in the dict is found (several: an error
+    asking for ``prefix``). FP8 checkpoints give FP8 weights (``is_fp8``), the scales as stored.
+    Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized tensor or
+    scale. The result passes ``MoEWeights.validate(config)``.
     """
     return MoEWeights.from_hf(state_dict, config, prefix)

@@ -97,30 +97,21 @@ def _silu(f: _Fields) -> dict[str, Any]:
     return {}
 
 
+def _sizes(f: _Fields, width: str = "intermediate_size", experts: str | tuple[str, ...] = _NUM_EXPERTS) -> dict:
+    """hidden_size, intermediate_size (from ``width``), num_experts and top_k, read in that order."""
+    return dict(hidden_size=f.int("hidden_size"), intermediate_size=f.int(width), num_experts=f.int(experts),
+                top_k=f.int("num_experts_per_tok"))
+
+
 def _mixtral(f: _Fields) -> dict[str, Any]:
     """Mixtral: softmax over E, top-k, always renormalized; no shared expert."""
-    return dict(
-        _silu(f),
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=f.int("intermediate_size"),
-        num_experts=f.int(_NUM_EXPERTS),
-        top_k=f.int("num_experts_per_tok"),
-        router="softmax_topk",
-        norm_topk_prob=True,
-    )
+    return dict(_silu(f), **_sizes(f), router="softmax_topk", norm_topk_prob=True)
 
 
 def _qwen_moe(f: _Fields, *, shared: bool) -> dict[str, Any]:
     """Qwen2/3-MoE: softmax top-k, renormalized if norm_topk_prob (transformers' default: false)."""
-    out = dict(
-        _silu(f),
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=f.int("moe_intermediate_size"),
-        num_experts=f.int(_NUM_EXPERTS),
-        top_k=f.int("num_experts_per_tok"),
-        router="softmax_topk",
-        norm_topk_prob=f.bool("norm_topk_prob", False, required=False),
-    )
+    out = dict(_silu(f), **_sizes(f, "moe_intermediate_size"), router="softmax_topk",
+               norm_topk_prob=f.bool("norm_topk_prob", False, required=False))
     if shared:
         Is = f.int("shared_expert_intermediate_size")
         if Is > 0:  # one shared MLP scaled by sigmoid(x . w_sg)
@@ -132,15 +123,8 @@ def _deepseek_sizes(f: _Fields) -> dict[str, Any]:
     """The sizes and shared experts that DeepSeek-V2 and -V3 configs spell the same way."""
     I = f.int("moe_intermediate_size")
     n_shared = f.int("n_shared_experts", 0, required=False)
-    return dict(
-        _silu(f),
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=I,
-        num_experts=f.int(("n_routed_experts", "num_local_experts")),
-        top_k=f.int("num_experts_per_tok"),
-        num_shared_experts=n_shared,
-        shared_intermediate_size=n_shared * I,
-    )
+    return dict(_silu(f), **_sizes(f, "moe_intermediate_size", ("n_routed_experts", "num_local_experts")),
+                num_shared_experts=n_shared, shared_intermediate_size=n_shared * I)
 
 
 def _deepseek_v3(f: _Fields) -> dict[str, Any]:
@@ -174,20 +158,13 @@ def _deepseek_v2(f: _Fields) -> dict[str, Any]:
             "norm_topk_prob=true with topk_method 'greedy' is not supported: DeepSeek's own code "
             "renormalizes, transformers 5 does not, so the model is ambiguous"
         )
-    return dict(
-        _deepseek_sizes(f),
-        router="softmax_topk",
-        norm_topk_prob=False,
-    )
+    return dict(_deepseek_sizes(f), router="softmax_topk", norm_topk_prob=False)
 
 
 def _gpt_oss(f: _Fields) -> dict[str, Any]:
     """gpt-oss: biased router, top-k of logits then softmax; clamped swiglu experts with biases."""
     return dict(
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=f.int("intermediate_size"),
-        num_experts=f.int(_NUM_EXPERTS),
-        top_k=f.int("num_experts_per_tok"),
+        **_sizes(f),
         router="topk_softmax",
         router_bias=True,
         activation="clamped_swiglu",
@@ -199,17 +176,8 @@ def _gpt_oss(f: _Fields) -> dict[str, Any]:
 
 def _llama4(f: _Fields) -> dict[str, Any]:
     """Llama 4 text: top-k of logits, sigmoid weight on the expert input; shared MLP as wide as an expert."""
-    I = f.int("intermediate_size")  # the routed experts' and the shared expert's width
-    return dict(
-        _silu(f),
-        hidden_size=f.int("hidden_size"),
-        intermediate_size=I,
-        num_experts=f.int(_NUM_EXPERTS),
-        top_k=f.int("num_experts_per_tok"),
-        router="sigmoid_top1_input",
-        num_shared_experts=1,
-        shared_intermediate_size=I,
-    )
+    out = dict(_silu(f), **_sizes(f), router="sigmoid_top1_input", num_shared_experts=1)
+    return {**out, "shared_intermediate_size": out["intermediate_size"]}  # as wide as a routed expert
 
 
 _FAMILIES: dict[str, Callable[[_Fields], dict[str, Any]]] = {

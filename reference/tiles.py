@@ -6,9 +6,8 @@ tokens, B row blocks of BLOCK_M padded rows (plan_dispatch's blocks), N1 / N2 co
 GEMM 1 / GEMM 2, P programs.
 
 One persistent launch of P programs takes tasks from one global ticket counter, in ticket order,
-and a task waits only on counters that tasks with lower tickets signal. So a single program that
-takes every ticket in order finishes the layer (the Triton interpreter runs it that way), and no
-number of programs, resident or not, can deadlock. The kinds, in ticket order:
+and a task waits only on counters that tasks with lower tickets signal, so no number of programs
+can deadlock and one program taking every ticket finishes the layer. The kinds, in ticket order:
 
     kind            one task                             waits on                 signals
     router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
@@ -23,55 +22,16 @@ number of programs, resident or not, can deadlock. The kinds, in ticket order:
     gemm2           row block b, H tile                   g1[b] = N1               g2
     combine         token block, H block                  g2 = all GEMM 2 tasks    -
 
-With ``tiles["router"]["ALIGN_EACH"]`` (G > 1, at most ALIGN_EACH_MAX_PAIRS pairs: decode) there
-are no align_scan and align_scatter tasks: every task past the static ones reads the top-k tasks'
-histograms itself once topk = G (the row blocks B and, for a GEMM task, its block's expert), and each
-GEMM 1 task places its own row block's pairs (ranking the routing's pairs of its expert, in token
-order, as the scatter would) before its K loop, so the chain top-k -> scan -> scatter -> GEMM 1
-becomes top-k -> GEMM 1.
+With SPLIT > 1 a top-k group holds TOPK_T tokens (a divisor of BLOCK_T), otherwise the groups are
+the logits chunks (G = C). The tasks up to shared_gemm1 have a fixed count for a given T
+(``task_layout``); the routed row blocks, B = sum_e ceil(c_e / BLOCK_M), come from the counts
+(an expert with no pair gets no task). GEMM tiles are numbered in grouped order (``tile_ids``).
 
-Three layouts are planned here but not run by the megakernel (it refuses them; the plans price stored
-result rows of configs that had them): expert_slice tasks (``tiles["gemm1"]["SLICE"]``), stream-K
-segments (``tiles["order"]["STREAM_K"]``) and the combine in GEMM 2's tiles (``tiles["combine"]["IN_G2"]``).
-
-With I sliced (``tiles["gemm1"]["SLICE"]`` = S > 0 columns, decode), one kind takes the place of
-gemm1 and gemm2, and no task waits for another GEMM task:
-
-    expert_slice    row block b, slice c of I: GEMM 1's   scatter = G (topk if G=1) g2
-                    S columns, the activation, their
-                    share of GEMM 2 over all of H (fp32,
-                    slab c of the pair buffer)
-
-N1 is then the number of slices, ceil(I / S), and the combine sums N1 slabs per routed slot (the
-shared MLP's slot is in slab 0 only). A GEMM 1 tile and the GEMM 2 tiles that need it are one task,
-so a phase boundary, and GEMM 2's wait for its row block's last GEMM 1 tile, are gone: at T = 1 every
-program streams its slice's gate, up and down weights back to back.
-
-The logits chunks hold BLOCK_T tokens (tl.dot wants 16 rows or more); with SPLIT > 1 a top-k
-group holds TOPK_T tokens (a divisor of BLOCK_T: one token at decode, so the selection works on
-one row instead of sixteen), otherwise groups are the chunks (G = C) and the top-k task computes
-its chunk's logits itself.
-
-Everything up to shared_gemm1 has a fixed count for a given T (``task_layout``); gemm1,
-shared_gemm2, gemm2 and combine come after the routed row blocks, whose number B the device learns
-from its own counts after the scan: ``plan_dispatch(topk_idx, E, BLOCK_M)``'s blocks, B = sum_e
-ceil(c_e / BLOCK_M), so an expert with no pair gets no task at all. Every task past the static
-ones waits for the scan first (with one group the top-k task aligns and stands in for the scan
-and the scatter: in the plan those waits name the topk counter). GEMM tiles are numbered in grouped order (GROUP_M row blocks
-sweep the N tiles together: ``tile_ids``), exactly as the kernel numbers them.
-
-GEMM tasks are *segments* (``segment_bounds``): a phase's J tiles x KT K tiles laid end to end as
-U units, segment q taking units [q U // Q, (q + 1) U // Q). Q = J (the default) makes each segment
-one whole tile; ``tiles["order"]["STREAM_K"] = 1`` makes Q the launch's programs (stream-K: each
-program the same K steps, however many tiles there are), and a tile split between segments is
-finished by whichever of its pieces comes last. A segment signals the
-counter of every tile it finishes: in the plan, a tile split over segments is finished by its
-last segment.
+Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Every GEMM task is one whole tile.
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
-with each task's tile, real rows, bytes and FLOPs and what it waits on: the kernel executes this
-order (kernels/megakernel.py computes the same function on the device) and the simulator's cost
-model reads it. NumPy only.
+with each task's tile, real rows, bytes, FLOPs and waits: kernels/megakernel.py runs this order and
+the simulator's cost model reads it. NumPy only.
 """
 
 from __future__ import annotations
@@ -83,17 +43,12 @@ import numpy as np
 
 from ._checks import InputError
 
-KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_gemm1", "gemm1", "expert_slice",
-         "shared_gemm2", "gemm2", "combine")
+KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_gemm1", "gemm1", "shared_gemm2",
+         "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
-#: dependent global round trips of a routed GEMM task in kernels/megakernel.py besides its ticket and its
-#: K loop (the dense-GEMM tables time the loop, its pipeline fill and its store): GEMM 1 waits for the
-#: layout and for its rows to be placed (two acquire atomics), loads its block's row indices before the
-#: gathered A loads can start, and signals its row block after its stores (a release); GEMM 2 waits for
-#: its row block's GEMM 1 tiles (the expert id load beside it), loads its pair indices, and signals.
-#: Nothing else runs on the SM meanwhile (one program per SM at prefill): the cost model prices them in
-#: series with the task's MMA, at the calibrated atomic round trip (simulator.task_cost's prologue term).
+#: dependent global round trips of a routed GEMM task besides its ticket and its K loop (waits,
+#: index loads, the signal), priced in series with the task's MMA (simulator.task_cost)
 TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
 
 #: the tile keys ``tiles`` must give, per part
@@ -106,28 +61,22 @@ TILE_KEYS = {
     "order": ("GROUP_M",),
 }
 
-#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (decode: fewer than the
-#: logits chunk's BLOCK_T, which tl.dot needs >= 16; only with SPLIT > 1, and dividing BLOCK_T)
+#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (only with SPLIT > 1,
+#: dividing BLOCK_T)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
-#: optional switches (0 or 1) and their defaults: STREAM_K, GEMM segments balanced over the programs;
-#: IN_G2, the combine done by GEMM 2's tiles: the last tile of each column block to finish sums that
-#: block's slots for every token (no combine tasks, no wait for the whole of GEMM 2; decode, routed
-#: experts only: no shared MLP, no expert_slice tasks, no stream-K)
-#: EACH (router), one token only: every GEMM 1 task routes the token itself from the logits' partials
-#: (the top-k task's values, stored again), so it waits for the logits, not for the top-k task;
-#: ALIGN_EACH (router), G > 1 top-k tasks and at most ALIGN_EACH_MAX_PAIRS pairs: no scan and scatter
-#: tasks, each GEMM 1 task places its row block's pairs itself (module docstring)
-TILE_SWITCHES = {"order": {"STREAM_K": 0}, "combine": {"IN_G2": 0}, "router": {"EACH": 0, "ALIGN_EACH": 0}}
-#: the most (token, slot) pairs T x K with ALIGN_EACH: a GEMM 1 task ranks them all in one vector of
-#: that many lanes (the kernel's BLOCK_P)
+#: optional switches (0 or 1) and their defaults: EACH (one token, split router): every GEMM 1 task routes the token itself from the logits'
+#: partials, waiting for the logits rather than the top-k task; ALIGN_EACH (G > 1, at most
+#: ALIGN_EACH_MAX_PAIRS pairs): no scan and scatter tasks, each GEMM 1 task places its row block's
+#: pairs itself (ranking its expert's pairs in token order) and every dynamic task reads the top-k
+#: tasks' histograms once topk = G
+TILE_SWITCHES = {"router": {"EACH": 0, "ALIGN_EACH": 0}}
+#: keys of layouts not planned (expert_slice tasks, stream-K segments): only 0, as stored configs carry them
+RETIRED_KEYS = {"gemm1": "SLICE", "order": "STREAM_K"}
+#: the most pairs T x K with ALIGN_EACH (one GEMM 1 task ranks them all in one vector: BLOCK_P lanes)
 ALIGN_EACH_MAX_PAIRS = 1024
-#: optional widths and their defaults (0: off): SLICE, columns of I per expert_slice task (a
-#: multiple of 8, at most GEMM 1's BLOCK_N, which is the slice's padded width)
-TILE_WIDTHS = {"gemm1": {"SLICE": 0}}
 
-#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE words apart) so that
-#: programs spinning on one do not queue behind the atomics on another; then logits[C], g1[B_max],
-#: shared1[Ms] packed
+#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE int32 words apart);
+#: then logits[C], g1[B_max], shared1[Ms] packed
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
@@ -142,16 +91,9 @@ class LoopForm(NamedTuple):
     flat: bool
 
 
-#: the GEMM tile loops the kernels run, by how they load their operands: name -> (persistent
+#: the GEMM tile loops the kernels run, each timed by its own profile table: name -> (persistent
 #: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators over one row tile, the tile loop flattened into the K loop). The pointer GEMMs run
-#: "pointer_gated" / "pointer", the persistent TMA GEMMs "tma_persistent_gated" / "tma_ab_persistent"
-#: (with their config's FLATTEN, the "_flat" forms), the megakernel "pointer_persistent(_gated)" or,
-#: with TMA weights, "tma_persistent(_gated)"; "tma" is the form older profiles priced TMA launches
-#: by. Flattened (``tl.range(..., flatten=True)``): the compiler fuses the walk over tiles and each
-#: tile's K loop into one software-pipelined loop, so the next tile's first loads are in flight
-#: during this tile's epilogue. megamoe/calibrate/microbench_gemm.py measures each form, the cost model reads
-#: each one's table.
+#: accumulators, the tile loop flattened into the K loop by ``tl.range(..., flatten=True)``)
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),
     "pointer_gated": LoopForm(False, False, False, True, False),
@@ -203,18 +145,9 @@ def check_tiles(tiles: dict) -> dict:
             v = tiles[part].get(k, 0)
             if isinstance(v, bool) or v not in (0, 1):
                 raise InputError(f"tiles[{part!r}][{k!r}] must be 0 or 1, got {v!r}")
-    for part, keys in TILE_WIDTHS.items():
-        for k, d in keys.items():
-            v = tiles[part].get(k, d)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise InputError(f"tiles[{part!r}][{k!r}] must be a non-negative integer, got {v!r}")
-    if combine_in_g2(tiles) and (slice_width(tiles) or stream_k(tiles)):
-        raise InputError("tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) takes GEMM 2 tiles: "
-                         "no tiles['gemm1']['SLICE'], no tiles['order']['STREAM_K']")
-    sl = slice_width(tiles)
-    if sl and (sl % 8 or sl > tiles["gemm1"]["BLOCK_N"] or stream_k(tiles)):
-        raise InputError(f"tiles['gemm1']['SLICE']={sl} must be a multiple of 8 no wider than "
-                         f"tiles['gemm1']['BLOCK_N']={tiles['gemm1']['BLOCK_N']}, without STREAM_K")
+    for part, k in RETIRED_KEYS.items():
+        if tiles[part].get(k, 0) != 0:
+            raise InputError(f"tiles[{part!r}][{k!r}]={tiles[part][k]!r}: that layout is not planned; 0 or absent")
     r = tiles["router"]
     tt = r.get("TOPK_T", r["BLOCK_T"])
     if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt):
@@ -244,39 +177,6 @@ def topk_tokens(tiles: dict) -> int:
     return int(r.get("TOPK_T", r["BLOCK_T"]))
 
 
-def slice_width(tiles: dict) -> int:
-    """Columns of I per expert_slice task (tiles["gemm1"]["SLICE"]); 0: GEMM 1 and GEMM 2 tiles."""
-    return int(tiles["gemm1"].get("SLICE", 0))
-
-
-def combine_in_g2(tiles: dict) -> bool:
-    """Whether GEMM 2's tiles do the combine (tiles["combine"]["IN_G2"]; see TILE_SWITCHES)."""
-    return bool(tiles["combine"].get("IN_G2", 0))
-
-
-def stream_k(tiles: dict) -> bool:
-    """Whether the GEMM phases run stream-K segments (tiles["order"]["STREAM_K"])."""
-    return bool(tiles["order"].get("STREAM_K", 0))
-
-
-def route_each_takes(tiles: dict) -> bool:
-    """Whether tiles["router"]["EACH"] (GEMM 1 tasks route the token themselves) can apply to this
-    layout: GEMM 1 and GEMM 2 tiles, whole (no expert_slice tasks, no stream-K segments). With one
-    token and a split router besides, ``task_layout`` takes EACH; megakernel_config.route_each and the
-    benchmarks' variants ask this before setting or keeping it."""
-    return not slice_width(tiles) and not stream_k(tiles)
-
-
-def fit_router_switches(tiles: dict) -> dict:
-    """``tiles`` without the router switches that need whole GEMM 1 and GEMM 2 tiles (EACH,
-    ALIGN_EACH) where ``route_each_takes`` says the layout has none (expert_slice tasks or stream-K
-    segments): what a default config becomes when a variant or a test gives it those layouts."""
-    drop = [k for k in ("EACH", "ALIGN_EACH") if tiles["router"].get(k)] if not route_each_takes(tiles) else []
-    if not drop:
-        return tiles
-    return {**tiles, "router": {k: v for k, v in tiles["router"].items() if k not in drop}}
-
-
 def topk_groups(T: int, H: int, tiles: dict) -> int:
     """G, the top-k tasks for T tokens of hidden size H: TOPK_T tokens each with a split router
     (``router_ranges`` gives more than one range of H), else one per logits chunk of BLOCK_T."""
@@ -289,24 +189,8 @@ def topk_groups(T: int, H: int, tiles: dict) -> int:
 def align_each_takes(T: int, H: int, K: int, tiles: dict) -> bool:
     """Whether tiles["router"]["ALIGN_EACH"] (GEMM 1 tasks place their own rows; no scan and scatter
     tasks) can apply to T tokens of hidden size H and K picks: more than one top-k task (one aligns
-    by itself), at most ALIGN_EACH_MAX_PAIRS pairs, GEMM 1 and GEMM 2 tiles, whole
-    (``route_each_takes``), and not EACH."""
-    return (topk_groups(T, H, tiles) > 1 and T * K <= ALIGN_EACH_MAX_PAIRS and route_each_takes(tiles)
-            and not tiles["router"].get("EACH", 0))
-
-
-def num_segments(num_tiles: int, k_tiles: int, num_programs: int, streamed: bool) -> int:
-    """Q of a GEMM phase: one segment per tile, or (stream-K) one per program but never more than
-    the units (the kernel computes the same integers)."""
-    if not streamed or num_tiles == 0:
-        return int(num_tiles)
-    return max(1, min(int(num_programs), int(num_tiles) * int(k_tiles)))
-
-
-def segment_bounds(q, num_segments_: int, units: int):
-    """Units [u0, u1) of segment(s) q of Q over U units: (q U // Q, (q + 1) U // Q)."""
-    q = np.asarray(q, dtype=np.int64)
-    return q * units // num_segments_, (q + 1) * units // num_segments_
+    by itself), at most ALIGN_EACH_MAX_PAIRS pairs, and not EACH."""
+    return topk_groups(T, H, tiles) > 1 and T * K <= ALIGN_EACH_MAX_PAIRS and not tiles["router"].get("EACH", 0)
 
 
 def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
@@ -338,7 +222,7 @@ class TaskLayout:
     and align chunks of TOPK_T tokens), split / h_per of the router; shared_m_blocks Ms; the sync
     buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
     off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need;
-    slice: columns of I per expert_slice task (0: GEMM 1 and GEMM 2 tiles; n1 is then the slices).
+    n1 / n2 GEMM 1 / GEMM 2 N tiles per row block, k1 / k2 their K tiles.
     """
 
     T: int
@@ -354,7 +238,6 @@ class TaskLayout:
     n2: int
     k1: int
     k2: int
-    streamed: bool
     shared_m_blocks: int
     ns1: int
     ns2: int
@@ -363,45 +246,24 @@ class TaskLayout:
     off_g1: int
     off_shared1: int
     sync_words: int
-    slice: int = 0
-    #: the combine in GEMM 2's tiles (combine_in_g2): one counter per GEMM 2 column block at
-    #: off_comb (n2 words, inside sync_words); -1 when off
-    off_comb: int = -1
     #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1 with a split router)
     route_each: bool = False
     #: GEMM 1 tasks place their own row block's pairs; no scan and scatter tasks (tiles["router"]["ALIGN_EACH"])
     align_each: bool = False
 
-    def segments(self, num_blocks: int, num_programs: int | None = None) -> tuple[int, int]:
-        """(Q1, Q2): GEMM 1 and GEMM 2 segments for B = num_blocks row blocks on num_programs
-        programs (None, stream-K: the most any number of programs can get, the units). Sliced:
-        (B x slices, 0), the expert_slice tasks and no GEMM 2 task."""
-        if self.slice:
-            return num_blocks * self.n1, 0
-        if not self.streamed:
-            return num_blocks * self.n1, num_blocks * self.n2
-        p = num_blocks * self.n1 * self.k1 + num_blocks * self.n2 * self.k2 if num_programs is None else num_programs
-        return (num_segments(num_blocks * self.n1, self.k1, p, True),
-                num_segments(num_blocks * self.n2, self.k2, p, True))
-
-    def dynamic_bases(self, num_blocks: int, num_programs: int | None = None) -> dict:
+    def dynamic_bases(self, num_blocks: int) -> dict:
         """First ticket of each kind after the static ones, for B = num_blocks routed row blocks."""
-        q1, q2 = self.segments(num_blocks, num_programs)
         g1 = self.s0
-        sh2 = g1 + q1
+        sh2 = g1 + num_blocks * self.n1
         g2 = sh2 + self.shared_m_blocks * self.ns2
-        comb = g2 + q2
+        comb = g2 + num_blocks * self.n2
         return {"gemm1": g1, "shared_gemm2": sh2, "gemm2": g2, "combine": comb,
                 "end": comb + self.combine_tasks}
 
     @property
     def max_tasks(self) -> int:
-        """The most tickets any routing and number of programs can need."""
+        """The most tickets any routing can need (the kernel's MAX_TASKS)."""
         return self.dynamic_bases(self.b_max)["end"]
-
-    def max_tasks_for(self, num_programs: int) -> int:
-        """The most tickets any routing can need on num_programs programs (the kernel's MAX_TASKS)."""
-        return self.dynamic_bases(self.b_max, num_programs)["end"]
 
 
 def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -427,9 +289,8 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     align_each = bool(tiles["router"].get("ALIGN_EACH", 0))
     if align_each and not align_each_takes(T, H, config.top_k, tiles):
         raise InputError(f"tiles['router']['ALIGN_EACH']=1 (GEMM 1 tasks place their own rows) needs more than one "
-                         f"top-k task, at most {ALIGN_EACH_MAX_PAIRS} pairs, GEMM 1 tiles and no EACH: got T={T}, "
-                         f"K={config.top_k}, {G} top-k tasks, SLICE {slice_width(tiles)}, STREAM_K "
-                         f"{int(stream_k(tiles))}, EACH {int(bool(tiles['router'].get('EACH', 0)))}")
+                         f"top-k task, at most {ALIGN_EACH_MAX_PAIRS} pairs and no EACH: got T={T}, "
+                         f"K={config.top_k}, {G} top-k tasks, EACH {int(bool(tiles['router'].get('EACH', 0)))}")
     count = {
         "router_logits": C * split if split > 1 else 0,
         "router_topk": G,
@@ -450,25 +311,17 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_g1 = off_logits + C
     off_shared1 = off_g1 + b_max
     n2 = cdiv(H, g2["BLOCK_N"])
-    in_g2 = combine_in_g2(tiles)
-    if in_g2 and Is:
-        raise InputError(f"tiles['combine']['IN_G2']=1 (the combine in GEMM 2's tiles) covers routed experts only; "
-                         f"{config.name} has a shared MLP (shared_intermediate_size={Is})")
-    off_comb = off_shared1 + Ms if in_g2 else -1
     each = bool(tiles["router"].get("EACH", 0))
-    if each and (T > 1 or split <= 1 or not route_each_takes(tiles)):
+    if each and (T > 1 or split <= 1):
         raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token "
-                         f"and a split router, with GEMM 1 tiles: got T={T}, SPLIT ranges {split}, "
-                         f"SLICE {slice_width(tiles)}, STREAM_K {int(stream_k(tiles))}")
+                         f"and a split router: got T={T}, SPLIT ranges {split}")
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
-        n1=cdiv(I, slice_width(tiles) or g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]),
-        k2=cdiv(I, g2["BLOCK_K"]),
-        streamed=stream_k(tiles), shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
-        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T and not in_g2 else 0,
+        n1=cdiv(I, g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]), k2=cdiv(I, g2["BLOCK_K"]),
+        shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
+        combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
-        sync_words=off_shared1 + Ms + (n2 if in_g2 else 0), slice=slice_width(tiles), off_comb=off_comb,
-        route_each=each, align_each=align_each,
+        sync_words=off_shared1 + Ms, route_each=each, align_each=align_each,
     )
 
 
@@ -483,7 +336,7 @@ class TaskPlan:
     other operands read (gathered rows, partials, metadata), results written, tensor-core FLOPs
     of the padded tile (2 per multiply-add); weight_id (n,) int64: the same id means the same
     weight slice (for an L2 model), -1 for none; signal_ptr (n+1,) / signal_counter: CSR list of the
-    counters each task increments (once per entry; a stream-K segment finishes several tiles);
+    counters each task increments;
     wait_ptr (n+1,) / wait_counter / wait_target: CSR list of (counter, value) each task waits for.
     counters: names of the counters (index = id), counter_target: the value each reaches.
     """
@@ -526,36 +379,15 @@ class TaskPlan:
         n = np.bincount(self.kind.astype(np.int64), minlength=len(KINDS))
         return {k: int(n[i]) for i, k in enumerate(KINDS)}
 
-    def tasks_per_expert(self, kind: str) -> np.ndarray:
-        """(E,) number of tasks of ``kind`` (gemm1 or gemm2) per routed expert (a segment counts
-        for the expert of its first tile)."""
-        m = self.kind == KIND_CODE[kind]
-        return np.bincount(self.expert[m].astype(np.int64), minlength=self.counts.size)
-
     def tiles_per_expert(self, kind: str) -> np.ndarray:
         """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
-        (what the kernel's ``record`` counts, segments or not). Sliced: an expert_slice task counts
-        as its slice's GEMM 1 tile, and there are no GEMM 2 tiles."""
-        n = self.layout.n1 if kind == "gemm1" else 0 if self.layout.slice else self.layout.n2
+        (what the kernel's ``record`` counts)."""
+        n = self.layout.n1 if kind == "gemm1" else self.layout.n2
         return -(-self.counts // self.tiles["gemm1"]["BLOCK_M"]) * n
-
-    def signals(self, i: int) -> list[str]:
-        lo, hi = int(self.signal_ptr[i]), int(self.signal_ptr[i + 1])
-        return [self.counters[c] for c in self.signal_counter[lo:hi]]
 
     def waits(self, i: int) -> list[tuple[str, int]]:
         lo, hi = int(self.wait_ptr[i]), int(self.wait_ptr[i + 1])
         return [(self.counters[c], int(v)) for c, v in zip(self.wait_counter[lo:hi], self.wait_target[lo:hi])]
-
-    def totals(self) -> dict:
-        """Sums per kind: tasks, bytes read and written, FLOPs."""
-        out = {}
-        for i, k in enumerate(KINDS):
-            m = self.kind == i
-            out[k] = {"tasks": int(m.sum()), "weight_bytes": float(self.weight_bytes[m].sum()),
-                      "in_bytes": float(self.in_bytes[m].sum()), "out_bytes": float(self.out_bytes[m].sum()),
-                      "flops": float(self.flops[m].sum())}
-        return out
 
     def to_dict(self) -> dict:
         """Plain lists (JSON-ready) of every field: what a process without NumPy objects reads."""
@@ -595,21 +427,13 @@ class _Builder:
             return
         w = np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2)
         sig = np.broadcast_to(np.asarray(signal, np.int64), (n,))
-        self.add_csr(kind, n, np.full(n, w.shape[1]), w.reshape(-1, 2), (sig >= 0).astype(np.int64), sig[sig >= 0],
-                     **cols)
-
-    def add_csr(self, kind: str, n: int, wait_len, wait_pairs, sig_len, sig_ids, **cols) -> None:
-        """n tasks with ragged waits (wait_len (n,), wait_pairs (sum, 2)) and signals (sig_len (n,),
-        sig_ids (sum,))."""
-        if n == 0:
-            return
         for c in self.COLS:
             v = KIND_CODE[kind] if c == "kind" else cols.get(c, -1 if c in ("expert", "weight_id") else 0)
             self.parts[c].append(np.broadcast_to(np.asarray(v), (n,)).copy())
-        self.wait_len.append(np.asarray(wait_len, np.int64))
-        self.wait_pairs.append(np.asarray(wait_pairs, np.int64).reshape(-1, 2))
-        self.sig_len.append(np.asarray(sig_len, np.int64))
-        self.sig_ids.append(np.asarray(sig_ids, np.int64))
+        self.wait_len.append(np.full(n, w.shape[1], np.int64))
+        self.wait_pairs.append(w.reshape(-1, 2))
+        self.sig_len.append((sig >= 0).astype(np.int64))
+        self.sig_ids.append(sig[sig >= 0])
 
     def build(self) -> dict:
         dtypes = {"kind": np.int8, "weight_bytes": np.float64, "in_bytes": np.float64, "out_bytes": np.float64,
@@ -630,81 +454,25 @@ class _Builder:
         return out
 
 
-def segment_pieces(num_tiles: int, k_tiles: int, num_segments_: int) -> dict:
-    """Every (segment, tile) piece of a GEMM phase, in ticket order: {"seg", "tile", "k_lo",
-    "k_hi" (K tiles of the tile), "first" (the segment's first tile), "completes" (the piece
-    reaches the tile's last K tile: the plan's finisher), "ptr" (Q + 1) where each segment's
-    pieces start}."""
-    J, KT, Q = int(num_tiles), int(k_tiles), int(num_segments_)
-    U = J * KT
-    if Q == 0 or U == 0:
-        z = np.zeros(0, np.int64)
-        return {"seg": z, "tile": z, "k_lo": z, "k_hi": z, "first": np.zeros(0, bool), "completes": np.zeros(0, bool),
-                "ptr": np.zeros(Q + 1, np.int64)}
-    u0, u1 = segment_bounds(np.arange(Q), Q, U)
-    j0 = u0 // KT
-    j1 = np.where(u1 > u0, (u1 - 1) // KT, j0 - 1)  # last tile (none for an empty segment)
-    n = j1 - j0 + 1
-    ptr = np.zeros(Q + 1, np.int64)
-    np.cumsum(n, out=ptr[1:])
-    seg = np.repeat(np.arange(Q), n)
-    tile = j0[seg] + np.arange(ptr[-1]) - ptr[seg]
-    k_lo = np.maximum(u0[seg] - tile * KT, 0)
-    k_hi = np.minimum(u1[seg] - tile * KT, KT)
-    return {"seg": seg, "tile": tile, "k_lo": k_lo, "k_hi": k_hi, "first": tile == j0[seg], "completes": k_hi == KT,
-            "ptr": ptr}
-
-
-def _add_gemm_segments(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, Q: int, BK: int, D: int, BN: int,
-                       N: int, mats: int, bm: int, group_m: int, block_expert, block_rows, ab: int, wb: int,
-                       signal_c, wait_c, wait_all, wait_target: int = 0, signal_cols=None, extra_in=None,
-                       extra_out=None) -> None:
-    """A GEMM phase's Q segments (``segment_pieces``) as tasks: per segment the sums of its pieces'
-    K depth, weight and operand bytes and FLOPs, the expert / block / N tile of its first piece;
-    it waits for ``wait_all`` (a (counter, target) every segment waits for) or for wait_c[block]
-    = wait_target of each piece's row block, and signals signal_c (an id per row block, or one id)
-    once for each tile it finishes (``signal_cols``: an id per N tile instead). D the reduction
-    length, N the output width, mats 2 for GEMM 1's gate and up. A tile split over segments: its
-    pieces store fp32 sums, its finisher reads them. ``extra_in`` / ``extra_out`` (per tile j, B x
-    n_tiles): bytes its finishing piece also reads and writes (the combine in GEMM 2's tiles)."""
-    pc = segment_pieces(B * n_tiles, k_tiles, Q)
-    if not pc["seg"].size:
-        return
-    bb, nn = tile_ids(pc["tile"], B, n_tiles, group_m)
-    e = block_expert[bb]
-    rows = block_rows[bb]
+def _add_gemm(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, D: int, BN: int, N: int, mats: int,
+              bm: int, group_m: int, block_expert, block_rows, ab: int, wb: float, signal, waits,
+              extra_in=0, extra_out=0) -> None:
+    """A GEMM phase's B x n_tiles tiles (grouped order, ``tile_ids``) as tasks over all of D, the
+    reduction length (k_tiles K steps); N the output width, mats 2 for GEMM 1's gate and up.
+    ``signal``: a counter per row block (B,), or one counter id; ``waits``: (counter, target) pairs,
+    the counter one per row block (B,) or one id. ``extra_in`` / ``extra_out``: further bytes each
+    task reads and writes."""
+    n = B * n_tiles
+    bb, nn = tile_ids(np.arange(n), B, n_tiles, group_m)
+    e, rows = block_expert[bb], block_rows[bb]
     ncol = np.minimum(BN, N - nn * BN)
-    klen = np.minimum(pc["k_hi"] * BK, D) - pc["k_lo"] * BK
-    pieces = np.bincount(pc["tile"], minlength=B * n_tiles)[pc["tile"]]
-    split = pieces > 1
-    part = rows * mats * ncol * 4  # one piece's fp32 sums
-    out = np.where(split, part, 0) + np.where(pc["completes"], rows * ncol * ab, 0)
-    inb = rows * klen * ab + np.where(split & pc["completes"], pieces * part, 0)
-    if extra_in is not None:
-        inb = inb + np.where(pc["completes"], np.asarray(extra_in)[pc["tile"]], 0)
-        out = out + np.where(pc["completes"], np.asarray(extra_out)[pc["tile"]], 0)
-    first = pc["ptr"][:-1]
-    seg_sum = lambda v: np.add.reduceat(np.asarray(v, np.float64), first)  # noqa: E731 - one line each
     base = (1 << 40) * (1 if kind == "gemm1" else 2)
-    wid = base + ((e.astype(np.int64) * n_tiles + nn) * k_tiles + pc["k_lo"])
-    per_block = np.ndim(signal_c) > 0
-    done = pc["completes"]
-    sig_len = np.bincount(pc["seg"][done], minlength=Q)
-    if signal_cols is not None:
-        sig_ids = np.asarray(signal_cols)[nn[done]]
-    else:
-        sig_ids = (np.asarray(signal_c)[bb[done]] if per_block else np.full(int(done.sum()), int(signal_c)))
-    if wait_c is None:
-        wait_len, wait_pairs = np.ones(Q, np.int64), np.tile(np.asarray(wait_all, np.int64), (Q, 1))
-    else:  # each piece's row block, once per run of equal blocks
-        new = np.ones(pc["seg"].size, bool)
-        new[1:] = (pc["seg"][1:] != pc["seg"][:-1]) | (bb[1:] != bb[:-1])
-        wait_len = np.bincount(pc["seg"][new], minlength=Q)
-        wait_pairs = np.stack([np.asarray(wait_c)[bb[new]], np.full(int(new.sum()), wait_target)], axis=1)
-    bld.add_csr(kind, Q, wait_len, wait_pairs, sig_len, sig_ids, expert=e[first], block=bb[first],
-                n_tile=nn[first], rows=rows[first], tile_m=bm, tile_n=mats * BN, depth=seg_sum(klen).astype(np.int64),
-                weight_bytes=seg_sum(mats * ncol * klen * wb), in_bytes=seg_sum(inb), out_bytes=seg_sum(out),
-                flops=seg_sum(2.0 * bm * mats * BN * klen), weight_id=wid[first])
+    per_block = lambda c: np.asarray(c)[bb] if np.ndim(c) else c  # noqa: E731 - used three times
+    bld.add(kind, n, _w(n, *((per_block(c), t) for c, t in waits)), signal=per_block(signal), expert=e, block=bb,
+            n_tile=nn, rows=rows, tile_m=bm, tile_n=mats * BN, depth=D,
+            weight_bytes=mats * ncol * D * wb, in_bytes=rows * D * ab + extra_in,
+            out_bytes=rows * ncol * ab + extra_out, flops=2.0 * bm * mats * BN * D,
+            weight_id=base + (e.astype(np.int64) * n_tiles + nn) * k_tiles)
 
 
 def _w(n: int, *pairs) -> np.ndarray:
@@ -727,15 +495,13 @@ def _add_shared_gemm1(bld: _Builder, T: int, H: int, Is: int, Ms: int, ns1: int,
     return sh1_c
 
 
-def _add_combine(bld: _Builder, T: int, H: int, K: int, KS: int, n1: int, sl: int, n: int, cb: dict, ab: int,
-                 ready: tuple) -> None:
-    """The n combine tasks (token block x column block), each waiting for every GEMM 2 (``ready``);
-    sliced, they sum n1 fp32 slabs per routed slot."""
+def _add_combine(bld: _Builder, T: int, H: int, KS: int, n: int, cb: dict, ab: int, ready: tuple) -> None:
+    """The n combine tasks (token block x column block), each waiting for every GEMM 2 (``ready``)."""
     tt, hh = np.divmod(np.arange(n), cdiv(H, cb["BLOCK_H"]))
     trows = np.minimum(cb["BLOCK_T"], T - tt * cb["BLOCK_T"])
     hcol = np.minimum(cb["BLOCK_H"], H - hh * cb["BLOCK_H"])
     bld.add("combine", n, _w(n, ready), block=tt, n_tile=hh, rows=trows, tile_m=cb["BLOCK_T"],
-            tile_n=cb["BLOCK_H"], in_bytes=trows * (K * n1 + KS - K) * hcol * 4 if sl else trows * KS * hcol * ab,
+            tile_n=cb["BLOCK_H"], in_bytes=trows * KS * hcol * ab,
             out_bytes=trows * hcol * ab)
 
 
@@ -823,9 +589,8 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     first_block = np.concatenate([[0], np.cumsum(blocks_e)[:-1]]) if E else np.zeros(0, np.int64)
     block_rows = np.minimum(bm, counts[block_expert] - (np.arange(B) - first_block[block_expert]) * bm)
     n1, n2 = lay.n1, lay.n2
-    sl = lay.slice
-    g2_total = B * (n1 if sl else n2) + Ms * ns2
-    g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(0 if sl else B)], np.int64)
+    g2_total = B * n2 + Ms * ns2
+    g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
     # the rows in place: the scatter tasks; one group: the top-k task aligned too; ALIGN_EACH: the
     # routing of every group (each GEMM 1 task then places its own block's rows)
@@ -834,28 +599,16 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     # blocks, the blocks' experts; the program keeps them), charged below; a GEMM 1 task also reads the
     # routing's T x K expert ids and writes its block's rows
     layout_in = G * E * 4 if lay.align_each else 0
-    q1, q2 = lay.segments(B, num_programs)
-    if sl:  # expert_slice tasks: GEMM 1's slice columns and their share of GEMM 2, fp32 partials out
-        bb, cc = tile_ids(np.arange(B * n1), B, n1, group_m)
-        e, rows = block_expert[bb], block_rows[bb]
-        ncol = np.minimum(sl, I - cc * sl)
-        bld.add("expert_slice", B * n1, _w(B * n1, rows_ready), expert=e, block=bb, n_tile=cc, rows=rows,
-                tile_m=bm, tile_n=2 * g1["BLOCK_N"], depth=H, weight_bytes=3 * ncol * H * wb, in_bytes=rows * H * ab,
-                out_bytes=rows * H * 4, flops=2.0 * bm * 3 * g1["BLOCK_N"] * H,
-                weight_id=(3 << 40) + e.astype(np.int64) * n1 + cc, signal=g2_c)
-    elif lay.route_each:  # each GEMM 1 task routes the token from the logits' partials (the top-k task's
-        # reads and stores again; its serial passes are not priced here)
-        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, (logit_c[0], split),
-                           extra_in=np.full(B * n1, topk_in[0] if np.ndim(topk_in) else topk_in),
-                           extra_out=np.full(B * n1, topk_out[0] if np.ndim(topk_out) else topk_out))
+    # GEMM 1; EACH: each task routes the token from the logits' partials (the top-k task's reads and
+    # stores again); ALIGN_EACH: each reads the routing's T x K expert ids and writes its block's rows
+    ready, extra = rows_ready, {}
+    if lay.route_each:
+        ready = (logit_c[0], split)
+        extra = dict(extra_in=np.ravel(topk_in)[0], extra_out=np.ravel(topk_out)[0])
     elif lay.align_each:
-        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready,
-                           extra_in=np.full(B * n1, T * K * 4), extra_out=np.full(B * n1, bm * 8))
-    else:
-        _add_gemm_segments(bld, "gemm1", B, n1, lay.k1, q1, g1["BLOCK_K"], H, g1["BLOCK_N"], I, 2, bm, group_m,
-                           block_expert, block_rows, ab, wb, g1_c, None, rows_ready)
+        extra = dict(extra_in=T * K * 4, extra_out=bm * 8)
+    _add_gemm(bld, "gemm1", B, n1, lay.k1, H, g1["BLOCK_N"], I, 2, bm, group_m, block_expert, block_rows, ab, wb,
+              g1_c, [ready], **extra)
     if shared:
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
@@ -866,23 +619,11 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
                 tile_m=sh["BLOCK_M"], tile_n=sh["BLOCK_N2"], depth=Is, weight_bytes=ncol * Is * wb,
-                in_bytes=srows * Is * ab, out_bytes=srows * ncol * (4 if sl else ab),
-                flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
+                in_bytes=srows * Is * ab, out_bytes=srows * ncol * ab, flops=2.0 * sh["BLOCK_M"] * sh["BLOCK_N2"] * Is,
                 weight_id=30_000 + nn, signal=g2_c)
-    if not sl and lay.off_comb >= 0:  # the combine in GEMM 2's tiles: per column block, the tile that
-        # completes it (here: the last row block's, in plan order) sums that block's K slots of every token
-        comb_c = np.array([bld.counter(f"comb[{n}]", B) for n in range(n2)], np.int64)
-        bb2, nn2 = tile_ids(np.arange(B * n2), B, n2, group_m)
-        last = bb2 == B - 1
-        hc = np.minimum(g2["BLOCK_N"], H - nn2 * g2["BLOCK_N"])
-        _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1, signal_cols=comb_c,
-                           extra_in=np.where(last, T * K * hc * ab, 0), extra_out=np.where(last, T * hc * ab, 0))
-    elif not sl:
-        _add_gemm_segments(bld, "gemm2", B, n2, lay.k2, q2, g2["BLOCK_K"], I, g2["BLOCK_N"], H, 1, bm, group_m,
-                           block_expert, block_rows, ab, wb, g2_c, g1_c, None, wait_target=n1)
-
-    _add_combine(bld, T, H, K, KS, n1, sl, lay.combine_tasks, cb, ab, (g2_c, g2_total))
+    _add_gemm(bld, "gemm2", B, n2, lay.k2, I, g2["BLOCK_N"], H, 1, bm, group_m, block_expert, block_rows, ab, wb,
+              g2_c, [(g1_c, n1)])
+    _add_combine(bld, T, H, KS, lay.combine_tasks, cb, ab, (g2_c, g2_total))
     arrays = bld.build()
     if layout_in:  # each program's first dynamic ticket, when the programs take the tickets in order
         arrays["in_bytes"][lay.s0:lay.s0 + max(1, int(num_programs))] += layout_in

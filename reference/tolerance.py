@@ -20,27 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: dtype -> (max_err, rms_err) thresholds. bfloat16 has 8 mantissa bits (unit roundoff 2^-8 = 3.9e-3):
-#: the intermediate activation is rounded once and fp32 accumulators are rounded on store.
+#: dtype -> (max_err, rms_err) thresholds (docs/design.md, "Tolerances", says where each comes from)
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-12, 1e-13),
     "float32": (1e-4, 1e-5),
     "float16": (5e-3, 1e-3),
     "bfloat16": (3e-2, 8e-3),
-    # A kernel with FP8 GEMMs against the FP8 reference: fp32 accumulation inside each 128-wide K block
-    # with both scales applied as it is added in, h quantized from the fp32 accumulator with IEEE float32
-    # divisions (so its codes equal the reference's except where the accumulators differ), bf16 outputs.
-    # A NumPy emulation of that kernel measured max 2.8e-3..6.4e-3, rms 2.3e-3..2.6e-3 (3 shapes, 3 seeds);
-    # the margin is for Hopper's ~14-bit accumulation inside a block. Quantizing h from a bf16 copy
-    # (DeepSeek's inference code) flips ~4% of GEMM 2's codes (rms ~1.1e-2) and skipping the activation
-    # quantization is ~4e-2 rms: neither passes.
-    "fp8_e4m3": (1.5e-2, 5e-3),
-    # Not a kernel threshold: the FP8 layer against the float64 layer on the same unquantized weights.
-    # e4m3 keeps 3 mantissa bits (each value off by up to 2^-4, ~2.6% rms); four roundings on the way
-    # (x, W1, h, W2) make ~6% rms of the output. Measured on every preset's semantics, random
-    # N(0, 1/fan_in) weights, 3 seeds: rms 5.6e-2..6.4e-2, max 4.3e-2..7.5e-2 (weights only: rms ~4.6e-2).
-    # Trained FP8 models are fitted to their quantization; this is what random weights lose.
-    "fp8_e4m3_vs_float64": (1.5e-1, 8e-2),
+    "fp8_e4m3": (1.5e-2, 5e-3),  # a kernel with FP8 GEMMs against the FP8 reference
+    "fp8_e4m3_vs_float64": (1.5e-1, 8e-2),  # not a kernel threshold: the FP8 layer against the float64 one
 }
 #: Other spellings of the dtypes above (torch's names).
 ALIASES = {"float8_e4m3fn": "fp8_e4m3"}

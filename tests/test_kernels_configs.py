@@ -182,24 +182,6 @@ def test_one_token_is_routed_by_every_gemm1_task_up_to_128_experts():
     assert mkc.route_each(mk) == mk  # applying it twice changes nothing
 
 
-def test_each_applies_only_to_whole_two_gemm_tiles():
-    """reference.tiles.route_each_takes: EACH's layout is GEMM 1 and GEMM 2 tiles, whole; with
-    expert_slice tasks or stream-K segments configs.route_each leaves the config as it is (and
-    task_layout refuses EACH there)."""
-    import copy
-
-    from megamoe.reference.tiles import route_each_takes
-
-    mk = mkc.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
-    assert route_each_takes(mk["tiles"])
-    for part, key, v in (("gemm1", "SLICE", 48), ("order", "STREAM_K", 1)):
-        other = copy.deepcopy(mk)
-        other["tiles"]["router"].pop("EACH")
-        other["tiles"][part][key] = v
-        assert not route_each_takes(other["tiles"])
-        assert mkc.route_each(other) == other and "EACH" not in other["tiles"]["router"]
-
-
 def test_router_prefill_logits_launch():
     """The multi-launch router: at decode (fewer than ROUTER_PREFILL_BLOCKS routing blocks) and where the
     walk is short its logits launch is the decode split of before (the megakernel reads the same

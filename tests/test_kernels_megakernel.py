@@ -87,8 +87,8 @@ def test_kernel_runs_the_plan(case, rng):
 
 def test_layout_words_and_constexpr_groups(rng):
     """The static layout reaches the kernel as one int32 tensor of LAYOUT_WORDS (made once per layout
-    and kept), its constexprs as the named groups; at most 100 parameters. A layout the kernel does not
-    run (expert_slice tasks, stream-K segments, the combine in GEMM 2's tiles) is refused by name."""
+    and kept), its constexprs as the named groups; at most 100 parameters. A layout no longer planned
+    (expert_slice tasks, stream-K segments) is refused by name."""
     from megamoe.kernels.megakernel import (
         CONSTEXPR_GROUPS,
         LAYOUT_WORDS,
@@ -108,13 +108,13 @@ def test_layout_words_and_constexpr_groups(rng):
     words = dict(zip(LAYOUT_WORDS, args[_megakernel.arg_names.index("lay_ptr")].tolist()))
     assert words == dict(zip(LAYOUT_WORDS, layout_words(lay, 5)))
     assert (words["nprog"], words["s0"], words["g"], words["b_max"]) == (5, lay.s0, lay.topk_groups, lay.b_max)
-    assert words["max_tasks"] == lay.max_tasks_for(5) and words["sync_n"] == lay.sync_words
+    assert words["max_tasks"] == lay.max_tasks and words["sync_n"] == lay.sync_words
     again = build_launch(xt, wt, cfg, mk, nprog=5)[1][_megakernel.arg_names.index("lay_ptr")]
     assert again is args[_megakernel.arg_names.index("lay_ptr")]
     assert set(CONSTEXPR_GROUPS) <= set(kwargs) and len(_megakernel.arg_names) <= 100
     assert _const(kwargs, "SPLIT") == (lay.split if lay.split > 1 else 0) and _const(kwargs, "KS") == cfg.top_k + 1
     routed = MoEConfig(**BASE)
-    for part, key in (("gemm1", "SLICE"), ("order", "STREAM_K"), ("combine", "IN_G2")):
+    for part, key in (("gemm1", "SLICE"), ("order", "STREAM_K")):
         bad = megakernel_config(routed, 9, torch.float32, torch.device("cpu"))
         bad["tiles"]["router"].pop("ALIGN_EACH", None)
         bad["tiles"][part][key] = 16 if key == "SLICE" else 1
@@ -264,8 +264,6 @@ def test_align_each_refuses_layouts_it_cannot_take():
     on = {**TILES, "router": {**TILES["router"], "TOPK_T": 4, "ALIGN_EACH": 1}}
     assert task_layout(cfg, 9, on).align_each
     for T, tiles, why in ((3, on, "1 top-k task"),
-                          (9, {**on, "order": {**on["order"], "STREAM_K": 1}}, "STREAM_K 1"),
-                          (9, {**on, "gemm1": {**on["gemm1"], "SLICE": 8}}, "SLICE 8"),
                           (ALIGN_EACH_MAX_PAIRS // 3 + 1, on, f"at most {ALIGN_EACH_MAX_PAIRS} pairs")):
         with pytest.raises(InputError, match="ALIGN_EACH") as exc:
             task_layout(cfg, T, tiles)
@@ -274,30 +272,6 @@ def test_align_each_refuses_layouts_it_cannot_take():
     assert big["tiles"]["router"].get("ALIGN_EACH") == 1
     assert not cfgs.megakernel_config(128, 2048, 768, 8, 0, 2 * cfgs.ALIGN_EACH_MAX_T, num_sms=132)[
         "tiles"]["router"].get("ALIGN_EACH")
-
-
-def test_expert_slices_plan_the_same_weight_bytes(rng):
-    """Sliced or not, a plan reads each touched expert's weights once (the same total weight bytes);
-    slices wait for nothing but the routing, and the combine waits for every slice."""
-    cfg = MoEConfig(**BASE)
-    idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(9)])
-    counts = np.bincount(idx.ravel(), minlength=7)
-    sliced = {**TILES, "gemm1": {**TILES["gemm1"], "SLICE": 8}}
-    a, b = task_plan(cfg, counts, 9, TILES), task_plan(cfg, counts, 9, sliced)
-    assert a.weight_bytes.sum() == pytest.approx(b.weight_bytes.sum())
-    for i in np.nonzero(b.kind == KINDS.index("expert_slice"))[0]:
-        assert [c for c, _ in b.waits(i)] == ["topk"] and b.signals(i) == ["g2"]
-    comb = np.nonzero(b.kind == KINDS.index("combine"))[0][0]
-    assert b.waits(comb) == [("g2", int((b.kind == KINDS.index("expert_slice")).sum()))]
-
-
-def test_expert_slice_width_must_fit_its_tile():
-    from megamoe.reference import InputError
-
-    cfg = MoEConfig(**BASE)
-    for bad in (12, 24, -8, True):
-        with pytest.raises(InputError, match="SLICE"):
-            task_layout(cfg, 4, {**TILES, "gemm1": {**TILES["gemm1"], "SLICE": bad}})
 
 
 def test_every_token_on_the_same_experts(rng):
@@ -340,43 +314,26 @@ TILES = {"router": {"BLOCK_T": 16, "BLOCK_H": 16, "SPLIT": 3}, "gemm1": {"BLOCK_
          "combine": {"BLOCK_T": 4, "BLOCK_H": 32}, "order": {"GROUP_M": 2}}
 
 
-@pytest.mark.parametrize("segments", [(0, 1), (1, 5), (1, 132), (0, -1)],
-                         ids=["tiles", "stream_k_5", "stream_k_132", "align_each"])
+@pytest.mark.parametrize("align_each", [False, True], ids=["tiles", "align_each"])
 @pytest.mark.parametrize("topk_t", [None, 1, 4])
 @pytest.mark.parametrize("T", [1, 16, 17, 200])
-def test_plan_waits_only_on_lower_tickets(T, topk_t, segments, rng):
+def test_plan_waits_only_on_lower_tickets(T, topk_t, align_each, rng):
     """Deadlock freedom by construction: every counter a task waits for is signalled only by lower
-    tickets, reaches its target exactly, and the static part matches task_layout; stream-K
-    segments cover every K step of every tile exactly once."""
-    from megamoe.reference.tiles import segment_pieces
-
-    sk, programs = segments
+    tickets, reaches its target exactly, and the static part matches task_layout; one GEMM task
+    per tile."""
     cfg = MoEConfig(**{**BASE, "num_shared_experts": 1, "shared_intermediate_size": 20, "shared_expert_gate": True})
     idx = np.stack([rng.choice(7, 3, replace=False) for _ in range(T)])
     tiles = TILES if topk_t is None else {**TILES, "router": {**TILES["router"], "TOPK_T": topk_t}}
-    tiles = {**tiles, "order": {**tiles["order"], "STREAM_K": sk}}
-    if programs < 0:  # ALIGN_EACH where it applies (no scan or scatter tasks)
+    if align_each:  # where it applies (no scan or scatter tasks)
         from megamoe.reference.tiles import align_each_takes
 
         if not align_each_takes(T, cfg.hidden_size, cfg.top_k, tiles):
             pytest.skip("ALIGN_EACH does not apply: one top-k task or too many pairs")
-        tiles, programs = {**tiles, "router": {**tiles["router"], "ALIGN_EACH": 1}}, 1
-    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles, num_programs=programs)
+        tiles = {**tiles, "router": {**tiles["router"], "ALIGN_EACH": 1}}
+    plan = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, tiles, num_programs=1)
     lay = task_layout(cfg, T, tiles)
-    assert plan.num_tasks <= lay.max_tasks_for(programs) <= lay.max_tasks
-    J = int(plan.tiles_per_expert("gemm1").sum())
-    q1 = plan.tasks_per_kind()["gemm1"]
-    assert q1 == (min(programs, J * lay.k1) if sk else J)
-    pc = segment_pieces(J, lay.k1, q1)
-    covered = np.zeros((J, lay.k1), int)
-    for j, lo, hi in zip(pc["tile"], pc["k_lo"], pc["k_hi"]):
-        covered[j, lo:hi] += 1
-    assert (covered == 1).all()
-    tiled = task_plan(cfg, np.bincount(idx.ravel(), minlength=7), T, {**tiles, "order": {**tiles["order"], "STREAM_K": 0}})
-    for k in ("gemm1", "gemm2"):  # the same bytes and FLOPs, however the tiles are cut
-        a, b = (p.kind == KINDS.index(k) for p in (plan, tiled))
-        for col in ("weight_bytes", "flops"):
-            assert getattr(plan, col)[a].sum() == pytest.approx(getattr(tiled, col)[b].sum())
+    assert plan.num_tasks <= lay.max_tasks
+    assert plan.tasks_per_kind()["gemm1"] == int(plan.tiles_per_expert("gemm1").sum())
     assert np.all(np.diff(plan.kind) >= 0), "kinds come in ticket order"
     reached = np.bincount(plan.signal_counter, minlength=len(plan.counters))
     np.testing.assert_array_equal(reached, plan.counter_target)

@@ -18,7 +18,7 @@ def test_trace_rows_hold_tasks_programs_and_the_topk_phases():
     cfg = MoEConfig(hidden_size=40, intermediate_size=36, num_experts=7, top_k=3)
     mk = megakernel_config(cfg, 5, torch.float32, torch.device("cpu"))
     rows, mt = trace_rows(cfg, 5, mk, 4)
-    assert mt == task_layout(cfg, 5, mk["tiles"]).max_tasks_for(4)
+    assert mt == task_layout(cfg, 5, mk["tiles"]).max_tasks
     assert rows == mt + 4 + 1
 
 
