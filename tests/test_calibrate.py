@@ -125,6 +125,15 @@ def _fake_sustained():
                          recheck=[4, _sustained_seconds(4), 1980])
 
 
+@pytest.mark.parametrize("device, name", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                          ("NVIDIA GH200 480GB", "gh200"), ("Tesla", "tesla"), ("", "gpu")])
+def test_the_calibrated_profile_is_named_after_the_gpu_it_measured(device, name):
+    """Calibrating an H100 on the h200 base gives "h100-calibrated", never the base's name."""
+    from megamoe.calibrate.profile import gpu_slug
+
+    assert gpu_slug(device) == name
+
+
 def test_calibrated_profile_loads_and_drives_the_cost_model(tmp_path):
     from megamoe.calibrate import build_profile
     from megamoe.calibrate.summary import summary
@@ -136,6 +145,7 @@ def test_calibrated_profile_loads_and_drives_the_cost_model(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(prof))
     p = load_profile(str(path))  # --system path.json
+    assert p.name == "h200-calibrated"
     assert p.kernel.calibrated and p.kernel.flag_handoff_s == 6e-7 and p.kernel.graph_fixed_s == 3e-6
     assert p.hbm_effective_bytes_per_s == pytest.approx(4.4e12)
     assert p.kernel.sources["mma"] == "measured by megamoe calibrate on NVIDIA H200 2026-12-02"

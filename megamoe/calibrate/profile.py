@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import datetime as _dt
+import re
 
 from .compute import GEMM_FORMS, GEMM_MN
 from .latency import serial_width_points
 from .plan import STEPS
 from .sustained import SUSTAINED_PAUSE_S, SUSTAINED_SIZE, duty_points
+
+
+def gpu_slug(device_name: str) -> str:
+    """A profile name for a GPU: its model word in lower case ("NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA H200" -> "h200"); the whole name slugged where no word has a digit."""
+    words = [w for w in re.split(r"[^0-9A-Za-z]+", device_name) if w and w.lower() != "nvidia"]
+    model = next((w for w in words if any(c.isdigit() for c in w)), None)
+    return (model or "-".join(words) or "gpu").lower()
 
 
 def build_profile(base: dict, m: dict, prov: dict) -> dict:
@@ -28,7 +37,7 @@ def build_profile(base: dict, m: dict, prov: dict) -> dict:
         return t
 
     missing = [k for k in STEPS if k not in m]
-    d["name"] = f"{base['name']}-calibrated"
+    d["name"] = f"{gpu_slug(prov['gpu'])}-calibrated"  # named after the GPU measured, whatever the base
     d["description"] = (f"{base['description']}; single-GPU numbers measured by megamoe calibrate ({prov['date']})"
                         + (f"; not measured (base values kept): {', '.join(missing)}" if missing else ""))
     d["gpu"]["num_sms"] = {"value": prov["num_sms"], "unit": "count", "source": src}
