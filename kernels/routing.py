@@ -93,21 +93,6 @@ def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.co
 
 
 @triton.jit
-def _topk_rank(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Every column's rank at once (how many keys beat it; BLOCK_T x BLOCK_E^2 compares), then
-    ranks 0..K-1 (the megakernel's "topk_rank")."""
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_k = tl.arange(0, BLOCK_K)
-    rank = tl.sum((key[:, None, :] > key[:, :, None]).to(tl.int32), axis=2)  # (BLOCK_T, BLOCK_E)
-    at = rank[:, :, None] == offs_k[None, None, :]  # (BLOCK_T, BLOCK_E, BLOCK_K): column of rank k
-    top_idx = tl.sum(tl.where(at, offs_e[None, :, None], 0), axis=1)
-    wval = src if ROUTER == 2 else _key_value(key)  # router 2: the weight is the unbiased score
-    top_val = tl.sum(tl.where(at, wval[:, :, None], 0.0), axis=1)
-    picked = (rank < K).to(tl.int32)
-    return top_idx, top_val, picked
-
-
-@triton.jit
 def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """The BLOCK_K best keys of each row by tl.topk (a bitonic top-k: compare-exchange steps between
     lanes, a max across each hypercube dimension above BLOCK_K; the megakernel's "topk_bitonic"),
@@ -184,7 +169,7 @@ def _route_block(
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, RANK: tl.constexpr, BITONIC: tl.constexpr,
+    BLOCK_G: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
     stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
@@ -273,8 +258,6 @@ def _route_block(
     key = _sel_key(sel, cols, BLOCK_E)
     if BITONIC and K > 1:  # (one pick: the maxima's single max)
         top_idx, top_val, picked = _topk_bitonic(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
-    elif RANK:
-        top_idx, top_val, picked = _topk_rank(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
     else:
         top_idx, top_val, picked = _topk_maxima(key, src, ROUTER, K, BLOCK_T, BLOCK_E, BLOCK_K)
     counts = tl.sum(tl.where(t_mask[:, None], picked, 0), axis=0)
@@ -322,7 +305,7 @@ def _router_kernel(
     top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
         x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
         T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
-        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False, BITONIC)
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, BITONIC)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
