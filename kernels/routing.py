@@ -62,12 +62,9 @@ def _key_value(key):
     return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
-# The top-k of _route_block, three ways, each -> (top_idx (BLOCK_T, BLOCK_K) int32, top_val
-# (BLOCK_T, BLOCK_K) fp32: the best K columns of the keys (BLOCK_T, BLOCK_E) int64 of _sel_key,
-# best first, and their weights' source value (router 2: src at that column, else the key's value),
-# zero in slots K..BLOCK_K-1; picked (BLOCK_T, BLOCK_E) int32: 1 where a column is one of them).
-# The keys are distinct (their low bits are the column), so every way picks the same columns in
-# the same order.
+# The top-k of _route_block from keys (BLOCK_T, BLOCK_E) int64 of _sel_key -> top_idx (BLOCK_T, BLOCK_K)
+# int32 best first, top_val (BLOCK_T, BLOCK_K) fp32 (router 2: src at the column, else the key's value;
+# zero past K), picked (BLOCK_T, BLOCK_E) int32.
 @triton.jit
 def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
@@ -94,10 +91,7 @@ def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.co
 
 @triton.jit
 def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The BLOCK_K best keys of each row by tl.topk (a bitonic top-k: compare-exchange steps between
-    lanes, a max across each hypercube dimension above BLOCK_K; the megakernel's "topk_bitonic"),
-    picked = keys at or above the K-th best. Over 128 experts in 4 warps: two cross-warp steps
-    (shared memory) instead of K, the rest warp shuffles."""
+    """The BLOCK_K best keys of each row by tl.topk (bitonic), picked = keys at or above the K-th."""
     kcols = tl.arange(0, BLOCK_K)[None, :]
     best = tl.topk(key, BLOCK_K, dim=1)  # (BLOCK_T, BLOCK_K), best first; BLOCK_K: a power of 2, >= 2
     top_idx = tl.where(kcols < K, _key_col(best, BLOCK_E), 0)
@@ -117,8 +111,8 @@ def _router_partial(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits of token tile pid over H range sp (a program of the multi-launch
-    router's logits launch, or a task of the megakernel's decode router)."""
+    """Split-H partial logits of token tile pid over H range sp (part (SPLIT, T, E) fp32,
+    sg_part (SPLIT, T) fp32)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -154,9 +148,8 @@ def _router_logits_kernel(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits: program (c, s) sums H range s of token tile c (decode: the routing
-    blocks; prefill: 128-token GEMM tiles, configs.router_logits_tile).
-    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
+    """Program (c, s): the partial logits of token tile c over H range s (_router_partial);
+    _router_kernel sums them in a fixed order."""
     _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
                     T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
 
@@ -173,13 +166,9 @@ def _route_block(
 ):
     """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
     stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
-    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align.
-
-    The top-k picks K times the best remaining key (K dependent row reductions, _topk_maxima), or
-    with RANK (the megakernel's config "topk_rank", small blocks: BLOCK_T x BLOCK_E^2 compares)
-    ranks every column at once (_topk_rank), or with BITONIC (config "topk_bitonic", small blocks)
-    takes a bitonic top-k of the keys (_topk_bitonic): the same experts in the same order with the
-    same weights every way (the keys are distinct: their low bits are the column)."""
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align. The top-k: K maxima
+    (_topk_maxima) or, with BITONIC, tl.topk (_topk_bitonic); both pick the same experts in the same
+    order (the keys are distinct)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -222,8 +211,7 @@ def _route_block(
         if N_GROUP > 1:
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
-            # constexpr only (E is a runtime value: a test on it would compile both branches, and the
-            # reshape fails to compile where BLOCK_E > E): groups tile E = N_GROUP x PER_GROUP
+            # constexpr test (a runtime one on E would compile the reshape where BLOCK_E > E)
             if BLOCK_E == PER_GROUP * N_GROUP and BLOCK_G == N_GROUP:
                 # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
                 k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))
@@ -320,13 +308,9 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
                   meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``launch``: the sizes of ``plan.router_launch`` (grid, BLOCK_*, SPLIT, H_PER_SPLIT, warps), as
-    ``moe.py`` passes them from its static plan; without it they are computed here by the same
-    function from ``split`` (the requested H ranges, 0: none). With SPLIT > 0 (decode) the logits
-    are first summed in SPLIT H ranges by as many programs per token block, then reduced in a
-    fixed order. Inputs are checked by ``moe.py``. With ``meta`` (align.py's tensors) and a single
-    token block, the router program also aligns: returns True if it did.
-    """
+    ``launch``: plan.router_launch's sizes (default: computed here from ``split``, the H ranges;
+    SPLIT > 0 sums the logits of SPLIT H ranges first). With ``meta`` (align.py's tensors) and one
+    token block the router program also aligns: returns True if it did. Inputs are checked by moe.py."""
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:
