@@ -3,52 +3,18 @@
 Shape legend: R ranks, C copies of the whole schedule, C_r those of one rank, W elements per row
 (H for the hidden rows, K for topk_idx / topk_weights rows), N rows of a buffer.
 
-``reference.ep.plan_pull`` gives every copy a rank performs, rank by rank (CSR ``pull_offsets`` /
-``push_offsets``), each rank's copies in its peer order (itself first, then rank + 1, ...), cut into
-chunks of at most ``max_rows`` rows. This module executes one rank's share on the device:
+``reference.ep.plan_pull`` gives every copy (peer, src_row, dst_row, rows) of every rank; this
+module runs one rank's share:
 
-    pull_rows_triton(pull, rank, send_buffers, recv)       dispatch: for each copy (peer, src_row,
-        dst_row, rows) of ``rank``, rows src_row:src_row+rows of peer's send buffer ->
-        rows dst_row:dst_row+rows of this rank's receive buffer
-    push_rows_triton(pull, rank, partial, combine_buffers) combine: for each push copy (peer, src_row,
-        dst_row, rows), rows of this rank's partial buffer -> peer's combine buffer
-    launch_copies(copies, local, peers, push=...)          the launch under both, from a ready table of
-        peer addresses (what kernels.ep_symmetric.SymmetricBuffers holds), optionally after ready flags
+    pull_rows_triton(pull, rank, send_buffers, recv)       peers' send rows -> this rank's receive buffer
+    push_rows_triton(pull, rank, partial, combine_buffers) this rank's partial rows -> peers' combine buffers
+    launch_copies(copies, local, peers, push=...)          the launch under both, optionally after ready flags
 
-Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``.
-
-Peer addresses. The peers' buffers come as a table of base addresses, an int64 tensor of
-``data_ptr()``s, one per rank, which the kernel casts to pointers
-(``tl.load(peers + peer).to(tl.pointer_type(local.dtype.element_ty))``). That is what torch
-symmetric memory gives on one host: every peer's buffer of a symmetric allocation is mapped into
-this process's address space (UVA), so a peer's base address is a plain 64-bit pointer a kernel can
-load from and store to (``SymmetricMemory.buffer_ptrs`` / ``get_buffer(peer, ...)``'s data_ptr()).
-The Triton interpreter runs the same code on CPU tensors: its pointers are host addresses, and an
-int64 -> pointer cast of a ``data_ptr()`` reads and writes the tensor behind it (the cast checked in
-the interpreters of Triton 3.6 and 3.9; the tests run under 3.9's, as 3.6's interpreter fails on
-NumPy 2.4 at any runtime loop bound, the repo's other kernel tests alike), so the tests' "peers" are
-separate CPU tensors of one process and nothing needs a flat buffer with per-peer offsets.
-
-Kernel. A persistent grid of ``num_programs`` programs; the tiles of a rank's copies are
-enumerated in schedule order (copy, then row block of BLOCK_R rows, then column block of BLOCK_W
-elements) and dealt out round-robin over the programs, continuing across copies (a running tile
-count), so many one-row chunks (max_rows=1) spread over all programs instead of all landing on
-program 0. Each program walks the copies in the schedule's order, so it visits the peers in the
-rank's peer order. The last row block of a copy and the last column block of a row are masked.
-Every destination row is written by exactly one tile and nothing accumulates, so the result does
-not depend on the grid or on how the programs interleave (bitwise deterministic). The row width W
-is a constexpr and the rows are contiguous (row stride W, unit column stride as literals), so for W
-a multiple of 16 bytes / element size the compiler sees 16-byte aligned, contiguous runs and issues
-16-byte vector loads and stores (the peers' base addresses carry a ``tl.multiple_of(., 16)`` hint
-when all of them are 16-byte aligned, as symmetric-memory allocations are).
-
-Ready flags. ``launch_copies(..., ready=ReadyWait(...))`` makes every program poll the peer's ready
-flag (``wait_flag``: tl.atomic_add(flag, 0, sem="acquire", scope="sys"), compiled by Triton 3.6 and
-3.9 to ld.global.sys.acquire) before its first copy from that peer, up to ``spin_limit`` polls; a
-wait that runs out is written to a status word (``note_timeout``) for the host to raise on, and the
-copies go on, so a kernel never hangs. The buffers, the flags and the whole layer are
-kernels/ep_symmetric.py's (``SymmetricBuffers``, ``ep_moe_experts_symmetric``), tested with every rank
-emulated in one process; only the run on several GPUs is left.
+Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``. Peers come
+as an int64 table of base addresses (``data_ptr()``s) the kernel casts to pointers. With
+``ready=ReadyWait(...)`` every program polls the peer's flag (``wait_flag``, acquire, at most
+``spin_limit`` polls; a timeout goes to a status word, ``note_timeout``) before its first copy
+from that peer (docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -3,61 +3,23 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
 buffer, N rows of a receive buffer, C_r the copies of one rank.
 
-Every rank owns one symmetric allocation (``SymmetricBuffers``, ``BufferLayout``): its send buffers
-(x rows (S, H), topk_idx rows (S, K) int64, topk_weights rows (S, K) fp32, in plan_send's layout),
-its combine buffer (S, H) (the send layout: what the peers push back) and its flags (2, R) int64,
-row READY: flags[READY, s] = the last call whose send buffers rank s has packed, row LANDED:
-flags[LANDED, c] = the last call whose partial rows rank c has pushed here. Its receive buffers
-(N, H), (N, K), (N, K) are its own memory: only it writes them. A call of one rank
-(``SymmetricStep``) runs five phases, in this order:
+Every rank owns one symmetric allocation (``SymmetricBuffers``, ``BufferLayout``): send buffers
+(x (S, H), topk_idx (S, K) int64, topk_weights (S, K) fp32, in plan_send's layout), a combine
+buffer (S, H) and flags (2, R) int64: flags[READY, s] = the last call rank s has packed,
+flags[LANDED, c] = the last call rank c has pushed here. Its receive buffers (N, H), (N, K), (N, K)
+are local. A call (``SymmetricStep``) runs five phases:
 
-    1. pack     x, topk_idx, topk_weights rows into the send buffers (plan_send's order); signal
-                READY: epoch[READY] += 1, written into flags[READY, rank] of every peer
-    2. pull     this rank's copies of reference.ep.plan_pull (kernels.ep_pull's copy kernel), peers in
-                its peer order (itself first): each program polls flags[READY, peer] until it reaches
-                epoch[READY] before its first copy from that peer (topk_idx rows, then weights, then x)
-    3. compute  plan_receive on the received slot ids (a host sync) and the local experts, exactly as
-                ep_moe_experts (kernels.ep.local_partials): one partial row per received row
-    4. push     the partial rows into each source's combine buffer (plan_pull's push copies); signal
-                LANDED: epoch[LANDED] += 1, written into flags[LANDED, rank] of every peer
-    5. finish   wait until flags[LANDED, c] reaches epoch[LANDED] for every c; y = the combine rows
-                summed ranks ascending (kernels.ep.combine_partials): bitwise ep_moe_experts' y
+    1. pack     rows into the send buffers; signal READY (epoch += 1 into every peer's flags)
+    2. pull     this rank's copies of reference.ep.plan_pull, each peer's after its READY flag
+    3. compute  plan_receive and the local experts (kernels.ep.local_partials)
+    4. push     the partial rows into each source's combine buffer; signal LANDED
+    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending
+                (kernels.ep.combine_partials): bitwise ep_moe_experts' y
 
-Flags carry epochs (call counters kept on the device, bumped by the signal kernel itself), so they
-need no reset between calls and no flag kernel takes a value from the host (a CUDA-graph replay of
-them needs no host op; the compute phase's host planning still syncs today); every wait is
-">= epoch". One call never
-overwrites what a peer still reads: s repacks its send buffers (call n+1) only after every peer's
-LANDED flag of call n, which a peer raises only after all its pulls of call n; c pushes call n+1's
-rows into s's combine buffer only after pulling s's rows of call n+1, which s offers only after its
-combine of call n. So the ranks drift apart by less than one call.
-
-Flag kernels (Triton, one program): ``_signal_kernel`` writes with tl.atomic_xchg(sem="release",
-scope="sys"); waits (``ep_pull.wait_flag``, in the pull's copy kernel and ``_wait_kernel``) read with
-tl.atomic_add(flag, 0, sem="acquire", scope="sys"): Triton 3.6 (the GPU image's) has sem and scope
-on atomic_cas / xchg / add but no atomic load (3.9's tl.atomic_load / atomic_poll); for sm_90 both
-compile them to atom.global.sys.release.exch and ld.global.sys.acquire (their PTX, read on a CPU
-machine: compiled, never run on a GPU). A release in the
-signal kernel publishes the writes of the kernels before it on the stream (the pack's copies, the
-push's remote stores): stream order, then a system-scope release. Every wait is bounded: at most
-``spin_limit`` polls per program, after which it records the peer and the value read in a status
-word, and the host raises FlagTimeoutError (rank, peer, flag, epoch) at the next phase that syncs
-(compute, finish) instead of hanging.
-
-Two ways to get the buffers:
-    SymmetricBuffers.allocate(...)   one rank's, torch symmetric memory (symm_mem.empty + rendezvous;
-                                     the peers' addresses: the handle's buffer_ptrs plus the tensor's
-                                     offset in its segment), one process
-                                     per GPU; sized for max_tokens per rank (the worst case: S = T *
-                                     min(K, R), N = T * R), allocated once
-    SymmetricBuffers.emulated(R, ...) R ranks' buffers in one process: CPU tensors for the Triton
-                                     interpreter (CI), or one GPU's memory (the compiled kernels);
-                                     ``ep_moe_experts_emulated`` runs every rank's phase 1, then every
-                                     rank's phase 2, and so on, so no rank ever waits on a flag that a
-                                     later phase sets (one process cannot deadlock)
-``ep_moe_experts_symmetric`` is the layer in one process of a multi-GPU group (the (R, R) traffic
-given, or all-gathered from the ranks' send counts). Not yet run on several GPUs: the symmetric
-allocation, the cross-GPU flags and copies are tested here only through the emulation.
+Flags carry epochs (no reset); every wait is bounded and a timeout raises FlagTimeoutError on the
+host (docs/kernels.md: the memory order). ``SymmetricBuffers.allocate`` gives one rank's buffers in
+torch symmetric memory (one process per GPU); ``SymmetricBuffers.emulated`` every rank's in one
+process (``ep_moe_experts_emulated`` runs the phases rank by rank).
 """
 
 from __future__ import annotations
