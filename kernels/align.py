@@ -1,30 +1,22 @@
 """Align: sort the (token, slot) pairs by expert and pad each expert to BLOCK_M rows, on the device.
 
 Shape legend: T tokens, E experts, K top-k, C token chunks (the router's blocks of BLOCK_T tokens),
-P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for a given T, so the
-whole layer has fixed shapes and can be captured in a CUDA graph: no host synchronization).
+P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for T: no host sync).
 
-Produces exactly ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
+Produces ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
     counts (E,) int32, padded_offsets (E+1,) int32,
-    padded_token (P_max,) int32 / padded_pair (P_max,) int32: token / pair t*K+k of each padded
-        row, -1 in padding rows (rows >= P are left as they are: no block reads them),
-    block_expert (B_max,) int32: expert of each block of BLOCK_M rows, -1 past the last block,
+    padded_token / padded_pair (P_max,) int32: token / pair t*K+k of each padded row, -1 in
+        padding rows (rows >= P are left as they are),
+    block_expert (B_max,) int32: expert of each block, -1 past the last,
     pair_dest (T*K,) int32: the padded row of each pair.
 
-Three launches after the router (which wrote hist (C, E), pairs per expert per chunk):
-    _scan_experts_kernel (one program per BLOCK_EX experts): per-chunk exclusive prefix per expert
-        (chunk_base), counts.
-    _layout_kernel (one program per BLOCK_B row blocks): padded offsets, block_expert, the -1
-        padding rows.
-    _scatter_pairs_kernel (a program per BLOCK_P pairs of a chunk, grid (C, pairs / BLOCK_P)): a
-        pair's padded row = padded_offsets[e] + pairs of e in earlier chunks (chunk_base) + pairs of e
-        earlier in this chunk. Since a token picks an expert at most once, this is the (expert,
-        token) order of the reference.
-
-The align kernels trust the routing: K distinct ids in [0, E) per token (checks.py makes a routing
-from outside so). _scatter_kernel, a program per chunk over (BLOCK_T, BLOCK_E) one-hots, was the
-multi-launch scatter before _scatter_pairs_kernel; it stays as the bitwise reference of the tests,
-and its body (_scatter_chunk) is the megakernel's align_scatter task.
+Three launches after the router's hist (C, E):
+    _scan_experts_kernel: per-chunk exclusive prefix per expert (chunk_base), counts
+    _layout_kernel: padded offsets, block_expert, the -1 padding rows
+    _scatter_pairs_kernel: a pair's row = padded_offsets[e] + chunk_base[c, e] + its rank in the chunk
+The kernels trust the routing: K distinct ids in [0, E) per token (checks.py). _scatter_kernel (a
+program per chunk; the megakernel's align_scatter task, _scatter_chunk) is the tests' bitwise
+reference of _scatter_pairs_kernel.
 """
 
 from __future__ import annotations

@@ -2,24 +2,16 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-Pure Python (no torch, no triton), so that ``plan.py`` and the simulator read the same choice the
-kernels launch with.
-
-A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+Pure Python, so ``plan.py`` and the simulator read the choice the kernels launch with. A tuned file
+``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
 
     {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
 
-keyed by shape and by the token-count bucket (``T_BUCKETS``); a lookup takes the nearest bucket
-(in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS`` (and optionally those of
-``GEMM_OPTIONAL``); both GEMMs share BLOCK_M (the align kernels pad experts to it). Unknown keys or
-a disagreeing BLOCK_M are errors, loudly.
-
-A GEMM config's ``"variant"`` picks the kernel family (grouped_gemm.py): ``"pointer"`` (the
-default: one program per tile, weights through pointer loads) or ``"tma_persistent"`` (weights
-through TMA tensor descriptors, one program per SM walking the routed tiles; prefill, no split-K).
-TMA needs 16-byte row strides: where a GEMM's reduction length times the element size is not a
-multiple of 16 bytes, ``select_config`` falls back to "pointer" for that GEMM (``resolve_variants``).
+keyed by shape and token bucket (``T_BUCKETS``; a lookup takes the nearest in log T). Each GEMM
+config has exactly the keys of ``GEMM_KEYS`` (plus optional ``GEMM_OPTIONAL``); both GEMMs share
+BLOCK_M; anything else is an error. ``"variant"``: ``"pointer"`` (default) or ``"tma_persistent"``
+(needs 16-byte row strides, else ``resolve_variants`` falls back to "pointer").
 """
 
 from __future__ import annotations

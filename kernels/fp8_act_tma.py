@@ -3,48 +3,19 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width,
 KD: its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-What they compute is fp8_gemm.py's FP8-activation GEMMs (reference.forward's FP8 layer): per
-128-deep K step kt, one activation scale per row sa[m] (x or h quantized per token per 128
-columns) and one weight scale per 128-row band of the weight tile sw (DeepSeek-V3's 128 x 128
-blocks), applied to the step's fp32 partial:
+They compute fp8_gemm.py's FP8-activation GEMMs: per 128-deep K step, one scale per row sa[m]
+and one per 128-row weight band sw, applied to the step's fp32 partial:
 
     acc += dot(a8, w8) * (sa[:, None] * sw)          (e4m3 x e4m3 wgmma, fp32)
 
-Built as the bf16 persistent TMA GEMMs (grouped_gemm._gemm*_tma_kernel): one program per SM walks
-the routed tiles in grouped order (_routed_blocks / _routed_tile), e4m3 weight tiles (BN, 128)
-through TMA descriptors, GEMM 1's x rows gathered by pointer in e4m3 from the quantized x
-(fp8_gemm._quantize_x_kernel: codes and scales), GEMM 2's h rows and their codes through a
-descriptor (GEMM 1's epilogue writes h already quantized: fp8_gemm._gemm1_fp8_epilogue).
+Built as grouped_gemm's persistent TMA GEMMs: one program per SM walks the routed tiles; e4m3
+weight tiles (BN, 128) through TMA, GEMM 1's x codes gathered by pointer from the quantized x
+(XQ), GEMM 2's h codes through a descriptor. PIPE keeps one of a K step's two dots in flight while
+the other's product is scaled (docs/kernels.md).
 
-Per 128-deep K step a K loop that waits for each wgmma and then scales every product element
-with an FMUL and an FFMA (sa[:, None] * sw[None, :], a full tile) leaves the tensor cores idle
-during the scaling. Here:
-  * the weight scale of a band is ONE value per K step (a tile's 128 weight rows lie in one scale
-    block: GEMM 1's gate band always, its up band when N % 128 == 0 (UP_BAND), GEMM 2's halves of
-    at most 128 rows always), so the scale is a per-row vector sa * sw and each product element
-    costs one FFMA;
-  * PIPE: each K step's two dots (GEMM 1: gate and up; GEMM 2: the two column halves of the tile)
-    are issued so that one of them stays in flight while the other's product is scaled: the first
-    product (p1) is the step's synchronous dot (a wait for every wgmma after it), the second (p0)
-    is carried to the next step and scaled there after that wait, which Triton's WGMMA pipeliner
-    (asyncLaunchDots, rule 3b: every use of the carried result after the loop's first
-    warp_group_dot_wait 0) lets run asynchronously. Order per step: p1 = dot (sync: also
-    completes the previous step's p0); acc0 += p0_prev * c0_prev; p0 = dot (async); acc1 += p1 * c1.
-    The tensor cores run p0 while the FFMAs of both products issue.
-Accumulation: per K step the product is rounded once to fp32 by the FFMA with the fp32 scale
-sa * sw (itself rounded once), as fp8_gemm's kernels round (product x sa) x sw: both within a few
-fp32 ulps of the FP8 reference per step.
-
-Tiles (plan.fp8_entry with fp8a): BLOCK_K = 128, GEMM 1 BLOCK_N = 128 (h quantized per whole 128-column
-group in the epilogue), BLOCK_M 64 (GEMM 1: acc_g, acc_u, the in-flight and the synchronous
-products, 4 x 32 fp32 a thread at 8 warps; at 128 rows they would be 4 x 64 and spill), GEMM 2
-64 x 256 (two 128-column halves). x must be quantized once (XQ; not SCALE_INPUT: Llama 4's routing
-weight scales rows before quantizing, it keeps fp8_gemm's kernels).
-
-128-row tile sets (plan.FP8A_TILE_CANDIDATES; plan.FP8A_DEFAULT_TILES at the 128-row prefill
-entries, or the set an FP8Options names): GEMM 1 128 x 128 with PIPE 0 (acc_g, acc_u and one
-product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with PIPE or 128 x 256 with CHAIN ("PIPE" 2,
-_gemm2_fp8a_tile); docs/kernels.md has their compile figures.
+Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128, BLOCK_M 64 (GEMM 1) and 64 x 256
+(GEMM 2), or a 128-row set of plan.FP8A_TILE_CANDIDATES. x is quantized once (not SCALE_INPUT:
+Llama 4 keeps fp8_gemm's kernels).
 """
 
 from __future__ import annotations

@@ -3,18 +3,14 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width, KD:
 its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK).
 
-The bf16 persistent GEMMs' walk, gathers and epilogues (grouped_gemm's helpers) with e4m3 weight tiles
-through TMA descriptors (half the bytes) and, instead of scaling each K tile's product, the block scale
-folded into the weights before the dot:
+The bf16 persistent GEMMs (grouped_gemm's helpers) with e4m3 weight tiles through TMA and the block
+scale folded into the weights before the dot:
 
     acc += dot(a, w) with w[n, k] = code[n, k] x s_w[n] rounded to a's dtype (``_e4m3_folded``)
 
-Within a K tile (BLOCK_K divides KB) the scale depends only on the row block of the weight row n, so
-there is one accumulator per output (GEMM 1: gate and up, two) as in the bf16 GEMMs, and 128-row tiles
-fit. SWAP_AB (plan.FP8W_TMA_SWAP_AB): the MMA computes acc^T = w @ a^T with the folded weights as
-wgmma's A operand in registers, so the MMAs stay asynchronous under the next K step's conversion; not
-swapped, they are the B operand, stored to shared memory, and every K step waits for its wgmma.
-plan.fp8_entry sizes the tiles; docs/kernels.md has their compile figures.
+BLOCK_K divides KB, so one accumulator per output as in the bf16 GEMMs. SWAP_AB: the MMA computes
+acc^T = w @ a^T with the weights as wgmma's A operand in registers (docs/kernels.md).
+plan.fp8_entry sizes the tiles.
 """
 
 from __future__ import annotations

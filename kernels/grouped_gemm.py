@@ -3,33 +3,22 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the shared MLP),
 P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
 
-GEMM 1 (_gemm1_kernel), one program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
-    z_g = x[token rows] @ gate_up[e, n]^T, z_u = x[token rows] @ gate_up[e, I + n]^T   (fp32)
-    optional input scaling by the routing weight (Llama 4), biases, activation
-    (silu(g) * u, or gpt-oss's clamped swiglu), stored in the activation dtype: act (P_max, I).
-    Blocks whose expert is -1 (past the routed rows) return at once.
-GEMM 2 (_gemm2_kernel), one program per (BLOCK_M rows, BLOCK_N columns of H):
-    o = act[rows] @ down[e, n]^T (+ bias) times the routing weight (or the shared gate),
-    stored at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
-DENSE=True runs either GEMM over all T tokens with one weight matrix (the shared MLP): rows are
-tokens, and GEMM 2 writes slot K of each token.
-SPLIT_K > 1 (a config key; decode): GEMM 1 writes fp32 gate/up partial sums (S, P_max, 2I) and
-_act_kernel sums them in order and applies the epilogue; GEMM 2's split s writes its own fp32
-slab (S*T*KS, H), bias on split 0 only, and the combine sums slabs and slots in a fixed order.
-Combine (_combine_kernel): y[t] = sum over k < KS of pairs[t*KS + k], in that order, in fp32:
-bitwise deterministic. With ATOMIC the combine only casts y32.
+GEMM 1 (_gemm1_kernel), a program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
+    z_g = x[rows] @ gate_up[e, n]^T, z_u = x[rows] @ gate_up[e, I + n]^T (fp32); optional input
+    scaling by the routing weight (Llama 4), biases, activation -> act (P_max, I), act dtype.
+    Blocks whose expert is -1 return at once.
+GEMM 2 (_gemm2_kernel), a program per (BLOCK_M rows, BLOCK_N columns of H):
+    o = act[rows] @ down[e, n]^T (+ bias) times the routing weight (or the shared gate), stored at
+    row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
+DENSE: either GEMM over all T tokens with one weight matrix (the shared MLP; GEMM 2 writes slot K).
+SPLIT_K > 1: GEMM 1 writes fp32 gate/up partials (S, P_max, 2I) that _act_kernel sums in order;
+GEMM 2's split s writes its own fp32 slab (S*T*KS, H), bias on split 0 only.
+Combine (_combine_kernel): y[t] = sum over slabs and k < KS of pairs[t*KS + k], in order, in fp32
+(bitwise deterministic); with ATOMIC it only casts y32.
 
-Program order: GROUP_M row blocks share a column band (L2 reuse of weights for prefill).
-
-Variant "tma_persistent" (a GEMM config's ``variant`` key, configs.py; prefill, no split-K):
-_gemm1_tma_kernel / _gemm2_tma_kernel launch one program per SM (plan.gemm_grid); each walks
-tiles p, p + programs, ... of (routed row blocks x N tiles) in the same grouped order, the routed
-row blocks read on the device (padded_offsets[E] / BLOCK_M: no host sync, so a CUDA graph replays
-it for any routing). Weight tiles come through TMA tensor descriptors (host-side
-triton.tools.tensor_descriptor.TensorDescriptor, zero-filled out of bounds), GEMM 1's x rows are
-gathered by pointer loads (Hopper has no TMA gather) and GEMM 2's activation rows, contiguous in
-padded order, through a descriptor too; the software pipeline (num_stages) overlaps the loads
-with the MMAs. Same arithmetic and epilogues as the pointer kernels (shared helpers).
+Variant "tma_persistent" (configs.py; no split-K): _gemm1_tma_kernel / _gemm2_tma_kernel, one
+program per SM walking the routed tiles in the same GROUP_M order; weight tiles (and GEMM 2's
+activation rows) through TMA descriptors, GEMM 1's x rows by pointer; same epilogues.
 """
 
 from __future__ import annotations
