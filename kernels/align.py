@@ -66,12 +66,9 @@ def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr
 @triton.jit
 def _align_one(idx, valid, counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                padded_token_ptr, padded_pair_ptr, pair_dest_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The align of a batch of one token: what _finish_offsets and _scatter_block store for it,
-    from the ranks of its picks. idx (BLOCK_K,) its experts (distinct: a top-k's), valid (BLOCK_K,)
-    the K picks; counts (BLOCK_E,) its histogram. Each picked expert holds one row in a block of
-    its own, so block b is the picked expert of rank b and an expert's first padded row is
-    BLOCK_M x the picked experts below it: compares of K x K and E x K picks, no scan over the
-    experts and no loop over the row blocks (the megakernel's config "align_one", at T = 1)."""
+    """The align of a batch of one token: what _finish_offsets and _scatter_block store, from the ranks
+    of its picks. idx (BLOCK_K,) its distinct experts, valid (BLOCK_K,) the K picks, counts (BLOCK_E,)
+    its histogram. Block b is the picked expert of rank b (config "align_one", T = 1)."""
     offs_k = tl.arange(0, BLOCK_K)
     key = tl.where(valid, idx, 2147483647)
     n = tl.sum(valid.to(tl.int32), axis=0)
@@ -160,10 +157,8 @@ def _scan(
 @triton.jit(do_not_specialize=["C"])
 def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
                          BLOCK_EX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The multi-launch path's scan, one program per BLOCK_EX experts: each expert's exclusive prefix
-    over the C chunks (chunk_base) and its count. The experts' scans are independent, so they run
-    side by side (one program walking all of them, then the row blocks, as the megakernel's _scan
-    task does, is a long serial chain at prefill: docs/kernels.md)."""
+    """The multi-launch scan, one program per BLOCK_EX experts: each expert's exclusive prefix over the
+    C chunks (chunk_base) and its count."""
     offs_e = tl.program_id(0) * BLOCK_EX + tl.arange(0, BLOCK_EX)
     e_mask = offs_e < E
     running = _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C)
@@ -173,10 +168,8 @@ def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
 @triton.jit(do_not_specialize=["B_MAX"])
 def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, E, B_MAX,
                    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The multi-launch path's padded layout after _scan_experts_kernel, one program per BLOCK_B row
-    blocks: every program derives the padded offsets from the counts (program 0 stores them) and
-    stores its blocks' experts (block_expert, -1 past the last block) and -1 in their padding rows:
-    what _finish_offsets stores, its loop over the row blocks spread over programs."""
+    """The multi-launch padded layout, one program per BLOCK_B row blocks: padded offsets (program 0
+    stores them), block_expert (-1 past the last block) and -1 in the padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
@@ -228,10 +221,8 @@ def _expert_of_block(b, incl, e_mask, BLOCK_M: tl.constexpr):
 @triton.jit
 def _place_block(b, e, counts, start, topk_idx_ptr, TK, padded_token_ptr, padded_pair_ptr,
                  K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Row block b's padded rows, from the routing alone (ALIGN_EACH): block b of expert e holds the
-    pairs of e ranked [b BLOCK_M - start[e], + BLOCK_M) in pair order (= token order: a token picks
-    an expert once), -1 past its count: the rows _scatter_block and _finish_offsets would store
-    (block_expert is not stored: every task that needs a block's expert computes it, _expert_of_block).
+    """Row block b's padded rows from the routing alone (ALIGN_EACH): expert e's pairs ranked
+    [b BLOCK_M - start[e], + BLOCK_M) in pair order, -1 past its count (block_expert not stored).
     topk_idx (T*K,) int32 = TK pairs (<= BLOCK_P); counts, start (BLOCK_E,) from _hist_layout."""
     offs_e = tl.arange(0, BLOCK_E)
     r0 = b * BLOCK_M - tl.sum(tl.where(offs_e == e, start, 0), axis=0)  # the block's first rank within e

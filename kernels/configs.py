@@ -204,12 +204,8 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
 
 
 def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
-    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256).
-
-    Sized so that both accumulators fit the registers (GEMM 1 keeps gate and up: 2 x BM x BN fp32
-    over the warps, about 128 per thread) and the stages fit Hopper's 227 KB of shared memory (per
-    stage: A BM x BK plus B (2 x) BN x BK, bf16): 40-48 KB a stage, 3-4 stages. The interpreter's
-    tiles are tiny, as its other configs."""
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256): both accumulators
+    in registers and the stages within Hopper's 227 KB of shared memory; tiny in the interpreter."""
     if block_m not in (16, 64, 128, 256):
         raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
     if interpret:
@@ -385,10 +381,8 @@ MEGAKERNEL_MAX_T = 0
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                    fp8: str | None = None) -> str:
     """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
-    {bucket: name}, written by benchmarks/pick_backend.py from same-run rows of both backends) where it
-    has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8`` ("weights" / "weights+act"):
-    the FP8 layer's table of that mode (``backend_fp8``, from bench_megakernel.py --fp8 rows), else the
-    multi-launch path (the FP8 megakernel is chosen only where a run measured it faster)."""
+    {bucket: name}) where it has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8``:
+    the table of that mode (``backend_fp8``), else "multi"."""
     table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
     if table:
         return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]

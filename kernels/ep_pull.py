@@ -72,13 +72,10 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, st
                       BLOCK_W: tl.constexpr):
     """Copies lo:hi of ``copies`` ((C, 4) int64 rows: peer, src_row, dst_row, rows), in order.
 
-    local: this rank's buffer (pull: the receive buffer, written; push: the partial buffer, read);
-    peers: (R,) int64 base addresses of the peers' buffers (pull: send buffers, read; push:
-    combine buffers, written). Rows of W contiguous elements in every buffer.
-    WAIT: before its first copy from a peer, each program polls ``flags[peer]`` (this rank's (R,)
-    int64 ready flags) until it reaches ``epoch[0]``, at most ``spin_limit`` polls in all; a wait that
-    runs out is recorded in ``status`` (``note_timeout``, kind 1) and the copies go on (the host raises).
-    """
+    local: this rank's buffer (pull: receive, written; push: partial, read); peers: (R,) int64 base
+    addresses of the peers' buffers (pull: send, read; push: combine, written); rows of W contiguous
+    elements. WAIT: before its first copy from a peer, a program polls ``flags[peer]`` until
+    ``epoch[0]``, at most ``spin_limit`` polls; a timeout goes to ``status`` (kind 1), the copies go on."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
@@ -203,14 +200,12 @@ def _check_num_programs(num_programs) -> None:
 def launch_copies(copies: np.ndarray, local: torch.Tensor, peers: torch.Tensor, *, push: bool, aligned: bool,
                   num_programs: int | None = None, copies_dev: torch.Tensor | None = None,
                   ready: ReadyWait | None = None) -> None:
-    """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``: one rank's).
+    """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``).
 
-    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 tensor
-    on local's device, the base address of each peer's buffer of local's dtype and row width (what a
-    symmetric allocation gives); aligned: every peer address is a multiple of 16; copies_dev: the
-    same rows already on the device (else copied there); ready: make each program wait for a peer's
-    ready flag before its first copy from that peer (pulls only).
-    """
+    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 base
+    addresses on local's device of buffers of local's dtype and row width; aligned: every peer address
+    a multiple of 16; copies_dev: the rows already on the device; ready: wait for each peer's ready
+    flag before its first copy (pulls only)."""
     _check_num_programs(num_programs)
     W = _row_width(local)
     if len(copies) == 0 or W == 0:
@@ -253,13 +248,9 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
                      recv: torch.Tensor | None = None, *, num_programs: int | None = None) -> torch.Tensor:
     """Dispatch of ``rank``: its pulls from the peers' send buffers into its receive buffer.
 
-    send_buffers: R tensors (at least send_rows[s] rows each, e.g. a symmetric buffer of
-    ``buffer_rows``; rows of any shape, the same dtype and row shape for every rank, contiguous):
-    on a GPU, the peers' buffers of a symmetric allocation, addressable from this device.
-    recv: this rank's receive buffer (at least recv_rows[rank] rows; default: a new one of exactly
-    recv_rows[rank] rows on send_buffers[rank]'s device) -> recv, rows 0:recv_rows[rank] written
-    as ``reference.ep.pull_rows(pull, send_buffers)[rank]`` and nothing else.
-    """
+    send_buffers: R contiguous tensors of one dtype and row shape (at least send_rows[s] rows); recv:
+    at least recv_rows[rank] rows (default: a new one on send_buffers[rank]'s device) -> recv, rows
+    0:recv_rows[rank] as ``reference.ep.pull_rows(pull, send_buffers)[rank]``, nothing else written."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     _check_per_rank("send", send_buffers, R)
@@ -281,14 +272,11 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
 
 def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combine_buffers: list[torch.Tensor],
                      *, num_programs: int | None = None) -> list[torch.Tensor]:
-    """Combine of ``rank``: its push-backs of its partial rows into the sources' combine buffers.
+    """Combine of ``rank``: its partial rows (the receive layout) pushed into the sources' combine buffers.
 
-    partial: this rank's partial buffer (the receive layout, at least recv_rows[rank] rows);
-    combine_buffers: R tensors (at least send_rows[s] rows each, same dtype and row shape as
-    partial, contiguous), written in place: the rows of s's combine buffer whose send rows this
-    rank pulled get ``reference.ep.push_rows``'s values, no other row is touched. -> combine_buffers.
-    Run for every rank, each combine buffer is ``reference.ep.push_rows(pull, partials)[s]``.
-    """
+    combine_buffers: R contiguous tensors of partial's dtype and row shape (at least send_rows[s]
+    rows), written in place: only the rows this rank pulled, with ``reference.ep.push_rows``'s values.
+    -> combine_buffers."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     partial = _check_buffer(f"partial buffer of rank {rank}", partial, int(pull.recv_rows[rank]), None)

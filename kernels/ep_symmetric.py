@@ -89,13 +89,9 @@ def _region(offset: int, nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets.
-
-    Room for any routing of at most ``max_tokens`` tokens per rank: a token sends at most one row to
-    each of min(K, R) ranks (S = send_rows), and a rank receives at most one row per token of every
-    rank (N = recv_rows; the receive buffers are local memory, not in the allocation). dtype: x's
-    (and the combine rows') torch dtype.
-    """
+    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets,
+    with room for any routing of at most ``max_tokens`` tokens per rank (S = send_rows: T x min(K, R);
+    N = recv_rows: T x R, local memory). dtype: x's torch dtype."""
 
     num_ranks: int
     max_tokens: int
@@ -138,15 +134,13 @@ class BufferLayout:
 
 
 class SymmetricBuffers:
-    """One rank's buffers and the addresses of its peers' (see the module docstring).
+    """One rank's buffers and the addresses of its peers'.
 
-    Views of the symmetric allocation: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32,
-    send_pos (S, K) int64 (each pair's position among the sender's rows of its slot: the fused launch's),
-    combine (S, H), flags (2, R) int64. Local: recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch
-    (2,) int64 (the calls signalled, per flag row), status (3,) int64 (the first timed-out wait: peer
-    + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 tensor of every rank's address of
-    region ``name``, on this rank's device (what kernels.ep_pull.launch_copies takes).
-    """
+    Symmetric: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32, send_pos (S, K) int64 (each
+    pair's position among the sender's rows of its slot), combine (S, H), flags (2, R) int64. Local:
+    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (the first
+    timed-out wait: peer + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 addresses of
+    region ``name`` on every rank (what ep_pull.launch_copies takes)."""
 
     def __init__(self, rank: int, layout: BufferLayout, storage: torch.Tensor, bases: list[int], *,
                  spin_limit: int, emulated: bool, keep: tuple = ()):
@@ -278,17 +272,13 @@ def _check_traffic(traffic, num_ranks: int, rank: int, send_counts: np.ndarray) 
 class SymmetricStep:
     """One rank's part of one call, in phases called in this order: pack, pull, compute, push, finish.
 
-    x: (T, H) in the buffers' dtype, on their device; topk_idx: (T, K) slot ids (distinct per row);
-    topk_weights: (T, K) float; traffic: (R, R) rows [src, dst] of every rank (its row ``rank`` must
-    be this routing's send counts) or a callable taking this rank's (R,) send counts and returning it.
-
-    fused: phases pull, compute and push are one persistent launch (kernels/ep_fused.py, the plan of
-    reference.ep_tasks.plan_fused_ep): the copies overlap the expert tiles and nothing syncs with the
-    host between pack and finish; its copies are cut to ``reference.ep_tasks.auto_max_rows`` rows unless
-    ``max_rows`` says otherwise (one copy is one task of one program). It needs ``slot_counts``: the
-    (R, P) rows of every rank per slot (its row ``rank`` this routing's), or a callable taking this
-    rank's (P,) counts and returning them. The pull phase launches it, compute does nothing, push signals LANDED.
-    """
+    x: (T, H) in the buffers' dtype and device; topk_idx: (T, K) slot ids (distinct per row);
+    topk_weights: (T, K); traffic: (R, R) rows [src, dst] of every rank (row ``rank`` this routing's
+    send counts) or a callable from this rank's (R,) send counts to it.
+    fused: pull, compute and push as one persistent launch (kernels/ep_fused.py; copies of at most
+    ``max_rows``, default reference.ep_tasks.auto_max_rows); needs ``slot_counts``, the (R, P) rows of
+    every rank per slot, or a callable from this rank's (P,) counts. Pull launches it, compute does
+    nothing, push signals LANDED."""
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
 
@@ -430,18 +420,13 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
                              fused: bool = False) -> torch.Tensor:
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
-    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Every rank of
-    ``group`` calls it with its own T (0 allowed), on buffers from ``SymmetricBuffers.allocate`` (or, in
-    a group of one process, ``SymmetricBuffers.emulated(1, ...)[0]``).
-    traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
-    all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
-    num_programs: programs of the copy kernel (its SMs, 4 per SM by default), or of the fused launch.
-    fused: pulls, local experts and push-backs in one launch (kernels/ep_fused.py); the (R, P) slot counts
-    are all-gathered with the traffic (one gather), so ``traffic`` given is ignored then.
-    The checks that depend on every rank's routing (the buffers' room) give the same answer on every
-    rank, so all of them raise together; a rank that raises on its own inputs (a wrong dtype) before
-    it signals leaves its peers to a FlagTimeoutError after their spin limit.
-    """
+    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Collective:
+    every rank of ``group`` calls it with its own T (0 allowed), on ``SymmetricBuffers.allocate``'s
+    buffers (a group of one: ``SymmetricBuffers.emulated(1, ...)[0]``). traffic: the (R, R) rows
+    [src, dst] if known (ignored with ``fused``), else all-gathered. max_rows: the most rows one copy
+    moves; num_programs: of the copy kernel (default 4 per SM) or the fused launch. fused: one launch
+    (kernels/ep_fused.py). Checks on every rank's routing raise on every rank together; a rank that
+    raises on its own inputs leaves its peers to a FlagTimeoutError."""
     check_transport_env()
     if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
         raise EPInputError("these buffers are emulated (every rank in this process): run them with "

@@ -46,14 +46,8 @@ def _scaled(acc, p, c):
 
 @triton.jit
 def _fresh(acc):
-    """A zero accumulator for the product kept in flight, computed from acc (acc x 0): the wgmma then
-    depends on the scaling that updated acc, so the scaling of the previous product is done before
-    the wgmma writes, and that product's registers become the new one's (no copy). With a constant
-    zero LLVM moved the scaling below the wgmma and copied the product in flight into the
-    loop-carried registers, and ptxas serialized every wgmma of the kernel (C7514: "non wgmma
-    instructions reading accumulator registers"); Triton 3.6 turns a zero under a branch into the
-    wgmma's "use C" flag on Blackwell only (OptimizeAccumulatorInit). acc is finite, so the zero is
-    exact (-0 adds as +0)."""
+    """A zero accumulator for the product kept in flight, computed as acc x 0 so the wgmma waits for
+    the scaling that updated acc and reuses its registers (docs/kernels.md). Exact: acc is finite."""
     return acc * 0.0
 
 
@@ -141,19 +135,11 @@ def _gemm2_fp8a_tile(
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: h's e4m3 rows (contiguous in padded order) through a_desc over (rows, KD)
-    with their scales as_ptr (rows, ceil(KD / KB)), the e4m3 down weights as two column halves
-    (BLOCK_N / 2, KB) through w_desc over down as (E*N, KD) (zero past KD and past the last row),
-    each half within one scale block (BLOCK_N / 2 divides KB), its scale one load per K step.
-    Padding rows read whatever GEMM 1 left there (their scale loads are masked); they only reach
-    masked output rows. Each half goes through grouped_gemm's epilogue.
-
-    PIPE 1: half 0's product carried to the next K step (module docstring). PIPE 2, CHAIN (a 128-row
-    tile candidate, plan.FP8A_TILE_CANDIDATES): half 0's product scaled at once, half 1's wgmma started
-    from half 0's scaled sum x 0 (_fresh), so it waits for that scaling and takes the product's
-    registers: one product live (128 x 256 tiles: 241 registers, no spills, sm_90, Triton 3.9), where
-    without it (PIPE 0) both wgmmas were issued before either product was scaled (255 and 76 spill
-    stores). The same sums as PIPE 0 and 1 in the same order."""
+    """One GEMM 2 tile: h's e4m3 rows (contiguous, padded order) through a_desc over (rows, KD) with
+    scales as_ptr (rows, ceil(KD / KB)); the e4m3 down weights as two column halves (BLOCK_N / 2, KB)
+    through w_desc over down as (E*N, KD), each half in one scale block. Padding rows reach only masked
+    outputs. PIPE 1: half 0's product carried to the next K step; PIPE 2 (CHAIN): half 0 scaled at once
+    and half 1's wgmma started from it (_fresh). The same sums in the same order every way."""
     HALF: tl.constexpr = BLOCK_N // 2
     row_mask, tok, slot, srow, _, _, _, a_row, _, row_a, _ = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, HALF, BLOCK_K)

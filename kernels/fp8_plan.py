@@ -115,18 +115,14 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
               x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs take it, from bf16 ``entry``.
 
-    Pointer GEMMs: BLOCK_K = FP8_BLOCK (each K tile in one scale block), GEMM 1 without split-K (its
-    epilogue finishes whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (h quantized in
-    whole 128-column groups); GEMM 2 keeps its split-K (splits fall on scale blocks). A GEMM whose
-    entry is "tma_persistent" (``fp8_tma_ok`` on ``depths`` = (H, I), GEMM 1's and GEMM 2's K
-    extents; None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE":
-    1, FP8A_STAGES stages, GEMM 2's BLOCK_N a power of two at most FP8A_MAX_BLOCK_N2), GEMM 1 only
-    where the layer quantizes x once (``x_once``: plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K
-    = FP8W_TMA_BLOCK_K, "SWAP_AB" = options.swap_ab, then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N).
-    BLOCK_M (both GEMMs: the align pads to it) at most FP8A_MAX_BLOCK_M / FP8W_TMA_MAX_BLOCK_M when
-    both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to FP8_SMEM_BUDGET_BYTES (per
-    stage the A tile, in x's ``dtype`` or e4m3, and the e4m3 weight tiles; fp8w's converted weight
-    tiles once). Where both GEMMs are fp8a, the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
+    Pointer GEMMs: BLOCK_K = FP8_BLOCK, GEMM 1 without split-K and, with FP8 activations, BLOCK_N =
+    FP8_BLOCK; GEMM 2 keeps its split-K. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I);
+    None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE": 1,
+    FP8A_STAGES, GEMM 2's BLOCK_N <= FP8A_MAX_BLOCK_N2), GEMM 1 only where ``x_once``
+    (plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K = FP8W_TMA_BLOCK_K, "SWAP_AB" =
+    options.swap_ab, then BLOCK_N <= FP8W_TMA_SWAP_MAX_BLOCK_N). BLOCK_M at most FP8A_MAX_BLOCK_M /
+    FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to
+    FP8_SMEM_BUDGET_BYTES. Both GEMMs fp8a: the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)
