@@ -123,10 +123,9 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 @triton.jit
 def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt, DENSE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """What every GEMM 1 tile (row block pid_m, N tile pid_n) starts from: (rows, tok, row_mask,
-    offs_n, offs_bn, offs_k, a_ptrs): its padded rows, their tokens and mask (_gemm1_rows), its
-    output columns, their in-bounds weight rows (offs_n % N; the stores mask the rest), one K step's
-    offsets, and the pointers to x's rows at column k0 (the first K step's)."""
+    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs):
+    padded rows, tokens and mask, output columns, in-bounds weight rows (offs_n % N), K offsets, and
+    x's row pointers at column k0."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -138,13 +137,11 @@ def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt
 @triton.jit
 def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_at, K: tl.constexpr,
                       DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """What every GEMM 2 tile (row block pid_m of expert e, N tile pid_n) starts from: (row_mask,
-    tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, row_a, row_w): its rows' mask, token,
-    slot and scale row (_gemm2_rows), its output columns, their in-bounds weight rows (offs_n % N;
-    the stores mask the rest), one K step's offsets, the activation rows (int64, 0 in padding rows),
-    the pointers to them at column k0 (the first K step's; a_ptr None: the tiles that read the
-    activation through a descriptor, which get a_row there), and the descriptor rows: the tile's
-    first activation row and its first row of down as (E*N, KD)."""
+    """GEMM 2 tile (pid_m of expert e, pid_n)'s start: (row_mask, tok, slot, srow, offs_n, offs_bn,
+    offs_k, a_row, a_ptrs, row_a, row_w): rows' mask, token, slot and scale row, output columns,
+    in-bounds weight rows (offs_n % N), K offsets, activation rows (int64, 0 in padding), their
+    pointers at column k0 (a_ptr None: read through a descriptor), and the descriptor rows of the
+    activation and of down as (E*N, KD)."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -423,9 +420,8 @@ def _gemm1_tma_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile as _gemm1_tile computes it (no split-K), the gate and up weight tiles
-    (BLOCK_N, BLOCK_K) read through the TMA descriptor w_desc over gate_up as (E*2N, KD) (zero past
-    KD; columns past N read the next rows, and the store masks them); x rows gathered by pointers."""
+    """One GEMM 1 tile as _gemm1_tile (no split-K), gate and up tiles (BLOCK_N, BLOCK_K) through w_desc
+    over gate_up as (E*2N, KD); x rows by pointers."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -454,9 +450,8 @@ def _gemm1_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
-    """Persistent GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x N
-    tiles in grouped order (GROUP_M row blocks share a column band). FLATTEN: the walk and each
-    tile's K loop flattened into one pipelined loop (config FLATTEN)."""
+    """Persistent GEMM 1: program p walks tiles p, p + programs, ... in grouped order. FLATTEN: the walk
+    and each tile's K loop as one pipelined loop."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -474,10 +469,8 @@ def _gemm2_tma_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile computes it (no split-K). GEMM 2's rows are contiguous (the
-    activation is in padded order), so both operands come through TMA descriptors: a_desc over the
-    activation (rows, KD), w_desc over down as (E*N, KD); zero past KD and past the last row.
-    Padding rows read whatever GEMM 1 left there; they only reach masked output rows."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K), both operands through descriptors: a_desc over the
+    activation (rows, KD), w_desc over down as (E*N, KD)."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -497,10 +490,8 @@ def _gemm2_tmaw_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile computes it (no split-K): the weight tiles through the TMA
-    descriptor w_desc over down as (E*N, KD), the activation rows by pointer loads (the megakernel:
-    its GEMM 1 tasks wrote them in this launch through the generic proxy, which TMA reads would need
-    a proxy fence to see)."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K): weights through w_desc over down as (E*N, KD),
+    activation rows by pointer (the megakernel wrote them in this launch through the generic proxy)."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, row_w = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -607,10 +598,9 @@ def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
                  scale_input: bool, dense: bool, num_m: int, act: dict | None = None,
                  num_sms: int | None = None) -> None:
-    """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
-    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch) with the sizes ``act``
-    of ``plan.act_launch`` (moe.py's static plan), else computed by it. ``num_sms``: the programs
-    of a persistent launch (the static plan's; default: the device's SMs)."""
+    """act (rows, N) = activation(x[rows] @ w[e]^T ...), w (E, 2N, H). SPLIT_K > 1: fp32 partials, then
+    _act_kernel with ``act`` (plan.act_launch's; default computed). ``num_sms``: a persistent launch's
+    programs (default: the device's SMs)."""
     import torch
 
     T, KD = x.shape
