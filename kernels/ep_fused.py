@@ -137,7 +137,7 @@ def _ep_fused_kernel(
     while t < num_tasks:
         t_taken = _now(TRACE)
         for w in range(tl.load(wptr_ptr + t), tl.load(wptr_ptr + t + 1)):
-            _wait(sync_ptr + SW * (1 + tl.load(wcnt_ptr + w)), tl.load(wtgt_ptr + w), 0)
+            _wait(sync_ptr + SW * (1 + tl.load(wcnt_ptr + w)), tl.load(wtgt_ptr + w))
         t_ready = _now(TRACE)
         kind = tl.load(kind_ptr + t)
         a = tl.load(arg_ptr + t)

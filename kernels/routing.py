@@ -105,23 +105,14 @@ def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.c
 
 
 @triton.jit
-def _router_partial(
-    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
-    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
-    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    """Split-H partial logits of token tile pid over H range sp (part (SPLIT, T, E) fp32,
-    sg_part (SPLIT, T) fp32)."""
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_e = tl.arange(0, BLOCK_E)
-    t_mask = offs_t < T
-    e_mask = offs_e < E
+def _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, h_lo, h_hi, H, stride_xt, stride_we,
+                  HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Logits (BLOCK_T, BLOCK_E) fp32 and shared-gate dots (BLOCK_T,) fp32 of x's columns [h_lo, h_hi)."""
     acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
     sg_acc = tl.zeros((BLOCK_T,), tl.float32)
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
-    h_lo = sp * H_PER_SPLIT
-    for h0 in range(h_lo, h_lo + H_PER_SPLIT, BLOCK_H):
+    for h0 in range(h_lo, h_hi, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_mask = offs_h < H
         xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
@@ -134,6 +125,25 @@ def _router_partial(
         if HAS_SG:
             sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
             sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+    return acc, sg_acc
+
+
+@triton.jit
+def _router_partial(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
+    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
+    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Split-H partial logits of token tile pid over H range sp (part (SPLIT, T, E) fp32,
+    sg_part (SPLIT, T) fp32)."""
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E
+    h_lo = sp * H_PER_SPLIT
+    acc, sg_acc = _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, h_lo, h_lo + H_PER_SPLIT, H,
+                                stride_xt, stride_we, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
     base = sp.to(tl.int64) * T
     tl.store(part_ptr + (base + offs_t)[:, None] * E + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
@@ -183,20 +193,8 @@ def _route_block(
             if HAS_SG:
                 sg_acc += tl.load(sg_part_ptr + sp * T + offs_t, mask=t_mask, other=0.0)
     else:
-        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
-        for h0 in range(0, H, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            h_mask = offs_h < H
-            xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
-            wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
-                         mask=e_mask[None, :] & h_mask[:, None], other=0.0)
-            if IEEE:
-                acc = tl.dot(xt, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
-            if HAS_SG:
-                sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
-                sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+        acc, sg_acc = _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, 0, H, H, stride_xt,
+                                    stride_we, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
     logits = acc
     if HAS_RB:
         logits += tl.load(rb_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)[None, :]
