@@ -3,20 +3,12 @@
 Shape legend: T tokens, E experts, K top-k, C token chunks (the router's blocks of BLOCK_T tokens),
 P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for T: no host sync).
 
-Produces ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
-    counts (E,) int32, padded_offsets (E+1,) int32,
-    padded_token / padded_pair (P_max,) int32: token / pair t*K+k of each padded row, -1 in
-        padding rows (rows >= P are left as they are),
-    block_expert (B_max,) int32: expert of each block, -1 past the last,
-    pair_dest (T*K,) int32: the padded row of each pair.
-
-Three launches after the router's hist (C, E):
-    _scan_experts_kernel: per-chunk exclusive prefix per expert (chunk_base), counts
-    _layout_kernel: padded offsets, block_expert, the -1 padding rows
-    _scatter_pairs_kernel: a pair's row = padded_offsets[e] + chunk_base[c, e] + its rank in the chunk
-The kernels trust the routing: K distinct ids in [0, E) per token (checks.py). _scatter_kernel (a
-program per chunk; the megakernel's align_scatter task, _scatter_chunk) is the tests' bitwise
-reference of _scatter_pairs_kernel.
+Produces ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view: counts (E,),
+padded_offsets (E+1,), padded_token / padded_pair (P_max,) (token / pair t*K+k of each padded row,
+-1 in padding rows), block_expert (B_max,) (-1 past the last block), pair_dest (T*K,), all int32.
+After the router's hist (C, E): _scan_experts_kernel (chunk_base, counts), _layout_kernel (offsets,
+block_expert, padding rows), _scatter_pairs_kernel (row = padded_offsets[e] + chunk_base[c, e] +
+rank in chunk). The kernels trust the routing: K distinct ids in [0, E) per token (checks.py).
 """
 
 from __future__ import annotations

@@ -2,28 +2,18 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, m rows per expert.
 
-Per (preset, T, dtype) row, all in one run on one GPU:
-    ceilings     streaming-read bandwidth (Triton read kernel over 4 GiB), bf16 matmul rate
-                 (8192^3), FP8 matmul rate (torch._scaled_mm, e4m3 x e4m3 8192^3, per-tensor
-                 scales; None and the error recorded where it fails), and the ideal grouped GEMM:
-                 torch.bmm over E experts of m = ceil(T*K/E) rows each (gate/up and down), its FLOP rate
-    floor        max(FLOPs / matmul rate, bytes / bandwidth); bytes = weights of the experts touched
-                 (as routed) + router weight + x read + y written (``reference.sizes.layer_bytes``);
-                 fp8 rows count e4m3 weights with their block scales, and the FP8 matmul rate where
-                 the activations are FP8 too (weight-only FP8 multiplies in bf16)
-    ours         megamoe.kernels.moe_forward, whole layer with routing, CUDA graph of NI calls on
-                 NI fresh random inputs, median over replays, per call
-    torch        the plain PyTorch pipeline (router, sort, torch._grouped_mm, activation,
-                 torch._grouped_mm, weighted index_add), captured and timed the same way
-``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales,
-quantized on the GPU from the same bf16 weights (fp8_weights.py); the same with FP8 activations.
-FP8 runs where ``--backend auto`` sends it (the FP8 mode's measured table, configs.select_backend;
-the multi-launch backend where there is none) and on the megakernel with ``--backend megakernel`` (its FP8 tiles, fp8_gemm.py's); the rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
-``speedup_vs_bf16`` (the bf16 row's time on the same backend over theirs).
-Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
-a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
-benchmarks/results/kernels_<date>.jsonl (or --out). ``--tune`` searches the GEMM configs per
-shape and T bucket and writes kernels/configs/<gpu>__<dtype>__triton-<v>.json.
+Per (preset, T, dtype) row, in one run on one GPU:
+    ceilings     streaming-read bandwidth, bf16 and FP8 matmul rates (8192^3), the ideal grouped
+                 GEMM (torch.bmm over E experts of m = ceil(T*K/E) rows): ceilings.py
+    floor        max(FLOPs / matmul rate, bytes / bandwidth) (``ceilings.floor_terms``)
+    ours         moe_forward, whole layer with routing: median per call of CUDA-graph replays over
+                 NI fresh inputs (``measure.graph_time_us``)
+    torch        the plain PyTorch pipeline (torch_moe.py), timed the same way
+``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales
+quantized from the same bf16 weights; the same with FP8 activations (rows carry
+``speedup_vs_bf16`` on the same backend). Rows are printed and appended as JSON lines with their
+provenance (provenance.py) to
+benchmarks/results/kernels_<date>.jsonl or --out. ``--tune`` writes tuned configs first (tune.py).
 """
 
 from __future__ import annotations

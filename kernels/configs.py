@@ -27,16 +27,13 @@ from .thresholds import Thresholds
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode);
-#: variant: the kernel family (module docstring); FLATTEN (0 / 1, "tma_persistent" only): the
-#: persistent walk over tiles flattened with each tile's K loop into one pipelined loop
-#: (``tl.range(..., flatten=True)``: the next tile's loads start during this tile's epilogue)
+#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs; variant: the kernel
+#: family; FLATTEN (0 / 1, "tma_persistent" only): the tile walk and K loop as one pipelined loop
 GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
 #: the optional keys that are switches (0 or 1), not positive sizes
 GEMM_SWITCHES = ("FLATTEN",)
 VARIANTS = ("pointer", "tma_persistent")
-#: persistent programs where the SM count is not read from a device: the interpreter (a few, so
-#: that tests see programs walking several tiles) and an H200 (launch_plan without a device)
+#: persistent programs where the SM count is not read from a device: the interpreter and an H200
 INTERPRETER_SMS = 3
 DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
@@ -156,17 +153,14 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
     else:
         bm = 128
     if bm <= 32:
-        g1 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
-        g2 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
+        g1 = g2 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
     elif bm == 64:
         g1 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
         g2 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
     else:
         g1 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
         g2 = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
-    g1 = {**GEMM_OPTIONAL, **g1}
-    g2 = {**GEMM_OPTIONAL, **g2}
-    return {"gemm1": g1, "gemm2": g2}
+    return {"gemm1": {**GEMM_OPTIONAL, **g1}, "gemm2": {**GEMM_OPTIONAL, **g2}}
 
 
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
@@ -370,8 +364,7 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-(num_pairs + touched * (block_m - 1)) // block_m) * block_m
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+_pow2 = pow2  # megakernel_config's name for it
 
 
 #: where no tuned table says otherwise, backend="auto" takes the megakernel up to this T (0: never)

@@ -3,19 +3,11 @@
 Shape legend: R ranks, P slots, P_r this rank's slots, K top-k (KP: next power of 2), H hidden, I
 expert width, N rows received, B row blocks of BM rows, C_r / C'_r pull / push copies of this rank.
 
-``launch_fused`` runs the task list of ``reference.ep_tasks.plan_fused_ep`` (the cost model reads
-the same plan): P persistent programs take tickets, wait for the plan's (counter, target) pairs,
-run the task and signal its counters (one int32 sync buffer: ticket word, then a word per counter,
-SW apart, zeroed before each launch).
-
-    pull     after the peer's READY flag (ep_pull.wait_flag): x rows, then topk_idx, topk_weights
-             and position rows into the receive buffers, each local pair into the padded layout at
-             src_base[peer step, local slot] + position
-    gemm1    grouped_gemm._gemm1_tile on row block b of its local slot
-    gemm2    grouped_gemm._gemm2_tile: out[row * K + k] = w[row, k] * (h @ down^T), x's dtype
-    push     per row, the sum over its local k ascending in fp32 (ep.local_partials'), stored in
-             x's dtype into the peer's combine buffer
-
+``launch_fused`` runs ``reference.ep_tasks.plan_fused_ep``'s tasks: programs take tickets, wait
+for the plan's (counter, target) pairs, run the task and signal (one int32 sync buffer, SW words
+per counter). pull: after the peer's READY flag, its rows into the receive buffers and each local
+pair into the padded layout; gemm1 / gemm2: grouped_gemm's tiles (out[row * K + k] = w[row, k] *
+(h @ down^T)); push: per row, its local k summed ascending in fp32 into the peer's combine buffer.
 Bitwise the phased path's (``SymmetricStep`` without ``fused``) with the same GEMM config.
 """
 

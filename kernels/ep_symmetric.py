@@ -3,23 +3,18 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
 buffer, N rows of a receive buffer, C_r the copies of one rank.
 
-Every rank owns one symmetric allocation (``SymmetricBuffers``, ``BufferLayout``): send buffers
-(x (S, H), topk_idx (S, K) int64, topk_weights (S, K) fp32, in plan_send's layout), a combine
-buffer (S, H) and flags (2, R) int64: flags[READY, s] = the last call rank s has packed,
-flags[LANDED, c] = the last call rank c has pushed here. Its receive buffers (N, H), (N, K), (N, K)
-are local. A call (``SymmetricStep``) runs five phases:
+Every rank owns one symmetric allocation (``SymmetricBuffers``): send buffers, a combine buffer and
+flags (2, R) int64 (flags[READY, s]: the last call rank s packed; flags[LANDED, c]: the last call
+rank c pushed here); its receive buffers are local. A call (``SymmetricStep``) runs five phases:
 
     1. pack     rows into the send buffers; signal READY (epoch += 1 into every peer's flags)
     2. pull     this rank's copies of reference.ep.plan_pull, each peer's after its READY flag
     3. compute  plan_receive and the local experts (kernels.ep.local_partials)
     4. push     the partial rows into each source's combine buffer; signal LANDED
-    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending
-                (kernels.ep.combine_partials): bitwise ep_moe_experts' y
+    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending: bitwise
+                ep_moe_experts' y
 
-Flags carry epochs (no reset); every wait is bounded and a timeout raises FlagTimeoutError on the
-host (docs/kernels.md: the memory order). ``SymmetricBuffers.allocate`` gives one rank's buffers in
-torch symmetric memory (one process per GPU); ``SymmetricBuffers.emulated`` every rank's in one
-process (``ep_moe_experts_emulated`` runs the phases rank by rank).
+Waits are bounded (FlagTimeoutError on the host); docs/kernels.md has the memory order.
 """
 
 from __future__ import annotations

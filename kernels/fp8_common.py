@@ -130,6 +130,18 @@ def _fp8a_part(aq, b, sa, sw):
 
 
 @triton.jit
+def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
+    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN): FP8_A, a holds
+    e4m3 codes with row scales sa; else b converted to a's dtype."""
+    if FP8_A:
+        return _fp8a_part(a, b, sa, sw)
+    elif IEEE:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
+    else:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
+
+
+@triton.jit
 def _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
                         padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, FP8_A: tl.constexpr):

@@ -3,20 +3,12 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, P_max padded rows,
 KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-They compute reference.forward's FP8 layer. BLOCK_K == KB (plan.fp8_entry), so each K tile of a
-weight column lies in one scale block and the scales apply in the fp32 accumulation:
-
-    weight-only (FP8_A=False):  acc += dot(a, w8.to(a's dtype)) * s_w[n]
-    FP8 activations (FP8_A):    acc += dot(a8, w8) * s_a[m] * s_w[n]       (e4m3 x e4m3)
-
-s_w[n] = scale_inv[e, n // KB, kt] per output column n, s_a[m] the scale of row m's group kt.
-With FP8 activations x is quantized once (``_quantize_x_kernel``) and GEMM 1 reads its codes (XQ),
-except where the routing weight scales the row first (SCALE_INPUT, Llama 4): then GEMM 1 quantizes
-its x rows per K tile. GEMM 1 quantizes h in its epilogue (BLOCK_N == KB), GEMM 2 reads it.
-
-These are the pointer kernels (one program per tile; split-K in GEMM 2 only). A "tma_persistent"
-entry runs fp8_act_tma.py's (FP8 activations) or fp8w_tma.py's (weight-only) instead; the
-launchers pick by the entry plan.fp8_entry made and refuse others.
+reference.forward's FP8 layer. BLOCK_K == KB, so each K tile of a weight column lies in one scale
+block: weight-only acc += dot(a, w8.to(a's dtype)) * s_w[n]; FP8 activations (FP8_A) acc +=
+dot(a8, w8) * s_a[m] * s_w[n]. With FP8 activations x is quantized once (``_quantize_x_kernel``;
+GEMM 1 reads the codes, XQ) unless the routing weight scales rows first (SCALE_INPUT: quantized per
+K tile); GEMM 1 quantizes h in its epilogue (BLOCK_N == KB). These are the pointer kernels; a
+"tma_persistent" entry runs fp8_act_tma.py's or fp8w_tma.py's, picked by the launchers.
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ import triton.language as tl
 from ..reference.sizes import FP8_BLOCK
 from .fp8_act_tma import gemm1_fp8a_launch, gemm2_fp8a_launch, is_fp8a
 from .fp8_common import (  # noqa: F401 - convert_code: the megakernel imports it from here
-    _e4m3_to,
-    _fp8a_part,
+    _fp8_step,
     _gemm1_fp8_epilogue,
     _multi_cvt,
     _quantize_groups,
@@ -104,23 +95,16 @@ def _gemm1_fp8_xq_tile(
         bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
         sg = tl.load(sg_ptrs + kt)
         su = tl.load(su_ptrs + kt)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A and XQ:
             sa = tl.load(xs_ptrs + kt, mask=row_mask, other=0.0)
-            acc_g += _fp8a_part(a, bg, sa, sg)
-            acc_u += _fp8a_part(a, bu, sa, su)
         elif FP8_A:
             a32 = a.to(tl.float32)
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]
-            aq, sa = _quantize_groups(a32)
-            acc_g += _fp8a_part(aq, bg, sa, sg)
-            acc_u += _fp8a_part(aq, bu, sa, su)
-        elif IEEE:
-            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT), input_precision="ieee") * sg[None, :]
-            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT), input_precision="ieee") * su[None, :]
-        else:
-            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT)) * sg[None, :]
-            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT)) * su[None, :]
+            a, sa = _quantize_groups(a32)
+        acc_g += _fp8_step(a, bg, sa, sg, FP8_A, IEEE, CVT)
+        acc_u += _fp8_step(a, bu, sa, su, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
@@ -170,13 +154,10 @@ def _gemm2_fp8_tile(
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         sw = tl.load(sw_ptrs + kt)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A:
             sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
-            acc += _fp8a_part(a, b, sa, sw)
-        elif IEEE:
-            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
-        else:
-            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
+        acc += _fp8_step(a, b, sa, sw, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
@@ -226,24 +207,17 @@ def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
     return "pointer"
 
 
-def quantize_x_launch(x, codes, scales, launch: dict):
-    """(kernel, grid, args, kwargs) quantizing x (T, H) into codes (T, H) float8_e4m3fn and scales
-    (T, ceil(H/128)) fp32; ``launch``: plan.quantize_launch's."""
+def launch_quantize_x(x, codes, scales, launch: dict) -> None:
+    """Quantize x (T, H) into codes (T, H) float8_e4m3fn and scales (T, ceil(H/128)) fp32, per token per
+    128 columns; ``launch``: plan.quantize_launch's."""
     T, H = x.shape
+    if T == 0:
+        return
     if codes.shape != (T, H) or scales.shape != (T, -(-H // FP8_BLOCK)) or x.stride(1) != 1 or codes.stride(1) != 1:
         raise ValueError(f"quantize_x: x {list(x.shape)} needs contiguous rows, codes {[T, H]} and scales "
                          f"{[T, -(-H // FP8_BLOCK)]}, got {list(codes.shape)}, {list(scales.shape)}")
-    kwargs = dict(KB=FP8_BLOCK, BLOCK_T=launch["BLOCK_T"], num_warps=launch["num_warps"])
-    return (_quantize_x_kernel, launch["grid"],
-            (x, codes, scales, T, H, x.stride(0), codes.stride(0), scales.stride(0)), kwargs)
-
-
-def launch_quantize_x(x, codes, scales, launch: dict) -> None:
-    """Quantize x once per token per 128 columns (see quantize_x_launch)."""
-    if x.shape[0] == 0:
-        return
-    kernel, grid, args, kwargs = quantize_x_launch(x, codes, scales, launch)
-    kernel[grid](*args, **kwargs)
+    _quantize_x_kernel[launch["grid"]](x, codes, scales, T, H, x.stride(0), codes.stride(0), scales.stride(0),
+                                       KB=FP8_BLOCK, BLOCK_T=launch["BLOCK_T"], num_warps=launch["num_warps"])
 
 
 def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,

@@ -14,20 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fp8_common import _band_scale, _e4m3_to, _fp8a_part, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
+from .fp8_common import _band_scale, _fp8_step, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
 from .grouped_gemm import _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start
-
-
-@triton.jit
-def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
-    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN): FP8_A, a holds
-    e4m3 codes with row scales sa; else b converted to a's dtype."""
-    if FP8_A:
-        return _fp8a_part(a, b, sa, sw)
-    elif IEEE:
-        return tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
-    else:
-        return tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
 
 
 @triton.jit

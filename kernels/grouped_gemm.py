@@ -157,6 +157,14 @@ def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_
 
 
 @triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b (fp32; IEEE: exact float32 products, the interpreter's float32 tests)."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _gemm1_acc(
     x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
     DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
@@ -180,12 +188,8 @@ def _gemm1_acc(
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
             bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
-        if IEEE:
-            acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
-            acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
-        else:
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
+        acc_g = _mma(a, bg, acc_g, IEEE)
+        acc_u = _mma(a, bu, acc_u, IEEE)
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
@@ -333,10 +337,7 @@ def _gemm2_acc(
             k_mask = offs_k < KD - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _mma(a, b, acc, IEEE)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     return acc, row_mask, tok, slot, srow, offs_n, offs_bn
@@ -379,14 +380,6 @@ def _gemm2_kernel(
 
 
 # --------------------------------------------------------------------------- variant "tma_persistent"
-@triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b (fp32; IEEE: exact float32 products, the interpreter's float32 tests)."""
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
 @triton.jit
 def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
