@@ -265,13 +265,7 @@ def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard:
     dev = x.device
     sp = plan_send(idx_np, shard.slot_rank, R, rank)
     # 1. counts: what each peer sends me
-    counts = torch.from_numpy(sp.send_counts).to(dev)
-    recv_counts_t = torch.empty_like(counts)
-    if transport == "p2p":
-        all_to_all_p2p(recv_counts_t, counts, [1] * R, [1] * R, group)
-    else:
-        dist.all_to_all_single(recv_counts_t, counts, group=group)
-    recv_counts = recv_counts_t.cpu().numpy()
+    recv_counts = exchange(torch.from_numpy(sp.send_counts).to(dev), [1] * R, [1] * R, transport, group).cpu().numpy()
     send_splits, recv_splits = sp.send_counts.tolist(), recv_counts.tolist()
     # 2. dispatch: the rows, their slot ids and their weights
     send_tok = torch.from_numpy(sp.send_token).to(dev)

@@ -26,7 +26,7 @@ def test_shipped_files_load():
     for f in files:
         data = cfgs.load_file(f)
         assert data, f
-    assert sorted(p.name for p in cfgs.CONFIG_DIR.glob("*.json")) == sorted([f.name for f in files] + ["thresholds.json"])
+    assert sorted(p.name for p in cfgs.CONFIG_DIR.glob("*.json")) == sorted([f.name for f in files] + ["megakernel.json", "thresholds.json"])
 
 
 def test_thresholds_load_strictly(tmp_path):
