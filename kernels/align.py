@@ -271,18 +271,6 @@ def _scatter_chunk(
                    K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _scatter_kernel(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-    T, E,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """The scatter a program per chunk (grid (C,)): the multi-launch path's before _scatter_pairs_kernel,
-    kept as its bitwise reference (tests) and as the megakernel's align_scatter task (_scatter_chunk)."""
-    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
-
-
 @triton.jit
 def _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J: tl.constexpr):
     """Experts, mask and ranks (each (BLOCK_P,)) of pairs offs_p of the chunk whose n pairs start at
@@ -305,8 +293,8 @@ def _scatter_pairs_kernel(
 ):
     """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c's BLOCK_T*K
     (flat index t_local*K + k; BLOCK_J >= BLOCK_T*K, a power of two). Each pair's padded row is
-    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what _scatter_kernel stores, bit
-    for bit, with no (BLOCK_T, BLOCK_E) one-hot and no cumsum."""
+    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what the megakernel's one-hot
+    _scatter_chunk stores."""
     c = tl.program_id(0)
     first = c * (BLOCK_T * K)
     n = tl.minimum(BLOCK_T * K, T * K - first)
