@@ -3,17 +3,11 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, I expert width, P expert slots,
 P_r slots on this rank, N rows sent (or received) by this rank, Np (row, slot) pairs it computes.
 
-Each rank holds the weights of its slots (``shard_weights``) and routes its own tokens to slot ids.
-``ep_moe_experts``:
-
-    1. plan_send (reference/ep.py): rows per destination, grouped by peer id
-    2. all-to-all of the counts, then of x rows (N, H), topk_idx (N, K) int64, topk_weights (N, K) fp32
-    3. plan_receive and the local experts (``local_partials``): one partial row per received row
-    4. all-to-all of the partial rows back; y[t] = sum over ranks ascending (fp32), x's dtype
-
-Bitwise the same run to run (fixed orders, no atomics). Transport: ``all_to_all_single``, or
-``all_to_all_p2p`` (isend/irecv; ``transport="p2p"``). The one-sided variant is
-kernels/ep_symmetric.py. Every process needs ``TRANSPORT_ENV`` (NVLS and multicast off).
+``ep_moe_experts`` (each rank holds its slots' weights, ``shard_weights``): plan_send; all-to-all
+of the counts, then of x rows (N, H), topk_idx (N, K) int64 and topk_weights (N, K) fp32;
+plan_receive and the local experts (``local_partials``, one partial row per received row); the
+partial rows back, y[t] = their fp32 sum over ranks ascending in x's dtype. Bitwise the same run to
+run. Transport ``all_to_all_single`` or ``all_to_all_p2p``; every process needs ``TRANSPORT_ENV``.
 """
 
 from __future__ import annotations

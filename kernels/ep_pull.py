@@ -3,18 +3,11 @@
 Shape legend: R ranks, C copies of the whole schedule, C_r those of one rank, W elements per row
 (H for the hidden rows, K for topk_idx / topk_weights rows), N rows of a buffer.
 
-``reference.ep.plan_pull`` gives every copy (peer, src_row, dst_row, rows) of every rank; this
-module runs one rank's share:
-
-    pull_rows_triton(pull, rank, send_buffers, recv)       peers' send rows -> this rank's receive buffer
-    push_rows_triton(pull, rank, partial, combine_buffers) this rank's partial rows -> peers' combine buffers
-    launch_copies(copies, local, peers, push=...)          the launch under both, optionally after ready flags
-
-Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``. Peers come
-as an int64 table of base addresses (``data_ptr()``s) the kernel casts to pointers. With
-``ready=ReadyWait(...)`` every program polls the peer's flag (``wait_flag``, acquire, at most
-``spin_limit`` polls; a timeout goes to a status word, ``note_timeout``) before its first copy
-from that peer (docs/kernels.md).
+Runs one rank's copies (peer, src_row, dst_row, rows) of ``reference.ep.plan_pull``: pulls from
+the peers' send buffers (``pull_rows_triton``) or push-backs into their combine buffers
+(``push_rows_triton``), both through ``launch_copies`` from an int64 table of peer base addresses,
+optionally after each peer's ready flag (``ReadyWait``). Run for every rank, the buffers are
+bitwise ``reference.ep.pull_rows`` / ``push_rows`` (docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -3,19 +3,11 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width,
 KD: its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-They compute fp8_gemm.py's FP8-activation GEMMs: per 128-deep K step, one scale per row sa[m]
-and one per 128-row weight band sw, applied to the step's fp32 partial:
-
-    acc += dot(a8, w8) * (sa[:, None] * sw)          (e4m3 x e4m3 wgmma, fp32)
-
-Built as grouped_gemm's persistent TMA GEMMs: one program per SM walks the routed tiles; e4m3
-weight tiles (BN, 128) through TMA, GEMM 1's x codes gathered by pointer from the quantized x
-(XQ), GEMM 2's h codes through a descriptor. PIPE keeps one of a K step's two dots in flight while
-the other's product is scaled (docs/kernels.md).
-
-Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128, BLOCK_M 64 (GEMM 1) and 64 x 256
-(GEMM 2), or a 128-row set of plan.FP8A_TILE_CANDIDATES. x is quantized once (not SCALE_INPUT:
-Llama 4 keeps fp8_gemm's kernels).
+fp8_gemm.py's FP8-activation GEMMs as grouped_gemm's persistent TMA GEMMs: per 128-deep K step
+acc += dot(a8, w8) * (sa[:, None] * sw), sa a row's scale, sw one per 128-row weight band. GEMM 1
+gathers x's codes by pointer (quantized once: not SCALE_INPUT), GEMM 2 reads h's codes through a
+descriptor. PIPE keeps one of a K step's two dots in flight while the other is scaled
+(docs/kernels.md). Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
 """
 
 from __future__ import annotations

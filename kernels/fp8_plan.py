@@ -3,13 +3,10 @@
 Shape legend: H hidden, I expert width, BM/BN/BK tile sizes, KB = 128 (FP8_BLOCK: a weight scale
 block, an activation group).
 
-Pure Python (no torch, no triton), read by plan.py. Three families of FP8 GEMMs (docs/kernels.md):
-  * pointer (fp8_gemm.py): every entry that is not "tma_persistent" (the decode buckets), and
-    GEMM 1 of a layer with FP8 activations that does not quantize x once (Llama 4's input scaling);
-  * fp8a (fp8_act_tma.py): FP8 activations at a "tma_persistent" entry (config key "FP8A");
-  * fp8w (fp8w_tma.py): weight-only FP8 at a "tma_persistent" entry (config key "SWAP_AB").
-The persistent ones need e4m3 rows of 16-byte strides (``fp8_tma_ok``). A benchmark varies the
-choices still under study through ``FP8Options``, passed in (plan.static_plan's ``fp8_options``).
+Pure Python, read by plan.py. Families (docs/kernels.md): pointer (fp8_gemm.py; non-persistent
+entries and Llama 4's GEMM 1), fp8a (fp8_act_tma.py; config key "FP8A") and fp8w (fp8w_tma.py;
+"SWAP_AB") at "tma_persistent" entries with 16-byte e4m3 row strides (``fp8_tma_ok``). Choices
+under study: ``FP8Options``, passed in (plan.static_plan's ``fp8_options``).
 """
 
 from __future__ import annotations

@@ -4,21 +4,14 @@ Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the
 P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
 
 GEMM 1 (_gemm1_kernel), a program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
-    z_g = x[rows] @ gate_up[e, n]^T, z_u = x[rows] @ gate_up[e, I + n]^T (fp32); optional input
-    scaling by the routing weight (Llama 4), biases, activation -> act (P_max, I), act dtype.
-    Blocks whose expert is -1 return at once.
-GEMM 2 (_gemm2_kernel), a program per (BLOCK_M rows, BLOCK_N columns of H):
-    o = act[rows] @ down[e, n]^T (+ bias) times the routing weight (or the shared gate), stored at
-    row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
-DENSE: either GEMM over all T tokens with one weight matrix (the shared MLP; GEMM 2 writes slot K).
-SPLIT_K > 1: GEMM 1 writes fp32 gate/up partials (S, P_max, 2I) that _act_kernel sums in order;
-GEMM 2's split s writes its own fp32 slab (S*T*KS, H), bias on split 0 only.
-Combine (_combine_kernel): y[t] = sum over slabs and k < KS of pairs[t*KS + k], in order, in fp32
-(bitwise deterministic); with ATOMIC it only casts y32.
-
-Variant "tma_persistent" (configs.py; no split-K): _gemm1_tma_kernel / _gemm2_tma_kernel, one
-program per SM walking the routed tiles in the same GROUP_M order; weight tiles (and GEMM 2's
-activation rows) through TMA descriptors, GEMM 1's x rows by pointer; same epilogues.
+act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), the rows optionally scaled by the
+routing weight first (Llama 4). GEMM 2 (_gemm2_kernel): act[rows] @ down[e]^T (+ bias) times the
+routing weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added
+to y32 (T, H) fp32. DENSE: all T tokens through one weight matrix (the shared MLP, slot K).
+SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I) finished by _act_kernel; GEMM 2's split s
+writes its own slab (S*T*KS, H), bias on split 0. _combine_kernel: y[t] = the fp32 sum over slabs
+and slots in a fixed order (bitwise deterministic). Variant "tma_persistent" (no split-K): one
+program per SM walking the routed tiles, weights (and GEMM 2's rows) through TMA descriptors.
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 
 Shape legend: T tokens, E routed experts, K top-k, H hidden, C token blocks (chunks) of BLOCK_T tokens.
 
-One program routes BLOCK_T tokens:
-    logits = x @ router_weight^T (+ router_bias)               (BLOCK_T, E) fp32 accumulators
-    top-k by the router's selection score (see reference/routing.py), ties to the lower index
-    topk_idx (T, K) int32, topk_weights (T, K) fp32
-    hist (C, E) int32: pairs per expert in this program's tokens (the align kernels' input;
-        written for every block, so no zero-fill is needed)
-    shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config has a shared-expert gate
-
-Router kinds (ROUTER constexpr): 0 softmax_topk, 1 topk_softmax, 2 sigmoid_grouped_topk,
-3 sigmoid_top1_input. Selection is on the logits for 0, 1, 3 (softmax is monotonic) and on
-sigmoid(logits) + score_bias, group-masked, for 2.
+One program routes BLOCK_T tokens: logits = x @ router_weight^T (+ router_bias) in fp32, top-k by
+the router's selection score (reference/routing.py; ties to the lower index) -> topk_idx (T, K)
+int32, topk_weights (T, K) fp32, hist (C, E) int32 (pairs per expert per block, every block
+written) and shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config has one. ROUTER:
+0 softmax_topk, 1 topk_softmax, 2 sigmoid_grouped_topk (sigmoid + score_bias, groups masked),
+3 sigmoid_top1_input.
 """
 
 from __future__ import annotations
