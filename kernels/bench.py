@@ -62,14 +62,6 @@ VLLM_US = {
 }
 
 
-def skip_reason(dtype: str, backend: str) -> str | None:
-    """Why rows of ``dtype`` are not run on ``backend`` (None: they run; every dtype runs on every
-    backend since the megakernel has FP8 tiles; "auto" as moe_forward picks)."""
-    if dtype not in DTYPES:
-        return f"dtype {dtype!r} is not one of {list(DTYPES)}"
-    return None
-
-
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
@@ -165,19 +157,13 @@ HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10}
           f"{'xtorch':>6} {'vllm us':>9} {'xvllm':>6} {'o/idl':>6} {'TFLOP/s':>7}")
 
 
-def dtype_rows(run_one, dtypes, backend: str, emit, key: dict, log=print) -> None:
-    """The rows of one (preset, T, combine mode), in ``dtypes`` order: ``run_one(dtype)`` -> row,
-    each handed to ``emit`` as it is made. A dtype the backend cannot run gives a skip row (``key``,
-    dtype, backend and ``skipped``: why); one that raises is logged and left out, the others go on.
-    fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and, where both ran on the same
-    backend, ``speedup_vs_bf16`` = bf16 time / their time."""
+def dtype_rows(run_one, dtypes, emit, log=print) -> None:
+    """The rows of one (preset, T, combine mode), in ``dtypes`` order (``DTYPES`` names):
+    ``run_one(dtype)`` -> row, each handed to ``emit`` as it is made; one that raises is logged and
+    left out, the others go on. fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and,
+    where both ran on the same backend, ``speedup_vs_bf16`` = bf16 time / their time."""
     bf16 = None
     for dt in dtypes:
-        why = skip_reason(dt, backend)
-        if why:
-            log(f"{dt}: skipped: {why}")
-            emit({**key, "dtype": dt, "backend": backend, "skipped": why})
-            continue
         try:
             r = run_one(dt)
         except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
@@ -284,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     for name in presets:
         cfg = bench_config(name)
         ws = {"bf16": random_device_weights(cfg)}
-        if any(DTYPES[d] and not skip_reason(d, args.backend) for d in dtypes):
+        if any(DTYPES[d] for d in dtypes):
             ws["fp8"] = to_fp8(ws["bf16"])  # on the GPU, from the same bf16 weights
         if "bf16" not in dtypes:
             del ws["bf16"]
@@ -298,15 +284,12 @@ def run(args: argparse.Namespace) -> int:
 
                 def show(r, det=det):
                     emit(r)
-                    if "skipped" in r:
-                        return
                     print(fmt_row(r) + ("" if det else "  (atomic)"), flush=True)
                     if "stage_us" in r:
                         print("    stages us: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_us"].items()),
                               flush=True)
 
-                dtype_rows(one, dtypes, args.backend, show, {"preset": name, "T": T, "deterministic": det},
-                           log=lambda msg, name=name, T=T: print(f"# {name} T={T} {msg}", flush=True))
+                dtype_rows(one, dtypes, show, log=lambda msg, name=name, T=T: print(f"# {name} T={T} {msg}", flush=True))
             n_done += 1
             print(f"#   progress {n_done}/{n_total}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         ws.clear()
