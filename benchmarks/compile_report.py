@@ -49,7 +49,7 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)
 
 #: section -> the jit functions of megamoe.kernels whose PTX instructions it counts (``section_counts``)
-SECTIONS = {"topk": ("routing._topk_maxima", "routing._topk_rank", "routing._topk_bitonic"),
+SECTIONS = {"topk": ("routing._topk_maxima", "routing._topk_bitonic"),
             "align": ("align._finish_offsets", "align._scatter_block"), "align1": ("align._align_one",)}
 #: what ``section_counts`` counts in each section
 SECTION_OPS = {"bar": r"\bbar\.sync|\bbarrier\.sync", "shfl": r"\bshfl\.sync", "redux": r"\bredux\.sync",

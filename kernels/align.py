@@ -1,30 +1,14 @@
 """Align: sort the (token, slot) pairs by expert and pad each expert to BLOCK_M rows, on the device.
 
 Shape legend: T tokens, E experts, K top-k, C token chunks (the router's blocks of BLOCK_T tokens),
-P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for a given T, so the
-whole layer has fixed shapes and can be captured in a CUDA graph: no host synchronization).
+P padded rows, B = P // BLOCK_M blocks, P_max / B_max their bounds (fixed for T: no host sync).
 
-Produces exactly ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view:
-    counts (E,) int32, padded_offsets (E+1,) int32,
-    padded_token (P_max,) int32 / padded_pair (P_max,) int32: token / pair t*K+k of each padded
-        row, -1 in padding rows (rows >= P are left as they are: no block reads them),
-    block_expert (B_max,) int32: expert of each block of BLOCK_M rows, -1 past the last block,
-    pair_dest (T*K,) int32: the padded row of each pair.
-
-Three launches after the router (which wrote hist (C, E), pairs per expert per chunk):
-    _scan_experts_kernel (one program per BLOCK_EX experts): per-chunk exclusive prefix per expert
-        (chunk_base), counts.
-    _layout_kernel (one program per BLOCK_B row blocks): padded offsets, block_expert, the -1
-        padding rows.
-    _scatter_pairs_kernel (a program per BLOCK_P pairs of a chunk, grid (C, pairs / BLOCK_P)): a
-        pair's padded row = padded_offsets[e] + pairs of e in earlier chunks (chunk_base) + pairs of e
-        earlier in this chunk. Since a token picks an expert at most once, this is the (expert,
-        token) order of the reference.
-
-The align kernels trust the routing: K distinct ids in [0, E) per token (checks.py makes a routing
-from outside so). _scatter_kernel, a program per chunk over (BLOCK_T, BLOCK_E) one-hots, was the
-multi-launch scatter before _scatter_pairs_kernel; it stays as the bitwise reference of the tests,
-and its body (_scatter_chunk) is the megakernel's align_scatter task.
+Produces ``reference.dispatch.plan_dispatch(topk_idx, E, BLOCK_M)``'s padded view: counts (E,),
+padded_offsets (E+1,), padded_token / padded_pair (P_max,) (token / pair t*K+k of each padded row,
+-1 in padding rows), block_expert (B_max,) (-1 past the last block), pair_dest (T*K,), all int32.
+After the router's hist (C, E): _scan_experts_kernel (chunk_base, counts), _layout_kernel (offsets,
+block_expert, padding rows), _scatter_pairs_kernel (row = padded_offsets[e] + chunk_base[c, e] +
+rank in chunk). The kernels trust the routing: K distinct ids in [0, E) per token (checks.py).
 """
 
 from __future__ import annotations
@@ -74,12 +58,9 @@ def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr
 @triton.jit
 def _align_one(idx, valid, counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                padded_token_ptr, padded_pair_ptr, pair_dest_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The align of a batch of one token: what _finish_offsets and _scatter_block store for it,
-    from the ranks of its picks. idx (BLOCK_K,) its experts (distinct: a top-k's), valid (BLOCK_K,)
-    the K picks; counts (BLOCK_E,) its histogram. Each picked expert holds one row in a block of
-    its own, so block b is the picked expert of rank b and an expert's first padded row is
-    BLOCK_M x the picked experts below it: compares of K x K and E x K picks, no scan over the
-    experts and no loop over the row blocks (the megakernel's config "align_one", at T = 1)."""
+    """The align of a batch of one token: what _finish_offsets and _scatter_block store, from the ranks
+    of its picks. idx (BLOCK_K,) its distinct experts, valid (BLOCK_K,) the K picks, counts (BLOCK_E,)
+    its histogram. Block b is the picked expert of rank b (config "align_one", T = 1)."""
     offs_k = tl.arange(0, BLOCK_K)
     key = tl.where(valid, idx, 2147483647)
     n = tl.sum(valid.to(tl.int32), axis=0)
@@ -168,10 +149,8 @@ def _scan(
 @triton.jit(do_not_specialize=["C"])
 def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
                          BLOCK_EX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The multi-launch path's scan, one program per BLOCK_EX experts: each expert's exclusive prefix
-    over the C chunks (chunk_base) and its count. The experts' scans are independent, so they run
-    side by side (one program walking all of them, then the row blocks, as the megakernel's _scan
-    task does, is a long serial chain at prefill: docs/kernels.md)."""
+    """The multi-launch scan, one program per BLOCK_EX experts: each expert's exclusive prefix over the
+    C chunks (chunk_base) and its count."""
     offs_e = tl.program_id(0) * BLOCK_EX + tl.arange(0, BLOCK_EX)
     e_mask = offs_e < E
     running = _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C)
@@ -181,10 +160,8 @@ def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
 @triton.jit(do_not_specialize=["B_MAX"])
 def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, E, B_MAX,
                    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The multi-launch path's padded layout after _scan_experts_kernel, one program per BLOCK_B row
-    blocks: every program derives the padded offsets from the counts (program 0 stores them) and
-    stores its blocks' experts (block_expert, -1 past the last block) and -1 in their padding rows:
-    what _finish_offsets stores, its loop over the row blocks spread over programs."""
+    """The multi-launch padded layout, one program per BLOCK_B row blocks: padded offsets (program 0
+    stores them), block_expert (-1 past the last block) and -1 in the padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
@@ -236,10 +213,8 @@ def _expert_of_block(b, incl, e_mask, BLOCK_M: tl.constexpr):
 @triton.jit
 def _place_block(b, e, counts, start, topk_idx_ptr, TK, padded_token_ptr, padded_pair_ptr,
                  K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Row block b's padded rows, from the routing alone (ALIGN_EACH): block b of expert e holds the
-    pairs of e ranked [b BLOCK_M - start[e], + BLOCK_M) in pair order (= token order: a token picks
-    an expert once), -1 past its count: the rows _scatter_block and _finish_offsets would store
-    (block_expert is not stored: every task that needs a block's expert computes it, _expert_of_block).
+    """Row block b's padded rows from the routing alone (ALIGN_EACH): expert e's pairs ranked
+    [b BLOCK_M - start[e], + BLOCK_M) in pair order, -1 past its count (block_expert not stored).
     topk_idx (T*K,) int32 = TK pairs (<= BLOCK_P); counts, start (BLOCK_E,) from _hist_layout."""
     offs_e = tl.arange(0, BLOCK_E)
     r0 = b * BLOCK_M - tl.sum(tl.where(offs_e == e, start, 0), axis=0)  # the block's first rank within e
@@ -296,18 +271,6 @@ def _scatter_chunk(
                    K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _scatter_kernel(
-    topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-    T, E,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """The scatter a program per chunk (grid (C,)): the multi-launch path's before _scatter_pairs_kernel,
-    kept as its bitwise reference (tests) and as the megakernel's align_scatter task (_scatter_chunk)."""
-    _scatter_chunk(topk_idx_ptr, chunk_base_ptr, padded_off_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
-                   tl.program_id(0), T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
-
-
 @triton.jit
 def _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J: tl.constexpr):
     """Experts, mask and ranks (each (BLOCK_P,)) of pairs offs_p of the chunk whose n pairs start at
@@ -330,8 +293,8 @@ def _scatter_pairs_kernel(
 ):
     """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c's BLOCK_T*K
     (flat index t_local*K + k; BLOCK_J >= BLOCK_T*K, a power of two). Each pair's padded row is
-    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what _scatter_kernel stores, bit
-    for bit, with no (BLOCK_T, BLOCK_E) one-hot and no cumsum."""
+    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what the megakernel's one-hot
+    _scatter_chunk stores."""
     c = tl.program_id(0)
     first = c * (BLOCK_T * K)
     n = tl.minimum(BLOCK_T * K, T * K - first)

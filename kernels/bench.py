@@ -2,28 +2,18 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, m rows per expert.
 
-Per (preset, T, dtype) row, all in one run on one GPU:
-    ceilings     streaming-read bandwidth (Triton read kernel over 4 GiB), bf16 matmul rate
-                 (8192^3), FP8 matmul rate (torch._scaled_mm, e4m3 x e4m3 8192^3, per-tensor
-                 scales; None and the error recorded where it fails), and the ideal grouped GEMM:
-                 torch.bmm over E experts of m = ceil(T*K/E) rows each (gate/up and down), its FLOP rate
-    floor        max(FLOPs / matmul rate, bytes / bandwidth); bytes = weights of the experts touched
-                 (as routed) + router weight + x read + y written (``reference.sizes.layer_bytes``);
-                 fp8 rows count e4m3 weights with their block scales, and the FP8 matmul rate where
-                 the activations are FP8 too (weight-only FP8 multiplies in bf16)
-    ours         megamoe.kernels.moe_forward, whole layer with routing, CUDA graph of NI calls on
-                 NI fresh random inputs, median over replays, per call
-    torch        the plain PyTorch pipeline (router, sort, torch._grouped_mm, activation,
-                 torch._grouped_mm, weighted index_add), captured and timed the same way
-``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales,
-quantized on the GPU from the same bf16 weights (fp8_weights.py); the same with FP8 activations.
-FP8 runs where ``--backend auto`` sends it (the FP8 mode's measured table, configs.select_backend;
-the multi-launch backend where there is none) and on the megakernel with ``--backend megakernel`` (its FP8 tiles, fp8_gemm.py's); the rows of one (preset, T) run back to back on the same inputs, and fp8 rows carry
-``speedup_vs_bf16`` (the bf16 row's time on the same backend over theirs).
-Rows are printed and appended as JSON lines (with GPU, versions, date and the code: the HEAD commit,
-a ``dirty`` flag and a hash of ``git diff HEAD``; see ``git_state``) to
-benchmarks/results/kernels_<date>.jsonl (or --out). ``--tune`` searches the GEMM configs per
-shape and T bucket and writes kernels/configs/<gpu>__<dtype>__triton-<v>.json.
+Per (preset, T, dtype) row, in one run on one GPU:
+    ceilings     streaming-read bandwidth, bf16 and FP8 matmul rates (8192^3), the ideal grouped
+                 GEMM (torch.bmm over E experts of m = ceil(T*K/E) rows): ceilings.py
+    floor        max(FLOPs / matmul rate, bytes / bandwidth) (``ceilings.floor_terms``)
+    ours         moe_forward, whole layer with routing: median per call of CUDA-graph replays over
+                 NI fresh inputs (``measure.graph_time_us``)
+    torch        the plain PyTorch pipeline (torch_moe.py), timed the same way
+``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales
+quantized from the same bf16 weights; the same with FP8 activations (rows carry
+``speedup_vs_bf16`` on the same backend). Rows are printed and appended as JSON lines with their
+provenance (provenance.py) to
+benchmarks/results/kernels_<date>.jsonl or --out. ``--tune`` writes tuned configs first (tune.py).
 """
 
 from __future__ import annotations
@@ -70,14 +60,6 @@ VLLM_US = {
     ("deepseek-v3", 1): 208.6, ("deepseek-v3", 8): 1289.2, ("deepseek-v3", 64): 4456.5,
     ("deepseek-v3", 512): 5524.3, ("deepseek-v3", 4096): 9692.2, ("deepseek-v3", 16384): 29554.7,
 }
-
-
-def skip_reason(dtype: str, backend: str) -> str | None:
-    """Why rows of ``dtype`` are not run on ``backend`` (None: they run; every dtype runs on every
-    backend since the megakernel has FP8 tiles; "auto" as moe_forward picks)."""
-    if dtype not in DTYPES:
-        return f"dtype {dtype!r} is not one of {list(DTYPES)}"
-    return None
 
 
 # --------------------------------------------------------------------------- one row
@@ -175,19 +157,13 @@ HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10}
           f"{'xtorch':>6} {'vllm us':>9} {'xvllm':>6} {'o/idl':>6} {'TFLOP/s':>7}")
 
 
-def dtype_rows(run_one, dtypes, backend: str, emit, key: dict, log=print) -> None:
-    """The rows of one (preset, T, combine mode), in ``dtypes`` order: ``run_one(dtype)`` -> row,
-    each handed to ``emit`` as it is made. A dtype the backend cannot run gives a skip row (``key``,
-    dtype, backend and ``skipped``: why); one that raises is logged and left out, the others go on.
-    fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and, where both ran on the same
-    backend, ``speedup_vs_bf16`` = bf16 time / their time."""
+def dtype_rows(run_one, dtypes, emit, log=print) -> None:
+    """The rows of one (preset, T, combine mode), in ``dtypes`` order (``DTYPES`` names):
+    ``run_one(dtype)`` -> row, each handed to ``emit`` as it is made; one that raises is logged and
+    left out, the others go on. fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and,
+    where both ran on the same backend, ``speedup_vs_bf16`` = bf16 time / their time."""
     bf16 = None
     for dt in dtypes:
-        why = skip_reason(dt, backend)
-        if why:
-            log(f"{dt}: skipped: {why}")
-            emit({**key, "dtype": dt, "backend": backend, "skipped": why})
-            continue
         try:
             r = run_one(dt)
         except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
@@ -294,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     for name in presets:
         cfg = bench_config(name)
         ws = {"bf16": random_device_weights(cfg)}
-        if any(DTYPES[d] and not skip_reason(d, args.backend) for d in dtypes):
+        if any(DTYPES[d] for d in dtypes):
             ws["fp8"] = to_fp8(ws["bf16"])  # on the GPU, from the same bf16 weights
         if "bf16" not in dtypes:
             del ws["bf16"]
@@ -308,15 +284,12 @@ def run(args: argparse.Namespace) -> int:
 
                 def show(r, det=det):
                     emit(r)
-                    if "skipped" in r:
-                        return
                     print(fmt_row(r) + ("" if det else "  (atomic)"), flush=True)
                     if "stage_us" in r:
                         print("    stages us: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_us"].items()),
                               flush=True)
 
-                dtype_rows(one, dtypes, args.backend, show, {"preset": name, "T": T, "deterministic": det},
-                           log=lambda msg, name=name, T=T: print(f"# {name} T={T} {msg}", flush=True))
+                dtype_rows(one, dtypes, show, log=lambda msg, name=name, T=T: print(f"# {name} T={T} {msg}", flush=True))
             n_done += 1
             print(f"#   progress {n_done}/{n_total}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         ws.clear()

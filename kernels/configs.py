@@ -2,24 +2,16 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-Pure Python (no torch, no triton), so that ``plan.py`` and the simulator read the same choice the
-kernels launch with.
-
-A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+Pure Python, so ``plan.py`` and the simulator read the choice the kernels launch with. A tuned file
+``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
 
     {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
 
-keyed by shape and by the token-count bucket (``T_BUCKETS``); a lookup takes the nearest bucket
-(in log T). Each GEMM config has exactly the keys of ``GEMM_KEYS`` (and optionally those of
-``GEMM_OPTIONAL``); both GEMMs share BLOCK_M (the align kernels pad experts to it). Unknown keys or
-a disagreeing BLOCK_M are errors, loudly.
-
-A GEMM config's ``"variant"`` picks the kernel family (grouped_gemm.py): ``"pointer"`` (the
-default: one program per tile, weights through pointer loads) or ``"tma_persistent"`` (weights
-through TMA tensor descriptors, one program per SM walking the routed tiles; prefill, no split-K).
-TMA needs 16-byte row strides: where a GEMM's reduction length times the element size is not a
-multiple of 16 bytes, ``select_config`` falls back to "pointer" for that GEMM (``resolve_variants``).
+keyed by shape and token bucket (``T_BUCKETS``; a lookup takes the nearest in log T). Each GEMM
+config has exactly the keys of ``GEMM_KEYS`` (plus optional ``GEMM_OPTIONAL``); both GEMMs share
+BLOCK_M; anything else is an error. ``"variant"``: ``"pointer"`` (default) or ``"tma_persistent"``
+(needs 16-byte row strides, else ``resolve_variants`` falls back to "pointer").
 """
 
 from __future__ import annotations
@@ -35,16 +27,13 @@ from .thresholds import Thresholds
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs (decode);
-#: variant: the kernel family (module docstring); FLATTEN (0 / 1, "tma_persistent" only): the
-#: persistent walk over tiles flattened with each tile's K loop into one pipelined loop
-#: (``tl.range(..., flatten=True)``: the next tile's loads start during this tile's epilogue)
+#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs; variant: the kernel
+#: family; FLATTEN (0 / 1, "tma_persistent" only): the tile walk and K loop as one pipelined loop
 GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
 #: the optional keys that are switches (0 or 1), not positive sizes
 GEMM_SWITCHES = ("FLATTEN",)
 VARIANTS = ("pointer", "tma_persistent")
-#: persistent programs where the SM count is not read from a device: the interpreter (a few, so
-#: that tests see programs walking several tiles) and an H200 (launch_plan without a device)
+#: persistent programs where the SM count is not read from a device: the interpreter and an H200
 INTERPRETER_SMS = 3
 DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
@@ -164,17 +153,14 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
     else:
         bm = 128
     if bm <= 32:
-        g1 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
-        g2 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
+        g1 = g2 = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
     elif bm == 64:
         g1 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
         g2 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
     else:
         g1 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
         g2 = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
-    g1 = {**GEMM_OPTIONAL, **g1}
-    g2 = {**GEMM_OPTIONAL, **g2}
-    return {"gemm1": g1, "gemm2": g2}
+    return {"gemm1": {**GEMM_OPTIONAL, **g1}, "gemm2": {**GEMM_OPTIONAL, **g2}}
 
 
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
@@ -212,12 +198,8 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
 
 
 def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
-    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256).
-
-    Sized so that both accumulators fit the registers (GEMM 1 keeps gate and up: 2 x BM x BN fp32
-    over the warps, about 128 per thread) and the stages fit Hopper's 227 KB of shared memory (per
-    stage: A BM x BK plus B (2 x) BN x BK, bf16): 40-48 KB a stage, 3-4 stages. The interpreter's
-    tiles are tiny, as its other configs."""
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256): both accumulators
+    in registers and the stages within Hopper's 227 KB of shared memory; tiny in the interpreter."""
     if block_m not in (16, 64, 128, 256):
         raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
     if interpret:
@@ -382,8 +364,7 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-(num_pairs + touched * (block_m - 1)) // block_m) * block_m
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+_pow2 = pow2  # megakernel_config's name for it
 
 
 #: where no tuned table says otherwise, backend="auto" takes the megakernel up to this T (0: never)
@@ -393,10 +374,8 @@ MEGAKERNEL_MAX_T = 0
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                    fp8: str | None = None) -> str:
     """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
-    {bucket: name}, written by benchmarks/pick_backend.py from same-run rows of both backends) where it
-    has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8`` ("weights" / "weights+act"):
-    the FP8 layer's table of that mode (``backend_fp8``, from bench_megakernel.py --fp8 rows), else the
-    multi-launch path (the FP8 megakernel is chosen only where a run measured it faster)."""
+    {bucket: name}) where it has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8``:
+    the table of that mode (``backend_fp8``), else "multi"."""
     table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
     if table:
         return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]

@@ -3,34 +3,11 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, I expert width, P expert slots,
 P_r slots on this rank, N rows sent (or received) by this rank, Np (row, slot) pairs it computes.
 
-Each rank holds the weights of its slots (``shard_weights``, from a placement's plain arrays
-``slot_expert`` and ``slot_rank``) and a routing of its own tokens to slot ids. ``ep_moe_experts``:
-
-    1. plan_send (reference/ep.py, on the host): rows per destination, grouped by peer id
-    2. all-to-all of the counts, then of x rows (N, H), topk_idx (N, K) int64, topk_weights (N, K) fp32
-    3. plan_receive: the received rows' local pairs, by local slot; the local experts on those pairs
-       (``megamoe.kernels.moe_experts`` with top-1 per pair on CUDA, a torch loop on the CPU), each
-       pair scaled by its routing weight; one partial row per received row, k ascending
-    4. all-to-all of the partial rows back, in the dispatch's layout; y[t] = sum over ranks
-       ascending (fp32), cast to x's dtype
-
-Every order is fixed (reference/ep.py), and nothing accumulates with atomics, so the output is
-bitwise the same run to run for a given placement and routing.
-
-The transport is ``all_to_all_single`` (NCCL on GPUs, gloo on CPU). Where a backend lacks it,
-``all_to_all_p2p`` builds the same exchange from isend/irecv, visiting peers in the schedule's
-peer order (each rank starts with a different peer); ``transport="p2p"`` forces it.
-
-The one-sided variant is ``kernels.ep_symmetric.ep_moe_experts_symmetric``: the same steps, but each
-destination pulls its rows from the peers' send buffers in torch symmetric memory (kernels/ep_pull.py's
-copy kernel, ``reference.ep.plan_pull``'s schedule, peers in each rank's peer order) after a ready
-flag per peer, and pushes its partial rows back into the sources' combine buffers; its local experts
-and sums are this module's ``local_partials`` and ``combine_partials``, so its y is bitwise this
-one's. Tested under the Triton interpreter with every rank emulated in one process; the run on
-several GPUs (tests/test_kernels_ep_symmetric.py's GPU test, benchmarks/bench_ep.py) is what is left.
-
-Every process must run with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
-NVSHMEM_DISABLE_NVLS=1 (``TRANSPORT_ENV``; the launcher in megamoe/ep.py sets them).
+``ep_moe_experts`` (each rank holds its slots' weights, ``shard_weights``): plan_send; all-to-all
+of the counts, then of x rows (N, H), topk_idx (N, K) int64 and topk_weights (N, K) fp32;
+plan_receive and the local experts (``local_partials``, one partial row per received row); the
+partial rows back, y[t] = their fp32 sum over ranks ascending in x's dtype. Bitwise the same run to
+run. Transport ``all_to_all_single`` or ``all_to_all_p2p``; every process needs ``TRANSPORT_ENV``.
 """
 
 from __future__ import annotations
@@ -282,13 +259,7 @@ def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard:
     dev = x.device
     sp = plan_send(idx_np, shard.slot_rank, R, rank)
     # 1. counts: what each peer sends me
-    counts = torch.from_numpy(sp.send_counts).to(dev)
-    recv_counts_t = torch.empty_like(counts)
-    if transport == "p2p":
-        all_to_all_p2p(recv_counts_t, counts, [1] * R, [1] * R, group)
-    else:
-        dist.all_to_all_single(recv_counts_t, counts, group=group)
-    recv_counts = recv_counts_t.cpu().numpy()
+    recv_counts = exchange(torch.from_numpy(sp.send_counts).to(dev), [1] * R, [1] * R, transport, group).cpu().numpy()
     send_splits, recv_splits = sp.send_counts.tolist(), recv_counts.tolist()
     # 2. dispatch: the rows, their slot ids and their weights
     send_tok = torch.from_numpy(sp.send_token).to(dev)

@@ -3,36 +3,12 @@
 Shape legend: R ranks, P slots, P_r this rank's slots, K top-k (KP: next power of 2), H hidden, I
 expert width, N rows received, B row blocks of BM rows, C_r / C'_r pull / push copies of this rank.
 
-``reference.ep_tasks.plan_fused_ep`` lists the tasks (pull, gemm1, gemm2, push) with their waits
-and signals, before launch, from counts alone; this kernel runs that list as it is (``launch_fused``):
-P persistent programs take tickets from a counter, wait for the plan's (counter, target) pairs,
-run the task, and add one to the plan's counters. The cost model (simulator/ep_task_cost.py) reads
-the same plan.
-
-    pull     copy (peer, src_row, dst_row, rows) of this rank's pulls: before its first row, the
-             peer's READY flag >= this call's epoch (a bounded wait, kernels.ep_pull.wait_flag; a
-             timeout goes to the status word and the host raises), then the x rows and, row block
-             by row block, the topk_idx, topk_weights and position rows: idx and weights stored in
-             the receive buffers, and each row's local pairs written into the padded layout at
-             src_base[peer step, local slot] + position (padded_row = received row, padded_pair =
-             row * K + k). The peer's rows are read straight from its symmetric buffers (its base
-             addresses in a table, as kernels/ep_pull.py does).
-    gemm1    grouped_gemm._gemm1_tile on row block b of its local slot (the multi-launch path's tile)
-    gemm2    grouped_gemm._gemm2_tile: out[row * K + k] = w[row, k] * (h @ down^T), in x's dtype
-    push     copy (peer, src_row, dst_row, rows) of this rank's pushes: for each row, 0 + out[row *
-             K + k] over its local k, k ascending, in fp32 (kernels.ep.local_partials' sum), stored
-             in x's dtype straight into the peer's combine buffer
-
-Counters and tickets live in one int32 sync buffer (ticket word, then one word per plan counter,
-SW words apart), zeroed by the launcher before each launch. Waits on the plan's counters spin on an
-acquire read (megakernel._wait), a task's signals follow a CTA barrier (megakernel._signal): the
-pull's stores are visible to the GEMM tiles, theirs to the pushes. Every wait names counters that
-lower tickets signal (``check_ticket_order``), so one program taking every ticket finishes the
-launch: the Triton interpreter runs it that way in CI, with every rank's buffers in one process.
-
-The result is bitwise the phased path's (``SymmetricStep`` without ``fused``, backend "kernels")
-where both run the same GEMM tiles (the same config): each pair's output depends only on its row
-and the tile's K order, and the partial and combine sums run in the same fixed orders.
+``launch_fused`` runs ``reference.ep_tasks.plan_fused_ep``'s tasks: programs take tickets, wait
+for the plan's (counter, target) pairs, run the task and signal (one int32 sync buffer, SW words
+per counter). pull: after the peer's READY flag, its rows into the receive buffers and each local
+pair into the padded layout; gemm1 / gemm2: grouped_gemm's tiles (out[row * K + k] = w[row, k] *
+(h @ down^T)); push: per row, its local k summed ascending in fp32 into the peer's combine buffer.
+Bitwise the phased path's (``SymmetricStep`` without ``fused``) with the same GEMM config.
 """
 
 from __future__ import annotations

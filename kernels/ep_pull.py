@@ -3,52 +3,11 @@
 Shape legend: R ranks, C copies of the whole schedule, C_r those of one rank, W elements per row
 (H for the hidden rows, K for topk_idx / topk_weights rows), N rows of a buffer.
 
-``reference.ep.plan_pull`` gives every copy a rank performs, rank by rank (CSR ``pull_offsets`` /
-``push_offsets``), each rank's copies in its peer order (itself first, then rank + 1, ...), cut into
-chunks of at most ``max_rows`` rows. This module executes one rank's share on the device:
-
-    pull_rows_triton(pull, rank, send_buffers, recv)       dispatch: for each copy (peer, src_row,
-        dst_row, rows) of ``rank``, rows src_row:src_row+rows of peer's send buffer ->
-        rows dst_row:dst_row+rows of this rank's receive buffer
-    push_rows_triton(pull, rank, partial, combine_buffers) combine: for each push copy (peer, src_row,
-        dst_row, rows), rows of this rank's partial buffer -> peer's combine buffer
-    launch_copies(copies, local, peers, push=...)          the launch under both, from a ready table of
-        peer addresses (what kernels.ep_symmetric.SymmetricBuffers holds), optionally after ready flags
-
-Run for every rank, the buffers are bitwise ``reference.ep.pull_rows`` / ``push_rows``.
-
-Peer addresses. The peers' buffers come as a table of base addresses, an int64 tensor of
-``data_ptr()``s, one per rank, which the kernel casts to pointers
-(``tl.load(peers + peer).to(tl.pointer_type(local.dtype.element_ty))``). That is what torch
-symmetric memory gives on one host: every peer's buffer of a symmetric allocation is mapped into
-this process's address space (UVA), so a peer's base address is a plain 64-bit pointer a kernel can
-load from and store to (``SymmetricMemory.buffer_ptrs`` / ``get_buffer(peer, ...)``'s data_ptr()).
-The Triton interpreter runs the same code on CPU tensors: its pointers are host addresses, and an
-int64 -> pointer cast of a ``data_ptr()`` reads and writes the tensor behind it (the cast checked in
-the interpreters of Triton 3.6 and 3.9; the tests run under 3.9's, as 3.6's interpreter fails on
-NumPy 2.4 at any runtime loop bound, the repo's other kernel tests alike), so the tests' "peers" are
-separate CPU tensors of one process and nothing needs a flat buffer with per-peer offsets.
-
-Kernel. A persistent grid of ``num_programs`` programs; the tiles of a rank's copies are
-enumerated in schedule order (copy, then row block of BLOCK_R rows, then column block of BLOCK_W
-elements) and dealt out round-robin over the programs, continuing across copies (a running tile
-count), so many one-row chunks (max_rows=1) spread over all programs instead of all landing on
-program 0. Each program walks the copies in the schedule's order, so it visits the peers in the
-rank's peer order. The last row block of a copy and the last column block of a row are masked.
-Every destination row is written by exactly one tile and nothing accumulates, so the result does
-not depend on the grid or on how the programs interleave (bitwise deterministic). The row width W
-is a constexpr and the rows are contiguous (row stride W, unit column stride as literals), so for W
-a multiple of 16 bytes / element size the compiler sees 16-byte aligned, contiguous runs and issues
-16-byte vector loads and stores (the peers' base addresses carry a ``tl.multiple_of(., 16)`` hint
-when all of them are 16-byte aligned, as symmetric-memory allocations are).
-
-Ready flags. ``launch_copies(..., ready=ReadyWait(...))`` makes every program poll the peer's ready
-flag (``wait_flag``: tl.atomic_add(flag, 0, sem="acquire", scope="sys"), compiled by Triton 3.6 and
-3.9 to ld.global.sys.acquire) before its first copy from that peer, up to ``spin_limit`` polls; a
-wait that runs out is written to a status word (``note_timeout``) for the host to raise on, and the
-copies go on, so a kernel never hangs. The buffers, the flags and the whole layer are
-kernels/ep_symmetric.py's (``SymmetricBuffers``, ``ep_moe_experts_symmetric``), tested with every rank
-emulated in one process; only the run on several GPUs is left.
+Runs one rank's copies (peer, src_row, dst_row, rows) of ``reference.ep.plan_pull``: pulls from
+the peers' send buffers (``pull_rows_triton``) or push-backs into their combine buffers
+(``push_rows_triton``), both through ``launch_copies`` from an int64 table of peer base addresses,
+optionally after each peer's ready flag (``ReadyWait``). Run for every rank, the buffers are
+bitwise ``reference.ep.pull_rows`` / ``push_rows`` (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -106,13 +65,10 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, st
                       BLOCK_W: tl.constexpr):
     """Copies lo:hi of ``copies`` ((C, 4) int64 rows: peer, src_row, dst_row, rows), in order.
 
-    local: this rank's buffer (pull: the receive buffer, written; push: the partial buffer, read);
-    peers: (R,) int64 base addresses of the peers' buffers (pull: send buffers, read; push:
-    combine buffers, written). Rows of W contiguous elements in every buffer.
-    WAIT: before its first copy from a peer, each program polls ``flags[peer]`` (this rank's (R,)
-    int64 ready flags) until it reaches ``epoch[0]``, at most ``spin_limit`` polls in all; a wait that
-    runs out is recorded in ``status`` (``note_timeout``, kind 1) and the copies go on (the host raises).
-    """
+    local: this rank's buffer (pull: receive, written; push: partial, read); peers: (R,) int64 base
+    addresses of the peers' buffers (pull: send, read; push: combine, written); rows of W contiguous
+    elements. WAIT: before its first copy from a peer, a program polls ``flags[peer]`` until
+    ``epoch[0]``, at most ``spin_limit`` polls; a timeout goes to ``status`` (kind 1), the copies go on."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
@@ -237,14 +193,12 @@ def _check_num_programs(num_programs) -> None:
 def launch_copies(copies: np.ndarray, local: torch.Tensor, peers: torch.Tensor, *, push: bool, aligned: bool,
                   num_programs: int | None = None, copies_dev: torch.Tensor | None = None,
                   ready: ReadyWait | None = None) -> None:
-    """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``: one rank's).
+    """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``).
 
-    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 tensor
-    on local's device, the base address of each peer's buffer of local's dtype and row width (what a
-    symmetric allocation gives); aligned: every peer address is a multiple of 16; copies_dev: the
-    same rows already on the device (else copied there); ready: make each program wait for a peer's
-    ready flag before its first copy from that peer (pulls only).
-    """
+    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 base
+    addresses on local's device of buffers of local's dtype and row width; aligned: every peer address
+    a multiple of 16; copies_dev: the rows already on the device; ready: wait for each peer's ready
+    flag before its first copy (pulls only)."""
     _check_num_programs(num_programs)
     W = _row_width(local)
     if len(copies) == 0 or W == 0:
@@ -287,13 +241,9 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
                      recv: torch.Tensor | None = None, *, num_programs: int | None = None) -> torch.Tensor:
     """Dispatch of ``rank``: its pulls from the peers' send buffers into its receive buffer.
 
-    send_buffers: R tensors (at least send_rows[s] rows each, e.g. a symmetric buffer of
-    ``buffer_rows``; rows of any shape, the same dtype and row shape for every rank, contiguous):
-    on a GPU, the peers' buffers of a symmetric allocation, addressable from this device.
-    recv: this rank's receive buffer (at least recv_rows[rank] rows; default: a new one of exactly
-    recv_rows[rank] rows on send_buffers[rank]'s device) -> recv, rows 0:recv_rows[rank] written
-    as ``reference.ep.pull_rows(pull, send_buffers)[rank]`` and nothing else.
-    """
+    send_buffers: R contiguous tensors of one dtype and row shape (at least send_rows[s] rows); recv:
+    at least recv_rows[rank] rows (default: a new one on send_buffers[rank]'s device) -> recv, rows
+    0:recv_rows[rank] as ``reference.ep.pull_rows(pull, send_buffers)[rank]``, nothing else written."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     _check_per_rank("send", send_buffers, R)
@@ -315,14 +265,11 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
 
 def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combine_buffers: list[torch.Tensor],
                      *, num_programs: int | None = None) -> list[torch.Tensor]:
-    """Combine of ``rank``: its push-backs of its partial rows into the sources' combine buffers.
+    """Combine of ``rank``: its partial rows (the receive layout) pushed into the sources' combine buffers.
 
-    partial: this rank's partial buffer (the receive layout, at least recv_rows[rank] rows);
-    combine_buffers: R tensors (at least send_rows[s] rows each, same dtype and row shape as
-    partial, contiguous), written in place: the rows of s's combine buffer whose send rows this
-    rank pulled get ``reference.ep.push_rows``'s values, no other row is touched. -> combine_buffers.
-    Run for every rank, each combine buffer is ``reference.ep.push_rows(pull, partials)[s]``.
-    """
+    combine_buffers: R contiguous tensors of partial's dtype and row shape (at least send_rows[s]
+    rows), written in place: only the rows this rank pulled, with ``reference.ep.push_rows``'s values.
+    -> combine_buffers."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     partial = _check_buffer(f"partial buffer of rank {rank}", partial, int(pull.recv_rows[rank]), None)

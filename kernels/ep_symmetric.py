@@ -3,61 +3,18 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
 buffer, N rows of a receive buffer, C_r the copies of one rank.
 
-Every rank owns one symmetric allocation (``SymmetricBuffers``, ``BufferLayout``): its send buffers
-(x rows (S, H), topk_idx rows (S, K) int64, topk_weights rows (S, K) fp32, in plan_send's layout),
-its combine buffer (S, H) (the send layout: what the peers push back) and its flags (2, R) int64,
-row READY: flags[READY, s] = the last call whose send buffers rank s has packed, row LANDED:
-flags[LANDED, c] = the last call whose partial rows rank c has pushed here. Its receive buffers
-(N, H), (N, K), (N, K) are its own memory: only it writes them. A call of one rank
-(``SymmetricStep``) runs five phases, in this order:
+Every rank owns one symmetric allocation (``SymmetricBuffers``): send buffers, a combine buffer and
+flags (2, R) int64 (flags[READY, s]: the last call rank s packed; flags[LANDED, c]: the last call
+rank c pushed here); its receive buffers are local. A call (``SymmetricStep``) runs five phases:
 
-    1. pack     x, topk_idx, topk_weights rows into the send buffers (plan_send's order); signal
-                READY: epoch[READY] += 1, written into flags[READY, rank] of every peer
-    2. pull     this rank's copies of reference.ep.plan_pull (kernels.ep_pull's copy kernel), peers in
-                its peer order (itself first): each program polls flags[READY, peer] until it reaches
-                epoch[READY] before its first copy from that peer (topk_idx rows, then weights, then x)
-    3. compute  plan_receive on the received slot ids (a host sync) and the local experts, exactly as
-                ep_moe_experts (kernels.ep.local_partials): one partial row per received row
-    4. push     the partial rows into each source's combine buffer (plan_pull's push copies); signal
-                LANDED: epoch[LANDED] += 1, written into flags[LANDED, rank] of every peer
-    5. finish   wait until flags[LANDED, c] reaches epoch[LANDED] for every c; y = the combine rows
-                summed ranks ascending (kernels.ep.combine_partials): bitwise ep_moe_experts' y
+    1. pack     rows into the send buffers; signal READY (epoch += 1 into every peer's flags)
+    2. pull     this rank's copies of reference.ep.plan_pull, each peer's after its READY flag
+    3. compute  plan_receive and the local experts (kernels.ep.local_partials)
+    4. push     the partial rows into each source's combine buffer; signal LANDED
+    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending: bitwise
+                ep_moe_experts' y
 
-Flags carry epochs (call counters kept on the device, bumped by the signal kernel itself), so they
-need no reset between calls and no flag kernel takes a value from the host (a CUDA-graph replay of
-them needs no host op; the compute phase's host planning still syncs today); every wait is
-">= epoch". One call never
-overwrites what a peer still reads: s repacks its send buffers (call n+1) only after every peer's
-LANDED flag of call n, which a peer raises only after all its pulls of call n; c pushes call n+1's
-rows into s's combine buffer only after pulling s's rows of call n+1, which s offers only after its
-combine of call n. So the ranks drift apart by less than one call.
-
-Flag kernels (Triton, one program): ``_signal_kernel`` writes with tl.atomic_xchg(sem="release",
-scope="sys"); waits (``ep_pull.wait_flag``, in the pull's copy kernel and ``_wait_kernel``) read with
-tl.atomic_add(flag, 0, sem="acquire", scope="sys"): Triton 3.6 (the GPU image's) has sem and scope
-on atomic_cas / xchg / add but no atomic load (3.9's tl.atomic_load / atomic_poll); for sm_90 both
-compile them to atom.global.sys.release.exch and ld.global.sys.acquire (their PTX, read on a CPU
-machine: compiled, never run on a GPU). A release in the
-signal kernel publishes the writes of the kernels before it on the stream (the pack's copies, the
-push's remote stores): stream order, then a system-scope release. Every wait is bounded: at most
-``spin_limit`` polls per program, after which it records the peer and the value read in a status
-word, and the host raises FlagTimeoutError (rank, peer, flag, epoch) at the next phase that syncs
-(compute, finish) instead of hanging.
-
-Two ways to get the buffers:
-    SymmetricBuffers.allocate(...)   one rank's, torch symmetric memory (symm_mem.empty + rendezvous;
-                                     the peers' addresses: the handle's buffer_ptrs plus the tensor's
-                                     offset in its segment), one process
-                                     per GPU; sized for max_tokens per rank (the worst case: S = T *
-                                     min(K, R), N = T * R), allocated once
-    SymmetricBuffers.emulated(R, ...) R ranks' buffers in one process: CPU tensors for the Triton
-                                     interpreter (CI), or one GPU's memory (the compiled kernels);
-                                     ``ep_moe_experts_emulated`` runs every rank's phase 1, then every
-                                     rank's phase 2, and so on, so no rank ever waits on a flag that a
-                                     later phase sets (one process cannot deadlock)
-``ep_moe_experts_symmetric`` is the layer in one process of a multi-GPU group (the (R, R) traffic
-given, or all-gathered from the ranks' send counts). Not yet run on several GPUs: the symmetric
-allocation, the cross-GPU flags and copies are tested here only through the emulation.
+Waits are bounded (FlagTimeoutError on the host); docs/kernels.md has the memory order.
 """
 
 from __future__ import annotations
@@ -127,13 +84,9 @@ def _region(offset: int, nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets.
-
-    Room for any routing of at most ``max_tokens`` tokens per rank: a token sends at most one row to
-    each of min(K, R) ranks (S = send_rows), and a rank receives at most one row per token of every
-    rank (N = recv_rows; the receive buffers are local memory, not in the allocation). dtype: x's
-    (and the combine rows') torch dtype.
-    """
+    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets,
+    with room for any routing of at most ``max_tokens`` tokens per rank (S = send_rows: T x min(K, R);
+    N = recv_rows: T x R, local memory). dtype: x's torch dtype."""
 
     num_ranks: int
     max_tokens: int
@@ -176,15 +129,13 @@ class BufferLayout:
 
 
 class SymmetricBuffers:
-    """One rank's buffers and the addresses of its peers' (see the module docstring).
+    """One rank's buffers and the addresses of its peers'.
 
-    Views of the symmetric allocation: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32,
-    send_pos (S, K) int64 (each pair's position among the sender's rows of its slot: the fused launch's),
-    combine (S, H), flags (2, R) int64. Local: recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch
-    (2,) int64 (the calls signalled, per flag row), status (3,) int64 (the first timed-out wait: peer
-    + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 tensor of every rank's address of
-    region ``name``, on this rank's device (what kernels.ep_pull.launch_copies takes).
-    """
+    Symmetric: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32, send_pos (S, K) int64 (each
+    pair's position among the sender's rows of its slot), combine (S, H), flags (2, R) int64. Local:
+    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (the first
+    timed-out wait: peer + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 addresses of
+    region ``name`` on every rank (what ep_pull.launch_copies takes)."""
 
     def __init__(self, rank: int, layout: BufferLayout, storage: torch.Tensor, bases: list[int], *,
                  spin_limit: int, emulated: bool, keep: tuple = ()):
@@ -316,17 +267,13 @@ def _check_traffic(traffic, num_ranks: int, rank: int, send_counts: np.ndarray) 
 class SymmetricStep:
     """One rank's part of one call, in phases called in this order: pack, pull, compute, push, finish.
 
-    x: (T, H) in the buffers' dtype, on their device; topk_idx: (T, K) slot ids (distinct per row);
-    topk_weights: (T, K) float; traffic: (R, R) rows [src, dst] of every rank (its row ``rank`` must
-    be this routing's send counts) or a callable taking this rank's (R,) send counts and returning it.
-
-    fused: phases pull, compute and push are one persistent launch (kernels/ep_fused.py, the plan of
-    reference.ep_tasks.plan_fused_ep): the copies overlap the expert tiles and nothing syncs with the
-    host between pack and finish; its copies are cut to ``reference.ep_tasks.auto_max_rows`` rows unless
-    ``max_rows`` says otherwise (one copy is one task of one program). It needs ``slot_counts``: the
-    (R, P) rows of every rank per slot (its row ``rank`` this routing's), or a callable taking this
-    rank's (P,) counts and returning them. The pull phase launches it, compute does nothing, push signals LANDED.
-    """
+    x: (T, H) in the buffers' dtype and device; topk_idx: (T, K) slot ids (distinct per row);
+    topk_weights: (T, K); traffic: (R, R) rows [src, dst] of every rank (row ``rank`` this routing's
+    send counts) or a callable from this rank's (R,) send counts to it.
+    fused: pull, compute and push as one persistent launch (kernels/ep_fused.py; copies of at most
+    ``max_rows``, default reference.ep_tasks.auto_max_rows); needs ``slot_counts``, the (R, P) rows of
+    every rank per slot, or a callable from this rank's (P,) counts. Pull launches it, compute does
+    nothing, push signals LANDED."""
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
 
@@ -468,18 +415,13 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
                              fused: bool = False) -> torch.Tensor:
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
-    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Every rank of
-    ``group`` calls it with its own T (0 allowed), on buffers from ``SymmetricBuffers.allocate`` (or, in
-    a group of one process, ``SymmetricBuffers.emulated(1, ...)[0]``).
-    traffic: the (R, R) rows [src, dst] if the caller knows them (the same on every rank), else
-    all-gathered from the ranks' send counts. max_rows: the most rows one copy moves;
-    num_programs: programs of the copy kernel (its SMs, 4 per SM by default), or of the fused launch.
-    fused: pulls, local experts and push-backs in one launch (kernels/ep_fused.py); the (R, P) slot counts
-    are all-gathered with the traffic (one gather), so ``traffic`` given is ignored then.
-    The checks that depend on every rank's routing (the buffers' room) give the same answer on every
-    rank, so all of them raise together; a rank that raises on its own inputs (a wrong dtype) before
-    it signals leaves its peers to a FlagTimeoutError after their spin limit.
-    """
+    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Collective:
+    every rank of ``group`` calls it with its own T (0 allowed), on ``SymmetricBuffers.allocate``'s
+    buffers (a group of one: ``SymmetricBuffers.emulated(1, ...)[0]``). traffic: the (R, R) rows
+    [src, dst] if known (ignored with ``fused``), else all-gathered. max_rows: the most rows one copy
+    moves; num_programs: of the copy kernel (default 4 per SM) or the fused launch. fused: one launch
+    (kernels/ep_fused.py). Checks on every rank's routing raise on every rank together; a rank that
+    raises on its own inputs leaves its peers to a FlagTimeoutError."""
     check_transport_env()
     if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
         raise EPInputError("these buffers are emulated (every rank in this process): run them with "

@@ -3,48 +3,11 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width,
 KD: its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-What they compute is fp8_gemm.py's FP8-activation GEMMs (reference.forward's FP8 layer): per
-128-deep K step kt, one activation scale per row sa[m] (x or h quantized per token per 128
-columns) and one weight scale per 128-row band of the weight tile sw (DeepSeek-V3's 128 x 128
-blocks), applied to the step's fp32 partial:
-
-    acc += dot(a8, w8) * (sa[:, None] * sw)          (e4m3 x e4m3 wgmma, fp32)
-
-Built as the bf16 persistent TMA GEMMs (grouped_gemm._gemm*_tma_kernel): one program per SM walks
-the routed tiles in grouped order (_routed_blocks / _routed_tile), e4m3 weight tiles (BN, 128)
-through TMA descriptors, GEMM 1's x rows gathered by pointer in e4m3 from the quantized x
-(fp8_gemm._quantize_x_kernel: codes and scales), GEMM 2's h rows and their codes through a
-descriptor (GEMM 1's epilogue writes h already quantized: fp8_gemm._gemm1_fp8_epilogue).
-
-Per 128-deep K step a K loop that waits for each wgmma and then scales every product element
-with an FMUL and an FFMA (sa[:, None] * sw[None, :], a full tile) leaves the tensor cores idle
-during the scaling. Here:
-  * the weight scale of a band is ONE value per K step (a tile's 128 weight rows lie in one scale
-    block: GEMM 1's gate band always, its up band when N % 128 == 0 (UP_BAND), GEMM 2's halves of
-    at most 128 rows always), so the scale is a per-row vector sa * sw and each product element
-    costs one FFMA;
-  * PIPE: each K step's two dots (GEMM 1: gate and up; GEMM 2: the two column halves of the tile)
-    are issued so that one of them stays in flight while the other's product is scaled: the first
-    product (p1) is the step's synchronous dot (a wait for every wgmma after it), the second (p0)
-    is carried to the next step and scaled there after that wait, which Triton's WGMMA pipeliner
-    (asyncLaunchDots, rule 3b: every use of the carried result after the loop's first
-    warp_group_dot_wait 0) lets run asynchronously. Order per step: p1 = dot (sync: also
-    completes the previous step's p0); acc0 += p0_prev * c0_prev; p0 = dot (async); acc1 += p1 * c1.
-    The tensor cores run p0 while the FFMAs of both products issue.
-Accumulation: per K step the product is rounded once to fp32 by the FFMA with the fp32 scale
-sa * sw (itself rounded once), as fp8_gemm's kernels round (product x sa) x sw: both within a few
-fp32 ulps of the FP8 reference per step.
-
-Tiles (plan.fp8_entry with fp8a): BLOCK_K = 128, GEMM 1 BLOCK_N = 128 (h quantized per whole 128-column
-group in the epilogue), BLOCK_M 64 (GEMM 1: acc_g, acc_u, the in-flight and the synchronous
-products, 4 x 32 fp32 a thread at 8 warps; at 128 rows they would be 4 x 64 and spill), GEMM 2
-64 x 256 (two 128-column halves). x must be quantized once (XQ; not SCALE_INPUT: Llama 4's routing
-weight scales rows before quantizing, it keeps fp8_gemm's kernels).
-
-128-row tile sets (plan.FP8A_TILE_CANDIDATES; plan.FP8A_DEFAULT_TILES at the 128-row prefill
-entries, or the set an FP8Options names): GEMM 1 128 x 128 with PIPE 0 (acc_g, acc_u and one
-product, 3 x 64 fp32 a thread), GEMM 2 128 x 128 with PIPE or 128 x 256 with CHAIN ("PIPE" 2,
-_gemm2_fp8a_tile); docs/kernels.md has their compile figures.
+fp8_gemm.py's FP8-activation GEMMs as grouped_gemm's persistent TMA GEMMs: per 128-deep K step
+acc += dot(a8, w8) * (sa[:, None] * sw), sa a row's scale, sw one per 128-row weight band. GEMM 1
+gathers x's codes by pointer (quantized once: not SCALE_INPUT), GEMM 2 reads h's codes through a
+descriptor. PIPE keeps one of a K step's two dots in flight while the other is scaled
+(docs/kernels.md). Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
 """
 
 from __future__ import annotations
@@ -75,14 +38,8 @@ def _scaled(acc, p, c):
 
 @triton.jit
 def _fresh(acc):
-    """A zero accumulator for the product kept in flight, computed from acc (acc x 0): the wgmma then
-    depends on the scaling that updated acc, so the scaling of the previous product is done before
-    the wgmma writes, and that product's registers become the new one's (no copy). With a constant
-    zero LLVM moved the scaling below the wgmma and copied the product in flight into the
-    loop-carried registers, and ptxas serialized every wgmma of the kernel (C7514: "non wgmma
-    instructions reading accumulator registers"); Triton 3.6 turns a zero under a branch into the
-    wgmma's "use C" flag on Blackwell only (OptimizeAccumulatorInit). acc is finite, so the zero is
-    exact (-0 adds as +0)."""
+    """A zero accumulator for the product kept in flight, computed as acc x 0 so the wgmma waits for
+    the scaling that updated acc and reuses its registers (docs/kernels.md). Exact: acc is finite."""
     return acc * 0.0
 
 
@@ -170,19 +127,11 @@ def _gemm2_fp8a_tile(
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: h's e4m3 rows (contiguous in padded order) through a_desc over (rows, KD)
-    with their scales as_ptr (rows, ceil(KD / KB)), the e4m3 down weights as two column halves
-    (BLOCK_N / 2, KB) through w_desc over down as (E*N, KD) (zero past KD and past the last row),
-    each half within one scale block (BLOCK_N / 2 divides KB), its scale one load per K step.
-    Padding rows read whatever GEMM 1 left there (their scale loads are masked); they only reach
-    masked output rows. Each half goes through grouped_gemm's epilogue.
-
-    PIPE 1: half 0's product carried to the next K step (module docstring). PIPE 2, CHAIN (a 128-row
-    tile candidate, plan.FP8A_TILE_CANDIDATES): half 0's product scaled at once, half 1's wgmma started
-    from half 0's scaled sum x 0 (_fresh), so it waits for that scaling and takes the product's
-    registers: one product live (128 x 256 tiles: 241 registers, no spills, sm_90, Triton 3.9), where
-    without it (PIPE 0) both wgmmas were issued before either product was scaled (255 and 76 spill
-    stores). The same sums as PIPE 0 and 1 in the same order."""
+    """One GEMM 2 tile: h's e4m3 rows (contiguous, padded order) through a_desc over (rows, KD) with
+    scales as_ptr (rows, ceil(KD / KB)); the e4m3 down weights as two column halves (BLOCK_N / 2, KB)
+    through w_desc over down as (E*N, KD), each half in one scale block. Padding rows reach only masked
+    outputs. PIPE 1: half 0's product carried to the next K step; PIPE 2 (CHAIN): half 0 scaled at once
+    and half 1's wgmma started from it (_fresh). The same sums in the same order every way."""
     HALF: tl.constexpr = BLOCK_N // 2
     row_mask, tok, slot, srow, _, _, _, a_row, _, row_a, _ = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, HALF, BLOCK_K)

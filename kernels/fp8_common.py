@@ -87,12 +87,10 @@ _E4M3_F16X4 = tl.constexpr(_E4M3X4_PTX.replace("BIAS", "0x5C005C00").replace("SH
 def _e4m3_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
     """e4m3 codes w (float8e4nv) -> dtype (bf16, fp16 or fp32), exactly.
 
-    CVT 0: Triton's cast. 1: bit moves in Triton integer ops. 2: the same in inline PTX (GPU; bf16
-    and fp16, fp32 takes 1). The code's sign goes to the sign bit and its 7 magnitude bits to the
-    target's exponent and mantissa fields (bf16 bits 4..10, fp16 7..13, fp32 20..26): that value
-    is the code times 2^-120 (bf16, fp32) or 2^-8 (fp16), a normal or a subnormal of the target,
-    and one multiply by the power of two, exact in the target, gives the code for every finite
-    code, subnormals included (the NaN codes 0x7F and 0xFF give +-480: quantized weights have none)."""
+    CVT 0: Triton's cast. 1: bit moves in Triton integer ops. 2: the same in inline PTX (GPU; bf16 and
+    fp16). The sign and 7 magnitude bits go to the target's fields (bf16 bits 4..10, fp16 7..13, fp32
+    20..26), giving code x 2^-120 (bf16, fp32) or 2^-8 (fp16); one exact multiply gives the code (NaN
+    codes give +-480: quantized weights have none)."""
     if CVT == 0:
         return w.to(dtype)
     elif CVT == 2 and dtype == tl.bfloat16:
@@ -129,6 +127,18 @@ def _fp8a_part(aq, b, sa, sw):
     """One K tile of FP8 activations: dot(aq, b) of e4m3 (BM, KB) x (KB, BN), fp32, times the row
     scales sa (BM,) and the column scales sw (BN,): what every FP8-activation GEMM adds to its sum."""
     return tl.dot(aq, b) * sa[:, None] * sw[None, :]
+
+
+@triton.jit
+def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
+    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN): FP8_A, a holds
+    e4m3 codes with row scales sa; else b converted to a's dtype."""
+    if FP8_A:
+        return _fp8a_part(a, b, sa, sw)
+    elif IEEE:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
+    else:
+        return tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
 
 
 @triton.jit

@@ -1,32 +1,14 @@
 """The grouped GEMMs of the MoE layer with FP8 (e4m3) weights carrying 128 x 128 block scales.
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, P_max padded rows,
-KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP), Rb, Cb a weight's scale blocks (ceil(R / KB), ceil(C / KB)).
+KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-What they compute is reference.forward's FP8 layer. The block scales are applied in the fp32
-accumulation, once per K tile: BLOCK_K == KB (plan.fp8_entry), so each K tile of a weight's
-column lies in one scale block and
-
-    weight-only (FP8_A=False):  acc += dot(a, w8.to(a's dtype)) * s_w[n]                 (a: x's dtype)
-    FP8 activations (FP8_A):    acc += dot(a8, w8) * s_a[m] * s_w[n]                      (e4m3 x e4m3)
-
-s_w[n] = scale_inv[e, n // KB, kt] per output column n (a column's own row block: GEMM 1's up rows
-start at I, mid-block when KB does not divide I), s_a[m] the scale of row m's 128-column group kt.
-The dot of e4m3 values is exact in fp32 under the interpreter and a tensor-core FP8 MMA on Hopper.
-
-With FP8 activations x is quantized once (``_quantize_x_kernel``: codes (T, H) e4m3 and scales
-(T, ceil(H / KB)) fp32) and GEMM 1 gathers those codes and scales by pointer (XQ); for Llama 4
-(SCALE_INPUT: the routing weight scales each pair's row before it is quantized, as the reference)
-GEMM 1 quantizes its x rows in each K tile as it loads them instead. GEMM 1 quantizes h in its
-epilogue (BLOCK_N == KB: a tile holds whole 128-column groups of h): codes (P_max, I) e4m3 and
-scales (P_max, ceil(I / KB)) fp32, which GEMM 2 reads. Without FP8 activations the activation is
-stored in x's dtype as the bf16 path does.
-
-The kernels here are the pointer ones (one program per tile, every bucket; no split-K in GEMM 1,
-whose epilogue quantizes whole rows; GEMM 2 splits on K tiles). A "tma_persistent" entry runs the
-persistent ones instead: fp8_act_tma.py's with FP8 activations (where x is quantized once),
-fp8w_tma.py's weight-only. The launchers below pick by the entry plan.fp8_entry made (the one place
-the tiles are sized) and refuse others.
+reference.forward's FP8 layer. BLOCK_K == KB, so each K tile of a weight column lies in one scale
+block: weight-only acc += dot(a, w8.to(a's dtype)) * s_w[n]; FP8 activations (FP8_A) acc +=
+dot(a8, w8) * s_a[m] * s_w[n]. With FP8 activations x is quantized once (``_quantize_x_kernel``;
+GEMM 1 reads the codes, XQ) unless the routing weight scales rows first (SCALE_INPUT: quantized per
+K tile); GEMM 1 quantizes h in its epilogue (BLOCK_N == KB). These are the pointer kernels; a
+"tma_persistent" entry runs fp8_act_tma.py's or fp8w_tma.py's, picked by the launchers.
 """
 
 from __future__ import annotations
@@ -37,8 +19,7 @@ import triton.language as tl
 from ..reference.sizes import FP8_BLOCK
 from .fp8_act_tma import gemm1_fp8a_launch, gemm2_fp8a_launch, is_fp8a
 from .fp8_common import (  # noqa: F401 - convert_code: the megakernel imports it from here
-    _e4m3_to,
-    _fp8a_part,
+    _fp8_step,
     _gemm1_fp8_epilogue,
     _multi_cvt,
     _quantize_groups,
@@ -52,10 +33,8 @@ from .plan import gemm_grid
 @triton.jit(do_not_specialize=["T"])
 def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, T, H, stride_xt, stride_qt, stride_st, KB: tl.constexpr,
                        BLOCK_T: tl.constexpr):
-    """x (T, H) -> codes q (T, H) e4m3 and scales s (T, ceil(H / KB)) fp32, per token per KB columns
-    (_quantize_groups, the arithmetic GEMM 1's K loop applies to its x rows): program (i, g) takes
-    tokens [i * BLOCK_T, (i + 1) * BLOCK_T) x group g; columns past H count as 0 (as the K loop's
-    masked tail), rows past T are neither read nor written."""
+    """x (T, H) -> codes q (T, H) e4m3 and scales s (T, ceil(H / KB)) fp32 (_quantize_groups);
+    program (i, g): BLOCK_T tokens x group g; columns past H count as 0."""
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.program_id(1) * KB + tl.arange(0, KB)
     t_mask = offs_t < T
@@ -74,17 +53,16 @@ def _gemm1_fp8_tile(
     stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
-    and their scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized
-    per K tile, h quantized into out (codes) and outs (scales, column pid_n); BLOCK_N == KB.
-    CVT: how weight-only FP8 converts the codes (``_e4m3_to``); PF: scales loaded a K step ahead.
-    (The megakernel's tile: _gemm1_fp8_xq_tile with XQ off.)"""
+    and scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized per K
+    tile, h quantized into out (codes) and outs (scales); BLOCK_N == KB. CVT: how weight-only FP8
+    converts the codes (``_e4m3_to``)."""
     _gemm1_fp8_xq_tile(x_ptr, x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
                        topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, 0, stride_we, stride_wn, stride_wse,
                        stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,
-                       FP8_A, False, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, PF)
+                       FP8_A, False, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT)
 
 
 @triton.jit
@@ -94,11 +72,10 @@ def _gemm1_fp8_xq_tile(
     stride_ot, stride_os, alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, DENSE: tl.constexpr,
     FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """_gemm1_fp8_tile's work; XQ (with FP8_A, not SCALE_INPUT): x_ptr holds x's e4m3 codes (T, KD)
-    and xs_ptr their scales (T, ceil(KD / KB)), as _quantize_x_kernel writes them (the codes the
-    K loop would compute), loaded instead of quantizing x in every K step."""
+    """_gemm1_fp8_tile; XQ (FP8_A, not SCALE_INPUT): x_ptr holds x's codes (T, KD) and xs_ptr
+    their scales (T, ceil(KD / KB)) from _quantize_x_kernel, read instead of quantizing per K step."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -111,40 +88,23 @@ def _gemm1_fp8_xq_tile(
         in_sc = tl.load(topk_w_ptr + pair, mask=row_mask, other=0.0)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    nk = tl.cdiv(KD, BLOCK_K)
-    if PF:
-        sg_next = tl.load(sg_ptrs)
-        su_next = tl.load(su_ptrs)
-    for kt in range(0, nk):
+    for kt in range(0, tl.cdiv(KD, BLOCK_K)):
         k_mask = offs_k < KD - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
         bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
-        if PF:  # this step's scales came one step ago; the next step's load overlaps this one
-            sg = sg_next
-            su = su_next
-            sg_next = tl.load(sg_ptrs + tl.minimum(kt + 1, nk - 1))
-            su_next = tl.load(su_ptrs + tl.minimum(kt + 1, nk - 1))
-        else:
-            sg = tl.load(sg_ptrs + kt)
-            su = tl.load(su_ptrs + kt)
+        sg = tl.load(sg_ptrs + kt)
+        su = tl.load(su_ptrs + kt)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A and XQ:
             sa = tl.load(xs_ptrs + kt, mask=row_mask, other=0.0)
-            acc_g += _fp8a_part(a, bg, sa, sg)
-            acc_u += _fp8a_part(a, bu, sa, su)
         elif FP8_A:
             a32 = a.to(tl.float32)
             if SCALE_INPUT:
                 a32 = a32 * in_sc[:, None]
-            aq, sa = _quantize_groups(a32)
-            acc_g += _fp8a_part(aq, bg, sa, sg)
-            acc_u += _fp8a_part(aq, bu, sa, su)
-        elif IEEE:
-            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT), input_precision="ieee") * sg[None, :]
-            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT), input_precision="ieee") * su[None, :]
-        else:
-            acc_g += tl.dot(a, _e4m3_to(bg, a.dtype, CVT)) * sg[None, :]
-            acc_u += tl.dot(a, _e4m3_to(bu, a.dtype, CVT)) * su[None, :]
+            a, sa = _quantize_groups(a32)
+        acc_g += _fp8_step(a, bg, sa, sg, FP8_A, IEEE, CVT)
+        acc_u += _fp8_step(a, bu, sa, su, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
@@ -169,7 +129,7 @@ def _gemm1_fp8_kernel(
     _gemm1_fp8_xq_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
                        topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, stride_xs, stride_we, stride_wn, stride_wse,
                        stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,
-                       FP8_A, XQ, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
+                       FP8_A, XQ, IEEE, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT)
 
 
 @triton.jit
@@ -180,41 +140,24 @@ def _gemm2_fp8_tile(
     K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     FP8_A: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, KB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, PF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB));
-    K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds e4m3 codes, as (rows, ceil(KD / KB)) their scales.
-    CVT, PF as _gemm1_fp8_tile's."""
+    """One GEMM 2 tile with e4m3 weights w (E, N, KD) and scales ws (E, ceil(N / KB), ceil(KD / KB)),
+    K tiles [k_lo, k_hi) of BLOCK_K == KB. FP8_A: a holds codes with scales as (rows, ceil(KD / KB))."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, _, _ = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo * BLOCK_K, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
     sw_ptrs = ws_ptr + e.to(tl.int64) * stride_wse + (offs_bn // KB) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    last = tl.cdiv(KD, BLOCK_K) - 1
-    if PF:
-        sw_next = tl.load(sw_ptrs + tl.minimum(k_lo, last))
-        if FP8_A:
-            sa_next = tl.load(as_ptr + a_row * stride_as + tl.minimum(k_lo, last), mask=row_mask, other=0.0)
     for kt in range(k_lo, k_hi):
         k_mask = offs_k < KD - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if PF:  # as GEMM 1's: the next step's scales load during this step
-            sw = sw_next
-            sw_next = tl.load(sw_ptrs + tl.minimum(kt + 1, last))
-        else:
-            sw = tl.load(sw_ptrs + kt)
+        sw = tl.load(sw_ptrs + kt)
+        sa = tl.zeros((BLOCK_M,), tl.float32)
         if FP8_A:
-            if PF:
-                sa = sa_next
-                sa_next = tl.load(as_ptr + a_row * stride_as + tl.minimum(kt + 1, last), mask=row_mask, other=0.0)
-            else:
-                sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
-            acc += _fp8a_part(a, b, sa, sw)
-        elif IEEE:
-            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT), input_precision="ieee") * sw[None, :]
-        else:
-            acc += tl.dot(a, _e4m3_to(b, a.dtype, CVT)) * sw[None, :]
+            sa = tl.load(as_ptr + a_row * stride_as + kt, mask=row_mask, other=0.0)
+        acc += _fp8_step(a, b, sa, sw, FP8_A, IEEE, CVT)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
@@ -237,13 +180,12 @@ def _gemm2_fp8_kernel(
     _gemm2_fp8_tile(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, padded_pair_ptr, scale_ptr,
                     pid_m, pid_n, e, s, k_lo, k_hi, T, N, KD, stride_at, stride_as, stride_we, stride_wn, stride_wse,
                     stride_wsn, stride_be, stride_ot, K, KS, HAS_BIAS, HAS_SCALE, DENSE, ATOMIC, FP8_A, IEEE,
-                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT, False)
+                    SPLIT_K, KB, BLOCK_M, BLOCK_N, BLOCK_K, CVT)
 
 
 def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
-    """Which FP8 GEMMs ``cfg`` asks for: "pointer" (here), "fp8a" (fp8_act_tma's, a "tma_persistent"
-    entry with FP8 activations and "FP8A") or "fp8w" (fp8w_tma's, "tma_persistent" weight-only); the
-    tiles checked (plan.fp8_entry makes them)."""
+    """Which FP8 GEMMs ``cfg`` asks for: "pointer" (here), "fp8a" (fp8_act_tma) or "fp8w"
+    (fp8w_tma); the tiles checked."""
     if cfg.get("variant", "pointer") == "tma_persistent":
         if split != 1:
             raise ValueError(f"the tma_persistent FP8 {gemm} has no split-K, got split={split} (plan.fp8_entry "
@@ -265,36 +207,26 @@ def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
     return "pointer"
 
 
-def quantize_x_launch(x, codes, scales, launch: dict):
-    """(kernel, grid, args, kwargs) of the x quantization: x (T, H) -> codes (T, H) float8_e4m3fn and
-    scales (T, ceil(H/128)) fp32; ``launch``: plan.quantize_launch's (the static plan's "quant")."""
+def launch_quantize_x(x, codes, scales, launch: dict) -> None:
+    """Quantize x (T, H) into codes (T, H) float8_e4m3fn and scales (T, ceil(H/128)) fp32, per token per
+    128 columns; ``launch``: plan.quantize_launch's."""
     T, H = x.shape
+    if T == 0:
+        return
     if codes.shape != (T, H) or scales.shape != (T, -(-H // FP8_BLOCK)) or x.stride(1) != 1 or codes.stride(1) != 1:
         raise ValueError(f"quantize_x: x {list(x.shape)} needs contiguous rows, codes {[T, H]} and scales "
                          f"{[T, -(-H // FP8_BLOCK)]}, got {list(codes.shape)}, {list(scales.shape)}")
-    kwargs = dict(KB=FP8_BLOCK, BLOCK_T=launch["BLOCK_T"], num_warps=launch["num_warps"])
-    return (_quantize_x_kernel, launch["grid"],
-            (x, codes, scales, T, H, x.stride(0), codes.stride(0), scales.stride(0)), kwargs)
-
-
-def launch_quantize_x(x, codes, scales, launch: dict) -> None:
-    """x quantized once per token per 128 columns into codes and scales (see quantize_x_launch)."""
-    if x.shape[0] == 0:
-        return
-    kernel, grid, args, kwargs = quantize_x_launch(x, codes, scales, launch)
-    kernel[grid](*args, **kwargs)
+    _quantize_x_kernel[launch["grid"]](x, codes, scales, T, H, x.stride(0), codes.stride(0), scales.stride(0),
+                                       KB=FP8_BLOCK, BLOCK_T=launch["BLOCK_T"], num_warps=launch["num_warps"])
 
 
 def gemm1_fp8_launch(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
                      limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None = None,
                      x_q: tuple | None = None):
-    """(kernel, grid, args, kwargs) of the FP8 GEMM 1. x (T, H) its dtype; w (E, 2N, H) float8_e4m3fn;
-    w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes with out_scale (P, ceil(N/128))
-    fp32 when FP8 activations (out_scale given), else out in x's dtype. cfg's variant "tma_persistent":
-    fp8_act_tma's GEMM 1 (FP8 activations, reading x_q) or fp8w_tma's (weight-only) on ``num_sms``
-    programs (default: the device's SMs).
-    ``x_q``: (codes, scales) of x from launch_quantize_x (FP8 activations without scale_input): the
-    kernels read them (XQ) instead of quantizing x in their K loop."""
+    """(kernel, grid, args, kwargs) of the FP8 GEMM 1. x (T, H); w (E, 2N, H) float8_e4m3fn; w_scale
+    (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N): e4m3 codes with out_scale (P, ceil(N/128)) fp32
+    for FP8 activations, else x's dtype. ``x_q``: (codes, scales) of x (FP8 activations without
+    scale_input), read instead of quantizing x. "tma_persistent" entries run on ``num_sms`` programs."""
     fp8_act = out_scale is not None
     kind = _kind(cfg, "gemm1", fp8_act)
     T, KD = x.shape
@@ -347,10 +279,8 @@ def launch_gemm1_fp8(x, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dic
 def gemm2_fp8_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
                      dense: bool, atomic: bool, num_m: int, split: int = 1, num_sms: int | None = None):
     """(kernel, grid, args, kwargs) of the FP8 GEMM 2. act (P, I): e4m3 codes with act_scale
-    (P, ceil(I/128)) fp32, or (act_scale None) x's dtype; w (E, N, I) float8_e4m3fn; w_scale
-    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's. cfg's variant
-    "tma_persistent" (no split-K): fp8_act_tma's GEMM 2 (FP8 activations) or fp8w_tma's (weight-only)
-    on ``num_sms`` programs."""
+    (P, ceil(I/128)) fp32, or x's dtype (act_scale None); w (E, N, I) float8_e4m3fn; w_scale
+    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's."""
     kind = _kind(cfg, "gemm2", act_scale is not None, split)
     KD = act.shape[1]
     N = w.shape[1]

@@ -3,13 +3,10 @@
 Shape legend: H hidden, I expert width, BM/BN/BK tile sizes, KB = 128 (FP8_BLOCK: a weight scale
 block, an activation group).
 
-Pure Python (no torch, no triton), read by plan.py. Three families of FP8 GEMMs (docs/kernels.md):
-  * pointer (fp8_gemm.py): every entry that is not "tma_persistent" (the decode buckets), and
-    GEMM 1 of a layer with FP8 activations that does not quantize x once (Llama 4's input scaling);
-  * fp8a (fp8_act_tma.py): FP8 activations at a "tma_persistent" entry (config key "FP8A");
-  * fp8w (fp8w_tma.py): weight-only FP8 at a "tma_persistent" entry (config key "SWAP_AB").
-The persistent ones need e4m3 rows of 16-byte strides (``fp8_tma_ok``). A benchmark varies the
-choices still under study through ``FP8Options``, passed in (plan.static_plan's ``fp8_options``).
+Pure Python, read by plan.py. Families (docs/kernels.md): pointer (fp8_gemm.py; non-persistent
+entries and Llama 4's GEMM 1), fp8a (fp8_act_tma.py; config key "FP8A") and fp8w (fp8w_tma.py;
+"SWAP_AB") at "tma_persistent" entries with 16-byte e4m3 row strides (``fp8_tma_ok``). Choices
+under study: ``FP8Options``, passed in (plan.static_plan's ``fp8_options``).
 """
 
 from __future__ import annotations
@@ -115,18 +112,14 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
               x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs take it, from bf16 ``entry``.
 
-    Pointer GEMMs: BLOCK_K = FP8_BLOCK (each K tile in one scale block), GEMM 1 without split-K (its
-    epilogue finishes whole rows) and, with FP8 activations, BLOCK_N = FP8_BLOCK (h quantized in
-    whole 128-column groups); GEMM 2 keeps its split-K (splits fall on scale blocks). A GEMM whose
-    entry is "tma_persistent" (``fp8_tma_ok`` on ``depths`` = (H, I), GEMM 1's and GEMM 2's K
-    extents; None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE":
-    1, FP8A_STAGES stages, GEMM 2's BLOCK_N a power of two at most FP8A_MAX_BLOCK_N2), GEMM 1 only
-    where the layer quantizes x once (``x_once``: plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K
-    = FP8W_TMA_BLOCK_K, "SWAP_AB" = options.swap_ab, then BLOCK_N at most FP8W_TMA_SWAP_MAX_BLOCK_N).
-    BLOCK_M (both GEMMs: the align pads to it) at most FP8A_MAX_BLOCK_M / FP8W_TMA_MAX_BLOCK_M when
-    both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to FP8_SMEM_BUDGET_BYTES (per
-    stage the A tile, in x's ``dtype`` or e4m3, and the e4m3 weight tiles; fp8w's converted weight
-    tiles once). Where both GEMMs are fp8a, the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
+    Pointer GEMMs: BLOCK_K = FP8_BLOCK, GEMM 1 without split-K and, with FP8 activations, BLOCK_N =
+    FP8_BLOCK; GEMM 2 keeps its split-K. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I);
+    None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE": 1,
+    FP8A_STAGES, GEMM 2's BLOCK_N <= FP8A_MAX_BLOCK_N2), GEMM 1 only where ``x_once``
+    (plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K = FP8W_TMA_BLOCK_K, "SWAP_AB" =
+    options.swap_ab, then BLOCK_N <= FP8W_TMA_SWAP_MAX_BLOCK_N). BLOCK_M at most FP8A_MAX_BLOCK_M /
+    FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to
+    FP8_SMEM_BUDGET_BYTES. Both GEMMs fp8a: the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)

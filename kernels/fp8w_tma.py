@@ -3,18 +3,14 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width, KD:
 its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK).
 
-The bf16 persistent GEMMs' walk, gathers and epilogues (grouped_gemm's helpers) with e4m3 weight tiles
-through TMA descriptors (half the bytes) and, instead of scaling each K tile's product, the block scale
-folded into the weights before the dot:
+The bf16 persistent GEMMs (grouped_gemm's helpers) with e4m3 weight tiles through TMA and the block
+scale folded into the weights before the dot:
 
     acc += dot(a, w) with w[n, k] = code[n, k] x s_w[n] rounded to a's dtype (``_e4m3_folded``)
 
-Within a K tile (BLOCK_K divides KB) the scale depends only on the row block of the weight row n, so
-there is one accumulator per output (GEMM 1: gate and up, two) as in the bf16 GEMMs, and 128-row tiles
-fit. SWAP_AB (plan.FP8W_TMA_SWAP_AB): the MMA computes acc^T = w @ a^T with the folded weights as
-wgmma's A operand in registers, so the MMAs stay asynchronous under the next K step's conversion; not
-swapped, they are the B operand, stored to shared memory, and every K step waits for its wgmma.
-plan.fp8_entry sizes the tiles; docs/kernels.md has their compile figures.
+BLOCK_K divides KB, so one accumulator per output as in the bf16 GEMMs. SWAP_AB: the MMA computes
+acc^T = w @ a^T with the weights as wgmma's A operand in registers (docs/kernels.md).
+plan.fp8_entry sizes the tiles.
 """
 
 from __future__ import annotations
@@ -60,20 +56,11 @@ _E4M3_F16X4_FOLD = tl.constexpr(_E4M3X4_FOLD_PTX.replace("SHIFT", "1").replace("
 
 @triton.jit
 def _e4m3_folded(w, s, dtype: tl.constexpr, CVT: tl.constexpr):
-    """e4m3 codes w (BN, BK) float8e4nv and their rows' block scales s (BN,) fp32 -> the weights
-    code x s (BN, BK) in dtype (bf16, fp16 or fp32): the block scale folded into the weight tile
-    before the dot, so that a K tile adds dot(a, w) to ONE accumulator.
-
-    Rounding (the one thing that differs from the pointer kernels, which scale the fp32 product):
-    each weight code x s is rounded to dtype, once. CVT 0 / 1 (Triton's cast / bit moves, the
-    interpreter's) round code x s to float32 (exact there but for its 28 bits: 4 significant bits
-    times 24), then to dtype; CVT 2 (inline PTX, bf16 and fp16 on a GPU) moves the code's bits into
-    the target (c = code x 2^-b exactly, b = 120 for bf16, 8 for fp16, as ``_e4m3_to``) and multiplies
-    by f = s x 2^b split into hi = dtype(f) and lo = dtype(f - hi): fma(c, hi, c x lo), one rounding
-    of code x s to within 2^-17 for bf16 (so the correctly rounded weight, bar ties that close; the
-    scale is not rounded apart); for fp16 c x lo underflows for weights below ~0.125, where the
-    scale is in effect rounded to fp16 first (11 bits): within one ulp of the correctly rounded weight.
-    Range: f and code x s must be finite in dtype (fold_scale_max; the launchers check)."""
+    """e4m3 codes w (BN, BK) float8e4nv and their rows' block scales s (BN,) fp32 -> code x s (BN, BK)
+    in dtype (bf16, fp16 or fp32), each rounded once (docs/kernels.md): the scale folded into the
+    weight tile so a K tile adds dot(a, w) to one accumulator. CVT 0 / 1 via fp32; CVT 2 (inline PTX,
+    bf16 and fp16) fma(code x 2^-b, hi, code x 2^-b x lo) with hi + lo = s x 2^b. f and code x s must
+    be finite in dtype (fold_scale_max; the launchers check)."""
     if CVT == 2 and dtype == tl.bfloat16:
         hi, lo = _fold_factors(s * _BIAS_2_120, w.shape, dtype)
         return tl.inline_asm_elementwise(_E4M3_BF16X4_FOLD, "=r,=r,r,r,r,r,r", [w.to(tl.uint8, bitcast=True), hi, lo],
@@ -108,10 +95,8 @@ def _fp8w_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 @triton.jit
 def _fp8w_mma(a, w, acc, IEEE: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK) (grouped_gemm._mma); SWAP_AB:
-    acc^T + w @ a^T instead, so that the weights converted in registers are wgmma's A operand, read
-    from registers (asynchronous MMAs; not SWAP_AB, they are B, stored to shared memory for each
-    wgmma, which then completes before the next K step's conversion overwrites them)."""
+    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK); SWAP_AB: acc^T + w @ a^T,
+    the weights wgmma's A operand from registers."""
     if SWAP_AB:
         out = _mma(w, a.T, acc, IEEE)
     else:
@@ -137,12 +122,9 @@ def _gemm1_fp8w_tma_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """One GEMM 1 tile with e4m3 weights and activations in x's dtype, as grouped_gemm._gemm1_tma_tile
-    computes the bf16 one: x rows (BLOCK_M, BLOCK_K) gathered by pointers, the e4m3 gate and up
-    tiles (BLOCK_N, BLOCK_K) through the TMA descriptor w_desc over gate_up as (E*2N, KD) (zero past
-    KD; rows past N read the next rows, and the epilogue masks them), each with its rows' block
-    scales of K block kt * BLOCK_K // KB folded in (_band_scale, _e4m3_folded; BLOCK_K divides KB),
-    then acc_g += dot(x, wg^T), acc_u += dot(x, wu^T): two fp32 accumulators, as the bf16 tile's."""
+    """One GEMM 1 tile as grouped_gemm._gemm1_tma_tile computes the bf16 one: x rows (BLOCK_M,
+    BLOCK_K) by pointers, the e4m3 gate and up tiles (BLOCK_N, BLOCK_K) through w_desc over gate_up as
+    (E*2N, KD) with their block scales folded in (_band_scale, _e4m3_folded; BLOCK_K divides KB)."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -198,11 +180,9 @@ def _gemm2_fp8w_tma_tile(
     IEEE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """One GEMM 2 tile with e4m3 down weights, as grouped_gemm._gemm2_tma_tile computes the bf16 one:
-    the activation rows (x's dtype, contiguous in padded order) through a_desc over (rows, KD), the
-    e4m3 down tiles (BLOCK_N, BLOCK_K) through w_desc over down as (E*N, KD), their block scales
-    folded in as GEMM 1's (_gemm1_fp8w_tma_tile); one fp32 accumulator. Padding rows read whatever
-    GEMM 1 left there; they only reach masked output rows."""
+    """One GEMM 2 tile as grouped_gemm._gemm2_tma_tile computes the bf16 one: activation rows through
+    a_desc over (rows, KD), e4m3 down tiles (BLOCK_N, BLOCK_K) through w_desc over down as (E*N, KD),
+    block scales folded in as GEMM 1's."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     ws_e = ws_ptr + e.to(tl.int64) * stride_wse
@@ -238,11 +218,8 @@ def _gemm2_fp8w_tma_kernel(
 
 
 def fold_scale_max(dtype, cvt: int) -> float:
-    """The largest weight block scale s the weight-only persistent GEMMs take with x's ``dtype`` (a
-    torch dtype) and conversion ``cvt`` (``_e4m3_folded``): the folded weight 448 x s finite in
-    dtype, and with CVT 2 (bf16, fp16) the fold factor s x 2^b as well. bf16: 255 (s x 2^120 <= bf16's
-    largest, 255 x 2^120: weights up to 114,240); fp16: 65504 / 448 = 146.2 (weights within fp16's
-    range: a fp16 layer cannot hold larger ones); fp32: 7.6e35."""
+    """The largest weight block scale the weight-only persistent GEMMs take with x's torch ``dtype`` and
+    ``cvt``: 448 x s finite in dtype and, with CVT 2, s x 2^b as well (bf16 255, fp16 146.2, fp32 7.6e35)."""
     import torch
 
     big = torch.finfo(dtype).max
@@ -253,11 +230,9 @@ def fold_scale_max(dtype, cvt: int) -> float:
 
 
 def check_fold_scales(w_scale, dtype, cvt: int, what: str) -> None:
-    """Refuse weight block scales ``w_scale`` (fp32, any shape) past fold_scale_max(dtype, cvt): a
-    ValueError naming ``what``, the largest scale and the limit. One device reduction and host sync
-    per scale tensor and version (recorded on the tensor it views, so a layer's later calls and a
-    CUDA graph's capture after a warm-up call skip it); skipped while the stream captures a graph
-    (no sync there: the eager call before the capture is the check)."""
+    """ValueError naming ``what``, the largest scale and the limit where ``w_scale`` (fp32) passes
+    fold_scale_max(dtype, cvt). One device reduction and host sync per scale tensor and version
+    (recorded on the tensor); skipped while the stream captures a graph."""
     import torch
 
     if w_scale.numel() == 0:

@@ -3,33 +3,15 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the shared MLP),
 P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
 
-GEMM 1 (_gemm1_kernel), one program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
-    z_g = x[token rows] @ gate_up[e, n]^T, z_u = x[token rows] @ gate_up[e, I + n]^T   (fp32)
-    optional input scaling by the routing weight (Llama 4), biases, activation
-    (silu(g) * u, or gpt-oss's clamped swiglu), stored in the activation dtype: act (P_max, I).
-    Blocks whose expert is -1 (past the routed rows) return at once.
-GEMM 2 (_gemm2_kernel), one program per (BLOCK_M rows, BLOCK_N columns of H):
-    o = act[rows] @ down[e, n]^T (+ bias) times the routing weight (or the shared gate),
-    stored at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32 (T, H) fp32.
-DENSE=True runs either GEMM over all T tokens with one weight matrix (the shared MLP): rows are
-tokens, and GEMM 2 writes slot K of each token.
-SPLIT_K > 1 (a config key; decode): GEMM 1 writes fp32 gate/up partial sums (S, P_max, 2I) and
-_act_kernel sums them in order and applies the epilogue; GEMM 2's split s writes its own fp32
-slab (S*T*KS, H), bias on split 0 only, and the combine sums slabs and slots in a fixed order.
-Combine (_combine_kernel): y[t] = sum over k < KS of pairs[t*KS + k], in that order, in fp32:
-bitwise deterministic. With ATOMIC the combine only casts y32.
-
-Program order: GROUP_M row blocks share a column band (L2 reuse of weights for prefill).
-
-Variant "tma_persistent" (a GEMM config's ``variant`` key, configs.py; prefill, no split-K):
-_gemm1_tma_kernel / _gemm2_tma_kernel launch one program per SM (plan.gemm_grid); each walks
-tiles p, p + programs, ... of (routed row blocks x N tiles) in the same grouped order, the routed
-row blocks read on the device (padded_offsets[E] / BLOCK_M: no host sync, so a CUDA graph replays
-it for any routing). Weight tiles come through TMA tensor descriptors (host-side
-triton.tools.tensor_descriptor.TensorDescriptor, zero-filled out of bounds), GEMM 1's x rows are
-gathered by pointer loads (Hopper has no TMA gather) and GEMM 2's activation rows, contiguous in
-padded order, through a descriptor too; the software pipeline (num_stages) overlaps the loads
-with the MMAs. Same arithmetic and epilogues as the pointer kernels (shared helpers).
+GEMM 1 (_gemm1_kernel), a program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
+act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), the rows optionally scaled by the
+routing weight first (Llama 4). GEMM 2 (_gemm2_kernel): act[rows] @ down[e]^T (+ bias) times the
+routing weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added
+to y32 (T, H) fp32. DENSE: all T tokens through one weight matrix (the shared MLP, slot K).
+SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I) finished by _act_kernel; GEMM 2's split s
+writes its own slab (S*T*KS, H), bias on split 0. _combine_kernel: y[t] = the fp32 sum over slabs
+and slots in a fixed order (bitwise deterministic). Variant "tma_persistent" (no split-K): one
+program per SM walking the routed tiles, weights (and GEMM 2's rows) through TMA descriptors.
 """
 
 from __future__ import annotations
@@ -134,10 +116,9 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 @triton.jit
 def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt, DENSE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """What every GEMM 1 tile (row block pid_m, N tile pid_n) starts from: (rows, tok, row_mask,
-    offs_n, offs_bn, offs_k, a_ptrs): its padded rows, their tokens and mask (_gemm1_rows), its
-    output columns, their in-bounds weight rows (offs_n % N; the stores mask the rest), one K step's
-    offsets, and the pointers to x's rows at column k0 (the first K step's)."""
+    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs):
+    padded rows, tokens and mask, output columns, in-bounds weight rows (offs_n % N), K offsets, and
+    x's row pointers at column k0."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -149,13 +130,11 @@ def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt
 @triton.jit
 def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_at, K: tl.constexpr,
                       DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """What every GEMM 2 tile (row block pid_m of expert e, N tile pid_n) starts from: (row_mask,
-    tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, row_a, row_w): its rows' mask, token,
-    slot and scale row (_gemm2_rows), its output columns, their in-bounds weight rows (offs_n % N;
-    the stores mask the rest), one K step's offsets, the activation rows (int64, 0 in padding rows),
-    the pointers to them at column k0 (the first K step's; a_ptr None: the tiles that read the
-    activation through a descriptor, which get a_row there), and the descriptor rows: the tile's
-    first activation row and its first row of down as (E*N, KD)."""
+    """GEMM 2 tile (pid_m of expert e, pid_n)'s start: (row_mask, tok, slot, srow, offs_n, offs_bn,
+    offs_k, a_row, a_ptrs, row_a, row_w): rows' mask, token, slot and scale row, output columns,
+    in-bounds weight rows (offs_n % N), K offsets, activation rows (int64, 0 in padding), their
+    pointers at column k0 (a_ptr None: read through a descriptor), and the descriptor rows of the
+    activation and of down as (E*N, KD)."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -168,6 +147,14 @@ def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_
     row_a = pid_m * BLOCK_M
     row_w = e * N + pid_n * BLOCK_N
     return row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, row_a, row_w
+
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b (fp32; IEEE: exact float32 products, the interpreter's float32 tests)."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -194,12 +181,8 @@ def _gemm1_acc(
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             bg = tl.load(wg_ptrs, mask=k_mask[:, None], other=0.0)
             bu = tl.load(wu_ptrs, mask=k_mask[:, None], other=0.0)
-        if IEEE:
-            acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
-            acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
-        else:
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
+        acc_g = _mma(a, bg, acc_g, IEEE)
+        acc_u = _mma(a, bu, acc_u, IEEE)
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
@@ -347,10 +330,7 @@ def _gemm2_acc(
             k_mask = offs_k < KD - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _mma(a, b, acc, IEEE)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     return acc, row_mask, tok, slot, srow, offs_n, offs_bn
@@ -394,14 +374,6 @@ def _gemm2_kernel(
 
 # --------------------------------------------------------------------------- variant "tma_persistent"
 @triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b (fp32; IEEE: exact float32 products, the interpreter's float32 tests)."""
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
     wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
@@ -434,9 +406,8 @@ def _gemm1_tma_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile as _gemm1_tile computes it (no split-K), the gate and up weight tiles
-    (BLOCK_N, BLOCK_K) read through the TMA descriptor w_desc over gate_up as (E*2N, KD) (zero past
-    KD; columns past N read the next rows, and the store masks them); x rows gathered by pointers."""
+    """One GEMM 1 tile as _gemm1_tile (no split-K), gate and up tiles (BLOCK_N, BLOCK_K) through w_desc
+    over gate_up as (E*2N, KD); x rows by pointers."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -465,9 +436,8 @@ def _gemm1_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
-    """Persistent GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x N
-    tiles in grouped order (GROUP_M row blocks share a column band). FLATTEN: the walk and each
-    tile's K loop flattened into one pipelined loop (config FLATTEN)."""
+    """Persistent GEMM 1: program p walks tiles p, p + programs, ... in grouped order. FLATTEN: the walk
+    and each tile's K loop as one pipelined loop."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -485,10 +455,8 @@ def _gemm2_tma_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile computes it (no split-K). GEMM 2's rows are contiguous (the
-    activation is in padded order), so both operands come through TMA descriptors: a_desc over the
-    activation (rows, KD), w_desc over down as (E*N, KD); zero past KD and past the last row.
-    Padding rows read whatever GEMM 1 left there; they only reach masked output rows."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K), both operands through descriptors: a_desc over the
+    activation (rows, KD), w_desc over down as (E*N, KD)."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -508,10 +476,8 @@ def _gemm2_tmaw_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile computes it (no split-K): the weight tiles through the TMA
-    descriptor w_desc over down as (E*N, KD), the activation rows by pointer loads (the megakernel:
-    its GEMM 1 tasks wrote them in this launch through the generic proxy, which TMA reads would need
-    a proxy fence to see)."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K): weights through w_desc over down as (E*N, KD),
+    activation rows by pointer (the megakernel wrote them in this launch through the generic proxy)."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, row_w = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -618,10 +584,9 @@ def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
                  scale_input: bool, dense: bool, num_m: int, act: dict | None = None,
                  num_sms: int | None = None) -> None:
-    """act (rows, N) = activation(x[rows] @ w[e]^T ...); w: (E, 2N, H); see the module docstring.
-    With cfg SPLIT_K > 1: fp32 partials, then _act_kernel (a second launch) with the sizes ``act``
-    of ``plan.act_launch`` (moe.py's static plan), else computed by it. ``num_sms``: the programs
-    of a persistent launch (the static plan's; default: the device's SMs)."""
+    """act (rows, N) = activation(x[rows] @ w[e]^T ...), w (E, 2N, H). SPLIT_K > 1: fp32 partials, then
+    _act_kernel with ``act`` (plan.act_launch's; default computed). ``num_sms``: a persistent launch's
+    programs (default: the device's SMs)."""
     import torch
 
     T, KD = x.shape

@@ -52,12 +52,9 @@ WARMUP_CALLS = 2
 def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> float:
     """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
 
-    The warm-up calls and the capture run on the same side stream, so that what a call keeps per
-    stream (the megakernel's zeroed sync words, ``megakernel.sync_buffer``) is made once outside
-    the capture and the graph holds the kernels alone, as an eager call would run them. In order:
-    WARMUP_CALLS eager calls, the capture, one untimed replay, ``reps`` timed replays, all back to
-    back (``calls_before_timed_replay``). ``clock``, a dict, is filled with the SM clock and power
-    sampled over the timed replays (``telemetry.ClockSampler``'s summary; left empty without NVML)."""
+    WARMUP_CALLS eager calls and the capture on one side stream (per-stream state made outside the
+    capture), one untimed replay, ``reps`` timed replays, back to back. ``clock``: a dict filled with
+    telemetry.ClockSampler's summary over the timed replays (empty without NVML)."""
     import torch
 
     from .telemetry import sampled
@@ -89,12 +86,9 @@ def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> flo
 
 
 def calls_before_timed_replay(ni: int, reps: int) -> float:
-    """Calls ``graph_time_us`` runs back to back before the replay whose time is its median, for a
-    graph of ``ni`` calls timed ``reps`` times: the warm-up calls, the untimed replay and the
-    (reps - 1) / 2 timed replays before the middle one (half-way between the two middle ones for an
-    even reps). Later replays run after more busy time (and, where the SM clock falls, slower), so
-    the median is the middle replay's. The cost model's busy window (``simulator.cost.busy_window_s``,
-    read behind USE_SUSTAINED_CLOCKS) starts there."""
+    """Calls ``graph_time_us`` runs before the median replay of a graph of ``ni`` calls timed ``reps``
+    times: warm-up calls, the untimed replay and (reps - 1) / 2 timed replays (half-way between the
+    middle two for even reps)."""
     ni, reps = max(int(ni), 1), max(int(reps), 1)
     return min(WARMUP_CALLS, ni) + ni * (1 + (reps - 1) / 2)
 

@@ -277,7 +277,7 @@ def _megakernel(
                         x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
                         sgate_ptr, g, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
-                        R_BG, False, BITONIC)
+                        R_BG, BITONIC)
                 if XQ and SPLIT == 0:  # (no logits tasks) x's FP8 groups of this task's tokens
                     _quantize_x_rows(x_ptr, xq_ptr, xs_ptr, g * R_TT, T, 0, H, H, stride_xt, H, stride_xs, KB, R_TT)
                 t_routed = _now(TRACE)
@@ -322,8 +322,7 @@ def _megakernel(
                     if FP8:
                         _gemm1_fp8_tile(x_ptr, sgu_ptr, sgus_ptr, None, act_s_ptr, act_s_sc_ptr, None, None, None, m,
                                         n, t * 0, T, Is, H, stride_xt, 0, H, 0, stride_sgusn, 0, Is, stride_assc,
-                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, KB, S_BM, S_BN1, S_BK, CVT,
-                                        False)
+                                        alpha, limit, 0, False, False, True, FP8_A, IEEE, KB, S_BM, S_BN1, S_BK, CVT)
                     else:
                         _gemm1_tile(x_ptr, sgu_ptr, None, act_s_ptr, None, None, None, None, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(H, S_BK), T, Is, H, 0, stride_xt, 0, H, 0, Is, alpha, limit,
@@ -355,7 +354,7 @@ def _megakernel(
                         x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
                         sgate_ptr, t * 0, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
                         TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
-                        R_BG, False, BITONIC)
+                        R_BG, BITONIC)
                     _align_one(tl.reshape(top_idx, (R_BK,)), tl.reshape(out_mask, (R_BK,)), cnt, offs_e, e_mask,
                                E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
                                padded_pair_ptr, pair_dest_ptr, BM, R_BK)
@@ -378,13 +377,13 @@ def _megakernel(
                                          act_sc_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, T, I,
                                          H, H if XQ else stride_xt, stride_xs, stride_guse, stride_gusn,
                                          stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB, SCALE_INPUT,
-                                         False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT, 0)
+                                         False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT)
                 elif FP8:
                     _gemm1_fp8_xq_tile(xq_ptr if XQ else x_ptr, xs_ptr, gu_ptr, gus_ptr, gub_ptr, act_ptr,
                                        act_sc_ptr, padded_token_ptr, padded_pair_ptr, topk_w_ptr, b, n, e, T, I, H,
                                        H if XQ else stride_xt, stride_xs, stride_gue, stride_gun, stride_guse,
                                        stride_gusn, stride_gub, I, stride_acs, alpha, limit, ACT, HAS_GUB,
-                                       SCALE_INPUT, False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT, False)
+                                       SCALE_INPUT, False, FP8_A, XQ, IEEE, KB, BM, BN1, BK1, CVT)
                 elif TMA_W:
                     _gemm1_tma_tile(x_ptr, gu_desc, gub_ptr, act_ptr, padded_token_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, T, I, H, stride_xt, stride_gub, I, alpha, limit, ACT,
@@ -407,7 +406,7 @@ def _megakernel(
                         _gemm2_fp8_tile(act_s_ptr, act_s_sc_ptr, sdn_ptr, sdns_ptr, None, pairs_ptr, None, sgate_ptr,
                                         m, n, t * 0, t * 0, 0, tl.cdiv(Is, S_BK), T, H, Is, Is, stride_assc, 0, Is, 0,
                                         stride_sdnsn, 0, H, K, KS, False, HAS_SG, True, False, FP8_A, IEEE, 1, KB,
-                                        S_BM, S_BN2, S_BK, CVT, False)
+                                        S_BM, S_BN2, S_BK, CVT)
                     else:
                         _gemm2_tile(act_s_ptr, sdn_ptr, None, pairs_ptr, None, sgate_ptr, m, n, t * 0, t * 0, 0,
                                     tl.cdiv(Is, S_BK), T, H, Is, Is, 0, Is, 0, H, K, KS, False, HAS_SG, True, False,
@@ -425,12 +424,12 @@ def _megakernel(
                     _gemm2_fp8_tmaw_tile(act_ptr, act_sc_ptr, dn_desc, dns_ptr, dnb_ptr, pairs_ptr,
                                          padded_pair_ptr, topk_w_ptr, b, n, e, T, H, I, I, stride_acs,
                                          stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                         False, False, FP8_A, IEEE, KB, BM, BN2, BK2, CVT, 0)
+                                         False, False, FP8_A, IEEE, KB, BM, BN2, BK2, CVT)
                 elif FP8:
                     _gemm2_fp8_tile(act_ptr, act_sc_ptr, dn_ptr, dns_ptr, dnb_ptr, pairs_ptr, padded_pair_ptr,
                                     topk_w_ptr, b, n, e, t * 0, 0, kt2, T, H, I, I, stride_acs, stride_dne,
                                     stride_dnn, stride_dnse, stride_dnsn, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE,
-                                    False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT, False)
+                                    False, False, FP8_A, IEEE, 1, KB, BM, BN2, BK2, CVT)
                 elif TMA_W:
                     _gemm2_tmaw_tile(act_ptr, dn_desc, dnb_ptr, pairs_ptr, padded_pair_ptr, topk_w_ptr, b, n, e,
                                      T, H, I, I, stride_dnb, H, K, KS, HAS_DNB, G2_SCALE, False, False, EVEN_K2,

@@ -3,18 +3,10 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 BM/BN/BK tile sizes, S split-K factor, C router chunks.
 
-Pure Python and NumPy (no torch, no triton), so the simulator and validation can read it on any
-machine. It makes the same choices as the launchers, through the same functions of configs.py
-(tuned JSON, router blocks, split-K, padded rows), so the simulator can model the kernel that
-really runs rather than a second description of it.
-
-    plan = launch_plan(config, topk_idx=idx)            # or counts=(E,), T=...
-    for st in plan.stages: st.name, st.grid, st.active_programs, st.tile, st.tiles_per_expert,
-                           st.bytes_per_tile, st.flops_per_tile, st.total_bytes, st.total_flops
-
-Bytes are DRAM-side estimates per working program (each program's operand tiles read once, its
-outputs written once; what L2 saves between programs is the simulator's business); FLOPs count
-the padded rows the tensor cores really compute (2 per multiply-add).
+Pure Python and NumPy, so the simulator reads it on any machine; it makes the launchers' choices
+through the same functions of configs.py. ``launch_plan(config, topk_idx=idx).stages``: one Stage
+per launch. Bytes are DRAM-side per working program (operand tiles read once, outputs written
+once); FLOPs count the padded rows (2 per multiply-add).
 """
 
 from __future__ import annotations
@@ -38,13 +30,10 @@ from .thresholds import Thresholds
 class Stage:
     """One kernel launch.
 
-    grid: the launched grid (fixed for T: the CUDA graph replays it); active_programs: programs
-    that work for this routing (the rest see block_expert = -1 and exit at once), or for a
-    persistent launch (variant "tma_persistent": one program per SM) the tiles its programs walk;
-    tile: BLOCK_* sizes, num_warps, num_stages, SPLIT_K; tiles_per_expert: (E,) working programs
-    per expert for the expert GEMMs, None elsewhere; bytes_per_tile / flops_per_tile: per working
-    program; totals over the working programs.
-    """
+    grid: the launched grid (fixed for T); active_programs: programs that work for this routing (or,
+    persistent, the tiles its programs walk); tile: BLOCK_*, num_warps, num_stages, SPLIT_K;
+    tiles_per_expert: (E,) working programs per expert (expert GEMMs, else None); bytes_per_tile /
+    flops_per_tile: per working program."""
 
     name: str
     kernel: str
@@ -55,22 +44,17 @@ class Stage:
     flops_per_tile: float
     tiles_per_expert: tuple[int, ...] | None = None
     note: str = ""
-    #: expert GEMMs: bytes of one program's operands {"a": gathered rows, "b": weight tile, "out": output
-    #: tile} and row blocks (E,) per expert, so that the simulator can model L2 reuse across programs
+    #: expert GEMMs: bytes of one program's operands {"a", "b", "out"} and row blocks (E,) per expert
     operand_bytes_per_tile: dict | None = None
     row_blocks_per_expert: tuple[int, ...] | None = None
-    #: one program's MMA work {"m", "n", "depth"} and its serial steps {"load", "reduce"} (router,
-    #: align: dependent loop steps and row reductions), for the cost model
+    #: one program's MMA work {"m", "n", "depth"} and its serial steps {"load", "reduce"}, for the cost model
     work_tile: dict | None = None
     serial_steps: dict | None = None
-    #: the tensor cores' format: "bf16" (16-bit operands, weight-only FP8 included: it converts the
-    #: weights in registers) or "fp8" (e4m3 x e4m3, the GEMMs with FP8 activations); None: no MMA
+    #: the tensor cores' format: "bf16" (weight-only FP8 included) or "fp8" (e4m3 x e4m3); None: no MMA
     mma_dtype: str | None = None
-    #: how the GEMM's tile loop loads its operands, a key of simulator.hardware.GEMM_LOADS (the
-    #: dense-GEMM microbenchmark table that prices it); None: no GEMM
+    #: how the GEMM's tile loop loads its operands, a key of simulator.hardware.GEMM_LOADS; None: no GEMM
     loads: str | None = None
-    #: shared memory of one program's pipeline buffers, bytes (``gemm_shared_bytes``: the 16-bit
-    #: GEMMs); None where not estimated (the FP8 GEMMs, the small launches)
+    #: shared memory of one program's pipeline buffers, bytes (``gemm_shared_bytes``); None: not estimated
     shared_bytes: int | None = None
 
     @property
@@ -148,11 +132,9 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                 fp8_options: FP8Options | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
     or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
-    torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs);
-    ``num_sms``, ``gemm``, ``shared_gemm``, ``fp8``, ``router`` and ``fp8_options`` as for ``static_plan``. ``dtype`` is x's (and
-    y's); with ``fp8`` the expert GEMMs read e4m3 weights with their block scales
-    (``reference.sizes.weight_bytes_per_element``) and, for "weights+act", write and read e4m3
-    activations with a float32 scale per 128 (``reference.sizes.row_bytes``) and multiply in fp8."""
+    torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs); the other
+    keywords as for ``static_plan``. ``dtype``: x's and y's; ``fp8``: e4m3 expert weights with block
+    scales and, for "weights+act", e4m3 activations with a float32 scale per 128."""
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     if topk_idx is not None:
         idx = np.asarray(topk_idx)
@@ -210,10 +192,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         rflops, rload = 2 * bt * E * H, cdiv(H, rl["BLOCK_H"])
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
-    # the selection's key (kernel_model.route_select: router family, BLOCK_E, K, groups, BLOCK_T, top-k way) and its
-    # dependent reductions (priced as those where the profile has no time for the key). The table times the
-    # program as it runs from a logits launch's partials, at their warps (configs.router_warps); a program
-    # walking H runs at other warps, so it carries no key and its selection is priced by the reductions.
+    # the selection's key for the cost model's table (kernel_model.route_select), only for a program reading a
+    # logits launch's partials; a program walking H is priced by its reductions
     select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group, BITONIC=int(rl["BITONIC"])) \
         if split else {}
     stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused, **select),
@@ -232,10 +212,8 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
                             bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * bm / 2, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": 2}))
-        # a program per BLOCK_P pairs of a chunk, every one working (those past a short last chunk's pairs
-        # compare and store nothing): the chunk's ids read, two gathers and three stores a pair. One serial
-        # step: the row sum of its (BLOCK_P, BLOCK_J) compare (no loop; the gathers of chunk_base and
-        # padded_offsets need only the ids, so they overlap it)
+        # a program per BLOCK_P pairs of a chunk: ids read, two gathers and three stores a pair; one serial
+        # step, the row sum of its (BLOCK_P, BLOCK_J) compare
         bp = al["BLOCK_P"]
         stages.append(Stage("align_scatter", "_scatter_pairs_kernel", al["scatter_grid"], int(np.prod(al["scatter_grid"])),
                             dict(BLOCK_T=bt, BLOCK_P=bp, BLOCK_J=al["BLOCK_J"], num_warps=al["scatter_warps"]),
@@ -296,8 +274,7 @@ GEMM_KERNELS = {("gemm1", "pointer"): "_gemm1_kernel", ("gemm2", "pointer"): "_g
 
 
 def _kernel_key(g: dict, fp8) -> str:
-    """GEMM_KERNELS' second key for a GEMM config: its variant, or the FP8 kernels' ("fp8" the pointer
-    ones; persistent: "fp8a_tma" with FP8 activations, "fp8w_tma" weight-only)."""
+    """GEMM_KERNELS' second key for a GEMM config: its variant, or "fp8" / "fp8a_tma" / "fp8w_tma"."""
     if not fp8:
         return g["variant"]
     if g.get("variant") != "tma_persistent":
@@ -306,16 +283,10 @@ def _kernel_key(g: dict, fp8) -> str:
 
 
 def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int) -> int:
-    """Shared memory of one program of a GEMM config ``g`` (BLOCK_M, BLOCK_N, BLOCK_K, num_stages):
-    its pipeline buffers, each an A tile (BLOCK_M x BLOCK_K of ``a_bytes`` per element) and
-    ``weight_tiles`` weight tiles (BLOCK_N x BLOCK_K of ``w_bytes``; GEMM 1: gate and up, 2).
-    Triton 3.x keeps num_stages buffers where the K loop runs wgmma (BLOCK_M >= 64) and
-    num_stages - 1 where it runs mma.sync (16- and 32-row tiles). Checked against the compiler
-    (benchmarks/compile_report.py --gemm current, sm_90, Triton 3.9, 2026-12-02): qwen3-30b-a3b
-    T = 64 GEMM 1 (16 x 128 x 128, 3 stages) 139,264 bytes, GEMM 2 73,728; T = 1 GEMM 1 (16 x 64 x
-    128, 4 stages) 110,592; T = 512 GEMM 1 (64 x 128 x 64, 4 stages) 163,840; deepseek-v3 T = 512
-    GEMM 1 (32 x 128 x 128, 8 warps) 147,456; T = 4096 TMA GEMM 1 (128 x 128 x 64, 4 stages)
-    196,640 (196,608 and its barriers); mixtral-8x7b T = 8 GEMM 1 (16 x 32 x 256, 4 stages) 122,880."""
+    """Shared memory of one program of GEMM config ``g``: its pipeline buffers, each an A tile
+    (BLOCK_M x BLOCK_K of ``a_bytes``) and ``weight_tiles`` weight tiles (BLOCK_N x BLOCK_K of
+    ``w_bytes``). num_stages buffers where the K loop runs wgmma (BLOCK_M >= 64), num_stages - 1 for
+    mma.sync (docs/kernels.md: checked against the compiler)."""
     bm, bn, bk = int(g["BLOCK_M"]), int(g["BLOCK_N"]), int(g["BLOCK_K"])
     buffers = max(1, int(g["num_stages"]) - (0 if bm >= 64 else 1))
     return int(buffers * (bm * bk * a_bytes + weight_tiles * bn * bk * w_bytes))
@@ -323,16 +294,12 @@ def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int
 
 def _gemm_stages(n1, n2, g1, g2, blocks_e, active_blocks, num_m, H, I, b, T, KS, *, bias, deterministic, act,
                  num_sms, wb=None, ab=None, mma="bf16", fp8=None, xb=None):
-    """GEMM 1 (+ its split-K finishing kernel) and GEMM 2 for row blocks ``blocks_e`` per expert.
-    b: bytes per element of x and of the output rows; wb of the weights, ab of the activation
-    between the GEMMs, xb of GEMM 1's gathered rows (x's e4m3 codes and scales when the layer
-    quantizes x once) (default b: the 16-bit layer); mma: the tensor cores' format; fp8: the FP8
-    mode (fp8_gemm.py's kernels)."""
+    """GEMM 1 (+ its split-K activation kernel) and GEMM 2 for row blocks ``blocks_e`` (E,).
+    b: bytes per element of x and the output; wb of the weights, ab of the activation between the
+    GEMMs, xb of GEMM 1's gathered rows (default b); mma: the tensor cores' format; fp8: the FP8 mode."""
     wb = float(b) if wb is None else wb
     ab = float(b) if ab is None else ab
     xb = float(b) if xb is None else xb
-    # the persistent TMA GEMMs: GEMM 1 gathers x rows by pointer, its weights by TMA; GEMM 2 both by TMA
-    # (fp8_entry keeps the variant only for the persistent FP8 GEMMs)
     tma1 = g1.get("variant") == "tma_persistent"
     tma2 = g2.get("variant") == "tma_persistent"
     out = []
@@ -391,26 +358,18 @@ def describe(plan: LaunchPlan) -> str:
 
 
 # --------------------------------------------------------------------------- launch sizes
-# What the launchers take: each function below is the one place a launch's grid, block sizes and
-# warps are derived; ``launch_plan`` above and the launchers in routing.py, align.py and
-# grouped_gemm.py both call them (the launchers receive them from ``static_plan`` in moe.py).
+# Each function below is the one place a launch's sizes are derived; launch_plan and the launchers use it.
 
 
 def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret: bool = False,
                   split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None,
                   warps: int | None = None, bitonic: bool | None = None, block_h: int | None = None) -> dict:
-    """The router's launches for T tokens: chunks C of BLOCK_T (the routing program's tokens and the
-    align's chunk), BLOCK_E/K/G, warps, and the split-H logits launch: SPLIT ranges of H_PER_SPLIT
-    columns (SPLIT = 0: none, the routing program walks H itself) over tiles of LOGITS_T tokens and
-    BLOCK_H columns a step, logits_grid programs of logits_warps. ``tiles``: the prefill launch of
-    128-token tiles (configs.router_logits_tile; default configs.router_prefill) or the routing blocks.
-    ``split`` overrides the ranges (configs.prefill_router_split / decode_router_split; whole BLOCK_H
-    steps may give fewer; 0: no logits launch). The routing program's warps (configs.router_warps) and
-    top-k (BITONIC: configs.router_bitonic, else K maxima) are overridable for side-by-side runs, and so
-    is the step of a routing program that walks H (``block_h``, a power of two >= 16, default
-    configs.router_block_h; only where there is no logits launch, whose step is router_logits_tile's):
-    its E x BLOCK_H weight tile is what each of its cdiv(H, BLOCK_H) dependent steps loads (default
-    configs.walk_block_h: wider steps at prefill)."""
+    """The router's launches for T tokens: chunks C of BLOCK_T tokens, BLOCK_E/K/G, warps, and the
+    split-H logits launch (SPLIT ranges of H_PER_SPLIT columns over LOGITS_T-token tiles, BLOCK_H a
+    step; SPLIT = 0: the routing program walks H itself). ``tiles``: the prefill launch's 128-token
+    tiles (default configs.router_prefill); ``split`` overrides the ranges (0: no logits launch);
+    ``warps``, ``bitonic`` and ``block_h`` (the walking program's step, a power of two >= 16, split=0
+    only) override the configs.py defaults."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, pow2(E))
     if tiles is None:
@@ -460,10 +419,9 @@ _TH.close()
 
 
 def align_launch(C: int, K: int, E: int, block_t: int, block_m: int, B_max: int) -> dict:
-    """The scan (a program per ALIGN_SCAN_EXPERTS experts), layout (a program per BLOCK_B row blocks)
-    and scatter (a program per BLOCK_P pairs of a chunk: grid (C, its pairs / BLOCK_P), each comparing
-    them with the chunk's BLOCK_J) launches, and the histogram kernel's sizes. BLOCK_C: the megakernel's
-    one-task scan's step (reference.tiles.scan_block)."""
+    """Sizes of the align launches: scan (ALIGN_SCAN_EXPERTS experts a program), layout (BLOCK_B
+    row blocks), scatter (grid (C, pairs / BLOCK_P), comparing with the chunk's BLOCK_J) and the
+    histogram; BLOCK_C: the megakernel's one-task scan step."""
     bl = align_blocks(E, block_m, B_max)
     block_j = pow2(block_t * K)
     block_p = min(ALIGN_SCATTER_PAIRS, block_j)
@@ -489,23 +447,20 @@ def combine_launch(T: int, H: int) -> dict:
 
 
 def quantize_launch(T: int, H: int, *, interpret: bool = False) -> dict:
-    """The x quantization before the FP8 GEMM 1s (fp8_gemm._quantize_x_kernel): BLOCK_T tokens x one
-    128-column group per program."""
+    """The x quantization before the FP8 GEMM 1s: BLOCK_T tokens x one 128-column group per program."""
     bt = 8 if interpret else 32
     return {"BLOCK_T": bt, "KB": FP8_BLOCK, "grid": (cdiv(T, bt), cdiv(H, FP8_BLOCK)), "num_warps": 4}
 
 
 def quantizes_x(config, fp8: str | None) -> bool:
-    """Whether the layer quantizes x once before its FP8 GEMM 1s (FP8 activations, the routing weight
-    not applied to the input: with weight_on_input, Llama 4, each routed pair's row is scaled before
-    it is quantized, so GEMM 1 quantizes in its K loop)."""
+    """Whether the layer quantizes x once before its FP8 GEMM 1s: FP8 activations without
+    weight_on_input (Llama 4 scales each pair's row first, so GEMM 1 quantizes in its K loop)."""
     return fp8 == "weights+act" and not config.weight_on_input
 
 
 def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sms: int | None = None) -> tuple[int]:
-    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; for the persistent
-    variant ("tma_persistent") one program per SM, fewer where there are fewer tiles (each
-    program walks tiles pid, pid + programs, ... of the routed ones; num_m bounds them)."""
+    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; persistent
+    ("tma_persistent"): one program per SM, at most the tiles."""
     tiles = num_m * cdiv(N, cfg["BLOCK_N"])
     if cfg.get("variant", "pointer") == "tma_persistent":
         if not num_sms:
@@ -517,14 +472,12 @@ def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sm
 
 @dataclass(frozen=True)
 class StaticPlan:
-    """Everything ``moe_forward`` launches for T tokens that does not depend on the routing: the
-    sizes the launchers receive (the CUDA graph replays them) and the buffers' sizes.
+    """Everything ``moe_forward`` launches for T tokens that does not depend on the routing.
 
-    gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts
-    of the functions above (act / combine None where not launched); P_max, B_max padded rows and
-    row blocks; split2 GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS rows per token;
-    num_sms: the SMs persistent GEMM launches are sized for (one program each).
-    """
+    gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts of
+    the launch functions (None where not launched); P_max, B_max: padded rows and row blocks; split2:
+    GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS: rows per token; num_sms: the SMs
+    persistent launches are sized for."""
 
     T: int
     gemm: dict
@@ -542,8 +495,7 @@ class StaticPlan:
     KS: int
     num_sms: int
     fp8: str | None = None  # None, "weights" (e4m3 weights, activations in x's dtype) or "weights+act"
-    #: quantize_launch's dict where the layer quantizes x once before GEMM 1 (``quantizes_x``), else None:
-    #: the FP8 GEMM 1s (routed and shared) then read x's e4m3 codes and scales
+    #: quantize_launch's dict where the layer quantizes x once before GEMM 1 (``quantizes_x``), else None
     quant: dict | None = None
 
 
@@ -552,18 +504,13 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
                 gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None,
                 router: dict | None = None, fp8_options: FP8Options | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
-    interpreter's configs); ``launch_plan`` adds what the routing decides (working programs, bytes).
+    interpreter's configs).
 
-    ``num_sms``: the device's SMs, for persistent launches (default: configs.INTERPRETER_SMS in
-    the interpreter, configs.DEFAULT_SMS elsewhere). ``gemm``: a {"gemm1", "gemm2"} entry for the
-    routed experts instead of the tuned one (a benchmark's or a test's candidate; checked as a
-    tuned entry is), ``shared_gemm`` the same for the shared MLP. ``fp8``: None, "weights" or
-    "weights+act" (FP8 expert weights, and activations quantized too): every GEMM entry through
-    ``fp8_entry``. ``router``: a ``router_launch`` dict instead of the default one (a benchmark's
-    candidate: bench_router.py's walking router at another BLOCK_H, ``router_launch(..., split=0,
-    block_h=128)``), with the default's keys and chunks (C, BLOCK_T: the align and its buffers are
-    sized from them); the launch plan's router stages, and so the cost model, then read its sizes.
-    ``fp8_options``: the FP8 GEMMs' choices a benchmark varies (fp8_plan.FP8Options; None: the defaults)."""
+    ``num_sms``: the device's SMs (default configs.INTERPRETER_SMS / DEFAULT_SMS). ``gemm`` /
+    ``shared_gemm``: a {"gemm1", "gemm2"} entry instead of the tuned one, checked as a tuned entry is.
+    ``fp8``: None, "weights" or "weights+act" (every GEMM entry through ``fp8_entry``). ``router``: a
+    ``router_launch`` dict instead of the default, with its keys and chunks (C, BLOCK_T). ``fp8_options``:
+    fp8_plan.FP8Options (None: the defaults)."""
     if fp8 not in FP8_MODES:
         raise ValueError(f"fp8 must be one of {list(FP8_MODES)}, got {fp8!r}")
     interpret = device_name == "cpu-interpreter"
@@ -576,8 +523,7 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
 
 
 def _router_key(router: dict, config, T: int, interpret: bool, num_sms: int) -> tuple:
-    """A router launch given to ``static_plan``, checked against the default one and made hashable
-    (its grids as tuples, as ``router_launch`` makes them, also where it came through JSON)."""
+    """A ``router`` given to ``static_plan``, checked against the default and made hashable."""
     E, K, H = config.num_experts, config.top_k, config.hidden_size
     default = router_launch(T, E, H, K, config.n_group, interpret=interpret, num_sms=num_sms)
     if set(router) != set(default):

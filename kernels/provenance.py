@@ -24,19 +24,10 @@ def _git(*argv: str, repo: Path) -> subprocess.CompletedProcess:
 def git_state(repo: Path = REPO) -> dict:
     """{"commit", "dirty", "diff_sha256"}: the code a results row was made with.
 
-    ``commit`` is the full HEAD commit (one that exists, so it can be checked out); ``dirty`` is
-    True when tracked files differ from it (untracked files are not counted), and then
-    ``diff_sha256`` is the SHA-256 of ``git diff HEAD`` (binary), so that a run from the same
-    uncommitted changes can be recognized; None when clean. Without git or outside a checkout (a
-    copied tree, as on the GPU machines) the three come from MEGAMOE_COMMIT (7 to 40 hex digits;
-    anything else, like ``bd5693b+final``, is refused), MEGAMOE_DIRTY (0 or 1) and
-    MEGAMOE_DIFF_SHA256, set from the checkout the tree was copied from::
-
-        MEGAMOE_COMMIT=$(git rev-parse HEAD) MEGAMOE_DIRTY=$(git diff HEAD --quiet; echo $?) \
-        MEGAMOE_DIFF_SHA256=$(git diff HEAD --binary | sha256sum | cut -c1-64)
-
-    and ``commit`` is "unknown" when neither is there.
-    """
+    ``commit``: the full HEAD commit; ``dirty``: tracked files differ from it; ``diff_sha256``: the
+    SHA-256 of ``git diff HEAD --binary`` when dirty, else None. Outside a checkout they come from
+    MEGAMOE_COMMIT (7 to 40 hex digits, else refused), MEGAMOE_DIRTY (0 or 1) and
+    MEGAMOE_DIFF_SHA256, set from the checkout the tree was copied from; else ``commit`` is "unknown"."""
     import hashlib
     import re
 

@@ -2,17 +2,12 @@
 
 Shape legend: T tokens, E routed experts, K top-k, H hidden, C token blocks (chunks) of BLOCK_T tokens.
 
-One program routes BLOCK_T tokens:
-    logits = x @ router_weight^T (+ router_bias)               (BLOCK_T, E) fp32 accumulators
-    top-k by the router's selection score (see reference/routing.py), ties to the lower index
-    topk_idx (T, K) int32, topk_weights (T, K) fp32
-    hist (C, E) int32: pairs per expert in this program's tokens (the align kernels' input;
-        written for every block, so no zero-fill is needed)
-    shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config has a shared-expert gate
-
-Router kinds (ROUTER constexpr): 0 softmax_topk, 1 topk_softmax, 2 sigmoid_grouped_topk,
-3 sigmoid_top1_input. Selection is on the logits for 0, 1, 3 (softmax is monotonic) and on
-sigmoid(logits) + score_bias, group-masked, for 2.
+One program routes BLOCK_T tokens: logits = x @ router_weight^T (+ router_bias) in fp32, top-k by
+the router's selection score (reference/routing.py; ties to the lower index) -> topk_idx (T, K)
+int32, topk_weights (T, K) fp32, hist (C, E) int32 (pairs per expert per block, every block
+written) and shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config has one. ROUTER:
+0 softmax_topk, 1 topk_softmax, 2 sigmoid_grouped_topk (sigmoid + score_bias, groups masked),
+3 sigmoid_top1_input.
 """
 
 from __future__ import annotations
@@ -62,12 +57,9 @@ def _key_value(key):
     return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
-# The top-k of _route_block, three ways, each -> (top_idx (BLOCK_T, BLOCK_K) int32, top_val
-# (BLOCK_T, BLOCK_K) fp32: the best K columns of the keys (BLOCK_T, BLOCK_E) int64 of _sel_key,
-# best first, and their weights' source value (router 2: src at that column, else the key's value),
-# zero in slots K..BLOCK_K-1; picked (BLOCK_T, BLOCK_E) int32: 1 where a column is one of them).
-# The keys are distinct (their low bits are the column), so every way picks the same columns in
-# the same order.
+# The top-k of _route_block from keys (BLOCK_T, BLOCK_E) int64 of _sel_key -> top_idx (BLOCK_T, BLOCK_K)
+# int32 best first, top_val (BLOCK_T, BLOCK_K) fp32 (router 2: src at the column, else the key's value;
+# zero past K), picked (BLOCK_T, BLOCK_E) int32.
 @triton.jit
 def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
@@ -93,26 +85,8 @@ def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.co
 
 
 @triton.jit
-def _topk_rank(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Every column's rank at once (how many keys beat it; BLOCK_T x BLOCK_E^2 compares), then
-    ranks 0..K-1 (the megakernel's "topk_rank")."""
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_k = tl.arange(0, BLOCK_K)
-    rank = tl.sum((key[:, None, :] > key[:, :, None]).to(tl.int32), axis=2)  # (BLOCK_T, BLOCK_E)
-    at = rank[:, :, None] == offs_k[None, None, :]  # (BLOCK_T, BLOCK_E, BLOCK_K): column of rank k
-    top_idx = tl.sum(tl.where(at, offs_e[None, :, None], 0), axis=1)
-    wval = src if ROUTER == 2 else _key_value(key)  # router 2: the weight is the unbiased score
-    top_val = tl.sum(tl.where(at, wval[:, :, None], 0.0), axis=1)
-    picked = (rank < K).to(tl.int32)
-    return top_idx, top_val, picked
-
-
-@triton.jit
 def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The BLOCK_K best keys of each row by tl.topk (a bitonic top-k: compare-exchange steps between
-    lanes, a max across each hypercube dimension above BLOCK_K; the megakernel's "topk_bitonic"),
-    picked = keys at or above the K-th best. Over 128 experts in 4 warps: two cross-warp steps
-    (shared memory) instead of K, the rest warp shuffles."""
+    """The BLOCK_K best keys of each row by tl.topk (bitonic), picked = keys at or above the K-th."""
     kcols = tl.arange(0, BLOCK_K)[None, :]
     best = tl.topk(key, BLOCK_K, dim=1)  # (BLOCK_T, BLOCK_K), best first; BLOCK_K: a power of 2, >= 2
     top_idx = tl.where(kcols < K, _key_col(best, BLOCK_E), 0)
@@ -126,23 +100,14 @@ def _topk_bitonic(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.c
 
 
 @triton.jit
-def _router_partial(
-    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
-    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
-    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    """Split-H partial logits of token tile pid over H range sp (a program of the multi-launch
-    router's logits launch, or a task of the megakernel's decode router)."""
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_e = tl.arange(0, BLOCK_E)
-    t_mask = offs_t < T
-    e_mask = offs_e < E
+def _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, h_lo, h_hi, H, stride_xt, stride_we,
+                  HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Logits (BLOCK_T, BLOCK_E) fp32 and shared-gate dots (BLOCK_T,) fp32 of x's columns [h_lo, h_hi)."""
     acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
     sg_acc = tl.zeros((BLOCK_T,), tl.float32)
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
-    h_lo = sp * H_PER_SPLIT
-    for h0 in range(h_lo, h_lo + H_PER_SPLIT, BLOCK_H):
+    for h0 in range(h_lo, h_hi, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_mask = offs_h < H
         xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
@@ -155,6 +120,25 @@ def _router_partial(
         if HAS_SG:
             sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
             sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+    return acc, sg_acc
+
+
+@triton.jit
+def _router_partial(
+    x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, pid, sp,
+    T, H, E, stride_xt, stride_we, H_PER_SPLIT,
+    HAS_SG: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Split-H partial logits of token tile pid over H range sp (part (SPLIT, T, E) fp32,
+    sg_part (SPLIT, T) fp32)."""
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E
+    h_lo = sp * H_PER_SPLIT
+    acc, sg_acc = _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, h_lo, h_lo + H_PER_SPLIT, H,
+                                stride_xt, stride_we, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
     base = sp.to(tl.int64) * T
     tl.store(part_ptr + (base + offs_t)[:, None] * E + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
@@ -169,9 +153,8 @@ def _router_logits_kernel(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Split-H partial logits: program (c, s) sums H range s of token tile c (decode: the routing
-    blocks; prefill: 128-token GEMM tiles, configs.router_logits_tile).
-    part (SPLIT, T, E) fp32, sg_part (SPLIT, T) fp32; summed in a fixed order by _router_kernel."""
+    """Program (c, s): the partial logits of token tile c over H range s (_router_partial);
+    _router_kernel sums them in a fixed order."""
     _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
                     T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
 
@@ -184,17 +167,13 @@ def _route_block(
     N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, MASK_NEG_INF: tl.constexpr,
     HAS_RB: tl.constexpr, HAS_SB: tl.constexpr, HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, RANK: tl.constexpr, BITONIC: tl.constexpr,
+    BLOCK_G: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
     stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
-    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align.
-
-    The top-k picks K times the best remaining key (K dependent row reductions, _topk_maxima), or
-    with RANK (the megakernel's config "topk_rank", small blocks: BLOCK_T x BLOCK_E^2 compares)
-    ranks every column at once (_topk_rank), or with BITONIC (config "topk_bitonic", small blocks)
-    takes a bitonic top-k of the keys (_topk_bitonic): the same experts in the same order with the
-    same weights every way (the keys are distinct: their low bits are the column)."""
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align. The top-k: K maxima
+    (_topk_maxima) or, with BITONIC, tl.topk (_topk_bitonic); both pick the same experts in the same
+    order (the keys are distinct)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -209,20 +188,8 @@ def _route_block(
             if HAS_SG:
                 sg_acc += tl.load(sg_part_ptr + sp * T + offs_t, mask=t_mask, other=0.0)
     else:
-        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt
-        for h0 in range(0, H, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            h_mask = offs_h < H
-            xt = tl.load(x_rows + offs_h[None, :], mask=t_mask[:, None] & h_mask[None, :], other=0.0)
-            wt = tl.load(w_ptr + offs_e[None, :] * stride_we + offs_h[:, None],
-                         mask=e_mask[None, :] & h_mask[:, None], other=0.0)
-            if IEEE:
-                acc = tl.dot(xt, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
-            if HAS_SG:
-                sgw = tl.load(sgw_ptr + offs_h, mask=h_mask, other=0.0)
-                sg_acc += tl.sum(xt.to(tl.float32) * sgw.to(tl.float32)[None, :], axis=1)
+        acc, sg_acc = _logits_range(x_ptr, w_ptr, sgw_ptr, offs_t, t_mask, offs_e, e_mask, 0, H, H, stride_xt,
+                                    stride_we, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
     logits = acc
     if HAS_RB:
         logits += tl.load(rb_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)[None, :]
@@ -237,8 +204,7 @@ def _route_block(
         if N_GROUP > 1:
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
-            # constexpr only (E is a runtime value: a test on it would compile both branches, and the
-            # reshape fails to compile where BLOCK_E > E): groups tile E = N_GROUP x PER_GROUP
+            # constexpr test (a runtime one on E would compile the reshape where BLOCK_E > E)
             if BLOCK_E == PER_GROUP * N_GROUP and BLOCK_G == N_GROUP:
                 # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
                 k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))
@@ -273,8 +239,6 @@ def _route_block(
     key = _sel_key(sel, cols, BLOCK_E)
     if BITONIC and K > 1:  # (one pick: the maxima's single max)
         top_idx, top_val, picked = _topk_bitonic(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
-    elif RANK:
-        top_idx, top_val, picked = _topk_rank(key, src, ROUTER, K, BLOCK_E, BLOCK_K)
     else:
         top_idx, top_val, picked = _topk_maxima(key, src, ROUTER, K, BLOCK_T, BLOCK_E, BLOCK_K)
     counts = tl.sum(tl.where(t_mask[:, None], picked, 0), axis=0)
@@ -322,7 +286,7 @@ def _router_kernel(
     top_idx, out_mask, counts, offs_t, t_mask, offs_e, e_mask = _route_block(
         x_ptr, w_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr, sgate_ptr, pid,
         T, H, E, stride_xt, stride_we, scaling, SPLIT, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
-        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, False, BITONIC)
+        MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H, BLOCK_K, BLOCK_G, BITONIC)
     if FUSE_ALIGN:  # one program holds every token: align here (align.py's scan and scatter)
         start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                                 padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
@@ -337,13 +301,9 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
                   meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``launch``: the sizes of ``plan.router_launch`` (grid, BLOCK_*, SPLIT, H_PER_SPLIT, warps), as
-    ``moe.py`` passes them from its static plan; without it they are computed here by the same
-    function from ``split`` (the requested H ranges, 0: none). With SPLIT > 0 (decode) the logits
-    are first summed in SPLIT H ranges by as many programs per token block, then reduced in a
-    fixed order. Inputs are checked by ``moe.py``. With ``meta`` (align.py's tensors) and a single
-    token block, the router program also aligns: returns True if it did.
-    """
+    ``launch``: plan.router_launch's sizes (default: computed here from ``split``, the H ranges;
+    SPLIT > 0 sums the logits of SPLIT H ranges first). With ``meta`` (align.py's tensors) and one
+    token block the router program also aligns: returns True if it did. Inputs are checked by moe.py."""
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:

@@ -1,13 +1,8 @@
 """The GPU's SM clock and board power, sampled in a thread while timed work runs.
 
-Why: a GPU lowers its SM clock under long dense-MMA work (calibrate's ``sustained`` step measures
-it), and the cost model prices that fall from a microbenchmark. Whether a measured layer really ran at
-the clock the model assumed is only known if the measurement records it: ``graph_time_us(...,
-clock=d)`` fills ``d`` with this module's ``summary``. A diagnostic beside the measurement, never an
-input to a prediction.
-
-NVML is read through ``torch.cuda.clock_rate`` / ``torch.cuda.power_draw`` (pynvml); where it is
-missing or refuses, the sampler records nothing and ``summary`` is None.
+``graph_time_us(..., clock=d)`` fills ``d`` with this module's ``summary`` (docs/kernels.md: why).
+NVML through ``torch.cuda.clock_rate`` / ``torch.cuda.power_draw``; where it is missing or
+refuses, nothing is recorded and ``summary`` is None.
 """
 
 from __future__ import annotations

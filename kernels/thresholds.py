@@ -1,12 +1,8 @@
 """The hand-set thresholds of the launch choices, as data: ``configs/thresholds.json``.
 
-Pure Python. The file has one object per section (the module that reads it: "router" for
-configs.py, "align" and "fp8" for plan.py), each value an object {"value", "unit", "source"}: what
-it is and its unit, and the evidence that set it (GPU, date, measurement or compile figures).
-
-    th = Thresholds("router")
-    ROUTER_MAX_WARPS = th["ROUTER_MAX_WARPS"]    # a missing name is an error, loudly
-    th.close()                                   # so is a name in the file that nothing read
+One object per section (the reading module: "router", "align", "fp8"), each value {"value",
+"unit", "source"}. ``th = Thresholds("router"); X = th["X"]; th.close()``: a missing name is an
+error, and so is a name in the file that nothing read.
 """
 
 from __future__ import annotations

@@ -14,10 +14,7 @@ from .measure import bench_config, graph_time_us, random_device_weights
 
 
 def _candidates(rows_per_expert: float) -> tuple[list[dict], list[dict]]:
-    """(gemm1 candidates, gemm2 candidates) for a T bucket; a pair must share BLOCK_M.
-
-    Decode streams weights (narrow N tiles, deep K, many programs); in between, BLOCK_M decides how
-    often an expert's weights are re-read (once per row block); prefill wants 64-128 row tiles."""
+    """(gemm1 candidates, gemm2 candidates) for a T bucket; a pair must share BLOCK_M."""
     def c(bm, bn, bk, nw, ns, sk=1):
         return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=nw, num_stages=ns, SPLIT_K=sk)
 

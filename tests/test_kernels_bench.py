@@ -174,26 +174,25 @@ def test_dtype_rows_pair_fp8_with_bf16_on_each_backend():
         return {"dtype": dt, "ours_us": times[dt], "backend": backend}
 
     rows, logs = [], []
-    dtype_rows(one, ["bf16", "fp8", "fp8-act"], "multi", rows.append, {"T": 8}, log=logs.append)
+    dtype_rows(one, ["bf16", "fp8", "fp8-act"], rows.append, log=logs.append)
     assert [r["dtype"] for r in rows] == ["bf16", "fp8", "fp8-act"]
     assert "speedup_vs_bf16" not in rows[0]
     assert rows[1]["speedup_vs_bf16"] == pytest.approx(1.5) and rows[2]["speedup_vs_bf16"] == pytest.approx(2.0)
     assert rows[2]["bf16_us"] == 30.0 and rows[2]["bf16_backend"] == "multi"
 
     rows.clear()
-    dtype_rows(lambda dt: one(dt, "megakernel"), ["bf16", "fp8"], "megakernel", rows.append, {"T": 8},
-               log=logs.append)
-    assert rows[0]["dtype"] == "bf16" and "skipped" not in rows[0] and "skipped" not in rows[1]
+    dtype_rows(lambda dt: one(dt, "megakernel"), ["bf16", "fp8"], rows.append, log=logs.append)
+    assert rows[0]["dtype"] == "bf16"
     assert rows[1]["backend"] == "megakernel" and rows[1]["speedup_vs_bf16"] == pytest.approx(1.5)
 
     rows.clear()  # auto ran the megakernel for bf16, fp8 ran multi: times kept, no same-backend speedup
-    dtype_rows(lambda dt: one(dt, "megakernel" if dt == "bf16" else "multi"), ["bf16", "fp8"], "auto",
-               rows.append, {}, log=logs.append)
+    dtype_rows(lambda dt: one(dt, "megakernel" if dt == "bf16" else "multi"), ["bf16", "fp8"], rows.append,
+               log=logs.append)
     assert rows[1]["bf16_backend"] == "megakernel" and "speedup_vs_bf16" not in rows[1]
 
     rows.clear()
-    dtype_rows(lambda dt: one(dt, "broken" if dt == "fp8-act" else "multi"), ["bf16", "fp8-act", "fp8"], "multi",
-               rows.append, {}, log=logs.append)
+    dtype_rows(lambda dt: one(dt, "broken" if dt == "fp8-act" else "multi"), ["bf16", "fp8-act", "fp8"],
+               rows.append, log=logs.append)
     assert [r["dtype"] for r in rows] == ["bf16", "fp8"] and "fp8-act failed: RuntimeError: no" in logs[-1]
 
 
@@ -225,7 +224,7 @@ def test_fp8_rows_on_the_gpu():
     assert ceil["fp8_matmul_flops_per_s"] > 0
     rows = []
     dtype_rows(lambda dt: run_row("small", cfg, ws["bf16" if DTYPES[dt] is None else "fp8"], 64, ceil, reps=2,
-                                  with_torch=False, backend="multi", dtype=dt), list(DTYPES), "multi", rows.append, {})
+                                  with_torch=False, backend="multi", dtype=dt), list(DTYPES), rows.append)
     assert [r["dtype"] for r in rows] == list(DTYPES)
     for r in rows[1:]:
         assert r["backend"] == "multi" and r["speedup_vs_bf16"] > 0 and r["floor_us"] > 0

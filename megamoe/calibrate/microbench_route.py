@@ -27,8 +27,7 @@ def _route_select_kernel(part_ptr, rb_ptr, sb_ptr, topk_idx_ptr, topk_w_ptr, T, 
     for r in range(rounds):
         _route_block(part_ptr, part_ptr, rb_ptr, sb_ptr, part_ptr, part_ptr, part_ptr, topk_idx_ptr, topk_w_ptr,
                      part_ptr, r, T, E, E, E, E, scaling, 1, ROUTER, K, NORM, N_GROUP, TOPK_GROUP, PER_GROUP,
-                     MASK_NEG_INF, HAS_RB, HAS_SB, False, False, BLOCK_T, BLOCK_E, 16, BLOCK_K, BLOCK_G, False,
-                     BITONIC)
+                     MASK_NEG_INF, HAS_RB, HAS_SB, False, False, BLOCK_T, BLOCK_E, 16, BLOCK_K, BLOCK_G, BITONIC)
 
 
 def select_launch(config, tokens: int) -> dict:
