@@ -28,6 +28,18 @@ from .hardware import Profile
 from .schedules import normalize_schedule
 
 
+#: The bound's terms, each alone on a GPU, and what each names in a verdict.
+TERMS = {
+    "compute": "compute (tensor cores)",
+    "hbm": "HBM bandwidth",
+    "copy": "the communication SMs' copy rate",
+    "send_port": "the NVLink send ports",
+    "recv_port": "the NVLink receive ports",
+    "signal": "per-round completion signalling",
+    "fixed": "fixed costs (launch, router, barrier)",
+}
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Analytic layer time and its parts, in seconds; per_gpu arrays are (G,)."""
@@ -37,6 +49,7 @@ class Estimate:
     compute_s: np.ndarray
     comm_s: np.ndarray  # busiest endpoint of each GPU (dispatch + combine together)
     busiest_gpu: int
+    terms: dict = None  # {term name: (G,) seconds}: the bound's parts, each alone (``TERMS``)
 
     @property
     def time_us(self) -> float:
@@ -97,14 +110,21 @@ def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray
         driven = b["dispatch_recv"] * pc + b["combine_sent"] * qc
         comm = np.maximum.reduce([sent / port, recv / port, driven / copy])
         per_gpu = start + np.maximum(compute_s, comm + lat * moves) + barrier
+        terms = {"copy": driven / copy, "send_port": sent / port, "recv_port": recv / port}
     else:
         dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy / pc))
         com = np.maximum(b["combine_sent"] / min(port, copy / qc), b["combine_recv"] / port)
         comm = dis + com
         per_gpu = (start + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
                    + L + com + lat * (b["combine_sent"] + b["combine_recv"] > 0) + barrier)
+        terms = {"copy": b["dispatch_recv"] * pc / copy + b["combine_sent"] * qc / copy,
+                 "send_port": (b["dispatch_sent"] + b["combine_sent"]) / port,
+                 "recv_port": (b["dispatch_recv"] + b["combine_recv"]) / port}
     g = int(np.argmax(per_gpu))
-    return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
+    G = len(per_gpu)
+    terms = {"compute": np.broadcast_to(compute_s, (G,)).astype(np.float64), **terms,
+             "fixed": np.broadcast_to(np.asarray(start, np.float64) + barrier, (G,)).copy()}
+    return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g, terms)
 
 
 def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray, profile: Profile,

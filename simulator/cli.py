@@ -262,15 +262,17 @@ def print_table(r, trace: str | None = None) -> None:
         "expert_compute": "mean compute-SM busy time per GPU (+)",
         "load_imbalance_wait": "most loaded GPU's extra compute (+)",
         "exposed_communication": "layer time not covered by the busiest GPU's compute (+)",
-        "dispatch": "first to last dispatch byte, longest GPU",
-        "combine": "first to last combine byte, longest GPU",
+        "dispatch": "first to last dispatch byte, longest GPU (overlaps the (+) rows: do not add)",
+        "combine": "first to last combine byte, longest GPU (overlaps the (+) rows: do not add)",
     }
     if analytic:
-        notes.update(dispatch="bound of the phase alone: busiest GPU's bytes at port/copy rate",
-                     combine="bound of the phase alone: busiest GPU's bytes at port/copy rate")
+        notes.update(dispatch="bound of the phase alone: busiest GPU's bytes at port/copy rate (do not add)",
+                     combine="bound of the phase alone: busiest GPU's bytes at port/copy rate (do not add)")
     for k in ("expert_compute", "load_imbalance_wait", "exposed_communication", "dispatch", "combine"):
         t.add_row(f"  {k.replace('_', ' ')}", f"{r.breakdown_us[k]:,.1f}", notes[k])
     c.print(t)
+    if r.verdict:
+        c.print(f"[bold]verdict:[/] {r.verdict['line']}")
     if analytic:
         c.print(f"imbalance (max-mean)/mean by GPU {r.imbalance['by_gpu']:.2f}, by expert {r.imbalance['by_expert']:.2f}, "
                 f"by slot {r.imbalance['by_slot']:.2f}")

@@ -38,6 +38,7 @@ from .schedules import (
     run_schedule,
 )
 from .topology import uniform_link_bytes
+from .verdict import verdict
 from .workload import (
     BUILD_BYTES_PER_PAIR,
     Workload,
@@ -124,6 +125,7 @@ class SimResult:
     per_link: list  # [{src, dst, bytes, utilization}]
     totals: dict
     stats: dict
+    verdict: dict = field(default_factory=dict)  # ``verdict.verdict``: what bounds the layer
     _spans: list = field(default_factory=list, repr=False)
     _samples: list = field(default_factory=list, repr=False)
     _link_frac: dict = field(default_factory=dict, repr=False)
@@ -132,6 +134,8 @@ class SimResult:
         d = {k: getattr(self, k) for k in ("inputs", "layer_time_us", "breakdown_us", "analytic_us",
                                             "imbalance", "totals", "per_gpu", "stats")}
         d["additive_breakdown_keys"] = list(ADDITIVE)
+        d["overlapping_breakdown_keys"] = [k for k in self.breakdown_us if k not in ADDITIVE]
+        d["verdict"] = self.verdict
         if links:
             d["per_link"] = self.per_link
         return d
@@ -282,9 +286,12 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     stats = {"flows": int(fabric.total.size) if hasattr(fabric, "total") else 0,
              "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
              "total_s": time.perf_counter() - t_start}
+    port_u = float(max(per_gpu["send_port_utilization"].max(), per_gpu["recv_port_utilization"].max()))
+    v = verdict(est.terms, layer_s=layer_s, busy_s=busy, port_utilization=port_u,
+                copy_utilization=float(per_gpu["copy_sm_utilization"].max()) if G > 1 else None)
     return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
                      imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,
-                     _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+                     verdict=v, _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
 
 
 def resolve_system(system: str | Path | Profile, overrides: dict | None = None) -> Profile:
@@ -378,7 +385,7 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     per_gpu = {"compute_roofline_us": c * 1e6, "comm_bound_us": e.comm_s * 1e6, "rows": workload.gpu_load(),
                "dispatch_sent_tokens": b["dispatch_sent"], "dispatch_recv_tokens": b["dispatch_recv"]}
     return SimResult(inputs=inputs, layer_time_us=e.time_us, breakdown_us=breakdown, analytic_us=e.time_us,
-                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=[],
+                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=[], verdict=verdict(e.terms, layer_s=t),
                      totals={"tokens": workload.tokens_per_gpu * p.num_gpus, "pairs": int(workload.topk_idx.size)},
                      stats={"workload_s": workload_s, "total_s": time.perf_counter() - t0, "analytic_only": True})
 

@@ -1,0 +1,79 @@
+"""The verdict: one line naming what bounds a simulated layer, and by how much.
+
+Shape legend: G GPUs.
+
+The analytic bound's terms (``analytic.TERMS``: compute, HBM, the communication SMs' copy rate,
+the send and receive ports, per-round signalling, fixed costs) are each what one GPU would take if
+that term alone limited it. The binding term is the largest over all GPUs; the event model then
+says how the layer time splits into compute, imbalance and exposed communication. A layer is
+
+* bound by **expert imbalance** when compute binds and the busiest GPU computes more than
+  ``IMBALANCED`` times the mean GPU;
+* bound by **compute** (or **HBM**) when compute binds otherwise;
+* bound by the binding communication term (copy rate, a port, signalling) when it binds;
+* bound by **fixed costs** when they are more than half of the layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .analytic import TERMS
+
+IMBALANCED = 1.5  # busiest over mean compute beyond which a compute-bound layer is called imbalanced
+COMMUNICATION = ("copy", "send_port", "recv_port", "signal")
+
+
+def _ms(seconds: float) -> str:
+    x = seconds * 1e3
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def binding_terms(terms: dict) -> list[tuple[str, float, int]]:
+    """[(term, seconds, GPU)] of every term at the GPU where it is largest, largest first."""
+    out = []
+    for k, v in terms.items():
+        v = np.asarray(v, np.float64)
+        if v.size and float(v.max()) > 0:
+            g = int(np.argmax(v))
+            out.append((k, float(v[g]), g))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def verdict(terms: dict, *, layer_s: float, busy_s: np.ndarray | None = None,
+            port_utilization: float | None = None, copy_utilization: float | None = None) -> dict:
+    """{bound_by, term, line, terms_us}: what bounds a layer of ``layer_s`` seconds.
+
+    ``terms``: the analytic bound's (G,) terms; ``busy_s``: (G,) compute-SM busy time of the event
+    model (None for the bound alone: its compute term is used); ``port_utilization``,
+    ``copy_utilization``: the busiest port's and communication SMs' share of the layer, if known."""
+    ranked = binding_terms(terms)
+    if not ranked:
+        return {"bound_by": "nothing", "term": None, "line": "moves and computes nothing", "terms_us": {}}
+    name, sec, g = ranked[0]
+    comp = np.asarray(terms.get("compute", np.zeros(1)), np.float64)
+    busy = comp if busy_s is None else np.asarray(busy_s, np.float64)
+    cmax, cmean = float(busy.max()), float(busy.mean())
+    exposed = max(layer_s - cmax, 0.0)
+    fixed = float(np.max(terms.get("fixed", 0.0)))
+    if fixed > 0.5 * layer_s:
+        name = "fixed"
+    elif name in ("compute", "hbm") and cmax > IMBALANCED * cmean:
+        name = "imbalance"
+    cause = "expert imbalance" if name == "imbalance" else TERMS[name]
+    if name in COMMUNICATION:
+        head = f"bound by {cause}: {_ms(exposed)} of {_ms(layer_s)} ms exposed communication"
+    elif name == "imbalance":
+        head = (f"bound by {cause}: the busiest GPU computes {_ms(cmax)} ms against a mean of {_ms(cmean)} "
+                f"(layer {_ms(layer_s)} ms)")
+    elif name == "fixed":
+        head = f"bound by {cause}: {_ms(fixed)} of {_ms(layer_s)} ms"
+    else:
+        head = f"bound by {cause}: {_ms(cmax)} of {_ms(layer_s)} ms computing on the busiest GPU"
+    tail = [f"{TERMS[k].replace('the ', '')} alone {_ms(v)} ms (GPU {gg})" for k, v, gg in ranked[:2]]
+    if port_utilization is not None:
+        tail.append(f"NVLink ports at {port_utilization:.2f}")
+    if copy_utilization is not None:
+        tail.append(f"communication SMs at {copy_utilization:.2f}")
+    return {"bound_by": name, "term": cause, "line": f"{head}; " + "; ".join(tail),
+            "terms_us": {k: v * 1e6 for k, v, _ in ranked}}
