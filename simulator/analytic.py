@@ -27,7 +27,6 @@ from .cost import ffn_roofline_s
 from .hardware import Profile
 from .schedules import normalize_schedule
 
-
 #: The bound's terms, each alone on a GPU, and what each names in a verdict.
 TERMS = {
     "compute": "compute (tensor cores)",
