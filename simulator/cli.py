@@ -66,11 +66,11 @@ HARDWARE_FLAGS = {"gpus": "--gpus", "link_bandwidth": "--link-bandwidth", "link_
 
 def key_path(name: str) -> str | None:
     """The profile key path (``link.payload_efficiency``) an override name or alias sets, or None."""
-    from .hardware import ALIASES, SCHEMA
+    from .hardware import ALIASES, OPTIONAL_SCHEMA, SCHEMA
 
     path = ALIASES.get(name, name.replace("__", "."))
     sec, _, key = path.partition(".")
-    return path if sec in SCHEMA and key in SCHEMA[sec] else None
+    return path if key in SCHEMA.get(sec, OPTIONAL_SCHEMA.get(sec, {})) else None
 
 
 def _overrides(args) -> dict:
