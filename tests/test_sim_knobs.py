@@ -45,3 +45,82 @@ def test_cli_table_prints_the_verdict(capsys):
     assert main(["--system", "hgx-h200", "--tokens-per-gpu", "256", "--model", "mixtral-8x7b"]) == 0
     out = capsys.readouterr().out
     assert "verdict: bound by" in out and "do not add" in out
+
+
+# ---------------------------------------------------------------------------- minibatch rounds, pull or push
+def _gb200(gpus=4, **o):
+    from megamoe.simulator.hardware import load_profile, override
+
+    return override(load_profile("gb200-nvl72"), gpus=gpus, **o)
+
+
+def test_the_minibatch_counted_as_rows_received_per_round():
+    from megamoe.simulator.simulate import tokens_for_rows
+
+    assert tokens_for_rows(1000, SMALL, 4096) == 500  # top-2: a GPU receives 2 rows per token per round
+    assert tokens_for_rows(1, SMALL, 4096) == 1 and tokens_for_rows(10**6, SMALL, 300) == 300
+    with pytest.raises(ValueError, match="minibatch_rows"):
+        tokens_for_rows(0, SMALL, 64)
+    r = simulate(SMALL, _gb200(), 96, routing="uniform", minibatch_rows=64, analytic_only=True)
+    i = r.inputs
+    assert i["minibatch"] == 32 and i["num_minibatches"] == 3 and i["minibatch_rows_nominal"] == 64
+    assert i["minibatch_rows_mean"] == pytest.approx(64.0)  # every row of 4 GPUs x 96 tokens x 2 lands somewhere
+
+
+def test_each_round_pays_its_completion_signalling():
+    # the bound's signalling term is rounds x the dispatch's signal plus one combine signal; the event
+    # model pays at least that, and more rounds cost more on a layer with little else to do
+    p = _gb200()
+    pr = p.protocol
+    times = {}
+    for mb in (8, 64):
+        r = simulate(SMALL, p, 64, routing="uniform", minibatch=mb, comm_sms=60)
+        B = r.inputs["num_minibatches"]
+        assert r.verdict["terms_us"]["signal"] == pytest.approx((B * pr.pull_signal_s + pr.push_signal_s) * 1e6)
+        assert r.layer_time_us >= r.verdict["terms_us"]["signal"]
+        times[B] = r.layer_time_us
+    assert times[8] - times[1] > 7 * pr.pull_signal_s * 1e6 * 0.9
+
+
+def test_pulling_costs_more_port_bytes_than_pushing():
+    # slow links: the ports bind; a pulled byte carries more protocol (76% payload) than a pushed one (82%)
+    p = _gb200(link_bandwidth=5e6)  # tens of ms on the ports, against 0.2 ms of signalling
+    t = {m: simulate(SMALL, p, 256, routing="uniform", comm_sms=60, dispatch_mode=m, combine_mode=m).layer_time_us
+         for m in ("pull", "push")}
+    assert t["pull"] / t["push"] == pytest.approx(0.82 / 0.76, rel=0.05)
+    r = simulate(SMALL, p, 256, routing="uniform", comm_sms=60)
+    assert r.verdict["bound_by"] in ("send_port", "recv_port") and "NVLink" in r.verdict["line"]
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        simulate(SMALL, p, 64, dispatch_mode="shove")
+
+
+# ---------------------------------------------------------------------------- the knob search
+def test_the_search_finds_what_trying_every_point_finds():
+    from megamoe.simulator import build_workload, simulate_workload
+    from megamoe.simulator.hardware import load_profile
+    from megamoe.simulator.knobs import comm_grid, optimize
+
+    p = load_profile("hgx-h200")
+    w = build_workload(SMALL, 8, 512, "skewed", "contiguous", minibatch=512)
+    r = optimize(w, p, knobs=("comm-sms",), dtype="fp8", confirm=3)
+    every = {n: simulate_workload(w, p, comm_sms=n, dtype="fp8").layer_time_us for n in comm_grid(p)}
+    assert r["best"].event_us == pytest.approx(min(every.values()), rel=0.02)
+    assert r["runner_up"].event_us >= r["best"].event_us
+    for q in r["points"]:  # the bound never exceeds the event model
+        assert q.event_us is None or q.bound_us <= q.event_us * (1 + 1e-9)
+    assert r["bound_s_per_point"] < 5e-3
+
+
+def test_cli_optimize_prints_best_and_runner_up_and_plots(capsys, tmp_path):
+    from megamoe.simulator.cli import main
+
+    png = tmp_path / "knobs.png"
+    assert main(["--system", "hgx-h200", "--tokens-per-gpu", "256", "--model", "mixtral-8x7b",
+                 "--optimize", "comm-sms,minibatch", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "best:" in out and "runner-up:" in out and "bound by" in out
+    assert png.stat().st_size > 10_000
+    assert main(["--plot", str(png)]) == 2
+    assert "--plot draws the curves of --optimize" in capsys.readouterr().err
+    assert main(["--optimize", "comm-sms,warp"]) == 2
+    assert "knobs are comm-sms, minibatch" in capsys.readouterr().err
