@@ -34,7 +34,7 @@ from .workload import MAX_MINIBATCHES, Workload, slot_traffic
 KNOBS = ("comm-sms", "minibatch")
 COMM_STEP = 4  # communication SMs between grid points
 CONFIRM = 3  # points the event model runs besides the bound
-BUDGET_S = 15.0  # seconds of search after which the event model walks no further
+BUDGET_S = 15.0  # seconds of search after which the event model runs no further point
 MAX_ROUNDS = 32  # the search's smallest minibatch splits a GPU's tokens into this many rounds
 TIE = 5e-3  # bounds closer than this fraction rank by fewer rounds (the event model runs those faster)
 
@@ -190,7 +190,8 @@ def optimize(workload: Workload, profile: Profile, *, knobs=KNOBS, dtype: str = 
     # walk from the best confirmed point to a better neighbour on either knob's grid (the bound
     # cannot see how rounds pipeline), while the time budget lasts
     seen = set()
-    while time.perf_counter() - t0 < budget_s:
+    walk_s = budget_s * (0.75 if curve_events else 1.0)  # the rest for the curves' neighbours
+    while time.perf_counter() - t0 < walk_s:
         b = best_run()
         if (b.comm_sms, b.minibatch) in seen:
             break
@@ -198,13 +199,14 @@ def optimize(workload: Workload, profile: Profile, *, knobs=KNOBS, dtype: str = 
         i, j = ns.index(b.comm_sms), ms.index(b.minibatch)
         for n, m in ((ns[i - 1] if i else None, b.minibatch), (ns[i + 1] if i + 1 < len(ns) else None, b.minibatch),
                      (b.comm_sms, ms[j - 1] if j else None), (b.comm_sms, ms[j + 1] if j + 1 < len(ms) else None)):
-            if n is not None and m is not None and time.perf_counter() - t0 < budget_s:
+            if n is not None and m is not None and time.perf_counter() - t0 < walk_s:
                 run(pts[(n, m)])
     best = best_run()
     for key, grid, at in (("comm_sms", ns, lambda x: (x, best.minibatch)), ("minibatch", ms, lambda x: (best.comm_sms, x))):
         i = grid.index(best.comm_sms if key == "comm_sms" else best.minibatch)
         for x in grid[max(0, i - curve_events):i + curve_events + 1]:
-            run(pts[at(x)])
+            if time.perf_counter() - t0 < budget_s:
+                run(pts[at(x)])
     done = sorted((q for q in pts.values() if q.event_us is not None), key=lambda q: q.event_us)
     best = done[0]
     return {"best": best, "runner_up": done[1] if len(done) > 1 else None, "points": ranked,
