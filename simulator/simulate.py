@@ -312,7 +312,8 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
              "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
              "total_s": time.perf_counter() - t_start}
     port_u = float(max(per_gpu["send_port_utilization"].max(), per_gpu["recv_port_utilization"].max()))
-    v = verdict({**est.terms, "compute": busy}, layer_s=layer_s, busy_s=busy, port_utilization=port_u,
+    hbm_s = acc["hbm_bytes"] / p.hbm_effective_bytes_per_s
+    v = verdict({**est.terms, "compute": busy, "hbm": hbm_s}, layer_s=layer_s, busy_s=busy, port_utilization=port_u,
                 copy_utilization=float(per_gpu["copy_sm_utilization"].max()) if G > 1 else None)
     return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
                      imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,

@@ -9,7 +9,9 @@ says how the layer time splits into compute, imbalance and exposed communication
 
 * bound by **expert imbalance** when compute binds and the busiest GPU computes more than
   ``IMBALANCED`` times the mean GPU;
-* bound by **compute** (or **HBM**) when compute binds otherwise;
+* bound by **HBM** when compute binds and the busiest GPU's HBM bytes alone take at least
+  ``HBM_SHARE`` of its compute time (weights read again each round, few rows per expert);
+* bound by **compute** when compute binds otherwise;
 * bound by the binding communication term (copy rate, a port, signalling) when it binds;
 * bound by **fixed costs** when they are more than half of the layer.
 """
@@ -20,6 +22,7 @@ import numpy as np
 
 from .analytic import TERMS
 
+HBM_SHARE = 0.8  # HBM time over compute time beyond which a compute-bound GPU is called HBM-bound
 IMBALANCED = 1.5  # busiest over mean compute beyond which a compute-bound layer is called imbalanced
 COMMUNICATION = ("copy", "send_port", "recv_port", "signal")
 
@@ -27,6 +30,10 @@ COMMUNICATION = ("copy", "send_port", "recv_port", "signal")
 def _ms(seconds: float) -> str:
     x = seconds * 1e3
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def comp_or_busy(terms: dict, busy_s) -> np.ndarray:
+    return np.asarray(terms["compute"] if busy_s is None else busy_s, np.float64)
 
 
 def binding_terms(terms: dict) -> list[tuple[str, float, int]]:
@@ -60,6 +67,8 @@ def verdict(terms: dict, *, layer_s: float, busy_s: np.ndarray | None = None,
         name = "fixed"
     elif name in ("compute", "hbm") and cmax > IMBALANCED * cmean:
         name = "imbalance"
+    elif name == "compute" and "hbm" in terms and terms["hbm"][g] >= HBM_SHARE * comp_or_busy(terms, busy_s)[g]:
+        name = "hbm"
     cause = "expert imbalance" if name == "imbalance" else TERMS[name]
     if name in COMMUNICATION:
         head = f"bound by {cause}: {_ms(exposed)} of {_ms(layer_s)} ms exposed communication"
@@ -70,6 +79,8 @@ def verdict(terms: dict, *, layer_s: float, busy_s: np.ndarray | None = None,
         head = f"bound by {cause}: {_ms(fixed)} of {_ms(layer_s)} ms"
     else:
         head = f"bound by {cause}: {_ms(cmax)} of {_ms(layer_s)} ms computing on the busiest GPU"
+        if name == "hbm":
+            head += f", {_ms(float(terms['hbm'][g]))} ms of it moving its HBM bytes"
     tail = [f"{TERMS[k].replace('the ', '')} alone {_ms(v)} ms (GPU {gg})" for k, v, gg in ranked[:2]]
     if port_utilization is not None:
         tail.append(f"NVLink ports at {port_utilization:.2f}")
