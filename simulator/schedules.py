@@ -555,6 +555,10 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
     pushed = [[fabric.all_done(C[g][m].values()) for m in range(B)] for g in range(G)]  # g's pushes of m are done
     landed = [[fabric.all_done([C[h][m][g] for h in range(G) if g in C[h][m]]) for m in range(B)]
               for g in range(G)]  # every partial sum of g's minibatch m has arrived
+    # with completion signalling, a round's rows are known to have landed once all of them have and
+    # the round's completion has been signalled (without it, each slot's rows as they land)
+    round_in = [[fabric.all_done(D[g][m].values()) if work.dispatch_signal_s and D[g][m] else None for m in range(B)]
+                for g in range(G)]
     if work.combine_signal_s:  # ... and has been signalled
         pushed = [[_later(env, [e], work.combine_signal_s) for e in row] for row in pushed]
         landed = [[_later(env, [landed[g][m]], work.combine_signal_s) if any(g in C[h][m] for h in range(G))
@@ -576,16 +580,14 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
             _then(env, gate + prev, lambda h=h: go(h))
 
     dsig = work.dispatch_signal_s
-    # a round's rows are known to have landed ``dsig`` after its first slot's rows have
     signalled = [[None] * B for _ in range(G)]
 
     def compute(g: int):
         yield env.timeout(work.start_s[g])
         for m in range(B):
             start_pulls(g, m)
-            first = next(iter(ready[g][m].values()), None)
-            if dsig and first is not None:
-                signalled[g][m] = _later(env, [fabric.milestone_event(first)], dsig)
+            if round_in[g][m] is not None:
+                signalled[g][m] = _later(env, [round_in[g][m]], dsig)
         if S[g] is not None:
             yield from _run_job(env, fabric, S[g], log, g, "shared expert")
         for m in range(B):
