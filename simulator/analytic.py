@@ -35,6 +35,7 @@ TERMS = {
     "send_port": "the NVLink send ports",
     "recv_port": "the NVLink receive ports",
     "signal": "per-round completion signalling",
+    "fill": "the first round's fill, then the experts' work",
     "fixed": "fixed costs (launch, router, barrier)",
 }
 

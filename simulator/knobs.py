@@ -8,7 +8,9 @@ For every (n, minibatch) of a grid, a bound that costs well under a millisecond 
 
 compute(n) the FLOPs at the best tile rate on the S - n compute SMs; HBM(minibatch) the weights
 read once per round in which a slot has rows (once in all if the GPU's touched weights stay in L2,
-as the event model does) and the activations; copy, ports and signalling as ``analytic.estimate``.
+as the event model does) and the activations; copy, ports and signalling as ``analytic.estimate``;
+with completion signalling, fill(n, minibatch): the first round's rows at the port or copy rate and
+its signal before the routed experts' work (a round computes once all of its rows are in).
 The event model then runs on the few best points by the bound, and the fastest of them wins.
 Each point carries the term that binds it.
 
@@ -75,7 +77,7 @@ class RoundBound:
         cfg, G = w.config, w.num_gpus
         H, I = cfg.hidden_size, cfg.intermediate_size
         kw = dict(profile=p, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)
-        self.flops_s, byts = np.zeros(G), np.zeros(G)
+        self.flops_s, byts, self.routed_s = np.zeros(G), np.zeros(G), np.zeros(G)
         sh = (ffn_roofline_parts([w.tokens_per_gpu], H, cfg.shared_intermediate_size, **kw)
               if include_shared and cfg.num_shared_experts else (0.0, 0.0, 0.0))
         l2 = p.rack.l2_weight_fraction * p.l2_bytes
@@ -87,6 +89,7 @@ class RoundBound:
             reads = touched.sum() if slots * (wts / max(slots, 1)) > l2 else slots  # weights read per round unless in L2
             self.flops_s[g] = f + sh[0]
             byts[g] = wts / max(slots, 1) * reads + acts + sh[1] + sh[2]
+            self.routed_s[g] = max(f, (wts / max(slots, 1) * reads + acts) / hbm_peak(p))
         self.hbm_s = byts / hbm_peak(p)
         self.w, self.p, self.S = w, p, p.num_sms
         self.kw = dict(dispatch_dtype=dispatch_dtype, comm_work=comm_work, start_s=start_s,
@@ -94,15 +97,26 @@ class RoundBound:
         t = w.traffic_mb
         self.dis = t * row_bytes(H, dispatch_dtype)
         self.com = t * row_bytes(H, "bf16")
+        first = self.dis[:, 0, :].copy()  # (G src, G dst) the first round's rows
+        np.fill_diagonal(first, 0.0)
+        self.first_in = first.sum(axis=0)  # (G,) bytes each GPU receives before its first round may compute
 
     def at(self, n: int) -> tuple[float, str, dict]:
         """(bound seconds, binding term, {term: (G,) seconds}) with n communication SMs."""
         p = self.p
-        comp = self.flops_s * self.S / (self.S - n) if self.w.num_gpus > 1 else self.flops_s
-        e = estimate("fused", compute_s=np.maximum(comp, self.hbm_s), dispatch_bytes=self.dis, combine_bytes=self.com,
-                     profile=p, rounds=self.w.num_minibatches,
-                     **rack_terms(p, self.w.config, self.w.tokens_per_gpu, comm_sms=n, **self.kw))
-        terms = {**e.terms, "compute": comp, "hbm": self.hbm_s}
+        scale = self.S / (self.S - n) if self.w.num_gpus > 1 else 1.0
+        comp = self.flops_s * scale
+        rt = rack_terms(p, self.w.config, self.w.tokens_per_gpu, comm_sms=n, **self.kw)
+        # with completion signalling a round computes once all of its rows have landed: the first
+        # round's rows, then the routed experts' work
+        dsig = rt["signals_s"][0]
+        per_byte = max(rt["port_coefs"][0] / p.port_bytes_per_s,  # the receiver's port, and its copy SMs if it pulls
+                       1.0 / rt["copy_bytes_per_s"] if rt["modes"][0] == "pull" else 0.0)
+        fill = self.first_in * per_byte + dsig if dsig else np.zeros_like(comp)
+        fill = fill * (self.first_in > 0)
+        e = estimate("fused", compute_s=np.maximum.reduce([comp, self.hbm_s, fill + self.routed_s * scale]),
+                     dispatch_bytes=self.dis, combine_bytes=self.com, profile=p, rounds=self.w.num_minibatches, **rt)
+        terms = {**e.terms, "compute": comp, "hbm": self.hbm_s, "fill": fill + self.routed_s * scale}
         g = e.busiest_gpu
         term = max((k for k in terms if k != "fixed"), key=lambda k: terms[k][g])
         return e.time_s, term, terms
