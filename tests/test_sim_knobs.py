@@ -127,3 +127,23 @@ def test_cli_optimize_prints_best_and_runner_up_and_plots(capsys, tmp_path):
     assert "--plot draws the curves of --optimize" in capsys.readouterr().err
     assert main(["--optimize", "comm-sms,warp"]) == 2
     assert "knobs are comm-sms, minibatch" in capsys.readouterr().err
+
+
+def test_with_signalling_a_round_computes_once_all_its_rows_are_in():
+    # the round's fill: no routed slot of GPU g starts before g's last dispatched row of that round
+    # has landed and the round's completion has been signalled; without signalling (an H200
+    # profile) a slot may start as soon as its own rows are in
+    def first_slot_after_fill(system):
+        r = simulate(SMALL, system, 256, routing="uniform", comm_sms=8, include_shared=False)
+        sig = system.protocol.pull_signal_s if getattr(system, "protocol", None) else 0.0
+        out = []
+        for g in range(system.num_gpus):
+            land = max(s.end_s for s in r._spans if s.track == "dispatch" and s.gpu == g)
+            start = min(s.start_s for s in r._spans if s.track == "compute" and s.gpu == g and s.name.startswith("slot"))
+            out.append(start - (land + sig))
+        return min(out)
+
+    from megamoe.simulator.hardware import load_profile
+
+    assert first_slot_after_fill(_gb200()) >= -1e-9
+    assert first_slot_after_fill(load_profile("hgx-h200")) < 0
