@@ -123,6 +123,11 @@ def test_cli_optimize_prints_best_and_runner_up_and_plots(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "best:" in out and "runner-up:" in out and "bound by" in out
     assert png.stat().st_size > 10_000
+    assert main(["--system", "hgx-h200", "--tokens-per-gpu", "256", "--model", "mixtral-8x7b",
+                 "--optimize", "minibatch", "--comm-sms", "24", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["best"]["comm_sms"] == 24 and d["best"]["time_us"] <= d["runner_up"]["time_us"]
+    assert {q["minibatch"] for q in d["curves"]["minibatch"]} == {16, 24, 32, 48, 64, 96, 128, 192, 256}
     assert main(["--plot", str(png)]) == 2
     assert "--plot draws the curves of --optimize" in capsys.readouterr().err
     assert main(["--optimize", "comm-sms,warp"]) == 2
