@@ -313,11 +313,28 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
              "total_s": time.perf_counter() - t_start}
     port_u = float(max(per_gpu["send_port_utilization"].max(), per_gpu["recv_port_utilization"].max()))
     hbm_s = acc["hbm_bytes"] / p.hbm_effective_bytes_per_s
-    v = verdict({**est.terms, "compute": busy, "hbm": hbm_s}, layer_s=layer_s, busy_s=busy, port_utilization=port_u,
+    v = verdict({**est.terms, "compute": busy, "hbm": hbm_s, "fill": first_round_wait_s(log.spans, work) + busy},
+                layer_s=layer_s, busy_s=busy, port_utilization=port_u,
                 copy_utilization=float(per_gpu["copy_sm_utilization"].max()) if G > 1 else None)
     return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
                      imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,
                      verdict=v, _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+
+
+def first_round_wait_s(spans, work) -> np.ndarray:
+    """(G,) how long each GPU's compute SMs waited, after the fixed start and the shared expert, for
+    the rows of their first routed job (the first round's fill; 0 for a GPU with no routed job)."""
+    G = work.num_gpus
+    ready = np.asarray(work.start_s, np.float64).copy()
+    first = np.full(G, np.inf)
+    for sp in spans:
+        if sp.track != "compute":
+            continue
+        if sp.name == "shared expert":
+            ready[sp.gpu] = max(ready[sp.gpu], sp.end_s)
+        elif sp.name.startswith(("slot", "grouped GEMMs")):
+            first[sp.gpu] = min(first[sp.gpu], sp.start_s)
+    return np.where(np.isfinite(first), np.maximum(first - ready, 0.0), 0.0)
 
 
 def resolve_system(system: str | Path | Profile, overrides: dict | None = None) -> Profile:

@@ -13,6 +13,9 @@ says how the layer time splits into compute, imbalance and exposed communication
   ``HBM_SHARE`` of its compute time (weights read again each round, few rows per expert);
 * bound by **compute** when compute binds otherwise;
 * bound by the binding communication term (copy rate, a port, signalling) when it binds;
+* bound by **the first round's fill** when a GPU's wait for its first routed rows plus its compute
+  is the largest term and the wait is at least ``FILL_SHARE`` of the layer (a round computes once
+  all of its rows are in); a shorter wait leaves the compute named;
 * bound by **fixed costs** when they are more than half of the layer.
 """
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from .analytic import TERMS
 
+FILL_SHARE = 0.1  # the first round's wait, as a share of the layer, from which the fill is named
 HBM_SHARE = 0.8  # HBM time over compute time beyond which a compute-bound GPU is called HBM-bound
 IMBALANCED = 1.5  # busiest over mean compute beyond which a compute-bound layer is called imbalanced
 COMMUNICATION = ("copy", "send_port", "recv_port", "signal")
@@ -63,6 +67,8 @@ def verdict(terms: dict, *, layer_s: float, busy_s: np.ndarray | None = None,
     cmax, cmean = float(busy.max()), float(busy.mean())
     exposed = max(layer_s - cmax, 0.0)
     fixed = float(np.max(terms.get("fixed", 0.0)))
+    if name == "fill" and float(terms["fill"][g] - busy[g]) < FILL_SHARE * layer_s:
+        name = "compute"  # a short wait for the first rows: the compute binds
     if fixed > 0.5 * layer_s:
         name = "fixed"
     elif name in ("compute", "hbm") and cmax > IMBALANCED * cmean:
@@ -70,7 +76,11 @@ def verdict(terms: dict, *, layer_s: float, busy_s: np.ndarray | None = None,
     elif name == "compute" and "hbm" in terms and terms["hbm"][g] >= HBM_SHARE * comp_or_busy(terms, busy_s)[g]:
         name = "hbm"
     cause = "expert imbalance" if name == "imbalance" else TERMS[name]
-    if name in COMMUNICATION:
+    if name == "fill":
+        wait = float(terms["fill"][g] - busy[g])
+        head = (f"bound by {cause}: {_ms(wait)} ms waiting for the first round's rows, then {_ms(float(busy[g]))} ms "
+                f"computing (GPU {g}; layer {_ms(layer_s)} ms)")
+    elif name in COMMUNICATION:
         head = f"bound by {cause}: {_ms(exposed)} of {_ms(layer_s)} ms exposed communication"
     elif name == "imbalance":
         head = (f"bound by {cause}: the busiest GPU computes {_ms(cmax)} ms against a mean of {_ms(cmean)} "

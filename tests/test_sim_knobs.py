@@ -25,6 +25,10 @@ def test_verdict_names_the_largest_term_and_imbalance():
     assert verdict(t, layer_s=4.2, busy_s=np.array([4.0, 1.0]))["bound_by"] == "imbalance"  # busiest above 1.5 x the mean
     assert verdict(t, layer_s=4.2, busy_s=np.array([4.0, 3.0]))["bound_by"] == "compute"
     assert verdict({"compute": np.array([1.0]), "fixed": np.array([3.0])}, layer_s=4.0)["bound_by"] == "fixed"
+    # waiting for the first round's rows binds once the wait is a tenth of the layer or more
+    busy = np.array([1e-3])
+    assert verdict({"compute": busy, "fill": busy + 5e-4}, layer_s=1.6e-3, busy_s=busy)["bound_by"] == "fill"
+    assert verdict({"compute": busy, "fill": busy + 5e-5}, layer_s=1.6e-3, busy_s=busy)["bound_by"] == "compute"
     # a compute-bound GPU whose HBM bytes alone take most of its time is HBM-bound
     assert verdict({"compute": np.array([1.0]), "hbm": np.array([0.9])}, layer_s=1.1)["bound_by"] == "hbm"
     assert verdict({"compute": np.array([1.0]), "hbm": np.array([0.5])}, layer_s=1.1)["bound_by"] == "compute"
