@@ -36,7 +36,7 @@ from .workload import MAX_MINIBATCHES, Workload, slot_traffic
 KNOBS = ("comm-sms", "minibatch")
 COMM_STEP = 4  # communication SMs between grid points
 CONFIRM = 3  # points the event model runs besides the bound
-BUDGET_S = 15.0  # seconds of search after which the event model runs no further point
+BUDGET_S = 16.0  # seconds of search: no event-model run that would end later starts (at the slowest rate so far)
 MAX_ROUNDS = 32  # the search's smallest minibatch splits a GPU's tokens into this many rounds
 TIE = 5e-3  # bounds closer than this fraction rank by fewer rounds (the event model runs those faster)
 
@@ -185,18 +185,26 @@ def optimize(workload: Workload, profile: Profile, *, knobs=KNOBS, dtype: str = 
     ranked = sorted(pts.values(), key=lambda q: (int(np.log(q.bound_us / lo) / np.log1p(TIE)), -q.minibatch,
                                                  q.bound_us))
 
-    def run(q: Point) -> None:
+    per_round_s = [0.0]  # the slowest event run so far, in seconds per round
+
+    def run(q: Point, guard: bool = True) -> None:
+        """The event model on q, unless (``guard``) it would end past the budget at the slowest rate so far."""
         if q.event_us is not None:
             return
+        rounds = loads[q.minibatch].num_minibatches
+        if guard and time.perf_counter() - t0 + per_round_s[0] * rounds > budget_s:
+            return
+        t_run = time.perf_counter()
         r = simulate_workload(loads[q.minibatch], p, schedule="fused", comm_sms=q.comm_sms, dtype=dtype,
                               weight_dtype=weight_dtype, dispatch_dtype=dispatch_dtype, include_shared=include_shared,
                               comm_work=comm_work, dispatch_mode=dispatch_mode, combine_mode=combine_mode)
+        per_round_s[0] = max(per_round_s[0], (time.perf_counter() - t_run) / rounds)
         q.event_us, q.event_term, q.verdict = r.layer_time_us, r.verdict["bound_by"], r.verdict["line"]
         if log:
             log(f"event model: {q.comm_sms} comm SMs, {q.minibatch}-token rounds: {q.event_us / 1e3:,.3f} ms")
 
-    for q in ranked[:max(1, confirm)]:
-        run(q)
+    for i, q in enumerate(ranked[:max(1, confirm)]):
+        run(q, guard=i > 0)
 
     def best_run() -> Point:
         return min((q for q in pts.values() if q.event_us is not None), key=lambda q: q.event_us)
@@ -214,7 +222,7 @@ def optimize(workload: Workload, profile: Profile, *, knobs=KNOBS, dtype: str = 
         for n, m in ((ns[i - 1] if i else None, b.minibatch), (ns[i + 1] if i + 1 < len(ns) else None, b.minibatch),
                      (b.comm_sms, ms[j - 1] if j else None), (b.comm_sms, ms[j + 1] if j + 1 < len(ms) else None)):
             if n is not None and m is not None and time.perf_counter() - t0 < walk_s:
-                run(pts[(n, m)])
+                run(pts[(n, m)], guard=True)
     best = best_run()
     for key, grid, at in (("comm_sms", ns, lambda x: (x, best.minibatch)), ("minibatch", ms, lambda x: (best.comm_sms, x))):
         i = grid.index(best.comm_sms if key == "comm_sms" else best.minibatch)
