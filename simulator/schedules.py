@@ -20,9 +20,12 @@ fused (one persistent megakernel, as Mixture-of-Kittens):
     ``comm_sms`` SMs pull the rows of each minibatch from every peer in slot order (per peer, one
     minibatch after another, at most ``buffer_minibatches`` minibatches ahead of the compute); the
     other SMs start with the shared expert (it needs no remote rows), then compute each local slot
-    as soon as its rows have landed from every peer; a slot's finished partial sums may be pushed
-    back at once (a push can only send what has been computed), while later slots compute. Each
-    owner reduces a minibatch once all of its partials are in.
+    as soon as its rows have landed from every peer (with the profile's completion signalling:
+    once the whole minibatch has landed and been signalled, the round's fill); a slot's finished
+    partial sums may be pushed back at once (a push can only send what has been computed), while
+    later slots compute. Each owner reduces a minibatch once all of its partials are in (and
+    signalled). Dispatch and combine are each pulled or pushed (``MODES``): whose communication
+    SMs drive the copy, its protocol bytes on the ports, its signalling per round.
 """
 
 from __future__ import annotations
