@@ -13,6 +13,8 @@ Public names:
     predict_launch_plan                                                   (cost: a kernel's launch plan)
     predict_task_plan                                                     (task_cost: the megakernel's task plan)
     predict_fused_ep, predict_ep_layer                                    (ep_task_cost: the fused EP launch)
+Beside them: ``knobs.optimize`` (the best communication SMs and minibatch for a layer) and
+``verdict.verdict`` (what bounds a layer; every ``SimResult.verdict``).
 Nothing runs on import.
 """
 

@@ -27,6 +27,18 @@ from .cost import ffn_roofline_s
 from .hardware import Profile
 from .schedules import normalize_schedule
 
+#: The bound's terms, each alone on a GPU, and what each names in a verdict.
+TERMS = {
+    "compute": "compute (tensor cores)",
+    "hbm": "HBM bandwidth",
+    "copy": "the communication SMs' copy rate",
+    "send_port": "the NVLink send ports",
+    "recv_port": "the NVLink receive ports",
+    "signal": "per-round completion signalling",
+    "fill": "the first round's fill, then the experts' work",
+    "fixed": "fixed costs (launch, router, barrier)",
+}
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -37,6 +49,7 @@ class Estimate:
     compute_s: np.ndarray
     comm_s: np.ndarray  # busiest endpoint of each GPU (dispatch + combine together)
     busiest_gpu: int
+    terms: dict = None  # {term name: (G,) seconds}: the bound's parts, each alone (``TERMS``)
 
     @property
     def time_us(self) -> float:
@@ -72,12 +85,17 @@ def compute_roofline_s(rows_slot: np.ndarray, slot_rank: np.ndarray, shared_rows
 
 def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray,
              profile: Profile, copy_bytes_per_s: float, start_s: float | np.ndarray | None = None,
-             copy_coefs: tuple[float, float] = (1.0, 1.0), barrier_s: float = 0.0, work=None) -> Estimate:
+             copy_coefs: tuple[float, float] = (1.0, 1.0), barrier_s: float = 0.0, work=None,
+             port_coefs: tuple[float, float] = (1.0, 1.0), signals_s: tuple[float, float] = (0.0, 0.0),
+             rounds: int = 1, modes: tuple[str, str] = ("pull", "push")) -> Estimate:
     """The analytic bound for ``schedule`` from per-GPU roofline compute (G,) and the byte matrices.
 
     ``copy_bytes_per_s``: what the communication SMs move (``schedules.comm_model``);
     ``start_s``: the fixed cost before anything moves (default: one launch); ``copy_coefs``: copy-SM
-    bytes per byte pulled and pushed; a ``schedules.LayerWork`` gives both, and the closing barrier.
+    bytes per byte pulled and pushed; ``port_coefs``: port bytes per payload byte of dispatch and of
+    combine (the protocol of each); ``signals_s``: the completion signalling of one round of each,
+    paid ``rounds`` times (dispatch) and at least once (combine) by a GPU that moves anything; a
+    ``schedules.LayerWork`` gives all of these, and the closing barrier.
     """
     schedule = normalize_schedule(schedule)
     b = gpu_bytes(dispatch_bytes, combine_bytes)
@@ -88,23 +106,44 @@ def estimate(schedule: str, *, compute_s: np.ndarray, dispatch_bytes: np.ndarray
     barrier = barrier_s
     if work is not None:
         start_s, copy_coefs, barrier = work.start_s, (work.pull_copy_coef, work.push_copy_coef), work.barrier_s
+        port_coefs = (work.dispatch_port_coef, work.combine_port_coef)
+        signals_s, rounds = (work.dispatch_signal_s, work.combine_signal_s), work.num_minibatches
+        modes = (work.dispatch_mode, work.combine_mode)
     start = L if start_s is None else start_s
     pc, qc = copy_coefs
+    dp, cp = port_coefs
+    for k in ("dispatch_sent", "dispatch_recv"):
+        b[k] = b[k] * dp
+    for k in ("combine_sent", "combine_recv"):
+        b[k] = b[k] * cp
     moves = (b["dispatch_recv"] + b["dispatch_sent"] + b["combine_sent"] + b["combine_recv"]) > 0
+    # bytes each GPU's communication SMs copy: dispatch at the receiver if pulled, at the sender if pushed
+    d_driven = (b["dispatch_recv"] if modes[0] == "pull" else b["dispatch_sent"]) * pc / dp
+    c_driven = (b["combine_sent"] if modes[1] == "push" else b["combine_recv"]) * qc / cp
+    signal = (rounds * signals_s[0] * (b["dispatch_recv"] > 0) + signals_s[1] * (b["combine_recv"] > 0))
     if schedule == "fused":
         sent = b["dispatch_sent"] + b["combine_sent"]
         recv = b["dispatch_recv"] + b["combine_recv"]
-        driven = b["dispatch_recv"] * pc + b["combine_sent"] * qc
-        comm = np.maximum.reduce([sent / port, recv / port, driven / copy])
+        driven = d_driven + c_driven
+        comm = np.maximum.reduce([sent / port, recv / port, driven / copy, signal])
         per_gpu = start + np.maximum(compute_s, comm + lat * moves) + barrier
+        terms = {"copy": driven / copy, "send_port": sent / port, "recv_port": recv / port, "signal": signal}
     else:
-        dis = np.maximum(b["dispatch_sent"] / port, b["dispatch_recv"] / min(port, copy / pc))
-        com = np.maximum(b["combine_sent"] / min(port, copy / qc), b["combine_recv"] / port)
+        dis = np.maximum.reduce([b["dispatch_sent"] / port, b["dispatch_recv"] / port, d_driven / copy])
+        com = np.maximum.reduce([b["combine_sent"] / port, b["combine_recv"] / port, c_driven / copy])
         comm = dis + com
         per_gpu = (start + dis + lat * (b["dispatch_recv"] + b["dispatch_sent"] > 0) + compute_s
                    + L + com + lat * (b["combine_sent"] + b["combine_recv"] > 0) + barrier)
+        per_gpu = per_gpu + signals_s[0] * (b["dispatch_recv"] > 0) + signals_s[1] * (b["combine_recv"] > 0)
+        terms = {"copy": (d_driven + c_driven) / copy,
+                 "signal": signals_s[0] * (b["dispatch_recv"] > 0) + signals_s[1] * (b["combine_recv"] > 0),
+                 "send_port": (b["dispatch_sent"] + b["combine_sent"]) / port,
+                 "recv_port": (b["dispatch_recv"] + b["combine_recv"]) / port}
     g = int(np.argmax(per_gpu))
-    return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g)
+    G = len(per_gpu)
+    terms = {"compute": np.broadcast_to(compute_s, (G,)).astype(np.float64), **terms,
+             "fixed": np.broadcast_to(np.asarray(start, np.float64) + barrier, (G,)).copy()}
+    return Estimate(schedule, float(per_gpu[g]), compute_s, comm, g, terms)
 
 
 def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.ndarray, profile: Profile,
@@ -124,26 +163,32 @@ def phase_bounds_s(schedule: str, dispatch_bytes: np.ndarray, combine_bytes: np.
 
 
 def rack_terms(profile: Profile, config, tokens_per_gpu: int, *, comm_sms: int | None = None,
-               dispatch_dtype: str = "bf16", comm_work: tuple | None = None, start_s: float | None = None) -> dict:
+               dispatch_dtype: str = "bf16", comm_work: tuple | None = None, start_s: float | None = None,
+               dispatch_mode: str = "pull", combine_mode: str = "push") -> dict:
     """The rack model's keyword arguments of ``estimate`` for a workload of ``config`` at
     ``tokens_per_gpu``: the communication SMs' copy rate (``schedules.comm_model``; default SMs from
     the profile's ``megakernel.comm_sms``, default work ``schedules.default_comm_work``), the copy
     cost per byte pulled and pushed, the fixed start (``schedules.layer_start_s``, unless given:
-    it reads only the GPU side of the profile, so sweeps cache it) and the barrier."""
+    it reads only the GPU side of the profile, so sweeps cache it), the barrier, and each phase's
+    protocol (``schedules.protocol_terms``)."""
     from .cost import normalize_dtype
-    from .schedules import comm_model, default_comm_work, layer_start_s
+    from .schedules import comm_model, default_comm_work, layer_start_s, protocol_terms
 
     ad = normalize_dtype(dispatch_dtype)
     n = profile.rack.comm_sms if comm_sms is None else comm_sms
     cm = comm_model(profile, n, ad, config.hidden_size, default_comm_work(ad) if comm_work is None else comm_work)
     start = layer_start_s(profile, config, tokens_per_gpu) if start_s is None else start_s
+    pt = protocol_terms(profile, dispatch_mode, combine_mode)
     return dict(copy_bytes_per_s=cm.copy_bytes_per_s, start_s=start,
-                copy_coefs=(1.0, cm.push_coef), barrier_s=profile.rack.layer_barrier_s)
+                copy_coefs=(1.0, cm.push_coef), barrier_s=profile.rack.layer_barrier_s,
+                port_coefs=(pt["dispatch_port_coef"], pt["combine_port_coef"]),
+                signals_s=(pt["dispatch_signal_s"], pt["combine_signal_s"]), modes=(dispatch_mode, combine_mode))
 
 
 def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: int | None = None,
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
-                      include_shared: bool = True, comm_work: tuple | None = None) -> Estimate:
+                      include_shared: bool = True, comm_work: tuple | None = None, dispatch_mode: str = "pull",
+                      combine_mode: str = "push") -> Estimate:
     """The analytic bound straight from a built ``workload.Workload``: no SimPy, a few ms on NVL72.
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
@@ -160,6 +205,6 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
         shared_width=cfg.shared_intermediate_size, profile=p, weight_dtype=wd, act_dtype=ad)
     t = workload.traffic_mb
     return estimate(schedule, compute_s=comp, dispatch_bytes=t * row_bytes(cfg.hidden_size, ad),
-                    combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p,
+                    combine_bytes=t * row_bytes(cfg.hidden_size, "bf16"), profile=p, rounds=workload.num_minibatches,
                     **rack_terms(p, cfg, workload.tokens_per_gpu, comm_sms=comm_sms, dispatch_dtype=ad,
-                                 comm_work=comm_work))
+                                 comm_work=comm_work, dispatch_mode=dispatch_mode, combine_mode=combine_mode))

@@ -36,6 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--comm-sms", type=int, help="SMs given to communication (default: the profile's megakernel.comm_sms, 40)")
     a("--minibatch", type=int,
       help="tokens per GPU per pipelined minibatch (default: the profile's megakernel.minibatch_tokens, 4096)")
+    a("--minibatch-rows", type=int, metavar="T",
+      help="the minibatch as Mixture-of-Kittens counts it: rows each GPU receives per round (T = top-k x tokens "
+           "per round); instead of --minibatch")
+    a("--dispatch", default="pull", choices=("pull", "push"),
+      help="dispatch: the receiver's communication SMs pull the rows, or the sender's push them (default pull)")
+    a("--combine", default="push", choices=("pull", "push"),
+      help="combine: the expert GPU pushes the partial sums, or their owner pulls them (default push)")
+    a("--optimize", metavar="KNOBS",
+      help="search these knobs for the layer: comm-sms, minibatch or both comma-separated; prints the best setting, "
+           "the runner-up and the term binding each")
+    a("--plot", metavar="FILE", help="with --optimize: draw layer time against each knob around the optimum (PNG)")
     a("--comm-work", metavar="LIST",
       help="what communication SMs do besides copying, comma-separated: quantize, transpose, stash "
            "(default: quantize when rows are pulled as fp8; 'none' for nothing)")
@@ -66,11 +77,11 @@ HARDWARE_FLAGS = {"gpus": "--gpus", "link_bandwidth": "--link-bandwidth", "link_
 
 def key_path(name: str) -> str | None:
     """The profile key path (``link.payload_efficiency``) an override name or alias sets, or None."""
-    from .hardware import ALIASES, SCHEMA
+    from .hardware import ALIASES, OPTIONAL_SCHEMA, SCHEMA
 
     path = ALIASES.get(name, name.replace("__", "."))
     sec, _, key = path.partition(".")
-    return path if sec in SCHEMA and key in SCHEMA[sec] else None
+    return path if key in SCHEMA.get(sec, OPTIONAL_SCHEMA.get(sec, {})) else None
 
 
 def _overrides(args) -> dict:
@@ -123,6 +134,27 @@ def check_options(args) -> str | None:
                 bad = False  # not a number: the routing parser names it
             if bad:
                 return f"--routing {args.routing}: {part} is not a finite number"
+    if args.plot and not args.optimize:
+        return "--plot draws the curves of --optimize: give --optimize comm-sms,minibatch (or one of them)"
+    if args.optimize:
+        from .knobs import KNOBS
+
+        knobs = [k.strip() for k in args.optimize.split(",") if k.strip()]
+        bad = [k for k in knobs if k not in KNOBS]
+        if bad or not knobs:
+            return f"--optimize {args.optimize}: knobs are {', '.join(KNOBS)} (comma-separated)"
+        if args.schedule == "bulk":
+            return "--optimize searches the fused megakernel's knobs: drop --schedule bulk"
+        if args.analytic or args.trace:
+            return "--optimize runs its own bound and event model: drop --analytic / --trace"
+        if "comm-sms" in knobs and args.comm_sms is not None:
+            return "--optimize comm-sms searches the communication SMs: drop --comm-sms"
+        if "minibatch" in knobs and (args.minibatch is not None or args.minibatch_rows is not None):
+            return "--optimize minibatch searches the minibatch: drop --minibatch / --minibatch-rows"
+    if args.minibatch is not None and args.minibatch_rows is not None:
+        return "--minibatch (tokens per GPU) and --minibatch-rows (rows received per GPU) give the same knob: use one"
+    if args.minibatch_rows is not None and args.minibatch_rows < 1:
+        return f"--minibatch-rows {args.minibatch_rows}: give a whole number of rows >= 1"
     if args.minibatch is not None and args.schedule == "bulk":
         return (f"--minibatch {args.minibatch} has no effect under --schedule bulk (it moves every token at once); "
                 "drop it or use --schedule fused")
@@ -211,12 +243,16 @@ def run(args) -> int:
         if bad:
             print(f"megamoe simulate: error: {bad}", file=sys.stderr)
             return 2
+        if args.optimize:
+            with compile_notice():
+                return run_optimize(args, routing)
         with compile_notice():
             r = simulate(args.model, args.system, args.tokens_per_gpu, routing=routing, placement=args.placement,
                          schedule=args.schedule, comm_sms=args.comm_sms, minibatch=args.minibatch, dtype=args.dtype,
                          weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, seed=args.seed,
                          num_slots=args.slots, include_shared=not args.no_shared, overrides=_overrides(args),
-                         analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log)
+                         analytic_only=args.analytic, comm_work=_comm_work(args.comm_work), log=_log,
+                         minibatch_rows=args.minibatch_rows, dispatch_mode=args.dispatch, combine_mode=args.combine)
     except (ProfileError, TraceError, ValueError, OSError) as exc:
         print(f"megamoe simulate: error: {exc}", file=sys.stderr)
         return 2
@@ -234,6 +270,55 @@ def run(args) -> int:
         print(r.to_json(links=args.links))
     else:
         print_table(r, trace=args.trace)
+    return 0
+
+
+def run_optimize(args, routing: str) -> int:
+    """``--optimize``: build the layer's workload once, search the knobs (``knobs.optimize``), print."""
+    import json
+
+    from megamoe.reference import MoEConfig
+
+    from .knobs import optimize, plot_curves
+    from .simulate import check_request, resolve_system, tokens_for_rows
+    from .workload import build_workload
+
+    cfg = MoEConfig.load(args.model)
+    p = resolve_system(args.system, _overrides(args))
+    for n in check_request(cfg, p, args.tokens_per_gpu, routing=routing, placement=args.placement,
+                           comm_sms=args.comm_sms, minibatch=args.minibatch, seed=args.seed, num_slots=args.slots,
+                           comm_work=_comm_work(args.comm_work)):
+        _log(n)
+    mb = args.minibatch
+    if args.minibatch_rows is not None:
+        mb = tokens_for_rows(args.minibatch_rows, cfg, args.tokens_per_gpu)
+    w = build_workload(cfg, p.num_gpus, args.tokens_per_gpu, routing, args.placement, seed=args.seed,
+                       num_slots=args.slots, num_nodes=p.num_nodes, minibatch=args.tokens_per_gpu)
+    r = optimize(w, p, knobs=tuple(k.strip() for k in args.optimize.split(",") if k.strip()), dtype=args.dtype,
+                 weight_dtype=args.weight_dtype, dispatch_dtype=args.dispatch_dtype, include_shared=not args.no_shared,
+                 comm_work=_comm_work(args.comm_work), dispatch_mode=args.dispatch, combine_mode=args.combine,
+                 comm_sms=args.comm_sms, minibatch=mb, curve_events=1 if args.plot else 0)
+    if args.plot:
+        plot_curves(r, args.plot, title=f"{cfg.name} on {p.name}, {args.tokens_per_gpu} tokens/GPU")
+    if args.json:
+        def d(q):
+            return None if q is None else {**q.__dict__, "time_us": q.time_us}
+        print(json.dumps({"best": d(r["best"]), "runner_up": d(r["runner_up"]),
+                          "curves": {k: [d(q) for q in v] for k, v in r["curves"].items()},
+                          "wall_s": r["wall_s"], "bound_s_per_point": r["bound_s_per_point"]}, indent=2))
+        return 0
+    print(f"{cfg.name} on {p.name} ({p.num_gpus} GPUs), {args.tokens_per_gpu} tokens/GPU, routing {routing}: "
+          f"searched {args.optimize} over {len(r['points'])} points in {r['wall_s']:.1f} s")
+    for label, q in (("best", r["best"]), ("runner-up", r["runner_up"])):
+        if q is None:
+            continue
+        print(f"{label:>9}: {q.comm_sms} communication SMs, minibatch {q.minibatch} tokens per GPU "
+              f"({q.rows_per_round:,.0f} rows received per GPU per round): {q.time_us / 1e3:,.3f} ms "
+              f"(event model; bound {q.bound_us / 1e3:,.3f} ms, bound by {q.bound_term})")
+        if q.verdict:
+            print(f"{'':>11}{q.verdict}")
+    if args.plot:
+        print(f"curves written to {args.plot}")
     return 0
 
 
@@ -262,15 +347,17 @@ def print_table(r, trace: str | None = None) -> None:
         "expert_compute": "mean compute-SM busy time per GPU (+)",
         "load_imbalance_wait": "most loaded GPU's extra compute (+)",
         "exposed_communication": "layer time not covered by the busiest GPU's compute (+)",
-        "dispatch": "first to last dispatch byte, longest GPU",
-        "combine": "first to last combine byte, longest GPU",
+        "dispatch": "first to last dispatch byte, longest GPU (overlaps the (+) rows: do not add)",
+        "combine": "first to last combine byte, longest GPU (overlaps the (+) rows: do not add)",
     }
     if analytic:
-        notes.update(dispatch="bound of the phase alone: busiest GPU's bytes at port/copy rate",
-                     combine="bound of the phase alone: busiest GPU's bytes at port/copy rate")
+        notes.update(dispatch="bound of the phase alone: busiest GPU's bytes at port/copy rate (do not add)",
+                     combine="bound of the phase alone: busiest GPU's bytes at port/copy rate (do not add)")
     for k in ("expert_compute", "load_imbalance_wait", "exposed_communication", "dispatch", "combine"):
         t.add_row(f"  {k.replace('_', ' ')}", f"{r.breakdown_us[k]:,.1f}", notes[k])
     c.print(t)
+    if r.verdict:
+        c.print(f"[bold]verdict:[/] {r.verdict['line']}")
     if analytic:
         c.print(f"imbalance (max-mean)/mean by GPU {r.imbalance['by_gpu']:.2f}, by expert {r.imbalance['by_expert']:.2f}, "
                 f"by slot {r.imbalance['by_slot']:.2f}")

@@ -138,13 +138,14 @@ def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, w
     return total
 
 
-def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str, act_dtype: str) -> float:
-    """Lower bound of ``ffn_cost`` on the whole GPU: useful FLOPs at the best per-SM rate any of the
-    rack model's tiles gets, weights read once, at the highest HBM rate of the profile."""
+def ffn_roofline_parts(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str,
+                       act_dtype: str) -> tuple[float, float, float]:
+    """(tensor seconds on the whole GPU, weight bytes, activation bytes) of ``ffn_roofline_s``: useful
+    FLOPs at the best per-SM rate any of the rack model's tiles gets, weights read once."""
     rows = np.asarray(rows, dtype=np.int64)
     rows = rows[rows > 0]
     if rows.size == 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
     cd = compute_dtype(weight_dtype, act_dtype)
     tm = tile_rows(rows, profile)
@@ -153,6 +154,12 @@ def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dt
         for k in (hidden, width):
             rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows, dtype=cd))
     compute_s = float((ffn_flops(rows, hidden, width) / (profile.num_sms * rate)).sum())
-    weights = rows.size * ffn_params(hidden, width) * wb
-    acts = float(rows.sum()) * ffn_row_bytes(hidden, width, act_dtype)
+    return compute_s, rows.size * ffn_params(hidden, width) * wb, float(rows.sum()) * ffn_row_bytes(hidden, width, act_dtype)
+
+
+def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str, act_dtype: str) -> float:
+    """Lower bound of ``ffn_cost`` on the whole GPU: useful FLOPs at the best per-SM rate any of the
+    rack model's tiles gets, weights read once, at the highest HBM rate of the profile."""
+    compute_s, weights, acts = ffn_roofline_parts(rows, hidden, width, profile=profile, weight_dtype=weight_dtype,
+                                                  act_dtype=act_dtype)
     return max(compute_s, (weights + acts) / hbm_peak(profile))

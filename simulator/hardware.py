@@ -133,9 +133,39 @@ def comm_sm_curve(num_sms, per_sm_bytes_per_s: float, port_bytes_per_s: float, e
     return port_bytes_per_s * (x ** -exponent + 1.0) ** (-1.0 / exponent)
 
 
+# Optional: how communication SMs move rows, pulled (the receiver reads) or pushed (the sender writes):
+#   protocol.*    payload efficiency of each (payload bytes per byte on the wire, one direction) and
+#                 the completion signalling each pays once per minibatch round. A profile without it
+#                 moves both at link.payload_efficiency and signals for free.
+OPTIONAL_SCHEMA: dict[str, dict[str, Any]] = {
+    "protocol": {
+        "pull_payload_efficiency": _Num("fraction", 0, 1, lo_open=True),
+        "push_payload_efficiency": _Num("fraction", 0, 1, lo_open=True),
+        "pull_signal_s": _Num("s", 0, 1e-2),
+        "push_signal_s": _Num("s", 0, 1e-2),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The ``protocol`` section: payload efficiency and per-round signalling of pulls and pushes."""
+
+    pull_payload_efficiency: float
+    push_payload_efficiency: float
+    pull_signal_s: float
+    push_signal_s: float
+
+    def efficiency(self, mode: str) -> float:
+        return self.pull_payload_efficiency if mode == "pull" else self.push_payload_efficiency
+
+    def signal_s(self, mode: str) -> float:
+        return self.pull_signal_s if mode == "pull" else self.push_signal_s
+
+
 _TOP = {"format", "name", "description", *SCHEMA}
-#: optional top-level sections (single-GPU kernel model, see the end of this module)
-_OPTIONAL_TOP = {"kernel_model", "calibration"}
+#: optional top-level sections (single-GPU kernel model, see the end of this module; the protocol)
+_OPTIONAL_TOP = {"kernel_model", "calibration", *OPTIONAL_SCHEMA}
 _NUM_KEYS = {"value", "unit", "source", "assumption", "note"}
 _CURVE_KEYS = {"unit", "over", "points", "source", "assumption", "note"}
 _SUFFIX_UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "flop/s"), ("_bytes", "bytes"), ("_s", "s"))
@@ -278,6 +308,7 @@ class Profile:
     rack: RackModel | None = None  # the comm and megakernel sections
     #: the single-GPU kernel model's curves (calibrated, or derived from the fields above)
     kernel: KernelModel | None = field(repr=False, compare=False, default=None)
+    protocol: Protocol | None = None  # pulls and pushes; None: both at payload_efficiency, no signalling
 
     def comm_copy_bytes_per_s(self, num_sms) -> float:
         """Pure-copy throughput of ``num_sms`` communication SMs, bytes/s per GPU (``comm_sm_curve``)."""
@@ -338,6 +369,14 @@ def _validate(data: Any) -> Profile:
         for key, spec in keys.items():
             path = f"{sec}.{key}"
             v[path] = _check_curve(path, s[key]) if spec == "curve" else _check_num(path, s[key], spec)
+    for sec, keys in OPTIONAL_SCHEMA.items():
+        if sec not in data:
+            continue
+        s = data[sec]
+        if not isinstance(s, dict) or set(s) != set(keys):
+            raise ProfileError(f"{sec} must be an object with exactly the keys {sorted(keys)}, got {s!r}")
+        for key, spec in keys.items():
+            v[f"{sec}.{key}"] = _check_num(f"{sec}.{key}", s[key], spec)
     G, C = v["system.num_gpus"], v["system.num_switch_chips"]
     if G > 1 and C == 0:
         raise ProfileError(f"system.num_switch_chips=0 but system.num_gpus={G}: GPUs need switch chips to talk")
@@ -372,6 +411,8 @@ def _validate(data: Any) -> Profile:
         data=copy.deepcopy(data),
         rack=_rack_model(v),
         kernel=_kernel_model(data.get("kernel_model"), v),
+        protocol=Protocol(**{k: float(v[f"protocol.{k}"]) for k in OPTIONAL_SCHEMA["protocol"]})
+        if "protocol" in data else None,
     )
 
 
@@ -470,8 +511,15 @@ def override(profile: Profile, **fields: Any) -> Profile:
         if "." not in path:
             raise ProfileError(f"unknown override {name!r}; use one of {sorted(ALIASES)} or section__key")
         sec, key = path.split(".", 1)
-        if sec not in SCHEMA or key not in SCHEMA[sec]:
-            raise ProfileError(f"unknown override {name!r} (key path {path!r} is not in the profile schema)")
+        known = SCHEMA.get(sec, OPTIONAL_SCHEMA.get(sec, {}) if sec in data else {})
+        if key not in known:
+            raise ProfileError(f"unknown override {name!r} (key path {path!r} is not in the profile schema"
+                               f"{'' if sec in SCHEMA or sec in data or sec not in OPTIONAL_SCHEMA else ' of this profile'})")
+        if sec not in SCHEMA:
+            data[sec][key] = {**data[sec][key], "value": value, "source": "override"}
+            data[sec][key].pop("assumption", None)
+            changed.append(path)
+            continue
         if SCHEMA[sec][key] == "curve":
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise ProfileError(f"override {path} takes a number (a flat efficiency), got {value!r}")

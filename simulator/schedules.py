@@ -20,9 +20,12 @@ fused (one persistent megakernel, as Mixture-of-Kittens):
     ``comm_sms`` SMs pull the rows of each minibatch from every peer in slot order (per peer, one
     minibatch after another, at most ``buffer_minibatches`` minibatches ahead of the compute); the
     other SMs start with the shared expert (it needs no remote rows), then compute each local slot
-    as soon as its rows have landed from every peer; a slot's finished partial sums may be pushed
-    back at once (a push can only send what has been computed), while later slots compute. Each
-    owner reduces a minibatch once all of its partials are in.
+    as soon as its rows have landed from every peer (with the profile's completion signalling:
+    once the whole minibatch has landed and been signalled, the round's fill); a slot's finished
+    partial sums may be pushed back at once (a push can only send what has been computed), while
+    later slots compute. Each owner reduces a minibatch once all of its partials are in (and
+    signalled). Dispatch and combine are each pulled or pushed (``MODES``): whose communication
+    SMs drive the copy, its protocol bytes on the ports, its signalling per round.
 """
 
 from __future__ import annotations
@@ -43,6 +46,24 @@ SCHEDULE_ALIASES = {"fused": "fused", "bulk": "bulk", "megakernel": "fused", "bu
 #: Events closer together than this fraction of the analytic bound are handled together (``Fabric``).
 RESOLUTION = 1e-3
 COMM_WORK = ("quantize", "transpose", "stash")
+MODES = ("pull", "push")
+
+
+def check_mode(name: str, mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"{name} must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def protocol_terms(profile, dispatch_mode: str = "pull", combine_mode: str = "push") -> dict:
+    """Port bytes per payload byte and per-round signalling of each phase from the profile's
+    ``protocol`` section (none: the link's own payload efficiency, no signalling)."""
+    pr = profile.protocol
+    if pr is None:
+        return dict(dispatch_port_coef=1.0, combine_port_coef=1.0, dispatch_signal_s=0.0, combine_signal_s=0.0)
+    e = profile.payload_efficiency
+    return dict(dispatch_port_coef=e / pr.efficiency(dispatch_mode), combine_port_coef=e / pr.efficiency(combine_mode),
+                dispatch_signal_s=pr.signal_s(dispatch_mode), combine_signal_s=pr.signal_s(combine_mode))
 
 
 def normalize_schedule(name: str) -> str:
@@ -94,8 +115,10 @@ class LayerWork:
     reduce_s, reduce_hbm_bytes: (G, B) the owner's reduction of a minibatch; start_s: (G,) launch
     + router before anything moves; barrier_s: the layer's closing barrier; launch_s: one kernel
     launch; sync_s: a grid barrier after each fused minibatch; pull_copy_coef, push_copy_coef:
-    copy-SM bytes charged per byte moved; pull_hbm_coef: driver HBM bytes per byte pulled (2 with
-    a stash); buffer_minibatches: minibatches the fused receive / send buffers hold.
+    copy-SM bytes charged per byte moved; pull_hbm_coef: receiver HBM bytes per byte dispatched (2
+    with a stash); buffer_minibatches: minibatches the fused receive / send buffers hold;
+    dispatch_mode, combine_mode: ``"pull"`` or ``"push"`` (``MODES``: whose communication SMs drive
+    the copy), with the port bytes per payload byte and the completion signalling of each round.
     """
 
     slot_rank: np.ndarray
@@ -117,6 +140,12 @@ class LayerWork:
     push_copy_coef: float = 1.0
     pull_hbm_coef: float = 1.0
     buffer_minibatches: int = 2
+    dispatch_mode: str = "pull"  # the receiver's communication SMs read the rows ("push": the sender writes)
+    combine_mode: str = "push"  # the expert GPU's communication SMs write the partial sums ("pull": the owner reads)
+    dispatch_port_coef: float = 1.0  # port bytes per dispatched byte (protocol overhead beyond the link's own)
+    combine_port_coef: float = 1.0
+    dispatch_signal_s: float = 0.0  # completion signalling of one round's dispatch
+    combine_signal_s: float = 0.0  # and of its combine
 
     @property
     def num_gpus(self) -> int:
@@ -205,7 +234,8 @@ def layer_start_s(profile, config, tokens_per_gpu: int) -> float:
 
 
 def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, dispatch_dtype: str,
-                     include_shared: bool = True, comm_work=()) -> tuple[LayerWork, dict]:
+                     include_shared: bool = True, comm_work=(), dispatch_mode: str = "pull",
+                     combine_mode: str = "push") -> tuple[LayerWork, dict]:
     """The ``LayerWork`` of a ``workload.Workload`` on a profile, and per-GPU totals (flops, HBM bytes, rows).
 
     Compute per GPU and minibatch is one grouped GEMM over its slots (``cost.ffn_cost`` on the
@@ -289,7 +319,8 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
         start_s=np.full(G, layer_start_s(p, cfg, Tg)), barrier_s=rk.layer_barrier_s,
         launch_s=p.kernel_launch_s, sync_s=p.grid_sync_s if fused else 0.0, routed_launches=2, shared_launches=2,
         pull_copy_coef=1.0, push_copy_coef=cm.push_coef, pull_hbm_coef=cm.pull_hbm_coef,
-        buffer_minibatches=rk.buffer_minibatches)
+        buffer_minibatches=rk.buffer_minibatches, dispatch_mode=check_mode("dispatch", dispatch_mode),
+        combine_mode=check_mode("combine", combine_mode), **protocol_terms(p, dispatch_mode, combine_mode))
     return work, {"flops": flops, "hbm_bytes": hbm_g, "rows": rows, "compute_sms": sms, "comm_sms": comm_sms,
                   "copy_bytes_per_s": cm.copy_bytes_per_s, "per_sm_pull_bytes_per_s": cm.per_sm_pull_bytes_per_s}
 
@@ -328,10 +359,12 @@ class Layout:
 
 
 def _peer_flows(fabric: Fabric, lay: Layout, g: int, per_peer: np.ndarray, label: str, *, pull: bool,
-                copy_coef: float, hbm_coef: float = 1.0, limited: bool = False) -> dict[int, int]:
-    """GPU g's communication SMs move ``per_peer`` (G,) bytes from (``pull``) or to each peer: one
-    flow per peer with bytes. Returns {peer: flow id}. A flow loads g's port (receive when pulling,
-    send when pushing), copy SMs and HBM, and the peer's opposite port and HBM."""
+                copy_coef: float, hbm_coef: float = 1.0, limited: bool = False, copy_at_peer: bool = False,
+                port_coef: float = 1.0) -> dict[int, int]:
+    """GPU g moves ``per_peer`` (G,) bytes from (``pull``) or to each peer: one flow per peer with
+    bytes. Returns {peer: flow id}. A flow loads g's port (receive when pulling, send when pushing,
+    ``port_coef`` port bytes per byte), the communication SMs of g (or of the peer, ``copy_at_peer``:
+    the other side drives the copy) and g's HBM, and the peer's opposite port and HBM."""
     peers = np.nonzero(per_peer > 0)[0]
     peers = peers[peers != g]
     if not peers.size:
@@ -339,10 +372,39 @@ def _peer_flows(fabric: Fabric, lay: Layout, g: int, per_peer: np.ndarray, label
     n = peers.size
     own = lay.recv(g) if pull else lay.send(g)
     theirs = lay.send(peers) if pull else lay.recv(peers)
-    res = np.column_stack([np.full(n, own), np.full(n, lay.copy(g)), np.full(n, lay.hbm(g)), theirs, lay.hbm(peers)])
-    coef = np.tile([1.0, copy_coef, hbm_coef, 1.0, 1.0], (n, 1))
+    copy = lay.copy(peers) if copy_at_peer else np.full(n, lay.copy(g))
+    res = np.column_stack([np.full(n, own), copy, np.full(n, lay.hbm(g)), theirs, lay.hbm(peers)])
+    coef = np.tile([port_coef, copy_coef, hbm_coef, port_coef, 1.0], (n, 1))
     ids = fabric.add_many(res, coef, per_peer[peers], [f"{label} GPU {h}" for h in peers], limited=limited)
     return dict(zip(peers.tolist(), ids.tolist()))
+
+
+def _dispatch_kw(work: LayerWork) -> dict:
+    """How a dispatch flow (registered at its receiver) loads the fabric."""
+    return dict(copy_coef=work.pull_copy_coef, hbm_coef=work.pull_hbm_coef, copy_at_peer=work.dispatch_mode == "push",
+                port_coef=work.dispatch_port_coef)
+
+
+def _combine_kw(work: LayerWork) -> dict:
+    """How a combine flow (registered at the expert GPU that computed it) loads the fabric."""
+    return dict(copy_coef=work.push_copy_coef, copy_at_peer=work.combine_mode == "pull", port_coef=work.combine_port_coef)
+
+
+def _later(env: simpy.Environment, events: list, delay_s: float) -> simpy.Event:
+    """An event ``delay_s`` after every one of ``events`` has fired (a round's completion signalling)."""
+    ev = when_all(env, events)
+    if delay_s <= 0:
+        return ev
+    out = env.event()
+
+    def fire(_e=None):
+        env.timeout(delay_s).callbacks.append(lambda _t: out.succeed())
+
+    if ev.triggered:
+        fire()
+    else:
+        ev.callbacks.append(fire)
+    return out
 
 
 def _job_flow(fabric: Fabric, lay: Layout, g: int, seconds: float, hbm_bytes: float, label: str) -> int | None:
@@ -417,10 +479,10 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
     G = work.num_gpus
     disp = work.dispatch_bytes().sum(axis=1)  # (G src, G dst)
     comb = work.combine_bytes().sum(axis=1)  # (G owner, G expert gpu)
-    D = [_peer_flows(fabric, lay, g, disp[:, g], f"dispatch to GPU {g} from", pull=True,
-                     copy_coef=work.pull_copy_coef, hbm_coef=work.pull_hbm_coef) for g in range(G)]
-    C = [_peer_flows(fabric, lay, g, comb[:, g], f"combine from GPU {g} to", pull=False,
-                     copy_coef=work.push_copy_coef) for g in range(G)]
+    D = [_peer_flows(fabric, lay, g, disp[:, g], f"dispatch to GPU {g} from", pull=True, **_dispatch_kw(work))
+         for g in range(G)]
+    C = [_peer_flows(fabric, lay, g, comb[:, g], f"combine from GPU {g} to", pull=False, **_combine_kw(work))
+         for g in range(G)]
     L = work.launch_s
     routed_s = np.bincount(work.slot_rank, weights=work.job_s.sum(axis=1), minlength=G)
     routed_hbm = np.bincount(work.slot_rank, weights=work.job_hbm_bytes.sum(axis=1), minlength=G)
@@ -442,6 +504,8 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
         fabric.start_many(list(D[g].values()))
         log.copies.append((g, "dispatch", "dispatch", list(D[g].values()), "bytes_in"))
         yield when_all(env, [d_in[g], d_out[g]])
+        if work.dispatch_signal_s and D[g]:
+            yield env.timeout(work.dispatch_signal_s)
         yield from _run_job(env, fabric, J[g], log, g, "grouped GEMMs + shared expert", launches[g],
                             {"routed_us": routed_s[g] * 1e6, "shared_us": work.shared_s[g] * 1e6})
         computed[g].succeed()
@@ -451,7 +515,8 @@ def bulk_synchronous(env: simpy.Environment, fabric: Fabric, lay: Layout, work: 
 
     for g in range(G):
         env.process(gpu(g))
-        _reduce_and_end(env, fabric, lay, work, log, g, [[c_in[g], c_out[g], computed[g]]], [0], R)
+        c_sig = _later(env, [c_in[g]], work.combine_signal_s if comb[:, g].sum() - comb[g, g] > 0 else 0.0)
+        _reduce_and_end(env, fabric, lay, work, log, g, [[c_sig, c_out[g], computed[g]]], [0], R)
     return log
 
 
@@ -466,7 +531,7 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
         for m in range(B):
             pb = work.pull_bytes[slots[g], m, :]  # (n, G) in slot order
             flows = _peer_flows(fabric, lay, g, pb.sum(axis=0), f"pull mb{m} to GPU {g} from", pull=True,
-                                copy_coef=work.pull_copy_coef, hbm_coef=work.pull_hbm_coef)
+                                **_dispatch_kw(work))
             cum = np.cumsum(pb, axis=0)
             peers = np.array(sorted(flows), np.int64)
             fl = np.array([flows[h] for h in peers], np.int64)
@@ -477,8 +542,7 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
             Dg.append(flows)
             rg.append(ms)
             Cg.append(_peer_flows(fabric, lay, g, work.push_bytes[slots[g], m, :].sum(axis=0),
-                                  f"push mb{m} from GPU {g} to", pull=False, copy_coef=work.push_copy_coef,
-                                  limited=True))
+                                  f"push mb{m} from GPU {g} to", pull=False, limited=True, **_combine_kw(work)))
         D.append(Dg)
         C.append(Cg)
         ready.append(rg)
@@ -494,6 +558,14 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
     pushed = [[fabric.all_done(C[g][m].values()) for m in range(B)] for g in range(G)]  # g's pushes of m are done
     landed = [[fabric.all_done([C[h][m][g] for h in range(G) if g in C[h][m]]) for m in range(B)]
               for g in range(G)]  # every partial sum of g's minibatch m has arrived
+    # with completion signalling, a round's rows are known to have landed once all of them have and
+    # the round's completion has been signalled (without it, each slot's rows as they land)
+    round_in = [[fabric.all_done(D[g][m].values()) if work.dispatch_signal_s and D[g][m] else None for m in range(B)]
+                for g in range(G)]
+    if work.combine_signal_s:  # ... and has been signalled
+        pushed = [[_later(env, [e], work.combine_signal_s) for e in row] for row in pushed]
+        landed = [[_later(env, [landed[g][m]], work.combine_signal_s) if any(g in C[h][m] for h in range(G))
+                   else landed[g][m] for m in range(B)] for g in range(G)]
 
     def start_pulls(g: int, m: int):
         def go(h):
@@ -507,13 +579,18 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
             fabric.start_many(list(D[g][m].values()))
             return
         for h in D[g][m]:
-            prev = [fabric.done(D[g][m - 1][h])] if m and h in D[g][m - 1] else []
+            prev = [_later(env, [fabric.done(D[g][m - 1][h])], dsig)] if m and h in D[g][m - 1] else []
             _then(env, gate + prev, lambda h=h: go(h))
+
+    dsig = work.dispatch_signal_s
+    signalled = [[None] * B for _ in range(G)]
 
     def compute(g: int):
         yield env.timeout(work.start_s[g])
         for m in range(B):
             start_pulls(g, m)
+            if round_in[g][m] is not None:
+                signalled[g][m] = _later(env, [round_in[g][m]], dsig)
         if S[g] is not None:
             yield from _run_job(env, fabric, S[g], log, g, "shared expert")
         for m in range(B):
@@ -527,6 +604,8 @@ def fused(env: simpy.Environment, fabric: Fabric, lay: Layout, work: LayerWork) 
                     continue
                 if p in ready[g][m]:
                     yield fabric.milestone_event(ready[g][m][p])
+                    if signalled[g][m] is not None:
+                        yield signalled[g][m]
                 yield from _run_job(env, fabric, J[(p, m)], log, g, f"slot {p} mb{m}",
                                     args={"alone_us": work.job_s[p, m] * 1e6})
                 peers = [h for h in np.nonzero(work.push_bytes[p, m] > 0)[0].tolist() if h != g]  # all in C[g][m]

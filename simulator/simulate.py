@@ -38,6 +38,7 @@ from .schedules import (
     run_schedule,
 )
 from .topology import uniform_link_bytes
+from .verdict import verdict
 from .workload import (
     BUILD_BYTES_PER_PAIR,
     Workload,
@@ -56,6 +57,25 @@ ADDITIVE = ("expert_compute", "load_imbalance_wait", "exposed_communication")
 def default_minibatch(tokens_per_gpu: int, system: str | Path | Profile = "gb200-nvl72") -> int:
     """Tokens per minibatch when none is given: the profile's ``megakernel.minibatch_tokens`` (at most Tg)."""
     return min(int(tokens_per_gpu), load_profile(system).rack.minibatch_tokens)
+
+
+def tokens_for_rows(rows: int, config: MoEConfig, tokens_per_gpu: int) -> int:
+    """Tokens per GPU per round whose rows a GPU receives as ``rows`` per round on average: every
+    GPU sends each of its tokens' K expert rows, so a GPU receives K rows per token per round
+    (T = K x minibatch, Mixture-of-Kittens' count); at least 1, at most Tg."""
+    if isinstance(rows, bool) or int(rows) != rows or rows < 1:
+        raise ValueError(f"minibatch_rows must be a whole number of rows >= 1, got {rows!r}")
+    return int(min(max(1, round(rows / config.top_k)), tokens_per_gpu))
+
+
+def round_rows(workload: Workload) -> dict:
+    """The minibatch as Mixture-of-Kittens counts it: rows each GPU receives per round (its slots'
+    rows, local ones included), nominal (K x tokens per round) and as routed (mean and max over
+    GPUs and rounds)."""
+    per = np.zeros((workload.num_gpus, workload.num_minibatches))
+    np.add.at(per, workload.placement.slot_rank, workload.rows_slot_mb)
+    return {"minibatch_rows_nominal": workload.minibatch * workload.config.top_k,
+            "minibatch_rows_mean": float(per.mean()), "minibatch_rows_max": int(per.max())}
 
 
 def default_comm_sms(system: str | Path | Profile = "gb200-nvl72") -> int:
@@ -124,6 +144,7 @@ class SimResult:
     per_link: list  # [{src, dst, bytes, utilization}]
     totals: dict
     stats: dict
+    verdict: dict = field(default_factory=dict)  # ``verdict.verdict``: what bounds the layer
     _spans: list = field(default_factory=list, repr=False)
     _samples: list = field(default_factory=list, repr=False)
     _link_frac: dict = field(default_factory=dict, repr=False)
@@ -132,6 +153,8 @@ class SimResult:
         d = {k: getattr(self, k) for k in ("inputs", "layer_time_us", "breakdown_us", "analytic_us",
                                             "imbalance", "totals", "per_gpu", "stats")}
         d["additive_breakdown_keys"] = list(ADDITIVE)
+        d["overlapping_breakdown_keys"] = [k for k in self.breakdown_us if k not in ADDITIVE]
+        d["verdict"] = self.verdict
         if links:
             d["per_link"] = self.per_link
         return d
@@ -172,18 +195,22 @@ class Options:
     dispatch_dtype: str
     include_shared: bool = True
     comm_work: tuple = ()
+    dispatch_mode: str = "pull"
+    combine_mode: str = "push"
 
 
 def simulate_workload(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                       comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                       dispatch_dtype: str | None = None, include_shared: bool = True,
                       seed: int | None = None, comm_work: tuple | None = None,
-                      resolution: float = RESOLUTION) -> SimResult:
+                      resolution: float = RESOLUTION, dispatch_mode: str = "pull",
+                      combine_mode: str = "push") -> SimResult:
     """Run the event model and the analytic bound on a built workload.
 
     ``comm_work``: what communication SMs do besides copying (``schedules.COMM_WORK``; default:
     quantize when rows are pulled as fp8); ``resolution``: events closer than this fraction of the
-    analytic bound are handled together, up to that late (0: exact, slower on a full rack)."""
+    analytic bound are handled together, up to that late (0: exact, slower on a full rack);
+    ``dispatch_mode``, ``combine_mode``: ``"pull"`` or ``"push"`` (``schedules.MODES``)."""
     t_start = time.perf_counter()
     p = load_profile(system)
     if p.num_gpus != workload.num_gpus:
@@ -196,10 +223,11 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         dispatch_dtype=normalize_dtype(dispatch_dtype or dtype),
         include_shared=include_shared,
         comm_work=default_comm_work(dispatch_dtype or dtype) if comm_work is None else check_comm_work(comm_work),
+        dispatch_mode=dispatch_mode, combine_mode=combine_mode,
     )
     work, acc = build_layer_work(workload, p, schedule=o.schedule, comm_sms=o.comm_sms, weight_dtype=o.weight_dtype,
                                  dispatch_dtype=o.dispatch_dtype, include_shared=o.include_shared,
-                                 comm_work=o.comm_work)
+                                 comm_work=o.comm_work, dispatch_mode=o.dispatch_mode, combine_mode=o.combine_mode)
     G = p.num_gpus
     dispatch_bytes, combine_bytes = work.dispatch_bytes(), work.combine_bytes()
     comp_lb = compute_roofline_s(
@@ -266,7 +294,8 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
         "num_slots": workload.placement.num_slots, "schedule": o.schedule, "comm_sms": acc["comm_sms"],
         "compute_sms": acc["compute_sms"], "comm_work": list(o.comm_work),
         "minibatch": workload.minibatch if work.num_minibatches > 1 or G > 1 else workload.tokens_per_gpu,
-        "num_minibatches": work.num_minibatches,
+        "num_minibatches": work.num_minibatches, **round_rows(workload),
+        "dispatch_mode": o.dispatch_mode, "combine_mode": o.combine_mode,
         "weight_dtype": o.weight_dtype, "dispatch_dtype": o.dispatch_dtype, "combine_dtype": "bf16",
         "include_shared": o.include_shared, "seed": seed,
     }
@@ -282,9 +311,30 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     stats = {"flows": int(fabric.total.size) if hasattr(fabric, "total") else 0,
              "rate_recomputes": fabric.recomputes, "event_model_s": t_sim,
              "total_s": time.perf_counter() - t_start}
+    port_u = float(max(per_gpu["send_port_utilization"].max(), per_gpu["recv_port_utilization"].max()))
+    hbm_s = acc["hbm_bytes"] / p.hbm_effective_bytes_per_s
+    v = verdict({**est.terms, "compute": busy, "hbm": hbm_s, "fill": first_round_wait_s(log.spans, work) + busy},
+                layer_s=layer_s, busy_s=busy, port_utilization=port_u,
+                copy_utilization=float(per_gpu["copy_sm_utilization"].max()) if G > 1 else None)
     return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
                      imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,
-                     _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+                     verdict=v, _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+
+
+def first_round_wait_s(spans, work) -> np.ndarray:
+    """(G,) how long each GPU's compute SMs waited, after the fixed start and the shared expert, for
+    the rows of their first routed job (the first round's fill; 0 for a GPU with no routed job)."""
+    G = work.num_gpus
+    ready = np.asarray(work.start_s, np.float64).copy()
+    first = np.full(G, np.inf)
+    for sp in spans:
+        if sp.track != "compute":
+            continue
+        if sp.name == "shared expert":
+            ready[sp.gpu] = max(ready[sp.gpu], sp.end_s)
+        elif sp.name.startswith(("slot", "grouped GEMMs")):
+            first[sp.gpu] = min(first[sp.gpu], sp.start_s)
+    return np.where(np.isfinite(first), np.maximum(first - ready, 0.0), 0.0)
 
 
 def resolve_system(system: str | Path | Profile, overrides: dict | None = None) -> Profile:
@@ -298,10 +348,14 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
              dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
              seed: int = 0, num_slots: int | None = None, include_shared: bool = True,
              overrides: dict | None = None, analytic_only: bool = False,
-             comm_work: tuple | None = None, log=None) -> SimResult:
+             comm_work: tuple | None = None, log=None, minibatch_rows: int | None = None,
+             dispatch_mode: str = "pull", combine_mode: str = "push") -> SimResult:
     """Simulate one MoE layer.  ``config``: a preset name, config.json path or MoEConfig;
     ``system``: a profile name, profile JSON path or Profile; ``overrides``: ``hardware.override`` fields.
     ``analytic_only``: skip the event model; ``layer_time_us`` is then the analytic bound.
+    ``minibatch``: tokens each GPU sends per pipelined round; or ``minibatch_rows``: the rows each
+    GPU receives per round, as Mixture-of-Kittens counts its minibatch (``tokens_for_rows``);
+    ``dispatch_mode``, ``combine_mode``: ``"pull"`` or ``"push"`` (default as Mixture-of-Kittens).
 
     Every argument is checked before any work (``check_request``: ValueError naming the value).
     ``log(line)``, if given, receives notes (a clamped default skew, implausible profile numbers,
@@ -316,6 +370,10 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
     for n in notes:
         if log:
             log(n)
+    if minibatch is not None and minibatch_rows is not None:
+        raise ValueError("give the minibatch in tokens (minibatch) or in rows received (minibatch_rows), not both")
+    if minibatch_rows is not None:
+        minibatch = tokens_for_rows(minibatch_rows, cfg, tokens_per_gpu)
     mb = default_minibatch(int(tokens_per_gpu), p) if minibatch is None else minibatch
     t0 = time.perf_counter()
     w = build_workload(cfg, p.num_gpus, tokens_per_gpu, routing, placement, minibatch=mb, seed=seed,
@@ -326,11 +384,12 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
     if analytic_only:
         r = analytic_result(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
                             dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                            workload_s=t_work, comm_work=comm_work)
+                            workload_s=t_work, comm_work=comm_work, dispatch_mode=dispatch_mode,
+                            combine_mode=combine_mode)
     else:
         r = simulate_workload(w, p, schedule=schedule, comm_sms=comm_sms, dtype=dtype, weight_dtype=weight_dtype,
                               dispatch_dtype=dispatch_dtype, include_shared=include_shared, seed=seed,
-                              comm_work=comm_work)
+                              comm_work=comm_work, dispatch_mode=dispatch_mode, combine_mode=combine_mode)
         r.stats["workload_s"] = t_work
     if notes:
         r.inputs["notes"] = notes
@@ -340,7 +399,8 @@ def simulate(config: str | Path | MoEConfig = "deepseek-v3", system: str | Path 
 def analytic_result(workload: Workload, system: str | Path | Profile, *, schedule: str = "fused",
                     comm_sms: int | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
                     dispatch_dtype: str | None = None, include_shared: bool = True, seed: int | None = None,
-                    workload_s: float = 0.0, comm_work: tuple | None = None) -> SimResult:
+                    workload_s: float = 0.0, comm_work: tuple | None = None, dispatch_mode: str = "pull",
+                    combine_mode: str = "push") -> SimResult:
     """A ``SimResult`` from the analytic bound alone (milliseconds on NVL72): for quick sweeps.
 
     ``layer_time_us`` = ``analytic_us``; the breakdown splits it the same way as the event model's
@@ -357,7 +417,8 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
     terms = rack_terms(p, workload.config, workload.tokens_per_gpu, comm_sms=comm, dispatch_dtype=ad,
                        comm_work=comm_work)
     e = estimate_workload(workload, p, schedule=schedule, comm_sms=comm, dtype=dtype, weight_dtype=weight_dtype,
-                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, comm_work=comm_work)
+                          dispatch_dtype=dispatch_dtype, include_shared=include_shared, comm_work=comm_work,
+                          dispatch_mode=dispatch_mode, combine_mode=combine_mode)
     c = e.compute_s
     b = gpu_bytes(workload.traffic_mb, workload.traffic_mb)
     t = e.time_s
@@ -372,13 +433,14 @@ def analytic_result(workload: Workload, system: str | Path | Profile, *, schedul
               "tokens_per_gpu": workload.tokens_per_gpu, "routing": workload.routing,
               "placement": workload.placement.policy, "num_slots": workload.placement.num_slots,
               "schedule": normalize_schedule(schedule), "comm_sms": comm,
-              "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches,
+              "minibatch": workload.minibatch, "num_minibatches": workload.num_minibatches, **round_rows(workload),
+              "dispatch_mode": dispatch_mode, "combine_mode": combine_mode,
               "weight_dtype": normalize_dtype(weight_dtype or dtype), "dispatch_dtype": normalize_dtype(dispatch_dtype or dtype),
               "combine_dtype": "bf16", "include_shared": include_shared, "seed": seed, "analytic_only": True}
     per_gpu = {"compute_roofline_us": c * 1e6, "comm_bound_us": e.comm_s * 1e6, "rows": workload.gpu_load(),
                "dispatch_sent_tokens": b["dispatch_sent"], "dispatch_recv_tokens": b["dispatch_recv"]}
     return SimResult(inputs=inputs, layer_time_us=e.time_us, breakdown_us=breakdown, analytic_us=e.time_us,
-                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=[],
+                     imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=[], verdict=verdict(e.terms, layer_s=t),
                      totals={"tokens": workload.tokens_per_gpu * p.num_gpus, "pairs": int(workload.topk_idx.size)},
                      stats={"workload_s": workload_s, "total_s": time.perf_counter() - t0, "analytic_only": True})
 
