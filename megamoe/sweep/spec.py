@@ -270,9 +270,6 @@ class Spec:
             out.append(Point(point_id(opts), opts))
         return out
 
-    def to_dict(self) -> dict:
-        return {"fixed": dict(self.fixed), "grid": {k: list(v) for k, v in self.grid.items()}}
-
 
 def parse_spec(data: dict) -> Spec:
     """Check a SPEC given as a dict ``{"fixed": {...}, "grid": {...}}``."""
