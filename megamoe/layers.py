@@ -1,8 +1,6 @@
 """The device side of a validation run: a layer that makes weights and steered inputs, routes, runs
 and times the kernels (``CudaLayer``: bf16 on the GPU; ``InterpreterLayer``: the CPU interpreter on
-shrunken shapes, timing meaningless).
-
-Shape legend: T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph.
+shrunken shapes, timing meaningless). T tokens, E experts, K top-k, H hidden.
 """
 
 from __future__ import annotations
