@@ -1,6 +1,5 @@
 """The front door: ``megamoe info | simulate | bench | validate | sweep``; each subcommand imports its
-room lazily (``megamoe simulate`` needs neither torch nor a GPU).
-"""
+room lazily (``megamoe simulate`` needs neither torch nor a GPU)."""
 
 from __future__ import annotations
 

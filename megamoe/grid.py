@@ -1,7 +1,5 @@
 """The validation grid: configurations (preset, T, routing, backend) and the inputs that steer each.
-
-Shape legend: T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph.
-"""
+T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Checks of the command line's inputs before a command does any work: each bad input is refused
-with one line (``InputError``; the CLI prints ``megamoe COMMAND: error: ...`` and exits 2).
-"""
+with one line (``InputError``; the CLI prints ``megamoe COMMAND: error: ...`` and exits 2)."""
 
 from __future__ import annotations
 

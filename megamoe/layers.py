@@ -1,8 +1,6 @@
 """The device side of a validation run: a layer that makes weights and steered inputs, routes, runs
 and times the kernels (``CudaLayer``: bf16 on the GPU; ``InterpreterLayer``: the CPU interpreter on
-shrunken shapes, timing meaningless).
-
-Shape legend: T tokens, E experts, K top-k, H hidden, NI inputs captured per CUDA graph.
+shrunken shapes, timing meaningless). T tokens, E experts, K top-k, H hidden.
 """
 
 from __future__ import annotations
@@ -94,17 +92,23 @@ class CudaLayer:
         return graph_time_us(lambda a: self.forward(a, ws, cfg, backend), list(xs), reps, clock=self.last_clock)
 
     def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
-        """The multi-launch path's stages (kernels.bench.stage_split): CUDA-graph times of its prefixes
-        and ``total_us``; each after ``idle_s`` seconds idle where above 0."""
-        from megamoe.kernels import moe as kmoe
-        from megamoe.kernels.bench import BREAKDOWN_STOPS, graph_time_us, stage_split
+        """The multi-launch path's stages (kernels.bench.stage_split) from the times of its prefixes
+        (``prefix_us``) and ``total_us``; each prefix after ``idle_s`` seconds idle where above 0."""
+        from megamoe.kernels.bench import BREAKDOWN_STOPS, stage_split
 
         pre = {}
         for stop in BREAKDOWN_STOPS:
             if idle_s > 0:
                 self.idle(idle_s)
-            pre[stop] = graph_time_us(lambda a, stop=stop: kmoe._forward(a, ws, cfg, True, stop), list(xs), reps)
+            pre[stop] = self.prefix_us(cfg, ws, xs, reps, stop)
         return stage_split(pre, total_us)
+
+    def prefix_us(self, cfg, ws, xs: list, reps: int, stop: str) -> float:
+        """CUDA-graph time of the multi-launch path up to ``stop``, us."""
+        from megamoe.kernels import moe as kmoe
+        from megamoe.kernels.bench import graph_time_us
+
+        return graph_time_us(lambda a: kmoe._forward(a, ws, cfg, True, stop), list(xs), reps)
 
     def idle(self, seconds: float) -> None:
         """Wait for the GPU's queued work, then leave it idle ``seconds``."""
@@ -187,17 +191,13 @@ class InterpreterLayer(CudaLayer):
     def idle(self, seconds: float) -> None:
         """Nothing to cool down on the CPU: the interpreter's loop does not wait."""
 
-    def stage_us(self, cfg, ws, xs: list, reps: int, total_us: float, idle_s: float = 0.0) -> dict:
-        """Each prefix run once, by wall time (exercises the breakdown; measures nothing)."""
+    def prefix_us(self, cfg, ws, xs: list, reps: int, stop: str) -> float:
+        """One run's wall time up to ``stop`` (exercises the breakdown; measures nothing)."""
         from megamoe.kernels import moe as kmoe
-        from megamoe.kernels.bench import BREAKDOWN_STOPS, stage_split
 
-        pre = {}
-        for stop in BREAKDOWN_STOPS:
-            t = time.perf_counter()
-            kmoe._forward(xs[0], ws, cfg, True, stop)
-            pre[stop] = (time.perf_counter() - t) * 1e6
-        return stage_split(pre, total_us)
+        t = time.perf_counter()
+        kmoe._forward(xs[0], ws, cfg, True, stop)
+        return (time.perf_counter() - t) * 1e6
 
     def sync(self) -> None:
         pass

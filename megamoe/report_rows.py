@@ -1,9 +1,5 @@
-"""Which stored validation rows ``megamoe validate --report`` can use, and a count of those it cannot.
-
-A line that is not a JSON object is corrupt; a row whose times are not positive finite numbers of
-at most ``MAX_US`` or whose key fields have the wrong type is unusable. Both are left out and
-counted, named by file and line.
-"""
+"""Which stored validation rows ``megamoe validate --report`` can use: corrupt lines (not a JSON object)
+and unusable rows (bad times or key fields) are left out and counted, named by file and line."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Predict the stored rows of a validation run again, offline, with another profile.
-
-    megamoe validate --report DIR --repredict PROFILE [--out DIR2] [--switch NAME=on|off ...]
-
-Rows with ``counts`` are predicted again and the report is written under a note that these are
-re-predictions, not predictions made before the measurements; rows without counts are counted.
-``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` by name.
-"""
+"""``megamoe validate --report DIR --repredict PROFILE``: a validation run's stored rows predicted again
+with another profile; ``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` by name."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ def option_names() -> list[str]:
 
 
 def parse_switches(specs) -> dict[str, bool]:
-    """{name: bool} from "NAME=on|off" strings (also 1/0, true/false); a name that is not a field of
-    ``CostOptions`` or a bad value is a ValueError naming the choices."""
+    """{name: bool} from "NAME=on|off" strings (also 1/0, true/false); ValueError names the choices."""
     known = option_names()
     out = {}
     for spec in specs or ():
@@ -41,14 +34,12 @@ def parse_switches(specs) -> dict[str, bool]:
 
 
 def variant_label(settings: dict[str, bool]) -> str:
-    """A variant's name in a row's predictions: its options, lower case, joined by "+", an off option
-    prefixed "no-" (a=on, b=off -> "a+no-b")."""
+    """A variant's name in a row's predictions: {a: on, b: off} -> "a+no-b"."""
     return "+".join(("" if v else "no-") + k.lower() for k, v in settings.items())
 
 
 def parse_variants(specs) -> dict[str, dict[str, bool]]:
-    """{label: settings} from --variant strings, each "A=on[,B=off...]" (parse_switches per part); an
-    empty one or two that name the same settings are a ValueError."""
+    """{label: settings} from --variant strings "A=on[,B=off...]"; an empty or repeated one is a ValueError."""
     out: dict[str, dict[str, bool]] = {}
     for spec in specs or ():
         settings = parse_switches(p for p in str(spec).split(",") if p.strip())
@@ -70,8 +61,7 @@ def switch_note(settings: dict[str, bool], what: str) -> tuple[str, ...]:
 
 @contextmanager
 def switches(settings: dict[str, bool]):
-    """The ``CostOptions`` of ``settings`` (parse_switches) for the block, yielded: a field added to
-    CostOptions is passed from here to the prediction functions that read it (none while it has no field)."""
+    """The ``CostOptions`` of ``settings`` (parse_switches), yielded for the block."""
     from megamoe.simulator.cost import CostOptions
 
     yield CostOptions(**settings)

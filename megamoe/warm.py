@@ -1,12 +1,7 @@
-"""Compile ahead for ``megamoe validate``: run every configuration's kernels once, side by side, so
-that Triton's on-disk cache holds them before anything is timed.
-
-A job is one (preset, T) and its (routing, backend) pairs, run as its own process
-(``python -m megamoe.warm JOB.json``) with the measuring process's layer; up to ``procs`` at once,
-within the GPU's free memory, largest first. Each configuration ends "ok", "error: ...",
-"crashed (exit N)", "hung: ..." (past ``config_timeout_s``), "timeout: ..." or "not reached";
-logs, job files and ``warm_status.json`` go to ``folder``.
-"""
+"""Compile ahead for ``megamoe validate``: each (preset, T) job runs its configurations' kernels once in
+a process of its own (``python -m megamoe.warm JOB.json``), up to ``procs`` at once within the GPU's free
+memory, so that Triton's disk cache holds them before anything is timed. A configuration ends "ok",
+"error: ...", "crashed (exit N)", "hung: ...", "timeout: ..." or "not reached"."""
 
 from __future__ import annotations
 
@@ -83,8 +78,8 @@ def _kill(proc: subprocess.Popen) -> None:
 def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs: int | None,
              memory_bytes: float, deadline: float, config_timeout_s: float, log: Callable[[str], None] = print,
              argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25) -> dict[str, str]:
-    """Run the jobs (module docstring) until all end or ``deadline`` (time.monotonic) passes;
-    returns {configuration key: status}, also written to ``folder/warm_status.json``."""
+    """Run the jobs until all end or ``deadline`` (time.monotonic) passes -> {configuration key: status}
+    (also in ``folder/warm_status.json``, beside the jobs' files and logs)."""
     t0 = time.monotonic()
     s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
                    config_timeout_s, log, argv)
@@ -203,8 +198,7 @@ class _Scheduler:
 
 # --------------------------------------------------------------------------- the job's process
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the process that started it dies (a measuring process
-    killed by the driver's timeout leaves no compile job holding the GPU's memory)."""
+    """Linux: SIGKILL this process when its parent dies (no orphan job holds the GPU's memory)."""
     try:
         import ctypes
 

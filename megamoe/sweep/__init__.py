@@ -6,8 +6,7 @@
                    out="sweep-out", workers=2)           # a pandas DataFrame, one row per point
     best("sweep-out", objective="exposed_comm_us", top=5)
 
-Modules: ``spec`` (the SPEC), ``worker`` (a Dask worker's part), ``runner`` (cluster, batches),
-``store`` (atomic Parquet parts), ``progress``, ``plot``, ``cli``.
+The modules: docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import contextlib
 import importlib.util
 from pathlib import Path
 
+from .cli import add_arguments as add_arguments  # the hooks megamoe.cli calls
+from .cli import run as run
 from .spec import OPTIONS, Spec, SpecError, load_spec, parse_spec
 
 #: What a sweep needs beyond the simulator: module -> the pip requirement that provides it.
@@ -51,8 +52,8 @@ def check_workers(workers: int | None, scheduler: str | None = None) -> None:
 
 @contextlib.contextmanager
 def lock(out: Path):
-    """Hold ``out/.lock`` (the holder's pid) while a sweep writes ``out``; a second sweep is refused.
-    A lock whose process is gone is taken over."""
+    """Hold ``out/.lock`` (this pid) while a sweep writes ``out``: a live holder's lock refuses, a dead one's
+    is taken over."""
     import os
 
     path = out / LOCK
@@ -200,18 +201,5 @@ def input_columns(df) -> list[str]:
             and (c in OPTIONS or profile_key_path(c) is not None)]
 
 
-def add_arguments(parser):  # the CLI's hooks, for ``megamoe.cli``
-    from .cli import add_arguments as add
-
-    add(parser)
-
-
-def run(args) -> int:
-    from .cli import run as run_cli
-
-    return run_cli(args)
-
-
 __all__ = ["OBJECTIVES", "OPTIONS", "Spec", "SpecError", "SweepError", "best", "check_dependencies", "check_out",
-           "check_workers",
-           "load_results", "load_spec", "parse_spec", "run_sweep"]
+           "check_workers", "load_results", "load_spec", "parse_spec", "run_sweep"]

@@ -1,11 +1,5 @@
-"""``megamoe sweep``: run a SPEC's grid on Dask into Parquet, or rank the results of one.
-
-    megamoe sweep SPEC.toml --out DIR [--workers N | --scheduler ADDRESS] [--retry-failed]
-    megamoe sweep --tokens-per-gpu 128,1024 --placement contiguous,eplb --out DIR   # the grid as flags
-    megamoe sweep --best DIR [--objective layer_time_us|exposed_comm_us] [--top N]
-
-Errors found before running are one line on stderr and exit code 2; failing points are recorded.
-"""
+"""``megamoe sweep SPEC.toml | --FLAG V1,V2 ... --out DIR``: run a grid on Dask into Parquet;
+``megamoe sweep --best DIR``: rank its results. A bad input: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 

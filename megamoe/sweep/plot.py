@@ -1,6 +1,5 @@
 """The trade-off plot beside ``results.parquet``: per grid axis the best, median and worst layer time
-at each value; last, each point's busiest-GPU compute against its exposed communication.
-"""
+at each value; last, each point's busiest-GPU compute against its exposed communication."""
 
 from __future__ import annotations
 

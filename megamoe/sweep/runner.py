@@ -1,6 +1,5 @@
 """Run a SPEC's points on Dask (a ``LocalCluster``, or an existing scheduler) in batches grouped by
-workload, each finished batch stored at once; ``workers=0`` runs in this process.
-"""
+workload, each finished batch stored at once; ``workers=0`` runs in this process."""
 
 from __future__ import annotations
 

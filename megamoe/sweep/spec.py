@@ -11,6 +11,7 @@ refuses are left to the points.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import tomllib
@@ -96,22 +97,14 @@ def _routing(v: Any) -> str:
     return v
 
 
-def _placement(v: Any) -> str:
-    from megamoe.simulator.placement import POLICIES
-
-    return _choice(*POLICIES)(v)
-
-
-def _schedule(v: Any) -> str:
-    from megamoe.simulator.schedules import SCHEDULE_ALIASES
-
-    return _choice(*SCHEDULE_ALIASES)(v)
+def _choice_of(module: str, name: str) -> Callable[[Any], str]:
+    """_choice of the keys of ``module.name``, imported when a value is checked."""
+    return lambda v: _choice(*getattr(importlib.import_module(module), name))(v)
 
 
-def _dtype(v: Any) -> str:
-    from megamoe.simulator.cost import DTYPES
-
-    return _choice(*DTYPES)(v)
+_placement = _choice_of("megamoe.simulator.placement", "POLICIES")
+_schedule = _choice_of("megamoe.simulator.schedules", "SCHEDULE_ALIASES")
+_dtype = _choice_of("megamoe.simulator.cost", "DTYPES")
 
 
 @dataclass(frozen=True)
@@ -269,9 +262,6 @@ class Spec:
             opts = {**self.fixed, **dict(zip(names, combo))}
             out.append(Point(point_id(opts), opts))
         return out
-
-    def to_dict(self) -> dict:
-        return {"fixed": dict(self.fixed), "grid": {k: list(v) for k, v in self.grid.items()}}
 
 
 def parse_spec(data: dict) -> Spec:

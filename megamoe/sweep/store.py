@@ -1,6 +1,5 @@
 """Where a sweep's rows live: ``DIR/results.parquet`` plus ``DIR/parts/part-*.parquet``, every write
-atomic (temporary name, sync, rename). Readers see both and keep the last copy of each ``point_id``.
-"""
+atomic (temporary name, sync, rename). Readers see both and keep the last copy of each ``point_id``."""
 
 from __future__ import annotations
 

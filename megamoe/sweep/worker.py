@@ -1,11 +1,5 @@
-"""Run sweep points: what a Dask worker executes.
-
-Shape legend: G GPUs, B minibatches, P slots.
-
-``run_batch(points)``: points sharing one workload -> one flat row per point. Workloads, profiles
-and the analytic bound's per-workload pieces are cached per worker process. A point that raises
-gives a row with ``error`` set.
-"""
+"""What a Dask worker runs: ``run_batch(points)``, points sharing one workload -> one flat row per point
+(a point that raises: its row's ``error``). Workloads, profiles and analytic pieces are cached per process."""
 
 from __future__ import annotations
 
@@ -154,7 +148,6 @@ def _analytic_point(c: dict, row: dict) -> None:
     terms = rack_terms(p, cfg, tg, comm_sms=comm, dispatch_dtype=ad, start_s=start)
     e = estimate(c["schedule"], compute_s=comp, dispatch_bytes=dis, combine_bytes=com, profile=p, **terms)
     dis_s, com_s = phase_bounds_s(c["schedule"], dis, com, p, terms["copy_bytes_per_s"], terms["copy_coefs"])
-    # the same split as simulate.analytic_result
     t, cmax, cmean = e.time_s, float(comp.max()), float(comp.mean())
     row.update(mode="analytic", layer_time_us=e.time_us, analytic_us=e.time_us, expert_compute_us=cmean * 1e6,
                load_imbalance_wait_us=(cmax - cmean) * 1e6, exposed_comm_us=(t - cmax) * 1e6,
