@@ -5,29 +5,10 @@ KS = K (+1 with a shared MLP) rows per token in the pair buffer, C router chunks
 tokens, B row blocks of BLOCK_M padded rows (plan_dispatch's blocks), N1 / N2 column tiles of
 GEMM 1 / GEMM 2, P programs.
 
-One persistent launch of P programs takes tasks from one global ticket counter, in ticket order,
-and a task waits only on counters that tasks with lower tickets signal, so no number of programs
-can deadlock and one program taking every ticket finishes the layer. The kinds, in ticket order:
-
-    kind            one task                             waits on                 signals
-    router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
-    router_topk     group g: logits, top-k, hist row      logits[c of g] = SPLIT   topk (+ scan, scatter if G = 1)
-                    (a routing given: read it, count)
-    align_scan      counts, padded offsets (G > 1)        topk = G                 scan
-    align_scatter   group g's padded rows (G > 1)         scan = 1                 scatter
-    shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
-    gemm1           row block b, N tile (+activation)     scatter = G (topk if G=1) g1[b]
-    shared_gemm2    shared m block, H tile                shared1[m] = Ns1, scan   g2
-                                                          (+ topk = G if gated)
-    gemm2           row block b, H tile                   g1[b] = N1               g2
-    combine         token block, H block                  g2 = all GEMM 2 tasks    -
-
-With SPLIT > 1 a top-k group holds TOPK_T tokens (a divisor of BLOCK_T), otherwise the groups are
-the logits chunks (G = C). The tasks up to shared_gemm1 have a fixed count for a given T
-(``task_layout``); the routed row blocks, B = sum_e ceil(c_e / BLOCK_M), come from the counts
-(an expert with no pair gets no task). GEMM tiles are numbered in grouped order (``tile_ids``).
-
-Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Every GEMM task is one whole tile.
+Tasks are taken in ticket order and a task waits only on counters that lower tickets signal, so
+any number of programs finishes the layer. The task kinds, their waits and signals are tabled in
+docs/megakernel.md. Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Every GEMM task is
+one whole tile.
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
 with each task's tile, real rows, bytes, FLOPs and waits: kernels/megakernel.py runs this order and
