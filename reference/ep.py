@@ -3,40 +3,18 @@
 Shape legend: R ranks (GPUs), T tokens on one rank, K top-k, P expert slots (P = E without
 replicas), N rows one rank sends (or receives), Np (row, slot) pairs one rank computes.
 
-Each rank r starts with its own T tokens, routed to expert *slots* ``topk_idx`` (T, K); a slot
-lives on rank ``slot_rank[slot]`` (from a placement: the caller turns the simulator's
-``Placement.slot_rank`` into this plain array, and expert ids into slot ids with its
-``assign_slots``). Dispatch sends a token to each rank holding one of its slots *once* however many
-of its slots live there (DeepEP's dispatch), together with its topk_idx and topk_weights rows; the
-receiver runs each of the row's local slots and sums them in k order into one partial row;
-combine sends the partial rows back to the same places, and the source adds them up, ranks in
-ascending order. Every order is fixed, so the result is bitwise deterministic.
-
-Layouts (what ``all_to_all_single`` needs: buffers grouped by peer id, ascending):
-
-    send side (``plan_send``, on the source)
-        send_token (N,)     token of each send row: rows grouped by destination rank, ascending,
-                            tokens ascending inside a group; destination d owns rows
-                            send_offsets[d]:send_offsets[d+1]
-        combine_row (T, R)  row of the send (= combine's return) buffer carrying token t to rank d,
-                            -1 where t sends nothing to d:  y[t] = sum_{d asc, row >= 0} back[row]
-        peer_order (R,)     the order a one-sided transport visits peers: (r + i) % R, so at
-                            step i every rank talks to a different peer (and starts with itself)
-    receive side (``plan_receive``, on the destination)
-        recv rows           grouped by source rank ascending, each group in the sender's order
-        pair_row, pair_k    (Np,) the (row, k) of each local pair, sorted by (local slot, row), so
-        pair_local          each local slot's pairs are contiguous: offsets[j]:offsets[j+1]
-        row_pair (N, K)     index of pair (row, k) in the pair order, -1 where slot k is remote:
-                            partial[row] = sum_{k asc, row_pair >= 0} w[row, k] * out[row_pair]
+Each rank r routes its T tokens to expert *slots* ``topk_idx`` (T, K); slot p lives on rank
+``slot_rank[p]``. Dispatch sends a token to each rank holding one of its slots *once* (DeepEP's
+dispatch) with its topk_idx and topk_weights rows; the receiver sums the row's local slots in k
+order into one partial row; combine sends the partial rows back and the source adds them up, ranks
+ascending. Every order is fixed, so the result is bitwise deterministic. The send and receive
+layouts (``plan_send``, ``plan_receive``) are tabled in docs/kernels.md.
 
 The one-sided transport (``plan_pull``, a ``PullSchedule``): each destination pulls its rows from
 the peers' send buffers into the offsets all_to_all would have put them at, and pushes its partial
 rows back the same way. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers,
 ``all_to_all_rows`` is what all_to_all delivers, and ``ep_experts_forward`` is the whole
 expert-parallel layer in float64 over either transport: the two are bitwise equal.
-
-Pure NumPy and deterministic; the torch transport (kernels/ep.py) and the simulator read the same
-counts (``traffic`` equals ``dispatch.rank_traffic`` with dedup).
 """
 
 from __future__ import annotations
@@ -265,33 +243,13 @@ def _traffic_of(schedule) -> np.ndarray:
 class PullSchedule:
     """The one-sided exchange of an ``EPSchedule``: every copy each rank performs, in its peer order.
 
-    Shape legend: R ranks, C dispatch copies (pulls), C' combine copies (pushes); C = C' (each pull
-    has its push-back mirror), both listed rank by rank (CSR: rank r's copies are
-    ``pull_offsets[r]:pull_offsets[r+1]``, resp. ``push_offsets``).
-
-    Buffers (one symmetric allocation per kind on every rank, ``buffer_rows`` rows each):
-        send buffer of s     (send_rows[s] rows) s's rows in plan_send's order: grouped by destination
-                             ascending, tokens ascending; s writes it before any peer pulls
-        receive buffer of d  (recv_rows[d] rows) what all_to_all delivers: grouped by source ascending,
-                             each group in the sender's order (what plan_receive expects)
-        partial buffer of c  the partial rows of c's receive buffer, the same layout
-        combine buffer of s  what the all-to-all back delivers: the send buffer's layout, so
-                             ``SendPlan.combine_row`` indexes it
-
-    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` with rows for it,
-    ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer at
-    ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read by
-    one destination only. Combine: computing rank c pushes, peers in ``peer_order(c, R)``,
-    ``push_rows`` rows of its partial buffer from ``push_src_row`` into s's combine buffer at
-    ``push_dst_row``. The offsets are prefix sums of the (R, R) traffic matrix alone, so the schedule
-    is built before launch and the ranks need no handshake, only a ready flag per buffer. A push
-    writes exactly the rows its pusher pulled, so with equal row sizes the combine buffer may be the
-    send buffer.
-
-    A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most ``max_rows``
-    (one message of a communication program each), in order. ``pull_bytes``/``push_bytes`` are each
-    copy's bytes: rows * ``dispatch_row_bytes`` (hidden_size * element_size plus the per-row
-    metadata, e.g. topk_idx and topk_weights) and rows * ``combine_row_bytes``.
+    Shape legend: R ranks, C dispatch copies (pulls) = C' combine copies (pushes), listed rank by rank
+    (CSR: rank r's copies are ``pull_offsets[r]:pull_offsets[r+1]``, resp. ``push_offsets``).
+    The four buffers and the order of the copies: docs/kernels.md. The offsets are prefix sums of the
+    (R, R) traffic matrix alone, so the schedule is built before launch and the ranks need no
+    handshake. A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most
+    ``max_rows``. ``pull_bytes``/``push_bytes``: rows * ``dispatch_row_bytes`` (row plus metadata)
+    and rows * ``combine_row_bytes``.
 
     Every array is int64: pull_offsets, push_offsets (R+1,); send_rows, recv_rows (R,);
     pull_src, pull_src_row, pull_rows, pull_dst_row, pull_step, pull_bytes (C,);
