@@ -4,32 +4,19 @@ Shape legend: R ranks, P expert slots, P_r slots on this rank, K top-k, H hidden
 N rows this rank receives, Np its (row, slot) pairs, BM the GEMMs' row block, B row blocks,
 n1 / n2 GEMM 1 / GEMM 2 column tiles, C_r / C'_r this rank's pull / push copies.
 
-``reference.ep.plan_pull`` moves rows; this module adds what runs between the moves, so that one
-persistent launch per rank does the whole exchange and the local experts (kernels/ep_fused.py):
+Tasks, in ticket order: ``pull`` (one per pull copy of ``reference.ep.plan_pull``: rows, topk and
+pair positions, then the rows' pairs placed), ``gemm1`` (row block, column tile of a local slot:
+h = act(x @ gate_up^T)), ``gemm2`` (out[row * K + k] = w[row, k] * (h @ down^T)), ``push`` (one per
+push copy: partial rows, k ascending in fp32, into the source's combine buffer).
 
-    pull     one task per pull copy of this rank (plan_pull's peer order: itself first): the rows
-             of x, topk_idx, topk_weights and pair positions from the peer's send buffers into this
-             rank's receive buffers, then each row's local pairs placed in the padded pair layout
-    gemm1    (row block, column tile) of a local slot: h = act(x[rows] @ gate_up[slot]^T)
-    gemm2    (row block, column tile): out[row * K + k] = w[row, k] * (h @ down[slot]^T)
-    push     one task per push copy: the partial rows (0 + out[row * K + k] over the local k, k
-             ascending, in fp32) stored straight into the source's combine buffer
+The pair layout is known before launch: each source sends each row's position among its rows
+routed to each slot (``pair_positions``) and every rank knows every source's pairs per slot
+(``slot_pair_counts``), so a pulled pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]``
+with no count or host sync after the rows arrive.
 
-The pair layout is known before launch: each source sends, with every row, the row's position
-among its own rows routed to each of the row's slots (``pair_positions``), and every rank learns
-every source's pairs per slot (``slot_pair_counts``, gathered with the traffic). Rank d lays out slot
-j's pairs by peer step (itself first), each group in the sender's order, every slot padded to BM
-rows, so a pulled row's pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]`` with no count,
-scan or host sync after the rows arrive.
-
-Counters: ``pulled[q]`` (pull copies of peer step q done), ``g1[b]`` (GEMM 1 tiles of block b),
-``g2[q]`` (GEMM 2 tiles over a pair of step q's rows). A gemm1 task waits for the ``pulled`` of its
-block's steps, a gemm2 task for its block's n1 GEMM 1 tiles, a push to step q for ``g2[q]``. Tickets
-run pulls, gemm1 (blocks by their last peer step), gemm2 (the same order), pushes: every wait names
-counters only lower tickets signal, so any number of programs, one included, finishes the launch.
-
-Pure NumPy, deterministic; kernels/ep_fused.py reads ``kind``, ``arg``, ``tile`` and the wait /
-signal lists as they are, and simulator/ep_task_cost.py prices the same tasks.
+Counters: ``pulled[q]`` (pull copies of peer step q), ``g1[b]`` (GEMM 1 tiles of block b), ``g2[q]``
+(GEMM 2 tiles over step q's rows). Every wait names counters only lower tickets signal, so any
+number of programs finishes the launch. Pure NumPy, deterministic.
 """
 
 from __future__ import annotations

@@ -3,30 +3,17 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 N rows given to one expert.
 
-Stages (each public, each reused by tests, the simulator and validation):
-    route        (routing.py)   x -> topk_idx (T, K), topk_weights (T, K)
-    plan_dispatch (dispatch.py) topk_idx -> pairs sorted by expert
-    experts_forward             sorted rows -> expert outputs (T*K, H), sorted-row order
-    combine                     expert outputs, weights -> y (T, H)
-    shared_forward              x -> shared-expert output (T, H)
+Stages: ``route`` (routing.py) x -> topk_idx, topk_weights (T, K); ``plan_dispatch`` (dispatch.py)
+pairs sorted by expert; ``experts_forward`` sorted rows -> (T*K, H); ``combine`` -> y (T, H);
+``shared_forward`` x -> (T, H).
 
-Activations on the gate/up projection z = [g | u] (each (N, I)):
-    silu_gated       silu(g) * u,  silu(g) = g * sigmoid(g)
-    clamped_swiglu   g = min(g, limit); u = clamp(u, -limit, limit); (u + 1) * g * sigmoid(alpha * g)
+Activations on z = [g | u] (each (N, I)): silu_gated silu(g) * u; clamped_swiglu
+g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g).
+Routing weights scale each expert's output, or its input for Llama 4 (``weight_on_input``).
 
-Routing weights scale each expert's output, except for Llama 4 (``config.weight_on_input``),
-where they scale the expert's input and the outputs are summed unweighted.
-
-The FP8 layer (DeepSeek-V3's inference scheme; ``fp8.py`` defines the format and the scales):
-weights that carry 128 x 128 block scales (``MoEWeights.is_fp8``) are dequantized, and the input of
-every expert GEMM is quantized per token (row) per 128 columns to e4m3 and dequantized again:
-
-    GEMM 1 input   the expert's input row (x[t], times the routing weight for Llama 4), 128 of H
-    GEMM 2 input   the activation's output h (silu(g) * u), 128 of I
-    shared MLP     the same two places, on x and on its own h
-
-Everything else is float64, the router and Qwen2-MoE's shared-expert gate included (on the
-unquantized x and router weight: FP8 checkpoints do not quantize the router).
+FP8 layer (``MoEWeights.is_fp8``, format in ``fp8.py``): block-scaled weights are dequantized and
+the input of every expert GEMM (x, and h) is quantized per token per 128 columns and dequantized
+again; the router and the shared gate stay float64.
 """
 
 from __future__ import annotations
