@@ -3,27 +3,17 @@ and the routing of ``moe_experts`` (a routing made elsewhere, made safe on the d
 
 Shape legend: T tokens, E experts, K top-k (slots per token), H hidden, I expert width.
 
-``check_weights(weights, config, device, dtype)`` raises ``KernelInputError`` naming the tensor, its
-shape and the expected one (the reference's ``MoEWeights.validate``), a wrong dtype, device or
-layout, and FP8 block scales that are not finite and > 0 (the reference's rule,
-``reference.fp8.check_scales``). The scale values are read once per scale tensor (one small
-reduction and one read to the host; a tensor changed in place is read again), never inside a
-CUDA-graph capture or under torch.compile.
+``check_weights(weights, config, device, dtype)`` raises ``KernelInputError`` naming the tensor and
+its expected shape, dtype, device or layout, and FP8 block scales not finite and > 0. Scale values
+are read once per scale tensor, never inside a CUDA-graph capture or under torch.compile.
 
-``moe_experts`` takes expert ids and weights from outside; the align kernels trust them (an id
-outside [0, E) or an expert twice in a row would make them write outside their buffers). So
-``_check_kernel`` runs first and writes the ids (T, K) int32 with every bad slot replaced by the
-lowest expert not otherwise in the token's row, the weights (T, K) fp32 with 0 in every bad slot
-and where the weight is not finite, and a flag (6,) int64: per kind (out of range, duplicate,
-non-finite weight) the first bad slot as (t * K + k) << 32 | its value's low 32 bits (atomic min),
-then the count of each kind. Of two equal ids the earlier slot is kept. A -1 (a masked slot) is
-out of range: masked slots are not supported yet.
-
-With ``check=True`` outside a CUDA-graph capture ``moe_experts`` reads the flag after the layer (one
-small copy that waits for the GPU) and raises ``KernelInputError`` naming the token, slot and value.
-Inside a capture, under torch.compile and with ``check=False`` nothing is read: bad slots contribute
-0 and are recorded in a second, sticky per-device flag, read where the caller synchronizes anyway
-with ``check_captured_routing(device)``, which raises the same error and clears the flag.
+``_check_kernel`` makes a routing from outside safe for the align kernels: ids (T, K) int32 with
+every bad slot (out of [0, E), a -1 included, or a duplicate: the earlier slot is kept) replaced by
+the lowest expert not in the token's row, weights (T, K) fp32 with 0 in bad and non-finite slots,
+and a flag (6,) int64: per kind the first bad slot as (t * K + k) << 32 | value's low 32 bits
+(atomic min), then each kind's count. With ``check=True`` outside a capture ``moe_experts`` reads
+the flag and raises ``KernelInputError``; otherwise bad slots contribute 0 and are recorded in a
+sticky per-device flag that ``check_captured_routing(device)`` reads, raises on and clears.
 """
 
 from __future__ import annotations

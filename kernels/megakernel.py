@@ -3,27 +3,20 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width, C router
 chunks, B routed row blocks (B_max their bound), KS = K (+1 with a shared MLP), P programs.
 
-One launch of P programs (P = SMs x occupancy on a GPU) runs every task of
-``reference.tiles.task_plan`` in ticket order: each program takes the next ticket from a global
-counter, runs that task, and takes another, until the tickets run out. The kinds, their waits and
-signals, and why any P finishes are in reference/tiles.py; this kernel computes the same plan on
-the device (the fixed part from ``task_layout`` as the int32 ``LAYOUT_WORDS``, the routed row
-blocks from the counts it computes itself), so the cost model reads exactly the order that runs.
+P programs (SMs x occupancy) run every task of ``reference.tiles.task_plan`` in ticket order (the
+kinds, waits and why any P finishes: docs/megakernel.md). The kernel computes the same plan on the
+device (the fixed part from ``task_layout`` as ``LAYOUT_WORDS``, the routed row blocks from its own
+counts), so the cost model reads exactly the order that runs.
 
 Synchronization: int32 counters in one sync buffer (``SYNC_WORDS`` then logits[C], g1[B_max],
-shared1[Ms]). A task that finishes runs a CTA barrier, then one release atomic add on its
-counter; a task that waits spins on an acquire atomic read, then a CTA barrier. The last program
-to leave zeroes the sync words, so the next call (a CUDA-graph replay included) starts clean.
+shared1[Ms]); a finished task signals with a CTA barrier then a release atomic add, a waiting task
+spins on an acquire read then a CTA barrier; the last program out zeroes the sync words for the
+next call (or CUDA-graph replay).
 
-The per-task code is the multi-launch path's tile helpers (grouped_gemm, routing, align, fp8_gemm,
-fp8_tma_tiles), so both backends compute the same numbers; the combine sums the KS rows of a token
-in a fixed order, so the output is bitwise identical from run to run. FP8 (``fp8="weights"`` /
-``"weights+act"``): the GEMM tasks run the FP8 tiles, BLOCK_K = 128 (and 128-column GEMM 1 tiles
-with FP8 activations, whose codes the router tasks write once).
-
-``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
-ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py. Which
-options the default config takes, and the evidence, is in docs/megakernel.md.
+The tasks run the multi-launch path's tile helpers, so both backends compute the same numbers; the
+combine sums a token's KS rows in a fixed order (bitwise deterministic). FP8 (``fp8="weights"`` /
+``"weights+act"``): FP8 tiles, BLOCK_K = 128. ``trace`` (GPU only): %globaltimer stamps per task
+for benchmarks/megakernel_trace.py.
 """
 
 from __future__ import annotations
