@@ -3,23 +3,19 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 C router chunks, P_max padded rows, KS = K (+1 with a shared MLP).
 
-``moe_forward(x, weights, config)`` -> y (T, H), x's dtype. Launches, in order (no host
-synchronization: every size comes from T and the config, so the layer can be captured in a CUDA
-graph):
+``moe_forward(x, weights, config)`` -> y (T, H), x's dtype. Launches, in order, with no host
+synchronization (every size comes from T and the config: CUDA-graph capturable):
     router (routing.py)       topk_idx (T, K) int32, topk_weights (T, K) fp32, hist (C, E)
     scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, BLOCK_M)
-    quantize_x (fp8_gemm.py)  FP8 activations, not weight_on_input: x's e4m3 codes and per-128 scales,
-                              once, read by the routed and the shared GEMM 1
-    gemm1, gemm2 (grouped_gemm.py), routed experts -> pair buffer (T*KS, H)
-    gemm1, gemm2 dense, the shared MLP -> slot K of the pair buffer
+    quantize_x (fp8_gemm.py)  FP8 activations: x's e4m3 codes and per-128 scales, once
+    gemm1, gemm2 (grouped_gemm.py), routed experts and the shared MLP -> pair buffer (T*KS, H)
     combine                   y[t] = sum over the KS rows of token t, fixed order (deterministic)
-With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics and the combine
-only casts it. With KS = 1 (top-1, no shared MLP) GEMM 2 writes y directly.
+With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics; with KS = 1
+GEMM 2 writes y directly.
 
-Registered as the torch op ``megamoe::moe_forward`` (works under torch.compile and CUDA graphs;
-``bind(weights, config)`` gives a closure over plain tensors for torch.compile on torch 2.11).
-``moe_experts`` (op ``megamoe::moe_experts``) runs the routed experts for a routing made elsewhere
-(transformers' MoE blocks, see hf_experts.py). Forward only: no autograd formula is registered.
+Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (the routed experts for a routing
+made elsewhere, see hf_experts.py); ``bind(weights, config)`` gives a closure for torch.compile.
+Forward only.
 """
 
 from __future__ import annotations
@@ -364,14 +360,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
-
-    The routing is checked on the device (kernels/checks.py): an id outside [0, E) (-1 included),
-    an expert twice in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token,
-    slot and value; inside a CUDA-graph capture, under torch.compile or with ``check=False`` bad
-    slots contribute 0 and are recorded for ``checks.check_captured_routing``.
-
-    ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
-    "megakernel" (one persistent launch whose top-k tasks read this routing).
+    The routing is checked on the device (kernels/checks.py). ``backend``: "multi" or "megakernel".
     """
     if backend not in ("multi", "megakernel"):
         raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
@@ -495,18 +484,11 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
     weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
 
-    ``backend``: "megakernel" (the whole layer in one persistent launch, megakernel.py), "multi"
-    (router, align, grouped GEMMs and combine as separate launches) or "auto" (the faster of the
-    two for this shape and T, from the tuned configs). ``deterministic=True`` gives
-    bitwise-identical output from run to run (fixed-order combine; the megakernel always is); False
-    lets the multi-launch GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the
-    input checks (for callers that checked once, e.g. inside a captured graph).
-
-    FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
-    float32 128 x 128 block scales) run fp8_gemm.py's GEMMs or the megakernel's FP8 tiles; "auto"
-    reads the FP8 mode's own table (configs.select_backend). ``fp8_activations`` as the reference's:
-    None follows the weights (GEMM inputs quantized per token per 128 columns), False is weight-only
-    FP8; True with float weights is refused.
+    ``backend``: "megakernel", "multi" or "auto" (the faster for this shape and T, from the tuned
+    configs). ``deterministic=False`` lets the multi-launch GEMM 2 add with atomics (else bitwise
+    reproducible). ``check=False`` skips the input checks. FP8 weights (``to_fp8().to_torch(...)``)
+    run the FP8 GEMMs; ``fp8_activations`` as the reference's (None: follow the weights, False:
+    weight-only; True with float weights is refused).
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
