@@ -45,11 +45,8 @@ TILE_KEYS = {
 #: optional tile keys and their defaults: TOPK_T, tokens per top-k task (only with SPLIT > 1,
 #: dividing BLOCK_T)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
-#: optional switches (0 or 1) and their defaults: EACH (one token, split router): every GEMM 1 task routes the token itself from the logits'
-#: partials, waiting for the logits rather than the top-k task; ALIGN_EACH (G > 1, at most
-#: ALIGN_EACH_MAX_PAIRS pairs): no scan and scatter tasks, each GEMM 1 task places its row block's
-#: pairs itself (ranking its expert's pairs in token order) and every dynamic task reads the top-k
-#: tasks' histograms once topk = G
+#: optional switches (0 or 1) and their defaults: EACH (GEMM 1 tasks route the token themselves),
+#: ALIGN_EACH (GEMM 1 tasks place their own row block's pairs: no scan and scatter tasks)
 TILE_SWITCHES = {"router": {"EACH": 0, "ALIGN_EACH": 0}}
 #: keys of layouts not planned (expert_slice tasks, stream-K segments): only 0, as stored configs carry them
 RETIRED_KEYS = {"gemm1": "SLICE", "order": "STREAM_K"}
@@ -72,9 +69,8 @@ class LoopForm(NamedTuple):
     flat: bool
 
 
-#: the GEMM tile loops the kernels run, each timed by its own profile table: name -> (persistent
-#: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators, the tile loop flattened into the K loop by ``tl.range(..., flatten=True)``)
+#: the GEMM tile loops, each with its own profile table: name -> (persistent, weights through TMA,
+#: rows through TMA, GEMM 1's gate and up accumulators, tile loop flattened into the K loop)
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),
     "pointer_gated": LoopForm(False, False, False, True, False),
@@ -146,9 +142,7 @@ def topk_passes(config) -> int:
 
 def route_select_key(router: int, block_e: int, k: int, n_group: int, block_t: int, bitonic: int) -> tuple[float, ...]:
     """kernel_model.route_select's key of a routing program: (router, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC)
-    with router = 1 + the kernels' router code (its index in ROUTERS) and BITONIC = 1 + whether the program
-    takes the bitonic top-k (1: K maxima, 2: bitonic; a profile table's values are positive). The
-    calibrate step that measures the table and the cost model that reads it both build it here."""
+    with router = 1 + its index in ROUTERS and BITONIC = 1 + whether it takes the bitonic top-k."""
     return (float(router) + 1.0, float(block_e), float(k), float(n_group), float(block_t), 1.0 + bool(bitonic))
 
 
@@ -168,9 +162,7 @@ def topk_groups(T: int, H: int, tiles: dict) -> int:
 
 
 def align_each_takes(T: int, H: int, K: int, tiles: dict) -> bool:
-    """Whether tiles["router"]["ALIGN_EACH"] (GEMM 1 tasks place their own rows; no scan and scatter
-    tasks) can apply to T tokens of hidden size H and K picks: more than one top-k task (one aligns
-    by itself), at most ALIGN_EACH_MAX_PAIRS pairs, and not EACH."""
+    """Whether ALIGN_EACH can apply: more than one top-k task, at most ALIGN_EACH_MAX_PAIRS pairs, not EACH."""
     return topk_groups(T, H, tiles) > 1 and T * K <= ALIGN_EACH_MAX_PAIRS and not tiles["router"].get("EACH", 0)
 
 
@@ -573,15 +565,11 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     g2_total = B * n2 + Ms * ns2
     g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
-    # the rows in place: the scatter tasks; one group: the top-k task aligned too; ALIGN_EACH: the
-    # routing of every group (each GEMM 1 task then places its own block's rows)
+    # the rows in place: the scatter tasks, the top-k task (one group) or every group's routing (ALIGN_EACH)
     rows_ready = (scat_c, G) if aligned else (topk_c, G)
-    # ALIGN_EACH: a program's first task past the static ones reads the G x E histograms (the row
-    # blocks, the blocks' experts; the program keeps them), charged below; a GEMM 1 task also reads the
-    # routing's T x K expert ids and writes its block's rows
+    # ALIGN_EACH: a program's first dynamic task reads the G x E histograms (charged below)
     layout_in = G * E * 4 if lay.align_each else 0
-    # GEMM 1; EACH: each task routes the token from the logits' partials (the top-k task's reads and
-    # stores again); ALIGN_EACH: each reads the routing's T x K expert ids and writes its block's rows
+    # GEMM 1; EACH: each task routes the token; ALIGN_EACH: each reads the T x K ids, writes its block's rows
     ready, extra = rows_ready, {}
     if lay.route_each:
         ready = (logit_c[0], split)
@@ -594,8 +582,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
         ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
-        # every task after the static ones first waits for the block layout (scan; the top-k task
-        # when it aligned too), which only this kind does not already wait for through its inputs
+        # every dynamic task first waits for the block layout (scan, or the top-k task that aligned)
         layout_ready = (scan_c, 1) if aligned else (topk_c, G)
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,
