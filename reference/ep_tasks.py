@@ -56,10 +56,8 @@ def slot_pair_counts(topk_idx, num_slots: int) -> np.ndarray:
 
 
 def auto_max_rows(traffic, num_programs: int) -> int:
-    """Rows per copy for a fused launch of ``num_programs`` programs: ceil(the most rows any rank receives /
-    num_programs), at least 1, so that one wave of one rank's pull tasks spans the programs (each copy is
-    one task on one program; uncut, R programs would move all the rows). The same on every rank (it
-    reads the gathered (R, R) traffic only), as plan_pull's max_rows must be."""
+    """Rows per copy for a fused launch: ceil(the most rows any rank receives / num_programs), at
+    least 1, so one rank's pull tasks span the programs; the same on every rank."""
     t = as_index_array("traffic", traffic, (None, None), np.iinfo(np.int64).max)
     P = _positive("num_programs", num_programs)
     return max(1, -(-int(t.sum(axis=0).max(initial=0)) // P))
@@ -165,12 +163,9 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
                   weight_bytes: float = 2.0) -> FusedEPPlan:
     """The fused launch of ``rank`` (module docstring).
 
-    pull: plan_pull's schedule (its traffic the ranks' dispatched rows; its dispatch and combine row
-    bytes, meta_bytes = top_k x META_BYTES_PER_PICK, price the copies); slot_counts: (R, P) rows of
-    every source per slot (``slot_pair_counts`` of each rank, stacked); slot_rank: (P,) the placement;
-    block_m / block_n1 / block_n2: the GEMMs' row block and column tiles (GEMM 1's over I, GEMM 2's
-    over H); act_bytes: bytes of an x / h element; weight_bytes: bytes of a weight element (the cost
-    fields only).
+    pull: plan_pull's schedule (meta_bytes = top_k x META_BYTES_PER_PICK); slot_counts: (R, P) rows
+    of every source per slot; slot_rank: (P,); block_m / block_n1 / block_n2: the GEMMs' row block
+    and column tiles; act_bytes / weight_bytes: bytes per element (cost fields only).
     """
     if not isinstance(pull, PullSchedule):
         raise InputError(f"pull must be a reference.ep.PullSchedule (plan_pull), got {type(pull).__name__}")
@@ -280,9 +275,8 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
 
 
 def check_ticket_order(plan: FusedEPPlan) -> None:
-    """InputError unless running the tasks one by one in ticket order meets every wait when it is
-    reached and leaves every counter at its target (the property that makes any number of programs,
-    one included, finish the launch)."""
+    """InputError unless the tasks run one by one in ticket order meet every wait and leave every
+    counter at its target."""
     value = np.zeros(len(plan.counters), np.int64)
     for t in range(plan.num_tasks):
         for c, want in plan.waits(t):

@@ -1,5 +1,5 @@
-"""Hugging Face state dicts -> the fields of ``MoEWeights`` (``MoEWeights.from_hf``; ``hf.py`` documents
-the accepted keys, layouts and FP8 scales).
+"""Hugging Face state dicts -> the fields of ``MoEWeights`` (``MoEWeights.from_hf``; the accepted
+keys, layouts and FP8 scales are tabled in docs/design.md).
 
 Shape legend: E routed experts, H hidden size, I expert width, Is shared width.
 """

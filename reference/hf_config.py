@@ -1,5 +1,5 @@
-"""Hugging Face config.json -> the fields of ``MoEConfig`` (``MoEConfig.from_hf``; ``hf.py`` documents
-the families and their semantics).
+"""Hugging Face config.json -> the fields of ``MoEConfig`` (``MoEConfig.from_hf``; the families
+are tabled in docs/design.md).
 
 Shape legend: E routed experts, K top-k, H hidden size, I expert width, Is shared width.
 """

@@ -2,16 +2,10 @@
 
 Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width.
 
-Dtype names: the long names of ``WEIGHT_DTYPES`` ("bfloat16", "float16", "float32",
-"fp8_e4m3") or the short ones the simulator uses ("bf16", "fp16", "fp32", "fp8"). fp8 activation rows
-carry one float32 scale per ``FP8_BLOCK`` values (the DeepEP / DeepSeek format); fp8 weight matrices
-one float32 ``scale_inv`` per ``FP8_BLOCK`` x ``FP8_BLOCK`` block, partial blocks included
-(``matrix_bytes``; per element on average ``weight_bytes_per_element``: 1 + 4 / 16384). The router
-of an fp8 layer is counted in bf16: DeepSeek ships it unquantized and the reference's FP8 layer
-does not quantize it.
-
-FLOPs count 2 per multiply-add. An expert is gate/up [H -> 2I] and down [I -> H]: 6 H I FLOPs
-per row it computes.
+Dtype names: ``WEIGHT_DTYPES`` ("bfloat16", "float16", "float32", "fp8_e4m3") or the simulator's
+("bf16", "fp16", "fp32", "fp8"). fp8 rows carry one float32 scale per ``FP8_BLOCK`` values, fp8
+weights one per ``FP8_BLOCK`` x ``FP8_BLOCK`` block (``matrix_bytes``); an fp8 layer's router
+counts in bf16. FLOPs: 2 per multiply-add, 6 H I per expert row.
 """
 
 from __future__ import annotations
