@@ -299,8 +299,8 @@ class PullSchedule:
 def _copies(traffic: np.ndarray, max_rows: int, pull: bool):
     """The copies of every rank in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step).
 
-    pull: rank a (a destination) reads peer s = (a + i) % R's rows for a; else rank a (a computing
-    rank) writes peer s's rows back. Either way the pair is (src s, dst a) of ``traffic``.
+    pull: destination a reads peer s = (a + i) % R; else a writes peer s's rows back; the pair is
+    (src s, dst a) of ``traffic``.
     """
     R = traffic.shape[0]
     send_off = _exclusive_cumsum(traffic, axis=1)  # [s, d]: first row of d's group in s's send buffer
@@ -330,11 +330,9 @@ def plan_pull(schedule, hidden_size: int, element_size: int, *, max_rows: int | 
               meta_bytes: int = 0, combine_element_size: int | None = None) -> PullSchedule:
     """The one-sided dispatch (pulls) and combine (push-backs) of ``schedule`` (see ``PullSchedule``).
 
-    schedule: an ``EPSchedule`` (``plan_ep``) or its (R, R) traffic matrix of rows [src, dst] (all
-    the one-sided schedule depends on); hidden_size: H; element_size: bytes of one dispatched
-    element (2 for bf16, 1 for fp8); meta_bytes: further bytes per dispatched row (topk_idx and
-    topk_weights: K * (8 + 4)); combine_element_size: bytes of one partial element (default
-    element_size); max_rows: the most rows one copy moves (None: copies are not cut).
+    schedule: an ``EPSchedule`` or its (R, R) traffic matrix [src, dst]; element_size: bytes of a
+    dispatched element; meta_bytes: further bytes per dispatched row; combine_element_size: bytes
+    of a partial element (default element_size); max_rows: the most rows one copy moves (None: uncut).
     """
     traffic = _traffic_of(schedule)
     H = _check_positive("hidden_size", hidden_size)
@@ -454,12 +452,8 @@ def ep_experts_forward(xs, topk_slots, topk_weights, slot_expert, slot_rank, wei
 
     xs: R arrays (T_r, H); topk_slots: R arrays (T_r, K) slot ids (distinct per row); topk_weights:
     R arrays (T_r, K); slot_expert, slot_rank: (P,) a placement's arrays; weights: MoEWeights with
-    the full experts (slot p runs expert slot_expert[p]). The steps of kernels/ep.py's
-    ``ep_moe_experts``: send buffers of x, topk_idx and topk_weights rows in plan_send's order;
-    dispatch; plan_receive on the received slot ids; each local slot's expert on its pairs; one
-    partial row per received row (0 + w_k * out_k, k ascending); combine back; y[t] = 0 + the rows
-    back from each rank, ranks ascending. ``transport``: "all_to_all" (what all_to_all_single
-    delivers) or "pull" (the one-sided schedule of ``plan_pull``, chunked by ``max_rows``); the
+    the full experts. The steps of kernels/ep.py's ``ep_moe_experts``, in the orders of the module
+    docstring. ``transport``: "all_to_all" or "pull" (``plan_pull``, chunked by ``max_rows``): the
     two give bitwise the same y.
     """
     if transport not in TRANSPORTS:

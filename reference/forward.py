@@ -123,14 +123,9 @@ def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, fp8_activations: b
                 details: bool = False):
     """The MoE layer.  x: (T, H) real array (any float dtype; computed in float64) -> y: (T, H) float64.
 
-    FP8 weights (``weights.is_fp8``: e4m3 values with 128 x 128 block scales, from an FP8 checkpoint,
-    ``random_weights(..., fp8=True)`` or ``weights.to_fp8()``) give the FP8 layer of the module
-    docstring. ``fp8_activations``: whether the GEMM inputs are quantized too; None follows the
-    weights (DeepSeek-V3's scheme), False with FP8 weights is weight-only FP8, True with float
-    weights quantizes only the activations.
-
-    With ``details=True`` returns an ``MoEOutput`` holding every stage's result (``expert_out`` and
-    ``shared_out`` as the FP8 layer computed them).
+    FP8 weights (``weights.is_fp8``) give the FP8 layer of the module docstring.
+    ``fp8_activations``: whether the GEMM inputs are quantized too (None: as the weights).
+    ``details=True`` returns an ``MoEOutput`` holding every stage's result.
     """
     if not isinstance(config, MoEConfig):
         raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")
