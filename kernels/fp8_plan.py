@@ -39,9 +39,7 @@ FP8W_TMA_SWAP_AB = _TH["FP8W_TMA_SWAP_AB"]
 FP8W_TMA_SWAP_MAX_BLOCK_N = _TH["FP8W_TMA_SWAP_MAX_BLOCK_N"]
 _TH.close()
 
-#: 128-row tile sets of the fp8a GEMMs: name -> the keys set on {"gemm1", "gemm2"} (BLOCK_M the same in
-#: both: the align pads to it). "m128": GEMM 2 128 x 128 in 64-column halves with PIPE; "m128c": 128 x 256
-#: in 128-column halves with CHAIN (PIPE 2); GEMM 1 128 x 128 with PIPE 0 in both (docs/kernels.md)
+#: 128-row tile sets of the fp8a GEMMs: name -> the keys set on {"gemm1", "gemm2"} (docs/kernels.md)
 FP8A_TILE_CANDIDATES = {
     "m128": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 128, "PIPE": 1}},
     "m128c": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 256, "PIPE": 2}},
@@ -112,14 +110,10 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
               x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs take it, from bf16 ``entry``.
 
-    Pointer GEMMs: BLOCK_K = FP8_BLOCK, GEMM 1 without split-K and, with FP8 activations, BLOCK_N =
-    FP8_BLOCK; GEMM 2 keeps its split-K. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I);
-    None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE": 1,
-    FP8A_STAGES, GEMM 2's BLOCK_N <= FP8A_MAX_BLOCK_N2), GEMM 1 only where ``x_once``
-    (plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K = FP8W_TMA_BLOCK_K, "SWAP_AB" =
-    options.swap_ab, then BLOCK_N <= FP8W_TMA_SWAP_MAX_BLOCK_N). BLOCK_M at most FP8A_MAX_BLOCK_M /
-    FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to
-    FP8_SMEM_BUDGET_BYTES. Both GEMMs fp8a: the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
+    Pointer GEMMs: BLOCK_K = FP8_BLOCK (BLOCK_N too in GEMM 1 with FP8 activations), no split-K in
+    GEMM 1. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I)) stays persistent as
+    fp8a (FP8 activations; GEMM 1 only where ``x_once``) or fp8w (weight-only), within the module's
+    limits; num_stages cut to FP8_SMEM_BUDGET_BYTES."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)

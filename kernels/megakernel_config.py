@@ -3,16 +3,14 @@ per SM and the two load options, chosen from the layer's shape, T and the GPU's 
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width, P programs.
 
-Pure Python (no torch, no triton), like configs.py, so the simulator and the benchmarks read the
-config the kernel launches with. A config is a dict::
+Pure Python, like configs.py. A config is a dict::
 
     {"tiles": {"router": ..., "gemm1": ..., "gemm2": ..., "shared": ..., "combine": ..., "order": ...},
      "num_warps": int, "num_stages": int, "occupancy": int, "tma_weights": bool,
      "routed_only": bool, "single_token": bool}
 
-``tma_weights``: the routed GEMM tasks read their weight tiles through TMA descriptors (else by
-cp.async pointer loads). The hand-set thresholds are data, each with its source
-(configs/megakernel.json); the choices and their evidence are in docs/megakernel.md.
+The hand-set thresholds are data with their source (configs/megakernel.json); the choices and
+their evidence: docs/megakernel.md.
 """
 
 from __future__ import annotations
@@ -90,9 +88,7 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
 
 
 def route_each(mk: dict) -> dict:
-    """A T = 1 config whose GEMM 1 tasks route the token themselves from the logits' partials
-    (tiles["router"]["EACH"] = 1) instead of waiting for the top-k task's align and signal;
-    unchanged unless the config is single-token with a split router."""
+    """A T = 1 config with tiles["router"]["EACH"] = 1 (unchanged unless single-token with a split router)."""
     if not (mk.get("single_token") and mk["tiles"]["router"]["SPLIT"] > 1):
         return mk
     mk = copy.deepcopy(mk)
@@ -101,9 +97,8 @@ def route_each(mk: dict) -> dict:
 
 
 def align_each(mk: dict, T: int, H: int, K: int) -> dict:
-    """A config whose GEMM 1 tasks place their own row block's rows from the routing, with no scan
-    and scatter tasks (tiles["router"]["ALIGN_EACH"] = 1); unchanged past ALIGN_EACH_MAX_T or where
-    reference.tiles.align_each_takes says it cannot apply (one top-k task, too many pairs, EACH)."""
+    """A config with tiles["router"]["ALIGN_EACH"] = 1 where ALIGN_EACH_MAX_T and
+    reference.tiles.align_each_takes allow it."""
     if T > ALIGN_EACH_MAX_T or not align_each_takes(T, H, K, mk["tiles"]):
         return mk
     mk = copy.deepcopy(mk)
@@ -116,10 +111,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
 
     ``fp8`` ("weights" / "weights+act"): the FP8 tiles' constraints (BLOCK_K 128; BLOCK_N 128 in
-    GEMM 1 with FP8 activations). Decode (T <= 64): row blocks that hold every row an expert can get
-    (BLOCK_M 16 up to T = 16, 64 up to T = 64), so each touched expert's weights stream once whatever
-    the routing; column tiles that fill the programs' waves (touched experts x N tiles close to a
-    multiple of P). Prefill: 128-row tiles of 128 columns."""
+    GEMM 1 with FP8 activations). Decode (T <= 64): one row block per expert, column tiles that fill
+    the programs' waves. Prefill: 128-row tiles of 128 columns."""
     mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
     if fp8 is None and not routing_given and E <= ROUTE_EACH_MAX_EXPERTS:
         mk = route_each(mk)
@@ -157,10 +150,8 @@ def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
 
 
 def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
-    """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two, from
-    its BLOCK_K up to GEMM2_MAX_BLOCK_K, whose stage keeps the stage count that the largest task's
-    stage sets (decode_stages of decode_stage_bytes), so GEMM 2 tasks keep as many weight bytes in
-    flight as GEMM 1's."""
+    """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two up to
+    GEMM2_MAX_BLOCK_K that keeps the stage count the largest task's stage sets."""
     t = {k: dict(v) for k, v in tiles.items()}
     base = decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes))
     best = k = t["gemm2"]["BLOCK_K"]
@@ -241,8 +232,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": 64},
                  "shared": {"BLOCK_M": bm, "BLOCK_N1": 128, "BLOCK_N2": 128, "BLOCK_K": 64}}
         warps, stages = 8, 3
-    # top-k tasks select over as few rows as there are tokens at decode; past 16 tokens groups of 4
-    # (16 where the split router has 16+ token blocks) spread the selection over programs
+    # top-k tasks: as many rows as tokens at decode, past 16 tokens groups of 4 (16 with a split router)
     topk_t = (1 if T <= 8 else _pow2(T) if T <= 16 else 4) if split > 1 else bt
     if split > 1 and -(-T // bt) >= 16 and E <= MEGAKERNEL_TOPK16_MAX_E:
         topk_t = 16
@@ -261,7 +251,6 @@ def megakernel_weight_loads(mk: dict) -> str:
 
 
 def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:
-    """Whether the megakernel's routed GEMM tasks read their weights through TMA descriptors
-    (config "tma_weights"): where their weight tiles, GEMM 1's and GEMM 2's, are at least
-    TMA_WEIGHT_TILE_BYTES."""
+    """Whether the routed GEMM tasks read weights through TMA ("tma_weights"): both GEMMs' weight
+    tiles at least TMA_WEIGHT_TILE_BYTES."""
     return min(bn1, bn2) * bk * 2 >= TMA_WEIGHT_TILE_BYTES
