@@ -3,11 +3,9 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width,
 KD: its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-fp8_gemm.py's FP8-activation GEMMs as grouped_gemm's persistent TMA GEMMs: per 128-deep K step
-acc += dot(a8, w8) * (sa[:, None] * sw), sa a row's scale, sw one per 128-row weight band. GEMM 1
-gathers x's codes by pointer (quantized once: not SCALE_INPUT), GEMM 2 reads h's codes through a
-descriptor. PIPE keeps one of a K step's two dots in flight while the other is scaled
-(docs/kernels.md). Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
+Per 128-deep K step acc += dot(a8, w8) * (sa[:, None] * sw). GEMM 1 gathers x's codes (quantized
+once), GEMM 2 reads h's codes through a descriptor; PIPE: docs/kernels.md. Tiles (plan.fp8_entry):
+BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
 """
 
 from __future__ import annotations
@@ -51,11 +49,10 @@ def _gemm1_fp8a_tile(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) gathered
-    by pointer with their scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles (BLOCK_N, KB)
-    through w_desc over gate_up as (E*2N, KD) (zero past KD; rows past N read the next rows, which
-    the epilogue masks), their scales ws (E, ceil(2N / KB), ceil(KD / KB)); h quantized into out /
-    outs by fp8_gemm's epilogue. BLOCK_N == BLOCK_K == KB."""
+    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) with
+    scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles through w_desc over gate_up as
+    (E*2N, KD) with scales ws (E, ceil(2N / KB), ceil(KD / KB)); h quantized into out / outs.
+    BLOCK_N == BLOCK_K == KB."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         xq_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -127,11 +124,9 @@ def _gemm2_fp8a_tile(
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: h's e4m3 rows (contiguous, padded order) through a_desc over (rows, KD) with
-    scales as_ptr (rows, ceil(KD / KB)); the e4m3 down weights as two column halves (BLOCK_N / 2, KB)
-    through w_desc over down as (E*N, KD), each half in one scale block. Padding rows reach only masked
-    outputs. PIPE 1: half 0's product carried to the next K step; PIPE 2 (CHAIN): half 0 scaled at once
-    and half 1's wgmma started from it (_fresh). The same sums in the same order every way."""
+    """One GEMM 2 tile: h's e4m3 rows through a_desc over (rows, KD) with scales as_ptr
+    (rows, ceil(KD / KB)); the down weights as two column halves (BLOCK_N / 2, KB) through w_desc
+    over down as (E*N, KD). PIPE 1 / 2 (CHAIN): docs/kernels.md; the same sums in the same order."""
     HALF: tl.constexpr = BLOCK_N // 2
     row_mask, tok, slot, srow, _, _, _, a_row, _, row_a, _ = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, HALF, BLOCK_K)

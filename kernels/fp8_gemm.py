@@ -3,12 +3,10 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, P_max padded rows,
 KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-reference.forward's FP8 layer. BLOCK_K == KB, so each K tile of a weight column lies in one scale
-block: weight-only acc += dot(a, w8.to(a's dtype)) * s_w[n]; FP8 activations (FP8_A) acc +=
-dot(a8, w8) * s_a[m] * s_w[n]. With FP8 activations x is quantized once (``_quantize_x_kernel``;
-GEMM 1 reads the codes, XQ) unless the routing weight scales rows first (SCALE_INPUT: quantized per
-K tile); GEMM 1 quantizes h in its epilogue (BLOCK_N == KB). These are the pointer kernels; a
-"tma_persistent" entry runs fp8_act_tma.py's or fp8w_tma.py's, picked by the launchers.
+reference.forward's FP8 layer, pointer kernels. BLOCK_K == KB: weight-only acc += dot(a, w8.to(a's
+dtype)) * s_w[n]; FP8_A acc += dot(a8, w8) * s_a[m] * s_w[n], x quantized once
+(``_quantize_x_kernel``) unless SCALE_INPUT, h quantized in GEMM 1's epilogue (BLOCK_N == KB).
+"tma_persistent" entries run fp8_act_tma.py's or fp8w_tma.py's.
 """
 
 from __future__ import annotations
