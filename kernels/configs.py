@@ -2,16 +2,14 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-Pure Python, so ``plan.py`` and the simulator read the choice the kernels launch with. A tuned file
-``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+Pure Python. A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
 
     {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
 
-keyed by shape and token bucket (``T_BUCKETS``; a lookup takes the nearest in log T). Each GEMM
-config has exactly the keys of ``GEMM_KEYS`` (plus optional ``GEMM_OPTIONAL``); both GEMMs share
-BLOCK_M; anything else is an error. ``"variant"``: ``"pointer"`` (default) or ``"tma_persistent"``
-(needs 16-byte row strides, else ``resolve_variants`` falls back to "pointer").
+keyed by shape and token bucket (``T_BUCKETS``, nearest in log T). Each GEMM config has exactly
+``GEMM_KEYS`` (plus ``GEMM_OPTIONAL``); both GEMMs share BLOCK_M. ``"variant"``: ``"pointer"`` or
+``"tma_persistent"`` (16-byte row strides, else ``resolve_variants`` falls back).
 """
 
 from __future__ import annotations
@@ -220,10 +218,8 @@ def tma_entry(block_m: int, *, interpret: bool = False) -> dict:
 
 
 def candidate_entry(name: str, *, interpret: bool = False) -> dict | None:
-    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned
-    table's entry, what moe_forward runs today), "tmaNN" -> tma_entry(NN); after a colon,
-    comma-separated overrides, for both GEMMs (``num_stages=3``) or one (``g2.BLOCK_N=128``):
-    ``"tma128:num_stages=3,g1.BLOCK_N=64"``. The result is checked as a tuned entry is."""
+    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned one),
+    "tmaNN" -> tma_entry(NN); overrides after a colon: ``"tma128:num_stages=3,g1.BLOCK_N=64"``."""
     base, _, extra = name.partition(":")
     if base == "current":
         if extra:
@@ -280,9 +276,8 @@ _TH.close()
 
 
 def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
-    """Warps of the multi-launch router's routing program: from the partials of a logits launch,
-    ROUTER_SCORES_PER_THREAD; walking H itself (``walks``: its loop of loads and MMAs is the program's
-    time), ROUTER_WALK_WARPS."""
+    """Warps of the multi-launch routing program (ROUTER_SCORES_PER_THREAD, or ROUTER_WALK_WARPS
+    where it ``walks`` H itself)."""
     if walks:
         return ROUTER_WALK_WARPS[block_e <= 128]
     want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
@@ -311,9 +306,7 @@ def walk_block_h(T: int, E: int, H: int, *, interpret: bool = False) -> int:
 
 
 def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
-    """H ranges the decode router's logits are split into (0: none; the megakernel's router tasks
-    and the multi-launch path below ROUTER_PREFILL_BLOCKS token blocks). Decode has one or two token
-    blocks, and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
+    """H ranges the decode router's logits are split into (0: none), about 8 steps each."""
     C = -(-T // router_block_t(T, E)) if T else 0
     if interpret:  # tests: split the one-block batches (T <= 16) in two, keep the rest whole
         return 2 if C == 1 and H >= 32 else 0
@@ -334,10 +327,8 @@ def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
 
 def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
                        tiles: bool | None = None) -> tuple[int, int]:
-    """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch: the routing block and
-    router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H with ``tiles`` (default
-    router_prefill; fewer tokens where the (tokens, experts) fp32 tile would pass
-    ROUTER_PREFILL_ACC_BYTES; the interpreter: 16 x its router_block_h, small tiles)."""
+    """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch (decode: the routing
+    block; prefill: ROUTER_PREFILL_T x ROUTER_PREFILL_H within ROUTER_PREFILL_ACC_BYTES)."""
     if not (router_prefill(T, E, H, interpret=interpret) if tiles is None else tiles):
         return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
     if interpret:
@@ -346,9 +337,8 @@ def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
 
 
 def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
-    """H ranges of the prefill logits launch (router_logits_tile's 128-token tiles): split until the
-    tiles x ranges fill num_sms programs, each range keeping ROUTER_PREFILL_MIN_STEPS steps, at least 1
-    (the interpreter: 2 ranges where H has 2 steps)."""
+    """H ranges of the prefill logits launch: split until tiles x ranges fill num_sms programs, each
+    range keeping ROUTER_PREFILL_MIN_STEPS steps, at least 1."""
     bt, bh = router_logits_tile(T, E, H, interpret=interpret, tiles=True)
     steps = -(-H // bh)
     if interpret:
@@ -373,9 +363,8 @@ MEGAKERNEL_MAX_T = 0
 
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                    fp8: str | None = None) -> str:
-    """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
-    {bucket: name}) where it has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8``:
-    the table of that mode (``backend_fp8``), else "multi"."""
+    """"megakernel" or "multi" for backend="auto": the tuned ``backend`` (or ``backend_fp8``) table,
+    else the megakernel for T <= MEGAKERNEL_MAX_T (float weights) or "multi"."""
     table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
     if table:
         return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]
