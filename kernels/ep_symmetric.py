@@ -44,8 +44,7 @@ from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_t
 #: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
 READY, LANDED = 0, 1
 FLAG_NAMES = ("send-ready", "push-landed")
-#: polls per program before a wait gives up: set flags read at the first poll under the emulation; on a
-#: GPU about a minute at 0.25 us a poll (unmeasured), beyond a peer's first-call JIT compilation
+#: polls per program before a wait gives up (about a minute on a GPU)
 EMULATED_SPIN_LIMIT = 8
 GPU_SPIN_LIMIT = 1 << 28
 #: byte alignment of each region of the symmetric allocation
@@ -84,9 +83,8 @@ def _region(offset: int, nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets,
-    with room for any routing of at most ``max_tokens`` tokens per rank (S = send_rows: T x min(K, R);
-    N = recv_rows: T x R, local memory). dtype: x's torch dtype."""
+    """The symmetric allocation of one rank, the same on every rank, for at most ``max_tokens``
+    tokens per rank (S = T x min(K, R), N = T x R)."""
 
     num_ranks: int
     max_tokens: int
@@ -267,13 +265,9 @@ def _check_traffic(traffic, num_ranks: int, rank: int, send_counts: np.ndarray) 
 class SymmetricStep:
     """One rank's part of one call, in phases called in this order: pack, pull, compute, push, finish.
 
-    x: (T, H) in the buffers' dtype and device; topk_idx: (T, K) slot ids (distinct per row);
-    topk_weights: (T, K); traffic: (R, R) rows [src, dst] of every rank (row ``rank`` this routing's
-    send counts) or a callable from this rank's (R,) send counts to it.
-    fused: pull, compute and push as one persistent launch (kernels/ep_fused.py; copies of at most
-    ``max_rows``, default reference.ep_tasks.auto_max_rows); needs ``slot_counts``, the (R, P) rows of
-    every rank per slot, or a callable from this rank's (P,) counts. Pull launches it, compute does
-    nothing, push signals LANDED."""
+    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K); traffic: (R, R) rows [src, dst] or
+    a callable from this rank's (R,) send counts. fused: pull, compute and push as one launch
+    (kernels/ep_fused.py), needing ``slot_counts`` (R, P) or a callable from this rank's (P,) counts."""
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
 
@@ -416,12 +410,8 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
     x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Collective:
-    every rank of ``group`` calls it with its own T (0 allowed), on ``SymmetricBuffers.allocate``'s
-    buffers (a group of one: ``SymmetricBuffers.emulated(1, ...)[0]``). traffic: the (R, R) rows
-    [src, dst] if known (ignored with ``fused``), else all-gathered. max_rows: the most rows one copy
-    moves; num_programs: of the copy kernel (default 4 per SM) or the fused launch. fused: one launch
-    (kernels/ep_fused.py). Checks on every rank's routing raise on every rank together; a rank that
-    raises on its own inputs leaves its peers to a FlagTimeoutError."""
+    every rank of ``group`` calls it with its own T (0 allowed) on ``SymmetricBuffers.allocate``'s
+    buffers. traffic: (R, R) if known, else all-gathered; fused: one launch (kernels/ep_fused.py)."""
     check_transport_env()
     if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
         raise EPInputError("these buffers are emulated (every rank in this process): run them with "
@@ -451,10 +441,8 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
 def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_rows: int | None = None,
                             backend: str = "torch", num_programs: int | None = None, fused: bool = False,
                             steps_out: list | None = None) -> list[torch.Tensor]:
-    """Every rank of ``SymmetricBuffers.emulated`` in this process: R lists of x (T_r, H), topk_idx, topk_weights
-    and shards -> R arrays y (T_r, H). Phase by phase over the ranks (every pack, then every pull, ...).
-    fused: each rank's pull, compute and push as one launch (SymmetricStep's ``fused``; backend "kernels").
-    steps_out: a list that receives the R SymmetricSteps (for tests that read their plans and buffers)."""
+    """Every rank of ``SymmetricBuffers.emulated`` in this process, phase by phase: R lists of x
+    (T_r, H), topk_idx, topk_weights and shards -> R arrays y (T_r, H). steps_out receives the steps."""
     R = len(buffers)
     if not R or any(not isinstance(b, SymmetricBuffers) or not b.emulated for b in buffers):
         raise EPInputError("buffers must be the list SymmetricBuffers.emulated returned")

@@ -3,15 +3,12 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the shared MLP),
 P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
 
-GEMM 1 (_gemm1_kernel), a program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
-act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), the rows optionally scaled by the
-routing weight first (Llama 4). GEMM 2 (_gemm2_kernel): act[rows] @ down[e]^T (+ bias) times the
-routing weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added
-to y32 (T, H) fp32. DENSE: all T tokens through one weight matrix (the shared MLP, slot K).
-SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I) finished by _act_kernel; GEMM 2's split s
-writes its own slab (S*T*KS, H), bias on split 0. _combine_kernel: y[t] = the fp32 sum over slabs
-and slots in a fixed order (bitwise deterministic). Variant "tma_persistent" (no split-K): one
-program per SM walking the routed tiles, weights (and GEMM 2's rows) through TMA descriptors.
+GEMM 1: act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), rows optionally scaled by
+the routing weight first (Llama 4). GEMM 2: act[rows] @ down[e]^T (+ bias) times the routing
+weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32
+(T, H) fp32. DENSE: the shared MLP (slot K). SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I)
+finished by _act_kernel, GEMM 2's split s in its own slab. _combine_kernel: y[t] = the fp32 sum
+over slabs and slots in a fixed order. "tma_persistent": persistent programs, TMA descriptors.
 """
 
 from __future__ import annotations
@@ -116,9 +113,7 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 @triton.jit
 def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt, DENSE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs):
-    padded rows, tokens and mask, output columns, in-bounds weight rows (offs_n % N), K offsets, and
-    x's row pointers at column k0."""
+    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs)."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -131,10 +126,7 @@ def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt
 def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_at, K: tl.constexpr,
                       DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """GEMM 2 tile (pid_m of expert e, pid_n)'s start: (row_mask, tok, slot, srow, offs_n, offs_bn,
-    offs_k, a_row, a_ptrs, row_a, row_w): rows' mask, token, slot and scale row, output columns,
-    in-bounds weight rows (offs_n % N), K offsets, activation rows (int64, 0 in padding), their
-    pointers at column k0 (a_ptr None: read through a descriptor), and the descriptor rows of the
-    activation and of down as (E*N, KD)."""
+    offs_k, a_row, a_ptrs, row_a, row_w); a_ptr None: rows read through a descriptor."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -377,8 +369,7 @@ def _gemm2_kernel(
 def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
     wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
-    # one branch each (no early return: Triton 3.6 compiles the code after a constexpr branch's
-    # return too, and loads through the None that the dense GEMMs pass)
+    # one branch each, no early return (the code after a constexpr branch's return is compiled too)
     if DENSE:
         n = tl.cdiv(T, BLOCK_M)
     else:
