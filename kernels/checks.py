@@ -158,10 +158,8 @@ def new_flag(device) -> torch.Tensor:
 
 
 def flag_for(device, captured: bool) -> torch.Tensor:
-    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread calls).
-
-    Made on first use; make the first call on a device outside capture (the usual warm-up), so
-    that the flag is an ordinary allocation and not part of a graph's memory pool."""
+    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread
+    calls), made on first use (make the first call outside capture)."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -198,10 +196,7 @@ def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts
 
 def describe_flag(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tensor | None = None,
                   topk_weights: torch.Tensor | None = None) -> str | None:
-    """The error message for a flag (None when it records nothing). Reads the flag to the host.
-
-    With the routing given, the message quotes the exact value and row from it; otherwise it uses
-    the value the kernel recorded (ids clamped to the int32 range)."""
+    """The error message for a flag (None when it records nothing). Reads the flag to the host."""
     f = flag.tolist()
     counts = dict(zip(KINDS, f[3:]))
     firsts = [(key >> 32, kind) for key, kind in zip(f[:3], KINDS) if key != _NONE]
@@ -241,10 +236,8 @@ def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=
 
 
 def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:
-    """After replaying a graph that captured ``moe_experts``, or after calls with ``check=False`` or
-    under torch.compile: raise ``KernelInputError`` for the first bad slot any of them met since the
-    last clear (the sticky flag; see the module docstring).
-    Call it outside capture; ``clear`` resets the flag afterwards (also when it raises)."""
+    """Raise ``KernelInputError`` for the first bad slot the sticky flag recorded since the last
+    clear (module docstring); call it outside capture; ``clear`` resets the flag."""
     key_dev = torch.device(device)
     flag = flag_for(key_dev, captured=True)
     try:

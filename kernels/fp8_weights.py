@@ -3,11 +3,8 @@
 Shape legend: E experts, R, C the rows and columns of one weight matrix ([out, in]);
 Rb = ceil(R / 128), Cb = ceil(C / 128) its scale blocks (the last ones partial where 128 does not divide).
 
-The arithmetic is the reference's (reference/fp8.py says why it is part of the definition): w
-rounded to float32, per block s = max(amax |w|, AMAX_FLOOR) / 448 and q = e4m3(w / s), both IEEE
-float32 divisions by a tensor (CUDA's ``a / scalar`` multiplies by the reciprocal, which is not
-correctly rounded), clamped to +-448 before the cast. ``megamoe bench`` uses it so that a large
-layer never leaves the GPU; the leading dimension is taken in slices of ``chunk_elems`` values.
+The arithmetic is reference/fp8.py's (divisions by a tensor: ``a / scalar`` is not correctly
+rounded), in slices of ``chunk_elems`` values of the leading dimension.
 """
 
 from __future__ import annotations

@@ -169,11 +169,9 @@ def _route_block(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BITONIC: tl.constexpr,
 ):
-    """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
-    stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
-    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align. The top-k: K maxima
-    (_topk_maxima) or, with BITONIC, tl.topk (_topk_bitonic); both pick the same experts in the same
-    order (the keys are distinct)."""
+    """Route token block pid: logits (or the sum of SPLIT partials), top-k (K maxima, or tl.topk
+    with BITONIC: the same picks), weights, shared gate. Returns (top_idx, out_mask, counts,
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -204,7 +202,7 @@ def _route_block(
         if N_GROUP > 1:
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
-            # constexpr test (a runtime one on E would compile the reshape where BLOCK_E > E)
+            # a constexpr test
             if BLOCK_E == PER_GROUP * N_GROUP and BLOCK_G == N_GROUP:
                 # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
                 k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))
@@ -301,9 +299,8 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
                   meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``launch``: plan.router_launch's sizes (default: computed here from ``split``, the H ranges;
-    SPLIT > 0 sums the logits of SPLIT H ranges first). With ``meta`` (align.py's tensors) and one
-    token block the router program also aligns: returns True if it did. Inputs are checked by moe.py."""
+    ``launch``: plan.router_launch's sizes. With ``meta`` and one token block the router program
+    also aligns: returns True if it did."""
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:

@@ -12,8 +12,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-#: seconds between samples (one NVML query takes tens of microseconds; the clock governor moves
-#: in steps of milliseconds)
+#: seconds between samples
 INTERVAL_S = 0.002
 
 
