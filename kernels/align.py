@@ -18,8 +18,7 @@ import triton.language as tl
 
 from .plan import align_blocks, align_launch  # noqa: F401 - align_blocks: kept importable from here
 
-#: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot
-#: tensors in two reductions (decode), larger ones slot by slot (bounded registers)
+#: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot tensors
 ONE_SHOT = tl.constexpr(4096)
 
 
@@ -36,8 +35,7 @@ def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr
     tl.store(padded_off_ptr + offs_e, start, mask=e_mask)
     total = tl.sum(padded, axis=0)
     tl.store(padded_off_ptr + E, total)
-    # block b belongs to the expert whose padded range holds row b*BLOCK_M: the number of experts
-    # ending at or before it (empty experts end where they start, so they are skipped)
+    # block b's expert: the number of experts ending at or before row b*BLOCK_M
     end_masked = tl.where(e_mask, incl, 2147483647)
     for b0 in range(0, B_MAX, BLOCK_B):
         offs_b = b0 + tl.arange(0, BLOCK_B)
@@ -189,9 +187,8 @@ def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_pt
 
 @triton.jit
 def _hist_layout(hist_ptr, G, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The padded layout from the top-k tasks' histograms hist (G, E), without storing it (the
-    megakernel's ALIGN_EACH: every task past the static ones reads it itself): (counts, first
-    padded row, padded end of each expert (BLOCK_E,), e_mask, row blocks B). The sums of _scan's."""
+    """The padded layout from the top-k tasks' histograms hist (G, E), not stored (ALIGN_EACH):
+    (counts, first padded row, padded end of each expert (BLOCK_E,), e_mask, row blocks B)."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.zeros((BLOCK_E,), tl.int32)
@@ -274,9 +271,7 @@ def _scatter_chunk(
 @triton.jit
 def _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J: tl.constexpr):
     """Experts, mask and ranks (each (BLOCK_P,)) of pairs offs_p of the chunk whose n pairs start at
-    pair ``first`` of topk_idx (T*K,): a pair's rank is the number of the chunk's earlier pairs with
-    its expert (= the chunk's earlier tokens that picked it: a token picks an expert at most once),
-    from one (BLOCK_P, BLOCK_J) compare of its expert with the chunk's, summed over the row."""
+    pair ``first`` of topk_idx (T*K,): a rank is the number of the chunk's earlier pairs with its expert."""
     offs_j = tl.arange(0, BLOCK_J)
     chunk = tl.load(topk_idx_ptr + first + offs_j, mask=offs_j < n, other=-1)
     m = offs_p < n
@@ -291,10 +286,8 @@ def _scatter_pairs_kernel(
     T, E,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c's BLOCK_T*K
-    (flat index t_local*K + k; BLOCK_J >= BLOCK_T*K, a power of two). Each pair's padded row is
-    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what the megakernel's one-hot
-    _scatter_chunk stores."""
+    """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c; each
+    pair's padded row is chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks)."""
     c = tl.program_id(0)
     first = c * (BLOCK_T * K)
     n = tl.minimum(BLOCK_T * K, T * K - first)

@@ -70,12 +70,8 @@ def kernel_config(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.d
 
 def align_buffers(T: int, K: int, E: int, block_m: int, device, *,
                   poison: bool = False) -> tuple[dict, torch.Tensor, int]:
-    """The router/align metadata buffers (see align.py), the per-chunk histogram hist (C, E) the
-    router fills, and the router's chunk size block_t.
-
-    With ``poison`` the outputs start as -7 (counts and offsets as 0), so that tests see any entry
-    the kernels leave unwritten; otherwise they are left uninitialized (the kernels write them all).
-    """
+    """The router/align metadata buffers (see align.py), the histogram hist (C, E) and block_t.
+    ``poison``: outputs start as -7 (counts and offsets 0) so tests see unwritten entries."""
     i32 = torch.int32
     block_t = cfgs.router_block_t(T, E)
     C = triton.cdiv(T, block_t) if T else 0
@@ -187,9 +183,8 @@ def _x_buffers(x: torch.Tensor, quant: dict | None):
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
                     deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None,
                     fp8: str | None = None):
-    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``
-    (``shared_gemm``): a {"gemm1", "gemm2"} entry for the routed experts (the shared MLP) instead
-    of the tuned one (a benchmark's or a test's candidate)."""
+    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm`` /
+    ``shared_gemm``: entries instead of the tuned ones."""
     return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
                        triton_version=triton.__version__, deterministic=deterministic,
                        num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm, fp8=fp8)
@@ -197,13 +192,9 @@ def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch
 
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,
              plan=None, fp8_activations: bool = False) -> torch.Tensor:
-    """The launches of the layer (module docstring), each with the sizes of the static plan
-    (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
-    publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
-    per-stage breakdown only (the output is then unfinished). ``plan``: a static plan for this T
-    to run instead of the tuned one (``static_plan_for(..., gemm=entry)``: benchmarks, tests).
-    FP8 weights (``weights.is_fp8``) run fp8_gemm.py's GEMMs, with ``fp8_activations`` the GEMM
-    inputs quantized too (the activation buffer then holds e4m3 codes and per-128-column scales)."""
+    """The launches of the layer (module docstring) with the sizes of the static plan ``plan``
+    (default the tuned one). ``stop_after`` ("align", "gemm1", "gemm2") ends early (the benchmark's
+    per-stage breakdown; the output is then unfinished)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     dev = x.device
@@ -298,11 +289,8 @@ def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: b
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
              limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
-    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
-    topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
-    recorded in the device's flag (the sticky one when ``sticky`` or inside a CUDA-graph capture)
-    and contribute 0."""
+    """The routed experts for a routing made elsewhere: y[t] = sum_k topk_w[t, k] *
+    expert_{topk_idx[t, k]}(x[t]), the routing sanitized first (checks.py; ``sticky``: the sticky flag)."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -517,11 +505,8 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
          fp8_activations: bool | None = None):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
-    The weights are checked against the config here, once (``checks.check_weights``: shapes,
-    dtypes, device, FP8 scales); x takes the weights' dtype and device. For torch.compile and CUDA
-    graphs: the closure holds only tensors, a string and a bool, so tracing never meets the config
-    or weights dataclasses (torch 2.11's dynamo cannot rebuild frozen dataclasses). Each call
-    checks x's shape, dtype and device on the host only.
+    The weights are checked here, once; each call checks x's shape, dtype and device on the host.
+    The closure holds only tensors, a string and a bool (for torch.compile and CUDA graphs).
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
