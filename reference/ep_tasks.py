@@ -82,10 +82,8 @@ class FusedEPPlan:
     wait_counter / wait_target: CSR list of (counter, value reached) each task waits for;
     signal_ptr (n+1,) / signal_counter: the counters each task adds one to when done.
     counters: their names ("pulled[q]", "g1[b]", "g2[q]"); counter_target: the value each ends at.
-    Cost fields (n,) float64: rows (real rows moved or computed), link_bytes (bytes over the peer
-    link: 0 for step 0, this rank's own rows), weight_bytes, in_bytes (rows read from local memory),
-    out_bytes (written), flops (2 per multiply-add of the padded tile); weight_id (n,) (slot * 2 +
-    GEMM - 1 for the GEMM tasks, -1 else).
+    Cost fields (n,) float64: rows, link_bytes (0 for step 0), weight_bytes, in_bytes, out_bytes,
+    flops; weight_id (n,) (slot * 2 + GEMM - 1, -1 else).
     """
 
     rank: int

@@ -28,8 +28,7 @@ KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_
          "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
-#: dependent global round trips of a routed GEMM task besides its ticket and its K loop (waits,
-#: index loads, the signal), priced in series with the task's MMA (simulator.task_cost)
+#: dependent global round trips of a routed GEMM task besides its ticket and its K loop
 TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
 
 #: the tile keys ``tiles`` must give, per part
@@ -42,8 +41,7 @@ TILE_KEYS = {
     "order": ("GROUP_M",),
 }
 
-#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (only with SPLIT > 1,
-#: dividing BLOCK_T)
+#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (SPLIT > 1)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
 #: optional switches (0 or 1) and their defaults: EACH (GEMM 1 tasks route the token themselves),
 #: ALIGN_EACH (GEMM 1 tasks place their own row block's pairs: no scan and scatter tasks)
@@ -53,8 +51,7 @@ RETIRED_KEYS = {"gemm1": "SLICE", "order": "STREAM_K"}
 #: the most pairs T x K with ALIGN_EACH (one GEMM 1 task ranks them all in one vector: BLOCK_P lanes)
 ALIGN_EACH_MAX_PAIRS = 1024
 
-#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE int32 words apart);
-#: then logits[C], g1[B_max], shared1[Ms] packed
+#: fixed words of the sync buffer, SYNC_STRIDE int32 words apart; then logits[C], g1[B_max], shared1[Ms]
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
@@ -134,9 +131,7 @@ def check_tiles(tiles: dict) -> dict:
 
 
 def topk_passes(config) -> int:
-    """Dependent row reductions of one top-k selection as the routers run it (kernels/routing.py
-    _route_block): K maxima; grouped routing (n_group > 1) first takes each group's two largest
-    scores (two reductions over all the groups at once) and topk_group group picks."""
+    """Dependent row reductions of one top-k selection: K, plus 2 + topk_group where n_group > 1."""
     return int(config.top_k) + (2 + int(config.topk_group) if config.n_group > 1 else 0)
 
 
@@ -190,12 +185,9 @@ def tile_ids(j: np.ndarray, num_m: int, num_n: int, group_m: int) -> tuple[np.nd
 class TaskLayout:
     """The fixed part of the plan for T tokens (what the launcher passes to the kernel).
 
-    first[kind] / count[kind] for the static kinds (router_logits .. shared_gemm1), S0 the first
-    ticket after them; num_chunks C (logits chunks of BLOCK_T tokens), topk_groups G (top-k tasks
-    and align chunks of TOPK_T tokens), split / h_per of the router; shared_m_blocks Ms; the sync
-    buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
-    off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need;
-    n1 / n2 GEMM 1 / GEMM 2 N tiles per row block, k1 / k2 their K tiles.
+    first[kind] / count[kind] of the static kinds, S0 the first ticket after them; C, G, the
+    router's split / h_per, Ms; the sync buffer's segments (off_logits, off_g1, off_shared1,
+    sync_words); b_max; n1 / n2 N tiles and k1 / k2 K tiles per row block.
     """
 
     T: int
@@ -302,16 +294,11 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
 class TaskPlan:
     """Every task of one launch, in ticket order (arrays of length n = num_tasks).
 
-    kind (n,) int8 codes into KINDS; expert (n,) int32 (-1 where none); block (n,) int32 (row
-    block, m block or chunk); n_tile (n,) int32; rows (n,) int32 real rows (tokens or pairs) the
-    task computes; tile_m / tile_n / depth (n,) int32: the tile it runs (padded rows x columns x
-    reduction length); weight_bytes, in_bytes, out_bytes, flops (n,) float64: weight slice read,
-    other operands read (gathered rows, partials, metadata), results written, tensor-core FLOPs
-    of the padded tile (2 per multiply-add); weight_id (n,) int64: the same id means the same
-    weight slice (for an L2 model), -1 for none; signal_ptr (n+1,) / signal_counter: CSR list of the
-    counters each task increments;
-    wait_ptr (n+1,) / wait_counter / wait_target: CSR list of (counter, value) each task waits for.
-    counters: names of the counters (index = id), counter_target: the value each reaches.
+    kind (n,) int8 codes into KINDS; expert, block, n_tile, rows (real rows), tile_m / tile_n /
+    depth (n,) int32; weight_bytes, in_bytes, out_bytes, flops (n,) float64 (FLOPs of the padded
+    tile); weight_id (n,) int64 (same id, same weight slice; -1 none); signal_ptr (n+1,) /
+    signal_counter and wait_ptr (n+1,) / wait_counter / wait_target: CSR lists; counters (names),
+    counter_target (the value each reaches).
     """
 
     config_name: str
@@ -430,11 +417,8 @@ class _Builder:
 def _add_gemm(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, D: int, BN: int, N: int, mats: int,
               bm: int, group_m: int, block_expert, block_rows, ab: int, wb: float, signal, waits,
               extra_in=0, extra_out=0) -> None:
-    """A GEMM phase's B x n_tiles tiles (grouped order, ``tile_ids``) as tasks over all of D, the
-    reduction length (k_tiles K steps); N the output width, mats 2 for GEMM 1's gate and up.
-    ``signal``: a counter per row block (B,), or one counter id; ``waits``: (counter, target) pairs,
-    the counter one per row block (B,) or one id. ``extra_in`` / ``extra_out``: further bytes each
-    task reads and writes."""
+    """A GEMM phase's B x n_tiles tiles (grouped order) as tasks over reduction length D; N the
+    output width, mats 2 for GEMM 1. ``signal`` / ``waits``: counters per row block (B,) or one id."""
     n = B * n_tiles
     bb, nn = tile_ids(np.arange(n), B, n_tiles, group_m)
     e, rows = block_expert[bb], block_rows[bb]
@@ -483,13 +467,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
     ``counts`` (E,) (``np.bincount(topk_idx.ravel(), minlength=E)``; they sum to T*K).
 
-    ``tiles``: {"router": {BLOCK_T, BLOCK_H, SPLIT}, "gemm1": {BLOCK_M, BLOCK_N, BLOCK_K},
-    "gemm2": {BLOCK_N, BLOCK_K}, "shared": {BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K},
-    "combine": {BLOCK_T, BLOCK_H}, "order": {GROUP_M}} (GEMM 2 shares GEMM 1's BLOCK_M: the row
-    blocks). ``act_bytes`` / ``weight_bytes``: bytes per element of activations and weights
-    (weights default to the activations'). ``num_programs``: the launch's P (recorded only).
-    ``routing_given``: topk_idx and topk_weights come in (``moe_experts``): the top-k tasks only
-    read them and count (no router weights, no logits; tiles["router"]["SPLIT"] must be 1).
+    ``tiles``: the keys of ``TILE_KEYS`` per part (GEMM 2 shares GEMM 1's BLOCK_M). ``act_bytes`` /
+    ``weight_bytes``: bytes per element. ``routing_given``: the top-k tasks only read the routing
+    and count (SPLIT must be 1).
     """
     lay = task_layout(config, T, tiles)
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
