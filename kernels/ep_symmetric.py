@@ -3,18 +3,11 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
 buffer, N rows of a receive buffer, C_r the copies of one rank.
 
-Every rank owns one symmetric allocation (``SymmetricBuffers``): send buffers, a combine buffer and
-flags (2, R) int64 (flags[READY, s]: the last call rank s packed; flags[LANDED, c]: the last call
-rank c pushed here); its receive buffers are local. A call (``SymmetricStep``) runs five phases:
-
-    1. pack     rows into the send buffers; signal READY (epoch += 1 into every peer's flags)
-    2. pull     this rank's copies of reference.ep.plan_pull, each peer's after its READY flag
-    3. compute  plan_receive and the local experts (kernels.ep.local_partials)
-    4. push     the partial rows into each source's combine buffer; signal LANDED
-    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending: bitwise
-                ep_moe_experts' y
-
-Waits are bounded (FlagTimeoutError on the host); docs/kernels.md has the memory order.
+Every rank owns one symmetric allocation (``SymmetricBuffers``: send, combine, flags (2, R) int64
+READY / LANDED); receive buffers are local. A call (``SymmetricStep``) runs pack (signal READY),
+pull (after each peer's READY), compute (kernels.ep.local_partials), push (signal LANDED) and
+finish (after every LANDED: y summed ranks ascending, bitwise ep_moe_experts' y). Waits are
+bounded (FlagTimeoutError); the memory order: docs/kernels.md.
 """
 
 from __future__ import annotations

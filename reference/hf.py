@@ -28,11 +28,8 @@ def config_from_hf(config: Mapping[str, Any] | str | Path) -> MoEConfig:
     """One MoE layer of a transformers model, from its config dict (``PretrainedConfig.to_dict()``
     or a parsed config.json) or the path of a config.json.
 
-    The ``model_type`` picks the semantics (module docstring); fields of other layers are ignored.
-    ``name``: ``_name_or_path``, else the model_type; ``weight_dtype``: ``dtype`` / ``torch_dtype``
-    when megamoe knows it, else bfloat16. Raises ``ConfigError`` naming the field for a missing or
-    mistyped field, an unknown model_type (listing the supported ones) and a variant megamoe does
-    not model (e.g. DeepSeek-V3 with scoring_func softmax).
+    The ``model_type`` picks the semantics. Raises ``ConfigError`` naming the field for a missing or
+    mistyped field, an unknown model_type and a variant megamoe does not model.
     """
     return MoEConfig.from_hf(config)
 
@@ -40,11 +37,9 @@ def config_from_hf(config: Mapping[str, Any] | str | Path) -> MoEConfig:
 def weights_from_hf(state_dict: Mapping[str, Any], config: MoEConfig, prefix: str | None = None) -> MoEWeights:
     """One MoE layer's weights in megamoe's canonical layout (float64 NumPy), from a HF state dict.
 
-    ``state_dict``: {key: torch tensor of any float dtype or NumPy array}, the keys of the module
-    docstring. ``prefix`` selects one layer in a dict holding several, e.g. ``"model.layers.3.mlp."``
-    or ``"model.layers.3."``; with None the one MoE module in the dict is found (several: an error
-    asking for ``prefix``). FP8 checkpoints give FP8 weights (``is_fp8``), the scales as stored.
-    Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized tensor or
-    scale. The result passes ``MoEWeights.validate(config)``.
+    ``state_dict``: {key: torch tensor or NumPy array}. ``prefix`` selects one layer (e.g.
+    ``"model.layers.3.mlp."``; None: the one MoE module in the dict). FP8 checkpoints give FP8
+    weights. Raises ``InputError`` naming the key for a missing, unexpected, misshaped or quantized
+    tensor or scale.
     """
     return MoEWeights.from_hf(state_dict, config, prefix)

@@ -16,13 +16,9 @@ Canonical layout (torch ``nn.Linear`` convention: weight [out_features, in_featu
     shared_down     (H, Is) | None
     shared_gate     (H,) | None   Qwen2-MoE: shared output scaled by sigmoid(x . shared_gate)
 
-FP8 weights (``fp8.py``): gate_up, down, shared_gate_up and shared_down hold e4m3 values with one
-float32 ``scale_inv`` per 128 x 128 block of their last two dimensions:
-
-    gate_up_scale_inv         (E, ceil(2I/128), ceil(H/128)) | None   blocks of the fused [2I, H]
-    down_scale_inv            (E, ceil(H/128), ceil(I/128))  | None
-    shared_gate_up_scale_inv  (ceil(2Is/128), ceil(H/128))   | None
-    shared_down_scale_inv     (ceil(H/128), ceil(Is/128))    | None
+FP8 weights (``fp8.py``): gate_up, down, shared_gate_up and shared_down hold e4m3 values, each
+with ``<name>_scale_inv`` float32 (..., ceil(R/128), ceil(C/128)) per 128 x 128 block of its last
+two dimensions (R, C), or None.
 
 All of them or none (``is_fp8``); the router, biases and shared gate are never quantized.
 ``to_fp8()`` quantizes, ``dequantize()`` gives plain float64 back; ``to_torch`` the same class
