@@ -74,10 +74,7 @@ class EPShard:
 
 def shard_weights(weights, config: MoEConfig, slot_expert, slot_rank, rank: int, num_ranks: int, *,
                   dtype: torch.dtype, device) -> EPShard:
-    """The slots of ``rank`` cut from full weights (a MoEWeights of NumPy arrays or tensors).
-
-    slot_expert: (P,) expert of each slot; slot_rank: (P,) rank of each slot (a placement's arrays).
-    """
+    """The slots of ``rank`` cut from full weights; slot_expert, slot_rank: (P,) a placement's arrays."""
     if config.weight_on_input:
         raise NotImplementedError("expert parallelism with weights on the expert input (Llama 4) is not built")
     slot_expert = np.asarray(slot_expert, np.int64)
@@ -104,10 +101,7 @@ def shard_weights(weights, config: MoEConfig, slot_expert, slot_rank, rank: int,
 # --------------------------------------------------------------------------- transport
 def all_to_all_p2p(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
                    group=None) -> None:
-    """``all_to_all_single`` built from isend/irecv, for backends without it. Rows (dim 0) grouped by peer.
-
-    Peers in the schedule's order ((rank + i) % R), so at each step every rank talks to a different one.
-    """
+    """``all_to_all_single`` from isend/irecv, peers in the order (rank + i) % R. Rows grouped by peer."""
     rank, R = dist.get_rank(group), dist.get_world_size(group)
     in_off = np.concatenate([[0], np.cumsum(in_splits)]).astype(int)
     out_off = np.concatenate([[0], np.cumsum(out_splits)]).astype(int)

@@ -49,10 +49,7 @@ def _gemm1_fp8a_tile(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) with
-    scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles through w_desc over gate_up as
-    (E*2N, KD) with scales ws (E, ceil(2N / KB), ceil(KD / KB)); h quantized into out / outs.
-    BLOCK_N == BLOCK_K == KB."""
+    """One GEMM 1 tile as fp8_tma_tiles' with XQ and FP8_A, persistent; BLOCK_N == BLOCK_K == KB."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         xq_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -199,9 +196,8 @@ PIPE_MODES = {"gemm1": (0, 1), "gemm2": (0, 1, 2)}
 
 
 def check_fp8a(cfg: dict, gemm: str, depth: int) -> None:
-    """The tiles these kernels take (plan.fp8_entry makes them): BLOCK_K = 128, GEMM 1 BLOCK_N = 128,
-    GEMM 2 BLOCK_N halves dividing 128, no split-K, e4m3 rows of ``depth`` codes in 16-byte strides,
-    "PIPE" one of PIPE_MODES[gemm]."""
+    """The tiles these kernels take: BLOCK_K = 128, GEMM 1 BLOCK_N = 128, GEMM 2 BLOCK_N halves
+    dividing 128, no split-K, 16-byte row strides, "PIPE" one of PIPE_MODES[gemm]."""
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     ok = bk == FP8_BLOCK and cfg.get("SPLIT_K", 1) == 1 and depth % 16 == 0
     ok = ok and (bn == FP8_BLOCK if gemm == "gemm1" else (bn % 2 == 0 and FP8_BLOCK % (bn // 2) == 0))
@@ -215,10 +211,8 @@ def check_fp8a(cfg: dict, gemm: str, depth: int) -> None:
 
 def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str,
                       alpha: float, limit: float, dense: bool, num_m: int, num_sms: int | None = None):
-    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 1: x_q = (codes (T, H) float8_e4m3fn,
-    scales (T, ceil(H/128)) fp32) from fp8_gemm.launch_quantize_x; w (E, 2N, H) float8_e4m3fn with
-    w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes of h and out_scale
-    (P, ceil(N/128)) fp32; ``num_sms`` programs (default: the device's SMs)."""
+    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 1; arguments as fp8_gemm.gemm1_fp8_launch's
+    with FP8 activations (x_q from fp8_gemm.launch_quantize_x)."""
     xq, xs = x_q
     T, KD = xq.shape
     N = w.shape[1] // 2
@@ -241,9 +235,7 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
 
 def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
                       dense: bool, atomic: bool, num_m: int, num_sms: int | None = None):
-    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 2: act (P, I) e4m3 codes with
-    act_scale (P, ceil(I/128)) fp32, contiguous; w (E, N, I) float8_e4m3fn with w_scale
-    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's."""
+    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 2; arguments as fp8_gemm.gemm2_fp8_launch's."""
     KD = act.shape[1]
     N = w.shape[1]
     check_fp8a(cfg, "gemm2", KD)

@@ -165,10 +165,8 @@ def _band_scale(s_ptr, first, last, kb, stride_sn, KB: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
-    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales): the
-    (BLOCK_N, BLOCK_K) boxes of w_desc (gate_up as (E*2N, KD)) at rows row_g and row_g + N, and the
-    per-row scales of the bands from weight rows first and N + first (_band_scale; ws_e: the expert's
-    scales, last: its last scale block row)."""
+    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales),
+    the boxes of w_desc at rows row_g and row_g + N."""
     bg = w_desc.load([row_g, kt * BLOCK_K])
     bu = w_desc.load([row_g + N, kt * BLOCK_K])
     sg = _band_scale(ws_e, first, last, kt, stride_wsn, KB, BLOCK_N)

@@ -54,9 +54,8 @@ def _gemm1_fp8_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
-    and scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized per K
-    tile, h quantized into out (codes) and outs (scales); BLOCK_N == KB. CVT: how weight-only FP8
-    converts the codes (``_e4m3_to``)."""
+    and scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: h quantized into out
+    (codes) and outs (scales); BLOCK_N == KB."""
     _gemm1_fp8_xq_tile(x_ptr, x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
                        topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, 0, stride_we, stride_wn, stride_wse,
                        stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,

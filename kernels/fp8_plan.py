@@ -50,11 +50,8 @@ FP8A_NO_CANDIDATE = "m64"
 
 @dataclass(frozen=True)
 class FP8Options:
-    """The FP8 GEMMs' choices a benchmark may vary; the defaults are what the layer runs.
-
-    fp8a_tiles: the fp8a tile set, a name of FP8A_TILE_CANDIDATES or FP8A_NO_CANDIDATE, at every
-    fp8a entry; None: FP8A_DEFAULT_TILES at the 128-row prefill entries. swap_ab: the fp8w GEMMs'
-    MMA operands swapped."""
+    """The FP8 GEMMs' choices a benchmark may vary (defaults: what the layer runs). fp8a_tiles: a
+    name of FP8A_TILE_CANDIDATES or FP8A_NO_CANDIDATE (None: the default); swap_ab: fp8w's SWAP_AB."""
 
     fp8a_tiles: str | None = None
     swap_ab: bool = FP8W_TMA_SWAP_AB
@@ -69,9 +66,8 @@ DEFAULT_OPTIONS = FP8Options()
 
 
 def fp8a_tiles_for(entry: dict, x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> str | None:
-    """The tile set fp8_entry sets on the fp8a GEMMs made from bf16 ``entry`` (None: the 64-row tiles):
-    ``options.fp8a_tiles`` if set, else FP8A_DEFAULT_TILES where the entry's GEMM 1 has
-    FP8A_DEFAULT_TILES_MIN_M rows or more; never where the layer does not quantize x once."""
+    """The fp8a tile set for bf16 ``entry`` (None: the 64-row tiles): ``options.fp8a_tiles``, else
+    FP8A_DEFAULT_TILES from FP8A_DEFAULT_TILES_MIN_M rows; never unless x is quantized once."""
     if not x_once:
         return None
     name = options.fp8a_tiles or (FP8A_DEFAULT_TILES if entry["gemm1"]["BLOCK_M"] >= FP8A_DEFAULT_TILES_MIN_M

@@ -261,9 +261,7 @@ def _fp8w_rows_check(what: str, depth: int, gemm: str) -> None:
 
 def gemm1_fp8w_launch(x, w, w_scale, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
                        limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None):
-    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 1 (_gemm1_fp8w_tma_kernel):
-    x (T, H) its dtype, w (E, 2N, H) float8_e4m3fn with w_scale (E, ceil(2N/128), ceil(H/128)) fp32,
-    out (P, N) in x's dtype; cfg's BLOCK_K divides 128; ``num_sms`` programs (default: the device's SMs)."""
+    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 1; arguments as fp8_gemm.gemm1_fp8_launch's."""
     T, KD = x.shape
     N = w.shape[1] // 2
     _fp8w_rows_check("gate_up", KD, "gemm1")
@@ -281,9 +279,7 @@ def gemm1_fp8w_launch(x, w, w_scale, bias, out, meta, topk_w, cfg: dict, *, acti
 
 def gemm2_fp8w_launch(act, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
                        atomic: bool, num_m: int, num_sms: int | None):
-    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 2 (_gemm2_fp8w_tma_kernel):
-    act (P, I) in x's dtype, contiguous, w (E, N, I) float8_e4m3fn with w_scale (E, ceil(N/128),
-    ceil(I/128)) fp32, out as grouped_gemm.launch_gemm2's."""
+    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 2; arguments as fp8_gemm.gemm2_fp8_launch's."""
     KD = act.shape[1]
     N = w.shape[1]
     _fp8w_rows_check("down", KD, "gemm2")

@@ -705,9 +705,8 @@ def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, fp8: str 
 
 def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
                        limit: float) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts with
-    backend="megakernel"; inputs checked and the routing sanitized there). topk_idx (T, K) int32,
-    topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
+    """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts checks the
+    inputs). topk_idx (T, K) int32, topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
     from types import SimpleNamespace
 
     from ..reference.config import MoEConfig
