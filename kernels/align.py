@@ -26,8 +26,7 @@ ONE_SHOT = tl.constexpr(4096)
 def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                     padded_token_ptr, padded_pair_ptr,
                     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_PAD: tl.constexpr):
-    """From counts (BLOCK_E,): store counts, padded offsets, block_expert and the -1 padding rows;
-    return each expert's first padded row."""
+    """From counts (BLOCK_E,): store counts, padded offsets, block_expert, padding rows; -> first padded rows."""
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     incl = tl.cumsum(padded, axis=0)
     start = incl - padded
@@ -84,8 +83,7 @@ def _align_one(idx, valid, counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_
 @triton.jit
 def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Write the padded rows of a block of tokens. idx (BLOCK_T, BLOCK_K) expert ids (-1 where
-    masked); base (BLOCK_E,): the first padded row of each expert free for this block."""
+    """Write the padded rows of a token block: idx (BLOCK_T, BLOCK_K) (-1 masked), base (BLOCK_E,)."""
     offs_k = tl.arange(0, BLOCK_K)
     if BLOCK_T * BLOCK_K * BLOCK_E <= ONE_SHOT:  # every slot at once: two reductions in all
         hit = (idx[:, :, None] == offs_e[None, None, :]) & t_mask[:, None, None]  # (T, K, E)
@@ -116,8 +114,7 @@ def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_p
 
 @triton.jit
 def _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C: tl.constexpr):
-    """Experts offs_e's exclusive prefix over the C chunks of hist (C, E), stored as chunk_base
-    (C, E), BLOCK_C chunks a step; returns their counts (offs_e's shape)."""
+    """chunk_base (C, E): experts offs_e's exclusive prefix over hist's C chunks; returns their counts."""
     running = tl.zeros(offs_e.shape, tl.int32)
     for c0 in range(0, C, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
@@ -147,8 +144,7 @@ def _scan(
 @triton.jit(do_not_specialize=["C"])
 def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
                          BLOCK_EX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The multi-launch scan, one program per BLOCK_EX experts: each expert's exclusive prefix over the
-    C chunks (chunk_base) and its count."""
+    """The multi-launch scan, one program per BLOCK_EX experts: chunk_base and counts."""
     offs_e = tl.program_id(0) * BLOCK_EX + tl.arange(0, BLOCK_EX)
     e_mask = offs_e < E
     running = _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C)
@@ -158,8 +154,7 @@ def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
 @triton.jit(do_not_specialize=["B_MAX"])
 def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, E, B_MAX,
                    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The multi-launch padded layout, one program per BLOCK_B row blocks: padded offsets (program 0
-    stores them), block_expert (-1 past the last block) and -1 in the padding rows."""
+    """The multi-launch padded layout, BLOCK_B row blocks a program: offsets, block_expert, padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
@@ -234,8 +229,7 @@ def _place_block(b, e, counts, start, topk_idx_ptr, TK, padded_token_ptr, padded
 @triton.jit
 def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """Token block pid of a routing made elsewhere: (idx (BLOCK_T, BLOCK_K), in-range mask, pairs per
-    expert (BLOCK_E,), offs_t, t_mask, offs_e, e_mask), as routing._route_block returns them."""
+    """Token block pid of a routing made elsewhere, returned as routing._route_block returns it."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
@@ -303,8 +297,7 @@ def _scatter_pairs_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere
-    (the router kernel writes it itself)."""
+    """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere."""
     c = tl.program_id(0)
     _idx, _m, counts, _t, _tm, offs_e, e_mask = _given_block(topk_idx_ptr, c, T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
     tl.store(hist_ptr + c * E + offs_e, counts, mask=e_mask)
@@ -322,8 +315,7 @@ def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
 
 def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict, *,
                  launch: dict | None = None) -> None:
-    """Fill the metadata tensors in ``meta`` (see the module docstring) from topk_idx and hist.
-    ``launch``: the sizes of ``plan.align_launch`` (moe.py's static plan), else computed by it."""
+    """Fill the metadata tensors in ``meta`` from topk_idx and hist; ``launch``: plan.align_launch's sizes."""
     T, K = topk_idx.shape
     E = num_experts
     if T == 0:
@@ -341,8 +333,7 @@ def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, m
 
 
 def launch_scatter(topk_idx, meta: dict, num_experts: int, al: dict) -> None:
-    """meta's padded_token, padded_pair (the pairs' rows) and pair_dest from topk_idx (T, K) int32 and
-    meta's chunk_base (C, E) and padded_offsets (E+1,) (_scatter_pairs_kernel at ``al``, plan.align_launch's sizes)."""
+    """meta's padded_token, padded_pair and pair_dest from topk_idx (T, K) int32, chunk_base, padded_offsets."""
     T, K = topk_idx.shape
     _scatter_pairs_kernel[al["scatter_grid"]](
         topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],

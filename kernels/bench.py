@@ -58,8 +58,7 @@ VLLM_US = {
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
               backend: str = "auto", dtype: str = "bf16") -> dict:
-    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name). FP8 rows leave out the bf16-only
-    figures."""
+    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name). FP8 rows leave out the bf16-only figures."""
     import torch
 
     from ..reference.sizes import ffn_flops
@@ -128,8 +127,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
 
 
 def fmt_num(v, spec: str) -> str:
-    """``v`` formatted with ``spec``, or "-" in the same width where it is not a number (a figure
-    the row did not get); the printed tables of the benchmarks use it."""
+    """``v`` formatted with ``spec``, or "-" in the same width where it is not a number."""
     return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
 
 

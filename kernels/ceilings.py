@@ -36,8 +36,7 @@ def _read_kernel():
 
 
 def fp8_matmul_rate(n: int = MATMUL_N) -> float:
-    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, fp32 accumulate: A row-major,
-    B column-major (as _scaled_mm requires), per-tensor float32 scales of 1."""
+    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, per-tensor scales of 1."""
     import torch
     import triton
 
@@ -50,8 +49,7 @@ def fp8_matmul_rate(n: int = MATMUL_N) -> float:
 
 
 def measure_ceilings() -> dict:
-    """Streaming-read bytes/s (best of a few grids), bf16 matmul FLOP/s and FP8 matmul FLOP/s
-    (``fp8_matmul_flops_per_s``; None with ``fp8_matmul_error`` where _scaled_mm fails), measured now."""
+    """Streaming-read bytes/s, bf16 and FP8 matmul FLOP/s (None, with the error, where FP8 fails)."""
     import torch
     import triton
 

@@ -136,8 +136,7 @@ def _tuned(gpu: str, dtype: str, triton_version: str) -> dict:
 
 
 def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = False) -> dict:
-    """A heuristic entry when nothing is tuned: small row blocks and narrow column tiles for decode
-    (weight streaming over many programs), 128-row tiles for prefill."""
+    """A heuristic entry when nothing is tuned: small row blocks at decode, 128-row tiles at prefill."""
     if interpret:  # tiny tiles; split-K on odd T so that the tests run both paths
         c = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, SPLIT_K=2 if T % 3 == 1 else 1)
         return {"gemm1": dict(c), "gemm2": dict(c)}
@@ -163,8 +162,7 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
 
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> dict:
-    """The entry the kernels launch with for this shape and T: tuned if present, else the heuristic
-    (each GEMM's variant resolved for this H, I and dtype: ``resolve_variants``)."""
+    """The entry for this shape and T: tuned if present, else the heuristic (variants resolved)."""
     if not interpret:
         tuned = _tuned(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
         if tuned:
@@ -184,8 +182,7 @@ def tma_ok(depth: int, dtype: str) -> bool:
 
 
 def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
-    """``entry`` with every GEMM's variant key set: "tma_persistent" only where TMA can read its
-    operands (GEMM 1 reduces over H, GEMM 2 over I), "pointer" otherwise."""
+    """``entry`` with every GEMM's variant: "tma_persistent" only where TMA can read its operands."""
     out = {}
     for name, depth in (("gemm1", H), ("gemm2", I)):
         g = {**GEMM_OPTIONAL, **entry[name]}
@@ -196,8 +193,7 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
 
 
 def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
-    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256): both accumulators
-    in registers and the stages within Hopper's 227 KB of shared memory; tiny in the interpreter."""
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256)."""
     if block_m not in (16, 64, 128, 256):
         raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
     if interpret:
@@ -276,8 +272,7 @@ _TH.close()
 
 
 def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
-    """Warps of the multi-launch routing program (ROUTER_SCORES_PER_THREAD, or ROUTER_WALK_WARPS
-    where it ``walks`` H itself)."""
+    """Warps of the multi-launch routing program (``walks``: it walks H itself)."""
     if walks:
         return ROUTER_WALK_WARPS[block_e <= 128]
     want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
@@ -317,8 +312,7 @@ def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> i
 
 
 def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
-    """Whether the multi-launch router at T tokens takes the prefill logits launch (the interpreter:
-    whatever the walk's length)."""
+    """Whether the multi-launch router at T tokens takes the prefill logits launch."""
     C = -(-T // router_block_t(T, E)) if T else 0
     if interpret:
         return C >= 2

@@ -39,8 +39,7 @@ class TransportEnvError(EPInputError, RuntimeError):
 
 
 def check_transport_env() -> None:
-    """Raise TransportEnvError (an EPInputError and a RuntimeError) unless every variable of
-    ``TRANSPORT_ENV`` has its value in this process."""
+    """Raise TransportEnvError unless every variable of ``TRANSPORT_ENV`` is set in this process."""
     bad = {k: os.environ.get(k) for k, v in TRANSPORT_ENV.items() if os.environ.get(k) != v}
     if bad:
         raise TransportEnvError(f"expert parallelism needs {TRANSPORT_ENV} in every process; here {bad}. "
@@ -230,8 +229,7 @@ def local_partials(rx: torch.Tensor, ridx: np.ndarray, rw: torch.Tensor, recv_co
 
 
 def combine_partials(back: torch.Tensor, combine_row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """Step 4's sum: back (N, H) rows in the send layout, combine_row (T, R) -> y (T, H) in ``dtype``,
-    y[t] = 0 + back[combine_row[t, d]] over ranks d ascending, in fp32."""
+    """Step 4's sum: y[t] = 0 + back[combine_row[t, d]] over ranks d ascending, fp32, in ``dtype``."""
     return _sum_rows(back, combine_row).to(dtype)
 
 

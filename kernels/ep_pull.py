@@ -31,8 +31,7 @@ INTERPRET_PROGRAMS = 3
 
 @triton.jit
 def wait_flag(flag, epoch, budget):
-    """Poll the int64 ``flag`` (acquire, system scope) until it reaches ``epoch`` or ``budget`` more polls
-    are spent -> (the last value read, the budget left)."""
+    """Poll ``flag`` (acquire) until it reaches ``epoch`` or ``budget`` polls -> (value, budget left)."""
     v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     while (v < epoch) & (budget > 0):
         v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
@@ -50,8 +49,7 @@ def note_timeout(status, peer, value, kind):
 
 @triton.jit
 def row_tile(t, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Tile t of a copy of rows W elements wide, tiles row block by row block, each cut in column blocks:
-    -> (rows (BLOCK_R,), cols (BLOCK_W,)) relative to the copy's first row (the copies' masks are theirs)."""
+    """Tile t of a copy W elements wide -> (rows (BLOCK_R,), cols (BLOCK_W,)) from the copy's first row."""
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
     return (t // NB_W) * BLOCK_R + tl.arange(0, BLOCK_R), (t % NB_W) * BLOCK_W + tl.arange(0, BLOCK_W)
 
@@ -109,8 +107,7 @@ def _interpreting() -> bool:
 
 
 def copy_table(pull: PullSchedule, push: bool) -> np.ndarray:
-    """(C, 4) int64 rows (peer, src_row, dst_row, rows) of every pull (push: push-back) copy of the
-    schedule, rank by rank: what the kernel reads (rank r's are pull_offsets[r]:pull_offsets[r+1])."""
+    """(C, 4) int64 rows (peer, src_row, dst_row, rows) of every pull (push) copy, rank by rank."""
     if push:
         cols = (pull.push_dst, pull.push_src_row, pull.push_dst_row, pull.push_rows)
     else:
@@ -171,8 +168,7 @@ def _check_device(t: torch.Tensor) -> None:
 
 @dataclass(frozen=True)
 class ReadyWait:
-    """What a pull waits on: flags (R,) int64 (this rank's ready flags, one per peer), epoch: a 1-element
-    int64 tensor (the value to reach), spin_limit: polls per program at most, status: (3,) int64."""
+    """What a pull waits on: flags (R,) int64, epoch (1,) int64, spin_limit, status (3,) int64."""
 
     flags: torch.Tensor
     epoch: torch.Tensor

@@ -50,8 +50,7 @@ class FlagTimeoutError(RuntimeError):
 
 @triton.jit
 def _signal_kernel(peer_flags, epoch, slot, R: tl.constexpr):
-    """epoch[0] += 1, then write it into word ``slot`` of every peer's flags (release, system scope).
-    peer_flags: (R,) int64 base addresses of the peers' flag regions."""
+    """epoch[0] += 1, then write it into word ``slot`` of every peer's flags (release, system scope)."""
     e = tl.load(epoch) + 1
     tl.store(epoch, e)
     for p in range(R):
@@ -76,8 +75,7 @@ def _region(offset: int, nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """The symmetric allocation of one rank, the same on every rank, for at most ``max_tokens``
-    tokens per rank (S = T x min(K, R), N = T x R)."""
+    """The symmetric allocation of one rank for at most ``max_tokens`` tokens per rank."""
 
     num_ranks: int
     max_tokens: int
@@ -151,8 +149,7 @@ class SymmetricBuffers:
     @classmethod
     def allocate(cls, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, group=None, *,
                  device=None, spin_limit: int = GPU_SPIN_LIMIT) -> SymmetricBuffers:
-        """This rank's buffers in torch symmetric memory (collective over ``group``; one process per GPU,
-        torch.distributed initialized, TRANSPORT_ENV set: megamoe.ep.launch(..., backend="nccl"))."""
+        """This rank's buffers in torch symmetric memory (collective over ``group``)."""
         check_transport_env()
         if not dist.is_available() or not dist.is_initialized():
             raise EPInputError("SymmetricBuffers.allocate needs torch.distributed initialized (one process per GPU: "
@@ -184,8 +181,7 @@ class SymmetricBuffers:
     @classmethod
     def emulated(cls, num_ranks: int, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, *,
                  device="cpu", spin_limit: int = EMULATED_SPIN_LIMIT) -> list[SymmetricBuffers]:
-        """R ranks' buffers in this process, on one device: CPU tensors under TRITON_INTERPRET=1 (CI), or
-        one GPU's memory (the compiled kernels, flags included, without a second GPU)."""
+        """R ranks' buffers in this process, on one device (CPU under TRITON_INTERPRET=1, or one GPU)."""
         device = torch.device(device)
         if device.type == "cpu" and not _interpreting():
             raise EPInputError("emulated buffers on the CPU: the Triton kernels run there only with TRITON_INTERPRET=1 "
@@ -199,8 +195,7 @@ class SymmetricBuffers:
                 for r in range(layout.num_ranks)]
 
     def poison(self) -> None:
-        """Every byte of the send, combine and receive buffers 0xFF (NaN in every float dtype, -1 in
-        int64); the flags, epoch and status are left alone."""
+        """Every byte of the send, combine and receive buffers 0xFF; flags, epoch and status left alone."""
         for t in (self.send_x, self.send_idx, self.send_w, self.send_pos, self.combine, self.recv_x, self.recv_idx,
                   self.recv_w):
             t.view(torch.uint8).fill_(255)
@@ -434,8 +429,7 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
 def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_rows: int | None = None,
                             backend: str = "torch", num_programs: int | None = None, fused: bool = False,
                             steps_out: list | None = None) -> list[torch.Tensor]:
-    """Every rank of ``SymmetricBuffers.emulated`` in this process, phase by phase: R lists of x
-    (T_r, H), topk_idx, topk_weights and shards -> R arrays y (T_r, H). steps_out receives the steps."""
+    """Every rank of ``SymmetricBuffers.emulated`` in this process, phase by phase -> R arrays y (T_r, H)."""
     R = len(buffers)
     if not R or any(not isinstance(b, SymmetricBuffers) or not b.emulated for b in buffers):
         raise EPInputError("buffers must be the list SymmetricBuffers.emulated returned")

@@ -36,8 +36,7 @@ def _scaled(acc, p, c):
 
 @triton.jit
 def _fresh(acc):
-    """A zero accumulator for the product kept in flight, computed as acc x 0 so the wgmma waits for
-    the scaling that updated acc and reuses its registers (docs/kernels.md). Exact: acc is finite."""
+    """A zero accumulator computed as acc x 0, so the wgmma waits for acc's scaling (docs/kernels.md)."""
     return acc * 0.0
 
 
@@ -101,8 +100,7 @@ def _gemm1_fp8a_kernel(
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """Persistent FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x
-    N tiles in grouped_gemm._gemm1_tma_kernel's order."""
+    """Persistent FP8 GEMM 1: tiles in grouped_gemm._gemm1_tma_kernel's order."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -186,8 +184,7 @@ def _gemm2_fp8a_kernel(
 
 # --------------------------------------------------------------------------- launchers
 def is_fp8a(cfg: dict) -> bool:
-    """Whether a GEMM config asks for these kernels: variant "tma_persistent" with "FP8A" 1
-    (plan.fp8_entry's with FP8 activations)."""
+    """Whether a GEMM config asks for these kernels: "tma_persistent" with "FP8A" 1."""
     return cfg.get("variant") == "tma_persistent" and bool(cfg.get("FP8A", 0))
 
 

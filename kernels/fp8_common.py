@@ -25,8 +25,7 @@ AMAX_FLOOR = tl.constexpr(fp8_ref.AMAX_FLOOR)
 
 @triton.jit
 def _e4m3_rne(v):
-    """fp32 -> the nearest e4m3 value (ties to even, saturating at +-448), still fp32, exactly
-    representable in float8e4nv."""
+    """fp32 -> the nearest e4m3 value (ties to even, saturating at +-448), still fp32."""
     v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
     bits = v.to(tl.uint32, bitcast=True)
     sign = bits & 0x80000000
@@ -104,8 +103,7 @@ def _e4m3_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
 
 @triton.jit
 def _quantize_groups(a):
-    """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32): one group per row,
-    scale = max(amax, 1e-4) / 448, codes = e4m3(a / scale) (reference.fp8's arithmetic)."""
+    """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32), reference.fp8's arithmetic."""
     amax = tl.max(tl.abs(a), axis=1)
     s = tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), tl.full(amax.shape, E4M3_MAX, tl.float32))
     q = _e4m3_rne(tl.math.div_rn(a, s[:, None]))
@@ -114,15 +112,13 @@ def _quantize_groups(a):
 
 @triton.jit
 def _fp8a_part(aq, b, sa, sw):
-    """One K tile of FP8 activations: dot(aq, b) of e4m3 (BM, KB) x (KB, BN), fp32, times the row
-    scales sa (BM,) and the column scales sw (BN,): what every FP8-activation GEMM adds to its sum."""
+    """One K tile of FP8 activations: dot(aq, b) fp32 times row scales sa (BM,) and column scales sw (BN,)."""
     return tl.dot(aq, b) * sa[:, None] * sw[None, :]
 
 
 @triton.jit
 def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
-    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN): FP8_A, a holds
-    e4m3 codes with row scales sa; else b converted to a's dtype."""
+    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN)."""
     if FP8_A:
         return _fp8a_part(a, b, sa, sw)
     elif IEEE:
@@ -135,8 +131,7 @@ def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.con
 def _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
                         padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, FP8_A: tl.constexpr):
-    """FP8 GEMM 1's epilogue (every FP8 GEMM 1 tile's): biases and activation (_act_values), then h
-    quantized into out (codes) and outs (scales, column pid_n) with FP8_A, else h in out's dtype."""
+    """FP8 GEMM 1's epilogue: biases, activation, then h (quantized into out / outs with FP8_A)."""
     h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
                     alpha, limit, ACT, HAS_BIAS, SCALE_INPUT and not FP8_A)
     col_mask = offs_n < N
@@ -165,8 +160,7 @@ def _band_scale(s_ptr, first, last, kb, stride_sn, KB: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
-    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales),
-    the boxes of w_desc at rows row_g and row_g + N."""
+    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales)."""
     bg = w_desc.load([row_g, kt * BLOCK_K])
     bu = w_desc.load([row_g + N, kt * BLOCK_K])
     sg = _band_scale(ws_e, first, last, kt, stride_wsn, KB, BLOCK_N)
@@ -180,14 +174,12 @@ FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
 
 
 def convert_code(name: str, gpu: bool, what: str = "FP8 conversion") -> int:
-    """CVT for a conversion name of FP8_CONVERT on a GPU (``gpu``) or under the interpreter; an
-    unknown name is an error that names it and ``what`` it was given as."""
+    """CVT for a conversion name of FP8_CONVERT (``gpu`` or the interpreter); an unknown name is an error."""
     if name not in FP8_CONVERT:
         raise ValueError(f"{what} must be one of {list(FP8_CONVERT)}, got {name!r}")
     return FP8_CONVERT[name][0 if gpu else 1]
 
 
 def _multi_cvt(x, fp8_act: bool) -> int:
-    """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8 (0 with FP8 activations:
-    e4m3 x e4m3 products convert nothing)."""
+    """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8, 0 with FP8 activations."""
     return 0 if fp8_act else convert_code(FP8_CONVERT_DEFAULT, x.device.type == "cuda")

@@ -31,8 +31,7 @@ from .plan import gemm_grid
 @triton.jit(do_not_specialize=["T"])
 def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, T, H, stride_xt, stride_qt, stride_st, KB: tl.constexpr,
                        BLOCK_T: tl.constexpr):
-    """x (T, H) -> codes q (T, H) e4m3 and scales s (T, ceil(H / KB)) fp32 (_quantize_groups);
-    program (i, g): BLOCK_T tokens x group g; columns past H count as 0."""
+    """x (T, H) -> codes (T, H) e4m3 and scales (T, ceil(H / KB)) fp32; program (i, g): BLOCK_T tokens x group g."""
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.program_id(1) * KB + tl.arange(0, KB)
     t_mask = offs_t < T
@@ -71,8 +70,7 @@ def _gemm1_fp8_xq_tile(
     FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """_gemm1_fp8_tile; XQ (FP8_A, not SCALE_INPUT): x_ptr holds x's codes (T, KD) and xs_ptr
-    their scales (T, ceil(KD / KB)) from _quantize_x_kernel, read instead of quantizing per K step."""
+    """_gemm1_fp8_tile; XQ: x_ptr / xs_ptr hold x's codes and scales from _quantize_x_kernel."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -181,8 +179,7 @@ def _gemm2_fp8_kernel(
 
 
 def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
-    """Which FP8 GEMMs ``cfg`` asks for: "pointer" (here), "fp8a" (fp8_act_tma) or "fp8w"
-    (fp8w_tma); the tiles checked."""
+    """Which FP8 GEMMs ``cfg`` asks for: "pointer", "fp8a" or "fp8w"; the tiles checked."""
     if cfg.get("variant", "pointer") == "tma_persistent":
         if split != 1:
             raise ValueError(f"the tma_persistent FP8 {gemm} has no split-K, got split={split} (plan.fp8_entry "
@@ -205,8 +202,7 @@ def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
 
 
 def launch_quantize_x(x, codes, scales, launch: dict) -> None:
-    """Quantize x (T, H) into codes (T, H) float8_e4m3fn and scales (T, ceil(H/128)) fp32, per token per
-    128 columns; ``launch``: plan.quantize_launch's."""
+    """Quantize x (T, H) into e4m3 codes and (T, ceil(H/128)) fp32 scales; ``launch``: plan.quantize_launch's."""
     T, H = x.shape
     if T == 0:
         return
