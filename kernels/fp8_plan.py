@@ -86,8 +86,7 @@ def fp8a_tiles(name: str) -> dict:
 
 
 def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
-    """Set tile set ``name`` on fp8a entries g1, g2 (in place), their stages FP8A_STAGES (or the set's)
-    within FP8_SMEM_BUDGET_BYTES, each stage's A tile counted in e4m3 (x quantized once)."""
+    """Set tile set ``name`` on fp8a entries g1, g2 in place, stages within FP8_SMEM_BUDGET_BYTES."""
     over = fp8a_tiles(name)
     for g, o, n_w in ((g1, over["gemm1"], 2), (g2, over["gemm2"], 1)):
         g.update(o)
@@ -96,8 +95,7 @@ def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
 
 
 def fp8_tma_ok(g: dict, depth: int | None) -> bool:
-    """Whether a bf16 GEMM config ``g`` becomes a persistent FP8 GEMM: its variant is "tma_persistent",
-    no split-K, and e4m3 rows of ``depth`` (the K extent) have the 16-byte strides TMA needs."""
+    """Whether bf16 GEMM config ``g`` becomes a persistent FP8 GEMM (TMA-able, no split-K)."""
     return (g.get("variant") == "tma_persistent" and g.get("SPLIT_K", 1) == 1 and depth is not None
             and depth % 16 == 0)
 

@@ -35,8 +35,7 @@ def _quantize(a: torch.Tensor, br: int, bc: int) -> tuple[torch.Tensor, torch.Te
 
 def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = WEIGHT_BLOCK, *,
                            chunk_elems: int = CHUNK_ELEMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: (..., R, C) float tensor -> (codes (..., R, C) float8_e4m3fn, scale_inv (..., Rb, Cb) float32),
-    on w's device; equal to ``reference.fp8.quantize_weight_blocks`` (codes as bits, scales exactly)."""
+    """w (..., R, C) -> (codes float8_e4m3fn, scale_inv (..., Rb, Cb) fp32), as reference.fp8's."""
     if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() < 2:
         raise ValueError(f"w must be a float tensor of at least 2 dimensions, got "
                          f"{type(w).__name__} {getattr(w, 'dtype', '')} {list(getattr(w, 'shape', []))}")
@@ -65,8 +64,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = WEIGHT_BLOC
 
 
 def to_fp8(weights: MoEWeights, *, chunk_elems: int = CHUNK_ELEMS) -> MoEWeights:
-    """``weights`` (torch tensors, float) with the expert weights (routed and shared) quantized on
-    their device: the fields and shapes of ``MoEWeights.to_fp8()``, the dtypes of ``.to_torch()``."""
+    """``weights`` with the expert weights quantized on their device, as ``MoEWeights.to_fp8()``."""
     if weights.is_fp8:
         raise ValueError("fp8_weights.to_fp8: the weights are FP8 already")
     out = {}

@@ -66,8 +66,7 @@ def _e4m3_folded(w, s, dtype: tl.constexpr, CVT: tl.constexpr):
 
 @triton.jit
 def _fold_factors(f, shape: tl.constexpr, dtype: tl.constexpr):
-    """Fold factors f (BN,) fp32 -> (hi, lo) in dtype, hi = dtype(f), lo = dtype(f - hi), broadcast
-    along the rows of a (BN, BK) tile ``shape``."""
+    """Fold factors f (BN,) fp32 -> (hi, lo) in dtype, hi = dtype(f), lo = dtype(f - hi)."""
     hi = f.to(dtype)
     lo = (f - hi.to(tl.float32)).to(dtype)
     return tl.broadcast_to(hi[:, None], shape), tl.broadcast_to(lo[:, None], shape)
@@ -86,8 +85,7 @@ def _fp8w_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 @triton.jit
 def _fp8w_mma(a, w, acc, IEEE: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK); SWAP_AB: acc^T + w @ a^T,
-    the weights wgmma's A operand from registers."""
+    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK); SWAP_AB: acc^T + w @ a^T."""
     if SWAP_AB:
         out = _mma(w, a.T, acc, IEEE)
     else:
@@ -149,8 +147,7 @@ def _gemm1_fp8w_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr, CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """Persistent weight-only FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed
-    row blocks x N tiles in grouped_gemm._gemm1_tma_kernel's order."""
+    """Persistent weight-only FP8 GEMM 1: tiles in grouped_gemm._gemm1_tma_kernel's order."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -207,8 +204,7 @@ def _gemm2_fp8w_tma_kernel(
 
 
 def fold_scale_max(dtype, cvt: int) -> float:
-    """The largest weight block scale the weight-only persistent GEMMs take with x's torch ``dtype`` and
-    ``cvt``: 448 x s finite in dtype and, with CVT 2, s x 2^b as well (bf16 255, fp16 146.2, fp32 7.6e35)."""
+    """The largest weight block scale the weight-only persistent GEMMs take with ``dtype`` and ``cvt``."""
     import torch
 
     big = torch.finfo(dtype).max
@@ -219,8 +215,7 @@ def fold_scale_max(dtype, cvt: int) -> float:
 
 
 def check_fold_scales(w_scale, dtype, cvt: int, what: str) -> None:
-    """ValueError naming ``what``, the largest scale and the limit where ``w_scale`` (fp32) passes
-    fold_scale_max(dtype, cvt). Read once per scale tensor version; skipped during graph capture."""
+    """ValueError naming ``what`` where ``w_scale`` passes fold_scale_max(dtype, cvt); skipped in capture."""
     import torch
 
     if w_scale.numel() == 0:

@@ -64,8 +64,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend:
 
 
 def register(name: str = NAME, *, backend: str = "multi") -> str:
-    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name.
-    ``backend``: moe_experts' backend ("multi" or "megakernel")."""
+    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name."""
     import functools
 
     from transformers.integrations.moe import ExpertsInterface

@@ -40,8 +40,7 @@ def random_device_weights(cfg, seed: int = 0):
 
 
 def inputs_per_graph(T: int) -> int:
-    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls; every timing of
-    the layer and the cost model's amortized graph cost (megamoe.scale, calls_per_graph) read this."""
+    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls."""
     return 8 if T <= 512 else (4 if T <= 4096 else 2)
 
 
@@ -93,7 +92,6 @@ BREAKDOWN_STOPS = ("align", "gemm1", "gemm2")
 
 
 def stage_split(prefix_us: dict, total_us: float) -> dict:
-    """The multi-launch path's stages (router+align, GEMM 1, GEMM 2, combine) as differences of its
-    prefixes' times (BREAKDOWN_STOPS -> us)."""
+    """The multi-launch stages' times from its prefixes' times (BREAKDOWN_STOPS -> us)."""
     return {"router+align": prefix_us["align"], "gemm1": prefix_us["gemm1"] - prefix_us["align"],
             "gemm2": prefix_us["gemm2"] - prefix_us["gemm1"], "combine": total_us - prefix_us["gemm2"]}

@@ -109,8 +109,7 @@ def _now(TRACE: tl.constexpr):
 
 @triton.jit
 def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
-    """Tests only: KIND < NK counts a task of that kind (its KINDS code); R_G1 / R_G2 a GEMM 1 /
-    GEMM 2 tile of expert e finished (at NK + e / NK + E + e)."""
+    """Tests only: count a task of kind KIND, or a GEMM 1 / GEMM 2 tile of expert e (R_G1 / R_G2)."""
     if RECORD:
         if KIND < NK:
             tl.atomic_add(stats_ptr + KIND, 1)
@@ -513,8 +512,7 @@ def layout_buffer(device: torch.device, words: tuple[int, ...]) -> torch.Tensor:
 
 
 def num_programs(device: torch.device, layout: TaskLayout, occupancy: int) -> int:
-    """P: SMs x occupancy on a GPU, 3 under the interpreter (program 0 takes every ticket, the
-    others see none left: the exit and reset path runs too); never more than there are tasks."""
+    """P: SMs x occupancy on a GPU, 3 under the interpreter; never more than there are tasks."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         p = sms * occupancy
@@ -533,8 +531,7 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, 
 
 
 def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
-    """FP8 GEMM tiles take BLOCK_K = 128 (one weight scale block per K step) and FP8 activations whole
-    128-column groups in GEMM 1 (BLOCK_N1 = 128); an error names the key."""
+    """FP8 tiles need BLOCK_K = 128 (and BLOCK_N1 = 128 with FP8 activations); an error names the key."""
     if fp8 is None:
         return
     t = mk["tiles"]

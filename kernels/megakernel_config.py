@@ -31,8 +31,7 @@ _THRESHOLD_NAMES = ("route_each_max_experts", "align_each_max_t", "bitonic_topk_
 
 
 def load_thresholds(path: Path = THRESHOLDS_PATH) -> dict[str, int]:
-    """name -> value of the megakernel's thresholds file; exactly the names of _THRESHOLD_NAMES, each
-    a positive integer with a unit and a source, else a ValueError that names the key."""
+    """name -> value of the megakernel's thresholds file (exactly _THRESHOLD_NAMES), else ValueError."""
     d = json.loads(Path(path).read_text())
     if set(d) != set(_THRESHOLD_NAMES):
         raise ValueError(f"{path}: want exactly the keys {sorted(_THRESHOLD_NAMES)}, got {sorted(d)}")
@@ -77,8 +76,7 @@ FP8_TMA_WEIGHTS = {"weights": False, "weights+act": True}
 
 
 def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...]) -> int:
-    """The column tile in ``choices`` (widest first) whose tiles fill the programs' waves best:
-    the widest within 5% of the best wave efficiency tiles / (waves x programs)."""
+    """The column tile in ``choices`` whose tiles fill the programs' waves best (widest within 5%)."""
     def eff(bn):
         tiles = max(1, round(row_tiles)) * -(-n_cols // bn)
         return tiles / (-(-tiles // programs) * programs)
@@ -139,8 +137,7 @@ def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
 
 
 def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
-    """Shared memory of one pipeline stage of the megakernel's largest GEMM task: the A tile and
-    its weight tiles (GEMM 1 and the shared MLP's GEMM 1: gate and up)."""
+    """Shared memory of one pipeline stage of the largest GEMM task (A tile and weight tiles)."""
     g1, g2, sh = tiles["gemm1"], tiles["gemm2"], tiles["shared"]
     bm = g1["BLOCK_M"]
     return max(bm * g1["BLOCK_K"] * act_bytes + 2 * g1["BLOCK_K"] * g1["BLOCK_N"] * weight_bytes,
@@ -165,8 +162,7 @@ def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
 
 
 def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
-    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to ``most``
-    (a program streams about stages - 1 of them ahead)."""
+    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to ``most``."""
     return max(least, min(most, 1 + STAGE_BYTES // stage_bytes))
 
 
@@ -245,8 +241,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
 
 
 def megakernel_weight_loads(mk: dict) -> str:
-    """How a megakernel config's GEMM tasks load their weights, as the cost model names it
-    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer"."""
+    """The cost model's name of how the GEMM tasks load weights: "tma" or "pointer"."""
     return "tma" if mk.get("tma_weights") else "pointer"
 
 

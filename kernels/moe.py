@@ -162,8 +162,7 @@ def fp8_mode(weights: MoEWeights, fp8_activations: bool) -> str | None:
 
 
 def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
-    """GEMM 1's output: (rows, width) in x's dtype and no scales, or with FP8 activations e4m3 codes
-    (rows, width) float8_e4m3fn and their scales (rows, ceil(width / 128)) fp32."""
+    """GEMM 1's output: (rows, width) in x's dtype, or e4m3 codes and (rows, ceil(width / 128)) scales."""
     if fp8 != "weights+act":
         return torch.empty((rows, width), device=x.device, dtype=x.dtype), None
     return (torch.empty((rows, width), device=x.device, dtype=torch.float8_e4m3fn),
@@ -171,8 +170,7 @@ def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
 
 
 def _x_buffers(x: torch.Tensor, quant: dict | None):
-    """x quantized once for the FP8 GEMM 1s (the static plan's ``quant``): e4m3 codes (T, H) and
-    scales (T, ceil(H / 128)) fp32, or None where GEMM 1 quantizes in its K loop (or has no FP8 activations)."""
+    """x quantized once for the FP8 GEMM 1s: (codes (T, H), scales (T, ceil(H / 128))), or None."""
     if quant is None:
         return None
     T, H = x.shape
@@ -416,8 +414,7 @@ BACKENDS = ("auto", "megakernel", "multi")
 
 def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
                     fp8: str | None = None) -> str:
-    """"megakernel" or "multi": ``backend`` itself, or for "auto" the faster one for this shape and
-    T bucket as the tuned configs record it (configs.select_backend; ``fp8`` the FP8 mode's table)."""
+    """"megakernel" or "multi": ``backend``, or for "auto" the tuned choice (configs.select_backend)."""
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend != "auto":
@@ -561,8 +558,7 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
 
 
 def align_only(topk_idx: torch.Tensor, num_experts: int, block_m: int) -> dict:
-    """The align kernels on a given topk_idx (T, K) int32: the padded plan of plan_dispatch.
-    Needs the router's per-chunk histogram, which is computed here with torch (test helper)."""
+    """The align kernels on a given topk_idx (T, K) int32 (test helper; hist computed with torch)."""
     T, K = topk_idx.shape
     dev = topk_idx.device
     i32 = torch.int32

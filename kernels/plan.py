@@ -438,14 +438,12 @@ def quantize_launch(T: int, H: int, *, interpret: bool = False) -> dict:
 
 
 def quantizes_x(config, fp8: str | None) -> bool:
-    """Whether the layer quantizes x once before its FP8 GEMM 1s: FP8 activations without
-    weight_on_input (Llama 4 scales each pair's row first, so GEMM 1 quantizes in its K loop)."""
+    """Whether the layer quantizes x once before its FP8 GEMM 1s (FP8 activations, not weight_on_input)."""
     return fp8 == "weights+act" and not config.weight_on_input
 
 
 def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sms: int | None = None) -> tuple[int]:
-    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; persistent
-    ("tma_persistent"): one program per SM, at most the tiles."""
+    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K (persistent: at most the SMs)."""
     tiles = num_m * cdiv(N, cfg["BLOCK_N"])
     if cfg.get("variant", "pointer") == "tma_persistent":
         if not num_sms:

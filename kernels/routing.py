@@ -37,8 +37,7 @@ _NO_KEY = tl.constexpr(-0x7FFFFFFFFFFFFFFF)
 
 @triton.jit
 def _sel_key(v, cols, BLOCK: tl.constexpr):
-    """int64 keys whose max is the max of v (fp32) and, among equal values, the lowest column:
-    v's order-preserving int32 bits (signed zeros made one) above BLOCK - 1 - column."""
+    """int64 keys whose max is v's max (fp32), ties to the lowest column."""
     bits = tl.where(v == 0.0, 0.0, v).to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return (ordered.to(tl.int64) << 32) | (BLOCK - 1 - cols).to(tl.int64)
@@ -153,8 +152,7 @@ def _router_logits_kernel(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Program (c, s): the partial logits of token tile c over H range s (_router_partial);
-    _router_kernel sums them in a fixed order."""
+    """Program (c, s): the partial logits of token tile c over H range s."""
     _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
                     T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
 
