@@ -59,11 +59,7 @@ def peer_order(rank: int, num_ranks: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SendPlan:
-    """One source rank's side of dispatch and combine (see the module docstring).
-
-    send_counts: (R,) int64 rows to each destination; send_offsets: (R+1,) int64;
-    send_token: (N,) int64; combine_row: (T, R) int64; peer_order: (R,) int64.
-    """
+    """One source rank's side of dispatch and combine (send_* and combine_row: docs/kernels.md)."""
 
     rank: int
     num_ranks: int
@@ -297,11 +293,7 @@ class PullSchedule:
 
 
 def _copies(traffic: np.ndarray, max_rows: int, pull: bool):
-    """The copies of every rank in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step).
-
-    pull: destination a reads peer s = (a + i) % R; else a writes peer s's rows back; the pair is
-    (src s, dst a) of ``traffic``.
-    """
+    """Every rank's copies in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step)."""
     R = traffic.shape[0]
     send_off = _exclusive_cumsum(traffic, axis=1)  # [s, d]: first row of d's group in s's send buffer
     recv_off = _exclusive_cumsum(traffic, axis=0)  # [s, d]: first row of s's group in d's receive buffer
@@ -370,10 +362,7 @@ def _check_buffers(name: str, buffers, rows: np.ndarray) -> list[np.ndarray]:
 
 def all_to_all_rows(buffers, counts) -> list[np.ndarray]:
     """What ``all_to_all_single`` delivers.  counts: (R, R) [a, b] rows rank a sends rank b; buffers:
-    R arrays, a's rows grouped by destination ascending -> R arrays, b's rows grouped by source ascending.
-
-    Dispatch is ``all_to_all_rows(send, traffic)``, combine ``all_to_all_rows(partial, traffic.T)``.
-    """
+    R arrays, a's rows grouped by destination ascending -> R arrays, b's rows grouped by source ascending."""
     counts = _traffic_of(counts)
     bufs = _check_buffers("buffer", buffers, counts.sum(axis=1))
     off = np.concatenate([np.zeros((counts.shape[0], 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
@@ -434,9 +423,7 @@ def pull_rows(pull: PullSchedule, send_buffers, *, order=None) -> list[np.ndarra
 def push_rows(pull: PullSchedule, partial_buffers, *, order=None) -> list[np.ndarray]:
     """Combine, one-sided: each computing rank writes its partial rows into their sources' combine buffers.
 
-    partial_buffers: R arrays (recv_rows[c], ...) in the receive layout -> R combine buffers
-    (send_rows[s], ...) in the send layout, equal to ``all_to_all_rows(partial_buffers, pull.traffic.T)``.
-    """
+    -> R combine buffers, equal to ``all_to_all_rows(partial_buffers, pull.traffic.T)``."""
     srcs = _check_buffers("partial buffer", partial_buffers, pull.recv_rows)
     return _run_copies(pull.push_dst, pull.push_src_row, pull.push_rows, pull.push_dst_row, pull.push_offsets,
                        lambda a, p: a, lambda a, p: p, srcs, pull.send_rows, order, "combine")

@@ -37,8 +37,7 @@ PULL, GEMM1, GEMM2, PUSH = range(len(EP_KINDS))
 
 
 def pair_positions(topk_idx, num_slots: int) -> np.ndarray:
-    """(T, K) int64: pos[t, k] = the rows t' < t whose slots include topk_idx[t, k] (what the source sends
-    with each row: the pair's place among its rows for that slot, tokens ascending)."""
+    """(T, K) int64: pos[t, k] = the rows t' < t whose slots include topk_idx[t, k]."""
     idx = _check_topk(topk_idx, _positive("num_slots", num_slots))
     T, K = idx.shape
     flat = idx.reshape(-1)
@@ -56,8 +55,7 @@ def slot_pair_counts(topk_idx, num_slots: int) -> np.ndarray:
 
 
 def auto_max_rows(traffic, num_programs: int) -> int:
-    """Rows per copy for a fused launch: ceil(the most rows any rank receives / num_programs), at
-    least 1, so one rank's pull tasks span the programs; the same on every rank."""
+    """Rows per copy for a fused launch: ceil(most rows any rank receives / num_programs), at least 1."""
     t = as_index_array("traffic", traffic, (None, None), np.iinfo(np.int64).max)
     P = _positive("num_programs", num_programs)
     return max(1, -(-int(t.sum(axis=0).max(initial=0)) // P))
@@ -273,8 +271,7 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
 
 
 def check_ticket_order(plan: FusedEPPlan) -> None:
-    """InputError unless the tasks run one by one in ticket order meet every wait and leave every
-    counter at its target."""
+    """InputError unless the tasks run in ticket order meet every wait and reach every target."""
     value = np.zeros(len(plan.counters), np.int64)
     for t in range(plan.num_tasks):
         for c, want in plan.waits(t):

@@ -45,9 +45,7 @@ def activation(z, config: MoEConfig) -> np.ndarray:
 
 def expert_ffn(x, gate_up, down, config: MoEConfig, gate_up_bias=None, down_bias=None, *,
                fp8_activations: bool = False) -> np.ndarray:
-    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H).
-
-    ``fp8_activations``: x and h are quantized per row per 128 columns before their GEMM."""
+    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H)."""
     qdq = fake_quantize_activations if fp8_activations else np.asarray
     z = qdq(x) @ np.asarray(gate_up).T
     if gate_up_bias is not None:
@@ -62,9 +60,7 @@ def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights
                     fp8_activations: bool = False) -> np.ndarray:
     """Every (token, expert) pair through its expert.  -> (T*K, H), row r is plan.sorted_pair[r].
 
-    For ``config.weight_on_input`` the expert's input row is x[t] * topk_weights[t, k].
-    ``weights``: float weights (FP8 ones dequantized first, as ``moe_forward`` does).
-    """
+    For ``config.weight_on_input`` the input row is x[t] * topk_weights[t, k]; float weights only."""
     H = config.hidden_size
     out = np.zeros((plan.num_pairs, H), np.float64)
     in_scale = routing.topk_weights.reshape(-1)[plan.sorted_pair] if config.weight_on_input else None
@@ -85,9 +81,7 @@ def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights
 def combine(expert_out, plan: DispatchPlan, topk_weights, config: MoEConfig) -> np.ndarray:
     """y[t] = sum_k w[t, k] * expert_out[row of pair (t, k)], k ascending.  -> (T, H).
 
-    expert_out: (T*K, H) in sorted-row order; topk_weights: (T, K). For ``config.weight_on_input``
-    the weights were applied to the inputs and the sum is unweighted.
-    """
+    expert_out: (T*K, H) in sorted-row order; unweighted for ``config.weight_on_input``."""
     T, K = plan.num_tokens, plan.top_k
     expert_out = np.asarray(expert_out)
     per_pair = expert_out[plan.pair_row].reshape(T, K, expert_out.shape[-1])

@@ -202,8 +202,7 @@ def _scales(name: str, s, want: tuple[int, ...]) -> np.ndarray:
 
 
 def check_scales(name: str, s) -> np.ndarray:
-    """``s`` as float64, after checking that every scale is finite and > 0 (a quantizer's scales are
-    at least AMAX_FLOOR / E4M3_MAX; a NaN, negative or zero scale is a corrupt checkpoint)."""
+    """``s`` as float64, after checking that every scale is finite and > 0."""
     s = np.asarray(s, dtype=np.float64)
     bad = ~(np.isfinite(s) & (s > 0))
     if bad.any():

@@ -207,8 +207,7 @@ def _weight_dtype(*dicts: Mapping[str, Any]) -> str:
 
 
 def hf_config_fields(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
-    """(MoEConfig fields, where) of one MoE layer of a transformers config (``hf.config_from_hf``
-    documents it); ``where`` names the source for the errors of ``MoEConfig(**fields)``."""
+    """(MoEConfig fields, where) of one MoE layer of a transformers config; ``where`` names the source."""
     source = "config"
     if isinstance(config, (str, Path)):
         source = f"config file {str(config)!r}"

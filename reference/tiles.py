@@ -97,8 +97,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def scan_block(groups: int) -> int:
-    """Histogram rows the align scan reads per step (BLOCK_C, a power of two in [2, 16]): the scan
-    takes ceil(groups / scan_block(groups)) steps. Both backends' scans and the cost model read it."""
+    """Histogram rows the align scan reads per step (BLOCK_C, a power of two in [2, 16])."""
     return max(2, min(16, 1 << max(0, int(groups) - 1).bit_length()))
 
 
@@ -148,8 +147,7 @@ def topk_tokens(tiles: dict) -> int:
 
 
 def topk_groups(T: int, H: int, tiles: dict) -> int:
-    """G, the top-k tasks for T tokens of hidden size H: TOPK_T tokens each with a split router
-    (``router_ranges`` gives more than one range of H), else one per logits chunk of BLOCK_T."""
+    """G, the top-k tasks for T tokens: TOPK_T tokens each with a split router, else one per chunk."""
     r = tiles["router"]
     if router_ranges(H, r["SPLIT"], r["BLOCK_H"])[0] > 1:
         return cdiv(T, topk_tokens(tiles))
@@ -162,8 +160,7 @@ def align_each_takes(T: int, H: int, K: int, tiles: dict) -> bool:
 
 
 def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
-    """(splits, H columns per split) of the decode router: ranges are whole BLOCK_H steps, so
-    fewer splits than asked may result (split <= 1: one range, all of H)."""
+    """(splits, H columns per split) of the decode router, whole BLOCK_H steps (split <= 1: all of H)."""
     if split <= 1:
         return 1, H
     h_per = cdiv(cdiv(H, split), block_h) * block_h
@@ -171,8 +168,7 @@ def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
 
 
 def tile_ids(j: np.ndarray, num_m: int, num_n: int, group_m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Grouped tile order: task j -> (row block, N tile); GROUP_M row blocks sweep the N tiles
-    together (the order the kernel's ``_tile_ids`` computes)."""
+    """Grouped tile order: task j -> (row block, N tile); GROUP_M row blocks sweep the N tiles together."""
     j = np.asarray(j, dtype=np.int64)
     width = group_m * num_n
     group = j // width
@@ -340,8 +336,7 @@ class TaskPlan:
         return {k: int(n[i]) for i, k in enumerate(KINDS)}
 
     def tiles_per_expert(self, kind: str) -> np.ndarray:
-        """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
-        (what the kernel's ``record`` counts)."""
+        """(E,) tiles of ``kind`` (gemm1 or gemm2) per routed expert: row blocks x N tiles."""
         n = self.layout.n1 if kind == "gemm1" else self.layout.n2
         return -(-self.counts // self.tiles["gemm1"]["BLOCK_M"]) * n
 
@@ -381,8 +376,7 @@ class _Builder:
         return len(self.counters) - 1
 
     def add(self, kind: str, n: int, waits: np.ndarray | None = None, signal=-1, **cols) -> None:
-        """n tasks, each with the same number of waits ((n, w, 2) counter/target) and one signal
-        (a counter id per task or for all; -1: none)."""
+        """n tasks, each with w waits ((n, w, 2) counter/target) and one signal (per task or for all; -1: none)."""
         if n == 0:
             return
         w = np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2)

@@ -158,15 +158,12 @@ class MoEWeights:
         return dataclasses.replace(self, **out)
 
     def round_to(self, dtype: str) -> MoEWeights:
-        """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype).
-
-        FP8 scales are left as they are (e4m3 values are exact in every dtype rounded to here)."""
+        """float64 weights exactly representable in ``dtype`` (tolerance.round_to_dtype); FP8 scales kept."""
         return dataclasses.replace(self, **{k: round_to_dtype(np.asarray(a, np.float64), dtype)
                                             for k, a in self.arrays().items() if k not in SCALE_FIELDS})
 
     def to_fp8(self) -> MoEWeights:
-        """The expert weights (routed and shared) quantized to e4m3 in 128 x 128 blocks (``fp8.py``),
-        held as float64 e4m3 values with float32 ``*_scale_inv``; the router and biases unchanged."""
+        """The expert weights quantized to e4m3 in 128 x 128 blocks (``fp8.py``) with float32 ``*_scale_inv``."""
         if self.is_fp8:
             raise InputError("MoEWeights.to_fp8: the weights are FP8 already")
         out = {}
@@ -203,9 +200,7 @@ class MoEWeights:
 
 
 def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_bytes: int = 2 << 30) -> MoEWeights:
-    """Random float64 weights scaled so that logits and outputs are O(1) for x ~ N(0, 1).
-
-    Weights are N(0, 1/fan_in); biases N(0, 0.1^2); the DeepSeek score bias N(0, 0.05^2).
+    """Random float64 weights, N(0, 1/fan_in), biases N(0, 0.1^2), score bias N(0, 0.05^2).
     ``fp8=True``: the same draw quantized (``MoEWeights.to_fp8``). Raises past ``max_bytes`` of float64.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
