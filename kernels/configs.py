@@ -25,8 +25,7 @@ from .thresholds import Thresholds
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs; variant: the kernel
-#: family; FLATTEN (0 / 1, "tma_persistent" only): the tile walk and K loop as one pipelined loop
+#: optional keys and their defaults: SPLIT_K, variant (the kernel family), FLATTEN (one pipelined loop)
 GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
 #: the optional keys that are switches (0 or 1), not positive sizes
 GEMM_SWITCHES = ("FLATTEN",)
@@ -252,13 +251,11 @@ ROUTER_MAX_WARPS = _TH["ROUTER_MAX_WARPS"]
 ROUTER_WALK_WARPS = _TH["ROUTER_WALK_WARPS"]
 #: widest score row (BLOCK_E) whose top-k takes K maxima; wider ones take the bitonic top-k
 ROUTER_MAXIMA_MAX_E = _TH["ROUTER_MAXIMA_MAX_E"]
-#: H columns per step of a walking routing program at prefill (from WALK_WIDE_MIN_T tokens, up to
-#: WALK_WIDE_MAX_E experts)
+#: H columns per step of a walking routing program at prefill (WALK_WIDE_MIN_T, WALK_WIDE_MAX_E)
 WALK_WIDE_BLOCK_H = _TH["WALK_WIDE_BLOCK_H"]
 WALK_WIDE_MIN_T = _TH["WALK_WIDE_MIN_T"]
 WALK_WIDE_MAX_E = _TH["WALK_WIDE_MAX_E"]
-#: token blocks from which the router's logits are a prefill launch of their own, where a routing
-#: program would walk more than ROUTER_PREFILL_WALK_STEPS steps of H
+#: token blocks from which the router's logits are a launch of their own (past ROUTER_PREFILL_WALK_STEPS)
 ROUTER_PREFILL_BLOCKS = _TH["ROUTER_PREFILL_BLOCKS"]
 ROUTER_PREFILL_WALK_STEPS = _TH["ROUTER_PREFILL_WALK_STEPS"]
 #: tokens and H columns per program step of that launch

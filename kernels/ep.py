@@ -48,11 +48,8 @@ def check_transport_env() -> None:
 
 @dataclass(frozen=True)
 class EPShard:
-    """One rank's share of the routed experts.
-
-    slot_rank: (P,) int64 rank of every slot; slots: (P_r,) int64 this rank's slots, ascending;
-    gate_up: (P_r, 2I, H); down: (P_r, H, I); biases (P_r, 2I), (P_r, H) or None; x's dtype and device.
-    """
+    """One rank's share of the routed experts: slot_rank (P,), slots (P_r,) int64 ascending; gate_up
+    (P_r, 2I, H); down (P_r, H, I); biases (P_r, 2I), (P_r, H) or None; x's dtype and device."""
 
     rank: int
     num_ranks: int
@@ -236,9 +233,7 @@ def combine_partials(back: torch.Tensor, combine_row: np.ndarray, dtype: torch.d
 def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard, group=None, *,
                    transport: str = "auto", backend: str = "auto") -> torch.Tensor:
     """The routed experts, expert-parallel.  x: (T, H) this rank's tokens; topk_idx: (T, K) slot ids
-    (tensor or array, distinct per row); topk_weights: (T, K) float -> y (T, H) in x's dtype.
-
-    Collective: every rank of ``group`` calls it, each with its own T (0 allowed).
+    (distinct per row); topk_weights: (T, K) float -> y (T, H) in x's dtype. Collective (own T each).
     ``backend``: "kernels" (moe_experts), "torch" (a loop of torch GEMMs), "auto" (kernels on CUDA).
     """
     backend = resolve_backend(backend, x)

@@ -37,8 +37,7 @@ def _e4m3_rne(v):
     return r.to(tl.float32, bitcast=True)
 
 
-#: _e4m3_to's powers of two: a code's 7 magnitude bits moved into bf16's (or fp32's) exponent and
-#: mantissa fields read as the code times 2^-120 (exponent bias 127 = 7 + 120), into fp16's as 2^-8 (15 = 7 + 8)
+#: _e4m3_to's powers of two: moved bits read as the code times 2^-120 (bf16, fp32) or 2^-8 (fp16)
 _BIAS_2_120 = tl.constexpr(2.0 ** 120)
 
 
@@ -168,8 +167,7 @@ def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: t
     return bg, bu, sg, su
 
 
-#: ``_e4m3_to``'s CVT per convert name ("bits": inline PTX on a GPU, integer ops under the
-#: interpreter; "cast": Triton's cast), on a GPU and under the interpreter
+#: ``_e4m3_to``'s CVT per convert name ("bits", "cast") on a GPU and under the interpreter
 FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
 
 

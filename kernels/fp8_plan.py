@@ -33,8 +33,7 @@ FP8A_DEFAULT_TILES_MIN_M = _TH["FP8A_DEFAULT_TILES_MIN_M"]
 #: row tiles and K tile of the fp8w GEMMs at most
 FP8W_TMA_MAX_BLOCK_M = _TH["FP8W_TMA_MAX_BLOCK_M"]
 FP8W_TMA_BLOCK_K = _TH["FP8W_TMA_BLOCK_K"]
-#: whether the fp8w GEMMs swap their MMA operands by default (FP8Options.swap_ab), and their column
-#: tiles at most when swapped
+#: whether the fp8w GEMMs swap their MMA operands by default, and their column tiles at most when swapped
 FP8W_TMA_SWAP_AB = _TH["FP8W_TMA_SWAP_AB"]
 FP8W_TMA_SWAP_MAX_BLOCK_N = _TH["FP8W_TMA_SWAP_MAX_BLOCK_N"]
 _TH.close()

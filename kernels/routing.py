@@ -56,9 +56,8 @@ def _key_value(key):
     return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
-# The top-k of _route_block from keys (BLOCK_T, BLOCK_E) int64 of _sel_key -> top_idx (BLOCK_T, BLOCK_K)
-# int32 best first, top_val (BLOCK_T, BLOCK_K) fp32 (router 2: src at the column, else the key's value;
-# zero past K), picked (BLOCK_T, BLOCK_E) int32.
+# The top-k of _route_block from _sel_key's keys -> top_idx (BLOCK_T, BLOCK_K) int32 best first,
+# top_val (BLOCK_T, BLOCK_K) fp32 (zero past K), picked (BLOCK_T, BLOCK_E) int32.
 @triton.jit
 def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):

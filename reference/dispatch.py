@@ -19,20 +19,11 @@ from ._checks import InputError, as_index_array, check_distinct_rows
 
 @dataclass(frozen=True)
 class DispatchPlan:
-    """Pairs sorted by expert.
-
-    num_tokens T, num_experts E, top_k K, block_size (1 = no padding).
-    counts: (E,) int64, pairs per expert.
-    offsets: (E+1,) int64, exclusive prefix sum of counts; expert e owns sorted rows
-        offsets[e]:offsets[e+1].
-    sorted_token: (T*K,) int64, token of each sorted row.
-    sorted_pair: (T*K,) int64, pair index t*K + k of each sorted row.
-    pair_row: (T*K,) int64, inverse of sorted_pair: sorted row of pair p.
-    padded_counts: (E,) int64, counts rounded up to block_size.
-    padded_offsets: (E+1,) int64.
-    padded_token: (P,) int64, token of each padded row, -1 for padding.
-    padded_pair: (P,) int64, pair of each padded row, -1 for padding.
-    block_expert: (P // block_size,) int64, the expert of each block of padded rows.
+    """Pairs sorted by expert; block_size 1 = no padding. All arrays int64:
+    counts (E,) pairs per expert; offsets (E+1,): expert e owns sorted rows offsets[e]:offsets[e+1];
+    sorted_token, sorted_pair (T*K,): token and pair t*K + k of each sorted row; pair_row (T*K,) its
+    inverse; padded_counts (E,), padded_offsets (E+1,); padded_token, padded_pair (P,), -1 for
+    padding; block_expert (P // block_size,) the expert of each block of padded rows.
     """
 
     num_tokens: int

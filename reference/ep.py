@@ -59,7 +59,8 @@ def peer_order(rank: int, num_ranks: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SendPlan:
-    """One source rank's side of dispatch and combine (send_* and combine_row: docs/kernels.md)."""
+    """One source rank's side of dispatch and combine (docs/kernels.md), int64: send_counts (R,),
+    send_offsets (R+1,), send_token (N,), combine_row (T, R), peer_order (R,)."""
 
     rank: int
     num_ranks: int

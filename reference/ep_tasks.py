@@ -28,8 +28,7 @@ import numpy as np
 from ._checks import InputError, as_index_array
 from .ep import PullSchedule, _check_rank, _check_slot_rank, _check_topk, local_slots, peer_order
 
-#: bytes a dispatched row carries per pick besides x: topk_idx (int64), topk_weights (fp32) and the pair's
-#: position (int64); plan_pull's meta_bytes for the fused launch is top_k times this
+#: bytes a dispatched row carries per pick besides x: topk_idx, topk_weights and the pair's position
 META_BYTES_PER_PICK = 8 + 4 + 8
 #: task kinds in ticket order; ``kind`` holds their index
 EP_KINDS = ("pull", "gemm1", "gemm2", "push")

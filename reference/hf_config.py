@@ -87,8 +87,7 @@ class _Fields:
         return v
 
 
-#: The routed-expert count's names: real config.json files say ``num_experts`` (Qwen) or
-#: ``num_local_experts`` (Mixtral, gpt-oss, Llama 4); transformers 5 writes ``num_local_experts`` for Qwen3.
+#: The routed-expert count's names in config.json files.
 _NUM_EXPERTS = ("num_local_experts", "num_experts")
 
 
