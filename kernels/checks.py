@@ -37,9 +37,8 @@ _scales_ok: dict[int, tuple[weakref.ref, int]] = {}  # id(scale tensor) -> (the 
 
 
 def check_weights(weights, config, device: torch.device, dtype: torch.dtype) -> None:
-    """Raise ``KernelInputError`` unless ``weights`` (``MoEWeights.to_torch``) fit ``config``: every
-    tensor the config has and no other, of the reference's shape, on ``device``, contiguous, in
-    ``dtype`` (FP8 expert weights float8_e4m3fn, their scales float32 and finite and > 0)."""
+    """Raise ``KernelInputError`` unless ``weights`` (``MoEWeights.to_torch``) fit ``config``, ``device``
+    and ``dtype`` (module docstring)."""
     if not isinstance(config, MoEConfig):
         raise KernelInputError(f"config must be a MoEConfig, got {type(config).__name__}")
     if not isinstance(weights, MoEWeights):
@@ -177,10 +176,8 @@ def capturing(device) -> bool:
 
 def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
                  flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids (T, K) int32, weights (T, K) fp32), sanitized; bad slots recorded into ``flag``.
-
-    topk_idx: (T, K) any integer dtype, contiguous; topk_weights: (T, K) any float dtype, contiguous.
-    """
+    """(ids (T, K) int32, weights (T, K) fp32) sanitized from contiguous (T, K) ids and weights of any
+    integer / float dtype; bad slots recorded into ``flag``."""
     T, K = topk_idx.shape
     ids = torch.empty((T, K), device=topk_idx.device, dtype=torch.int32)
     w = torch.empty((T, K), device=topk_idx.device, dtype=torch.float32)

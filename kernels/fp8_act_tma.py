@@ -188,7 +188,7 @@ def is_fp8a(cfg: dict) -> bool:
     return cfg.get("variant") == "tma_persistent" and bool(cfg.get("FP8A", 0))
 
 
-#: the "PIPE" values each GEMM takes: 0 off, 1 PIPE (module docstring), 2 CHAIN (GEMM 2: _gemm2_fp8a_tile)
+#: the "PIPE" values each GEMM takes: 0 off, 1 PIPE, 2 CHAIN (GEMM 2 only; docs/kernels.md)
 PIPE_MODES = {"gemm1": (0, 1), "gemm2": (0, 1, 2)}
 
 

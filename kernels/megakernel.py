@@ -13,10 +13,8 @@ shared1[Ms]); a finished task signals with a CTA barrier then a release atomic a
 spins on an acquire read then a CTA barrier; the last program out zeroes the sync words for the
 next call (or CUDA-graph replay).
 
-The tasks run the multi-launch path's tile helpers, so both backends compute the same numbers; the
-combine sums a token's KS rows in a fixed order (bitwise deterministic). FP8 (``fp8="weights"`` /
-``"weights+act"``): FP8 tiles, BLOCK_K = 128. ``trace`` (GPU only): %globaltimer stamps per task
-for benchmarks/megakernel_trace.py.
+The tasks run the multi-launch path's tile helpers (the same numbers); the combine sums a token's
+KS rows in a fixed order. FP8: FP8 tiles, BLOCK_K = 128.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ synchronization (every size comes from T and the config: CUDA-graph capturable):
 With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics; with KS = 1
 GEMM 2 writes y directly.
 
-Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (the routed experts for a routing
-made elsewhere, see hf_experts.py); ``bind(weights, config)`` gives a closure for torch.compile.
-Forward only.
+Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (forward only); ``bind(weights,
+config)`` gives a closure for torch.compile.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def plan_send(topk_idx, slot_rank, num_ranks: int, rank: int) -> SendPlan:
 
 @dataclass(frozen=True)
 class RecvPlan:
-    """One destination rank's side: the local pairs of the rows it received (module docstring).
+    """One destination rank's side: the local pairs of the rows it received (docs/kernels.md).
 
     recv_counts: (R,) int64 rows from each source; recv_offsets: (R+1,) int64;
     slots: (P_r,) int64 global slot of each local slot; counts: (P_r,) int64 pairs per local slot;
