@@ -122,9 +122,8 @@ class SymmetricBuffers:
 
     Symmetric: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32, send_pos (S, K) int64 (each
     pair's position among the sender's rows of its slot), combine (S, H), flags (2, R) int64. Local:
-    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (the first
-    timed-out wait: peer + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 addresses of
-    region ``name`` on every rank (what ep_pull.launch_copies takes)."""
+    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (first timeout:
+    peer + 1, value, flag row + 1). ``peers[name]``: (R,) int64 addresses of region ``name``."""
 
     def __init__(self, rank: int, layout: BufferLayout, storage: torch.Tensor, bases: list[int], *,
                  spin_limit: int, emulated: bool, keep: tuple = ()):

@@ -241,12 +241,8 @@ class PullSchedule:
     """The one-sided exchange of an ``EPSchedule``: every copy each rank performs, in its peer order.
 
     Shape legend: R ranks, C dispatch copies (pulls) = C' combine copies (pushes), listed rank by rank
-    (CSR: rank r's copies are ``pull_offsets[r]:pull_offsets[r+1]``, resp. ``push_offsets``).
-    The four buffers and the order of the copies: docs/kernels.md. The offsets are prefix sums of the
-    (R, R) traffic matrix alone, so the schedule is built before launch and the ranks need no
-    handshake. A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most
-    ``max_rows``. ``pull_bytes``/``push_bytes``: rows * ``dispatch_row_bytes`` (row plus metadata)
-    and rows * ``combine_row_bytes``.
+    (CSR: ``pull_offsets``, ``push_offsets``). Buffers and copy order: docs/kernels.md. The offsets
+    come from the (R, R) traffic matrix alone (no handshake); copies are cut at ``max_rows`` rows.
 
     Every array is int64: pull_offsets, push_offsets (R+1,); send_rows, recv_rows (R,);
     pull_src, pull_src_row, pull_rows, pull_dst_row, pull_step, pull_bytes (C,);

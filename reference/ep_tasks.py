@@ -70,15 +70,11 @@ def _positive(name: str, v) -> int:
 class FusedEPPlan:
     """One rank's fused launch (module docstring). Arrays are int64 unless said.
 
-    Layout: slots (P_r,) global slot of each local slot; pair_counts (R, P_r) [source, local slot];
-    slot_base (P_r+1,) first padded row of each local slot (multiples of block_m); src_base (R, P_r)
-    first padded row of peer step q's pairs in slot j; block_slot (B,) local slot of each row block;
-    block_steps (B, 2) its first and last peer step; num_padded = B * block_m.
-    Tasks (n, ticket order): kind (EP_KINDS index), arg (pull / push: the copy's index among this
-    rank's; gemm: the row block), tile (gemm: the column tile; else 0); wait_ptr (n+1,) /
-    wait_counter / wait_target: CSR list of (counter, value reached) each task waits for;
-    signal_ptr (n+1,) / signal_counter: the counters each task adds one to when done.
-    counters: their names ("pulled[q]", "g1[b]", "g2[q]"); counter_target: the value each ends at.
+    Layout: slots (P_r,); pair_counts (R, P_r) [source, local slot]; slot_base (P_r+1,) and src_base
+    (R, P_r) first padded rows of each local slot and of peer step q's pairs in it; block_slot (B,);
+    block_steps (B, 2) first and last peer step; num_padded = B * block_m.
+    Tasks (n, ticket order): kind (EP_KINDS index), arg (the copy's index, or the row block), tile;
+    wait_* and signal_* CSR lists as TaskPlan's; counters (names), counter_target.
     Cost fields (n,) float64: rows, link_bytes (0 for step 0), weight_bytes, in_bytes, out_bytes,
     flops; weight_id (n,) (slot * 2 + GEMM - 1, -1 else).
     """
