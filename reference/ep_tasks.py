@@ -74,7 +74,7 @@ class FusedEPPlan:
     (R, P_r) first padded rows of each local slot and of peer step q's pairs in it; block_slot (B,);
     block_steps (B, 2) first and last peer step; num_padded = B * block_m.
     Tasks (n, ticket order): kind (EP_KINDS index), arg (the copy's index, or the row block), tile;
-    wait_* and signal_* CSR lists as TaskPlan's; counters (names), counter_target.
+    wait_* and signal_* CSR lists as tiles.TaskPlan's; counters (names), counter_target.
     Cost fields (n,) float64: rows, link_bytes (0 for step 0), weight_bytes, in_bytes, out_bytes,
     flops; weight_id (n,) (slot * 2 + GEMM - 1, -1 else).
     """
