@@ -18,8 +18,7 @@ import triton.language as tl
 
 from .plan import align_blocks, align_launch  # noqa: F401 - align_blocks: kept importable from here
 
-#: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot
-#: tensors in two reductions (decode), larger ones slot by slot (bounded registers)
+#: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot tensors
 ONE_SHOT = tl.constexpr(4096)
 
 
@@ -27,8 +26,7 @@ ONE_SHOT = tl.constexpr(4096)
 def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                     padded_token_ptr, padded_pair_ptr,
                     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_PAD: tl.constexpr):
-    """From counts (BLOCK_E,): store counts, padded offsets, block_expert and the -1 padding rows;
-    return each expert's first padded row."""
+    """From counts (BLOCK_E,): store counts, padded offsets, block_expert, padding rows; -> first padded rows."""
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     incl = tl.cumsum(padded, axis=0)
     start = incl - padded
@@ -36,8 +34,7 @@ def _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr
     tl.store(padded_off_ptr + offs_e, start, mask=e_mask)
     total = tl.sum(padded, axis=0)
     tl.store(padded_off_ptr + E, total)
-    # block b belongs to the expert whose padded range holds row b*BLOCK_M: the number of experts
-    # ending at or before it (empty experts end where they start, so they are skipped)
+    # block b's expert: the number of experts ending at or before row b*BLOCK_M
     end_masked = tl.where(e_mask, incl, 2147483647)
     for b0 in range(0, B_MAX, BLOCK_B):
         offs_b = b0 + tl.arange(0, BLOCK_B)
@@ -86,8 +83,7 @@ def _align_one(idx, valid, counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_
 @triton.jit
 def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr,
                    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Write the padded rows of a block of tokens. idx (BLOCK_T, BLOCK_K) expert ids (-1 where
-    masked); base (BLOCK_E,): the first padded row of each expert free for this block."""
+    """Write the padded rows of a token block: idx (BLOCK_T, BLOCK_K) (-1 masked), base (BLOCK_E,)."""
     offs_k = tl.arange(0, BLOCK_K)
     if BLOCK_T * BLOCK_K * BLOCK_E <= ONE_SHOT:  # every slot at once: two reductions in all
         hit = (idx[:, :, None] == offs_e[None, None, :]) & t_mask[:, None, None]  # (T, K, E)
@@ -118,8 +114,7 @@ def _scatter_block(idx, offs_t, t_mask, base, offs_e, padded_token_ptr, padded_p
 
 @triton.jit
 def _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C: tl.constexpr):
-    """Experts offs_e's exclusive prefix over the C chunks of hist (C, E), stored as chunk_base
-    (C, E), BLOCK_C chunks a step; returns their counts (offs_e's shape)."""
+    """chunk_base (C, E): experts offs_e's exclusive prefix over hist's C chunks; returns their counts."""
     running = tl.zeros(offs_e.shape, tl.int32)
     for c0 in range(0, C, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
@@ -149,8 +144,7 @@ def _scan(
 @triton.jit(do_not_specialize=["C"])
 def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
                          BLOCK_EX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The multi-launch scan, one program per BLOCK_EX experts: each expert's exclusive prefix over the
-    C chunks (chunk_base) and its count."""
+    """The multi-launch scan, one program per BLOCK_EX experts: chunk_base and counts."""
     offs_e = tl.program_id(0) * BLOCK_EX + tl.arange(0, BLOCK_EX)
     e_mask = offs_e < E
     running = _chunk_prefix(hist_ptr, chunk_base_ptr, C, E, offs_e, e_mask, BLOCK_C)
@@ -160,8 +154,7 @@ def _scan_experts_kernel(hist_ptr, chunk_base_ptr, counts_ptr, C, E,
 @triton.jit(do_not_specialize=["B_MAX"])
 def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr, padded_pair_ptr, E, B_MAX,
                    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The multi-launch padded layout, one program per BLOCK_B row blocks: padded offsets (program 0
-    stores them), block_expert (-1 past the last block) and -1 in the padding rows."""
+    """The multi-launch padded layout, BLOCK_B row blocks a program: offsets, block_expert, padding rows."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.load(counts_ptr + offs_e, mask=e_mask, other=0)
@@ -189,9 +182,8 @@ def _layout_kernel(counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_pt
 
 @triton.jit
 def _hist_layout(hist_ptr, G, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The padded layout from the top-k tasks' histograms hist (G, E), without storing it (the
-    megakernel's ALIGN_EACH: every task past the static ones reads it itself): (counts, first
-    padded row, padded end of each expert (BLOCK_E,), e_mask, row blocks B). The sums of _scan's."""
+    """The padded layout from the top-k tasks' histograms hist (G, E), not stored (ALIGN_EACH):
+    (counts, first padded row, padded end of each expert (BLOCK_E,), e_mask, row blocks B)."""
     offs_e = tl.arange(0, BLOCK_E)
     e_mask = offs_e < E
     counts = tl.zeros((BLOCK_E,), tl.int32)
@@ -237,8 +229,7 @@ def _place_block(b, e, counts, start, topk_idx_ptr, TK, padded_token_ptr, padded
 @triton.jit
 def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """Token block pid of a routing made elsewhere: (idx (BLOCK_T, BLOCK_K), in-range mask, pairs per
-    expert (BLOCK_E,), offs_t, t_mask, offs_e, e_mask), as routing._route_block returns them."""
+    """Token block pid of a routing made elsewhere, returned as routing._route_block returns it."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
@@ -274,9 +265,7 @@ def _scatter_chunk(
 @triton.jit
 def _pair_ranks(topk_idx_ptr, first, n, offs_p, BLOCK_J: tl.constexpr):
     """Experts, mask and ranks (each (BLOCK_P,)) of pairs offs_p of the chunk whose n pairs start at
-    pair ``first`` of topk_idx (T*K,): a pair's rank is the number of the chunk's earlier pairs with
-    its expert (= the chunk's earlier tokens that picked it: a token picks an expert at most once),
-    from one (BLOCK_P, BLOCK_J) compare of its expert with the chunk's, summed over the row."""
+    pair ``first`` of topk_idx (T*K,): a rank is the number of the chunk's earlier pairs with its expert."""
     offs_j = tl.arange(0, BLOCK_J)
     chunk = tl.load(topk_idx_ptr + first + offs_j, mask=offs_j < n, other=-1)
     m = offs_p < n
@@ -291,10 +280,8 @@ def _scatter_pairs_kernel(
     T, E,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c's BLOCK_T*K
-    (flat index t_local*K + k; BLOCK_J >= BLOCK_T*K, a power of two). Each pair's padded row is
-    chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks): what the megakernel's one-hot
-    _scatter_chunk stores."""
+    """The multi-launch scatter, program (c, s): pairs [s BLOCK_P, (s + 1) BLOCK_P) of chunk c; each
+    pair's padded row is chunk_base[c, e] + padded_offsets[e] + its rank (_pair_ranks)."""
     c = tl.program_id(0)
     first = c * (BLOCK_T * K)
     n = tl.minimum(BLOCK_T * K, T * K - first)
@@ -310,8 +297,7 @@ def _scatter_pairs_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere
-    (the router kernel writes it itself)."""
+    """hist (C, E): pairs per expert in each chunk of BLOCK_T tokens, for a routing made elsewhere."""
     c = tl.program_id(0)
     _idx, _m, counts, _t, _tm, offs_e, e_mask = _given_block(topk_idx_ptr, c, T, E, K, BLOCK_T, BLOCK_E, BLOCK_K)
     tl.store(hist_ptr + c * E + offs_e, counts, mask=e_mask)
@@ -329,8 +315,7 @@ def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
 
 def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, meta: dict, *,
                  launch: dict | None = None) -> None:
-    """Fill the metadata tensors in ``meta`` (see the module docstring) from topk_idx and hist.
-    ``launch``: the sizes of ``plan.align_launch`` (moe.py's static plan), else computed by it."""
+    """Fill the metadata tensors in ``meta`` from topk_idx and hist; ``launch``: plan.align_launch's sizes."""
     T, K = topk_idx.shape
     E = num_experts
     if T == 0:
@@ -348,8 +333,7 @@ def launch_align(topk_idx, hist, num_experts: int, block_t: int, block_m: int, m
 
 
 def launch_scatter(topk_idx, meta: dict, num_experts: int, al: dict) -> None:
-    """meta's padded_token, padded_pair (the pairs' rows) and pair_dest from topk_idx (T, K) int32 and
-    meta's chunk_base (C, E) and padded_offsets (E+1,) (_scatter_pairs_kernel at ``al``, plan.align_launch's sizes)."""
+    """meta's padded_token, padded_pair and pair_dest from topk_idx (T, K) int32, chunk_base, padded_offsets."""
     T, K = topk_idx.shape
     _scatter_pairs_kernel[al["scatter_grid"]](
         topk_idx, meta["chunk_base"], meta["padded_offsets"], meta["padded_token"], meta["padded_pair"],

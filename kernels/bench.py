@@ -2,18 +2,10 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, m rows per expert.
 
-Per (preset, T, dtype) row, in one run on one GPU:
-    ceilings     streaming-read bandwidth, bf16 and FP8 matmul rates (8192^3), the ideal grouped
-                 GEMM (torch.bmm over E experts of m = ceil(T*K/E) rows): ceilings.py
-    floor        max(FLOPs / matmul rate, bytes / bandwidth) (``ceilings.floor_terms``)
-    ours         moe_forward, whole layer with routing: median per call of CUDA-graph replays over
-                 NI fresh inputs (``measure.graph_time_us``)
-    torch        the plain PyTorch pipeline (torch_moe.py), timed the same way
-``--dtype bf16,fp8,fp8-act`` (``DTYPES``): bf16 weights; e4m3 weights with 128 x 128 block scales
-quantized from the same bf16 weights; the same with FP8 activations (rows carry
-``speedup_vs_bf16`` on the same backend). Rows are printed and appended as JSON lines with their
-provenance (provenance.py) to
-benchmarks/results/kernels_<date>.jsonl or --out. ``--tune`` writes tuned configs first (tune.py).
+Per (preset, T, dtype) row: the ceilings (ceilings.py), the floor (``ceilings.floor_terms``), ours
+(moe_forward timed by ``measure.graph_time_us``) and the PyTorch pipeline (torch_moe.py).
+``--dtype bf16,fp8,fp8-act`` (``DTYPES``). Rows are printed and appended as JSON lines with their
+provenance to benchmarks/results/kernels_<date>.jsonl or --out; ``--tune`` tunes first (tune.py).
 """
 
 from __future__ import annotations
@@ -66,9 +58,7 @@ VLLM_US = {
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
               backend: str = "auto", dtype: str = "bf16") -> dict:
-    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name; FP8 ones from fp8_weights.to_fp8).
-    FP8 rows run on the multi-launch backend and leave out the PyTorch pipeline, the ideal grouped
-    GEMM and vLLM (bf16 figures: the bf16 row of the same run has them)."""
+    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name). FP8 rows leave out the bf16-only figures."""
     import torch
 
     from ..reference.sizes import ffn_flops
@@ -137,8 +127,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
 
 
 def fmt_num(v, spec: str) -> str:
-    """``v`` formatted with ``spec``, or "-" in the same width where it is not a number (a figure
-    the row did not get); the printed tables of the benchmarks use it."""
+    """``v`` formatted with ``spec``, or "-" in the same width where it is not a number."""
     return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
 
 
@@ -158,10 +147,8 @@ HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10}
 
 
 def dtype_rows(run_one, dtypes, emit, log=print) -> None:
-    """The rows of one (preset, T, combine mode), in ``dtypes`` order (``DTYPES`` names):
-    ``run_one(dtype)`` -> row, each handed to ``emit`` as it is made; one that raises is logged and
-    left out, the others go on. fp8 rows get the bf16 row's time (``bf16_us``, ``bf16_backend``) and,
-    where both ran on the same backend, ``speedup_vs_bf16`` = bf16 time / their time."""
+    """The rows of one (preset, T, combine mode), in ``dtypes`` order, each handed to ``emit``; one
+    that raises is logged and left out. fp8 rows get ``bf16_us`` and ``speedup_vs_bf16``."""
     bf16 = None
     for dt in dtypes:
         try:

@@ -36,8 +36,7 @@ def _read_kernel():
 
 
 def fp8_matmul_rate(n: int = MATMUL_N) -> float:
-    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, fp32 accumulate: A row-major,
-    B column-major (as _scaled_mm requires), per-tensor float32 scales of 1."""
+    """FLOP/s of torch._scaled_mm on (n, n) e4m3 x (n, n) e4m3 -> bf16, per-tensor scales of 1."""
     import torch
     import triton
 
@@ -50,8 +49,7 @@ def fp8_matmul_rate(n: int = MATMUL_N) -> float:
 
 
 def measure_ceilings() -> dict:
-    """Streaming-read bytes/s (best of a few grids), bf16 matmul FLOP/s and FP8 matmul FLOP/s
-    (``fp8_matmul_flops_per_s``; None with ``fp8_matmul_error`` where _scaled_mm fails), measured now."""
+    """Streaming-read bytes/s, bf16 and FP8 matmul FLOP/s (None, with the error, where FP8 fails)."""
     import torch
     import triton
 
@@ -101,9 +99,7 @@ def ideal_grouped_rate(cfg, T: int, reps: int = 20) -> float:
 
 
 def floor_terms(cfg, T: int, experts_touched: float, dtype: str = "bf16") -> tuple[float, float]:
-    """(FLOPs, bytes) of the layer: weights of the experts touched, router, x and y
-    (``reference.sizes``: the one place expert bytes and FLOPs are counted); ``dtype`` a ``DTYPES``
-    name: fp8 rows count e4m3 weights with their block scales, x and y in bf16 all the same."""
+    """(FLOPs, bytes) of the layer (``reference.sizes``); ``dtype`` a ``DTYPES`` name."""
     from ..reference.sizes import layer_bytes, layer_flops
 
     wd = "bfloat16" if DTYPES[dtype] is None else "fp8_e4m3"
@@ -111,9 +107,7 @@ def floor_terms(cfg, T: int, experts_touched: float, dtype: str = "bf16") -> tup
 
 
 def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
-    """(which, FLOP/s) of the floor's compute term: the FP8 matmul rate when the activations are FP8
-    too, the bf16 one otherwise (weight-only FP8 converts the weights and multiplies in bf16);
-    None where the FP8 rate was not measured."""
+    """(which, FLOP/s) of the floor's compute term: the FP8 rate with FP8 activations, else bf16's."""
     if DTYPES[dtype] == "weights+act":
         return "fp8", ceil.get("fp8_matmul_flops_per_s")
     return "bf16", ceil["matmul_flops_per_s"]

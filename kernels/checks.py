@@ -3,27 +3,17 @@ and the routing of ``moe_experts`` (a routing made elsewhere, made safe on the d
 
 Shape legend: T tokens, E experts, K top-k (slots per token), H hidden, I expert width.
 
-``check_weights(weights, config, device, dtype)`` raises ``KernelInputError`` naming the tensor, its
-shape and the expected one (the reference's ``MoEWeights.validate``), a wrong dtype, device or
-layout, and FP8 block scales that are not finite and > 0 (the reference's rule,
-``reference.fp8.check_scales``). The scale values are read once per scale tensor (one small
-reduction and one read to the host; a tensor changed in place is read again), never inside a
-CUDA-graph capture or under torch.compile.
+``check_weights(weights, config, device, dtype)`` raises ``KernelInputError`` naming the tensor and
+its expected shape, dtype, device or layout, and FP8 block scales not finite and > 0. Scale values
+are read once per scale tensor, never inside a CUDA-graph capture or under torch.compile.
 
-``moe_experts`` takes expert ids and weights from outside; the align kernels trust them (an id
-outside [0, E) or an expert twice in a row would make them write outside their buffers). So
-``_check_kernel`` runs first and writes the ids (T, K) int32 with every bad slot replaced by the
-lowest expert not otherwise in the token's row, the weights (T, K) fp32 with 0 in every bad slot
-and where the weight is not finite, and a flag (6,) int64: per kind (out of range, duplicate,
-non-finite weight) the first bad slot as (t * K + k) << 32 | its value's low 32 bits (atomic min),
-then the count of each kind. Of two equal ids the earlier slot is kept. A -1 (a masked slot) is
-out of range: masked slots are not supported yet.
-
-With ``check=True`` outside a CUDA-graph capture ``moe_experts`` reads the flag after the layer (one
-small copy that waits for the GPU) and raises ``KernelInputError`` naming the token, slot and value.
-Inside a capture, under torch.compile and with ``check=False`` nothing is read: bad slots contribute
-0 and are recorded in a second, sticky per-device flag, read where the caller synchronizes anyway
-with ``check_captured_routing(device)``, which raises the same error and clears the flag.
+``_check_kernel`` makes a routing from outside safe for the align kernels: ids (T, K) int32 with
+every bad slot (out of [0, E), a -1 included, or a duplicate: the earlier slot is kept) replaced by
+the lowest expert not in the token's row, weights (T, K) fp32 with 0 in bad and non-finite slots,
+and a flag (6,) int64: per kind the first bad slot as (t * K + k) << 32 | value's low 32 bits
+(atomic min), then each kind's count. With ``check=True`` outside a capture ``moe_experts`` reads
+the flag and raises ``KernelInputError``; otherwise bad slots contribute 0 and are recorded in a
+sticky per-device flag that ``check_captured_routing(device)`` reads, raises on and clears.
 """
 
 from __future__ import annotations
@@ -47,9 +37,8 @@ _scales_ok: dict[int, tuple[weakref.ref, int]] = {}  # id(scale tensor) -> (the 
 
 
 def check_weights(weights, config, device: torch.device, dtype: torch.dtype) -> None:
-    """Raise ``KernelInputError`` unless ``weights`` (``MoEWeights.to_torch``) fit ``config``: every
-    tensor the config has and no other, of the reference's shape, on ``device``, contiguous, in
-    ``dtype`` (FP8 expert weights float8_e4m3fn, their scales float32 and finite and > 0)."""
+    """Raise ``KernelInputError`` unless ``weights`` (``MoEWeights.to_torch``) fit ``config``, ``device``
+    and ``dtype`` (module docstring)."""
     if not isinstance(config, MoEConfig):
         raise KernelInputError(f"config must be a MoEConfig, got {type(config).__name__}")
     if not isinstance(weights, MoEWeights):
@@ -168,10 +157,8 @@ def new_flag(device) -> torch.Tensor:
 
 
 def flag_for(device, captured: bool) -> torch.Tensor:
-    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread calls).
-
-    Made on first use; make the first call on a device outside capture (the usual warm-up), so
-    that the flag is an ordinary allocation and not part of a graph's memory pool."""
+    """The per-device flag: the eager one (reset per call) or the sticky one (captured graphs, unread
+    calls), made on first use (make the first call outside capture)."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -189,10 +176,8 @@ def capturing(device) -> bool:
 
 def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
                  flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids (T, K) int32, weights (T, K) fp32), sanitized; bad slots recorded into ``flag``.
-
-    topk_idx: (T, K) any integer dtype, contiguous; topk_weights: (T, K) any float dtype, contiguous.
-    """
+    """(ids (T, K) int32, weights (T, K) fp32) sanitized from contiguous (T, K) ids and weights of any
+    integer / float dtype; bad slots recorded into ``flag``."""
     T, K = topk_idx.shape
     ids = torch.empty((T, K), device=topk_idx.device, dtype=torch.int32)
     w = torch.empty((T, K), device=topk_idx.device, dtype=torch.float32)
@@ -208,10 +193,7 @@ def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts
 
 def describe_flag(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tensor | None = None,
                   topk_weights: torch.Tensor | None = None) -> str | None:
-    """The error message for a flag (None when it records nothing). Reads the flag to the host.
-
-    With the routing given, the message quotes the exact value and row from it; otherwise it uses
-    the value the kernel recorded (ids clamped to the int32 range)."""
+    """The error message for a flag (None when it records nothing). Reads the flag to the host."""
     f = flag.tolist()
     counts = dict(zip(KINDS, f[3:]))
     firsts = [(key >> 32, kind) for key, kind in zip(f[:3], KINDS) if key != _NONE]
@@ -251,10 +233,8 @@ def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=
 
 
 def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:
-    """After replaying a graph that captured ``moe_experts``, or after calls with ``check=False`` or
-    under torch.compile: raise ``KernelInputError`` for the first bad slot any of them met since the
-    last clear (the sticky flag; see the module docstring).
-    Call it outside capture; ``clear`` resets the flag afterwards (also when it raises)."""
+    """Raise ``KernelInputError`` for the first bad slot the sticky flag recorded since the last
+    clear (module docstring); call it outside capture; ``clear`` resets the flag."""
     key_dev = torch.device(device)
     flag = flag_for(key_dev, captured=True)
     try:

@@ -2,16 +2,14 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-Pure Python, so ``plan.py`` and the simulator read the choice the kernels launch with. A tuned file
-``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+Pure Python. A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
 
     {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
 
-keyed by shape and token bucket (``T_BUCKETS``; a lookup takes the nearest in log T). Each GEMM
-config has exactly the keys of ``GEMM_KEYS`` (plus optional ``GEMM_OPTIONAL``); both GEMMs share
-BLOCK_M; anything else is an error. ``"variant"``: ``"pointer"`` (default) or ``"tma_persistent"``
-(needs 16-byte row strides, else ``resolve_variants`` falls back to "pointer").
+keyed by shape and token bucket (``T_BUCKETS``, nearest in log T). Each GEMM config has exactly
+``GEMM_KEYS`` (plus ``GEMM_OPTIONAL``); both GEMMs share BLOCK_M. ``"variant"``: ``"pointer"`` or
+``"tma_persistent"`` (16-byte row strides, else ``resolve_variants`` falls back).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from .thresholds import Thresholds
 CONFIG_DIR = Path(__file__).parent / "configs"
 T_BUCKETS = (1, 8, 64, 512, 4096, 16384)
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-#: optional keys and their defaults: SPLIT_K > 1 splits the reduction over programs; variant: the kernel
-#: family; FLATTEN (0 / 1, "tma_persistent" only): the tile walk and K loop as one pipelined loop
+#: optional keys and their defaults: SPLIT_K, variant (the kernel family), FLATTEN (one pipelined loop)
 GEMM_OPTIONAL = {"SPLIT_K": 1, "variant": "pointer", "FLATTEN": 0}
 #: the optional keys that are switches (0 or 1), not positive sizes
 GEMM_SWITCHES = ("FLATTEN",)
@@ -138,8 +135,7 @@ def _tuned(gpu: str, dtype: str, triton_version: str) -> dict:
 
 
 def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = False) -> dict:
-    """A heuristic entry when nothing is tuned: small row blocks and narrow column tiles for decode
-    (weight streaming over many programs), 128-row tiles for prefill."""
+    """A heuristic entry when nothing is tuned: small row blocks at decode, 128-row tiles at prefill."""
     if interpret:  # tiny tiles; split-K on odd T so that the tests run both paths
         c = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, SPLIT_K=2 if T % 3 == 1 else 1)
         return {"gemm1": dict(c), "gemm2": dict(c)}
@@ -165,8 +161,7 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
 
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> dict:
-    """The entry the kernels launch with for this shape and T: tuned if present, else the heuristic
-    (each GEMM's variant resolved for this H, I and dtype: ``resolve_variants``)."""
+    """The entry for this shape and T: tuned if present, else the heuristic (variants resolved)."""
     if not interpret:
         tuned = _tuned(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
         if tuned:
@@ -186,8 +181,7 @@ def tma_ok(depth: int, dtype: str) -> bool:
 
 
 def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
-    """``entry`` with every GEMM's variant key set: "tma_persistent" only where TMA can read its
-    operands (GEMM 1 reduces over H, GEMM 2 over I), "pointer" otherwise."""
+    """``entry`` with every GEMM's variant: "tma_persistent" only where TMA can read its operands."""
     out = {}
     for name, depth in (("gemm1", H), ("gemm2", I)):
         g = {**GEMM_OPTIONAL, **entry[name]}
@@ -198,8 +192,7 @@ def resolve_variants(entry: dict, H: int, I: int, dtype: str) -> dict:
 
 
 def tma_config(gemm: str, block_m: int, *, interpret: bool = False) -> dict:
-    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256): both accumulators
-    in registers and the stages within Hopper's 227 KB of shared memory; tiny in the interpreter."""
+    """A "tma_persistent" GEMM config for row tiles of ``block_m`` (64, 128 or 256)."""
     if block_m not in (16, 64, 128, 256):
         raise ValueError(f"tma_config: block_m must be 64, 128 or 256 (16 in the interpreter), got {block_m}")
     if interpret:
@@ -220,10 +213,8 @@ def tma_entry(block_m: int, *, interpret: bool = False) -> dict:
 
 
 def candidate_entry(name: str, *, interpret: bool = False) -> dict | None:
-    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned
-    table's entry, what moe_forward runs today), "tmaNN" -> tma_entry(NN); after a colon,
-    comma-separated overrides, for both GEMMs (``num_stages=3``) or one (``g2.BLOCK_N=128``):
-    ``"tma128:num_stages=3,g1.BLOCK_N=64"``. The result is checked as a tuned entry is."""
+    """The {"gemm1", "gemm2"} entry a benchmark candidate names: "current" -> None (the tuned one),
+    "tmaNN" -> tma_entry(NN); overrides after a colon: ``"tma128:num_stages=3,g1.BLOCK_N=64"``."""
     base, _, extra = name.partition(":")
     if base == "current":
         if extra:
@@ -260,13 +251,11 @@ ROUTER_MAX_WARPS = _TH["ROUTER_MAX_WARPS"]
 ROUTER_WALK_WARPS = _TH["ROUTER_WALK_WARPS"]
 #: widest score row (BLOCK_E) whose top-k takes K maxima; wider ones take the bitonic top-k
 ROUTER_MAXIMA_MAX_E = _TH["ROUTER_MAXIMA_MAX_E"]
-#: H columns per step of a walking routing program at prefill (from WALK_WIDE_MIN_T tokens, up to
-#: WALK_WIDE_MAX_E experts)
+#: H columns per step of a walking routing program at prefill (WALK_WIDE_MIN_T, WALK_WIDE_MAX_E)
 WALK_WIDE_BLOCK_H = _TH["WALK_WIDE_BLOCK_H"]
 WALK_WIDE_MIN_T = _TH["WALK_WIDE_MIN_T"]
 WALK_WIDE_MAX_E = _TH["WALK_WIDE_MAX_E"]
-#: token blocks from which the router's logits are a prefill launch of their own, where a routing
-#: program would walk more than ROUTER_PREFILL_WALK_STEPS steps of H
+#: token blocks from which the router's logits are a launch of their own (past ROUTER_PREFILL_WALK_STEPS)
 ROUTER_PREFILL_BLOCKS = _TH["ROUTER_PREFILL_BLOCKS"]
 ROUTER_PREFILL_WALK_STEPS = _TH["ROUTER_PREFILL_WALK_STEPS"]
 #: tokens and H columns per program step of that launch
@@ -280,9 +269,7 @@ _TH.close()
 
 
 def router_warps(block_t: int, block_e: int, walks: bool = False) -> int:
-    """Warps of the multi-launch router's routing program: from the partials of a logits launch,
-    ROUTER_SCORES_PER_THREAD; walking H itself (``walks``: its loop of loads and MMAs is the program's
-    time), ROUTER_WALK_WARPS."""
+    """Warps of the multi-launch routing program (``walks``: it walks H itself)."""
     if walks:
         return ROUTER_WALK_WARPS[block_e <= 128]
     want = -(-block_t * block_e // (32 * ROUTER_SCORES_PER_THREAD))
@@ -311,9 +298,7 @@ def walk_block_h(T: int, E: int, H: int, *, interpret: bool = False) -> int:
 
 
 def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> int:
-    """H ranges the decode router's logits are split into (0: none; the megakernel's router tasks
-    and the multi-launch path below ROUTER_PREFILL_BLOCKS token blocks). Decode has one or two token
-    blocks, and one program walking all of H for them is a serial chain; split it over ~8 steps each."""
+    """H ranges the decode router's logits are split into (0: none), about 8 steps each."""
     C = -(-T // router_block_t(T, E)) if T else 0
     if interpret:  # tests: split the one-block batches (T <= 16) in two, keep the rest whole
         return 2 if C == 1 and H >= 32 else 0
@@ -324,8 +309,7 @@ def decode_router_split(T: int, E: int, H: int, *, interpret: bool = False) -> i
 
 
 def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
-    """Whether the multi-launch router at T tokens takes the prefill logits launch (the interpreter:
-    whatever the walk's length)."""
+    """Whether the multi-launch router at T tokens takes the prefill logits launch."""
     C = -(-T // router_block_t(T, E)) if T else 0
     if interpret:
         return C >= 2
@@ -334,10 +318,8 @@ def router_prefill(T: int, E: int, H: int, *, interpret: bool = False) -> bool:
 
 def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
                        tiles: bool | None = None) -> tuple[int, int]:
-    """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch: the routing block and
-    router_block_h at decode; ROUTER_PREFILL_T x ROUTER_PREFILL_H with ``tiles`` (default
-    router_prefill; fewer tokens where the (tokens, experts) fp32 tile would pass
-    ROUTER_PREFILL_ACC_BYTES; the interpreter: 16 x its router_block_h, small tiles)."""
+    """(BLOCK_T, BLOCK_H) of the multi-launch router's split-H logits launch (decode: the routing
+    block; prefill: ROUTER_PREFILL_T x ROUTER_PREFILL_H within ROUTER_PREFILL_ACC_BYTES)."""
     if not (router_prefill(T, E, H, interpret=interpret) if tiles is None else tiles):
         return router_block_t(T, E), router_block_h(E, H, interpret=interpret)
     if interpret:
@@ -346,9 +328,8 @@ def router_logits_tile(T: int, E: int, H: int, *, interpret: bool = False,
 
 
 def prefill_router_split(T: int, E: int, H: int, *, interpret: bool = False, num_sms: int = DEFAULT_SMS) -> int:
-    """H ranges of the prefill logits launch (router_logits_tile's 128-token tiles): split until the
-    tiles x ranges fill num_sms programs, each range keeping ROUTER_PREFILL_MIN_STEPS steps, at least 1
-    (the interpreter: 2 ranges where H has 2 steps)."""
+    """H ranges of the prefill logits launch: split until tiles x ranges fill num_sms programs, each
+    range keeping ROUTER_PREFILL_MIN_STEPS steps, at least 1."""
     bt, bh = router_logits_tile(T, E, H, interpret=interpret, tiles=True)
     steps = -(-H // bh)
     if interpret:
@@ -373,9 +354,8 @@ MEGAKERNEL_MAX_T = 0
 
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                    fp8: str | None = None) -> str:
-    """"megakernel" or "multi" for backend="auto": the tuned file's ``backend`` table (shape key ->
-    {bucket: name}) where it has this shape, else the megakernel for T <= MEGAKERNEL_MAX_T. ``fp8``:
-    the table of that mode (``backend_fp8``), else "multi"."""
+    """"megakernel" or "multi" for backend="auto": the tuned ``backend`` (or ``backend_fp8``) table,
+    else the megakernel for T <= MEGAKERNEL_MAX_T (float weights) or "multi"."""
     table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
     if table:
         return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]

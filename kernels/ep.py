@@ -39,8 +39,7 @@ class TransportEnvError(EPInputError, RuntimeError):
 
 
 def check_transport_env() -> None:
-    """Raise TransportEnvError (an EPInputError and a RuntimeError) unless every variable of
-    ``TRANSPORT_ENV`` has its value in this process."""
+    """Raise TransportEnvError unless every variable of ``TRANSPORT_ENV`` is set in this process."""
     bad = {k: os.environ.get(k) for k, v in TRANSPORT_ENV.items() if os.environ.get(k) != v}
     if bad:
         raise TransportEnvError(f"expert parallelism needs {TRANSPORT_ENV} in every process; here {bad}. "
@@ -49,11 +48,8 @@ def check_transport_env() -> None:
 
 @dataclass(frozen=True)
 class EPShard:
-    """One rank's share of the routed experts.
-
-    slot_rank: (P,) int64 rank of every slot; slots: (P_r,) int64 this rank's slots, ascending;
-    gate_up: (P_r, 2I, H); down: (P_r, H, I); biases (P_r, 2I), (P_r, H) or None; x's dtype and device.
-    """
+    """One rank's share of the routed experts: slot_rank (P,), slots (P_r,) int64 ascending; gate_up
+    (P_r, 2I, H); down (P_r, H, I); biases (P_r, 2I), (P_r, H) or None; x's dtype and device."""
 
     rank: int
     num_ranks: int
@@ -74,10 +70,7 @@ class EPShard:
 
 def shard_weights(weights, config: MoEConfig, slot_expert, slot_rank, rank: int, num_ranks: int, *,
                   dtype: torch.dtype, device) -> EPShard:
-    """The slots of ``rank`` cut from full weights (a MoEWeights of NumPy arrays or tensors).
-
-    slot_expert: (P,) expert of each slot; slot_rank: (P,) rank of each slot (a placement's arrays).
-    """
+    """The slots of ``rank`` cut from full weights; slot_expert, slot_rank: (P,) a placement's arrays."""
     if config.weight_on_input:
         raise NotImplementedError("expert parallelism with weights on the expert input (Llama 4) is not built")
     slot_expert = np.asarray(slot_expert, np.int64)
@@ -104,10 +97,7 @@ def shard_weights(weights, config: MoEConfig, slot_expert, slot_rank, rank: int,
 # --------------------------------------------------------------------------- transport
 def all_to_all_p2p(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
                    group=None) -> None:
-    """``all_to_all_single`` built from isend/irecv, for backends without it. Rows (dim 0) grouped by peer.
-
-    Peers in the schedule's order ((rank + i) % R), so at each step every rank talks to a different one.
-    """
+    """``all_to_all_single`` from isend/irecv, peers in the order (rank + i) % R. Rows grouped by peer."""
     rank, R = dist.get_rank(group), dist.get_world_size(group)
     in_off = np.concatenate([[0], np.cumsum(in_splits)]).astype(int)
     out_off = np.concatenate([[0], np.cumsum(out_splits)]).astype(int)
@@ -236,17 +226,14 @@ def local_partials(rx: torch.Tensor, ridx: np.ndarray, rw: torch.Tensor, recv_co
 
 
 def combine_partials(back: torch.Tensor, combine_row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """Step 4's sum: back (N, H) rows in the send layout, combine_row (T, R) -> y (T, H) in ``dtype``,
-    y[t] = 0 + back[combine_row[t, d]] over ranks d ascending, in fp32."""
+    """Step 4's sum: y[t] = 0 + back[combine_row[t, d]] over ranks d ascending, fp32, in ``dtype``."""
     return _sum_rows(back, combine_row).to(dtype)
 
 
 def ep_moe_experts(x: torch.Tensor, topk_idx, topk_weights: torch.Tensor, shard: EPShard, group=None, *,
                    transport: str = "auto", backend: str = "auto") -> torch.Tensor:
     """The routed experts, expert-parallel.  x: (T, H) this rank's tokens; topk_idx: (T, K) slot ids
-    (tensor or array, distinct per row); topk_weights: (T, K) float -> y (T, H) in x's dtype.
-
-    Collective: every rank of ``group`` calls it, each with its own T (0 allowed).
+    (distinct per row); topk_weights: (T, K) float -> y (T, H) in x's dtype. Collective (own T each).
     ``backend``: "kernels" (moe_experts), "torch" (a loop of torch GEMMs), "auto" (kernels on CUDA).
     """
     backend = resolve_backend(backend, x)

@@ -3,12 +3,8 @@
 Shape legend: R ranks, P slots, P_r this rank's slots, K top-k (KP: next power of 2), H hidden, I
 expert width, N rows received, B row blocks of BM rows, C_r / C'_r pull / push copies of this rank.
 
-``launch_fused`` runs ``reference.ep_tasks.plan_fused_ep``'s tasks: programs take tickets, wait
-for the plan's (counter, target) pairs, run the task and signal (one int32 sync buffer, SW words
-per counter). pull: after the peer's READY flag, its rows into the receive buffers and each local
-pair into the padded layout; gemm1 / gemm2: grouped_gemm's tiles (out[row * K + k] = w[row, k] *
-(h @ down^T)); push: per row, its local k summed ascending in fp32 into the peer's combine buffer.
-Bitwise the phased path's (``SymmetricStep`` without ``fused``) with the same GEMM config.
+``launch_fused`` runs ``reference.ep_tasks.plan_fused_ep``'s tasks (programs take tickets, wait,
+run, signal; one int32 sync buffer). Bitwise the phased path's with the same GEMM config.
 """
 
 from __future__ import annotations
@@ -122,8 +118,7 @@ def _ep_fused_kernel(
     ALIGNED_C: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr,
     BK2: tl.constexpr, CP_R: tl.constexpr, CP_W: tl.constexpr, SW: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
-    """Every task of a FusedEPPlan, tickets in order (module docstring). TRACE (GPU only): row t of the
-    int64 (num_tasks, 4) trace gets ticket t's (program, taken, waits done, finished) in ns."""
+    """Every task of a FusedEPPlan, tickets in order. TRACE (GPU only): per-task stamps in ns."""
     pid = tl.program_id(0)
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     while t < num_tasks:
@@ -162,9 +157,7 @@ def _ep_fused_kernel(
 # --------------------------------------------------------------------------- host side
 def fused_tiles_of(P_r: int, H: int, I: int, num_pairs: int, *, gpu: str, dtype: str, triton_version: str,
                    interpret: bool) -> dict:
-    """The GEMM tiles of the fused launch: the multi-launch path's entry for the local shape (P_r slots, one
-    pick per pair, ``num_pairs`` rows: what kernels.ep.local_partials' moe_experts call selects), GEMM 2 on
-    GEMM 1's row block (the pair layout is padded once). The cost model's predictions read this too."""
+    """The GEMM tiles of the fused launch: the multi-launch entry for the local shape."""
     cfg = cfgs.select_config(max(P_r, 1), H, I, 1, max(num_pairs, 1), gpu=gpu, dtype=dtype,
                              triton_version=triton_version, interpret=interpret)
     g1, g2 = cfg["gemm1"], cfg["gemm2"]
@@ -183,8 +176,7 @@ def fused_tiles(shard: EPShard, num_pairs: int, dtype: torch.dtype, device: torc
 
 def plan_for(shard: EPShard, pull, slot_counts: np.ndarray, top_k: int, dtype: torch.dtype,
              device: torch.device) -> tuple[FusedEPPlan, dict]:
-    """(the plan, its tiles) of this rank's fused launch; the tiles are picked for the pairs it computes
-    (slot_counts' columns of its slots)."""
+    """(the plan, its tiles) of this rank's fused launch."""
     tiles = fused_tiles(shard, int(np.asarray(slot_counts)[:, shard.slots].sum()), dtype, device)
     plan = plan_fused_ep(pull, shard.rank, slot_counts, shard.slot_rank, top_k=top_k,
                          hidden_size=shard.gate_up.shape[2], intermediate_size=shard.down.shape[2],
@@ -215,8 +207,7 @@ class FusedBuffers:
 
 
 def device_plan(plan: FusedEPPlan, slot_rank: np.ndarray, N: int, dtype: torch.dtype, device) -> FusedBuffers:
-    """The plan's arrays on the device (int32), the padded layout filled with -1, the h (padded rows, I)
-    and pair-output (N*K, H) buffers, and a zeroed sync buffer."""
+    """The plan's arrays on the device (int32), the padded layout, h and pair-output buffers, a zeroed sync buffer."""
     def i32(a):
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
 
@@ -238,10 +229,7 @@ def device_plan(plan: FusedEPPlan, slot_rank: np.ndarray, N: int, dtype: torch.d
 def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShard, bufs, pulls_dev: torch.Tensor,
                  pushes_dev: torch.Tensor, N: int, *, num_programs: int | None = None,
                  trace: torch.Tensor | None = None) -> None:
-    """One launch of ``plan`` on this rank's SymmetricBuffers ``bufs`` (kernels/ep_symmetric.py): its pulls
-    wait for the peers' READY flags (bufs.ready_wait), its pushes write the peers' combine buffers.
-    trace: an int64 (num_tasks, 4) tensor on a GPU to receive every task's (program, taken, waits done,
-    finished) %globaltimer ns (``trace_summary`` reads it)."""
+    """One launch of ``plan`` on this rank's SymmetricBuffers; trace: int64 (num_tasks, 4) stamps."""
     if plan.num_tasks == 0:
         return
     if trace is not None and (trace.device.type != "cuda" or trace.dtype != torch.int64
@@ -280,9 +268,7 @@ def launch_fused(plan: FusedEPPlan, tiles: dict, fb: FusedBuffers, shard: EPShar
 
 
 def trace_summary(plan: FusedEPPlan, trace) -> dict:
-    """Per task kind of a traced launch (``launch_fused(trace=...)``), in us from the first task taken:
-    {kind: {n, wait (mean us from taken to waits done), work (mean us from waits done to finished),
-    start (first taken), end (last finished)}} and "span" (first taken to last finished)."""
+    """Per task kind of a traced launch, us: {kind: {n, wait, work, start, end}} and "span"."""
     from ..reference.ep_tasks import EP_KINDS
 
     tr = np.asarray(trace.cpu() if isinstance(trace, torch.Tensor) else trace, dtype=np.int64)

@@ -3,11 +3,9 @@
 Shape legend: R ranks, C copies of the whole schedule, C_r those of one rank, W elements per row
 (H for the hidden rows, K for topk_idx / topk_weights rows), N rows of a buffer.
 
-Runs one rank's copies (peer, src_row, dst_row, rows) of ``reference.ep.plan_pull``: pulls from
-the peers' send buffers (``pull_rows_triton``) or push-backs into their combine buffers
-(``push_rows_triton``), both through ``launch_copies`` from an int64 table of peer base addresses,
-optionally after each peer's ready flag (``ReadyWait``). Run for every rank, the buffers are
-bitwise ``reference.ep.pull_rows`` / ``push_rows`` (docs/kernels.md).
+Runs one rank's copies of ``reference.ep.plan_pull`` (``pull_rows_triton``, ``push_rows_triton``,
+both through ``launch_copies`` from a table of peer addresses); bitwise ``reference.ep.pull_rows``
+/ ``push_rows`` (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -33,9 +31,7 @@ INTERPRET_PROGRAMS = 3
 
 @triton.jit
 def wait_flag(flag, epoch, budget):
-    """Poll the int64 ``flag`` (acquire, system scope) until it reaches ``epoch`` or ``budget`` more polls
-    are spent -> (the last value read, the budget left). The read is an atomic add of 0: Triton 3.6 has
-    no atomic load (3.9's tl.atomic_load / atomic_poll are not in the GPU image's 3.6)."""
+    """Poll ``flag`` (acquire) until it reaches ``epoch`` or ``budget`` polls -> (value, budget left)."""
     v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     while (v < epoch) & (budget > 0):
         v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
@@ -53,8 +49,7 @@ def note_timeout(status, peer, value, kind):
 
 @triton.jit
 def row_tile(t, W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Tile t of a copy of rows W elements wide, tiles row block by row block, each cut in column blocks:
-    -> (rows (BLOCK_R,), cols (BLOCK_W,)) relative to the copy's first row (the copies' masks are theirs)."""
+    """Tile t of a copy W elements wide -> (rows (BLOCK_R,), cols (BLOCK_W,)) from the copy's first row."""
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
     return (t // NB_W) * BLOCK_R + tl.arange(0, BLOCK_R), (t % NB_W) * BLOCK_W + tl.arange(0, BLOCK_W)
 
@@ -65,10 +60,9 @@ def _copy_rows_kernel(local, peers, copies, lo, hi, flags, epoch, spin_limit, st
                       BLOCK_W: tl.constexpr):
     """Copies lo:hi of ``copies`` ((C, 4) int64 rows: peer, src_row, dst_row, rows), in order.
 
-    local: this rank's buffer (pull: receive, written; push: partial, read); peers: (R,) int64 base
-    addresses of the peers' buffers (pull: send, read; push: combine, written); rows of W contiguous
-    elements. WAIT: before its first copy from a peer, a program polls ``flags[peer]`` until
-    ``epoch[0]``, at most ``spin_limit`` polls; a timeout goes to ``status`` (kind 1), the copies go on."""
+    local: this rank's buffer; peers: (R,) int64 base addresses of the peers' buffers; rows of W
+    contiguous elements. WAIT: poll ``flags[peer]`` until ``epoch[0]`` before a peer's first copy
+    (at most ``spin_limit`` polls; a timeout goes to ``status``)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NB_W: tl.constexpr = (W + BLOCK_W - 1) // BLOCK_W
@@ -113,8 +107,7 @@ def _interpreting() -> bool:
 
 
 def copy_table(pull: PullSchedule, push: bool) -> np.ndarray:
-    """(C, 4) int64 rows (peer, src_row, dst_row, rows) of every pull (push: push-back) copy of the
-    schedule, rank by rank: what the kernel reads (rank r's are pull_offsets[r]:pull_offsets[r+1])."""
+    """(C, 4) int64 rows (peer, src_row, dst_row, rows) of every pull (push) copy, rank by rank."""
     if push:
         cols = (pull.push_dst, pull.push_src_row, pull.push_dst_row, pull.push_rows)
     else:
@@ -175,8 +168,7 @@ def _check_device(t: torch.Tensor) -> None:
 
 @dataclass(frozen=True)
 class ReadyWait:
-    """What a pull waits on: flags (R,) int64 (this rank's ready flags, one per peer), epoch: a 1-element
-    int64 tensor (the value to reach), spin_limit: polls per program at most, status: (3,) int64."""
+    """What a pull waits on: flags (R,) int64, epoch (1,) int64, spin_limit, status (3,) int64."""
 
     flags: torch.Tensor
     epoch: torch.Tensor
@@ -195,10 +187,8 @@ def launch_copies(copies: np.ndarray, local: torch.Tensor, peers: torch.Tensor, 
                   ready: ReadyWait | None = None) -> None:
     """One launch of the copy kernel over ``copies`` ((C_r, 4) int64 host rows of ``copy_table``).
 
-    local: this rank's buffer (pull: written, push: read), contiguous rows; peers: (R,) int64 base
-    addresses on local's device of buffers of local's dtype and row width; aligned: every peer address
-    a multiple of 16; copies_dev: the rows already on the device; ready: wait for each peer's ready
-    flag before its first copy (pulls only)."""
+    local: this rank's buffer; peers: (R,) int64 base addresses of buffers of local's dtype and row
+    width; aligned: every address a multiple of 16; ready: wait for each peer's ready flag (pulls)."""
     _check_num_programs(num_programs)
     W = _row_width(local)
     if len(copies) == 0 or W == 0:
@@ -241,9 +231,8 @@ def pull_rows_triton(pull: PullSchedule, rank: int, send_buffers: list[torch.Ten
                      recv: torch.Tensor | None = None, *, num_programs: int | None = None) -> torch.Tensor:
     """Dispatch of ``rank``: its pulls from the peers' send buffers into its receive buffer.
 
-    send_buffers: R contiguous tensors of one dtype and row shape (at least send_rows[s] rows); recv:
-    at least recv_rows[rank] rows (default: a new one on send_buffers[rank]'s device) -> recv, rows
-    0:recv_rows[rank] as ``reference.ep.pull_rows(pull, send_buffers)[rank]``, nothing else written."""
+    send_buffers: R contiguous tensors of one dtype and row shape -> recv, rows 0:recv_rows[rank]
+    as ``reference.ep.pull_rows(pull, send_buffers)[rank]``."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     _check_per_rank("send", send_buffers, R)
@@ -267,9 +256,7 @@ def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combi
                      *, num_programs: int | None = None) -> list[torch.Tensor]:
     """Combine of ``rank``: its partial rows (the receive layout) pushed into the sources' combine buffers.
 
-    combine_buffers: R contiguous tensors of partial's dtype and row shape (at least send_rows[s]
-    rows), written in place: only the rows this rank pulled, with ``reference.ep.push_rows``'s values.
-    -> combine_buffers."""
+    combine_buffers: R contiguous tensors, written in place with ``reference.ep.push_rows``'s values."""
     rank = _check_schedule_rank(pull, rank)
     R = pull.num_ranks
     partial = _check_buffer(f"partial buffer of rank {rank}", partial, int(pull.recv_rows[rank]), None)

@@ -3,18 +3,11 @@
 Shape legend: R ranks, T tokens on this rank, K top-k, H hidden, S rows of a send (and combine)
 buffer, N rows of a receive buffer, C_r the copies of one rank.
 
-Every rank owns one symmetric allocation (``SymmetricBuffers``): send buffers, a combine buffer and
-flags (2, R) int64 (flags[READY, s]: the last call rank s packed; flags[LANDED, c]: the last call
-rank c pushed here); its receive buffers are local. A call (``SymmetricStep``) runs five phases:
-
-    1. pack     rows into the send buffers; signal READY (epoch += 1 into every peer's flags)
-    2. pull     this rank's copies of reference.ep.plan_pull, each peer's after its READY flag
-    3. compute  plan_receive and the local experts (kernels.ep.local_partials)
-    4. push     the partial rows into each source's combine buffer; signal LANDED
-    5. finish   wait for every LANDED flag; y = the combine rows summed ranks ascending: bitwise
-                ep_moe_experts' y
-
-Waits are bounded (FlagTimeoutError on the host); docs/kernels.md has the memory order.
+Every rank owns one symmetric allocation (``SymmetricBuffers``: send, combine, flags (2, R) int64
+READY / LANDED); receive buffers are local. A call (``SymmetricStep``) runs pack (signal READY),
+pull (after each peer's READY), compute (kernels.ep.local_partials), push (signal LANDED) and
+finish (after every LANDED: y summed ranks ascending, bitwise ep_moe_experts' y). Waits are
+bounded (FlagTimeoutError); the memory order: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -44,8 +37,7 @@ from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_t
 #: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
 READY, LANDED = 0, 1
 FLAG_NAMES = ("send-ready", "push-landed")
-#: polls per program before a wait gives up: set flags read at the first poll under the emulation; on a
-#: GPU about a minute at 0.25 us a poll (unmeasured), beyond a peer's first-call JIT compilation
+#: polls per program before a wait gives up (about a minute on a GPU)
 EMULATED_SPIN_LIMIT = 8
 GPU_SPIN_LIMIT = 1 << 28
 #: byte alignment of each region of the symmetric allocation
@@ -58,8 +50,7 @@ class FlagTimeoutError(RuntimeError):
 
 @triton.jit
 def _signal_kernel(peer_flags, epoch, slot, R: tl.constexpr):
-    """epoch[0] += 1, then write it into word ``slot`` of every peer's flags (release, system scope).
-    peer_flags: (R,) int64 base addresses of the peers' flag regions."""
+    """epoch[0] += 1, then write it into word ``slot`` of every peer's flags (release, system scope)."""
     e = tl.load(epoch) + 1
     tl.store(epoch, e)
     for p in range(R):
@@ -84,9 +75,7 @@ def _region(offset: int, nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """The symmetric allocation of one rank, the same on every rank: regions at ALIGN-byte offsets,
-    with room for any routing of at most ``max_tokens`` tokens per rank (S = send_rows: T x min(K, R);
-    N = recv_rows: T x R, local memory). dtype: x's torch dtype."""
+    """The symmetric allocation of one rank for at most ``max_tokens`` tokens per rank."""
 
     num_ranks: int
     max_tokens: int
@@ -133,9 +122,8 @@ class SymmetricBuffers:
 
     Symmetric: send_x (S, H), send_idx (S, K) int64, send_w (S, K) fp32, send_pos (S, K) int64 (each
     pair's position among the sender's rows of its slot), combine (S, H), flags (2, R) int64. Local:
-    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (the first
-    timed-out wait: peer + 1, value read, flag row + 1). ``peers[name]``: (R,) int64 addresses of
-    region ``name`` on every rank (what ep_pull.launch_copies takes)."""
+    recv_x (N, H), recv_idx (N, K), recv_w (N, K), epoch (2,) int64, status (3,) int64 (first timeout:
+    peer + 1, value, flag row + 1). ``peers[name]``: (R,) int64 addresses of region ``name``."""
 
     def __init__(self, rank: int, layout: BufferLayout, storage: torch.Tensor, bases: list[int], *,
                  spin_limit: int, emulated: bool, keep: tuple = ()):
@@ -160,8 +148,7 @@ class SymmetricBuffers:
     @classmethod
     def allocate(cls, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, group=None, *,
                  device=None, spin_limit: int = GPU_SPIN_LIMIT) -> SymmetricBuffers:
-        """This rank's buffers in torch symmetric memory (collective over ``group``; one process per GPU,
-        torch.distributed initialized, TRANSPORT_ENV set: megamoe.ep.launch(..., backend="nccl"))."""
+        """This rank's buffers in torch symmetric memory (collective over ``group``)."""
         check_transport_env()
         if not dist.is_available() or not dist.is_initialized():
             raise EPInputError("SymmetricBuffers.allocate needs torch.distributed initialized (one process per GPU: "
@@ -193,8 +180,7 @@ class SymmetricBuffers:
     @classmethod
     def emulated(cls, num_ranks: int, max_tokens: int, hidden_size: int, top_k: int, dtype: torch.dtype, *,
                  device="cpu", spin_limit: int = EMULATED_SPIN_LIMIT) -> list[SymmetricBuffers]:
-        """R ranks' buffers in this process, on one device: CPU tensors under TRITON_INTERPRET=1 (CI), or
-        one GPU's memory (the compiled kernels, flags included, without a second GPU)."""
+        """R ranks' buffers in this process, on one device (CPU under TRITON_INTERPRET=1, or one GPU)."""
         device = torch.device(device)
         if device.type == "cpu" and not _interpreting():
             raise EPInputError("emulated buffers on the CPU: the Triton kernels run there only with TRITON_INTERPRET=1 "
@@ -208,8 +194,7 @@ class SymmetricBuffers:
                 for r in range(layout.num_ranks)]
 
     def poison(self) -> None:
-        """Every byte of the send, combine and receive buffers 0xFF (NaN in every float dtype, -1 in
-        int64); the flags, epoch and status are left alone."""
+        """Every byte of the send, combine and receive buffers 0xFF; flags, epoch and status left alone."""
         for t in (self.send_x, self.send_idx, self.send_w, self.send_pos, self.combine, self.recv_x, self.recv_idx,
                   self.recv_w):
             t.view(torch.uint8).fill_(255)
@@ -267,13 +252,9 @@ def _check_traffic(traffic, num_ranks: int, rank: int, send_counts: np.ndarray) 
 class SymmetricStep:
     """One rank's part of one call, in phases called in this order: pack, pull, compute, push, finish.
 
-    x: (T, H) in the buffers' dtype and device; topk_idx: (T, K) slot ids (distinct per row);
-    topk_weights: (T, K); traffic: (R, R) rows [src, dst] of every rank (row ``rank`` this routing's
-    send counts) or a callable from this rank's (R,) send counts to it.
-    fused: pull, compute and push as one persistent launch (kernels/ep_fused.py; copies of at most
-    ``max_rows``, default reference.ep_tasks.auto_max_rows); needs ``slot_counts``, the (R, P) rows of
-    every rank per slot, or a callable from this rank's (P,) counts. Pull launches it, compute does
-    nothing, push signals LANDED."""
+    x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K); traffic: (R, R) rows [src, dst] or
+    a callable from this rank's (R,) send counts. fused: pull, compute and push as one launch
+    (kernels/ep_fused.py), needing ``slot_counts`` (R, P) or a callable from this rank's (P,) counts."""
 
     PHASES = ("pack", "pull", "compute", "push", "finish")
 
@@ -416,12 +397,8 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
     """The routed experts, expert-parallel, one-sided: bitwise ``kernels.ep.ep_moe_experts``' y.
 
     x: (T, H); topk_idx: (T, K) slot ids; topk_weights: (T, K) -> y (T, H) in x's dtype. Collective:
-    every rank of ``group`` calls it with its own T (0 allowed), on ``SymmetricBuffers.allocate``'s
-    buffers (a group of one: ``SymmetricBuffers.emulated(1, ...)[0]``). traffic: the (R, R) rows
-    [src, dst] if known (ignored with ``fused``), else all-gathered. max_rows: the most rows one copy
-    moves; num_programs: of the copy kernel (default 4 per SM) or the fused launch. fused: one launch
-    (kernels/ep_fused.py). Checks on every rank's routing raise on every rank together; a rank that
-    raises on its own inputs leaves its peers to a FlagTimeoutError."""
+    every rank of ``group`` calls it with its own T (0 allowed) on ``SymmetricBuffers.allocate``'s
+    buffers. traffic: (R, R) if known, else all-gathered; fused: one launch (kernels/ep_fused.py)."""
     check_transport_env()
     if isinstance(buffers, SymmetricBuffers) and buffers.emulated and buffers.num_ranks > 1:
         raise EPInputError("these buffers are emulated (every rank in this process): run them with "
@@ -451,10 +428,7 @@ def ep_moe_experts_symmetric(x: torch.Tensor, topk_idx, topk_weights: torch.Tens
 def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_rows: int | None = None,
                             backend: str = "torch", num_programs: int | None = None, fused: bool = False,
                             steps_out: list | None = None) -> list[torch.Tensor]:
-    """Every rank of ``SymmetricBuffers.emulated`` in this process: R lists of x (T_r, H), topk_idx, topk_weights
-    and shards -> R arrays y (T_r, H). Phase by phase over the ranks (every pack, then every pull, ...).
-    fused: each rank's pull, compute and push as one launch (SymmetricStep's ``fused``; backend "kernels").
-    steps_out: a list that receives the R SymmetricSteps (for tests that read their plans and buffers)."""
+    """Every rank of ``SymmetricBuffers.emulated`` in this process, phase by phase -> R arrays y (T_r, H)."""
     R = len(buffers)
     if not R or any(not isinstance(b, SymmetricBuffers) or not b.emulated for b in buffers):
         raise EPInputError("buffers must be the list SymmetricBuffers.emulated returned")

@@ -3,11 +3,9 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width,
 KD: its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-fp8_gemm.py's FP8-activation GEMMs as grouped_gemm's persistent TMA GEMMs: per 128-deep K step
-acc += dot(a8, w8) * (sa[:, None] * sw), sa a row's scale, sw one per 128-row weight band. GEMM 1
-gathers x's codes by pointer (quantized once: not SCALE_INPUT), GEMM 2 reads h's codes through a
-descriptor. PIPE keeps one of a K step's two dots in flight while the other is scaled
-(docs/kernels.md). Tiles (plan.fp8_entry): BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
+Per 128-deep K step acc += dot(a8, w8) * (sa[:, None] * sw). GEMM 1 gathers x's codes (quantized
+once), GEMM 2 reads h's codes through a descriptor; PIPE: docs/kernels.md. Tiles (plan.fp8_entry):
+BLOCK_K = 128, GEMM 1 BLOCK_N = 128.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def _scaled(acc, p, c):
 
 @triton.jit
 def _fresh(acc):
-    """A zero accumulator for the product kept in flight, computed as acc x 0 so the wgmma waits for
-    the scaling that updated acc and reuses its registers (docs/kernels.md). Exact: acc is finite."""
+    """A zero accumulator computed as acc x 0, so the wgmma waits for acc's scaling (docs/kernels.md)."""
     return acc * 0.0
 
 
@@ -51,11 +48,7 @@ def _gemm1_fp8a_tile(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, UP_BAND: tl.constexpr,
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): x's e4m3 codes (T, KD) gathered
-    by pointer with their scales xs (T, ceil(KD / KB)), the e4m3 gate and up tiles (BLOCK_N, KB)
-    through w_desc over gate_up as (E*2N, KD) (zero past KD; rows past N read the next rows, which
-    the epilogue masks), their scales ws (E, ceil(2N / KB), ceil(KD / KB)); h quantized into out /
-    outs by fp8_gemm's epilogue. BLOCK_N == BLOCK_K == KB."""
+    """One GEMM 1 tile as fp8_tma_tiles' with XQ and FP8_A, persistent; BLOCK_N == BLOCK_K == KB."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         xq_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -107,8 +100,7 @@ def _gemm1_fp8a_kernel(
     PIPE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """Persistent FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed row blocks x
-    N tiles in grouped_gemm._gemm1_tma_kernel's order."""
+    """Persistent FP8 GEMM 1: tiles in grouped_gemm._gemm1_tma_kernel's order."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -127,11 +119,9 @@ def _gemm2_fp8a_tile(
     ATOMIC: tl.constexpr, PIPE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: h's e4m3 rows (contiguous, padded order) through a_desc over (rows, KD) with
-    scales as_ptr (rows, ceil(KD / KB)); the e4m3 down weights as two column halves (BLOCK_N / 2, KB)
-    through w_desc over down as (E*N, KD), each half in one scale block. Padding rows reach only masked
-    outputs. PIPE 1: half 0's product carried to the next K step; PIPE 2 (CHAIN): half 0 scaled at once
-    and half 1's wgmma started from it (_fresh). The same sums in the same order every way."""
+    """One GEMM 2 tile: h's e4m3 rows through a_desc over (rows, KD) with scales as_ptr
+    (rows, ceil(KD / KB)); the down weights as two column halves (BLOCK_N / 2, KB) through w_desc
+    over down as (E*N, KD). PIPE 1 / 2 (CHAIN): docs/kernels.md; the same sums in the same order."""
     HALF: tl.constexpr = BLOCK_N // 2
     row_mask, tok, slot, srow, _, _, _, a_row, _, row_a, _ = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, HALF, BLOCK_K)
@@ -194,19 +184,17 @@ def _gemm2_fp8a_kernel(
 
 # --------------------------------------------------------------------------- launchers
 def is_fp8a(cfg: dict) -> bool:
-    """Whether a GEMM config asks for these kernels: variant "tma_persistent" with "FP8A" 1
-    (plan.fp8_entry's with FP8 activations)."""
+    """Whether a GEMM config asks for these kernels: "tma_persistent" with "FP8A" 1."""
     return cfg.get("variant") == "tma_persistent" and bool(cfg.get("FP8A", 0))
 
 
-#: the "PIPE" values each GEMM takes: 0 off, 1 PIPE (module docstring), 2 CHAIN (GEMM 2: _gemm2_fp8a_tile)
+#: the "PIPE" values each GEMM takes: 0 off, 1 PIPE, 2 CHAIN (GEMM 2 only; docs/kernels.md)
 PIPE_MODES = {"gemm1": (0, 1), "gemm2": (0, 1, 2)}
 
 
 def check_fp8a(cfg: dict, gemm: str, depth: int) -> None:
-    """The tiles these kernels take (plan.fp8_entry makes them): BLOCK_K = 128, GEMM 1 BLOCK_N = 128,
-    GEMM 2 BLOCK_N halves dividing 128, no split-K, e4m3 rows of ``depth`` codes in 16-byte strides,
-    "PIPE" one of PIPE_MODES[gemm]."""
+    """The tiles these kernels take: BLOCK_K = 128, GEMM 1 BLOCK_N = 128, GEMM 2 BLOCK_N halves
+    dividing 128, no split-K, 16-byte row strides, "PIPE" one of PIPE_MODES[gemm]."""
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     ok = bk == FP8_BLOCK and cfg.get("SPLIT_K", 1) == 1 and depth % 16 == 0
     ok = ok and (bn == FP8_BLOCK if gemm == "gemm1" else (bn % 2 == 0 and FP8_BLOCK % (bn // 2) == 0))
@@ -220,10 +208,8 @@ def check_fp8a(cfg: dict, gemm: str, depth: int) -> None:
 
 def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w, cfg: dict, *, activation: str,
                       alpha: float, limit: float, dense: bool, num_m: int, num_sms: int | None = None):
-    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 1: x_q = (codes (T, H) float8_e4m3fn,
-    scales (T, ceil(H/128)) fp32) from fp8_gemm.launch_quantize_x; w (E, 2N, H) float8_e4m3fn with
-    w_scale (E, ceil(2N/128), ceil(H/128)) fp32; out (P, N) e4m3 codes of h and out_scale
-    (P, ceil(N/128)) fp32; ``num_sms`` programs (default: the device's SMs)."""
+    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 1; arguments as fp8_gemm.gemm1_fp8_launch's
+    with FP8 activations (x_q from fp8_gemm.launch_quantize_x)."""
     xq, xs = x_q
     T, KD = xq.shape
     N = w.shape[1] // 2
@@ -246,9 +232,7 @@ def gemm1_fp8a_launch(x_q: tuple, w, w_scale, bias, out, out_scale, meta, topk_w
 
 def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int,
                       dense: bool, atomic: bool, num_m: int, num_sms: int | None = None):
-    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 2: act (P, I) e4m3 codes with
-    act_scale (P, ceil(I/128)) fp32, contiguous; w (E, N, I) float8_e4m3fn with w_scale
-    (E, ceil(N/128), ceil(I/128)) fp32; out as grouped_gemm.launch_gemm2's."""
+    """(kernel, grid, args, kwargs) of the persistent FP8 GEMM 2; arguments as fp8_gemm.gemm2_fp8_launch's."""
     KD = act.shape[1]
     N = w.shape[1]
     check_fp8a(cfg, "gemm2", KD)

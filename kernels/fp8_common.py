@@ -2,14 +2,10 @@
 
 Shape legend: BM, BN, BK tile sizes, KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-FP8 activations follow DeepSeek-V3's scheme (per token, per 128 columns), as the reference's fake
-quantization does it: s = max(amax, 1e-4) / 448 and q = e4m3(a / s), both IEEE float32 divisions
-(tl.math.div_rn), q rounded to nearest-even with integer operations (``_e4m3_rne``: the interpreter's
-float8 cast does not round ties to even; the exact value then casts exactly anywhere). The weights'
-128 x 128 block scales are applied per K tile (``_fp8a_part``, ``_band_scale``).
-
-How weight-only FP8 converts e4m3 codes to x's dtype (``_e4m3_to``'s CVT): 0 Triton's cast, 1 bit
-moves in Triton integer ops, 2 the same bit moves in inline PTX, two codes per 32-bit lane (GPU only).
+FP8 activations are quantized as reference.fp8 defines it (per token, per 128 columns, float32
+divisions, ties to even in integer ops: ``_e4m3_rne``); the weights' 128 x 128 block scales are
+applied per K tile (``_fp8a_part``, ``_band_scale``). ``_e4m3_to`` converts e4m3 codes for
+weight-only FP8.
 """
 
 from __future__ import annotations
@@ -29,9 +25,7 @@ AMAX_FLOOR = tl.constexpr(fp8_ref.AMAX_FLOOR)
 
 @triton.jit
 def _e4m3_rne(v):
-    """fp32 -> the nearest e4m3 value (ties to even, saturating at +-448), still fp32, exactly
-    representable in float8e4nv. Normals keep 3 of float32's 23 mantissa bits (integer round half
-    to even on the bits); below 2^-6 the quantum is 2^-9, rounded by adding and removing 1.5 * 2^14."""
+    """fp32 -> the nearest e4m3 value (ties to even, saturating at +-448), still fp32."""
     v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
     bits = v.to(tl.uint32, bitcast=True)
     sign = bits & 0x80000000
@@ -43,16 +37,14 @@ def _e4m3_rne(v):
     return r.to(tl.float32, bitcast=True)
 
 
-#: _e4m3_to's powers of two: a code's 7 magnitude bits moved into bf16's (or fp32's) exponent and
-#: mantissa fields read as the code times 2^-120 (exponent bias 127 = 7 + 120), into fp16's as 2^-8 (15 = 7 + 8)
+#: _e4m3_to's powers of two: moved bits read as the code times 2^-120 (bf16, fp32) or 2^-8 (fp16)
 _BIAS_2_120 = tl.constexpr(2.0 ** 120)
 
 
 _BIAS_2_8 = tl.constexpr(2.0 ** 8)
 
 
-#: the bit moves both conversions share: four e4m3 codes in $2 into two pairs (lo, hi) of 16-bit lanes,
-#: each code at the high byte of its lane (prmt), its magnitude shifted down by SHIFT, its sign kept
+#: the bit moves both conversions share (four codes into two pairs of 16-bit lanes)
 _E4M3X4_MOVES = """    prmt.b32 lo, $2, 0, 0x1404;
     prmt.b32 hi, $2, 0, 0x3424;
     and.b32 s, lo, 0x80008000;
@@ -66,9 +58,7 @@ _E4M3X4_MOVES = """    prmt.b32 lo, $2, 0, 0x1404;
 """
 
 
-#: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target;
-#: each code moved to the high byte of a 16-bit lane (prmt), its magnitude shifted down into place
-#: (bf16: 4 bits, fp16: 1), its sign kept, then one exact multiply by the bias power of two
+#: inline PTX of CVT 2: four codes in $2 -> two pairs ($0: codes 0, 1; $1: codes 2, 3) of the target
 _E4M3X4_PTX = """{
     .reg .b32 lo, hi, s, m, bias;
     mov.b32 bias, BIAS;
@@ -88,9 +78,7 @@ def _e4m3_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
     """e4m3 codes w (float8e4nv) -> dtype (bf16, fp16 or fp32), exactly.
 
     CVT 0: Triton's cast. 1: bit moves in Triton integer ops. 2: the same in inline PTX (GPU; bf16 and
-    fp16). The sign and 7 magnitude bits go to the target's fields (bf16 bits 4..10, fp16 7..13, fp32
-    20..26), giving code x 2^-120 (bf16, fp32) or 2^-8 (fp16); one exact multiply gives the code (NaN
-    codes give +-480: quantized weights have none)."""
+    fp16). NaN codes give +-480 (quantized weights have none)."""
     if CVT == 0:
         return w.to(dtype)
     elif CVT == 2 and dtype == tl.bfloat16:
@@ -114,8 +102,7 @@ def _e4m3_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
 
 @triton.jit
 def _quantize_groups(a):
-    """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32): one group per row,
-    scale = max(amax, 1e-4) / 448, codes = e4m3(a / scale) (reference.fp8's arithmetic)."""
+    """a (BM, KB) fp32 -> (codes (BM, KB) float8e4nv, scale (BM,) fp32), reference.fp8's arithmetic."""
     amax = tl.max(tl.abs(a), axis=1)
     s = tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), tl.full(amax.shape, E4M3_MAX, tl.float32))
     q = _e4m3_rne(tl.math.div_rn(a, s[:, None]))
@@ -124,15 +111,13 @@ def _quantize_groups(a):
 
 @triton.jit
 def _fp8a_part(aq, b, sa, sw):
-    """One K tile of FP8 activations: dot(aq, b) of e4m3 (BM, KB) x (KB, BN), fp32, times the row
-    scales sa (BM,) and the column scales sw (BN,): what every FP8-activation GEMM adds to its sum."""
+    """One K tile of FP8 activations: dot(aq, b) fp32 times row scales sa (BM,) and column scales sw (BN,)."""
     return tl.dot(aq, b) * sa[:, None] * sw[None, :]
 
 
 @triton.jit
 def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.constexpr):
-    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN): FP8_A, a holds
-    e4m3 codes with row scales sa; else b converted to a's dtype."""
+    """One K step's scaled product of rows a (BM, KB) and weight tile b (KB, BN)."""
     if FP8_A:
         return _fp8a_part(a, b, sa, sw)
     elif IEEE:
@@ -145,8 +130,7 @@ def _fp8_step(a, b, sa, sw, FP8_A: tl.constexpr, IEEE: tl.constexpr, CVT: tl.con
 def _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn, N, bias_ptr, stride_be,
                         padded_pair_ptr, topk_w_ptr, out_ptr, outs_ptr, stride_ot, stride_os, alpha, limit,
                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_INPUT: tl.constexpr, FP8_A: tl.constexpr):
-    """FP8 GEMM 1's epilogue (every FP8 GEMM 1 tile's): biases and activation (_act_values), then h
-    quantized into out (codes) and outs (scales, column pid_n) with FP8_A, else h in out's dtype."""
+    """FP8 GEMM 1's epilogue: biases, activation, then h (quantized into out / outs with FP8_A)."""
     h = _act_values(acc_g, acc_u, rows, row_mask, e, offs_bn, N, bias_ptr, stride_be, padded_pair_ptr, topk_w_ptr,
                     alpha, limit, ACT, HAS_BIAS, SCALE_INPUT and not FP8_A)
     col_mask = offs_n < N
@@ -162,10 +146,8 @@ def _gemm1_fp8_epilogue(acc_g, acc_u, rows, row_mask, e, pid_n, offs_n, offs_bn,
 @triton.jit
 def _band_scale(s_ptr, first, last, kb, stride_sn, KB: tl.constexpr, BLOCK_N: tl.constexpr):
     """The weight scales (BLOCK_N,) fp32 of rows first .. first + BLOCK_N - 1 of one matrix in its K
-    block kb: s_ptr -> the matrix's scales (Rb, Cb) (row stride stride_sn, unit column stride), last
-    = Rb - 1. The band lies in at most cdiv(BLOCK_N, KB) + 1 row blocks from first // KB (clamped
-    to last: rows past the matrix, which the epilogues mask, take the last block's scale): one
-    uniform load each, picked per row (a per-row gather would load BLOCK_N addresses a K step)."""
+    block kb: s_ptr -> the matrix's scales (Rb, Cb) (row stride stride_sn), last = Rb - 1 (rows
+    past it take the last block's scale). One uniform load per row block, picked per row."""
     j = (first % KB + tl.arange(0, BLOCK_N)) // KB  # each row's block, counted from first // KB
     b0 = first // KB
     s = tl.zeros([BLOCK_N], tl.float32) + tl.load(s_ptr + b0 * stride_sn + kb)
@@ -177,10 +159,7 @@ def _band_scale(s_ptr, first, last, kb, stride_sn, KB: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
-    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales): the
-    (BLOCK_N, BLOCK_K) boxes of w_desc (gate_up as (E*2N, KD)) at rows row_g and row_g + N, and the
-    per-row scales of the bands from weight rows first and N + first (_band_scale; ws_e: the expert's
-    scales, last: its last scale block row)."""
+    """K step kt of a GEMM 1 tile with e4m3 weights through TMA: (gate tile, up tile, their scales)."""
     bg = w_desc.load([row_g, kt * BLOCK_K])
     bu = w_desc.load([row_g + N, kt * BLOCK_K])
     sg = _band_scale(ws_e, first, last, kt, stride_wsn, KB, BLOCK_N)
@@ -188,22 +167,17 @@ def _gate_up_tma_step(w_desc, ws_e, row_g, first, kt, N, last, stride_wsn, KB: t
     return bg, bu, sg, su
 
 
-#: how weight-only FP8 converts e4m3 codes to x's dtype (``_e4m3_to``'s CVT) on a GPU and under the
-#: interpreter: "bits" (inline PTX on a GPU; the same bit moves in Triton integer ops, which the
-#: interpreter runs) or "cast" (Triton's cast). Both backends read it: the megakernel by its config
-#: key "fp8_convert", the multi-launch GEMMs by megakernel_config.FP8_CONVERT_DEFAULT
+#: ``_e4m3_to``'s CVT per convert name ("bits", "cast") on a GPU and under the interpreter
 FP8_CONVERT = {"cast": (0, 0), "bits": (2, 1)}
 
 
 def convert_code(name: str, gpu: bool, what: str = "FP8 conversion") -> int:
-    """CVT for a conversion name of FP8_CONVERT on a GPU (``gpu``) or under the interpreter; an
-    unknown name is an error that names it and ``what`` it was given as."""
+    """CVT for a conversion name of FP8_CONVERT (``gpu`` or the interpreter); an unknown name is an error."""
     if name not in FP8_CONVERT:
         raise ValueError(f"{what} must be one of {list(FP8_CONVERT)}, got {name!r}")
     return FP8_CONVERT[name][0 if gpu else 1]
 
 
 def _multi_cvt(x, fp8_act: bool) -> int:
-    """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8 (0 with FP8 activations:
-    e4m3 x e4m3 products convert nothing)."""
+    """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8, 0 with FP8 activations."""
     return 0 if fp8_act else convert_code(FP8_CONVERT_DEFAULT, x.device.type == "cuda")

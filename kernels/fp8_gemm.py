@@ -3,12 +3,10 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, P_max padded rows,
 KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-reference.forward's FP8 layer. BLOCK_K == KB, so each K tile of a weight column lies in one scale
-block: weight-only acc += dot(a, w8.to(a's dtype)) * s_w[n]; FP8 activations (FP8_A) acc +=
-dot(a8, w8) * s_a[m] * s_w[n]. With FP8 activations x is quantized once (``_quantize_x_kernel``;
-GEMM 1 reads the codes, XQ) unless the routing weight scales rows first (SCALE_INPUT: quantized per
-K tile); GEMM 1 quantizes h in its epilogue (BLOCK_N == KB). These are the pointer kernels; a
-"tma_persistent" entry runs fp8_act_tma.py's or fp8w_tma.py's, picked by the launchers.
+reference.forward's FP8 layer, pointer kernels. BLOCK_K == KB: weight-only acc += dot(a, w8.to(a's
+dtype)) * s_w[n]; FP8_A acc += dot(a8, w8) * s_a[m] * s_w[n], x quantized once
+(``_quantize_x_kernel``) unless SCALE_INPUT, h quantized in GEMM 1's epilogue (BLOCK_N == KB).
+"tma_persistent" entries run fp8_act_tma.py's or fp8w_tma.py's.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ from .plan import gemm_grid
 @triton.jit(do_not_specialize=["T"])
 def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, T, H, stride_xt, stride_qt, stride_st, KB: tl.constexpr,
                        BLOCK_T: tl.constexpr):
-    """x (T, H) -> codes q (T, H) e4m3 and scales s (T, ceil(H / KB)) fp32 (_quantize_groups);
-    program (i, g): BLOCK_T tokens x group g; columns past H count as 0."""
+    """x (T, H) -> codes (T, H) e4m3 and scales (T, ceil(H / KB)) fp32; program (i, g): BLOCK_T tokens x group g."""
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.program_id(1) * KB + tl.arange(0, KB)
     t_mask = offs_t < T
@@ -56,9 +53,8 @@ def _gemm1_fp8_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
     """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n) with e4m3 weights w (E, 2N, KD)
-    and scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: x rows quantized per K
-    tile, h quantized into out (codes) and outs (scales); BLOCK_N == KB. CVT: how weight-only FP8
-    converts the codes (``_e4m3_to``)."""
+    and scales ws (E, ceil(2N / KB), ceil(KD / KB)); BLOCK_K == KB. FP8_A: h quantized into out
+    (codes) and outs (scales); BLOCK_N == KB."""
     _gemm1_fp8_xq_tile(x_ptr, x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, outs_ptr, padded_token_ptr, padded_pair_ptr,
                        topk_w_ptr, pid_m, pid_n, e, T, N, KD, stride_xt, 0, stride_we, stride_wn, stride_wse,
                        stride_wsn, stride_be, stride_ot, stride_os, alpha, limit, ACT, HAS_BIAS, SCALE_INPUT, DENSE,
@@ -74,8 +70,7 @@ def _gemm1_fp8_xq_tile(
     FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """_gemm1_fp8_tile; XQ (FP8_A, not SCALE_INPUT): x_ptr holds x's codes (T, KD) and xs_ptr
-    their scales (T, ceil(KD / KB)) from _quantize_x_kernel, read instead of quantizing per K step."""
+    """_gemm1_fp8_tile; XQ: x_ptr / xs_ptr hold x's codes and scales from _quantize_x_kernel."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     xs_ptrs = xs_ptr + tok.to(tl.int64) * stride_xs
@@ -184,8 +179,7 @@ def _gemm2_fp8_kernel(
 
 
 def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
-    """Which FP8 GEMMs ``cfg`` asks for: "pointer" (here), "fp8a" (fp8_act_tma) or "fp8w"
-    (fp8w_tma); the tiles checked."""
+    """Which FP8 GEMMs ``cfg`` asks for: "pointer", "fp8a" or "fp8w"; the tiles checked."""
     if cfg.get("variant", "pointer") == "tma_persistent":
         if split != 1:
             raise ValueError(f"the tma_persistent FP8 {gemm} has no split-K, got split={split} (plan.fp8_entry "
@@ -208,8 +202,7 @@ def _kind(cfg: dict, gemm: str, fp8_act: bool, split: int = 1) -> str:
 
 
 def launch_quantize_x(x, codes, scales, launch: dict) -> None:
-    """Quantize x (T, H) into codes (T, H) float8_e4m3fn and scales (T, ceil(H/128)) fp32, per token per
-    128 columns; ``launch``: plan.quantize_launch's."""
+    """Quantize x (T, H) into e4m3 codes and (T, ceil(H/128)) fp32 scales; ``launch``: plan.quantize_launch's."""
     T, H = x.shape
     if T == 0:
         return

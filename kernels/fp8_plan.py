@@ -33,15 +33,12 @@ FP8A_DEFAULT_TILES_MIN_M = _TH["FP8A_DEFAULT_TILES_MIN_M"]
 #: row tiles and K tile of the fp8w GEMMs at most
 FP8W_TMA_MAX_BLOCK_M = _TH["FP8W_TMA_MAX_BLOCK_M"]
 FP8W_TMA_BLOCK_K = _TH["FP8W_TMA_BLOCK_K"]
-#: whether the fp8w GEMMs swap their MMA operands by default (FP8Options.swap_ab), and their column
-#: tiles at most when swapped
+#: whether the fp8w GEMMs swap their MMA operands by default, and their column tiles at most when swapped
 FP8W_TMA_SWAP_AB = _TH["FP8W_TMA_SWAP_AB"]
 FP8W_TMA_SWAP_MAX_BLOCK_N = _TH["FP8W_TMA_SWAP_MAX_BLOCK_N"]
 _TH.close()
 
-#: 128-row tile sets of the fp8a GEMMs: name -> the keys set on {"gemm1", "gemm2"} (BLOCK_M the same in
-#: both: the align pads to it). "m128": GEMM 2 128 x 128 in 64-column halves with PIPE; "m128c": 128 x 256
-#: in 128-column halves with CHAIN (PIPE 2); GEMM 1 128 x 128 with PIPE 0 in both (docs/kernels.md)
+#: 128-row tile sets of the fp8a GEMMs: name -> the keys set on {"gemm1", "gemm2"} (docs/kernels.md)
 FP8A_TILE_CANDIDATES = {
     "m128": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 128, "PIPE": 1}},
     "m128c": {"gemm1": {"BLOCK_M": 128, "PIPE": 0}, "gemm2": {"BLOCK_M": 128, "BLOCK_N": 256, "PIPE": 2}},
@@ -52,11 +49,8 @@ FP8A_NO_CANDIDATE = "m64"
 
 @dataclass(frozen=True)
 class FP8Options:
-    """The FP8 GEMMs' choices a benchmark may vary; the defaults are what the layer runs.
-
-    fp8a_tiles: the fp8a tile set, a name of FP8A_TILE_CANDIDATES or FP8A_NO_CANDIDATE, at every
-    fp8a entry; None: FP8A_DEFAULT_TILES at the 128-row prefill entries. swap_ab: the fp8w GEMMs'
-    MMA operands swapped."""
+    """The FP8 GEMMs' choices a benchmark may vary (defaults: what the layer runs). fp8a_tiles: a
+    name of FP8A_TILE_CANDIDATES or FP8A_NO_CANDIDATE (None: the default); swap_ab: fp8w's SWAP_AB."""
 
     fp8a_tiles: str | None = None
     swap_ab: bool = FP8W_TMA_SWAP_AB
@@ -71,9 +65,8 @@ DEFAULT_OPTIONS = FP8Options()
 
 
 def fp8a_tiles_for(entry: dict, x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> str | None:
-    """The tile set fp8_entry sets on the fp8a GEMMs made from bf16 ``entry`` (None: the 64-row tiles):
-    ``options.fp8a_tiles`` if set, else FP8A_DEFAULT_TILES where the entry's GEMM 1 has
-    FP8A_DEFAULT_TILES_MIN_M rows or more; never where the layer does not quantize x once."""
+    """The fp8a tile set for bf16 ``entry`` (None: the 64-row tiles): ``options.fp8a_tiles``, else
+    FP8A_DEFAULT_TILES from FP8A_DEFAULT_TILES_MIN_M rows; never unless x is quantized once."""
     if not x_once:
         return None
     name = options.fp8a_tiles or (FP8A_DEFAULT_TILES if entry["gemm1"]["BLOCK_M"] >= FP8A_DEFAULT_TILES_MIN_M
@@ -92,8 +85,7 @@ def fp8a_tiles(name: str) -> dict:
 
 
 def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
-    """Set tile set ``name`` on fp8a entries g1, g2 (in place), their stages FP8A_STAGES (or the set's)
-    within FP8_SMEM_BUDGET_BYTES, each stage's A tile counted in e4m3 (x quantized once)."""
+    """Set tile set ``name`` on fp8a entries g1, g2 in place, stages within FP8_SMEM_BUDGET_BYTES."""
     over = fp8a_tiles(name)
     for g, o, n_w in ((g1, over["gemm1"], 2), (g2, over["gemm2"], 1)):
         g.update(o)
@@ -102,8 +94,7 @@ def _fp8a_candidate(g1: dict, g2: dict, name: str) -> None:
 
 
 def fp8_tma_ok(g: dict, depth: int | None) -> bool:
-    """Whether a bf16 GEMM config ``g`` becomes a persistent FP8 GEMM: its variant is "tma_persistent",
-    no split-K, and e4m3 rows of ``depth`` (the K extent) have the 16-byte strides TMA needs."""
+    """Whether bf16 GEMM config ``g`` becomes a persistent FP8 GEMM (TMA-able, no split-K)."""
     return (g.get("variant") == "tma_persistent" and g.get("SPLIT_K", 1) == 1 and depth is not None
             and depth % 16 == 0)
 
@@ -112,14 +103,10 @@ def fp8_entry(entry: dict, fp8: str | None, dtype: str = "bfloat16", *, depths: 
               x_once: bool = True, options: FP8Options = DEFAULT_OPTIONS) -> dict:
     """A {"gemm1", "gemm2"} entry as the FP8 GEMMs take it, from bf16 ``entry``.
 
-    Pointer GEMMs: BLOCK_K = FP8_BLOCK, GEMM 1 without split-K and, with FP8 activations, BLOCK_N =
-    FP8_BLOCK; GEMM 2 keeps its split-K. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I);
-    None: neither) stays persistent: with FP8 activations fp8_act_tma's ("FP8A": 1, "PIPE": 1,
-    FP8A_STAGES, GEMM 2's BLOCK_N <= FP8A_MAX_BLOCK_N2), GEMM 1 only where ``x_once``
-    (plan.quantizes_x); weight-only fp8w_tma's (BLOCK_K = FP8W_TMA_BLOCK_K, "SWAP_AB" =
-    options.swap_ab, then BLOCK_N <= FP8W_TMA_SWAP_MAX_BLOCK_N). BLOCK_M at most FP8A_MAX_BLOCK_M /
-    FP8W_TMA_MAX_BLOCK_M when both GEMMs are persistent, else FP8_MAX_BLOCK_M; num_stages cut to
-    FP8_SMEM_BUDGET_BYTES. Both GEMMs fp8a: the tile set ``fp8a_tiles_for(entry, x_once, options)``."""
+    Pointer GEMMs: BLOCK_K = FP8_BLOCK (BLOCK_N too in GEMM 1 with FP8 activations), no split-K in
+    GEMM 1. A "tma_persistent" GEMM (``fp8_tma_ok`` on ``depths`` = (H, I)) stays persistent as
+    fp8a (FP8 activations; GEMM 1 only where ``x_once``) or fp8w (weight-only), within the module's
+    limits; num_stages cut to FP8_SMEM_BUDGET_BYTES."""
     if fp8 is None:
         return entry
     xb = dtype_bytes(dtype)

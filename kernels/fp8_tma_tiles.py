@@ -3,10 +3,8 @@
 Shape legend: T tokens, E experts, H hidden, I expert width (N: a GEMM's output width, KD: its
 depth), KB = 128 (reference.fp8: WEIGHT_BLOCK, ACT_GROUP).
 
-They compute what fp8_gemm's pointer tiles compute (_gemm1_fp8_xq_tile, _gemm2_fp8_tile without
-split-K), per 128-deep K step, with the same per-column scales (fp8_common._band_scale), so the two
-are interchangeable per task; the e4m3 weight tile arrives as one (BLOCK_N, KB) bulk copy per K
-step (zero past KD) instead of cp.async pieces. The rows stay pointer loads.
+They compute what fp8_gemm's pointer tiles compute, in the same order (interchangeable per task),
+the e4m3 weight tile as one (BLOCK_N, KB) TMA copy per K step; the rows stay pointer loads.
 """
 
 from __future__ import annotations
@@ -46,10 +44,8 @@ def _gemm1_fp8_tmaw_tile(
     FP8_A: tl.constexpr, XQ: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One GEMM 1 tile (row block pid_m of expert e, N tile pid_n): e4m3 gate and up tiles
-    (BLOCK_N, KB) through w_desc over gate_up as (E*2N, KD), scales ws (E, ceil(2N / KB),
-    ceil(KD / KB)); x rows by pointers. BLOCK_K == KB; FP8_A: BLOCK_N == KB, h quantized into
-    out / outs. XQ: x_ptr / xs_ptr hold x's codes (T, KD) and scales (T, ceil(KD / KB))."""
+    """One GEMM 1 tile: e4m3 gate and up tiles through w_desc over gate_up as (E*2N, KD), x rows by
+    pointers (XQ: x's codes and scales); as fp8_gemm's pointer tile otherwise."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -89,9 +85,8 @@ def _gemm2_fp8_tmaw_tile(
     FP8_A: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One GEMM 2 tile (no split-K): e4m3 down tiles (BLOCK_N, KB) through w_desc over down as
-    (E*N, KD), scales ws (E, ceil(N / KB), ceil(KD / KB)); the activation rows by pointers (FP8_A:
-    codes with scales as_ptr (rows, ceil(KD / KB))). BLOCK_K == KB."""
+    """One GEMM 2 tile (no split-K): e4m3 down tiles through w_desc over down as (E*N, KD); as
+    fp8_gemm's pointer tile otherwise."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, a_row, a_ptrs, _, row_w = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     ws_e = ws_ptr + e.to(tl.int64) * stride_wse

@@ -3,11 +3,8 @@
 Shape legend: E experts, R, C the rows and columns of one weight matrix ([out, in]);
 Rb = ceil(R / 128), Cb = ceil(C / 128) its scale blocks (the last ones partial where 128 does not divide).
 
-The arithmetic is the reference's (reference/fp8.py says why it is part of the definition): w
-rounded to float32, per block s = max(amax |w|, AMAX_FLOOR) / 448 and q = e4m3(w / s), both IEEE
-float32 divisions by a tensor (CUDA's ``a / scalar`` multiplies by the reciprocal, which is not
-correctly rounded), clamped to +-448 before the cast. ``megamoe bench`` uses it so that a large
-layer never leaves the GPU; the leading dimension is taken in slices of ``chunk_elems`` values.
+The arithmetic is reference/fp8.py's (divisions by a tensor: ``a / scalar`` is not correctly
+rounded), in slices of ``chunk_elems`` values of the leading dimension.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def _quantize(a: torch.Tensor, br: int, bc: int) -> tuple[torch.Tensor, torch.Te
 
 def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = WEIGHT_BLOCK, *,
                            chunk_elems: int = CHUNK_ELEMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: (..., R, C) float tensor -> (codes (..., R, C) float8_e4m3fn, scale_inv (..., Rb, Cb) float32),
-    on w's device; equal to ``reference.fp8.quantize_weight_blocks`` (codes as bits, scales exactly)."""
+    """w (..., R, C) -> (codes float8_e4m3fn, scale_inv (..., Rb, Cb) fp32), as reference.fp8's."""
     if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() < 2:
         raise ValueError(f"w must be a float tensor of at least 2 dimensions, got "
                          f"{type(w).__name__} {getattr(w, 'dtype', '')} {list(getattr(w, 'shape', []))}")
@@ -68,8 +64,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = WEIGHT_BLOC
 
 
 def to_fp8(weights: MoEWeights, *, chunk_elems: int = CHUNK_ELEMS) -> MoEWeights:
-    """``weights`` (torch tensors, float) with the expert weights (routed and shared) quantized on
-    their device: the fields and shapes of ``MoEWeights.to_fp8()``, the dtypes of ``.to_torch()``."""
+    """``weights`` with the expert weights quantized on their device, as ``MoEWeights.to_fp8()``."""
     if weights.is_fp8:
         raise ValueError("fp8_weights.to_fp8: the weights are FP8 already")
     out = {}

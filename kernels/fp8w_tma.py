@@ -3,14 +3,9 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (N: a GEMM's output width, KD:
 its depth), KB = 128 (reference.fp8: WEIGHT_BLOCK).
 
-The bf16 persistent GEMMs (grouped_gemm's helpers) with e4m3 weight tiles through TMA and the block
-scale folded into the weights before the dot:
-
-    acc += dot(a, w) with w[n, k] = code[n, k] x s_w[n] rounded to a's dtype (``_e4m3_folded``)
-
-BLOCK_K divides KB, so one accumulator per output as in the bf16 GEMMs. SWAP_AB: the MMA computes
-acc^T = w @ a^T with the weights as wgmma's A operand in registers (docs/kernels.md).
-plan.fp8_entry sizes the tiles.
+The bf16 persistent GEMMs with e4m3 weight tiles through TMA and the block scale folded in before
+the dot: acc += dot(a, w), w[n, k] = code[n, k] x s_w[n] in a's dtype (``_e4m3_folded``; BLOCK_K
+divides KB). SWAP_AB: acc^T = w @ a^T (docs/kernels.md). plan.fp8_entry sizes the tiles.
 """
 
 from __future__ import annotations
@@ -36,9 +31,7 @@ from .grouped_gemm import (
 )
 from .plan import gemm_grid
 
-#: _e4m3_folded's inline PTX (CVT 2): four codes in $2 moved into two pairs of the target as _E4M3X4_PTX
-#: does (code x 2^-BIAS, exact), then each pair times the fold factor f = s x 2^BIAS split in two values of
-#: the target, hi ($3: codes 0, 1; $4: codes 2, 3) and lo ($5, $6): t = c * lo, out = fma(c, hi, t)
+#: _e4m3_folded's inline PTX (CVT 2): out = fma(c, hi, c * lo) per pair, hi + lo the fold factor
 _E4M3X4_FOLD_PTX = """{
     .reg .b32 lo, hi, s, m, t;
 """ + _E4M3X4_MOVES + """    mul.rn.TYPE t, lo, $5;
@@ -57,10 +50,8 @@ _E4M3_F16X4_FOLD = tl.constexpr(_E4M3X4_FOLD_PTX.replace("SHIFT", "1").replace("
 @triton.jit
 def _e4m3_folded(w, s, dtype: tl.constexpr, CVT: tl.constexpr):
     """e4m3 codes w (BN, BK) float8e4nv and their rows' block scales s (BN,) fp32 -> code x s (BN, BK)
-    in dtype (bf16, fp16 or fp32), each rounded once (docs/kernels.md): the scale folded into the
-    weight tile so a K tile adds dot(a, w) to one accumulator. CVT 0 / 1 via fp32; CVT 2 (inline PTX,
-    bf16 and fp16) fma(code x 2^-b, hi, code x 2^-b x lo) with hi + lo = s x 2^b. f and code x s must
-    be finite in dtype (fold_scale_max; the launchers check)."""
+    in dtype (bf16, fp16 or fp32), each rounded once (docs/kernels.md); must be finite in dtype
+    (fold_scale_max, checked by the launchers)."""
     if CVT == 2 and dtype == tl.bfloat16:
         hi, lo = _fold_factors(s * _BIAS_2_120, w.shape, dtype)
         return tl.inline_asm_elementwise(_E4M3_BF16X4_FOLD, "=r,=r,r,r,r,r,r", [w.to(tl.uint8, bitcast=True), hi, lo],
@@ -75,8 +66,7 @@ def _e4m3_folded(w, s, dtype: tl.constexpr, CVT: tl.constexpr):
 
 @triton.jit
 def _fold_factors(f, shape: tl.constexpr, dtype: tl.constexpr):
-    """Fold factors f (BN,) fp32 -> (hi, lo) in dtype, hi = dtype(f), lo = dtype(f - hi), broadcast
-    along the rows of a (BN, BK) tile ``shape``."""
+    """Fold factors f (BN,) fp32 -> (hi, lo) in dtype, hi = dtype(f), lo = dtype(f - hi)."""
     hi = f.to(dtype)
     lo = (f - hi.to(tl.float32)).to(dtype)
     return tl.broadcast_to(hi[:, None], shape), tl.broadcast_to(lo[:, None], shape)
@@ -95,8 +85,7 @@ def _fp8w_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 @triton.jit
 def _fp8w_mma(a, w, acc, IEEE: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK); SWAP_AB: acc^T + w @ a^T,
-    the weights wgmma's A operand from registers."""
+    """acc + a @ w^T for rows a (BM, BK) and folded weights w (BN, BK); SWAP_AB: acc^T + w @ a^T."""
     if SWAP_AB:
         out = _mma(w, a.T, acc, IEEE)
     else:
@@ -122,9 +111,8 @@ def _gemm1_fp8w_tma_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, KB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """One GEMM 1 tile as grouped_gemm._gemm1_tma_tile computes the bf16 one: x rows (BLOCK_M,
-    BLOCK_K) by pointers, the e4m3 gate and up tiles (BLOCK_N, BLOCK_K) through w_desc over gate_up as
-    (E*2N, KD) with their block scales folded in (_band_scale, _e4m3_folded; BLOCK_K divides KB)."""
+    """One GEMM 1 tile as grouped_gemm._gemm1_tma_tile's, the e4m3 gate and up tiles through w_desc
+    over gate_up as (E*2N, KD) with their block scales folded in."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -159,8 +147,7 @@ def _gemm1_fp8w_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr, CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """Persistent weight-only FP8 GEMM 1: program p walks tiles p, p + programs, ... of the routed
-    row blocks x N tiles in grouped_gemm._gemm1_tma_kernel's order."""
+    """Persistent weight-only FP8 GEMM 1: tiles in grouped_gemm._gemm1_tma_kernel's order."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -180,9 +167,8 @@ def _gemm2_fp8w_tma_tile(
     IEEE: tl.constexpr, KB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     CVT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
-    """One GEMM 2 tile as grouped_gemm._gemm2_tma_tile computes the bf16 one: activation rows through
-    a_desc over (rows, KD), e4m3 down tiles (BLOCK_N, BLOCK_K) through w_desc over down as (E*N, KD),
-    block scales folded in as GEMM 1's."""
+    """One GEMM 2 tile as grouped_gemm._gemm2_tma_tile's, e4m3 down tiles through w_desc over down
+    as (E*N, KD), block scales folded in as GEMM 1's."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     ws_e = ws_ptr + e.to(tl.int64) * stride_wse
@@ -218,8 +204,7 @@ def _gemm2_fp8w_tma_kernel(
 
 
 def fold_scale_max(dtype, cvt: int) -> float:
-    """The largest weight block scale the weight-only persistent GEMMs take with x's torch ``dtype`` and
-    ``cvt``: 448 x s finite in dtype and, with CVT 2, s x 2^b as well (bf16 255, fp16 146.2, fp32 7.6e35)."""
+    """The largest weight block scale the weight-only persistent GEMMs take with ``dtype`` and ``cvt``."""
     import torch
 
     big = torch.finfo(dtype).max
@@ -230,9 +215,7 @@ def fold_scale_max(dtype, cvt: int) -> float:
 
 
 def check_fold_scales(w_scale, dtype, cvt: int, what: str) -> None:
-    """ValueError naming ``what``, the largest scale and the limit where ``w_scale`` (fp32) passes
-    fold_scale_max(dtype, cvt). One device reduction and host sync per scale tensor and version
-    (recorded on the tensor); skipped while the stream captures a graph."""
+    """ValueError naming ``what`` where ``w_scale`` passes fold_scale_max(dtype, cvt); skipped in capture."""
     import torch
 
     if w_scale.numel() == 0:
@@ -273,9 +256,7 @@ def _fp8w_rows_check(what: str, depth: int, gemm: str) -> None:
 
 def gemm1_fp8w_launch(x, w, w_scale, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float,
                        limit: float, scale_input: bool, dense: bool, num_m: int, num_sms: int | None):
-    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 1 (_gemm1_fp8w_tma_kernel):
-    x (T, H) its dtype, w (E, 2N, H) float8_e4m3fn with w_scale (E, ceil(2N/128), ceil(H/128)) fp32,
-    out (P, N) in x's dtype; cfg's BLOCK_K divides 128; ``num_sms`` programs (default: the device's SMs)."""
+    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 1; arguments as fp8_gemm.gemm1_fp8_launch's."""
     T, KD = x.shape
     N = w.shape[1] // 2
     _fp8w_rows_check("gate_up", KD, "gemm1")
@@ -293,9 +274,7 @@ def gemm1_fp8w_launch(x, w, w_scale, bias, out, meta, topk_w, cfg: dict, *, acti
 
 def gemm2_fp8w_launch(act, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: int, K: int, KS: int, dense: bool,
                        atomic: bool, num_m: int, num_sms: int | None):
-    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 2 (_gemm2_fp8w_tma_kernel):
-    act (P, I) in x's dtype, contiguous, w (E, N, I) float8_e4m3fn with w_scale (E, ceil(N/128),
-    ceil(I/128)) fp32, out as grouped_gemm.launch_gemm2's."""
+    """(kernel, grid, args, kwargs) of the weight-only persistent GEMM 2; arguments as fp8_gemm.gemm2_fp8_launch's."""
     KD = act.shape[1]
     N = w.shape[1]
     _fp8w_rows_check("down", KD, "gemm2")

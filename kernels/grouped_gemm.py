@@ -3,15 +3,12 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width (Is for the shared MLP),
 P_max padded rows (see align.py), KS = K (+1 with a shared MLP): rows per token in the pair buffer.
 
-GEMM 1 (_gemm1_kernel), a program per (BLOCK_M rows of one expert, BLOCK_N columns of I):
-act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), the rows optionally scaled by the
-routing weight first (Llama 4). GEMM 2 (_gemm2_kernel): act[rows] @ down[e]^T (+ bias) times the
-routing weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added
-to y32 (T, H) fp32. DENSE: all T tokens through one weight matrix (the shared MLP, slot K).
-SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I) finished by _act_kernel; GEMM 2's split s
-writes its own slab (S*T*KS, H), bias on split 0. _combine_kernel: y[t] = the fp32 sum over slabs
-and slots in a fixed order (bitwise deterministic). Variant "tma_persistent" (no split-K): one
-program per SM walking the routed tiles, weights (and GEMM 2's rows) through TMA descriptors.
+GEMM 1: act (P_max, I) = activation(x[rows] @ gate_up[e]^T (+ bias)), rows optionally scaled by
+the routing weight first (Llama 4). GEMM 2: act[rows] @ down[e]^T (+ bias) times the routing
+weight (or shared gate), at row t*KS + k of the pair buffer (T*KS, H), or (ATOMIC) added to y32
+(T, H) fp32. DENSE: the shared MLP (slot K). SPLIT_K > 1: GEMM 1's fp32 partials (S, P_max, 2I)
+finished by _act_kernel, GEMM 2's split s in its own slab. _combine_kernel: y[t] = the fp32 sum
+over slabs and slots in a fixed order. "tma_persistent": persistent programs, TMA descriptors.
 """
 
 from __future__ import annotations
@@ -87,8 +84,7 @@ def _k_range(pid, KD, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 @triton.jit
 def _program_tile(pid0, num_m, N, KD, block_expert_ptr, DENSE: tl.constexpr, SPLIT_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """A launched GEMM program's (row block, N tile, expert, split, K tiles): expert 0 when DENSE,
-    block_expert's entry otherwise (-1 past the routed rows: the program has nothing to do)."""
+    """A GEMM program's (row block, N tile, expert, split, K tiles); expert -1: nothing to do."""
     pid, s, k_lo, k_hi = _k_range(pid0, KD, BLOCK_K, SPLIT_K)
     pid_m, pid_n = _tile_ids(pid, num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if DENSE:
@@ -100,8 +96,7 @@ def _program_tile(pid0, num_m, N, KD, block_expert_ptr, DENSE: tl.constexpr, SPL
 
 @triton.jit
 def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Row block pid_m of GEMM 1: (padded rows, token of each row (0 where masked), row mask).
-    DENSE: rows are tokens, masked past T; else padded_token's entries, -1 in padding rows."""
+    """Row block pid_m of GEMM 1: (padded rows, token of each row, row mask); DENSE: rows are tokens."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         tok = rows
@@ -116,9 +111,7 @@ def _gemm1_rows(padded_token_ptr, pid_m, T, DENSE: tl.constexpr, BLOCK_M: tl.con
 @triton.jit
 def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt, DENSE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs):
-    padded rows, tokens and mask, output columns, in-bounds weight rows (offs_n % N), K offsets, and
-    x's row pointers at column k0."""
+    """GEMM 1 tile (pid_m, pid_n)'s start: (rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs)."""
     rows, tok, row_mask = _gemm1_rows(padded_token_ptr, pid_m, T, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -131,10 +124,7 @@ def _gemm1_tile_start(x_ptr, padded_token_ptr, pid_m, pid_n, k0, T, N, stride_xt
 def _gemm2_tile_start(a_ptr, padded_pair_ptr, pid_m, pid_n, e, k0, T, N, stride_at, K: tl.constexpr,
                       DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """GEMM 2 tile (pid_m of expert e, pid_n)'s start: (row_mask, tok, slot, srow, offs_n, offs_bn,
-    offs_k, a_row, a_ptrs, row_a, row_w): rows' mask, token, slot and scale row, output columns,
-    in-bounds weight rows (offs_n % N), K offsets, activation rows (int64, 0 in padding), their
-    pointers at column k0 (a_ptr None: read through a descriptor), and the descriptor rows of the
-    activation and of down as (E*N, KD)."""
+    offs_k, a_row, a_ptrs, row_a, row_w); a_ptr None: rows read through a descriptor."""
     rows, row_mask, tok, slot, srow = _gemm2_rows(padded_pair_ptr, pid_m, T, K, DENSE, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
@@ -163,8 +153,7 @@ def _gemm1_acc(
     DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """GEMM 1's fp32 gate and up sums of one tile over K tiles [k_lo, k_hi):
-    -> (acc_g, acc_u, rows, row_mask, offs_n, offs_bn). Shared by every GEMM 1 path."""
+    """GEMM 1's fp32 gate and up sums of one tile over K tiles [k_lo, k_hi) (every GEMM 1 path)."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, k_lo * BLOCK_K, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     wg_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
@@ -198,8 +187,7 @@ def _gemm1_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile: row block pid_m (of expert e; every token row when DENSE), N tile pid_n,
-    K tiles [k_lo, k_hi) (split s of SPLIT_K). Shared by _gemm1_kernel and the megakernel."""
+    """One GEMM 1 tile: row block pid_m, N tile pid_n, K tiles [k_lo, k_hi) (also the megakernel's)."""
     acc_g, acc_u, rows, row_mask, offs_n, offs_bn = _gemm1_acc(
         x_ptr, w_ptr, padded_token_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_xt, stride_we, stride_wn,
         DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -267,8 +255,7 @@ def _act_kernel(
 
 @triton.jit
 def _gemm2_rows(padded_pair_ptr, pid_m, T, K: tl.constexpr, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Row block pid_m of GEMM 2: (padded rows, row mask, token, slot, scale row) of each row.
-    DENSE: rows are tokens, written to slot K; else padded_pair's pairs t*K + k (-1: padding)."""
+    """Row block pid_m of GEMM 2: (padded rows, row mask, token, slot, scale row); DENSE: slot K."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if DENSE:
         row_mask = rows < T
@@ -289,8 +276,7 @@ def _gemm2_rows(padded_pair_ptr, pid_m, T, K: tl.constexpr, DENSE: tl.constexpr,
 def _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, s, offs_n, offs_bn, T, N, bias_ptr, stride_be, scale_ptr,
                     out_ptr, stride_ot, KS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
                     ATOMIC: tl.constexpr, SPLIT_K: tl.constexpr):
-    """GEMM 2's sums (fp32): bias, routing weight (or shared gate), then stored at row
-    s*T*KS + t*KS + slot of the pair buffer, or (ATOMIC) added to y32 row t."""
+    """GEMM 2's epilogue: bias, routing weight (or shared gate), store to the pair buffer or add to y32."""
     if HAS_BIAS:
         bias = tl.load(bias_ptr + e * stride_be + offs_bn).to(tl.float32)
         if SPLIT_K > 1:
@@ -316,8 +302,7 @@ def _gemm2_acc(
     K: tl.constexpr, DENSE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """GEMM 2's fp32 sums of one tile over K tiles [k_lo, k_hi):
-    -> (acc, row_mask, tok, slot, srow, offs_n, offs_bn). Shared by every GEMM 2 path."""
+    """GEMM 2's fp32 sums of one tile over K tiles [k_lo, k_hi) (every GEMM 2 path)."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, _ = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo * BLOCK_K, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_bn[None, :] * stride_wn + (k_lo * BLOCK_K + offs_k)[:, None]
@@ -345,8 +330,7 @@ def _gemm2_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile: row block pid_m (of expert e; token rows when DENSE, written to slot K),
-    N tile pid_n, K tiles [k_lo, k_hi). Shared by _gemm2_kernel and the megakernel."""
+    """One GEMM 2 tile: row block pid_m, N tile pid_n, K tiles [k_lo, k_hi) (also the megakernel's)."""
     acc, row_mask, tok, slot, srow, offs_n, offs_bn = _gemm2_acc(
         a_ptr, w_ptr, padded_pair_ptr, pid_m, pid_n, e, k_lo, k_hi, T, N, KD, stride_at, stride_we, stride_wn,
         K, DENSE, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -375,10 +359,8 @@ def _gemm2_kernel(
 # --------------------------------------------------------------------------- variant "tma_persistent"
 @triton.jit
 def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Row blocks that hold rows: every token block when DENSE, else the padded rows the align
-    wrote (padded_offsets[E]) over BLOCK_M, read on the device (no host sync)."""
-    # one branch each (no early return: Triton 3.6 compiles the code after a constexpr branch's
-    # return too, and loads through the None that the dense GEMMs pass)
+    """Row blocks that hold rows (every token block when DENSE), read on the device."""
+    # one branch each, no early return (the code after a constexpr branch's return is compiled too)
     if DENSE:
         n = tl.cdiv(T, BLOCK_M)
     else:
@@ -388,8 +370,7 @@ def _routed_blocks(padded_off_ptr, T, E, DENSE: tl.constexpr, BLOCK_M: tl.conste
 
 @triton.jit
 def _routed_tile(t, num_m, num_n, block_expert_ptr, DENSE: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile t of a persistent GEMM's queue: (row block, N tile, expert) in grouped order; expert 0
-    when DENSE."""
+    """Tile t of a persistent GEMM's queue: (row block, N tile, expert) in grouped order."""
     pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
     if DENSE:
         e = t * 0
@@ -406,8 +387,7 @@ def _gemm1_tma_tile(
     EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 1 tile as _gemm1_tile (no split-K), gate and up tiles (BLOCK_N, BLOCK_K) through w_desc
-    over gate_up as (E*2N, KD); x rows by pointers."""
+    """One GEMM 1 tile as _gemm1_tile (no split-K), gate and up tiles through w_desc."""
     rows, tok, row_mask, offs_n, offs_bn, offs_k, a_ptrs = _gemm1_tile_start(
         x_ptr, padded_token_ptr, pid_m, pid_n, 0, T, N, stride_xt, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     row_g = e * (2 * N) + pid_n * BLOCK_N
@@ -436,8 +416,7 @@ def _gemm1_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
-    """Persistent GEMM 1: program p walks tiles p, p + programs, ... in grouped order. FLATTEN: the walk
-    and each tile's K loop as one pipelined loop."""
+    """Persistent GEMM 1 in grouped order; FLATTEN: the walk and K loops as one pipelined loop."""
     num_m = _routed_blocks(padded_off_ptr, T, E, DENSE, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=FLATTEN):
@@ -455,8 +434,7 @@ def _gemm2_tma_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile (no split-K), both operands through descriptors: a_desc over the
-    activation (rows, KD), w_desc over down as (E*N, KD)."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K), both operands through descriptors."""
     row_mask, tok, slot, srow, offs_n, offs_bn, _, _, _, row_a, row_w = _gemm2_tile_start(
         None, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, 0, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -476,8 +454,7 @@ def _gemm2_tmaw_tile(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DENSE: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One GEMM 2 tile as _gemm2_tile (no split-K): weights through w_desc over down as (E*N, KD),
-    activation rows by pointer (the megakernel wrote them in this launch through the generic proxy)."""
+    """One GEMM 2 tile as _gemm2_tile (no split-K): weights through w_desc, rows by pointer."""
     row_mask, tok, slot, srow, offs_n, offs_bn, offs_k, _, a_ptrs, _, row_w = _gemm2_tile_start(
         a_ptr, padded_pair_ptr, pid_m, pid_n, e, 0, T, N, stride_at, K, DENSE, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -648,8 +625,7 @@ def launch_gemm2(act, w, bias, out, meta, scale, cfg: dict, *, T: int, K: int, K
 
 
 def launch_combine(src, y, KS: int, split: int = 1, *, launch: dict | None = None) -> None:
-    """y (T, H) = sum over the split slabs and KS consecutive rows of src (split*T*KS, H), fp32, fixed order.
-    ``launch``: the sizes of ``plan.combine_launch`` (moe.py's static plan), else computed by it."""
+    """y (T, H) = the fp32 sum over split slabs and KS rows of src, fixed order."""
     T, H = y.shape
     if T == 0:
         return

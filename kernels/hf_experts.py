@@ -2,19 +2,16 @@
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-transformers 5 MoE blocks route in the model and hand the experts module
-``(hidden_states (T, H), top_k_index (T, K), top_k_weights (T, K))``; its experts modules hold
-``gate_up_proj`` (E, 2I, H), gate rows then up rows, and ``down_proj`` (E, H, I) — megamoe's
-canonical layout — and optional ``gate_up_proj_bias`` / ``down_proj_bias``. This backend runs them
-through ``moe.moe_experts`` (align, grouped GEMMs with the activation fused, combine).
+The experts module gets ``(hidden_states (T, H), top_k_index (T, K), top_k_weights (T, K))`` and
+holds ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) (megamoe's layout), run through
+``moe.moe_experts``.
 
     from megamoe.kernels import register_transformers
     register_transformers()                      # once, before loading
     model = AutoModelForCausalLM.from_pretrained(..., experts_implementation="megamoe")
 
-Modules it cannot take exactly (interleaved or transposed weights, no gate, a post-expert norm,
-expert parallelism, an activation other than SiLU, a custom ``_apply_gate``) go to transformers'
-own ``grouped_mm`` backend, so the model stays correct. transformers is imported only here.
+Modules it cannot take exactly (other layouts, activations, norms, expert parallelism) go to
+transformers' ``grouped_mm`` backend.
 """
 
 from __future__ import annotations
@@ -67,8 +64,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend:
 
 
 def register(name: str = NAME, *, backend: str = "multi") -> str:
-    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name.
-    ``backend``: moe_experts' backend ("multi" or "megakernel")."""
+    """Register the backend in transformers' ExpertsInterface under ``name``; returns the name."""
     import functools
 
     from transformers.integrations.moe import ExpertsInterface

@@ -40,8 +40,7 @@ def random_device_weights(cfg, seed: int = 0):
 
 
 def inputs_per_graph(T: int) -> int:
-    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls; every timing of
-    the layer and the cost model's amortized graph cost (megamoe.scale, calls_per_graph) read this."""
+    """NI: fresh inputs (and layer calls) captured in one CUDA graph of T-token calls."""
     return 8 if T <= 512 else (4 if T <= 4096 else 2)
 
 
@@ -50,11 +49,8 @@ WARMUP_CALLS = 2
 
 
 def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> float:
-    """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls.
-
-    WARMUP_CALLS eager calls and the capture on one side stream (per-stream state made outside the
-    capture), one untimed replay, ``reps`` timed replays, back to back. ``clock``: a dict filled with
-    telemetry.ClockSampler's summary over the timed replays (empty without NVML)."""
+    """Median per-call time (us) of fn over the NI inputs, captured as one CUDA graph of NI calls
+    after WARMUP_CALLS eager calls; ``clock``: filled with telemetry's summary."""
     import torch
 
     from .telemetry import sampled
@@ -86,9 +82,7 @@ def graph_time_us(fn, inputs: list, reps: int, clock: dict | None = None) -> flo
 
 
 def calls_before_timed_replay(ni: int, reps: int) -> float:
-    """Calls ``graph_time_us`` runs before the median replay of a graph of ``ni`` calls timed ``reps``
-    times: warm-up calls, the untimed replay and (reps - 1) / 2 timed replays (half-way between the
-    middle two for even reps)."""
+    """Calls ``graph_time_us`` runs before the median replay (``ni`` calls, ``reps`` replays)."""
     ni, reps = max(int(ni), 1), max(int(reps), 1)
     return min(WARMUP_CALLS, ni) + ni * (1 + (reps - 1) / 2)
 
@@ -98,8 +92,6 @@ BREAKDOWN_STOPS = ("align", "gemm1", "gemm2")
 
 
 def stage_split(prefix_us: dict, total_us: float) -> dict:
-    """The multi-launch path's stages from the times of its prefixes (BREAKDOWN_STOPS -> us) and
-    of the whole layer: router+align, GEMM 1, GEMM 2 (with the shared MLP), combine, each the
-    difference of two times (so noise where the two are large and the stage small)."""
+    """The multi-launch stages' times from its prefixes' times (BREAKDOWN_STOPS -> us)."""
     return {"router+align": prefix_us["align"], "gemm1": prefix_us["gemm1"] - prefix_us["align"],
             "gemm2": prefix_us["gemm2"] - prefix_us["gemm1"], "combine": total_us - prefix_us["gemm2"]}

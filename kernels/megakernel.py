@@ -3,27 +3,18 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width, C router
 chunks, B routed row blocks (B_max their bound), KS = K (+1 with a shared MLP), P programs.
 
-One launch of P programs (P = SMs x occupancy on a GPU) runs every task of
-``reference.tiles.task_plan`` in ticket order: each program takes the next ticket from a global
-counter, runs that task, and takes another, until the tickets run out. The kinds, their waits and
-signals, and why any P finishes are in reference/tiles.py; this kernel computes the same plan on
-the device (the fixed part from ``task_layout`` as the int32 ``LAYOUT_WORDS``, the routed row
-blocks from the counts it computes itself), so the cost model reads exactly the order that runs.
+P programs (SMs x occupancy) run every task of ``reference.tiles.task_plan`` in ticket order (the
+kinds, waits and why any P finishes: docs/megakernel.md). The kernel computes the same plan on the
+device (the fixed part from ``task_layout`` as ``LAYOUT_WORDS``, the routed row blocks from its own
+counts), so the cost model reads exactly the order that runs.
 
 Synchronization: int32 counters in one sync buffer (``SYNC_WORDS`` then logits[C], g1[B_max],
-shared1[Ms]). A task that finishes runs a CTA barrier, then one release atomic add on its
-counter; a task that waits spins on an acquire atomic read, then a CTA barrier. The last program
-to leave zeroes the sync words, so the next call (a CUDA-graph replay included) starts clean.
+shared1[Ms]); a finished task signals with a CTA barrier then a release atomic add, a waiting task
+spins on an acquire read then a CTA barrier; the last program out zeroes the sync words for the
+next call (or CUDA-graph replay).
 
-The per-task code is the multi-launch path's tile helpers (grouped_gemm, routing, align, fp8_gemm,
-fp8_tma_tiles), so both backends compute the same numbers; the combine sums the KS rows of a token
-in a fixed order, so the output is bitwise identical from run to run. FP8 (``fp8="weights"`` /
-``"weights+act"``): the GEMM tasks run the FP8 tiles, BLOCK_K = 128 (and 128-column GEMM 1 tiles
-with FP8 activations, whose codes the router tasks write once).
-
-``trace`` (GPU only, ``trace_rows``): %globaltimer stamps of every task, every program's first
-ticket and exit, and the first top-k task's phases, for benchmarks/megakernel_trace.py. Which
-options the default config takes, and the evidence, is in docs/megakernel.md.
+The tasks run the multi-launch path's tile helpers (the same numbers); the combine sums a token's
+KS rows in a fixed order. FP8: FP8 tiles, BLOCK_K = 128.
 """
 
 from __future__ import annotations
@@ -72,9 +63,7 @@ K_LOGITS, K_TOPK, K_SCAN, K_SCATTER, K_SH1, K_G1, K_SH2, K_G2, K_COMB = (
 NK = tl.constexpr(len(KINDS))
 R_G1, R_G2 = tl.constexpr(len(KINDS)), tl.constexpr(len(KINDS) + 1)
 
-#: the int32 layout words (``layout_words``), in this order: programs, tickets, the first dynamic
-#: ticket, the first ticket of each fixed kind, shared row blocks, the sync buffer's counter offsets
-#: and length, top-k tasks, routed row blocks at most
+#: the int32 layout words (``layout_words``), in this order
 LAYOUT_WORDS = ("nprog", "max_tasks", "s0", "f_topk", "f_scan", "f_scatter", "f_sh1", "ms", "off_logits", "off_g1",
                 "off_sh1", "sync_n", "g", "b_max")
 #: the constexpr groups of the kernel, each a tuple in this order (``build_launch`` makes them)
@@ -118,8 +107,7 @@ def _now(TRACE: tl.constexpr):
 
 @triton.jit
 def _record(stats_ptr, KIND: tl.constexpr, e, E, RECORD: tl.constexpr):
-    """Tests only: KIND < NK counts a task of that kind (its KINDS code); R_G1 / R_G2 a GEMM 1 /
-    GEMM 2 tile of expert e finished (at NK + e / NK + E + e)."""
+    """Tests only: count a task of kind KIND, or a GEMM 1 / GEMM 2 tile of expert e (R_G1 / R_G2)."""
     if RECORD:
         if KIND < NK:
             tl.atomic_add(stats_ptr + KIND, 1)
@@ -148,8 +136,7 @@ def _megakernel(
     # sizes and strides
     T, H, E, I, Is, stride_xt, stride_rw, stride_gue, stride_gun, stride_gub, stride_dne, stride_dnn, stride_dnb,
     scaling, alpha, limit, H_PER,
-    # constexpr groups, tuples in the order of TILE_FIELDS, ROUTE_FIELDS, ALIGN_FIELDS, EXPERT_FIELDS,
-    # FP8_FIELDS, TOOL_FIELDS
+    # constexpr groups: TILE_FIELDS, ROUTE_FIELDS, ALIGN_FIELDS, EXPERT_FIELDS, FP8_FIELDS, TOOL_FIELDS
     TILES: tl.constexpr, ROUTE: tl.constexpr, ALIGN: tl.constexpr, EXPERT: tl.constexpr, FP8S: tl.constexpr,
     TOOLS: tl.constexpr,
 ):
@@ -194,8 +181,7 @@ def _megakernel(
     R_BK: tl.constexpr = ROUTE[15]
     R_BG: tl.constexpr = ROUTE[16]
     BITONIC: tl.constexpr = ROUTE[17]
-    # align: FUSED (one top-k task aligns by itself), align block sizes, a routing given, the two
-    # router switches (tiles["router"] EACH, ALIGN_EACH; A_BP lanes over the routing's T*K pairs)
+    # align: FUSED, block sizes, a routing given, the router switches EACH and ALIGN_EACH
     FUSED: tl.constexpr = ALIGN[0]
     BLOCK_B: tl.constexpr = ALIGN[1]
     BLOCK_PAD: tl.constexpr = ALIGN[2]
@@ -213,9 +199,7 @@ def _megakernel(
     SHARED: tl.constexpr = EXPERT[5]
     KS: tl.constexpr = EXPERT[6]
     IEEE: tl.constexpr = EXPERT[7]
-    # FP8 weights, FP8_A activations too; CVT: how weight-only FP8 converts the codes
-    # (fp8_gemm.convert_code); XQ: x quantized once by the router tasks; TMA_W: the routed GEMM
-    # tasks' weight tiles through TMA descriptors
+    # FP8 weights, FP8_A activations, CVT, XQ (x quantized once), TMA_W (weights through TMA)
     FP8: tl.constexpr = FP8S[0]
     FP8_A: tl.constexpr = FP8S[1]
     CVT: tl.constexpr = FP8S[2]
@@ -485,9 +469,8 @@ def trace_rows(config, T: int, mk: dict, nprog: int) -> tuple[int, int]:
 
 
 def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
-    """The zeroed int32 sync words of the megakernel on this device and stream (kept between
-    calls: every launch leaves them zeroed). Inside a CUDA-graph capture a buffer too small is
-    allocated for the graph alone (its zero-fill is then part of the graph)."""
+    """The zeroed int32 sync words on this device and stream, kept between calls (a capture that
+    needs more gets a buffer of its own)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _SYNC.get(key)
@@ -509,9 +492,7 @@ def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
 
 def layout_buffer(device: torch.device, words: tuple[int, ...]) -> torch.Tensor:
     """The layout words as an int32 tensor on ``device``, made once per distinct layout and kept
-    (read-only to the kernel, so a CUDA graph may hold it); on a GPU copied from pinned memory. A
-    layout first met inside a CUDA-graph capture gets a tensor for the graph alone (its copy is part
-    of the graph, and runs only when the graph does)."""
+    (a layout first met inside a capture gets a tensor for that graph)."""
     key = (str(device), words)
     buf = _LAYOUT.get(key)
     if buf is None:
@@ -529,8 +510,7 @@ def layout_buffer(device: torch.device, words: tuple[int, ...]) -> torch.Tensor:
 
 
 def num_programs(device: torch.device, layout: TaskLayout, occupancy: int) -> int:
-    """P: SMs x occupancy on a GPU, 3 under the interpreter (program 0 takes every ticket, the
-    others see none left: the exit and reset path runs too); never more than there are tasks."""
+    """P: SMs x occupancy on a GPU, 3 under the interpreter; never more than there are tasks."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         p = sms * occupancy
@@ -549,8 +529,7 @@ def megakernel_config(config, T: int, dtype: torch.dtype, device: torch.device, 
 
 
 def check_fp8_tiles(mk: dict, fp8: str | None) -> None:
-    """FP8 GEMM tiles take BLOCK_K = 128 (one weight scale block per K step) and FP8 activations whole
-    128-column groups in GEMM 1 (BLOCK_N1 = 128); an error names the key."""
+    """FP8 tiles need BLOCK_K = 128 (and BLOCK_N1 = 128 with FP8 activations); an error names the key."""
     if fp8 is None:
         return
     t = mk["tiles"]
@@ -656,10 +635,8 @@ def constexpr_values(kwargs: dict) -> dict:
 def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = False, out: torch.Tensor | None = None,
                  trace: torch.Tensor | None = None, nprog: int | None = None, sync: torch.Tensor | None = None,
                  routing: tuple | None = None, fp8: str | None = None, gpu: bool | None = None):
-    """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers allocated on x's
-    device; the arguments are ``megakernel_forward``'s. ``nprog`` and ``sync`` may be given instead of
-    read off the device and ``gpu=True`` picks the GPU's constexprs (benchmarks/compile_report.py
-    compiles it without a GPU)."""
+    """The megakernel's launch as data: (grid, args, kwargs, y, stats), buffers on x's device; the
+    arguments are ``megakernel_forward``'s (``gpu=True``: the GPU's constexprs without a GPU)."""
     T, H = x.shape
     E = config.num_experts
     shared = config.num_shared_experts > 0
@@ -709,11 +686,8 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
 
 
 def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, fp8: str | None) -> tuple:
-    """(gate_up descriptor, down descriptor) for config "tma_weights" (whole tiles of bf16/fp16/fp32
-    weights, or of e4m3 ones with ``fp8``: fp8_tma_tiles.py; contiguous weights whose rows are
-    16-byte multiples, as TMA needs), else (None, None). gate_up (E, 2I, H) is seen as (E*2I, H) in
-    (BLOCK_N1, BLOCK_K1) blocks, down (E, H, I) as (E*H, I) in (BLOCK_N2, BLOCK_K2) blocks;
-    zero-filled past the ends."""
+    """(gate_up descriptor, down descriptor) for config "tma_weights", else (None, None): gate_up
+    as (E*2I, H) in (BLOCK_N1, BLOCK_K1) blocks, down as (E*H, I) in (BLOCK_N2, BLOCK_K2) blocks."""
     if not mk.get("tma_weights"):
         return None, None
     if not (gate_up.is_contiguous() and down.is_contiguous()
@@ -726,9 +700,8 @@ def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, fp8: str 
 
 def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
                        limit: float) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts with
-    backend="megakernel"; inputs checked and the routing sanitized there). topk_idx (T, K) int32,
-    topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
+    """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts checks the
+    inputs). topk_idx (T, K) int32, topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
     from types import SimpleNamespace
 
     from ..reference.config import MoEConfig
@@ -749,16 +722,11 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
                        routing: tuple | None = None, nprog: int | None = None, fp8: str | None = None):
     """y (T, H) in x's dtype: the layer in one launch (inputs checked by moe.py).
 
-    ``mk``: a megakernel config (``megakernel_config``'s form) to use instead of the default.
-    ``record``: also return the tasks the kernel ran, as a dict {kind: count, "gemm1_per_expert":
-    [E], "gemm2_per_expert": [E]} (tests) and the compiled kernel's registers, spills and shared
-    memory. ``out``: write y there (T, H), e.g. a poisoned buffer. ``trace`` (GPU only): an int64
-    (trace_rows(...)[0], 3) tensor that receives (program, start ns, end ns) of every task run, each
-    program's first ticket and exit, and the first top-k task's phases (trace_rows). ``routing``:
-    (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere: the top-k tasks only read and count.
-    ``nprog``: launch that many programs instead of SMs x occupancy (tests). ``fp8``: None, "weights"
-    (e4m3 weights with block scales) or "weights+act" (the router tasks quantize x, GEMM 1 h per 128
-    columns; moe.py checks the FP8 weights and picks it)."""
+    ``mk``: a megakernel config instead of the default. ``record``: also return the tasks run
+    ({kind: count, "gemm1_per_expert", "gemm2_per_expert"}) and the kernel's resources. ``out``: y's
+    buffer. ``trace`` (GPU only): an int64 (trace_rows(...)[0], 3) tensor of task stamps.
+    ``routing``: (topk_idx (T, K) int32, topk_w (T, K) fp32) made elsewhere. ``nprog``: programs
+    instead of SMs x occupancy. ``fp8``: None, "weights" or "weights+act"."""
     T = x.shape[0]
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out

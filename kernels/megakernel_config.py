@@ -3,16 +3,14 @@ per SM and the two load options, chosen from the layer's shape, T and the GPU's 
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width, P programs.
 
-Pure Python (no torch, no triton), like configs.py, so the simulator and the benchmarks read the
-config the kernel launches with. A config is a dict::
+Pure Python, like configs.py. A config is a dict::
 
     {"tiles": {"router": ..., "gemm1": ..., "gemm2": ..., "shared": ..., "combine": ..., "order": ...},
      "num_warps": int, "num_stages": int, "occupancy": int, "tma_weights": bool,
      "routed_only": bool, "single_token": bool}
 
-``tma_weights``: the routed GEMM tasks read their weight tiles through TMA descriptors (else by
-cp.async pointer loads). The hand-set thresholds are data, each with its source
-(configs/megakernel.json); the choices and their evidence are in docs/megakernel.md.
+The hand-set thresholds are data with their source (configs/megakernel.json); the choices and
+their evidence: docs/megakernel.md.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ _THRESHOLD_NAMES = ("route_each_max_experts", "align_each_max_t", "bitonic_topk_
 
 
 def load_thresholds(path: Path = THRESHOLDS_PATH) -> dict[str, int]:
-    """name -> value of the megakernel's thresholds file; exactly the names of _THRESHOLD_NAMES, each
-    a positive integer with a unit and a source, else a ValueError that names the key."""
+    """name -> value of the megakernel's thresholds file (exactly _THRESHOLD_NAMES), else ValueError."""
     d = json.loads(Path(path).read_text())
     if set(d) != set(_THRESHOLD_NAMES):
         raise ValueError(f"{path}: want exactly the keys {sorted(_THRESHOLD_NAMES)}, got {sorted(d)}")
@@ -79,8 +76,7 @@ FP8_TMA_WEIGHTS = {"weights": False, "weights+act": True}
 
 
 def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...]) -> int:
-    """The column tile in ``choices`` (widest first) whose tiles fill the programs' waves best:
-    the widest within 5% of the best wave efficiency tiles / (waves x programs)."""
+    """The column tile in ``choices`` whose tiles fill the programs' waves best (widest within 5%)."""
     def eff(bn):
         tiles = max(1, round(row_tiles)) * -(-n_cols // bn)
         return tiles / (-(-tiles // programs) * programs)
@@ -90,9 +86,7 @@ def _fit(n_cols: int, row_tiles: float, programs: int, choices: tuple[int, ...])
 
 
 def route_each(mk: dict) -> dict:
-    """A T = 1 config whose GEMM 1 tasks route the token themselves from the logits' partials
-    (tiles["router"]["EACH"] = 1) instead of waiting for the top-k task's align and signal;
-    unchanged unless the config is single-token with a split router."""
+    """A T = 1 config with tiles["router"]["EACH"] = 1 (unchanged unless single-token with a split router)."""
     if not (mk.get("single_token") and mk["tiles"]["router"]["SPLIT"] > 1):
         return mk
     mk = copy.deepcopy(mk)
@@ -101,9 +95,8 @@ def route_each(mk: dict) -> dict:
 
 
 def align_each(mk: dict, T: int, H: int, K: int) -> dict:
-    """A config whose GEMM 1 tasks place their own row block's rows from the routing, with no scan
-    and scatter tasks (tiles["router"]["ALIGN_EACH"] = 1); unchanged past ALIGN_EACH_MAX_T or where
-    reference.tiles.align_each_takes says it cannot apply (one top-k task, too many pairs, EACH)."""
+    """A config with tiles["router"]["ALIGN_EACH"] = 1 where ALIGN_EACH_MAX_T and
+    reference.tiles.align_each_takes allow it."""
     if T > ALIGN_EACH_MAX_T or not align_each_takes(T, H, K, mk["tiles"]):
         return mk
     mk = copy.deepcopy(mk)
@@ -116,10 +109,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     """The megakernel's tiles (reference.tiles' form), warps, stages and programs per SM.
 
     ``fp8`` ("weights" / "weights+act"): the FP8 tiles' constraints (BLOCK_K 128; BLOCK_N 128 in
-    GEMM 1 with FP8 activations). Decode (T <= 64): row blocks that hold every row an expert can get
-    (BLOCK_M 16 up to T = 16, 64 up to T = 64), so each touched expert's weights stream once whatever
-    the routing; column tiles that fill the programs' waves (touched experts x N tiles close to a
-    multiple of P). Prefill: 128-row tiles of 128 columns."""
+    GEMM 1 with FP8 activations). Decode (T <= 64): one row block per expert, column tiles that fill
+    the programs' waves. Prefill: 128-row tiles of 128 columns."""
     mk = _megakernel_config(E, H, I, K, Is, T, num_sms=num_sms, interpret=interpret)
     if fp8 is None and not routing_given and E <= ROUTE_EACH_MAX_EXPERTS:
         mk = route_each(mk)
@@ -146,8 +137,7 @@ def bitonic_topk_fits(tokens: int, block_e: int) -> bool:
 
 
 def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
-    """Shared memory of one pipeline stage of the megakernel's largest GEMM task: the A tile and
-    its weight tiles (GEMM 1 and the shared MLP's GEMM 1: gate and up)."""
+    """Shared memory of one pipeline stage of the largest GEMM task (A tile and weight tiles)."""
     g1, g2, sh = tiles["gemm1"], tiles["gemm2"], tiles["shared"]
     bm = g1["BLOCK_M"]
     return max(bm * g1["BLOCK_K"] * act_bytes + 2 * g1["BLOCK_K"] * g1["BLOCK_N"] * weight_bytes,
@@ -157,10 +147,8 @@ def decode_stage_bytes(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
 
 
 def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_bytes: int = 2) -> int:
-    """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two, from
-    its BLOCK_K up to GEMM2_MAX_BLOCK_K, whose stage keeps the stage count that the largest task's
-    stage sets (decode_stages of decode_stage_bytes), so GEMM 2 tasks keep as many weight bytes in
-    flight as GEMM 1's."""
+    """GEMM 2's BLOCK_K for a decode megakernel (BLOCK_M <= 64): the deepest power of two up to
+    GEMM2_MAX_BLOCK_K that keeps the stage count the largest task's stage sets."""
     t = {k: dict(v) for k, v in tiles.items()}
     base = decode_stages(decode_stage_bytes(t, shared, weight_bytes=weight_bytes, act_bytes=act_bytes))
     best = k = t["gemm2"]["BLOCK_K"]
@@ -174,8 +162,7 @@ def deep_gemm2_block_k(tiles: dict, shared: bool, *, weight_bytes: int = 2, act_
 
 
 def decode_stages(stage_bytes: int, *, least: int = 3, most: int = 6) -> int:
-    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to ``most``
-    (a program streams about stages - 1 of them ahead)."""
+    """Pipeline stages of the decode megakernel: as many as fit in STAGE_BYTES, ``least`` to ``most``."""
     return max(least, min(most, 1 + STAGE_BYTES // stage_bytes))
 
 
@@ -241,8 +228,7 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
         tiles = {"gemm1": {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64}, "gemm2": {"BLOCK_N": bn2, "BLOCK_K": 64},
                  "shared": {"BLOCK_M": bm, "BLOCK_N1": 128, "BLOCK_N2": 128, "BLOCK_K": 64}}
         warps, stages = 8, 3
-    # top-k tasks select over as few rows as there are tokens at decode; past 16 tokens groups of 4
-    # (16 where the split router has 16+ token blocks) spread the selection over programs
+    # top-k tasks: as many rows as tokens at decode, past 16 tokens groups of 4 (16 with a split router)
     topk_t = (1 if T <= 8 else _pow2(T) if T <= 16 else 4) if split > 1 else bt
     if split > 1 and -(-T // bt) >= 16 and E <= MEGAKERNEL_TOPK16_MAX_E:
         topk_t = 16
@@ -255,13 +241,11 @@ def _megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_s
 
 
 def megakernel_weight_loads(mk: dict) -> str:
-    """How a megakernel config's GEMM tasks load their weights, as the cost model names it
-    (simulator.cost.MEGAKERNEL_LOADS): "tma" with config "tma_weights", else "pointer"."""
+    """The cost model's name of how the GEMM tasks load weights: "tma" or "pointer"."""
     return "tma" if mk.get("tma_weights") else "pointer"
 
 
 def megakernel_tma_weights(bn1: int, bn2: int, bk: int) -> bool:
-    """Whether the megakernel's routed GEMM tasks read their weights through TMA descriptors
-    (config "tma_weights"): where their weight tiles, GEMM 1's and GEMM 2's, are at least
-    TMA_WEIGHT_TILE_BYTES."""
+    """Whether the routed GEMM tasks read weights through TMA ("tma_weights"): both GEMMs' weight
+    tiles at least TMA_WEIGHT_TILE_BYTES."""
     return min(bn1, bn2) * bk * 2 >= TMA_WEIGHT_TILE_BYTES

@@ -3,23 +3,18 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 C router chunks, P_max padded rows, KS = K (+1 with a shared MLP).
 
-``moe_forward(x, weights, config)`` -> y (T, H), x's dtype. Launches, in order (no host
-synchronization: every size comes from T and the config, so the layer can be captured in a CUDA
-graph):
+``moe_forward(x, weights, config)`` -> y (T, H), x's dtype. Launches, in order, with no host
+synchronization (every size comes from T and the config: CUDA-graph capturable):
     router (routing.py)       topk_idx (T, K) int32, topk_weights (T, K) fp32, hist (C, E)
     scan, scatter (align.py)  padded metadata, equal to reference.plan_dispatch(topk_idx, E, BLOCK_M)
-    quantize_x (fp8_gemm.py)  FP8 activations, not weight_on_input: x's e4m3 codes and per-128 scales,
-                              once, read by the routed and the shared GEMM 1
-    gemm1, gemm2 (grouped_gemm.py), routed experts -> pair buffer (T*KS, H)
-    gemm1, gemm2 dense, the shared MLP -> slot K of the pair buffer
+    quantize_x (fp8_gemm.py)  FP8 activations: x's e4m3 codes and per-128 scales, once
+    gemm1, gemm2 (grouped_gemm.py), routed experts and the shared MLP -> pair buffer (T*KS, H)
     combine                   y[t] = sum over the KS rows of token t, fixed order (deterministic)
-With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics and the combine
-only casts it. With KS = 1 (top-1, no shared MLP) GEMM 2 writes y directly.
+With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics; with KS = 1
+GEMM 2 writes y directly.
 
-Registered as the torch op ``megamoe::moe_forward`` (works under torch.compile and CUDA graphs;
-``bind(weights, config)`` gives a closure over plain tensors for torch.compile on torch 2.11).
-``moe_experts`` (op ``megamoe::moe_experts``) runs the routed experts for a routing made elsewhere
-(transformers' MoE blocks, see hf_experts.py). Forward only: no autograd formula is registered.
+Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (forward only); ``bind(weights,
+config)`` gives a closure for torch.compile.
 """
 
 from __future__ import annotations
@@ -74,12 +69,8 @@ def kernel_config(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.d
 
 def align_buffers(T: int, K: int, E: int, block_m: int, device, *,
                   poison: bool = False) -> tuple[dict, torch.Tensor, int]:
-    """The router/align metadata buffers (see align.py), the per-chunk histogram hist (C, E) the
-    router fills, and the router's chunk size block_t.
-
-    With ``poison`` the outputs start as -7 (counts and offsets as 0), so that tests see any entry
-    the kernels leave unwritten; otherwise they are left uninitialized (the kernels write them all).
-    """
+    """The router/align metadata buffers (see align.py), the histogram hist (C, E) and block_t.
+    ``poison``: outputs start as -7 (counts and offsets 0) so tests see unwritten entries."""
     i32 = torch.int32
     block_t = cfgs.router_block_t(T, E)
     C = triton.cdiv(T, block_t) if T else 0
@@ -170,8 +161,7 @@ def fp8_mode(weights: MoEWeights, fp8_activations: bool) -> str | None:
 
 
 def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
-    """GEMM 1's output: (rows, width) in x's dtype and no scales, or with FP8 activations e4m3 codes
-    (rows, width) float8_e4m3fn and their scales (rows, ceil(width / 128)) fp32."""
+    """GEMM 1's output: (rows, width) in x's dtype, or e4m3 codes and (rows, ceil(width / 128)) scales."""
     if fp8 != "weights+act":
         return torch.empty((rows, width), device=x.device, dtype=x.dtype), None
     return (torch.empty((rows, width), device=x.device, dtype=torch.float8_e4m3fn),
@@ -179,8 +169,7 @@ def _act_buffers(rows: int, width: int, fp8: str | None, x: torch.Tensor):
 
 
 def _x_buffers(x: torch.Tensor, quant: dict | None):
-    """x quantized once for the FP8 GEMM 1s (the static plan's ``quant``): e4m3 codes (T, H) and
-    scales (T, ceil(H / 128)) fp32, or None where GEMM 1 quantizes in its K loop (or has no FP8 activations)."""
+    """x quantized once for the FP8 GEMM 1s: (codes (T, H), scales (T, ceil(H / 128))), or None."""
     if quant is None:
         return None
     T, H = x.shape
@@ -191,9 +180,8 @@ def _x_buffers(x: torch.Tensor, quant: dict | None):
 def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
                     deterministic: bool = True, *, gemm: dict | None = None, shared_gemm: dict | None = None,
                     fp8: str | None = None):
-    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm``
-    (``shared_gemm``): a {"gemm1", "gemm2"} entry for the routed experts (the shared MLP) instead
-    of the tuned one (a benchmark's or a test's candidate)."""
+    """The routing-independent launch plan (``plan.static_plan``) this call executes; ``gemm`` /
+    ``shared_gemm``: entries instead of the tuned ones."""
     return static_plan(config, T, dtype=DTYPES[dtype], device_name=device_name(device),
                        triton_version=triton.__version__, deterministic=deterministic,
                        num_sms=device_sms(device), gemm=gemm, shared_gemm=shared_gemm, fp8=fp8)
@@ -201,13 +189,9 @@ def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch
 
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,
              plan=None, fp8_activations: bool = False) -> torch.Tensor:
-    """The launches of the layer (module docstring), each with the sizes of the static plan
-    (``plan.static_plan``: grids, blocks, warps, buffers), which is also what ``launch_plan``
-    publishes. ``stop_after`` ("align", "gemm1", "gemm2") ends early, for the benchmark's
-    per-stage breakdown only (the output is then unfinished). ``plan``: a static plan for this T
-    to run instead of the tuned one (``static_plan_for(..., gemm=entry)``: benchmarks, tests).
-    FP8 weights (``weights.is_fp8``) run fp8_gemm.py's GEMMs, with ``fp8_activations`` the GEMM
-    inputs quantized too (the activation buffer then holds e4m3 codes and per-128-column scales)."""
+    """The launches of the layer (module docstring) with the sizes of the static plan ``plan``
+    (default the tuned one). ``stop_after`` ("align", "gemm1", "gemm2") ends early (the benchmark's
+    per-stage breakdown; the output is then unfinished)."""
     T, H = x.shape
     E, K, I = config.num_experts, config.top_k, config.intermediate_size
     dev = x.device
@@ -302,11 +286,8 @@ def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: b
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
              limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
-    """The routed experts for a routing made elsewhere (check, align, GEMM 1, GEMM 2, combine):
-    y[t] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]).  topk_idx (T, K) any integer dtype,
-    topk_w (T, K) any float dtype. The routing is sanitized first (checks.py): bad slots are
-    recorded in the device's flag (the sticky one when ``sticky`` or inside a CUDA-graph capture)
-    and contribute 0."""
+    """The routed experts for a routing made elsewhere: y[t] = sum_k topk_w[t, k] *
+    expert_{topk_idx[t, k]}(x[t]), the routing sanitized first (checks.py; ``sticky``: the sticky flag)."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -364,14 +345,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
-
-    The routing is checked on the device (kernels/checks.py): an id outside [0, E) (-1 included),
-    an expert twice in one row, or a NaN/inf weight raises ``KernelInputError`` naming the token,
-    slot and value; inside a CUDA-graph capture, under torch.compile or with ``check=False`` bad
-    slots contribute 0 and are recorded for ``checks.check_captured_routing``.
-
-    ``backend``: "multi" (align, grouped GEMMs, combine as separate launches; the default) or
-    "megakernel" (one persistent launch whose top-k tasks read this routing).
+    The routing is checked on the device (kernels/checks.py). ``backend``: "multi" or "megakernel".
     """
     if backend not in ("multi", "megakernel"):
         raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
@@ -439,8 +413,7 @@ BACKENDS = ("auto", "megakernel", "multi")
 
 def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device,
                     fp8: str | None = None) -> str:
-    """"megakernel" or "multi": ``backend`` itself, or for "auto" the faster one for this shape and
-    T bucket as the tuned configs record it (configs.select_backend; ``fp8`` the FP8 mode's table)."""
+    """"megakernel" or "multi": ``backend``, or for "auto" the tuned choice (configs.select_backend)."""
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend != "auto":
@@ -495,18 +468,11 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     """The MoE layer.  x: (T, H) bf16/fp16 on CUDA (fp32/fp16 on the CPU under TRITON_INTERPRET=1);
     weights: ``MoEWeights.to_torch(device, dtype)`` in x's dtype -> y: (T, H) in x's dtype.
 
-    ``backend``: "megakernel" (the whole layer in one persistent launch, megakernel.py), "multi"
-    (router, align, grouped GEMMs and combine as separate launches) or "auto" (the faster of the
-    two for this shape and T, from the tuned configs). ``deterministic=True`` gives
-    bitwise-identical output from run to run (fixed-order combine; the megakernel always is); False
-    lets the multi-launch GEMM 2 add into an fp32 buffer with atomics. ``check=False`` skips the
-    input checks (for callers that checked once, e.g. inside a captured graph).
-
-    FP8 weights (``MoEWeights.to_fp8().to_torch(device, dtype)``: expert weights float8_e4m3fn with
-    float32 128 x 128 block scales) run fp8_gemm.py's GEMMs or the megakernel's FP8 tiles; "auto"
-    reads the FP8 mode's own table (configs.select_backend). ``fp8_activations`` as the reference's:
-    None follows the weights (GEMM inputs quantized per token per 128 columns), False is weight-only
-    FP8; True with float weights is refused.
+    ``backend``: "megakernel", "multi" or "auto" (the faster for this shape and T, from the tuned
+    configs). ``deterministic=False`` lets the multi-launch GEMM 2 add with atomics (else bitwise
+    reproducible). ``check=False`` skips the input checks. FP8 weights (``to_fp8().to_torch(...)``)
+    run the FP8 GEMMs; ``fp8_activations`` as the reference's (None: follow the weights, False:
+    weight-only; True with float weights is refused).
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
@@ -535,11 +501,8 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
          fp8_activations: bool | None = None):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
-    The weights are checked against the config here, once (``checks.check_weights``: shapes,
-    dtypes, device, FP8 scales); x takes the weights' dtype and device. For torch.compile and CUDA
-    graphs: the closure holds only tensors, a string and a bool, so tracing never meets the config
-    or weights dataclasses (torch 2.11's dynamo cannot rebuild frozen dataclasses). Each call
-    checks x's shape, dtype and device on the host only.
+    The weights are checked here, once; each call checks x's shape, dtype and device on the host.
+    The closure holds only tensors, a string and a bool (for torch.compile and CUDA graphs).
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
@@ -594,8 +557,7 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
 
 
 def align_only(topk_idx: torch.Tensor, num_experts: int, block_m: int) -> dict:
-    """The align kernels on a given topk_idx (T, K) int32: the padded plan of plan_dispatch.
-    Needs the router's per-chunk histogram, which is computed here with torch (test helper)."""
+    """The align kernels on a given topk_idx (T, K) int32 (test helper; hist computed with torch)."""
     T, K = topk_idx.shape
     dev = topk_idx.device
     i32 = torch.int32

@@ -3,10 +3,8 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 BM/BN/BK tile sizes, S split-K factor, C router chunks.
 
-Pure Python and NumPy, so the simulator reads it on any machine; it makes the launchers' choices
-through the same functions of configs.py. ``launch_plan(config, topk_idx=idx).stages``: one Stage
-per launch. Bytes are DRAM-side per working program (operand tiles read once, outputs written
-once); FLOPs count the padded rows (2 per multiply-add).
+Pure Python and NumPy. ``launch_plan(config, topk_idx=idx).stages``: one Stage per launch; bytes
+DRAM-side per working program, FLOPs of the padded rows (2 per multiply-add).
 """
 
 from __future__ import annotations
@@ -28,12 +26,9 @@ from .thresholds import Thresholds
 
 @dataclass(frozen=True)
 class Stage:
-    """One kernel launch.
-
-    grid: the launched grid (fixed for T); active_programs: programs that work for this routing (or,
-    persistent, the tiles its programs walk); tile: BLOCK_*, num_warps, num_stages, SPLIT_K;
-    tiles_per_expert: (E,) working programs per expert (expert GEMMs, else None); bytes_per_tile /
-    flops_per_tile: per working program."""
+    """One kernel launch: grid (fixed for T); active_programs (or, persistent, tiles walked); tile
+    (BLOCK_*, num_warps, num_stages, SPLIT_K); tiles_per_expert (E,) or None; bytes_per_tile /
+    flops_per_tile per working program."""
 
     name: str
     kernel: str
@@ -131,10 +126,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                 shared_gemm: dict | None = None, fp8: str | None = None, router: dict | None = None,
                 fp8_options: FP8Options | None = None) -> LaunchPlan:
     """The kernels ``moe_forward`` launches for ``config`` on T tokens routed as ``topk_idx`` (T, K)
-    or as per-expert pair ``counts`` (E,) (then T is required). ``device_name`` as
-    torch.cuda.get_device_name gives it ("cpu-interpreter" for the interpreter's configs); the other
-    keywords as for ``static_plan``. ``dtype``: x's and y's; ``fp8``: e4m3 expert weights with block
-    scales and, for "weights+act", e4m3 activations with a float32 scale per 128."""
+    or as per-expert pair ``counts`` (E,) (then T is required); keywords as for ``static_plan``."""
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
     if topk_idx is not None:
         idx = np.asarray(topk_idx)
@@ -192,8 +184,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
         rflops, rload = 2 * bt * E * H, cdiv(H, rl["BLOCK_H"])
     fused = C == 1
     P_max, B_max = sp.P_max, sp.B_max
-    # the selection's key for the cost model's table (kernel_model.route_select), only for a program reading a
-    # logits launch's partials; a program walking H is priced by its reductions
+    # the selection's key for the cost model (kernel_model.route_select), for a program reading partials
     select = dict(ROUTER=ROUTERS.index(config.router), K=K, N_GROUP=config.n_group, BITONIC=int(rl["BITONIC"])) \
         if split else {}
     stages.append(Stage("router", "_router_kernel", rl["grid"], C, dict(rtile, FUSE_ALIGN=fused, **select),
@@ -212,8 +203,7 @@ def launch_plan(config, T: int | None = None, *, topk_idx=None, counts=None, dty
                             dict(BLOCK_M=bm, BLOCK_E=al["BLOCK_E"], BLOCK_B=al["BLOCK_B"]),
                             bytes_per_tile=4 * E + 4 * al["BLOCK_B"] + 8 * al["BLOCK_B"] * bm / 2, flops_per_tile=0.0,
                             serial_steps={"load": 0, "reduce": 2}))
-        # a program per BLOCK_P pairs of a chunk: ids read, two gathers and three stores a pair; one serial
-        # step, the row sum of its (BLOCK_P, BLOCK_J) compare
+        # a program per BLOCK_P pairs of a chunk; one serial step, the row sum of its compare
         bp = al["BLOCK_P"]
         stages.append(Stage("align_scatter", "_scatter_pairs_kernel", al["scatter_grid"], int(np.prod(al["scatter_grid"])),
                             dict(BLOCK_T=bt, BLOCK_P=bp, BLOCK_J=al["BLOCK_J"], num_warps=al["scatter_warps"]),
@@ -283,10 +273,8 @@ def _kernel_key(g: dict, fp8) -> str:
 
 
 def gemm_shared_bytes(g: dict, a_bytes: float, w_bytes: float, weight_tiles: int) -> int:
-    """Shared memory of one program of GEMM config ``g``: its pipeline buffers, each an A tile
-    (BLOCK_M x BLOCK_K of ``a_bytes``) and ``weight_tiles`` weight tiles (BLOCK_N x BLOCK_K of
-    ``w_bytes``). num_stages buffers where the K loop runs wgmma (BLOCK_M >= 64), num_stages - 1 for
-    mma.sync (docs/kernels.md: checked against the compiler)."""
+    """Shared memory of one program of GEMM config ``g``: num_stages (wgmma, BLOCK_M >= 64) or
+    num_stages - 1 (mma.sync) buffers of one A tile and ``weight_tiles`` weight tiles."""
     bm, bn, bk = int(g["BLOCK_M"]), int(g["BLOCK_N"]), int(g["BLOCK_K"])
     buffers = max(1, int(g["num_stages"]) - (0 if bm >= 64 else 1))
     return int(buffers * (bm * bk * a_bytes + weight_tiles * bn * bk * w_bytes))
@@ -365,11 +353,8 @@ def router_launch(T: int, E: int, H: int, K: int, n_group: int = 1, *, interpret
                   split: int | None = None, num_sms: int = cfgs.DEFAULT_SMS, tiles: bool | None = None,
                   warps: int | None = None, bitonic: bool | None = None, block_h: int | None = None) -> dict:
     """The router's launches for T tokens: chunks C of BLOCK_T tokens, BLOCK_E/K/G, warps, and the
-    split-H logits launch (SPLIT ranges of H_PER_SPLIT columns over LOGITS_T-token tiles, BLOCK_H a
-    step; SPLIT = 0: the routing program walks H itself). ``tiles``: the prefill launch's 128-token
-    tiles (default configs.router_prefill); ``split`` overrides the ranges (0: no logits launch);
-    ``warps``, ``bitonic`` and ``block_h`` (the walking program's step, a power of two >= 16, split=0
-    only) override the configs.py defaults."""
+    split-H logits launch (SPLIT ranges of H_PER_SPLIT columns; 0: the routing program walks H).
+    ``tiles``, ``split``, ``warps``, ``bitonic`` and ``block_h`` override the configs.py defaults."""
     bt = cfgs.router_block_t(T, E)
     block_e = max(16, pow2(E))
     if tiles is None:
@@ -453,14 +438,12 @@ def quantize_launch(T: int, H: int, *, interpret: bool = False) -> dict:
 
 
 def quantizes_x(config, fp8: str | None) -> bool:
-    """Whether the layer quantizes x once before its FP8 GEMM 1s: FP8 activations without
-    weight_on_input (Llama 4 scales each pair's row first, so GEMM 1 quantizes in its K loop)."""
+    """Whether the layer quantizes x once before its FP8 GEMM 1s (FP8 activations, not weight_on_input)."""
     return fp8 == "weights+act" and not config.weight_on_input
 
 
 def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sms: int | None = None) -> tuple[int]:
-    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K; persistent
-    ("tma_persistent"): one program per SM, at most the tiles."""
+    """Programs of a grouped GEMM launch: row blocks x N tiles x split-K (persistent: at most the SMs)."""
     tiles = num_m * cdiv(N, cfg["BLOCK_N"])
     if cfg.get("variant", "pointer") == "tma_persistent":
         if not num_sms:
@@ -472,12 +455,9 @@ def gemm_grid(num_m: int, N: int, cfg: dict, split: int | None = None, *, num_sm
 
 @dataclass(frozen=True)
 class StaticPlan:
-    """Everything ``moe_forward`` launches for T tokens that does not depend on the routing.
-
-    gemm / shared: {"gemm1", "gemm2"} configs; router, align, act, shared_act, combine: the dicts of
-    the launch functions (None where not launched); P_max, B_max: padded rows and row blocks; split2:
-    GEMM 2's split-K; atomic: GEMM 2 adds into fp32 y; KS: rows per token; num_sms: the SMs
-    persistent launches are sized for."""
+    """Everything ``moe_forward`` launches for T tokens that does not depend on the routing: the
+    GEMM configs, the launch functions' dicts (None where not launched), P_max, B_max, split2,
+    atomic, KS and num_sms."""
 
     T: int
     gemm: dict
@@ -504,13 +484,8 @@ def static_plan(config, T: int, *, dtype: str = "bfloat16", device_name: str = "
                 gemm: dict | None = None, shared_gemm: dict | None = None, fp8: str | None = None,
                 router: dict | None = None, fp8_options: FP8Options | None = None) -> StaticPlan:
     """The routing-independent launch sizes of the layer (``device_name`` "cpu-interpreter" for the
-    interpreter's configs).
-
-    ``num_sms``: the device's SMs (default configs.INTERPRETER_SMS / DEFAULT_SMS). ``gemm`` /
-    ``shared_gemm``: a {"gemm1", "gemm2"} entry instead of the tuned one, checked as a tuned entry is.
-    ``fp8``: None, "weights" or "weights+act" (every GEMM entry through ``fp8_entry``). ``router``: a
-    ``router_launch`` dict instead of the default, with its keys and chunks (C, BLOCK_T). ``fp8_options``:
-    fp8_plan.FP8Options (None: the defaults)."""
+    interpreter's configs). ``gemm`` / ``shared_gemm`` / ``router``: entries instead of the tuned
+    ones; ``fp8``: None, "weights" or "weights+act"; ``fp8_options``: fp8_plan.FP8Options."""
     if fp8 not in FP8_MODES:
         raise ValueError(f"fp8 must be one of {list(FP8_MODES)}, got {fp8!r}")
     interpret = device_name == "cpu-interpreter"

@@ -24,10 +24,8 @@ def _git(*argv: str, repo: Path) -> subprocess.CompletedProcess:
 def git_state(repo: Path = REPO) -> dict:
     """{"commit", "dirty", "diff_sha256"}: the code a results row was made with.
 
-    ``commit``: the full HEAD commit; ``dirty``: tracked files differ from it; ``diff_sha256``: the
-    SHA-256 of ``git diff HEAD --binary`` when dirty, else None. Outside a checkout they come from
-    MEGAMOE_COMMIT (7 to 40 hex digits, else refused), MEGAMOE_DIRTY (0 or 1) and
-    MEGAMOE_DIFF_SHA256, set from the checkout the tree was copied from; else ``commit`` is "unknown"."""
+    ``diff_sha256``: SHA-256 of ``git diff HEAD --binary`` when dirty. Outside a checkout: from
+    MEGAMOE_COMMIT, MEGAMOE_DIRTY and MEGAMOE_DIFF_SHA256, else ``commit`` is "unknown"."""
     import hashlib
     import re
 

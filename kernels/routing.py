@@ -37,8 +37,7 @@ _NO_KEY = tl.constexpr(-0x7FFFFFFFFFFFFFFF)
 
 @triton.jit
 def _sel_key(v, cols, BLOCK: tl.constexpr):
-    """int64 keys whose max is the max of v (fp32) and, among equal values, the lowest column:
-    v's order-preserving int32 bits (signed zeros made one) above BLOCK - 1 - column."""
+    """int64 keys whose max is v's max (fp32), ties to the lowest column."""
     bits = tl.where(v == 0.0, 0.0, v).to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return (ordered.to(tl.int64) << 32) | (BLOCK - 1 - cols).to(tl.int64)
@@ -57,9 +56,8 @@ def _key_value(key):
     return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
-# The top-k of _route_block from keys (BLOCK_T, BLOCK_E) int64 of _sel_key -> top_idx (BLOCK_T, BLOCK_K)
-# int32 best first, top_val (BLOCK_T, BLOCK_K) fp32 (router 2: src at the column, else the key's value;
-# zero past K), picked (BLOCK_T, BLOCK_E) int32.
+# The top-k of _route_block from _sel_key's keys -> top_idx (BLOCK_T, BLOCK_K) int32 best first,
+# top_val (BLOCK_T, BLOCK_K) fp32 (zero past K), picked (BLOCK_T, BLOCK_E) int32.
 @triton.jit
 def _topk_maxima(key, src, ROUTER: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr):
@@ -153,8 +151,7 @@ def _router_logits_kernel(
     HAS_SG: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Program (c, s): the partial logits of token tile c over H range s (_router_partial);
-    _router_kernel sums them in a fixed order."""
+    """Program (c, s): the partial logits of token tile c over H range s."""
     _router_partial(x_ptr, w_ptr, sgw_ptr, part_ptr, sg_part_ptr, tl.program_id(0), tl.program_id(1),
                     T, H, E, stride_xt, stride_we, H_PER_SPLIT, HAS_SG, IEEE, BLOCK_T, BLOCK_E, BLOCK_H)
 
@@ -169,11 +166,9 @@ def _route_block(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BITONIC: tl.constexpr,
 ):
-    """Route token block pid: logits (or the sum of SPLIT partials), top-k, weights, shared gate;
-    stores topk_idx, topk_w, sgate. Returns (top_idx (BLOCK_T, BLOCK_K), out_mask, counts (BLOCK_E,),
-    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align. The top-k: K maxima
-    (_topk_maxima) or, with BITONIC, tl.topk (_topk_bitonic); both pick the same experts in the same
-    order (the keys are distinct)."""
+    """Route token block pid: logits (or the sum of SPLIT partials), top-k (K maxima, or tl.topk
+    with BITONIC: the same picks), weights, shared gate. Returns (top_idx, out_mask, counts,
+    offs_t, t_mask, offs_e, e_mask) for the caller's histogram or align."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -204,7 +199,7 @@ def _route_block(
         if N_GROUP > 1:
             grp = offs_e // PER_GROUP
             offs_g = tl.arange(0, BLOCK_G)
-            # constexpr test (a runtime one on E would compile the reshape where BLOCK_E > E)
+            # a constexpr test
             if BLOCK_E == PER_GROUP * N_GROUP and BLOCK_G == N_GROUP:
                 # every group at once: (BLOCK_T, N_GROUP, PER_GROUP) keys, two maxima per group
                 k3 = tl.reshape(_sel_key(b, cols, BLOCK_E), (BLOCK_T, N_GROUP, PER_GROUP))
@@ -301,9 +296,8 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
                   meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
-    ``launch``: plan.router_launch's sizes (default: computed here from ``split``, the H ranges;
-    SPLIT > 0 sums the logits of SPLIT H ranges first). With ``meta`` (align.py's tensors) and one
-    token block the router program also aligns: returns True if it did. Inputs are checked by moe.py."""
+    ``launch``: plan.router_launch's sizes. With ``meta`` and one token block the router program
+    also aligns: returns True if it did."""
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:

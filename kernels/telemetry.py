@@ -12,8 +12,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-#: seconds between samples (one NVML query takes tens of microseconds; the clock governor moves
-#: in steps of milliseconds)
+#: seconds between samples
 INTERVAL_S = 0.002
 
 
@@ -33,8 +32,7 @@ def _read(device) -> tuple[float, float | None] | None:
 
 
 def summarize(samples: list[tuple[float, float, float | None]]) -> dict | None:
-    """{"sm_clock_mhz": {mean, min, max, first, last}, "power_w": {mean, max} (where read),
-    "samples", "seconds"} of ``samples`` [(t s, MHz, W or None)]; None for no samples."""
+    """Summary {"sm_clock_mhz", "power_w", "samples", "seconds"} of ``samples``; None for none."""
     if not samples:
         return None
     mhz = [s[1] for s in samples]
@@ -48,8 +46,7 @@ def summarize(samples: list[tuple[float, float, float | None]]) -> dict | None:
 
 
 class ClockSampler:
-    """``with ClockSampler() as s: ...`` samples the SM clock and power every ``interval_s`` in a
-    daemon thread while the block runs (one sample at entry, one at exit); ``s.summary()`` after."""
+    """``with ClockSampler() as s: ...`` samples SM clock and power in a thread; ``s.summary()`` after."""
 
     def __init__(self, interval_s: float = INTERVAL_S, device=None):
         if not interval_s > 0:
@@ -91,8 +88,7 @@ class ClockSampler:
 
 @contextmanager
 def sampled(clock: dict | None, interval_s: float = INTERVAL_S):
-    """Sample while the block runs and leave the summary in ``clock`` (nothing where it is empty:
-    no NVML); ``clock`` None: no sampling at all."""
+    """Sample while the block runs and leave the summary in ``clock`` (None: no sampling)."""
     if clock is None:
         yield
         return

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 
 
 def gated_activation(h: torch.Tensor, width: int, activation: str, alpha: float, limit: float) -> torch.Tensor:
-    """h (rows, 2 * width) = [gate | up] -> (rows, width): silu(g) * u ("silu_gated"), or gpt-oss's
-    clamped swiglu (u + 1) * g * sigmoid(alpha * g) with g <= limit and |u| <= limit."""
+    """h (rows, 2 * width) = [gate | up] -> (rows, width): the activation (reference.forward's formulas)."""
     g, u = h[:, :width], h[:, width:]
     if activation == "silu_gated":
         return F.silu(g) * u

@@ -33,8 +33,7 @@ def _candidates(rows_per_expert: float) -> tuple[list[dict], list[dict]]:
 
 
 def tune_shape(cfg, w, T: int, reps: int = 10, log=print) -> dict:
-    """Best (gemm1, gemm2) for this shape at T: each GEMM timed alone on the real routing, per BLOCK_M,
-    as CUDA-graph replays (graph_time_us), the way the layer runs, not eager launches."""
+    """Best (gemm1, gemm2) for this shape at T: each GEMM timed alone per BLOCK_M as CUDA-graph replays."""
     import torch
     import triton
 

@@ -44,27 +44,12 @@ class MoEConfig:
     Sizes: ``hidden_size`` H, ``intermediate_size`` I (one routed expert's width),
     ``num_experts`` E, ``top_k`` K.
 
-    Router (see ``routing.route``):
-        ``router``: one of ``ROUTERS``.
-        ``norm_topk_prob``: renormalize the k selected weights to sum to one (softmax_topk,
-            sigmoid_grouped_topk).
-        ``n_group``, ``topk_group``: grouped top-k (sigmoid_grouped_topk): E experts in n_group
-            groups, keep the topk_group best groups.
-        ``routed_scaling_factor``: multiplies the routing weights (sigmoid_grouped_topk).
-        ``score_bias``: the router carries e_score_correction_bias [E] (selection only).
-        ``group_mask``: what masked groups' scores become before the final top-k.
-        ``router_bias``: the router linear layer has a bias [E] (gpt-oss).
-
-    Experts (see ``forward.expert_ffn``):
-        ``activation``: one of ``ACTIVATIONS`` (formulas in ``forward.py``);
-        ``swiglu_alpha``, ``swiglu_limit``: the clamped swiglu's constants.
-        ``expert_bias``: gate/up and down projections have biases.
-
-    Shared experts (always on, every token):
-        ``num_shared_experts``: how many; ``shared_intermediate_size``: their width together
-            (DeepSeek-V3: 1 x 2048; Qwen2-MoE: shared_expert_intermediate_size).
-        ``shared_expert_gate``: output scaled by sigmoid(x . w_sg) (Qwen2-MoE).
-
+    Router (``routing.py`` defines each field's effect): ``router`` (one of ``ROUTERS``),
+    ``norm_topk_prob``, ``n_group`` / ``topk_group``, ``routed_scaling_factor``, ``score_bias``
+    (e_score_correction_bias [E]), ``group_mask``, ``router_bias`` (a bias [E]).
+    Experts: ``activation`` (one of ``ACTIVATIONS``, formulas in ``forward.py``), ``swiglu_alpha``,
+    ``swiglu_limit``, ``expert_bias``. Shared experts (every token): ``num_shared_experts``,
+    ``shared_intermediate_size`` (Is, all together), ``shared_expert_gate`` (Qwen2-MoE).
     ``weight_dtype``: how the weights are stored on the device (kernels, simulator bytes).
     """
 

@@ -3,15 +3,9 @@
 Shape legend: T tokens, E experts (or physical expert slots), K top-k, P padded rows, G GPUs.
 
 A token t routed to experts topk_idx[t, 0..K-1] makes K *pairs*; pair p = t * K + k. The plan sorts
-the pairs by (expert, token): expert e's pairs are the rows offsets[e]:offsets[e+1] of the sorted
-order, their tokens ascending. Since a token picks an expert at most once, (expert, token) is a
-total order, so the plan does not depend on the order of the K choices inside a row. Kernels pad
-each expert's rows to a multiple of a block size so that a tile never mixes two experts; the
-padded view keeps -1 in rows that carry no pair.
-
-The simulator and the kernels both read this plan: the simulator to know how many rows each
-expert on each GPU computes and how many bytes cross which link, the kernels as the metadata their
-launch must reproduce exactly.
+the pairs by (expert, token), a total order (a token picks an expert once), so it does not depend
+on the order of a row's K choices. The padded view rounds each expert's rows up to a block (a tile
+never mixes two experts), -1 in rows without a pair. The kernels' align must reproduce it exactly.
 """
 
 from __future__ import annotations
@@ -25,20 +19,11 @@ from ._checks import InputError, as_index_array, check_distinct_rows
 
 @dataclass(frozen=True)
 class DispatchPlan:
-    """Pairs sorted by expert.
-
-    num_tokens T, num_experts E, top_k K, block_size (1 = no padding).
-    counts: (E,) int64, pairs per expert.
-    offsets: (E+1,) int64, exclusive prefix sum of counts; expert e owns sorted rows
-        offsets[e]:offsets[e+1].
-    sorted_token: (T*K,) int64, token of each sorted row.
-    sorted_pair: (T*K,) int64, pair index t*K + k of each sorted row.
-    pair_row: (T*K,) int64, inverse of sorted_pair: sorted row of pair p.
-    padded_counts: (E,) int64, counts rounded up to block_size.
-    padded_offsets: (E+1,) int64.
-    padded_token: (P,) int64, token of each padded row, -1 for padding.
-    padded_pair: (P,) int64, pair of each padded row, -1 for padding.
-    block_expert: (P // block_size,) int64, the expert of each block of padded rows.
+    """Pairs sorted by expert; block_size 1 = no padding. All arrays int64:
+    counts (E,) pairs per expert; offsets (E+1,): expert e owns sorted rows offsets[e]:offsets[e+1];
+    sorted_token, sorted_pair (T*K,): token and pair t*K + k of each sorted row; pair_row (T*K,) its
+    inverse; padded_counts (E,), padded_offsets (E+1,); padded_token, padded_pair (P,), -1 for
+    padding; block_expert (P // block_size,) the expert of each block of padded rows.
     """
 
     num_tokens: int
@@ -117,10 +102,8 @@ def rank_traffic(topk_idx, token_rank, expert_rank, num_ranks: int, *, dedup: bo
     """Token movement between GPUs for one dispatch: (G, G) int64, [src, dst] = tokens sent.
 
     topk_idx: (T, K) expert (or slot) ids; token_rank: (T,) the GPU each token starts on;
-    expert_rank: (E,) the GPU each expert (slot) lives on. With ``dedup`` a token goes to each
-    destination GPU once however many of its experts live there (DeepEP's dispatch); without it,
-    once per pair. Combine moves the same amounts back (dst -> src). The diagonal counts tokens
-    that stay on their GPU.
+    expert_rank: (E,) the GPU each expert (slot) lives on. ``dedup``: a token goes to each GPU once
+    (DeepEP's dispatch), else once per pair. The diagonal counts tokens that stay on their GPU.
     """
     expert_rank = np.asarray(expert_rank)
     if expert_rank.ndim != 1:

@@ -3,40 +3,18 @@
 Shape legend: R ranks (GPUs), T tokens on one rank, K top-k, P expert slots (P = E without
 replicas), N rows one rank sends (or receives), Np (row, slot) pairs one rank computes.
 
-Each rank r starts with its own T tokens, routed to expert *slots* ``topk_idx`` (T, K); a slot
-lives on rank ``slot_rank[slot]`` (from a placement: the caller turns the simulator's
-``Placement.slot_rank`` into this plain array, and expert ids into slot ids with its
-``assign_slots``). Dispatch sends a token to each rank holding one of its slots *once* however many
-of its slots live there (DeepEP's dispatch), together with its topk_idx and topk_weights rows; the
-receiver runs each of the row's local slots and sums them in k order into one partial row;
-combine sends the partial rows back to the same places, and the source adds them up, ranks in
-ascending order. Every order is fixed, so the result is bitwise deterministic.
-
-Layouts (what ``all_to_all_single`` needs: buffers grouped by peer id, ascending):
-
-    send side (``plan_send``, on the source)
-        send_token (N,)     token of each send row: rows grouped by destination rank, ascending,
-                            tokens ascending inside a group; destination d owns rows
-                            send_offsets[d]:send_offsets[d+1]
-        combine_row (T, R)  row of the send (= combine's return) buffer carrying token t to rank d,
-                            -1 where t sends nothing to d:  y[t] = sum_{d asc, row >= 0} back[row]
-        peer_order (R,)     the order a one-sided transport visits peers: (r + i) % R, so at
-                            step i every rank talks to a different peer (and starts with itself)
-    receive side (``plan_receive``, on the destination)
-        recv rows           grouped by source rank ascending, each group in the sender's order
-        pair_row, pair_k    (Np,) the (row, k) of each local pair, sorted by (local slot, row), so
-        pair_local          each local slot's pairs are contiguous: offsets[j]:offsets[j+1]
-        row_pair (N, K)     index of pair (row, k) in the pair order, -1 where slot k is remote:
-                            partial[row] = sum_{k asc, row_pair >= 0} w[row, k] * out[row_pair]
+Each rank r routes its T tokens to expert *slots* ``topk_idx`` (T, K); slot p lives on rank
+``slot_rank[p]``. Dispatch sends a token to each rank holding one of its slots *once* (DeepEP's
+dispatch) with its topk_idx and topk_weights rows; the receiver sums the row's local slots in k
+order into one partial row; combine sends the partial rows back and the source adds them up, ranks
+ascending. Every order is fixed, so the result is bitwise deterministic. The send and receive
+layouts (``plan_send``, ``plan_receive``) are tabled in docs/kernels.md.
 
 The one-sided transport (``plan_pull``, a ``PullSchedule``): each destination pulls its rows from
 the peers' send buffers into the offsets all_to_all would have put them at, and pushes its partial
 rows back the same way. ``pull_rows`` / ``push_rows`` emulate it on NumPy buffers,
 ``all_to_all_rows`` is what all_to_all delivers, and ``ep_experts_forward`` is the whole
 expert-parallel layer in float64 over either transport: the two are bitwise equal.
-
-Pure NumPy and deterministic; the torch transport (kernels/ep.py) and the simulator read the same
-counts (``traffic`` equals ``dispatch.rank_traffic`` with dedup).
 """
 
 from __future__ import annotations
@@ -81,11 +59,8 @@ def peer_order(rank: int, num_ranks: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SendPlan:
-    """One source rank's side of dispatch and combine (see the module docstring).
-
-    send_counts: (R,) int64 rows to each destination; send_offsets: (R+1,) int64;
-    send_token: (N,) int64; combine_row: (T, R) int64; peer_order: (R,) int64.
-    """
+    """One source rank's side of dispatch and combine (docs/kernels.md), int64: send_counts (R,),
+    send_offsets (R+1,), send_token (N,), combine_row (T, R), peer_order (R,)."""
 
     rank: int
     num_ranks: int
@@ -129,7 +104,7 @@ def plan_send(topk_idx, slot_rank, num_ranks: int, rank: int) -> SendPlan:
 
 @dataclass(frozen=True)
 class RecvPlan:
-    """One destination rank's side: the local pairs of the rows it received (module docstring).
+    """One destination rank's side: the local pairs of the rows it received (docs/kernels.md).
 
     recv_counts: (R,) int64 rows from each source; recv_offsets: (R+1,) int64;
     slots: (P_r,) int64 global slot of each local slot; counts: (P_r,) int64 pairs per local slot;
@@ -265,33 +240,9 @@ def _traffic_of(schedule) -> np.ndarray:
 class PullSchedule:
     """The one-sided exchange of an ``EPSchedule``: every copy each rank performs, in its peer order.
 
-    Shape legend: R ranks, C dispatch copies (pulls), C' combine copies (pushes); C = C' (each pull
-    has its push-back mirror), both listed rank by rank (CSR: rank r's copies are
-    ``pull_offsets[r]:pull_offsets[r+1]``, resp. ``push_offsets``).
-
-    Buffers (one symmetric allocation per kind on every rank, ``buffer_rows`` rows each):
-        send buffer of s     (send_rows[s] rows) s's rows in plan_send's order: grouped by destination
-                             ascending, tokens ascending; s writes it before any peer pulls
-        receive buffer of d  (recv_rows[d] rows) what all_to_all delivers: grouped by source ascending,
-                             each group in the sender's order (what plan_receive expects)
-        partial buffer of c  the partial rows of c's receive buffer, the same layout
-        combine buffer of s  what the all-to-all back delivers: the send buffer's layout, so
-                             ``SendPlan.combine_row`` indexes it
-
-    Dispatch: destination d pulls, for each peer s in ``peer_order(d, R)`` with rows for it,
-    ``pull_rows`` rows of s's send buffer from ``pull_src_row`` into its receive buffer at
-    ``pull_dst_row``; ``pull_step`` is i where s = (d + i) % R, so at step i every source is read by
-    one destination only. Combine: computing rank c pushes, peers in ``peer_order(c, R)``,
-    ``push_rows`` rows of its partial buffer from ``push_src_row`` into s's combine buffer at
-    ``push_dst_row``. The offsets are prefix sums of the (R, R) traffic matrix alone, so the schedule
-    is built before launch and the ranks need no handshake, only a ready flag per buffer. A push
-    writes exactly the rows its pusher pulled, so with equal row sizes the combine buffer may be the
-    send buffer.
-
-    A copy of more than ``max_rows`` rows is cut into consecutive chunks of at most ``max_rows``
-    (one message of a communication program each), in order. ``pull_bytes``/``push_bytes`` are each
-    copy's bytes: rows * ``dispatch_row_bytes`` (hidden_size * element_size plus the per-row
-    metadata, e.g. topk_idx and topk_weights) and rows * ``combine_row_bytes``.
+    Shape legend: R ranks, C dispatch copies (pulls) = C' combine copies (pushes), listed rank by rank
+    (CSR: ``pull_offsets``, ``push_offsets``). Buffers and copy order: docs/kernels.md. The offsets
+    come from the (R, R) traffic matrix alone (no handshake); copies are cut at ``max_rows`` rows.
 
     Every array is int64: pull_offsets, push_offsets (R+1,); send_rows, recv_rows (R,);
     pull_src, pull_src_row, pull_rows, pull_dst_row, pull_step, pull_bytes (C,);
@@ -339,11 +290,7 @@ class PullSchedule:
 
 
 def _copies(traffic: np.ndarray, max_rows: int, pull: bool):
-    """The copies of every rank in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step).
-
-    pull: rank a (a destination) reads peer s = (a + i) % R's rows for a; else rank a (a computing
-    rank) writes peer s's rows back. Either way the pair is (src s, dst a) of ``traffic``.
-    """
+    """Every rank's copies in its peer order, chunked: (offsets, peer, src_row, rows, dst_row, step)."""
     R = traffic.shape[0]
     send_off = _exclusive_cumsum(traffic, axis=1)  # [s, d]: first row of d's group in s's send buffer
     recv_off = _exclusive_cumsum(traffic, axis=0)  # [s, d]: first row of s's group in d's receive buffer
@@ -372,11 +319,9 @@ def plan_pull(schedule, hidden_size: int, element_size: int, *, max_rows: int | 
               meta_bytes: int = 0, combine_element_size: int | None = None) -> PullSchedule:
     """The one-sided dispatch (pulls) and combine (push-backs) of ``schedule`` (see ``PullSchedule``).
 
-    schedule: an ``EPSchedule`` (``plan_ep``) or its (R, R) traffic matrix of rows [src, dst] (all
-    the one-sided schedule depends on); hidden_size: H; element_size: bytes of one dispatched
-    element (2 for bf16, 1 for fp8); meta_bytes: further bytes per dispatched row (topk_idx and
-    topk_weights: K * (8 + 4)); combine_element_size: bytes of one partial element (default
-    element_size); max_rows: the most rows one copy moves (None: copies are not cut).
+    schedule: an ``EPSchedule`` or its (R, R) traffic matrix [src, dst]; element_size: bytes of a
+    dispatched element; meta_bytes: further bytes per dispatched row; combine_element_size: bytes
+    of a partial element (default element_size); max_rows: the most rows one copy moves (None: uncut).
     """
     traffic = _traffic_of(schedule)
     H = _check_positive("hidden_size", hidden_size)
@@ -414,10 +359,7 @@ def _check_buffers(name: str, buffers, rows: np.ndarray) -> list[np.ndarray]:
 
 def all_to_all_rows(buffers, counts) -> list[np.ndarray]:
     """What ``all_to_all_single`` delivers.  counts: (R, R) [a, b] rows rank a sends rank b; buffers:
-    R arrays, a's rows grouped by destination ascending -> R arrays, b's rows grouped by source ascending.
-
-    Dispatch is ``all_to_all_rows(send, traffic)``, combine ``all_to_all_rows(partial, traffic.T)``.
-    """
+    R arrays, a's rows grouped by destination ascending -> R arrays, b's rows grouped by source ascending."""
     counts = _traffic_of(counts)
     bufs = _check_buffers("buffer", buffers, counts.sum(axis=1))
     off = np.concatenate([np.zeros((counts.shape[0], 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
@@ -478,9 +420,7 @@ def pull_rows(pull: PullSchedule, send_buffers, *, order=None) -> list[np.ndarra
 def push_rows(pull: PullSchedule, partial_buffers, *, order=None) -> list[np.ndarray]:
     """Combine, one-sided: each computing rank writes its partial rows into their sources' combine buffers.
 
-    partial_buffers: R arrays (recv_rows[c], ...) in the receive layout -> R combine buffers
-    (send_rows[s], ...) in the send layout, equal to ``all_to_all_rows(partial_buffers, pull.traffic.T)``.
-    """
+    -> R combine buffers, equal to ``all_to_all_rows(partial_buffers, pull.traffic.T)``."""
     srcs = _check_buffers("partial buffer", partial_buffers, pull.recv_rows)
     return _run_copies(pull.push_dst, pull.push_src_row, pull.push_rows, pull.push_dst_row, pull.push_offsets,
                        lambda a, p: a, lambda a, p: p, srcs, pull.send_rows, order, "combine")
@@ -496,12 +436,8 @@ def ep_experts_forward(xs, topk_slots, topk_weights, slot_expert, slot_rank, wei
 
     xs: R arrays (T_r, H); topk_slots: R arrays (T_r, K) slot ids (distinct per row); topk_weights:
     R arrays (T_r, K); slot_expert, slot_rank: (P,) a placement's arrays; weights: MoEWeights with
-    the full experts (slot p runs expert slot_expert[p]). The steps of kernels/ep.py's
-    ``ep_moe_experts``: send buffers of x, topk_idx and topk_weights rows in plan_send's order;
-    dispatch; plan_receive on the received slot ids; each local slot's expert on its pairs; one
-    partial row per received row (0 + w_k * out_k, k ascending); combine back; y[t] = 0 + the rows
-    back from each rank, ranks ascending. ``transport``: "all_to_all" (what all_to_all_single
-    delivers) or "pull" (the one-sided schedule of ``plan_pull``, chunked by ``max_rows``); the
+    the full experts. The steps of kernels/ep.py's ``ep_moe_experts``, in the orders of the module
+    docstring. ``transport``: "all_to_all" or "pull" (``plan_pull``, chunked by ``max_rows``): the
     two give bitwise the same y.
     """
     if transport not in TRANSPORTS:

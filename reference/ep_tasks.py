@@ -4,32 +4,19 @@ Shape legend: R ranks, P expert slots, P_r slots on this rank, K top-k, H hidden
 N rows this rank receives, Np its (row, slot) pairs, BM the GEMMs' row block, B row blocks,
 n1 / n2 GEMM 1 / GEMM 2 column tiles, C_r / C'_r this rank's pull / push copies.
 
-``reference.ep.plan_pull`` moves rows; this module adds what runs between the moves, so that one
-persistent launch per rank does the whole exchange and the local experts (kernels/ep_fused.py):
+Tasks, in ticket order: ``pull`` (one per pull copy of ``reference.ep.plan_pull``: rows, topk and
+pair positions, then the rows' pairs placed), ``gemm1`` (row block, column tile of a local slot:
+h = act(x @ gate_up^T)), ``gemm2`` (out[row * K + k] = w[row, k] * (h @ down^T)), ``push`` (one per
+push copy: partial rows, k ascending in fp32, into the source's combine buffer).
 
-    pull     one task per pull copy of this rank (plan_pull's peer order: itself first): the rows
-             of x, topk_idx, topk_weights and pair positions from the peer's send buffers into this
-             rank's receive buffers, then each row's local pairs placed in the padded pair layout
-    gemm1    (row block, column tile) of a local slot: h = act(x[rows] @ gate_up[slot]^T)
-    gemm2    (row block, column tile): out[row * K + k] = w[row, k] * (h @ down[slot]^T)
-    push     one task per push copy: the partial rows (0 + out[row * K + k] over the local k, k
-             ascending, in fp32) stored straight into the source's combine buffer
+The pair layout is known before launch: each source sends each row's position among its rows
+routed to each slot (``pair_positions``) and every rank knows every source's pairs per slot
+(``slot_pair_counts``), so a pulled pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]``
+with no count or host sync after the rows arrive.
 
-The pair layout is known before launch: each source sends, with every row, the row's position
-among its own rows routed to each of the row's slots (``pair_positions``), and every rank learns
-every source's pairs per slot (``slot_pair_counts``, gathered with the traffic). Rank d lays out slot
-j's pairs by peer step (itself first), each group in the sender's order, every slot padded to BM
-rows, so a pulled row's pair (k, slot j) goes to row ``src_base[q, j] + pos[row, k]`` with no count,
-scan or host sync after the rows arrive.
-
-Counters: ``pulled[q]`` (pull copies of peer step q done), ``g1[b]`` (GEMM 1 tiles of block b),
-``g2[q]`` (GEMM 2 tiles over a pair of step q's rows). A gemm1 task waits for the ``pulled`` of its
-block's steps, a gemm2 task for its block's n1 GEMM 1 tiles, a push to step q for ``g2[q]``. Tickets
-run pulls, gemm1 (blocks by their last peer step), gemm2 (the same order), pushes: every wait names
-counters only lower tickets signal, so any number of programs, one included, finishes the launch.
-
-Pure NumPy, deterministic; kernels/ep_fused.py reads ``kind``, ``arg``, ``tile`` and the wait /
-signal lists as they are, and simulator/ep_task_cost.py prices the same tasks.
+Counters: ``pulled[q]`` (pull copies of peer step q), ``g1[b]`` (GEMM 1 tiles of block b), ``g2[q]``
+(GEMM 2 tiles over step q's rows). Every wait names counters only lower tickets signal, so any
+number of programs finishes the launch. Pure NumPy, deterministic.
 """
 
 from __future__ import annotations
@@ -41,8 +28,7 @@ import numpy as np
 from ._checks import InputError, as_index_array
 from .ep import PullSchedule, _check_rank, _check_slot_rank, _check_topk, local_slots, peer_order
 
-#: bytes a dispatched row carries per pick besides x: topk_idx (int64), topk_weights (fp32) and the pair's
-#: position (int64); plan_pull's meta_bytes for the fused launch is top_k times this
+#: bytes a dispatched row carries per pick besides x: topk_idx, topk_weights and the pair's position
 META_BYTES_PER_PICK = 8 + 4 + 8
 #: task kinds in ticket order; ``kind`` holds their index
 EP_KINDS = ("pull", "gemm1", "gemm2", "push")
@@ -50,8 +36,7 @@ PULL, GEMM1, GEMM2, PUSH = range(len(EP_KINDS))
 
 
 def pair_positions(topk_idx, num_slots: int) -> np.ndarray:
-    """(T, K) int64: pos[t, k] = the rows t' < t whose slots include topk_idx[t, k] (what the source sends
-    with each row: the pair's place among its rows for that slot, tokens ascending)."""
+    """(T, K) int64: pos[t, k] = the rows t' < t whose slots include topk_idx[t, k]."""
     idx = _check_topk(topk_idx, _positive("num_slots", num_slots))
     T, K = idx.shape
     flat = idx.reshape(-1)
@@ -69,10 +54,7 @@ def slot_pair_counts(topk_idx, num_slots: int) -> np.ndarray:
 
 
 def auto_max_rows(traffic, num_programs: int) -> int:
-    """Rows per copy for a fused launch of ``num_programs`` programs: ceil(the most rows any rank receives /
-    num_programs), at least 1, so that one wave of one rank's pull tasks spans the programs (each copy is
-    one task on one program; uncut, R programs would move all the rows). The same on every rank (it
-    reads the gathered (R, R) traffic only), as plan_pull's max_rows must be."""
+    """Rows per copy for a fused launch: ceil(most rows any rank receives / num_programs), at least 1."""
     t = as_index_array("traffic", traffic, (None, None), np.iinfo(np.int64).max)
     P = _positive("num_programs", num_programs)
     return max(1, -(-int(t.sum(axis=0).max(initial=0)) // P))
@@ -88,19 +70,13 @@ def _positive(name: str, v) -> int:
 class FusedEPPlan:
     """One rank's fused launch (module docstring). Arrays are int64 unless said.
 
-    Layout: slots (P_r,) global slot of each local slot; pair_counts (R, P_r) [source, local slot];
-    slot_base (P_r+1,) first padded row of each local slot (multiples of block_m); src_base (R, P_r)
-    first padded row of peer step q's pairs in slot j; block_slot (B,) local slot of each row block;
-    block_steps (B, 2) its first and last peer step; num_padded = B * block_m.
-    Tasks (n, ticket order): kind (EP_KINDS index), arg (pull / push: the copy's index among this
-    rank's; gemm: the row block), tile (gemm: the column tile; else 0); wait_ptr (n+1,) /
-    wait_counter / wait_target: CSR list of (counter, value reached) each task waits for;
-    signal_ptr (n+1,) / signal_counter: the counters each task adds one to when done.
-    counters: their names ("pulled[q]", "g1[b]", "g2[q]"); counter_target: the value each ends at.
-    Cost fields (n,) float64: rows (real rows moved or computed), link_bytes (bytes over the peer
-    link: 0 for step 0, this rank's own rows), weight_bytes, in_bytes (rows read from local memory),
-    out_bytes (written), flops (2 per multiply-add of the padded tile); weight_id (n,) (slot * 2 +
-    GEMM - 1 for the GEMM tasks, -1 else).
+    Layout: slots (P_r,); pair_counts (R, P_r) [source, local slot]; slot_base (P_r+1,) and src_base
+    (R, P_r) first padded rows of each local slot and of peer step q's pairs in it; block_slot (B,);
+    block_steps (B, 2) first and last peer step; num_padded = B * block_m.
+    Tasks (n, ticket order): kind (EP_KINDS index), arg (the copy's index, or the row block), tile;
+    wait_* and signal_* CSR lists as tiles.TaskPlan's; counters (names), counter_target.
+    Cost fields (n,) float64: rows, link_bytes (0 for step 0), weight_bytes, in_bytes, out_bytes,
+    flops; weight_id (n,) (slot * 2 + GEMM - 1, -1 else).
     """
 
     rank: int
@@ -178,12 +154,9 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
                   weight_bytes: float = 2.0) -> FusedEPPlan:
     """The fused launch of ``rank`` (module docstring).
 
-    pull: plan_pull's schedule (its traffic the ranks' dispatched rows; its dispatch and combine row
-    bytes, meta_bytes = top_k x META_BYTES_PER_PICK, price the copies); slot_counts: (R, P) rows of
-    every source per slot (``slot_pair_counts`` of each rank, stacked); slot_rank: (P,) the placement;
-    block_m / block_n1 / block_n2: the GEMMs' row block and column tiles (GEMM 1's over I, GEMM 2's
-    over H); act_bytes: bytes of an x / h element; weight_bytes: bytes of a weight element (the cost
-    fields only).
+    pull: plan_pull's schedule (meta_bytes = top_k x META_BYTES_PER_PICK); slot_counts: (R, P) rows
+    of every source per slot; slot_rank: (P,); block_m / block_n1 / block_n2: the GEMMs' row block
+    and column tiles; act_bytes / weight_bytes: bytes per element (cost fields only).
     """
     if not isinstance(pull, PullSchedule):
         raise InputError(f"pull must be a reference.ep.PullSchedule (plan_pull), got {type(pull).__name__}")
@@ -293,9 +266,7 @@ def plan_fused_ep(pull: PullSchedule, rank: int, slot_counts, slot_rank, *, top_
 
 
 def check_ticket_order(plan: FusedEPPlan) -> None:
-    """InputError unless running the tasks one by one in ticket order meets every wait when it is
-    reached and leaves every counter at its target (the property that makes any number of programs,
-    one included, finish the launch)."""
+    """InputError unless the tasks run in ticket order meet every wait and reach every target."""
     value = np.zeros(len(plan.counters), np.int64)
     for t in range(plan.num_tasks):
         for c, want in plan.waits(t):

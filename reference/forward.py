@@ -3,30 +3,17 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, Is shared width,
 N rows given to one expert.
 
-Stages (each public, each reused by tests, the simulator and validation):
-    route        (routing.py)   x -> topk_idx (T, K), topk_weights (T, K)
-    plan_dispatch (dispatch.py) topk_idx -> pairs sorted by expert
-    experts_forward             sorted rows -> expert outputs (T*K, H), sorted-row order
-    combine                     expert outputs, weights -> y (T, H)
-    shared_forward              x -> shared-expert output (T, H)
+Stages: ``route`` (routing.py) x -> topk_idx, topk_weights (T, K); ``plan_dispatch`` (dispatch.py)
+pairs sorted by expert; ``experts_forward`` sorted rows -> (T*K, H); ``combine`` -> y (T, H);
+``shared_forward`` x -> (T, H).
 
-Activations on the gate/up projection z = [g | u] (each (N, I)):
-    silu_gated       silu(g) * u,  silu(g) = g * sigmoid(g)
-    clamped_swiglu   g = min(g, limit); u = clamp(u, -limit, limit); (u + 1) * g * sigmoid(alpha * g)
+Activations on z = [g | u] (each (N, I)): silu_gated silu(g) * u; clamped_swiglu
+g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g).
+Routing weights scale each expert's output, or its input for Llama 4 (``weight_on_input``).
 
-Routing weights scale each expert's output, except for Llama 4 (``config.weight_on_input``),
-where they scale the expert's input and the outputs are summed unweighted.
-
-The FP8 layer (DeepSeek-V3's inference scheme; ``fp8.py`` defines the format and the scales):
-weights that carry 128 x 128 block scales (``MoEWeights.is_fp8``) are dequantized, and the input of
-every expert GEMM is quantized per token (row) per 128 columns to e4m3 and dequantized again:
-
-    GEMM 1 input   the expert's input row (x[t], times the routing weight for Llama 4), 128 of H
-    GEMM 2 input   the activation's output h (silu(g) * u), 128 of I
-    shared MLP     the same two places, on x and on its own h
-
-Everything else is float64, the router and Qwen2-MoE's shared-expert gate included (on the
-unquantized x and router weight: FP8 checkpoints do not quantize the router).
+FP8 layer (``MoEWeights.is_fp8``, format in ``fp8.py``): block-scaled weights are dequantized and
+the input of every expert GEMM (x, and h) is quantized per token per 128 columns and dequantized
+again; the router and the shared gate stay float64.
 """
 
 from __future__ import annotations
@@ -58,9 +45,7 @@ def activation(z, config: MoEConfig) -> np.ndarray:
 
 def expert_ffn(x, gate_up, down, config: MoEConfig, gate_up_bias=None, down_bias=None, *,
                fp8_activations: bool = False) -> np.ndarray:
-    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H).
-
-    ``fp8_activations``: x and h are quantized per row per 128 columns before their GEMM."""
+    """One expert on N rows.  x: (N, H); gate_up: (2I, H); down: (H, I) -> (N, H)."""
     qdq = fake_quantize_activations if fp8_activations else np.asarray
     z = qdq(x) @ np.asarray(gate_up).T
     if gate_up_bias is not None:
@@ -75,9 +60,7 @@ def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights
                     fp8_activations: bool = False) -> np.ndarray:
     """Every (token, expert) pair through its expert.  -> (T*K, H), row r is plan.sorted_pair[r].
 
-    For ``config.weight_on_input`` the expert's input row is x[t] * topk_weights[t, k].
-    ``weights``: float weights (FP8 ones dequantized first, as ``moe_forward`` does).
-    """
+    For ``config.weight_on_input`` the input row is x[t] * topk_weights[t, k]; float weights only."""
     H = config.hidden_size
     out = np.zeros((plan.num_pairs, H), np.float64)
     in_scale = routing.topk_weights.reshape(-1)[plan.sorted_pair] if config.weight_on_input else None
@@ -98,9 +81,7 @@ def experts_forward(x, routing: Routing, plan: DispatchPlan, weights: MoEWeights
 def combine(expert_out, plan: DispatchPlan, topk_weights, config: MoEConfig) -> np.ndarray:
     """y[t] = sum_k w[t, k] * expert_out[row of pair (t, k)], k ascending.  -> (T, H).
 
-    expert_out: (T*K, H) in sorted-row order; topk_weights: (T, K). For ``config.weight_on_input``
-    the weights were applied to the inputs and the sum is unweighted.
-    """
+    expert_out: (T*K, H) in sorted-row order; unweighted for ``config.weight_on_input``."""
     T, K = plan.num_tokens, plan.top_k
     expert_out = np.asarray(expert_out)
     per_pair = expert_out[plan.pair_row].reshape(T, K, expert_out.shape[-1])
@@ -136,14 +117,9 @@ def moe_forward(x, weights: MoEWeights, config: MoEConfig, *, fp8_activations: b
                 details: bool = False):
     """The MoE layer.  x: (T, H) real array (any float dtype; computed in float64) -> y: (T, H) float64.
 
-    FP8 weights (``weights.is_fp8``: e4m3 values with 128 x 128 block scales, from an FP8 checkpoint,
-    ``random_weights(..., fp8=True)`` or ``weights.to_fp8()``) give the FP8 layer of the module
-    docstring. ``fp8_activations``: whether the GEMM inputs are quantized too; None follows the
-    weights (DeepSeek-V3's scheme), False with FP8 weights is weight-only FP8, True with float
-    weights quantizes only the activations.
-
-    With ``details=True`` returns an ``MoEOutput`` holding every stage's result (``expert_out`` and
-    ``shared_out`` as the FP8 layer computed them).
+    FP8 weights (``weights.is_fp8``) give the FP8 layer of the module docstring.
+    ``fp8_activations``: whether the GEMM inputs are quantized too (None: as the weights).
+    ``details=True`` returns an ``MoEOutput`` holding every stage's result.
     """
     if not isinstance(config, MoEConfig):
         raise InputError(f"config must be a MoEConfig, got {type(config).__name__}")

@@ -3,34 +3,21 @@
 Shape legend: T tokens, H hidden, I expert width; R, C the rows and columns of one weight matrix
 (torch ``nn.Linear`` layout [out, in]); Rb = ceil(R / 128), Cb = ceil(C / 128) its scale blocks.
 
-The format, written from the OCP 8-bit floating point specification (E4M3, the "fn" variant that
-torch calls ``float8_e4m3fn``): one sign bit S, four exponent bits E (bias 7), three mantissa bits M.
+e4m3fn (OCP 8-bit float spec): sign, 4 exponent bits (bias 7), 3 mantissa bits; subnormals at
+E = 0, NaN at 0x7F / 0xFF, no infinity; largest finite 448, smallest normal 2^-6, smallest
+subnormal 2^-9. Encoding rounds to nearest even; beyond 448 it saturates to +-448
+(``saturate=True``, torch's cast and ``cvt.rn.satfinite``) or gives NaN (``saturate=False``).
 
-    E = 0            subnormal: (-1)^S * M / 8 * 2^-6       (M = 1..7: 2^-9 .. 7 * 2^-9)
-    E = 1..15        normal:    (-1)^S * (1 + M / 8) * 2^(E - 7)
-    E = 15, M = 7    NaN (0x7F, 0xFF); there is no infinity
-    largest finite   0x7E = 1.75 * 2^8 = 448;  smallest normal 2^-6;  smallest subnormal 2^-9
-
-Encoding rounds to nearest, ties to even (the code with M even). Values beyond 448 saturate to
-+-448 by default (``saturate=True``: what torch's cast and NVIDIA's ``cvt.rn.satfinite`` give,
-infinities included); ``saturate=False`` gives NaN for them, the OCP non-saturating mode. NaN
-stays NaN.
-
-Scales follow DeepSeek-V3's convention (their checkpoints' ``weight_scale_inv``): a block of
-values ``a`` is stored as codes q and one float32 ``scale_inv`` s with
+Scales follow DeepSeek-V3's ``weight_scale_inv``: a block ``a`` is stored as codes q and one
+float32 ``scale_inv`` s with
 
     s = max(amax(|a|), AMAX_FLOOR) / 448        q = e4m3(a / s)        a ~= value(q) * s
 
-so the largest value of a block lands at 448. The arithmetic of quantizing is float32's, as a GPU
-does it: ``a`` is rounded to float32, both divisions are correctly rounded IEEE float32 ones (Triton
-``tl.math.div_rn``, CUDA ``__fdiv_rn``), then the quotient is rounded to e4m3. This is part of the
-definition: bf16 inputs often land exactly on e4m3 ties, so a float64 quotient would give other
-codes. Dequantization is the exact product value(q) * s in float64; where float32 rounding leaves
-a / s a hair above 448 it saturates. ``AMAX_FLOOR`` (1e-4, as DeepGEMM's casts) keeps all-zero
-blocks finite. Weights use 128 x 128 blocks over a matrix's last two dimensions (WEIGHT_BLOCK),
-activations 1 x 128 groups per token (ACT_GROUP); a partial last block has a scale of its own.
-
-NumPy only; torch and ml_dtypes are used by the tests as independent oracles, never here.
+``a`` is rounded to float32 and both divisions are correctly rounded float32 ones (as on a GPU:
+bf16 inputs often land on e4m3 ties, so float64 would give other codes). Dequantization is
+value(q) * s in float64. Weights use 128 x 128 blocks over a matrix's last two dimensions
+(WEIGHT_BLOCK), activations 1 x 128 groups per token (ACT_GROUP); a partial last block has a scale
+of its own. NumPy only.
 """
 
 from __future__ import annotations
@@ -215,8 +202,7 @@ def _scales(name: str, s, want: tuple[int, ...]) -> np.ndarray:
 
 
 def check_scales(name: str, s) -> np.ndarray:
-    """``s`` as float64, after checking that every scale is finite and > 0 (a quantizer's scales are
-    at least AMAX_FLOOR / E4M3_MAX; a NaN, negative or zero scale is a corrupt checkpoint)."""
+    """``s`` as float64, after checking that every scale is finite and > 0."""
     s = np.asarray(s, dtype=np.float64)
     bad = ~(np.isfinite(s) & (s > 0))
     if bad.any():

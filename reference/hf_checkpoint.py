@@ -1,5 +1,5 @@
-"""Hugging Face state dicts -> the fields of ``MoEWeights`` (``MoEWeights.from_hf``; ``hf.py`` documents
-the accepted keys, layouts and FP8 scales).
+"""Hugging Face state dicts -> the fields of ``MoEWeights`` (``MoEWeights.from_hf``; the accepted
+keys, layouts and FP8 scales are tabled in docs/design.md).
 
 Shape legend: E routed experts, H hidden size, I expert width, Is shared width.
 """
@@ -96,10 +96,7 @@ def _is_float8(a: Any) -> bool:
 
 
 class _Reader:
-    """Takes tensors out of one MoE module's keys, checking shapes; remembers which were used.
-
-    ``fp8``: the checkpoint stores expert weights as float8 with block scales (``weight``).
-    """
+    """Takes tensors out of one MoE module's keys, checking shapes; remembers which were used."""
 
     def __init__(self, P: str, local: dict[str, Any], config: MoEConfig):
         self.P, self.local, self.config, self.used = P, local, config, set()
@@ -224,8 +221,7 @@ def _stackable(r: _Reader, size: int, what: str) -> None:
 
 
 def hf_weight_fields(state_dict: Mapping[str, Any], config: MoEConfig, prefix: str | None = None) -> dict[str, Any]:
-    """The ``MoEWeights`` fields (float64 NumPy, canonical layout) of one MoE layer of a HF state dict
-    (``hf.weights_from_hf`` documents the keys and the errors)."""
+    """The ``MoEWeights`` fields of one MoE layer of a HF state dict (keys: docs/design.md)."""
     if not isinstance(state_dict, Mapping):
         raise InputError(f"state_dict must be a mapping of key -> tensor, got {type(state_dict).__name__}")
     bad = [k for k in state_dict if not isinstance(k, str)]

@@ -1,5 +1,5 @@
-"""Hugging Face config.json -> the fields of ``MoEConfig`` (``MoEConfig.from_hf``; ``hf.py`` documents
-the families and their semantics).
+"""Hugging Face config.json -> the fields of ``MoEConfig`` (``MoEConfig.from_hf``; the families
+are tabled in docs/design.md).
 
 Shape legend: E routed experts, K top-k, H hidden size, I expert width, Is shared width.
 """
@@ -87,8 +87,7 @@ class _Fields:
         return v
 
 
-#: The routed-expert count's names: real config.json files say ``num_experts`` (Qwen) or
-#: ``num_local_experts`` (Mixtral, gpt-oss, Llama 4); transformers 5 writes ``num_local_experts`` for Qwen3.
+#: The routed-expert count's names in config.json files.
 _NUM_EXPERTS = ("num_local_experts", "num_experts")
 
 
@@ -207,8 +206,7 @@ def _weight_dtype(*dicts: Mapping[str, Any]) -> str:
 
 
 def hf_config_fields(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
-    """(MoEConfig fields, where) of one MoE layer of a transformers config (``hf.config_from_hf``
-    documents it); ``where`` names the source for the errors of ``MoEConfig(**fields)``."""
+    """(MoEConfig fields, where) of one MoE layer of a transformers config; ``where`` names the source."""
     source = "config"
     if isinstance(config, (str, Path)):
         source = f"config file {str(config)!r}"

@@ -17,8 +17,7 @@ _PRESET_FIELDS: dict[str, dict] = {
     # softmax top-8 of 128, norm_topk_prob true, no shared expert
     "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8),
     "qwen3-235b-a22b": dict(hidden_size=4096, intermediate_size=1536, num_experts=128, top_k=8),
-    # Qwen1.5-MoE-A2.7B (model_type qwen2_moe): 60 experts top-4, not renormalized, one shared MLP
-    # of width 5632 gated by sigmoid(x . w_sg)
+    # Qwen1.5-MoE-A2.7B: 60 experts top-4, not renormalized, a gated shared MLP of width 5632
     "qwen1.5-moe-a2.7b": dict(
         hidden_size=2048, intermediate_size=1408, num_experts=60, top_k=4, norm_topk_prob=False,
         num_shared_experts=1, shared_intermediate_size=5632, shared_expert_gate=True,

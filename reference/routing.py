@@ -11,18 +11,14 @@ Every router first computes logits = x @ Wr^T (+ b_r): [T, E]. Then, by ``MoECon
 ``sigmoid_grouped_topk`` (DeepSeek-V3/R1, Kimi K2; topk_method noaux_tc)
     s = sigmoid(logits); b = s + e_score_correction_bias (used for selection only).
     If n_group > 1: a group's score is the sum of its top-2 b; keep the topk_group best groups and
-    set b of the other groups' experts to -inf (``group_mask="neg_inf"``, the default: transformers 5,
-    DeepSeek's inference code, vLLM, SGLang) or to 0.0 (``"zero"``: transformers 4.x and DeepSeek's
-    first remote code). These differ only when kept biased scores can be negative: with "zero" a
-    masked expert can then win. The K largest b choose the experts;
+    set the others' b to -inf (``group_mask="neg_inf"``, default) or 0.0 (``"zero"``, transformers
+    4.x). The K largest b choose the experts;
     w = s_topk / (sum(s_topk) + 1e-20) if norm_topk_prob else s_topk; then w *= routed_scaling_factor.
 ``sigmoid_top1_input`` (Llama 4)
     the K largest logits; w = sigmoid(logit). The weight scales the expert's *input* (see forward.py).
 
-Ties are broken towards the lower expert (and group) index; ``topk_idx[t]`` lists a token's experts
-in descending order of the selection score. Routing is computed in float64 here; the models route
-in float32 (gpt-oss excepted), which moves weights by ~1e-7 relative: inside the float32 and lower
-tolerances of ``tolerance.py``, not the float64 one.
+Ties go to the lower expert (and group) index; ``topk_idx[t]`` lists a token's experts in
+descending selection score. Computed in float64 (the models route in float32).
 """
 
 from __future__ import annotations

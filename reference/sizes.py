@@ -2,16 +2,10 @@
 
 Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is shared width.
 
-Dtype names: the long names of ``WEIGHT_DTYPES`` ("bfloat16", "float16", "float32",
-"fp8_e4m3") or the short ones the simulator uses ("bf16", "fp16", "fp32", "fp8"). fp8 activation rows
-carry one float32 scale per ``FP8_BLOCK`` values (the DeepEP / DeepSeek format); fp8 weight matrices
-one float32 ``scale_inv`` per ``FP8_BLOCK`` x ``FP8_BLOCK`` block, partial blocks included
-(``matrix_bytes``; per element on average ``weight_bytes_per_element``: 1 + 4 / 16384). The router
-of an fp8 layer is counted in bf16: DeepSeek ships it unquantized and the reference's FP8 layer
-does not quantize it.
-
-FLOPs count 2 per multiply-add. An expert is gate/up [H -> 2I] and down [I -> H]: 6 H I FLOPs
-per row it computes.
+Dtype names: ``WEIGHT_DTYPES`` ("bfloat16", "float16", "float32", "fp8_e4m3") or the simulator's
+("bf16", "fp16", "fp32", "fp8"). fp8 rows carry one float32 scale per ``FP8_BLOCK`` values, fp8
+weights one per ``FP8_BLOCK`` x ``FP8_BLOCK`` block (``matrix_bytes``); an fp8 layer's router
+counts in bf16. FLOPs: 2 per multiply-add, 6 H I per expert row.
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ def dtype_bytes(name: str) -> int:
 
 
 def weight_bytes_per_element(dtype: str) -> float:
-    """Bytes per weight element with its share of the block scales (fp8: a float32 per 128 x 128),
-    for matrices whose sizes are multiples of the block; ``matrix_bytes`` is exact for any size."""
+    """Bytes per weight element with its share of the block scales (``matrix_bytes``: exact sizes)."""
     d = long_dtype(dtype)
     if d == "fp8_e4m3":
         return DTYPE_BYTES[d] + SCALE_BYTES / FP8_BLOCK**2
@@ -82,8 +75,7 @@ def expert_params(config) -> int:
 
 
 def expert_bytes(config, dtype: str | None = None) -> int:
-    """Bytes of one routed expert's weights in ``dtype`` (default: the config's weight_dtype), fp8 block
-    scales included; biases at the same bytes per element."""
+    """Bytes of one routed expert's weights in ``dtype`` (default the config's), fp8 scales included."""
     d = dtype or config.weight_dtype
     H, I = config.hidden_size, config.intermediate_size
     biases = expert_params(config) - 3 * H * I
@@ -117,9 +109,8 @@ def layer_flops(config, T: int, *, router: bool = True) -> float:
 
 def layer_bytes(config, T: int, experts_touched: float, dtype: str | None = None,
                 io_dtype: str | None = None) -> float:
-    """The fewest HBM bytes a layer on T tokens can move: the weights of the experts touched, the
-    shared MLP and the router, read once, in ``dtype``; x read and y written once, in ``io_dtype``
-    (default ``dtype``; the kernels' FP8 layer takes bf16 x and writes bf16 y around e4m3 weights)."""
+    """The fewest HBM bytes a layer on T tokens can move: the weights touched read once in ``dtype``,
+    x and y once in ``io_dtype`` (default ``dtype``)."""
     d = dtype or config.weight_dtype
     return float(experts_touched * expert_bytes(config, d) + shared_bytes(config, d) + router_bytes(config, d)
                  + 2 * T * row_bytes(config.hidden_size, io_dtype or d))

@@ -5,29 +5,10 @@ KS = K (+1 with a shared MLP) rows per token in the pair buffer, C router chunks
 tokens, B row blocks of BLOCK_M padded rows (plan_dispatch's blocks), N1 / N2 column tiles of
 GEMM 1 / GEMM 2, P programs.
 
-One persistent launch of P programs takes tasks from one global ticket counter, in ticket order,
-and a task waits only on counters that tasks with lower tickets signal, so no number of programs
-can deadlock and one program taking every ticket finishes the layer. The kinds, in ticket order:
-
-    kind            one task                             waits on                 signals
-    router_logits   chunk c, H range s (SPLIT > 1 only)  -                        logits[c]
-    router_topk     group g: logits, top-k, hist row      logits[c of g] = SPLIT   topk (+ scan, scatter if G = 1)
-                    (a routing given: read it, count)
-    align_scan      counts, padded offsets (G > 1)        topk = G                 scan
-    align_scatter   group g's padded rows (G > 1)         scan = 1                 scatter
-    shared_gemm1    shared m block, N tile (+activation)  -                        shared1[m]
-    gemm1           row block b, N tile (+activation)     scatter = G (topk if G=1) g1[b]
-    shared_gemm2    shared m block, H tile                shared1[m] = Ns1, scan   g2
-                                                          (+ topk = G if gated)
-    gemm2           row block b, H tile                   g1[b] = N1               g2
-    combine         token block, H block                  g2 = all GEMM 2 tasks    -
-
-With SPLIT > 1 a top-k group holds TOPK_T tokens (a divisor of BLOCK_T), otherwise the groups are
-the logits chunks (G = C). The tasks up to shared_gemm1 have a fixed count for a given T
-(``task_layout``); the routed row blocks, B = sum_e ceil(c_e / BLOCK_M), come from the counts
-(an expert with no pair gets no task). GEMM tiles are numbered in grouped order (``tile_ids``).
-
-Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Every GEMM task is one whole tile.
+Tasks are taken in ticket order and a task waits only on counters that lower tickets signal, so
+any number of programs finishes the layer. The task kinds, their waits and signals are tabled in
+docs/megakernel.md. Router switches (``TILE_SWITCHES``): EACH, ALIGN_EACH. Every GEMM task is
+one whole tile.
 
 ``task_plan(config, counts, T, tiles)`` returns the whole list as arrays (one entry per ticket)
 with each task's tile, real rows, bytes, FLOPs and waits: kernels/megakernel.py runs this order and
@@ -47,8 +28,7 @@ KINDS = ("router_logits", "router_topk", "align_scan", "align_scatter", "shared_
          "gemm2", "combine")
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
-#: dependent global round trips of a routed GEMM task besides its ticket and its K loop (waits,
-#: index loads, the signal), priced in series with the task's MMA (simulator.task_cost)
+#: dependent global round trips of a routed GEMM task besides its ticket and its K loop
 TASK_ROUND_TRIPS = {"gemm1": 4, "gemm2": 3}
 
 #: the tile keys ``tiles`` must give, per part
@@ -61,22 +41,17 @@ TILE_KEYS = {
     "order": ("GROUP_M",),
 }
 
-#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (only with SPLIT > 1,
-#: dividing BLOCK_T)
+#: optional tile keys and their defaults: TOPK_T, tokens per top-k task (SPLIT > 1)
 TILE_OPTIONAL = {"router": {"TOPK_T": "BLOCK_T"}}
-#: optional switches (0 or 1) and their defaults: EACH (one token, split router): every GEMM 1 task routes the token itself from the logits'
-#: partials, waiting for the logits rather than the top-k task; ALIGN_EACH (G > 1, at most
-#: ALIGN_EACH_MAX_PAIRS pairs): no scan and scatter tasks, each GEMM 1 task places its row block's
-#: pairs itself (ranking its expert's pairs in token order) and every dynamic task reads the top-k
-#: tasks' histograms once topk = G
+#: optional switches (0 or 1) and their defaults: EACH (GEMM 1 tasks route the token themselves),
+#: ALIGN_EACH (GEMM 1 tasks place their own row block's pairs: no scan and scatter tasks)
 TILE_SWITCHES = {"router": {"EACH": 0, "ALIGN_EACH": 0}}
 #: keys of layouts not planned (expert_slice tasks, stream-K segments): only 0, as stored configs carry them
 RETIRED_KEYS = {"gemm1": "SLICE", "order": "STREAM_K"}
 #: the most pairs T x K with ALIGN_EACH (one GEMM 1 task ranks them all in one vector: BLOCK_P lanes)
 ALIGN_EACH_MAX_PAIRS = 1024
 
-#: fixed words of the sync buffer, each on its own 128-byte line (SYNC_STRIDE int32 words apart);
-#: then logits[C], g1[B_max], shared1[Ms] packed
+#: fixed words of the sync buffer, SYNC_STRIDE int32 words apart; then logits[C], g1[B_max], shared1[Ms]
 SYNC_WORDS = ("ticket", "exited", "topk", "scan", "scatter", "g2")
 SYNC_STRIDE = 32
 
@@ -91,9 +66,8 @@ class LoopForm(NamedTuple):
     flat: bool
 
 
-#: the GEMM tile loops the kernels run, each timed by its own profile table: name -> (persistent
-#: programs walking the tiles, weights through TMA, rows through TMA, GEMM 1's gate and up
-#: accumulators, the tile loop flattened into the K loop by ``tl.range(..., flatten=True)``)
+#: the GEMM tile loops, each with its own profile table: name -> (persistent, weights through TMA,
+#: rows through TMA, GEMM 1's gate and up accumulators, tile loop flattened into the K loop)
 GEMM_LOOP_FORMS = {
     "pointer": LoopForm(False, False, False, False, False),
     "pointer_gated": LoopForm(False, False, False, True, False),
@@ -123,8 +97,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def scan_block(groups: int) -> int:
-    """Histogram rows the align scan reads per step (BLOCK_C, a power of two in [2, 16]): the scan
-    takes ceil(groups / scan_block(groups)) steps. Both backends' scans and the cost model read it."""
+    """Histogram rows the align scan reads per step (BLOCK_C, a power of two in [2, 16])."""
     return max(2, min(16, 1 << max(0, int(groups) - 1).bit_length()))
 
 
@@ -157,17 +130,13 @@ def check_tiles(tiles: dict) -> dict:
 
 
 def topk_passes(config) -> int:
-    """Dependent row reductions of one top-k selection as the routers run it (kernels/routing.py
-    _route_block): K maxima; grouped routing (n_group > 1) first takes each group's two largest
-    scores (two reductions over all the groups at once) and topk_group group picks."""
+    """Dependent row reductions of one top-k selection: K, plus 2 + topk_group where n_group > 1."""
     return int(config.top_k) + (2 + int(config.topk_group) if config.n_group > 1 else 0)
 
 
 def route_select_key(router: int, block_e: int, k: int, n_group: int, block_t: int, bitonic: int) -> tuple[float, ...]:
     """kernel_model.route_select's key of a routing program: (router, BLOCK_E, K, N_GROUP, BLOCK_T, BITONIC)
-    with router = 1 + the kernels' router code (its index in ROUTERS) and BITONIC = 1 + whether the program
-    takes the bitonic top-k (1: K maxima, 2: bitonic; a profile table's values are positive). The
-    calibrate step that measures the table and the cost model that reads it both build it here."""
+    with router = 1 + its index in ROUTERS and BITONIC = 1 + whether it takes the bitonic top-k."""
     return (float(router) + 1.0, float(block_e), float(k), float(n_group), float(block_t), 1.0 + bool(bitonic))
 
 
@@ -178,8 +147,7 @@ def topk_tokens(tiles: dict) -> int:
 
 
 def topk_groups(T: int, H: int, tiles: dict) -> int:
-    """G, the top-k tasks for T tokens of hidden size H: TOPK_T tokens each with a split router
-    (``router_ranges`` gives more than one range of H), else one per logits chunk of BLOCK_T."""
+    """G, the top-k tasks for T tokens: TOPK_T tokens each with a split router, else one per chunk."""
     r = tiles["router"]
     if router_ranges(H, r["SPLIT"], r["BLOCK_H"])[0] > 1:
         return cdiv(T, topk_tokens(tiles))
@@ -187,15 +155,12 @@ def topk_groups(T: int, H: int, tiles: dict) -> int:
 
 
 def align_each_takes(T: int, H: int, K: int, tiles: dict) -> bool:
-    """Whether tiles["router"]["ALIGN_EACH"] (GEMM 1 tasks place their own rows; no scan and scatter
-    tasks) can apply to T tokens of hidden size H and K picks: more than one top-k task (one aligns
-    by itself), at most ALIGN_EACH_MAX_PAIRS pairs, and not EACH."""
+    """Whether ALIGN_EACH can apply: more than one top-k task, at most ALIGN_EACH_MAX_PAIRS pairs, not EACH."""
     return topk_groups(T, H, tiles) > 1 and T * K <= ALIGN_EACH_MAX_PAIRS and not tiles["router"].get("EACH", 0)
 
 
 def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
-    """(splits, H columns per split) of the decode router: ranges are whole BLOCK_H steps, so
-    fewer splits than asked may result (split <= 1: one range, all of H)."""
+    """(splits, H columns per split) of the decode router, whole BLOCK_H steps (split <= 1: all of H)."""
     if split <= 1:
         return 1, H
     h_per = cdiv(cdiv(H, split), block_h) * block_h
@@ -203,8 +168,7 @@ def router_ranges(H: int, split: int, block_h: int) -> tuple[int, int]:
 
 
 def tile_ids(j: np.ndarray, num_m: int, num_n: int, group_m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Grouped tile order: task j -> (row block, N tile); GROUP_M row blocks sweep the N tiles
-    together (the order the kernel's ``_tile_ids`` computes)."""
+    """Grouped tile order: task j -> (row block, N tile); GROUP_M row blocks sweep the N tiles together."""
     j = np.asarray(j, dtype=np.int64)
     width = group_m * num_n
     group = j // width
@@ -217,12 +181,9 @@ def tile_ids(j: np.ndarray, num_m: int, num_n: int, group_m: int) -> tuple[np.nd
 class TaskLayout:
     """The fixed part of the plan for T tokens (what the launcher passes to the kernel).
 
-    first[kind] / count[kind] for the static kinds (router_logits .. shared_gemm1), S0 the first
-    ticket after them; num_chunks C (logits chunks of BLOCK_T tokens), topk_groups G (top-k tasks
-    and align chunks of TOPK_T tokens), split / h_per of the router; shared_m_blocks Ms; the sync
-    buffer's segments: logits at off_logits (C words), g1 at off_g1 (B_max words), shared1 at
-    off_shared1 (Ms words), sync_words in all; b_max the most row blocks any routing can need;
-    n1 / n2 GEMM 1 / GEMM 2 N tiles per row block, k1 / k2 their K tiles.
+    first[kind] / count[kind] of the static kinds, S0 the first ticket after them; C, G, the
+    router's split / h_per, Ms; the sync buffer's segments (off_logits, off_g1, off_shared1,
+    sync_words); b_max; n1 / n2 N tiles and k1 / k2 K tiles per row block.
     """
 
     T: int
@@ -329,16 +290,11 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
 class TaskPlan:
     """Every task of one launch, in ticket order (arrays of length n = num_tasks).
 
-    kind (n,) int8 codes into KINDS; expert (n,) int32 (-1 where none); block (n,) int32 (row
-    block, m block or chunk); n_tile (n,) int32; rows (n,) int32 real rows (tokens or pairs) the
-    task computes; tile_m / tile_n / depth (n,) int32: the tile it runs (padded rows x columns x
-    reduction length); weight_bytes, in_bytes, out_bytes, flops (n,) float64: weight slice read,
-    other operands read (gathered rows, partials, metadata), results written, tensor-core FLOPs
-    of the padded tile (2 per multiply-add); weight_id (n,) int64: the same id means the same
-    weight slice (for an L2 model), -1 for none; signal_ptr (n+1,) / signal_counter: CSR list of the
-    counters each task increments;
-    wait_ptr (n+1,) / wait_counter / wait_target: CSR list of (counter, value) each task waits for.
-    counters: names of the counters (index = id), counter_target: the value each reaches.
+    kind (n,) int8 codes into KINDS; expert, block, n_tile, rows (real rows), tile_m / tile_n /
+    depth (n,) int32; weight_bytes, in_bytes, out_bytes, flops (n,) float64 (FLOPs of the padded
+    tile); weight_id (n,) int64 (same id, same weight slice; -1 none); signal_ptr (n+1,) /
+    signal_counter and wait_ptr (n+1,) / wait_counter / wait_target: CSR lists; counters (names),
+    counter_target (the value each reaches).
     """
 
     config_name: str
@@ -380,8 +336,7 @@ class TaskPlan:
         return {k: int(n[i]) for i, k in enumerate(KINDS)}
 
     def tiles_per_expert(self, kind: str) -> np.ndarray:
-        """(E,) tiles of ``kind`` (gemm1 or gemm2) finished per routed expert: row blocks x N tiles
-        (what the kernel's ``record`` counts)."""
+        """(E,) tiles of ``kind`` (gemm1 or gemm2) per routed expert: row blocks x N tiles."""
         n = self.layout.n1 if kind == "gemm1" else self.layout.n2
         return -(-self.counts // self.tiles["gemm1"]["BLOCK_M"]) * n
 
@@ -421,8 +376,7 @@ class _Builder:
         return len(self.counters) - 1
 
     def add(self, kind: str, n: int, waits: np.ndarray | None = None, signal=-1, **cols) -> None:
-        """n tasks, each with the same number of waits ((n, w, 2) counter/target) and one signal
-        (a counter id per task or for all; -1: none)."""
+        """n tasks, each with w waits ((n, w, 2) counter/target) and one signal (per task or for all; -1: none)."""
         if n == 0:
             return
         w = np.zeros((n, 0, 2), np.int64) if waits is None else np.asarray(waits, np.int64).reshape(n, -1, 2)
@@ -457,11 +411,8 @@ class _Builder:
 def _add_gemm(bld: _Builder, kind: str, B: int, n_tiles: int, k_tiles: int, D: int, BN: int, N: int, mats: int,
               bm: int, group_m: int, block_expert, block_rows, ab: int, wb: float, signal, waits,
               extra_in=0, extra_out=0) -> None:
-    """A GEMM phase's B x n_tiles tiles (grouped order, ``tile_ids``) as tasks over all of D, the
-    reduction length (k_tiles K steps); N the output width, mats 2 for GEMM 1's gate and up.
-    ``signal``: a counter per row block (B,), or one counter id; ``waits``: (counter, target) pairs,
-    the counter one per row block (B,) or one id. ``extra_in`` / ``extra_out``: further bytes each
-    task reads and writes."""
+    """A GEMM phase's B x n_tiles tiles (grouped order) as tasks over reduction length D; N the
+    output width, mats 2 for GEMM 1. ``signal`` / ``waits``: counters per row block (B,) or one id."""
     n = B * n_tiles
     bb, nn = tile_ids(np.arange(n), B, n_tiles, group_m)
     e, rows = block_expert[bb], block_rows[bb]
@@ -510,13 +461,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     """The ordered tasks of the megakernel for ``config`` on T tokens whose pairs per expert are
     ``counts`` (E,) (``np.bincount(topk_idx.ravel(), minlength=E)``; they sum to T*K).
 
-    ``tiles``: {"router": {BLOCK_T, BLOCK_H, SPLIT}, "gemm1": {BLOCK_M, BLOCK_N, BLOCK_K},
-    "gemm2": {BLOCK_N, BLOCK_K}, "shared": {BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K},
-    "combine": {BLOCK_T, BLOCK_H}, "order": {GROUP_M}} (GEMM 2 shares GEMM 1's BLOCK_M: the row
-    blocks). ``act_bytes`` / ``weight_bytes``: bytes per element of activations and weights
-    (weights default to the activations'). ``num_programs``: the launch's P (recorded only).
-    ``routing_given``: topk_idx and topk_weights come in (``moe_experts``): the top-k tasks only
-    read them and count (no router weights, no logits; tiles["router"]["SPLIT"] must be 1).
+    ``tiles``: the keys of ``TILE_KEYS`` per part (GEMM 2 shares GEMM 1's BLOCK_M). ``act_bytes`` /
+    ``weight_bytes``: bytes per element. ``routing_given``: the top-k tasks only read the routing
+    and count (SPLIT must be 1).
     """
     lay = task_layout(config, T, tiles)
     E, K, H, I = config.num_experts, config.top_k, config.hidden_size, config.intermediate_size
@@ -592,15 +539,11 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     g2_total = B * n2 + Ms * ns2
     g1_c = np.array([bld.counter(f"g1[{b}]", n1) for b in range(B)], np.int64)
     g2_c = bld.counter("g2", g2_total)
-    # the rows in place: the scatter tasks; one group: the top-k task aligned too; ALIGN_EACH: the
-    # routing of every group (each GEMM 1 task then places its own block's rows)
+    # the rows in place: the scatter tasks, the top-k task (one group) or every group's routing (ALIGN_EACH)
     rows_ready = (scat_c, G) if aligned else (topk_c, G)
-    # ALIGN_EACH: a program's first task past the static ones reads the G x E histograms (the row
-    # blocks, the blocks' experts; the program keeps them), charged below; a GEMM 1 task also reads the
-    # routing's T x K expert ids and writes its block's rows
+    # ALIGN_EACH: a program's first dynamic task reads the G x E histograms (charged below)
     layout_in = G * E * 4 if lay.align_each else 0
-    # GEMM 1; EACH: each task routes the token from the logits' partials (the top-k task's reads and
-    # stores again); ALIGN_EACH: each reads the routing's T x K expert ids and writes its block's rows
+    # GEMM 1; EACH: each task routes the token; ALIGN_EACH: each reads the T x K ids, writes its block's rows
     ready, extra = rows_ready, {}
     if lay.route_each:
         ready = (logit_c[0], split)
@@ -613,8 +556,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])
         ncol = np.minimum(sh["BLOCK_N2"], H - nn * sh["BLOCK_N2"])
-        # every task after the static ones first waits for the block layout (scan; the top-k task
-        # when it aligned too), which only this kind does not already wait for through its inputs
+        # every dynamic task first waits for the block layout (scan, or the top-k task that aligned)
         layout_ready = (scan_c, 1) if aligned else (topk_c, G)
         pairs = [(sh1_c[mm], ns1), layout_ready] + ([(topk_c, G)] if config.shared_expert_gate else [])
         bld.add("shared_gemm2", Ms * ns2, _w(Ms * ns2, *pairs), block=mm, n_tile=nn, rows=srows,

@@ -5,13 +5,9 @@ through ``normalized_error`` and ``assert_close``:
 
     max_err = max|out - ref| / max|ref|          rms_err = RMS(out - ref) / RMS(ref)
 
-Thresholds are per compute dtype (the dtype the kernel stores activations in). For low
-precision the reference is computed from the same rounded inputs (x and weights cast to the
-dtype and back), so what is measured is the kernel's arithmetic, not the input rounding.
-
-FP8 (``fp8_e4m3``): the reference is the FP8 layer itself (``moe_forward`` on FP8 weights, which
-quantizes every GEMM input, see ``forward.py``) on the kernel's bf16 x; ``fp8_e4m3_vs_float64`` is
-not a kernel threshold but what the FP8 layer costs against the unquantized one.
+Thresholds are per compute dtype; the reference is computed from the same rounded inputs, so the
+kernel's arithmetic is measured, not the input rounding. FP8: the reference is the FP8 layer
+itself; ``fp8_e4m3_vs_float64`` is what the FP8 layer costs against the unquantized one.
 """
 
 from __future__ import annotations

@@ -16,21 +16,13 @@ Canonical layout (torch ``nn.Linear`` convention: weight [out_features, in_featu
     shared_down     (H, Is) | None
     shared_gate     (H,) | None   Qwen2-MoE: shared output scaled by sigmoid(x . shared_gate)
 
-FP8 weights (DeepSeek-V3 / Kimi K2 checkpoints; see ``fp8.py``): gate_up, down, shared_gate_up and
-shared_down hold float8 e4m3 values, each with one float32 ``scale_inv`` per 128 x 128 block of its
-last two dimensions (weight ~= value * scale_inv; a partial last block where 128 does not divide):
+FP8 weights (``fp8.py``): gate_up, down, shared_gate_up and shared_down hold e4m3 values, each
+with ``<name>_scale_inv`` float32 (..., ceil(R/128), ceil(C/128)) per 128 x 128 block of its last
+two dimensions (R, C), or None.
 
-    gate_up_scale_inv         (E, ceil(2I/128), ceil(H/128)) | None   blocks of the fused [2I, H]
-    down_scale_inv            (E, ceil(H/128), ceil(I/128))  | None
-    shared_gate_up_scale_inv  (ceil(2Is/128), ceil(H/128))   | None
-    shared_down_scale_inv     (ceil(H/128), ceil(Is/128))    | None
-
-All of them or none (``is_fp8``). The router, the biases and the shared gate are never quantized
-(DeepSeek ships its gate in bf16). ``to_fp8()`` quantizes float weights, ``dequantize()`` gives the
-same weights back as plain float64 (``moe_forward`` then computes the unquantized layer on them).
-
-Arrays are float64 NumPy in the reference; ``to_torch`` gives the same class holding torch tensors,
-which is what ``megamoe.kernels.moe_forward`` takes.
+All of them or none (``is_fp8``); the router, biases and shared gate are never quantized.
+``to_fp8()`` quantizes, ``dequantize()`` gives plain float64 back; ``to_torch`` the same class
+holding torch tensors (what ``megamoe.kernels.moe_forward`` takes).
 """
 
 from __future__ import annotations
@@ -106,10 +98,7 @@ class MoEWeights:
         return any(getattr(self, k) is not None for k in SCALE_FIELDS)
 
     def validate(self, config: MoEConfig) -> MoEWeights:
-        """Check every field against ``config``; error names the field and the expected shape.
-
-        FP8 scales: all present (for the tensors the config has) or none.
-        """
+        """Check every field against ``config``; error names the field and the expected shape."""
         shapes = expected_shapes(config)
         if self.is_fp8:
             for name, shape in expected_scale_shapes(config).items():
@@ -149,10 +138,8 @@ class MoEWeights:
     def to_torch(self, device=None, dtype=None) -> MoEWeights:
         """The same weights as torch tensors on ``device`` in ``dtype`` (default float32), contiguous.
 
-        FP8 scales held on the host are checked here (finite and > 0, ``fp8.check_scales``); the kernels
-        check those already on a GPU. FP8 weights stay ``torch.float8_e4m3fn`` and their scales float32, whatever ``dtype`` says:
-        casting the scales would change the weights, and a kernel that ignored them would be wrong
-        silently (``dequantize().to_torch(...)`` gives plain weights instead).
+        Host FP8 scales are checked here (``fp8.check_scales``). FP8 weights stay
+        ``torch.float8_e4m3fn`` and their scales float32, whatever ``dtype`` says.
         """
         import torch
 
@@ -171,15 +158,12 @@ class MoEWeights:
         return dataclasses.replace(self, **out)
 
     def round_to(self, dtype: str) -> MoEWeights:
-        """float64 weights holding values exactly representable in ``dtype`` (see tolerance.round_to_dtype).
-
-        FP8 scales are left as they are (e4m3 values are exact in every dtype rounded to here)."""
+        """float64 weights exactly representable in ``dtype`` (tolerance.round_to_dtype); FP8 scales kept."""
         return dataclasses.replace(self, **{k: round_to_dtype(np.asarray(a, np.float64), dtype)
                                             for k, a in self.arrays().items() if k not in SCALE_FIELDS})
 
     def to_fp8(self) -> MoEWeights:
-        """The expert weights (routed and shared) quantized to e4m3 in 128 x 128 blocks (``fp8.py``),
-        held as float64 e4m3 values with float32 ``*_scale_inv``; the router and biases unchanged."""
+        """The expert weights quantized to e4m3 in 128 x 128 blocks (``fp8.py``) with float32 ``*_scale_inv``."""
         if self.is_fp8:
             raise InputError("MoEWeights.to_fp8: the weights are FP8 already")
         out = {}
@@ -216,14 +200,8 @@ class MoEWeights:
 
 
 def random_weights(config: MoEConfig, seed: int = 0, *, fp8: bool = False, max_bytes: int = 2 << 30) -> MoEWeights:
-    """Random float64 weights scaled so that logits and outputs are O(1) for x ~ N(0, 1).
-
-    Weights are N(0, 1/fan_in); biases N(0, 0.1^2); the DeepSeek score bias N(0, 0.05^2).
-    ``fp8=True``: the same draw quantized (``MoEWeights.to_fp8``): expert weights in e4m3 with
-    128 x 128 block scales, so ``random_weights(c, s, fp8=True).dequantize()`` approximates
-    ``random_weights(c, s)``.
-    Raises if the layer would need more than ``max_bytes`` of float64 (a full DeepSeek-V3 layer
-    is ~90 GB): use a smaller config (``config.replace(num_experts=..., hidden_size=...)``).
+    """Random float64 weights, N(0, 1/fan_in), biases N(0, 0.1^2), score bias N(0, 0.05^2).
+    ``fp8=True``: the same draw quantized (``MoEWeights.to_fp8``). Raises past ``max_bytes`` of float64.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed must be a non-negative integer, got {seed!r}")
