@@ -231,7 +231,7 @@ TINY = {
 
 
 def hf_state_dict(w: MoEWeights, cfg: MoEConfig, layout: str, prefix: str = "") -> dict[str, np.ndarray]:
-    """``w`` written the way checkpoints of ``cfg``'s family store it (see hf.py's module docstring).
+    """``w`` written the way checkpoints of ``cfg``'s family store it (see docs/design.md, "Hugging Face configs and checkpoints").
 
     layout: "per_expert" (gate_proj/up_proj/down_proj), "mixtral" (w1/w3/w2) or "fused" (the family's 3-D tensors).
     """
