@@ -8,8 +8,7 @@ predicted (``h200``, ``gb200-nvl72``; ``cpu`` for the simulator's own speed), ``
 QUESTIONS. Each data file (``*.jsonl``, ``*.json``, ``*.jsonl.gz``; a folder holding a ``report.md`` is
 one result) gets one line of ``benchmarks/results/index.jsonl``: gpu, device, versions (torch, triton,
 cuda; python and numba for CPU rows), commit, date, question, path, rows, tool; every field read from
-the rows' own provenance. A field the rows lack keeps the value the index already holds (the GB200
-scenario rows carry no date; it was filled in once from git history).
+the rows' own provenance. A field the rows lack keeps the value the index already holds.
 
 The tables in ``docs/results.md`` and between the ``<!-- results:NAME -->`` markers of ``README.md``
 are made here, from the rows the index lists; each ends with its provenance.
