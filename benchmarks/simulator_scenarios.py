@@ -104,7 +104,7 @@ def main() -> None:
     from megamoe.kernels.bench import git_state
 
     code = git_state()  # HEAD commit, dirty flag, hash of git diff HEAD
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     commit = code["commit"] + ("+uncommitted changes" if code["dirty"] else "")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
