@@ -123,6 +123,8 @@ SUBCOMMANDS = {
     "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
     "sweep": ("megamoe.sweep", "sweep simulator options over a grid on Dask, into Parquet, resumable"),
     "calibrate": ("megamoe.calibrate", "measure the cost model's numbers with microbenchmarks (needs a GPU)"),
+    "compile": ("megamoe.compile", "compile the kernels ahead into Triton's disk cache, per model, T and backend "
+                "(needs a GPU)"),
 }
 
 

@@ -1,10 +1,13 @@
-"""Compile ahead for ``megamoe validate``: each (preset, T) job runs its configurations' kernels once in
-a process of its own (``python -m megamoe.warm JOB.json``), up to ``procs`` at once within the GPU's free
-memory, so that Triton's disk cache holds them before anything is timed. A configuration ends "ok",
-"error: ...", "crashed (exit N)", "hung: ...", "timeout: ..." or "not reached"."""
+"""Compile ahead, for ``megamoe validate`` and ``megamoe compile``: each (model, T) job runs its items'
+kernels once in a process of its own (``python -m megamoe.warm JOB.json``), up to ``procs`` at once within
+the GPU's free memory, so that Triton's disk cache holds them before anything is timed or served. A job's
+task says what an item is: "validate", a grid configuration's (routing, backend); "compile", a (dtype,
+backend) of ``moe_forward``. An item ends "ok", "error: ...", "crashed (exit N)", "hung: ...", "timeout: ..."
+or "not reached"."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,23 +20,36 @@ from pathlib import Path
 
 from .grid import Configuration
 
-MAX_PARTS = 2  # a job's configurations go to a new process at most this many times
+MAX_PARTS = 2  # a job's items go to a new process at most this many times
+
+
+TASKS = ("validate", "compile")
 
 
 @dataclass(frozen=True)
 class Job:
-    preset: str
+    preset: str  # the model's name (a preset's, or a config file's model for "compile")
     T: int
-    pairs: tuple  # ((routing, backend), ...) in run order
+    pairs: tuple  # the items in run order: ((routing, backend), ...) or, for "compile", ((dtype, backend), ...)
     bytes: float  # GPU memory its process needs, estimated
     part: int = 0  # > 0: the rest of a job whose process was killed
+    task: str = "validate"  # one of TASKS
+    model: str = ""  # "compile": the layer's MoEConfig as JSON (MoEConfig.to_dict)
 
     @property
     def name(self) -> str:
-        return f"{self.preset}_T{self.T}" + (f"_part{self.part}" if self.part else "")
+        safe = "".join(ch if ch.isalnum() or ch in "-." else "-" for ch in self.preset)
+        return f"{safe}_T{self.T}" + (f"_part{self.part}" if self.part else "")
 
     def keys(self) -> list[str]:
-        return [Configuration(self.preset, self.T, r, b).key for r, b in self.pairs]
+        return [item_key(self.task, self.preset, self.T, p) for p in self.pairs]
+
+
+def item_key(task: str, preset: str, T: int, item) -> str:
+    """An item's name: "preset/T=8/uniform/multi" (validate) or "preset/T=8/bf16/multi" (compile)."""
+    if task == "compile":
+        return f"{preset}/T={T}/{item[0]}/{item[1]}"
+    return Configuration(preset, T, item[0], item[1]).key
 
 
 def plan_jobs(configs, bytes_of: Callable[[str, int], float]) -> list[Job]:
@@ -77,13 +93,15 @@ def _kill(proc: subprocess.Popen) -> None:
 
 def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs: int | None,
              memory_bytes: float, deadline: float, config_timeout_s: float, log: Callable[[str], None] = print,
-             argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25) -> dict[str, str]:
-    """Run the jobs until all end or ``deadline`` (time.monotonic) passes -> {configuration key: status}
-    (also in ``folder/warm_status.json``, beside the jobs' files and logs)."""
+             argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25,
+             env: dict | None = None) -> dict[str, str]:
+    """Run the jobs until all end or ``deadline`` (time.monotonic) passes -> {item key: status} (also in
+    ``folder/warm_status.json`` with each finished item's seconds and Triton compiles, beside the jobs'
+    files and logs). ``env``: variables set for the job processes (e.g. TRITON_CACHE_DIR)."""
     t0 = time.monotonic()
     s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
-                   config_timeout_s, log, argv)
-    log(f"{len(jobs)} jobs ({len(s.status)} configurations) on up to {s.procs} processes and "
+                   config_timeout_s, log, argv, env)
+    log(f"{len(jobs)} jobs ({len(s.status)} items) on up to {s.procs} processes and "
         f"{memory_bytes / 1e9:.0f} GB of GPU memory")
     try:
         while s.queue or s.running:
@@ -104,19 +122,22 @@ def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs
         kind = v.split(":")[0].split(" (")[0]  # "ok", "error", "crashed", "hung", "timeout", "not reached"
         counts[kind] = counts.get(kind, 0) + 1
     (s.folder / "warm_status.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
-                                                            "counts": counts, "status": s.status}, indent=1))
+                                                            "counts": counts, "status": s.status,
+                                                            "details": s.details}, indent=1))
     return s.status
 
 
 class _Scheduler:
-    """run_jobs' state: the queue, the running processes, each configuration's status."""
+    """run_jobs' state: the queue, the running processes, each item's status and details."""
 
     def __init__(self, jobs, folder: Path, layer_kind: str, seed: int, procs: int, memory_bytes: float,
-                 config_timeout_s: float, log, argv):
+                 config_timeout_s: float, log, argv, env=None):
         self.folder, self.layer_kind, self.seed, self.procs = folder, layer_kind, seed, procs
         self.memory, self.timeout, self.log, self.argv = memory_bytes, config_timeout_s, log, argv
+        self.env = None if not env else {**os.environ, **env}
         folder.mkdir(parents=True, exist_ok=True)
         self.status = {k: "not reached" for j in jobs for k in j.keys()}
+        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [kernel, ...]} of an item that ended
         self.queue = list(jobs)
         self.running: dict[str, _Running] = {}
 
@@ -125,12 +146,13 @@ class _Scheduler:
         status_path.write_text("")
         job_path = self.folder / f"{job.name}.json"
         job_path.write_text(json.dumps({"preset": job.preset, "T": job.T, "pairs": [list(p) for p in job.pairs],
-                                        "seed": self.seed, "layer": self.layer_kind, "status": str(status_path)}))
+                                        "seed": self.seed, "layer": self.layer_kind, "status": str(status_path),
+                                        "task": job.task, "model": job.model}))
         fh = (self.folder / f"{job.name}.log").open("w")
         proc = subprocess.Popen(self.argv(job_path), stdout=fh, stderr=subprocess.STDOUT, cwd=os.getcwd(),
-                                start_new_session=True)
+                                start_new_session=True, env=self.env)
         self.running[job.name] = _Running(job, proc, status_path, fh, time.monotonic())
-        self.log(f"start {job.name}: {len(job.pairs)} configurations, ~{job.bytes / 1e9:.0f} GB")
+        self.log(f"start {job.name}: {len(job.pairs)} items, ~{job.bytes / 1e9:.0f} GB")
 
     def fill(self) -> None:
         """Start queued jobs, in order, while a core is free and the memory holds them (at least one)."""
@@ -157,6 +179,7 @@ class _Scheduler:
                 r.current, r.current_since = key, time.monotonic()
             elif what in ("ok", "error") and key in self.status:
                 self.status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
+                self.details[key] = {k: ev[k] for k in ("s", "compiles") if k in ev}
                 r.done.append(key)
                 r.current = None
 
@@ -190,10 +213,11 @@ class _Scheduler:
         self.log(f"end {r.job.name} ({why}): {ok}/{len(r.job.pairs)} ok in {time.monotonic() - r.started:.0f} s")
 
     def requeue(self, r: _Running) -> None:
-        """The configurations a killed or failed process did not reach, in a new process (twice at most)."""
+        """The items a killed or failed process did not reach, in a new process (twice at most)."""
         rest = tuple(p for p, k in zip(r.job.pairs, r.job.keys()) if self.status[k] == "not reached")
         if rest and r.job.part < MAX_PARTS:
-            self.queue.insert(0, Job(r.job.preset, r.job.T, rest, r.job.bytes, r.job.part + 1))
+            self.queue.insert(0, Job(r.job.preset, r.job.T, rest, r.job.bytes, r.job.part + 1, r.job.task,
+                                     r.job.model))
 
 
 # --------------------------------------------------------------------------- the job's process
@@ -207,17 +231,39 @@ def _die_with_parent() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one job file's configurations once each (``python -m megamoe.warm JOB.json``)."""
-    argv = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
-    job = json.loads(Path(argv[0]).read_text())
-    status = Path(job["status"]).open("a")
+@contextlib.contextmanager
+def triton_compiles():
+    """Yields a list to which each Triton kernel specialization first launched in the block appends
+    [kernel name, seconds] (compiled, or loaded from the disk cache): Triton's JIT compile hooks."""
+    out: list = []
+    try:
+        from triton import knobs
 
-    def emit(**ev) -> None:
-        status.write(json.dumps(ev) + "\n")
-        status.flush()
+        rt = knobs.runtime
+        saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    except (ImportError, AttributeError):  # a Triton without the hooks: nothing is recorded
+        yield out
+        return
+    began: list[float] = []
 
+    def before(**kw):
+        began.append(time.monotonic())
+        return False  # False: compile it
+
+    def after(**kw):
+        fn = kw.get("fn")
+        out.append([getattr(fn, "name", "?"), round(time.monotonic() - (began.pop() if began else time.monotonic()), 2)])
+        return False
+
+    rt.jit_cache_hook, rt.jit_post_compile_hook = before, after
+    try:
+        yield out
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = saved
+
+
+def _validate_job(job: dict, emit) -> int:
+    """Run a "validate" job's grid configurations once each, routing first as the measuring process does."""
     from .layers import make_layer
 
     layer = make_layer(job["layer"])
@@ -226,27 +272,90 @@ def main(argv: list[str] | None = None) -> int:
     w = None
     inputs: dict = {}
     for routing, backend in job["pairs"]:
-        key = Configuration(job["preset"], T, routing, backend).key
+        key = item_key("validate", job["preset"], T, (routing, backend))
         emit(key=key, event="start")
         t = time.monotonic()
         try:
-            if w is None:
-                w = layer.weights(cfg, seed)
-            if routing not in inputs:
-                xs, ws = layer.inputs(cfg, w, T, routing, seed, 1)
-                layer.routing(xs[0], ws, cfg)  # the measuring process routes first: the same kernels
-                inputs[routing] = (xs, ws)
-            xs, ws = inputs[routing]
-            layer.forward(xs[0], ws, cfg, backend)
-            layer.sync()
-            emit(key=key, event="ok", s=round(time.monotonic() - t, 2))
+            with triton_compiles() as compiled:
+                if w is None:
+                    w = layer.weights(cfg, seed)
+                if routing not in inputs:
+                    xs, ws = layer.inputs(cfg, w, T, routing, seed, 1)
+                    layer.routing(xs[0], ws, cfg)  # the measuring process routes first: the same kernels
+                    inputs[routing] = (xs, ws)
+                xs, ws = inputs[routing]
+                layer.forward(xs[0], ws, cfg, backend)
+                layer.sync()
+            emit(key=key, event="ok", s=round(time.monotonic() - t, 2), compiles=compiled)
         except Exception as exc:  # noqa: BLE001 - recorded; the measuring process tries again
             emit(key=key, event="error", error=f"{type(exc).__name__}: {exc}"[:300], s=round(time.monotonic() - t, 2))
             if not layer.alive():
                 print(f"warm: the CUDA context was lost at {key}; ending this job", file=sys.stderr, flush=True)
                 return 3
-    status.close()
     return 0
+
+
+def _compile_job(job: dict, emit) -> int:
+    """Run a "compile" job's (dtype, backend) items: one ``moe_forward`` call each on random weights of the
+    job's layer at its T, on the GPU (FP8 weights made once from the bf16 ones)."""
+    import torch
+
+    from .layers import cuda_alive
+    from .reference import MoEConfig
+
+    T, seed = int(job["T"]), int(job["seed"])
+    cfg = MoEConfig.from_dict(json.loads(job["model"]))
+    held: dict = {}
+    for dtype, backend in job["pairs"]:
+        key = item_key("compile", job["preset"], T, (dtype, backend))
+        emit(key=key, event="start")
+        t = time.monotonic()
+        try:
+            with triton_compiles() as compiled:
+                _compile_call(cfg, T, seed, dtype, backend, held)
+                torch.cuda.synchronize()
+            emit(key=key, event="ok", s=round(time.monotonic() - t, 2), compiles=compiled)
+        except Exception as exc:  # noqa: BLE001 - recorded, and the job goes on
+            emit(key=key, event="error", error=f"{type(exc).__name__}: {exc}"[:300], s=round(time.monotonic() - t, 2))
+            if not cuda_alive():
+                print(f"compile: the CUDA context was lost at {key}; ending this job", file=sys.stderr, flush=True)
+                return 3
+    return 0
+
+
+def _compile_call(cfg, T: int, seed: int, dtype: str, backend: str, held: dict) -> None:
+    """One ``moe_forward`` of ``cfg`` at T in ``dtype`` (kernels.ceilings.DTYPES) by ``backend``; ``held``
+    keeps the weights and x between the job's items."""
+    import torch
+
+    from .kernels import moe_forward
+    from .kernels.ceilings import DTYPES
+    from .kernels.fp8_weights import to_fp8
+    from .kernels.measure import random_device_weights
+
+    fp8 = DTYPES[dtype]
+    if "bf16" not in held:
+        held["bf16"] = random_device_weights(cfg, seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed + T)
+        held["x"] = torch.randn((T, cfg.hidden_size), generator=gen, device="cuda", dtype=torch.bfloat16)
+    if fp8 is not None and "fp8" not in held:
+        held["fp8"] = to_fp8(held["bf16"])
+    w = held["bf16" if fp8 is None else "fp8"]
+    moe_forward(held["x"], w, cfg, backend=backend, fp8_activations=None if fp8 is None else fp8 == "weights+act")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one job file's items once each (``python -m megamoe.warm JOB.json``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
+    job = json.loads(Path(argv[0]).read_text())
+    with Path(job["status"]).open("a") as status:
+
+        def emit(**ev) -> None:
+            status.write(json.dumps(ev) + "\n")
+            status.flush()
+
+        return (_compile_job if job.get("task") == "compile" else _validate_job)(job, emit)
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a process by run_jobs
