@@ -129,14 +129,15 @@ def gpu_free_bytes() -> float | None:
 
 def compile_ahead(jobs: list, *, budget_s: float, item_timeout_s: float, procs: int | None, memory_bytes: float,
                   folder: Path, seed: int = 0, cache_dir: str | None = None, log: Callable[[str], None] = print,
-                  argv: Callable | None = None) -> dict:
+                  argv: Callable | None = None, layer_kind: str = "cuda") -> dict:
     """Run the jobs (warm.run_jobs) -> {"status": {key: status}, "details": {key: {"s", "compiles"}},
-    "seconds": wall, "failed": [keys not ok]}."""
+    "seconds": wall, "failed": [keys not ok]}. ``layer_kind`` "interpreter": the calls run on the CPU
+    under TRITON_INTERPRET=1 (they compile nothing; the machinery is what runs)."""
     from . import warm
 
     t0 = time.monotonic()
     env = {"TRITON_CACHE_DIR": str(Path(cache_dir).resolve())} if cache_dir else None
-    status = warm.run_jobs(jobs, folder=folder, layer_kind="cuda", seed=seed, procs=procs, memory_bytes=memory_bytes,
+    status = warm.run_jobs(jobs, folder=folder, layer_kind=layer_kind, seed=seed, procs=procs, memory_bytes=memory_bytes,
                            deadline=t0 + budget_s, config_timeout_s=item_timeout_s,
                            log=lambda s: log(f"[{time.monotonic() - t0:6.1f} s] {s}"),
                            argv=argv or warm.worker_argv, env=env)

@@ -297,12 +297,11 @@ def _validate_job(job: dict, emit) -> int:
 
 def _compile_job(job: dict, emit) -> int:
     """Run a "compile" job's (dtype, backend) items: one ``moe_forward`` call each on random weights of the
-    job's layer at its T, on the GPU (FP8 weights made once from the bf16 ones)."""
-    import torch
-
-    from .layers import cuda_alive
+    job's layer at its T (on the GPU; the "interpreter" layer: float32 on the CPU)."""
+    from .layers import make_layer
     from .reference import MoEConfig
 
+    layer = make_layer(job["layer"])
     T, seed = int(job["T"]), int(job["seed"])
     cfg = MoEConfig.from_dict(json.loads(job["model"]))
     held: dict = {}
@@ -312,35 +311,34 @@ def _compile_job(job: dict, emit) -> int:
         t = time.monotonic()
         try:
             with triton_compiles() as compiled:
-                _compile_call(cfg, T, seed, dtype, backend, held)
-                torch.cuda.synchronize()
+                _compile_call(layer, cfg, T, seed, dtype, backend, held)
+                layer.sync()
             emit(key=key, event="ok", s=round(time.monotonic() - t, 2), compiles=compiled)
         except Exception as exc:  # noqa: BLE001 - recorded, and the job goes on
             emit(key=key, event="error", error=f"{type(exc).__name__}: {exc}"[:300], s=round(time.monotonic() - t, 2))
-            if not cuda_alive():
+            if not layer.alive():
                 print(f"compile: the CUDA context was lost at {key}; ending this job", file=sys.stderr, flush=True)
                 return 3
     return 0
 
 
-def _compile_call(cfg, T: int, seed: int, dtype: str, backend: str, held: dict) -> None:
+def _compile_call(layer, cfg, T: int, seed: int, dtype: str, backend: str, held: dict) -> None:
     """One ``moe_forward`` of ``cfg`` at T in ``dtype`` (kernels.ceilings.DTYPES) by ``backend``; ``held``
-    keeps the weights and x between the job's items."""
+    keeps the weights (their FP8 copy made once from them) and x between a job's items."""
     import torch
 
     from .kernels import moe_forward
     from .kernels.ceilings import DTYPES
     from .kernels.fp8_weights import to_fp8
-    from .kernels.measure import random_device_weights
 
     fp8 = DTYPES[dtype]
-    if "bf16" not in held:
-        held["bf16"] = random_device_weights(cfg, seed)
-        gen = torch.Generator(device="cuda").manual_seed(seed + T)
-        held["x"] = torch.randn((T, cfg.hidden_size), generator=gen, device="cuda", dtype=torch.bfloat16)
-    if fp8 is not None and "fp8" not in held:
-        held["fp8"] = to_fp8(held["bf16"])
-    w = held["bf16" if fp8 is None else "fp8"]
+    if "w" not in held:
+        held["w"] = layer.weights(cfg, seed)
+        gen = torch.Generator(device=layer.device).manual_seed(seed + T)
+        held["x"] = torch.randn((T, cfg.hidden_size), generator=gen, device=layer.device, dtype=layer.dtype)
+    if fp8 is not None and "w8" not in held:
+        held["w8"] = to_fp8(held["w"])
+    w = held["w" if fp8 is None else "w8"]
     moe_forward(held["x"], w, cfg, backend=backend, fp8_activations=None if fp8 is None else fp8 == "weights+act")
 
 

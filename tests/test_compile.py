@@ -157,3 +157,22 @@ def test_the_compile_record_hooks_into_triton_and_gives_them_back():
                                         already_compiled=False) is False
     assert [name for name, _ in got] == ["_router_kernel"] and got[0][1] >= 0
     assert (rt.jit_cache_hook, rt.jit_post_compile_hook) == before
+
+
+# --------------------------------------------------------------------------- the real worker, interpreted
+@pytest.mark.interpret
+@pytest.mark.slow
+def test_the_real_worker_runs_each_item_under_the_interpreter(tmp_path):
+    """The job process as ``megamoe compile`` starts it (python -m megamoe.warm), on a shrunken layer on
+    the CPU: both backends' calls run and end ok, with an empty compile record (the interpreter compiles
+    nothing)."""
+    pytest.importorskip("triton")
+    from megamoe.grid import shrink_for_interpreter
+
+    cfg = shrink_for_interpreter(MoEConfig.preset("deepseek-v3"))  # grouped router, a shared expert
+    jobs = mc.plan_jobs([("small", cfg)], [3], ["bf16"], ["multi", "megakernel"], lambda c, T, d: 1.0)
+    r = mc.compile_ahead(jobs, budget_s=300, item_timeout_s=240, procs=1, memory_bytes=64e9, folder=tmp_path,
+                         layer_kind="interpreter", log=lambda s: None)
+    assert r["status"] == {"small/T=3/bf16/multi": "ok", "small/T=3/bf16/megakernel": "ok"}, \
+        (tmp_path / "small_T3.log").read_text()[-2000:]
+    assert r["failed"] == [] and all(d["compiles"] == [] for d in r["details"].values())
