@@ -54,6 +54,8 @@ QUESTIONS = {
                   "python benchmarks/bench_sustained.py --out DIR"),
     "stream": ("how fast one program per SM streams weights", "python benchmarks/bench_stream.py --out DIR"),
     "sync": ("flag handoff, grid barrier and tickets inside one persistent kernel", "python benchmarks/bench_sync.py --out DIR"),
+    "cold_start": ("the first call of a (backend, T) with an empty Triton cache and after megamoe compile",
+                   "python benchmarks/cold_start.py --out DIR"),
     "compile_audit": ("every launch compiled for sm_90 (no GPU), flagged past an H200 block's limits",
                       "python benchmarks/compile_audit.py --out DIR"),
     "scenarios": ("predicted DeepSeek-V3 and Kimi K2 layers on the rack", "python benchmarks/simulator_scenarios.py"),

@@ -1,0 +1,47 @@
+"""benchmarks/cold_start.py on the CPU: its input errors, the budget that skips steps, and the --smoke
+run (fresh processes under TRITON_INTERPRET=1, empty and compiled caches, megamoe compile's driver)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from benchload import load_benchmark
+
+cs = load_benchmark("cold_start")
+
+
+def _rows(folder):
+    return [json.loads(line) for line in (folder / "cold_start.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--presets", "qwen3-30b-a3b,nope", "--smoke"], "unknown ['nope']"),
+    (["--budget-s", "0", "--smoke"], "--budget-s 0.0: must be > 0"),
+])
+def test_bad_input_is_refused(argv, says, capsys):
+    assert cs.main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_every_step_past_the_budget_is_skipped_and_named(tmp_path, capsys):
+    assert cs.main(["--smoke", "--presets", "qwen3-30b-a3b", "--budget-s", "1e-9", "--out", str(tmp_path)]) == 1
+    rows = _rows(tmp_path)
+    assert [r["what"] for r in rows] == ["first_call"] * 3 + ["compile"]
+    assert all(r["error"] == "skipped: past --budget-s" for r in rows)
+    assert all(r["gpu"] == "cpu-interpreter" and r["commit"] for r in rows)  # provenance on every row
+
+
+@pytest.mark.interpret
+@pytest.mark.slow
+def test_smoke_run_measures_both_caches_and_the_compile(tmp_path, capsys):
+    assert cs.main(["--smoke", "--presets", "qwen3-30b-a3b", "--budget-s", "600", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path)
+    firsts = [r for r in rows if r["what"] == "first_call"]
+    assert [(r["cache"], r["backend"], r["T"]) for r in firsts] == [
+        (c, b, T) for c in ("empty", "compiled") for b, T in cs.SMOKE_ITEMS]
+    assert all(r["output_ok"] and r["first_call_s"] > 0 and r["compiles"] == [] for r in firsts)
+    (comp,) = [r for r in rows if r["what"] == "compile"]
+    assert comp["rc"] == 0 and comp["items_ok"] == comp["items"] == 4  # T in {1, 5} x both backends
+    out = capsys.readouterr().out
+    assert "| qwen3-30b-a3b | megakernel | 1 |" in out and "`megamoe compile` (qwen3-30b-a3b)" in out
