@@ -2,15 +2,15 @@
 pays for its compiles.
 
 For each model (a preset, a megamoe config JSON or a HF config.json), T (default: the tuned buckets,
-kernels.configs.T_BUCKETS), dtype (bf16, fp8, fp8-act) and backend (multi, megakernel), one ``moe_forward``
-call runs on random weights on the GPU. The calls go to processes of their own, one per (model, T), up to
-``--procs`` at once within the GPU's free memory (megamoe.warm, the machinery ``megamoe validate``'s
-compile-ahead uses). Each item ends ok, error, crashed, hung, timeout or not reached; the command exits 1
-if any did not end ok. A kernel's specialization depends on T's exact value in places (docs/kernels.md,
-"Cold start"): give ``--tokens`` the token counts you serve.
+kernels.configs.T_BUCKETS; ranges A-B allowed), dtype (bf16, fp8, fp8-act) and backend (multi, megakernel),
+one ``moe_forward`` call runs on random weights on the GPU. The calls go to processes of their own, one per
+(model, tuned bucket of T), up to ``--procs`` at once within the GPU's free memory (megamoe.warm, the
+machinery of ``megamoe validate``'s compile-ahead). Each call ends ok, error, crashed, hung, timeout or not
+reached; the command exits 1 if any did not end ok. Some launch sizes follow T's exact value, not its bucket
+(docs/kernels.md, "Cold start"): give ``--tokens`` every T you serve.
 
     megamoe compile --models qwen3-30b-a3b,deepseek-v3
-    megamoe compile --models path/to/config.json --dtype bf16,fp8 --tokens 1,2,4,8 --backends megakernel
+    megamoe compile --models path/to/config.json --dtype bf16,fp8 --tokens 1-64,512 --backends megakernel
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ from pathlib import Path
 from .guards import MAX_BENCH_T, InputError
 
 BACKENDS = ("multi", "megakernel")
+#: token counts one command takes at most (each is one call per dtype and backend)
+MAX_TOKENS = 2048
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", required=True, help="comma-separated presets, megamoe config JSON files or HF "
                    "config.json files")
-    p.add_argument("--tokens", default=None, help="comma-separated token counts T (default: the tuned buckets "
-                   "1,8,64,512,4096,16384)")
+    p.add_argument("--tokens", default=None, help="comma-separated token counts T and ranges A-B (default: the "
+                   "tuned buckets 1,8,64,512,4096,16384)")
     p.add_argument("--dtype", default="bf16", help="comma-separated weight formats: bf16, fp8 (e4m3 weights), "
                    "fp8-act (e4m3 weights and activations); default bf16")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated of multi, megakernel (default "
@@ -70,19 +72,28 @@ def parse_models(text: str) -> list:
 
 
 def parse_tokens(text: str | None) -> list[int]:
-    """The token counts of ``--tokens`` (whole numbers in [1, MAX_BENCH_T]); the tuned buckets when None."""
+    """The token counts of ``--tokens``: whole numbers in [1, MAX_BENCH_T] and ranges A-B (both ends
+    included), at most MAX_TOKENS in all; the tuned buckets when None."""
     if text is None:
         from .kernels.configs import T_BUCKETS
 
         return list(T_BUCKETS)
-    try:
-        ts = [int(v) for v in _comma(text)]
-    except ValueError:
-        raise InputError(f"--tokens {text!r}: must be comma-separated whole numbers") from None
-    bad = [t for t in ts if not 1 <= t <= MAX_BENCH_T]
-    if not ts or bad:
-        raise InputError(f"--tokens {text!r}: each T must be in [1, {MAX_BENCH_T:,}]" + (f"; got {bad}" if bad else ""))
-    return sorted(set(ts))
+    ts: set[int] = set()
+    for v in _comma(text):
+        lo, _, hi = v.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise InputError(f"--tokens {text!r}: must be comma-separated whole numbers or ranges A-B") from None
+        if not 1 <= a <= b <= MAX_BENCH_T:
+            raise InputError(f"--tokens {text!r}: {v!r}: each T must be in [1, {MAX_BENCH_T:,}], a range's start "
+                             "at most its end")
+        if b - a + len(ts) >= MAX_TOKENS:
+            raise InputError(f"--tokens {text!r}: more than {MAX_TOKENS} token counts")
+        ts.update(range(a, b + 1))
+    if not ts:
+        raise InputError(f"--tokens {text!r}: give at least one T")
+    return sorted(ts)
 
 
 def parse_choice(flag: str, text: str, allowed) -> list[str]:
@@ -96,13 +107,21 @@ def parse_choice(flag: str, text: str, allowed) -> list[str]:
 
 
 def plan_jobs(models, tokens, dtypes, backends, bytes_of: Callable) -> list:
-    """One warm.Job per (model, T) with every (dtype, backend) item, largest memory first, then largest T;
-    ``bytes_of(cfg, T, dtypes)`` estimates a job process's GPU memory."""
+    """warm.Jobs of (dtype, backend, T) items: one per model and tuned bucket of the T (kernels.configs.bucket_of:
+    the T of a bucket share most kernels, so one process compiles them once), T ascending; largest memory
+    first, then largest T. ``bytes_of(cfg, T, dtypes)`` estimates a job process's GPU memory."""
+    from .kernels.configs import bucket_of
     from .warm import Job
 
-    jobs = [Job(name, T, tuple((d, b) for d in dtypes for b in backends), float(bytes_of(cfg, T, dtypes)),
-                task="compile", model=json.dumps(cfg.to_dict(), sort_keys=True))
-            for name, cfg in models for T in tokens]
+    jobs = []
+    for name, cfg in models:
+        groups: dict[int, list[int]] = {}
+        for T in sorted(tokens):
+            groups.setdefault(bucket_of(T), []).append(T)
+        for ts in groups.values():
+            items = tuple((d, b, T) for T in ts for d in dtypes for b in backends)
+            jobs.append(Job(name, ts[-1], items, float(bytes_of(cfg, ts[-1], dtypes)), task="compile",
+                            model=json.dumps(cfg.to_dict(), sort_keys=True)))
     return sorted(jobs, key=lambda j: (-j.bytes, -j.T))
 
 

@@ -29,8 +29,8 @@ TASKS = ("validate", "compile")
 @dataclass(frozen=True)
 class Job:
     preset: str  # the model's name (a preset's, or a config file's model for "compile")
-    T: int
-    pairs: tuple  # the items in run order: ((routing, backend), ...) or, for "compile", ((dtype, backend), ...)
+    T: int  # "compile": its items' largest T
+    pairs: tuple  # the items in run order: ((routing, backend), ...), or ((dtype, backend, T), ...) for "compile"
     bytes: float  # GPU memory its process needs, estimated
     part: int = 0  # > 0: the rest of a job whose process was killed
     task: str = "validate"  # one of TASKS
@@ -46,9 +46,9 @@ class Job:
 
 
 def item_key(task: str, preset: str, T: int, item) -> str:
-    """An item's name: "preset/T=8/uniform/multi" (validate) or "preset/T=8/bf16/multi" (compile)."""
+    """An item's name: "preset/T=8/uniform/multi" (validate) or "preset/T=8/bf16/multi" (compile, its own T)."""
     if task == "compile":
-        return f"{preset}/T={T}/{item[0]}/{item[1]}"
+        return f"{preset}/T={item[2]}/{item[0]}/{item[1]}"
     return Configuration(preset, T, item[0], item[1]).key
 
 
@@ -296,17 +296,17 @@ def _validate_job(job: dict, emit) -> int:
 
 
 def _compile_job(job: dict, emit) -> int:
-    """Run a "compile" job's (dtype, backend) items: one ``moe_forward`` call each on random weights of the
-    job's layer at its T (on the GPU; the "interpreter" layer: float32 on the CPU)."""
+    """Run a "compile" job's (dtype, backend, T) items: one ``moe_forward`` call each on random weights of
+    the job's layer (on the GPU; the "interpreter" layer: float32 on the CPU)."""
     from .layers import make_layer
     from .reference import MoEConfig
 
     layer = make_layer(job["layer"])
-    T, seed = int(job["T"]), int(job["seed"])
+    seed = int(job["seed"])
     cfg = MoEConfig.from_dict(json.loads(job["model"]))
     held: dict = {}
-    for dtype, backend in job["pairs"]:
-        key = item_key("compile", job["preset"], T, (dtype, backend))
+    for dtype, backend, T in job["pairs"]:
+        key = item_key("compile", job["preset"], T, (dtype, backend, T))
         emit(key=key, event="start")
         t = time.monotonic()
         try:
@@ -324,7 +324,7 @@ def _compile_job(job: dict, emit) -> int:
 
 def _compile_call(layer, cfg, T: int, seed: int, dtype: str, backend: str, held: dict) -> None:
     """One ``moe_forward`` of ``cfg`` at T in ``dtype`` (kernels.ceilings.DTYPES) by ``backend``; ``held``
-    keeps the weights (their FP8 copy made once from them) and x between a job's items."""
+    keeps the weights (their FP8 copy made once from them) and the last T's x between a job's items."""
     import torch
 
     from .kernels import moe_forward
@@ -334,8 +334,10 @@ def _compile_call(layer, cfg, T: int, seed: int, dtype: str, backend: str, held:
     fp8 = DTYPES[dtype]
     if "w" not in held:
         held["w"] = layer.weights(cfg, seed)
+    if held.get("T") != T:
         gen = torch.Generator(device=layer.device).manual_seed(seed + T)
         held["x"] = torch.randn((T, cfg.hidden_size), generator=gen, device=layer.device, dtype=layer.dtype)
+        held["T"] = T
     if fp8 is not None and "w8" not in held:
         held["w8"] = to_fp8(held["w"])
     w = held["w" if fp8 is None else "w8"]

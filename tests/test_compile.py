@@ -24,10 +24,10 @@ FAKE_WORKER = textwrap.dedent("""
     st = open(job["status"], "a")
     def emit(**e):
         st.write(json.dumps(e) + "\\n"); st.flush()
-    for dtype, backend in job["pairs"]:
-        key = f"{job['preset']}/T={job['T']}/{dtype}/{backend}"
+    for dtype, backend, T in job["pairs"]:
+        key = f"{job['preset']}/T={T}/{dtype}/{backend}"
         emit(key=key, event="start")
-        if job["T"] == 13:
+        if T == 13:
             os._exit(7)
         if dtype == "fp8-act":
             emit(key=key, event="error", error="KernelInputError: no")
@@ -56,7 +56,9 @@ def fake_worker(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["--models", "not-a-model"], "'not-a-model' is neither a preset"),
     (["--models", "qwen3-30b-a3b", "--tokens", "0,8"], "each T must be in [1,"),
-    (["--models", "qwen3-30b-a3b", "--tokens", "8,x"], "comma-separated whole numbers"),
+    (["--models", "qwen3-30b-a3b", "--tokens", "8,x"], "comma-separated whole numbers or ranges A-B"),
+    (["--models", "qwen3-30b-a3b", "--tokens", "9-3"], "'9-3': each T must be in [1, 1,048,576], a range's start"),
+    (["--models", "qwen3-30b-a3b", "--tokens", "1-5000"], "more than 2048 token counts"),
     (["--models", "qwen3-30b-a3b", "--dtype", "fp16"], "subset of bf16,fp8,fp8-act; unknown: fp16"),
     (["--models", "qwen3-30b-a3b", "--backends", "auto"], "subset of multi,megakernel"),
     (["--models", "qwen3-30b-a3b", "--procs", "0"], "--procs 0: must be > 0"),
@@ -89,7 +91,7 @@ def test_jobs_are_one_per_model_and_t_largest_memory_first():
                         lambda cfg, T, dts: cfg.num_experts * 1e9 + T)
     assert len(jobs) == 2 * 6  # the tuned buckets by default
     assert [(j.preset, j.T) for j in jobs[:2]] == [("deepseek-v3", 16384), ("deepseek-v3", 4096)]
-    assert jobs[0].pairs == (("bf16", "multi"), ("bf16", "megakernel"), ("fp8", "multi"), ("fp8", "megakernel"))
+    assert jobs[0].pairs == tuple((d, b, 16384) for d in ("bf16", "fp8") for b in ("multi", "megakernel"))
     assert MoEConfig.from_dict(json.loads(jobs[0].model)) == MoEConfig.preset("deepseek-v3")
     assert jobs[0].keys()[2] == "deepseek-v3/T=16384/fp8/multi"
 
@@ -101,8 +103,17 @@ def test_an_fp8_dtype_adds_the_weights_fp8_copy_to_a_jobs_memory():
     assert bf16 == 30e9 and 10e9 < both - bf16 < 12e9  # 256 e4m3 experts of 3 x 7168 x 2048, scales included
 
 
+def test_the_t_of_one_bucket_go_to_one_process():
+    """T = 1..30: buckets 1 (T <= 2), 8 (3..22) and 64 (23..30); within a job, T ascending."""
+    tokens = mc.parse_tokens("1-30")
+    jobs = mc.plan_jobs(mc.parse_models("mixtral-8x7b"), tokens, ["bf16"], ["megakernel"], lambda c, T, d: T)
+    assert [(j.T, [T for *_, T in j.pairs]) for j in jobs] == [(30, list(range(23, 31))), (22, list(range(3, 23))),
+                                                              (2, [1, 2])]
+    assert jobs[1].keys()[0] == "mixtral-8x7b/T=3/bf16/megakernel"
+
+
 def test_tokens_are_deduplicated_and_sorted():
-    assert mc.parse_tokens("64, 1,64") == [1, 64]
+    assert mc.parse_tokens("64, 1,64,3-5") == [1, 3, 4, 5, 64]
 
 
 # --------------------------------------------------------------------------- the driver, fake worker
@@ -164,15 +175,15 @@ def test_the_compile_record_hooks_into_triton_and_gives_them_back():
 @pytest.mark.slow
 def test_the_real_worker_runs_each_item_under_the_interpreter(tmp_path):
     """The job process as ``megamoe compile`` starts it (python -m megamoe.warm), on a shrunken layer on
-    the CPU: both backends' calls run and end ok, with an empty compile record (the interpreter compiles
-    nothing)."""
+    the CPU: T = 3 and 5 (one bucket: one process) by both backends run and end ok, with an empty compile
+    record (the interpreter compiles nothing)."""
     pytest.importorskip("triton")
     from megamoe.grid import shrink_for_interpreter
 
     cfg = shrink_for_interpreter(MoEConfig.preset("deepseek-v3"))  # grouped router, a shared expert
-    jobs = mc.plan_jobs([("small", cfg)], [3], ["bf16"], ["multi", "megakernel"], lambda c, T, d: 1.0)
+    jobs = mc.plan_jobs([("small", cfg)], [3, 5], ["bf16"], ["multi", "megakernel"], lambda c, T, d: 1.0)
     r = mc.compile_ahead(jobs, budget_s=300, item_timeout_s=240, procs=1, memory_bytes=64e9, folder=tmp_path,
                          layer_kind="interpreter", log=lambda s: None)
-    assert r["status"] == {"small/T=3/bf16/multi": "ok", "small/T=3/bf16/megakernel": "ok"}, \
-        (tmp_path / "small_T3.log").read_text()[-2000:]
+    assert r["status"] == {f"small/T={T}/bf16/{b}": "ok" for T in (3, 5) for b in ("multi", "megakernel")}, \
+        (tmp_path / "small_T5.log").read_text()[-2000:]
     assert r["failed"] == [] and all(d["compiles"] == [] for d in r["details"].values())
