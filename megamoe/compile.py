@@ -55,16 +55,17 @@ def _comma(text: str) -> list[str]:
 
 
 def parse_models(text: str) -> list:
-    """[(name, MoEConfig)] of a comma-separated list of presets and config files, names unique."""
+    """[(name, MoEConfig)] of a comma-separated list of presets and config files: each layer once, names unique."""
     from .reference import MoEConfig
 
-    out, seen = [], set()
+    out: list = []
     for spec in _comma(text):
         cfg = MoEConfig.load(spec)  # ConfigError names the bad preset or file
+        if any(c == cfg for _, c in out):
+            continue  # the same layer twice: once is enough
         name = spec if spec == cfg.name else (cfg.name or Path(spec).stem)
-        while name in seen:
+        while any(n == name for n, _ in out):
             name += "+"
-        seen.add(name)
         out.append((name, cfg))
     if not out:
         raise InputError(f"--models {text!r}: give at least one preset or config file")

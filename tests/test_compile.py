@@ -78,8 +78,11 @@ def test_a_config_file_is_a_model(tmp_path):
     cfg = MoEConfig.preset("mixtral-8x7b").replace(name="my layer/v2")
     path = tmp_path / "layer.json"
     path.write_text(json.dumps(cfg.to_dict()))
-    (name, got), (name2, _) = mc.parse_models(f"{path},mixtral-8x7b")
+    (name, got), (name2, _) = mc.parse_models(f"{path},mixtral-8x7b,{path}")  # the same layer twice: once
     assert got == cfg and name == "my layer/v2" and name2 == "mixtral-8x7b"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(cfg.replace(top_k=1).to_dict()))
+    assert [n for n, _ in mc.parse_models(f"{path},{other}")] == ["my layer/v2", "my layer/v2+"]
     job = mc.plan_jobs([(name, got)], [8], ["bf16"], ["multi"], lambda c, T, d: 1.0)[0]
     assert "/" not in job.name and " " not in job.name  # a file name for its job and log
 
