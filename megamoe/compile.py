@@ -160,7 +160,7 @@ def compile_ahead(jobs: list, *, budget_s: float, item_timeout_s: float, procs: 
     status = warm.run_jobs(jobs, folder=folder, layer_kind=layer_kind, seed=seed, procs=procs, memory_bytes=memory_bytes,
                            deadline=t0 + budget_s, config_timeout_s=item_timeout_s,
                            log=lambda s: log(f"[{time.monotonic() - t0:6.1f} s] {s}"),
-                           argv=argv or warm.worker_argv, env=env)
+                           argv=argv or warm.worker_argv, env=env, item_lines=True)
     saved = json.loads((Path(folder) / "warm_status.json").read_text())
     return {"status": status, "details": saved.get("details", {}), "seconds": round(time.monotonic() - t0, 1),
             "failed": [k for k, v in status.items() if v != "ok"]}

@@ -94,13 +94,15 @@ def _kill(proc: subprocess.Popen) -> None:
 def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs: int | None,
              memory_bytes: float, deadline: float, config_timeout_s: float, log: Callable[[str], None] = print,
              argv: Callable[[Path], list[str]] = worker_argv, poll_s: float = 0.25,
-             env: dict | None = None) -> dict[str, str]:
+             env: dict | None = None, item_lines: bool = False) -> dict[str, str]:
     """Run the jobs until all end or ``deadline`` (time.monotonic) passes -> {item key: status} (also in
     ``folder/warm_status.json`` with each finished item's seconds and Triton compiles, beside the jobs'
-    files and logs). ``env``: variables set for the job processes (e.g. TRITON_CACHE_DIR)."""
+    files and logs). ``env``: variables set for the job processes (e.g. TRITON_CACHE_DIR); ``item_lines``: a
+    log line per item that ends, besides those of each job's start and end."""
     t0 = time.monotonic()
     s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
                    config_timeout_s, log, argv, env)
+    s.item_lines = item_lines
     log(f"{len(jobs)} jobs ({len(s.status)} items) on up to {s.procs} processes and "
         f"{memory_bytes / 1e9:.0f} GB of GPU memory")
     try:
@@ -138,6 +140,7 @@ class _Scheduler:
         folder.mkdir(parents=True, exist_ok=True)
         self.status = {k: "not reached" for j in jobs for k in j.keys()}
         self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [kernel, ...]} of an item that ended
+        self.item_lines = False
         self.queue = list(jobs)
         self.running: dict[str, _Running] = {}
 
@@ -181,6 +184,9 @@ class _Scheduler:
                 self.status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
                 self.details[key] = {k: ev[k] for k in ("s", "compiles") if k in ev}
                 r.done.append(key)
+                if self.item_lines:
+                    n = len(ev.get("compiles") or [])
+                    self.log(f"{self.status[key][:120]}: {key} in {ev.get('s', '?')} s, {n} kernels compiled or loaded")
                 r.current = None
 
     def watch(self, now: float, deadline: float) -> None:

@@ -127,6 +127,7 @@ def test_every_item_ends_ok_and_the_command_exits_0(tmp_path, fake_worker, capsy
     out = capsys.readouterr().out
     assert rc == 0
     assert "qwen3-30b-a3b/T=8/bf16/megakernel" in out and "4/4 ok in" in out and "1 kernels" in out
+    assert "ok: qwen3-30b-a3b/T=1/bf16/multi in 0.5 s, 1 kernels compiled or loaded" in out  # a progress line
     assert set((work / "cache_seen.txt").read_text().split()) == {str((tmp_path / "cache").resolve())}
     details = json.loads((work / "warm_status.json").read_text())["details"]
     assert details["qwen3-30b-a3b/T=1/bf16/multi"] == {"s": 0.5, "compiles": [["_k_multi", 0.25]]}
