@@ -1,9 +1,9 @@
-"""Compile ahead, for ``megamoe validate`` and ``megamoe compile``: each (model, T) job runs its items'
-kernels once in a process of its own (``python -m megamoe.warm JOB.json``), up to ``procs`` at once within
-the GPU's free memory, so that Triton's disk cache holds them before anything is timed or served. A job's
-task says what an item is: "validate", a grid configuration's (routing, backend); "compile", a (dtype,
-backend) of ``moe_forward``. An item ends "ok", "error: ...", "crashed (exit N)", "hung: ...", "timeout: ..."
-or "not reached"."""
+"""Compile ahead, for ``megamoe validate`` and ``megamoe compile``: each job runs its items' kernels once
+in a process of its own (``python -m megamoe.warm JOB.json``), up to ``procs`` at once within the GPU's free
+memory, so that Triton's disk cache holds them before anything is timed or served. A job's task (TASKS)
+says what an item is: "validate", a grid configuration's (routing, backend) at the job's T; "compile", a
+(dtype, backend, T) call of ``moe_forward``. An item ends "ok", "error: ...", "crashed (exit N)",
+"hung: ...", "timeout: ..." or "not reached"."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ from pathlib import Path
 from .grid import Configuration
 
 MAX_PARTS = 2  # a job's items go to a new process at most this many times
-
-
 TASKS = ("validate", "compile")
 
 
@@ -101,8 +99,7 @@ def run_jobs(jobs: list[Job], *, folder: Path, layer_kind: str, seed: int, procs
     log line per item that ends, besides those of each job's start and end."""
     t0 = time.monotonic()
     s = _Scheduler(jobs, Path(folder), layer_kind, seed, max(1, procs or os.cpu_count() or 1), memory_bytes,
-                   config_timeout_s, log, argv, env)
-    s.item_lines = item_lines
+                   config_timeout_s, log, argv, env, item_lines)
     log(f"{len(jobs)} jobs ({len(s.status)} items) on up to {s.procs} processes and "
         f"{memory_bytes / 1e9:.0f} GB of GPU memory")
     try:
@@ -133,14 +130,14 @@ class _Scheduler:
     """run_jobs' state: the queue, the running processes, each item's status and details."""
 
     def __init__(self, jobs, folder: Path, layer_kind: str, seed: int, procs: int, memory_bytes: float,
-                 config_timeout_s: float, log, argv, env=None):
+                 config_timeout_s: float, log, argv, env=None, item_lines: bool = False):
         self.folder, self.layer_kind, self.seed, self.procs = folder, layer_kind, seed, procs
         self.memory, self.timeout, self.log, self.argv = memory_bytes, config_timeout_s, log, argv
         self.env = None if not env else {**os.environ, **env}
         folder.mkdir(parents=True, exist_ok=True)
         self.status = {k: "not reached" for j in jobs for k in j.keys()}
-        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [kernel, ...]} of an item that ended
-        self.item_lines = False
+        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [[kernel, s], ...]} of an item that ended
+        self.item_lines = item_lines
         self.queue = list(jobs)
         self.running: dict[str, _Running] = {}
 
@@ -361,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
             status.write(json.dumps(ev) + "\n")
             status.flush()
 
-        return (_compile_job if job.get("task") == "compile" else _validate_job)(job, emit)
+        task = job.get("task", "validate")
+        if task not in TASKS:
+            print(f"warm: the job's task must be one of {TASKS}, got {task!r}", file=sys.stderr, flush=True)
+            return 2
+        return (_compile_job if task == "compile" else _validate_job)(job, emit)
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a process by run_jobs
