@@ -18,7 +18,8 @@ Each call's output is checked: finite, not all zero, and the first call's bitwis
 skipped and named. Rows (``DIR/cold_start.jsonl``, appended as they finish; provenance from
 kernels/provenance.py): ``what`` "first_call" (cache "empty" or "compiled", first_call_s, second_call_s,
 process_s, compiles = [[kernel, seconds], ...] of Triton's JIT hooks, new_cache_files) or "compile"
-(wall_s, rc). A table is printed at the end.
+(wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
+statuses to ``DIR/compile_status.json`` (its logs to ``DIR/compile_logs.tgz`` if a call failed).
 """
 
 from __future__ import annotations
@@ -188,15 +189,19 @@ def run(args) -> int:
                                 timeout_s=min(PROCESS_TIMEOUT_S, max(left(), 10.0))), "cache": cache})
 
     first_calls(lambda n, b, T: scratch / f"empty_{n}_{b}_T{T}", "empty")
-    compiled = scratch / "compiled"
+    compiled, work = scratch / "compiled", scratch / "compile_work"
     if left() > 0:
-        emit(run_compile(names, cfgs, sorted({T for _, T in items}), compiled, scratch / "compile_work",
-                         smoke=args.smoke, budget_s=left()))
+        emit(run_compile(names, cfgs, sorted({T for _, T in items}), compiled, work, smoke=args.smoke,
+                         budget_s=left()))
+        keep_compile_files(work, out, failed=bool(rows[-1].get("rc")))
         first_calls(lambda n, b, T: compiled, "compiled")
     else:
         emit({"what": "compile", "presets": names, "error": "skipped: past --budget-s"})
-    print_table(rows)
-    print(f"# {len(rows)} rows in {out / 'cold_start.jsonl'}; {time.perf_counter() - t0:.0f} s", flush=True)
+    table = table_lines(rows)
+    print("\n".join(table), flush=True)
+    (out / "cold_start.md").write_text("\n".join(table) + f"\n\n{prov}\n")
+    print(f"# {len(rows)} rows in {out / 'cold_start.jsonl'}, the table in cold_start.md; "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     bad = [r for r in rows if r.get("error") or r.get("output_ok") is False or r.get("rc")]
     return 1 if bad else 0
 
@@ -214,23 +219,40 @@ def _line(r: dict) -> str:
             f" process {r['process_s']:.1f} s" + ("" if r["output_ok"] else "  OUTPUT CHECK FAILED"))
 
 
-def print_table(rows: list[dict]) -> None:
-    """preset, backend, T: the first call's seconds with an empty cache and after megamoe compile."""
+def table_lines(rows: list[dict]) -> list[str]:
+    """preset, backend, T: the first call's seconds with an empty cache and after megamoe compile, the
+    kernels it compiled (or loaded), the cache files the compiled-cache call still added; the compile's wall."""
     got = {(r["preset"], r["backend"], r["T"], r["cache"]): r for r in rows if r["what"] == "first_call"}
-    print("\n| preset | backend | T | first call, empty cache (s) | kernels | first call, compiled cache (s) |"
-          " new cache files |\n|---|---|---|---|---|---|---|")
-    for (p, b, T, c), r in got.items():
-        if c != "empty":
-            continue
-        w = got.get((p, b, T, "compiled"), {})
+    out = ["", "| preset | backend | T | first call, empty cache (s) | kernels | first call, compiled cache (s) |"
+           " new cache files |", "|---|---|---|---|---|---|---|"]
 
-        def s(x):
-            return "-" if x.get("first_call_s") is None else f"{x['first_call_s']:.2f}"
-        print(f"| {p} | {b} | {T} | {s(r)} | {len(r.get('compiles') or [])} | {s(w)} | {w.get('new_cache_files', '-')} |")
+    def s(x):
+        return "-" if x.get("first_call_s") is None else f"{x['first_call_s']:.2f}"
+
+    for (p, b, T, c), r in got.items():
+        if c == "empty":
+            w = got.get((p, b, T, "compiled"), {})
+            out.append(f"| {p} | {b} | {T} | {s(r)} | {len(r.get('compiles') or [])} | {s(w)} | "
+                       f"{w.get('new_cache_files', '-')} |")
     for r in rows:
         if r["what"] == "compile":
-            print(f"\n`megamoe compile` ({', '.join(r['presets'])}): " + (r.get("error") or f"{r['wall_s']:.1f} s, "
-                  f"rc {r['rc']}"))
+            out += ["", f"`megamoe compile` ({', '.join(r['presets'])}): "
+                    + (r.get("error") or f"{r['wall_s']:.1f} s, rc {r['rc']}")]
+    return out
+
+
+def keep_compile_files(work: Path, out: Path, *, failed: bool) -> None:
+    """The compile's statuses (``compile_status.json``) and, if a call failed, its jobs' logs
+    (``compile_logs.tgz``) beside the rows."""
+    import shutil
+    import tarfile
+
+    status = work / "warm_status.json"
+    if status.exists():
+        shutil.copy(status, out / "compile_status.json")
+    if failed and work.exists():
+        with tarfile.open(out / "compile_logs.tgz", "w:gz") as tar:
+            tar.add(work, arcname="compile_work")
 
 
 def main(argv=None) -> int:

@@ -45,3 +45,20 @@ def test_smoke_run_measures_both_caches_and_the_compile(tmp_path, capsys):
     assert comp["rc"] == 0 and comp["items_ok"] == comp["items"] == 4  # T in {1, 5} x both backends
     out = capsys.readouterr().out
     assert "| qwen3-30b-a3b | megakernel | 1 |" in out and "`megamoe compile` (qwen3-30b-a3b)" in out
+    assert "| qwen3-30b-a3b | multi | 5 |" in (tmp_path / "cold_start.md").read_text()
+    status = json.loads((tmp_path / "compile_status.json").read_text())
+    assert status["counts"] == {"ok": 4} and not (tmp_path / "compile_logs.tgz").exists()
+
+
+def test_a_failed_compile_keeps_its_logs_beside_the_rows(tmp_path):
+    import tarfile
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "warm_status.json").write_text('{"counts": {"crashed": 1}}')
+    (work / "deepseek-v3_T1.log").write_text("Traceback: out of resources")
+    cs.keep_compile_files(work, out, failed=True)
+    assert json.loads((out / "compile_status.json").read_text())["counts"] == {"crashed": 1}
+    with tarfile.open(out / "compile_logs.tgz") as tar:
+        assert "compile_work/deepseek-v3_T1.log" in tar.getnames()
