@@ -2,6 +2,7 @@
 
     python benchmarks/cold_start.py --out DIR                 # a GPU; about 3 minutes (--budget-s 170)
     python benchmarks/cold_start.py --smoke --out DIR         # the CPU, TRITON_INTERPRET=1: the machinery only
+    python benchmarks/cold_start.py --census                  # the CPU: what a first call compiles (no GPU)
 
 Items (ITEMS): for each preset (default Qwen3-30B-A3B and DeepSeek-V3, the whole layer, bf16, random
 weights), the multi-launch path at T = 1 and 4096 and the megakernel at T = 1. Three steps, in order:
@@ -20,6 +21,12 @@ kernels/provenance.py): ``what`` "first_call" (cache "empty" or "compiled", firs
 process_s, compiles = [[kernel, seconds], ...] of Triton's JIT hooks, new_cache_files) or "compile"
 (wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
 statuses to ``DIR/compile_status.json`` (its logs to ``DIR/compile_logs.tgz`` if a call failed).
+
+``--census`` (no GPU; ``census``): per preset, backend and tuned bucket, the Triton kernels one
+``moe_forward`` call launches at the bucket's T and the distinct specializations (kernel, constexprs,
+argument types, Triton's divisibility and ==1 specialization, warps, stages) over every T of the bucket
+(CENSUS_T): the launches recorded, not run, on "meta" tensors as compile_audit.py records them, on
+``--gpu``'s launch plan (its tuned file for ``--triton``, else the heuristics) with ``--sms`` SMs.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ ITEMS = (("multi", 1), ("multi", 4096), ("megakernel", 1))
 SMOKE_ITEMS = (("multi", 1), ("multi", 5), ("megakernel", 1))
 #: seconds one measuring process may take at most
 PROCESS_TIMEOUT_S = 150.0
+#: the T of the census: every T to 300, then every 7th to 2000, every 61st beyond (and the buckets)
+CENSUS_T = tuple(sorted({*range(1, 300), *range(300, 2000, 7), *range(2000, 16385, 61), 4096, 16384}))
 
 
 # --------------------------------------------------------------------------- the measuring process
@@ -127,6 +136,88 @@ def run_compile(names: list[str], cfgs: dict, tokens: list[int], cache: Path, wo
     status = Path(work) / "warm_status.json"
     counts = json.loads(status.read_text()).get("counts", {}) if status.exists() else {}
     return {**row, "wall_s": round(time.perf_counter() - t, 2), "rc": rc, "counts": counts}
+
+
+# --------------------------------------------------------------------------- the census (no GPU)
+def jit_key(fn, args, kwargs) -> tuple:
+    """What Triton's JIT keys a launch of ``fn`` by (every tensor taken as 16-byte aligned: each buffer is
+    its own allocation): (kernel, ((arg, type, specialization), ...), (("num_stages", s), ("num_warps", w)))."""
+    import torch
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    kw = dict(kwargs)
+    opts = tuple(sorted({"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}.items()))
+    vals = {**dict(zip(fn.arg_names, args)), **kw}
+    spec = []
+    for p, n in zip(fn.params, fn.arg_names):
+        v = vals.get(n)
+        if p.is_constexpr:
+            spec.append((n, "constexpr", repr(v)))
+        elif isinstance(v, torch.Tensor):
+            spec.append((n, str(v.dtype), "D"))
+        elif v is None:
+            spec.append((n, "none", ""))
+        else:
+            t, a = native_specialize_impl(BaseBackend, v, False, not p.do_not_specialize,
+                                          not p.do_not_specialize_on_alignment)[:2]
+            spec.append((n, t, repr(a)))
+    return getattr(fn, "fn", fn).__name__, tuple(spec), opts
+
+
+def launch_keys(cfg, name: str, backend: str, T: int, *, gpu: str, triton_version: str, sms: int) -> list:
+    """The jit_key of each launch of one bf16 ``moe_forward`` of ``cfg`` at T by ``backend``, in order."""
+    import torch
+    from compile_audit import gpu_convert, meta_weights, recording  # beside this script
+    from compile_report import megakernel_launch
+
+    from megamoe.kernels import megakernel as mkm
+    from megamoe.kernels import megakernel_config as mkc
+    from megamoe.kernels import moe, plan
+
+    if backend == "megakernel":
+        mk = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                                    cfg.shared_intermediate_size, T, num_sms=sms)
+        _case, args, kwargs = megakernel_launch(name, T, sms=sms, mk=mk, config=cfg, device="meta")
+        return [jit_key(mkm._megakernel, args, gpu_convert(kwargs))]
+    sp = plan.static_plan(cfg, T, dtype="bfloat16", device_name=gpu, triton_version=triton_version,
+                          deterministic=True, num_sms=sms)
+    x = torch.empty((T, cfg.hidden_size), dtype=torch.bfloat16, device="meta")
+    with recording() as launches:
+        moe._forward(x, meta_weights(cfg, None), cfg, True, plan=sp)
+    return [jit_key(fn, a, gpu_convert({"num_warps": 4, "num_stages": 3, **k})) for fn, a, k, _grid in launches]
+
+
+def census(names: list[str], *, gpu: str, triton_version: str, sms: int, tokens=CENSUS_T) -> list[dict]:
+    """Per (preset, backend, bucket): {"kernels": [names launched at the bucket's T], "distinct": the
+    distinct jit_keys over ``tokens`` in the bucket, "varying": {kernel: [what differs between them]}}."""
+    from megamoe.kernels.configs import T_BUCKETS, bucket_of
+    from megamoe.reference import MoEConfig
+
+    rows = []
+    for name in names:
+        cfg = MoEConfig.preset(name)
+        for backend in ("multi", "megakernel"):
+            keys: dict[int, set] = {b: set() for b in T_BUCKETS}
+            at: dict[int, list] = {}
+            for T in sorted(set(tokens) | set(T_BUCKETS)):
+                ks = launch_keys(cfg, name, backend, T, gpu=gpu, triton_version=triton_version, sms=sms)
+                keys[bucket_of(T)].update(ks)
+                if T in T_BUCKETS:
+                    at[T] = ks
+            for b in T_BUCKETS:
+                rows.append({"preset": name, "backend": backend, "bucket": b, "kernels": [k[0] for k in at[b]],
+                             "distinct": len(keys[b]), "varying": _varying(keys[b])})
+    return rows
+
+
+def _varying(keys) -> dict:
+    """{kernel: sorted names of the arguments and options that differ between its keys}."""
+    by: dict[str, list] = {}
+    for k in keys:
+        by.setdefault(k[0], []).append({**{n: (t, a) for n, t, a in k[1]}, **dict(k[2])})
+    return {kern: sorted(f for f in ds[0] if len({str(d.get(f)) for d in ds}) > 1)
+            for kern, ds in by.items() if len(ds) > 1}
 
 
 # --------------------------------------------------------------------------- the run
@@ -255,17 +346,46 @@ def keep_compile_files(work: Path, out: Path, *, failed: bool) -> None:
             tar.add(work, arcname="compile_work")
 
 
+def print_census(args) -> int:
+    """``--census``: one Markdown row per (preset, backend, bucket), and the JSON rows to --out if given."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("cold_start --census: run it without TRITON_INTERPRET=1 (it reads the JIT's signatures)", file=sys.stderr)
+        return 2
+    names = [n for n in args.presets.split(",") if n]
+    rows = census(names, gpu=args.gpu, triton_version=args.triton, sms=args.sms)
+    print(f"# {args.gpu}, Triton {args.triton} tuned file (else heuristics), {args.sms} SMs: kernels at the "
+          "bucket's T / distinct specializations over the bucket's T")
+    print("| preset | backend | bucket | kernels at T = bucket | distinct over the bucket | what varies |\n"
+          "|---|---|---|---|---|---|")
+    for r in rows:
+        names_at = ", ".join(k.strip("_").removesuffix("_kernel") for k in r["kernels"])
+        vary = "; ".join(f"{k.strip('_').removesuffix('_kernel')}: {', '.join(v)}" for k, v in r["varying"].items())
+        print(f"| {r['preset']} | {r['backend']} | {r['bucket']} | {len(r['kernels'])}: {names_at} | {r['distinct']} | "
+              f"{vary or '-'} |")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "census.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for cold_start.jsonl (default: a new temporary folder)")
     ap.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
     ap.add_argument("--budget-s", type=float, default=170.0, help="no step starts after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="the CPU under TRITON_INTERPRET=1, shrunken layers")
+    ap.add_argument("--census", action="store_true", help="no GPU: the kernels a first call launches, and their "
+                    "specializations over each bucket's T")
+    ap.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="--census: the GPU whose launch plan is read")
+    ap.add_argument("--triton", default="3.6.0", help="--census: the Triton version of its tuned file")
+    ap.add_argument("--sms", type=int, default=132, help="--census: the GPU's SMs")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))), flush=True)
         return 0
+    if args.census:
+        return print_census(args)
     if not args.budget_s > 0:
         print(f"cold_start: --budget-s {args.budget_s}: must be > 0", file=sys.stderr)
         return 2

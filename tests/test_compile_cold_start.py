@@ -62,3 +62,42 @@ def test_a_failed_compile_keeps_its_logs_beside_the_rows(tmp_path):
     assert json.loads((out / "compile_status.json").read_text())["counts"] == {"crashed": 1}
     with tarfile.open(out / "compile_logs.tgz") as tar:
         assert "compile_work/deepseek-v3_T1.log" in tar.getnames()
+
+
+_CENSUS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import cold_start as cs
+from megamoe.kernels import align, routing
+from megamoe.reference import MoEConfig
+
+# the JIT's key: T (do_not_specialize) stays an i32 whatever its value; E == 1 becomes a constexpr,
+# E = 32 an i32 divisible by 16
+args = (None,) * 6
+for T, E in ((1, 1), (37, 32)):
+    k = cs.jit_key(align._scatter_pairs_kernel, (*args, T, E), {"K": 2, "BLOCK_T": 16, "BLOCK_P": 32, "BLOCK_J": 32})
+    print(json.dumps({n: [t, a] for n, t, a in k[1] if n in ("T", "E")}))
+rows = cs.census(["qwen3-30b-a3b"], gpu="NVIDIA H100 80GB HBM3", triton_version="3.6.0", sms=132,
+                 tokens=(1, 2, 3, 5, 17, 64, 100))
+print(json.dumps(rows))
+"""
+
+
+def test_census_reads_the_launches_without_a_gpu():
+    """The census in a process without TRITON_INTERPRET (it reads the JIT's signatures): Triton's own
+    specialization of an argument, and per bucket the kernels of a call and their distinct variants."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _CENSUS, str(cs.Path(cs.__file__).parent)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, other, rows = (json.loads(line) for line in r.stdout.splitlines()[-3:])
+    assert one == {"T": ["i32", "None"], "E": ["constexpr", "1"]}
+    assert other == {"T": ["i32", "None"], "E": ["i32", "'D'"]}
+    by = {(x["backend"], x["bucket"]): x for x in rows}
+    assert len(rows) == 12 and by["megakernel", 1]["kernels"] == ["_megakernel"]
+    multi1 = by["multi", 1]["kernels"]
+    assert {"_router_kernel", "_gemm1_kernel", "_gemm2_kernel", "_combine_kernel"} <= set(multi1)
