@@ -89,8 +89,8 @@ def _files(folder: Path) -> int:
 def measure(preset: str, cfg, backend: str, T: int, cache: Path, *, smoke: bool, timeout_s: float) -> dict:
     """Run ``child`` in a fresh process with TRITON_CACHE_DIR=cache -> its row (or its error)."""
     spec = {"model": cfg.to_dict(), "backend": backend, "T": T, "smoke": smoke}
-    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
-    env.pop("TRITON_INTERPRET", None) if not smoke else env.update(TRITON_INTERPRET="1")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **({"TRITON_INTERPRET": "1"} if smoke else {}))
     before = _files(cache)
     row = {"what": "first_call", "preset": preset, "backend": backend, "T": T}
     t = time.perf_counter()
