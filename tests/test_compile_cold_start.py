@@ -39,13 +39,15 @@ def test_smoke_run_measures_both_caches_and_the_compile(tmp_path, capsys):
     rows = _rows(tmp_path)
     firsts = [r for r in rows if r["what"] == "first_call"]
     assert [(r["cache"], r["backend"], r["T"]) for r in firsts] == [
-        (c, b, T) for c in ("empty", "compiled") for b, T in cs.SMOKE_ITEMS]
+        (c, b, T) for c in ("empty", "compiled") for b, T in cs.SMOKE_ITEMS] + [
+        ("compiled", b, T) for b, T in cs.OFF_BUCKET_ITEMS]
     assert all(r["output_ok"] and r["first_call_s"] > 0 and r["compiles"] == [] for r in firsts)
     (comp,) = [r for r in rows if r["what"] == "compile"]
     assert comp["rc"] == 0 and comp["items_ok"] == comp["items"] == 4  # T in {1, 5} x both backends
     out = capsys.readouterr().out
     assert "| qwen3-30b-a3b | megakernel | 1 |" in out and "`megamoe compile` (qwen3-30b-a3b)" in out
-    assert "| qwen3-30b-a3b | multi | 5 |" in (tmp_path / "cold_start.md").read_text()
+    table = (tmp_path / "cold_start.md").read_text()
+    assert "| qwen3-30b-a3b | multi | 5 |" in table and "| qwen3-30b-a3b | megakernel | 2 | - | - |" in table
     status = json.loads((tmp_path / "compile_status.json").read_text())
     assert status["counts"] == {"ok": 4} and not (tmp_path / "compile_logs.tgz").exists()
 
