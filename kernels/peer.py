@@ -43,6 +43,8 @@ def load_peer_module(path):
     """The Python file at ``path`` imported as a module of its own, its ``fused_experts`` checked to
     take the 5 ``PEER_ARGS``; ``PeerError`` where it cannot be used."""
     p = Path(path)
+    if p.is_dir():
+        raise PeerError(f"--peer {str(path)!r} is a folder; give a Python file defining fused_experts(...)")
     if not p.is_file():
         raise PeerError(f"--peer {str(path)!r}: no such file; give a Python file defining "
                         f"fused_experts({', '.join(PEER_ARGS)})")

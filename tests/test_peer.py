@@ -90,6 +90,8 @@ def test_a_peer_that_fails_gets_its_error_in_the_row(rng, tmp_path, body, match)
 
 @pytest.mark.parametrize("body, match", [
     (None, "no such file; give a Python file defining fused_experts(x, w13, w2, topk_weights, topk_ids)"),
+    ("DIR", "is a folder; give a Python file"),
+    ("\0\1binary", "importing it raised"),
     ("def experts(x):\n    return x\n", "defines no callable fused_experts"),
     ("fused_experts = 3\n", "defines no callable fused_experts"),
     ("def fused_experts(x, w13, w2):\n    return x\n", "cannot be called with the 5 arguments"),
@@ -101,7 +103,7 @@ def test_bench_refuses_a_peer_it_cannot_call(tmp_path, capsys, body, match):
     """Refused before anything runs, in one line (exit 2), whatever the machine."""
     from megamoe.cli import main
 
-    p = tmp_path / "peer.py" if body is None else _peer_file(tmp_path, body)
+    p = {None: tmp_path / "peer.py", "DIR": tmp_path}.get(body) or _peer_file(tmp_path, body)
     assert main(["bench", "--presets", "qwen3-30b-a3b", "--tokens", "1", "--peer", str(p)]) == 2
     err = capsys.readouterr().err
     assert match in err and err.startswith("megamoe bench: error: --peer") and "Traceback" not in err
