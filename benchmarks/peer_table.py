@@ -334,7 +334,7 @@ def markdown(rows: list[dict], prov: dict, ceil: dict, profile: str, peer_file: 
 
 
 # --------------------------------------------------------------------------- compile ahead
-def warm_job(name: str, T: int, peer_file: str) -> str:
+def warm_job(name: str, T: int, peer_file: str, smoke: bool = False) -> str:
     """Run every column of (name, T), both routings where the table has them, once (in a process of its own)."""
     import torch
 
@@ -343,19 +343,25 @@ def warm_job(name: str, T: int, peer_file: str) -> str:
 
     try:
         peer = load_peer_module(peer_file)
-        cfg = layer_config(name, False)
-        for ww in make_weights(cfg, False)[: 2 if T in CONCENTRATED_T else 1]:
-            ins = routings(make_inputs(cfg, T, 1, False), ww, cfg)
-            auto = kmoe.resolve_backend("auto", cfg, T, torch.bfloat16, ins[0][0].device)
+        cfg = layer_config(name, smoke)
+        for ww in make_weights(cfg, smoke)[: 2 if T in CONCENTRATED_T else 1]:
+            ins = routings(make_inputs(cfg, T, 1, smoke), ww, cfg)
+            x = ins[0][0]
+            auto = kmoe.resolve_backend("auto", cfg, T, x.dtype, x.device)
             for fn, inputs, _ in columns(cfg, ww, ins, T, auto, peer).values():
                 fn(inputs[0])
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return f"{name} T={T}"
     except Exception as exc:  # noqa: BLE001 - the measuring process meets it again and records it
         return f"{name} T={T} {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def warm(specs, peer_file: str, timeout_s: float, log=print) -> None:
+#: of the GPU's memory, the share the compile-ahead's processes may fill with weights
+WARM_MEMORY_SHARE = 0.7
+
+
+def warm(specs, peer_file: str, timeout_s: float, log=print, smoke: bool = False, processes: int = 14) -> None:
     """``warm_job`` for each (preset, T) of the rows, in row order, in a spawn pool: at once as many
     as the GPU's memory holds (megakernel_variants.can_start: weights of each job's preset)."""
     import multiprocessing as mp
@@ -364,14 +370,14 @@ def warm(specs, peer_file: str, timeout_s: float, log=print) -> None:
     from megakernel_variants import HEAVY_GIB, can_start, weight_gib
 
     jobs = list(dict.fromkeys((p, T) for p, T, _ in specs))
-    gpu_gib = 0.8 * torch.cuda.mem_get_info()[1] / 2**30
+    gpu_gib = math.inf if smoke else WARM_MEMORY_SHARE * torch.cuda.mem_get_info()[1] / 2**30
     need = {j: (weight_gib(j[0]), weight_gib(j[0]) > HEAVY_GIB) for j in jobs}
     t0, running = time.time(), {}
-    with mp.get_context("spawn").Pool(min(14, len(jobs)), maxtasksperchild=1) as pool:
+    with mp.get_context("spawn").Pool(min(processes, len(jobs)), maxtasksperchild=1) as pool:
         while jobs or running:
             for j in list(jobs):
-                if can_start(need[j], list(running.values()), 14, gpu_gib):
-                    running[pool.apply_async(warm_job, (*j, peer_file))] = need[j]
+                if can_start(need[j], list(running.values()), processes, gpu_gib):
+                    running[pool.apply_async(warm_job, (*j, peer_file, smoke))] = need[j]
                     jobs.remove(j)
             for r in [r for r in running if r.ready()]:
                 log(f"# warmed {r.get()} ({time.time() - t0:.0f} s)")

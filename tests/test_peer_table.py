@@ -83,3 +83,18 @@ def test_a_bad_peer_is_refused(pt, tmp_path, capsys):
     p.write_text("def fused_experts(x):\n    return x\n")
     assert pt.main(["--smoke", "--peer", str(p), "--out", str(tmp_path)]) == 2
     assert "cannot be called with the 5 arguments" in capsys.readouterr().err
+
+
+def test_warm_runs_each_preset_and_T_once_in_processes_of_their_own(tmp_path, monkeypatch):
+    """The compile-ahead's pool path (spawned processes, one per (preset, T)), on the CPU: every job
+    ends without an error."""
+    import importlib
+
+    from benchload import BENCH
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    pt = importlib.import_module("peer_table")  # by name: the spawned processes import it so
+    logs = []
+    pt.warm([("mixtral-8x7b", 1, "uniform"), ("mixtral-8x7b", 8, "uniform"), ("mixtral-8x7b", 8, "concentrated")],
+            str(FAKE), 300, log=logs.append, smoke=True, processes=2)
+    assert sorted(m.split(" (")[0] for m in logs) == ["# warmed mixtral-8x7b T=1", "# warmed mixtral-8x7b T=8"], logs
