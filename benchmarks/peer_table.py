@@ -280,7 +280,7 @@ def _x(v) -> str:
 
 
 HEADER = ["preset", "T", "routing", "floor us", "multi us", "megakernel us", "auto", "layer us (auto, router)",
-          "predicted us", "peer us (as shipped)", "peer us (in graph)", "peer us (best Hopper config)",
+          "predicted us", "peer us (as shipped)", "peer us (all in graph)", "peer us (best Hopper config)",
           "best peer / best megamoe", "best / floor", "max err", "checks"]
 
 
@@ -328,8 +328,12 @@ def markdown(rows: list[dict], prov: dict, ceil: dict, profile: str, peer_file: 
     head = (f"{prov['gpu']}, torch {prov['torch']}, triton {prov['triton']}, commit {str(prov['commit'])[:12]}"
             f"{' (dirty)' if prov.get('dirty') else ''}, {prov['date']}. Ceilings in the same run: read "
             f"{ceil['read_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} "
-            f"TFLOP/s. Peer: {peer_file}. Predictions: profile {profile}. Routed experts with routing given "
-            f"(the same tensors for every column) but the layer column; CUDA-graph replays, median.")
+            f"TFLOP/s. Peer: {peer_file}. Predictions: profile {profile}, the layer on auto's backend. Routed "
+            f"experts with routing given (the same tensors for every column) but the layer column (router "
+            f"included); CUDA-graph replays, median. Peer as shipped: its own config for this GPU, its "
+            f"preparation (vLLM's alignment) before the graph; all in graph: its fused_experts, preparation "
+            f"included; best Hopper config: the fastest of the configs it ships for Hopper GPUs. Best peer: the "
+            f"faster of as shipped and best Hopper config; best megamoe: the faster routed-experts backend.")
     return "\n".join([head, "", *lines, "", *summary(rows), ""])
 
 

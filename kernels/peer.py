@@ -140,6 +140,7 @@ def checked_time(key: str, fn, inputs: list, y_ref, rows, dtype: str, reps: int,
     failing fn gets ``{key}_error`` instead of a time."""
     from ..reference import normalized_error, tolerance_for
 
+    out = {}
     try:
         y = fn(inputs[0])
         err = normalized_error(y[rows].detach().double().cpu().numpy(), y_ref)
@@ -151,9 +152,9 @@ def checked_time(key: str, fn, inputs: list, y_ref, rows, dtype: str, reps: int,
                                    f"against the float64 reference (limits {tmax:g} / {trms:g}, {dtype}); not timed")
             return out
         out[f"{key}_us"] = timer(fn, inputs, reps)
-        return out
     except Exception as exc:  # noqa: BLE001 - recorded in the row, the others go on
-        return {f"{key}_error": f"{type(exc).__name__}: {exc}"[:600]}
+        out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:600]
+    return out
 
 
 def routings(xs: list, w, config) -> list[tuple]:
