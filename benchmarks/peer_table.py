@@ -24,6 +24,11 @@ preset; a preset's weights are freed after its last row. Per row, all in this ru
                each config it ships for the Hopper GPUs (the best of them: peer_hopper_us)
     floor      max(FLOPs / matmul rate, bytes / streaming-read rate), both measured first
 
+The peer file defines ``fused_experts`` (kernels/peer.py) and may define the hooks (HOOKS)
+``shipped_config(T, E, I, H, K) -> (config, source)``, ``other_configs(T, E, I, H, K) -> {label:
+config}``, ``prepare(topk_ids, config, E) -> state`` (made before the graph) and ``run(x, w13, w2,
+topk_weights, topk_ids, config, state) -> y``; without them the peer column is ``fused_experts``.
+
 Every column's output on SAMPLE tokens of the first input is compared with the float64 reference
 (routed experts: ``kernels.peer.routed_reference`` on the given routing; the layer:
 ``megamoe.numerics.reference_on_tokens``) by the normalized error; a column off by more than the
@@ -153,9 +158,18 @@ def make_inputs(cfg, T: int, n: int, smoke: bool) -> list:
     return [torch.randn(T, cfg.hidden_size, device=dev, dtype=dt, generator=gen) for _ in range(n)]
 
 
-def columns(cfg, w, ins: list, T: int, auto: str, peer) -> dict:
+def _raises(exc: Exception):
+    def fn(_):
+        raise exc
+
+    return fn
+
+
+def columns(cfg, w, ins: list, T: int, auto: str, peer, info: dict | None = None) -> dict:
     """{column: (fn, inputs, reference "experts" or "layer")}: every variant the row times, each
-    called as fn(inputs[i]). ``ins``: (x, topk_weights, topk_ids) per input; ``peer``: its module."""
+    called as fn(inputs[i]). ``ins``: (x, topk_weights, topk_ids) per input; ``peer``: its module;
+    ``info`` gets "peer_shipped" (the peer's config as shipped and where it came from). A peer hook
+    that raises gives a "peer" column that raises the same (recorded as the row's peer_error)."""
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels.peer import peer_output
 
@@ -170,8 +184,12 @@ def columns(cfg, w, ins: list, T: int, auto: str, peer) -> dict:
         cols["megakernel"] = (experts("megakernel"), ins, "experts")
     cols["layer"] = (lambda a: kmoe.moe_forward(a[0], w, cfg, backend="auto", check=False), ins, "layer")
     cols["peer_inline"] = (lambda a: peer_output(peer.fused_experts, a[0], gu, dn, a[1], a[2]), ins, "experts")
-    if all(hasattr(peer, h) for h in HOOKS):
-        shipped, _ = peer.shipped_config(T, E, I, H, K)
+    if not all(hasattr(peer, h) for h in HOOKS):
+        return cols
+    try:
+        shipped, source = peer.shipped_config(T, E, I, H, K)
+        if info is not None:
+            info["peer_shipped"] = [shipped, source]
         confs = {"peer": shipped, **{f"cfg:{k}": c for k, c in peer.other_configs(T, E, I, H, K).items()}}
         for key, c in confs.items():
             prepared = [(x, tw, ti, peer.prepare(ti, c, E)) for x, tw, ti in ins]
@@ -180,6 +198,9 @@ def columns(cfg, w, ins: list, T: int, auto: str, peer) -> dict:
                 return peer_output(lambda *q: peer.run(*q, c, a[3]), a[0], gu, dn, a[1], a[2])
 
             cols[key] = (run, prepared, "experts")
+    except Exception as exc:  # noqa: BLE001 - the peer's failure, reported in its column
+        cols = {k: v for k, v in cols.items() if k in ("multi", "megakernel", "layer", "peer_inline")}
+        cols["peer"] = (_raises(RuntimeError(f"peer hook raised {type(exc).__name__}: {exc}"[:500])), ins, "experts")
     return cols
 
 
@@ -211,11 +232,8 @@ def measure_row(spec, cfg, w, peer, ctx: dict) -> dict:
     row = {"preset": name, "T": T, "routing": routing, "experts_touched": touched, "flops": flops, "bytes": byt,
            "floor_us": floor_us, "auto": auto, "calls_per_graph": ni, "reps": ctx["reps"], "dtype": dtype,
            "sampled_tokens": len(rows)}
-    if hasattr(peer, "shipped_config"):
-        row["peer_shipped"] = list(peer.shipped_config(T, cfg.num_experts, cfg.intermediate_size,
-                                                       cfg.hidden_size, cfg.top_k))
     configs = {}
-    for key, (fn, inputs, ref) in columns(cfg, w, ins, T, auto, peer).items():
+    for key, (fn, inputs, ref) in columns(cfg, w, ins, T, auto, peer, row).items():
         got = checked_time(key, fn, inputs, refs[ref], rows, dtype, ctx["reps"], ctx["timer"])
         if key.startswith("cfg:"):
             configs[key[4:]] = {k[len(key) + 1:]: v for k, v in got.items()}
@@ -469,6 +487,8 @@ def main(argv=None) -> int:
             cfg, w, wz = held[name]
             row = measure_row(spec, cfg, w if routing == "uniform" else wz, peer, ctx)
         except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             row = derive({"preset": name, "T": T, "routing": routing, "floor_us": None, "auto": "-",
                           "row_error": f"{type(exc).__name__}: {exc}"[:600]})
         row.update({**ctx["prov"], "peer_file": Path(args.peer).name, "profile": ctx["profile"].name,

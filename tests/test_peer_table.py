@@ -98,3 +98,14 @@ def test_warm_runs_each_preset_and_T_once_in_processes_of_their_own(tmp_path, mo
     pt.warm([("mixtral-8x7b", 1, "uniform"), ("mixtral-8x7b", 8, "uniform"), ("mixtral-8x7b", 8, "concentrated")],
             str(FAKE), 300, log=logs.append, smoke=True, processes=2)
     assert sorted(m.split(" (")[0] for m in logs) == ["# warmed mixtral-8x7b T=1", "# warmed mixtral-8x7b T=8"], logs
+
+
+def test_a_peer_hook_that_raises_fails_its_column_only(pt, tmp_path):
+    p = tmp_path / "hooked.py"
+    p.write_text(FAKE.read_text() + "\n\ndef other_configs(T, E, I, H, K):\n    raise KeyError('no config file')\n")
+    assert pt.main(["--smoke", "--peer", str(p), "--out", str(tmp_path), "--presets", "mixtral-8x7b",
+                    "--tokens", "1"]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "peer.jsonl").read_text().splitlines()]
+    assert row["peer_error"].startswith("RuntimeError: peer hook raised KeyError: 'no config file'")
+    assert row["multi_ok"] and row["layer_ok"] and row["peer_inline_ok"] and "peer_us" not in row
+    assert not row["all_ok"] and row["failed"] == ["peer"] and row["peer_best_us"] == row["peer_inline_us"]
