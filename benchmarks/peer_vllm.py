@@ -25,8 +25,8 @@ vp = importlib.util.module_from_spec(_spec)
 sys.modules["vllm_peer"] = vp
 _spec.loader.exec_module(vp)
 
-#: the Hopper GPUs whose shipped config files ``other_configs`` tries, as vLLM names them
-HOPPER = ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200", "NVIDIA_H20")
+#: the Hopper GPUs whose shipped config files ``other_configs`` tries (a part of vLLM's device name)
+HOPPER = ("H100", "H200", "H20", "H800", "GH200")
 
 
 def fused_experts(x, w13, w2, topk_weights, topk_ids):
@@ -39,13 +39,16 @@ def shipped_config(T, E, I, H, K):
 
 
 def other_configs(T, E, I, H, K):
-    """{file[M key]: config}: the nearest-M entry of each Hopper config file vLLM ships for (E, I)."""
+    """{device[M key]: config}: the nearest-M entry of each bf16 config file vLLM ships for (E, I)
+    and a Hopper GPU (its device name holds one of HOPPER)."""
     out = {}
-    for dev in HOPPER:
+    for f in sorted(Path(vp.CONFIG_DIR).glob(f"E={E},N={I},device_name=*.json")):
+        dev = f.stem.split("device_name=", 1)[1]
+        if "," in dev or not set(dev.split("_")) & set(HOPPER):
+            continue  # a dtype or block-shape file, or not a Hopper GPU
         table = vp.get_moe_configs(E, I, None, dev)
-        if table:
-            m = min(table, key=lambda k: abs(k - T))
-            out[f"{dev}[{m}]"] = dict(table[m])
+        m = min(table, key=lambda k: abs(k - T))
+        out[f"{dev}[{m}]"] = dict(table[m])
     return out
 
 

@@ -46,6 +46,8 @@ from .tune import tune
 
 PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,

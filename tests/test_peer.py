@@ -117,3 +117,27 @@ def test_a_peer_without_biases_is_not_compared_on_gpt_oss(rng):
     w, xs = _layer(rng, 3, cfg)
     row = peer_columns(cfg, w, xs, "multi", 1, load_peer(FAKE), timer=wall_time_us)
     assert row == {"peer_error": row["peer_error"]} and "tiny-oss has activation 'clamped_swiglu'" in row["peer_error"]
+
+
+def test_the_vllm_peer_file_where_its_kernel_is_placed(rng):
+    """benchmarks/peer_vllm.py over vLLM's kernel in .peer/ (git-ignored: skipped where it is not
+    placed), under the interpreter: as shipped and with its alignment prepared apart, both within
+    float32 tolerance of the reference; its other configs are Hopper files of this shape only."""
+    from benchload import BENCH
+
+    from megamoe.kernels.peer import load_peer_module, peer_columns, peer_output, routed_reference, routings
+    from megamoe.reference import normalized_error
+
+    if not (BENCH.parent / ".peer" / "vllm_peer.py").is_file():
+        pytest.skip("vLLM's kernel is not placed in .peer/ (docs/kernels.md, 'Comparing with a peer')")
+    peer = load_peer_module(BENCH / "peer_vllm.py")
+    w, xs = _layer(rng, 6)
+    row = peer_columns(CFG, w, xs, "multi", 1, peer.fused_experts, timer=lambda fn, ins, reps: 1.0)
+    assert row["peer_ok"] and row["peer_err_max"] < 1e-5
+    ((x, tw, ti),) = routings(xs[:1], w, CFG)
+    cfg, source = peer.shipped_config(6, 7, 36, 40, 3)
+    y = peer_output(lambda *a: peer.run(*a, cfg, peer.prepare(ti, cfg, 7)), x, w.gate_up, w.down, tw, ti)
+    rows = list(range(6))
+    assert normalized_error(y, routed_reference(x, ti, tw, w.gate_up, w.down, CFG, rows)).max_err < 1e-5
+    assert source == "default" and peer.other_configs(6, 7, 36, 40, 3) == {}
+    assert all(k.split("[")[0] in ("NVIDIA_H20", "NVIDIA_H200") for k in peer.other_configs(64, 128, 768, 2048, 8))
