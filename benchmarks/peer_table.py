@@ -281,7 +281,7 @@ def derive(row: dict) -> dict:
     errs += [v["err_max"] for v in row.get("peer_configs", {}).values() if "err_max" in v]
     row["err_max"] = max(errs, default=None)
     bad = [k[:-3] for k, v in row.items() if k.endswith("_ok") and not v]
-    bad += [f"peer {k}" for k, v in row.get("peer_configs", {}).items() if v.get("ok") is False]
+    bad += [f"peer {k}" for k, v in row.get("peer_configs", {}).items() if v.get("ok") is False or "error" in v]
     failed = [k[:-6] for k in row if k.endswith("_error") and k != "predicted_error"]
     row["all_ok"] = not bad and not failed
     row["failed"] = sorted(set(bad + failed))
