@@ -46,8 +46,6 @@ QUESTIONS = {
                     "megamoe bench --dtype bf16,fp8-act; python benchmarks/bench_fp8w.py; python benchmarks/bench_fp8a.py"),
     "fp8_decode": ("the FP8 megakernel at decode against FP8 multi-launch and the bf16 megakernel",
                    "python benchmarks/bench_megakernel.py --fp8 weights+act --out DIR"),
-    "peer": ("megamoe's backends against a same-run peer (vLLM's Triton fused-MoE kernels), the floor and the "
-             "cost model's prediction", "python benchmarks/peer_table.py --peer benchmarks/peer_vllm.py --out DIR"),
     "launches": ("the multi-launch layer launch by launch, beside the model's price of each",
                  "python benchmarks/profile_launches.py --out DIR"),
     "ep_fused": ("one rank's part of the fused expert-parallel layer, ranks emulated on one GPU",
@@ -62,6 +60,8 @@ QUESTIONS = {
     "rack_calibration": ("the communication-SM curve fitted to published points", "python benchmarks/rack_calibration.py"),
     "simulator_speed": ("how fast the simulator predicts a layer", "python benchmarks/bench_simulator.py"),
     "sweep_speed": ("how fast megamoe sweep runs thousands of points", "python benchmarks/bench_sweep.py"),
+    "peer": ("megamoe's backends against a same-run peer (vLLM's Triton fused-MoE kernels), the floor and the "
+             "cost model's prediction", "python benchmarks/peer_table.py --peer benchmarks/peer_vllm.py --out DIR"),
 }
 DATA_SUFFIXES = (".jsonl", ".json", ".jsonl.gz")
 #: files inside a result folder that belong to it, not results of their own
