@@ -380,7 +380,7 @@ def warm_job(name: str, T: int, peer_file: str, smoke: bool = False) -> str:
 
 
 #: of the GPU's memory, the share the compile-ahead's processes may fill with weights
-WARM_MEMORY_SHARE = 0.7
+WARM_MEMORY_SHARE = 0.6
 
 
 def warm(specs, peer_file: str, timeout_s: float, log=print, smoke: bool = False, processes: int = 14) -> None:
