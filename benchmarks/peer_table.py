@@ -64,6 +64,8 @@ DECODE_MAX_T = 64
 MEGAKERNEL_MAX_T = 512
 #: tokens of a row's first input checked against the float64 reference
 SAMPLE = 4
+#: CUDA-graph replays per timing, at least, for a table that counts (the median's)
+MIN_REPS = 20
 #: the share of --budget-s the compile-ahead may take at most
 WARM_SHARE = 0.45
 #: stand-in ceilings of --smoke, bytes/s and FLOP/s (no GPU: its floor is not a measurement)
@@ -85,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "topk_ids) (benchmarks/peer_vllm.py for vLLM's kernels)")
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--tokens", default=None, help=f"comma-separated T (default {','.join(map(str, TOKENS))})")
-    p.add_argument("--reps", type=int, default=None, help="CUDA-graph replays per timing (median; default 20, "
+    p.add_argument("--reps", type=int, default=None, help=f"CUDA-graph replays per timing (median; default {MIN_REPS}, "
                    "1 with --smoke)")
     p.add_argument("--budget-s", type=float, default=480.0, help="no row starts after this many seconds")
     p.add_argument("--profile", default=None, help="the cost model's profile (default: the GPU's, e.g. h100, "
@@ -105,9 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--tokens must be comma-separated whole numbers, got {args.tokens!r}")
     if not args.token_list or min(args.token_list) < 1:
         p.error(f"--tokens must list token counts >= 1, got {args.tokens!r}")
-    args.reps = args.reps or (1 if args.smoke else 20)
+    args.reps = args.reps or (1 if args.smoke else MIN_REPS)
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
+    if args.reps < MIN_REPS and not args.smoke:
+        print(f"# --reps {args.reps}: a median of fewer than {MIN_REPS} replays; the table's rule is {MIN_REPS} "
+              f"or more", flush=True)
     args.preset_list = args.presets.split(",")
     return args
 
