@@ -3,7 +3,9 @@
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width, m rows per expert.
 
 Per (preset, T, dtype) row: the ceilings (ceilings.py), the floor (``ceilings.floor_terms``), ours
-(moe_forward timed by ``measure.graph_time_us``) and the PyTorch pipeline (torch_moe.py).
+(moe_forward timed by ``measure.graph_time_us``) and the PyTorch pipeline (torch_moe.py). ``--peer
+FILE``: another implementation's routed experts beside megamoe's (``moe_experts``), same routing and
+weights, both checked against the float64 reference (peer.py); bf16 rows.
 ``--dtype bf16,fp8,fp8-act`` (``DTYPES``). Rows are printed and appended as JSON lines with their
 provenance to benchmarks/results/kernels_<date>.jsonl or --out; ``--tune`` tunes first (tune.py).
 """
@@ -37,28 +39,21 @@ from .measure import (  # noqa: F401
     random_device_weights,
     stage_split,
 )
+from .peer import PeerError, load_peer, peer_columns
 from .provenance import REPO, ProvenanceError, git_state, provenance  # noqa: F401
 from .torch_moe import torch_moe, torch_route  # noqa: F401
 from .tune import tune
 
 PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 TOKENS = (1, 8, 64, 512, 4096, 16384)
-#: vLLM 0.33 fused_moe Triton kernels on an H200, us, without router/align (shared/facts/h200-measured.md)
-VLLM_US = {
-    ("mixtral-8x7b", 1): 200.7, ("mixtral-8x7b", 8): 668.3, ("mixtral-8x7b", 64): 689.8,
-    ("mixtral-8x7b", 512): 1186.3, ("mixtral-8x7b", 4096): 6139.6, ("mixtral-8x7b", 16384): 23099.4,
-    ("qwen3-30b-a3b", 1): 45.9, ("qwen3-30b-a3b", 8): 156.8, ("qwen3-30b-a3b", 64): 311.6,
-    ("qwen3-30b-a3b", 512): 360.2, ("qwen3-30b-a3b", 4096): 989.4, ("qwen3-30b-a3b", 16384): 3277.7,
-    ("deepseek-v3", 1): 208.6, ("deepseek-v3", 8): 1289.2, ("deepseek-v3", 64): 4456.5,
-    ("deepseek-v3", 512): 5524.3, ("deepseek-v3", 4096): 9692.2, ("deepseek-v3", 16384): 29554.7,
-}
 
 
 # --------------------------------------------------------------------------- one row
 def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: bool = True,
               with_ideal: bool = True, deterministic: bool = True, breakdown: bool = False,
-              backend: str = "auto", dtype: str = "bf16") -> dict:
-    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name). FP8 rows leave out the bf16-only figures."""
+              backend: str = "auto", dtype: str = "bf16", peer=None) -> dict:
+    """One row: ``w`` the weights of ``dtype`` (a ``DTYPES`` name). FP8 rows leave out the bf16-only figures.
+    ``peer``: a peer's ``fused_experts`` (peer.py), timed beside megamoe's routed experts (bf16 rows)."""
     import torch
 
     from ..reference.sizes import ffn_flops
@@ -119,9 +114,8 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
                                                                          fp8_activations=fp8_act), xs, reps)
                   for stop in BREAKDOWN_STOPS}
         row.update(stage_us=stage_split(prefix, ours))
-    v = VLLM_US.get((name, T)) if fp8 is None else None
-    if v:
-        row.update(vllm_us=v, speedup_vs_vllm=v / ours)
+    if peer is not None and fp8 is None:
+        row.update(peer_columns(cfg, w, xs, ran, reps, peer))
     del xs
     return row
 
@@ -138,12 +132,13 @@ def fmt_row(r: dict) -> str:
     return (f"{r['preset']:<16}{r['T']:>6} {r.get('dtype', 'bf16'):>7} {f('floor_us', '10.1f')} {f('ours_us', '10.1f')} "
             f"{f('ours_over_floor', '6.2f')} {f('speedup_vs_bf16', '6.2f')} {f('torch_us', '10.1f')} "
             f"{f('speedup_vs_torch', '6.2f')} "
-            f"{f('vllm_us', '9.1f')} {f('speedup_vs_vllm', '6.2f')} {f('ours_over_ideal_rate', '6.2f')} "
+            f"{f('experts_us', '10.1f')} {f('peer_us', '9.1f')} {f('speedup_vs_peer', '6.2f')} "
+            f"{f('ours_over_ideal_rate', '6.2f')} "
             f"{f('ours_tflops', '7.1f')}")
 
 
 HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10} {'o/fl':>6} {'xbf16':>6} {'torch us':>10} "
-          f"{'xtorch':>6} {'vllm us':>9} {'xvllm':>6} {'o/idl':>6} {'TFLOP/s':>7}")
+          f"{'xtorch':>6} {'experts us':>10} {'peer us':>9} {'xpeer':>6} {'o/idl':>6} {'TFLOP/s':>7}")
 
 
 def dtype_rows(run_one, dtypes, emit, log=print) -> None:
@@ -182,6 +177,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"with 128 x 128 block scales, fp8-act = the same with FP8 activations")
     p.add_argument("--breakdown", action="store_true", help="also time router+align, gemm1, gemm2, combine apart")
     p.add_argument("--out", default=None, help="JSON-lines file to append rows to")
+    p.add_argument("--peer", default=None, metavar="FILE",
+                   help="a Python file defining fused_experts(x, w13, w2, topk_weights, topk_ids) (megamoe's layouts): "
+                        "timed beside megamoe's routed experts on the same routing and weights, its output checked "
+                        "against the float64 reference (docs/kernels.md, 'Comparing with a peer')")
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -221,6 +220,11 @@ def run(args: argparse.Namespace) -> int:
         import triton  # noqa: F401
     except ImportError as exc:
         print(f"megamoe bench: needs torch and triton on a CUDA GPU (pip install -e '.[gpu]'): {exc}", file=sys.stderr)
+        return 2
+    try:
+        peer = load_peer(args.peer) if args.peer else None
+    except PeerError as exc:
+        print(f"megamoe bench: error: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("megamoe bench needs a CUDA GPU", file=sys.stderr)
@@ -267,11 +271,15 @@ def run(args: argparse.Namespace) -> int:
                 def one(dt, det=det, T=T, name=name, cfg=cfg, ws=ws):
                     return bench_row(name, cfg, ws["bf16" if DTYPES[dt] is None else "fp8"], T, ceil, reps=args.reps,
                                      with_torch=not args.no_torch and det, deterministic=det,
-                                     breakdown=args.breakdown, backend=args.backend, dtype=dt)
+                                     breakdown=args.breakdown, backend=args.backend, dtype=dt,
+                                     peer=peer if det else None)
 
                 def show(r, det=det):
                     emit(r)
                     print(fmt_row(r) + ("" if det else "  (atomic)"), flush=True)
+                    if r.get("peer_error") or r.get("experts_error"):
+                        print(f"    peer: {r.get('peer_error') or ''} experts: {r.get('experts_error') or 'ok'}",
+                              flush=True)
                     if "stage_us" in r:
                         print("    stages us: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_us"].items()),
                               flush=True)
