@@ -123,6 +123,8 @@ SUBCOMMANDS = {
     "validate": ("megamoe.validate", "run the kernel and the simulator on the same plan and compare"),
     "sweep": ("megamoe.sweep", "sweep simulator options over a grid on Dask, into Parquet, resumable"),
     "calibrate": ("megamoe.calibrate", "measure the cost model's numbers with microbenchmarks (needs a GPU)"),
+    "configure": ("megamoe.tune_tables", "write the cost model's launch-config tables for a profile (no GPU)"),
+    "tune": ("megamoe.tune", "time the config candidates on this GPU; keep those that beat the model's choice"),
 }
 
 
@@ -154,7 +156,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 SIZE_INPUTS = {"simulate": "--tokens-per-gpu, --slots or the --model's sizes",
                "sweep": "fewer grid points, --tokens-per-gpu or --slots",
                "validate": "--tokens, or the T of the --from-bench / --report rows",
-               "bench": "--tokens", "calibrate": "--budget"}
+               "bench": "--tokens", "calibrate": "--budget", "tune": "--presets or --tokens"}
 
 
 def user_cache_dir() -> Path:
