@@ -203,6 +203,13 @@ def _lookup(E: int, H: int, I: int, K: int, T: int, gpu: str, dtype: str, triton
     return None, "heuristic"
 
 
+def untuned_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str = "bfloat16") -> dict:
+    """The entry ``select_config`` gives where no tuned file exists: the model table's, else the
+    heuristic (variants resolved): the choice ``megamoe tune`` must beat."""
+    entry, _ = _lookup(E, H, I, K, T, gpu, dtype, "", lambda *a: {}, _model)
+    return resolve_variants({k: dict(v) for k, v in (entry or default_config(E, H, I, K, T)).items()}, H, I, dtype)
+
+
 def config_source(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> str:
     """Where ``select_config``'s entry comes from: "tuned", "model" or "heuristic" (SOURCES)."""

@@ -1,0 +1,135 @@
+"""``megamoe tune``: time the launch-config candidates on this GPU against the cost model's choice.
+
+Shape legend: T tokens.
+
+Per (preset, T): the model's entry (``megamoe.choose`` on this GPU's profile: ``--profile``, else the
+profile ``kernels/configs/model/families.json`` names for the device) and every candidate are timed
+(``kernels.tune``); the tuned JSON keeps an entry only where the best candidate beats the model's by
+2% or more. Each (preset, T) appends one JSON line to ``--out`` as it finishes (preset, T, the
+model's entry, its predicted and measured us, the best entry and its us, their ratio, kept), so a
+run cut short keeps what it measured and ``--resume`` goes on from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+#: the presets ``megamoe tune`` times by default
+TUNE_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+TUNE_TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
+class TuneError(ValueError):
+    """A bad ``megamoe tune`` input; the message names it."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presets", default=",".join(TUNE_PRESETS), help=f"comma-separated presets (default "
+                   f"{','.join(TUNE_PRESETS)})")
+    p.add_argument("--tokens", default=",".join(map(str, TUNE_TOKENS)), help="comma-separated T (one per bucket)")
+    p.add_argument("--profile", default=None, help="the profile the model's choice is priced on (name or calibrated "
+                   "JSON; default: the one families.json names for this GPU)")
+    p.add_argument("--budget", type=float, default=900.0, metavar="SECONDS",
+                   help="no (preset, T) starts, and none is finished, past this many seconds (default 900)")
+    p.add_argument("--out", default=None, help="comparison JSONL (default tune_<gpu>_<date>.jsonl here)")
+    p.add_argument("--resume", action="store_true", help="skip the (preset, T) --out already has")
+
+
+def parse(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    """(presets, tokens) of the arguments, each checked (TuneError naming a bad one)."""
+    from megamoe.reference import PRESETS
+
+    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+    bad = [s for s in presets if s not in PRESETS]
+    if bad or not presets:
+        raise TuneError(f"unknown preset(s) {bad or presets}; presets: {', '.join(PRESETS)}")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        raise TuneError(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
+    if not tokens or min(tokens) < 1:
+        raise TuneError(f"--tokens must list token counts >= 1, got {args.tokens!r}")
+    if args.budget <= 0:
+        raise TuneError(f"--budget must be > 0 seconds, got {args.budget}")
+    return presets, tokens
+
+
+#: the launch-plan stages the tuner times (each GEMM alone): their predicted us is the row's model_predicted_us
+TIMED_STAGES = ("gemm1", "gemm1_act", "gemm2")
+
+
+def model_entries(profile, log=print):
+    """model(name, T) -> (the cost model's entry for preset ``name`` at T on ``profile``, its
+    predicted us of the stages the tuner times, TIMED_STAGES)."""
+    from megamoe.reference import MoEConfig
+
+    from .choose import choose
+
+    def model(name: str, T: int):
+        c = choose(MoEConfig.preset(name), T, profile, megakernel=False)
+        gemms = sum(us for stage, (us, _) in c.terms.items() if stage in TIMED_STAGES)
+        log(f"{name} T={T}: the model's entry on {c.profile}: GEMMs {gemms:.1f} us predicted "
+            f"(the layer {c.predicted_us:.1f} us)")
+        return c.entry, round(gemms, 2)
+
+    return model
+
+
+def done_rows(out: Path) -> set[tuple[str, int]]:
+    """(preset, T) of the rows ``out`` holds (a --resume skips them)."""
+    if not out.exists():
+        return set()
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["preset"], int(r["T"])) for r in rows}
+
+
+def run_tune(presets, tokens, profile, out: Path, *, budget_s: float, resume: bool = False, log=print,
+             **tune_kw) -> Path:
+    """Tune ``presets`` x ``tokens`` against the model on ``profile``; rows appended to ``out``;
+    ``tune_kw``: kernels.tune.tune's (timers, gpu, triton_version, path: tests' fakes). -> the tuned file."""
+    from megamoe.kernels.tune import tune
+
+    from .tune_tables import load
+
+    prof = load(profile)
+    done = done_rows(out) if resume else set()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    date = dt.date.today().isoformat()
+
+    def on_row(row: dict) -> None:
+        with out.open("a") as f:
+            f.write(json.dumps({**row, "profile": prof.name, "date": date}, sort_keys=True) + "\n")
+
+    return tune(presets, tokens, log=log, budget_s=budget_s, model_entries=model_entries(prof, log),
+                on_row=on_row, skip=lambda name, T: (name, T) in done, **tune_kw)
+
+
+def run(args: argparse.Namespace) -> int:
+    from megamoe.kernels import configs as cfgs
+
+    try:
+        presets, tokens = parse(args)
+        import torch
+
+        if not torch.cuda.is_available():
+            print("megamoe tune: error: no CUDA GPU: tune times kernels on this GPU; `megamoe configure` writes "
+                  "the model's tables without one", file=sys.stderr)
+            return 2
+        gpu = torch.cuda.get_device_name(0)
+        profile = args.profile or cfgs.family_of(gpu)
+        if profile is None:
+            raise TuneError(f"no profile is named for {gpu!r} in {cfgs.MODEL_DIR / 'families.json'}: give --profile "
+                            "(a shipped name or a calibrated profile JSON from megamoe calibrate)")
+        out = Path(args.out or f"tune_{cfgs.slug(gpu)}_{dt.date.today().isoformat()}.jsonl")
+        path = run_tune(presets, tokens, profile, out, budget_s=args.budget, resume=args.resume)
+    except ValueError as exc:
+        if not type(exc).__module__.startswith("megamoe."):
+            raise
+        print(f"megamoe tune: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"comparison rows: {out}; tuned entries: {path if path.exists() else 'none (the model stands)'}")
+    return 0
