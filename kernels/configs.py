@@ -45,7 +45,7 @@ FILE_KEYS = ("gpu", "dtype", "triton", "configs")
 #: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
 FILE_OPTIONAL = ("backend", "backend_fp8")
 #: the model tables' own top-level keys: "source" (how the table was made) and "predicted_us"
-#: {shape key: {bucket: {"multi": us, "megakernel": us}}} (the cost model's time of the chosen entry)
+#: {shape key: {bucket: {"multi": us, "megakernel": us, "price": {...}}}} (the chosen entry's predictions)
 MODEL_FILE_OPTIONAL = ("source", "predicted_us")
 MODEL_DIR = CONFIG_DIR / "model"
 #: where a config came from (``config_source``)

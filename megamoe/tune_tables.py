@@ -96,7 +96,8 @@ def build_table(profile_spec_: str, presets, *, dtype: str = "bfloat16", log=Non
             configs.setdefault(key, {})[str(T)] = c.entry
             backend.setdefault(key, {})[str(T)] = c.backend
             predicted.setdefault(key, {})[str(T)] = {"multi": round(c.predicted_us, 2),
-                                                    "megakernel": round(c.megakernel_us, 2)}
+                                                    "megakernel": round(c.megakernel_us, 2),
+                                                    "price": {k: round(v, 2) for k, v in c.price.items()}}
             if log:
                 log(f"{name} T={T}: {c.backend} (multi {c.predicted_us:.1f} us, megakernel {c.megakernel_us:.1f} us; "
                     f"{len(c.ranking)} entries priced)")
@@ -105,8 +106,8 @@ def build_table(profile_spec_: str, presets, *, dtype: str = "bfloat16", log=Non
                                     f"--presets {','.join(presets)}",
               "date": dt.date.today().isoformat(), "commit": _commit(),
               "chosen_by": f"the cost model over {n_cands} candidate entries (megamoe.choose: kernels.configs."
-                           "candidates priced in the launch plan on the expected uniform routing; the megakernel "
-                           "through its task plan)"}
+                           "candidates priced in the launch plan, the megakernel through its task plan, each at "
+                           "its predicted us summed over the uniform and the concentrated routing)"}
     return {"gpu": family_name(prof), "dtype": dtype, "triton": "any", "configs": configs, "backend": backend,
             "predicted_us": predicted, "source": source}
 
@@ -145,12 +146,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-presets", action="store_true", help="every preset megamoe knows")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16",), help="the activations' dtype")
     p.add_argument("--out", default=None, help="output folder (default kernels/configs/model)")
+    p.add_argument("--show", metavar="GPU", default=None, help="write nothing: print where each preset and bucket's "
+                   "config and backend come from on device GPU (as torch names it, e.g. 'NVIDIA H100 80GB HBM3')")
+
+
+def show(gpu: str, presets, *, dtype: str = "bfloat16", triton_version: str | None = None, log=print) -> None:
+    """Print, per preset and T bucket, the config and backend the kernels take on ``gpu`` and where
+    each comes from (tuned, model, heuristic)."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.plan import _triton_version
+    from megamoe.reference import MoEConfig
+
+    tv = triton_version or _triton_version()
+    log(f"{gpu} (Triton {tv}): model table {cfgs.family_of(gpu) or 'none'}")
+    for name in check_presets(presets):
+        cfg = MoEConfig.preset(name)
+        shape = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
+        for T in cfgs.T_BUCKETS:
+            kw = dict(gpu=gpu, dtype=dtype, triton_version=tv)
+            g1 = cfgs.select_config(*shape, T, **kw)["gemm1"]
+            log(f"  {name:<16} T={T:<6} config {cfgs.config_source(*shape, T, **kw):<9} (BLOCK_M {g1['BLOCK_M']}, "
+                f"{g1['variant']})  backend {cfgs.select_backend(*shape, T, **kw):<10} "
+                f"({cfgs.backend_source(*shape, T, **kw)})")
 
 
 def run(args: argparse.Namespace) -> int:
     from megamoe.reference import PRESETS
 
     presets = list(PRESETS) if args.all_presets else args.presets.split(",")
+    if args.show:
+        try:
+            show(args.show, presets, dtype=args.dtype)
+        except ConfigureError as exc:
+            print(f"megamoe configure: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     flags = f"--profile {profile_spec(args.profile)} " + ("--all-presets" if args.all_presets
                                                           else f"--presets {','.join(presets)}")
     try:

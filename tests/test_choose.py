@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from megamoe.choose import TIE_REL, _pick, choose, tie_key, uniform_counts
+from megamoe.choose import TIE_REL, _pick, choose, routing_counts, tie_key, uniform_counts
 from megamoe.cli import main
 from megamoe.kernels import configs as cfgs
 from megamoe.reference import MoEConfig
@@ -21,6 +21,26 @@ def test_uniform_counts_spread_the_pairs_evenly():
     for E, T, K in ((128, 1, 8), (8, 13, 2), (256, 4096, 8), (7, 0, 3)):
         c = uniform_counts(E, T, K)
         assert c.sum() == T * K and c.max() - c.min() <= 1 and len(c) == E
+        k = routing_counts("concentrated", E, T, K)
+        assert k.sum() == T * K and (k[:K] == T).all()
+    with pytest.raises(ValueError, match="routing must be one of"):
+        routing_counts("zipf", 8, 1, 2)
+
+
+def test_price_counts_the_skewed_routing():
+    """Qwen3-30B-A3B at T = 512 on the H100: 16-row tiles win on the uniform routing alone, the
+    price over both routings takes wider row tiles, which the concentrated routing needs."""
+    from megamoe.choose import _Pricer
+
+    cfg = MoEConfig.preset("qwen3-30b-a3b")
+    c = choose(cfg, 512, "h100", megakernel=False)
+    assert c.entry["gemm1"]["BLOCK_M"] >= 32
+    sixteen = cfgs.resolve_variants(cfgs.default_config(128, 2048, 768, 8, 1), 2048, 768, "bfloat16")
+    from megamoe.simulator.hardware import load_profile
+
+    p = load_profile("h100")
+    uni, conc = (_Pricer(cfg, 512, p, "bfloat16", r) for r in ("uniform", "concentrated"))
+    assert uni(sixteen) < uni(c.entry) and conc(sixteen) > 2 * conc(c.entry)
 
 
 @pytest.mark.parametrize("profile", ["h100", "benchmarks/results/h200/validation/profile.json"])
@@ -39,8 +59,8 @@ def test_choice_is_a_valid_candidate_entry_for_every_bench_preset_and_bucket(pro
             cands = cfgs.candidates(E, H, I, K, T)
             assert c.entry["gemm1"] in cands["gemm1"] and c.entry["gemm2"] in cands["gemm2"]
             assert c.backend in ("multi", "megakernel") and math.isfinite(c.megakernel_us)
-            assert c.predicted_us <= min(us for us, _ in c.ranking) * (1 + TIE_REL)
-            assert (c.backend == "megakernel") == (c.megakernel_us < c.predicted_us * (1 - TIE_REL))
+            assert c.price["multi"] <= min(us for us, _ in c.ranking) * (1 + TIE_REL) and c.predicted_us > 0
+            assert (c.backend == "megakernel") == (c.price["megakernel"] < c.price["multi"] * (1 - TIE_REL))
 
 
 def test_ties_go_to_the_heuristics_config_whatever_the_list_order():
