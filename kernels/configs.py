@@ -45,7 +45,7 @@ FILE_KEYS = ("gpu", "dtype", "triton", "configs")
 #: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
 FILE_OPTIONAL = ("backend", "backend_fp8")
 #: the model tables' own top-level keys: "source" (how the table was made) and "predicted_us"
-#: {shape key: {bucket: {"multi": us, "megakernel": us, "price": {...}}}} (the chosen entry's predictions)
+#: {shape key: {bucket: {"multi", "megakernel", "gemms": us, "price": {...}}}} (the chosen entry's predictions)
 MODEL_FILE_OPTIONAL = ("source", "predicted_us")
 MODEL_DIR = CONFIG_DIR / "model"
 #: where a config came from (``config_source``)
@@ -179,6 +179,18 @@ def _model(gpu: str, dtype: str) -> dict:
     prof = family_of(gpu)
     p = model_path(prof, dtype) if prof else None
     return load_file(p, model=True) if p and p.exists() else {}
+
+
+def model_prediction(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str = "bfloat16") -> dict | None:
+    """The model table's ``predicted_us`` of this shape at T's nearest bucket on ``gpu`` (None: no table)."""
+    prof = family_of(gpu)
+    p = model_path(prof, dtype) if prof else None
+    if not p or not p.exists():
+        return None
+    table = json.loads(p.read_text()).get("predicted_us", {}).get(shape_key(E, H, I, K))
+    if not table:
+        return None
+    return table[str(_nearest({int(b): b for b in table}, T))]
 
 
 def _nearest(table: dict, T: int):

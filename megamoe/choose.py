@@ -33,6 +33,8 @@ CALLS_PER_GRAPH = 1
 BACKENDS = ("multi", "megakernel")
 #: the routings a candidate is priced on (its price: the sum of its times on them)
 ROUTINGS = ("uniform", "concentrated")
+#: the launch-plan stages ``megamoe tune`` times (each GEMM alone): ``Choice.gemm_us``
+TIMED_STAGES = ("gemm1", "gemm1_act", "gemm2")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,11 @@ class Choice:
     ranking: list = field(default_factory=list, repr=False)
     terms: dict = field(default_factory=dict, repr=False)
     price: dict = field(default_factory=dict)
+
+    @property
+    def gemm_us(self) -> float:
+        """The predicted us of the entry's TIMED_STAGES on the uniform routing (what the tuner times)."""
+        return sum(us for stage, (us, _) in self.terms.items() if stage in TIMED_STAGES)
 
     @property
     def best_us(self) -> float:

@@ -2,8 +2,8 @@
 
 Shape legend: T tokens.
 
-Per (preset, T): the model's entry (``megamoe.choose`` on this GPU's profile: ``--profile``, else the
-profile ``kernels/configs/model/families.json`` names for the device) and every candidate are timed
+Per (preset, T): the model's entry (the GPU's model table's, which the kernels take without a tuned
+file; with ``--profile``, ``megamoe.choose`` on that profile) and every candidate are timed
 (``kernels.tune``); the tuned JSON keeps an entry only where the best candidate beats the model's by
 2% or more. Each (preset, T) appends one JSON line to ``--out`` as it finishes (preset, T, the
 model's entry, its predicted and measured us, the best entry and its us, their ratio, kept), so a
@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", default=",".join(TUNE_PRESETS), help=f"comma-separated presets (default "
                    f"{','.join(TUNE_PRESETS)})")
     p.add_argument("--tokens", default=",".join(map(str, TUNE_TOKENS)), help="comma-separated T (one per bucket)")
-    p.add_argument("--profile", default=None, help="the profile the model's choice is priced on (name or calibrated "
-                   "JSON; default: the one families.json names for this GPU)")
+    p.add_argument("--profile", default=None, help="price the model's choice on this profile (name or calibrated "
+                   "JSON) instead of taking it from this GPU's model table (kernels/configs/model)")
     p.add_argument("--budget", type=float, default=900.0, metavar="SECONDS",
                    help="no (preset, T) starts, and none is finished, past this many seconds (default 900)")
     p.add_argument("--out", default=None, help="comparison JSONL (default tune_<gpu>_<date>.jsonl here)")
@@ -58,23 +58,29 @@ def parse(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     return presets, tokens
 
 
-#: the launch-plan stages the tuner times (each GEMM alone): their predicted us is the row's model_predicted_us
-TIMED_STAGES = ("gemm1", "gemm1_act", "gemm2")
-
-
-def model_entries(profile, log=print):
-    """model(name, T) -> (the cost model's entry for preset ``name`` at T on ``profile``, its
-    predicted us of the stages the tuner times, TIMED_STAGES)."""
+def model_entries(profile, gpu: str, log=print):
+    """model(name, T) -> (the model's entry for preset ``name`` at T, its predicted us of the
+    stages the tuner times): with ``profile``, the cost model's choice on it; without, the entry
+    the kernels take on ``gpu`` without a tuned file (its model table's, with the table's
+    prediction; the heuristic, unpredicted, where the GPU has no table)."""
+    from megamoe.kernels import configs as cfgs
     from megamoe.reference import MoEConfig
 
     from .choose import choose
 
     def model(name: str, T: int):
-        c = choose(MoEConfig.preset(name), T, profile, megakernel=False)
-        gemms = sum(us for stage, (us, _) in c.terms.items() if stage in TIMED_STAGES)
-        log(f"{name} T={T}: the model's entry on {c.profile}: GEMMs {gemms:.1f} us predicted "
-            f"(the layer {c.predicted_us:.1f} us)")
-        return c.entry, round(gemms, 2)
+        cfg = MoEConfig.preset(name)
+        if profile is not None:
+            c = choose(cfg, T, profile, megakernel=False)
+            log(f"{name} T={T}: the model's entry on {c.profile}: GEMMs {c.gemm_us:.1f} us predicted "
+                f"(the layer {c.predicted_us:.1f} us)")
+            return c.entry, round(c.gemm_us, 2)
+        shape = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
+        entry = cfgs.untuned_config(*shape, T, gpu=gpu)
+        pred = cfgs.model_prediction(*shape, T, gpu=gpu)
+        log(f"{name} T={T}: the model's entry from the {'model table' if pred else 'heuristic (no model table)'}"
+            + (f": GEMMs {pred['gemms']:.1f} us predicted" if pred and "gemms" in pred else ""))
+        return entry, (pred or {}).get("gemms")
 
     return model
 
@@ -87,25 +93,27 @@ def done_rows(out: Path) -> set[tuple[str, int]]:
     return {(r["preset"], int(r["T"])) for r in rows}
 
 
-def run_tune(presets, tokens, profile, out: Path, *, budget_s: float, resume: bool = False, log=print,
+def run_tune(presets, tokens, profile, out: Path, *, budget_s: float, gpu: str, resume: bool = False, log=print,
              **tune_kw) -> Path:
-    """Tune ``presets`` x ``tokens`` against the model on ``profile``; rows appended to ``out``;
-    ``tune_kw``: kernels.tune.tune's (timers, gpu, triton_version, path: tests' fakes). -> the tuned file."""
+    """Tune ``presets`` x ``tokens`` on ``gpu`` against the model's entries (``model_entries``:
+    priced on ``profile``, or with None the GPU's model table); rows appended to ``out``;
+    ``tune_kw``: kernels.tune.tune's (timers, triton_version, path: tests' fakes). -> the tuned file."""
     from megamoe.kernels.tune import tune
 
     from .tune_tables import load
 
-    prof = load(profile)
+    prof = load(profile) if profile is not None else None
     done = done_rows(out) if resume else set()
     out.parent.mkdir(parents=True, exist_ok=True)
     date = dt.date.today().isoformat()
 
     def on_row(row: dict) -> None:
         with out.open("a") as f:
-            f.write(json.dumps({**row, "profile": prof.name, "date": date}, sort_keys=True) + "\n")
+            f.write(json.dumps({**row, "profile": prof.name if prof else "model table", "date": date},
+                               sort_keys=True) + "\n")
 
-    return tune(presets, tokens, log=log, budget_s=budget_s, model_entries=model_entries(prof, log),
-                on_row=on_row, skip=lambda name, T: (name, T) in done, **tune_kw)
+    return tune(presets, tokens, log=log, budget_s=budget_s, model_entries=model_entries(prof, gpu, log),
+                on_row=on_row, skip=lambda name, T: (name, T) in done, gpu=gpu, **tune_kw)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,12 +128,11 @@ def run(args: argparse.Namespace) -> int:
                   "the model's tables without one", file=sys.stderr)
             return 2
         gpu = torch.cuda.get_device_name(0)
-        profile = args.profile or cfgs.family_of(gpu)
-        if profile is None:
-            raise TuneError(f"no profile is named for {gpu!r} in {cfgs.MODEL_DIR / 'families.json'}: give --profile "
-                            "(a shipped name or a calibrated profile JSON from megamoe calibrate)")
+        if args.profile is None and cfgs.family_of(gpu) is None:
+            print(f"megamoe tune: {gpu!r} has no model table ({cfgs.MODEL_DIR / 'families.json'}): the candidates are "
+                  "timed against the heuristic; --profile PROFILE prices the model's choice instead")
         out = Path(args.out or f"tune_{cfgs.slug(gpu)}_{dt.date.today().isoformat()}.jsonl")
-        path = run_tune(presets, tokens, profile, out, budget_s=args.budget, resume=args.resume)
+        path = run_tune(presets, tokens, args.profile, out, budget_s=args.budget, gpu=gpu, resume=args.resume)
     except ValueError as exc:
         if not type(exc).__module__.startswith("megamoe."):
             raise

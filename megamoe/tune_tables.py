@@ -97,6 +97,7 @@ def build_table(profile_spec_: str, presets, *, dtype: str = "bfloat16", log=Non
             backend.setdefault(key, {})[str(T)] = c.backend
             predicted.setdefault(key, {})[str(T)] = {"multi": round(c.predicted_us, 2),
                                                     "megakernel": round(c.megakernel_us, 2),
+                                                    "gemms": round(c.gemm_us, 2),
                                                     "price": {k: round(v, 2) for k, v in c.price.items()}}
             if log:
                 log(f"{name} T={T}: {c.backend} (multi {c.predicted_us:.1f} us, megakernel {c.megakernel_us:.1f} us; "

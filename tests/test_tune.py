@@ -123,3 +123,21 @@ def test_tune_bad_input_is_one_clear_line(capsys, argv, message):
 def test_tune_without_a_gpu_says_what_runs_instead(capsys):
     assert main(["tune"]) == 2
     assert "megamoe configure" in capsys.readouterr().err
+
+
+def test_without_a_profile_the_model_entry_is_the_gpus_table(tmp_path):
+    """No --profile: the entry timed as the model's is the one the kernels take on that GPU without
+    a tuned file (its model table's), and the row carries the table's predicted GEMM us."""
+    out, seen = tmp_path / "rows.jsonl", []
+
+    def timers(name, cfg, T):
+        t = _timer({"gemm1": {}, "gemm2": {}})
+        return lambda g, c: seen.append(c) or t(g, c)
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    run_tune(["qwen3-30b-a3b"], [8], None, out, budget_s=600, log=lambda s: None, timers=timers, gpu=gpu,
+             triton_version="0", path=tmp_path / "tuned.json")
+    row = json.loads(out.read_text())
+    table = cfgs.load_file(cfgs.model_path("h100", "bfloat16"), model=True)["E128_H2048_I768_K8"][8]
+    assert row["model_entry"] == table and table["gemm1"] in seen
+    assert row["model_predicted_us"] == cfgs.model_prediction(128, 2048, 768, 8, 8, gpu=gpu)["gemms"] > 0
