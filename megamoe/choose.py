@@ -10,8 +10,8 @@ on the same K experts); a candidate's price is the sum of the two, so that a con
 rows but several times slower when a few experts take the tokens (16-row tiles at T = 512) loses
 to one good on both. The GEMMs are chosen as the tuner pairs them:
 per BM, GEMM 1's candidates with a reference GEMM 2 (the candidate nearest the heuristic's), then
-GEMM 2's with the best GEMM 1; the best pair over BM wins. The megakernel is priced through its task
-plan (``megamoe.predict.predict_config``) and taken where it is predicted faster than that pair.
+GEMM 2's with the best GEMM 1; the best pair over BM wins. The megakernel is priced the same way
+through its task plan (``megamoe.predict.predict_config``) and taken where its price is lower.
 
 Ties: predicted times within TIE_REL of the best are equal; among them the rule ``tie_key`` takes
 the heuristic's own config (fewest fields differing from ``default_config``'s), then the lightest

@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"megamoe tune: {gpu!r} has no model table ({cfgs.MODEL_DIR / 'families.json'}): the candidates are "
                   "timed against the heuristic; --profile PROFILE prices the model's choice instead")
         out = Path(args.out or f"tune_{cfgs.slug(gpu)}_{dt.date.today().isoformat()}.jsonl")
-        path = run_tune(presets, tokens, args.profile, out, budget_s=args.budget, gpu=gpu, resume=args.resume)
+        path = run_tune(presets, tokens, args.profile, out, budget_s=args.budget, gpu=gpu, resume=args.resume,
+                        log=lambda line: print(line, flush=True))
     except ValueError as exc:
         if not type(exc).__module__.startswith("megamoe."):
             raise
