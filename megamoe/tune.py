@@ -94,9 +94,10 @@ def done_rows(out: Path) -> set[tuple[str, int]]:
 
 
 def run_tune(presets, tokens, profile, out: Path, *, budget_s: float, gpu: str, resume: bool = False, log=print,
-             **tune_kw) -> Path:
+             provenance: dict | None = None, **tune_kw) -> Path:
     """Tune ``presets`` x ``tokens`` on ``gpu`` against the model's entries (``model_entries``:
     priced on ``profile``, or with None the GPU's model table); rows appended to ``out``;
+    ``provenance``: fields every row carries (kernels.provenance's: versions, commit, date);
     ``tune_kw``: kernels.tune.tune's (timers, triton_version, path: tests' fakes). -> the tuned file."""
     from megamoe.kernels.tune import tune
 
@@ -109,8 +110,8 @@ def run_tune(presets, tokens, profile, out: Path, *, budget_s: float, gpu: str, 
 
     def on_row(row: dict) -> None:
         with out.open("a") as f:
-            f.write(json.dumps({**row, "profile": prof.name if prof else "model table", "date": date},
-                               sort_keys=True) + "\n")
+            f.write(json.dumps({**row, "profile": prof.name if prof else "model table", "date": date,
+                                **(provenance or {})}, sort_keys=True) + "\n")
 
     return tune(presets, tokens, log=log, budget_s=budget_s, model_entries=model_entries(prof, gpu, log),
                 on_row=on_row, skip=lambda name, T: (name, T) in done, gpu=gpu, **tune_kw)
@@ -132,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"megamoe tune: {gpu!r} has no model table ({cfgs.MODEL_DIR / 'families.json'}): the candidates are "
                   "timed against the heuristic; --profile PROFILE prices the model's choice instead")
         out = Path(args.out or f"tune_{cfgs.slug(gpu)}_{dt.date.today().isoformat()}.jsonl")
+        from megamoe.kernels.provenance import provenance
+
         path = run_tune(presets, tokens, args.profile, out, budget_s=args.budget, gpu=gpu, resume=args.resume,
-                        log=lambda line: print(line, flush=True))
+                        log=lambda line: print(line, flush=True), provenance=provenance())
     except ValueError as exc:
         if not type(exc).__module__.startswith("megamoe."):
             raise
