@@ -100,8 +100,9 @@ def build_table(profile_spec_: str, presets, *, dtype: str = "bfloat16", log=Non
                                                     "gemms": round(c.gemm_us, 2),
                                                     "price": {k: round(v, 2) for k, v in c.price.items()}}
             if log:
-                log(f"{name} T={T}: {c.backend} (multi {c.predicted_us:.1f} us, megakernel {c.megakernel_us:.1f} us; "
-                    f"{len(c.ranking)} entries priced)")
+                log(f"{name} T={T}: {c.backend} (uniform routing: multi {c.predicted_us:.1f} us, megakernel "
+                    f"{c.megakernel_us:.1f}; price over both routings: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in c.price.items()) + f"; {len(c.ranking)} entries priced)")
     source = {"profile": profile_spec(profile_spec_), "profile_name": prof.name, "presets": list(presets),
               "command": command or f"megamoe configure --profile {profile_spec(profile_spec_)} "
                                     f"--presets {','.join(presets)}",
