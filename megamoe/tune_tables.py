@@ -114,9 +114,9 @@ def build_table(profile_spec_: str, presets, *, dtype: str = "bfloat16", log=Non
             "predicted_us": predicted, "source": source}
 
 
-def write_table(table: dict, out_dir: Path | None = None) -> Path:
-    """Write ``table`` to OUT_DIR/<profile>__<dtype>.json (default kernels/configs/model), merged
-    with the shapes already there; checked by the kernels' loader before it replaces the file."""
+def out_folder(out_dir: Path | str | None) -> Path:
+    """The folder a table goes to (default kernels/configs/model), made if missing (ConfigureError
+    naming it if it is a file or cannot be made)."""
     from megamoe.kernels import configs as cfgs
 
     out_dir = Path(out_dir) if out_dir else cfgs.MODEL_DIR
@@ -126,6 +126,15 @@ def write_table(table: dict, out_dir: Path | None = None) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigureError(f"--out {str(out_dir)!r}: cannot make the folder: {exc}") from None
+    return out_dir
+
+
+def write_table(table: dict, out_dir: Path | None = None) -> Path:
+    """Write ``table`` to OUT_DIR/<profile>__<dtype>.json (default kernels/configs/model), merged
+    with the shapes already there; checked by the kernels' loader before it replaces the file."""
+    from megamoe.kernels import configs as cfgs
+
+    out_dir = out_folder(out_dir)
     path = out_dir / cfgs.model_path(table["gpu"], table["dtype"]).name
     if path.exists():
         old = json.loads(path.read_text())
@@ -186,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     flags = f"--profile {profile_spec(args.profile)} " + ("--all-presets" if args.all_presets
                                                           else f"--presets {','.join(presets)}")
     try:
+        out_folder(args.out)
         table = build_table(args.profile, presets, dtype=args.dtype, log=print, command=f"megamoe configure {flags}")
         path = write_table(table, args.out)
     except ConfigureError as exc:
