@@ -162,21 +162,18 @@ def record(path: Path, gpu: str, dtype: str, triton_version: str, key: str, T: i
 
 
 class _GpuTimers:
-    """timers(name, cfg, T) -> gpu_timer on random weights of preset ``name`` (one preset's kept at a time)."""
+    """timers(name, cfg, T) -> gpu_timer on random weights of preset ``name`` (made once, kept: the
+    four default presets' layers take about 31 GB)."""
 
     def __init__(self):
-        self.name, self.w = None, None
+        self.weights = {}
 
     def __call__(self, name: str, cfg, T: int) -> Timer:
-        import torch
-
         from .measure import random_device_weights
 
-        if name != self.name:
-            self.w = None
-            torch.cuda.empty_cache()
-            self.name, self.w = name, random_device_weights(cfg)
-        return gpu_timer(cfg, self.w, T)
+        if name not in self.weights:
+            self.weights[name] = random_device_weights(cfg)
+        return gpu_timer(cfg, self.weights[name], T)
 
 
 def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: Callable | None = None,
@@ -187,7 +184,8 @@ def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: 
     dropped where it does not. ``model_entries(name, T)`` -> (entry, predicted us or None) (default:
     select_config's entry without a tuned file); ``timers(name, cfg, T)`` -> Timer (default: this
     GPU's); ``on_row(row)``: each (preset, T)'s comparison as it finishes; ``skip(name, T)``: True
-    for those already done. Stops at the first (preset, T) that would start past ``budget_s``."""
+    for those already done. T-major; stops at the first (preset, T) that would start past
+    ``budget_s``, and drops one the budget ends in the middle of."""
     from .measure import bench_config
 
     if timers is None:
@@ -198,16 +196,16 @@ def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: 
             _GpuTimers()
     path = path or cfgs.config_path(gpu, "bfloat16", triton_version)
     deadline = time.time() + budget_s
-    for name in presets:
-        cfg = bench_config(name)
-        E, H, I, K = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k
-        key = cfgs.shape_key(E, H, I, K)
-        for T in tokens:
+    layers = {name: bench_config(name) for name in presets}
+    for T in tokens:  # T-major: a run the budget cuts short has every preset at the smaller T
+        for name, cfg in layers.items():
             if skip and skip(name, T):
                 continue
             if time.time() > deadline:
                 log(f"tuning budget of {budget_s:.0f} s spent: stopping before {name} T={T}")
                 return path
+            E, H, I, K = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k
+            key = cfgs.shape_key(E, H, I, K)
             model, predicted = (model_entries(name, T) if model_entries
                                 else (cfgs.untuned_config(E, H, I, K, T, gpu=gpu), None))
             log(f"{name} T={T} ({key}): timing the candidates and the model's entry")
