@@ -178,13 +178,16 @@ class _GpuTimers:
 
 def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: Callable | None = None,
          timers: Callable | None = None, gpu: str | None = None, triton_version: str | None = None,
-         path: Path | None = None, on_row: Callable | None = None, skip: Callable | None = None) -> Path:
+         path: Path | None = None, on_row: Callable | None = None, skip: Callable | None = None,
+         check: Callable | None = None) -> Path:
     """Tune every (preset, T) against the model's entry and update the tuned JSON (``path``, default
     this GPU's): a bucket's entry is written where the best beats the model's entry by KEEP_MARGIN,
     dropped where it does not. ``model_entries(name, T)`` -> (entry, predicted us or None) (default:
     select_config's entry without a tuned file); ``timers(name, cfg, T)`` -> Timer (default: this
     GPU's); ``on_row(row)``: each (preset, T)'s comparison as it finishes; ``skip(name, T)``: True
-    for those already done. T-major; stops at the first (preset, T) that would start past
+    for those already done. ``check(name, cfg, weights, T, entry)`` -> {"ok": bool, ...}: the layer's
+    numerics with an entry (weights: the timers' ``weights[name]`` if they keep them); the best entry
+    is kept only if its check is ok. T-major; stops at the first (preset, T) that would start past
     ``budget_s``, and drops one the budget ends in the middle of."""
     from .measure import bench_config
 
@@ -216,12 +219,25 @@ def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: 
                 log(f"tuning budget of {budget_s:.0f} s spent: {exc}; nothing written for it")
                 return path
             kept = keeps(r["best_us"], r["model_us"])
-            log(f"{name} T={T}: {verdict(r['best_us'], r['model_us'])}")
+            line = verdict(r["best_us"], r["model_us"])
+            numerics = {}
+            if check is not None:
+                w = getattr(timers, "weights", {}).get(name)
+                numerics["model_numerics"] = check(name, cfg, w, T, model)
+                if not numerics["model_numerics"]["ok"]:
+                    log(f"{name} T={T}: the model's entry fails the float64 reference check: "
+                        f"{numerics['model_numerics']}")
+                if kept:
+                    numerics["best_numerics"] = check(name, cfg, w, T, r["best"])
+                    if not numerics["best_numerics"]["ok"]:
+                        kept = False
+                        line = f"not kept: the best entry fails the float64 reference check: {numerics['best_numerics']}"
+            log(f"{name} T={T}: {line}")
             record(path, gpu, "bfloat16", triton_version, key, T, r["best"] if kept else None)
             if on_row:
                 on_row({"preset": name, "T": T, "bucket": cfgs.bucket_of(T), "shape": key, "gpu": gpu,
                         "triton": triton_version, "model_entry": cfgs.check_entry(model, "model entry"),
                         "model_predicted_us": predicted, "model_measured_us": r["model_us"],
                         "best_entry": r["best"], "best_us": r["best_us"], "ratio": r["model_us"] / r["best_us"],
-                        "kept": kept, "failed": r["failed"]})
+                        "kept": kept, "failed": r["failed"], **numerics})
     return path

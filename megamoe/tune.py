@@ -5,8 +5,9 @@ Shape legend: T tokens.
 Per (preset, T): the model's entry (the GPU's model table's, which the kernels take without a tuned
 file; with ``--profile``, ``megamoe.choose`` on that profile) and every candidate are timed
 (``kernels.tune``); the tuned JSON keeps an entry only where the best candidate beats the model's by
-2% or more. Each (preset, T) appends one JSON line to ``--out`` as it finishes (preset, T, the
-model's entry, its predicted and measured us, the best entry and its us, their ratio, kept), so a
+2% or more and matches the float64 reference (the layer run with it, 16 sampled tokens). Each
+(preset, T) appends one JSON line to ``--out`` as it finishes (preset, T, the model's entry, its
+predicted and measured us, the best entry and its us, their ratio, kept, both entries' numerics), so a
 run cut short keeps what it measured and ``--resume`` goes on from there.
 """
 
@@ -85,6 +86,27 @@ def model_entries(profile, gpu: str, log=print):
     return model
 
 
+def numerics_check(sample: int = 16, seed: int = 0):
+    """check(name, cfg, weights, T, entry) -> {"ok", "max_err", "rms_err"}: the multi-launch layer
+    run with ``entry`` on fresh random x (T, H) in the weights' dtype and device, against the float64
+    reference on ``sample`` tokens (``megamoe.numerics.check_numerics``)."""
+    def check(name, cfg, w, T: int, entry: dict) -> dict:
+        import torch
+
+        from megamoe.kernels import moe
+
+        from .numerics import check_numerics
+
+        dev, dt = w.router_weight.device, w.router_weight.dtype
+        gen = torch.Generator(device=dev).manual_seed(seed + T)
+        x = torch.randn(T, cfg.hidden_size, device=dev, dtype=dt, generator=gen)
+        y = moe._forward(x, w, cfg, True, plan=moe.static_plan_for(cfg, T, x.dtype, x.device, gemm=entry))
+        rep = check_numerics(x, y, w, cfg, dtype=str(dt).removeprefix("torch."), sample=sample, seed=seed)
+        return {"ok": bool(rep.ok), "max_err": float(rep.error.max_err), "rms_err": float(rep.error.rms_err)}
+
+    return check
+
+
 def done_rows(out: Path) -> set[tuple[str, int]]:
     """(preset, T) of the rows ``out`` holds (a --resume skips them)."""
     if not out.exists():
@@ -136,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         from megamoe.kernels.provenance import provenance
 
         path = run_tune(presets, tokens, args.profile, out, budget_s=args.budget, gpu=gpu, resume=args.resume,
-                        log=lambda line: print(line, flush=True), provenance=provenance())
+                        log=lambda line: print(line, flush=True), provenance=provenance(), check=numerics_check())
     except ValueError as exc:
         if not type(exc).__module__.startswith("megamoe."):
             raise

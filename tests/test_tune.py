@@ -141,3 +141,51 @@ def test_without_a_profile_the_model_entry_is_the_gpus_table(tmp_path):
     table = cfgs.load_file(cfgs.model_path("h100", "bfloat16"), model=True)["E128_H2048_I768_K8"][8]
     assert row["model_entry"] == table and table["gemm1"] in seen
     assert row["model_predicted_us"] == cfgs.model_prediction(128, 2048, 768, 8, 8, gpu=gpu)["gemms"] > 0
+
+
+def test_an_entry_that_fails_the_reference_check_is_not_kept(tmp_path):
+    """The best entry 30% faster but wrong against the float64 reference: not kept, the row says
+    why; the model's entry is checked too."""
+    out, tuned, lines, checked = tmp_path / "rows.jsonl", tmp_path / "tuned.json", [], []
+    model = {}
+
+    def timers(name, cfg, T):
+        from megamoe.choose import choose
+        from megamoe.reference import MoEConfig
+
+        model.update(choose(MoEConfig.preset(name), T, "h100", megakernel=False).entry)
+        return _timer(model, 1.3, flat=True)
+
+    def check(name, cfg, w, T, entry):
+        checked.append(entry)
+        ok = entry == model
+        return {"ok": ok, "max_err": 0.0 if ok else 1.0, "rms_err": 0.0 if ok else 1.0}
+
+    run_tune(["qwen3-30b-a3b"], [1], "h100", out, budget_s=600, log=lines.append, timers=timers, gpu="Fake GPU",
+             triton_version="0", path=tuned, check=check)
+    row = json.loads(out.read_text())
+    assert not row["kept"] and not tuned.exists() and len(checked) == 2
+    assert row["model_numerics"]["ok"] and not row["best_numerics"]["ok"]
+    assert any("not kept: the best entry fails the float64 reference check" in x for x in lines)
+
+
+@pytest.mark.parametrize("T", [5, 37])  # one routing block and several; odd sizes
+def test_numerics_check_runs_the_layer_with_the_entry(device, T, monkeypatch):
+    """The check ``megamoe tune`` gives a kept entry: the layer with that entry against the float64
+    reference (here the interpreter's tiny entries on a shrunken Qwen3-30B-A3B); a wrong layer fails it."""
+    import numpy as np
+
+    from megamoe.reference import MoEConfig, random_weights
+    from megamoe.tune import numerics_check
+
+    cfg = MoEConfig.preset("qwen3-30b-a3b").replace(hidden_size=48, intermediate_size=40, num_experts=8, top_k=2)
+    w = random_weights(cfg, seed=3).to_torch(device.name, device.torch_dtype())
+    entry = cfgs.default_config(8, 48, 40, 2, T, interpret=device.name == "cpu")
+    rep = numerics_check(sample=4)("tiny", cfg, w, T, entry)
+    assert rep["ok"] and 0 < rep["max_err"] < 1e-3, rep
+    from megamoe.kernels import moe
+
+    forward = moe._forward
+    monkeypatch.setattr(moe, "_forward", lambda *a, **k: forward(*a, **k) * 1.5)  # a layer 50% off
+    bad = numerics_check(sample=4)("tiny", cfg, w, T, entry)
+    assert not bad["ok"] and np.isfinite(bad["max_err"]) and bad["max_err"] > 0.1
