@@ -176,6 +176,14 @@ class _GpuTimers:
         return gpu_timer(cfg, self.weights[name], T)
 
 
+def _checked(check: Callable, name: str, cfg, w, T: int, entry: dict) -> dict:
+    """``check``'s report, or {"ok": False, "error": ...} where the check itself raised."""
+    try:
+        return check(name, cfg, w, T, entry)
+    except Exception as exc:  # noqa: BLE001 - a layer that cannot run with the entry fails its check, named
+        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
 def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: Callable | None = None,
          timers: Callable | None = None, gpu: str | None = None, triton_version: str | None = None,
          path: Path | None = None, on_row: Callable | None = None, skip: Callable | None = None,
@@ -223,12 +231,12 @@ def tune(presets, tokens, log=print, budget_s: float = 480.0, *, model_entries: 
             numerics = {}
             if check is not None:
                 w = getattr(timers, "weights", {}).get(name)
-                numerics["model_numerics"] = check(name, cfg, w, T, model)
+                numerics["model_numerics"] = _checked(check, name, cfg, w, T, model)
                 if not numerics["model_numerics"]["ok"]:
                     log(f"{name} T={T}: the model's entry fails the float64 reference check: "
                         f"{numerics['model_numerics']}")
                 if kept:
-                    numerics["best_numerics"] = check(name, cfg, w, T, r["best"])
+                    numerics["best_numerics"] = _checked(check, name, cfg, w, T, r["best"])
                     if not numerics["best_numerics"]["ok"]:
                         kept = False
                         line = f"not kept: the best entry fails the float64 reference check: {numerics['best_numerics']}"
