@@ -56,6 +56,10 @@ def parse(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise TuneError(f"--tokens must list token counts >= 1, got {args.tokens!r}")
     if args.budget <= 0:
         raise TuneError(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.profile is not None:
+        from .tune_tables import load
+
+        load(args.profile)  # a bad --profile is named before any GPU work
     return presets, tokens
 
 

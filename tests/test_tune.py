@@ -113,6 +113,7 @@ def test_budget_keeps_what_was_measured_and_resume_goes_on(tmp_path):
     (["--presets", "nope-7b"], "unknown preset(s) ['nope-7b']"),
     (["--tokens", "1,x"], "--tokens must be comma-separated integers"),
     (["--budget", "0"], "--budget must be > 0"),
+    (["--profile", "h999"], "neither a shipped profile"),
 ])
 def test_tune_bad_input_is_one_clear_line(capsys, argv, message):
     assert main(["tune", *argv]) == 2
