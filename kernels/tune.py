@@ -31,20 +31,21 @@ class BudgetSpent(Exception):
     """The time budget ran out in the middle of a (shape, T bucket): its timings are dropped."""
 
 
-def gpu_timer(cfg, w, T: int, reps: int = 10) -> Timer:
-    """A timer of the layer's grouped GEMMs at T on this GPU: routed by the layer's router on random
-    x, each GEMM launched alone 4 times in a CUDA graph (median of ``reps`` replays)."""
+def gemm_launches(cfg, w, T: int, buffers: dict | None = None) -> Callable[[str, dict], Callable[[], None]]:
+    """launch_of(gemm, config) -> a function that launches that GEMM ("gemm1" or "gemm2") alone with
+    that config, on random x (T, H) routed by the layer's router (on the weights' device and dtype).
+    ``buffers``: filled with what the launches write, {"act": {BLOCK_M: (P_max, I)}, "out": {split:
+    (split x T x K, H)}} (GEMM 2 reads the act of GEMM 1 of the same BLOCK_M)."""
     import torch
     import triton
 
     from .align import launch_align
     from .grouped_gemm import launch_gemm1, launch_gemm2
-    from .measure import graph_time_us
     from .routing import launch_router
 
     E, K, H, I = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
-    dev, i32 = torch.device("cuda"), torch.int32
-    x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    dev, dt, i32 = w.router_weight.device, w.router_weight.dtype, torch.int32
+    x = torch.randn(T, H, device=dev, dtype=dt)
     block_t = cfgs.router_block_t(T, E)
     C = triton.cdiv(T, block_t)
     topk_idx = torch.empty((T, K), device=dev, dtype=i32)
@@ -52,6 +53,8 @@ def gpu_timer(cfg, w, T: int, reps: int = 10) -> Timer:
     hist = torch.empty((C, E), device=dev, dtype=i32)
     launch_router(x, w, cfg, topk_idx, topk_w, hist, None, block_t)
     metas, outs = {}, {}
+    if buffers is not None:
+        buffers.update(act={}, out=outs)
 
     def meta_for(bm):
         if bm not in metas:
@@ -60,27 +63,40 @@ def gpu_timer(cfg, w, T: int, reps: int = 10) -> Timer:
                 ("chunk_base", (C, E)), ("counts", (E,)), ("padded_offsets", (E + 1,)), ("padded_token", (P_max,)),
                 ("padded_pair", (P_max,)), ("block_expert", (P_max // bm,)), ("pair_dest", (T * K,)))}
             launch_align(topk_idx, hist, E, block_t, bm, meta)
-            metas[bm] = (meta, torch.randn((P_max, I), device=dev, dtype=torch.bfloat16), P_max // bm)
+            metas[bm] = (meta, torch.randn((P_max, I), device=dev, dtype=dt), P_max // bm)
+            if buffers is not None:
+                buffers["act"][bm] = metas[bm][1]
         return metas[bm]
 
     def out_for(split):
         if split not in outs:
-            outs[split] = torch.empty((split * T * K, H), device=dev,
-                                      dtype=torch.float32 if split > 1 else torch.bfloat16)
+            outs[split] = torch.empty((split * T * K, H), device=dev, dtype=torch.float32 if split > 1 else dt)
         return outs[split]
 
-    def timer(gemm: str, c: dict) -> float:
+    def launch_of(gemm: str, c: dict) -> Callable[[], None]:
         meta, act, nm = meta_for(c["BLOCK_M"])
         if gemm == "gemm1":
-            f = lambda _a: launch_gemm1(x, w.gate_up, w.gate_up_bias, act, meta, topk_w, c,  # noqa: E731
+            return lambda: launch_gemm1(x, w.gate_up, w.gate_up_bias, act, meta, topk_w, c,
                                         activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit,
                                         scale_input=cfg.weight_on_input, dense=False, num_m=nm)
-        else:
-            sk = c.get("SPLIT_K", 1)
-            f = lambda _a: launch_gemm2(act, w.down, w.down_bias, out_for(sk), meta,  # noqa: E731
-                                        None if cfg.weight_on_input else topk_w, c, T=T, K=K, KS=K, dense=False,
-                                        atomic=False, num_m=nm, split=sk)
-        return graph_time_us(f, [None] * 4, max(5, reps))
+        sk = c.get("SPLIT_K", 1)
+        out = out_for(sk)
+        return lambda: launch_gemm2(act, w.down, w.down_bias, out, meta, None if cfg.weight_on_input else topk_w, c,
+                                    T=T, K=K, KS=K, dense=False, atomic=False, num_m=nm, split=sk)
+
+    return launch_of
+
+
+def gpu_timer(cfg, w, T: int, reps: int = 10) -> Timer:
+    """A timer of the layer's grouped GEMMs at T on this GPU (``gemm_launches``): each GEMM launched
+    alone 4 times in a CUDA graph, median of ``reps`` replays."""
+    from .measure import graph_time_us
+
+    launch_of = gemm_launches(cfg, w, T)
+
+    def timer(gemm: str, c: dict) -> float:
+        f = launch_of(gemm, c)
+        return graph_time_us(lambda _a: f(), [None] * 4, max(5, reps))
 
     return timer
 

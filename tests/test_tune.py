@@ -190,3 +190,31 @@ def test_numerics_check_runs_the_layer_with_the_entry(device, T, monkeypatch):
     monkeypatch.setattr(moe, "_forward", lambda *a, **k: forward(*a, **k) * 1.5)  # a layer 50% off
     bad = numerics_check(sample=4)("tiny", cfg, w, T, entry)
     assert not bad["ok"] and np.isfinite(bad["max_err"]) and bad["max_err"] > 0.1
+
+
+@pytest.mark.parametrize("T", [3, 21])
+def test_gemm_launches_run_every_gemm_alone(device, T):
+    """What the GPU timer launches: each GEMM alone on the layer's own routing (the interpreter's tiny
+    tiles on a shrunken layer); split-K 2 gives GEMM 1's activation and GEMM 2's pair rows of split-K 1."""
+    import torch
+
+    from megamoe.kernels.tune import gemm_launches
+    from megamoe.reference import MoEConfig, random_weights
+
+    cfg = MoEConfig.preset("qwen3-30b-a3b").replace(hidden_size=48, intermediate_size=40, num_experts=8, top_k=2)
+    w = random_weights(cfg, seed=5).to_torch(device.name, device.torch_dtype())
+    bufs = {}
+    launch_of = gemm_launches(cfg, w, T, bufs)
+    base = cfgs.default_config(8, 48, 40, 2, 2, interpret=device.name == "cpu")["gemm1"]
+    acts, rows = [], []
+    for sk in (1, 2):
+        c = dict(base, SPLIT_K=sk)
+        launch_of("gemm1", c)()
+        acts.append(bufs["act"][c["BLOCK_M"]].clone())
+        launch_of("gemm1", dict(base, SPLIT_K=1))()  # GEMM 2 reads one activation whatever its split
+        launch_of("gemm2", c)()
+        out = bufs["out"][sk].float()
+        rows.append(out.view(sk, T * 2, 48).sum(0))
+    tol = dict(rtol=2e-3, atol=2e-3)
+    assert torch.count_nonzero(acts[0]) > 0 and torch.allclose(acts[0], acts[1], **tol)
+    assert torch.count_nonzero(rows[0]) > 0 and torch.allclose(rows[0], rows[1], **tol)
