@@ -1,8 +1,16 @@
-"""Launch configurations of the MoE kernels: tuned JSON beside this file, heuristics otherwise.
+"""Launch configurations of the MoE kernels: a measured override, the cost model's table, a heuristic.
 
 Shape legend: T tokens, E experts, K top-k, H hidden, I expert width.
 
-Pure Python. A tuned file ``configs/<gpu>__<dtype>__triton-<version>.json`` holds::
+Pure Python. Where an entry comes from (``config_source``), in this order:
+
+1. "tuned": ``configs/<gpu>__<dtype>__triton-<version>.json`` (``megamoe tune``: an entry measured
+   on this GPU that beat the model's choice), at the exact T bucket;
+2. "model": ``configs/model/<profile>__<dtype>.json`` (``megamoe configure``: the cost model's choice
+   over ``candidates``), the profile named for the device in ``configs/model/families.json``;
+3. a tuned entry of the nearest bucket, then "heuristic": ``default_config``.
+
+``select_backend`` reads the "backend" tables in the same order. A tuned file holds::
 
     {"gpu": "NVIDIA H200", "dtype": "bfloat16", "triton": "3.6.0",
      "configs": {"E128_H2048_I768_K8": {"1": {"gemm1": {...}, "gemm2": {...}}, "64": {...}}}}
@@ -36,6 +44,12 @@ DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
 #: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
 FILE_OPTIONAL = ("backend", "backend_fp8")
+#: the model tables' own top-level keys: "source" (how the table was made) and "predicted_us"
+#: {shape key: {bucket: {"multi", "megakernel", "gemms": us, "price": {...}}}} (the chosen entry's predictions)
+MODEL_FILE_OPTIONAL = ("source", "predicted_us")
+MODEL_DIR = CONFIG_DIR / "model"
+#: where a config came from (``config_source``)
+SOURCES = ("tuned", "model", "heuristic")
 #: the FP8 modes "backend_fp8" keys its tables by (moe.fp8_mode's names)
 FP8_MODES = ("weights", "weights+act")
 
@@ -107,15 +121,18 @@ def check_entry(entry: dict, where: str) -> dict:
     return {"gemm1": g1, "gemm2": g2}
 
 
-def load_file(path: Path) -> dict:
-    """Read and check one tuned file; returns {shape_key: {bucket: entry}}."""
+def load_file(path: Path, *, model: bool = False) -> dict:
+    """Read and check one tuned file (``model``: a model table, which may also hold
+    MODEL_FILE_OPTIONAL); returns {shape_key: {bucket: entry}}."""
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise KernelConfigError(f"{path}: cannot read tuned configs: {exc}") from None
-    if not isinstance(d, dict) or not set(FILE_KEYS) <= set(d) <= set(FILE_KEYS) | set(FILE_OPTIONAL):
+    allowed = set(FILE_KEYS) | set(FILE_OPTIONAL) | (set(MODEL_FILE_OPTIONAL) if model else set())
+    if not isinstance(d, dict) or not set(FILE_KEYS) <= set(d) <= allowed:
         got = sorted(d) if isinstance(d, dict) else type(d).__name__
-        raise KernelConfigError(f"{path}: top-level keys must be {list(FILE_KEYS)}, got {got}")
+        raise KernelConfigError(f"{path}: top-level keys must be {list(FILE_KEYS)} (optionally {sorted(allowed - set(FILE_KEYS))}), "
+                                f"got {got}")
     out = {}
     for sk, buckets in d["configs"].items():
         if not re.fullmatch(r"E\d+_H\d+_I\d+_K\d+", sk):
@@ -132,6 +149,85 @@ def load_file(path: Path) -> dict:
 def _tuned(gpu: str, dtype: str, triton_version: str) -> dict:
     p = config_path(gpu, dtype, triton_version)
     return load_file(p) if p.exists() else {}
+
+
+def model_path(profile: str, dtype: str) -> Path:
+    """The cost model's table for a profile and dtype: ``configs/model/<profile>__<dtype>.json``."""
+    return MODEL_DIR / f"{slug(profile)}__{dtype}.json"
+
+
+@cache
+def families() -> dict[str, str]:
+    """{device name (as torch reports it): profile name of its model table} (``model/families.json``)."""
+    p = MODEL_DIR / "families.json"
+    try:
+        d = json.loads(p.read_text())["devices"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise KernelConfigError(f"{p}: want {{\"devices\": {{device name: profile}}}}: {exc}") from None
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise KernelConfigError(f"{p}: 'devices' must map device names to profile names, got {d!r}")
+    return d
+
+
+def family_of(gpu: str) -> str | None:
+    """The profile whose model table configures device ``gpu`` (None: no table for it)."""
+    return families().get(gpu)
+
+
+@cache
+def _model(gpu: str, dtype: str) -> dict:
+    prof = family_of(gpu)
+    p = model_path(prof, dtype) if prof else None
+    return load_file(p, model=True) if p and p.exists() else {}
+
+
+def model_prediction(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str = "bfloat16") -> dict | None:
+    """The model table's ``predicted_us`` of this shape at T's nearest bucket on ``gpu`` (None: no table)."""
+    prof = family_of(gpu)
+    p = model_path(prof, dtype) if prof else None
+    if not p or not p.exists():
+        return None
+    table = json.loads(p.read_text()).get("predicted_us", {}).get(shape_key(E, H, I, K))
+    if not table:
+        return None
+    return table[str(_nearest({int(b): b for b in table}, T))]
+
+
+def _nearest(table: dict, T: int):
+    """The bucket of ``table`` nearest T in log scale (the smaller on a tie)."""
+    return min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))
+
+
+def _lookup(E: int, H: int, I: int, K: int, T: int, gpu: str, dtype: str, triton_version: str,
+            tuned_of, model_of) -> tuple:
+    """(value, source): the tuned table's at T's bucket, else the model table's (nearest bucket),
+    else the tuned table's nearest bucket, else (None, "heuristic")."""
+    key = shape_key(E, H, I, K)
+    tuned = tuned_of(gpu, dtype, triton_version).get(key) or {}
+    b = bucket_of(T)
+    if b in tuned:
+        return tuned[b], "tuned"
+    model = model_of(gpu, dtype).get(key)
+    if model:
+        return model[_nearest(model, T)], "model"
+    if tuned:
+        return tuned[_nearest(tuned, T)], "tuned"
+    return None, "heuristic"
+
+
+def untuned_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str = "bfloat16") -> dict:
+    """The entry ``select_config`` gives where no tuned file exists: the model table's, else the
+    heuristic (variants resolved): the choice ``megamoe tune`` must beat."""
+    entry, _ = _lookup(E, H, I, K, T, gpu, dtype, "", lambda *a: {}, _model)
+    return resolve_variants({k: dict(v) for k, v in (entry or default_config(E, H, I, K, T)).items()}, H, I, dtype)
+
+
+def config_source(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
+                  interpret: bool = False) -> str:
+    """Where ``select_config``'s entry comes from: "tuned", "model" or "heuristic" (SOURCES)."""
+    if interpret:
+        return "heuristic"
+    return _lookup(E, H, I, K, T, gpu, dtype, triton_version, _tuned, _model)[1]
 
 
 def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = False) -> dict:
@@ -159,16 +255,54 @@ def default_config(E: int, H: int, I: int, K: int, T: int, *, interpret: bool = 
     return {"gemm1": {**GEMM_OPTIONAL, **g1}, "gemm2": {**GEMM_OPTIONAL, **g2}}
 
 
+#: (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]) of the tuner's candidates, by rows per expert
+#: (T x K / E): decode (<= 4, BLOCK_M 16), middle (<= 64, BLOCK_M 16 to 64), prefill (BLOCK_M 64 and 128)
+_DECODE_SHAPES = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 4), (128, 128, 4, 3),
+                  (64, 64, 4, 5), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (32, 128, 4, 4, 2), (32, 128, 4, 4, 4),
+                  (128, 128, 4, 3, 2), (128, 128, 4, 3, 4), (64, 256, 4, 3, 2))
+_MIDDLE_SHAPES = ((64, 128, 4, 3), (32, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3))
+_PREFILL_SHAPES = {"gemm1": ((128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4)),
+                   "gemm2": ((256, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 4))}
+
+
+def candidates(E: int, H: int, I: int, K: int, T: int, *, dtype: str = "bfloat16") -> dict[str, list[dict]]:
+    """{"gemm1": [...], "gemm2": [...]}: the GEMM configs ``megamoe tune`` times and ``megamoe configure``
+    predicts for this shape at T, complete (GEMM_OPTIONAL filled), without duplicates, the heuristic's
+    own among them; an entry pairs a gemm1 and a gemm2 of the same BLOCK_M. Prefill adds the
+    "tma_persistent" variant (BLOCK_M 64 and 128, FLATTEN 0 and 1) where TMA can read the operands."""
+    def c(bm, bn, bk, nw, ns, sk=1):
+        return dict(GEMM_OPTIONAL, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=nw, num_stages=ns,
+                    SPLIT_K=sk)
+
+    rows = T * K / max(E, 1)
+    out = {}
+    for g, depth in (("gemm1", H), ("gemm2", I)):
+        if rows <= 4:
+            cands = [c(16, *t) for t in _DECODE_SHAPES]
+        elif rows <= 64:
+            cands = [c(bm, *t) for bm in (16, 32, 64) for t in _MIDDLE_SHAPES]
+        else:
+            cands = [c(bm, *t) for bm in (64, 128) for t in _PREFILL_SHAPES[g]]
+            if tma_ok(depth, dtype):
+                cands += [dict(tma_config(g, bm), FLATTEN=f) for bm in (64, 128) for f in (0, 1)]
+        cands.append(default_config(E, H, I, K, T)[g])
+        seen, out[g] = set(), []
+        for cand in cands:
+            key = json.dumps(check_gemm_config(cand, f"candidates {g}"), sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out[g].append(json.loads(key))
+    return out
+
+
 def select_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> dict:
-    """The entry for this shape and T: tuned if present, else the heuristic (variants resolved)."""
+    """The entry for this shape and T (variants resolved), from the first of: tuned, model table,
+    heuristic (the module docstring's order; ``config_source`` says which)."""
     if not interpret:
-        tuned = _tuned(gpu, dtype, triton_version).get(shape_key(E, H, I, K))
-        if tuned:
-            b = bucket_of(T)
-            if b not in tuned:
-                b = min(tuned, key=lambda x: abs(math.log(x) - math.log(max(T, 1))))
-            return resolve_variants({k: dict(v) for k, v in tuned[b].items()}, H, I, dtype)
+        entry, _ = _lookup(E, H, I, K, T, gpu, dtype, triton_version, _tuned, _model)
+        if entry:
+            return resolve_variants({k: dict(v) for k, v in entry.items()}, H, I, dtype)
     return resolve_variants(default_config(E, H, I, K, T, interpret=interpret), H, I, dtype)
 
 
@@ -354,19 +488,42 @@ MEGAKERNEL_MAX_T = 0
 
 def select_backend(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                    fp8: str | None = None) -> str:
-    """"megakernel" or "multi" for backend="auto": the tuned ``backend`` (or ``backend_fp8``) table,
-    else the megakernel for T <= MEGAKERNEL_MAX_T (float weights) or "multi"."""
-    table = _backends(gpu, dtype, triton_version, fp8).get(shape_key(E, H, I, K))
-    if table:
-        return table[min(table, key=lambda b: (abs(math.log(b) - math.log(max(T, 1))), b))]
-    return "megakernel" if fp8 is None and T <= MEGAKERNEL_MAX_T else "multi"
+    """"megakernel" or "multi" for backend="auto": the ``backend`` tables (``backend_fp8`` for FP8
+    weights, tuned only) in select_config's order, else the megakernel for T <= MEGAKERNEL_MAX_T
+    (float weights) or "multi"."""
+    return _backend_lookup(E, H, I, K, T, gpu, dtype, triton_version, fp8)[0]
+
+
+def backend_source(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
+                   fp8: str | None = None) -> str:
+    """Where ``select_backend``'s choice comes from: "tuned", "model" or "heuristic"."""
+    return _backend_lookup(E, H, I, K, T, gpu, dtype, triton_version, fp8)[1]
+
+
+def _backend_lookup(E, H, I, K, T, gpu, dtype, triton_version, fp8) -> tuple[str, str]:
+    model_of = (lambda g, d: _model_backends(g, d)) if fp8 is None else (lambda g, d: {})
+    name, source = _lookup(E, H, I, K, T, gpu, dtype, triton_version,
+                           lambda g, d, v: _backends(g, d, v, fp8), model_of)
+    if name is None:
+        return ("megakernel" if fp8 is None and T <= MEGAKERNEL_MAX_T else "multi"), "heuristic"
+    return name, source
+
+
+@cache
+def _model_backends(gpu: str, dtype: str) -> dict:
+    prof = family_of(gpu)
+    p = model_path(prof, dtype) if prof else None
+    return _backend_table(p, None) if p and p.exists() else {}
 
 
 @cache
 def _backends(gpu: str, dtype: str, triton_version: str, fp8: str | None = None) -> dict:
     p = config_path(gpu, dtype, triton_version)
-    if not p.exists():
-        return {}
+    return _backend_table(p, fp8) if p.exists() else {}
+
+
+def _backend_table(p: Path, fp8: str | None) -> dict:
+    """{shape key: {bucket: backend}} of file ``p``'s "backend" (or ``backend_fp8[fp8]``) table."""
     d = json.loads(p.read_text())
     where = "backend"
     if fp8 is None:

@@ -125,6 +125,8 @@ SUBCOMMANDS = {
     "calibrate": ("megamoe.calibrate", "measure the cost model's numbers with microbenchmarks (needs a GPU)"),
     "compile": ("megamoe.compile", "compile the kernels ahead into Triton's disk cache, per model, T and backend "
                 "(needs a GPU)"),
+    "configure": ("megamoe.tune_tables", "write the cost model's launch-config tables for a profile (no GPU)"),
+    "tune": ("megamoe.tune", "time the config candidates on this GPU; keep those that beat the model's choice"),
 }
 
 
@@ -156,7 +158,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 SIZE_INPUTS = {"simulate": "--tokens-per-gpu, --slots or the --model's sizes",
                "sweep": "fewer grid points, --tokens-per-gpu or --slots",
                "validate": "--tokens, or the T of the --from-bench / --report rows",
-               "bench": "--tokens", "calibrate": "--budget"}
+               "bench": "--tokens", "calibrate": "--budget", "tune": "--presets or --tokens"}
 
 
 def user_cache_dir() -> Path:
