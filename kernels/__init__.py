@@ -23,6 +23,7 @@ _LAZY = {
     "moe_experts": ("moe", "moe_experts"),
     "megakernel_forward": ("megakernel", "megakernel_forward"),
     "check_captured_routing": ("checks", "check_captured_routing"),
+    "check_routing": ("checks", "check_routing"),
     "register_transformers": ("hf_experts", "register"),
     "check_inputs": ("moe", "check_inputs"),
     "KernelInputError": ("checks", "KernelInputError"),
