@@ -553,9 +553,14 @@ def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backe
 
 
 def clear_caches() -> None:
-    """Drop the kept workspaces, call plans and checked-weights records (e.g. to free memory)."""
+    """Drop every kept eager-call record: workspaces, call plans, megakernel launch data and
+    checked weights (to free their memory, or to time a call made from nothing)."""
+    from . import megakernel
+
     workspace.clear()
-    _call_plan.cache_clear()
+    for c in (_call_plan, _experts_plan, _sizes_ok, megakernel.default_config, megakernel._experts_config):
+        c.cache_clear()
+    megakernel._statics.clear()
     _checked.clear()
     _json.clear()
 
