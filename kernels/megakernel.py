@@ -654,8 +654,11 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     tma_w = weight_descriptors(mk, gu, dn, tiles["gemm1"], tiles["gemm2"], fp8=fp8)
     lay, nprog, kwargs = _static_launch(x, weights, config, mk, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
                                         routing=routing, nprog=nprog, tma=tma_w[0] is not None)
-    b = workspace.get(("megakernel", id(mk), config, T, x.dtype, fp8, sgw is not None), dev,
-                      lambda: dict(_buffers(x, config, lay, tiles["gemm1"]["BLOCK_M"], fp8, None, shared, sgw), mk=mk))
+    def make():
+        return dict(_buffers(x, config, lay, tiles["gemm1"]["BLOCK_M"], fp8, None, shared, sgw), mk=mk)
+
+    kept = type(mk) is KeptConfig  # the workspace holds mk, so its id names it while kept
+    b = workspace.get(("megakernel", id(mk), config, T, x.dtype, fp8, sgw is not None), dev, make) if kept else make()
     if routing is not None:
         b = dict(b, topk_idx=routing[0], topk_w=routing[1])
     if trace is not None:
@@ -694,12 +697,14 @@ _statics: dict = {}  # _static_launch's key -> (mk, its result)
 def _static_launch(x, weights, config, mk: dict, *, fp8, on_gpu: bool, record: bool, trace, routing, nprog,
                    tma: bool) -> tuple[TaskLayout, int, dict]:
     """(task layout, programs, constexpr kwargs) of a launch: everything but the tensors, checked
-    and made once per (config, T, dtype, device, mk, options, which optional weights are given)."""
+    and made once per (config, T, dtype, device, mk, options, which optional weights are given)
+    where mk is a ``KeptConfig``, else each call."""
     given = tuple(getattr(weights, f, None) is not None
                   for f in ("router_bias", "score_bias", "shared_gate", "gate_up_bias", "down_bias"))
     key = (id(mk), config, x.shape[0], x.dtype, x.device, fp8, on_gpu, record, trace is not None,
            routing is not None, nprog, tma, given)
-    hit = _statics.get(key)
+    kept = type(mk) is KeptConfig
+    hit = _statics.get(key) if kept else None
     if hit is not None and hit[0] is mk:
         return hit[1]
     T, tiles = x.shape[0], mk["tiles"]
@@ -709,9 +714,10 @@ def _static_launch(x, weights, config, mk: dict, *, fp8, on_gpu: bool, record: b
     n = num_programs(x.device, lay, mk["occupancy"]) if nprog is None else nprog
     kwargs = _constexprs(x, weights, config, mk, lay, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
                          given=routing is not None, tma=tma)
-    if len(_statics) >= 1024:
-        _statics.clear()
-    _statics[key] = (mk, (lay, n, kwargs))
+    if kept:
+        if len(_statics) >= 1024:
+            _statics.clear()
+        _statics[key] = (mk, (lay, n, kwargs))
     return lay, n, kwargs
 
 
@@ -751,12 +757,17 @@ def _experts_config(H: int, I: int, E: int, K: int, activation: str, alpha: floa
                      swiglu_alpha=alpha, swiglu_limit=limit, name="moe_experts")
 
 
+class KeptConfig(dict):
+    """A megakernel config made by ``default_config`` and never changed after: launch data and
+    workspaces are kept per such config (a config given by a caller may change between calls, so
+    its launch data is made afresh each call)."""
+
+
 @lru_cache(maxsize=1024)
 def default_config(config, T: int, dtype: torch.dtype, device: torch.device, routing_given: bool,
-                   fp8: str | None) -> dict:
-    """``megakernel_config``'s answer, made once per call shape (for megakernel_forward's own use:
-    never handed out, so never changed)."""
-    return megakernel_config(config, T, dtype, device, routing_given=routing_given, fp8=fp8)
+                   fp8: str | None) -> KeptConfig:
+    """``megakernel_config``'s answer, made once per call shape (a ``KeptConfig``: not to be changed)."""
+    return KeptConfig(megakernel_config(config, T, dtype, device, routing_given=routing_given, fp8=fp8))
 
 
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,

@@ -208,7 +208,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    fp8 = fp8_mode(weights, fp8_activations)
+    fp8 = plan.fp8 if buffers is not None else fp8_mode(weights, fp8_activations)  # (_layer checked it)
     sp = plan or static_plan_for(config, T, x.dtype, dev, deterministic, fp8=fp8)
     if sp.T != T or sp.atomic != (not deterministic and (sp.KS > 1 or sp.split2 > 1)) or sp.fp8 != fp8:
         raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}, fp8={sp.fp8}: this call "
@@ -489,7 +489,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
             None if down_bias is None else down_bias.contiguous(),
             activation, float(alpha), float(limit), bool(deterministic), backend, not read)
     tensors = (topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias)
-    if all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None) and _direct(x, tensors):
+    if all(type(t) in PLAIN for t in tensors if t is not None) and _direct(x, tensors):
         y = _experts(*args)
     else:
         y = torch.ops.megamoe.moe_experts(*args)
@@ -562,6 +562,7 @@ def clear_caches() -> None:
         c.cache_clear()
     megakernel._statics.clear()
     _checked.clear()
+    _info.clear()
     _json.clear()
 
 
@@ -606,29 +607,46 @@ def config_json(config: MoEConfig) -> str:
     return s
 
 
-_checked: dict[tuple, tuple] = {}  # (id(weights), config, device, dtype) -> (weakref to weights, plain)
+_checked: dict[tuple, weakref.ref] = {}  # (id(weights), config, device, dtype) -> the weights checked
+_info: dict[int, tuple] = {}  # id(weights) -> (weakref to weights, (is_fp8, plain, its tensors))
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types the layer may take without the torch op
 
 
-def _check_weights_once(weights, config: MoEConfig, device: torch.device, dtype: torch.dtype) -> bool:
+def _check_weights_once(weights, config: MoEConfig, device: torch.device, dtype: torch.dtype) -> None:
     """``check_weights`` once per (weights object, config, device, dtype) outside a capture or
     compile (MoEWeights is frozen: its tensors stay those checked; FP8 scale values are re-read
-    when changed, by check_weights). Returns whether every weight is a plain tensor or Parameter."""
+    when changed, by check_weights)."""
     key = (id(weights), config, device, dtype)
     hit = _checked.get(key)
-    if hit is not None and hit[0]() is weights:
-        return hit[1]
+    if hit is not None and hit() is weights:
+        return
     check_weights(weights, config, device, dtype)
-    plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in weights.arrays().values())
     if not torch.compiler.is_compiling() and not checks.capturing(device):
         if len(_checked) >= 1024:
             _checked.clear()
-        _checked[key] = (weakref.ref(weights), plain)
-    return plain
+        _checked[key] = weakref.ref(weights)
+
+
+def _weights_info(weights) -> tuple | None:
+    """(is_fp8, every tensor a plain tensor or Parameter, the tensors) of a MoEWeights, made once
+    per object (frozen: its fields stay); None for anything else."""
+    if not isinstance(weights, MoEWeights):
+        return None
+    hit = _info.get(id(weights))
+    if hit is not None and hit[0]() is weights:
+        return hit[1]
+    ts = tuple(weights.arrays().values())
+    info = (weights.is_fp8, all(type(t) in PLAIN for t in ts), ts)
+    if len(_info) >= 1024:
+        _info.clear()
+    _info[id(weights)] = (weakref.ref(weights), info)
+    return info
 
 
 def _direct(x, tensors) -> bool:
     """Whether a call may run the layer without the torch op's dispatch: eager, plain tensors, no
-    torch function or dispatch mode, and nothing that autograd would have to see."""
+    torch function or dispatch mode, and nothing that autograd would have to see (``tensors``: the
+    others, None allowed)."""
     if (type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
             or torch._C._len_torch_dispatch_stack()):
         return False
@@ -650,16 +668,17 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    fp8_act = _fp8_activations(weights, fp8_activations)
-    plain = False
     if check:
         _check_x(x, config)
-        plain = _check_weights_once(weights, config, x.device, x.dtype)
-    if weights.is_fp8 or fp8_act:
+        _check_weights_once(weights, config, x.device, x.dtype)
+    info = _weights_info(weights)
+    is_fp8 = info[0] if info is not None else bool(getattr(weights, "is_fp8", False))
+    fp8_act = is_fp8 if fp8_activations is None else _fp8_activations(weights, fp8_activations)
+    if is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
     if checks._pending:
         checks.poll(x.device)
-    if plain and _direct(x, vars(weights).values()):
+    if info is not None and info[1] and _direct(x, info[2]):
         return _layer(x, weights, config, bool(deterministic), backend, fp8_act)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
@@ -700,7 +719,7 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     if weights.is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
     scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
-    plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in weights.arrays().values())
+    plain = all(type(t) in PLAIN for t in weights.arrays().values())
     every = tuple(t for t in (*ts, *scales) if t is not None)
 
     def f(x: torch.Tensor) -> torch.Tensor:

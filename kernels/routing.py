@@ -12,6 +12,8 @@ written) and shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,7 @@ from .align import _finish_offsets, _scatter_block
 from .plan import align_blocks, router_launch
 
 ROUTER_CODES = {r: i for i, r in enumerate(ROUTERS)}  # the kernels' ROUTER constexpr; the plan's router tiles
+_align_blocks = lru_cache(maxsize=1024)(align_blocks)  # read-only dicts, one per (E, block_m, B_max)
 
 
 @triton.jit
@@ -324,7 +327,7 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
     fuse = meta is not None and C == 1
     m = meta if fuse else {}
     B_max = m["block_expert"].shape[0] if fuse else 1
-    bl = align_blocks(E, block_m, B_max)
+    bl = _align_blocks(E, block_m, B_max)
     _router_kernel[rl["grid"]](
         x, weights.router_weight, weights.router_bias, weights.score_bias, sgw, part, sg_part,
         topk_idx, topk_w, hist, sgate,
