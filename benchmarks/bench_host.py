@@ -72,8 +72,9 @@ def time_calls(fn, dev, calls: int) -> dict:
     return {"enqueue_us": med(enq), "wall_us": med(wall), "gpu_us": med(gpu), "calls": calls}
 
 
-def reference_rows(x, w, cfg, topk_idx, topk_w, rows, *, shared: bool):
-    """float64 y at ``rows`` from the reference's expert FFNs on the given routing (+ the shared MLP)."""
+def reference_rows(x, w, cfg, topk_idx, topk_w, rows) -> tuple:
+    """float64 (routed, shared) parts of y at ``rows`` from the reference's expert FFNs on the given
+    routing and its shared MLP (zeros without one)."""
     import numpy as np
 
     from megamoe.reference import MoEWeights, expert_ffn, shared_forward
@@ -81,32 +82,47 @@ def reference_rows(x, w, cfg, topk_idx, topk_w, rows, *, shared: bool):
     def f64(t):
         return None if t is None else t.detach().double().cpu().numpy()
 
-    out = []
-    for t in rows:
-        xt = f64(x[t:t + 1])
-        acc = np.zeros_like(xt)
+    xs = f64(x[list(rows)])
+    routed = np.zeros_like(xs)
+    for i, t in enumerate(rows):
         for e, wt in zip(topk_idx[t].tolist(), topk_w[t].tolist()):
-            acc += wt * expert_ffn(xt, f64(w.gate_up[e]), f64(w.down[e]), cfg,
-                                   f64(None if w.gate_up_bias is None else w.gate_up_bias[e]),
-                                   f64(None if w.down_bias is None else w.down_bias[e]))
-        if shared and cfg.num_shared_experts:
-            sw = MoEWeights(router_weight=None, gate_up=None, down=None, shared_gate_up=f64(w.shared_gate_up),
-                            shared_down=f64(w.shared_down), shared_gate=f64(w.shared_gate))
-            acc += shared_forward(xt, sw, cfg)
-        out.append(acc[0])
-    return np.stack(out)
+            routed[i] += wt * expert_ffn(xs[i:i + 1], f64(w.gate_up[e]), f64(w.down[e]), cfg,
+                                         f64(None if w.gate_up_bias is None else w.gate_up_bias[e]),
+                                         f64(None if w.down_bias is None else w.down_bias[e]))[0]
+    shared = np.zeros_like(xs)
+    if cfg.num_shared_experts:
+        sw = MoEWeights(router_weight=None, gate_up=None, down=None, shared_gate_up=f64(w.shared_gate_up),
+                        shared_down=f64(w.shared_down), shared_gate=f64(w.shared_gate))
+        shared = shared_forward(xs, sw, cfg)
+    return routed, shared
 
 
-def check_output(y, x, w, cfg, topk_idx, topk_w, *, shared: bool) -> dict:
-    """Normalized error of y's rows 0 and T-1 against ``reference_rows``."""
+def make_case(cfg, w, T: int, dev, dtype) -> dict:
+    """One T's inputs, the kernels' routing of them and the reference's rows 0 and T-1 (made once,
+    for every backend and entry)."""
+    import torch
+
+    from megamoe.kernels import moe_forward_details
+
+    g = torch.Generator(device=dev.type).manual_seed(T)
+    x = torch.randn((T, cfg.hidden_size), device=dev, dtype=dtype, generator=g)
+    if not T:
+        z = torch.zeros((0, cfg.top_k), device=dev)
+        return {"x": x, "idx": z.int(), "tw": z.float(), "rows": [], "ref": None}
+    det = moe_forward_details(x, w, cfg)
+    rows = sorted({0, T - 1})
+    ref = reference_rows(x, w, cfg, det["topk_idx"], det["topk_weights"], rows)
+    return {"x": x, "idx": det["topk_idx"], "tw": det["topk_weights"], "rows": rows, "ref": ref}
+
+
+def check_output(y, case: dict, *, shared: bool) -> dict:
+    """Normalized error of y's rows 0 and T-1 against the case's reference rows (+ its shared MLP)."""
     from megamoe.reference import normalized_error, tolerance_for
 
-    T = x.shape[0]
-    if T == 0:
+    if case["ref"] is None:
         return {"err_max": 0.0, "err_rms": 0.0, "err_ok": True}
-    rows = sorted({0, T - 1})
-    ref = reference_rows(x, w, cfg, topk_idx, topk_w, rows, shared=shared)
-    rep = normalized_error(y[rows].double().cpu().numpy(), ref)
+    routed, sh = case["ref"]
+    rep = normalized_error(y[case["rows"]].double().cpu().numpy(), routed + sh if shared else routed)
     tmax, trms = tolerance_for(str(y.dtype).removeprefix("torch."))
     return {"err_max": rep.max_err, "err_rms": rep.rms_err, "err_ok": rep.max_err <= tmax and rep.rms_err <= trms}
 
@@ -177,46 +193,39 @@ def make_weights(cfg, dev, dtype, seed: int = 0):
     return random_weights(cfg, seed=seed).to_torch(str(dev), dtype)
 
 
-def rows_for(name, cfg, w, T, backend, dev, dtype, calls, log, warmup: int = 3) -> list[dict]:
+def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3) -> list[dict]:
     """The three entries' rows (moe_forward, bind, moe_experts) of one (preset, T, backend)."""
     import torch
 
-    from megamoe.kernels import bind, moe_experts, moe_forward, moe_forward_details
+    from megamoe.kernels import bind, moe_experts, moe_forward
 
-    g = torch.Generator(device=dev.type).manual_seed(T)
-    x = torch.randn((T, cfg.hidden_size), device=dev, dtype=dtype, generator=g)
-    base = {"preset": name, "T": T, "backend": backend, "dtype": str(dtype).removeprefix("torch.")}
-    det = moe_forward_details(x, w, cfg) if T else None
-    idx = det["topk_idx"] if T else torch.zeros((0, cfg.top_k), device=dev, dtype=torch.int32)
-    tw = det["topk_weights"] if T else torch.zeros((0, cfg.top_k), device=dev, dtype=torch.float32)
+    x, idx, tw = case["x"], case["idx"], case["tw"]
+    T = x.shape[0]
+    base = {"preset": name, "T": T, "backend": backend, "dtype": str(x.dtype).removeprefix("torch.")}
     f = bind(w, cfg, backend=backend)
-    calls_of = {
-        "moe_forward": lambda: moe_forward(x, w, cfg, backend=backend),
-        "bind": lambda: f(x),
-        "moe_experts": lambda: moe_experts(x, idx, tw, w.gate_up, w.down, w.gate_up_bias, w.down_bias,
-                                           activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit,
-                                           backend=backend),
-    }
+
+    def experts(ids):
+        return moe_experts(x, ids, tw, w.gate_up, w.down, w.gate_up_bias, w.down_bias, activation=cfg.activation,
+                           alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, backend=backend)
+
+    calls_of = {"moe_forward": lambda: moe_forward(x, w, cfg, backend=backend), "bind": lambda: f(x),
+                "moe_experts": lambda: experts(idx)}
     out = []
     for entry, fn in calls_of.items():
         t0 = time.perf_counter()
         for _ in range(warmup):  # compiles, fills the caches
-            y = fn()
+            fn()
         _sync(dev)
         row = {**base, "entry": entry, "warmup_s": round(time.perf_counter() - t0, 2)}
         row.update(time_calls(fn, dev, calls))
         y = fn()
-        fresh = uncached(fn)
-        row["same_as_uncached"] = bool(torch.equal(y, fresh))
-        row.update(check_output(y, x, w, cfg, idx, tw, shared=entry != "moe_experts"))
+        row["same_as_uncached"] = bool(torch.equal(y, uncached(fn)))
+        row.update(check_output(y, case, shared=entry != "moe_experts"))
         if entry == "moe_experts" and T:
             row.update(no_wait_proof(fn, dev))
             bad = idx.clone()
             bad[T - 1, 0] = cfg.num_experts + 3
-            row.update(deferred_error(lambda bad=bad: moe_experts(x, bad, tw, w.gate_up, w.down, w.gate_up_bias,
-                                                                  w.down_bias, activation=cfg.activation,
-                                                                  alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit,
-                                                                  backend=backend), dev))
+            row.update(deferred_error(lambda bad=bad: experts(bad), dev))
         log(row)
         out.append(row)
     return out
@@ -327,12 +336,14 @@ def main(argv=None) -> int:
         if i == 0:
             first_w = (cfg, w)
         for T in tokens:
+            case = None
             for b in backends:
                 if time.time() - t0 > args.budget_s:
                     print(f"# budget of {args.budget_s:.0f} s spent: {name} T={T} {b} not run", flush=True)
                     continue
                 try:
-                    rows_for(name, cfg, w, T, b, dev, dtype, args.calls, log, args.warmup)
+                    case = case or make_case(cfg, w, T, dev, dtype)
+                    rows_for(name, cfg, w, case, b, dev, args.calls, log, args.warmup)
                 except Exception as exc:  # noqa: BLE001 - a case that cannot run is a row saying why
                     log({"preset": name, "T": T, "backend": b, "entry": "all", "error": f"{type(exc).__name__}: {exc}"})
                 done = sum(1 for r in rows if r.get("entry") in ("moe_experts", "all")) if rows else 0

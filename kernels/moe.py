@@ -14,7 +14,8 @@ With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics
 GEMM 2 writes y directly.
 
 Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (forward only); ``bind(weights,
-config)`` gives a closure for torch.compile.
+config)`` gives a closure for torch.compile. Eager calls keep their plans, checks and intermediate
+buffers between calls and skip the op's dispatch where it adds nothing (docs/kernels.md, "Eager calls").
 """
 
 from __future__ import annotations
