@@ -10,8 +10,9 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
 - ``wall_us``: the call then ``torch.cuda.synchronize()``;
 - ``gpu_us``: CUDA events around the call.
 Entries: ``moe_forward`` (the whole layer: router, experts, shared MLP where the preset has one),
-``bind`` (the closure of ``bind(weights, config)``) and ``moe_experts`` (routed experts, routing
-given, ``check=True``). For ``moe_experts`` also the proof that it never waits for the GPU: with
+``bind`` (the closure of ``bind(weights, config)``), ``bind_graphs`` (``bind(..., graphs=True)``:
+a CUDA graph per T replayed, T <= moe.GRAPH_MAX_TOKENS) and ``moe_experts`` (routed experts,
+routing given, ``check=True``). For ``moe_experts`` also the proof that it never waits for the GPU: with
 ``torch.cuda._sleep`` queued first, the call returns while the sleep still runs
 (``returned_during_sleep``), and a bad routing is reported later by ``check_routing``
 (``deferred_error``). Each row's output is checked against the float64 reference (``err_max`` /
@@ -194,7 +195,7 @@ def make_weights(cfg, dev, dtype, seed: int = 0):
 
 
 def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3) -> list[dict]:
-    """The three entries' rows (moe_forward, bind, moe_experts) of one (preset, T, backend)."""
+    """The entries' rows (moe_forward, bind, bind_graphs, moe_experts) of one (preset, T, backend)."""
     import torch
 
     from megamoe.kernels import bind, moe_experts, moe_forward
@@ -203,13 +204,14 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
     T = x.shape[0]
     base = {"preset": name, "T": T, "backend": backend, "dtype": str(x.dtype).removeprefix("torch.")}
     f = bind(w, cfg, backend=backend)
+    fg = bind(w, cfg, backend=backend, graphs=True)
 
     def experts(ids):
         return moe_experts(x, ids, tw, w.gate_up, w.down, w.gate_up_bias, w.down_bias, activation=cfg.activation,
                            alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, backend=backend)
 
     calls_of = {"moe_forward": lambda: moe_forward(x, w, cfg, backend=backend), "bind": lambda: f(x),
-                "moe_experts": lambda: experts(idx)}
+                "bind_graphs": lambda: fg(x), "moe_experts": lambda: experts(idx)}
     out = []
     for entry, fn in calls_of.items():
         t0 = time.perf_counter()
@@ -219,7 +221,8 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
         row = {**base, "entry": entry, "warmup_s": round(time.perf_counter() - t0, 2)}
         row.update(time_calls(fn, dev, calls))
         y = fn()
-        row["same_as_uncached"] = bool(torch.equal(y, uncached(fn)))
+        plain = calls_of["bind"] if entry == "bind_graphs" else fn  # a graph's y against a plain call's
+        row["same_as_uncached"] = bool(torch.equal(y, uncached(plain)))
         row.update(check_output(y, case, shared=entry != "moe_experts"))
         if entry == "moe_experts" and T:
             row.update(no_wait_proof(fn, dev))

@@ -486,6 +486,13 @@ def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
     return buf
 
 
+def release_sync_buffer(device: torch.device, stream: int) -> torch.Tensor | None:
+    """Take the sync words of ``stream`` (a raw CUDA stream handle) out of the kept ones and return
+    them: for a CUDA graph captured on that stream, which must own them (and keep them alive) so
+    that no later call on a stream given the same handle shares them."""
+    return _SYNC.pop((str(device), stream), None)
+
+
 def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
     """The kernel's layout words (LAYOUT_WORDS) for ``lay`` on ``nprog`` programs."""
     f = lay.first

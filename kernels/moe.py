@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections import OrderedDict
 from functools import cache, lru_cache
 
 import torch
@@ -698,15 +699,20 @@ def _fp8_activations(weights: MoEWeights, fp8_activations) -> bool:
 
 
 def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto",
-         fp8_activations: bool | None = None):
+         fp8_activations: bool | None = None, graphs: bool = False):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
     The weights are checked here, once; each call checks x's shape, dtype and device on the host.
     Under torch.compile the closure calls the torch op with tensors, a string and a bool; eager
     calls skip the op's dispatch (``_direct``) and run the cached plan (docs/kernels.md, "Eager calls").
+    ``graphs=True`` (CUDA): an eager call of T <= GRAPH_MAX_TOKENS tokens replays a CUDA graph of
+    the layer captured at its first call for that T and stream (a copy of x in, a copy of y out;
+    bitwise the eager call's y), where capture works; otherwise, and for larger T, the plain call.
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if not isinstance(graphs, bool):
+        raise KernelInputError(f"graphs must be True or False, got {graphs!r}")
     rw = getattr(weights, "router_weight", None)
     dev, dt = getattr(rw, "device", None), getattr(rw, "dtype", None)
     check_weights(weights, config, dev, dt)
@@ -722,6 +728,10 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
     plain = all(type(t) in PLAIN for t in weights.arrays().values())
     every = tuple(t for t in (*ts, *scales) if t is not None)
+    kept = _Graphs() if graphs and dev.type == "cuda" else None
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return _layer(x, weights, config, det, backend, fp8_act)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
@@ -732,10 +742,70 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
             if checks._pending:
                 checks.poll(dev)
             if plain and _direct(x, every):
-                return _layer(x.contiguous(), weights, config, det, backend, fp8_act)
+                if kept is not None and 0 < x.shape[0] <= GRAPH_MAX_TOKENS:
+                    y = kept.call(x, run)
+                    if y is not None:
+                        return y
+                return run(x.contiguous())
         return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend, *scales, fp8_act)
 
     return f
+
+
+#: the most tokens a ``bind(..., graphs=True)`` call replays a CUDA graph for (larger T: plain calls)
+GRAPH_MAX_TOKENS = 256
+#: graphs one bound layer keeps (per T and stream), least recently used dropped first
+GRAPH_MAX_KEPT = 16
+
+
+class _Graphs:
+    """A bound layer's CUDA graphs per (T, stream): (graph, static x, static y, buffers the graph
+    owns), or None where the capture failed (that T and stream then run plain calls)."""
+
+    def __init__(self):
+        self.kept: OrderedDict = OrderedDict()
+
+    def call(self, x: torch.Tensor, run) -> torch.Tensor | None:
+        """y of ``run(x)`` through the kept graph (captured now if new); None: make a plain call."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (x.shape[0], torch.cuda.current_stream(x.device).cuda_stream)
+        if key not in self.kept:
+            self.kept[key] = _capture(x, run)
+            while len(self.kept) > GRAPH_MAX_KEPT:
+                self.kept.popitem(last=False)
+        self.kept.move_to_end(key)
+        entry = self.kept[key]
+        if entry is None:
+            return None
+        g, sx, sy, _owned = entry
+        sx.copy_(x)
+        g.replay()
+        return sy.clone()
+
+
+def _capture(x: torch.Tensor, run):
+    """(graph, static x, static y) of ``run`` on x's shape, the graph captured on a side stream after
+    one call there (compiles, fills caches); None if the capture fails."""
+    cur = torch.cuda.current_stream(x.device)
+    sx = x.clone(memory_format=torch.contiguous_format)
+    side = torch.cuda.Stream(device=x.device)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        run(sx)
+    cur.wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, stream=side):
+            sy = run(sx)
+    except RuntimeError:
+        return None
+    finally:
+        from .megakernel import release_sync_buffer
+
+        owned = release_sync_buffer(x.device, side.cuda_stream)  # the megakernel's, now the graph's alone
+    cur.wait_stream(side)
+    return g, sx, sy, owned
 
 
 def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> dict:

@@ -59,9 +59,11 @@ def test_cached_calls_are_fresh_calls(rng, device):
         first = moe_forward(xt, w, cfg, backend=backend)
         again = moe_forward(xt, w, cfg, backend=backend)
         bound = bind(w, cfg, backend=backend)(xt)
+        graphed = bind(w, cfg, backend=backend, graphs=True)(xt)  # (the CPU: a plain call)
         fresh = _fresh(lambda: moe_forward(xt, w, cfg, backend=backend))  # noqa: B023 - called at once
         what = f"{cfg.name} T={T} {dt} {backend}"
         assert torch.equal(first, fresh) and torch.equal(again, fresh) and torch.equal(bound, fresh), what
+        assert torch.equal(graphed, fresh), what
         assert_close(again.cpu(), ref_forward(round_to_dtype(x, dt), weights[cfg.name].round_to(dt), cfg), dt, what)
 
 
@@ -187,8 +189,8 @@ def test_bench_host_smoke(tmp_path):
     rows = [json.loads(s) for s in out.read_text().splitlines()]
     assert rc == 0
     by = {r["entry"]: r for r in rows}
-    assert set(by) == {"moe_forward", "bind", "moe_experts", "cprofile"}
-    for e in ("moe_forward", "bind", "moe_experts"):
+    assert set(by) == {"moe_forward", "bind", "bind_graphs", "moe_experts", "cprofile"}
+    for e in ("moe_forward", "bind", "bind_graphs", "moe_experts"):
         assert by[e]["err_ok"] and by[e]["same_as_uncached"] and by[e]["enqueue_us"] > 0, e
     assert by["moe_experts"]["bad_routing_raised_by"] == "the call"  # the interpreter: synchronous
     assert "token 1, slot 0" in by["moe_experts"]["bad_routing_message"]
@@ -252,3 +254,26 @@ def test_graph_capture_after_eager_calls(rng, device, backend):
         eager = moe_forward(x, w, DEEPSEEK, backend=backend)
         torch.cuda.synchronize()
         assert torch.equal(out, y) and torch.equal(eager, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["multi", "megakernel"])
+def test_bound_graphs_replay_the_eager_call(rng, device, backend):
+    """bind(..., graphs=True): per T a graph captured at the first call, replayed on new inputs,
+    bitwise the plain call's y (a fresh tensor each call); other layers' eager calls in between
+    (the megakernel's sync words: the graph owns its own) and T past GRAPH_MAX_TOKENS stay right."""
+    from megamoe.kernels import bind, moe
+
+    wa = random_weights(DEEPSEEK, seed=13).to_torch("cuda", torch.bfloat16)
+    wb = random_weights(DEEPSEEK, seed=17).to_torch("cuda", torch.bfloat16)
+    g, plain, other = (bind(wa, DEEPSEEK, backend=backend, graphs=True), bind(wa, DEEPSEEK, backend=backend),
+                       bind(wb, DEEPSEEK, backend=backend))
+    for T in (1, 5, 1, moe.GRAPH_MAX_TOKENS + 1, 5):
+        for _ in range(2):
+            x = device.tensor(rng.standard_normal((T, DEEPSEEK.hidden_size)))
+            y = g(x)
+            ob = other(x)
+            want = plain(x)
+            assert torch.equal(y, want), f"T={T}"
+            assert torch.equal(ob, _fresh(lambda x=x: other(x))), f"T={T} other layer"
+            assert y.data_ptr() != g(x).data_ptr()  # never the graph's own buffer
