@@ -293,7 +293,7 @@ def defer(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tens
     host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
     host.copy_(flag, non_blocking=True)
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(flag.device))
     key = _device_key(flag.device)
     _pending.setdefault(key, deque()).append(_Pending(key, event, host, num_experts, top_k, topk_idx, topk_weights))
 
