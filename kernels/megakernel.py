@@ -661,6 +661,7 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     tma_w = weight_descriptors(mk, gu, dn, tiles["gemm1"], tiles["gemm2"], fp8=fp8)
     lay, nprog, kwargs = _static_launch(x, weights, config, mk, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
                                         routing=routing, nprog=nprog, tma=tma_w[0] is not None)
+
     def make():
         return dict(_buffers(x, config, lay, tiles["gemm1"]["BLOCK_M"], fp8, None, shared, sgw), mk=mk)
 
