@@ -288,7 +288,7 @@ def fmt(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="JSONL file the rows are appended to "
-                                                "(default benchmarks/results/<gpu>/eager/host_<date>.jsonl)")
+                                                "(default benchmarks/results/eager_host_<date>.jsonl)")
     ap.add_argument("--presets", default="qwen3-30b-a3b,deepseek-v3")
     ap.add_argument("--tokens", default="1,8,64,4096")
     ap.add_argument("--backends", default="multi,megakernel")
@@ -316,9 +316,7 @@ def main(argv=None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     prov = _provenance(dev)
     day = (prov.get("date") or time.strftime("%Y-%m-%d"))[:10]
-    gpu_dir = "cpu" if dev.type != "cuda" else ("h100" if "H100" in prov["gpu"] else
-                                                 "h200" if "H200" in prov["gpu"] else "gpu")
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / gpu_dir / "eager" / f"host_{day}.jsonl"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"eager_host_{day}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"# {prov}", flush=True)
     print(HEADER, flush=True)
