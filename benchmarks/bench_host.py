@@ -214,21 +214,25 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
                 "bind_graphs": lambda: fg(x), "moe_experts": lambda: experts(idx)}
     out = []
     for entry, fn in calls_of.items():
-        t0 = time.perf_counter()
-        for _ in range(warmup):  # compiles, fills the caches
-            fn()
-        _sync(dev)
-        row = {**base, "entry": entry, "warmup_s": round(time.perf_counter() - t0, 2)}
-        row.update(time_calls(fn, dev, calls))
-        y = fn()
-        plain = calls_of["bind"] if entry == "bind_graphs" else fn  # a graph's y against a plain call's
-        row["same_as_uncached"] = bool(torch.equal(y, uncached(plain)))
-        row.update(check_output(y, case, shared=entry != "moe_experts"))
-        if entry == "moe_experts" and T:
-            row.update(no_wait_proof(fn, dev))
-            bad = idx.clone()
-            bad[T - 1, 0] = cfg.num_experts + 3
-            row.update(deferred_error(lambda bad=bad: experts(bad), dev))
+        row = {**base, "entry": entry}
+        try:
+            t0 = time.perf_counter()
+            for _ in range(warmup):  # compiles, fills the caches
+                fn()
+            _sync(dev)
+            row["warmup_s"] = round(time.perf_counter() - t0, 2)
+            row.update(time_calls(fn, dev, calls))
+            y = fn()
+            plain = calls_of["bind"] if entry == "bind_graphs" else fn  # a graph's y against a plain call's
+            row["same_as_uncached"] = bool(torch.equal(y, uncached(plain)))
+            row.update(check_output(y, case, shared=entry != "moe_experts"))
+            if entry == "moe_experts" and T:
+                row.update(no_wait_proof(fn, dev))
+                bad = idx.clone()
+                bad[T - 1, 0] = cfg.num_experts + 3
+                row.update(deferred_error(lambda bad=bad: experts(bad), dev))
+        except Exception as exc:  # noqa: BLE001 - an entry that cannot run is a row saying why
+            row["error"] = f"{type(exc).__name__}: {exc}"
         log(row)
         out.append(row)
     return out

@@ -99,6 +99,14 @@ def test_zero_tokens(device, backend):
     assert y.shape == (0, QWEN.hidden_size)
 
 
+def test_bind_refuses_a_graphs_flag_not_bool(device):
+    from megamoe.kernels import KernelInputError, bind
+
+    w = random_weights(QWEN, seed=3).to_torch(device.name, device.torch_dtype())
+    with pytest.raises(KernelInputError, match="graphs must be True or False, got 'yes'"):
+        bind(w, QWEN, graphs="yes")
+
+
 def test_moe_experts_cached_matches_fresh(rng, device):
     """moe_experts' kept plan and workspace across T values give a fresh call's output."""
     from megamoe.kernels import moe_experts
