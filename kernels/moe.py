@@ -621,6 +621,10 @@ def _check_weights_once(weights, config: MoEConfig, device: torch.device, dtype:
     key = (id(weights), config, device, dtype)
     hit = _checked.get(key)
     if hit is not None and hit() is weights:
+        if _weights_info(weights)[0] and not torch.compiler.is_compiling() and not checks.capturing(device):
+            for name in SCALE_FIELDS:  # each re-read only if written since (its version)
+                if getattr(weights, name) is not None:
+                    checks._check_scale_values(f"weights.{name}", getattr(weights, name))
         return
     check_weights(weights, config, device, dtype)
     if not torch.compiler.is_compiling() and not checks.capturing(device):

@@ -99,6 +99,21 @@ def test_zero_tokens(device, backend):
     assert y.shape == (0, QWEN.hidden_size)
 
 
+def test_fp8_scales_written_after_a_checked_call_are_read_again(device):
+    """The weights are checked once per object, but an FP8 scale written in place since is read
+    again by the next moe_forward (T = 0: only the checks run)."""
+    from megamoe.kernels import KernelInputError, moe_forward
+
+    cfg = MoEConfig(hidden_size=128, intermediate_size=128, num_experts=4, top_k=2)
+    w = random_weights(cfg, seed=0, fp8=True).to_torch(device.name, device.torch_dtype())
+    x = torch.zeros((0, 128), device=device.name, dtype=device.torch_dtype())
+    moe_forward(x, w, cfg)
+    moe_forward(x, w, cfg)  # checked already
+    w.down_scale_inv[2, 0, 0] = float("nan")
+    with pytest.raises(KernelInputError, match=r"weights.down_scale_inv .* must be finite and > 0, got nan"):
+        moe_forward(x, w, cfg)
+
+
 def test_bind_refuses_a_graphs_flag_not_bool(device):
     from megamoe.kernels import KernelInputError, bind
 
