@@ -17,8 +17,8 @@ routing given, ``check=True``). For ``moe_experts`` also the proof that it never
 (``returned_during_sleep``), and a bad routing is reported later by ``check_routing``
 (``deferred_error``). Each row's output is checked against the float64 reference (``err_max`` /
 ``err_rms``, normalized; rows 0 and T-1, on the routing the kernels used) and against a call with
-every cache dropped (``same_as_uncached``: bitwise). Last, a cProfile top-20 of 200 eager T = 1
-``moe_forward`` calls of the first preset. Rows go to the JSONL file as they finish (with the GPU,
+every cache dropped (``same_as_uncached``: bitwise). Last, per backend a cProfile top-20 of 200
+eager T = 1 ``moe_forward`` calls of the first preset. Rows go to the JSONL file as they finish (with the GPU,
 versions, commit and date), then a table is printed. About 4 minutes on an H100 (compiles included).
 """
 
@@ -358,10 +358,11 @@ def main(argv=None) -> int:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     cfg, w = first_w
-    text = profile_top(cfg, w, dev, dtype, backends[0], calls=PROFILE_CALLS if not args.smoke else 2)
-    log({"preset": presets[0], "T": 1, "backend": backends[0], "entry": "cprofile",
-         "top20": text})
-    print(text, flush=True)
+    for b in backends:
+        n = PROFILE_CALLS if not args.smoke else 2
+        text = profile_top(cfg, w, dev, dtype, b, calls=n)
+        log({"preset": presets[0], "T": 1, "backend": b, "entry": "cprofile", "calls": n, "top20": text})
+        print(text, flush=True)
     print(f"# {len(rows)} rows appended to {out}", flush=True)
     bad = [r for r in rows if r.get("error") or r.get("same_as_uncached") is False or r.get("err_ok") is False
            or r.get("returned_during_sleep") is False or (r.get("entry") == "moe_experts" and r["T"]
