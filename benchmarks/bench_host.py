@@ -1,7 +1,7 @@
 """Host time of eager calls (no CUDA graph): moe_forward, bind(...)(x) and moe_experts (issue 38, item 3).
 
     python benchmarks/bench_host.py [--out FILE.jsonl] [--presets qwen3-30b-a3b,deepseek-v3]
-        [--tokens 1,8,64,4096] [--backends multi,megakernel] [--calls 200] [--budget-s 540]
+        [--tokens 1,8,64,4096] [--backends multi,megakernel] [--calls 200] [--budget-s 420]
     TRITON_INTERPRET=1 python benchmarks/bench_host.py --smoke      # the CPU: tiny sizes, the code runs
 
 Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``--calls`` calls of:
@@ -19,7 +19,7 @@ routing given, ``check=True``). For ``moe_experts`` also the proof that it never
 ``err_rms``, normalized; rows 0 and T-1, on the routing the kernels used) and against a call with
 every cache dropped (``same_as_uncached``: bitwise). Last, per backend a cProfile top-20 of 200
 eager T = 1 ``moe_forward`` calls of the first preset. Rows go to the JSONL file as they finish (with the GPU,
-versions, commit and date), then a table is printed. About 4 minutes on an H100 (compiles included).
+versions, commit and date), then a table is printed. About 5 minutes on an H100 (compiles included; no new case starts after --budget-s).
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="multi,megakernel")
     ap.add_argument("--calls", type=int, default=200, help="timed calls per measurement")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before (the first compiles)")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny configs under TRITON_INTERPRET=1 on the CPU")
     args = ap.parse_args(argv)
     import torch
