@@ -12,14 +12,16 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
 Entries: ``moe_forward`` (the whole layer: router, experts, shared MLP where the preset has one),
 ``bind`` (the closure of ``bind(weights, config)``), ``bind_graphs`` (``bind(..., graphs=True)``:
 a CUDA graph per T replayed, T <= moe.GRAPH_MAX_TOKENS) and ``moe_experts`` (routed experts,
-routing given, ``check=True``). For ``moe_experts`` also the proof that it never waits for the GPU: with
-``torch.cuda._sleep`` queued first, the call returns while the sleep still runs
-(``returned_during_sleep``), and a bad routing is reported later by ``check_routing``
-(``deferred_error``). Each row's output is checked against the float64 reference (``err_max`` /
-``err_rms``, normalized; rows 0 and T-1, on the routing the kernels used) and against a call with
-every cache dropped (``same_as_uncached``: bitwise). Last, per backend a cProfile top-20 of 200
-eager T = 1 ``moe_forward`` calls of the first preset. Rows go to the JSONL file as they finish (with the GPU,
-versions, commit and date), then a table is printed. About 5 minutes on an H100 (compiles included; no new case starts after --budget-s).
+routing given, ``check=True``). For ``moe_experts`` also the proof that it never waits for the
+GPU: with ``torch.cuda._sleep`` queued first, the call returns while the sleep still runs
+(``returned_during_sleep``), and a bad routing is raised later, by ``check_routing``
+(``bad_routing_raised_by``, ``bad_routing_message``). Each row's output is checked against the
+float64 reference (``err_max`` / ``err_rms``, normalized; rows 0 and T-1, on the routing the
+kernels used) and against a call with every cache dropped (``same_as_uncached``: bitwise). Last,
+per backend a cProfile top-20 of 200 eager T = 1 ``moe_forward`` calls of the first preset. Rows
+go to the JSONL file as they finish (with the GPU, versions, commit and date) and print as a
+table. About 5 minutes on an H100, compiles included (no case starts after ``--budget-s``); exit
+status 1 if any row failed a check.
 """
 
 from __future__ import annotations
