@@ -480,9 +480,10 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
         if t.device != x.device:
             raise KernelInputError(f"{name} is on {t.device}, x on {x.device}: they must be on one device")
     dev = x.device
-    if checks._pending:
+    traced = torch.compiler.is_compiling()
+    if checks._pending and not traced:
         checks.poll(dev)
-    read = check and not torch.compiler.is_compiling() and not checks.capturing(dev)
+    read = check and not traced and not checks.capturing(dev)
     gpu = dev.type == "cuda"
     if read:  # this call's own flag on a GPU, read later (checks.defer); the CPU reads it at once
         flag = checks.call_flag(dev) if gpu else checks._init(checks.flag_for(dev, captured=False))
@@ -491,7 +492,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
             None if down_bias is None else down_bias.contiguous(),
             activation, float(alpha), float(limit), bool(deterministic), backend, not read)
     tensors = (topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias)
-    if all(type(t) in PLAIN for t in tensors if t is not None) and _direct(x, tensors):
+    if not traced and all(type(t) in PLAIN for t in tensors if t is not None) and _direct(x, tensors):
         y = _experts(*args)
     else:
         y = torch.ops.megamoe.moe_experts(*args)
@@ -674,15 +675,18 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if check:
+    traced = torch.compiler.is_compiling()  # traced: the checks and the torch op, nothing kept
+    if check and traced:
+        check_inputs(x, weights, config)
+    elif check:
         _check_x(x, config)
         _check_weights_once(weights, config, x.device, x.dtype)
-    info = _weights_info(weights)
+    info = None if traced else _weights_info(weights)
     is_fp8 = info[0] if info is not None else bool(getattr(weights, "is_fp8", False))
     fp8_act = is_fp8 if fp8_activations is None else _fp8_activations(weights, fp8_activations)
     if is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
-    if checks._pending:
+    if checks._pending and not traced:
         checks.poll(x.device)
     if info is not None and info[1] and _direct(x, info[2]):
         return _layer(x, weights, config, bool(deterministic), backend, fp8_act)

@@ -198,6 +198,31 @@ def test_deferred_error_message_from_the_flag_when_the_routing_changed(monkeypat
         checks.poll("cuda:0")
 
 
+def test_compiled_calls_never_poll(rng, device, monkeypatch):
+    """Under torch.compile (fullgraph) moe_forward and moe_experts leave pending checks alone (an
+    event query cannot be traced); the next eager call polls them."""
+    from collections import deque
+
+    from megamoe.kernels import checks, moe_experts, moe_forward
+
+    ev = _Event(done=False)
+    queries = []
+    ev.query = lambda: queries.append(1) or False
+    monkeypatch.setattr(checks, "_pending", {str(torch.device(device.name, 0) if device.name == "cuda"
+                                                 else torch.device("cpu")): deque([object()])})
+    checks._pending[next(iter(checks._pending))][0] = _pending_bad_call(checks, ev)
+    w = random_weights(QWEN, seed=19).to_torch(device.name, device.torch_dtype())
+    x = device.tensor(rng.standard_normal((2, QWEN.hidden_size)))
+    idx = torch.tensor([[0, 1, 2], [3, 4, 5]], device=device.name)
+    tw = torch.ones((2, 3), device=device.name)
+    f = torch.compile(lambda a: moe_forward(a, w, QWEN) + moe_experts(a, idx, tw, w.gate_up, w.down),
+                      fullgraph=True, backend="eager")
+    f(x)
+    assert not queries
+    moe_forward(x, w, QWEN)
+    assert queries
+
+
 def test_bench_host_smoke(tmp_path):
     """benchmarks/bench_host.py --smoke runs its measuring code on a tiny layer: rows for each entry,
     numerics within tolerance, cached equal to fresh, the bad routing reported."""
