@@ -355,7 +355,9 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
-        topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag)
+        out = workspace.get(("experts_routing", T, K), dev, lambda: (
+            torch.empty((T, K), device=dev, dtype=torch.int32), torch.empty((T, K), device=dev, dtype=torch.float32)))
+        topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag, out=out)
         return megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation, alpha,
                                   limit)
     p = _experts_plan(E, H, I, K, T, x.dtype, dev, bool(deterministic))

@@ -122,7 +122,8 @@ def test_bind_refuses_a_graphs_flag_not_bool(device):
         bind(w, QWEN, graphs="yes")
 
 
-def test_moe_experts_cached_matches_fresh(rng, device):
+@pytest.mark.parametrize("backend", ["multi", "megakernel"])
+def test_moe_experts_cached_matches_fresh(rng, device, backend):
     """moe_experts' kept plan and workspace across T values give a fresh call's output."""
     from megamoe.kernels import moe_experts
 
@@ -132,8 +133,8 @@ def test_moe_experts_cached_matches_fresh(rng, device):
         idx = torch.as_tensor(np.stack([rng.permutation(QWEN.num_experts)[:QWEN.top_k] for _ in range(T)]))
         idx = idx.to(device.name)
         tw = torch.as_tensor(rng.uniform(0.1, 1.0, (T, QWEN.top_k)), dtype=torch.float32).to(device.name)
-        y = moe_experts(x, idx, tw, w.gate_up, w.down)
-        fresh = _fresh(lambda x=x, idx=idx, tw=tw: moe_experts(x, idx, tw, w.gate_up, w.down))
+        y = moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend)
+        fresh = _fresh(lambda x=x, idx=idx, tw=tw: moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend))
         assert torch.equal(y, fresh), f"T={T}"
 
 
