@@ -124,18 +124,27 @@ def test_bind_refuses_a_graphs_flag_not_bool(device):
 
 @pytest.mark.parametrize("backend", ["multi", "megakernel"])
 def test_moe_experts_cached_matches_fresh(rng, device, backend):
-    """moe_experts' kept plan and workspace across T values give a fresh call's output."""
+    """moe_experts' kept plan and workspace across T values give a fresh call's output, the
+    reference's within tolerance."""
     from megamoe.kernels import moe_experts
+    from megamoe.reference import Routing, combine, experts_forward, plan_dispatch
 
-    w = random_weights(QWEN, seed=5).to_torch(device.name, device.torch_dtype())
+    w64 = random_weights(QWEN, seed=5)
+    w = w64.to_torch(device.name, device.torch_dtype())
     for T in (3, 7, 3):
-        x = device.tensor(rng.standard_normal((T, QWEN.hidden_size)))
-        idx = torch.as_tensor(np.stack([rng.permutation(QWEN.num_experts)[:QWEN.top_k] for _ in range(T)]))
-        idx = idx.to(device.name)
-        tw = torch.as_tensor(rng.uniform(0.1, 1.0, (T, QWEN.top_k)), dtype=torch.float32).to(device.name)
-        y = moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend)
-        fresh = _fresh(lambda x=x, idx=idx, tw=tw: moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend))
+        x = rng.standard_normal((T, QWEN.hidden_size))
+        ids = np.stack([rng.permutation(QWEN.num_experts)[:QWEN.top_k] for _ in range(T)])
+        tws = rng.uniform(0.1, 1.0, (T, QWEN.top_k))
+        xt, idx = device.tensor(x), torch.as_tensor(ids).to(device.name)
+        tw = torch.as_tensor(tws, dtype=torch.float32).to(device.name)
+        y = moe_experts(xt, idx, tw, w.gate_up, w.down, backend=backend)
+        fresh = _fresh(lambda xt=xt, idx=idx, tw=tw: moe_experts(xt, idx, tw, w.gate_up, w.down, backend=backend))
         assert torch.equal(y, fresh), f"T={T}"
+        plan = plan_dispatch(ids, QWEN.num_experts)
+        r = Routing(topk_idx=ids, topk_weights=tws, logits=np.zeros((T, QWEN.num_experts)))
+        dt = device.dtype
+        ref = combine(experts_forward(round_to_dtype(x, dt), r, plan, w64.round_to(dt), QWEN), plan, tws, QWEN)
+        assert_close(y.cpu(), ref, dt, f"moe_experts {backend} T={T}")
 
 
 class _Event:
