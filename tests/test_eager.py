@@ -233,6 +233,7 @@ def test_compiled_calls_never_poll(rng, device, monkeypatch):
     assert queries
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU interpreter's (the GPU runs it whole)")
 def test_bench_host_smoke(tmp_path):
     """benchmarks/bench_host.py --smoke runs its measuring code on a tiny layer: rows for each entry,
     numerics within tolerance, cached equal to fresh, the bad routing reported."""
