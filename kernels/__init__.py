@@ -5,6 +5,7 @@ Shape legend: T tokens, E routed experts, K top-k, H hidden, I expert width, Is 
 Public names (loaded lazily, so ``import megamoe.kernels`` needs neither torch nor triton):
     moe_forward(x, weights, config, deterministic=True, backend="auto")   the layer (kernels.moe)
     moe_experts(x, topk_idx, topk_weights, gate_up, down, backend="multi")  a routing made elsewhere
+    check_routing(device)                                 waits for moe_experts' pending routing checks, raises
     launch_plan(config, T, ...)                           what the multi-launch path runs, as data (kernels.plan)
     ep_moe_experts(x, topk_idx, topk_weights, shard)      the routed experts expert-parallel (kernels.ep)
     pull_rows_triton(pull, rank, send_buffers, recv)      one rank's one-sided pulls of plan_pull (kernels.ep_pull)
@@ -23,6 +24,7 @@ _LAZY = {
     "moe_experts": ("moe", "moe_experts"),
     "megakernel_forward": ("megakernel", "megakernel_forward"),
     "check_captured_routing": ("checks", "check_captured_routing"),
+    "check_routing": ("checks", "check_routing"),
     "register_transformers": ("hf_experts", "register"),
     "check_inputs": ("moe", "check_inputs"),
     "KernelInputError": ("checks", "KernelInputError"),

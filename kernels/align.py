@@ -303,12 +303,13 @@ def _hist_kernel(topk_idx_ptr, hist_ptr, T, E, K: tl.constexpr, BLOCK_T: tl.cons
     tl.store(hist_ptr + c * E + offs_e, counts, mask=e_mask)
 
 
-def launch_hist(topk_idx, hist, num_experts: int, block_t: int) -> None:
-    """hist (C, E) int32 from topk_idx (T, K) int32 (see _hist_kernel)."""
+def launch_hist(topk_idx, hist, num_experts: int, block_t: int, *, launch: dict | None = None) -> None:
+    """hist (C, E) int32 from topk_idx (T, K) int32 (see _hist_kernel); ``launch``: plan.align_launch's
+    sizes for these C, K, E and block_t (its hist_grid, BLOCK_E, BLOCK_K and num_warps)."""
     T, K = topk_idx.shape
     if T == 0:
         return
-    al = align_launch(hist.shape[0], K, num_experts, block_t, 16, 1)
+    al = launch or align_launch(hist.shape[0], K, num_experts, block_t, 16, 1)
     _hist_kernel[al["hist_grid"]](topk_idx, hist, T, num_experts, K=K, BLOCK_T=block_t,
                                   BLOCK_E=al["BLOCK_E"], BLOCK_K=al["BLOCK_K"], num_warps=al["num_warps"])
 

@@ -11,14 +11,24 @@ are read once per scale tensor, never inside a CUDA-graph capture or under torch
 every bad slot (out of [0, E), a -1 included, or a duplicate: the earlier slot is kept) replaced by
 the lowest expert not in the token's row, weights (T, K) fp32 with 0 in bad and non-finite slots,
 and a flag (6,) int64: per kind the first bad slot as (t * K + k) << 32 | value's low 32 bits
-(atomic min), then each kind's count. With ``check=True`` outside a capture ``moe_experts`` reads
-the flag and raises ``KernelInputError``; otherwise bad slots contribute 0 and are recorded in a
-sticky per-device flag that ``check_captured_routing(device)`` reads, raises on and clears.
+(atomic min), then each kind's count. Bad slots always contribute 0 to the output.
+
+When a bad routing is reported (``moe_experts(check=True)``):
+- CPU (interpreter): at once, by the call itself (everything there is synchronous).
+- CUDA, outside a capture: never by a host wait. The call clears a flag of its own, and after
+  the check enqueues an asynchronous copy of it to pinned host memory and a CUDA event
+  (``defer``). The next megamoe call on that device (``moe_experts``, ``moe_forward``, a ``bind``
+  closure) polls the events that have completed (``event.query()``, no wait) and raises for the
+  first flagged call; ``check_routing(device)`` waits for every pending check and raises likewise.
+  The error then names the earlier call's token, slot and value.
+- Inside a capture, under torch.compile or with ``check=False``: recorded in a sticky per-device
+  flag that ``check_captured_routing(device)`` reads, raises on and clears.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import deque
 
 import torch
 import triton
@@ -175,12 +185,15 @@ def capturing(device) -> bool:
 
 
 def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-                 flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 flag: torch.Tensor, out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids (T, K) int32, weights (T, K) fp32) sanitized from contiguous (T, K) ids and weights of any
-    integer / float dtype; bad slots recorded into ``flag``."""
+    integer / float dtype; bad slots recorded into ``flag``. ``out``: those two buffers, made beforehand."""
     T, K = topk_idx.shape
-    ids = torch.empty((T, K), device=topk_idx.device, dtype=torch.int32)
-    w = torch.empty((T, K), device=topk_idx.device, dtype=torch.float32)
+    if out is not None:
+        ids, w = out
+    else:
+        ids = torch.empty((T, K), device=topk_idx.device, dtype=torch.int32)
+        w = torch.empty((T, K), device=topk_idx.device, dtype=torch.float32)
     if T == 0:
         return ids, w
     block_t = 16
@@ -230,6 +243,85 @@ def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=
     msg = describe_flag(flag, num_experts, top_k, topk_idx, topk_weights)
     if msg:
         raise KernelInputError(msg)
+
+
+class _Pending:
+    """One checked eager call whose flag is on its way to the host: the event after its copy, the
+    pinned copy, the sizes and the caller's routing tensors with their versions (for the message)."""
+
+    __slots__ = ("device", "event", "host", "num_experts", "top_k", "topk_idx", "topk_weights", "versions")
+
+    def __init__(self, device: str, event, host, num_experts: int, top_k: int, topk_idx, topk_weights):
+        self.device, self.event, self.host, self.num_experts, self.top_k = device, event, host, num_experts, top_k
+        self.topk_idx, self.topk_weights = topk_idx, topk_weights
+        self.versions = (topk_idx._version, topk_weights._version)
+
+    def message(self) -> str | None:
+        same = (self.topk_idx._version, self.topk_weights._version) == self.versions
+        idx, w = (self.topk_idx, self.topk_weights) if same else (None, None)
+        msg = describe_flag(self.host, self.num_experts, self.top_k, idx, w)
+        return None if msg is None else f"an earlier moe_experts call's routing on {self.device}: {msg}"
+
+
+_pending: dict[str, deque] = {}  # device -> its eager calls' pending checks, oldest first
+_templates: dict[str, torch.Tensor] = {}  # device -> a cleared flag, copied into each call's own
+
+
+def _device_key(device) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return str(dev)
+
+
+def call_flag(device) -> torch.Tensor:
+    """A cleared flag of one eager call on ``device`` (one copy from a kept template), made the
+    device's eager flag (``flag_for(device, captured=False)``) until the next call's."""
+    key = _device_key(device)
+    tpl = _templates.get(key)
+    if tpl is None:
+        tpl = _templates[key] = new_flag(key)
+        flag_for(key, captured=True)  # the sticky one too, outside any capture
+    flag = _flags[(key, False)] = tpl.clone()
+    return flag
+
+
+def defer(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tensor,
+          topk_weights: torch.Tensor) -> None:
+    """Enqueue ``flag``'s copy to pinned host memory and an event after it, to be read without a
+    wait by ``poll`` (module docstring). ``topk_idx`` / ``topk_weights``: the caller's tensors."""
+    host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+    host.copy_(flag, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(flag.device))
+    key = _device_key(flag.device)
+    _pending.setdefault(key, deque()).append(_Pending(key, event, host, num_experts, top_k, topk_idx, topk_weights))
+
+
+def poll(device) -> None:
+    """Raise ``KernelInputError`` for the first pending check of ``device`` that is done and
+    flagged; never waits (checks not done stay pending). Nothing while ``device`` is capturing."""
+    q = _pending.get(_device_key(device))
+    if not q or capturing(device):
+        return
+    while q and q[0].event.query():
+        msg = q.popleft().message()
+        if msg:
+            raise KernelInputError(msg)
+
+
+def check_routing(device="cuda") -> None:
+    """Wait for every pending routing check of ``moe_experts`` calls on ``device`` and raise
+    ``KernelInputError`` for the first flagged one (module docstring; later ones stay pending).
+    Nothing to do on the CPU, where a call raises at once. Call it outside a capture."""
+    if torch.device(device).type != "cuda":
+        return
+    q = _pending.get(_device_key(device))
+    while q:
+        q[0].event.synchronize()
+        msg = q.popleft().message()
+        if msg:
+            raise KernelInputError(msg)
 
 
 def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear: bool = True) -> None:

@@ -560,10 +560,11 @@ def gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg: dict, *, activation: 
 
 def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, alpha: float, limit: float,
                  scale_input: bool, dense: bool, num_m: int, act: dict | None = None,
-                 num_sms: int | None = None) -> None:
-    """act (rows, N) = activation(x[rows] @ w[e]^T ...), w (E, 2N, H). SPLIT_K > 1: fp32 partials, then
-    _act_kernel with ``act`` (plan.act_launch's; default computed). ``num_sms``: a persistent launch's
-    programs (default: the device's SMs)."""
+                 num_sms: int | None = None, part=None) -> None:
+    """act (rows, N) = activation(x[rows] @ w[e]^T ...), w (E, 2N, H). SPLIT_K > 1: fp32 partials
+    (``part`` (SPLIT_K, rows, 2N) if made beforehand), then _act_kernel with ``act``
+    (plan.act_launch's; default computed). ``num_sms``: a persistent launch's programs (default:
+    the device's SMs)."""
     import torch
 
     T, KD = x.shape
@@ -573,7 +574,8 @@ def launch_gemm1(x, w, bias, out, meta, topk_w, cfg: dict, *, activation: str, a
     cfg = {**cfgs.GEMM_OPTIONAL, **cfg}
     split = cfg["SPLIT_K"]
     P = out.shape[0]
-    part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32) if split > 1 else None
+    if split > 1 and part is None:
+        part = torch.empty((split, P, 2 * N), device=x.device, dtype=torch.float32)
     kernel, grid, args, kwargs = gemm1_launch(x, w, bias, out, part, meta, topk_w, cfg, activation=activation,
                                               alpha=alpha, limit=limit, scale_input=scale_input, dense=dense,
                                               num_m=num_m, num_sms=num_sms)

@@ -19,14 +19,18 @@ KS rows in a fixed order. FP8: FP8 tiles, BLOCK_K = 128.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
 
 from ..reference import InputError
+from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
 from ..reference.tiles import KINDS, SYNC_STRIDE, TaskLayout, scan_block, task_layout, topk_tokens
 from . import megakernel_config as mkc
+from . import workspace
 from .align import (
     _align_one,
     _expert_of_block,
@@ -482,6 +486,13 @@ def sync_buffer(device: torch.device, words: int) -> torch.Tensor:
     return buf
 
 
+def release_sync_buffer(device: torch.device, stream: int) -> torch.Tensor | None:
+    """Take the sync words of ``stream`` (a raw CUDA stream handle) out of the kept ones and return
+    them: for a CUDA graph captured on that stream, which must own them (and keep them alive) so
+    that no later call on a stream given the same handle shares them."""
+    return _SYNC.pop((str(device), stream), None)
+
+
 def layout_words(lay: TaskLayout, nprog: int) -> tuple[int, ...]:
     """The kernel's layout words (LAYOUT_WORDS) for ``lay`` on ``nprog`` programs."""
     f = lay.first
@@ -644,12 +655,20 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
     on_gpu = dev.type == "cuda" if gpu is None else gpu
     y = torch.empty((T, H), device=dev, dtype=x.dtype) if out is None else out
     tiles = mk["tiles"]
-    lay = task_layout(config, T, tiles)
-    _check_layout(lay, routing, topk_tokens(tiles) if lay.split > 1 else tiles["router"]["BLOCK_T"])
-    check_fp8_tiles(mk, fp8)
     sgw = weights.shared_gate
-    b = _buffers(x, config, lay, tiles["gemm1"]["BLOCK_M"], fp8, routing, shared, sgw)
-    nprog = num_programs(dev, lay, mk["occupancy"]) if nprog is None else nprog
+    rw, gu, dn = weights.router_weight, weights.gate_up, weights.down
+    gub, dnb = weights.gate_up_bias, weights.down_bias
+    tma_w = weight_descriptors(mk, gu, dn, tiles["gemm1"], tiles["gemm2"], fp8=fp8)
+    lay, nprog, kwargs = _static_launch(x, weights, config, mk, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
+                                        routing=routing, nprog=nprog, tma=tma_w[0] is not None)
+
+    def make():
+        return dict(_buffers(x, config, lay, tiles["gemm1"]["BLOCK_M"], fp8, None, shared, sgw), mk=mk)
+
+    kept = type(mk) is KeptConfig  # the workspace holds mk, so its id names it while kept
+    b = workspace.get(("megakernel", id(mk), config, T, x.dtype, fp8, sgw is not None), dev, make) if kept else make()
+    if routing is not None:
+        b = dict(b, topk_idx=routing[0], topk_w=routing[1])
     if trace is not None:
         need = trace_rows(config, T, mk, nprog)[0]
         if trace.dtype != torch.int64 or trace.numel() < 3 * need:
@@ -657,9 +676,6 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
                              f"got {tuple(trace.shape)} {trace.dtype}")
     sync = sync_buffer(dev, lay.sync_words) if sync is None else sync
     stats = torch.zeros(len(KINDS) + 2 * E, device=dev, dtype=torch.int32) if record else None
-    rw, gu, dn = weights.router_weight, weights.gate_up, weights.down
-    gub, dnb = weights.gate_up_bias, weights.down_bias
-    tma_w = weight_descriptors(mk, gu, dn, tiles["gemm1"], tiles["gemm2"], fp8=fp8)
     scales = (weights.gate_up_scale_inv, weights.down_scale_inv) if fp8 else (None, None)
     s_scales = (weights.shared_gate_up_scale_inv, weights.shared_down_scale_inv) if fp8 and shared else (None, None)
 
@@ -680,9 +696,37 @@ def build_launch(x: torch.Tensor, weights, config, mk: dict, *, record: bool = F
         gu.stride(1), st(gub), dn.stride(0), dn.stride(1), st(dnb),
         float(config.routed_scaling_factor), float(config.swiglu_alpha), float(config.swiglu_limit), lay.h_per,
     )
-    kwargs = _constexprs(x, weights, config, mk, lay, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
-                         given=routing is not None, tma=tma_w[0] is not None)
     return (nprog,), args, kwargs, y, stats
+
+
+_statics: dict = {}  # _static_launch's key -> (mk, its result)
+
+
+def _static_launch(x, weights, config, mk: dict, *, fp8, on_gpu: bool, record: bool, trace, routing, nprog,
+                   tma: bool) -> tuple[TaskLayout, int, dict]:
+    """(task layout, programs, constexpr kwargs) of a launch: everything but the tensors, checked
+    and made once per (config, T, dtype, device, mk, options, which optional weights are given)
+    where mk is a ``KeptConfig``, else each call."""
+    given = tuple(getattr(weights, f, None) is not None
+                  for f in ("router_bias", "score_bias", "shared_gate", "gate_up_bias", "down_bias"))
+    key = (id(mk), config, x.shape[0], x.dtype, x.device, fp8, on_gpu, record, trace is not None,
+           routing is not None, nprog, tma, given)
+    kept = type(mk) is KeptConfig
+    hit = _statics.get(key) if kept else None
+    if hit is not None and hit[0] is mk:
+        return hit[1]
+    T, tiles = x.shape[0], mk["tiles"]
+    lay = task_layout(config, T, tiles)
+    _check_layout(lay, routing, topk_tokens(tiles) if lay.split > 1 else tiles["router"]["BLOCK_T"])
+    check_fp8_tiles(mk, fp8)
+    n = num_programs(x.device, lay, mk["occupancy"]) if nprog is None else nprog
+    kwargs = _constexprs(x, weights, config, mk, lay, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,
+                         given=routing is not None, tma=tma)
+    if kept:
+        if len(_statics) >= 1024:
+            _statics.clear()
+        _statics[key] = (mk, (lay, n, kwargs))
+    return lay, n, kwargs
 
 
 def weight_descriptors(mk: dict, gate_up, down, g1: dict, g2: dict, *, fp8: str | None) -> tuple:
@@ -704,17 +748,34 @@ def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bi
     inputs). topk_idx (T, K) int32, topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
     from types import SimpleNamespace
 
-    from ..reference.config import MoEConfig
-
     T, H = x.shape
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
     K = topk_idx.shape[1]
-    cfg = MoEConfig(hidden_size=H, intermediate_size=I, num_experts=E, top_k=K, activation=activation,
-                    swiglu_alpha=alpha, swiglu_limit=limit, name="moe_experts")
+    cfg = _experts_config(H, I, E, K, activation, float(alpha), float(limit))
     w = SimpleNamespace(router_weight=None, router_bias=None, score_bias=None, shared_gate=None, gate_up=gate_up,
                         gate_up_bias=gate_up_bias, down=down, down_bias=down_bias, shared_gate_up=None,
                         shared_down=None)
     return megakernel_forward(x, w, cfg, routing=(topk_idx, topk_w))
+
+
+@lru_cache(maxsize=256)
+def _experts_config(H: int, I: int, E: int, K: int, activation: str, alpha: float, limit: float) -> MoEConfig:
+    """The MoEConfig of routed experts alone (megakernel_experts), made once per shape."""
+    return MoEConfig(hidden_size=H, intermediate_size=I, num_experts=E, top_k=K, activation=activation,
+                     swiglu_alpha=alpha, swiglu_limit=limit, name="moe_experts")
+
+
+class KeptConfig(dict):
+    """A megakernel config made by ``default_config`` and never changed after: launch data and
+    workspaces are kept per such config (a config given by a caller may change between calls, so
+    its launch data is made afresh each call)."""
+
+
+@lru_cache(maxsize=1024)
+def default_config(config, T: int, dtype: torch.dtype, device: torch.device, routing_given: bool,
+                   fp8: str | None) -> KeptConfig:
+    """``megakernel_config``'s answer, made once per call shape (a ``KeptConfig``: not to be changed)."""
+    return KeptConfig(megakernel_config(config, T, dtype, device, routing_given=routing_given, fp8=fp8))
 
 
 def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = None, record: bool = False,
@@ -731,7 +792,7 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
     if T == 0:
         y = torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype) if out is None else out
         return (y, {k: 0 for k in KINDS}) if record else y
-    mk = mk or megakernel_config(config, T, x.dtype, x.device, routing_given=routing is not None, fp8=fp8)
+    mk = mk or default_config(config, T, x.dtype, x.device, routing is not None, fp8)
     grid, args, kwargs, y, stats = build_launch(x, weights, config, mk, record=record, out=out, trace=trace,
                                                 routing=routing, nprog=nprog, fp8=fp8)
     kern = _megakernel[grid](*args, **kwargs)

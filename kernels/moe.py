@@ -14,13 +14,16 @@ With ``deterministic=False`` GEMM 2 adds into an fp32 (T, H) buffer with atomics
 GEMM 2 writes y directly.
 
 Torch ops ``megamoe::moe_forward`` and ``megamoe::moe_experts`` (forward only); ``bind(weights,
-config)`` gives a closure for torch.compile.
+config)`` gives a closure for torch.compile. Eager calls keep their plans, checks and intermediate
+buffers between calls and skip the op's dispatch where it adds nothing (docs/kernels.md, "Eager calls").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
+from collections import OrderedDict
 from functools import cache, lru_cache
 
 import torch
@@ -29,13 +32,13 @@ import triton
 from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
 from ..reference.weights import SCALE_FIELDS, MoEWeights
-from . import checks
+from . import checks, workspace
 from . import configs as cfgs
 from .align import launch_align, launch_hist
 from .checks import KernelInputError, check_weights
 from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
-from .plan import router_launch, static_plan
+from .plan import align_launch, combine_launch, router_launch, static_plan
 from .routing import launch_router
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -100,15 +103,20 @@ def check_inputs(x, weights, config) -> None:
         raise KernelInputError(f"config must be a MoEConfig, got {type(config).__name__}")
     if not isinstance(weights, MoEWeights):
         raise KernelInputError(f"weights must be a MoEWeights (MoEWeights.to_torch(...)), got {type(weights).__name__}")
+    _check_x(x, config)
+    check_weights(weights, config, x.device, x.dtype)
+
+
+def _check_x(x, config: MoEConfig) -> None:
+    """check_inputs' checks of x (its shape, sizes, place and layout)."""
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != config.hidden_size:
         raise KernelInputError(f"x must have shape [T, {config.hidden_size}] (hidden_size of {config.name!r}), got {list(x.shape)}")
-    _check_sizes(x.shape[0], _dims(config))
+    (_check_sizes if torch.compiler.is_compiling() else _sizes_ok)(x.shape[0], _dims(config))
     _check_place(x.device, x.dtype)
     if not x.is_contiguous():
         raise KernelInputError(f"x must be contiguous, got strides {list(x.stride())}")
-    check_weights(weights, config, x.device, x.dtype)
 
 
 def _dims(config: MoEConfig) -> tuple[int, ...]:
@@ -132,6 +140,9 @@ def _check_sizes(T: int, dims: tuple[int, ...]) -> None:
     for what, n in sizes.items():
         if n > INT32_MAX:
             raise KernelInputError(f"{what} = {n} elements overflows 32-bit indexing (max {INT32_MAX}); split the batch")
+
+
+_sizes_ok = lru_cache(maxsize=4096)(_check_sizes)  # eager calls: each (T, dims) checked once
 
 
 def _check_place(device: torch.device, dtype: torch.dtype) -> None:
@@ -188,37 +199,37 @@ def static_plan_for(config: MoEConfig, T: int, dtype: torch.dtype, device: torch
 
 
 def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, stop_after: str | None = None, *,
-             plan=None, fp8_activations: bool = False) -> torch.Tensor:
+             plan=None, fp8_activations: bool = False, buffers: dict | None = None) -> torch.Tensor:
     """The launches of the layer (module docstring) with the sizes of the static plan ``plan``
     (default the tuned one). ``stop_after`` ("align", "gemm1", "gemm2") ends early (the benchmark's
-    per-stage breakdown; the output is then unfinished)."""
+    per-stage breakdown; the output is then unfinished). ``buffers``: ``_forward_buffers`` of this
+    plan and x's shape made beforehand (kept by workspace.get), else fresh ones."""
     T, H = x.shape
-    E, K, I = config.num_experts, config.top_k, config.intermediate_size
+    E, K = config.num_experts, config.top_k
     dev = x.device
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    fp8 = fp8_mode(weights, fp8_activations)
+    fp8 = plan.fp8 if buffers is not None else fp8_mode(weights, fp8_activations)  # (_layer checked it)
     sp = plan or static_plan_for(config, T, x.dtype, dev, deterministic, fp8=fp8)
     if sp.T != T or sp.atomic != (not deterministic and (sp.KS > 1 or sp.split2 > 1)) or sp.fp8 != fp8:
         raise KernelInputError(f"the static plan given is for T={sp.T}, atomic={sp.atomic}, fp8={sp.fp8}: this call "
                                f"has T={T}, deterministic={deterministic}, fp8={fp8}")
     g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
     bm = g1["BLOCK_M"]
-    meta, hist, block_t = align_buffers(T, K, E, bm, dev)
-    P_max, B_max = sp.P_max, sp.B_max
+    ws = buffers or _forward_buffers(x, sp, config, fp8, weights.shared_gate is not None)
+    meta, hist, block_t = ws["meta"], ws["hist"], ws["block_t"]
+    B_max = sp.B_max
     KS, split2, atomic = sp.KS, sp.split2, sp.atomic
-    topk_idx = torch.empty((T, K), device=dev, dtype=torch.int32)
-    topk_w = torch.empty((T, K), device=dev, dtype=torch.float32)
-    sgate = torch.empty((T,), device=dev, dtype=torch.float32) if weights.shared_gate is not None else None
+    topk_idx, topk_w, sgate = ws["topk_idx"], ws["topk_w"], ws["sgate"]
     if not launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t, meta=meta, block_m=bm,
-                         launch=sp.router):
+                         launch=sp.router, part=ws["router_part"]):
         launch_align(topk_idx, hist, E, block_t, bm, meta, launch=sp.align)
     if stop_after == "align":
         return y
 
-    act, act_s = _act_buffers(P_max, I, fp8, x)
-    x_q = _x_buffers(x, sp.quant)  # x's codes and scales, once for the routed and the shared GEMM 1
+    act, act_s = ws["act"]
+    x_q = ws["x_q"]  # x's codes and scales, once for the routed and the shared GEMM 1
     if x_q is not None:
         launch_quantize_x(x, *x_q, sp.quant)
     if fp8:
@@ -228,10 +239,11 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     else:
         launch_gemm1(x, weights.gate_up, weights.gate_up_bias, act, meta, topk_w, g1,
                      activation=config.activation, alpha=config.swiglu_alpha, limit=config.swiglu_limit,
-                     scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms)
+                     scale_input=config.weight_on_input, dense=False, num_m=B_max, act=sp.act, num_sms=sp.num_sms,
+                     part=ws["gemm1_part"])
     if stop_after == "gemm1":
         return y
-    out = _gemm2_out(y, KS, split2, atomic)
+    out = _gemm2_out(y, KS, split2, atomic, ws["pairs"])
     if fp8:
         launch_gemm2_fp8(act, act_s, weights.down, weights.down_scale_inv, weights.down_bias, out, meta,
                          None if config.weight_on_input else topk_w, g2,
@@ -243,7 +255,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
                      T=T, K=K, KS=KS, dense=False, atomic=atomic, num_m=B_max, split=split2, num_sms=sp.num_sms)
     if sp.shared:
         Is = config.shared_intermediate_size
-        sh, sh_s = _act_buffers(T, Is, fp8, x)
+        sh, sh_s = ws["shared_act"]
         if fp8:
             launch_gemm1_fp8(x, weights.shared_gate_up.view(1, 2 * Is, H),
                              weights.shared_gate_up_scale_inv.unsqueeze(0), None, sh, sh_s, {}, None,
@@ -255,7 +267,7 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
         else:
             launch_gemm1(x, weights.shared_gate_up.view(1, 2 * Is, H), None, sh, {}, None, sp.shared["gemm1"],
                          activation="silu_gated", alpha=1.0, limit=1.0, scale_input=False, dense=True,
-                         num_m=sp.shared_m, act=sp.shared_act, num_sms=sp.num_sms)
+                         num_m=sp.shared_m, act=sp.shared_act, num_sms=sp.num_sms, part=ws["shared_part"])
             launch_gemm2(sh, weights.shared_down.view(1, H, Is), None, out, {}, sgate, sp.shared["gemm2"],
                          T=T, K=K, KS=KS, dense=True, atomic=atomic, num_m=sp.shared_m, split=split2,
                          num_sms=sp.num_sms)
@@ -265,15 +277,58 @@ def _forward(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, sto
     return y
 
 
-def _gemm2_out(y: torch.Tensor, KS: int, split2: int, atomic: bool) -> torch.Tensor:
+def _gemm2_out(y: torch.Tensor, KS: int, split2: int, atomic: bool, buf: torch.Tensor | None = None) -> torch.Tensor:
     """GEMM 2's output: an fp32 (T, H) sum (atomic), y itself (KS = 1, no split), else the pair buffer
-    (split2*T*KS, H), split s, token t, slot k at row s*T*KS + t*KS + k (fp32 when split2 > 1)."""
-    T, H = y.shape
-    if atomic:
-        return torch.zeros((T, H), device=y.device, dtype=torch.float32)
-    if KS == 1 and split2 == 1:
+    (split2*T*KS, H), split s, token t, slot k at row s*T*KS + t*KS + k (fp32 when split2 > 1).
+    ``buf``: that buffer made beforehand (``_pairs_buffer``; zeroed here when atomic)."""
+    if KS == 1 and split2 == 1 and not atomic:
         return y
-    return torch.empty((split2 * T * KS, H), device=y.device, dtype=torch.float32 if split2 > 1 else y.dtype)
+    if buf is None:
+        buf = _pairs_buffer(y, KS, split2, atomic)
+    if atomic:
+        buf.zero_()
+    return buf
+
+
+def _pairs_buffer(x: torch.Tensor, KS: int, split2: int, atomic: bool) -> torch.Tensor | None:
+    """The buffer ``_gemm2_out`` returns (None where GEMM 2 writes y), uncleared."""
+    T, H = x.shape
+    if atomic:
+        return torch.empty((T, H), device=x.device, dtype=torch.float32)
+    if KS == 1 and split2 == 1:
+        return None
+    return torch.empty((split2 * T * KS, H), device=x.device, dtype=torch.float32 if split2 > 1 else x.dtype)
+
+
+def _forward_buffers(x: torch.Tensor, sp, config: MoEConfig, fp8: str | None, gated: bool) -> dict:
+    """Every intermediate buffer of ``_forward`` for x's T, dtype and device under static plan ``sp``
+    (nothing that depends on the data; ``gated``: the layer has a shared gate)."""
+    T, H = x.shape
+    E, K, I = config.num_experts, config.top_k, config.intermediate_size
+    dev, f32 = x.device, torch.float32
+    meta, hist, block_t = align_buffers(T, K, E, sp.gemm["gemm1"]["BLOCK_M"], dev)
+    rl = sp.router
+    split = rl["SPLIT"]
+    ws = dict(meta=meta, hist=hist, block_t=block_t, topk_idx=torch.empty((T, K), device=dev, dtype=torch.int32),
+              topk_w=torch.empty((T, K), device=dev, dtype=f32),
+              sgate=torch.empty((T,), device=dev, dtype=f32) if gated else None,
+              router_part=None if not split else (torch.empty((split, T, E), device=dev, dtype=f32),
+                                                  torch.empty((split, T), device=dev, dtype=f32) if gated else None),
+              act=_act_buffers(sp.P_max, I, fp8, x), x_q=_x_buffers(x, sp.quant),
+              gemm1_part=None if fp8 else _split_part(sp.gemm["gemm1"], sp.P_max, I, dev),
+              pairs=_pairs_buffer(x, sp.KS, sp.split2, sp.atomic), shared_act=(None, None), shared_part=None,
+              plan=sp)
+    if sp.shared:
+        Is = config.shared_intermediate_size
+        ws["shared_act"] = _act_buffers(T, Is, fp8, x)
+        ws["shared_part"] = None if fp8 else _split_part(sp.shared["gemm1"], T, Is, dev)
+    return ws
+
+
+def _split_part(g1: dict, rows: int, width: int, dev) -> torch.Tensor | None:
+    """A split-K GEMM 1's fp32 partials (split, rows, 2 * width) (launch_gemm1's ``part``), or None."""
+    split = g1.get("SPLIT_K", 1)
+    return torch.empty((split, rows, 2 * width), device=dev, dtype=torch.float32) if split > 1 else None
 
 
 def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: bool, launch=None) -> None:
@@ -287,7 +342,8 @@ def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: b
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
              limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
     """The routed experts for a routing made elsewhere: y[t] = sum_k topk_w[t, k] *
-    expert_{topk_idx[t, k]}(x[t]), the routing sanitized first (checks.py; ``sticky``: the sticky flag)."""
+    expert_{topk_idx[t, k]}(x[t]), the routing sanitized first (checks.py; ``sticky``: the sticky
+    flag, else the device's eager flag, ``checks.call_flag``'s)."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -295,29 +351,58 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     y = torch.empty((T, H), device=dev, dtype=x.dtype)
     if T == 0:
         return y
-    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, checks.flag_for(dev, sticky or checks.capturing(dev)))
+    flag = checks.flag_for(dev, sticky or checks.capturing(dev))
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
+        out = workspace.get(("experts_routing", T, K), dev, lambda: (
+            torch.empty((T, K), device=dev, dtype=torch.int32), torch.empty((T, K), device=dev, dtype=torch.float32)))
+        topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag, out=out)
         return megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation, alpha,
                                   limit)
-    cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
-                             triton_version=triton.__version__, interpret=dev.type == "cpu")
+    p = _experts_plan(E, H, I, K, T, x.dtype, dev, bool(deterministic))
+    ws = workspace.get(("experts", id(p), x.dtype), dev, lambda: _experts_buffers(p, x, K))
+    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag, out=ws["routing"])
+    meta, hist, B_max = ws["meta"], ws["hist"], p["B_max"]
+    launch_hist(topk_idx, hist, E, p["block_t"], launch=p["align"])
+    launch_align(topk_idx, hist, E, p["block_t"], p["bm"], meta, launch=p["align"])
+    g1, g2, split2, atomic = p["gemm1"], p["gemm2"], p["split2"], p["atomic"]
+    launch_gemm1(x, gate_up, gate_up_bias, ws["act"], meta, topk_w, g1, activation=activation, alpha=alpha,
+                 limit=limit, scale_input=False, dense=False, num_m=B_max, part=ws["gemm1_part"])
+    out = _gemm2_out(y, K, split2, atomic, ws["pairs"])
+    launch_gemm2(ws["act"], down, down_bias, out, meta, topk_w, g2, T=T, K=K, KS=K, dense=False,
+                 atomic=atomic, num_m=B_max, split=split2)
+    _combine(out, y, K, split2, atomic, p["combine"])
+    return y
+
+
+@lru_cache(maxsize=1024)
+def _experts_plan(E: int, H: int, I: int, K: int, T: int, dtype: torch.dtype, device: torch.device,
+                  deterministic: bool) -> dict:
+    """The multi-launch ``_experts``' sizes for T tokens (configs, align launches, combine), cached."""
+    cfg = cfgs.select_config(E, H, I, K, T, gpu=device_name(device), dtype=DTYPES[dtype],
+                             triton_version=triton.__version__, interpret=device.type == "cpu")
     bm = cfg["gemm1"]["BLOCK_M"]
-    meta, hist, block_t = align_buffers(T, K, E, bm, dev)
-    P_max, B_max = meta["padded_token"].shape[0], meta["block_expert"].shape[0]
-    launch_hist(topk_idx, hist, E, block_t)
-    launch_align(topk_idx, hist, E, block_t, bm, meta)
-    act = torch.empty((P_max, I), device=dev, dtype=x.dtype)
-    launch_gemm1(x, gate_up, gate_up_bias, act, meta, topk_w, cfg["gemm1"], activation=activation, alpha=alpha,
-                 limit=limit, scale_input=False, dense=False, num_m=B_max)
+    block_t = cfgs.router_block_t(T, E)
+    P_max = cfgs.max_padded_rows(T * K, E, bm)
     split2 = cfg["gemm2"].get("SPLIT_K", 1)
     atomic = not deterministic and (K > 1 or split2 > 1)
-    out = _gemm2_out(y, K, split2, atomic)
-    launch_gemm2(act, down, down_bias, out, meta, topk_w, cfg["gemm2"], T=T, K=K, KS=K, dense=False,
-                 atomic=atomic, num_m=B_max, split=split2)
-    _combine(out, y, K, split2, atomic)
-    return y
+    return dict(gemm1=cfg["gemm1"], gemm2=cfg["gemm2"], bm=bm, block_t=block_t, P_max=P_max, B_max=P_max // bm,
+                split2=split2, atomic=atomic, E=E, I=I,
+                align=align_launch(triton.cdiv(T, block_t), K, E, block_t, bm, P_max // bm),
+                combine=combine_launch(T, H) if (atomic or K > 1 or split2 > 1) else None)
+
+
+def _experts_buffers(p: dict, x: torch.Tensor, K: int) -> dict:
+    """``_experts``' intermediate buffers for plan ``p`` (``_experts_plan``) and x's T and dtype."""
+    T = x.shape[0]
+    dev = x.device
+    meta, hist, _ = align_buffers(T, K, p["E"], p["bm"], dev)
+    return dict(meta=meta, hist=hist, act=torch.empty((p["P_max"], p["I"]), device=dev, dtype=x.dtype),
+                routing=(torch.empty((T, K), device=dev, dtype=torch.int32),
+                         torch.empty((T, K), device=dev, dtype=torch.float32)),
+                gemm1_part=_split_part(p["gemm1"], p["P_max"], p["I"], dev),
+                pairs=_pairs_buffer(x, K, p["split2"], p["atomic"]), plan=p)
 
 
 @torch.library.custom_op("megamoe::moe_experts", mutates_args=())
@@ -345,7 +430,17 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
-    The routing is checked on the device (kernels/checks.py). ``backend``: "multi" or "megakernel".
+    ``backend``: "multi" or "megakernel".
+
+    The routing is checked and made safe on the device (kernels/checks.py): a bad slot (an id out of
+    [0, E), -1 included, a repeated id, a weight not finite) contributes 0 to y, and with ``check``
+    it is reported as a ``KernelInputError`` naming token, slot and value, with no host wait:
+    - on the CPU (interpreter): raised by this call;
+    - on a GPU: raised by the next megamoe call on the device (``moe_experts``, ``moe_forward``, a
+      ``bind`` closure) once the GPU has passed this call's check, or by ``check_routing(device)``,
+      which waits for it; this call itself never synchronizes;
+    - inside a CUDA-graph capture or under torch.compile (or ``check=False``): kept in the sticky
+      flag that ``check_captured_routing(device, ...)`` reads.
     """
     if backend not in ("multi", "megakernel"):
         raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
@@ -386,18 +481,27 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
         if t.device != x.device:
             raise KernelInputError(f"{name} is on {t.device}, x on {x.device}: they must be on one device")
-    read = check and not torch.compiler.is_compiling() and not checks.capturing(x.device)
-    if read:
-        checks._init(checks.flag_for(x.device, captured=False))
-    y = torch.ops.megamoe.moe_experts(
-        x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(),
-        gate_up.contiguous(), down.contiguous(),
-        None if gate_up_bias is None else gate_up_bias.contiguous(),
-        None if down_bias is None else down_bias.contiguous(),
-        activation, float(alpha), float(limit), bool(deterministic), backend, not read,
-    )
-    if read:
-        checks.raise_if_flagged(checks.flag_for(x.device, captured=False), E, K, topk_idx, topk_weights)
+    dev = x.device
+    traced = torch.compiler.is_compiling()
+    if checks._pending and not traced:
+        checks.poll(dev)
+    read = check and not traced and not checks.capturing(dev)
+    gpu = dev.type == "cuda"
+    if read:  # this call's own flag on a GPU, read later (checks.defer); the CPU reads it at once
+        flag = checks.call_flag(dev) if gpu else checks._init(checks.flag_for(dev, captured=False))
+    args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), gate_up.contiguous(), down.contiguous(),
+            None if gate_up_bias is None else gate_up_bias.contiguous(),
+            None if down_bias is None else down_bias.contiguous(),
+            activation, float(alpha), float(limit), bool(deterministic), backend, not read)
+    tensors = (topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias)
+    if not traced and all(type(t) in PLAIN for t in tensors if t is not None) and _direct(x, tensors):
+        y = _experts(*args)
+    else:
+        y = torch.ops.megamoe.moe_experts(*args)
+    if read and gpu:
+        checks.defer(flag, E, K, topk_idx, topk_weights)
+    elif read:
+        checks.raise_if_flagged(flag, E, K, topk_idx, topk_weights)
     return y
 
 
@@ -423,14 +527,48 @@ def resolve_backend(backend: str, config: MoEConfig, T: int, dtype: torch.dtype,
                                fp8=fp8)
 
 
+@lru_cache(maxsize=1024)
+def _call_plan(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.device, deterministic: bool,
+              backend: str, fp8: str | None) -> tuple[str, object]:
+    """(backend, plan) of a layer call on T tokens, everything known without the tensors' data:
+    "megakernel" and its config (megakernel.megakernel_config), or "multi" and its static plan."""
+    be = resolve_backend(backend, config, T, dtype, device, fp8=fp8)  # "auto" reads the FP8 mode's own table
+    if be == "megakernel":
+        from .megakernel import default_config
+
+        return be, default_config(config, T, dtype, device, False, fp8)
+    return be, static_plan_for(config, T, dtype, device, deterministic, fp8=fp8)
+
+
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
            fp8_activations: bool = False) -> torch.Tensor:
-    fp8 = fp8_mode(weights, fp8_activations)  # "auto" then reads the FP8 mode's own table
-    if resolve_backend(backend, config, x.shape[0], x.dtype, x.device, fp8=fp8) == "megakernel":
+    T = x.shape[0]
+    if T == 0:
+        return torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype)
+    fp8 = fp8_mode(weights, fp8_activations)
+    be, plan = _call_plan(config, T, x.dtype, x.device, bool(deterministic), backend, fp8)
+    if be == "megakernel":
         from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
 
-        return megakernel_forward(x, weights, config, fp8=fp8)
-    return _forward(x, weights, config, deterministic, fp8_activations=fp8_activations)
+        return megakernel_forward(x, weights, config, mk=plan, fp8=fp8)
+    gated = weights.shared_gate is not None
+    ws = workspace.get(("layer", id(plan), T, x.dtype, gated), x.device,  # the workspace holds its plan
+                       lambda: _forward_buffers(x, plan, config, fp8, gated))
+    return _forward(x, weights, config, deterministic, plan=plan, fp8_activations=fp8_activations, buffers=ws)
+
+
+def clear_caches() -> None:
+    """Drop every kept eager-call record: workspaces, call plans, megakernel launch data and
+    checked weights (to free their memory, or to time a call made from nothing)."""
+    from . import megakernel
+
+    workspace.clear()
+    for c in (_call_plan, _experts_plan, _sizes_ok, megakernel.default_config, megakernel._experts_config):
+        c.cache_clear()
+    megakernel._statics.clear()
+    _checked.clear()
+    _info.clear()
+    _json.clear()
 
 
 @torch.library.custom_op("megamoe::moe_forward", mutates_args=())
@@ -458,9 +596,72 @@ def _(x, router_weight, gate_up, down, router_bias, score_bias, gate_up_bias, do
     return torch.empty_like(x)
 
 
+_json: dict[int, tuple[MoEConfig, str]] = {}  # id(config) -> (config, its JSON)
+
+
 @torch.compiler.assume_constant_result
 def config_json(config: MoEConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+    """The config as the torch op's string argument, made once per config object."""
+    hit = _json.get(id(config))
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    s = json.dumps(config.to_dict(), sort_keys=True)
+    if len(_json) >= 1024:
+        _json.clear()
+    _json[id(config)] = (config, s)
+    return s
+
+
+_checked: dict[tuple, weakref.ref] = {}  # (id(weights), config, device, dtype) -> the weights checked
+_info: dict[int, tuple] = {}  # id(weights) -> (weakref to weights, (is_fp8, plain, its tensors))
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types the layer may take without the torch op
+
+
+def _check_weights_once(weights, config: MoEConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """``check_weights`` once per (weights object, config, device, dtype) outside a capture or
+    compile (MoEWeights is frozen: its tensors stay those checked; FP8 scale values are re-read
+    when changed, by check_weights)."""
+    key = (id(weights), config, device, dtype)
+    hit = _checked.get(key)
+    if hit is not None and hit() is weights:
+        if _weights_info(weights)[0] and not torch.compiler.is_compiling() and not checks.capturing(device):
+            for name in SCALE_FIELDS:  # each re-read only if written since (its version)
+                if getattr(weights, name) is not None:
+                    checks._check_scale_values(f"weights.{name}", getattr(weights, name))
+        return
+    check_weights(weights, config, device, dtype)
+    if not torch.compiler.is_compiling() and not checks.capturing(device):
+        if len(_checked) >= 1024:
+            _checked.clear()
+        _checked[key] = weakref.ref(weights)
+
+
+def _weights_info(weights) -> tuple | None:
+    """(is_fp8, every tensor a plain tensor or Parameter, the tensors) of a MoEWeights, made once
+    per object (frozen: its fields stay); None for anything else."""
+    if not isinstance(weights, MoEWeights):
+        return None
+    hit = _info.get(id(weights))
+    if hit is not None and hit[0]() is weights:
+        return hit[1]
+    ts = tuple(weights.arrays().values())
+    info = (weights.is_fp8, all(type(t) in PLAIN for t in ts), ts)
+    if len(_info) >= 1024:
+        _info.clear()
+    _info[id(weights)] = (weakref.ref(weights), info)
+    return info
+
+
+def _direct(x, tensors) -> bool:
+    """Whether a call may run the layer without the torch op's dispatch: eager, plain tensors, no
+    torch function or dispatch mode, and nothing that autograd would have to see (``tensors``: the
+    others, None allowed)."""
+    if (type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+            or torch._C._len_torch_dispatch_stack()):
+        return False
+    if torch.is_grad_enabled():
+        return not x.requires_grad and not any(t is not None and t.requires_grad for t in tensors)
+    return True
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True,
@@ -476,11 +677,21 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    fp8_act = _fp8_activations(weights, fp8_activations)
-    if check:
+    traced = torch.compiler.is_compiling()  # traced: the checks and the torch op, nothing kept
+    if check and traced:
         check_inputs(x, weights, config)
-    if weights.is_fp8 or fp8_act:
+    elif check:
+        _check_x(x, config)
+        _check_weights_once(weights, config, x.device, x.dtype)
+    info = None if traced else _weights_info(weights)
+    is_fp8 = info[0] if info is not None else bool(getattr(weights, "is_fp8", False))
+    fp8_act = is_fp8 if fp8_activations is None else _fp8_activations(weights, fp8_activations)
+    if is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
+    if checks._pending and not traced:
+        checks.poll(x.device)
+    if info is not None and info[1] and _direct(x, info[2]):
+        return _layer(x, weights, config, bool(deterministic), backend, fp8_act)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
@@ -498,14 +709,20 @@ def _fp8_activations(weights: MoEWeights, fp8_activations) -> bool:
 
 
 def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, backend: str = "auto",
-         fp8_activations: bool | None = None):
+         fp8_activations: bool | None = None, graphs: bool = False):
     """``f(x) -> y``: the layer with its weights and config bound, calling the torch op directly.
 
     The weights are checked here, once; each call checks x's shape, dtype and device on the host.
-    The closure holds only tensors, a string and a bool (for torch.compile and CUDA graphs).
+    Under torch.compile the closure calls the torch op with tensors, a string and a bool; eager
+    calls skip the op's dispatch (``_direct``) and run the cached plan (docs/kernels.md, "Eager calls").
+    ``graphs=True`` (CUDA): an eager call of T <= GRAPH_MAX_TOKENS tokens replays a CUDA graph of
+    the layer captured at its first call for that T and stream (a copy of x in, a copy of y out;
+    bitwise the eager call's y), where capture works; otherwise, and for larger T, the plain call.
     """
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if not isinstance(graphs, bool):
+        raise KernelInputError(f"graphs must be True or False, got {graphs!r}")
     rw = getattr(weights, "router_weight", None)
     dev, dt = getattr(rw, "device", None), getattr(rw, "dtype", None)
     check_weights(weights, config, dev, dt)
@@ -519,16 +736,86 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     if weights.is_fp8 or fp8_act:
         fp8_mode(weights, fp8_act)
     scales = tuple(getattr(weights, k) for k in SCALE_FIELDS)
+    plain = all(type(t) in PLAIN for t in weights.arrays().values())
+    every = tuple(t for t in (*ts, *scales) if t is not None)
+    kept = _Graphs() if graphs and dev.type == "cuda" else None
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return _layer(x, weights, config, det, backend, fp8_act)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
             got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise KernelInputError(f"x must be [T, {H}] {dt} on {dev}, got {got}")
         if not torch.compiler.is_compiling():
-            _check_sizes(x.shape[0], dims)
+            _sizes_ok(x.shape[0], dims)
+            if checks._pending:
+                checks.poll(dev)
+            if plain and _direct(x, every):
+                if kept is not None and 0 < x.shape[0] <= GRAPH_MAX_TOKENS:
+                    y = kept.call(x, run)
+                    if y is not None:
+                        return y
+                return run(x.contiguous())
         return torch.ops.megamoe.moe_forward(x.contiguous(), *ts, cj, det, backend, *scales, fp8_act)
 
     return f
+
+
+#: the most tokens a ``bind(..., graphs=True)`` call replays a CUDA graph for (larger T: plain calls)
+GRAPH_MAX_TOKENS = 256
+#: graphs one bound layer keeps (per T and stream), least recently used dropped first
+GRAPH_MAX_KEPT = 16
+
+
+class _Graphs:
+    """A bound layer's CUDA graphs per (T, stream): (graph, static x, static y, buffers the graph
+    owns), or None where the capture failed (that T and stream then run plain calls)."""
+
+    def __init__(self):
+        self.kept: OrderedDict = OrderedDict()
+
+    def call(self, x: torch.Tensor, run) -> torch.Tensor | None:
+        """y of ``run(x)`` through the kept graph (captured now if new); None: make a plain call."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = (x.shape[0], torch.cuda.current_stream(x.device).cuda_stream)
+        if key not in self.kept:
+            self.kept[key] = _capture(x, run)
+            while len(self.kept) > GRAPH_MAX_KEPT:
+                self.kept.popitem(last=False)
+        self.kept.move_to_end(key)
+        entry = self.kept[key]
+        if entry is None:
+            return None
+        g, sx, sy, _owned = entry
+        sx.copy_(x)
+        g.replay()
+        return sy.clone()
+
+
+def _capture(x: torch.Tensor, run):
+    """(graph, static x, static y) of ``run`` on x's shape, the graph captured on a side stream after
+    one call there (compiles, fills caches); None if the capture fails."""
+    cur = torch.cuda.current_stream(x.device)
+    sx = x.clone(memory_format=torch.contiguous_format)
+    side = torch.cuda.Stream(device=x.device)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        run(sx)
+    cur.wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, stream=side):
+            sy = run(sx)
+    except RuntimeError:
+        return None
+    finally:
+        from .megakernel import release_sync_buffer
+
+        owned = release_sync_buffer(x.device, side.cuda_stream)  # the megakernel's, now the graph's alone
+    cur.wait_stream(side)
+    return g, sx, sy, owned
 
 
 def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> dict:

@@ -12,6 +12,8 @@ written) and shared_gate (T,) fp32 = sigmoid(x . shared_gate_w) where the config
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,7 @@ from .align import _finish_offsets, _scatter_block
 from .plan import align_blocks, router_launch
 
 ROUTER_CODES = {r: i for i, r in enumerate(ROUTERS)}  # the kernels' ROUTER constexpr; the plan's router tiles
+_align_blocks = lru_cache(maxsize=1024)(align_blocks)  # read-only dicts, one per (E, block_m, B_max)
 
 
 @triton.jit
@@ -293,11 +296,13 @@ def _router_kernel(
 
 
 def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: int, split: int = 0,
-                  meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None) -> bool:
+                  meta: dict | None = None, block_m: int = 16, *, launch: dict | None = None,
+                  part: tuple | None = None) -> bool:
     """Fill topk_idx (T, K) int32, topk_w (T, K) fp32, hist (C, E) int32 and sgate (T,) fp32 (if gated).
 
     ``launch``: plan.router_launch's sizes. With ``meta`` and one token block the router program
-    also aligns: returns True if it did."""
+    also aligns: returns True if it did. ``part``: the split-H partials (SPLIT, T, E) fp32 and
+    (SPLIT, T) fp32 or None (gated), made beforehand (default: fresh)."""
     T, H = x.shape
     E, K = config.num_experts, config.top_k
     if T == 0:
@@ -308,11 +313,12 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
     C = rl["C"]
     split = rl["SPLIT"]
     sgw = weights.shared_gate
-    ieee = str(x.dtype) == "torch.float32"
-    part = sg_part = None
+    ieee = x.dtype == torch.float32
+    part, sg_part = (part or (None, None)) if split > 0 else (None, None)
     if split > 0:
-        part = torch.empty((split, T, E), device=x.device, dtype=torch.float32)
-        sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
+        if part is None:
+            part = torch.empty((split, T, E), device=x.device, dtype=torch.float32)
+            sg_part = torch.empty((split, T), device=x.device, dtype=torch.float32) if sgw is not None else None
         _router_logits_kernel[rl["logits_grid"]](
             x, weights.router_weight, sgw, part, sg_part, T, H, E, x.stride(0), weights.router_weight.stride(0),
             rl["H_PER_SPLIT"], HAS_SG=sgw is not None, IEEE=ieee, BLOCK_T=rl["LOGITS_T"], BLOCK_E=rl["BLOCK_E"],
@@ -321,7 +327,7 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
     fuse = meta is not None and C == 1
     m = meta if fuse else {}
     B_max = m["block_expert"].shape[0] if fuse else 1
-    bl = align_blocks(E, block_m, B_max)
+    bl = _align_blocks(E, block_m, B_max)
     _router_kernel[rl["grid"]](
         x, weights.router_weight, weights.router_bias, weights.score_bias, sgw, part, sg_part,
         topk_idx, topk_w, hist, sgate,

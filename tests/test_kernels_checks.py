@@ -1,5 +1,7 @@
 """The routing check of moe_experts (kernels/checks.py): a bad routing made elsewhere gives a
-KernelInputError naming the token, slot and value, and never an out-of-bounds access.
+KernelInputError naming the token, slot and value, and never an out-of-bounds access. The error
+comes from the call itself under the interpreter and, on a GPU, from the next call or
+``check_routing`` (``_reported`` runs both ways).
 
 On the ``device`` fixture (CUDA where there is a GPU, else the Triton interpreter). The expected
 outputs come from the float64 reference's experts on the good slots only.
@@ -48,6 +50,15 @@ def _call(device, x, w, idx, tw, **kw):
                        torch.as_tensor(tw).to(device.name, torch.float32), t.gate_up, t.down, **kw)
 
 
+def _reported(device, x, w, idx, tw, **kw):
+    """``_call`` and then ``check_routing`` (where a GPU reports the call's bad routing)."""
+    from megamoe.kernels import check_routing
+
+    y = _call(device, x, w, idx, tw, **kw)
+    check_routing(device.name)
+    return y
+
+
 def _reference(device, x, w, idx, tw):
     dt = device.dtype
     r = Routing(topk_idx=idx, topk_weights=tw, logits=np.zeros((T, CFG.num_experts)))
@@ -89,7 +100,7 @@ def test_bad_routing_is_named(kind, layer, device):
     x, w, idx, tw = layer
     bi, bw = _bad(kind, idx, tw)
     with pytest.raises(KernelInputError, match=BAD[kind]):
-        _call(device, x, w, bi, bw)
+        _reported(device, x, w, bi, bw)
 
 
 def test_several_bad_slots_counted(layer, device):
@@ -99,7 +110,7 @@ def test_several_bad_slots_counted(layer, device):
     bi, bw = _bad("out_of_range", *_bad("nan", *_bad("duplicate", idx, tw)))
     with pytest.raises(KernelInputError, match=r"topk_idx\[2, 2\].*3 bad slots in all: 1 out of range, 1 duplicate, "
                                                r"1 non finite weight"):
-        _call(device, x, w, bi, bw)
+        _reported(device, x, w, bi, bw)
 
 
 def test_good_routing_after_a_bad_one(layer, device):
@@ -108,8 +119,8 @@ def test_good_routing_after_a_bad_one(layer, device):
 
     x, w, idx, tw = layer
     with pytest.raises(KernelInputError):
-        _call(device, x, w, *_bad("out_of_range", idx, tw))
-    assert_close(_call(device, x, w, idx, tw).cpu(), _reference(device, x, w, idx, tw), device.dtype, "good call")
+        _reported(device, x, w, *_bad("out_of_range", idx, tw))
+    assert_close(_reported(device, x, w, idx, tw).cpu(), _reference(device, x, w, idx, tw), device.dtype, "good call")
 
 
 @pytest.mark.parametrize("kind", ["duplicate", "minus_one", "nan"])  # one per way a slot is repaired
