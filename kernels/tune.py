@@ -175,6 +175,9 @@ def record(path: Path, gpu: str, dtype: str, triton_version: str, key: str, T: i
     cfgs.load_file(tmp)
     tmp.replace(path)
     cfgs._tuned.cache_clear()
+    from .moe import clear_caches  # plans kept by earlier calls name the old entries
+
+    clear_caches()
 
 
 class _GpuTimers:
