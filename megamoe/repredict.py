@@ -1,5 +1,6 @@
 """``megamoe validate --report DIR --repredict PROFILE``: a validation run's stored rows predicted again
-with another profile; ``--switch`` / ``--variant`` set fields of ``simulator.cost.CostOptions`` by name."""
+with another profile, each with the configs it ran (``ran_gemms``, ``multi_configs``); ``--switch`` /
+``--variant`` set fields of ``simulator.cost.CostOptions`` by name."""
 
 from __future__ import annotations
 
