@@ -62,6 +62,8 @@ QUESTIONS = {
     "rack_calibration": ("the communication-SM curve fitted to published points", "python benchmarks/rack_calibration.py"),
     "simulator_speed": ("how fast the simulator predicts a layer", "python benchmarks/bench_simulator.py"),
     "sweep_speed": ("how fast megamoe sweep runs thousands of points", "python benchmarks/bench_sweep.py"),
+    "tune": ("the launch-config candidates timed on the GPU against the cost model's choice, each (preset, T) "
+             "kept as a tuned entry only where 2% faster", "megamoe tune --out benchmarks/results/<gpu>/tune/tune_DATE.jsonl"),
     "peer": ("megamoe's backends against a same-run peer (vLLM's Triton fused-MoE kernels), the floor and the "
              "cost model's prediction", "python benchmarks/peer_table.py --peer benchmarks/peer_vllm.py --out DIR"),
 }

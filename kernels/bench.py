@@ -82,6 +82,10 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         from .megakernel import megakernel_config
 
         config = megakernel_config(cfg, T, xs[0].dtype, xs[0].device, fp8=fp8)
+    import triton
+
+    sources = config_sources(cfg, T, ran=ran, backend=backend, gpu=kmoe.device_name(xs[0].device),
+                             triton_version=triton.__version__, fp8=fp8, interpret=xs[0].device.type == "cpu")
     ours = graph_time_us(lambda x: kmoe.moe_forward(x, w, cfg, deterministic=deterministic, check=False,
                                                     backend=ran, fp8_activations=fp8_act), xs, reps)
     flops, byt = floor_terms(cfg, T, et, dtype)
@@ -92,7 +96,7 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
         "floor_us": floor_us, "floor_matmul": mm_kind, "ours_us": ours,
         "ours_over_floor": ours / floor_us if floor_us else None,
         "ours_tflops": flops / (ours * 1e-6) / 1e12, "deterministic": deterministic, "backend": ran,
-        "config": config,
+        "config": config, **sources,
     }
     if floor_us is None:
         row["floor_error"] = f"no {mm_kind} matmul rate: {ceil.get('fp8_matmul_error', 'not measured')}"[:300]
@@ -120,6 +124,29 @@ def bench_row(name: str, cfg, w, T: int, ceil: dict, *, reps: int, with_torch: b
     return row
 
 
+def config_sources(cfg, T: int, *, ran: str, backend: str, gpu: str, triton_version: str, fp8: str | None = None,
+                   interpret: bool = False) -> dict:
+    """Where a row's configs come from (configs.SOURCES): ``config_source`` of the launch configs that
+    ran (the megakernel's: megakernel_config's rules, "heuristic"), and for ``backend`` "auto"
+    ``backend_source`` of the backend ``ran``."""
+    from . import configs as cfgs
+
+    shape = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, T)
+    kw = dict(gpu=gpu, dtype="bfloat16", triton_version=triton_version)
+    out = {"config_source": "heuristic" if ran == "megakernel" else cfgs.config_source(*shape, **kw, interpret=interpret)}
+    if backend == "auto":
+        out["backend_source"] = cfgs.backend_source(*shape, **kw, fp8=fp8)
+    return out
+
+
+def fmt_sources(r: dict) -> str:
+    """The printed row's last column: "model", or with backend "auto" "model; multi by tuned"."""
+    s = r.get("config_source", "-")
+    if "backend_source" in r:
+        s += f"; {r.get('backend', '?')} by {r['backend_source']}"
+    return s
+
+
 def fmt_num(v, spec: str) -> str:
     """``v`` formatted with ``spec``, or "-" in the same width where it is not a number."""
     return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(len(format(0.0, spec)))
@@ -134,11 +161,11 @@ def fmt_row(r: dict) -> str:
             f"{f('speedup_vs_torch', '6.2f')} "
             f"{f('experts_us', '10.1f')} {f('peer_us', '9.1f')} {f('speedup_vs_peer', '6.2f')} "
             f"{f('ours_over_ideal_rate', '6.2f')} "
-            f"{f('ours_tflops', '7.1f')}")
+            f"{f('ours_tflops', '7.1f')}  {fmt_sources(r)}")
 
 
 HEADER = (f"{'preset':<16}{'T':>6} {'dtype':>7} {'floor us':>10} {'ours us':>10} {'o/fl':>6} {'xbf16':>6} {'torch us':>10} "
-          f"{'xtorch':>6} {'experts us':>10} {'peer us':>9} {'xpeer':>6} {'o/idl':>6} {'TFLOP/s':>7}")
+          f"{'xtorch':>6} {'experts us':>10} {'peer us':>9} {'xpeer':>6} {'o/idl':>6} {'TFLOP/s':>7}  configs from")
 
 
 def dtype_rows(run_one, dtypes, emit, log=print) -> None:

@@ -222,6 +222,18 @@ def untuned_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: s
     return resolve_variants({k: dict(v) for k, v in (entry or default_config(E, H, I, K, T)).items()}, H, I, dtype)
 
 
+def config_without_model(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
+                         interpret: bool = False) -> dict:
+    """The entry ``select_config`` gives with no model table (variants resolved): the tuned one of
+    this GPU, dtype and Triton (T's bucket, else the nearest), else the heuristic. What a stored
+    measurement that did not record its entry ran, where it was made before the model tables."""
+    entry = None
+    if not interpret:
+        entry, _ = _lookup(E, H, I, K, T, gpu, dtype, triton_version, _tuned, lambda *a: {})
+    entry = entry or default_config(E, H, I, K, T, interpret=interpret)
+    return resolve_variants({k: dict(v) for k, v in entry.items()}, H, I, dtype)
+
+
 def config_source(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
                   interpret: bool = False) -> str:
     """Where ``select_config``'s entry comes from: "tuned", "model" or "heuristic" (SOURCES)."""

@@ -821,7 +821,8 @@ def _capture(x: torch.Tensor, run):
 def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> dict:
     """Routing and alignment metadata as the kernels compute them (for tests and validation):
     topk_idx, topk_weights, counts, padded_offsets, padded_token, padded_pair, block_expert,
-    pair_dest, block_m. Tensors on x's device; sizes as in the module docstring."""
+    pair_dest, block_m; config_source (configs.config_source of the GEMM entry). Tensors on x's
+    device; sizes as in the module docstring."""
     check_inputs(x, weights, config)
     T = x.shape[0]
     E, K = config.num_experts, config.top_k
@@ -840,6 +841,9 @@ def moe_forward_details(x: torch.Tensor, weights: MoEWeights, config: MoEConfig)
         launch_align(topk_idx, hist, E, block_t, bm, meta)
     out = {k: v for k, v in meta.items() if k != "chunk_base"}
     out.update(topk_idx=topk_idx, topk_weights=topk_w, shared_gate=sgate, block_m=bm)
+    out["config_source"] = cfgs.config_source(E, config.hidden_size, config.intermediate_size, K, T, gpu=device_name(dev),
+                                              dtype=DTYPES[x.dtype], triton_version=triton.__version__,
+                                              interpret=dev.type == "cpu")
     return out
 
 

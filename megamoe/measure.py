@@ -28,6 +28,7 @@ from .grid import Configuration, calls_per_graph, configurations, key_of
 from .layers import CudaLayer, WeightCache, has_cuda, make_layer
 from .predict import predict_config
 from .report import load_outcomes, write_report
+from .repredict import multi_configs
 
 COMPARE_PROFILES = "h200"
 REPORT_RESERVE_S = 15.0  # seconds kept back from the budget for the report and the summary
@@ -40,11 +41,13 @@ CONTEXT_LOST_EXIT = 3  # the exit code when the CUDA context was lost
 
 
 def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_name: str, calls: int,
-                reps: int | None = None, variants: dict | None = None) -> dict:
+                reps: int | None = None, variants: dict | None = None, gemm: dict | None = None,
+                shared_gemm: dict | None = None) -> dict:
     """The row's prediction fields: the first profile's at the top level and every profile's under
     ``predictions[name]``; each of ``variants`` ({label: cost switches}) with the first profile
     under ``predictions[f"{name}+{label}"]``. A prediction that raises gets ``{"failure": ...}``.
-    ``counts`` go into the row too."""
+    ``counts`` go into the row too. ``gemm`` / ``shared_gemm``: the multi-launch entries that run
+    (predict_config's)."""
     from .repredict import switches
 
     out: dict = {"predictions": {}, "counts": [int(c) for c in counts]}
@@ -55,7 +58,7 @@ def predict_all(cfg, counts, T: int, backend: str, profiles: list, *, device_nam
         try:
             with switches(settings):
                 pr = predict_config(cfg, counts, T, backend, p, device_name=device_name, calls_per_graph=calls,
-                                    reps=reps)
+                                    reps=reps, gemm=gemm, shared_gemm=shared_gemm)
         except Exception as exc:  # noqa: BLE001 - the measurement is still worth having
             out["predictions"][name] = {"failure": f"{type(exc).__name__}: {exc}"[:500]}
             continue
@@ -327,8 +330,11 @@ def _measure_all(todo, args, layer, profiles, writer, state, budget, watchdog, p
             cfg, xs, ws, counts = group["cfg"], group["xs"], group["ws"], group["counts"]
             row.update(calls_per_graph=group["ni"], experts_touched=int((counts > 0).sum()),
                        max_over_mean_load=float(counts.max() / max(counts.mean(), 1e-9)))
+            if c.backend == "multi":  # the GEMM entries this row runs, and where they come from
+                row.update(multi_configs(cfg, c.T, gpu=dev_name, triton_version=prov.get("triton")))
             row.update(predict_all(cfg, counts, c.T, c.backend, profiles, device_name=dev_name,
-                                   calls=group["ni"], reps=reps, variants=getattr(args, "variants", None)))
+                                   calls=group["ni"], reps=reps, variants=getattr(args, "variants", None),
+                                   gemm=row.get("gemm_config"), shared_gemm=row.get("shared_gemm_config")))
             if getattr(args, "cost_switches", None):
                 row["cost_switches"] = dict(args.cost_switches)
             if getattr(args, "variants", None):

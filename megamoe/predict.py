@@ -51,11 +51,14 @@ def megakernel_weight_depth(mk: dict, w_bytes: float = 2.0) -> dict[str, int]:
 
 
 def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: str, calls_per_graph: int,
-                   triton_version: str | None = None, reps: int | None = None, mk: dict | None = None) -> dict:
+                   triton_version: str | None = None, reps: int | None = None, mk: dict | None = None,
+                   gemm: dict | None = None, shared_gemm: dict | None = None) -> dict:
     """Prediction for one configuration from its pairs per expert ``counts`` (E,): total and
     per-stage (multi) or per-kind (megakernel) us. ``triton_version``: the tuned table's (default
     this Triton). ``reps``: the measurement's timed replays (None: from idle clocks). ``mk``: the
-    megakernel config the measurement ran (default the current one), returned under "megakernel_config"."""
+    megakernel config the measurement ran (default the current one), returned under "megakernel_config".
+    ``gemm`` / ``shared_gemm``: the multi-launch GEMM entries ({"gemm1", "gemm2"}) the measurement ran
+    (default ``configs.select_config``'s, as ``launch_plan`` takes them)."""
     import numpy as np
 
     from megamoe.kernels.bench import calls_before_timed_replay
@@ -69,7 +72,8 @@ def predict_config(cfg, counts, T: int, backend: str, profile, *, device_name: s
     sustained = {}
     if backend == "multi":
         dtype = "float32" if device_name == "cpu-interpreter" else "bfloat16"
-        plan = launch_plan(cfg, T, counts=counts, device_name=device_name, dtype=dtype, triton_version=triton_version)
+        plan = launch_plan(cfg, T, counts=counts, device_name=device_name, dtype=dtype, triton_version=triton_version,
+                           gemm=gemm, shared_gemm=shared_gemm)
         pred = predict_launch_plan([s.to_dict() for s in plan.stages], profile, calls_per_graph=calls_per_graph,
                                    calls_before=before)
         if "sustained_ratio" in pred:

@@ -208,6 +208,34 @@ def test_fp8_rows_print_under_their_columns():
     assert line.split()[3] == "-"
 
 
+def test_rows_say_where_their_configs_come_from(monkeypatch):
+    """config_source of the multi-launch entry (tuned at its bucket, else the model's table, else the
+    heuristic; the megakernel's rules are heuristic), backend_source only where the backend was "auto";
+    the printed row ends with them."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.bench import HEADER, config_sources, fmt_row
+
+    cfg = MoEConfig(**BASE)
+    key = cfgs.shape_key(7, 40, 36, 3)
+    entry = cfgs.default_config(7, 40, 36, 3, 1)
+    monkeypatch.setattr(cfgs, "_tuned", lambda gpu, dtype, tv: {key: {1: entry}} if gpu == "G" else {})
+    monkeypatch.setattr(cfgs, "_model", lambda gpu, dtype: {key: {4096: entry}} if gpu == "G" else {})
+    monkeypatch.setattr(cfgs, "_backends", lambda gpu, dtype, tv, fp8=None: {key: {1: "megakernel"}} if gpu == "G" else {})
+    monkeypatch.setattr(cfgs, "_model_backends", lambda gpu, dtype: {})
+    kw = dict(gpu="G", triton_version="t")
+    assert config_sources(cfg, 1, ran="megakernel", backend="auto", **kw) == {
+        "config_source": "heuristic", "backend_source": "tuned"}
+    assert config_sources(cfg, 1, ran="multi", backend="auto", **kw) == {"config_source": "tuned",
+                                                                        "backend_source": "tuned"}
+    assert config_sources(cfg, 2048, ran="multi", backend="multi", **kw) == {"config_source": "model"}
+    assert config_sources(cfg, 64, ran="multi", backend="auto", gpu="H", triton_version="t") == {
+        "config_source": "heuristic", "backend_source": "heuristic"}
+    assert config_sources(cfg, 1, ran="multi", backend="multi", interpret=True, **kw) == {"config_source": "heuristic"}
+    r = {"preset": "p", "T": 1, "ours_us": 1.0, "backend": "multi", "config_source": "model", "backend_source": "tuned"}
+    assert fmt_row(r).endswith("  model; multi by tuned") and HEADER.endswith("  configs from")
+    assert fmt_row(r).index("model;") == HEADER.index("configs from")
+
+
 @pytest.mark.gpu
 def test_fp8_rows_on_the_gpu():
     """bench_row for every dtype on a small layer (one run, same inputs): fp8 rows run multi, carry
@@ -230,6 +258,7 @@ def test_fp8_rows_on_the_gpu():
         assert r["backend"] == "multi" and r["speedup_vs_bf16"] > 0 and r["floor_us"] > 0
         assert r["config"]["gemm1"]["BLOCK_K"] == 128  # the FP8 entry (plan.fp8_entry)
     assert rows[2]["floor_matmul"] == "fp8" and rows[1]["floor_matmul"] == "bf16"
+    assert all(r["config_source"] == "heuristic" and "backend_source" not in r for r in rows)  # no table has it
 
 
 def test_fmt_num_keeps_the_width_of_a_missing_figure():

@@ -310,6 +310,8 @@ def test_grid_run_under_the_interpreter_end_to_end(tmp_path):
     assert len(rows) == 2 and {r["backend"] for r in rows} == {"multi", "megakernel"}
     assert all(r["experts_touched"] == 2 for r in rows)  # the steered router: every token on experts 0..K-1
     assert all(r["rel_diff_vs_multi"] < 1e-5 for r in rows if r["backend"] == "megakernel")  # float32
+    multi = next(r for r in rows if r["backend"] == "multi")  # the interpreter's own tiles, recorded
+    assert multi["config_source"] == "heuristic" and multi["gemm_config"]["gemm1"]["BLOCK_M"] == 16
     status = json.loads((out / "warm" / "warm_status.json").read_text())["status"]
     assert set(status.values()) == {"ok"} and len(status) == 2
     assert (out / "scatter.png").stat().st_size > 1000
@@ -351,6 +353,39 @@ def test_multi_rows_carry_measured_stages_and_the_report_compares_them(tmp_path)
     out2 = tmp_path / "v2"
     assert measure_grid(_args(out2, tokens="8", models="qwen3-30b-a3b", stages=False), layer=FakeLayer()) == 0
     assert not any("measured_stages_us" in r for r in _rows(out2))
+
+
+def test_multi_rows_record_the_gemm_entries_they_run_and_repredict_with_them(tmp_path):
+    """A multi row records the entries moe_forward runs on its GPU (select_config: here an H100, which
+    has a model table and no tuned file) and where they come from, is predicted with them, and
+    re-predicts to the same time; megakernel rows record none. Qwen1.5-MoE-A2.7B: a shared expert."""
+    from megamoe.kernels import configs
+    from megamoe.predict import predict_config
+    from megamoe.reference import MoEConfig
+    from megamoe.repredict import repredict_rows
+    from megamoe.simulator import load_profile
+
+    class H100(FakeLayer):
+        def provenance(self):
+            return {**super().provenance(), "gpu": "NVIDIA H100 80GB HBM3"}
+
+    out = tmp_path / "v"
+    assert measure_grid(_args(out, tokens="512", models="qwen1.5-moe-a2.7b", routings="zipf", compare_profiles=""),
+                        layer=H100()) == 0
+    rows = {r["backend"]: r for r in _rows(out) if r["phase"] == "measurement"}
+    r, cfg = rows["multi"], MoEConfig.preset("qwen1.5-moe-a2.7b")
+    E, H, I, K, Is = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k, cfg.shared_intermediate_size
+    kw = dict(gpu="NVIDIA H100 80GB HBM3", dtype="bfloat16", triton_version="3.6.0")
+    assert r["gemm_config"] == configs.select_config(E, H, I, K, 512, **kw)
+    assert r["shared_gemm_config"] == configs.select_config(1, H, Is, 1, 512, **kw)
+    assert r["config_source"] == configs.config_source(E, H, I, K, 512, **kw)
+    assert not {"gemm_config", "config_source"} & set(rows["megakernel"])
+    p = load_profile("h200")
+    want = predict_config(cfg, r["counts"], 512, "multi", p, device_name=kw["gpu"], calls_per_graph=r["calls_per_graph"],
+                          reps=3, gemm=r["gemm_config"], shared_gemm=r["shared_gemm_config"])
+    assert r["predicted_us"] == want["predicted_us"]
+    again, _ = repredict_rows([r], p)
+    assert again[0]["predicted_us"] == pytest.approx(r["predicted_us"], rel=1e-12)
 
 
 def test_idle_before_leaves_the_gpu_idle_before_each_timing(tmp_path):

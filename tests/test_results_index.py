@@ -63,6 +63,27 @@ def test_index_lines_per_result_and_kept_fields(ri, tmp_path):
         ri.build_index()
 
 
+def test_tune_rows_index_with_their_provenance(ri, tmp_path):
+    """A ``megamoe tune`` comparison file stored as results/<gpu>/tune/ is one index line whose device,
+    versions, commit and date come from the provenance every row carries (kernels.provenance's fields)."""
+    from megamoe.tune import run_tune
+
+    def timers(name, cfg, T):  # every candidate 10 us: nothing beats the model's entry by 2%
+        return lambda gemm, c: 10.0
+
+    prov = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "triton": "3.6.0", "commit": "5744155" + "0" * 33,
+            "dirty": False, "diff_sha256": None, "date": "2026-12-07T12:00:00+00:00"}
+    out = ri.RESULTS / "h100" / "tune" / "tune_2026-12-07.jsonl"
+    run_tune(["qwen3-30b-a3b"], [1], "h100", out, budget_s=600, log=lambda line: None, timers=timers,
+             gpu=prov["gpu"], triton_version="0", path=tmp_path / "tuned.json", provenance=prov)
+    (line,) = ri.build_index()
+    assert {k: line[k] for k in ("gpu", "device", "commit", "date", "question", "path", "rows")} == {
+        "gpu": "h100", "device": "NVIDIA H100 80GB HBM3", "commit": "5744155", "date": "2026-12-07",
+        "question": "tune", "path": "h100/tune/tune_2026-12-07.jsonl", "rows": 1}
+    assert line["versions"] == {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"}
+    assert line["tool"].startswith("megamoe tune")
+
+
 def test_readme_markers_are_required(ri):
     with pytest.raises(SystemExit, match="markers"):
         ri.fill_readme("# no markers here\n", [])

@@ -194,13 +194,15 @@ def test_stored_rows_predicted_again_from_their_counts():
     counts[[3, 9, 40, 41, 77, 100, 101, 127]] = [3, 3, 3, 3, 3, 3, 3, 3]
     p = load_profile("h200")
     rows = [{"preset": "qwen3-30b-a3b", "T": 3, "backend": b, "counts": counts.tolist(), "measured_us": 50.0,
-             "predicted_us": 1.0, "profile": "old", "gpu": "NVIDIA H200", "calls_per_graph": 8} for b in ("multi", "megakernel")]
+             "predicted_us": 1.0, "profile": "old", "gpu": "NVIDIA H200", "triton": "3.6.0", "calls_per_graph": 8}
+            for b in ("multi", "megakernel")]  # a Triton with a tuned file: the entries that ran are its
     rows.append({k: v for k, v in rows[0].items() if k != "counts"})
     new, skipped = repredict_rows(rows, p)
     assert skipped == 1 and len(new) == 2 and all(r["profile"] == "h200" for r in new)
     cfg = MoEConfig.preset("qwen3-30b-a3b")
     for r in new:
-        want = predict_config(cfg, counts, 3, r["backend"], p, device_name="NVIDIA H200", calls_per_graph=8)
+        want = predict_config(cfg, counts, 3, r["backend"], p, device_name="NVIDIA H200", calls_per_graph=8,
+                              triton_version="3.6.0")
         assert r["predicted_us"] == pytest.approx(want["predicted_us"]) and r["measured_us"] == 50.0
     for backend in ("multi", "megakernel"):  # counts that are not this T's pairs: a clear error
         with pytest.raises(ValueError, match=r"T\*K=16"):
