@@ -1,0 +1,37 @@
+"""The minibatch's terms, round by round: the split of a fused layer adds up, tiles counted by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megamoe.reference import MoEConfig
+from megamoe.simulator import simulate
+from megamoe.simulator.hardware import load_profile, override
+from megamoe.simulator.rounds import round_tiles, two_wave_rows
+
+SMALL = MoEConfig(hidden_size=1024, intermediate_size=512, num_experts=16, top_k=2, name="small")
+
+
+def test_tiles_and_the_two_wave_rule_by_hand():
+    p = load_profile("gb300-nvl72")  # 128 x 256 output tiles
+    rows = np.array([[130, 0], [1, 256]])  # two slots, two rounds: 2 + 1 row tiles, then 0 + 2
+    up, down = round_tiles(rows, SMALL, p)
+    assert up.tolist() == [3 * 4, 2 * 4] and down.tolist() == [3 * 4, 2 * 4]  # 2I = H = 1024: 4 column tiles
+    kimi = MoEConfig.preset("kimi-k2")  # min(2I, H) = 4096: T = 2 x 120 x 128 x 256 / 4096
+    assert two_wave_rows(kimi, 120, p) == pytest.approx(1920.0)
+
+
+@pytest.mark.parametrize("minibatch", [16, 64])  # several rounds; one round
+def test_the_split_adds_up_to_the_last_gpus_end(minibatch):
+    p = override(load_profile("gb200-nvl72"), gpus=4)
+    r = simulate(SMALL, p, 64, routing="skewed", minibatch=minibatch, comm_sms=8)
+    t = r.rounds
+    parts = ("start_s", "shared_s", "fill_s", "routed_compute_s", "gaps_s", "drain_s")
+    assert sum(t[k] for k in parts) == pytest.approx(t["end_s"], rel=1e-9)
+    assert t["end_s"] * 1e6 == pytest.approx(r.layer_time_us, rel=1e-9)
+    assert all(t[k] >= -1e-12 for k in parts)
+    assert t["rounds"] == r.inputs["num_minibatches"] == len(t["round_rows"]) == len(t["down_waves"])
+    assert sum(t["round_rows"]) == r.per_gpu["rows"][t["gpu"]]
+    assert sum(t["round_compute_s"]) == pytest.approx(t["routed_compute_s"])
+    assert t["signalling_s"] == pytest.approx(t["rounds"] * (p.protocol.pull_signal_s + p.protocol.push_signal_s))
