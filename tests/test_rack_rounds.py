@@ -35,3 +35,16 @@ def test_the_split_adds_up_to_the_last_gpus_end(minibatch):
     assert sum(t["round_rows"]) == r.per_gpu["rows"][t["gpu"]]
     assert sum(t["round_compute_s"]) == pytest.approx(t["routed_compute_s"])
     assert t["signalling_s"] == pytest.approx(t["rounds"] * (p.protocol.pull_signal_s + p.protocol.push_signal_s))
+
+
+def test_the_minibatch_curve_is_the_event_model_at_each_minibatch():
+    from megamoe.simulator import build_workload, simulate_workload
+    from megamoe.simulator.knobs import minibatch_curve
+
+    p = override(load_profile("gb200-nvl72"), gpus=4)
+    w = build_workload(SMALL, 4, 64, "skewed", "contiguous", minibatch=64, seed=3)
+    curve = minibatch_curve(w, p, (16, 64), comm_sms=8)
+    one = simulate_workload(build_workload(SMALL, 4, 64, "skewed", "contiguous", minibatch=16, seed=3), p, comm_sms=8)
+    assert [c["rounds"] for c in curve] == [4, 1]
+    assert curve[0]["layer_us"] == pytest.approx(one.layer_time_us, rel=1e-9)  # rebatched = built at that minibatch
+    assert curve[0]["fill_us"] + curve[0]["drain_us"] < curve[1]["fill_us"] + curve[1]["drain_us"]  # one round pipelines nothing
