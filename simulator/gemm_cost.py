@@ -163,23 +163,35 @@ def ffn_cost(rows, hidden: int, width: int, *, profile: Profile, num_sms: int, w
     return total
 
 
+def ffn_roofline_terms(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str,
+                       act_dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per expert (n,) of rows (n,): tensor seconds on the whole GPU at the best per-SM rate any of the
+    rack model's tiles gets, weight bytes (read once) and activation bytes; zeros where rows are 0."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros((3, rows.size))
+    on = rows > 0
+    r = rows[on]
+    if r.size == 0:
+        return out[0], out[1], out[2]
+    wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
+    cd = compute_dtype(weight_dtype, act_dtype)
+    tm = tile_rows(r, profile)
+    rate = np.zeros(r.size)
+    for tn in tile_widths(profile):
+        for k in (hidden, width):
+            rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), r, dtype=cd))
+    out[0, on] = ffn_flops(r, hidden, width) / (profile.num_sms * rate)
+    out[1, on] = ffn_params(hidden, width) * wb
+    out[2, on] = r * ffn_row_bytes(hidden, width, act_dtype)
+    return out[0], out[1], out[2]
+
+
 def ffn_roofline_parts(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str,
                        act_dtype: str) -> tuple[float, float, float]:
     """(tensor seconds on the whole GPU, weight bytes, activation bytes) of ``ffn_roofline_s``: useful
     FLOPs at the best per-SM rate any of the rack model's tiles gets, weights read once."""
-    rows = np.asarray(rows, dtype=np.int64)
-    rows = rows[rows > 0]
-    if rows.size == 0:
-        return 0.0, 0.0, 0.0
-    wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
-    cd = compute_dtype(weight_dtype, act_dtype)
-    tm = tile_rows(rows, profile)
-    rate = np.zeros(rows.size)
-    for tn in tile_widths(profile):
-        for k in (hidden, width):
-            rate = np.maximum(rate, mma_rate_per_sm(profile, tm, tn, k, _warps(tm), rows, dtype=cd))
-    compute_s = float((ffn_flops(rows, hidden, width) / (profile.num_sms * rate)).sum())
-    return compute_s, rows.size * ffn_params(hidden, width) * wb, float(rows.sum()) * ffn_row_bytes(hidden, width, act_dtype)
+    c, w, a = ffn_roofline_terms(rows, hidden, width, profile=profile, weight_dtype=weight_dtype, act_dtype=act_dtype)
+    return float(c.sum()), float(w.sum()), float(a.sum())
 
 
 def ffn_roofline_s(rows, hidden: int, width: int, *, profile: Profile, weight_dtype: str, act_dtype: str) -> float:
