@@ -188,7 +188,7 @@ def estimate_workload(workload, system, *, schedule: str = "fused", comm_sms: in
                       dtype: str = "bf16", weight_dtype: str | None = None, dispatch_dtype: str | None = None,
                       include_shared: bool = True, comm_work: tuple | None = None, dispatch_mode: str = "pull",
                       combine_mode: str = "push") -> Estimate:
-    """The analytic bound straight from a built ``workload.Workload``: no SimPy, a few ms on NVL72.
+    """The analytic bound straight from a built ``workload.Workload``: no SimPy, under a millisecond on NVL72.
 
     For sweeps: build the workload once, then vary system, schedule, comm SMs and dtypes here.
     """
