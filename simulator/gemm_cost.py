@@ -123,10 +123,11 @@ def one_stream_s(first: GemmCost, second: GemmCost) -> float:
     """Compute time of two stages' tiles run as one stream on the same program slots (a persistent
     kernel's task queue: the second stage's tiles fill the first one's last wave): the waves of all
     the tiles, and at least one first-stage tile followed by the second stage's own waves (a
-    second-stage tile needs its row block's first-stage tiles)."""
+    second-stage tile needs its row block's first-stage tiles); never more than the two stages one
+    after the other (the queue may run them so)."""
     (t1, s1, slots), (t2, s2, _) = first.stream, second.stream
     stream = waves_s(np.concatenate([t1, t2]), np.concatenate([s1, s2]), slots)
-    return max(stream, float(s1.max()) + waves_s(t2, s2, slots))
+    return min(max(stream, float(s1.max()) + waves_s(t2, s2, slots)), first.compute_s + second.compute_s)
 
 
 def ffn_row_bytes(hidden: int, width: int, act_dtype: str) -> int:

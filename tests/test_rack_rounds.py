@@ -48,3 +48,21 @@ def test_the_minibatch_curve_is_the_event_model_at_each_minibatch():
     assert [c["rounds"] for c in curve] == [4, 1]
     assert curve[0]["layer_us"] == pytest.approx(one.layer_time_us, rel=1e-9)  # rebatched = built at that minibatch
     assert curve[0]["fill_us"] + curve[0]["drain_us"] < curve[1]["fill_us"] + curve[1]["drain_us"]  # one round pipelines nothing
+
+
+def test_one_stream_shares_the_last_wave_but_keeps_the_dependency():
+    from megamoe.simulator.gemm_cost import GemmCost, ffn_cost, ffn_roofline_s, one_stream_s
+
+    def stage(tiles, slots):  # tiles of one unit of time each; alone they take ceil(tiles / slots)
+        waves = float(-(-tiles // slots))
+        return GemmCost(waves, waves, 0.0, 0.0, 0.0, 0.0, tiles, stream=(np.array([tiles]), np.array([1.0]), slots))
+
+    assert one_stream_s(stage(3, 2), stage(3, 2)) == 3.0  # 6 unit tiles on 2 slots; one launch each: 2 + 2
+    assert one_stream_s(stage(1, 4), stage(1, 4)) == 2.0  # a down tile waits for its gate/up tile
+    p = load_profile("gb300-nvl72")
+    kw = dict(profile=p, num_sms=120, weight_dtype="fp8", act_dtype="fp8")
+    for rows in ([85] * 6, [341] * 6, [40, 900, 3000]):  # under a wave, a few waves, uneven experts
+        one, two = ffn_cost(rows, 7168, 2048, one_stream=True, **kw), ffn_cost(rows, 7168, 2048, **kw)
+        assert one.time_s <= two.time_s * (1 + 1e-12)
+        assert one.time_s >= ffn_roofline_s(rows, 7168, 2048, profile=p, weight_dtype="fp8", act_dtype="fp8") * 120 / 160
+        assert one.flops == two.flops and one.hbm_bytes == two.hbm_bytes
