@@ -10,6 +10,8 @@ For the GPU that ends last, the layer splits exactly (the parts add up to its en
     late) + drain (after the last routed job: its pushes, the owner's reduction, the barrier: exposed
     last combine)
 
+(bulk: one round, and its one GEMM job holds the shared expert too, so that is in routed compute.)
+
 Beside it, per round on that GPU: the rows it receives, the output tiles of its two grouped GEMMs
 (tile_m x tile_n, every expert's last row tile partial) and the waves they make over the C compute
 SMs, and the completion signalling each round pays. Mixture-of-Kittens' two-wave rule
