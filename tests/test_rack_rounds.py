@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,7 @@ def test_the_split_adds_up_to_the_last_gpus_end(minibatch):
     assert sum(t["round_rows"]) == r.per_gpu["rows"][t["gpu"]]
     assert sum(t["round_compute_s"]) == pytest.approx(t["routed_compute_s"])
     assert t["signalling_s"] == pytest.approx(t["rounds"] * (p.protocol.pull_signal_s + p.protocol.push_signal_s))
+    assert json.loads(r.to_json(links=False))["rounds"]["rounds"] == t["rounds"]  # in --json, strict JSON
 
 
 def test_the_minibatch_curve_is_the_event_model_at_each_minibatch():
