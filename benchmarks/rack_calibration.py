@@ -4,10 +4,12 @@ Shape legend: n communication SMs, P port rate (payload, one direction), s per-S
 
 The curve (``simulator.hardware.comm_sm_curve``): B(n) = P * ((n s / P)^-p + 1)^(-1/p).
 
-1. Shape, p: HybridEP (DeepEP PR 420) on GB200, 8 ranks, bf16 dispatch, measured 362, 513 and
-   616 GB/s with 16, 24 and 32 SMs. A least-squares fit in log space of s and p to the three points
-   at the GB200 profile's port rate; p goes to ``comm.saturation_exponent``, s is HybridEP's own
-   per-SM rate (a different kernel; reported only).
+1. Shape, p: DeepEP V1's dispatch on GB200, 8 ranks, bf16, 362, 513 and 616 GB/s with 16, 24 and
+   32 SMs, as quoted in DeepEP's HybridEP document (``docs/README_Hybrid-EP.md``, DeepEP PR 420).
+   A least-squares fit in log space of s and p to the three points at the GB200 profile's port
+   rate; p goes to ``comm.saturation_exponent``, s is DeepEP V1's own per-SM rate (a different
+   kernel; reported only). HybridEP's own figure in that document (750 GB/s dispatch at 16 SMs
+   kernel-only, 550 through its torch API; GB200, 8 ranks, 4096 tokens, bf16) is not fitted.
 2. Scale, r = ``sm.copy_bytes_per_s``: Mixture-of-Kittens forward (MXFP8) on 4 GB200 GPUs, 2048
    tokens per rank, H 7168, I 3072, 384 experts, top-6, measured by FlashInfer's team at 5.07 ms
    with 8 communication SMs. The simulator's fused schedule on that layer (uniform routing, fp8
@@ -33,8 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-HYBRIDEP = {"source": "DeepEP PR 420 (HybridEP), GB200, 8 ranks, bf16 dispatch",
-            "sms": [16, 24, 32], "bytes_per_s": [362e9, 513e9, 616e9]}
+DEEPEP_V1 = {"source": "DeepEP V1 dispatch, GB200, 8 ranks, bf16, as quoted in DeepEP's HybridEP document "
+                     "(docs/README_Hybrid-EP.md, DeepEP PR 420)",
+             "sms": [16, 24, 32], "bytes_per_s": [362e9, 513e9, 616e9]}
+HYBRIDEP = {"source": "HybridEP dispatch, GB200, 8 ranks, 4096 tokens, bf16 (DeepEP docs/README_Hybrid-EP.md); not fitted",
+            "sms": 16, "kernel_only_bytes_per_s": 750e9, "torch_api_bytes_per_s": 550e9}
 MOK = {"source": "Mixture-of-Kittens forward, MXFP8, 4 x GB200, measured by FlashInfer's team",
        "gpus": 4, "tokens_per_gpu": 2048, "hidden": 7168, "width": 3072, "experts": 384, "top_k": 6,
        "comm_sms": 8, "layer_s": 5.07e-3}
@@ -42,12 +47,12 @@ SYSTEM = "gb200-nvl72"
 
 
 def fit_shape(port_bytes_per_s: float) -> dict:
-    """(s, p) of B(n) = P ((n s / P)^-p + 1)^(-1/p) fitted to HybridEP's three points (log least squares)."""
+    """(s, p) of B(n) = P ((n s / P)^-p + 1)^(-1/p) fitted to DeepEP V1's three points (log least squares)."""
     from scipy.optimize import least_squares
 
     from megamoe.simulator.hardware import comm_sm_curve
 
-    n, y = np.array(HYBRIDEP["sms"], float), np.array(HYBRIDEP["bytes_per_s"])
+    n, y = np.array(DEEPEP_V1["sms"], float), np.array(DEEPEP_V1["bytes_per_s"])
 
     def resid(x):
         return np.log(comm_sm_curve(n, x[0] * 1e9, port_bytes_per_s, x[1]) / y)
@@ -127,9 +132,9 @@ def main(argv=None) -> dict:
     prof = load_profile(SYSTEM)
     port = prof.port_bytes_per_s
     shape = fit_shape(port)
-    print(f"HybridEP shape fit (port {port / 1e9:.0f} GB/s payload): s = {shape['per_sm_bytes_per_s'] / 1e9:.2f} GB/s "
+    print(f"DeepEP V1 shape fit (port {port / 1e9:.0f} GB/s payload): s = {shape['per_sm_bytes_per_s'] / 1e9:.2f} GB/s "
           f"per SM, p = {shape['exponent']:.3f}")
-    for n, y, m in zip(HYBRIDEP["sms"], HYBRIDEP["bytes_per_s"], shape["model_bytes_per_s"]):
+    for n, y, m in zip(DEEPEP_V1["sms"], DEEPEP_V1["bytes_per_s"], shape["model_bytes_per_s"]):
         print(f"  {n:3d} SMs: measured {y / 1e9:6.1f} GB/s, model {m / 1e9:6.1f} GB/s ({m / y - 1:+.1%})")
     w = mok_workload()
     r = fit_scale(shape["exponent"], w)
@@ -144,7 +149,8 @@ def main(argv=None) -> dict:
     profile_now["mok_layer_ms_with_these"] = t_prof * 1e3
     print(f"  profile {SYSTEM} holds: {profile_now}")
     row = {"benchmark": "rack_calibration", **_provenance(), "system": SYSTEM, "port_bytes_per_s": port,
-           "message_s": prof.rack.message_s, "hybridep": {**HYBRIDEP, **shape},
+           "message_s": prof.rack.message_s, "deepep_v1": {**DEEPEP_V1, **shape},
+           "hybridep_not_fitted": HYBRIDEP,
            "mok": {**MOK, "fitted_sm_copy_bytes_per_s": r, "model_layer_ms_by_comm_sms": curve},
            "profile_holds": profile_now}
     if not args.no_write:

@@ -377,6 +377,11 @@ def print_table(r, trace: str | None = None) -> None:
     if r.per_link:
         lu = np.array([x["utilization"] for x in r.per_link])
         s.add_row("link utilization max / mean", f"{lu.max():.2f} / {lu.mean():.2f} over {lu.size} links")
+    if r.rounds:
+        q = r.rounds
+        s.add_row(f"GPU {q['gpu']} (ends last): fill / compute / gaps / drain",
+                  " / ".join(f"{q[k] * 1e6:,.0f}" for k in ("fill_s", "routed_compute_s", "gaps_s", "drain_s"))
+                  + f" us, {q['rounds']} rounds")
     s.add_row("TFLOP/s per GPU (mean, over the layer)",
               f"{np.mean(pg['flops']) / max(r.layer_time_us, 1e-9) / 1e6:,.0f}")
     s.add_row("simulation wall time", f"{r.stats.get('workload_s', 0):.2f} s workload + {r.stats['total_s']:.2f} s model")

@@ -69,6 +69,24 @@ def rebatch(w: Workload, minibatch: int) -> Workload:
                                push_slot_mb=push)
 
 
+def minibatch_curve(workload, profile, minibatches, **simulate_kw) -> list[dict]:
+    """The event model at each of ``minibatches`` (tokens per GPU per round) on the same routed
+    tokens: per point the layer time, the binding term and the split of ``rounds.round_terms`` (microseconds)."""
+    from .simulate import simulate_workload
+
+    out = []
+    for mb in minibatches:
+        r = simulate_workload(rebatch(workload, int(mb)), profile, **simulate_kw)
+        t = r.rounds
+        out.append({"minibatch": int(mb), "rows_per_round": r.inputs["minibatch_rows_mean"], "rounds": t["rounds"],
+                    "layer_us": r.layer_time_us, "bound_by": r.verdict.get("bound_by"),
+                    **{k[:-2] + "_us": t[k] * 1e6 for k in ("start_s", "shared_s", "fill_s", "routed_compute_s",
+                                                             "gaps_s", "drain_s", "signalling_s")},
+                    "down_waves_per_round": float(np.mean(t["down_waves"])),
+                    "gate_up_waves_per_round": float(np.mean(t["gate_up_waves"]))})
+    return out
+
+
 class RoundBound:
     """The bound of one workload (one minibatch) at any number of communication SMs."""
 

@@ -239,7 +239,8 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     """The ``LayerWork`` of a ``workload.Workload`` on a profile, and per-GPU totals (flops, HBM bytes, rows).
 
     Compute per GPU and minibatch is one grouped GEMM over its slots (``cost.ffn_cost`` on the
-    compute SMs), shared among the slots by their FLOPs and bytes (tiles of ready slots fill the SMs
+    compute SMs; fused: both GEMMs' tiles of a round as one stream of the persistent kernel, its last
+    wave partial once per round), shared among the slots by their FLOPs and bytes (tiles of ready slots fill the SMs
     together). Weights: a slot reads its weights in a minibatch unless they stay in L2 from an
     earlier one (all touched weights of the GPU fit in ``megakernel.l2_weight_fraction`` of L2).
     One GPU moves nothing: it runs one minibatch and gives its communication SMs to the compute.
@@ -263,7 +264,7 @@ def build_layer_work(w, p, *, schedule: str, comm_sms: int, weight_dtype: str, d
     wb = weight_bytes_per_element(weight_dtype)  # fp8: with its 128 x 128 block scales
     hbm = p.hbm_effective_bytes_per_s
     peak = p.tensor_flops_per_s[compute_dtype(weight_dtype, dispatch_dtype)]
-    kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype)
+    kw = dict(profile=p, num_sms=sms, weight_dtype=weight_dtype, act_dtype=dispatch_dtype, one_stream=fused)
     wbytes = ffn_params(H, I) * wb
     act_row = ffn_row_bytes(H, I, dispatch_dtype)
     job_s, job_hbm = np.zeros((P, B)), np.zeros((P, B))

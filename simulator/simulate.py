@@ -28,6 +28,7 @@ from megamoe.reference import MoEConfig
 from .analytic import Estimate, compute_roofline_s, estimate, gpu_bytes
 from .cost import ffn_cost, normalize_dtype, row_bytes
 from .hardware import Profile, load_profile, override, plausibility_warnings
+from .rounds import round_terms
 from .schedules import (
     RESOLUTION,
     Capacities,
@@ -145,6 +146,7 @@ class SimResult:
     totals: dict
     stats: dict
     verdict: dict = field(default_factory=dict)  # ``verdict.verdict``: what bounds the layer
+    rounds: dict = field(default_factory=dict)  # ``rounds.round_terms``: the split of the last GPU's time, per round
     _spans: list = field(default_factory=list, repr=False)
     _samples: list = field(default_factory=list, repr=False)
     _link_frac: dict = field(default_factory=dict, repr=False)
@@ -155,6 +157,7 @@ class SimResult:
         d["additive_breakdown_keys"] = list(ADDITIVE)
         d["overlapping_breakdown_keys"] = [k for k in self.breakdown_us if k not in ADDITIVE]
         d["verdict"] = self.verdict
+        d["rounds"] = self.rounds
         if links:
             d["per_link"] = self.per_link
         return d
@@ -316,9 +319,14 @@ def simulate_workload(workload: Workload, system: str | Path | Profile, *, sched
     v = verdict({**est.terms, "compute": busy, "hbm": hbm_s, "fill": first_round_wait_s(log.spans, work) + busy},
                 layer_s=layer_s, busy_s=busy, port_utilization=port_u,
                 copy_utilization=float(per_gpu["copy_sm_utilization"].max()) if G > 1 else None)
+    rows_mb = workload.rows_slot_mb
+    if rows_mb.shape[1] != work.num_minibatches:  # one GPU runs all its tokens as one round
+        rows_mb = rows_mb.sum(axis=1, keepdims=True)
+    rounds = round_terms(log.spans, log.end_s, rows_mb, workload.placement.slot_rank, cfg, p,
+                         compute_sms=acc["compute_sms"], signal_s=work.dispatch_signal_s + work.combine_signal_s)
     return SimResult(inputs=inputs, layer_time_us=layer_s * 1e6, breakdown_us=breakdown, analytic_us=est.time_us,
                      imbalance=workload.imbalance(), per_gpu=per_gpu, per_link=per_link, totals=totals, stats=stats,
-                     verdict=v, _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
+                     verdict=v, rounds=rounds, _spans=log.spans, _samples=fabric.samples, _link_frac=frac)
 
 
 def first_round_wait_s(spans, work) -> np.ndarray:
