@@ -263,9 +263,13 @@ def test_fp8_entry_sizes_the_tiles():
     # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
     from megamoe.kernels.fp8_plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
 
+    from megamoe.kernels import configs as cfgs
+
     big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
+    pointer = cfgs.default_config(256, 7168, 2048, 8, 4096)  # the heuristic's 128-row pointer entry
+    assert pointer["gemm1"]["BLOCK_M"] == 128 and pointer["gemm1"]["variant"] == "pointer"
     for fp8, a2 in (("weights", 2), ("weights+act", 1)):
-        sp = static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8=fp8)
+        sp = static_plan(big, 4096, dtype="bfloat16", device_name="NVIDIA H200", fp8=fp8, gemm=pointer)
         g1, g2 = sp.gemm["gemm1"], sp.gemm["gemm2"]
         assert g1["BLOCK_M"] == g2["BLOCK_M"] <= FP8_MAX_BLOCK_M and sp.P_max % g1["BLOCK_M"] == 0
         assert g1["num_stages"] * (g1["BLOCK_M"] * 128 * 2 + 2 * g1["BLOCK_N"] * 128) <= FP8_SMEM_BUDGET_BYTES
