@@ -261,9 +261,8 @@ def test_fp8_entry_sizes_the_tiles():
         assert sp.gemm["gemm1"]["SPLIT_K"] == 1 and sp.split2 == 2
         assert bn is None or sp.gemm["gemm1"]["BLOCK_N"] == bn
     # the H200's prefill tiles: BLOCK_M cut to 64 for both GEMMs (and the align), stages within the budget
-    from megamoe.kernels.fp8_plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
-
     from megamoe.kernels import configs as cfgs
+    from megamoe.kernels.fp8_plan import FP8_MAX_BLOCK_M, FP8_SMEM_BUDGET_BYTES
 
     big = MoEConfig(hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8)
     pointer = cfgs.default_config(256, 7168, 2048, 8, 4096)  # the heuristic's 128-row pointer entry
