@@ -175,24 +175,29 @@ def can_start(job: tuple[float, bool], running: list[tuple[float, bool]], proces
     return not running or sum(g for g, _ in running) + gib <= gpu_gib
 
 
-def warm(jobs: list[tuple], timeout_s: float, processes: int = 14, log=print, gpu_gib: float = WARM_GPU_GIB) -> None:
+def warm(jobs: list[tuple], timeout_s: float, processes: int = 14, log=print, gpu_gib: float = WARM_GPU_GIB, *,
+         job_fn=None, gib_of=None) -> None:
     """Run each job of ``warm_jobs`` in a process of a spawn pool (one job per process: a fresh
     process for each, so that one compile's memory goes with it), in order, each started when
     ``can_start``: the weights it holds (``weight_gib``) fit beside the running jobs' within
-    ``gpu_gib``, and heavy presets (bf16 layer over HEAVY_GIB) at most HEAVY_JOBS at once."""
+    ``gpu_gib``, and heavy presets (bf16 layer over HEAVY_GIB) at most HEAVY_JOBS at once.
+    ``job_fn`` (default this module's job) runs ``job_fn(*job)``; ``gib_of(job)``: the GiB it holds
+    (default from its preset, job[0], and FP8 mode, job[3:])."""
     import multiprocessing as mp
     import time
 
     ctx = mp.get_context("spawn")
     t0 = time.time()
-    need = {j: (weight_gib(j[0], *j[3:]), weight_gib(j[0]) > HEAVY_GIB) for j in jobs}
+    job_fn = job_fn or _warm_job
+    gib_of = gib_of or (lambda j: weight_gib(j[0], *j[3:]))
+    need = {j: (gib_of(j), weight_gib(j[0]) > HEAVY_GIB) for j in jobs}
     queue = sorted(jobs, key=lambda j: need[j][1])  # light first (stable: in order)
     running: dict = {}  # AsyncResult -> (GiB, heavy)
     with ctx.Pool(min(processes, len(jobs)), maxtasksperchild=1) as pool:
         while queue or running:
             for j in list(queue):
                 if can_start(need[j], list(running.values()), processes, gpu_gib):
-                    running[pool.apply_async(_warm_job, j)] = need[j]
+                    running[pool.apply_async(job_fn, j)] = need[j]
                     queue.remove(j)
             for r in [r for r in running if r.ready()]:
                 try:

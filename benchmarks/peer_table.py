@@ -389,31 +389,15 @@ WARM_MEMORY_SHARE = 0.6
 
 
 def warm(specs, peer_file: str, timeout_s: float, log=print, smoke: bool = False, processes: int = 14) -> None:
-    """``warm_job`` for each (preset, T) of the rows, in row order, in a spawn pool: at once as many
-    as the GPU's memory holds (megakernel_variants.can_start: weights of each job's preset)."""
-    import multiprocessing as mp
-
+    """``warm_job`` for each (preset, T) of the rows in a spawn pool (megakernel_variants.warm: at
+    once as many as WARM_MEMORY_SHARE of the GPU's memory holds, by the weights of each job's preset)."""
     import torch
-    from megakernel_variants import HEAVY_GIB, can_start, weight_gib
+    from megakernel_variants import warm as warm_pool
+    from megakernel_variants import weight_gib
 
-    jobs = list(dict.fromkeys((p, T) for p, T, _ in specs))
+    jobs = list(dict.fromkeys((p, T, peer_file, smoke) for p, T, _ in specs))
     gpu_gib = math.inf if smoke else WARM_MEMORY_SHARE * torch.cuda.mem_get_info()[1] / 2**30
-    need = {j: (weight_gib(j[0]), weight_gib(j[0]) > HEAVY_GIB) for j in jobs}
-    t0, running = time.time(), {}
-    with mp.get_context("spawn").Pool(min(processes, len(jobs)), maxtasksperchild=1) as pool:
-        while jobs or running:
-            for j in list(jobs):
-                if can_start(need[j], list(running.values()), processes, gpu_gib):
-                    running[pool.apply_async(warm_job, (*j, peer_file, smoke))] = need[j]
-                    jobs.remove(j)
-            for r in [r for r in running if r.ready()]:
-                log(f"# warmed {r.get()} ({time.time() - t0:.0f} s)")
-                del running[r]
-            if time.time() - t0 > timeout_s:
-                log(f"# warm-up: {timeout_s:.0f} s spent; the rest compiles as the rows run")
-                pool.terminate()
-                return
-            time.sleep(0.5)
+    warm_pool(jobs, timeout_s, processes, log, gpu_gib, job_fn=warm_job, gib_of=lambda j: weight_gib(j[0]))
 
 
 # --------------------------------------------------------------------------- the run
