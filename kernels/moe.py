@@ -438,7 +438,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     - on the CPU (interpreter): raised by this call;
     - on a GPU: raised by the next megamoe call on the device (``moe_experts``, ``moe_forward``, a
       ``bind`` closure) once the GPU has passed this call's check, or by ``check_routing(device)``,
-      which waits for it; this call itself never synchronizes;
+      which waits for it; the check itself adds no host wait (its flag goes to pinned memory behind an event);
     - inside a CUDA-graph capture or under torch.compile (or ``check=False``): kept in the sticky
       flag that ``check_captured_routing(device, ...)`` reads.
     """
