@@ -77,8 +77,7 @@ def pow2(n: int) -> int:
 
 def bucket_of(T: int) -> int:
     """The tuned bucket nearest T in log scale (T=0 and 1 give 1)."""
-    lt = math.log(max(T, 1))
-    return min(T_BUCKETS, key=lambda b: (abs(math.log(b) - lt), b))
+    return _nearest(T_BUCKETS, T)
 
 
 def check_gemm_config(cfg: dict, where: str) -> dict:
@@ -174,18 +173,23 @@ def family_of(gpu: str) -> str | None:
     return families().get(gpu)
 
 
-@cache
-def _model(gpu: str, dtype: str) -> dict:
+def _model_file(gpu: str, dtype: str) -> Path | None:
+    """The model table configuring ``gpu`` for ``dtype`` (None: none exists)."""
     prof = family_of(gpu)
     p = model_path(prof, dtype) if prof else None
-    return load_file(p, model=True) if p and p.exists() else {}
+    return p if p and p.exists() else None
+
+
+@cache
+def _model(gpu: str, dtype: str) -> dict:
+    p = _model_file(gpu, dtype)
+    return load_file(p, model=True) if p else {}
 
 
 def model_prediction(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str = "bfloat16") -> dict | None:
     """The model table's ``predicted_us`` of this shape at T's nearest bucket on ``gpu`` (None: no table)."""
-    prof = family_of(gpu)
-    p = model_path(prof, dtype) if prof else None
-    if not p or not p.exists():
+    p = _model_file(gpu, dtype)
+    if not p:
         return None
     table = json.loads(p.read_text()).get("predicted_us", {}).get(shape_key(E, H, I, K))
     if not table:
@@ -523,9 +527,8 @@ def _backend_lookup(E, H, I, K, T, gpu, dtype, triton_version, fp8) -> tuple[str
 
 @cache
 def _model_backends(gpu: str, dtype: str) -> dict:
-    prof = family_of(gpu)
-    p = model_path(prof, dtype) if prof else None
-    return _backend_table(p, None) if p and p.exists() else {}
+    p = _model_file(gpu, dtype)
+    return _backend_table(p, None) if p else {}
 
 
 @cache
