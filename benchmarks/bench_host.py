@@ -80,18 +80,15 @@ def reference_rows(x, w, cfg, topk_idx, topk_w, rows) -> tuple:
     routing and its shared MLP (zeros without one)."""
     import numpy as np
 
-    from megamoe.reference import MoEWeights, expert_ffn, shared_forward
+    from megamoe.kernels.peer import routed_reference
+    from megamoe.reference import MoEWeights, shared_forward
 
     def f64(t):
         return None if t is None else t.detach().double().cpu().numpy()
 
     xs = f64(x[list(rows)])
-    routed = np.zeros_like(xs)
-    for i, t in enumerate(rows):
-        for e, wt in zip(topk_idx[t].tolist(), topk_w[t].tolist()):
-            routed[i] += wt * expert_ffn(xs[i:i + 1], f64(w.gate_up[e]), f64(w.down[e]), cfg,
-                                         f64(None if w.gate_up_bias is None else w.gate_up_bias[e]),
-                                         f64(None if w.down_bias is None else w.down_bias[e]))[0]
+    routed = routed_reference(x, topk_idx, topk_w, w.gate_up, w.down, cfg, list(rows),
+                              gate_up_bias=w.gate_up_bias, down_bias=w.down_bias)
     shared = np.zeros_like(xs)
     if cfg.num_shared_experts:
         sw = MoEWeights(router_weight=None, gate_up=None, down=None, shared_gate_up=f64(w.shared_gate_up),

@@ -91,10 +91,11 @@ def peer_output(fn, x, w13, w2, topk_weights, topk_ids):
     return y
 
 
-def routed_reference(x, topk_idx, topk_w, gate_up, down, config, rows):
+def routed_reference(x, topk_idx, topk_w, gate_up, down, config, rows, gate_up_bias=None, down_bias=None):
     """The float64 reference of the routed experts on the tokens ``rows`` (S,): y (S, H) =
-    sum_k w[t, k] * reference.expert_ffn(x[t]) of expert idx[t, k]; only the experts they pick are
-    copied to the host. Tensors on any device; the routing is taken as given."""
+    sum_k w[t, k] * reference.expert_ffn(x[t]) of expert idx[t, k] (with its biases, if given);
+    only the experts they pick are copied to the host. Tensors on any device; the routing is taken
+    as given."""
     import numpy as np
 
     from ..reference import expert_ffn
@@ -106,8 +107,10 @@ def routed_reference(x, topk_idx, topk_w, gate_up, down, config, rows):
     y = np.zeros_like(xs)
     for e in np.unique(idx):
         gu, dn = f64(gate_up[int(e)]), f64(down[int(e)])
+        gb = None if gate_up_bias is None else f64(gate_up_bias[int(e)])
+        db = None if down_bias is None else f64(down_bias[int(e)])
         s, k = np.nonzero(idx == e)
-        y[s] += wts[s, k, None] * expert_ffn(xs[s], gu, dn, config)
+        y[s] += wts[s, k, None] * expert_ffn(xs[s], gu, dn, config, gb, db)
     return y
 
 
