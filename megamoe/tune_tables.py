@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,11 +35,11 @@ def family_name(profile) -> str:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The short commit the tables are written from (kernels.provenance.git_state's)."""
+    from megamoe.kernels.provenance import git_state
+
+    commit = git_state()["commit"]
+    return commit if commit == "unknown" else commit[:7]
 
 
 def profile_spec(spec: str) -> str:
