@@ -71,14 +71,100 @@ def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
     return out
 
 
+def _routed_case(cfg, w, xs: list):
+    """The routed experts alone on the layer's own routing (what ``moe_experts(backend="megakernel")``
+    launches after its routing check): (config, weights, inputs (x, topk_idx int32, topk_w fp32))."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.megakernel import _experts_config
+
+    ecfg = _experts_config(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k, cfg.activation,
+                           float(cfg.swiglu_alpha), float(cfg.swiglu_limit))
+    ew = SimpleNamespace(router_weight=None, router_bias=None, score_bias=None, shared_gate=None, gate_up=w.gate_up,
+                         gate_up_bias=None, down=w.down, down_bias=None, shared_gate_up=None, shared_down=None)
+    ins = []
+    for x in xs:
+        d = kmoe.moe_forward_details(x, w, cfg)
+        ins.append((x, d["topk_idx"].to(torch.int32).contiguous(), d["topk_weights"].float().contiguous()))
+    return ecfg, ew, ins
+
+
+def trace_variant(label: str, mk: dict, call, cfg, counts, T: int, ins: list, args, plan_bytes: dict) -> dict:
+    """One config traced (every call of a graph, or one eager call) and timed untraced; printed.
+    ``call(a, mk, **kw)`` runs the megakernel on input ``a`` (kw: ``trace``, ``record``)."""
+    import torch
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels.megakernel import trace_rows
+    from megamoe.reference.tiles import KINDS, task_plan
+
+    _, ran = call(ins[0], mk, record=True)
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"], **plan_bytes)
+    rows, mt = trace_rows(cfg, T, mk, ran["programs"])
+    P = ran["programs"]
+    if args.eager:  # one eager call, traced
+        tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
+        call(ins[0], mk, trace=tr)
+        torch.cuda.synchronize()
+        traced_us, graph = None, {}
+    else:  # every call of a graph of len(ins) calls traced, each into its own buffer, as the layer is timed
+        trs = [torch.zeros((rows, 3), device="cuda", dtype=torch.int64) for _ in ins]
+        traced_us = kb.graph_time_us(lambda a: call(a[0], mk, trace=a[1]), list(zip(ins, trs)), args.reps)
+        torch.cuda.synchronize()
+        graph = graph_edges([t.cpu().numpy()[mt:mt + P] for t in trs])
+        tr = trs[0]  # the first call's tasks (the routing of the first input, which the plan counts)
+    tra = tr.cpu().numpy()
+    trn = tra[:plan.num_tasks]
+    summ = summarize(trn, plan.kind, KINDS)
+    summ.update(program_phases(trn, tra[mt:mt + P], tra[mt + P]))
+    summ.update(graph, traced_us=traced_us)
+    us = kb.graph_time_us(lambda a: call(a, mk), ins, args.reps)
+    t0 = int(trn[:, 1].min())
+    tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
+    print(f"{label:<13} mk {us:8.1f} us  span {summ['span_us']:8.1f}  busy {summ['busy_fraction']:.2f}  "
+          f"regs {ran['n_regs']} spills {ran['n_spills']} smem {ran['shared_bytes']} P {P}", flush=True)
+    if graph:
+        print(f"      in a graph of {len(ins)} traced calls ({traced_us:.1f} us a call): kernel "
+              f"{graph['kernel_us']:.2f} us (first program in to last out), gap to the next call's first "
+              f"program {graph['gap_us']:.2f} us (means over the calls)", flush=True)
+    print(f"      programs: first ticket asked {summ['programs_first_us']:.2f} us before the first task,"
+          f" last exit {summ['programs_exit_us']:.2f} us after the last task ends;"
+          f" top-k task 0: logits seen {summ['topk_seen_us']:.2f}, routed {summ['topk_routed_us']:.2f},"
+          f" aligned {summ['topk_done_us']:.2f} us", flush=True)
+    for k, d in summ["kinds"].items():
+        print(f"      {k:<14} n {d['tasks']:6d}  mean {d['mean_us']:7.2f}  max {d['max_us']:7.2f}  "
+              f"start {d['first_start_us']:8.1f}  end {d['last_end_us']:8.1f}", flush=True)
+    return {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"], "shared_bytes": ran["shared_bytes"],
+            "programs": P, "trace": summ, "tasks": tasks, "task_weight_bytes": [int(v) for v in plan.weight_bytes]}
+
+
+def case_inputs(name: str, T: int, rest: list, w, cfg):
+    """The case's weights (router zeroed for "concentrated", steered for a validation routing) and
+    its 8 inputs."""
+    import torch
+
+    if rest and rest[0] == "concentrated":
+        w = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
+    gen = torch.Generator(device="cuda").manual_seed(7 + T)
+    xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
+    if rest and rest[0] != "concentrated":  # a validation routing (zipf, ...): inputs and router steered as
+        from megamoe.grid import routing_bias, steer_inputs  # megamoe validate steers them
+
+        xs, rw = steer_inputs(xs, w.router_weight, routing_bias(cfg, rest[0], 0))
+        w = type(w)(**{**w.arrays(), "router_weight": rw})
+    return w, xs
+
+
 def main(argv=None) -> int:
     import torch
 
     from megamoe.kernels import bench as kb
     from megamoe.kernels import moe as kmoe
     from megamoe.kernels.fp8_weights import to_fp8
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward, trace_rows
-    from megamoe.reference.tiles import KINDS, task_plan
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
     from megamoe.simulator.cost import weight_bytes_per_element
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,6 +176,8 @@ def main(argv=None) -> int:
                    "not every call of the timed graph")
     p.add_argument("--fp8", choices=["weights", "weights+act"], default=None,
                    help="trace the FP8 megakernel (and time the FP8 multi-launch path beside it)")
+    p.add_argument("--routed", action="store_true", help="also trace the routed experts alone on the layer's "
+                   "routing (moe_experts' megakernel launch), beside the layer")
     args = p.parse_args(argv)
     fp8 = args.fp8
     act8 = fp8 == "weights+act"
@@ -109,67 +197,38 @@ def main(argv=None) -> int:
             weights[name] = kb.random_device_weights(cfg)
             if fp8:  # the router stays bf16 (to_fp8)
                 weights[name] = to_fp8(weights[name])
-        w = weights[name]
-        if rest and rest[0] == "concentrated":
-            w = type(w)(**{**w.arrays(), "router_weight": torch.zeros_like(w.router_weight)})
-        gen = torch.Generator(device="cuda").manual_seed(7 + T)
-        xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(8)]
-        if rest and rest[0] != "concentrated":  # a validation routing (zipf, ...): inputs and router steered as
-            from megamoe.grid import routing_bias, steer_inputs  # megamoe validate steers them
-
-            xs, rw = steer_inputs(xs, w.router_weight, routing_bias(cfg, rest[0], 0))
-            w = type(w)(**{**w.arrays(), "router_weight": rw})
+        w, xs = case_inputs(name, T, rest, weights[name], cfg)
         base = megakernel_config(cfg, T, torch.bfloat16, xs[0].device, fp8=fp8)
         variants = variant_configs(base, args.variants.split(",") if args.variants else [])
         row = {"case": case, "preset": name, "T": T, "fp8": fp8, **prov}
         row["multi_us"] = kb.graph_time_us(lambda a, w=w, cfg=cfg: kmoe.moe_forward(
             a, w, cfg, backend="multi", check=False, fp8_activations=act8), xs, args.reps)
+        print(f"{case}: multi-launch layer {row['multi_us']:.1f} us", flush=True)
         counts = np.bincount(kmoe.moe_forward_details(xs[0], w, cfg)["topk_idx"].cpu().numpy().ravel(),
                              minlength=cfg.num_experts)
-        for label, mk in variants:
+
+        def layer(a, mk, w=w, cfg=cfg, **kw):
+            return megakernel_forward(a, w, cfg, mk=mk, fp8=fp8, **kw)
+
+        jobs = [(label, mk, layer, cfg, xs) for label, mk in variants]
+        if args.routed and not fp8:
+            ecfg, ew, ins = _routed_case(cfg, w, xs)
+
+            def routed(a, mk, ew=ew, ecfg=ecfg, **kw):
+                return megakernel_forward(a[0], ew, ecfg, mk=mk, routing=(a[1], a[2]), **kw)
+
+            emk = megakernel_config(ecfg, T, torch.bfloat16, xs[0].device, routing_given=True)
+            jobs.append(("routed", emk, routed, ecfg, ins))
+            row["experts_multi_us"] = kb.graph_time_us(lambda a, w=w: kmoe.moe_experts(
+                a[0], a[1], a[2], w.gate_up, w.down, backend="multi", check=False), ins, args.reps)
+            row["experts_megakernel_us"] = kb.graph_time_us(lambda a, w=w: kmoe.moe_experts(
+                a[0], a[1], a[2], w.gate_up, w.down, backend="megakernel", check=False), ins, args.reps)
+            print(f"{case}: moe_experts multi {row['experts_multi_us']:.1f} us, megakernel "
+                  f"{row['experts_megakernel_us']:.1f} us (routing check included)", flush=True)
+        for label, mk, call, c, ins_ in jobs:
+            print(f"{case:<34} ", end="")
             try:
-                _, ran = megakernel_forward(xs[0], w, cfg, mk=mk, record=True, fp8=fp8)
-                plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"], **plan_bytes)
-                rows, mt = trace_rows(cfg, T, mk, ran["programs"])
-                P = ran["programs"]
-                if args.eager:  # one eager call, traced
-                    tr = torch.zeros((rows, 3), device="cuda", dtype=torch.int64)
-                    megakernel_forward(xs[0], w, cfg, mk=mk, trace=tr, fp8=fp8)
-                    torch.cuda.synchronize()
-                    traced_us, graph = None, {}
-                else:  # every call of a graph of len(xs) calls traced, each into its own buffer, as the layer is timed
-                    trs = [torch.zeros((rows, 3), device="cuda", dtype=torch.int64) for _ in xs]
-                    traced_us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(
-                        a[0], w, cfg, mk=mk, trace=a[1], fp8=fp8), list(zip(xs, trs)), args.reps)
-                    torch.cuda.synchronize()
-                    graph = graph_edges([t.cpu().numpy()[mt:mt + P] for t in trs])
-                    tr = trs[0]  # the first call's tasks (the routing of xs[0], which the plan counts)
-                tra = tr.cpu().numpy()
-                trn = tra[:plan.num_tasks]
-                summ = summarize(trn, plan.kind, KINDS)
-                summ.update(program_phases(trn, tra[mt:mt + P], tra[mt + P]))
-                summ.update(graph, traced_us=traced_us)
-                us = kb.graph_time_us(lambda a, w=w, cfg=cfg, mk=mk: megakernel_forward(a, w, cfg, mk=mk, fp8=fp8),
-                                      xs, args.reps)
-                t0 = int(trn[:, 1].min())
-                tasks = [[int(k), int(p_), int(a) - t0, int(b) - t0] for k, (p_, a, b) in zip(plan.kind, trn)]
-                row[label] = {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"],
-                              "shared_bytes": ran["shared_bytes"], "programs": ran["programs"], "trace": summ,
-                              "tasks": tasks, "task_weight_bytes": [int(v) for v in plan.weight_bytes]}
-                print(f"{case:<34} {label:<13} mk {us:8.1f} us  multi {row['multi_us']:8.1f} us  span {summ['span_us']:8.1f}"
-                      f"  busy {summ['busy_fraction']:.2f}  regs {ran['n_regs']} spills {ran['n_spills']} "
-                      f"smem {ran['shared_bytes']} P {ran['programs']}", flush=True)
-                if graph:
-                    print(f"      in a graph of {len(xs)} traced calls ({traced_us:.1f} us a call): kernel "
-                          f"{graph['kernel_us']:.2f} us (first program in to last out), gap to the next call's first "
-                          f"program {graph['gap_us']:.2f} us (means over the calls)", flush=True)
-                print(f"      programs: first ticket asked {summ['programs_first_us']:.2f} us before the first task,"
-                      f" last exit {summ['programs_exit_us']:.2f} us after the last task ends;"
-                      f" top-k task 0: logits seen {summ['topk_seen_us']:.2f}, routed {summ['topk_routed_us']:.2f},"
-                      f" aligned {summ['topk_done_us']:.2f} us", flush=True)
-                for k, d in summ["kinds"].items():
-                    print(f"      {k:<14} n {d['tasks']:6d}  mean {d['mean_us']:7.2f}  max {d['max_us']:7.2f}  "
-                          f"start {d['first_start_us']:8.1f}  end {d['last_end_us']:8.1f}", flush=True)
+                row[label] = trace_variant(label, mk, call, c, counts, T, ins_, args, plan_bytes)
             except Exception as exc:  # noqa: BLE001 - record and go on
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(f"{case} {label} failed: {row[label]['error']}", flush=True)
