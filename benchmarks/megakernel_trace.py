@@ -219,6 +219,9 @@ def main(argv=None) -> int:
 
             emk = megakernel_config(ecfg, T, torch.bfloat16, xs[0].device, routing_given=True)
             jobs.append(("routed", emk, routed, ecfg, ins))
+            if emk["tiles"]["router"].get("EACH"):  # beside the top-k task's align that the GEMM 1 tasks wait for
+                r = {**emk["tiles"]["router"], "EACH": 0, "TOPK_T": emk["tiles"]["router"]["BLOCK_T"]}
+                jobs.append(("routed_topk_task", {**emk, "tiles": {**emk["tiles"], "router": r}}, routed, ecfg, ins))
             row["experts_multi_us"] = kb.graph_time_us(lambda a, w=w: kmoe.moe_experts(
                 a[0], a[1], a[2], w.gate_up, w.down, backend="multi", check=False), ins, args.reps)
             row["experts_megakernel_us"] = kb.graph_time_us(lambda a, w=w: kmoe.moe_experts(

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.sizes import FP8_BLOCK
-from ..reference.tiles import KINDS, SYNC_STRIDE, TaskLayout, scan_block, task_layout, topk_tokens
+from ..reference.tiles import KINDS, SYNC_STRIDE, TaskLayout, scan_block, task_layout
 from . import megakernel_config as mkc
 from . import workspace
 from .align import (
@@ -335,14 +335,18 @@ def _megakernel(
             b_g2 = b_sh2 + MS * NS2
             b_comb = b_g2 + nb * N2
             if ROUTE_EACH:  # a GEMM 1 task routes the token itself from the logits' partials (the values the
-                # top-k task stores, stored again), not waiting for the top-k task
+                # top-k task stores, stored again) or reads the routing given, not waiting for the top-k task
                 if t < b_sh2:
-                    _wait(sync_ptr + OFF_LOGITS, SPLIT)
-                    top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
-                        x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
-                        sgate_ptr, t * 0, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
-                        TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH, R_BK,
-                        R_BG, BITONIC)
+                    if GIVEN:
+                        top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _given_block(
+                            topk_idx_ptr, t * 0, T, E, K, R_TT, R_BE, R_BK)
+                    else:
+                        _wait(sync_ptr + OFF_LOGITS, SPLIT)
+                        top_idx, out_mask, cnt, offs_t, t_mask, offs_e, e_mask = _route_block(
+                            x_ptr, rw_ptr, rb_ptr, sb_ptr, sgw_ptr, part_ptr, sg_part_ptr, topk_idx_ptr, topk_w_ptr,
+                            sgate_ptr, t * 0, T, H, E, stride_xt, stride_rw, scaling, SPLIT, ROUTER, K, NORM, N_GROUP,
+                            TOPK_GROUP, PER_GROUP, MASK_NEG_INF, HAS_RB, HAS_SB, HAS_SG, IEEE, R_TT, R_BE, R_BH,
+                            R_BK, R_BG, BITONIC)
                     _align_one(tl.reshape(top_idx, (R_BK,)), tl.reshape(out_mask, (R_BK,)), cnt, offs_e, e_mask,
                                E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr, padded_token_ptr,
                                padded_pair_ptr, pair_dest_ptr, BM, R_BK)
@@ -557,14 +561,14 @@ def fp8_convert_code(gpu: bool) -> int:
     return convert_code(mkc.FP8_CONVERT_DEFAULT, gpu, "megakernel_config.FP8_CONVERT_DEFAULT")
 
 
-def _check_layout(lay: TaskLayout, routing, r_tt: int) -> None:
-    """EACH takes one-token top-k tasks and no routing made elsewhere."""
-    if lay.route_each and routing is not None:  # its GEMM 1 tasks would route the token again
-        raise InputError("tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves from the logits) "
-                         "cannot take a routing made elsewhere; leave EACH out (megakernel_config(..., "
-                         "routing_given=True) does)")
-    if lay.route_each and r_tt != 1:
-        raise InputError(f"tiles['router']['EACH']=1 needs top-k tasks of one token (TOPK_T = 1), got {r_tt}")
+def _check_layout(lay: TaskLayout, routing) -> None:
+    """EACH routes the token from a split router's logits, or reads a routing made elsewhere."""
+    if lay.route_each and routing is None and lay.split <= 1:
+        raise InputError("tiles['router']['EACH']=1 without a routing given needs a split router (SPLIT > 1): "
+                         f"got {lay.split} router range(s)")
+    if lay.route_each and routing is not None and lay.split > 1:  # no logits to read: the routing is given
+        raise InputError("a routing given takes no router logits: tiles['router']['SPLIT'] must be 1 "
+                         "(megakernel_config(..., routing_given=True) sets it)")
 
 
 def _buffers(x, config, lay: TaskLayout, bm: int, fp8: str | None, routing, shared: bool, sgw) -> dict:
@@ -606,7 +610,7 @@ def _constexprs(x, weights, config, mk: dict, lay: TaskLayout, *, fp8, on_gpu: b
     tiles = mk["tiles"]
     r, g1, g2, sh, cb = tiles["router"], tiles["gemm1"], tiles["gemm2"], tiles["shared"], tiles["combine"]
     G, split = lay.topk_groups, lay.split
-    r_tt = topk_tokens(tiles) if split > 1 else r["BLOCK_T"]  # tokens per top-k task
+    r_tt = lay.topk_t  # tokens per top-k task
     block_e = max(16, triton.next_power_of_2(E))
     al = align_blocks(E, g1["BLOCK_M"], lay.b_max)
     sgw = weights.shared_gate
@@ -717,7 +721,7 @@ def _static_launch(x, weights, config, mk: dict, *, fp8, on_gpu: bool, record: b
         return hit[1]
     T, tiles = x.shape[0], mk["tiles"]
     lay = task_layout(config, T, tiles)
-    _check_layout(lay, routing, topk_tokens(tiles) if lay.split > 1 else tiles["router"]["BLOCK_T"])
+    _check_layout(lay, routing)
     check_fp8_tiles(mk, fp8)
     n = num_programs(x.device, lay, mk["occupancy"]) if nprog is None else nprog
     kwargs = _constexprs(x, weights, config, mk, lay, fp8=fp8, on_gpu=on_gpu, record=record, trace=trace,

@@ -128,6 +128,8 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
     if routing_given:  # no logits to compute: one task per token block reads the routing and counts
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
+        if T == 1:  # one token: every GEMM 1 task reads its K picks itself, not waiting for the top-k task
+            r.update(TOPK_T=1, EACH=1)
     return align_each(mk, T, H, K)
 
 

@@ -123,9 +123,10 @@ def check_tiles(tiles: dict) -> dict:
             raise InputError(f"tiles[{part!r}][{k!r}]={tiles[part][k]!r}: that layout is not planned; 0 or absent")
     r = tiles["router"]
     tt = r.get("TOPK_T", r["BLOCK_T"])
-    if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt):
+    if tt != r["BLOCK_T"] and (r["SPLIT"] <= 1 or r["BLOCK_T"] % tt) and not (r.get("EACH", 0) and tt == 1):
         raise InputError(f"tiles['router']['TOPK_T']={tt} must equal BLOCK_T={r['BLOCK_T']} unless SPLIT > 1 "
-                         "and it divides BLOCK_T (the top-k task then sums the logits chunk's partials)")
+                         "and it divides BLOCK_T (the top-k task then sums the logits chunk's partials), or "
+                         "it is 1 with EACH (one token)")
     return tiles
 
 
@@ -207,10 +208,13 @@ class TaskLayout:
     off_g1: int
     off_shared1: int
     sync_words: int
-    #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1 with a split router)
+    #: GEMM 1 tasks route the token themselves (tiles["router"]["EACH"]; T <= 1: from a split router's
+    #: logits, or from a routing given)
     route_each: bool = False
     #: GEMM 1 tasks place their own row block's pairs; no scan and scatter tasks (tiles["router"]["ALIGN_EACH"])
     align_each: bool = False
+    #: tokens per top-k task: TOPK_T with a split router or EACH, else BLOCK_T
+    topk_t: int = 1
 
     def dynamic_bases(self, num_blocks: int) -> dict:
         """First ticket of each kind after the static ones, for B = num_blocks routed row blocks."""
@@ -273,16 +277,19 @@ def task_layout(config, T: int, tiles: dict) -> TaskLayout:
     off_shared1 = off_g1 + b_max
     n2 = cdiv(H, g2["BLOCK_N"])
     each = bool(tiles["router"].get("EACH", 0))
-    if each and (T > 1 or split <= 1):
-        raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token "
-                         f"and a split router: got T={T}, SPLIT ranges {split}")
+    if each and T > 1:
+        raise InputError(f"tiles['router']['EACH']=1 (GEMM 1 tasks route the token themselves) needs one token: "
+                         f"got T={T}")
+    topk_t = topk_tokens(tiles) if split > 1 or each else r["BLOCK_T"]
+    if each and topk_t != 1:
+        raise InputError(f"tiles['router']['EACH']=1 needs top-k tasks of one token (TOPK_T = 1), got {topk_t}")
     return TaskLayout(
         T=T, num_chunks=C, topk_groups=G, split=split, h_per=h_per, first=first, count=count, s0=t, b_max=b_max,
         n1=cdiv(I, g1["BLOCK_N"]), n2=n2, k1=cdiv(H, g1["BLOCK_K"]), k2=cdiv(I, g2["BLOCK_K"]),
         shared_m_blocks=Ms, ns1=ns1, ns2=ns2,
         combine_tasks=cdiv(T, cb["BLOCK_T"]) * cdiv(H, cb["BLOCK_H"]) if T else 0,
         off_logits=off_logits, off_g1=off_g1, off_shared1=off_shared1,
-        sync_words=off_shared1 + Ms, route_each=each, align_each=align_each,
+        sync_words=off_shared1 + Ms, route_each=each, align_each=align_each, topk_t=topk_t,
     )
 
 
@@ -481,7 +488,7 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     KS = K + (1 if shared else 0)
     Is = config.shared_intermediate_size
     C, G, split = lay.num_chunks, lay.topk_groups, lay.split
-    bt, tt = r["BLOCK_T"], topk_tokens(tiles) if lay.split > 1 else r["BLOCK_T"]
+    bt, tt = r["BLOCK_T"], lay.topk_t
     bld = _Builder()
     topk_c = bld.counter("topk", G)
     aligned = G > 1 and not lay.align_each  # scan and scatter tasks (G = 1: the top-k task aligns; waits name topk)
@@ -495,6 +502,9 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     # ---- router
     if routing_given and split > 1:
         raise InputError(f"routing_given takes no router logits: tiles['router']['SPLIT'] must be 1, got {split}")
+    if lay.route_each and split <= 1 and not routing_given:
+        raise InputError("tiles['router']['EACH']=1 routes the token from a split router's logits (SPLIT > 1) "
+                         "or reads a routing given (routing_given=True); got neither")
     if split > 1:
         logit_c = np.array([bld.counter(f"logits[{c}]", split) for c in range(C)], np.int64)
         cc, ss = np.divmod(np.arange(C * split), split)
@@ -545,13 +555,13 @@ def task_plan(config, counts, T: int, tiles: dict, *, act_bytes: int = 2, weight
     layout_in = G * E * 4 if lay.align_each else 0
     # GEMM 1; EACH: each task routes the token; ALIGN_EACH: each reads the T x K ids, writes its block's rows
     ready, extra = rows_ready, {}
-    if lay.route_each:
-        ready = (logit_c[0], split)
+    if lay.route_each:  # from the logits' partials, or the routing given (no wait: nothing computes it)
+        ready = None if routing_given else (logit_c[0], split)
         extra = dict(extra_in=np.ravel(topk_in)[0], extra_out=np.ravel(topk_out)[0])
     elif lay.align_each:
         extra = dict(extra_in=T * K * 4, extra_out=bm * 8)
     _add_gemm(bld, "gemm1", B, n1, lay.k1, H, g1["BLOCK_N"], I, 2, bm, group_m, block_expert, block_rows, ab, wb,
-              g1_c, [ready], **extra)
+              g1_c, [] if ready is None else [ready], **extra)
     if shared:
         mm, nn = tile_ids(np.arange(Ms * ns2), Ms, ns2, group_m)
         srows = np.minimum(sh["BLOCK_M"], T - mm * sh["BLOCK_M"])

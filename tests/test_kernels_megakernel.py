@@ -165,9 +165,50 @@ def test_gemm1_tasks_route_the_token_themselves(case, rng):
     with pytest.raises(InputError, match="EACH.*one token"):
         task_layout(cfg, 2, mk["tiles"])
     given = (torch.zeros((1, cfg.top_k), dtype=torch.int32), torch.full((1, cfg.top_k), 1.0 / cfg.top_k))
-    with pytest.raises(InputError, match="EACH.*routing made elsewhere"):
+    with pytest.raises(InputError, match="routing given takes no router logits.*SPLIT.*must be 1"):
         build_launch(torch.from_numpy(x).float(), w.to_torch("cpu", torch.float32), cfg, mk, nprog=programs,
                      routing=given)
+    with pytest.raises(InputError, match="EACH.*split router.*or reads a routing given"):
+        task_plan(cfg, counts, 1, {**mk["tiles"], "router": {**mk["tiles"]["router"], "SPLIT": 1}})
+
+
+@pytest.mark.parametrize("picks", ["distinct", "bad_slots"])
+def test_gemm1_tasks_read_a_routing_given_themselves(picks, rng):
+    """One token with the routing given (moe_experts' megakernel): the default config takes EACH, so
+    every GEMM 1 task reads the token's K picks and aligns them itself, waiting for nothing (the
+    plan's GEMM 1 tasks have no waits); the answer is bitwise the top-k task's align (EACH off) and
+    the float64 reference's. ``bad_slots``: an id out of range and a repeated one, which moe_experts'
+    check turns into unused experts of weight 0: they contribute nothing."""
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.checks import launch_check, new_flag
+    from megamoe.kernels.megakernel import megakernel_config
+    from megamoe.kernels.peer import routed_reference
+
+    cfg = MoEConfig(**{**BASE, "num_experts": 9, "top_k": 4})
+    x, w = _cpu(cfg, 1, rng)
+    ids = rng.choice(9, 4, replace=False)
+    if picks == "bad_slots":
+        ids[1], ids[3] = -1, ids[0]
+    idx = torch.from_numpy(ids[None].astype(np.int32))
+    wts = torch.from_numpy(rng.random((1, 4)).astype(np.float32))
+    mk = megakernel_config(cfg, 1, torch.float32, torch.device("cpu"), routing_given=True)
+    assert mk["tiles"]["router"]["EACH"] == 1 and mk["tiles"]["router"]["SPLIT"] == 1
+    good = ids[(ids >= 0) & (np.arange(4) != 3)] if picks == "bad_slots" else ids
+    counts = np.bincount(good, minlength=9)
+    counts[0] += 4 - counts.sum()  # the plan's counts sum to T*K: the dropped slots' rows as one more expert's
+    plan = task_plan(cfg, counts, 1, mk["tiles"], num_programs=3, routing_given=True)
+    g1 = np.nonzero(plan.kind == KINDS.index("gemm1"))[0]
+    assert g1.size and all(plan.waits(i) == [] for i in g1)
+    wt = w.to_torch("cpu", torch.float32)
+    xt = torch.from_numpy(x).float()
+    y = kmoe.moe_experts(xt, idx, wts, wt.gate_up, wt.down, backend="megakernel", check=False)
+    off = {**mk, "tiles": {**mk["tiles"], "router": {**mk["tiles"]["router"], "EACH": 0, "TOPK_T": 16}}}
+    safe = launch_check(idx, wts, 9, new_flag("cpu"))  # what moe_experts gives the kernel: bad slots, weight 0
+    y_off = _mk(cfg, x, w, mk=off, routing=safe)
+    assert torch.equal(y, y_off)
+    keep = torch.tensor([True, picks == "distinct", True, picks == "distinct"])
+    ref = routed_reference(xt, idx[:, keep], wts[:, keep], wt.gate_up, wt.down, cfg, np.arange(1))
+    assert_close(y.numpy(), ref, "float32", f"routing given, T = 1, {picks}")
 
 
 #: name -> (config fields, T, BLOCK_M, router zero: every token on experts 0..K-1): GEMM 1 tasks that
