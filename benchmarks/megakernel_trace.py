@@ -92,9 +92,11 @@ def _routed_case(cfg, w, xs: list):
     return ecfg, ew, ins
 
 
-def trace_variant(label: str, mk: dict, call, cfg, counts, T: int, ins: list, args, plan_bytes: dict) -> dict:
+def trace_variant(label: str, mk: dict, call, cfg, counts, T: int, ins: list, args, plan_bytes: dict, *,
+                  given: bool = False) -> dict:
     """One config traced (every call of a graph, or one eager call) and timed untraced; printed.
-    ``call(a, mk, **kw)`` runs the megakernel on input ``a`` (kw: ``trace``, ``record``)."""
+    ``call(a, mk, **kw)`` runs the megakernel on input ``a`` (kw: ``trace``, ``record``); ``given``:
+    the routing is given (the plan's top-k tasks only read it)."""
     import torch
 
     from megamoe.kernels import bench as kb
@@ -102,7 +104,7 @@ def trace_variant(label: str, mk: dict, call, cfg, counts, T: int, ins: list, ar
     from megamoe.reference.tiles import KINDS, task_plan
 
     _, ran = call(ins[0], mk, record=True)
-    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"], **plan_bytes)
+    plan = task_plan(cfg, counts, T, mk["tiles"], num_programs=ran["programs"], routing_given=given, **plan_bytes)
     rows, mt = trace_rows(cfg, T, mk, ran["programs"])
     P = ran["programs"]
     if args.eager:  # one eager call, traced
@@ -219,8 +221,9 @@ def main(argv=None) -> int:
 
             emk = megakernel_config(ecfg, T, torch.bfloat16, xs[0].device, routing_given=True)
             jobs.append(("routed", emk, routed, ecfg, ins))
-            if emk["tiles"]["router"].get("EACH"):  # beside the top-k task's align that the GEMM 1 tasks wait for
-                r = {**emk["tiles"]["router"], "EACH": 0, "TOPK_T": emk["tiles"]["router"]["BLOCK_T"]}
+            r = emk["tiles"]["router"]
+            if r.get("EACH") or r.get("ALIGN_EACH"):  # beside one top-k task that aligns every token, waited for
+                r = {**r, "EACH": 0, "ALIGN_EACH": 0, "BLOCK_T": 16, "TOPK_T": 16}
                 jobs.append(("routed_topk_task", {**emk, "tiles": {**emk["tiles"], "router": r}}, routed, ecfg, ins))
             row["experts_multi_us"] = kb.graph_time_us(lambda a, w=w: kmoe.moe_experts(
                 a[0], a[1], a[2], w.gate_up, w.down, backend="multi", check=False), ins, args.reps)
@@ -231,7 +234,8 @@ def main(argv=None) -> int:
         for label, mk, call, c, ins_ in jobs:
             print(f"{case:<34} ", end="")
             try:
-                row[label] = trace_variant(label, mk, call, c, counts, T, ins_, args, plan_bytes)
+                row[label] = trace_variant(label, mk, call, c, counts, T, ins_, args, plan_bytes,
+                                           given=label.startswith("routed"))
             except Exception as exc:  # noqa: BLE001 - record and go on
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(f"{case} {label} failed: {row[label]['error']}", flush=True)

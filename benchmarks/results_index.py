@@ -64,6 +64,8 @@ QUESTIONS = {
     "sweep_speed": ("how fast megamoe sweep runs thousands of points", "python benchmarks/bench_sweep.py"),
     "tune": ("the launch-config candidates timed on the GPU against the cost model's choice, each (preset, T) "
              "kept as a tuned entry only where 2% faster", "megamoe tune --out benchmarks/results/<gpu>/tune/tune_DATE.jsonl"),
+    "eager": ("host time of eager calls (moe_forward, bind, bind with graphs, moe_experts) and moe_experts' "
+              "no-wait proof", "python benchmarks/bench_host.py --out FILE.jsonl"),
     "peer": ("megamoe's backends against a same-run peer (vLLM's Triton fused-MoE kernels), the floor and the "
              "cost model's prediction", "python benchmarks/peer_table.py --peer benchmarks/peer_vllm.py --out DIR"),
 }

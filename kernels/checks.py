@@ -37,6 +37,8 @@ import triton.language as tl
 from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.weights import SCALE_FIELDS, MoEWeights
+from .align import _finish_offsets, _scatter_block
+from .plan import align_blocks
 
 
 class KernelInputError(ValueError):
@@ -94,6 +96,8 @@ def _check_scale_values(name: str, s: torch.Tensor) -> None:
 
 KINDS = ("out_of_range", "duplicate", "non_finite_weight")
 _NONE = 2**63 - 1  # no bad slot of this kind yet
+#: the most tokens whose check and align run as one program (launch_check_align)
+CHECK_ALIGN_MAX_T = 16
 _OFFSET = 2**31  # values are stored as value + 2^31 in the low 32 bits
 _flags: dict[tuple[str, bool], torch.Tensor] = {}  # (device, captured) -> flag (6,) int64
 
@@ -113,11 +117,29 @@ def _record(flag_ptr, kind, bad, key, NONE: tl.constexpr):
     tl.atomic_add(flag_ptr + 3 + kind, n, mask=n > 0)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _check_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, T, E,
-                  K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  NONE: tl.constexpr):
-    pid = tl.program_id(0)
+@triton.jit
+def _free_experts(ids, good, offs_k, offs_e, E, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """ids with each bad slot replaced: the experts its token's good slots hold are taken, then the
+    bad slots take the lowest free ones in slot order (a distinct expert per slot, weight 0)."""
+    used = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+    for k in tl.static_range(K):
+        gk = _col(good.to(tl.int32), offs_k, k) > 0
+        used = used | tl.where((offs_e[None, :] == _col(ids, offs_k, k)[:, None]) & gk[:, None], 1, 0)
+    out = ids
+    for k in tl.static_range(K):
+        gk = _col(good.to(tl.int32), offs_k, k) > 0
+        free = tl.min(tl.where((used == 0) & (offs_e[None, :] < E), offs_e[None, :], BLOCK_E), axis=1)
+        out = tl.where((offs_k[None, :] == k) & ~gk[:, None], free.to(tl.int64)[:, None], out)
+        used = used | tl.where((offs_e[None, :] == free[:, None]) & ~gk[:, None], 1, 0)
+    return out
+
+
+@triton.jit
+def _check_block(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, pid, T, E, K: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, NONE: tl.constexpr):
+    """Token block pid of a routing given, checked: stores its safe ids (int32; a bad slot on a free
+    expert) and weights (fp32; 0 for a bad slot) and records its bad slots into flag_ptr ->
+    (safe ids (BLOCK_T, BLOCK_K) int32, slot mask, offs_t, offs_e)."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
@@ -132,18 +154,11 @@ def _check_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, T, E,
     dup = dups > 0
     good = in_range & ~dup & m
     finite = tl.abs(w) <= 3.4028234663852886e38  # False for NaN and inf
-    # experts already held by a good slot, then the bad slots take the lowest free ones in order
-    used = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
-    for k in tl.static_range(K):
-        gk = _col(good.to(tl.int32), offs_k, k) > 0
-        used = used | tl.where((offs_e[None, :] == _col(ids, offs_k, k)[:, None]) & gk[:, None], 1, 0)
     out = ids
-    for k in tl.static_range(K):
-        gk = _col(good.to(tl.int32), offs_k, k) > 0
-        free = tl.min(tl.where((used == 0) & (offs_e[None, :] < E), offs_e[None, :], BLOCK_E), axis=1)
-        out = tl.where((offs_k[None, :] == k) & ~gk[:, None], free.to(tl.int64)[:, None], out)
-        used = used | tl.where((offs_e[None, :] == free[:, None]) & ~gk[:, None], 1, 0)
-    tl.store(idx_out_ptr + pair, out.to(tl.int32), mask=m)
+    if tl.sum(tl.sum((m & ~good).to(tl.int32), axis=1), axis=0) > 0:  # (rare) bad ids: placed on free experts
+        out = _free_experts(ids, good, offs_k, offs_e, E, K, BLOCK_T, BLOCK_E)
+    out = out.to(tl.int32)
+    tl.store(idx_out_ptr + pair, out, mask=m)
     tl.store(w_out_ptr + pair, tl.where(good & finite, w, 0.0), mask=m)
     # error record: (pair << 32) | (value + 2^31), the value clamped to int32 / the weight's bits
     shift = tl.full((BLOCK_T, BLOCK_K), 4294967296, tl.int64)
@@ -153,6 +168,36 @@ def _check_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, T, E,
     _record(flag_ptr, 1, m & in_range & dup, pair * shift + v + off, NONE)
     wbits = w.to(tl.int32, bitcast=True).to(tl.int64)
     _record(flag_ptr, 2, m & ~finite, pair * shift + wbits + off, NONE)
+    return out, m, offs_t, offs_e
+
+
+@triton.jit(do_not_specialize=["T"])
+def _check_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, T, E,
+                  K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                  NONE: tl.constexpr):
+    _check_block(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, tl.program_id(0), T, E, K, BLOCK_T, BLOCK_K,
+                 BLOCK_E, NONE)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _check_align_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, counts_ptr, padded_off_ptr,
+                        block_expert_ptr, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, T, E, B_MAX,
+                        K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                        NONE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_PAD: tl.constexpr):
+    """Every token in one program: the check, then the align of its safe ids (what the router's
+    fused align stores: align._finish_offsets and align._scatter_block), in one launch."""
+    ids, m, offs_t, offs_e = _check_block(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, 0, T, E, K, BLOCK_T,
+                                          BLOCK_K, BLOCK_E, NONE)
+    e_mask = offs_e < E
+    offs_k = tl.arange(0, BLOCK_K)
+    counts = tl.zeros((BLOCK_E,), tl.int32)
+    for k in tl.static_range(K):
+        ik = tl.sum(tl.where(offs_k[None, :] == k, ids, 0), axis=1)
+        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & (offs_t < T)[:, None], 1, 0), axis=0)
+    start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+                            padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
+    _scatter_block(tl.where(m, ids, -1), offs_t, offs_t < T, start, offs_e, padded_token_ptr, padded_pair_ptr,
+                   pair_dest_ptr, K, BLOCK_T, BLOCK_E, BLOCK_K)
 
 
 def _init(flag: torch.Tensor) -> torch.Tensor:
@@ -182,6 +227,26 @@ def flag_for(device, captured: bool) -> torch.Tensor:
 def capturing(device) -> bool:
     """Whether the current CUDA stream is being captured into a graph (False off CUDA)."""
     return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def launch_check_align(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, flag: torch.Tensor,
+                       out: tuple, meta: dict, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``launch_check``'s (ids, weights) into ``out``, and the align of those ids into ``meta``
+    (moe.align_buffers' tensors but chunk_base), in one launch of one program: for T <=
+    CHECK_ALIGN_MAX_T tokens (decode), where the check, histogram and three align launches would
+    each cost a launch."""
+    T, K = topk_idx.shape
+    if not 1 <= T <= CHECK_ALIGN_MAX_T:
+        raise ValueError(f"launch_check_align takes 1 to {CHECK_ALIGN_MAX_T} tokens, got T={T}")
+    ids, w = out
+    b_max = meta["block_expert"].shape[0]
+    bl = align_blocks(num_experts, block_m, b_max)
+    _check_align_kernel[(1,)](
+        topk_idx, topk_weights, ids, w, flag, meta["counts"], meta["padded_offsets"], meta["block_expert"],
+        meta["padded_token"], meta["padded_pair"], meta["pair_dest"], T, num_experts, b_max, K=K,
+        BLOCK_T=max(2, triton.next_power_of_2(T)), BLOCK_K=max(2, triton.next_power_of_2(K)), BLOCK_E=bl["BLOCK_E"],
+        NONE=_NONE, BLOCK_M=block_m, BLOCK_B=bl["BLOCK_B"], BLOCK_PAD=bl["BLOCK_PAD"], num_warps=4)
+    return ids, w
 
 
 def launch_check(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,

@@ -125,12 +125,21 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
             if fp8 == "weights" and Is and t["gemm1"]["BLOCK_M"] == 64 and t["shared"]["BLOCK_N1"] >= 128:
                 mk["num_stages"] = min(mk["num_stages"], FP8_WIDE_SHARED_MAX_STAGES)
         mk["tma_weights"] = FP8_TMA_WEIGHTS[fp8]
-    if routing_given:  # no logits to compute: one task per token block reads the routing and counts
+    if routing_given:  # no logits to compute: top-k tasks only read the routing and count
         r = mk["tiles"]["router"]
         r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
         if T == 1:  # one token: every GEMM 1 task reads its K picks itself, not waiting for the top-k task
             r.update(TOPK_T=1, EACH=1)
+        elif T <= ALIGN_EACH_MAX_T:  # small top-k tasks side by side, then GEMM 1 tasks place their rows
+            r.update(BLOCK_T=given_topk_tokens(T), TOPK_T=given_topk_tokens(T))
     return align_each(mk, T, H, K)
+
+
+def given_topk_tokens(T: int) -> int:
+    """Tokens per top-k task of a routing given at 1 < T <= ALIGN_EACH_MAX_T: one to 16 tokens, four
+    beyond (at most 16 tasks side by side; one task aligning every token is the serial step that
+    docs/megakernel.md traces)."""
+    return 1 if T <= 16 else 4
 
 
 def bitonic_topk_fits(tokens: int, block_e: int) -> bool:

@@ -362,10 +362,13 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
                                   limit)
     p = _experts_plan(E, H, I, K, T, x.dtype, dev, bool(deterministic))
     ws = workspace.get(("experts", id(p), x.dtype), dev, lambda: _experts_buffers(p, x, K))
-    topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag, out=ws["routing"])
     meta, hist, B_max = ws["meta"], ws["hist"], p["B_max"]
-    launch_hist(topk_idx, hist, E, p["block_t"], launch=p["align"])
-    launch_align(topk_idx, hist, E, p["block_t"], p["bm"], meta, launch=p["align"])
+    if T <= checks.CHECK_ALIGN_MAX_T:  # decode: the check and the align in one launch
+        topk_idx, topk_w = checks.launch_check_align(topk_idx, topk_w, E, flag, ws["routing"], meta, p["bm"])
+    else:
+        topk_idx, topk_w = checks.launch_check(topk_idx, topk_w, E, flag, out=ws["routing"])
+        launch_hist(topk_idx, hist, E, p["block_t"], launch=p["align"])
+        launch_align(topk_idx, hist, E, p["block_t"], p["bm"], meta, launch=p["align"])
     g1, g2, split2, atomic = p["gemm1"], p["gemm2"], p["split2"], p["atomic"]
     launch_gemm1(x, gate_up, gate_up_bias, ws["act"], meta, topk_w, g1, activation=activation, alpha=alpha,
                  limit=limit, scale_input=False, dense=False, num_m=B_max, part=ws["gemm1_part"])

@@ -190,3 +190,48 @@ def test_scatter_launch_sizes():
     al = align_launch(3, 6, 60, 32, 16, 40)  # 192 pairs a chunk in BLOCK_J 256
     assert al["BLOCK_J"] == 256 and al["scatter_grid"] == (3, -(-192 // al["BLOCK_P"]))
     assert align_launch(1, 1, 8, 16, 16, 4)["BLOCK_P"] == 16  # 16 pairs a chunk: one program of 16
+
+
+@pytest.mark.parametrize("T,E,K,block_m,bad", [
+    (1, 7, 3, 16, False),  # one token: the decode case
+    (1, 256, 8, 16, True),  # DeepSeek-V3's routing width, an id out of range
+    (5, 9, 4, 16, True),  # odd T, a repeated id and a -1
+    (16, 33, 2, 64, False),  # the most tokens it takes, E not a power of two, 64-row blocks
+])
+def test_check_and_align_in_one_launch(T, E, K, block_m, bad, rng, device):
+    """checks.launch_check_align (moe_experts at T <= CHECK_ALIGN_MAX_T): the same safe ids, weights,
+    flag and align metadata as the check, histogram and align launches one after another."""
+    from megamoe.kernels import checks
+    from megamoe.kernels.align import launch_align, launch_hist
+    from megamoe.kernels.moe import align_buffers
+
+    idx = _random_topk(rng, T, E, K).astype(np.int64)
+    if bad:
+        idx[0, 0] = E + 3
+        if T > 1:
+            idx[T - 1, K - 1], idx[1, 1] = idx[T - 1, 0], -1
+    ids = torch.from_numpy(idx).to(device.name)
+    w = torch.from_numpy(rng.random((T, K)).astype(np.float32)).to(device.name)
+    got, want = {}, {}
+    for out, fused in ((got, True), (want, False)):
+        meta, hist, block_t = align_buffers(T, K, E, block_m, device.name, poison=True)
+        flag = checks.new_flag(device.name)
+        safe = (torch.empty((T, K), dtype=torch.int32, device=device.name),
+                torch.empty((T, K), dtype=torch.float32, device=device.name))
+        if fused:
+            safe = checks.launch_check_align(ids, w, E, flag, safe, meta, block_m)
+        else:
+            safe = checks.launch_check(ids, w, E, flag, out=safe)
+            launch_hist(safe[0], hist, E, block_t)
+            launch_align(safe[0], hist, E, block_t, block_m, meta)
+        out.update({k: v.cpu() for k, v in meta.items() if k != "chunk_base"}, ids=safe[0].cpu(), w=safe[1].cpu(),
+                   flag=flag.cpu())
+    P = int(want["padded_offsets"][E])
+    for k in ("ids", "w", "flag", "counts", "padded_offsets", "block_expert", "pair_dest"):
+        assert torch.equal(got[k], want[k]), k
+    for k in ("padded_token", "padded_pair"):
+        assert torch.equal(got[k][:P], want[k][:P]), k
+    assert (got["flag"][3:].sum() > 0) == bad
+    with pytest.raises(ValueError, match="1 to 16 tokens, got T=17"):
+        checks.launch_check_align(torch.zeros((17, K), dtype=torch.int32, device=device.name),
+                                  torch.zeros((17, K), device=device.name), E, flag, safe, meta, block_m)

@@ -167,7 +167,9 @@ def test_megakernel_reads_weights_through_tma_where_run_t_measured_it_faster():
 def test_one_token_is_routed_by_every_gemm1_task_up_to_128_experts():
     """T = 1, bf16, the logits computed in the kernel: every GEMM 1 task routes the token itself
     (tiles["router"]["EACH"]) where E <= ROUTE_EACH_MAX_EXPERTS; not with 256 experts (DeepSeek-V3's
-    grouped selection spills in every GEMM 1 task), FP8, a given routing or more than one token."""
+    grouped selection spills in every GEMM 1 task), FP8 or more than one token. A routing given at
+    T = 1 takes EACH for any E (its GEMM 1 tasks only read the K picks); past one token, top-k tasks
+    of given_topk_tokens tokens side by side and ALIGN_EACH (up to ALIGN_EACH_MAX_T)."""
     def each(E, T=1, **kw):
         mk = mkc.megakernel_config(E, 2048, 768, 8, 0, T, num_sms=132, **kw)
         return mk["tiles"]["router"].get("EACH", 0)
@@ -177,7 +179,13 @@ def test_one_token_is_routed_by_every_gemm1_task_up_to_128_experts():
     assert each(256) == 0
     assert each(128, T=2) == 0 and each(128, T=8) == 0
     assert each(128, fp8="weights") == 0
-    assert each(128, routing_given=True) == 0
+    assert each(128, routing_given=True) == 1 and each(256, routing_given=True) == 1
+    assert each(256, T=8, routing_given=True) == 0
+    for T, tt in ((2, 1), (16, 1), (17, 4), (mkc.ALIGN_EACH_MAX_T, 4)):
+        r = mkc.megakernel_config(256, 2048, 768, 8, 0, T, num_sms=132, routing_given=True)["tiles"]["router"]
+        assert (r["BLOCK_T"], r["TOPK_T"], r["SPLIT"], r.get("ALIGN_EACH")) == (tt, tt, 1, 1), (T, r)
+    r = mkc.megakernel_config(256, 2048, 768, 8, 0, 65, num_sms=132, routing_given=True)["tiles"]["router"]
+    assert r["TOPK_T"] == r["BLOCK_T"] and not r.get("ALIGN_EACH")
     mk = mkc.megakernel_config(128, 2048, 768, 8, 0, 1, num_sms=132)
     assert mkc.route_each(mk) == mk  # applying it twice changes nothing
 
