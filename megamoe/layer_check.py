@@ -113,6 +113,20 @@ def validate_one(model: str, T: int, *, gpu: bool, seed: int = 0, sample: int = 
     return row
 
 
+def recorded_gemm(row: dict) -> dict | None:
+    """The GEMM entries a bf16 multi-launch ``megamoe bench`` row ran (its "config"), checked; None
+    for a megakernel row or one without them (it is then priced with today's select_config)."""
+    from megamoe.kernels.configs import KernelConfigError, check_entry
+
+    config = row.get("config")
+    if row.get("backend", "multi") != "multi" or not isinstance(config, dict):
+        return None
+    try:
+        return check_entry(config, "the bench row's config")
+    except KernelConfigError:
+        return None
+
+
 def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict:
     """The simulator's prediction for a ``megamoe bench`` row, without a GPU: routing drawn as the
     bench's (logits ~ N(0, 1), ``seed``), so the plan is statistically equivalent, not identical.
@@ -131,8 +145,10 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
     bias = 0.05 * rng.standard_normal(cfg.num_experts) if cfg.score_bias else None
     idx, _ = select_experts(rng.standard_normal((T, cfg.num_experts)), cfg, score_bias=bias)
     fp8 = DTYPES[row.get("dtype", "bf16")]
+    gemm = recorded_gemm(row) if fp8 is None else None
     plan = launch_plan(cfg, topk_idx=idx, dtype="bfloat16", device_name=row.get("gpu", "NVIDIA H200"),
-                       triton_version=row.get("triton"), deterministic=bool(row.get("deterministic", True)), fp8=fp8)
+                       triton_version=row.get("triton"), deterministic=bool(row.get("deterministic", True)), fp8=fp8,
+                       gemm=gemm)
     stages = [st.to_dict() for st in plan.stages]
     g1 = plan.stage("gemm1").tile if any(st.name == "gemm1" for st in plan.stages) else {}
     same_tiles = all(g1.get(k) == v for k, v in row.get("config", {}).get("gemm1", {}).items())
@@ -143,7 +159,8 @@ def predict_bench_row(row: dict, *, system: str = "h200", seed: int = 0) -> dict
            "predicted_us": pred,
            "dominant": f"{main['name']}:{main['bound']}", "predicted_fixed_us": full["fixed_us"],
            "ratio": row["ours_us"] / pred, "same_tiles": same_tiles,
-           "gpu": row.get("gpu"), "triton": row.get("triton"), "date": row.get("date"), "commit": row.get("commit")}
+           "gpu": row.get("gpu"), "triton": row.get("triton"), "date": row.get("date"), "commit": row.get("commit"),
+           "gemm_from": "the row" if gemm is not None else "select_config today"}
     if "stage_us" in row:  # the bench's per-stage split: router+align, gemm1, gemm2, combine
         groups: dict[str, float] = {}
         for st in full["stages"]:

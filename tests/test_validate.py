@@ -398,3 +398,25 @@ def test_repredict_prices_a_megakernel_row_with_the_config_it_ran():
     assert no_field["predicted_us"] == today["predicted_us"] == same["predicted_us"]
     assert old["megakernel_config"] == walked and old["predicted_us"] != today["predicted_us"]
     assert old["tasks"] < no_field["tasks"]  # 16 walking top-k tasks, not 64 logits and 128 top-k tasks
+
+
+def test_bench_rows_are_priced_with_the_gemm_entries_they_ran():
+    """``validate --from-bench``: a bf16 multi-launch row is priced with the GEMM entries it records
+    (its "config"), not with what select_config gives today; a row without them, a megakernel row or
+    an FP8 row keeps today's entries, and the output says which."""
+    from megamoe.kernels import configs as cfgs
+    from megamoe.layer_check import predict_bench_row, recorded_gemm
+
+    base = {"preset": "qwen3-30b-a3b", "T": 64, "ours_us": 300.0, "deterministic": True, "gpu": "NVIDIA H200",
+            "triton": "3.6.0"}
+    today = predict_bench_row(base)
+    assert today["gemm_from"] == "select_config today"
+    entry = cfgs.select_config(128, 2048, 768, 8, 64, gpu="NVIDIA H200", dtype="bfloat16", triton_version="3.6.0")
+    other = {"gemm1": {**entry["gemm1"], "BLOCK_M": 128}, "gemm2": {**entry["gemm2"], "BLOCK_M": 128}}
+    assert other != entry
+    ran = predict_bench_row({**base, "config": other})
+    assert ran["gemm_from"] == "the row" and ran["predicted_us"] > 1.2 * today["predicted_us"]  # 128-row padding
+    assert predict_bench_row({**base, "config": entry})["predicted_us"] == pytest.approx(today["predicted_us"])
+    assert recorded_gemm({**base, "config": other, "backend": "megakernel"}) is None
+    assert recorded_gemm({**base, "config": {"gemm1": {"BLOCK_M": "x"}}}) is None
+    assert predict_bench_row({**base, "config": other, "dtype": "fp8"})["gemm_from"] == "select_config today"
