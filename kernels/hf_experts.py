@@ -44,7 +44,7 @@ def _supported(module) -> bool:
     return gu.is_cuda or gu.device.type == "cpu"
 
 
-def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend: str = "multi"):
+def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend: str = "auto"):
     """The ExpertsInterface entry: (T, H), (T, K), (T, K) -> (T, H) in hidden_states' dtype."""
     if not _supported(self) or hidden_states.dtype != self.gate_up_proj.dtype:
         from transformers.integrations.moe import grouped_mm_experts_forward
@@ -63,16 +63,16 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, backend:
     return y.reshape(shape)
 
 
-def register(name: str = NAME, *, backend: str = "multi") -> str:
+def register(name: str = NAME, *, backend: str = "auto") -> str:
     """Register the backend in transformers' ExpertsInterface under ``name``; returns the name."""
     import functools
 
     from transformers.integrations.moe import ExpertsInterface
 
-    from .moe import KernelInputError
+    from .moe import BACKENDS, KernelInputError
 
-    if backend not in ("multi", "megakernel"):
-        raise KernelInputError(f"backend must be 'multi' or 'megakernel', got {backend!r}")
-    fn = experts_forward if backend == "multi" else functools.partial(experts_forward, backend=backend)
+    if backend not in BACKENDS:
+        raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    fn = experts_forward if backend == "auto" else functools.partial(experts_forward, backend=backend)
     ExpertsInterface.register(name, fn)
     return name

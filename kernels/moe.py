@@ -340,7 +340,7 @@ def _combine(out: torch.Tensor, y: torch.Tensor, KS: int, split2: int, atomic: b
 
 
 def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activation: str, alpha: float,
-             limit: float, deterministic: bool, backend: str = "multi", sticky: bool = False) -> torch.Tensor:
+             limit: float, deterministic: bool, backend: str = "auto", sticky: bool = False) -> torch.Tensor:
     """The routed experts for a routing made elsewhere: y[t] = sum_k topk_w[t, k] *
     expert_{topk_idx[t, k]}(x[t]), the routing sanitized first (checks.py; ``sticky``: the sticky
     flag, else the device's eager flag, ``checks.call_flag``'s)."""
@@ -352,6 +352,9 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     if T == 0:
         return y
     flag = checks.flag_for(dev, sticky or checks.capturing(dev))
+    if backend == "auto":  # (here, inside the op: torch.compile does not trace the tables' lookup)
+        backend = cfgs.select_backend(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
+                                      triton_version=triton.__version__)
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
@@ -427,13 +430,16 @@ def _(x, topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias, activat
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, *,
                 activation: str = "silu_gated", alpha: float = 1.702, limit: float = 7.0,
-                deterministic: bool = True, check: bool = True, backend: str = "multi") -> torch.Tensor:
+                deterministic: bool = True, check: bool = True, backend: str = "auto") -> torch.Tensor:
     """The routed experts alone, for a routing made elsewhere (e.g. a transformers MoE block's router).
 
     x: (T, H); topk_idx: (T, K) integer expert ids, distinct per row; topk_weights: (T, K) (any float
     dtype, used in fp32); gate_up: (E, 2I, H) gate rows then up rows; down: (E, H, I); biases (E, 2I),
     (E, H) or None; all weights in x's dtype on x's device -> y (T, H) = sum_k w[t, k] * expert(x[t]).
-    ``backend``: "multi" or "megakernel".
+    ``backend``: "multi", "megakernel" or "auto": the backend the layer of this expert shape takes at
+    T (``configs.select_backend``: tuned, else this GPU's model table, else the megakernel up to
+    MEGAKERNEL_MAX_T). On an H100 that choice ran within 2.3% of the faster routed backend in 30 of
+    32 rows; "multi" alone was 2% or more slower in 14 (docs/kernels.md).
 
     The routing is checked and made safe on the device (kernels/checks.py): a bad slot (an id out of
     [0, E), -1 included, a repeated id, a weight not finite) contributes 0 to y, and with ``check``
@@ -445,8 +451,8 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
     - inside a CUDA-graph capture or under torch.compile (or ``check=False``): kept in the sticky
       flag that ``check_captured_routing(device, ...)`` reads.
     """
-    if backend not in ("multi", "megakernel"):
-        raise KernelInputError(f"moe_experts backend must be 'multi' or 'megakernel', got {backend!r}")
+    if backend not in BACKENDS:
+        raise KernelInputError(f"moe_experts backend must be one of {list(BACKENDS)}, got {backend!r}")
     for name, t, what in (("x", x, "(T, H)"), ("topk_idx", topk_idx, "(T, K) of integer expert ids"),
                           ("topk_weights", topk_weights, "(T, K) float"), ("gate_up", gate_up, "(E, 2I, H)"),
                           ("down", down, "(E, H, I)"), ("gate_up_bias", gate_up_bias, "(E, 2I) or None"),

@@ -73,7 +73,7 @@ def test_moe_experts_megakernel_runs_the_given_routing_plan(rng):
 def test_moe_experts_rejects_a_bad_backend():
     from megamoe.kernels import KernelInputError, moe_experts
 
-    with pytest.raises(KernelInputError, match="backend must be 'multi' or 'megakernel', got 'fast'"):
+    with pytest.raises(KernelInputError, match=r"backend must be one of \['auto', 'megakernel', 'multi'\], got 'fast'"):
         moe_experts(torch.randn(3, 8), torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), torch.randn(2, 8, 8),
                     torch.randn(2, 8, 4), backend="fast")
 
@@ -114,3 +114,23 @@ def test_transformers_backend_qwen3_moe_block(backend, device):
         y = block(x)
     assert_close(y.cpu(), ref.cpu().double().numpy(), device.dtype, "transformers megamoe backend")
     assert np.isfinite(y.cpu().float().numpy()).all()
+
+
+def test_moe_experts_auto_takes_the_layers_backend(rng):
+    """backend="auto" (the default) runs the backend configs.select_backend gives the layer of this
+    expert shape at T: bitwise that backend's answer, whichever it is at each T."""
+    import triton
+
+    from megamoe.kernels import configs as cfgs
+    from megamoe.kernels import moe_experts
+    from megamoe.kernels.moe import DTYPES, device_name
+
+    E, H, I, K = 5, 16, 8, 2
+    gu, dn = torch.randn(E, 2 * I, H), torch.randn(E, H, I)
+    for T in (1, 3):
+        x = torch.randn(T, H)
+        idx = torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range(T)]))
+        w = torch.rand(T, K)
+        be = cfgs.select_backend(E, H, I, K, T, gpu=device_name(x.device), dtype=DTYPES[x.dtype],
+                                 triton_version=triton.__version__)
+        assert torch.equal(moe_experts(x, idx, w, gu, dn), moe_experts(x, idx, w, gu, dn, backend=be))
