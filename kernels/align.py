@@ -236,6 +236,14 @@ def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr
     t_mask = offs_t < T
     out_mask = t_mask[:, None] & (offs_k[None, :] < K)
     idx = tl.load(topk_idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=out_mask, other=-1)
+    counts = _block_counts(idx, t_mask, offs_k, offs_e, K, BLOCK_T, BLOCK_E, BLOCK_K)
+    return idx, out_mask, counts, offs_t, t_mask, offs_e, offs_e < E
+
+
+@triton.jit
+def _block_counts(idx, t_mask, offs_k, offs_e, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Pairs per expert (BLOCK_E,) of a block of expert ids idx (BLOCK_T, BLOCK_K), -1 in unused slots."""
     if BLOCK_T * BLOCK_K * BLOCK_E <= ONE_SHOT:
         hit = (idx[:, :, None] == offs_e[None, None, :]) & t_mask[:, None, None]
         counts = tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0)
@@ -244,7 +252,7 @@ def _given_block(topk_idx_ptr, pid, T, E, K: tl.constexpr, BLOCK_T: tl.constexpr
         for k in tl.static_range(K):
             ik = tl.sum(tl.where(offs_k[None, :] == k, idx, 0), axis=1)
             counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & t_mask[:, None], 1, 0), axis=0)
-    return idx, out_mask, counts, offs_t, t_mask, offs_e, offs_e < E
+    return counts
 
 
 @triton.jit

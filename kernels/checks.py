@@ -37,7 +37,7 @@ import triton.language as tl
 from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.weights import SCALE_FIELDS, MoEWeights
-from .align import _finish_offsets, _scatter_block
+from .align import _block_counts, _finish_offsets, _scatter_block
 from .plan import align_blocks
 
 
@@ -188,16 +188,13 @@ def _check_align_kernel(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, counts
     fused align stores: align._finish_offsets and align._scatter_block), in one launch."""
     ids, m, offs_t, offs_e = _check_block(idx_ptr, w_ptr, idx_out_ptr, w_out_ptr, flag_ptr, 0, T, E, K, BLOCK_T,
                                           BLOCK_K, BLOCK_E, NONE)
-    e_mask = offs_e < E
-    offs_k = tl.arange(0, BLOCK_K)
-    counts = tl.zeros((BLOCK_E,), tl.int32)
-    for k in tl.static_range(K):
-        ik = tl.sum(tl.where(offs_k[None, :] == k, ids, 0), axis=1)
-        counts += tl.sum(tl.where((offs_e[None, :] == ik[:, None]) & (offs_t < T)[:, None], 1, 0), axis=0)
-    start = _finish_offsets(counts, offs_e, e_mask, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
+    ids = tl.where(m, ids, -1)
+    t_mask = offs_t < T
+    counts = _block_counts(ids, t_mask, tl.arange(0, BLOCK_K), offs_e, K, BLOCK_T, BLOCK_E, BLOCK_K)
+    start = _finish_offsets(counts, offs_e, offs_e < E, E, B_MAX, counts_ptr, padded_off_ptr, block_expert_ptr,
                             padded_token_ptr, padded_pair_ptr, BLOCK_M, BLOCK_E, BLOCK_B, BLOCK_PAD)
-    _scatter_block(tl.where(m, ids, -1), offs_t, offs_t < T, start, offs_e, padded_token_ptr, padded_pair_ptr,
-                   pair_dest_ptr, K, BLOCK_T, BLOCK_E, BLOCK_K)
+    _scatter_block(ids, offs_t, t_mask, start, offs_e, padded_token_ptr, padded_pair_ptr, pair_dest_ptr, K,
+                   BLOCK_T, BLOCK_E, BLOCK_K)
 
 
 def _init(flag: torch.Tensor) -> torch.Tensor:
