@@ -74,17 +74,13 @@ def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
 def _routed_case(cfg, w, xs: list):
     """The routed experts alone on the layer's own routing (what ``moe_experts(backend="megakernel")``
     launches after its routing check): (config, weights, inputs (x, topk_idx int32, topk_w fp32))."""
-    from types import SimpleNamespace
-
     import torch
 
     from megamoe.kernels import moe as kmoe
-    from megamoe.kernels.megakernel import _experts_config
+    from megamoe.kernels.megakernel import experts_layer
 
-    ecfg = _experts_config(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k, cfg.activation,
-                           float(cfg.swiglu_alpha), float(cfg.swiglu_limit))
-    ew = SimpleNamespace(router_weight=None, router_bias=None, score_bias=None, shared_gate=None, gate_up=w.gate_up,
-                         gate_up_bias=None, down=w.down, down_bias=None, shared_gate_up=None, shared_down=None)
+    ecfg, ew = experts_layer(w.gate_up, w.down, None, None, cfg.top_k, cfg.activation, cfg.swiglu_alpha,
+                             cfg.swiglu_limit)
     ins = []
     for x in xs:
         d = kmoe.moe_forward_details(x, w, cfg)

@@ -750,16 +750,21 @@ def megakernel_experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bi
                        limit: float) -> torch.Tensor:
     """The routed experts for a routing made elsewhere, in one launch (moe.moe_experts checks the
     inputs). topk_idx (T, K) int32, topk_w (T, K) fp32; gate_up (E, 2I, H), down (E, H, I) -> y (T, H)."""
+    cfg, w = experts_layer(gate_up, down, gate_up_bias, down_bias, topk_idx.shape[1], activation, alpha, limit)
+    return megakernel_forward(x, w, cfg, routing=(topk_idx, topk_w))
+
+
+def experts_layer(gate_up, down, gate_up_bias, down_bias, K: int, activation: str, alpha: float, limit: float):
+    """(config, weights) of the routed experts alone, as ``megakernel_forward`` takes them with a
+    routing given: no router, no shared MLP."""
     from types import SimpleNamespace
 
-    T, H = x.shape
-    E, I = gate_up.shape[0], gate_up.shape[1] // 2
-    K = topk_idx.shape[1]
-    cfg = _experts_config(H, I, E, K, activation, float(alpha), float(limit))
+    E, I2, H = gate_up.shape
+    cfg = _experts_config(H, I2 // 2, E, K, activation, float(alpha), float(limit))
     w = SimpleNamespace(router_weight=None, router_bias=None, score_bias=None, shared_gate=None, gate_up=gate_up,
                         gate_up_bias=gate_up_bias, down=down, down_bias=down_bias, shared_gate_up=None,
                         shared_down=None)
-    return megakernel_forward(x, w, cfg, routing=(topk_idx, topk_w))
+    return cfg, w
 
 
 @lru_cache(maxsize=256)

@@ -353,8 +353,7 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
         return y
     flag = checks.flag_for(dev, sticky or checks.capturing(dev))
     if backend == "auto":  # (here, inside the op: torch.compile does not trace the tables' lookup)
-        backend = cfgs.select_backend(E, H, I, K, T, gpu=device_name(dev), dtype=DTYPES[x.dtype],
-                                      triton_version=triton.__version__)
+        backend = _experts_backend(E, H, I, K, T, x.dtype, dev)
     if backend == "megakernel":  # one launch; deterministic whatever is asked (fixed-order combine)
         from .megakernel import megakernel_experts
 
@@ -380,6 +379,13 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
                  atomic=atomic, num_m=B_max, split=split2)
     _combine(out, y, K, split2, atomic, p["combine"])
     return y
+
+
+@lru_cache(maxsize=1024)
+def _experts_backend(E: int, H: int, I: int, K: int, T: int, dtype: torch.dtype, device: torch.device) -> str:
+    """moe_experts' "auto": the backend the layer of this expert shape takes at T (select_backend), cached."""
+    return cfgs.select_backend(E, H, I, K, T, gpu=device_name(device), dtype=DTYPES[dtype],
+                               triton_version=triton.__version__)
 
 
 @lru_cache(maxsize=1024)
@@ -572,7 +578,8 @@ def clear_caches() -> None:
     from . import megakernel
 
     workspace.clear()
-    for c in (_call_plan, _experts_plan, _sizes_ok, megakernel.default_config, megakernel._experts_config):
+    for c in (_call_plan, _experts_plan, _experts_backend, _sizes_ok, megakernel.default_config,
+              megakernel._experts_config):
         c.cache_clear()
     megakernel._statics.clear()
     _checked.clear()

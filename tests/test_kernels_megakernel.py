@@ -581,3 +581,24 @@ def test_thresholds_file_is_checked(tmp_path):
         bad.write_text(json.dumps(broken))
         with pytest.raises(ValueError, match=match):
             mkc.load_thresholds(bad)
+
+
+def test_experts_layer_is_the_routed_experts_alone(rng):
+    """megakernel.experts_layer: the config and weights of the routed experts with no router and no
+    shared MLP, sized from the weights; megakernel_forward with them and a routing given is the
+    megakernel moe_experts runs (bitwise)."""
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.checks import launch_check, new_flag
+    from megamoe.kernels.megakernel import experts_layer, megakernel_forward
+
+    E, H, I, K, T = 6, 24, 12, 2, 5
+    gu, dn = torch.randn(E, 2 * I, H), torch.randn(E, H, I)
+    cfg, w = experts_layer(gu, dn, None, None, K, "silu_gated", 1.702, 7.0)
+    assert (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k) == (E, H, I, K)
+    assert cfg.num_shared_experts == 0 and w.router_weight is None and w.shared_gate_up is None
+    assert w.gate_up is gu and w.down is dn
+    x = torch.randn(T, H)
+    idx = torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32))
+    wts = torch.rand(T, K)
+    y = megakernel_forward(x, w, cfg, routing=launch_check(idx, wts, E, new_flag("cpu")))
+    assert torch.equal(y, kmoe.moe_experts(x, idx, wts, gu, dn, backend="megakernel", check=False))
