@@ -127,11 +127,13 @@ def megakernel_config(E: int, H: int, I: int, K: int, Is: int, T: int, *, num_sm
         mk["tma_weights"] = FP8_TMA_WEIGHTS[fp8]
     if routing_given:  # no logits to compute: top-k tasks only read the routing and count
         r = mk["tiles"]["router"]
-        r.update(SPLIT=1, TOPK_T=r["BLOCK_T"])
+        r["SPLIT"] = 1
         if T == 1:  # one token: every GEMM 1 task reads its K picks itself, not waiting for the top-k task
             r.update(TOPK_T=1, EACH=1)
         elif T <= ALIGN_EACH_MAX_T:  # small top-k tasks side by side, then GEMM 1 tasks place their rows
-            r.update(BLOCK_T=given_topk_tokens(T), TOPK_T=given_topk_tokens(T))
+            r["BLOCK_T"] = r["TOPK_T"] = given_topk_tokens(T)
+        else:
+            r["TOPK_T"] = r["BLOCK_T"]
     return align_each(mk, T, H, K)
 
 
