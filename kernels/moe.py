@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from functools import cache, lru_cache
@@ -40,6 +41,7 @@ from .fp8_gemm import launch_gemm1_fp8, launch_gemm2_fp8, launch_quantize_x
 from .grouped_gemm import device_sms, launch_combine, launch_gemm1, launch_gemm2
 from .plan import align_launch, combine_launch, router_launch, static_plan
 from .routing import launch_router
+from .tape import Tape, record
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 INT32_MAX = 2**31 - 1
@@ -556,20 +558,78 @@ def _call_plan(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.devi
 
 
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
-           fp8_activations: bool = False) -> torch.Tensor:
+           fp8_activations: bool = False, *, taped: bool = False) -> torch.Tensor:
+    """The layer's launches for x. ``taped`` (eager calls on the caller's own weights object):
+    replay the launches recorded for this call shape where there is a tape (``_taped``)."""
     T = x.shape[0]
     if T == 0:
         return torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype)
     fp8 = fp8_mode(weights, fp8_activations)
     be, plan = _call_plan(config, T, x.dtype, x.device, bool(deterministic), backend, fp8)
-    if be == "megakernel":
-        from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
 
-        return megakernel_forward(x, weights, config, mk=plan, fp8=fp8)
-    gated = weights.shared_gate is not None
-    ws = workspace.get(("layer", id(plan), T, x.dtype, gated), x.device,  # the workspace holds its plan
-                       lambda: _forward_buffers(x, plan, config, fp8, gated))
-    return _forward(x, weights, config, deterministic, plan=plan, fp8_activations=fp8_activations, buffers=ws)
+    def run() -> torch.Tensor:
+        if be == "megakernel":
+            from .megakernel import megakernel_forward  # deterministic whatever is asked: fixed-order combine
+
+            return megakernel_forward(x, weights, config, mk=plan, fp8=fp8)
+        gated = weights.shared_gate is not None
+        ws = workspace.get(("layer", id(plan), T, x.dtype, gated), x.device,  # the workspace holds its plan
+                           lambda: _forward_buffers(x, plan, config, fp8, gated))
+        return _forward(x, weights, config, deterministic, plan=plan, fp8_activations=fp8_activations, buffers=ws)
+
+    if not taped or T > TAPE_MAX_TOKENS or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return run()
+    return _taped(x, weights, config, (id(weights), id(config), id(plan), T, x.dtype, x.device.index), run)
+
+
+#: the most tokens an eager call replays recorded launches for (above it the GPU time hides the host's)
+TAPE_MAX_TOKENS = 256
+#: recordings tried per call shape before its calls keep Triton's own launch path for good
+TAPE_TRIES = 2
+#: recorded call shapes kept, least recently used dropped first
+TAPE_MAX_KEPT = 512
+_tapes: OrderedDict = OrderedDict()  # (shape key, stream, thread) -> its Tape, or the calls seen without one
+_tape_owners: set[int] = set()  # id of each weights object whose death drops its tapes
+
+
+def _taped(x, weights, config, shape_key: tuple, run) -> torch.Tensor:
+    """``run()``'s y: the first call of a shape key on this stream and thread runs plain (it makes
+    the kept buffers), the next records its launches (tape.py), later ones replay them."""
+    stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+    key = (shape_key, stream, threading.get_ident())
+    hit = _tapes.get(key)
+    if type(hit) is Tape:
+        if hit.owner() is weights and hit.config is config and hit.fits(x):
+            return hit.replay(x, stream)
+        return run()
+    seen = hit or 0
+    if seen == 0 or seen > TAPE_TRIES:
+        _tapes[key] = min(seen + 1, TAPE_TRIES + 1)
+        _trim_tapes()
+        return run()
+    y, tp, _why = record(x, run)
+    if tp is None:
+        _tapes[key] = seen + 1
+        return y
+    tp.owner, tp.config = weakref.ref(weights), config
+    if id(weights) not in _tape_owners:
+        _tape_owners.add(id(weights))
+        weakref.finalize(weights, _drop_tapes, id(weights))
+    _tapes[key] = tp
+    _trim_tapes()
+    return y
+
+
+def _trim_tapes() -> None:
+    while len(_tapes) > TAPE_MAX_KEPT:
+        _tapes.popitem(last=False)
+
+
+def _drop_tapes(owner: int) -> None:
+    """Forget the tapes of a weights object gone (they hold its tensors)."""
+    _tape_owners.discard(owner)
+    for k in [k for k in _tapes if k[0][0] == owner]:
+        del _tapes[k]
 
 
 def clear_caches() -> None:
@@ -582,6 +642,7 @@ def clear_caches() -> None:
               megakernel._experts_config):
         c.cache_clear()
     megakernel._statics.clear()
+    _tapes.clear()
     _checked.clear()
     _info.clear()
     _json.clear()
@@ -707,7 +768,7 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if checks._pending and not traced:
         checks.poll(x.device)
     if info is not None and info[1] and _direct(x, info[2]):
-        return _layer(x, weights, config, bool(deterministic), backend, fp8_act)
+        return _layer(x, weights, config, bool(deterministic), backend, fp8_act, taped=True)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
@@ -757,7 +818,7 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     kept = _Graphs() if graphs and dev.type == "cuda" else None
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        return _layer(x, weights, config, det, backend, fp8_act)
+        return _layer(x, weights, config, det, backend, fp8_act, taped=True)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:
