@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 
@@ -42,8 +43,9 @@ VARIANTS = ("pointer", "tma_persistent")
 INTERPRETER_SMS = 3
 DEFAULT_SMS = 132
 FILE_KEYS = ("gpu", "dtype", "triton", "configs")
-#: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto"
-FILE_OPTIONAL = ("backend", "backend_fp8")
+#: optional top-level keys: "backend" {shape key: {bucket: "megakernel" | "multi"}} for backend="auto",
+#: and "dates" {shape key: {bucket: ISO 8601}}, when each tuned entry was measured (none: before any row)
+FILE_OPTIONAL = ("backend", "backend_fp8", "dates")
 #: the model tables' own top-level keys: "source" (how the table was made) and "predicted_us"
 #: {shape key: {bucket: {"multi", "megakernel", "gemms": us, "price": {...}}}} (the chosen entry's predictions)
 MODEL_FILE_OPTIONAL = ("source", "predicted_us")
@@ -141,6 +143,14 @@ def load_file(path: Path, *, model: bool = False) -> dict:
             if not b.isdigit() or int(b) not in T_BUCKETS:
                 raise KernelConfigError(f"{path}: {sk}: bucket {b!r} is not one of {T_BUCKETS}")
             out[sk][int(b)] = check_entry(entry, f"{path}: {sk}[{b}]")
+    for sk, buckets in d.get("dates", {}).items():
+        for b, when in buckets.items():
+            if b not in d["configs"].get(sk, {}):
+                raise KernelConfigError(f"{path}: dates: {sk}[{b}] dates no entry")
+            try:
+                datetime.fromisoformat(when)
+            except (TypeError, ValueError):
+                raise KernelConfigError(f"{path}: dates: {sk}[{b}] = {when!r} is not an ISO 8601 date") from None
     return out
 
 
@@ -148,6 +158,19 @@ def load_file(path: Path, *, model: bool = False) -> dict:
 def _tuned(gpu: str, dtype: str, triton_version: str) -> dict:
     p = config_path(gpu, dtype, triton_version)
     return load_file(p) if p.exists() else {}
+
+
+def _tuned_by(gpu: str, dtype: str, triton_version: str, date: str) -> dict:
+    """The tuned table as it was at ``date`` (ISO 8601): the entries measured by then (an entry
+    without a date predates every stored row)."""
+    p = config_path(gpu, dtype, triton_version)
+    if not p.exists():
+        return {}
+    dates = json.loads(p.read_text()).get("dates", {})
+    when = datetime.fromisoformat(date)
+    return {sk: kept for sk, buckets in _tuned(gpu, dtype, triton_version).items()
+            if (kept := {b: e for b, e in buckets.items()
+                         if str(b) not in dates.get(sk, {}) or datetime.fromisoformat(dates[sk][str(b)]) <= when})}
 
 
 def model_path(profile: str, dtype: str) -> Path:
@@ -227,13 +250,15 @@ def untuned_config(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: s
 
 
 def config_without_model(E: int, H: int, I: int, K: int, T: int, *, gpu: str, dtype: str, triton_version: str,
-                         interpret: bool = False) -> dict:
+                         interpret: bool = False, made: str | None = None) -> dict:
     """The entry ``select_config`` gives with no model table (variants resolved): the tuned one of
-    this GPU, dtype and Triton (T's bucket, else the nearest), else the heuristic. What a stored
-    measurement that did not record its entry ran, where it was made before the model tables."""
+    this GPU, dtype and Triton (T's bucket, else the nearest; ``made``: as the table was at that
+    ISO 8601 date), else the heuristic. What a stored measurement that did not record its entry
+    ran, where it was made before the model tables."""
     entry = None
     if not interpret:
-        entry, _ = _lookup(E, H, I, K, T, gpu, dtype, triton_version, _tuned, lambda *a: {})
+        tuned = _tuned if made is None else (lambda *a: _tuned_by(*a, made))
+        entry, _ = _lookup(E, H, I, K, T, gpu, dtype, triton_version, tuned, lambda *a: {})
     entry = entry or default_config(E, H, I, K, T, interpret=interpret)
     return resolve_variants({k: dict(v) for k, v in entry.items()}, H, I, dtype)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,18 +156,22 @@ def verdict(best_us: float, model_us: float, margin: float = KEEP_MARGIN) -> str
     return f"the model's choice stands: within {margin * 100:.0f}% ({best_us:.1f} us vs the model's {model_us:.1f})"
 
 
-def record(path: Path, gpu: str, dtype: str, triton_version: str, key: str, T: int, entry: dict | None) -> None:
-    """Set (``entry``) or drop (None) the tuned entry of ``key`` at T's bucket in file ``path``,
-    checked by the loader before it replaces the file."""
+def record(path: Path, gpu: str, dtype: str, triton_version: str, key: str, T: int, entry: dict | None,
+           date: str | None = None) -> None:
+    """Set (``entry``, measured at ``date``, ISO 8601, default now) or drop (None) the tuned entry
+    of ``key`` at T's bucket in file ``path``, checked by the loader before it replaces the file."""
     data = json.loads(path.read_text()) if path.exists() else {"gpu": gpu, "dtype": dtype, "triton": triton_version,
                                                                  "configs": {}}
     b = str(cfgs.bucket_of(T))
     if entry is not None:
         data["configs"].setdefault(key, {})[b] = entry
+        data.setdefault("dates", {}).setdefault(key, {})[b] = date or datetime.now(timezone.utc).isoformat(
+            timespec="seconds")
     elif b in data["configs"].get(key, {}):
-        del data["configs"][key][b]
-        if not data["configs"][key]:
-            del data["configs"][key]
+        for table in (data["configs"], data.get("dates", {})):
+            table.get(key, {}).pop(b, None)
+            if key in table and not table[key]:
+                del table[key]
     else:
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -101,6 +101,7 @@ def ran_gemms(row: dict, cfg) -> dict:
     from megamoe.kernels import configs
 
     kw = _config_kw(row.get("gpu", "NVIDIA H200"), row.get("triton"))  # predict_config's defaults
+    kw["made"] = row.get("date")  # the tuned table as it was when the row was measured
     H, T = cfg.hidden_size, int(row["T"])
     gemm = row.get("gemm_config") or configs.config_without_model(cfg.num_experts, H, cfg.intermediate_size,
                                                                   cfg.top_k, T, **kw)

@@ -109,6 +109,34 @@ def test_config_without_model_is_the_tuned_entry_else_the_heuristic(tables):
         cfgs.resolve_variants(cfgs.default_config(8, 64, 32, 2, 1, interpret=True), 64, 32, "bfloat16")
 
 
+def test_a_row_reprices_with_the_tuned_table_as_it_was_when_measured(tables, monkeypatch):
+    """``megamoe tune`` dates each entry it writes; a row measured before that date runs what came
+    before it (the heuristic here), one measured after runs the entry; an undated entry is older
+    than every row. A date that is not ISO 8601 is refused when the file is read."""
+    from megamoe.kernels import tune
+
+    monkeypatch.setattr("megamoe.kernels.moe.clear_caches", lambda: None)
+    path = cfgs.config_path("Fake GPU", "bfloat16", "t")
+    entry = {g: dict(cfgs.GEMM_OPTIONAL, BLOCK_M=16, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
+             for g in ("gemm1", "gemm2")}
+    tune.record(path, "Fake GPU", "bfloat16", "t", "E16_H64_I32_K2", 8, entry, date="2026-12-07T15:00:00+00:00")
+
+    def bn(E, T, made):
+        return cfgs.config_without_model(E, 64, 32, 2, T, triton_version="t", made=made, **tables)["gemm1"]["BLOCK_N"]
+
+    heuristic = cfgs.resolve_variants(cfgs.default_config(16, 64, 32, 2, 8), 64, 32, "bfloat16")["gemm1"]["BLOCK_N"]
+    assert bn(16, 8, "2026-12-07T14:59:59+00:00") == heuristic != 256
+    assert bn(16, 8, "2026-12-07T15:00:00+00:00") == 256
+    assert bn(8, 1, "2020-01-01T00:00:00+00:00") == 128  # undated
+    tune.record(path, "Fake GPU", "bfloat16", "t", "E16_H64_I32_K2", 8, None)
+    assert "dates" in json.loads(path.read_text()) and "E16_H64_I32_K2" not in json.loads(path.read_text())["dates"]
+    bad = json.loads(path.read_text())
+    bad["dates"] = {"E8_H64_I32_K2": {"1": "yesterday"}}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(cfgs.KernelConfigError, match="'yesterday' is not an ISO 8601 date"):
+        cfgs.load_file(path)
+
+
 def test_multi_configs_are_select_configs_with_their_source(tables):
     """What measure.py records for a multi row: select_config's entry and config_source's word; the
     shared experts' entry only for a layer that has them."""
