@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import configs as cfgs
@@ -165,7 +165,7 @@ def record(path: Path, gpu: str, dtype: str, triton_version: str, key: str, T: i
     b = str(cfgs.bucket_of(T))
     if entry is not None:
         data["configs"].setdefault(key, {})[b] = entry
-        data.setdefault("dates", {}).setdefault(key, {})[b] = date or datetime.now(timezone.utc).isoformat(
+        data.setdefault("dates", {}).setdefault(key, {})[b] = date or datetime.now(UTC).isoformat(
             timespec="seconds")
     elif b in data["configs"].get(key, {}):
         for table in (data["configs"], data.get("dates", {})):
