@@ -18,7 +18,8 @@ GPU: with ``torch.cuda._sleep`` queued first, the call returns while the sleep s
 (``bad_routing_raised_by``, ``bad_routing_message``). Each row's output is checked against the
 float64 reference (``err_max`` / ``err_rms``, normalized; rows 0 and T-1, on the routing the
 kernels used) and against a call with every cache dropped (``same_as_uncached``: bitwise). Last,
-per backend a cProfile top-20 of 200 eager T = 1 ``moe_forward`` calls of the first preset. Rows
+per backend a cProfile top-20 of 200 eager T = 1 ``moe_forward`` calls, and of 200 ``moe_experts``
+calls, of the first preset. Rows
 go to the JSONL file as they finish (with the GPU, versions, commit and date) and print as a
 table. About 5 minutes on an H100, compiles included (no case starts after ``--budget-s``); exit
 status 1 if any row failed a check.
@@ -237,20 +238,29 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
     return out
 
 
-def profile_top(cfg, w, dev, dtype, backend: str, calls: int = PROFILE_CALLS) -> str:
-    """cProfile's top 20 (cumulative) of ``calls`` eager T = 1 moe_forward calls."""
+def profile_top(cfg, w, dev, dtype, backend: str, calls: int = PROFILE_CALLS, entry: str = "moe_forward") -> str:
+    """cProfile's top 20 (cumulative) of ``calls`` eager T = 1 calls of ``entry`` ("moe_forward" or
+    "moe_experts", on one token's K distinct experts)."""
     import torch
 
-    from megamoe.kernels import moe_forward
+    from megamoe.kernels import moe_experts, moe_forward
 
     x = torch.randn((1, cfg.hidden_size), device=dev, dtype=dtype)
+    idx = torch.randperm(cfg.num_experts)[:cfg.top_k].view(1, -1).to(device=dev, dtype=torch.int32)
+    tw = torch.rand((1, cfg.top_k), device=dev)
+
+    def call():
+        if entry == "moe_experts":
+            return moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend)
+        return moe_forward(x, w, cfg, backend=backend)
+
     for _ in range(3):
-        moe_forward(x, w, cfg, backend=backend)
+        call()
     _sync(dev)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
-        moe_forward(x, w, cfg, backend=backend)
+        call()
     prof.disable()
     _sync(dev)
     buf = io.StringIO()
@@ -358,10 +368,12 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     cfg, w = first_w
     for b in backends:
-        n = PROFILE_CALLS if not args.smoke else 2
-        text = profile_top(cfg, w, dev, dtype, b, calls=n)
-        log({"preset": presets[0], "T": 1, "backend": b, "entry": "cprofile", "calls": n, "top20": text})
-        print(text, flush=True)
+        for entry in ("moe_forward", "moe_experts"):
+            n = PROFILE_CALLS if not args.smoke else 2
+            text = profile_top(cfg, w, dev, dtype, b, calls=n, entry=entry)
+            log({"preset": presets[0], "T": 1, "backend": b, "entry": "cprofile" if entry == "moe_forward"
+                 else "cprofile_moe_experts", "calls": n, "top20": text})
+            print(f"{presets[0]} T=1 {b} {entry}:\n{text}", flush=True)
     print(f"# {len(rows)} rows appended to {out}", flush=True)
     bad = [r for r in rows if r.get("error") or r.get("same_as_uncached") is False or r.get("err_ok") is False
            or r.get("returned_during_sleep") is False or (r.get("entry") == "moe_experts" and r["T"]

@@ -219,11 +219,12 @@ def test_deferred_error_message_from_the_flag_when_the_routing_changed(monkeypat
 
 
 def test_compiled_calls_never_poll(rng, device, monkeypatch):
-    """Under torch.compile (fullgraph) moe_forward and moe_experts leave pending checks alone (an
-    event query cannot be traced); the next eager call polls them."""
+    """Under torch.compile (fullgraph) the layer (a ``bind`` closure: torch 2.11's dynamo cannot
+    rebuild the frozen MoEConfig that moe_forward takes) and moe_experts leave pending checks alone
+    (an event query cannot be traced); the next eager call polls them."""
     from collections import deque
 
-    from megamoe.kernels import checks, moe_experts, moe_forward
+    from megamoe.kernels import bind, checks, moe_experts, moe_forward
 
     ev = _Event(done=False)
     queries = []
@@ -235,7 +236,8 @@ def test_compiled_calls_never_poll(rng, device, monkeypatch):
     x = device.tensor(rng.standard_normal((2, QWEN.hidden_size)))
     idx = torch.tensor([[0, 1, 2], [3, 4, 5]], device=device.name)
     tw = torch.ones((2, 3), device=device.name)
-    f = torch.compile(lambda a: moe_forward(a, w, QWEN) + moe_experts(a, idx, tw, w.gate_up, w.down),
+    layer = bind(w, QWEN)
+    f = torch.compile(lambda a: layer(a) + moe_experts(a, idx, tw, w.gate_up, w.down),
                       fullgraph=True, backend="eager")
     f(x)
     assert not queries
@@ -258,12 +260,13 @@ def test_bench_host_smoke(tmp_path):
     rows = [json.loads(s) for s in out.read_text().splitlines()]
     assert rc == 0
     by = {r["entry"]: r for r in rows}
-    assert set(by) == {"moe_forward", "bind", "bind_graphs", "moe_experts", "cprofile"}
+    assert set(by) == {"moe_forward", "bind", "bind_graphs", "moe_experts", "cprofile", "cprofile_moe_experts"}
     for e in ("moe_forward", "bind", "bind_graphs", "moe_experts"):
         assert by[e]["err_ok"] and by[e]["same_as_uncached"] and by[e]["enqueue_us"] > 0, e
     assert by["moe_experts"]["bad_routing_raised_by"] == "the call"  # the interpreter: synchronous
     assert "token 1, slot 0" in by["moe_experts"]["bad_routing_message"]
     assert "moe_forward" in by["cprofile"]["top20"]
+    assert "moe_experts" in by["cprofile_moe_experts"]["top20"]
 
 
 @pytest.mark.gpu
