@@ -383,6 +383,19 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
     return y
 
 
+def _experts_eager(args: tuple, flag: torch.Tensor | None) -> torch.Tensor:
+    """``_experts(*args)`` of an eager call, through a tape (``_taped``) up to TAPE_MAX_TOKENS
+    tokens: x, the routing, the weights and this call's check flag (None: the sticky one, kept)
+    are its per-call tensors."""
+    x, idx, tw, gu, dn, gub, dnb = args[:7]
+    T = x.shape[0]
+    if T == 0 or T > TAPE_MAX_TOKENS or checks.capturing(x.device):
+        return _experts(*args)
+    key = ("experts", T, idx.shape[1], idx.dtype, tw.dtype, tuple(gu.shape), x.dtype, gub is None, dnb is None,
+           x.device.index, *args[7:])
+    return _taped((x, idx, tw, gu, dn, gub, dnb, flag), key, lambda: _experts(*args))
+
+
 @lru_cache(maxsize=1024)
 def _experts_backend(E: int, H: int, I: int, K: int, T: int, dtype: torch.dtype, device: torch.device) -> str:
     """moe_experts' "auto": the backend the layer of this expert shape takes at T (select_backend), cached."""
@@ -512,7 +525,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Ten
             activation, float(alpha), float(limit), bool(deterministic), backend, not read)
     tensors = (topk_idx, topk_weights, gate_up, down, gate_up_bias, down_bias)
     if not traced and all(type(t) in PLAIN for t in tensors if t is not None) and _direct(x, tensors):
-        y = _experts(*args)
+        y = _experts_eager(args, flag if read else None)
     else:
         y = torch.ops.megamoe.moe_experts(*args)
     if read and gpu:
@@ -577,9 +590,9 @@ def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backe
                            lambda: _forward_buffers(x, plan, config, fp8, gated))
         return _forward(x, weights, config, deterministic, plan=plan, fp8_activations=fp8_activations, buffers=ws)
 
-    if not taped or T > TAPE_MAX_TOKENS or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if not taped or T > TAPE_MAX_TOKENS or checks.capturing(x.device):
         return run()
-    return _taped(x, weights, config, (id(weights), id(config), id(plan), T, x.dtype, x.device.index), run)
+    return _taped((x,), (id(weights), id(config), id(plan), T, x.dtype, x.device.index), run, (weights, config))
 
 
 #: the most tokens an eager call replays recorded launches for (above it the GPU time hides the host's)
@@ -592,29 +605,34 @@ _tapes: OrderedDict = OrderedDict()  # (shape key, stream, thread) -> its Tape, 
 _tape_owners: set[int] = set()  # id of each weights object whose death drops its tapes
 
 
-def _taped(x, weights, config, shape_key: tuple, run) -> torch.Tensor:
+def _taped(inputs: tuple, shape_key: tuple, run, owner: tuple | None = None) -> torch.Tensor:
     """``run()``'s y: the first call of a shape key on this stream and thread runs plain (it makes
-    the kept buffers), the next records its launches (tape.py), later ones replay them."""
-    stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+    the kept buffers), the next records its launches (tape.py), later ones replay them. ``inputs``:
+    the per-call tensors, x first; ``owner``: (weights, config) a layer's tape holds, checked at
+    each replay (the tape is dropped with the weights object)."""
+    x = inputs[0]
+    stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
     key = (shape_key, stream, threading.get_ident())
     hit = _tapes.get(key)
     if type(hit) is Tape:
-        if hit.owner() is weights and hit.config is config and hit.fits(x):
-            return hit.replay(x, stream)
+        if (owner is None or (hit.owner() is owner[0] and hit.config is owner[1])) and hit.fits(inputs):
+            return hit.replay(inputs, stream)
         return run()
     seen = hit or 0
     if seen == 0 or seen > TAPE_TRIES:
         _tapes[key] = min(seen + 1, TAPE_TRIES + 1)
         _trim_tapes()
         return run()
-    y, tp, _why = record(x, run)
+    y, tp, _why = record(inputs, run)
     if tp is None:
         _tapes[key] = seen + 1
         return y
-    tp.owner, tp.config = weakref.ref(weights), config
-    if id(weights) not in _tape_owners:
-        _tape_owners.add(id(weights))
-        weakref.finalize(weights, _drop_tapes, id(weights))
+    if owner is not None:
+        weights = owner[0]
+        tp.owner, tp.config = weakref.ref(weights), owner[1]
+        if id(weights) not in _tape_owners:
+            _tape_owners.add(id(weights))
+            weakref.finalize(weights, _drop_tapes, id(weights))
     _tapes[key] = tp
     _trim_tapes()
     return y

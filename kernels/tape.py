@@ -1,28 +1,33 @@
 """An eager call's Triton launches, recorded once and replayed: the host side of a layer call
-without Triton's per-call argument binding.
+without Triton's per-call argument binding (under TRITON_INTERPRET=1 the same recording, each
+launch then run again by the interpreter: the CPU tests replay what a GPU replays).
 
 Launching a Triton kernel from Python binds and specializes every argument and checks every
 global the kernel reads, each call; for the megakernel (about 90 arguments) that is most of an
 eager call's host time. A layer call of a fixed shape makes the same launches each time, with the
 same buffers, except for x and y. So ``record(x, run)`` runs ``run()`` once while watching it:
 - every Triton launch it makes (``JITFunction.run``, the path of ``kernel[grid](...)``) is kept as
-  (compiled kernel, grid, its arguments in signature order), x and y replaced by slots;
+  (compiled kernel, grid, its arguments in signature order), the per-call tensors (``inputs``: x,
+  and for ``moe_experts`` the routing, the weights and the check's flag) and y replaced by slots;
 - a torch dispatch mode sees every torch op; anything but allocation and views (a fill, a copy, a
   host read, a library GEMM) is GPU work the launches alone would not repeat, and the call gets
   no tape;
-- a launch argument that views x's or y's memory without being x or y (a slice, a TMA descriptor
-  over it) would keep the recorded call's memory, so it too gives no tape.
-``Tape.replay(x)`` then makes y and runs each compiled kernel's launcher with the kept
-arguments. The caller keys tapes by everything that fixes the launches (moe.py ``_layer``).
+- a launch argument that views part of a per-call tensor (x, y, or another of the caller's
+  ``inputs``) without being it (a slice) would keep the recorded call's memory, so it too gives no
+  tape; a TMA descriptor over a whole input is remade over the new one at each replay.
+``Tape.replay(inputs)`` then makes y and runs each compiled kernel's launcher with the kept
+arguments. The caller keys tapes by everything that fixes the launches (moe.py ``_taped``).
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
+from dataclasses import is_dataclass, replace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 #: torch ops a recorded call may make: allocation and views, no work on the device
@@ -32,35 +37,37 @@ ALLOWED_OPS = frozenset({
     "aten::as_strided", "aten::alias", "aten::detach", "aten::slice.Tensor", "aten::select.int",
 })
 
-_X, _Y = object(), object()  # slot markers in a step's arguments
-
-
 class Refused(Exception):
     """Why a recorded call gives no tape."""
 
 
-class Tape:
-    """The launches of one recorded call; ``replay(x)`` -> y, a fresh (T, H) tensor like x."""
+Y = -1  # the slot of the call's output
 
-    def __init__(self, steps: list, y_shape: tuple, x_aligned: bool):
-        self.steps = steps  # (runner, arguments with slots, x positions, y positions)
+
+class Tape:
+    """The launches of one recorded call; ``replay(inputs)`` -> y, a fresh tensor like the first input."""
+
+    def __init__(self, steps: list, y_shape: tuple, aligned: tuple):
+        self.steps = steps  # (runner, arguments, ((position, slot), ...), ((position, slot, view shape), ...))
         self.y_shape = y_shape
-        self.x_aligned = x_aligned  # the recorded x was 16-byte aligned: so must each replayed x be
+        self.aligned = aligned  # per input: it was 16-byte aligned when recorded (Triton specialized on it)
         self.owner = self.config = None  # set by the caller: what the tape was recorded for
 
-    def fits(self, x: torch.Tensor) -> bool:
-        """Whether x may stand in the recorded x's place: contiguous and, where the kernels were
-        specialized for it, 16-byte aligned."""
-        return x.is_contiguous() and (not self.x_aligned or x.data_ptr() % 16 == 0)
+    def fits(self, inputs: tuple) -> bool:
+        """Whether these inputs may stand in the recorded ones' place: contiguous and, where the
+        kernels were specialized for it, 16-byte aligned."""
+        return all(t is None or (t.is_contiguous() and (not a or t.data_ptr() % 16 == 0))
+                   for t, a in zip(inputs, self.aligned))
 
-    def replay(self, x: torch.Tensor, stream: int) -> torch.Tensor:
+    def replay(self, inputs: tuple, stream: int) -> torch.Tensor:
+        x = inputs[0]
         y = torch.empty(self.y_shape, device=x.device, dtype=x.dtype)
-        for runner, vals, xs, ys in self.steps:
+        for runner, vals, slots, descs in self.steps:
             args = list(vals)
-            for i in xs:
-                args[i] = x
-            for i in ys:
-                args[i] = y
+            for i, k in slots:
+                args[i] = y if k == Y else inputs[k]
+            for i, k, shape in descs:  # a TMA descriptor over a whole input: the same over this one
+                args[i] = replace(args[i], base=inputs[k].view(shape))
             runner(*args, stream=stream)
         return y
 
@@ -80,25 +87,32 @@ class _Ops(TorchDispatchMode):
 
 _active: dict = {}  # thread id -> the launches its recording has seen
 _lock = threading.Lock()
-_ORIGINAL_RUN = JITFunction.run  # put back when no thread records
-_jit_run = JITFunction.run  # what a recorded launch runs (a test's fake stands in here without a GPU)
+KINDS = (JITFunction, InterpretedFunction)  # a GPU's compiled kernels, the interpreter's (TRITON_INTERPRET=1)
+_ORIGINAL = {kind: kind.run for kind in KINDS}  # put back when no thread records
+_launch = dict(_ORIGINAL)  # what a recorded launch runs, per kind (a test's fake stands in without a GPU)
 
 
-def _recording_run(self, *args, grid, warmup, **kwargs):
-    kernel = _jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-    seen = _active.get(threading.get_ident())
-    if seen is not None and not warmup:
-        seen.append((self, grid, args, kwargs, kernel))
-    return kernel
+def _recording(kind):
+    def run(self, *args, grid, warmup, **kwargs):
+        with _disable_current_modes():  # the launch's own torch work (the interpreter's copies) is the launch's
+            kernel = _launch[kind](self, *args, grid=grid, warmup=warmup, **kwargs)
+        seen = _active.get(threading.get_ident())
+        if seen is not None and not warmup:
+            seen.append((self, grid, args, kwargs, kernel))
+        return kernel
+
+    return run
 
 
-def record(x: torch.Tensor, run) -> tuple[torch.Tensor, Tape | None, str | None]:
-    """(y, its tape or None, why not) of ``run()``, the call on x that returns y."""
+def record(inputs: tuple, run) -> tuple[torch.Tensor, Tape | None, str | None]:
+    """(y, its tape or None, why not) of ``run()``, the call that returns y. ``inputs``: the
+    tensors (or None) that change from call to call, x first; every other launch argument is kept."""
     seen: list = []
     ops = _Ops()
     with _lock:
         if not _active:
-            JITFunction.run = _recording_run
+            for kind in KINDS:
+                kind.run = _recording(kind)
         _active[threading.get_ident()] = seen
     try:
         with ops:
@@ -107,36 +121,57 @@ def record(x: torch.Tensor, run) -> tuple[torch.Tensor, Tape | None, str | None]
         with _lock:
             del _active[threading.get_ident()]
             if not _active:
-                JITFunction.run = _ORIGINAL_RUN
+                for kind in KINDS:
+                    kind.run = _ORIGINAL[kind]
     if ops.bad is not None:
         return y, None, f"the call ran {ops.bad}"
     try:
-        steps = [_step(x, y, *s) for s in seen]
+        steps = [_step(inputs, y, *s) for s in seen]
     except Refused as e:
         return y, None, str(e)
-    if not any(ys for *_, ys in steps):
+    if not any(k == Y for _, _, slots, _ in steps for _, k in slots):
         return y, None, "no launch wrote y"
-    return y, Tape(steps, tuple(y.shape), x.data_ptr() % 16 == 0), None
+    aligned = tuple(t is not None and t.data_ptr() % 16 == 0 for t in inputs)
+    return y, Tape(steps, tuple(y.shape), aligned), None
 
 
-def _step(x, y, fn: JITFunction, grid, args, kwargs, kernel):
-    if callable(grid) or kernel is None or not hasattr(kernel, "__getitem__"):
-        raise Refused(f"{fn.__name__}: a grid function or no compiled kernel")
-    names = fn.signature.parameters
-    bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
+def _step(inputs: tuple, y, fn, grid, args, kwargs, kernel):
+    name = fn.fn.__name__
+    interpreted = isinstance(fn, InterpretedFunction)
+    if callable(grid) or not (interpreted or hasattr(kernel, "__getitem__")):
+        raise Refused(f"{name}: a grid function or no compiled kernel")
+    sig = inspect.signature(fn.fn)
+    bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
     bound.apply_defaults()
     vals = list(bound.arguments.values())
     if any(v is inspect.Parameter.empty for v in vals):
-        raise Refused(f"{fn.__name__}: an argument without a value")
-    xs, ys = [], []
+        raise Refused(f"{name}: an argument without a value")
+    live = [(k, t) for k, t in enumerate(inputs) if t is not None] + [(Y, y)]
+    slots, descs = [], []
     for i, v in enumerate(vals):
-        if v is x or v is y:
-            (xs if v is x else ys).append(i)
+        k = next((k for k, t in live if v is t), None)
+        if k is not None:
+            slots.append((i, k))
             vals[i] = None
-        elif _overlaps(v, x) or _overlaps(v, y):
-            raise Refused(f"{fn.__name__}: argument {list(names)[i]} views x or y")
+            continue
+        base = getattr(v, "base", None) if is_dataclass(v) else None
+        whole = next((k for k, t in live if isinstance(base, torch.Tensor) and base.data_ptr() == t.data_ptr()
+                      and base.numel() == t.numel() and base.is_contiguous() and t.is_contiguous()), None)
+        if whole is not None and whole != Y:
+            descs.append((i, whole, tuple(base.shape)))
+        elif any(_overlaps(v, t) for _, t in live):
+            raise Refused(f"{name}: argument {list(sig.parameters)[i]} views a per-call tensor in part")
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    return kernel[grid], tuple(vals), tuple(xs), tuple(ys)
+    runner = _interpreted(fn, grid) if interpreted else kernel[grid]
+    return runner, tuple(vals), tuple(slots), tuple(descs)
+
+
+def _interpreted(fn, grid):
+    """The interpreter's runner of ``fn`` on ``grid``: the kernel run again, program by program."""
+    def runner(*args, stream=None):
+        _ORIGINAL[InterpretedFunction](fn, *args, grid=grid, warmup=False)
+
+    return runner
 
 
 def _overlaps(v, t: torch.Tensor) -> bool:

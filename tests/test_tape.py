@@ -20,30 +20,44 @@ def _axpb(x_ptr, b_ptr, y_ptr, n, SCALE=2):  # a kernel's signature: tensors, an
     pass
 
 
+def _rows(desc, y_ptr, n):  # a kernel reading through a TMA descriptor: y = desc's first n elements
+    pass
+
+
 class _Compiled:
-    """A compiled kernel's stand-in: ``[grid]`` gives a runner that computes y = SCALE * x + b."""
+    """A compiled kernel's stand-in: ``[grid]`` gives a runner that computes y = SCALE * x + b
+    (``_axpb``) or copies a descriptor's rows (``_rows``)."""
 
     launches = 0
 
+    def __init__(self, name: str):
+        self.name = name
+
     def __getitem__(self, grid):
-        def runner(x, b, y, n, scale, stream=None):
+        def axpb(x, b, y, n, scale, stream=None):
             _Compiled.launches += 1
             with _disable_current_modes():
                 y[:n] = scale * x[:n] + b[:n]
 
-        return runner
+        def rows(desc, y, n, stream=None):
+            _Compiled.launches += 1
+            with _disable_current_modes():
+                y[:n] = desc.base.reshape(-1)[:n]
+
+        return axpb if self.name == "_axpb" else rows
 
 
 def _fake_run(self, *args, grid, warmup, **kwargs):
     bound = self.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in self.signature.parameters})
     bound.apply_defaults()
-    _Compiled()[grid](*bound.arguments.values())
-    return _Compiled()
+    compiled = _Compiled(self.fn.__name__)
+    compiled[grid](*bound.arguments.values())
+    return compiled
 
 
 @pytest.fixture
 def kernel(monkeypatch):
-    monkeypatch.setattr(tape, "_jit_run", _fake_run)
+    monkeypatch.setitem(tape._launch, JITFunction, _fake_run)
     return JITFunction(_axpb)
 
 
@@ -56,15 +70,34 @@ def test_replay_swaps_x_and_y_and_keeps_the_rest(kernel):
         kernel[(1,)](x, b, y, 7, num_warps=4)
         return y
 
-    y, tp, why = tape.record(x, run)
+    y, tp, why = tape.record((x,), run)
     assert why is None and tp is not None
     assert torch.equal(y, 2 * x + b)
-    assert JITFunction.run is tape._ORIGINAL_RUN, "the launch path is put back after recording"
+    assert JITFunction.run is tape._ORIGINAL[JITFunction], "the launch path is put back after recording"
     x2 = torch.randn(7)
     before = _Compiled.launches
-    y2 = tp.replay(x2, stream=0)
+    y2 = tp.replay((x2,), stream=0)
     assert _Compiled.launches == before + 1
     assert y2 is not y and torch.equal(y2, 2 * x2 + b), "a fresh y from the new x, b kept"
+
+
+def test_every_input_is_a_slot_and_a_descriptor_over_a_whole_one_is_remade(kernel):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = JITFunction(_rows)
+    x, b = torch.randn(8), torch.randn(8)
+
+    def run(x=x, b=b):
+        y = torch.empty(8)
+        kernel[(1,)](x, b, y, 8)
+        rows[(1,)](TensorDescriptor.from_tensor(b.view(2, 4), [2, 4]), y, 4)  # y[:4] = b[:4]
+        return y
+
+    y, tp, why = tape.record((x, b), run)
+    assert why is None and torch.equal(y, torch.cat([b[:4], 2 * x[4:] + b[4:]]))
+    x2, b2 = torch.randn(8), torch.randn(8)
+    y2 = tp.replay((x2, b2), stream=0)
+    assert torch.equal(y2, torch.cat([b2[:4], 2 * x2[4:] + b2[4:]])), "b2 read through a descriptor remade over it"
 
 
 def test_a_torch_op_beside_the_launches_gives_no_tape(kernel):
@@ -76,7 +109,7 @@ def test_a_torch_op_beside_the_launches_gives_no_tape(kernel):
         y.mul_(3)  # work the launches alone would not repeat
         return y
 
-    y, tp, why = tape.record(x, run)
+    y, tp, why = tape.record((x,), run)
     assert tp is None and "aten::mul_" in why
     assert torch.allclose(y, 3 * (2 * x + x))
 
@@ -89,13 +122,13 @@ def test_an_argument_viewing_x_gives_no_tape(kernel):
         kernel[(1,)](x[4:], x, y, 4)  # a view of x: the replay would read the recorded x
         return y
 
-    _, tp, why = tape.record(x, run)
-    assert tp is None and "x_ptr views x or y" in why
+    _, tp, why = tape.record((x,), run)
+    assert tp is None and "x_ptr views a per-call tensor in part" in why
 
 
 def test_a_grid_function_or_no_launch_gives_no_tape(kernel):
     x = torch.randn(3)
-    _, tp, why = tape.record(x, lambda: torch.empty(3))
+    _, tp, why = tape.record((x,), lambda: torch.empty(3))
     assert tp is None and why == "no launch wrote y"
 
     def run():
@@ -103,36 +136,68 @@ def test_a_grid_function_or_no_launch_gives_no_tape(kernel):
         kernel[lambda meta: (1,)](x, x, y, 3)
         return y
 
-    _, tp, why = tape.record(x, run)
+    _, tp, why = tape.record((x,), run)
     assert tp is None and "grid function" in why
 
 
-def test_fits_asks_what_the_recorded_x_was_specialized_for():
-    tp = tape.Tape([], (4, 8), x_aligned=True)
+def test_fits_asks_what_the_recorded_inputs_were_specialized_for():
+    tp = tape.Tape([], (4, 8), aligned=(True, False))
     x = torch.zeros(40)
-    assert tp.fits(x[:32].view(4, 8))
-    assert not tp.fits(x[1:33].view(4, 8)), "4 bytes off a 16-byte boundary"
-    assert not tp.fits(torch.zeros(8, 4).t())
-    assert tape.Tape([], (4, 8), x_aligned=False).fits(x[1:33].view(4, 8))
+    assert tp.fits((x[:32].view(4, 8), None))
+    assert not tp.fits((x[1:33].view(4, 8), None)), "4 bytes off a 16-byte boundary"
+    assert tp.fits((x[:32].view(4, 8), x[1:33])), "the second input was not aligned when recorded"
+    assert not tp.fits((torch.zeros(8, 4).t(), None))
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["megakernel", "multi"])
-def test_replayed_eager_calls_are_fresh_calls(backend):
-    """Eager calls on fresh x each time: the third and later replay a tape, bitwise a fresh call's y."""
+def test_replayed_eager_calls_are_fresh_calls(backend, device):
+    """Eager calls on fresh x each time: the third and later replay a tape (on a GPU the compiled
+    kernels' launchers, under the interpreter the kernels run again), bitwise a fresh call's y."""
     from megamoe.kernels import moe
     from megamoe.reference import MoEConfig, random_weights
 
-    cfg = MoEConfig(hidden_size=256, intermediate_size=128, num_experts=16, top_k=4, name="tape")
-    w = random_weights(cfg, seed=3).to_torch("cuda", torch.bfloat16)
+    cfg = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, num_shared_experts=1,
+                    shared_intermediate_size=16, name="tape")
+    w = random_weights(cfg, seed=3).to_torch(device.name, device.torch_dtype())
     rng = np.random.default_rng(5)
     moe.clear_caches()
-    for T in (1, 7, 64):
+    tokens = (1, 7) if device.name == "cpu" else (1, 7, 64)
+    for T in tokens:
         for _ in range(4):
-            x = torch.tensor(rng.standard_normal((T, cfg.hidden_size)), dtype=torch.bfloat16, device="cuda")
+            x = device.tensor(rng.standard_normal((T, cfg.hidden_size)))
             y = moe.moe_forward(x, w, cfg, backend=backend)
             fresh = moe._layer(x, w, cfg, True, backend)
             assert torch.equal(y, fresh), f"T={T}"
     tapes = [v for v in moe._tapes.values() if type(v) is tape.Tape]
-    assert len(tapes) == 3, f"a tape per T: {list(moe._tapes.values())}"
+    assert len(tapes) == len(tokens), f"a tape per T: {list(moe._tapes.values())}"
+    moe.clear_caches()
+
+
+@pytest.mark.parametrize("backend", ["megakernel", "multi"])
+def test_replayed_moe_experts_calls_take_every_tensor_anew(backend, device):
+    """moe_experts calls on fresh x, routing and weights each time: the replays give a plain call's
+    y bitwise, and a bad routing in a replayed call is still reported with its token and slot."""
+    from megamoe.kernels import KernelInputError, check_routing, moe
+    from megamoe.kernels.moe import moe_experts
+
+    E, H, I, K, T = 8, 64, 32, 2, 5
+    rng = np.random.default_rng(9)
+    dt = device.torch_dtype()
+    moe.clear_caches()
+    for call in range(5):
+        x = device.tensor(rng.standard_normal((T, H)))
+        gu = device.tensor(rng.standard_normal((E, 2 * I, H)) / 8)
+        dn = device.tensor(rng.standard_normal((E, H, I)) / 6)
+        idx = torch.as_tensor(np.stack([rng.permutation(E)[:K] for _ in range(T)]), device=device.name)
+        tw = torch.as_tensor(rng.uniform(0.1, 1.0, (T, K)), dtype=torch.float32, device=device.name)
+        y = moe_experts(x, idx, tw, gu, dn, backend=backend)
+        plain = moe._experts(x, idx.to(torch.int32), tw, gu, dn, None, None, "silu_gated", 1.702, 7.0, True,
+                             backend, True)
+        assert y.dtype == dt and torch.equal(y, plain), f"call {call}"
+    assert sum(type(v) is tape.Tape for v in moe._tapes.values()) == 1
+    bad = idx.clone()
+    bad[3, 1] = E  # out of range
+    with pytest.raises(KernelInputError, match=r"topk_idx\[3, 1\] = 8 \(token 3, slot 1\)"):
+        moe_experts(x, bad, tw, gu, dn, backend=backend)
+        check_routing(device.name)  # a GPU reports it later
     moe.clear_caches()
