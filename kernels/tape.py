@@ -94,10 +94,12 @@ _launch = dict(_ORIGINAL)  # what a recorded launch runs, per kind (a test's fak
 
 def _recording(kind):
     def run(self, *args, grid, warmup, **kwargs):
+        seen = _active.get(threading.get_ident())
+        if seen is None:  # another thread's launch, while this one records
+            return _launch[kind](self, *args, grid=grid, warmup=warmup, **kwargs)
         with _disable_current_modes():  # the launch's own torch work (the interpreter's copies) is the launch's
             kernel = _launch[kind](self, *args, grid=grid, warmup=warmup, **kwargs)
-        seen = _active.get(threading.get_ident())
-        if seen is not None and not warmup:
+        if not warmup:
             seen.append((self, grid, args, kwargs, kernel))
         return kernel
 
