@@ -384,14 +384,10 @@ def _experts(x, topk_idx, topk_w, gate_up, down, gate_up_bias, down_bias, activa
 
 
 def _experts_eager(args: tuple, flag: torch.Tensor | None) -> torch.Tensor:
-    """``_experts(*args)`` of an eager call, through a tape (``_taped``) up to TAPE_MAX_TOKENS
-    tokens: x, the routing, the weights and this call's check flag (None: the sticky one, kept)
-    are its per-call tensors."""
+    """``_experts(*args)`` of an eager call, through a tape (``_taped``): x, the routing, the
+    weights and this call's check flag (None: the sticky one, kept) are its per-call tensors."""
     x, idx, tw, gu, dn, gub, dnb = args[:7]
-    T = x.shape[0]
-    if T == 0 or T > TAPE_MAX_TOKENS or checks.capturing(x.device):
-        return _experts(*args)
-    key = ("experts", T, idx.shape[1], idx.dtype, tw.dtype, tuple(gu.shape), x.dtype, gub is None, dnb is None,
+    key = ("experts", x.shape[0], idx.shape[1], idx.dtype, tw.dtype, tuple(gu.shape), x.dtype, gub is None, dnb is None,
            x.device.index, *args[7:])
     return _taped((x, idx, tw, gu, dn, gub, dnb, flag), key, lambda: _experts(*args))
 
@@ -590,7 +586,7 @@ def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backe
                            lambda: _forward_buffers(x, plan, config, fp8, gated))
         return _forward(x, weights, config, deterministic, plan=plan, fp8_activations=fp8_activations, buffers=ws)
 
-    if not taped or T > TAPE_MAX_TOKENS or checks.capturing(x.device):
+    if not taped:
         return run()
     return _taped((x,), (id(weights), id(config), id(plan), T, x.dtype, x.device.index), run, (weights, config))
 
@@ -609,8 +605,11 @@ def _taped(inputs: tuple, shape_key: tuple, run, owner: tuple | None = None) -> 
     """``run()``'s y: the first call of a shape key on this stream and thread runs plain (it makes
     the kept buffers), the next records its launches (tape.py), later ones replay them. ``inputs``:
     the per-call tensors, x first; ``owner``: (weights, config) a layer's tape holds, checked at
-    each replay (the tape is dropped with the weights object)."""
+    each replay (the tape is dropped with the weights object). No tape for T = 0, above
+    TAPE_MAX_TOKENS or inside a CUDA-graph capture."""
     x = inputs[0]
+    if not 0 < x.shape[0] <= TAPE_MAX_TOKENS or checks.capturing(x.device):
+        return run()
     stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
     key = (shape_key, stream, threading.get_ident())
     hit = _tapes.get(key)
