@@ -105,10 +105,13 @@ def provenance(rows: list[dict]) -> dict:
         flat.append({"device": p.get("gpu") or machine.get("cpu") or p.get("cpu"),
                      "torch": p.get("torch"), "triton": p.get("triton"), "cuda": p.get("cuda") or _cuda_of(p.get("torch")),
                      "python": versions.get("python") or p.get("python"), "numba": versions.get("numba") or p.get("numba"),
-                     "commit": p.get("commit") or p.get("git_commit"), "date": (p.get("date") or "")[:10] or None})
+                     "commit": p.get("commit") or p.get("git_commit"), "date": (p.get("date") or "")[:10] or None,
+                     "dirty": p.get("dirty")})
     out = {k: _most_common(f[k] for f in flat) for k in ("device", "commit", "date")}
     if out["commit"]:
         out["commit"] = re.sub(r"^([0-9a-f]{7})[0-9a-f]*", r"\1", out["commit"])  # 7 hex digits; a suffix kept
+    if _most_common(f["dirty"] for f in flat if f["dirty"] is not None) is True:
+        out["dirty"] = True  # made from the commit with uncommitted changes
     out["versions"] = {k: v for k in ("torch", "triton", "cuda", "python", "numba")
                        if (v := _most_common(f[k] for f in flat))}
     return out
@@ -142,7 +145,7 @@ def build_index(old: dict[str, dict] | None = None) -> list[dict]:
         line = {"gpu": gpu, "device": prov["device"] or keep.get("device"),
                 "versions": prov["versions"] or keep.get("versions", {}), "commit": prov["commit"] or keep.get("commit"),
                 "date": prov["date"] or keep.get("date"), "question": question, "path": rel, "rows": len(rows),
-                "tool": QUESTIONS[question][1]}
+                "tool": QUESTIONS[question][1], **({"dirty": True} if prov.get("dirty") else {})}
         lines.append(line)
     return lines
 
@@ -176,13 +179,19 @@ def md_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
 
 
+def commit_text(e: dict) -> str:
+    """An index entry's commit as the tables print it: "-" for none, and saying so where the rows
+    were made with uncommitted changes on top of it."""
+    return str(e["commit"] or "-") + (" with uncommitted changes" if e.get("dirty") else "")
+
+
 def prov_text(entries: list[dict]) -> str:
     """One provenance line for the index entries a table was made from, grouped by device and versions."""
     groups: dict[str, list[str]] = {}
     for e in entries:
         v = e.get("versions", {})
         head = ", ".join([str(e["device"])] + [f"{k} {v[k]}" for k in ("torch", "triton", "cuda", "python", "numba") if k in v])
-        groups.setdefault(head, []).append(f"commit {e['commit']}, {e['date']} "
+        groups.setdefault(head, []).append(f"commit {commit_text(e)}, {e['date']} "
                                            f"([{Path(e['path']).name}](benchmarks/results/{e['path']}))")
     return "Provenance: " + "; ".join(f"{head}: {'; '.join(runs)}" for head, runs in groups.items()) + "."
 
@@ -347,7 +356,7 @@ def table_cpu(index) -> str:
 
 def table_index(index) -> str:
     body = [[e["gpu"], e["question"], f"[{Path(e['path']).name}](../benchmarks/results/{e['path']})", str(e["date"]),
-             str(e["commit"] or "-"), ", ".join(f"{k} {v}" for k, v in e["versions"].items() if k in ("torch", "triton", "cuda"))]
+             commit_text(e), ", ".join(f"{k} {v}" for k, v in e["versions"].items() if k in ("torch", "triton", "cuda"))]
             for e in index]
     return md_table(["gpu", "question", "result", "date", "commit", "versions"], body)
 

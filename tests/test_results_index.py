@@ -31,6 +31,10 @@ def test_provenance_from_the_rows(ri):
     assert p == {"device": "NVIDIA H200", "commit": "5744155", "date": "2026-12-03",
                  "versions": {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"}}
     assert ri.provenance([{**gpu, "commit": "bd5693b+final"}])["commit"] == "bd5693b+final"
+    dirty = ri.provenance([{**gpu, "commit": "bd5693b", "dirty": True}] * 2 + [{**gpu, "commit": "bd5693b", "dirty": False}])
+    assert dirty["commit"] == "bd5693b" and dirty["dirty"] is True
+    assert ri.commit_text({"commit": "bd5693b", "dirty": True}) == "bd5693b with uncommitted changes"
+    assert ri.commit_text({"commit": "5744155"}) == "5744155" and ri.commit_text({"commit": None}) == "-"
     cpu = ri.provenance([{"machine": {"cpu": "Xeon", "cores": 2}, "versions": {"python": "3.11.7", "numba": "0.68.1"},
                           "git_commit": "1c9e6cbb4f", "date": "2026-12-01T08:47:08+00:00"}])
     assert cpu == {"device": "Xeon", "commit": "1c9e6cb", "date": "2026-12-01",
