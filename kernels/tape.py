@@ -17,6 +17,12 @@ same buffers, except for x and y. So ``record(x, run)`` runs ``run()`` once whil
   tape; a TMA descriptor over a whole input is remade over the new one at each replay.
 ``Tape.replay(inputs)`` then makes y and runs each compiled kernel's launcher with the kept
 arguments. The caller keys tapes by everything that fixes the launches (moe.py ``_taped``).
+
+Where Triton's CUDA launcher is the one of Triton 3.6 (``_direct``), a replay calls the kernel's
+compiled C launcher itself, its arguments expanded once when recorded: a TMA descriptor's
+CUtensorMap is filled once (again per call only over a per-call tensor), and the per-launch Python
+of Triton's runner (stream lookup, launch metadata, scratch, the argument expansion) is skipped.
+With a launch hook set (a profiler), or any other Triton, the kernel's own runner takes the launch.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import is_dataclass, replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from triton import knobs
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -48,7 +55,7 @@ class Tape:
     """The launches of one recorded call; ``replay(inputs)`` -> y, a fresh tensor like the first input."""
 
     def __init__(self, steps: list, y_shape: tuple, aligned: tuple):
-        self.steps = steps  # (runner, arguments, ((position, slot), ...), ((position, slot, view shape), ...))
+        self.steps = steps  # per launch (direct launch or None, the kernel's own runner): each (inputs, y, stream)
         self.y_shape = y_shape
         self.aligned = aligned  # per input: it was 16-byte aligned when recorded (Triton specialized on it)
         self.owner = self.config = None  # set by the caller: what the tape was recorded for
@@ -62,14 +69,97 @@ class Tape:
     def replay(self, inputs: tuple, stream: int) -> torch.Tensor:
         x = inputs[0]
         y = torch.empty(self.y_shape, device=x.device, dtype=x.dtype)
-        for runner, vals, slots, descs in self.steps:
-            args = list(vals)
-            for i, k in slots:
-                args[i] = y if k == Y else inputs[k]
-            for i, k, shape in descs:  # a TMA descriptor over a whole input: the same over this one
-                args[i] = replace(args[i], base=inputs[k].view(shape))
-            runner(*args, stream=stream)
+        hooked = _hooked()
+        for direct, runner in self.steps:
+            (runner if hooked or direct is None else direct)(inputs, y, stream)
         return y
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (a profiler watching launches): a call in Triton's hook chain, or a plain hook."""
+    return any(h is not None and getattr(h, "calls", True)
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def _runner(run, vals: tuple, slots: tuple, descs: tuple):
+    """A launch through the kernel's own runner ``run(*args, stream=)``: the kept arguments with
+    this call's tensors in their slots and its descriptors remade."""
+    def launch(inputs, y, stream):
+        args = list(vals)
+        for i, k in slots:
+            args[i] = y if k == Y else inputs[k]
+        for i, k, shape in descs:  # a TMA descriptor over a whole input: the same over this one
+            args[i] = replace(args[i], base=inputs[k].view(shape))
+        run(*args, stream=stream)
+
+    return launch
+
+
+def _triton36():
+    """(Triton 3.6's per-descriptor argument expansion, its launcher's count of leading arguments),
+    or None where the installed Triton's CUDA launcher is another (``_direct`` then declines)."""
+    try:
+        from triton.backends.nvidia import driver as nv
+    except ImportError:
+        return None
+    expand = getattr(nv, "make_tensordesc_arg", None)
+    launcher = getattr(nv, "CudaLauncher", None)
+    if (getattr(nv, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO" or expand is None or launcher is None
+            or list(inspect.signature(launcher.__call__).parameters)[:6] != ["self", "gridX", "gridY", "gridZ", "stream", "function"]):
+        return None
+    return expand, len(nv._BASE_ARGS_FORMAT)
+
+
+_ABI = _triton36()
+
+
+def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
+    """A launch straight into the compiled kernel's C launcher (Triton 3.6: the launcher
+    ``kernel.run.launch`` wraps when the kernel takes descriptors, else that launch itself), the
+    arguments expanded as Triton's wrapper expands them, once; None where that cannot be done."""
+    if _ABI is None:
+        return None
+    expand, _ = _ABI
+    run = getattr(kernel, "run", None)
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None  # per-launch scratch (or no launcher of Triton's): the runner launches it
+    launch = getattr(run, "launch", None)
+    code = getattr(launch, "__code__", None)
+    if code is None:  # the C launcher itself: no descriptor argument
+        c_launch, indices, metas = launch, frozenset(), ()
+    else:
+        free = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__ or ())))
+        if set(free) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+            return None
+        c_launch, indices, metas = free["launcher"], free["tensordesc_indices"], free["tensordesc_meta"]
+    if not callable(c_launch):
+        return None
+    flat, at, meta_of = [], {}, {}
+    for i, v in enumerate(vals):
+        at[i] = len(flat)
+        if i in indices:
+            meta_of[i] = metas[len(meta_of)]
+            flat.extend(expand(v, meta_of[i]))
+        else:
+            flat.append(v)
+    tensors = tuple((at[i], k) for i, k in slots)
+    remade = tuple((at[i], len(expand(vals[i], meta_of[i])), vals[i], k, shape, meta_of[i])
+                   for i, k, shape in descs if i in meta_of)
+    if len(remade) != len(descs):
+        return None  # a descriptor the launcher does not expand
+    gx, gy, gz = grid
+    head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
+            None, None, None)  # the function, its launch flags, no scratch, metadata, no launch hooks
+
+    def launch_direct(inputs, y, stream):
+        args = list(flat)
+        for p, k in tensors:
+            args[p] = y if k == Y else inputs[k]
+        for p, n, desc, k, shape, meta in remade:
+            args[p:p + n] = expand(replace(desc, base=inputs[k].view(shape)), meta)
+        c_launch(gx, gy, gz, stream, *head, *args)
+
+    return launch_direct
 
 
 class _Ops(TorchDispatchMode):
@@ -131,10 +221,10 @@ def record(inputs: tuple, run) -> tuple[torch.Tensor, Tape | None, str | None]:
         steps = [_step(inputs, y, *s) for s in seen]
     except Refused as e:
         return y, None, str(e)
-    if not any(k == Y for _, _, slots, _ in steps for _, k in slots):
+    if not any(wrote for _, wrote in steps):
         return y, None, "no launch wrote y"
     aligned = tuple(t is not None and t.data_ptr() % 16 == 0 for t in inputs)
-    return y, Tape(steps, tuple(y.shape), aligned), None
+    return y, Tape([step for step, _ in steps], tuple(y.shape), aligned), None
 
 
 def _step(inputs: tuple, y, fn, grid, args, kwargs, kernel):
@@ -164,8 +254,13 @@ def _step(inputs: tuple, y, fn, grid, args, kwargs, kernel):
         elif any(_overlaps(v, t) for _, t in live):
             raise Refused(f"{name}: argument {list(sig.parameters)[i]} views a per-call tensor in part")
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    runner = _interpreted(fn, grid) if interpreted else kernel[grid]
-    return runner, tuple(vals), tuple(slots), tuple(descs)
+    vals, slots, descs = tuple(vals), tuple(slots), tuple(descs)
+    if interpreted:
+        step = (None, _runner(_interpreted(fn, grid), vals, slots, descs))
+    else:
+        runner = kernel[grid]  # loads the kernel: its function and launcher exist from here on
+        step = (_direct(kernel, grid, vals, slots, descs), _runner(runner, vals, slots, descs))
+    return step, any(k == Y for _, k in slots)
 
 
 def _interpreted(fn, grid):

@@ -201,3 +201,118 @@ def test_replayed_moe_experts_calls_take_every_tensor_anew(backend, device):
         moe_experts(x, bad, tw, gu, dn, backend=backend)
         check_routing(device.name)  # a GPU reports it later
     moe.clear_caches()
+
+
+def _fake_fill(desc, meta):  # a descriptor's expansion, as Triton 3.6 expands it: (map, shape, strides)
+    return [("map", desc.base, meta), *desc.shape, *desc.strides]
+
+
+def _wrap_like_triton36(launcher, tensordesc_indices, tensordesc_meta):
+    """A launcher wrapped as Triton 3.6 wraps a kernel's C launcher when it takes descriptors:
+    a closure over these three names expanding each descriptor argument at every call."""
+    def inner(*args):
+        out, j = list(args[:13]), 0
+        for i, a in enumerate(args[13:]):
+            if i in tensordesc_indices:
+                out.extend(_fake_fill(a, tensordesc_meta[j]))
+                j += 1
+            else:
+                out.append(a)
+        return launcher(*out)
+
+    return inner
+
+
+class _Launcher36:
+    """Triton 3.6's CudaLauncher in outline: __call__(grid, stream, function, *args) -> launch(...)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+
+def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monkeypatch):
+    """Where Triton's launcher is 3.6's, a replay calls the compiled C launcher itself with the
+    arguments expanded when recorded (a descriptor over a per-call tensor expanded anew): the same
+    arguments Triton's own path gives it, and the kernel's effect on the new x."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    calls = []
+
+    def c_launch(gx, gy, gz, stream, function, coop, pdl, gs, ps, meta, lmeta, enter, exit_, *args):
+        (_, base, _), _, _, _, _, b, y, n, scale = args  # _rows2(desc over x, b, y, n, SCALE): y = SCALE * x + b
+        calls.append(((gx, gy, gz, stream, function, meta), args))
+        with _disable_current_modes():
+            y[:n] = scale * base.reshape(-1)[:n] + b[:n]
+
+    class Compiled:
+        function, packed_metadata = "fn", "packed"
+        run = _Launcher36(_wrap_like_triton36(c_launch, {0}, [{"swizzle": 0}]))
+
+        def __getitem__(self, grid):
+            def runner(*args, stream=None):
+                self.run(*grid, stream, self.function, self.packed_metadata, None, None, None, *args)
+
+            return runner
+
+    def _rows2(desc, b_ptr, y_ptr, n, SCALE=3):
+        pass
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        compiled = Compiled()
+        bound = self.signature.bind(*args)
+        bound.apply_defaults()
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*bound.arguments.values(), stream=0)
+        return compiled
+
+    monkeypatch.setitem(tape._launch, JITFunction, fake_run)
+    monkeypatch.setattr(tape, "_ABI", (_fake_fill, 13))
+    rows = JITFunction(_rows2)
+    b = torch.randn(8)
+
+    def run_on(x):
+        y = torch.empty(8)
+        rows[(2,)](TensorDescriptor.from_tensor(x.view(2, 4), [2, 4]), b, y, 8)
+        return y
+
+    x = torch.randn(8)
+    y, tp, why = tape.record((x,), lambda: run_on(x))
+    assert why is None and torch.equal(y, 3 * x + b)
+    (direct, _), = tp.steps
+    assert direct is not None, "Triton 3.6's launcher: the replay launches directly"
+    x2 = torch.randn(8)
+    y2 = tp.replay((x2,), stream=7)
+    assert torch.equal(y2, 3 * x2 + b), "the descriptor expanded anew over x2"
+    head, args = calls[-1]
+    assert head == (2, 1, 1, 7, "fn", "packed")
+    y3 = torch.empty(8)
+    Compiled()[(2, 1, 1)](TensorDescriptor.from_tensor(x2.view(2, 4), [2, 4]), b, y3, 8, 3, stream=7)
+    runner_args = calls[-1][1]
+    assert len(args) == len(runner_args) and args[0][1].data_ptr() == runner_args[0][1].data_ptr() == x2.data_ptr()
+    assert [a for a in args[1:] if not isinstance(a, torch.Tensor)] == [a for a in runner_args[1:]
+                                                                         if not isinstance(a, torch.Tensor)]
+    assert args[5] is b and args[6] is y2
+
+
+def test_a_launch_hook_sends_the_replay_through_tritons_runner(kernel, monkeypatch):
+    """With a launch hook set (a profiler watching launches) a replay takes the kernel's own
+    runner, which calls the hook; a direct launch would skip it."""
+    x, b = torch.randn(5), torch.randn(5)
+
+    def run():
+        y = torch.empty(5)
+        kernel[(1,)](x, b, y, 5)
+        return y
+
+    _, tp, _ = tape.record((x,), run)
+    used = []
+    tp.steps = [(lambda *a: used.append("direct"), lambda *a: used.append("runner"))]
+    tp.replay((x,), stream=0)
+    monkeypatch.setattr(tape.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    tp.replay((x,), stream=0)
+    assert used == ["direct", "runner"]
