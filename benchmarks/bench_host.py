@@ -8,7 +8,10 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
 - ``enqueue_us``: wall time of the Python call alone, the GPU idle before it (synchronize, time the
   call, no sync inside the timing): the host time an eager caller pays per layer;
 - ``wall_us``: the call then ``torch.cuda.synchronize()``;
-- ``gpu_us``: CUDA events around the call.
+- ``gpu_us``: CUDA events around the call;
+- ``enqueue_us_runner`` (not for ``bind_graphs``): ``enqueue_us`` again, in the same run, with the
+  recorded launches sent through Triton's runner instead of straight into each kernel's C launcher
+  (``direct_launches`` of them launch directly): what the direct launch saves.
 Entries: ``moe_forward`` (the whole layer: router, experts, shared MLP where the preset has one),
 ``bind`` (the closure of ``bind(weights, config)``), ``bind_graphs`` (``bind(..., graphs=True)``:
 a CUDA graph per T replayed, T <= moe.GRAPH_MAX_TOKENS) and ``moe_experts`` (routed experts,
@@ -222,6 +225,8 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
             _sync(dev)
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
             row.update(time_calls(fn, dev, calls))
+            if entry != "bind_graphs":
+                row.update(runner_ab(fn, dev, calls))
             y = fn()
             plain = calls_of["bind"] if entry == "bind_graphs" else fn  # a graph's y against a plain call's
             row["same_as_uncached"] = bool(torch.equal(y, uncached(plain)))
@@ -236,6 +241,24 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
         log(row)
         out.append(row)
     return out
+
+
+def runner_ab(fn, dev, calls: int) -> dict:
+    """The same calls with every kept tape's launches sent through Triton's runner instead of
+    straight into the compiled C launchers (kernels/tape.py): ``enqueue_us_runner``, side by side
+    with the row's ``enqueue_us``; ``direct_launches``: the launches of the tapes that launch directly."""
+    from megamoe.kernels import moe, tape
+
+    tapes = [v for v in moe._tapes.values() if type(v) is tape.Tape]
+    saved = [t.steps for t in tapes]
+    direct = sum(d is not None for t in tapes for d, _ in t.steps)
+    for t in tapes:
+        t.steps = [(None, runner) for _, runner in t.steps]
+    try:
+        return {"enqueue_us_runner": time_calls(fn, dev, calls)["enqueue_us"], "direct_launches": direct}
+    finally:
+        for t, steps in zip(tapes, saved):
+            t.steps = steps
 
 
 def profile_top(cfg, w, dev, dtype, backend: str, calls: int = PROFILE_CALLS, entry: str = "moe_forward") -> str:
@@ -284,7 +307,7 @@ def _provenance(dev) -> dict:
             "triton": triton.__version__, **git_state(), "device": "cpu-interpreter"}
 
 
-HEADER = (f"{'preset':<15}{'T':>6} {'backend':<11}{'entry':<12}{'enqueue us':>11}{'wall us':>10}{'gpu us':>9}"
+HEADER = (f"{'preset':<15}{'T':>6} {'backend':<11}{'entry':<12}{'enqueue us':>11}{'runner us':>11}{'wall us':>10}{'gpu us':>9}"
           f"{'err max':>10} {'uncached':<9}{'no wait':<8}")
 
 
@@ -294,7 +317,7 @@ def fmt(r: dict) -> str:
 
     nowait = {True: "yes", False: "NO", None: "-"}[r.get("returned_during_sleep")]
     return (f"{r['preset']:<15}{r['T']:>6} {r['backend']:<11}{r['entry']:<12}{n(r.get('enqueue_us')):>11}"
-            f"{n(r.get('wall_us')):>10}{n(r.get('gpu_us')):>9}{n(r.get('err_max'), '.2e'):>10} "
+            f"{n(r.get('enqueue_us_runner')):>11}{n(r.get('wall_us')):>10}{n(r.get('gpu_us')):>9}{n(r.get('err_max'), '.2e'):>10} "
             f"{str(r.get('same_as_uncached', '-')):<9}{nowait:<8}")
 
 

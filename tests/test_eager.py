@@ -263,6 +263,7 @@ def test_bench_host_smoke(tmp_path):
     assert set(by) == {"moe_forward", "bind", "bind_graphs", "moe_experts", "cprofile", "cprofile_moe_experts"}
     for e in ("moe_forward", "bind", "bind_graphs", "moe_experts"):
         assert by[e]["err_ok"] and by[e]["same_as_uncached"] and by[e]["enqueue_us"] > 0, e
+    assert by["moe_forward"]["enqueue_us_runner"] > 0 and "enqueue_us_runner" not in by["bind_graphs"]
     assert by["moe_experts"]["bad_routing_raised_by"] == "the call"  # the interpreter: synchronous
     assert "token 1, slot 0" in by["moe_experts"]["bad_routing_message"]
     assert "moe_forward" in by["cprofile"]["top20"]
