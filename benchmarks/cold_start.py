@@ -19,8 +19,10 @@ Each call's output is checked: finite, not all zero, and the first call's bitwis
 (numerics against the reference: ``megamoe validate``). A step that would start past ``--budget-s`` is
 skipped and named. Rows (``DIR/cold_start.jsonl``, appended as they finish; provenance from
 kernels/provenance.py): ``what`` "first_call" (cache "empty" or "compiled", first_call_s, second_call_s,
-process_s, compiles = [[kernel, seconds], ...] of Triton's JIT hooks, new_cache_files) or "compile"
-(wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
+process_s, compiles = [[kernel, seconds, specialization digest], ...] of Triton's JIT hooks, specs =
+{digest: Triton's serialized specialization}, new_cache_files; a compiled-cache call that still compiled
+a kernel also has ``not_compiled_ahead``: per such kernel, what its specialization has that none of the
+compile's specializations of that kernel has, field by field) or "compile" (wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
 statuses to ``DIR/compile_status.json`` (its logs to ``DIR/compile_logs.tgz`` if a call failed).
 
 ``--census`` (no GPU; ``census``): per preset, backend and tuned bucket, the Triton kernels one
@@ -72,7 +74,8 @@ def child(spec: dict) -> dict:
     x = torch.randn((T, cfg.hidden_size), generator=gen, device=layer.device, dtype=layer.dtype)
     layer.sync()
     t = time.perf_counter()
-    with triton_compiles() as compiled:
+    specs: dict = {}
+    with triton_compiles(specs) as compiled:
         y1 = moe_forward(x, w, cfg, backend=backend)
         layer.sync()
     first = time.perf_counter() - t
@@ -82,7 +85,7 @@ def child(spec: dict) -> dict:
     second = time.perf_counter() - t
     ok = bool(torch.isfinite(y1).all()) and bool(y1.abs().sum() > 0) and torch.equal(y1, y2)
     return {"first_call_s": round(first, 3), "second_call_s": round(second, 5), "compiles": compiled,
-            "output_ok": ok}
+            "specs": specs, "output_ok": ok}
 
 
 def _files(folder: Path) -> int:
@@ -272,15 +275,18 @@ def run(args) -> int:
             fh.write(json.dumps(row) + "\n")
         print(_line(row), flush=True)
 
-    def first_calls(cache_of, cache: str, items) -> None:
+    def first_calls(cache_of, cache: str, items, ahead: dict | None = None) -> None:
         for n in names:
             for backend, T in items:
                 if left() <= 0:
                     emit({"what": "first_call", "cache": cache, "preset": n, "backend": backend, "T": T,
                           "error": "skipped: past --budget-s"})
                     continue
-                emit({**measure(n, cfgs[n], backend, T, cache_of(n, backend, T), smoke=args.smoke,
-                                timeout_s=min(PROCESS_TIMEOUT_S, max(left(), 10.0))), "cache": cache})
+                row = {**measure(n, cfgs[n], backend, T, cache_of(n, backend, T), smoke=args.smoke,
+                                 timeout_s=min(PROCESS_TIMEOUT_S, max(left(), 10.0))), "cache": cache}
+                if ahead is not None and row.get("new_cache_files"):
+                    row["not_compiled_ahead"] = not_compiled_ahead(row, ahead.get(n, {}))
+                emit(row)
 
     first_calls(lambda n, b, T: scratch / f"empty_{n}_{b}_T{T}", "empty", items)
     compiled, work = scratch / "compiled", scratch / "compile_work"
@@ -288,8 +294,9 @@ def run(args) -> int:
         emit(run_compile(names, cfgs, sorted({T for _, T in items}), compiled, work, smoke=args.smoke,
                          budget_s=left()))
         keep_compile_files(work, out, failed=bool(rows[-1].get("rc")))
-        first_calls(lambda n, b, T: compiled, "compiled", items)
-        first_calls(lambda n, b, T: compiled, "compiled", OFF_BUCKET_ITEMS)
+        ahead = compile_specs(out / "compile_status.json")
+        first_calls(lambda n, b, T: compiled, "compiled", items, ahead)
+        first_calls(lambda n, b, T: compiled, "compiled", OFF_BUCKET_ITEMS, ahead)
     else:
         emit({"what": "compile", "presets": names, "error": "skipped: past --budget-s"})
     table = table_lines(rows)
@@ -301,6 +308,60 @@ def run(args) -> int:
     return 1 if bad else 0
 
 
+def compile_specs(status: Path) -> dict:
+    """{preset: {kernel: [specialization, ...]}}: what ``megamoe compile`` compiled, from its statuses
+    (items keyed "preset/T=../dtype/backend")."""
+    out: dict = {}
+    details = json.loads(status.read_text()).get("details", {}) if status.exists() else {}
+    for key, d in details.items():
+        specs = d.get("specs") or {}
+        for k in d.get("compiles") or []:
+            if len(k) > 2 and k[2] in specs:
+                out.setdefault(key.split("/")[0], {}).setdefault(k[0], []).append(specs[k[2]])
+    return out
+
+
+def spec_difference(mine: str, theirs: str) -> dict:
+    """The fields where two of Triton's serialized specializations of one kernel differ: per field (the
+    arguments' types and attributes named by argument, constexprs by position, options by name)
+    {name: [mine, theirs]}."""
+    a, b = json.loads(mine), json.loads(theirs)
+    out: dict = {}
+    names = list(a.get("signature") or {})
+    for field in sorted(set(a) | set(b)):
+        x, y = a.get(field), b.get(field)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            out.update({f"{field}.{k}": [x.get(k), y.get(k)] for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)})
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            keys = a.get(field.replace("_vals", "_keys")) if field.endswith("_vals") else None
+            for i, (u, v) in enumerate(zip(x, y)):
+                if u != v:
+                    at = keys[i][0] if keys and i < len(keys) and keys[i] else None  # the argument's position
+                    out[f"{field}[{names[at] if isinstance(at, int) and at < len(names) else i}]"] = [u, v]
+        else:
+            out[field] = [x, y]
+    return out
+
+
+def not_compiled_ahead(row: dict, ahead: dict) -> dict:
+    """Per kernel the compiled-cache call compiled (no cache hit): its difference from the nearest of the
+    compile's specializations of that kernel (the one differing in fewest fields), or "not compiled by
+    the compile" where it made none of that kernel."""
+    out = {}
+    for name, _s, digest in (k for k in row.get("compiles") or [] if len(k) > 2):
+        mine = (row.get("specs") or {}).get(digest)
+        if mine is None or mine in ahead.get(name, []):
+            continue
+        diffs = [spec_difference(mine, t) for t in ahead.get(name, [])]
+        out[name] = min(diffs, key=len) if diffs else "not compiled by the compile"
+    if not out and row.get("new_cache_files"):
+        out["*"] = ("every specialization was compiled ahead, yet the cache grew: Triton's cache key differs "
+                    "elsewhere (its source, options or environment)")
+    return out
+
+
 def _line(r: dict) -> str:
     if r["what"] == "compile":
         return (f"compile {','.join(r['presets'])}: " + (r["error"] if r.get("error") else
@@ -309,9 +370,11 @@ def _line(r: dict) -> str:
     if r.get("error"):
         return head + r["error"]
     ks = r.get("compiles") or []
-    return (head + f"first call {r['first_call_s']:.2f} s ({len(ks)} kernels, {sum(s for _, s in ks):.2f} s in "
+    missed = "".join(f"\n    {name} not compiled ahead: {json.dumps(d)[:600]}"
+                     for name, d in (r.get("not_compiled_ahead") or {}).items())
+    return (head + f"first call {r['first_call_s']:.2f} s ({len(ks)} kernels, {sum(k[1] for k in ks):.2f} s in "
             f"compiles or loads, {r['new_cache_files']} new cache files), second {r['second_call_s'] * 1e3:.2f} ms,"
-            f" process {r['process_s']:.1f} s" + ("" if r["output_ok"] else "  OUTPUT CHECK FAILED"))
+            f" process {r['process_s']:.1f} s" + ("" if r["output_ok"] else "  OUTPUT CHECK FAILED") + missed)
 
 
 def table_lines(rows: list[dict]) -> list[str]:

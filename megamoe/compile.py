@@ -174,7 +174,7 @@ def print_result(result: dict, out=None) -> None:
         kernels = d.get("compiles") or []
         took = f"{d['s']:7.1f} s" if "s" in d else " " * 9
         print(f"{key:48s} {st[:90]:10s} {took}  {len(kernels)} kernels"
-              + (f" ({sum(s for _, s in kernels):.1f} s)" if kernels else ""), file=out)
+              + (f" ({sum(k[1] for k in kernels):.1f} s)" if kernels else ""), file=out)
     ok = sum(v == "ok" for v in result["status"].values())
     print(f"megamoe compile: {ok}/{len(result['status'])} ok in {result['seconds']:.1f} s", file=out, flush=True)
 

@@ -8,6 +8,7 @@ says what an item is: "validate", a grid configuration's (routing, backend) at t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -136,7 +137,7 @@ class _Scheduler:
         self.env = None if not env else {**os.environ, **env}
         folder.mkdir(parents=True, exist_ok=True)
         self.status = {k: "not reached" for j in jobs for k in j.keys()}
-        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [[kernel, s], ...]} of an item that ended
+        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [[kernel, s, digest], ...], "specs" (compile jobs): {digest: specialization}} of an item that ended
         self.item_lines = item_lines
         self.queue = list(jobs)
         self.running: dict[str, _Running] = {}
@@ -179,7 +180,7 @@ class _Scheduler:
                 r.current, r.current_since = key, time.monotonic()
             elif what in ("ok", "error") and key in self.status:
                 self.status[key] = "ok" if what == "ok" else f"error: {ev.get('error', '?')}"[:300]
-                self.details[key] = {k: ev[k] for k in ("s", "compiles") if k in ev}
+                self.details[key] = {k: ev[k] for k in ("s", "compiles", "specs") if k in ev}
                 r.done.append(key)
                 if self.item_lines:
                     n = len(ev.get("compiles") or [])
@@ -235,9 +236,13 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def triton_compiles():
+def triton_compiles(specs: dict | None = None):
     """Yields a list to which each Triton kernel specialization first launched in the block appends
-    [kernel name, seconds] (compiled, or loaded from the disk cache): Triton's JIT compile hooks."""
+    [kernel name, seconds, specialization digest] (compiled, or loaded from the disk cache): Triton's
+    JIT compile hooks. The digest (16 hex digits of the SHA-256 of Triton's serialized specialization:
+    argument types, divisibility, constexprs, options; None where the hook gives none) tells two
+    processes' specializations of a kernel apart; ``specs``, if given, gets {digest: the serialized
+    specialization} to see how."""
     out: list = []
     try:
         from triton import knobs
@@ -255,7 +260,12 @@ def triton_compiles():
 
     def after(**kw):
         fn = kw.get("fn")
-        out.append([getattr(fn, "name", "?"), round(time.monotonic() - (began.pop() if began else time.monotonic()), 2)])
+        data = (kw.get("compile") or {}).get("specialization_data")
+        digest = hashlib.sha256(data.encode()).hexdigest()[:16] if isinstance(data, str) else None
+        if specs is not None and digest is not None:
+            specs[digest] = data
+        out.append([getattr(fn, "name", "?"), round(time.monotonic() - (began.pop() if began else time.monotonic()), 2),
+                    digest])
         return False
 
     rt.jit_cache_hook, rt.jit_post_compile_hook = before, after
@@ -313,10 +323,11 @@ def _compile_job(job: dict, emit) -> int:
         emit(key=key, event="start")
         t = time.monotonic()
         try:
-            with triton_compiles() as compiled:
+            specs: dict = {}
+            with triton_compiles(specs) as compiled:
                 _compile_call(layer, cfg, T, seed, dtype, backend, held)
                 layer.sync()
-            emit(key=key, event="ok", s=round(time.monotonic() - t, 2), compiles=compiled)
+            emit(key=key, event="ok", s=round(time.monotonic() - t, 2), compiles=compiled, specs=specs)
         except Exception as exc:  # noqa: BLE001 - recorded, and the job goes on
             emit(key=key, event="error", error=f"{type(exc).__name__}: {exc}"[:300], s=round(time.monotonic() - t, 2))
             if not layer.alive():

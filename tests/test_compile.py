@@ -170,7 +170,16 @@ def test_the_compile_record_hooks_into_triton_and_gives_them_back():
                                  already_compiled=False) is False
         assert rt.jit_post_compile_hook(key="k", repr="r", fn=Fn(), compile={}, is_manual_warmup=False,
                                         already_compiled=False) is False
-    assert [name for name, _ in got] == ["_router_kernel"] and got[0][1] >= 0
+    assert [k[0] for k in got] == ["_router_kernel"] and got[0][1] >= 0 and got[0][2] is None, "no specialization given"
+    specs = {}
+    with triton_compiles(specs) as got:
+        for data in ('{"signature": "a"}', '{"signature": "b"}'):
+            rt.jit_cache_hook(key="k", repr="r", fn=Fn(), compile={"specialization_data": data},
+                              is_manual_warmup=False, already_compiled=False)
+            rt.jit_post_compile_hook(key="k", repr="r", fn=Fn(), compile={"specialization_data": data},
+                                     is_manual_warmup=False, already_compiled=False)
+    assert len({k[2] for k in got}) == 2 and all(len(k[2]) == 16 for k in got), "two specializations, two digests"
+    assert sorted(specs.values()) == ['{"signature": "a"}', '{"signature": "b"}']
     assert (rt.jit_cache_hook, rt.jit_post_compile_hook) == before
 
 

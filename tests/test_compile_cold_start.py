@@ -103,3 +103,29 @@ def test_census_reads_the_launches_without_a_gpu():
     assert len(rows) == 12 and by["megakernel", 1]["kernels"] == ["_megakernel"]
     multi1 = by["multi", 1]["kernels"]
     assert {"_router_kernel", "_gemm1_kernel", "_gemm2_kernel", "_combine_kernel"} <= set(multi1)
+
+
+def test_a_compiled_cache_miss_names_what_its_specialization_has_that_the_compiles_do_not(tmp_path):
+    """A kernel a compiled-cache call compiled again: its specialization against the compile's of that
+    kernel (from the compile's statuses), field by field, arguments named; one the compile never made;
+    and a cache that grew although every specialization was the compile's."""
+    def spec(x_attr, warps=4):
+        return json.dumps({"name": "k", "signature": {"x_ptr": "*bf16", "n": "i32"}, "constant_keys": [[1]],
+                           "constant_vals": [4], "attrs_keys": [[0], [1]], "attrs_vals": [x_attr, []],
+                           "options": {"num_warps": warps}})
+
+    status = tmp_path / "compile_status.json"
+    status.write_text(json.dumps({"details": {
+        "qwen3-30b-a3b/T=1/bf16/megakernel": {"s": 8.0, "compiles": [["_megakernel", 7.8, "d1"]],
+                                              "specs": {"d1": spec([["tt.divisibility", 16]])}},
+        "qwen3-30b-a3b/T=1/bf16/multi": {"s": 1.0, "compiles": [["_gemm1_kernel", 0.4]]},  # an older record
+    }}))
+    ahead = cs.compile_specs(status)
+    assert ahead == {"qwen3-30b-a3b": {"_megakernel": [spec([["tt.divisibility", 16]])]}}
+    row = {"new_cache_files": 8, "compiles": [["_megakernel", 7.9, "d2"], ["_router_kernel", 0.3, "d3"]],
+           "specs": {"d2": spec([], warps=8), "d3": spec([])}}
+    got = cs.not_compiled_ahead(row, ahead["qwen3-30b-a3b"])
+    assert got == {"_megakernel": {"attrs_vals[x_ptr]": [[], [["tt.divisibility", 16]]], "options.num_warps": [8, 4]},
+                   "_router_kernel": "not compiled by the compile"}
+    same = {"new_cache_files": 2, "compiles": [["_megakernel", 0.1, "d1"]], "specs": {"d1": spec([["tt.divisibility", 16]])}}
+    assert "cache key differs elsewhere" in cs.not_compiled_ahead(same, ahead["qwen3-30b-a3b"])["*"]
