@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from dataclasses import is_dataclass, replace
+from dataclasses import fields, is_dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -88,8 +88,8 @@ def _runner(run, vals: tuple, slots: tuple, descs: tuple):
         args = list(vals)
         for i, k in slots:
             args[i] = y if k == Y else inputs[k]
-        for i, k, shape in descs:  # a TMA descriptor over a whole input: the same over this one
-            args[i] = replace(args[i], base=inputs[k].view(shape))
+        for i, k, shape, kind, rest in descs:  # a TMA descriptor over a whole input: the same over this one
+            args[i] = kind(base=inputs[k].view(shape), **rest)
         run(*args, stream=stream)
 
     return launch
@@ -143,10 +143,12 @@ def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
         else:
             flat.append(v)
     tensors = tuple((at[i], k) for i, k in slots)
-    remade = tuple((at[i], len(expand(vals[i], meta_of[i])), vals[i], k, shape, meta_of[i])
-                   for i, k, shape in descs if i in meta_of)
+    remade = tuple((at[i], len(expand(vals[i], meta_of[i])), k, shape, kind, rest, meta_of[i])
+                   for i, k, shape, kind, rest in descs if i in meta_of)
     if len(remade) != len(descs):
         return None  # a descriptor the launcher does not expand
+    for p, n, *_ in remade:  # expanded anew at each replay: nothing of the recorded call's tensor kept
+        flat[p:p + n] = [None] * n
     gx, gy, gz = grid
     head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
             None, None, None)  # the function, its launch flags, no scratch, metadata, no launch hooks
@@ -155,8 +157,8 @@ def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
         args = list(flat)
         for p, k in tensors:
             args[p] = y if k == Y else inputs[k]
-        for p, n, desc, k, shape, meta in remade:
-            args[p:p + n] = expand(replace(desc, base=inputs[k].view(shape)), meta)
+        for p, n, k, shape, kind, rest, meta in remade:
+            args[p:p + n] = expand(kind(base=inputs[k].view(shape), **rest), meta)
         c_launch(gx, gy, gz, stream, *head, *args)
 
     return launch_direct
@@ -249,17 +251,21 @@ def _step(inputs: tuple, y, fn, grid, args, kwargs, kernel):
         base = getattr(v, "base", None) if is_dataclass(v) else None
         whole = next((k for k, t in live if isinstance(base, torch.Tensor) and base.data_ptr() == t.data_ptr()
                       and base.numel() == t.numel() and base.is_contiguous() and t.is_contiguous()), None)
-        if whole is not None and whole != Y:
-            descs.append((i, whole, tuple(base.shape)))
+        if whole is not None and whole != Y:  # kept as its other fields: the tape holds no per-call tensor
+            descs.append((i, whole, tuple(base.shape), type(v), {f.name: getattr(v, f.name) for f in fields(v)
+                                                                  if f.name != "base"}))
         elif any(_overlaps(v, t) for _, t in live):
             raise Refused(f"{name}: argument {list(sig.parameters)[i]} views a per-call tensor in part")
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    vals, slots, descs = tuple(vals), tuple(slots), tuple(descs)
-    if interpreted:
-        step = (None, _runner(_interpreted(fn, grid), vals, slots, descs))
-    else:
+    slots, descs = tuple(slots), tuple(descs)
+    direct = None
+    if not interpreted:
         runner = kernel[grid]  # loads the kernel: its function and launcher exist from here on
-        step = (_direct(kernel, grid, vals, slots, descs), _runner(runner, vals, slots, descs))
+        direct = _direct(kernel, grid, tuple(vals), slots, descs)  # expands the recorded descriptors once
+    for i, *_ in descs:
+        vals[i] = None  # remade at each replay
+    vals = tuple(vals)
+    step = (direct, _runner(_interpreted(fn, grid) if interpreted else runner, vals, slots, descs))
     return step, any(k == Y for _, k in slots)
 
 

@@ -100,6 +100,36 @@ def test_every_input_is_a_slot_and_a_descriptor_over_a_whole_one_is_remade(kerne
     assert torch.equal(y2, torch.cat([b2[:4], 2 * x2[4:] + b2[4:]])), "b2 read through a descriptor remade over it"
 
 
+def test_a_tape_keeps_none_of_the_recorded_calls_tensors(kernel):
+    """Per-call tensors (and a descriptor's base among them) are slots: once the caller drops the
+    recorded call's x and b, nothing of them stays alive in the tape (moe_experts' weights are such)."""
+    import gc
+    import weakref
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = JITFunction(_rows)
+
+    def record():
+        x, b = torch.randn(8), torch.randn(8)
+
+        def run():
+            y = torch.empty(8)
+            kernel[(1,)](x, b, y, 8)
+            rows[(1,)](TensorDescriptor.from_tensor(b.view(2, 4), [2, 4]), y, 4)
+            return y
+
+        _, tp, why = tape.record((x, b), run)
+        assert why is None
+        return tp, weakref.ref(x), weakref.ref(b)
+
+    tp, x_ref, b_ref = record()
+    gc.collect()
+    assert x_ref() is None and b_ref() is None, "the tape kept a recorded per-call tensor alive"
+    x2, b2 = torch.randn(8), torch.randn(8)
+    assert torch.equal(tp.replay((x2, b2), stream=0), torch.cat([b2[:4], 2 * x2[4:] + b2[4:]]))
+
+
 def test_a_torch_op_beside_the_launches_gives_no_tape(kernel):
     x = torch.randn(5)
 
