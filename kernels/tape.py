@@ -96,8 +96,8 @@ def _runner(run, vals: tuple, slots: tuple, descs: tuple):
 
 
 def _triton36():
-    """(Triton 3.6's per-descriptor argument expansion, its launcher's count of leading arguments),
-    or None where the installed Triton's CUDA launcher is another (``_direct`` then declines)."""
+    """Triton 3.6's per-descriptor argument expansion (``make_tensordesc_arg``), or None where the
+    installed Triton's CUDA launcher is another (``_direct`` then declines)."""
     try:
         from triton.backends.nvidia import driver as nv
     except ImportError:
@@ -107,19 +107,19 @@ def _triton36():
     if (getattr(nv, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO" or expand is None or launcher is None
             or list(inspect.signature(launcher.__call__).parameters)[:6] != ["self", "gridX", "gridY", "gridZ", "stream", "function"]):
         return None
-    return expand, len(nv._BASE_ARGS_FORMAT)
+    return expand
 
 
-_ABI = _triton36()
+_EXPAND = _triton36()
 
 
 def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
     """A launch straight into the compiled kernel's C launcher (Triton 3.6: the launcher
     ``kernel.run.launch`` wraps when the kernel takes descriptors, else that launch itself), the
     arguments expanded as Triton's wrapper expands them, once; None where that cannot be done."""
-    if _ABI is None:
+    expand = _EXPAND
+    if expand is None:
         return None
-    expand, _ = _ABI
     run = getattr(kernel, "run", None)
     if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None  # per-launch scratch (or no launcher of Triton's): the runner launches it
@@ -134,19 +134,19 @@ def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
         c_launch, indices, metas = free["launcher"], free["tensordesc_indices"], free["tensordesc_meta"]
     if not callable(c_launch):
         return None
-    flat, at, meta_of = [], {}, {}
+    flat, at, expanded = [], {}, {}  # the arguments expanded; per argument its place; per descriptor (meta, length)
     for i, v in enumerate(vals):
         at[i] = len(flat)
         if i in indices:
-            meta_of[i] = metas[len(meta_of)]
-            flat.extend(expand(v, meta_of[i]))
+            meta = metas[len(expanded)]
+            flat.extend(expand(v, meta))
+            expanded[i] = (meta, len(flat) - at[i])
         else:
             flat.append(v)
-    tensors = tuple((at[i], k) for i, k in slots)
-    remade = tuple((at[i], len(expand(vals[i], meta_of[i])), k, shape, kind, rest, meta_of[i])
-                   for i, k, shape, kind, rest in descs if i in meta_of)
-    if len(remade) != len(descs):
+    if any(i not in expanded for i, *_ in descs):
         return None  # a descriptor the launcher does not expand
+    tensors = tuple((at[i], k) for i, k in slots)
+    remade = tuple((at[i], expanded[i][1], k, shape, kind, rest, expanded[i][0]) for i, k, shape, kind, rest in descs)
     for p, n, *_ in remade:  # expanded anew at each replay: nothing of the recorded call's tensor kept
         flat[p:p + n] = [None] * n
     gx, gy, gz = grid

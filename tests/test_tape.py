@@ -301,7 +301,7 @@ def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monke
         return compiled
 
     monkeypatch.setitem(tape._launch, JITFunction, fake_run)
-    monkeypatch.setattr(tape, "_ABI", (_fake_fill, 13))
+    monkeypatch.setattr(tape, "_EXPAND", _fake_fill)
     rows = JITFunction(_rows2)
     b = torch.randn(8)
 
