@@ -1,13 +1,14 @@
 """The cost model's prediction of megakernel variants against the default, before a GPU run times them.
 
     python benchmarks/predict_variants.py --profile benchmarks/results/h200/validation/profile.json \
-        --variants slice --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated] [--fp8 weights+act]
+        [--variants reach,ptrw] --tokens 1,8 [--presets a,b] [--calls 8] [--routing uniform|concentrated] [--fp8 weights+act]
 
 For each preset and T: a uniform random routing (seed 0; ``--routing concentrated``: every token on
 experts 0..K-1, as bench_megakernel.py's zeroed router gives), the default config
 (kernels.megakernel_config.megakernel_config) and each named variant of megakernel_variants.py, their task
 plans (reference.tiles.task_plan) priced by simulator.task_cost.predict_task_plan with the profile (a
-calibrated profile.json or a profile name), ``--calls`` layer calls per CUDA graph (as megamoe
+calibrated profile.json or a profile name; ``--variants``: default, those bench_megakernel.py times at
+that T), ``--calls`` layer calls per CUDA graph (as megamoe
 validate times them). No GPU: the printed lines are the prediction to hold the GPU run against.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from megakernel_variants import variant_configs
+from megakernel_variants import variant_configs, variant_names
 
 PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b")
 
@@ -48,7 +49,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--profile", default="h200")
-    p.add_argument("--variants", default="slice")
+    p.add_argument("--variants", default=None, help="comma-separated names of megakernel_variants.VARIANTS "
+                                                       "(default: the ones timed at each T, variant_names)")
     p.add_argument("--tokens", default="1,8")
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--calls", type=int, default=8)
@@ -69,7 +71,8 @@ def main(argv=None) -> int:
                 counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
             base = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
                                           cfg.shared_intermediate_size, T, num_sms=prof.num_sms, fp8=a.fp8)
-            runs = variant_configs(base, a.variants.split(","))
+            names = a.variants.split(",") if a.variants else list(variant_names(T, a.fp8))
+            runs = variant_configs(base, names)
             us = {v: predict(cfg, counts, T, mk, prof, a.calls, a.fp8) for v, mk in runs}
             d = us["default"]
             print(f"{name} T={T} {a.routing}: default {d:.1f} us" + "".join(f", {v} {u:.1f} ({u / d:.2f})"

@@ -15,6 +15,16 @@ def test_predicts_each_variant_beside_the_default(capsys):
     assert float(lines[0].split("default ")[1].split(" us")[0]) > 0
 
 
+def test_by_default_each_t_gets_the_variants_timed_there(capsys):
+    """No --variants: each T gets the variants bench_megakernel.py times at that T (those that differ
+    from the default config): noreach at T = 1, noaeach at T = 64."""
+    mod = load_benchmark("predict_variants")
+    assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "1,64"]) == 0
+    t1, t64 = capsys.readouterr().out.strip().splitlines()
+    assert "T=1 " in t1 and ", noreach " in t1 and "noaeach" not in t1
+    assert "T=64 " in t64 and ", noaeach " in t64 and "noreach" not in t64
+
+
 def test_concentrated_routing_puts_every_token_on_the_first_k_experts(capsys, monkeypatch):
     """--routing concentrated: the counts the plans are priced at are T on experts 0..K-1 and 0
     elsewhere (as bench_megakernel.py's zeroed router gives); uniform spreads them."""
