@@ -615,6 +615,7 @@ def _taped(inputs: tuple, shape_key: tuple, run, owner: tuple | None = None) -> 
     hit = _tapes.get(key)
     if type(hit) is Tape:
         if (owner is None or (hit.owner() is owner[0] and hit.config is owner[1])) and hit.fits(inputs):
+            _tapes.move_to_end(key)  # recently used: the last that _trim_tapes drops
             return hit.replay(inputs, stream)
         return run()
     seen = hit or 0

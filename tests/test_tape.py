@@ -346,3 +346,32 @@ def test_a_launch_hook_sends_the_replay_through_tritons_runner(kernel, monkeypat
     monkeypatch.setattr(tape.knobs.runtime, "launch_enter_hook", lambda *a: None)
     tp.replay((x,), stream=0)
     assert used == ["direct", "runner"]
+
+
+def test_the_tapes_kept_drop_the_least_recently_replayed_first(kernel, monkeypatch):
+    """TAPE_MAX_KEPT tapes at most: a replay makes its tape the most recently used, so a newer shape
+    drops the tape that has gone unused longest, not the one recorded first."""
+    from megamoe.kernels import moe
+
+    b = torch.randn(6)
+
+    def call(key):
+        x = torch.randn(6)
+
+        def run():
+            y = torch.empty(6)
+            kernel[(1,)](x, b, y, 6)
+            return y
+
+        return moe._taped((x,), (key,), run)
+
+    monkeypatch.setitem(tape._ORIGINAL, JITFunction, _fake_run)  # the plain calls launch the stand-in too
+    monkeypatch.setattr(JITFunction, "run", _fake_run)
+    moe.clear_caches()
+    monkeypatch.setattr(moe, "TAPE_MAX_KEPT", 2)
+    for key in ("a", "a", "b", "b", "a"):  # a: plain, recorded; b: plain, recorded; a replayed
+        call(key)
+    call("c")  # a third shape: one of the two tapes goes
+    kept = {k[0][0] for k, v in moe._tapes.items() if type(v) is tape.Tape}
+    assert kept == {"a"}, f"the replayed tape stays, the unused one goes: {list(moe._tapes)}"
+    moe.clear_caches()
