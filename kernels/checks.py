@@ -15,12 +15,15 @@ and a flag (6,) int64: per kind the first bad slot as (t * K + k) << 32 | value'
 
 When a bad routing is reported (``moe_experts(check=True)``):
 - CPU (interpreter): at once, by the call itself (everything there is synchronous).
-- CUDA, outside a capture: never by a host wait. The call clears a flag of its own, and after
-  the check enqueues an asynchronous copy of it to pinned host memory and a CUDA event
-  (``defer``). The next megamoe call on that device (``moe_experts``, ``moe_forward``, a ``bind``
-  closure) polls the events that have completed (``event.query()``, no wait) and raises for the
-  first flagged call; ``check_routing(device)`` waits for every pending check and raises likewise.
-  The error then names the earlier call's token, slot and value.
+- CUDA, outside a capture: never by a host wait. The call takes a check slot (``call_flag``: a
+  flag on the device, a row of pinned host memory, a CUDA event, all made ahead in groups of
+  SLOT_GROUP and reused, since a pinned allocation waits for the device), clears its flag by one
+  copy, and after the check enqueues an asynchronous copy of the flag to the slot's pinned row and
+  records the slot's event (``defer``). The next megamoe call on that device (``moe_experts``,
+  ``moe_forward``, a ``bind`` closure) polls the events that have completed (``event.query()``, no
+  wait) and raises for the first flagged call; ``check_routing(device)`` waits for every pending
+  check and raises likewise. The error then names the earlier call's token, slot and value. A
+  slot returns to the device's free list once its flag has been read.
 - Inside a capture, under torch.compile or with ``check=False``: recorded in a sticky per-device
   flag that ``check_captured_routing(device)`` reads, raises on and clears.
 """
@@ -307,15 +310,32 @@ def raise_if_flagged(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx=
         raise KernelInputError(msg)
 
 
+class _Slot:
+    """The buffers of one eager call's check, reused: its flag (6,) int64 on the device, the flag's
+    pinned host copy and the CUDA event recorded after that copy."""
+
+    __slots__ = ("flag", "host", "event")
+
+    def __init__(self, flag: torch.Tensor, host: torch.Tensor, event):
+        self.flag, self.host, self.event = flag, host, event
+
+
+#: check slots made at once when a device has none free (one pinned allocation per group)
+SLOT_GROUP = 64
+_ROW = 8  # int64 per slot row: 64 bytes, so that every row's flag starts 16-byte aligned
+
+
 class _Pending:
     """One checked eager call whose flag is on its way to the host: the event after its copy, the
-    pinned copy, the sizes and the caller's routing tensors with their versions (for the message)."""
+    pinned copy, the sizes and the caller's routing tensors with their versions (for the message);
+    ``slot``: the ``_Slot`` it returns to the free list once read (None: nothing to return)."""
 
-    __slots__ = ("device", "event", "host", "num_experts", "top_k", "topk_idx", "topk_weights", "versions")
+    __slots__ = ("device", "event", "host", "num_experts", "top_k", "topk_idx", "topk_weights", "versions", "slot")
 
-    def __init__(self, device: str, event, host, num_experts: int, top_k: int, topk_idx, topk_weights):
+    def __init__(self, device: str, event, host, num_experts: int, top_k: int, topk_idx, topk_weights,
+                 slot: _Slot | None = None):
         self.device, self.event, self.host, self.num_experts, self.top_k = device, event, host, num_experts, top_k
-        self.topk_idx, self.topk_weights = topk_idx, topk_weights
+        self.topk_idx, self.topk_weights, self.slot = topk_idx, topk_weights, slot
         self.versions = (topk_idx._version, topk_weights._version)
 
     def message(self) -> str | None:
@@ -327,6 +347,8 @@ class _Pending:
 
 _pending: dict[str, deque] = {}  # device -> its eager calls' pending checks, oldest first
 _templates: dict[str, torch.Tensor] = {}  # device -> a cleared flag, copied into each call's own
+_free: dict[str, list[_Slot]] = {}  # device -> its check slots not in flight
+_taken: dict[str, _Slot] = {}  # device -> the slot call_flag gave last, until defer enqueues its copy
 
 
 def _device_key(device) -> str:
@@ -336,28 +358,55 @@ def _device_key(device) -> str:
     return str(dev)
 
 
+def _new_slots(key: str) -> list[_Slot]:
+    flags = torch.empty((SLOT_GROUP, _ROW), dtype=torch.int64, device=key)
+    host = torch.empty((SLOT_GROUP, _ROW), dtype=torch.int64, pin_memory=True)
+    return [_Slot(flags[i, :6], host[i, :6], torch.cuda.Event()) for i in range(SLOT_GROUP)]
+
+
 def call_flag(device) -> torch.Tensor:
-    """A cleared flag of one eager call on ``device`` (one copy from a kept template), made the
-    device's eager flag (``flag_for(device, captured=False)``) until the next call's."""
+    """A cleared flag of one eager call on ``device`` (a free check slot's, cleared by one copy from a
+    kept template), made the device's eager flag (``flag_for(device, captured=False)``) until the
+    next call's. ``defer`` takes it back with the slot."""
     key = _device_key(device)
     tpl = _templates.get(key)
     if tpl is None:
         tpl = _templates[key] = new_flag(key)
         flag_for(key, captured=True)  # the sticky one too, outside any capture
-    flag = _flags[(key, False)] = tpl.clone()
-    return flag
+    free = _free.get(key)
+    if not free:
+        free = _free[key] = _new_slots(key)
+    slot = free.pop()
+    slot.flag.copy_(tpl, non_blocking=True)
+    _flags[(key, False)] = slot.flag
+    _taken[key] = slot  # a call that fails before defer drops its slot with the next call's
+    return slot.flag
 
 
 def defer(flag: torch.Tensor, num_experts: int, top_k: int, topk_idx: torch.Tensor,
           topk_weights: torch.Tensor) -> None:
     """Enqueue ``flag``'s copy to pinned host memory and an event after it, to be read without a
-    wait by ``poll`` (module docstring). ``topk_idx`` / ``topk_weights``: the caller's tensors."""
-    host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
-    host.copy_(flag, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(flag.device))
+    wait by ``poll`` (module docstring). ``flag``: ``call_flag``'s (its slot's buffers are used),
+    or any other (new ones made); ``topk_idx`` / ``topk_weights``: the caller's tensors."""
     key = _device_key(flag.device)
-    _pending.setdefault(key, deque()).append(_Pending(key, event, host, num_experts, top_k, topk_idx, topk_weights))
+    slot = _taken.pop(key, None)
+    if slot is not None and slot.flag is flag:
+        host, event = slot.host, slot.event
+    else:
+        slot, host, event = None, torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True), torch.cuda.Event()
+    host.copy_(flag, non_blocking=True)
+    event.record(torch.cuda.current_stream(flag.device))
+    _pending.setdefault(key, deque()).append(_Pending(key, event, host, num_experts, top_k, topk_idx, topk_weights,
+                                                      slot))
+
+
+def _read(q: deque) -> str | None:
+    """The message of q's oldest check (done), taken off q; its slot goes back to the free list."""
+    p = q.popleft()
+    msg = p.message()
+    if p.slot is not None:
+        _free.setdefault(p.device, []).append(p.slot)
+    return msg
 
 
 def poll(device) -> None:
@@ -367,7 +416,7 @@ def poll(device) -> None:
     if not q or capturing(device):
         return
     while q and q[0].event.query():
-        msg = q.popleft().message()
+        msg = _read(q)
         if msg:
             raise KernelInputError(msg)
 
@@ -381,7 +430,7 @@ def check_routing(device="cuda") -> None:
     q = _pending.get(_device_key(device))
     while q:
         q[0].event.synchronize()
-        msg = q.popleft().message()
+        msg = _read(q)
         if msg:
             raise KernelInputError(msg)
 

@@ -20,7 +20,8 @@ arguments. The caller keys tapes by everything that fixes the launches (moe.py `
 
 Where Triton's CUDA launcher is the one of Triton 3.6 (``_direct``), a replay calls the kernel's
 compiled C launcher itself, its arguments expanded once when recorded: a TMA descriptor's
-CUtensorMap is filled once (again per call only over a per-call tensor), and the per-launch Python
+CUtensorMap is filled once (over a per-call tensor, again only when that tensor's address
+changes: a caller passing the same weights each call fills none), and the per-launch Python
 of Triton's runner (stream lookup, launch metadata, scratch, the argument expansion) is skipped.
 With a launch hook set (a profiler), or any other Triton, the kernel's own runner takes the launch.
 """
@@ -153,12 +154,23 @@ def _direct(kernel, grid: tuple, vals: tuple, slots: tuple, descs: tuple):
     head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
             None, None, None)  # the function, its launch flags, no scratch, metadata, no launch hooks
 
+    last = [None] * len(remade)  # per remade descriptor: (address, dtype, its expansion) of the last replay
+
     def launch_direct(inputs, y, stream):
         args = list(flat)
         for p, k in tensors:
             args[p] = y if k == Y else inputs[k]
-        for p, n, k, shape, kind, rest, meta in remade:
-            args[p:p + n] = expand(kind(base=inputs[k].view(shape), **rest), meta)
+        for j, (p, n, k, shape, kind, rest, meta) in enumerate(remade):
+            t = inputs[k]
+            hit = last[j]
+            if hit is not None and hit[0] == t.data_ptr() and hit[1] is t.dtype:
+                args[p:p + n] = hit[2]
+                continue
+            e = expand(kind(base=t.view(shape), **rest), meta)
+            args[p:p + n] = e
+            # the shape and strides are the tape's own, so the address and dtype fix the expansion;
+            # kept only where it holds no tensor (a CUtensorMap and integers), so it keeps none alive
+            last[j] = None if any(isinstance(a, torch.Tensor) for a in e) else (t.data_ptr(), t.dtype, e)
         c_launch(gx, gy, gz, stream, *head, *args)
 
     return launch_direct

@@ -204,6 +204,51 @@ def test_deferred_error_polled_without_a_wait(monkeypatch):
     checks.check_routing("cuda:0")  # nothing left
 
 
+def test_check_slots_are_reused_only_once_read(monkeypatch):
+    """Each checked call takes a slot (flag, pinned row, event) made ahead; a slot goes back to the
+    free list only when its check has been read, and a reused slot's flag starts cleared."""
+    from megamoe.kernels import KernelInputError, checks
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    events = []
+
+    def slots(key):  # the CPU stand-in of _new_slots: plain host rows, events we complete by hand
+        flags, host = torch.empty((2, 8), dtype=torch.int64, device=key), torch.empty((2, 8), dtype=torch.int64)
+        out = [checks._Slot(flags[i, :6], host[i, :6], _Event(done=False)) for i in range(2)]
+        events.extend(s.event for s in out)
+        return out
+
+    for name, value in (("_pending", {}), ("_free", {}), ("_taken", {}), ("_templates", {}), ("_flags", {})):
+        monkeypatch.setattr(checks, name, value)
+    monkeypatch.setattr(checks, "_new_slots", slots)
+    monkeypatch.setattr(checks, "capturing", lambda d: False)
+    monkeypatch.setattr(checks, "_device_key", str)
+    monkeypatch.setattr(_Event, "record", lambda self, stream=None: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    idx = torch.as_tensor(np.array([[0, 1, 2]] * 5, dtype=np.int64)).to(dev)
+    tw = torch.full((5, 3), 0.5, device=dev)
+    bad = idx.clone()
+    bad[3, 1] = 10
+    first = checks.call_flag(dev)
+    checks.launch_check(bad, tw, 7, first)
+    checks.defer(first, 7, 3, bad, tw)
+    second = checks.call_flag(dev)
+    assert second.data_ptr() != first.data_ptr()  # the first is in flight: not given again
+    checks.launch_check(idx, tw, 7, second)
+    checks.defer(second, 7, 3, idx, tw)
+    checks.poll(dev)  # neither done: nothing read, nothing freed
+    assert len(checks._pending[dev]) == 2 and not checks._free[dev]
+    events[0].done = events[1].done = True
+    with pytest.raises(KernelInputError, match=r"topk_idx\[3, 1\] = 10"):
+        checks.poll(dev)
+    assert len(checks._free[dev]) == 1  # the flagged call's slot, read
+    checks.poll(dev)
+    assert len(checks._free[dev]) == 2 and not checks._pending[dev]
+    again = checks.call_flag(dev)
+    assert again.data_ptr() in (first.data_ptr(), second.data_ptr())
+    assert checks.describe_flag(again, 7, 3) is None  # cleared, though its last check was flagged or not
+
+
 def test_deferred_error_message_from_the_flag_when_the_routing_changed(monkeypatch):
     """If the caller wrote its routing tensor after the call, the message takes the value from the
     flag itself (what the check saw), not from the changed tensor."""
@@ -270,13 +315,37 @@ def test_bench_host_smoke(tmp_path):
     assert "moe_experts" in by["cprofile_moe_experts"]["top20"]
 
 
+#: GPU clock cycles of the sleep queued before a call that must not wait (about 1 s on a Hopper GPU)
+SLEEP_CYCLES = 2_000_000_000
+
+
+def _returns_during_sleep(call, what: str) -> None:
+    """Queue a long GPU sleep, then ``call()`` with PyTorch's synchronization detector raising: the
+    call must return while the sleep still runs (its host time is in the message if not)."""
+    import time
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    mark = torch.cuda.Event()
+    mark.record()
+    t0 = time.perf_counter()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ms = (time.perf_counter() - t0) * 1e3
+    assert not mark.query(), f"{what} returned only after the GPU sleep ended ({ms:.1f} ms in the call)"
+
+
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="fails on an H100 (5a59d6c: the multi-launch call returned only after the GPU sleep; "
-                          "a0ec1ea: failing assertion not read, while bench_host's no-wait proof held), cause "
-                          "not found (docs/kernels.md, 'Eager calls')", strict=False)
+@pytest.mark.xfail(reason="fails on an H100 (5a59d6c, 091c8cc: the multi-launch call that records its tape "
+                          "returned only after a 0.3 s GPU sleep had ended), cause not found "
+                          "(docs/kernels.md, 'Eager calls')", strict=False)
 def test_moe_experts_never_waits_and_reports_later(rng, device):
     """On the GPU: behind a long GPU sleep, a checked moe_experts call returns while the sleep still
-    runs; its bad routing is raised by check_routing, and another bad call's by the next call."""
+    runs, both the call that records its launches and one that replays them; its bad routing is
+    raised by check_routing, and another bad call's by the next call."""
     from megamoe.kernels import KernelInputError, check_routing, moe_experts
 
     w = random_weights(QWEN, seed=7).to_torch("cuda", torch.bfloat16)
@@ -284,19 +353,16 @@ def test_moe_experts_never_waits_and_reports_later(rng, device):
     x = device.tensor(rng.standard_normal((T, QWEN.hidden_size)))
     idx = torch.as_tensor(np.stack([rng.permutation(QWEN.num_experts)[:QWEN.top_k] for _ in range(T)])).cuda()
     tw = torch.as_tensor(rng.uniform(0.1, 1.0, (T, QWEN.top_k)), dtype=torch.float32).cuda()
+    bad = idx.clone()
+    bad[4, 2] = -1
     for backend in ("multi", "megakernel"):
         moe_experts(x, idx, tw, w.gate_up, w.down, backend=backend)  # compiles
         check_routing("cuda")
-        torch.cuda.synchronize()
-        torch.cuda._sleep(500_000_000)
-        mark = torch.cuda.Event()
-        mark.record()
-        bad = idx.clone()
-        bad[4, 2] = -1
-        moe_experts(x, bad, tw, w.gate_up, w.down, backend=backend)  # no error, no wait
-        assert not mark.query(), f"{backend}: moe_experts returned only after the GPU sleep ended"
-        with pytest.raises(KernelInputError, match=r"topk_idx\[4, 2\] = -1 \(token 4, slot 2\)"):
-            check_routing("cuda")
+        for which in ("recording", "replay"):
+            _returns_during_sleep(lambda b=backend: moe_experts(x, bad, tw, w.gate_up, w.down, backend=b),
+                                  f"{backend}: moe_experts ({which} call)")
+            with pytest.raises(KernelInputError, match=r"topk_idx\[4, 2\] = -1 \(token 4, slot 2\)"):
+                check_routing("cuda")
         moe_experts(x, bad, tw, w.gate_up, w.down, backend=backend)
         torch.cuda.synchronize()
         with pytest.raises(KernelInputError, match=r"earlier moe_experts call.*topk_idx\[4, 2\] = -1"):

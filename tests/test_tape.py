@@ -329,6 +329,60 @@ def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monke
     assert args[5] is b and args[6] is y2
 
 
+def test_a_descriptor_over_a_per_call_tensor_is_filled_again_only_at_a_new_address(monkeypatch):
+    """A direct replay fills a per-call tensor's descriptor again only when the tensor's address
+    changes (moe_experts' weights, the same each call); the expansion it keeps holds no tensor."""
+    import gc
+    import weakref
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    fills, seen = [], []
+
+    def fill(desc, meta):  # as Triton 3.6 fills one with its metadata: a map of the address, no tensor
+        fills.append(desc.base.data_ptr())
+        return [("map", desc.base.data_ptr()), *desc.shape, *desc.strides]
+
+    def c_launch(gx, gy, gz, stream, function, coop, pdl, gs, ps, meta, lmeta, enter, exit_, *args):
+        seen.append(args[0][1])
+
+    class Compiled:
+        function, packed_metadata = "fn", "packed"
+        run = _Launcher36(_wrap_like_triton36(c_launch, {0}, [{"swizzle": 0}]))
+
+        def __getitem__(self, grid):  # a compiled kernel's launch: the recorded call's effect is not read here
+            return lambda *args, stream=None: None
+
+    def _rows2(desc, b_ptr, y_ptr, n, SCALE=3):
+        pass
+
+    monkeypatch.setitem(tape._launch, JITFunction, lambda self, *a, grid, warmup, **kw: Compiled())
+    monkeypatch.setattr(tape, "_EXPAND", fill)
+    rows = JITFunction(_rows2)
+    b = torch.randn(8)
+
+    def call(x):
+        y = torch.empty(8)
+        rows[(2,)](TensorDescriptor.from_tensor(x.view(2, 4), [2, 4]), b, y, 8)
+        return y
+
+    x = torch.randn(8)
+    _, tp, why = tape.record((x,), lambda: call(x))
+    assert why is None and tp.steps[0][0] is not None
+    fills.clear()
+    w = torch.randn(8)
+    for _ in range(3):
+        tp.replay((w,), stream=0)
+    assert fills == [w.data_ptr()] and seen[-3:] == [w.data_ptr()] * 3, "filled once for three replays over w"
+    w2 = torch.randn(8)
+    tp.replay((w2,), stream=0)
+    assert fills[-1] == w2.data_ptr() and seen[-1] == w2.data_ptr(), "a new address: filled again"
+    ref = weakref.ref(w2)
+    del w2
+    gc.collect()
+    assert ref() is None, "the kept expansion holds no tensor"
+
+
 def test_a_launch_hook_sends_the_replay_through_tritons_runner(kernel, monkeypatch):
     """With a launch hook set (a profiler watching launches) a replay takes the kernel's own
     runner, which calls the hook; a direct launch would skip it."""
