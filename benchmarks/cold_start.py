@@ -19,10 +19,11 @@ Each call's output is checked: finite, not all zero, and the first call's bitwis
 (numerics against the reference: ``megamoe validate``). A step that would start past ``--budget-s`` is
 skipped and named. Rows (``DIR/cold_start.jsonl``, appended as they finish; provenance from
 kernels/provenance.py): ``what`` "first_call" (cache "empty" or "compiled", first_call_s, second_call_s,
-process_s, compiles = [[kernel, seconds, specialization digest], ...] of Triton's JIT hooks, specs =
-{digest: Triton's serialized specialization}, new_cache_files; a compiled-cache call that still compiled
-a kernel also has ``not_compiled_ahead``: per such kernel, what its specialization has that none of the
-compile's specializations of that kernel has, field by field) or "compile" (wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
+process_s, compiles = [[kernel, seconds, specialization digest, the rest of its cache key's parts], ...]
+of Triton's JIT hooks, specs = {digest: Triton's serialized specialization}, new_cache_files; a
+compiled-cache call that still compiled a kernel also has ``not_compiled_ahead``: per such kernel, what
+its specialization has that none of the compile's specializations of that kernel has, field by field,
+or, where the specialization is the compile's, which other parts of the cache key differ) or "compile" (wall_s, rc). The table is printed at the end and written to ``DIR/cold_start.md``, the compile's
 statuses to ``DIR/compile_status.json`` (its logs to ``DIR/compile_logs.tgz`` if a call failed).
 
 ``--census`` (no GPU; ``census``): per preset, backend and tuned bucket, the Triton kernels one
@@ -275,7 +276,7 @@ def run(args) -> int:
             fh.write(json.dumps(row) + "\n")
         print(_line(row), flush=True)
 
-    def first_calls(cache_of, cache: str, items, ahead: dict | None = None) -> None:
+    def first_calls(cache_of, cache: str, items, ahead: dict | None = None, parts: dict | None = None) -> None:
         for n in names:
             for backend, T in items:
                 if left() <= 0:
@@ -285,7 +286,7 @@ def run(args) -> int:
                 row = {**measure(n, cfgs[n], backend, T, cache_of(n, backend, T), smoke=args.smoke,
                                  timeout_s=min(PROCESS_TIMEOUT_S, max(left(), 10.0))), "cache": cache}
                 if ahead is not None and row.get("new_cache_files"):
-                    row["not_compiled_ahead"] = not_compiled_ahead(row, ahead.get(n, {}))
+                    row["not_compiled_ahead"] = not_compiled_ahead(row, ahead.get(n, {}), parts)
                 emit(row)
 
     first_calls(lambda n, b, T: scratch / f"empty_{n}_{b}_T{T}", "empty", items)
@@ -294,9 +295,9 @@ def run(args) -> int:
         emit(run_compile(names, cfgs, sorted({T for _, T in items}), compiled, work, smoke=args.smoke,
                          budget_s=left()))
         keep_compile_files(work, out, failed=bool(rows[-1].get("rc")))
-        ahead = compile_specs(out / "compile_status.json")
-        first_calls(lambda n, b, T: compiled, "compiled", items, ahead)
-        first_calls(lambda n, b, T: compiled, "compiled", OFF_BUCKET_ITEMS, ahead)
+        ahead, parts = compile_specs(out / "compile_status.json"), compile_key_parts(out / "compile_status.json")
+        first_calls(lambda n, b, T: compiled, "compiled", items, ahead, parts)
+        first_calls(lambda n, b, T: compiled, "compiled", OFF_BUCKET_ITEMS, ahead, parts)
     else:
         emit({"what": "compile", "presets": names, "error": "skipped: past --budget-s"})
     table = table_lines(rows)
@@ -318,6 +319,18 @@ def compile_specs(status: Path) -> dict:
         for k in d.get("compiles") or []:
             if len(k) > 2 and k[2] in specs:
                 out.setdefault(key.split("/")[0], {}).setdefault(k[0], []).append(specs[k[2]])
+    return out
+
+
+def compile_key_parts(status: Path) -> dict:
+    """{specialization digest: [key parts, ...]}: the rest of Triton's cache key (megamoe.warm._key_parts)
+    of each kernel ``megamoe compile`` compiled, from its statuses."""
+    out: dict = {}
+    details = json.loads(status.read_text()).get("details", {}) if status.exists() else {}
+    for d in details.values():
+        for k in d.get("compiles") or []:
+            if len(k) > 3 and k[2] is not None:
+                out.setdefault(k[2], []).append(k[3])
     return out
 
 
@@ -345,14 +358,26 @@ def spec_difference(mine: str, theirs: str) -> dict:
     return out
 
 
-def not_compiled_ahead(row: dict, ahead: dict) -> dict:
+def not_compiled_ahead(row: dict, ahead: dict, parts: dict | None = None) -> dict:
     """Per kernel the compiled-cache call compiled (no cache hit): its difference from the nearest of the
     compile's specializations of that kernel (the one differing in fewest fields), or "not compiled by
-    the compile" where it made none of that kernel."""
+    the compile" where it made none of that kernel. Where its specialization is one the compile made but
+    its cache key is not (``parts``: ``compile_key_parts``), the parts of the key that differ."""
     out = {}
-    for name, _s, digest in (k for k in row.get("compiles") or [] if len(k) > 2):
+    for k in (k for k in row.get("compiles") or [] if len(k) > 2):
+        name, digest = k[0], k[2]
         mine = (row.get("specs") or {}).get(digest)
-        if mine is None or mine in ahead.get(name, []):
+        if mine is not None and mine in ahead.get(name, []):
+            theirs = (parts or {}).get(digest) or []
+            if len(k) > 3 and k[3].get("hash") and theirs and all(t.get("hash") != k[3]["hash"] for t in theirs):
+                t = theirs[0]
+                diff = {p: [k[3].get(p), t.get(p)] for p in sorted(set(k[3]) | set(t)) if k[3].get(p) != t.get(p)}
+                if set(diff) == {"hash"}:
+                    diff["why"] = ("the specialization, source, constants and environment are the compile's: the "
+                                   "rest of Triton's key differs (its own files, the backend, the options' libraries)")
+                out[name] = diff
+            continue
+        if mine is None:
             continue
         diffs = [spec_difference(mine, t) for t in ahead.get(name, [])]
         out[name] = min(diffs, key=len) if diffs else "not compiled by the compile"

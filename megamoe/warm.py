@@ -137,7 +137,7 @@ class _Scheduler:
         self.env = None if not env else {**os.environ, **env}
         folder.mkdir(parents=True, exist_ok=True)
         self.status = {k: "not reached" for j in jobs for k in j.keys()}
-        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [[kernel, s, digest], ...], "specs" (compile jobs): {digest: specialization}} of an item that ended
+        self.details: dict[str, dict] = {}  # key -> {"s": seconds, "compiles": [[kernel, s, digest, key parts], ...], "specs" (compile jobs): {digest: specialization}} of an item that ended
         self.item_lines = item_lines
         self.queue = list(jobs)
         self.running: dict[str, _Running] = {}
@@ -238,11 +238,12 @@ def _die_with_parent() -> None:
 @contextlib.contextmanager
 def triton_compiles(specs: dict | None = None):
     """Yields a list to which each Triton kernel specialization first launched in the block appends
-    [kernel name, seconds, specialization digest] (compiled, or loaded from the disk cache): Triton's
-    JIT compile hooks. The digest (16 hex digits of the SHA-256 of Triton's serialized specialization:
-    argument types, divisibility, constexprs, options; None where the hook gives none) tells two
-    processes' specializations of a kernel apart; ``specs``, if given, gets {digest: the serialized
-    specialization} to see how."""
+    [kernel name, seconds, specialization digest, key parts] (compiled, or loaded from the disk cache):
+    Triton's JIT compile hooks. The digest (16 hex digits of the SHA-256 of Triton's serialized
+    specialization: argument types, divisibility, constexprs, options; None where the hook gives none)
+    tells two processes' specializations of a kernel apart; ``specs``, if given, gets {digest: the
+    serialized specialization} to see how. The key parts are what else Triton's disk-cache key is made
+    of (``_key_parts``), so that a cache miss with the same specialization can say which differs."""
     out: list = []
     try:
         from triton import knobs
@@ -265,7 +266,7 @@ def triton_compiles(specs: dict | None = None):
         if specs is not None and digest is not None:
             specs[digest] = data
         out.append([getattr(fn, "name", "?"), round(time.monotonic() - (began.pop() if began else time.monotonic()), 2),
-                    digest])
+                    digest, _key_parts(kw)])
         return False
 
     rt.jit_cache_hook, rt.jit_post_compile_hook = before, after
@@ -273,6 +274,38 @@ def triton_compiles(specs: dict | None = None):
         yield out
     finally:
         rt.jit_cache_hook, rt.jit_post_compile_hook = saved
+
+
+def _key_parts(kw: dict) -> dict:
+    """What Triton's disk-cache key holds besides the specialization (triton/compiler/compiler.py,
+    ``get_cache_key``), from a post-compile hook's arguments, each part as 16 hex digits of a SHA-256:
+    ``hash`` the key itself (the cache folder's name), ``source`` the kernel's ``cache_key`` (its code
+    and the JIT functions and constexpr globals it uses), ``constants`` the constexpr values as the
+    key prints them; ``env`` the cache-invalidating environment variables themselves. A part Triton
+    does not give is left out."""
+    def h(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    parts: dict = {}
+    jf = getattr(kw.get("fn"), "jit_function", None)
+    comp = kw.get("compile") or {}
+    try:
+        parts["hash"] = jf.device_caches[comp["device"]][0][kw["key"]].hash[:16]
+    except Exception:  # noqa: BLE001 - another Triton's layout: the part is left out
+        pass
+    try:
+        parts["source"] = h(jf.cache_key)
+        parts["constants"] = h("-".join(v.cache_key if hasattr(v, "cache_key") else str(v)
+                                        for _, v in sorted(comp["constants"].items())))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        parts["env"] = dict(sorted(get_cache_invalidating_env_vars().items()))
+    except Exception:  # noqa: BLE001
+        pass
+    return parts
 
 
 def _validate_job(job: dict, emit) -> int:

@@ -200,3 +200,20 @@ def test_the_real_worker_runs_each_item_under_the_interpreter(tmp_path):
     assert r["status"] == {f"small/T={T}/bf16/{b}": "ok" for T in (3, 5) for b in ("multi", "megakernel")}, \
         (tmp_path / "small_T5.log").read_text()[-2000:]
     assert r["failed"] == [] and all(d["compiles"] == [] for d in r["details"].values())
+
+
+def test_key_parts_read_what_tritons_cache_key_holds_besides_the_specialization():
+    """From a post-compile hook's arguments: the compiled kernel's cache hash, the kernel's source key and
+    the constexprs as the key prints them; a Triton whose objects lack them leaves those parts out."""
+    from types import SimpleNamespace
+
+    from megamoe.warm import _key_parts
+
+    kernel = SimpleNamespace(hash="f" * 64)
+    jf = SimpleNamespace(device_caches={0: ({"key1": kernel}, None)}, cache_key="src")
+    kw = {"fn": SimpleNamespace(jit_function=jf), "key": "key1", "compile": {"device": 0, "constants": {(2,): 16, (1,): 4}}}
+    parts = _key_parts(kw)
+    assert parts["hash"] == "f" * 16 and len(parts["source"]) == len(parts["constants"]) == 16
+    swapped = {**kw, "compile": {"device": 0, "constants": {(1,): 4, (2,): 16}}}
+    assert _key_parts(swapped)["constants"] == parts["constants"], "in the key's order, not the dict's"
+    assert not {"hash", "source", "constants"} & set(_key_parts({"fn": None, "compile": {}}))

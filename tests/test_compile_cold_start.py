@@ -129,3 +129,23 @@ def test_a_compiled_cache_miss_names_what_its_specialization_has_that_the_compil
                    "_router_kernel": "not compiled by the compile"}
     same = {"new_cache_files": 2, "compiles": [["_megakernel", 0.1, "d1"]], "specs": {"d1": spec([["tt.divisibility", 16]])}}
     assert "cache key differs elsewhere" in cs.not_compiled_ahead(same, ahead["qwen3-30b-a3b"])["*"]
+
+
+def test_a_miss_with_the_compiles_specialization_names_the_parts_of_the_key_that_differ(tmp_path):
+    """The same specialization compiled again: the key parts each side recorded (megamoe.warm._key_parts)
+    say which differs (here the kernel's source hash), or that only the rest of Triton's key can."""
+    sp = json.dumps({"name": "k", "signature": {"x_ptr": "*bf16"}, "options": {"num_warps": 4}})
+    parts = {"hash": "aaaa", "source": "s1", "constants": "c1", "env": {"TRITON_X": "0"}}
+    status = tmp_path / "compile_status.json"
+    status.write_text(json.dumps({"details": {"p/T=1/bf16/megakernel": {
+        "s": 8.0, "compiles": [["_megakernel", 7.8, "d1", parts]], "specs": {"d1": sp}}}}))
+    ahead, keys = cs.compile_specs(status)["p"], cs.compile_key_parts(status)
+    assert keys == {"d1": [parts]}
+    row = {"new_cache_files": 8, "specs": {"d1": sp},
+           "compiles": [["_megakernel", 7.9, "d1", {**parts, "hash": "bbbb", "source": "s2"}]]}
+    assert cs.not_compiled_ahead(row, ahead, keys) == {"_megakernel": {"hash": ["bbbb", "aaaa"], "source": ["s2", "s1"]}}
+    row["compiles"][0][3]["source"] = "s1"
+    got = cs.not_compiled_ahead(row, ahead, keys)["_megakernel"]
+    assert got["hash"] == ["bbbb", "aaaa"] and "rest of Triton's key" in got["why"]
+    hit = {"new_cache_files": 0, "specs": {"d1": sp}, "compiles": [["_megakernel", 0.1, "d1", parts]]}
+    assert cs.not_compiled_ahead(hit, ahead, keys) == {}

@@ -222,7 +222,7 @@ def test_check_slots_are_reused_only_once_read(monkeypatch):
         monkeypatch.setattr(checks, name, value)
     monkeypatch.setattr(checks, "_new_slots", slots)
     monkeypatch.setattr(checks, "capturing", lambda d: False)
-    monkeypatch.setattr(checks, "_device_key", str)
+    monkeypatch.setattr(checks, "_device_key", lambda d: torch.device(d).type)  # "cuda:0" and "cuda" alike
     monkeypatch.setattr(_Event, "record", lambda self, stream=None: None, raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     idx = torch.as_tensor(np.array([[0, 1, 2]] * 5, dtype=np.int64)).to(dev)
