@@ -16,6 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .jit_keys import settle
 from .plan import align_blocks, align_launch  # noqa: F401 - align_blocks: kept importable from here
 
 #: token blocks with at most this many (token, slot, expert) cells are aligned with 3-D one-hot tensors
@@ -349,3 +350,6 @@ def launch_scatter(topk_idx, meta: dict, num_experts: int, al: dict) -> None:
         meta["pair_dest"], T, num_experts, K=K, BLOCK_T=al["BLOCK_T"], BLOCK_P=al["BLOCK_P"], BLOCK_J=al["BLOCK_J"],
         num_warps=al["scatter_warps"],
     )
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

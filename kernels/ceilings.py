@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .jit_keys import settle
 from .measure import graph_time_us
 
 #: --dtype names -> the layer's FP8 mode (kernels.plan.FP8_MODES): None, "weights", "weights+act"
@@ -111,3 +112,6 @@ def floor_matmul_rate(ceil: dict, dtype: str) -> tuple[str, float | None]:
     if DTYPES[dtype] == "weights+act":
         return "fp8", ceil.get("fp8_matmul_flops_per_s")
     return "bf16", ceil["matmul_flops_per_s"]
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

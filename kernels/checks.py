@@ -41,6 +41,7 @@ from ..reference import InputError
 from ..reference.config import MoEConfig
 from ..reference.weights import SCALE_FIELDS, MoEWeights
 from .align import _block_counts, _finish_offsets, _scatter_block
+from .jit_keys import settle
 from .plan import align_blocks
 
 
@@ -445,3 +446,6 @@ def check_captured_routing(device="cuda", *, num_experts: int, top_k: int, clear
     finally:
         if clear:
             _init(flag)
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -21,6 +21,7 @@ from . import configs as cfgs
 from .ep import EPInputError, EPShard
 from .ep_pull import note_timeout, row_tile, wait_flag
 from .grouped_gemm import ACT_CODES, _gemm1_tile, _gemm2_tile, _ieee, device_sms
+from .jit_keys import settle
 from .megakernel import _now, _signal, _wait
 
 #: int32 words between two counters of the sync buffer (one 128-byte line each on a GPU)
@@ -290,3 +291,6 @@ def trace_summary(plan: FusedEPPlan, trace) -> dict:
 
 __all__ = ["FusedBuffers", "device_plan", "fused_programs", "fused_tiles", "fused_tiles_of", "launch_fused", "plan_for",
            "trace_summary"]
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

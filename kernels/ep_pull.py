@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..reference._checks import InputError
 from ..reference.ep import PullSchedule
+from .jit_keys import settle
 
 #: elements of one tile (BLOCK_R x BLOCK_W) at most; a column block covers at most MAX_BLOCK_W elements
 TILE_ELEMENTS = 4096
@@ -274,3 +275,6 @@ def push_rows_triton(pull: PullSchedule, rank: int, partial: torch.Tensor, combi
 
 __all__ = ["ReadyWait", "copy_table", "launch_copies", "note_timeout", "pull_rows_triton", "push_rows_triton",
            "row_tile", "wait_flag"]
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

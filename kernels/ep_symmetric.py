@@ -33,6 +33,7 @@ from .ep import (
 )
 from .ep_fused import device_plan, fused_programs, launch_fused, plan_for
 from .ep_pull import ReadyWait, _interpreting, copy_table, launch_copies, note_timeout, wait_flag
+from .jit_keys import settle
 
 #: rows of the flags region: flags[READY, s] (s packed its send buffers), flags[LANDED, c] (c's pushes landed)
 READY, LANDED = 0, 1
@@ -454,3 +455,6 @@ def ep_moe_experts_emulated(xs, topk_idx, topk_weights, shards, buffers, *, max_
 
 __all__ = ["EMULATED_SPIN_LIMIT", "GPU_SPIN_LIMIT", "LANDED", "READY", "BufferLayout", "FlagTimeoutError",
            "SymmetricBuffers", "SymmetricStep", "ep_moe_experts_emulated", "ep_moe_experts_symmetric"]
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -25,6 +25,7 @@ from .grouped_gemm import (
     _routed_tile,
     device_sms,
 )
+from .jit_keys import settle
 from .plan import gemm_grid
 
 
@@ -247,3 +248,6 @@ def gemm2_fp8a_launch(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: d
             act_scale.stride(0), w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0),
             out.stride(0))
     return _gemm2_fp8a_kernel, gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(act.device)), args, kwargs
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from ..reference import fp8 as fp8_ref
 from .grouped_gemm import _act_values
+from .jit_keys import settle
 from .megakernel_config import FP8_CONVERT_DEFAULT
 
 E4M3_MAX = tl.constexpr(fp8_ref.E4M3_MAX)
@@ -181,3 +182,6 @@ def convert_code(name: str, gpu: bool, what: str = "FP8 conversion") -> int:
 def _multi_cvt(x, fp8_act: bool) -> int:
     """The multi-launch GEMMs' CVT: FP8_CONVERT_DEFAULT for weight-only FP8, 0 with FP8 activations."""
     return 0 if fp8_act else convert_code(FP8_CONVERT_DEFAULT, x.device.type == "cuda")
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -25,6 +25,7 @@ from .fp8_common import (  # noqa: F401 - convert_code: the megakernel imports i
 )
 from .fp8w_tma import check_fold_scales, gemm1_fp8w_launch, gemm2_fp8w_launch
 from .grouped_gemm import ACT_CODES, _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start, _ieee, _program_tile
+from .jit_keys import settle
 from .plan import gemm_grid
 
 
@@ -305,3 +306,6 @@ def launch_gemm2_fp8(act, act_scale, w, w_scale, bias, out, meta, scale, cfg: di
     if _kind(cfg, "gemm2", act_scale is not None, split) == "fp8w":
         check_fold_scales(w_scale, act.dtype, kwargs["CVT"], "down scale_inv")
     kernel[grid](*args, **kwargs)
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

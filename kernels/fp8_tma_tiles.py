@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .fp8_common import _band_scale, _fp8_step, _gate_up_tma_step, _gemm1_fp8_epilogue, _quantize_groups
 from .grouped_gemm import _gemm1_tile_start, _gemm2_epilogue, _gemm2_tile_start
+from .jit_keys import settle
 
 
 @triton.jit
@@ -103,3 +104,6 @@ def _gemm2_fp8_tmaw_tile(
         a_ptrs += BLOCK_K
     _gemm2_epilogue(acc, row_mask, tok, slot, srow, e, pid_m * 0, offs_n, offs_bn, T, N, bias_ptr, stride_be,
                     scale_ptr, out_ptr, stride_ot, KS, HAS_BIAS, HAS_SCALE, ATOMIC, 1)
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

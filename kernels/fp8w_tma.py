@@ -29,6 +29,7 @@ from .grouped_gemm import (
     _routed_tile,
     device_sms,
 )
+from .jit_keys import settle
 from .plan import gemm_grid
 
 #: _e4m3_folded's inline PTX (CVT 2): out = fma(c, hi, c * lo) per pair, hi + lo the fold factor
@@ -288,3 +289,6 @@ def gemm2_fp8w_launch(act, w, w_scale, bias, out, meta, scale, cfg: dict, *, T: 
             T, N, KD, w.shape[0], w_scale.stride(0), w_scale.stride(1), 0 if bias is None else bias.stride(0),
             out.stride(0))
     return _gemm2_fp8w_tma_kernel, gemm_grid(num_m, N, cfg, num_sms=num_sms or device_sms(act.device)), args, kwargs
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

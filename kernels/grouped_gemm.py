@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs as cfgs
+from .jit_keys import settle
 from .plan import act_launch, combine_launch, gemm_grid
 
 ACT_CODES = {"silu_gated": 0, "clamped_swiglu": 1}
@@ -634,3 +635,6 @@ def launch_combine(src, y, KS: int, split: int = 1, *, launch: dict | None = Non
     cl = launch or combine_launch(T, H)
     _combine_kernel[cl["grid"]](src, y, T, H, KS=KS, SPLIT=split, BLOCK_T=cl["BLOCK_T"], BLOCK_H=cl["BLOCK_H"],
                                 num_warps=cl["num_warps"])
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -55,6 +55,7 @@ from .grouped_gemm import (
     _gemm2_tmaw_tile,
     _tile_ids,
 )
+from .jit_keys import settle
 from .routing import ROUTER_CODES, _route_block, _router_partial
 
 SW = tl.constexpr(SYNC_STRIDE)  # int32 words between two sync words: word i of SYNC_WORDS is at SW * i
@@ -819,3 +820,6 @@ def megakernel_forward(x: torch.Tensor, weights, config, *, mk: dict | None = No
         ran[a] = getattr(kern, a, None)
     ran["shared_bytes"] = getattr(getattr(kern, "metadata", None), "shared", None)
     return y, ran
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..reference.config import ROUTERS
 from .align import _finish_offsets, _scatter_block
+from .jit_keys import settle
 from .plan import align_blocks, router_launch
 
 ROUTER_CODES = {r: i for i, r in enumerate(ROUTERS)}  # the kernels' ROUTER constexpr; the plan's router tiles
@@ -344,3 +345,6 @@ def launch_router(x, weights, config, topk_idx, topk_w, hist, sgate, block_t: in
         BLOCK_G=rl["BLOCK_G"], BITONIC=rl["BITONIC"], num_warps=rl["num_warps"],
     )
     return fuse
+
+
+settle(globals())  # every JIT function's cache key, callees first (jit_keys.py)

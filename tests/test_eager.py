@@ -339,9 +339,6 @@ def _returns_during_sleep(call, what: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="fails on an H100 (5a59d6c, 091c8cc: the multi-launch call that records its tape "
-                          "returned only after a 0.3 s GPU sleep had ended), cause not found "
-                          "(docs/kernels.md, 'Eager calls')", strict=False)
 def test_moe_experts_never_waits_and_reports_later(rng, device):
     """On the GPU: behind a long GPU sleep, a checked moe_experts call returns while the sleep still
     runs, both the call that records its launches and one that replays them; its bad routing is
