@@ -266,6 +266,29 @@ class _Launcher36:
         self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
 
 
+def _rows2(desc, b_ptr, y_ptr, n, SCALE=3):  # y = SCALE * x + b, x read through the descriptor
+    pass
+
+
+def _record_rows2(monkeypatch, launch, fill):
+    """A call of _rows2 over a descriptor of x recorded, its launches through ``launch`` (a fake of
+    ``JITFunction.run``) and descriptors expanded by ``fill`` -> (y, tape, why not, x, b)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setitem(tape._launch, JITFunction, launch)
+    monkeypatch.setattr(tape, "_EXPAND", fill)
+    rows = JITFunction(_rows2)
+    x, b = torch.randn(8), torch.randn(8)
+
+    def call():
+        y = torch.empty(8)
+        rows[(2,)](TensorDescriptor.from_tensor(x.view(2, 4), [2, 4]), b, y, 8)
+        return y
+
+    y, tp, why = tape.record((x,), call)
+    return y, tp, why, x, b
+
+
 def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monkeypatch):
     """Where Triton's launcher is 3.6's, a replay calls the compiled C launcher itself with the
     arguments expanded when recorded (a descriptor over a per-call tensor expanded anew): the same
@@ -290,9 +313,6 @@ def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monke
 
             return runner
 
-    def _rows2(desc, b_ptr, y_ptr, n, SCALE=3):
-        pass
-
     def fake_run(self, *args, grid, warmup, **kwargs):
         compiled = Compiled()
         bound = self.signature.bind(*args)
@@ -300,18 +320,7 @@ def test_a_direct_launch_hands_the_c_launcher_what_tritons_runner_hands_it(monke
         compiled[tuple(grid) + (1,) * (3 - len(grid))](*bound.arguments.values(), stream=0)
         return compiled
 
-    monkeypatch.setitem(tape._launch, JITFunction, fake_run)
-    monkeypatch.setattr(tape, "_EXPAND", _fake_fill)
-    rows = JITFunction(_rows2)
-    b = torch.randn(8)
-
-    def run_on(x):
-        y = torch.empty(8)
-        rows[(2,)](TensorDescriptor.from_tensor(x.view(2, 4), [2, 4]), b, y, 8)
-        return y
-
-    x = torch.randn(8)
-    y, tp, why = tape.record((x,), lambda: run_on(x))
+    y, tp, why, x, b = _record_rows2(monkeypatch, fake_run, _fake_fill)
     assert why is None and torch.equal(y, 3 * x + b)
     (direct, _), = tp.steps
     assert direct is not None, "Triton 3.6's launcher: the replay launches directly"
@@ -335,7 +344,6 @@ def test_a_descriptor_over_a_per_call_tensor_is_filled_again_only_at_a_new_addre
     import gc
     import weakref
 
-    from triton.tools.tensor_descriptor import TensorDescriptor
 
     fills, seen = [], []
 
@@ -353,21 +361,7 @@ def test_a_descriptor_over_a_per_call_tensor_is_filled_again_only_at_a_new_addre
         def __getitem__(self, grid):  # a compiled kernel's launch: the recorded call's effect is not read here
             return lambda *args, stream=None: None
 
-    def _rows2(desc, b_ptr, y_ptr, n, SCALE=3):
-        pass
-
-    monkeypatch.setitem(tape._launch, JITFunction, lambda self, *a, grid, warmup, **kw: Compiled())
-    monkeypatch.setattr(tape, "_EXPAND", fill)
-    rows = JITFunction(_rows2)
-    b = torch.randn(8)
-
-    def call(x):
-        y = torch.empty(8)
-        rows[(2,)](TensorDescriptor.from_tensor(x.view(2, 4), [2, 4]), b, y, 8)
-        return y
-
-    x = torch.randn(8)
-    _, tp, why = tape.record((x,), lambda: call(x))
+    _, tp, why, _, _ = _record_rows2(monkeypatch, lambda self, *a, grid, warmup, **kw: Compiled(), fill)
     assert why is None and tp.steps[0][0] is not None
     fills.clear()
     w = torch.randn(8)
