@@ -46,3 +46,16 @@ def test_callees_are_settled_before_their_callers():
     computed.clear()
     jit_keys.settle({"top": top, "x": 1, "mid": mid})
     assert computed == ["_leaf_src", "_mid_src", "_top_src"], "each key after its callees', each once"
+
+
+def test_every_kernel_module_settles_its_jit_functions():
+    """A module that defines JIT functions ends by settling them; one that does not would compute its
+    kernels' keys in whatever order a process launches them (Triton 3.6: another disk-cache key)."""
+    import re
+    from pathlib import Path
+
+    root = Path(jit_keys.__file__).parent
+    defining = [p for p in sorted(root.glob("*.py")) if re.search(r"^@triton\.jit", p.read_text(), re.M)]
+    assert len(defining) >= 10, [p.name for p in defining]
+    missing = [p.name for p in defining if not re.search(r"^settle\(globals\(\)\)", p.read_text(), re.M)]
+    assert not missing, f"modules defining JIT functions without settle(globals()) at their end: {missing}"
