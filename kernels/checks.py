@@ -19,11 +19,12 @@ When a bad routing is reported (``moe_experts(check=True)``):
   flag on the device, a row of pinned host memory, a CUDA event, all made ahead in groups of
   SLOT_GROUP and reused: CUDA counts a page-locked allocation among the operations that
   synchronize implicitly), clears its flag by one copy, and after the check enqueues an
-  asynchronous copy of the flag to the slot's pinned row and records the slot's event (``defer``). The next megamoe call on that device (``moe_experts``,
-  ``moe_forward``, a ``bind`` closure) polls the events that have completed (``event.query()``, no
-  wait) and raises for the first flagged call; ``check_routing(device)`` waits for every pending
-  check and raises likewise. The error then names the earlier call's token, slot and value. A
-  slot returns to the device's free list once its flag has been read.
+  asynchronous copy of the flag to the slot's pinned row and records the slot's event
+  (``defer``). The next megamoe call on that device (``moe_experts``, ``moe_forward``, a ``bind``
+  closure) polls the events that have completed (``event.query()``, no wait) and raises for the
+  first flagged call; ``check_routing(device)`` waits for every pending check and raises likewise.
+  The error then names the earlier call's token, slot and value. A slot returns to the device's
+  free list once its flag has been read.
 - Inside a capture, under torch.compile or with ``check=False``: recorded in a sticky per-device
   flag that ``check_captured_routing(device)`` reads, raises on and clears.
 """
