@@ -39,19 +39,23 @@ def callees(fn: JITCallable) -> list[JITCallable]:
     return out
 
 
-def _settle(fn: JITCallable, seen: set[int]) -> None:
-    if id(fn) in seen:
+#: each JIT function whose key is computed, callees first, by id (kept, so that no id is reused); a
+#: module imported later parses only its own functions: those it imports were settled by their modules
+_settled: dict[int, JITCallable] = {}
+
+
+def _settle(fn: JITCallable) -> None:
+    if id(fn) in _settled:
         return
-    seen.add(id(fn))
+    _settled[id(fn)] = fn
     for c in callees(fn):
-        _settle(c, seen)
+        _settle(c)
     fn.cache_key  # noqa: B018 - computed now, its callees' before it
 
 
 def settle(namespace: dict) -> None:
     """Compute the cache key of every JIT function in ``namespace`` (a module's globals), each one's
-    callees first (module docstring)."""
-    seen: set[int] = set()
+    callees first (module docstring); one already settled is not parsed again."""
     for v in list(namespace.values()):
         if isinstance(v, JITCallable):
-            _settle(v, seen)
+            _settle(v)
