@@ -566,15 +566,22 @@ def _call_plan(config: MoEConfig, T: int, dtype: torch.dtype, device: torch.devi
     return be, static_plan_for(config, T, dtype, device, deterministic, fp8=fp8)
 
 
+def _layer_plan(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
+                fp8_activations: bool) -> tuple:
+    """(fp8 mode, backend, plan) of the layer's call on x (T > 0): all ``_layer`` needs besides the tensors."""
+    fp8 = fp8_mode(weights, fp8_activations)
+    return (fp8, *_call_plan(config, x.shape[0], x.dtype, x.device, bool(deterministic), backend, fp8))
+
+
 def _layer(x, weights: MoEWeights, config: MoEConfig, deterministic: bool, backend: str,
-           fp8_activations: bool = False, *, taped: bool = False) -> torch.Tensor:
+           fp8_activations: bool = False, *, taped: bool = False, planned: tuple | None = None) -> torch.Tensor:
     """The layer's launches for x. ``taped`` (eager calls on the caller's own weights object):
-    replay the launches recorded for this call shape where there is a tape (``_taped``)."""
+    replay the launches recorded for this call shape where there is a tape (``_taped``).
+    ``planned``: ``_layer_plan``'s answer for this call, where the caller kept it."""
     T = x.shape[0]
     if T == 0:
         return torch.empty(tuple(x.shape), device=x.device, dtype=x.dtype)
-    fp8 = fp8_mode(weights, fp8_activations)
-    be, plan = _call_plan(config, T, x.dtype, x.device, bool(deterministic), backend, fp8)
+    fp8, be, plan = planned or _layer_plan(x, weights, config, deterministic, backend, fp8_activations)
 
     def run() -> torch.Tensor:
         if be == "megakernel":
@@ -608,7 +615,7 @@ def _taped(inputs: tuple, shape_key: tuple, run, owner: tuple | None = None) -> 
     each replay (the tape is dropped with the weights object). No tape for T = 0, above
     TAPE_MAX_TOKENS or inside a CUDA-graph capture."""
     x = inputs[0]
-    if not 0 < x.shape[0] <= TAPE_MAX_TOKENS or checks.capturing(x.device):
+    if not 0 < x.shape[0] <= TAPE_MAX_TOKENS or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return run()
     stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
     key = (shape_key, stream, threading.get_ident())
@@ -663,6 +670,7 @@ def clear_caches() -> None:
     _tapes.clear()
     _checked.clear()
     _info.clear()
+    _calls.clear()
     _json.clear()
 
 
@@ -720,15 +728,36 @@ def _check_weights_once(weights, config: MoEConfig, device: torch.device, dtype:
     hit = _checked.get(key)
     if hit is not None and hit() is weights:
         if _weights_info(weights)[0] and not torch.compiler.is_compiling() and not checks.capturing(device):
-            for name in SCALE_FIELDS:  # each re-read only if written since (its version)
-                if getattr(weights, name) is not None:
-                    checks._check_scale_values(f"weights.{name}", getattr(weights, name))
+            _recheck_scales(weights)
         return
     check_weights(weights, config, device, dtype)
     if not torch.compiler.is_compiling() and not checks.capturing(device):
         if len(_checked) >= 1024:
             _checked.clear()
         _checked[key] = weakref.ref(weights)
+
+
+def _recheck_scales(weights: MoEWeights) -> None:
+    """Checked weights' FP8 scales, each read again only if written since it was (its version)."""
+    for name in SCALE_FIELDS:
+        if getattr(weights, name) is not None:
+            checks._check_scale_values(f"weights.{name}", getattr(weights, name))
+
+
+#: what an eager ``moe_forward`` call derives from everything but x's data, per call signature
+#: (weights and config objects, x's shape, dtype and device, the options): (weakref to the
+#: weights, config, the weights' tensors, fp8_activations resolved, ``_layer_plan``'s answer).
+#: Filled only by a call that passed the checks (or was told not to check) and ran direct; a
+#: ``bind`` layer's calls keep their plans here too, per T ("bind" first in the key, no tensors).
+_calls: dict[tuple, tuple] = {}
+
+
+def _keep_call(key: tuple, entry: tuple) -> tuple:
+    """``entry`` kept in ``_calls`` (all dropped once it holds 1024)."""
+    if len(_calls) >= 1024:
+        _calls.clear()
+    _calls[key] = entry
+    return entry
 
 
 def _weights_info(weights) -> tuple | None:
@@ -773,6 +802,19 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     traced = torch.compiler.is_compiling()  # traced: the checks and the torch op, nothing kept
+    key = None
+    if not traced and type(x) is torch.Tensor and (fp8_activations is None or type(fp8_activations) is bool):
+        key = (id(weights), id(config), x.shape, x.dtype, x.device, backend, bool(deterministic), fp8_activations,
+               not check)
+        hit = _calls.get(key)
+        if hit is not None and hit[0]() is weights and hit[1] is config and x.is_contiguous():
+            _, _, tensors, fp8_act, planned = hit
+            if check and planned[0] is not None and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+                _recheck_scales(weights)
+            if checks._pending:
+                checks.poll(x.device)
+            if _direct(x, tensors):
+                return _layer(x, weights, config, key[6], backend, fp8_act, taped=True, planned=planned)
     if check and traced:
         check_inputs(x, weights, config)
     elif check:
@@ -786,7 +828,11 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if checks._pending and not traced:
         checks.poll(x.device)
     if info is not None and info[1] and _direct(x, info[2]):
-        return _layer(x, weights, config, bool(deterministic), backend, fp8_act, taped=True)
+        if key is None or x.shape[0] == 0 or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return _layer(x, weights, config, bool(deterministic), backend, fp8_act, taped=True)
+        planned = _layer_plan(x, weights, config, key[6], backend, fp8_act)
+        _keep_call(key, (weakref.ref(weights), config, info[2], fp8_act, planned))
+        return _layer(x, weights, config, key[6], backend, fp8_act, taped=True, planned=planned)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
@@ -836,7 +882,15 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     kept = _Graphs() if graphs and dev.type == "cuda" else None
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        return _layer(x, weights, config, det, backend, fp8_act, taped=True)
+        T = x.shape[0]
+        key = ("bind", id(weights), id(config), T, det, backend, fp8_act)  # x's dtype and device: bind's
+        hit = _calls.get(key)
+        if hit is None or hit[0]() is not weights or hit[1] is not config:
+            if T == 0:
+                return _layer(x, weights, config, det, backend, fp8_act)
+            hit = _keep_call(key, (weakref.ref(weights), config, None, fp8_act,
+                                   _layer_plan(x, weights, config, det, backend, fp8_act)))
+        return _layer(x, weights, config, det, backend, fp8_act, taped=True, planned=hit[4])
 
     def f(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != H or x.dtype != dt or x.device != dev:

@@ -108,19 +108,54 @@ def test_zero_tokens(device, backend):
     assert y.shape == (0, QWEN.hidden_size)
 
 
-def test_fp8_scales_written_after_a_checked_call_are_read_again(device):
+@pytest.mark.parametrize("T", [0, 2])
+def test_fp8_scales_written_after_a_checked_call_are_read_again(device, T):
     """The weights are checked once per object, but an FP8 scale written in place since is read
-    again by the next moe_forward (T = 0: only the checks run)."""
+    again by the next moe_forward (T = 0: only the checks run; T = 2: the call's kept signature)."""
     from megamoe.kernels import KernelInputError, moe_forward
 
     cfg = MoEConfig(hidden_size=128, intermediate_size=128, num_experts=4, top_k=2)
     w = random_weights(cfg, seed=0, fp8=True).to_torch(device.name, device.torch_dtype())
-    x = torch.zeros((0, 128), device=device.name, dtype=device.torch_dtype())
+    x = torch.randn((T, 128), device=device.name, dtype=device.torch_dtype())
     moe_forward(x, w, cfg)
     moe_forward(x, w, cfg)  # checked already
     w.down_scale_inv[2, 0, 0] = float("nan")
     with pytest.raises(KernelInputError, match=r"weights.down_scale_inv .* must be finite and > 0, got nan"):
         moe_forward(x, w, cfg)
+
+
+def test_a_kept_call_signature_keeps_every_check(rng, device, monkeypatch):
+    """A moe_forward call of a signature seen before skips the weights' checks (kept per weights
+    and config object, x's shape, dtype and device, and the options) but still refuses what a
+    fresh call refuses; an unchecked call's signature never stands in for a checked one's; a
+    new weights object (or an equal config object) is not taken for the old."""
+    import gc
+
+    from megamoe.kernels import KernelInputError, moe, moe_forward
+
+    dt = device.torch_dtype()
+    w = random_weights(QWEN, seed=5).to_torch(device.name, dt)
+    x = device.tensor(rng.standard_normal((3, QWEN.hidden_size)), device.dtype)
+    checked = []
+    real = moe.check_weights
+    monkeypatch.setattr(moe, "check_weights", lambda *a: (checked.append(1), real(*a)))
+    moe.clear_caches()
+    first = moe_forward(x, w, QWEN, check=False)
+    assert torch.equal(moe_forward(x, w, QWEN, check=False), first) and not checked
+    assert torch.equal(moe_forward(x, w, QWEN), first) and len(checked) == 1
+    assert torch.equal(moe_forward(x, w, QWEN, fp8_activations=False), first) and len(checked) == 1
+    with pytest.raises(KernelInputError, match="x must be contiguous"):
+        moe_forward(x.t().contiguous().t(), w, QWEN)
+    with pytest.raises(KernelInputError, match="fp8_activations must be True, False or None, got 0"):
+        moe_forward(x, w, QWEN, fp8_activations=0)  # equal to False as a key, refused all the same
+    with pytest.raises(KernelInputError, match="backend must be one of"):
+        moe_forward(x, w, QWEN, backend="fast")
+    assert torch.equal(moe_forward(x, w, QWEN.replace()), first)  # an equal config, another object
+    w2 = random_weights(QWEN, seed=6).to_torch(device.name, dt)
+    del w
+    gc.collect()
+    assert torch.equal(moe_forward(x, w2, QWEN), _fresh(lambda: moe_forward(x, w2, QWEN)))
+    assert not torch.equal(moe_forward(x, w2, QWEN), first)
 
 
 def test_bind_refuses_a_graphs_flag_not_bool(device):
