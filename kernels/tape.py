@@ -64,12 +64,15 @@ class Tape:
     def fits(self, inputs: tuple) -> bool:
         """Whether these inputs may stand in the recorded ones' place: contiguous and, where the
         kernels were specialized for it, 16-byte aligned."""
-        return all(t is None or (t.is_contiguous() and (not a or t.data_ptr() % 16 == 0))
-                   for t, a in zip(inputs, self.aligned))
+        for t, a in zip(inputs, self.aligned):
+            if t is not None and not (t.is_contiguous() and (not a or t.data_ptr() % 16 == 0)):
+                return False
+        return True
 
     def replay(self, inputs: tuple, stream: int) -> torch.Tensor:
-        x = inputs[0]
-        y = torch.empty(self.y_shape, device=x.device, dtype=x.dtype)
+        x = inputs[0]  # contiguous (fits), of the recorded shape: y is like it where the shapes agree
+        y = torch.empty_like(x) if x.shape == self.y_shape else torch.empty(self.y_shape, device=x.device,
+                                                                            dtype=x.dtype)
         hooked = _hooked()
         for direct, runner in self.steps:
             (runner if hooked or direct is None else direct)(inputs, y, stream)
@@ -78,8 +81,9 @@ class Tape:
 
 def _hooked() -> bool:
     """Whether a launch hook is set (a profiler watching launches): a call in Triton's hook chain, or a plain hook."""
-    return any(h is not None and getattr(h, "calls", True)
-               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    rt = knobs.runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True)) or (leave is not None and getattr(leave, "calls", True)))
 
 
 def _runner(run, vals: tuple, slots: tuple, descs: tuple):
