@@ -11,7 +11,10 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
 - ``gpu_us``: CUDA events around the call;
 - ``enqueue_us_runner`` (not for ``bind_graphs``): ``enqueue_us`` again, in the same run, with the
   recorded launches sent through Triton's runner instead of straight into each kernel's C launcher
-  (``direct_launches`` of them launch directly): what the direct launch saves.
+  (``direct_launches`` of them launch directly): what the direct launch saves;
+- ``tape_replays``: tapes replayed by one call after the warm-up (0: the timed calls launch through
+  Triton, or replay a CUDA graph); ``tape_recordings`` and ``tape_refusals`` (why, each reason once):
+  the warm-up's recordings (``watch_tapes``).
 Entries: ``moe_forward`` (the whole layer: router, experts, shared MLP where the preset has one),
 ``bind`` (the closure of ``bind(weights, config)``), ``bind_graphs`` (``bind(..., graphs=True)``:
 a CUDA graph per T replayed, T <= moe.GRAPH_MAX_TOKENS) and ``moe_experts`` (routed experts,
@@ -31,6 +34,7 @@ status 1 if any row failed a check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -220,10 +224,14 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
         row = {**base, "entry": entry}
         try:
             t0 = time.perf_counter()
-            for _ in range(warmup):  # compiles, fills the caches
-                fn()
+            with watch_tapes() as seen:
+                for _ in range(warmup):  # compiles, fills the caches
+                    fn()
             _sync(dev)
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
+            with watch_tapes() as timed:
+                fn()
+            row.update(tape_recordings=seen["recorded"], tape_refusals=seen["refused"], tape_replays=timed["replays"])
             row.update(time_calls(fn, dev, calls))
             if entry != "bind_graphs":
                 row.update(runner_ab(fn, dev, calls))
@@ -241,6 +249,37 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
         log(row)
         out.append(row)
     return out
+
+
+@contextlib.contextmanager
+def watch_tapes():
+    """What the eager calls made inside do with recorded launches (kernels/tape.py): ``recorded``
+    (tapes made), ``refused`` (why a recording was refused, each reason once) and ``replays``.
+    A row's ``tape_replays`` (per timed call, from one call after the warm-up) says whether its
+    timings are of replayed launches; ``tape_refusals`` says why not, where the warm-up's
+    recordings were refused."""
+    from megamoe.kernels import moe, tape
+
+    seen = {"recorded": 0, "refused": [], "replays": 0}
+    record, replay = moe.record, tape.Tape.replay
+
+    def watched_record(inputs, run):
+        y, tp, why = record(inputs, run)
+        if tp is not None:
+            seen["recorded"] += 1
+        elif why not in seen["refused"]:
+            seen["refused"].append(why)
+        return y, tp, why
+
+    def watched_replay(self, inputs, stream):
+        seen["replays"] += 1
+        return replay(self, inputs, stream)
+
+    moe.record, tape.Tape.replay = watched_record, watched_replay
+    try:
+        yield seen
+    finally:
+        moe.record, tape.Tape.replay = record, replay
 
 
 def runner_ab(fn, dev, calls: int) -> dict:
@@ -308,7 +347,7 @@ def _provenance(dev) -> dict:
 
 
 HEADER = (f"{'preset':<15}{'T':>6} {'backend':<11}{'entry':<12}{'enqueue us':>11}{'runner us':>11}{'wall us':>10}{'gpu us':>9}"
-          f"{'err max':>10} {'uncached':<9}{'no wait':<8}")
+          f"{'err max':>10} {'uncached':<9}{'no wait':<8}{'replays':>8}")
 
 
 def fmt(r: dict) -> str:
@@ -318,7 +357,8 @@ def fmt(r: dict) -> str:
     nowait = {True: "yes", False: "NO", None: "-"}[r.get("returned_during_sleep")]
     return (f"{r['preset']:<15}{r['T']:>6} {r['backend']:<11}{r['entry']:<12}{n(r.get('enqueue_us')):>11}"
             f"{n(r.get('enqueue_us_runner')):>11}{n(r.get('wall_us')):>10}{n(r.get('gpu_us')):>9}{n(r.get('err_max'), '.2e'):>10} "
-            f"{str(r.get('same_as_uncached', '-')):<9}{nowait:<8}")
+            f"{str(r.get('same_as_uncached', '-')):<9}{nowait:<8}{n(r.get('tape_replays'), 'd'):>8}"
+            + "".join(f"  (recording refused: {why})" for why in r.get("tape_refusals") or ()))
 
 
 def main(argv=None) -> int:

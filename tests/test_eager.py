@@ -336,13 +336,15 @@ def test_bench_host_smoke(tmp_path):
     bench_host = load_benchmark("bench_host")
     out = tmp_path / "host.jsonl"
     rc = bench_host.main(["--smoke", "--presets", "qwen3-30b-a3b", "--tokens", "2", "--backends", "multi",
-                          "--calls", "1", "--warmup", "1", "--out", str(out)])
+                          "--calls", "1", "--warmup", "2", "--out", str(out)])
     rows = [json.loads(s) for s in out.read_text().splitlines()]
     assert rc == 0
     by = {r["entry"]: r for r in rows}
     assert set(by) == {"moe_forward", "bind", "bind_graphs", "moe_experts", "cprofile", "cprofile_moe_experts"}
     for e in ("moe_forward", "bind", "bind_graphs", "moe_experts"):
         assert by[e]["err_ok"] and by[e]["same_as_uncached"] and by[e]["enqueue_us"] > 0, e
+    for e in ("moe_forward", "bind", "moe_experts"):  # warm-up: a plain call, then the recording one
+        assert (by[e]["tape_recordings"], by[e]["tape_refusals"], by[e]["tape_replays"]) == (1, [], 1), e
     assert by["moe_forward"]["enqueue_us_runner"] > 0 and "enqueue_us_runner" not in by["bind_graphs"]
     assert by["moe_experts"]["bad_routing_raised_by"] == "the call"  # the interpreter: synchronous
     assert "token 1, slot 0" in by["moe_experts"]["bad_routing_message"]
