@@ -226,9 +226,12 @@ def flag_for(device, captured: bool) -> torch.Tensor:
     return _flags[key]
 
 
-def capturing(device) -> bool:
-    """Whether the current CUDA stream is being captured into a graph (False off CUDA)."""
-    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+def capturing(where) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (False off CUDA); ``where``: a
+    device, or a tensor on it (an eager call's x: no device object made)."""
+    if isinstance(where, torch.Tensor):
+        return where.is_cuda and torch.cuda.is_current_stream_capturing()
+    return torch.device(where).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def launch_check_align(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, flag: torch.Tensor,

@@ -615,7 +615,7 @@ def _taped(inputs: tuple, shape_key: tuple, run, owner: tuple | None = None) -> 
     each replay (the tape is dropped with the weights object). No tape for T = 0, above
     TAPE_MAX_TOKENS or inside a CUDA-graph capture."""
     x = inputs[0]
-    if not 0 < x.shape[0] <= TAPE_MAX_TOKENS or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not 0 < x.shape[0] <= TAPE_MAX_TOKENS or checks.capturing(x):
         return run()
     stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
     key = (shape_key, stream, threading.get_ident())
@@ -752,6 +752,12 @@ def _recheck_scales(weights: MoEWeights) -> None:
 _calls: dict[tuple, tuple] = {}
 
 
+def _kept_call(key: tuple, weights, config: MoEConfig) -> tuple | None:
+    """The entry ``_calls`` keeps for ``key``, where it is of these weights and config objects."""
+    hit = _calls.get(key)
+    return hit if hit is not None and hit[0]() is weights and hit[1] is config else None
+
+
 def _keep_call(key: tuple, entry: tuple) -> tuple:
     """``entry`` kept in ``_calls`` (all dropped once it holds 1024)."""
     if len(_calls) >= 1024:
@@ -802,19 +808,18 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if backend not in BACKENDS:
         raise KernelInputError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     traced = torch.compiler.is_compiling()  # traced: the checks and the torch op, nothing kept
-    key = None
+    key, det = None, bool(deterministic)
     if not traced and type(x) is torch.Tensor and (fp8_activations is None or type(fp8_activations) is bool):
-        key = (id(weights), id(config), x.shape, x.dtype, x.device, backend, bool(deterministic), fp8_activations,
-               not check)
-        hit = _calls.get(key)
-        if hit is not None and hit[0]() is weights and hit[1] is config and x.is_contiguous():
+        key = (id(weights), id(config), x.shape, x.dtype, x.device, backend, det, fp8_activations, not check)
+        hit = _kept_call(key, weights, config)
+        if hit is not None and x.is_contiguous():
             _, _, tensors, fp8_act, planned = hit
-            if check and planned[0] is not None and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if check and planned[0] is not None and not checks.capturing(x):
                 _recheck_scales(weights)
             if checks._pending:
                 checks.poll(x.device)
             if _direct(x, tensors):
-                return _layer(x, weights, config, key[6], backend, fp8_act, taped=True, planned=planned)
+                return _layer(x, weights, config, det, backend, fp8_act, taped=True, planned=planned)
     if check and traced:
         check_inputs(x, weights, config)
     elif check:
@@ -828,15 +833,15 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, *, dete
     if checks._pending and not traced:
         checks.poll(x.device)
     if info is not None and info[1] and _direct(x, info[2]):
-        if key is None or x.shape[0] == 0 or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return _layer(x, weights, config, bool(deterministic), backend, fp8_act, taped=True)
-        planned = _layer_plan(x, weights, config, key[6], backend, fp8_act)
+        if key is None or x.shape[0] == 0 or checks.capturing(x):
+            return _layer(x, weights, config, det, backend, fp8_act, taped=True)
+        planned = _layer_plan(x, weights, config, det, backend, fp8_act)
         _keep_call(key, (weakref.ref(weights), config, info[2], fp8_act, planned))
-        return _layer(x, weights, config, key[6], backend, fp8_act, taped=True, planned=planned)
+        return _layer(x, weights, config, det, backend, fp8_act, taped=True, planned=planned)
     return torch.ops.megamoe.moe_forward(
         x, weights.router_weight, weights.gate_up, weights.down, weights.router_bias, weights.score_bias,
         weights.gate_up_bias, weights.down_bias, weights.shared_gate_up, weights.shared_down,
-        weights.shared_gate, config_json(config), bool(deterministic), backend,
+        weights.shared_gate, config_json(config), det, backend,
         *(getattr(weights, k) for k in SCALE_FIELDS), fp8_act,
     )
 
@@ -884,8 +889,8 @@ def bind(weights: MoEWeights, config: MoEConfig, *, deterministic: bool = True, 
     def run(x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         key = ("bind", id(weights), id(config), T, det, backend, fp8_act)  # x's dtype and device: bind's
-        hit = _calls.get(key)
-        if hit is None or hit[0]() is not weights or hit[1] is not config:
+        hit = _kept_call(key, weights, config)
+        if hit is None:
             if T == 0:
                 return _layer(x, weights, config, det, backend, fp8_act)
             hit = _keep_call(key, (weakref.ref(weights), config, None, fp8_act,
