@@ -2,6 +2,7 @@
 
     python benchmarks/bench_host.py [--out FILE.jsonl] [--presets qwen3-30b-a3b,deepseek-v3]
         [--tokens 1,8,64,4096] [--backends multi,megakernel] [--calls 200] [--budget-s 420]
+        [--entries moe_forward,bind,bind_graphs,moe_experts]
     TRITON_INTERPRET=1 python benchmarks/bench_host.py --smoke      # the CPU: tiny sizes, the code runs
 
 Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``--calls`` calls of:
@@ -10,8 +11,8 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
 - ``wall_us``: the call then ``torch.cuda.synchronize()``;
 - ``gpu_us``: CUDA events around the call;
 - ``enqueue_us_runner`` (not for ``bind_graphs``): ``enqueue_us`` again, in the same run, with the
-  recorded launches sent through Triton's runner instead of straight into each kernel's C launcher
-  (``direct_launches`` of them launch directly): what the direct launch saves;
+  launches of the tapes the row's call replays sent through Triton's runner instead of straight into
+  each kernel's C launcher (``direct_launches`` of them launch directly): what the direct launch saves;
 - ``tape_replays``: tapes replayed by one call after the warm-up (0: the timed calls launch through
   Triton, or replay a CUDA graph); ``tape_recordings`` and ``tape_refusals`` (why, each reason once):
   the warm-up's recordings (``watch_tapes``).
@@ -201,8 +202,14 @@ def make_weights(cfg, dev, dtype, seed: int = 0):
     return random_weights(cfg, seed=seed).to_torch(str(dev), dtype)
 
 
-def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3) -> list[dict]:
-    """The entries' rows (moe_forward, bind, bind_graphs, moe_experts) of one (preset, T, backend)."""
+#: the entries a case times, in this order unless --entries names others
+ENTRIES = ("moe_forward", "bind", "bind_graphs", "moe_experts")
+
+
+def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3,
+             entries: tuple = ENTRIES) -> list[dict]:
+    """The rows of one (preset, T, backend), one per entry of ``entries`` in that order (an entry
+    may come twice: each time is its own row)."""
     import torch
 
     from megamoe.kernels import bind, moe_experts, moe_forward
@@ -220,7 +227,8 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
     calls_of = {"moe_forward": lambda: moe_forward(x, w, cfg, backend=backend), "bind": lambda: f(x),
                 "bind_graphs": lambda: fg(x), "moe_experts": lambda: experts(idx)}
     out = []
-    for entry, fn in calls_of.items():
+    for entry in entries:
+        fn = calls_of[entry]
         row = {**base, "entry": entry}
         try:
             t0 = time.perf_counter()
@@ -234,7 +242,7 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
             row.update(tape_recordings=seen["recorded"], tape_refusals=seen["refused"], tape_replays=timed["replays"])
             row.update(time_calls(fn, dev, calls))
             if entry != "bind_graphs":
-                row.update(runner_ab(fn, dev, calls))
+                row.update(runner_ab(fn, dev, calls, timed["tapes"]))
             y = fn()
             plain = calls_of["bind"] if entry == "bind_graphs" else fn  # a graph's y against a plain call's
             row["same_as_uncached"] = bool(torch.equal(y, uncached(plain)))
@@ -254,13 +262,14 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
 @contextlib.contextmanager
 def watch_tapes():
     """What the eager calls made inside do with recorded launches (kernels/tape.py): ``recorded``
-    (tapes made), ``refused`` (why a recording was refused, each reason once) and ``replays``.
+    (tapes made), ``refused`` (why a recording was refused, each reason once), ``replays`` and
+    ``tapes`` (the tapes replayed, each once).
     A row's ``tape_replays`` (per timed call, from one call after the warm-up) says whether its
     timings are of replayed launches; ``tape_refusals`` says why not, where the warm-up's
     recordings were refused."""
     from megamoe.kernels import moe, tape
 
-    seen = {"recorded": 0, "refused": [], "replays": 0}
+    seen = {"recorded": 0, "refused": [], "replays": 0, "tapes": []}
     record, replay = moe.record, tape.Tape.replay
 
     def watched_record(inputs, run):
@@ -273,6 +282,8 @@ def watch_tapes():
 
     def watched_replay(self, inputs, stream):
         seen["replays"] += 1
+        if not any(t is self for t in seen["tapes"]):
+            seen["tapes"].append(self)
         return replay(self, inputs, stream)
 
     moe.record, tape.Tape.replay = watched_record, watched_replay
@@ -282,13 +293,12 @@ def watch_tapes():
         moe.record, tape.Tape.replay = record, replay
 
 
-def runner_ab(fn, dev, calls: int) -> dict:
-    """The same calls with every kept tape's launches sent through Triton's runner instead of
-    straight into the compiled C launchers (kernels/tape.py): ``enqueue_us_runner``, side by side
-    with the row's ``enqueue_us``; ``direct_launches``: the launches of the tapes that launch directly."""
-    from megamoe.kernels import moe, tape
-
-    tapes = [v for v in moe._tapes.values() if type(v) is tape.Tape]
+def runner_ab(fn, dev, calls: int, tapes: list) -> dict:
+    """The same calls with the launches of ``tapes`` (those the row's call replays, ``watch_tapes``)
+    sent through Triton's runner instead of straight into the compiled C launchers
+    (kernels/tape.py): ``enqueue_us_runner``, side by side with the row's ``enqueue_us``;
+    ``direct_launches``: the launches of those tapes that launch directly (0: no tape replayed, or
+    none launches directly, and the two times measure the same path)."""
     saved = [t.steps for t in tapes]
     direct = sum(d is not None for t in tapes for d, _ in t.steps)
     for t in tapes:
@@ -371,8 +381,14 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=200, help="timed calls per measurement")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before (the first compiles)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
+    ap.add_argument("--entries", default=",".join(ENTRIES),
+                    help="the entries each case times, in this order; one may come twice (its rows in turn)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs under TRITON_INTERPRET=1 on the CPU")
     args = ap.parse_args(argv)
+    entries = tuple(e for e in args.entries.split(",") if e)
+    bad = [e for e in entries if e not in ENTRIES]
+    if bad or not entries:
+        ap.error(f"--entries: want names from {', '.join(ENTRIES)}, got {args.entries!r}")
     import torch
 
     if args.smoke:
@@ -406,7 +422,7 @@ def main(argv=None) -> int:
         print(fmt(r), flush=True)
 
     cases = [(p, T, b) for p in presets for T in tokens for b in backends]
-    first_w = None
+    first_w, done = None, 0
     for i, name in enumerate(presets):
         cfg = smoke_config(name) if args.smoke else MoEConfig.preset(name)
         w = make_weights(cfg, dev, dtype)
@@ -420,10 +436,10 @@ def main(argv=None) -> int:
                     continue
                 try:
                     case = case or make_case(cfg, w, T, dev, dtype)
-                    rows_for(name, cfg, w, case, b, dev, args.calls, log, args.warmup)
+                    rows_for(name, cfg, w, case, b, dev, args.calls, log, args.warmup, entries)
                 except Exception as exc:  # noqa: BLE001 - a case that cannot run is a row saying why
                     log({"preset": name, "T": T, "backend": b, "entry": "all", "error": f"{type(exc).__name__}: {exc}"})
-                done = sum(1 for r in rows if r.get("entry") in ("moe_experts", "all")) if rows else 0
+                done += 1
                 print(f"#   progress {done}/{len(cases)}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         if i:
             del w

@@ -2,6 +2,7 @@
 
     python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
         [--fp8 weights|weights+act]
+    python benchmarks/megakernel_trace.py --from benchmarks/results/h100/megakernel_trace/trace_2026-12-07_routed.jsonl
 
 For each case (preset:T[:concentrated | a validation routing, e.g. zipf]) the layer runs traced (kernels.megakernel's ``trace``:
 program, start and end of every ticket; each program's first ticket and exit) in every call of a
@@ -11,8 +12,10 @@ its last out and the gap to the next call's first program (one eager call's span
 time can disagree by microseconds). Per kind: tasks, mean task time (wait included), first
 start and last end relative to the launch's first start; the launch span and the programs' busy
 fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
-"task_weight_bytes"). ``--variants a,b`` traces named variants of megakernel_variants.py too. Rows go to
-DIR/trace.jsonl with GPU, versions, commit and date. ``--fp8``: the FP8 megakernel (e4m3 weights with
+"task_weight_bytes", the kinds' names in "kind_names") and, per kind that reads weights, the programs that ran it and its read rate
+over its window (``read_phases``). ``--variants a,b`` traces named variants of megakernel_variants.py
+too. Rows go to DIR/trace.jsonl with GPU, versions, commit and date. ``--from FILE`` prints the read
+phases of a stored trace.jsonl, without a GPU. ``--fp8``: the FP8 megakernel (e4m3 weights with
 128 x 128 block scales quantized on the GPU from the same bf16 weights, kernels/fp8_weights.py; with
 FP8 activations too), its plan's weight and activation bytes FP8's, beside the same multi-launch path.
 """
@@ -69,6 +72,51 @@ def summarize(trace: np.ndarray, kinds: np.ndarray, names) -> dict:
                   "last_end_us": float(trace[m, 2].max() - t0) / 1e3}
     out["kinds"] = per
     return out
+
+
+def read_phases(tasks: list, weight_bytes: list, names) -> dict:
+    """Per task kind that reads weights, from a traced launch's stored rows (``tasks``: [kind, program,
+    start ns, end ns] from the first task's start; ``weight_bytes``: the plan's, per task): the
+    programs that ran it, its weight MB, its window (first start, median start, last end, us) and
+    the read rate from first start to last end (TB/s; a task's time includes its waits)."""
+    t = np.asarray(tasks, dtype=np.int64).reshape(-1, 4)
+    wb = np.asarray(weight_bytes, dtype=np.float64)
+    out = {}
+    for i, k in enumerate(names):
+        m = (t[:, 0] == i) & (wb > 0)
+        if not m.any():
+            continue
+        lo, mid, hi = int(t[m, 2].min()), int(np.median(t[m, 2])), int(t[m, 3].max())
+        out[k] = {"programs": int(np.unique(t[m, 1]).size), "weight_mb": float(wb[m].sum()) / 1e6,
+                  "window_us": (lo / 1e3, mid / 1e3, hi / 1e3),
+                  "read_tb_s": float(wb[m].sum()) / max(hi - lo, 1) / 1e3}
+    return out
+
+
+def print_stored(path: Path) -> int:
+    """``--from``: the read phases of every traced launch in a stored trace.jsonl (no GPU)."""
+    from megamoe.reference.tiles import KINDS
+
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        for label, d in row.items():
+            if not (isinstance(d, dict) and "tasks" in d and "task_weight_bytes" in d):
+                continue
+            names = d.get("kind_names")
+            if names is None:  # a row written before rows named their kinds
+                names = KINDS
+                print(f"{row['case']} {label}: kinds read as reference.tiles.KINDS numbers them today "
+                      f"(before commit cfac3c0, 2026-12-07, expert_slice was kind 6)", flush=True)
+            ph = read_phases(d["tasks"], d["task_weight_bytes"], names)
+            span = max(r[3] for r in d["tasks"]) / 1e3
+            mb = sum(d["task_weight_bytes"]) / 1e6
+            print(f"{row['case']} {label}: {d.get('us', float('nan')):.1f} us, span {span:.1f} us, {mb:.1f} MB of "
+                  f"weights ({mb / span:.2f} TB/s over the span), {d.get('programs')} programs", flush=True)
+            for k, v in ph.items():
+                lo, mid, hi = v["window_us"]
+                print(f"      {k:<14} {v['programs']:4d} programs  {v['weight_mb']:8.1f} MB  starts {lo:7.1f}"
+                      f" (median {mid:7.1f}), ends {hi:7.1f} us  {v['read_tb_s']:.2f} TB/s", flush=True)
+    return 0
 
 
 def _routed_case(cfg, w, xs: list):
@@ -135,8 +183,12 @@ def trace_variant(label: str, mk: dict, call, cfg, counts, T: int, ins: list, ar
     for k, d in summ["kinds"].items():
         print(f"      {k:<14} n {d['tasks']:6d}  mean {d['mean_us']:7.2f}  max {d['max_us']:7.2f}  "
               f"start {d['first_start_us']:8.1f}  end {d['last_end_us']:8.1f}", flush=True)
+    for k, v in read_phases(tasks, plan.weight_bytes, KINDS).items():
+        print(f"      {k:<14} reads {v['weight_mb']:.1f} MB on {v['programs']} programs, {v['read_tb_s']:.2f} TB/s "
+              f"from its first start to its last end", flush=True)
     return {"us": us, "mk": mk, "regs": ran["n_regs"], "spills": ran["n_spills"], "shared_bytes": ran["shared_bytes"],
-            "programs": P, "trace": summ, "tasks": tasks, "task_weight_bytes": [int(v) for v in plan.weight_bytes]}
+            "programs": P, "trace": summ, "tasks": tasks, "task_weight_bytes": [int(v) for v in plan.weight_bytes],
+            "kind_names": list(KINDS)}
 
 
 def case_inputs(name: str, T: int, rest: list, w, cfg):
@@ -166,7 +218,9 @@ def main(argv=None) -> int:
     from megamoe.simulator.cost import weight_bytes_per_element
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="folder of trace.jsonl (required unless --from)")
+    p.add_argument("--from", dest="stored", type=Path, default=None,
+                   help="print the read phases of a stored trace.jsonl (no GPU) and exit")
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
     p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
@@ -177,6 +231,12 @@ def main(argv=None) -> int:
     p.add_argument("--routed", action="store_true", help="also trace the routed experts alone on the layer's "
                    "routing (moe_experts' megakernel launch), beside the layer")
     args = p.parse_args(argv)
+    if args.stored is not None:
+        if not args.stored.is_file():
+            p.error(f"--from {args.stored}: no such file")
+        return print_stored(args.stored)
+    if not args.out:
+        p.error("--out is required (or --from FILE)")
     fp8 = args.fp8
     act8 = fp8 == "weights+act"
     plan_bytes = ({"act_bytes": 1 if act8 else 2, "weight_bytes": weight_bytes_per_element("fp8_e4m3")}

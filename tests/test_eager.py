@@ -352,6 +352,25 @@ def test_bench_host_smoke(tmp_path):
     assert "moe_experts" in by["cprofile_moe_experts"]["top20"]
 
 
+def test_bench_host_entries_in_the_order_asked(tmp_path):
+    """--entries picks the entries and their order, one twice; an unknown name is refused by name."""
+    import json
+
+    from benchload import load_benchmark
+
+    bench_host = load_benchmark("bench_host")
+    out = tmp_path / "host.jsonl"
+    rc = bench_host.main(["--smoke", "--presets", "qwen3-30b-a3b", "--tokens", "1", "--backends", "megakernel",
+                          "--calls", "1", "--warmup", "2", "--entries", "bind,moe_forward,bind", "--out", str(out)])
+    rows = [json.loads(s) for s in out.read_text().splitlines()]
+    assert rc == 0
+    assert [r["entry"] for r in rows if not r["entry"].startswith("cprofile")] == ["bind", "moe_forward", "bind"]
+    for r in rows[:3]:  # each row records its own tape (the caches are dropped between rows) and replays it
+        assert (r["tape_recordings"], r["tape_replays"], r["direct_launches"]) == (1, 1, 0), r["entry"]
+    with pytest.raises(SystemExit):
+        bench_host.main(["--smoke", "--entries", "bind,graphs"])
+
+
 #: GPU clock cycles of the sleep queued before a call that must not wait (about 1 s on a Hopper GPU)
 SLEEP_CYCLES = 2_000_000_000
 

@@ -3,6 +3,8 @@ reading of its rows past the tasks'. The traced kernel itself needs a GPU (%glob
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -51,3 +53,25 @@ def test_graph_edges_are_kernel_times_and_launch_gaps():
     e = mod.graph_edges(calls)
     assert e["kernel_us"] == (30.0 + 30.2) / 2 and e["gap_us"] == 0.8
     assert np.isnan(mod.graph_edges(calls[:1])["gap_us"])
+
+
+def test_read_phases_count_programs_bytes_and_rate_per_kind(tmp_path, capsys):
+    mod = load_benchmark("megakernel_trace")
+    names = ("router_logits", "gemm1", "combine")
+    # [kind, program, start ns, end ns]: two programs read 3 MB of GEMM 1 weights in 0.2..3.0 us; combine reads none
+    tasks = [[0, 2, 0, 500], [1, 0, 200, 2_000], [1, 1, 300, 3_000], [1, 0, 2_000, 2_900], [2, 2, 3_000, 3_100]]
+    wb = [4096, 1_000_000, 1_000_000, 1_000_000, 0]
+    ph = mod.read_phases(tasks, wb, names)
+    assert set(ph) == {"router_logits", "gemm1"}
+    g = ph["gemm1"]
+    assert g["programs"] == 2 and g["weight_mb"] == 3.0 and g["window_us"] == (0.2, 0.3, 3.0)
+    assert g["read_tb_s"] == pytest.approx(3e6 / 2_800 / 1e3)
+    row = {"case": "toy:1", "default": {"us": 4.0, "programs": 3, "tasks": tasks, "task_weight_bytes": wb,
+                                        "kind_names": list(names)}}
+    f = tmp_path / "trace.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    assert mod.main(["--from", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "toy:1 default: 4.0 us, span 3.1 us, 3.0 MB" in out and "gemm1" in out and "combine" not in out
+    with pytest.raises(SystemExit):
+        mod.main(["--from", str(tmp_path / "missing.jsonl")])
