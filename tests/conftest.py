@@ -87,6 +87,16 @@ def device(request) -> KernelDevice:
     return request.param
 
 
+#: the most test processes ``-n auto`` starts (each holds its own torch, Triton and interpreter state)
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one test process per core, at most MAX_WORKERS."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
 def pytest_sessionstart(session):
     """Print the versions this run resolved (also under -q), so a log says what it tested against."""
     from importlib.metadata import PackageNotFoundError, version
