@@ -12,9 +12,9 @@ its last out and the gap to the next call's first program (one eager call's span
 time can disagree by microseconds). Per kind: tasks, mean task time (wait included), first
 start and last end relative to the launch's first start; the launch span and the programs' busy
 fraction; every task's (kind, program, start ns, end ns) and its weight bytes from the plan ("tasks",
-"task_weight_bytes", the kinds' names in "kind_names") and, per kind that reads weights, the programs that ran it and its read rate
-over its window (``read_phases``). ``--variants a,b`` traces named variants of megakernel_variants.py
-too. Rows go to DIR/trace.jsonl with GPU, versions, commit and date. ``--from FILE`` prints the read
+"task_weight_bytes", the kinds' names in "kind_names") and, per kind that reads weights, the programs
+that ran it and its read rate over its window (``read_phases``). ``--variants a,b`` traces named
+variants of megakernel_variants.py too. Rows go to DIR/trace.jsonl with GPU, versions, commit and date. ``--from FILE`` prints the read
 phases of a stored trace.jsonl, without a GPU. ``--fp8``: the FP8 megakernel (e4m3 weights with
 128 x 128 block scales quantized on the GPU from the same bf16 weights, kernels/fp8_weights.py; with
 FP8 activations too), its plan's weight and activation bytes FP8's, beside the same multi-launch path.
@@ -97,25 +97,32 @@ def print_stored(path: Path) -> int:
     """``--from``: the read phases of every traced launch in a stored trace.jsonl (no GPU)."""
     from megamoe.reference.tiles import KINDS
 
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        for label, d in row.items():
-            if not (isinstance(d, dict) and "tasks" in d and "task_weight_bytes" in d):
+    shown = 0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"megakernel_trace --from {path}: line {n} is not JSON ({exc.msg})") from None
+        for label, d in (row.items() if isinstance(row, dict) else ()):
+            if not (isinstance(d, dict) and d.get("tasks") and "task_weight_bytes" in d):
                 continue
+            shown += 1
             names = d.get("kind_names")
             if names is None:  # a row written before rows named their kinds
                 names = KINDS
-                print(f"{row['case']} {label}: kinds read as reference.tiles.KINDS numbers them today "
+                print(f"{row.get('case')} {label}: kinds read as reference.tiles.KINDS numbers them today "
                       f"(before commit cfac3c0, 2026-12-07, expert_slice was kind 6)", flush=True)
             ph = read_phases(d["tasks"], d["task_weight_bytes"], names)
             span = max(r[3] for r in d["tasks"]) / 1e3
             mb = sum(d["task_weight_bytes"]) / 1e6
-            print(f"{row['case']} {label}: {d.get('us', float('nan')):.1f} us, span {span:.1f} us, {mb:.1f} MB of "
+            print(f"{row.get('case')} {label}: {d.get('us', float('nan')):.1f} us, span {span:.1f} us, {mb:.1f} MB of "
                   f"weights ({mb / span:.2f} TB/s over the span), {d.get('programs')} programs", flush=True)
             for k, v in ph.items():
                 lo, mid, hi = v["window_us"]
                 print(f"      {k:<14} {v['programs']:4d} programs  {v['weight_mb']:8.1f} MB  starts {lo:7.1f}"
                       f" (median {mid:7.1f}), ends {hi:7.1f} us  {v['read_tb_s']:.2f} TB/s", flush=True)
+    if not shown:
+        raise SystemExit(f"megakernel_trace --from {path}: no traced launch (a row's \"tasks\") in it")
     return 0
 
 

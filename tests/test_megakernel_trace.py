@@ -75,3 +75,9 @@ def test_read_phases_count_programs_bytes_and_rate_per_kind(tmp_path, capsys):
     assert "toy:1 default: 4.0 us, span 3.1 us, 3.0 MB" in out and "gemm1" in out and "combine" not in out
     with pytest.raises(SystemExit):
         mod.main(["--from", str(tmp_path / "missing.jsonl")])
+    f.write_text(json.dumps({"case": "toy:1", "multi_us": 3.0}) + "\n{not json\n")
+    with pytest.raises(SystemExit, match="line 2 is not JSON"):
+        mod.main(["--from", str(f)])
+    f.write_text(json.dumps({"case": "toy:1", "multi_us": 3.0}) + "\n")
+    with pytest.raises(SystemExit, match="no traced launch"):
+        mod.main(["--from", str(f)])
