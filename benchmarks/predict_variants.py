@@ -23,23 +23,26 @@ PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3", "m
 
 
 def predict(cfg, counts, T: int, mk: dict, profile, calls: int, fp8: str | None = None) -> float:
-    """The cost model's time of the megakernel config ``mk`` (scale.megakernel_task_plan's plan);
-    ``fp8`` ("weights" / "weights+act"): the plan's weight bytes e4m3 with their block scales (and
-    its activation bytes one a code, the MMA rate fp8's, with "weights+act")."""
-    from megamoe.predict import megakernel_task_plan
+    """The cost model's time of the megakernel config ``mk``: ``megamoe.predict.predict_config``, the
+    price every other tool gives a megakernel row; ``fp8`` ("weights" / "weights+act"): the same plan
+    with its weight bytes e4m3 with their block scales (and its activation bytes one a code, the MMA
+    rate fp8's, with "weights+act"), at the same pipeline depths in those bytes."""
+    from megamoe.predict import megakernel_read_depth, megakernel_task_plan, megakernel_weight_depth, predict_config
     from megamoe.reference.tiles import task_plan
     from megamoe.simulator.cost import weight_bytes_per_element
     from megamoe.simulator.task_cost import predict_task_plan
 
-    plan, warps, loads = megakernel_task_plan(cfg, counts, T, device_name="NVIDIA H200", profile=profile, mk=mk)
-    dtype = "bf16"
-    if fp8:
-        act8 = fp8 == "weights+act"
-        plan = task_plan(cfg, counts, T, mk["tiles"], act_bytes=1 if act8 else 2,
-                         weight_bytes=weight_bytes_per_element("fp8_e4m3"), num_programs=plan.num_programs)
-        dtype = "fp8" if act8 else "bf16"
+    if not fp8:
+        return predict_config(cfg, counts, T, "megakernel", profile, device_name=profile.name,
+                              calls_per_graph=calls, mk=mk)["predicted_us"]
+    act8 = fp8 == "weights+act"
+    w8 = weight_bytes_per_element("fp8_e4m3")
+    bf16, warps, loads = megakernel_task_plan(cfg, counts, T, device_name=profile.name, profile=profile, mk=mk)
+    plan = task_plan(cfg, counts, T, mk["tiles"], act_bytes=1 if act8 else 2, weight_bytes=w8,
+                     num_programs=bf16.num_programs)
     return predict_task_plan(plan, profile, num_warps=warps, calls_per_graph=calls, weight_loads=loads,
-                             dtype=dtype)["time_us"]
+                             dtype="fp8" if act8 else "bf16", read_depth=megakernel_read_depth(mk),
+                             weight_depth=megakernel_weight_depth(mk, w8))["time_us"]
 
 
 def main(argv=None) -> int:

@@ -40,3 +40,26 @@ def test_concentrated_routing_puts_every_token_on_the_first_k_experts(capsys, mo
     seen.clear()
     assert mod.main(["--presets", "qwen3-30b-a3b", "--tokens", "64", "--variants", "noaeach"]) == 0
     assert all((c > 0).sum() > 8 and c.sum() == 64 * 8 for c in seen)
+
+
+def test_the_default_is_priced_as_every_other_tool_prices_a_megakernel_row():
+    """predict() is megamoe.predict.predict_config's price of the same config (its pipeline depths
+    included), on the profile given."""
+    import numpy as np
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import megakernel_config as mkc
+    from megamoe.predict import predict_config
+    from megamoe.simulator.hardware import load_profile
+
+    mod = load_benchmark("predict_variants")
+    prof = load_profile("h100")
+    cfg = kb.bench_config("qwen3-30b-a3b")
+    counts = np.zeros(cfg.num_experts, dtype=np.int64)
+    counts[[3, 9, 17, 30, 41, 77, 100, 127]] = 1
+    mk = mkc.megakernel_config(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k,
+                               cfg.shared_intermediate_size, 1, num_sms=prof.num_sms)
+    want = predict_config(cfg, counts, 1, "megakernel", prof, device_name="NVIDIA H100 80GB HBM3",
+                          calls_per_graph=8, mk=mk)["predicted_us"]
+    assert mod.predict(cfg, counts, 1, mk, prof, 8) == want
+    assert 0 < mod.predict(cfg, counts, 1, mk, prof, 8, fp8="weights") < want  # half the weight bytes
