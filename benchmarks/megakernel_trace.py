@@ -2,7 +2,8 @@
 
     python benchmarks/megakernel_trace.py --out DIR [--cases qwen3-30b-a3b:1,deepseek-v3:1] [--variants]
         [--fp8 weights|weights+act]
-    python benchmarks/megakernel_trace.py --from benchmarks/results/h100/megakernel_trace/trace_2026-12-07_routed.jsonl
+    python benchmarks/megakernel_trace.py --from benchmarks/results/h100/megakernel_trace/trace_2026-12-07_routed.jsonl \
+        [--plot DIR]
 
 For each case (preset:T[:concentrated | a validation routing, e.g. zipf]) the layer runs traced (kernels.megakernel's ``trace``:
 program, start and end of every ticket; each program's first ticket and exit) in every call of a
@@ -15,7 +16,7 @@ fraction; every task's (kind, program, start ns, end ns) and its weight bytes fr
 "task_weight_bytes", the kinds' names in "kind_names") and, per kind that reads weights, the programs
 that ran it and its read rate over its window (``read_phases``). ``--variants a,b`` traces named
 variants of megakernel_variants.py too. Rows go to DIR/trace.jsonl with GPU, versions, commit and date. ``--from FILE`` prints the read
-phases of a stored trace.jsonl, without a GPU. ``--fp8``: the FP8 megakernel (e4m3 weights with
+phases of a stored trace.jsonl, without a GPU; ``--plot DIR`` also draws each launch's timeline. ``--fp8``: the FP8 megakernel (e4m3 weights with
 128 x 128 block scales quantized on the GPU from the same bf16 weights, kernels/fp8_weights.py; with
 FP8 activations too), its plan's weight and activation bytes FP8's, beside the same multi-launch path.
 """
@@ -93,8 +94,35 @@ def read_phases(tasks: list, weight_bytes: list, names) -> dict:
     return out
 
 
-def print_stored(path: Path) -> int:
-    """``--from``: the read phases of every traced launch in a stored trace.jsonl (no GPU)."""
+def plot_timeline(tasks: list, names, title: str, out: Path) -> None:
+    """A traced launch's tasks as bars, one row per program (time on x, us from the first task's
+    start), coloured by kind: where programs stream, wait or sit idle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.asarray(tasks, dtype=np.int64).reshape(-1, 4)
+    kinds = sorted(set(t[:, 0].tolist()))
+    cmap = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(10, 6))
+    for j, k in enumerate(kinds):
+        m = t[:, 0] == k
+        ax.barh(t[m, 1], (t[m, 3] - t[m, 2]) / 1e3, left=t[m, 2] / 1e3, height=0.9, color=cmap(j % 10),
+                label=names[k] if k < len(names) else f"kind {k}", linewidth=0)
+    ax.set_xlabel("us from the first task's start")
+    ax.set_ylabel("program")
+    ax.set_title(title, fontsize=10)
+    ax.invert_yaxis()
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def print_stored(path: Path, plot_dir: Path | None = None) -> int:
+    """``--from``: the read phases of every traced launch in a stored trace.jsonl (no GPU);
+    ``plot_dir``: also each launch's timeline (``plot_timeline``) as <stem>_<case>_<label>.png there."""
     from megamoe.reference.tiles import KINDS
 
     shown = 0
@@ -121,6 +149,12 @@ def print_stored(path: Path) -> int:
                 lo, mid, hi = v["window_us"]
                 print(f"      {k:<14} {v['programs']:4d} programs  {v['weight_mb']:8.1f} MB  starts {lo:7.1f}"
                       f" (median {mid:7.1f}), ends {hi:7.1f} us  {v['read_tb_s']:.2f} TB/s", flush=True)
+            if plot_dir is not None:
+                case = str(row.get("case")).replace(":", "_")
+                png = plot_dir / f"{path.stem}_{case}_{label}.png"
+                plot_timeline(d["tasks"], names, f"{row.get('case')} {label}, {row.get('gpu', '?')}, commit "
+                              f"{row.get('commit', '?')}: {d.get('us', float('nan')):.1f} us", png)
+                print(f"      timeline: {png}", flush=True)
     if not shown:
         raise SystemExit(f"megakernel_trace --from {path}: no traced launch (a row's \"tasks\") in it")
     return 0
@@ -228,6 +262,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="folder of trace.jsonl (required unless --from)")
     p.add_argument("--from", dest="stored", type=Path, default=None,
                    help="print the read phases of a stored trace.jsonl (no GPU) and exit")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="with --from: also write each traced launch's timeline (a PNG per launch) to this folder")
     p.add_argument("--cases", default="qwen3-30b-a3b:1,deepseek-v3:1,gpt-oss-120b:1,qwen3-30b-a3b:64:concentrated")
     p.add_argument("--variants", default="", help="comma-separated names of megakernel_variants.VARIANTS")
     p.add_argument("--reps", type=int, default=10)
@@ -238,10 +274,14 @@ def main(argv=None) -> int:
     p.add_argument("--routed", action="store_true", help="also trace the routed experts alone on the layer's "
                    "routing (moe_experts' megakernel launch), beside the layer")
     args = p.parse_args(argv)
+    if args.plot is not None and args.stored is None:
+        p.error("--plot draws a stored trace: give --from FILE")
     if args.stored is not None:
         if not args.stored.is_file():
             p.error(f"--from {args.stored}: no such file")
-        return print_stored(args.stored)
+        if args.plot is not None:
+            args.plot.mkdir(parents=True, exist_ok=True)
+        return print_stored(args.stored, args.plot)
     if not args.out:
         p.error("--out is required (or --from FILE)")
     fp8 = args.fp8

@@ -73,6 +73,11 @@ def test_read_phases_count_programs_bytes_and_rate_per_kind(tmp_path, capsys):
     assert mod.main(["--from", str(f)]) == 0
     out = capsys.readouterr().out
     assert "toy:1 default: 4.0 us, span 3.1 us, 3.0 MB" in out and "gemm1" in out and "combine" not in out
+    assert mod.main(["--from", str(f), "--plot", str(tmp_path / "plots")]) == 0  # a timeline per launch
+    png = tmp_path / "plots" / "trace_toy_1_default.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        mod.main(["--plot", str(tmp_path / "plots"), "--out", str(tmp_path)])  # --plot draws a stored trace
     with pytest.raises(SystemExit):
         mod.main(["--from", str(tmp_path / "missing.jsonl")])
     f.write_text(json.dumps({"case": "toy:1", "multi_us": 3.0}) + "\n{not json\n")
