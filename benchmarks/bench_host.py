@@ -15,7 +15,9 @@ Per (preset, T, backend, entry), after warm-up calls (compiles), medians over ``
   each kernel's C launcher (``direct_launches`` of them launch directly): what the direct launch saves;
 - ``tape_replays``: tapes replayed by one call after the warm-up (0: the timed calls launch through
   Triton, or replay a CUDA graph); ``tape_recordings`` and ``tape_refusals`` (why, each reason once):
-  the warm-up's recordings (``watch_tapes``).
+  the warm-up's recordings (``watch_tapes``); ``kept_hits``: whether that call found what an earlier
+  call kept for its signature (``moe._calls``: 1 for ``moe_forward`` and ``bind`` once warm, 0 for
+  ``moe_experts``, which keeps none).
 Entries: ``moe_forward`` (the whole layer: router, experts, shared MLP where the preset has one),
 ``bind`` (the closure of ``bind(weights, config)``), ``bind_graphs`` (``bind(..., graphs=True)``:
 a CUDA graph per T replayed, T <= moe.GRAPH_MAX_TOKENS) and ``moe_experts`` (routed experts,
@@ -239,7 +241,8 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
             with watch_tapes() as timed:
                 fn()
-            row.update(tape_recordings=seen["recorded"], tape_refusals=seen["refused"], tape_replays=timed["replays"])
+            row.update(tape_recordings=seen["recorded"], tape_refusals=seen["refused"], tape_replays=timed["replays"],
+                       kept_hits=timed["kept"])
             row.update(time_calls(fn, dev, calls))
             if entry != "bind_graphs":
                 row.update(runner_ab(fn, dev, calls, timed["tapes"]))
@@ -262,15 +265,16 @@ def rows_for(name, cfg, w, case: dict, backend, dev, calls, log, warmup: int = 3
 @contextlib.contextmanager
 def watch_tapes():
     """What the eager calls made inside do with recorded launches (kernels/tape.py): ``recorded``
-    (tapes made), ``refused`` (why a recording was refused, each reason once), ``replays`` and
-    ``tapes`` (the tapes replayed, each once).
+    (tapes made), ``refused`` (why a recording was refused, each reason once), ``replays``,
+    ``tapes`` (the tapes replayed, each once) and ``kept`` (calls that found their kept call
+    signature or bound plan, ``moe._calls``).
     A row's ``tape_replays`` (per timed call, from one call after the warm-up) says whether its
     timings are of replayed launches; ``tape_refusals`` says why not, where the warm-up's
     recordings were refused."""
     from megamoe.kernels import moe, tape
 
-    seen = {"recorded": 0, "refused": [], "replays": 0, "tapes": []}
-    record, replay = moe.record, tape.Tape.replay
+    seen = {"recorded": 0, "refused": [], "replays": 0, "tapes": [], "kept": 0}
+    record, replay, kept_call = moe.record, tape.Tape.replay, moe._kept_call
 
     def watched_record(inputs, run):
         y, tp, why = record(inputs, run)
@@ -286,11 +290,16 @@ def watch_tapes():
             seen["tapes"].append(self)
         return replay(self, inputs, stream)
 
-    moe.record, tape.Tape.replay = watched_record, watched_replay
+    def watched_kept_call(key, weights, config):
+        hit = kept_call(key, weights, config)
+        seen["kept"] += hit is not None
+        return hit
+
+    moe.record, tape.Tape.replay, moe._kept_call = watched_record, watched_replay, watched_kept_call
     try:
         yield seen
     finally:
-        moe.record, tape.Tape.replay = record, replay
+        moe.record, tape.Tape.replay, moe._kept_call = record, replay, kept_call
 
 
 def runner_ab(fn, dev, calls: int, tapes: list) -> dict:
@@ -357,7 +366,7 @@ def _provenance(dev) -> dict:
 
 
 HEADER = (f"{'preset':<15}{'T':>6} {'backend':<11}{'entry':<12}{'enqueue us':>11}{'runner us':>11}{'wall us':>10}{'gpu us':>9}"
-          f"{'err max':>10} {'uncached':<9}{'no wait':<8}{'replays':>8}")
+          f"{'err max':>10} {'uncached':<9}{'no wait':<8}{'replays':>8}{'kept':>5}")
 
 
 def fmt(r: dict) -> str:
@@ -368,6 +377,7 @@ def fmt(r: dict) -> str:
     return (f"{r['preset']:<15}{r['T']:>6} {r['backend']:<11}{r['entry']:<12}{n(r.get('enqueue_us')):>11}"
             f"{n(r.get('enqueue_us_runner')):>11}{n(r.get('wall_us')):>10}{n(r.get('gpu_us')):>9}{n(r.get('err_max'), '.2e'):>10} "
             f"{str(r.get('same_as_uncached', '-')):<9}{nowait:<8}{n(r.get('tape_replays'), 'd'):>8}"
+            f"{n(r.get('kept_hits'), 'd'):>5}"
             + "".join(f"  (recording refused: {why})" for why in r.get("tape_refusals") or ()))
 
 

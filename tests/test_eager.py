@@ -345,6 +345,7 @@ def test_bench_host_smoke(tmp_path):
         assert by[e]["err_ok"] and by[e]["same_as_uncached"] and by[e]["enqueue_us"] > 0, e
     for e in ("moe_forward", "bind", "moe_experts"):  # warm-up: a plain call, then the recording one
         assert (by[e]["tape_recordings"], by[e]["tape_refusals"], by[e]["tape_replays"]) == (1, [], 1), e
+    assert (by["moe_forward"]["kept_hits"], by["bind"]["kept_hits"], by["moe_experts"]["kept_hits"]) == (1, 1, 0)
     assert by["moe_forward"]["enqueue_us_runner"] > 0 and "enqueue_us_runner" not in by["bind_graphs"]
     assert by["moe_experts"]["bad_routing_raised_by"] == "the call"  # the interpreter: synchronous
     assert "token 1, slot 0" in by["moe_experts"]["bad_routing_message"]
