@@ -250,14 +250,6 @@ def case_inputs(name: str, T: int, rest: list, w, cfg):
 
 
 def main(argv=None) -> int:
-    import torch
-
-    from megamoe.kernels import bench as kb
-    from megamoe.kernels import moe as kmoe
-    from megamoe.kernels.fp8_weights import to_fp8
-    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
-    from megamoe.simulator.cost import weight_bytes_per_element
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="folder of trace.jsonl (required unless --from)")
     p.add_argument("--from", dest="stored", type=Path, default=None,
@@ -284,6 +276,14 @@ def main(argv=None) -> int:
         return print_stored(args.stored, args.plot)
     if not args.out:
         p.error("--out is required (or --from FILE)")
+    import torch  # the traced run's imports: --from reads stored rows without them
+
+    from megamoe.kernels import bench as kb
+    from megamoe.kernels import moe as kmoe
+    from megamoe.kernels.fp8_weights import to_fp8
+    from megamoe.kernels.megakernel import megakernel_config, megakernel_forward
+    from megamoe.simulator.cost import weight_bytes_per_element
+
     fp8 = args.fp8
     act8 = fp8 == "weights+act"
     plan_bytes = ({"act_bytes": 1 if act8 else 2, "weight_bytes": weight_bytes_per_element("fp8_e4m3")}
